@@ -1,0 +1,28 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hb demo
+
+# pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info
