@@ -1,0 +1,58 @@
+"""HamsterBunker: keeps one long-running agent alive when the machine under it dies.
+
+    from hamsterbunker import Runtime, FileStore
+
+    node = Runtime(node_id="hbnk-1", region="eu-central", store=FileStore("/srv/hb"),
+                   agent=MyAgent(), secret=secret)
+    node.run()    # or node.start() ... node.stop()
+"""
+
+from .agent import Agent, StepContext, current_step, load_agent
+from .errors import (
+    ConfigError,
+    CorruptRecord,
+    Fenced,
+    HamsterbunkerError,
+    LeaseConflict,
+    NoUsableCheckpoint,
+    SealError,
+    SecretTooShort,
+    StoreError,
+    StoreUnavailable,
+    StoreUnsafe,
+    Tampered,
+    WrongSecret,
+)
+from .records import Event, Heartbeat, LeaseRecord
+from .runtime import Runtime
+from .stores import Store, open_store
+from .stores.file import FileStore
+
+__all__ = [
+    "Agent",
+    "ConfigError",
+    "CorruptRecord",
+    "Event",
+    "Fenced",
+    "FileStore",
+    "HamsterbunkerError",
+    "Heartbeat",
+    "LeaseConflict",
+    "LeaseRecord",
+    "NoUsableCheckpoint",
+    "Runtime",
+    "SealError",
+    "SecretTooShort",
+    "StepContext",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "StoreUnsafe",
+    "Tampered",
+    "WrongSecret",
+    "current_step",
+    "load_agent",
+    "open_store",
+]
+
+__version__ = "0.1.0"

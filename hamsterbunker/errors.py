@@ -1,0 +1,89 @@
+"""The one error tree of HamsterBunker.
+
+    HamsterbunkerError
+    ├── ConfigError            bad flag, URL, timing, agent path (a user mistake)
+    │   └── SecretTooShort     secret under 8 characters, refused before anything starts
+    ├── StoreError             anything the store could not do
+    │   ├── StoreUnavailable   the store cannot be reached or did not answer in time
+    │   ├── StoreUnsafe        the location cannot give mutual exclusion (a synced folder)
+    │   ├── CorruptRecord      a lease, cluster or event record that does not parse
+    │   ├── LeaseConflict      compare-and-set lost: the record changed since it was read
+    │   └── Fenced             a write under an epoch that is no longer the lease's
+    ├── SealError              a checkpoint could not be sealed or opened
+    │   ├── WrongSecret        the secret does not match the cluster's key-check value
+    │   └── Tampered           a checkpoint failed to authenticate (edited, truncated,
+    │                          moved to another agent, or replayed under another number)
+    └── NoUsableCheckpoint     checkpoints exist but none authenticates: refuse to resume
+
+Backend errors are translated at the store boundary with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "CorruptRecord",
+    "Fenced",
+    "HamsterbunkerError",
+    "LeaseConflict",
+    "NoUsableCheckpoint",
+    "SealError",
+    "SecretTooShort",
+    "StoreError",
+    "StoreUnavailable",
+    "StoreUnsafe",
+    "Tampered",
+    "WrongSecret",
+]
+
+
+class HamsterbunkerError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(HamsterbunkerError):
+    """A user mistake in flags, URLs, timing or agent paths."""
+
+
+class SecretTooShort(ConfigError):
+    """The network secret is shorter than 8 characters."""
+
+
+class StoreError(HamsterbunkerError):
+    """The store could not do what was asked."""
+
+
+class StoreUnavailable(StoreError):
+    """The store cannot be reached, or did not answer in time."""
+
+
+class StoreUnsafe(StoreError):
+    """The store's location cannot give mutual exclusion (for example a synced folder)."""
+
+
+class CorruptRecord(StoreError):
+    """A record in the store does not parse or has the wrong shape."""
+
+
+class LeaseConflict(StoreError):
+    """A compare-and-set of the lease lost: the record changed since it was read."""
+
+
+class Fenced(StoreError):
+    """A write under an epoch that is no longer the current lease's: the writer must step down."""
+
+
+class SealError(HamsterbunkerError):
+    """A checkpoint could not be sealed or opened."""
+
+
+class WrongSecret(SealError):
+    """The secret does not match the key-check value in the cluster record."""
+
+
+class Tampered(SealError):
+    """A sealed checkpoint failed to authenticate or does not match where it was found."""
+
+
+class NoUsableCheckpoint(HamsterbunkerError):
+    """Checkpoints exist but none authenticates: the node refuses to resume from init()."""

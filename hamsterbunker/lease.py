@@ -1,0 +1,199 @@
+"""Lease keeping: acquire, renew, release, judged on the local monotonic clock.
+
+This is the elector of Kubernetes' leaderelection, over the store contract:
+
+* A standby judges the lease expired only after a full TTL in which it saw no
+  change of the lease record, timed on its own monotonic clock. It never
+  compares another node's clock with its own.
+* The leader may step only while less than ``renew_deadline`` has passed since
+  it *sent* its last successful renewal (``may_step``).
+* Every acquisition writes epoch + 1 by compare-and-set, so every epoch has
+  exactly one holder; the store fences checkpoint writes by that epoch.
+
+Every method is blocking (it calls the store); the runtime runs them in a
+thread, one at a time. ``may_step`` reads only the clock and may be called from
+anywhere at any time, even while a store call hangs.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from dataclasses import dataclass, replace
+
+from .clock import Clock, MonotonicClock
+from .errors import ConfigError, LeaseConflict, StoreError
+from .records import LeaseRecord
+from .stores.base import Fence, Store
+
+__all__ = ["LeaseKeeper", "Outcome", "TickResult", "validate_timing"]
+
+
+def validate_timing(tick_ms: int, renew_deadline_ms: int, lease_ttl_ms: int) -> None:
+    """Refuse timing that cannot keep one leader: lease_ttl > renew_deadline > tick > 0."""
+    if not (0 < tick_ms < renew_deadline_ms < lease_ttl_ms):
+        raise ConfigError(
+            "lease timing must satisfy lease_ttl > renew_deadline > tick > 0 "
+            f"(got lease_ttl={lease_ttl_ms} ms, renew_deadline={renew_deadline_ms} ms, "
+            f"tick={tick_ms} ms)"
+        )
+
+
+class Outcome(enum.Enum):
+    STANDBY = "standby"  # someone else holds a live lease
+    ACQUIRED = "acquired"
+    RENEWED = "renewed"
+    RENEW_FAILED = "renew_failed"  # the store did not answer; still leading until the deadline
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class TickResult:
+    outcome: Outcome
+    record: LeaseRecord | None
+    reason: str = ""
+
+
+class LeaseKeeper:
+    """One node's view of one agent's lease."""
+
+    def __init__(
+        self,
+        store: Store,
+        agent: str,
+        node: str,
+        region: str,
+        *,
+        lease_ttl_ms: int = 2000,
+        renew_deadline_ms: int | None = None,
+        tick_ms: int = 400,
+        clock: Clock | None = None,
+    ) -> None:
+        self.renew_deadline_ms = renew_deadline_ms or round(lease_ttl_ms * 0.6)
+        validate_timing(tick_ms, self.renew_deadline_ms, lease_ttl_ms)
+        self.store, self.agent, self.node, self.region = store, agent, node, region
+        self.lease_ttl_ms = lease_ttl_ms
+        self.clock = clock or MonotonicClock()
+        self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
+        self.observed: LeaseRecord | None = None
+        self.held: LeaseRecord | None = None
+        self._observed_key: tuple[int, int] | None = None
+        self._observed_at = 0.0
+        self._renew_sent_at = 0.0
+
+    # -- what the runtime asks -------------------------------------------
+
+    def may_step(self) -> bool:
+        """True while we hold the lease and our last renewal was sent within the deadline."""
+        return self.held is not None and self._since_renewal() < self.renew_deadline_ms / 1000
+
+    def fence(self) -> Fence:
+        if self.held is None:
+            raise LeaseConflict("this node does not hold the lease")
+        return Fence(holder=self.node, session=self.session, epoch=self.held.epoch)
+
+    def seconds_until_deadline(self) -> float:
+        return max(0.0, self.renew_deadline_ms / 1000 - self._since_renewal())
+
+    # -- one tick ----------------------------------------------------------
+
+    def tick(self) -> TickResult:
+        """Renew if leading, else observe the record and acquire it when free or expired."""
+        if self.held is not None:
+            return self._renew()
+        return self._observe_or_acquire()
+
+    def _renew(self) -> TickResult:
+        assert self.held is not None
+        if not self.may_step():
+            return self._lose(f"renew deadline of {self.renew_deadline_ms} ms passed")
+        sent = self.clock.monotonic()
+        try:
+            renewed = self.store.cas_lease(
+                self.agent, self.held.version, replace(self.held, renewals=self.held.renewals + 1)
+            )
+        except LeaseConflict:
+            current = self.store.read_lease(self.agent)
+            if current is not None and self._is_ours(current) and current.epoch == self.held.epoch:
+                # Our previous renewal landed although its answer was lost: adopt it.
+                self.held = current
+                return TickResult(Outcome.RENEWED, current)
+            self._note(current, self.clock.monotonic())
+            return self._lose("the lease record was changed by another node")
+        except StoreError as exc:
+            if not self.may_step():
+                return self._lose(f"renewal failed past the deadline: {exc}")
+            return TickResult(Outcome.RENEW_FAILED, self.held, str(exc))
+        self.held = renewed
+        self._renew_sent_at = sent
+        self._note(renewed, sent)
+        return TickResult(Outcome.RENEWED, renewed)
+
+    def _observe_or_acquire(self) -> TickResult:
+        record = self.store.read_lease(self.agent)
+        now = self.clock.monotonic()
+        self._note(record, now)
+        if record is None:
+            expected, epoch, via = None, 1, "empty"
+        elif record.holder is None:
+            expected, epoch, via = record.version, record.epoch + 1, "released"
+        elif now - self._observed_at >= max(self.lease_ttl_ms, record.ttl_ms) / 1000:
+            expected, epoch, via = record.version, record.epoch + 1, "expired"
+        else:
+            return TickResult(Outcome.STANDBY, record)
+        sent = self.clock.monotonic()
+        new = LeaseRecord(
+            holder=self.node,
+            region=self.region,
+            session=self.session,
+            epoch=epoch,
+            ttl_ms=self.lease_ttl_ms,
+        )
+        try:
+            acquired = self.store.cas_lease(self.agent, expected, new)
+        except LeaseConflict:
+            return TickResult(Outcome.STANDBY, record, "another node acquired it first")
+        self.held = acquired
+        self._renew_sent_at = sent
+        self._note(acquired, sent)
+        return TickResult(Outcome.ACQUIRED, acquired, via)
+
+    def release(self) -> bool:
+        """Give the lease up at once (graceful stop). True if the store took the release."""
+        held, self.held = self.held, None
+        if held is None:
+            return False
+        released = replace(held, holder=None, renewals=held.renewals + 1)
+        try:
+            record = self.store.cas_lease(self.agent, held.version, released)
+        except LeaseConflict:
+            return False
+        self._note(record, self.clock.monotonic())
+        return True
+
+    def abandon(self, reason: str) -> TickResult:
+        """Stop leading without touching the store (for example after being fenced)."""
+        return self._lose(reason)
+
+    # -- helpers -----------------------------------------------------------
+
+    def _lose(self, reason: str) -> TickResult:
+        lost, self.held = self.held, None
+        # Our own stale record now counts as anyone's: wait a full TTL like every standby.
+        self._observed_key = None
+        self._note(self.observed, self.clock.monotonic())
+        return TickResult(Outcome.LOST, lost, reason)
+
+    def _is_ours(self, record: LeaseRecord) -> bool:
+        return record.holder == self.node and record.session == self.session
+
+    def _note(self, record: LeaseRecord | None, now: float) -> None:
+        """Remember when the record last changed, as seen on our own clock."""
+        self.observed = record
+        key = None if record is None else (record.version, record.epoch)
+        if key != self._observed_key:
+            self._observed_key = key
+            self._observed_at = now
+
+    def _since_renewal(self) -> float:
+        return self.clock.monotonic() - self._renew_sent_at

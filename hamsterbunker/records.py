@@ -1,0 +1,220 @@
+"""The records kept in a store, and their strict JSON forms.
+
+Every backend stores these same JSON documents, so a record written by one
+node's code is read identically by every other. Parsing is strict: a record
+with a missing or mistyped field raises CorruptRecord naming what is wrong,
+never a KeyError deep inside the runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+from .errors import ConfigError, CorruptRecord
+
+__all__ = [
+    "CheckpointInfo",
+    "ClusterRecord",
+    "Event",
+    "Heartbeat",
+    "LeaseRecord",
+    "check_name",
+]
+
+# Agent and node ids become file names and key parts: keep them plain.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return value if it is a valid agent or node id, else raise ConfigError."""
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise ConfigError(
+            f"invalid {kind} {value!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+T = TypeVar("T")
+
+
+def _field(doc: dict[str, Any], name: str, kind: type[T] | tuple[type, ...], what: str) -> T:
+    if name not in doc:
+        raise CorruptRecord(f"{what} record has no field {name!r}")
+    value = doc[name]
+    # bool is an int in Python; a flipped type must not pass as a number.
+    if isinstance(value, bool) and kind is not bool:
+        raise CorruptRecord(f"{what} record field {name!r} has the wrong type")
+    if not isinstance(value, kind):
+        raise CorruptRecord(f"{what} record field {name!r} has the wrong type")
+    return value  # type: ignore[return-value]
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorruptRecord(f"{what} record is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise CorruptRecord(f"{what} record is not a JSON object")
+    return doc
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(asdict(obj), separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class ClusterRecord:
+    """Key material every node needs to derive the sealing key: never the key itself."""
+
+    format: int
+    kdf: str
+    n: int
+    r: int
+    p: int
+    salt: str  # base64
+    key_id: str
+    key_check: str  # base64; tells a wrong secret apart from a tampered checkpoint
+    created: float
+
+    def to_json(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> ClusterRecord:
+        doc = _load(data, "cluster")
+        return cls(
+            format=_field(doc, "format", int, "cluster"),
+            kdf=_field(doc, "kdf", str, "cluster"),
+            n=_field(doc, "n", int, "cluster"),
+            r=_field(doc, "r", int, "cluster"),
+            p=_field(doc, "p", int, "cluster"),
+            salt=_field(doc, "salt", str, "cluster"),
+            key_id=_field(doc, "key_id", str, "cluster"),
+            key_check=_field(doc, "key_check", str, "cluster"),
+            created=float(_field(doc, "created", (int, float), "cluster")),
+        )
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """Who may step the agent, under which epoch (the fencing token).
+
+    ``version`` is assigned by the store on every successful write and is what
+    compare-and-set compares; ``holder`` is None once the lease is released.
+    ``renewals`` changes on every renewal so observers see the record change.
+    """
+
+    holder: str | None
+    region: str
+    session: str
+    epoch: int
+    ttl_ms: int
+    renewals: int = 0
+    version: int = 0
+
+    def to_json(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LeaseRecord:
+        doc = _load(data, "lease")
+        holder = doc.get("holder")
+        if holder is not None and not isinstance(holder, str):
+            raise CorruptRecord("lease record field 'holder' has the wrong type")
+        record = cls(
+            holder=holder,
+            region=_field(doc, "region", str, "lease"),
+            session=_field(doc, "session", str, "lease"),
+            epoch=_field(doc, "epoch", int, "lease"),
+            ttl_ms=_field(doc, "ttl_ms", int, "lease"),
+            renewals=_field(doc, "renewals", int, "lease"),
+            version=_field(doc, "version", int, "lease"),
+        )
+        if record.epoch < 0 or record.ttl_ms <= 0 or record.version < 0:
+            raise CorruptRecord("lease record has an out-of-range epoch, ttl or version")
+        return record
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """Where a checkpoint sits, without its sealed bytes."""
+
+    epoch: int
+    seq: int
+    size: int
+    written: float  # wall-clock time from the writer's store call; display only
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A node's liveness record. Never carries agent state."""
+
+    node: str
+    region: str
+    host: str
+    pid: int
+    role: str  # active | standby | starting | stopping
+    epoch: int  # highest epoch this node has seen
+    seq: int  # last checkpoint sequence this node has seen or written
+    leader: str | None
+    time: float  # writer's wall clock; display only, never compared across nodes
+    beats: int = 0
+
+    def to_json(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Heartbeat:
+        doc = _load(data, "heartbeat")
+        leader = doc.get("leader")
+        if leader is not None and not isinstance(leader, str):
+            raise CorruptRecord("heartbeat record field 'leader' has the wrong type")
+        return cls(
+            node=_field(doc, "node", str, "heartbeat"),
+            region=_field(doc, "region", str, "heartbeat"),
+            host=_field(doc, "host", str, "heartbeat"),
+            pid=_field(doc, "pid", int, "heartbeat"),
+            role=_field(doc, "role", str, "heartbeat"),
+            epoch=_field(doc, "epoch", int, "heartbeat"),
+            seq=_field(doc, "seq", int, "heartbeat"),
+            leader=leader,
+            time=float(_field(doc, "time", (int, float), "heartbeat")),
+            beats=_field(doc, "beats", int, "heartbeat"),
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One state change of one node. ``n`` counts up per node from 1."""
+
+    node: str
+    n: int
+    type: str
+    time: float
+    epoch: int = 0
+    seq: int = 0
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return _dump(self)
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Event:
+        doc = _load(data, "event")
+        detail = doc.get("detail", {})
+        if not isinstance(detail, dict):
+            raise CorruptRecord("event record field 'detail' has the wrong type")
+        return cls(
+            node=_field(doc, "node", str, "event"),
+            n=_field(doc, "n", int, "event"),
+            type=_field(doc, "type", str, "event"),
+            time=float(_field(doc, "time", (int, float), "event")),
+            epoch=_field(doc, "epoch", int, "event"),
+            seq=_field(doc, "seq", int, "event"),
+            detail=detail,
+        )

@@ -1,0 +1,501 @@
+"""The node runtime: heartbeat, lease keeping, stepping and sealed checkpoints.
+
+Every node runs the same loop against the shared store. Three asyncio tasks
+run side by side, so lease keeping never waits on the agent:
+
+* the *keeper* ticks every ``tick_ms``: renews or observes/acquires the lease
+  and writes the heartbeat;
+* the *leader* task exists only while this node holds the lease: it restores
+  the last checkpoint, then steps the agent and publishes each new state,
+  fenced by epoch in the store;
+* the *watcher* turns store changes into early wake-ups (a released lease is
+  taken at once, not at the next tick).
+
+Blocking store calls run on a small thread pool of their own; a sync ``step``
+runs on another thread, so a slow NFS write or a long LLM call freezes neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .agent import Agent, State, StepContext, _current
+from .clock import Clock
+from .errors import (
+    Fenced,
+    HamsterbunkerError,
+    NoUsableCheckpoint,
+    StoreError,
+    Tampered,
+)
+from .lease import LeaseKeeper, Outcome
+from .records import Event, Heartbeat, check_name
+from .sealing import Sealer, check_secret, new_cluster_record
+from .stores import Fence, Store, open_store
+
+__all__ = ["Runtime"]
+
+log = logging.getLogger("hamsterbunker")
+T = TypeVar("T")
+EventHandler = Callable[[Event], None]
+_MAX_PENDING_EVENTS = 10_000
+
+
+@dataclass
+class _Progress:
+    """What the leader has restored or published: the next step continues from here."""
+
+    state: State
+    seq: int
+
+
+class Runtime:
+    """One node of a HamsterBunker cluster for one agent."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        region: str,
+        store: Store | str,
+        agent: Agent,
+        secret: str,
+        agent_id: str | None = None,
+        tick_ms: int = 400,
+        lease_ttl_ms: int = 2000,
+        renew_deadline_ms: int | None = None,
+        on_event: EventHandler | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        check_secret(secret)
+        self.node_id = check_name("node id", node_id)
+        self.region = region
+        self.agent = agent
+        self.agent_id = check_name("agent id", agent_id or getattr(agent, "id", ""))
+        self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.tick_ms = tick_ms
+        self.keeper = LeaseKeeper(
+            self.store,
+            self.agent_id,
+            self.node_id,
+            region,
+            lease_ttl_ms=lease_ttl_ms,
+            renew_deadline_ms=renew_deadline_ms,
+            tick_ms=tick_ms,
+            clock=clock,
+        )
+        self.on_event = on_event
+        self.host = socket.gethostname()
+        self.role = "starting"
+        self.epoch_seen = 0
+        self.seq = 0
+        self._secret = secret
+        self._sealer: Sealer | None = None
+        self._event_n = 0
+        self._beats = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread_id = 0
+        self._stopping: asyncio.Event | None = None
+        self._wake: asyncio.Event | None = None
+        self._lost: asyncio.Event | None = None
+        self._pending: asyncio.Queue[Event] | None = None
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.ready = threading.Event()
+        self.stopped = threading.Event()
+
+    # -- public control ------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the node in a background thread and return at once."""
+        if self._thread is not None:
+            raise RuntimeError("this Runtime was already started")
+        self._thread = threading.Thread(target=self._run_in_thread, name=f"hb-{self.node_id}")
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop gracefully: stop stepping, release the lease, drop the heartbeat.
+
+        Re-raises the error that ended the node, if one did.
+        """
+        self.request_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"node {self.node_id} did not stop within {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    def run(self) -> None:
+        """Run in the foreground until SIGTERM or SIGINT, then stop gracefully."""
+        asyncio.run(self.serve(install_signal_handlers=True))
+
+    def request_stop(self) -> None:
+        """Ask the node to stop; safe from any thread or a signal handler."""
+        loop, stopping = self._loop, self._stopping
+        if loop is not None and stopping is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stopping.set)
+            except RuntimeError:
+                pass  # the loop closed between the check and the call: already stopped
+
+    def _run_in_thread(self) -> None:
+        try:
+            asyncio.run(self.serve())
+        except BaseException as exc:  # reported by stop()
+            self._error = exc
+            self.ready.set()
+
+    # -- the node ------------------------------------------------------------
+
+    async def serve(self, install_signal_handlers: bool = False) -> None:
+        """The node's main coroutine: returns after a graceful stop."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._stopping, self._wake, self._lost = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._pending = asyncio.Queue(_MAX_PENDING_EVENTS)
+        if install_signal_handlers:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._stopping.set)
+        try:
+            # The secret is checked before this node writes anything but a new
+            # cluster record: a node with the wrong secret touches nothing.
+            self._sealer = await self._io_call(self._open_cluster)
+            writer = asyncio.create_task(self._write_events(), name="hb-events")
+            watcher = asyncio.create_task(self._watch(), name="hb-watch")
+            for warning in self.store.warnings:
+                self._emit("store.warning", message=warning)
+            self._emit("node.online", region=self.region, host=self.host, pid=os.getpid())
+            self.ready.set()
+            try:
+                await self._keep_lease()
+            finally:
+                watcher.cancel()
+                await self._shutdown(writer)
+        finally:
+            self.stopped.set()
+            self._io.shutdown(wait=False, cancel_futures=True)
+
+    def _open_cluster(self) -> Sealer:
+        cluster = self.store.read_cluster()
+        if cluster is None:
+            cluster = self.store.create_cluster(new_cluster_record(self._secret))
+        return Sealer(self._secret, cluster)
+
+    async def _keep_lease(self) -> None:
+        assert self._stopping is not None and self._wake is not None and self._lost is not None
+        leader: asyncio.Task[None] | None = None
+        store_ok = True
+        next_heartbeat = 0.0
+        while not self._stopping.is_set():
+            try:
+                result = await self._io_call(self.keeper.tick)
+                if not store_ok:
+                    self._emit("store.recovered")
+                store_ok = True
+            except StoreError as exc:
+                if store_ok:
+                    self._emit("store.error", error=str(exc))
+                store_ok = False
+                result = None
+            if result is not None:
+                if result.record is not None:
+                    self.epoch_seen = max(self.epoch_seen, result.record.epoch)
+                match result.outcome:
+                    case Outcome.ACQUIRED:
+                        if leader is not None:  # a previous term still finishing its publish
+                            await self._finish_leading(leader)
+                        self._lost = asyncio.Event()
+                        self._set_role("active")
+                        self._emit("lease.acquired", via=result.reason)
+                        leader = asyncio.create_task(self._lead(result.record.epoch), name="hb-leader")
+                    case Outcome.RENEW_FAILED:
+                        self._emit("lease.renew_failed", error=result.reason)
+                    case Outcome.LOST:
+                        self._lost.set()
+                        self._emit("lease.lost", reason=result.reason)
+                        self._set_role("standby")
+                    case Outcome.STANDBY:
+                        self._set_role("standby")
+            if leader is not None and leader.done():
+                error = None if leader.cancelled() else leader.exception()
+                leader = None
+                if error is not None:
+                    raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
+            # Heartbeats keep to the tick even when a store change woke us early,
+            # or every write would wake every other node into writing again.
+            if time.monotonic() >= next_heartbeat:
+                next_heartbeat = time.monotonic() + self.tick_ms / 1000
+                await self._put_heartbeat()
+            await self._sleep_until(next_heartbeat)
+        if leader is not None:
+            await self._finish_leading(leader)
+
+    async def _sleep_until(self, deadline: float) -> None:
+        assert self._stopping is not None and self._wake is not None
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            waiters = [asyncio.ensure_future(self._stopping.wait())]
+            # A standby wakes early on a store change, so a released lease is
+            # taken at once; the leader renews on its own schedule.
+            if self.keeper.held is None:
+                waiters.append(asyncio.ensure_future(self._wake.wait()))
+            done, pending = await asyncio.wait(
+                waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in pending:
+                waiter.cancel()
+            if done and self.keeper.held is None:
+                return
+
+    async def _finish_leading(self, leader: asyncio.Task[None]) -> None:
+        assert self._lost is not None
+        self._lost.set()  # tells the leader task to cancel the step in flight
+        try:
+            await leader
+        except asyncio.CancelledError:
+            pass
+
+    async def _shutdown(self, writer: asyncio.Task[None]) -> None:
+        """Release the lease, drop the heartbeat, flush the events (graceful stop)."""
+        self._set_role("stopping")
+        try:
+            if self.keeper.held is not None:
+                released = await self._io_call(self.keeper.release)
+                if released:
+                    self._emit("lease.released")
+            await self._io_call(self.store.remove_heartbeat, self.agent_id, self.node_id)
+        except StoreError as exc:
+            self._emit("store.error", error=str(exc))
+        self._emit("node.offline")
+        assert self._pending is not None
+        try:
+            await asyncio.wait_for(self._pending.join(), timeout=5)
+        except TimeoutError:
+            log.warning("%s: %d events could not be written to the store", self.node_id,
+                        self._pending.qsize())
+        writer.cancel()
+
+    # -- leading -------------------------------------------------------------
+
+    async def _lead(self, epoch: int) -> None:
+        """Restore, then step and publish until the lease is lost or the node stops."""
+        assert self._lost is not None and self._stopping is not None
+        lost = self._lost  # this term's own signal: a later term gets a new one
+        progress = await self._restore(epoch)
+        while not lost.is_set() and not self._stopping.is_set():
+            context = StepContext(self.agent_id, self.node_id, epoch, progress.seq + 1)
+            step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
+            if not await self._until_done_or_lost(step, lost):
+                self._emit("agent.yielded", reason="lease lost or node stopping", step_seq=context.seq)
+                return
+            try:
+                new_state = step.result()
+            except Exception as exc:  # the agent's own failure: log it, retry after a tick
+                log.exception("%s: step %d of agent %s failed", self.node_id, context.seq, self.agent_id)
+                self._emit("agent.step_failed", step_seq=context.seq, error=repr(exc))
+                await asyncio.sleep(self.tick_ms / 1000)
+                continue
+            if lost.is_set() or not self.keeper.may_step():
+                # The lease may already be someone else's: never publish this step.
+                self._emit("agent.yielded", reason="renew deadline passed during the step",
+                           step_seq=context.seq)
+                return
+            if not await self._publish(context, new_state, lost):
+                return
+            progress = _Progress(new_state, context.seq)
+
+    async def _until_done_or_lost(self, step: asyncio.Task[State], term_lost: asyncio.Event) -> bool:
+        """Wait for the step; cancel it (async) or abandon it (sync) if the lease goes."""
+        assert self._stopping is not None
+        lost = asyncio.ensure_future(term_lost.wait())
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not step.done():
+                remaining = self.keeper.seconds_until_deadline()
+                if remaining <= 0 or lost.done() or stopping.done():
+                    step.cancel()
+                    return False
+                # Timed to the renew deadline, so a hung renewal cannot keep us stepping.
+                await asyncio.wait(
+                    [step, lost, stopping], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            return True
+        finally:
+            lost.cancel()
+            stopping.cancel()
+
+    async def _run_step(self, state: State, context: StepContext) -> State:
+        _current.set(context)
+        # The step gets its own copy: a discarded step must not have changed ours.
+        work = copy.deepcopy(state)
+        if inspect.iscoroutinefunction(self.agent.step):
+            result = await self.agent.step(work)
+        else:
+            result = await asyncio.to_thread(self.agent.step, work)
+            if inspect.isawaitable(result):
+                result = await result
+        if not isinstance(result, dict):
+            raise TypeError(f"step must return the new state as a dict, not {type(result).__name__}")
+        return result
+
+    async def _publish(self, context: StepContext, state: State, lost: asyncio.Event) -> bool:
+        """Seal and store one step's state, fenced by the step's epoch. False: stop leading."""
+        assert self._sealer is not None
+        fence = Fence(holder=self.node_id, session=self.keeper.session, epoch=context.epoch)
+        try:
+            blob = await asyncio.to_thread(
+                self._sealer.seal, self.agent_id, context.epoch, context.seq, state
+            )
+            info = await self._io_call(self.store.put_checkpoint, self.agent_id, fence, context.seq, blob)
+        except Fenced as exc:
+            self._emit("node.fenced", error=str(exc), step_seq=context.seq)
+            lost.set()
+            held = self.keeper.held
+            if held is not None and held.epoch == context.epoch:
+                result = await self._io_call(self.keeper.abandon, "fenced by the store")
+                self._emit("lease.lost", reason=result.reason)
+                self._set_role("standby")
+            return False
+        except HamsterbunkerError as exc:
+            # Not published: the sequence does not advance; retry the step after a tick.
+            self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
+            await asyncio.sleep(self.tick_ms / 1000)
+            return True
+        self.seq = info.seq
+        self._emit("agent.step", step_seq=info.seq)
+        self._emit("checkpoint.published", size=info.size)
+        return True
+
+    async def _restore(self, epoch: int) -> _Progress:
+        """The newest checkpoint that authenticates and fits the lease, or init() if none exist."""
+        assert self._sealer is not None
+        infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
+        if not infos:
+            state = await asyncio.to_thread(self.agent.init)
+            self._emit("agent.started")
+            return _Progress(state, 0)
+        for info in infos:
+            try:
+                if info.epoch >= epoch:
+                    raise Tampered(f"checkpoint names epoch {info.epoch}, not below the lease's {epoch}")
+                blob = await self._io_call(self.store.read_checkpoint, self.agent_id, info)
+                state = self._sealer.open(blob, self.agent_id, info.epoch, info.seq)
+            except Tampered as exc:
+                self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
+                continue
+            except StoreError as exc:
+                self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
+                continue
+            self.seq = info.seq
+            self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch,
+                       skipped=infos.index(info))
+            return _Progress(state, info.seq)
+        raise NoUsableCheckpoint(
+            f"agent {self.agent_id}: {len(infos)} checkpoints are stored but none authenticates; "
+            "refusing to start over from init(). Restore the store from a backup or remove the "
+            "agent's checkpoints deliberately."
+        )
+
+    # -- heartbeats, events, watch ------------------------------------------
+
+    def _set_role(self, role: str) -> None:
+        if role != self.role:
+            self.role = role
+            if role == "standby":
+                self._emit("node.standby")
+
+    async def _put_heartbeat(self) -> None:
+        self._beats += 1
+        held = self.keeper.held
+        observed = self.keeper.observed
+        heartbeat = Heartbeat(
+            node=self.node_id,
+            region=self.region,
+            host=self.host,
+            pid=os.getpid(),
+            role=self.role,
+            epoch=self.epoch_seen,
+            seq=self.seq,
+            leader=held.holder if held else (observed.holder if observed else None),
+            time=time.time(),
+            beats=self._beats,
+        )
+        try:
+            await self._io_call(self.store.put_heartbeat, self.agent_id, heartbeat)
+        except StoreError as exc:
+            log.debug("%s: heartbeat not written: %s", self.node_id, exc)
+
+    def _emit(self, kind: str, **detail: Any) -> None:
+        """Record a state change: on_event, the log, and this node's event log in the store."""
+        if self._loop is not None and threading.get_ident() != self._loop_thread_id:
+            self._loop.call_soon_threadsafe(lambda: self._emit(kind, **detail))
+            return
+        self._event_n += 1
+        held = self.keeper.held
+        event = Event(
+            node=self.node_id,
+            n=self._event_n,
+            type=kind,
+            time=time.time(),
+            epoch=held.epoch if held else self.epoch_seen,
+            seq=self.seq,
+            detail=detail,
+        )
+        log.info("%s %s epoch=%d seq=%d %s", self.node_id, kind, event.epoch, event.seq,
+                 " ".join(f"{k}={v}" for k, v in detail.items()))
+        if self.on_event is not None:
+            try:
+                self.on_event(event)
+            except Exception:
+                log.exception("on_event handler failed for %s", kind)
+        if self._pending is not None:
+            if self._pending.full():
+                self._pending.get_nowait()  # bounded: the oldest unsent event gives way
+                self._pending.task_done()
+            self._pending.put_nowait(event)
+
+    async def _write_events(self) -> None:
+        assert self._pending is not None
+        while True:
+            event = await self._pending.get()
+            try:
+                await self._io_call(self.store.append_event, self.agent_id, event)
+            except (StoreError, OSError) as exc:
+                log.warning("%s: event %s not stored: %s", self.node_id, event.type, exc)
+            finally:
+                self._pending.task_done()
+
+    async def _watch(self) -> None:
+        assert self._wake is not None
+        try:
+            async for _ in self.store.watch(self.agent_id):
+                self._wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the watch is only a hint: fall back to ticks
+            log.warning("%s: store watch stopped (%s); relying on ticks", self.node_id, exc)
+
+    async def _io_call(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._io, fn, *args)
+        except OSError as exc:
+            raise StoreError(f"store I/O failed: {exc}") from exc
+

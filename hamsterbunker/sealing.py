@@ -1,0 +1,192 @@
+"""AES-256-GCM sealing of agent state (DESIGN.md invariant 5).
+
+A sealed checkpoint is::
+
+    b"HBCP" | version (1 byte) | header length (2 bytes, big-endian) | header JSON
+    | nonce (12 bytes) | ciphertext with its 16-byte GCM tag
+
+The header names the key id, agent id, epoch and sequence number; the whole
+prefix up to the nonce is the GCM associated data, so an edited header fails to
+authenticate. The opener passes the agent, epoch and sequence under which it
+found the blob, so a checkpoint moved to another agent or replayed under
+another number is rejected even though it authenticates on its own.
+
+The key is derived from the network secret with scrypt and a random salt kept
+in the cluster record; HKDF gives one subkey per purpose. The key-check value
+in the cluster record tells a wrong secret apart from a tampered checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
+
+from .errors import SealError, SecretTooShort, Tampered, WrongSecret
+from .records import ClusterRecord
+
+__all__ = ["MIN_SECRET_LENGTH", "SealedHeader", "Sealer", "check_secret", "new_cluster_record"]
+
+MIN_SECRET_LENGTH = 8
+FORMAT_VERSION = 1
+_MAGIC = b"HBCP"
+_PREFIX = struct.Struct(">4sBH")  # magic, version, header length
+_NONCE_BYTES = 12
+_TAG_BYTES = 16
+# scrypt cost: 32 MiB and about 0.1 s once per node start. Kept in the cluster
+# record so that a later release can raise it without breaking old clusters.
+_SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**15, 8, 1
+
+
+def check_secret(secret: str) -> str:
+    """Refuse a secret that is too short before anything else happens."""
+    if not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH:
+        got = len(secret) if isinstance(secret, str) else 0
+        raise SecretTooShort(
+            f"the network secret must be at least {MIN_SECRET_LENGTH} characters (it has {got})"
+        )
+    return secret
+
+
+def _subkey(master: bytes, purpose: bytes, length: int) -> bytes:
+    return HKDF(hashes.SHA256(), length, salt=None, info=b"hamsterbunker/v1/" + purpose).derive(
+        master
+    )
+
+
+def _master_key(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(secret.encode("utf-8"))
+
+
+def _key_id(salt: bytes) -> str:
+    return hashlib.sha256(salt).hexdigest()[:16]
+
+
+def new_cluster_record(secret: str) -> ClusterRecord:
+    """Make the key material for a new cluster (a fresh random salt)."""
+    check_secret(secret)
+    salt = os.urandom(16)
+    master = _master_key(secret, salt, _SCRYPT_N, _SCRYPT_R, _SCRYPT_P)
+    return ClusterRecord(
+        format=FORMAT_VERSION,
+        kdf="scrypt",
+        n=_SCRYPT_N,
+        r=_SCRYPT_R,
+        p=_SCRYPT_P,
+        salt=base64.b64encode(salt).decode(),
+        key_id=_key_id(salt),
+        key_check=base64.b64encode(_subkey(master, b"key-check", 16)).decode(),
+        created=time.time(),
+    )
+
+
+@dataclass(frozen=True)
+class SealedHeader:
+    """What a sealed checkpoint says about itself (authenticated, not secret)."""
+
+    key_id: str
+    agent: str
+    epoch: int
+    seq: int
+    time: float
+
+
+class Sealer:
+    """Seals and opens checkpoints with the key of one cluster."""
+
+    def __init__(self, secret: str, cluster: ClusterRecord) -> None:
+        check_secret(secret)
+        if cluster.format != FORMAT_VERSION or cluster.kdf != "scrypt":
+            raise SealError(
+                f"cluster record uses format {cluster.format} / {cluster.kdf!r}, "
+                f"which this version does not know"
+            )
+        try:
+            salt = base64.b64decode(cluster.salt, validate=True)
+            expected_check = base64.b64decode(cluster.key_check, validate=True)
+            master = _master_key(secret, salt, cluster.n, cluster.r, cluster.p)
+        except (ValueError, MemoryError) as exc:
+            raise SealError(f"cluster record has unusable key parameters: {exc}") from exc
+        if not hmac.compare_digest(_subkey(master, b"key-check", 16), expected_check):
+            raise WrongSecret(
+                f"the secret does not match this cluster (key id {cluster.key_id}): "
+                "check that every node has the same secret"
+            )
+        self.key_id = cluster.key_id
+        self._aead = AESGCM(_subkey(master, b"checkpoint", 32))
+
+    def seal(self, agent: str, epoch: int, seq: int, state: dict[str, Any]) -> bytes:
+        """Seal a JSON-serialisable state under a fresh random nonce."""
+        try:
+            plaintext = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise SealError(f"agent state is not JSON-serialisable: {exc}") from exc
+        header = json.dumps(
+            {"kid": self.key_id, "agent": agent, "epoch": epoch, "seq": seq, "time": time.time()},
+            separators=(",", ":"),
+        ).encode()
+        prefix = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header
+        nonce = os.urandom(_NONCE_BYTES)
+        return prefix + nonce + self._aead.encrypt(nonce, plaintext, prefix)
+
+    def open(self, blob: bytes, agent: str, epoch: int, seq: int) -> dict[str, Any]:
+        """Open a checkpoint found under (agent, epoch, seq); raise Tampered if it is not that."""
+        header = read_header(blob)
+        if header.key_id != self.key_id:
+            raise Tampered(f"checkpoint names key id {header.key_id}, the cluster's is {self.key_id}")
+        prefix_len = _PREFIX.size + struct.unpack_from(">H", blob, 5)[0]
+        prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
+        try:
+            plaintext = self._aead.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
+        except InvalidTag as exc:
+            raise Tampered("checkpoint failed to authenticate (edited or truncated)") from exc
+        if header.agent != agent:
+            raise Tampered(f"checkpoint belongs to agent {header.agent!r}, not {agent!r}")
+        if (header.epoch, header.seq) != (epoch, seq):
+            raise Tampered(
+                f"checkpoint was sealed as epoch {header.epoch} seq {header.seq} but is stored "
+                f"as epoch {epoch} seq {seq} (replayed)"
+            )
+        try:
+            state = json.loads(plaintext.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise Tampered(f"checkpoint plaintext is not JSON: {exc}") from exc
+        if not isinstance(state, dict):
+            raise Tampered("checkpoint state is not a JSON object")
+        return state
+
+
+def read_header(blob: bytes) -> SealedHeader:
+    """Parse the unauthenticated header; Sealer.open authenticates it."""
+    if len(blob) < _PREFIX.size:
+        raise Tampered("checkpoint is truncated (no header)")
+    magic, version, header_len = _PREFIX.unpack_from(blob)
+    if magic != _MAGIC:
+        raise Tampered("not a HamsterBunker checkpoint (bad magic)")
+    if version != FORMAT_VERSION:
+        raise Tampered(f"checkpoint format version {version} is not known to this version")
+    if len(blob) < _PREFIX.size + header_len + _NONCE_BYTES + _TAG_BYTES:
+        raise Tampered("checkpoint is truncated")
+    try:
+        doc = json.loads(blob[_PREFIX.size : _PREFIX.size + header_len])
+        return SealedHeader(
+            key_id=str(doc["kid"]),
+            agent=str(doc["agent"]),
+            epoch=int(doc["epoch"]),
+            seq=int(doc["seq"]),
+            time=float(doc["time"]),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Tampered(f"checkpoint header is damaged: {exc}") from exc

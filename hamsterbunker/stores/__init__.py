@@ -1,0 +1,31 @@
+"""Store backends, chosen by URL. A backend's client library is imported only when it is used."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote, urlsplit
+
+from ..errors import ConfigError
+from .base import Fence, Store, StoreGuarantees
+
+__all__ = ["Fence", "Store", "StoreGuarantees", "open_store"]
+
+SCHEMES = ("file",)
+
+
+def open_store(url: str) -> Store:
+    """Open the store a URL names, e.g. ``file:///var/lib/hamsterbunker/store``."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"store URL {url!r}: a file URL needs an absolute path (file:///dir)")
+        path = unquote(parts.path)
+        if not path.startswith("/"):
+            raise ConfigError(f"store URL {url!r}: a file URL needs an absolute path (file:///dir)")
+        from .file import FileStore
+
+        return FileStore(path)
+    if parts.scheme in ("etcd", "etcds", "redis", "rediss"):
+        raise ConfigError(f"store URL {url!r}: the {parts.scheme} store is not available yet")
+    raise ConfigError(
+        f"store URL {url!r}: unknown scheme {parts.scheme or '(none)'!r}; use file:///path"
+    )

@@ -1,0 +1,419 @@
+"""The file store: a directory on one machine or on NFS (the embedded default).
+
+Layout under the root::
+
+    cluster.json                         key material (created once, atomically)
+    agents/<agent>/lease.json            the lease record
+    agents/<agent>/lease.lock            POSIX lock held across read-check-write
+    agents/<agent>/checkpoints/ckpt-<seq>-<epoch>.hbc
+    agents/<agent>/heartbeats/<node>.json
+    agents/<agent>/events/<node>.jsonl   (+ <node>.jsonl.1, the previous segment)
+
+Compare-and-set is real: an fcntl lock on ``lease.lock`` (plus a thread lock,
+since POSIX locks do not exclude threads of one process) is held across
+read-check-write of the lease and across the fence check and rename of a
+checkpoint. Writes are temp file in the same directory, fsync, rename, fsync
+of the directory. Only names matching our own patterns are ever read, so
+editor backups and sync-conflict copies are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import re
+import secrets
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+
+from ..errors import (
+    ConfigError,
+    CorruptRecord,
+    Fenced,
+    LeaseConflict,
+    StoreError,
+    StoreUnavailable,
+    StoreUnsafe,
+)
+from ..failpoints import failpoint
+from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .base import Fence, StoreGuarantees
+
+__all__ = ["FileStore"]
+
+_CHECKPOINT = re.compile(r"ckpt-(\d{20})-(\d{10})\.hbc")
+_HEARTBEAT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
+_EVENTS = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.jsonl")
+# Temporary names start with "tmp-hb-": no editor or sync tool uses that shape,
+# and no reader pattern above matches it.
+_TMP_PREFIX = "tmp-hb-"
+# struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t).
+_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+_SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloudsync.log")
+
+GUARANTEES = StoreGuarantees(
+    mutual_exclusion="fcntl (POSIX) locks: real on a local filesystem and on NFS with working "
+    "lockd; none on a synced folder (refused)",
+    durability="file and directory fsync before a write is acknowledged",
+    across_hosts="only through NFS mounted with noac (or actimeo=0) and lookupcache=none",
+)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(directory: Path, data: bytes, durable: bool) -> Path:
+    tmp = directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def _atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    tmp = _write_temp(path.parent, data, durable)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
+def _mount_of(path: Path) -> tuple[str, str]:
+    """(filesystem type, mount options) of the mount holding path, from mountinfo."""
+    best: tuple[int, str, str] = (-1, "", "")
+    target = str(path)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return "", ""
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 6 or len(rfields) < 3:
+            continue
+        mount_point = fields[4].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+        if inside and len(mount_point) > best[0]:
+            best = (len(mount_point), rfields[0], fields[5] + "," + rfields[2])
+    return best[1], best[2]
+
+
+class FileStore:
+    """A store in a local or NFS directory."""
+
+    guarantees = GUARANTEES
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        keep_checkpoints: int = 5,
+        events_per_segment: int = 1000,
+        lock_timeout: float = 2.0,
+    ) -> None:
+        self.root = Path(path).absolute()
+        self.url = self.root.as_uri()
+        self.keep_checkpoints = keep_checkpoints
+        self.events_per_segment = events_per_segment
+        self.lock_timeout = lock_timeout
+        self.warnings: list[str] = []
+        self._event_counts: dict[tuple[str, str], int] = {}
+        self._known_agents: set[str] = set()
+        try:
+            self.root.mkdir(exist_ok=True)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"store directory {self.root}: its parent does not exist") from exc
+        except OSError as exc:
+            raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
+        if not self.root.is_dir():
+            raise ConfigError(f"store path {self.root} is not a directory")
+        self._check_location()
+
+    def _check_location(self) -> None:
+        for folder in (self.root, *self.root.parents):
+            for marker in _SYNC_MARKERS:
+                if (folder / marker).exists():
+                    raise StoreUnsafe(
+                        f"store directory {self.root} is inside a synced folder ({folder / marker} "
+                        "found): sync tools give no mutual exclusion, so two nodes could both "
+                        "lead. Use a local directory, NFS, etcd or Redis."
+                    )
+        fstype, options = _mount_of(self.root.resolve())
+        if fstype.startswith("nfs"):
+            opts = set(options.split(","))
+            if not ({"noac", "actimeo=0"} & opts and "lookupcache=none" in opts):
+                self.warnings.append(
+                    f"store directory {self.root} is on NFS without noac (or actimeo=0) and "
+                    "lookupcache=none: attribute caching can hide lease renewals for seconds. "
+                    "Mount it with -o noac,lookupcache=none."
+                )
+
+    # -- paths -------------------------------------------------------------
+
+    def _agent_dir(self, agent: str) -> Path:
+        directory = self.root / "agents" / agent
+        if agent not in self._known_agents:
+            check_name("agent id", agent)
+            for sub in ("checkpoints", "heartbeats", "events"):
+                (directory / sub).mkdir(parents=True, exist_ok=True)
+            self._known_agents.add(agent)
+        return directory
+
+    @contextlib.contextmanager
+    def _locked(self, agent: str) -> Iterator[Path]:
+        """Hold the agent's lease lock: an open-file-description (OFD) POSIX lock.
+
+        OFD locks belong to the open file, not the process, so they exclude
+        other threads and other FileStore objects of this process as well as
+        other processes and (through lockd) other NFS clients. Classic POSIX
+        locks would not: every fd of one process shares one lock.
+        """
+        directory = self._agent_dir(agent)
+        fd = os.open(directory / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise StoreUnavailable(f"cannot lock {directory}: {exc.strerror}") from exc
+                    if time.monotonic() > deadline:
+                        raise StoreUnavailable(
+                            f"lease lock of {agent!r} held elsewhere for {self.lock_timeout} s"
+                        ) from exc
+                    time.sleep(0.002)
+            yield directory
+        finally:
+            os.close(fd)  # closing the description releases its lock
+
+    # -- cluster -----------------------------------------------------------
+
+    def read_cluster(self) -> ClusterRecord | None:
+        data = _read(self.root / "cluster.json")
+        return None if data is None else ClusterRecord.from_json(data)
+
+    def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
+        target = self.root / "cluster.json"
+        tmp = _write_temp(self.root, record.to_json(), durable=True)
+        try:
+            os.link(tmp, target)  # fails if it exists: atomic create-if-absent, NFS included
+            _fsync_dir(self.root)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        stored = self.read_cluster()
+        if stored is None:
+            raise StoreError(f"cluster record vanished from {self.root}")
+        return stored
+
+    # -- lease -------------------------------------------------------------
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        data = _read(self._agent_dir(agent) / "lease.json")
+        return None if data is None else LeaseRecord.from_json(data)
+
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        with self._locked(agent) as directory:
+            data = _read(directory / "lease.json")
+            current = None if data is None else LeaseRecord.from_json(data)
+            current_version = None if current is None else current.version
+            if current_version != expected_version:
+                raise LeaseConflict(
+                    f"lease of {agent!r} is at version {current_version}, not {expected_version}"
+                )
+            stored = _replace_version(new, (current_version or 0) + 1)
+            _atomic_write(directory / "lease.json", stored.to_json())
+            return stored
+
+    # -- checkpoints -------------------------------------------------------
+
+    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+        directory = self._agent_dir(agent) / "checkpoints"
+        # The bytes are written and synced before taking the lock, so a large
+        # checkpoint never holds up lease renewals; only check + rename are locked.
+        tmp = _write_temp(directory, blob, durable=True)
+        try:
+            failpoint("checkpoint.before_commit")
+            with self._locked(agent) as agent_dir:
+                data = _read(agent_dir / "lease.json")
+                lease = None if data is None else LeaseRecord.from_json(data)
+                if lease is None or (lease.holder, lease.session, lease.epoch) != (
+                    fence.holder,
+                    fence.session,
+                    fence.epoch,
+                ):
+                    now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
+                    raise Fenced(
+                        f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                        f"the lease is now {now}"
+                    )
+                existing = self._scan_checkpoints(directory)
+                if existing and existing[0].seq >= seq:
+                    raise StoreError(
+                        f"checkpoint sequence must increase: {seq} is not above {existing[0].seq}"
+                    )
+                final = directory / f"ckpt-{seq:020d}-{fence.epoch:010d}.hbc"
+                os.replace(tmp, final)
+                _fsync_dir(directory)
+                for old in existing[self.keep_checkpoints - 1 :]:
+                    (directory / _checkpoint_name(old)).unlink(missing_ok=True)
+                return CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _scan_checkpoints(self, directory: Path) -> list[CheckpointInfo]:
+        found = []
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                match = _CHECKPOINT.fullmatch(entry.name)
+                if not match:
+                    continue
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:
+                    continue  # pruned by the writer while we listed
+                found.append(
+                    CheckpointInfo(
+                        epoch=int(match[2]), seq=int(match[1]), size=st.st_size, written=st.st_mtime
+                    )
+                )
+        return sorted(found, key=lambda info: info.seq, reverse=True)
+
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        return self._scan_checkpoints(self._agent_dir(agent) / "checkpoints")
+
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        path = self._agent_dir(agent) / "checkpoints" / _checkpoint_name(info)
+        data = _read(path)
+        if data is None:
+            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        return data
+
+    # -- heartbeats --------------------------------------------------------
+
+    def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
+        check_name("node id", heartbeat.node)
+        path = self._agent_dir(agent) / "heartbeats" / f"{heartbeat.node}.json"
+        # Atomic but not fsynced: a heartbeat lost in a crash is rewritten next tick.
+        _atomic_write(path, heartbeat.to_json(), durable=False)
+
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        directory = self._agent_dir(agent) / "heartbeats"
+        beats = []
+        for name in sorted(os.listdir(directory)):
+            if _HEARTBEAT.fullmatch(name) and (data := _read(directory / name)) is not None:
+                beats.append(Heartbeat.from_json(data))
+        return beats
+
+    def remove_heartbeat(self, agent: str, node: str) -> None:
+        check_name("node id", node)
+        (self._agent_dir(agent) / "heartbeats" / f"{node}.json").unlink(missing_ok=True)
+
+    # -- events ------------------------------------------------------------
+
+    def append_event(self, agent: str, event: Event) -> None:
+        check_name("node id", event.node)
+        directory = self._agent_dir(agent) / "events"
+        current = directory / f"{event.node}.jsonl"
+        key = (agent, event.node)
+        if key not in self._event_counts:
+            data = _read(current)
+            self._event_counts[key] = 0 if data is None else data.count(b"\n")
+        if self._event_counts[key] >= self.events_per_segment:
+            # Bounded: the previous segment is replaced, so at most two remain.
+            os.replace(current, directory / f"{event.node}.jsonl.1")
+            self._event_counts[key] = 0
+        # Only this node appends to this file (NFS has no atomic append across clients).
+        with open(current, "ab") as out:
+            out.write(event.to_json() + b"\n")
+        self._event_counts[key] += 1
+
+    def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
+        after = after or {}
+        directory = self._agent_dir(agent) / "events"
+        events: list[Event] = []
+        for name in sorted(os.listdir(directory)):
+            match = _EVENTS.fullmatch(name)
+            if not match:
+                continue
+            node = match[1]
+            for segment in (f"{name}.1", name):
+                data = _read(directory / segment) or b""
+                for line in data.splitlines():
+                    if not line.endswith(b"}"):
+                        continue  # a line still being appended
+                    try:
+                        event = Event.from_json(line)
+                    except CorruptRecord:
+                        continue
+                    if event.n > after.get(node, 0):
+                        events.append(event)
+        return events
+
+    # -- watch -------------------------------------------------------------
+
+    async def watch(self, agent: str) -> AsyncIterator[None]:
+        import watchfiles
+
+        directory = self._agent_dir(agent)
+        fstype, _ = _mount_of(self.root.resolve())
+        # inotify sees nothing written by other NFS clients: poll there.
+        async for _changes in watchfiles.awatch(
+            directory,
+            watch_filter=_watch_filter,
+            step=20,
+            debounce=200,
+            force_polling=fstype.startswith("nfs"),
+            poll_delay_ms=100,
+            recursive=True,
+        ):
+            yield None
+
+    def close(self) -> None:
+        pass
+
+
+def _watch_filter(_change: object, path: str) -> bool:
+    name = os.path.basename(path)
+    return not name.startswith(_TMP_PREFIX) and name != "lease.lock"
+
+
+def _checkpoint_name(info: CheckpointInfo) -> str:
+    return f"ckpt-{info.seq:020d}-{info.epoch:010d}.hbc"
+
+
+def _replace_version(record: LeaseRecord, version: int) -> LeaseRecord:
+    from dataclasses import replace
+
+    return replace(record, version=version)
