@@ -193,7 +193,12 @@ class Runtime:
         cluster = self.store.read_cluster()
         if cluster is None:
             cluster = self.store.create_cluster(new_cluster_record(self._secret))
-        return Sealer(self._secret, cluster)
+        sealer = Sealer(self._secret, cluster)
+        # Event numbers continue across restarts of this node, so readers that
+        # keep a cursor per node see the new process's events too.
+        own = [e.n for e in self.store.read_events(self.agent_id) if e.node == self.node_id]
+        self._event_n = max(own, default=0)
+        return sealer
 
     async def _keep_lease(self) -> None:
         assert self._stopping is not None and self._wake is not None and self._lost is not None

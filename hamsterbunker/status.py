@@ -1,0 +1,109 @@
+"""A read-only snapshot of one agent's cluster: what ``hb status`` and the demo show.
+
+Needs no secret: it reads the lease, heartbeats and checkpoint list, never state.
+Heartbeat ages compare the writer's wall clock with ours: they are for people
+to read, and nothing decides on them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+
+from .records import CheckpointInfo, Heartbeat, LeaseRecord
+from .stores import Store
+
+__all__ = ["ClusterStatus", "NodeStatus", "render", "snapshot"]
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    node: str
+    region: str
+    host: str
+    pid: int
+    role: str
+    epoch: int
+    seq: int
+    age_s: float
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    store: str
+    agent: str
+    lease: LeaseRecord | None
+    nodes: list[NodeStatus]
+    checkpoint: CheckpointInfo | None
+    checkpoint_age_s: float | None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+
+def _role(beat: Heartbeat, age_s: float, ttl_s: float) -> str:
+    # A node that has not written for several TTLs is gone, whatever it last said.
+    return "offline" if age_s > 3 * ttl_s else beat.role
+
+
+def snapshot(store: Store, agent: str) -> ClusterStatus:
+    now = time.time()
+    lease = store.read_lease(agent)
+    ttl_s = (lease.ttl_ms if lease else 2000) / 1000
+    nodes = [
+        NodeStatus(
+            node=b.node,
+            region=b.region,
+            host=b.host,
+            pid=b.pid,
+            role=_role(b, max(0.0, now - b.time), ttl_s),
+            epoch=b.epoch,
+            seq=b.seq,
+            age_s=round(max(0.0, now - b.time), 3),
+        )
+        for b in store.list_heartbeats(agent)
+    ]
+    checkpoints = store.list_checkpoints(agent)
+    latest = checkpoints[0] if checkpoints else None
+    return ClusterStatus(
+        store=store.url,
+        agent=agent,
+        lease=lease,
+        nodes=nodes,
+        checkpoint=latest,
+        checkpoint_age_s=round(max(0.0, now - latest.written), 3) if latest else None,
+    )
+
+
+def render(status: ClusterStatus) -> str:
+    lines = [f"agent {status.agent} · store {status.store}"]
+    lease = status.lease
+    if lease is None:
+        lines.append("lease: never taken")
+    elif lease.holder is None:
+        lines.append(f"lease: released · epoch {lease.epoch}")
+    else:
+        lines.append(f"lease: {lease.holder} ({lease.region}) · epoch {lease.epoch}")
+    if status.checkpoint is None:
+        lines.append("last checkpoint: none")
+    else:
+        cp = status.checkpoint
+        lines.append(
+            f"last checkpoint: seq {cp.seq} (epoch {cp.epoch}) · {status.checkpoint_age_s:.1f} s ago"
+            f" · {cp.size} B"
+        )
+    if not status.nodes:
+        lines.append("nodes: none")
+        return "\n".join(lines)
+    header = ("NODE", "REGION", "ROLE", "EPOCH", "SEQ", "HEARTBEAT", "HOST", "PID")
+    rows = [header] + [
+        (n.node, n.region, n.role, str(n.epoch), str(n.seq), f"{n.age_s:.1f} s ago", n.host,
+         str(n.pid))
+        for n in status.nodes
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines.append("nodes:")
+    lines.extend("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                 for row in rows)
+    return "\n".join(lines)

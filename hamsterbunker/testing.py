@@ -1,0 +1,236 @@
+"""Test doubles that ship with the library (in the spirit of ``structlog.testing``).
+
+``MemoryStore`` keeps every record in this process's memory and implements the
+store contract of :mod:`hamsterbunker.stores.base` exactly as its docstrings
+state, so tests of code built on a store (the lease keeper, the runtime, your
+own agent) run fast and without a disk::
+
+    from hamsterbunker.testing import MemoryStore
+
+    store = MemoryStore()
+    node_a = Runtime(node_id="a", region="r", store=store, agent=agent, secret=secret)
+    node_b = Runtime(node_id="b", region="r", store=store, agent=agent, secret=secret)
+
+Every node that should share the store must be given the *same* MemoryStore
+object: it gives mutual exclusion between threads of one process, nothing more.
+Records are kept as their JSON forms and parsed on every read, as a real
+backend does, so a caller can never change a stored record by mutating an
+object it passed in or got back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError, Fenced, LeaseConflict, StoreError
+from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .stores.base import Fence, StoreGuarantees
+
+__all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
+
+MEMORY_GUARANTEES = StoreGuarantees(
+    mutual_exclusion="a threading.Lock: real between threads of one process, none beyond it",
+    durability="none: everything is lost when the process ends",
+    across_hosts="none: one process only (share the same MemoryStore object)",
+)
+
+# How often watch() looks at the change counter.
+_WATCH_POLL_S = 0.02
+
+
+@dataclass
+class _Agent:
+    """Everything stored for one agent. Only touched with MemoryStore._lock held."""
+
+    lease: bytes | None = None
+    # seq -> (info, sealed bytes); at most keep_checkpoints entries.
+    checkpoints: dict[int, tuple[CheckpointInfo, bytes]] = field(default_factory=dict)
+    heartbeats: dict[str, bytes] = field(default_factory=dict)
+    events: dict[str, deque[bytes]] = field(default_factory=dict)
+    changes: int = 0  # moves on every write; watch() polls it
+
+
+class MemoryStore:
+    """A Store kept in memory: thread-safe, one process only."""
+
+    url = "memory://"
+    guarantees = MEMORY_GUARANTEES
+
+    def __init__(self, *, keep_checkpoints: int = 5, events_per_node: int = 1000) -> None:
+        if keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints must be at least 1")
+        if events_per_node < 1:
+            raise ConfigError("events_per_node must be at least 1")
+        self.keep_checkpoints = keep_checkpoints
+        self.events_per_node = events_per_node
+        self.warnings: list[str] = []
+        self._lock = threading.Lock()
+        self._cluster: bytes | None = None
+        self._agents: dict[str, _Agent] = {}
+
+    def _agent(self, agent: str) -> _Agent:
+        """The agent's records (created empty on first use); call with the lock held."""
+        found = self._agents.get(agent)
+        if found is None:
+            check_name("agent id", agent)
+            found = self._agents[agent] = _Agent()
+        return found
+
+    # -- cluster -----------------------------------------------------------
+
+    def read_cluster(self) -> ClusterRecord | None:
+        """The cluster record, or None before the first node created it."""
+        with self._lock:
+            data = self._cluster
+        return None if data is None else ClusterRecord.from_json(data)
+
+    def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
+        """Store record unless one exists (atomically); return the record that is stored."""
+        with self._lock:
+            if self._cluster is None:
+                self._cluster = record.to_json()
+            data = self._cluster
+        return ClusterRecord.from_json(data)
+
+    # -- lease -------------------------------------------------------------
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        """The agent's lease record as last written, or None if never written."""
+        with self._lock:
+            data = self._agent(agent).lease
+        return None if data is None else LeaseRecord.from_json(data)
+
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        """Write new only if the stored version is expected_version (None: no record yet)."""
+        with self._lock:
+            state = self._agent(agent)
+            current = None if state.lease is None else LeaseRecord.from_json(state.lease)
+            current_version = None if current is None else current.version
+            if current_version != expected_version:
+                raise LeaseConflict(
+                    f"lease of {agent!r} is at version {current_version}, not {expected_version}"
+                )
+            stored = replace(new, version=(current_version or 0) + 1)
+            state.lease = stored.to_json()
+            state.changes += 1
+        return stored
+
+    # -- checkpoints -------------------------------------------------------
+
+    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+        """Store a sealed checkpoint, only if fence matches the current lease."""
+        data = bytes(blob)
+        with self._lock:
+            state = self._agent(agent)
+            lease = None if state.lease is None else LeaseRecord.from_json(state.lease)
+            if lease is None or (lease.holder, lease.session, lease.epoch) != (
+                fence.holder,
+                fence.session,
+                fence.epoch,
+            ):
+                now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
+                raise Fenced(
+                    f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                    f"the lease is now {now}"
+                )
+            if state.checkpoints and max(state.checkpoints) >= seq:
+                raise StoreError(
+                    f"checkpoint sequence must increase: {seq} is not above "
+                    f"{max(state.checkpoints)}"
+                )
+            info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(data), written=time.time())
+            state.checkpoints[seq] = (info, data)
+            for old in sorted(state.checkpoints, reverse=True)[self.keep_checkpoints :]:
+                del state.checkpoints[old]
+            state.changes += 1
+        return info
+
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        """Retained checkpoints, newest (highest seq) first."""
+        with self._lock:
+            kept = self._agent(agent).checkpoints
+            return [kept[seq][0] for seq in sorted(kept, reverse=True)]
+
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        """The sealed bytes of one retained checkpoint."""
+        with self._lock:
+            found = self._agent(agent).checkpoints.get(info.seq)
+        if found is None or found[0].epoch != info.epoch:
+            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        return found[1]
+
+    # -- heartbeats --------------------------------------------------------
+
+    def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
+        """Replace this node's heartbeat."""
+        check_name("node id", heartbeat.node)
+        data = heartbeat.to_json()
+        with self._lock:
+            state = self._agent(agent)
+            state.heartbeats[heartbeat.node] = data
+            state.changes += 1
+
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        """Every node's last heartbeat, ordered by node id."""
+        with self._lock:
+            beats = self._agent(agent).heartbeats
+            stored = [beats[node] for node in sorted(beats)]
+        return [Heartbeat.from_json(data) for data in stored]
+
+    def remove_heartbeat(self, agent: str, node: str) -> None:
+        """Drop a node's heartbeat (graceful stop). No error if absent."""
+        check_name("node id", node)
+        with self._lock:
+            state = self._agent(agent)
+            if state.heartbeats.pop(node, None) is not None:
+                state.changes += 1
+
+    # -- events ------------------------------------------------------------
+
+    def append_event(self, agent: str, event: Event) -> None:
+        """Append to the event log of event.node; the oldest fall off past events_per_node."""
+        check_name("node id", event.node)
+        data = event.to_json()
+        with self._lock:
+            state = self._agent(agent)
+            log = state.events.get(event.node)
+            if log is None:
+                log = state.events[event.node] = deque(maxlen=self.events_per_node)
+            log.append(data)
+            state.changes += 1
+
+    def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
+        """Events with n above after[node] (0 if absent), each node's in order."""
+        after = after or {}
+        with self._lock:
+            logs = self._agent(agent).events
+            stored = [(node, list(logs[node])) for node in sorted(logs)]
+        events: list[Event] = []
+        for node, lines in stored:
+            cursor = after.get(node, 0)
+            events.extend(e for e in map(Event.from_json, lines) if e.n > cursor)
+        return events
+
+    # -- watch -------------------------------------------------------------
+
+    def _changes(self, agent: str) -> int:
+        with self._lock:
+            return self._agent(agent).changes
+
+    async def watch(self, agent: str) -> AsyncIterator[None]:
+        """Yield whenever the agent's records changed since the last yield (polled every 20 ms)."""
+        seen = self._changes(agent)
+        while True:
+            await asyncio.sleep(_WATCH_POLL_S)
+            now = self._changes(agent)
+            if now != seen:
+                seen = now
+                yield None
+
+    def close(self) -> None:
+        """Nothing to release: the records stay for other users of this object."""
