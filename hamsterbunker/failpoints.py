@@ -1,8 +1,9 @@
 """Failpoints for fault tests: off unless ``HB_FAILPOINTS`` is set.
 
 ``HB_FAILPOINTS="checkpoint.before_commit=stop"`` makes the process stop itself
-(SIGSTOP) the first time it reaches that point; ``=kill`` kills it (SIGKILL).
-Several are separated by commas. See docs/failpoints.md for the points.
+(SIGSTOP) the first time it reaches that point; ``=kill`` kills it (SIGKILL);
+``=stop@3`` acts on the third time instead. Several are separated by commas.
+See docs/failpoints.md for the points.
 """
 
 from __future__ import annotations
@@ -13,23 +14,26 @@ import signal
 __all__ = ["failpoint"]
 
 _ACTIONS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}
-_fired: set[str] = set()
+_hits: dict[str, int] = {}
 
 
-def _armed() -> dict[str, str]:
+def _armed() -> dict[str, tuple[str, int]]:
     spec = os.environ.get("HB_FAILPOINTS", "")
     points = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
-        points[name] = action
+        action, _, nth = action.partition("@")
+        points[name] = (action, int(nth) if nth.isdigit() else 1)
     return points
 
 
 def failpoint(name: str) -> None:
-    """Act on the failpoint called name if it is armed and has not fired yet."""
-    if "HB_FAILPOINTS" not in os.environ or name in _fired:
+    """Act on the failpoint called name if it is armed and this is its turn."""
+    if "HB_FAILPOINTS" not in os.environ:
         return
-    action = _armed().get(name)
-    if action in _ACTIONS:
-        _fired.add(name)
-        os.kill(os.getpid(), _ACTIONS[action])
+    armed = _armed().get(name)
+    if armed is None or armed[0] not in _ACTIONS:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] == armed[1]:
+        os.kill(os.getpid(), _ACTIONS[armed[0]])

@@ -1,0 +1,570 @@
+"""The store contract (hamsterbunker/stores/base.py), run unchanged against every backend.
+
+The fixtures ``store`` and ``open_second`` come from conftest.py: ``store`` is a
+client on a fresh, empty store, and ``open_second()`` opens another independent
+client on the same store, so the races below are races between real clients.
+Races start together on a threading.Barrier; nothing here sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import pytest
+
+from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError
+from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores.base import Fence, Store, StoreGuarantees
+
+from .conftest import EVENT_BOUND, KEEP_CHECKPOINTS, Opener
+
+T = TypeVar("T")
+
+THREADS = 8
+RACE_ROUNDS = 30
+WAIT_S = 30.0  # generous bound on every join and barrier
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def lease(holder: str | None, epoch: int, session: str = "s1", renewals: int = 0) -> LeaseRecord:
+    return LeaseRecord(
+        holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000, renewals=renewals
+    )
+
+
+def fence_of(record: LeaseRecord) -> Fence:
+    assert record.holder is not None
+    return Fence(holder=record.holder, session=record.session, epoch=record.epoch)
+
+
+def cluster(tag: int) -> ClusterRecord:
+    return ClusterRecord(
+        format=1,
+        kdf="scrypt",
+        n=2**15,
+        r=8,
+        p=1,
+        salt=f"c2FsdC{tag:04d}==",
+        key_id=f"key-{tag}",
+        key_check=f"Y2hlY2s{tag:04d}=",
+        created=1000.0 + tag,
+    )
+
+
+def heartbeat(node: str, beats: int = 0, role: str = "standby") -> Heartbeat:
+    return Heartbeat(
+        node=node,
+        region="eu",
+        host=f"host-{node}",
+        pid=4242,
+        role=role,
+        epoch=1,
+        seq=beats,
+        leader=None,
+        time=1700000000.0 + beats,
+        beats=beats,
+    )
+
+
+def event(node: str, n: int, kind: str = "agent.step") -> Event:
+    return Event(node=node, n=n, type=kind, time=1700000000.0 + n, epoch=1, seq=n, detail={"i": n})
+
+
+def race(count: int, work: Callable[[int], T]) -> list[T | BaseException]:
+    """Run work(0..count-1) in threads released together; return each result or exception."""
+    barrier = threading.Barrier(count)
+    pending = object()
+    results: list[Any] = [pending] * count
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=WAIT_S)
+            results[i] = work(i)
+        except BaseException as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=WAIT_S)
+        assert not thread.is_alive(), "a racing thread did not finish in time"
+    assert all(r is not pending for r in results)
+    return results
+
+
+def clients(open_second: Opener, count: int) -> list[Store]:
+    return [open_second() for _ in range(count)]
+
+
+def seqs(store: Store, agent: str = "a") -> list[int]:
+    return [info.seq for info in store.list_checkpoints(agent)]
+
+
+# -- shape -------------------------------------------------------------------
+
+
+def test_store_satisfies_the_protocol(store: Store) -> None:
+    """A backend is a Store and states its URL, guarantees and warnings."""
+    assert isinstance(store, Store)
+    assert isinstance(store.url, str) and store.url
+    assert isinstance(store.guarantees, StoreGuarantees)
+    assert all(isinstance(w, str) for w in store.warnings)
+
+
+def test_invalid_agent_id_is_refused(store: Store) -> None:
+    """An agent id that is not a plain name is a ConfigError, never a path."""
+    with pytest.raises(ConfigError):
+        store.read_lease("../escape")
+
+
+# -- cluster record ----------------------------------------------------------
+
+
+def test_cluster_is_none_at_first(store: Store) -> None:
+    """An empty store has no cluster record."""
+    assert store.read_cluster() is None
+
+
+def test_create_cluster_stores_the_record(store: Store, open_second: Opener) -> None:
+    """create_cluster returns the record, and every client then reads it."""
+    assert store.create_cluster(cluster(1)) == cluster(1)
+    assert store.read_cluster() == cluster(1)
+    assert open_second().read_cluster() == cluster(1)
+
+
+def test_second_create_returns_the_first_record(store: Store, open_second: Opener) -> None:
+    """A second create_cluster keeps the first record and returns it."""
+    store.create_cluster(cluster(1))
+    assert open_second().create_cluster(cluster(2)) == cluster(1)
+    assert store.read_cluster() == cluster(1)
+
+
+def test_concurrent_creates_all_return_one_stored_record(open_second: Opener) -> None:
+    """Eight clients creating different records at once all get back the one that is stored."""
+    racers = clients(open_second, THREADS)
+    results = race(THREADS, lambda i: racers[i].create_cluster(cluster(i)))
+    assert all(isinstance(r, ClusterRecord) for r in results), results
+    stored = racers[0].read_cluster()
+    assert stored in [cluster(i) for i in range(THREADS)]
+    assert all(r == stored for r in results)
+
+
+# -- lease -------------------------------------------------------------------
+
+
+def test_lease_is_none_at_first(store: Store) -> None:
+    """An agent whose lease was never written has none."""
+    assert store.read_lease("a") is None
+
+
+def test_cas_from_none_creates_the_lease(store: Store, open_second: Opener) -> None:
+    """cas_lease(None) on an empty record stores it and every client reads the same record."""
+    stored = store.cas_lease("a", None, lease("n1", 1))
+    assert (stored.holder, stored.epoch, stored.session) == ("n1", 1, "s1")
+    assert store.read_lease("a") == stored
+    assert open_second().read_lease("a") == stored
+
+
+def test_store_assigns_the_version(store: Store) -> None:
+    """The stored version is the store's (old + 1), whatever version the caller put in."""
+    first = store.cas_lease("a", None, replace(lease("n1", 1), version=77))
+    assert first.version != 77
+    second = store.cas_lease("a", first.version, lease("n1", 1, renewals=1))
+    assert second.version == first.version + 1
+
+
+def test_cas_from_none_when_a_lease_exists_conflicts(store: Store, open_second: Opener) -> None:
+    """cas_lease(None) loses once any lease record exists."""
+    stored = store.cas_lease("a", None, lease("n1", 1))
+    with pytest.raises(LeaseConflict):
+        open_second().cas_lease("a", None, lease("n2", 2))
+    assert store.read_lease("a") == stored
+
+
+def test_cas_from_the_current_version_succeeds(store: Store, open_second: Opener) -> None:
+    """cas_lease against the version last read replaces the record."""
+    first = store.cas_lease("a", None, lease("n1", 1))
+    second = open_second().cas_lease("a", first.version, lease("n2", 2, session="s2"))
+    assert (second.holder, second.epoch, second.session) == ("n2", 2, "s2")
+    assert store.read_lease("a") == second
+
+
+def test_stale_version_conflicts_and_leaves_the_record(store: Store, open_second: Opener) -> None:
+    """cas_lease against an older version raises LeaseConflict and changes nothing."""
+    first = store.cas_lease("a", None, lease("n1", 1))
+    second = store.cas_lease("a", first.version, lease("n1", 1, renewals=1))
+    other = open_second()
+    with pytest.raises(LeaseConflict):
+        other.cas_lease("a", first.version, lease("n2", 2))
+    with pytest.raises(LeaseConflict):
+        other.cas_lease("a", second.version + 5, lease("n2", 2))
+    assert store.read_lease("a") == second
+    assert other.read_lease("a") == second
+
+
+def test_versions_strictly_increase(store: Store) -> None:
+    """Every successful write, release included, stores a higher version."""
+    record = store.cas_lease("a", None, lease("n1", 1))
+    versions = [record.version]
+    for i in range(1, 20):
+        holder = None if i % 5 == 0 else f"n{i % 3}"
+        record = store.cas_lease("a", record.version, lease(holder, i, renewals=i))
+        versions.append(record.version)
+        assert store.read_lease("a") == record
+    assert versions == sorted(set(versions))
+
+
+def test_racing_acquires_have_exactly_one_winner(open_second: Opener) -> None:
+    """Eight clients racing cas_lease(None) for a fresh agent: exactly one wins, every round."""
+    racers = clients(open_second, THREADS)
+    for round_no in range(RACE_ROUNDS):
+        agent = f"race-{round_no}"
+        results = race(
+            THREADS, lambda i: racers[i].cas_lease(agent, None, lease(f"n{i}", 1, f"s{i}"))
+        )
+        winners = [r for r in results if isinstance(r, LeaseRecord)]
+        losers = [r for r in results if isinstance(r, LeaseConflict)]
+        assert len(winners) == 1, f"round {round_no}: {results}"
+        assert len(losers) == THREADS - 1, f"round {round_no}: {results}"
+        assert racers[0].read_lease(agent) == winners[0]
+
+
+def test_racing_renewals_have_exactly_one_winner(store: Store, open_second: Opener) -> None:
+    """Eight clients racing cas_lease from the same version: exactly one wins, every round."""
+    racers = clients(open_second, THREADS)
+    current = store.cas_lease("a", None, lease("n0", 1))
+    for round_no in range(RACE_ROUNDS):
+        seen = current.version
+        results = race(
+            THREADS,
+            lambda i: racers[i].cas_lease("a", seen, lease(f"n{i}", round_no + 2, f"s{i}")),
+        )
+        winners = [r for r in results if isinstance(r, LeaseRecord)]
+        assert len(winners) == 1, f"round {round_no}: {results}"
+        assert all(isinstance(r, LeaseConflict) for r in results if r is not winners[0])
+        current = winners[0]
+        assert current.version > seen
+        assert store.read_lease("a") == current
+
+
+def test_agents_are_isolated(store: Store, open_second: Opener) -> None:
+    """Agents "a" and "b" have separate leases, checkpoints, heartbeats and events."""
+    a = store.cas_lease("a", None, lease("n1", 1))
+    assert store.read_lease("b") is None
+    b = open_second().cas_lease("b", None, lease("n2", 7, session="s2"))
+    assert store.read_lease("a") == a
+    assert store.read_lease("b") == b
+    store.put_checkpoint("a", fence_of(a), 1, b"for a")
+    with pytest.raises(Fenced):
+        store.put_checkpoint("b", fence_of(a), 2, b"a's fence on b")
+    assert store.list_checkpoints("b") == []
+    store.put_heartbeat("a", heartbeat("n1"))
+    store.append_event("a", event("n1", 1))
+    assert store.list_heartbeats("b") == []
+    assert store.read_events("b") == []
+
+
+# -- checkpoints -------------------------------------------------------------
+
+
+def test_no_checkpoints_at_first(store: Store) -> None:
+    """A fresh agent has no checkpoints."""
+    assert store.list_checkpoints("a") == []
+
+
+def test_checkpoint_under_the_current_fence_is_accepted(store: Store, open_second: Opener) -> None:
+    """put_checkpoint under the current lease stores it and reports epoch, seq and size."""
+    held = store.cas_lease("a", None, lease("n1", 3))
+    info = store.put_checkpoint("a", fence_of(held), 1, b"sealed-1")
+    assert (info.epoch, info.seq, info.size) == (3, 1, len(b"sealed-1"))
+    listed = open_second().list_checkpoints("a")
+    assert [(i.epoch, i.seq, i.size) for i in listed] == [(3, 1, 8)]
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        Fence(holder="n1", session="s1", epoch=1),  # old epoch
+        Fence(holder="n2", session="s1", epoch=2),  # wrong holder
+        Fence(holder="n1", session="s0", epoch=2),  # wrong session (same node, restarted)
+        Fence(holder="n1", session="s1", epoch=3),  # an epoch from the future
+    ],
+    ids=["old-epoch", "wrong-holder", "wrong-session", "future-epoch"],
+)
+def test_write_under_a_stale_fence_is_fenced(store: Store, stale: Fence) -> None:
+    """A checkpoint whose (holder, session, epoch) is not the lease's raises Fenced."""
+    first = store.cas_lease("a", None, lease("n1", 1))
+    current = store.cas_lease("a", first.version, lease("n1", 2))
+    store.put_checkpoint("a", fence_of(current), 1, b"current")
+    with pytest.raises(Fenced):
+        store.put_checkpoint("a", stale, 2, b"stale")
+
+
+def test_write_without_a_lease_is_fenced(store: Store) -> None:
+    """A checkpoint for an agent that has no lease record raises Fenced."""
+    with pytest.raises(Fenced):
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"no lease")
+    assert store.list_checkpoints("a") == []
+
+
+def test_write_after_release_is_fenced(store: Store) -> None:
+    """Once the holder released the lease (holder None), its fence no longer writes."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.cas_lease("a", held.version, lease(None, 1))
+    with pytest.raises(Fenced):
+        store.put_checkpoint("a", fence_of(held), 1, b"after release")
+
+
+def test_fenced_write_leaves_checkpoints_unchanged(store: Store, open_second: Opener) -> None:
+    """A Fenced write adds, removes and alters no checkpoint."""
+    old = store.cas_lease("a", None, lease("n1", 1))
+    for seq in (1, 2):
+        store.put_checkpoint("a", fence_of(old), seq, f"v{seq}".encode())
+    new = open_second().cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    before = store.list_checkpoints("a")
+    with pytest.raises(Fenced):
+        store.put_checkpoint("a", fence_of(old), 3, b"stale")
+    assert store.list_checkpoints("a") == before
+    assert [store.read_checkpoint("a", i) for i in before] == [b"v2", b"v1"]
+    store.put_checkpoint("a", fence_of(new), 3, b"new leader")
+    assert seqs(store) == [3, 2, 1]
+
+
+@pytest.mark.parametrize("seq", [5, 4, 0], ids=["equal", "lower", "zero"])
+def test_sequence_must_increase(store: Store, seq: int) -> None:
+    """A seq not above every stored one raises StoreError (not Fenced) and stores nothing."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", fence_of(held), 5, b"five")
+    with pytest.raises(StoreError) as caught:
+        store.put_checkpoint("a", fence_of(held), seq, b"not above")
+    assert not isinstance(caught.value, Fenced)
+    assert seqs(store) == [5]
+    assert store.read_checkpoint("a", store.list_checkpoints("a")[0]) == b"five"
+
+
+def test_sequence_must_increase_across_epochs(store: Store) -> None:
+    """A new leader must continue above the old leader's sequence numbers."""
+    old = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", fence_of(old), 9, b"nine")
+    new = store.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    with pytest.raises(StoreError) as caught:
+        store.put_checkpoint("a", fence_of(new), 3, b"three")
+    assert not isinstance(caught.value, Fenced)
+    info = store.put_checkpoint("a", fence_of(new), 10, b"ten")
+    assert (info.epoch, info.seq) == (2, 10)
+    assert [(i.epoch, i.seq) for i in store.list_checkpoints("a")] == [(2, 10), (1, 9)]
+
+
+def test_checkpoints_listed_newest_first_and_retained(store: Store, open_second: Opener) -> None:
+    """list_checkpoints is newest first and only the newest KEEP_CHECKPOINTS are kept."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    written = [1, 2, 4, 8, 9, 15, 16]
+    for seq in written:
+        store.put_checkpoint("a", fence_of(held), seq, f"cp{seq}".encode())
+        expected = sorted((s for s in written if s <= seq), reverse=True)[:KEEP_CHECKPOINTS]
+        assert seqs(store) == expected
+    other = open_second()
+    assert seqs(other) == [16, 15, 9]
+    assert [other.read_checkpoint("a", i) for i in other.list_checkpoints("a")] == [
+        b"cp16",
+        b"cp15",
+        b"cp9",
+    ]
+
+
+def test_read_checkpoint_returns_the_exact_bytes(store: Store, open_second: Opener) -> None:
+    """read_checkpoint gives back every byte as written, binary and large ones too."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    blobs = [b"", bytes(range(256)) * 4, b"\x00\r\n\xff" * 300_000]
+    for seq, blob in enumerate(blobs, start=1):
+        info = store.put_checkpoint("a", fence_of(held), seq, blob)
+        assert info.size == len(blob)
+    other = open_second()
+    by_seq = {info.seq: other.read_checkpoint("a", info) for info in other.list_checkpoints("a")}
+    assert by_seq == {1: blobs[0], 2: blobs[1], 3: blobs[2]}
+
+
+def test_reading_a_pruned_checkpoint_raises(store: Store) -> None:
+    """Reading a checkpoint that retention removed raises StoreError."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    first = store.put_checkpoint("a", fence_of(held), 1, b"first")
+    for seq in range(2, KEEP_CHECKPOINTS + 2):
+        store.put_checkpoint("a", fence_of(held), seq, b"later")
+    with pytest.raises(StoreError):
+        store.read_checkpoint("a", first)
+    missing = CheckpointInfo(epoch=1, seq=999, size=1, written=0.0)
+    with pytest.raises(StoreError):
+        store.read_checkpoint("a", missing)
+
+
+def test_no_write_starting_after_a_takeover_is_accepted(store: Store, open_second: Opener) -> None:
+    """While an old leader writes in a loop, no write it starts after a takeover is accepted."""
+    writer_client, taker_client = open_second(), open_second()
+    old = store.cas_lease("a", None, lease("n1", 1))
+    wrote_some = threading.Event()
+    taken_over = threading.Event()
+    outcome: dict[str, Any] = {"late_successes": [], "ended_by": None, "last_seq": 0}
+
+    def old_leader() -> None:
+        for seq in range(1, 20_001):
+            started_after = taken_over.is_set()
+            try:
+                writer_client.put_checkpoint("a", fence_of(old), seq, b"old %d" % seq)
+            except Fenced as exc:
+                outcome["ended_by"] = exc
+                return
+            outcome["last_seq"] = seq
+            if started_after:
+                outcome["late_successes"].append(seq)
+            if seq >= 3:
+                wrote_some.set()
+
+    thread = threading.Thread(target=old_leader, daemon=True)
+    thread.start()
+    assert wrote_some.wait(WAIT_S), "the old leader never wrote"
+    new = taker_client.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    taken_over.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive()
+    assert isinstance(outcome["ended_by"], Fenced), "the old leader was never fenced"
+    assert outcome["late_successes"] == []
+    info = taker_client.put_checkpoint("a", fence_of(new), outcome["last_seq"] + 1, b"new")
+    newest = store.list_checkpoints("a")[0]
+    assert (newest.epoch, newest.seq) == (2, info.seq)
+
+
+# -- heartbeats --------------------------------------------------------------
+
+
+def test_heartbeats_put_replace_list_remove(store: Store, open_second: Opener) -> None:
+    """A node's heartbeat is replaced by its next one, listed per node, and removable."""
+    assert store.list_heartbeats("a") == []
+    store.put_heartbeat("a", heartbeat("n1", 1))
+    other = open_second()
+    other.put_heartbeat("a", heartbeat("n2", 1, role="active"))
+    store.put_heartbeat("a", heartbeat("n1", 2))
+    by_node = {b.node: b for b in other.list_heartbeats("a")}
+    assert by_node == {"n1": heartbeat("n1", 2), "n2": heartbeat("n2", 1, role="active")}
+    other.remove_heartbeat("a", "n1")
+    assert store.list_heartbeats("a") == [heartbeat("n2", 1, role="active")]
+
+
+def test_removing_an_absent_heartbeat_is_fine(store: Store) -> None:
+    """remove_heartbeat of a node that has none raises nothing and changes nothing."""
+    store.remove_heartbeat("a", "ghost")
+    store.put_heartbeat("a", heartbeat("n1"))
+    store.remove_heartbeat("a", "ghost")
+    store.remove_heartbeat("a", "n1")
+    store.remove_heartbeat("a", "n1")
+    assert store.list_heartbeats("a") == []
+
+
+# -- events ------------------------------------------------------------------
+
+
+def _by_node(events: list[Event]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for e in events:
+        out.setdefault(e.node, []).append(e.n)
+    return out
+
+
+def test_events_append_and_read_in_order(store: Store, open_second: Opener) -> None:
+    """Events read back whole and, per node, in the order appended."""
+    assert store.read_events("a") == []
+    other = open_second()
+    for n in range(1, 5):
+        store.append_event("a", event("n1", n))
+        other.append_event("a", event("n2", n, kind="lease.renew_failed"))
+    read = open_second().read_events("a")
+    assert sorted(read, key=lambda e: (e.node, e.n)) == [
+        *(event("n1", n) for n in range(1, 5)),
+        *(event("n2", n, kind="lease.renew_failed") for n in range(1, 5)),
+    ]
+    assert _by_node(read) == {"n1": [1, 2, 3, 4], "n2": [1, 2, 3, 4]}
+
+
+def test_events_read_after_per_node_cursors(store: Store) -> None:
+    """read_events(after={node: n}) returns only each node's events above its cursor."""
+    for n in range(1, 7):
+        store.append_event("a", event("n1", n))
+    for n in range(1, 4):
+        store.append_event("a", event("n2", n))
+    assert _by_node(store.read_events("a", after={"n1": 4})) == {"n1": [5, 6], "n2": [1, 2, 3]}
+    assert _by_node(store.read_events("a", after={"n1": 6, "n2": 1})) == {"n2": [2, 3]}
+    assert store.read_events("a", after={"n1": 6, "n2": 3}) == []
+    assert _by_node(store.read_events("a", after={})) == {"n1": list(range(1, 7)), "n2": [1, 2, 3]}
+
+
+def test_concurrent_appends_of_different_nodes(open_second: Opener) -> None:
+    """Nodes appending at once through their own clients each keep their whole, ordered log."""
+    racers = clients(open_second, 4)
+    per_node = EVENT_BOUND
+
+    def append_all(i: int) -> None:
+        for n in range(1, per_node + 1):
+            racers[i].append_event("a", event(f"n{i}", n))
+
+    results = race(4, append_all)
+    assert results == [None] * 4, results
+    assert _by_node(racers[0].read_events("a")) == {
+        f"n{i}": list(range(1, per_node + 1)) for i in range(4)
+    }
+
+
+def test_event_logs_are_bounded(store: Store) -> None:
+    """After many appends a node keeps only its newest events, contiguous and in order."""
+    total = 6 * EVENT_BOUND + 3
+    for n in range(1, total + 1):
+        store.append_event("a", event("busy", n))
+    store.append_event("a", event("quiet", 1))
+    kept = _by_node(store.read_events("a"))
+    assert kept["quiet"] == [1]
+    busy = kept["busy"]
+    assert EVENT_BOUND <= len(busy) <= 2 * EVENT_BOUND, len(busy)
+    assert busy == list(range(total - len(busy) + 1, total + 1))
+    newest = _by_node(store.read_events("a", after={"busy": total - 2, "quiet": 1}))
+    assert newest == {"busy": [total - 1, total]}
+
+
+# -- watch -------------------------------------------------------------------
+
+
+def test_watch_yields_after_another_client_changes_the_lease(
+    store: Store, open_second: Opener
+) -> None:
+    """A watcher wakes when another client writes the lease."""
+    other = open_second()
+    held = other.cas_lease("a", None, lease("n1", 1))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        watcher = store.watch("a")
+        woke = asyncio.ensure_future(watcher.__anext__())
+        version, renewals = held.version, 0
+        deadline = loop.time() + 10.0
+        try:
+            # Renew until the watcher wakes: the watcher may not be set up yet
+            # when the first renewal lands, and a watch is only a hint.
+            while not woke.done():
+                assert loop.time() < deadline, "watch did not yield within 10 s of lease changes"
+                renewals += 1
+                renewed = await asyncio.to_thread(
+                    other.cas_lease, "a", version, lease("n1", 1, renewals=renewals)
+                )
+                version = renewed.version
+                await asyncio.wait({woke}, timeout=0.25)
+            assert woke.result() is None
+        finally:
+            woke.cancel()
+            await asyncio.gather(woke, return_exceptions=True)
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
