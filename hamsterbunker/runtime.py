@@ -40,6 +40,7 @@ from .errors import (
     StoreError,
     Tampered,
 )
+from .failpoints import failpoint
 from .lease import LeaseKeeper, Outcome
 from .records import Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
@@ -205,6 +206,7 @@ class Runtime:
         leader: asyncio.Task[None] | None = None
         store_ok = True
         next_heartbeat = 0.0
+        failpoint("node.before_first_tick")
         while not self._stopping.is_set():
             try:
                 result = await self._io_call(self.keeper.tick)

@@ -1,0 +1,64 @@
+"""Shared fixtures: bounded waiting, and local clusters of real node processes."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from hamsterbunker import FileStore
+from hamsterbunker.local import LocalCluster
+
+T = TypeVar("T")
+TESTS_DIR = Path(__file__).parent
+
+
+def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    """Poll probe every 20 ms until it returns something truthy; fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Make LocalClusters of `python -m hamsterbunker run` processes; all stopped at the end."""
+    made: list[LocalCluster] = []
+
+    def make(agent: str = "hb_test_agents:JournalCounter", **kwargs: object) -> LocalCluster:
+        store_dir = tmp_path / f"store{len(made)}"
+        env = {
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+            "HB_TEST_JOURNAL": str(tmp_path / f"journal{len(made)}.jsonl"),
+        }
+        env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
+        cluster = LocalCluster(
+            store_url=store_dir.as_uri(),
+            secret=secrets.token_urlsafe(16),
+            agent=agent,
+            log_dir=tmp_path / f"logs{len(made)}",
+            env=env,
+            **kwargs,  # type: ignore[arg-type]
+        )
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in made:
+        cluster.stop_all()
+        for node in cluster.processes:  # shown by pytest only when the test failed
+            print(f"----- log of {node} -----\n{cluster.log(node)}")
+
+
+def store_of(cluster: LocalCluster) -> FileStore:
+    return FileStore(cluster.store_url.removeprefix("file://"))
