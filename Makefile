@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

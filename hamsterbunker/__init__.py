@@ -1,10 +1,10 @@
 """HamsterBunker: keeps one long-running agent alive when the machine under it dies.
 
-    from hamsterbunker import Runtime, FileStore
+from hamsterbunker import Runtime, FileStore
 
-    node = Runtime(node_id="hbnk-1", region="eu-central", store=FileStore("/srv/hb"),
-                   agent=MyAgent(), secret=secret)
-    node.run()    # or node.start() ... node.stop()
+node = Runtime(node_id="hbnk-1", region="eu-central", store=FileStore("/srv/hb"),
+               agent=MyAgent(), secret=secret)
+node.run()    # or node.start() ... node.stop()
 """
 
 from .agent import Agent, StepContext, current_step, load_agent

@@ -62,7 +62,9 @@ def load_agent(spec: str) -> Agent:
         try:
             target = getattr(target, part)
         except AttributeError as exc:
-            raise ConfigError(f"agent {spec!r}: module {module_name!r} has no {attribute!r}") from exc
+            raise ConfigError(
+                f"agent {spec!r}: module {module_name!r} has no {attribute!r}"
+            ) from exc
     agent = target() if callable(target) and not _looks_like_agent(target) else target
     if not _looks_like_agent(agent):
         raise ConfigError(f"agent {spec!r}: needs an id, init() and step(state)")

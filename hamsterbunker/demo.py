@@ -169,7 +169,9 @@ def _one_kill(
     last = watcher.latest()
     assert last is not None
     resumed = _wait_for(
-        "a standby to resume", lambda: _resumed(watcher, active, lease.epoch), 6 * lease.ttl_ms / 1000 + 10
+        "a standby to resume",
+        lambda: _resumed(watcher, active, lease.epoch),
+        6 * lease.ttl_ms / 1000 + 10,
     )
     took = time.monotonic() - killed_at
     count = watcher.count_at(int(resumed.detail["from_seq"]))
@@ -184,7 +186,9 @@ def _one_kill(
         )
     if count is not None and count != last[2]:
         raise DemoFailed(f"✗ resumed at count={count}, but the last checkpoint said {last[2]}")
-    _wait_for("the agent to advance after the takeover", lambda: _advanced(watcher, from_seq + 1), 10)
+    _wait_for(
+        "the agent to advance after the takeover", lambda: _advanced(watcher, from_seq + 1), 10
+    )
     cluster.start(next(spec for spec in NODES if spec.node == active))  # it rejoins as a standby
     del round_no
 

@@ -69,7 +69,9 @@ class LeaseKeeper:
         tick_ms: int = 400,
         clock: Clock | None = None,
     ) -> None:
-        self.renew_deadline_ms = renew_deadline_ms or round(lease_ttl_ms * 0.6)
+        self.renew_deadline_ms = (
+            round(lease_ttl_ms * 0.6) if renew_deadline_ms is None else renew_deadline_ms
+        )
         validate_timing(tick_ms, self.renew_deadline_ms, lease_ttl_ms)
         self.store, self.agent, self.node, self.region = store, agent, node, region
         self.lease_ttl_ms = lease_ttl_ms

@@ -34,7 +34,9 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, spec: NodeSpec, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, spec: NodeSpec, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start one node process (a node that ran before starts afresh)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         command = [

@@ -18,6 +18,7 @@ runs on another thread, so a slow NFS write or a long LLM call freezes neither.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import logging
@@ -84,7 +85,7 @@ class Runtime:
         self.node_id = check_name("node id", node_id)
         self.region = region
         self.agent = agent
-        self.agent_id = check_name("agent id", agent_id or getattr(agent, "id", ""))
+        self.agent_id = check_name("agent id", agent_id or str(getattr(agent, "id", "")))
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.tick_ms = tick_ms
         self.keeper = LeaseKeeper(
@@ -148,10 +149,9 @@ class Runtime:
         """Ask the node to stop; safe from any thread or a signal handler."""
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None and not loop.is_closed():
-            try:
+            # RuntimeError: the loop closed between the check and the call; already stopped.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:
-                pass  # the loop closed between the check and the call: already stopped
 
     def _run_in_thread(self) -> None:
         try:
@@ -222,13 +222,15 @@ class Runtime:
                 if result.record is not None:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)
                 match result.outcome:
-                    case Outcome.ACQUIRED:
+                    case Outcome.ACQUIRED if result.record is not None:
                         if leader is not None:  # a previous term still finishing its publish
                             await self._finish_leading(leader)
                         self._lost = asyncio.Event()
                         self._set_role("active")
                         self._emit("lease.acquired", via=result.reason)
-                        leader = asyncio.create_task(self._lead(result.record.epoch), name="hb-leader")
+                        leader = asyncio.create_task(
+                            self._lead(result.record.epoch), name="hb-leader"
+                        )
                     case Outcome.RENEW_FAILED:
                         self._emit("lease.renew_failed", error=result.reason)
                     case Outcome.LOST:
@@ -274,10 +276,8 @@ class Runtime:
     async def _finish_leading(self, leader: asyncio.Task[None]) -> None:
         assert self._lost is not None
         self._lost.set()  # tells the leader task to cancel the step in flight
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await leader
-        except asyncio.CancelledError:
-            pass
 
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
         """Release the lease, drop the heartbeat, flush the events (graceful stop)."""
@@ -295,8 +295,11 @@ class Runtime:
         try:
             await asyncio.wait_for(self._pending.join(), timeout=5)
         except TimeoutError:
-            log.warning("%s: %d events could not be written to the store", self.node_id,
-                        self._pending.qsize())
+            log.warning(
+                "%s: %d events could not be written to the store",
+                self.node_id,
+                self._pending.qsize(),
+            )
         writer.cancel()
 
     # -- leading -------------------------------------------------------------
@@ -310,25 +313,34 @@ class Runtime:
             context = StepContext(self.agent_id, self.node_id, epoch, progress.seq + 1)
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
             if not await self._until_done_or_lost(step, lost):
-                self._emit("agent.yielded", reason="lease lost or node stopping", step_seq=context.seq)
+                self._emit(
+                    "agent.yielded", reason="lease lost or node stopping", step_seq=context.seq
+                )
                 return
             try:
                 new_state = step.result()
             except Exception as exc:  # the agent's own failure: log it, retry after a tick
-                log.exception("%s: step %d of agent %s failed", self.node_id, context.seq, self.agent_id)
+                log.exception(
+                    "%s: step %d of agent %s failed", self.node_id, context.seq, self.agent_id
+                )
                 self._emit("agent.step_failed", step_seq=context.seq, error=repr(exc))
                 await asyncio.sleep(self.tick_ms / 1000)
                 continue
             if lost.is_set() or not self.keeper.may_step():
                 # The lease may already be someone else's: never publish this step.
-                self._emit("agent.yielded", reason="renew deadline passed during the step",
-                           step_seq=context.seq)
+                self._emit(
+                    "agent.yielded",
+                    reason="renew deadline passed during the step",
+                    step_seq=context.seq,
+                )
                 return
             if not await self._publish(context, new_state, lost):
                 return
             progress = _Progress(new_state, context.seq)
 
-    async def _until_done_or_lost(self, step: asyncio.Task[State], term_lost: asyncio.Event) -> bool:
+    async def _until_done_or_lost(
+        self, step: asyncio.Task[State], term_lost: asyncio.Event
+    ) -> bool:
         """Wait for the step; cancel it (async) or abandon it (sync) if the lease goes."""
         assert self._stopping is not None
         lost = asyncio.ensure_future(term_lost.wait())
@@ -359,7 +371,9 @@ class Runtime:
             if inspect.isawaitable(result):
                 result = await result
         if not isinstance(result, dict):
-            raise TypeError(f"step must return the new state as a dict, not {type(result).__name__}")
+            raise TypeError(
+                f"step must return the new state as a dict, not {type(result).__name__}"
+            )
         return result
 
     async def _publish(self, context: StepContext, state: State, lost: asyncio.Event) -> bool:
@@ -370,7 +384,9 @@ class Runtime:
             blob = await asyncio.to_thread(
                 self._sealer.seal, self.agent_id, context.epoch, context.seq, state
             )
-            info = await self._io_call(self.store.put_checkpoint, self.agent_id, fence, context.seq, blob)
+            info = await self._io_call(
+                self.store.put_checkpoint, self.agent_id, fence, context.seq, blob
+            )
         except Fenced as exc:
             self._emit("node.fenced", error=str(exc), step_seq=context.seq)
             lost.set()
@@ -401,7 +417,9 @@ class Runtime:
         for info in infos:
             try:
                 if info.epoch >= epoch:
-                    raise Tampered(f"checkpoint names epoch {info.epoch}, not below the lease's {epoch}")
+                    raise Tampered(
+                        f"checkpoint names epoch {info.epoch}, not below the lease's {epoch}"
+                    )
                 blob = await self._io_call(self.store.read_checkpoint, self.agent_id, info)
                 state = self._sealer.open(blob, self.agent_id, info.epoch, info.seq)
             except Tampered as exc:
@@ -411,8 +429,9 @@ class Runtime:
                 self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
                 continue
             self.seq = info.seq
-            self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch,
-                       skipped=infos.index(info))
+            self._emit(
+                "agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=infos.index(info)
+            )
             return _Progress(state, info.seq)
         raise NoUsableCheckpoint(
             f"agent {self.agent_id}: {len(infos)} checkpoints are stored but none authenticates; "
@@ -465,8 +484,14 @@ class Runtime:
             seq=self.seq,
             detail=detail,
         )
-        log.info("%s %s epoch=%d seq=%d %s", self.node_id, kind, event.epoch, event.seq,
-                 " ".join(f"{k}={v}" for k, v in detail.items()))
+        log.info(
+            "%s %s epoch=%d seq=%d %s",
+            self.node_id,
+            kind,
+            event.epoch,
+            event.seq,
+            " ".join(f"{k}={v}" for k, v in detail.items()),
+        )
         if self.on_event is not None:
             try:
                 self.on_event(event)
@@ -505,4 +530,3 @@ class Runtime:
             return await loop.run_in_executor(self._io, fn, *args)
         except OSError as exc:
             raise StoreError(f"store I/O failed: {exc}") from exc
-

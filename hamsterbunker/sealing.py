@@ -145,7 +145,9 @@ class Sealer:
         """Open a checkpoint found under (agent, epoch, seq); raise Tampered if it is not that."""
         header = read_header(blob)
         if header.key_id != self.key_id:
-            raise Tampered(f"checkpoint names key id {header.key_id}, the cluster's is {self.key_id}")
+            raise Tampered(
+                f"checkpoint names key id {header.key_id}, the cluster's is {self.key_id}"
+            )
         prefix_len = _PREFIX.size + struct.unpack_from(">H", blob, 5)[0]
         prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
         try:

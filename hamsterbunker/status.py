@@ -98,12 +98,22 @@ def render(status: ClusterStatus) -> str:
         return "\n".join(lines)
     header = ("NODE", "REGION", "ROLE", "EPOCH", "SEQ", "HEARTBEAT", "HOST", "PID")
     rows = [header] + [
-        (n.node, n.region, n.role, str(n.epoch), str(n.seq), f"{n.age_s:.1f} s ago", n.host,
-         str(n.pid))
+        (
+            n.node,
+            n.region,
+            n.role,
+            str(n.epoch),
+            str(n.seq),
+            f"{n.age_s:.1f} s ago",
+            n.host,
+            str(n.pid),
+        )
         for n in status.nodes
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines.append("nodes:")
-    lines.extend("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-                 for row in rows)
+    lines.extend(
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
     return "\n".join(lines)

@@ -38,7 +38,9 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     def make(agent: str = "hb_test_agents:JournalCounter", **kwargs: object) -> LocalCluster:
         store_dir = tmp_path / f"store{len(made)}"
         env = {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])
+            ),
             "HB_TEST_JOURNAL": str(tmp_path / f"journal{len(made)}.jsonl"),
         }
         env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]

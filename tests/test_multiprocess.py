@@ -18,7 +18,11 @@ from .conftest import store_of, wait_until
 
 pytestmark = pytest.mark.multiprocess
 
-A, B, C = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east"), NodeSpec("node-c", "ap-south")
+A, B, C = (
+    NodeSpec("node-a", "eu-central"),
+    NodeSpec("node-b", "us-east"),
+    NodeSpec("node-c", "ap-south"),
+)
 MakeCluster = Callable[..., LocalCluster]
 
 
@@ -80,7 +84,9 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     for info in store.list_checkpoints("journal"):
         state = sealer.open(store.read_checkpoint("journal", info), "journal", info.epoch, info.seq)
         assert state["count"] == info.seq
-    journal = [json.loads(line) for line in Path(cluster.env["HB_TEST_JOURNAL"]).read_text().splitlines()]
+    journal = [
+        json.loads(line) for line in Path(cluster.env["HB_TEST_JOURNAL"]).read_text().splitlines()
+    ]
     seqs = [line["seq"] for line in journal]
     repeated = {seq for seq in seqs if seqs.count(seq) > 1}
     assert repeated <= {last.seq + 1}
@@ -110,7 +116,9 @@ def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
 
     def all_settled() -> bool:
         beats = store.list_heartbeats("journal")
-        return len(beats) == 8 and all(b.beats >= 5 and b.role in ("active", "standby") for b in beats)
+        return len(beats) == 8 and all(
+            b.beats >= 5 and b.role in ("active", "standby") for b in beats
+        )
 
     wait_until("all eight racers to settle", all_settled, timeout=60)
     acquired = events(store, "journal", "lease.acquired")
@@ -136,14 +144,18 @@ def test_zombie_leader_publish_is_fenced_by_the_store_and_it_steps_down(
     cluster.start(B)
     resumed = wait_until(
         "node-b to take over",
-        lambda: next((e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None),
+        lambda: next(
+            (e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None
+        ),
     )
     assert (resumed.epoch, resumed.detail["from_seq"]) == (2, 3)
 
     cluster.signal(A.node, signal.SIGCONT)
     fenced = wait_until(
         "node-a to be fenced",
-        lambda: next((e for e in events(store, "journal", "node.fenced") if e.node == A.node), None),
+        lambda: next(
+            (e for e in events(store, "journal", "node.fenced") if e.node == A.node), None
+        ),
     )
     assert fenced.detail["step_seq"] == 4 and fenced.epoch == 1
     wait_until("node-a to report standby", lambda: role_of(store, "journal", A.node) == "standby")
@@ -168,17 +180,22 @@ def test_zombie_leader_paused_past_ttl_steps_down_and_never_publishes_again(
     paused_at = time.monotonic()
     resumed = wait_until(
         "node-b to take over",
-        lambda: next((e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None),
+        lambda: next(
+            (e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None
+        ),
     )
     while time.monotonic() - paused_at < 2.5:  # keep the zombie paused for 2.5 × TTL in all
         time.sleep(0.05)
     cluster.signal(A.node, signal.SIGCONT)
 
-    wait_until("node-a to lose the lease", lambda: any(
-        e.node == A.node for e in events(store, "journal", "lease.lost")
-    ))
+    wait_until(
+        "node-a to lose the lease",
+        lambda: any(e.node == A.node for e in events(store, "journal", "lease.lost")),
+    )
     wait_until("node-a to report standby", lambda: role_of(store, "journal", A.node) == "standby")
-    published_by_a = [e.seq for e in events(store, "journal", "checkpoint.published") if e.node == A.node]
+    published_by_a = [
+        e.seq for e in events(store, "journal", "checkpoint.published") if e.node == A.node
+    ]
     assert max(published_by_a) <= resumed.detail["from_seq"]
     assert holder(store, "journal") == B.node
     assert_one_publisher_per_epoch(store, "journal")
@@ -219,7 +236,9 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(local_cluster: MakeClu
     stopped_at = time.monotonic()
     acquired = wait_until(
         "node-b to take over",
-        lambda: next((e for e in events(store, "journal", "lease.acquired") if e.node == B.node), None),
+        lambda: next(
+            (e for e in events(store, "journal", "lease.acquired") if e.node == B.node), None
+        ),
     )
     took = time.monotonic() - stopped_at
     # By expiry it could not be under 8 s (the TTL); a handover is one tick or less.
@@ -227,9 +246,13 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(local_cluster: MakeClu
     assert took < 4.0, f"handover took {took:.2f} s"
     assert leader.wait(timeout=15) == 0
     assert role_of(store, "journal", A.node) is None  # heartbeat dropped
-    last_a = max(e.seq for e in events(store, "journal", "checkpoint.published") if e.node == A.node)
+    last_a = max(
+        e.seq for e in events(store, "journal", "checkpoint.published") if e.node == A.node
+    )
     resumed = wait_until(
         "node-b to resume",
-        lambda: next((e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None),
+        lambda: next(
+            (e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None
+        ),
     )
     assert resumed.detail["from_seq"] == last_a

@@ -273,7 +273,11 @@ class FileStore:
                     fence.session,
                     fence.epoch,
                 ):
-                    now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
+                    now = (
+                        "no lease"
+                        if lease is None
+                        else f"epoch {lease.epoch} held by {lease.holder}"
+                    )
                     raise Fenced(
                         f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
                         f"the lease is now {now}"
@@ -288,7 +292,9 @@ class FileStore:
                 _fsync_dir(directory)
                 for old in existing[self.keep_checkpoints - 1 :]:
                     (directory / _checkpoint_name(old)).unlink(missing_ok=True)
-                return CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+                return CheckpointInfo(
+                    epoch=fence.epoch, seq=seq, size=len(blob), written=time.time()
+                )
         finally:
             tmp.unlink(missing_ok=True)
 
