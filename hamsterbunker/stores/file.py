@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
@@ -44,6 +45,8 @@ from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseReco
 from .base import Fence, StoreGuarantees
 
 __all__ = ["FileStore"]
+
+log = logging.getLogger(__name__)
 
 _CHECKPOINT = re.compile(r"ckpt-(\d{20})-(\d{10})\.hbc")
 _HEARTBEAT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
@@ -338,8 +341,16 @@ class FileStore:
         directory = self._agent_dir(agent) / "heartbeats"
         beats = []
         for name in sorted(os.listdir(directory)):
-            if _HEARTBEAT.fullmatch(name) and (data := _read(directory / name)) is not None:
-                beats.append(Heartbeat.from_json(data))
+            match = _HEARTBEAT.fullmatch(name)
+            if not match or _is_sync_copy(name) or (data := _read(directory / name)) is None:
+                continue
+            try:
+                beat = Heartbeat.from_json(data)
+            except CorruptRecord as exc:
+                log.warning("ignoring unreadable heartbeat %s: %s", directory / name, exc)
+                continue
+            if beat.node == match[1]:  # a copy under another name is not that node's
+                beats.append(beat)
         return beats
 
     def remove_heartbeat(self, agent: str, node: str) -> None:
@@ -371,10 +382,13 @@ class FileStore:
         events: list[Event] = []
         for name in sorted(os.listdir(directory)):
             match = _EVENTS.fullmatch(name)
-            if not match:
+            if not match or _is_sync_copy(name):
                 continue
             node = match[1]
-            for segment in (f"{name}.1", name):
+            found: dict[int, Event] = {}
+            # Current segment first, then the previous one: if the writer rotates
+            # between the two reads, the rotated events are still found.
+            for segment in (name, f"{name}.1"):
                 data = _read(directory / segment) or b""
                 for line in data.splitlines():
                     if not line.endswith(b"}"):
@@ -383,8 +397,9 @@ class FileStore:
                         event = Event.from_json(line)
                     except CorruptRecord:
                         continue
-                    if event.n > after.get(node, 0):
-                        events.append(event)
+                    if event.node == node and event.n > after.get(node, 0):
+                        found.setdefault(event.n, event)
+            events.extend(found[n] for n in sorted(found))
         return events
 
     # -- watch -------------------------------------------------------------
@@ -408,6 +423,11 @@ class FileStore:
 
     def close(self) -> None:
         pass
+
+
+def _is_sync_copy(name: str) -> bool:
+    """Syncthing, Dropbox and Nextcloud conflict copies: never one of our records."""
+    return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
 
 
 def _watch_filter(_change: object, path: str) -> bool:

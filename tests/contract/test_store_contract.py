@@ -226,9 +226,11 @@ def test_racing_acquires_have_exactly_one_winner(open_second: Opener) -> None:
     racers = clients(open_second, THREADS)
     for round_no in range(RACE_ROUNDS):
         agent = f"race-{round_no}"
-        results = race(
-            THREADS, lambda i: racers[i].cas_lease(agent, None, lease(f"n{i}", 1, f"s{i}"))
-        )
+
+        def acquire(i: int, agent: str = agent) -> LeaseRecord:
+            return racers[i].cas_lease(agent, None, lease(f"n{i}", 1, f"s{i}"))
+
+        results = race(THREADS, acquire)
         winners = [r for r in results if isinstance(r, LeaseRecord)]
         losers = [r for r in results if isinstance(r, LeaseConflict)]
         assert len(winners) == 1, f"round {round_no}: {results}"
@@ -242,10 +244,11 @@ def test_racing_renewals_have_exactly_one_winner(store: Store, open_second: Open
     current = store.cas_lease("a", None, lease("n0", 1))
     for round_no in range(RACE_ROUNDS):
         seen = current.version
-        results = race(
-            THREADS,
-            lambda i: racers[i].cas_lease("a", seen, lease(f"n{i}", round_no + 2, f"s{i}")),
-        )
+
+        def renew(i: int, seen: int = seen, epoch: int = round_no + 2) -> LeaseRecord:
+            return racers[i].cas_lease("a", seen, lease(f"n{i}", epoch, f"s{i}"))
+
+        results = race(THREADS, renew)
         winners = [r for r in results if isinstance(r, LeaseRecord)]
         assert len(winners) == 1, f"round {round_no}: {results}"
         assert all(isinstance(r, LeaseConflict) for r in results if r is not winners[0])
