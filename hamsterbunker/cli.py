@@ -104,10 +104,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     secret = read_secret(args.secret_file)
     agent = load_agent(args.agent)
+    # Runtime checks ids and timing before it opens (and may create) the store.
     node = Runtime(
         node_id=args.node_id,
         region=args.region,
-        store=open_store(args.store),
+        store=args.store,
         agent=agent,
         agent_id=args.agent_id,
         secret=secret,
@@ -139,8 +140,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
     from .records import check_name
     from .status import render, snapshot
 
-    store = open_store(args.store)
-    status = snapshot(store, check_name("agent id", args.agent_id))
+    agent_id = check_name("agent id", args.agent_id)
+    status = snapshot(open_store(args.store, create=False), agent_id)
     print(status.to_json() if args.json else render(status))
     return 0
 

@@ -26,7 +26,12 @@ from .errors import ConfigError, LeaseConflict, StoreError
 from .records import LeaseRecord
 from .stores.base import Fence, Store
 
-__all__ = ["LeaseKeeper", "Outcome", "TickResult", "validate_timing"]
+__all__ = ["LeaseKeeper", "Outcome", "TickResult", "default_renew_deadline", "validate_timing"]
+
+
+def default_renew_deadline(lease_ttl_ms: int) -> int:
+    """0.6 × TTL: leaves the standby 0.4 × TTL of margin for clock-rate drift and slow writes."""
+    return round(lease_ttl_ms * 0.6)
 
 
 def validate_timing(tick_ms: int, renew_deadline_ms: int, lease_ttl_ms: int) -> None:
@@ -70,7 +75,7 @@ class LeaseKeeper:
         clock: Clock | None = None,
     ) -> None:
         self.renew_deadline_ms = (
-            round(lease_ttl_ms * 0.6) if renew_deadline_ms is None else renew_deadline_ms
+            default_renew_deadline(lease_ttl_ms) if renew_deadline_ms is None else renew_deadline_ms
         )
         validate_timing(tick_ms, self.renew_deadline_ms, lease_ttl_ms)
         self.store, self.agent, self.node, self.region = store, agent, node, region

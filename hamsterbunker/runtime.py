@@ -42,7 +42,7 @@ from .errors import (
     Tampered,
 )
 from .failpoints import failpoint
-from .lease import LeaseKeeper, Outcome
+from .lease import LeaseKeeper, Outcome, default_renew_deadline, validate_timing
 from .records import Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
 from .stores import Fence, Store, open_store
@@ -86,8 +86,11 @@ class Runtime:
         self.region = region
         self.agent = agent
         self.agent_id = check_name("agent id", agent_id or str(getattr(agent, "id", "")))
-        self.store: Store = open_store(store) if isinstance(store, str) else store
         self.tick_ms = tick_ms
+        if renew_deadline_ms is None:
+            renew_deadline_ms = default_renew_deadline(lease_ttl_ms)
+        validate_timing(tick_ms, renew_deadline_ms, lease_ttl_ms)  # before the store is touched
+        self.store: Store = open_store(store) if isinstance(store, str) else store
         self.keeper = LeaseKeeper(
             self.store,
             self.agent_id,

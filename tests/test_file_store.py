@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import Fenced, LeaseConflict, StoreError, StoreUnavailable, StoreUnsafe
+from hamsterbunker.errors import (
+    ConfigError,
+    Fenced,
+    LeaseConflict,
+    StoreError,
+    StoreUnavailable,
+    StoreUnsafe,
+)
 from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
@@ -232,7 +239,7 @@ def _hold_lease_lock(lock_path: str, held: EventType, release: EventType) -> Non
 @pytest.fixture
 def lock_holder(root: Path) -> Iterator[tuple[EventType, EventType]]:
     """Start a child process holding agent a's lease lock; yields (held, release)."""
-    FileStore(root).read_lease("a")  # creates agents/a
+    FileStore(root).put_heartbeat("a", heartbeat("n1"))  # a first write creates agents/a
     ctx = multiprocessing.get_context("spawn")
     held, release = ctx.Event(), ctx.Event()
     child = ctx.Process(
@@ -295,3 +302,21 @@ def test_failed_operations_release_the_lock(root: Path) -> None:
     with pytest.raises(Fenced):
         first.put_checkpoint("a", Fence("n9", "s1", 1), 1, b"x")
     assert second.cas_lease("a", held.version, lease("n2", 2)).version == held.version + 1
+
+
+def test_reads_never_create_anything(root: Path) -> None:
+    """Reading a store (as hb status does) leaves an empty store directory empty."""
+    store = FileStore(root)
+    assert store.read_lease("a") is None
+    assert store.list_checkpoints("a") == []
+    assert store.list_heartbeats("a") == []
+    assert store.read_events("a") == []
+    assert store.read_cluster() is None
+    assert list(root.iterdir()) == []
+
+
+def test_a_reader_does_not_create_a_missing_store(tmp_path: Path) -> None:
+    """FileStore(create=False) refuses a missing directory instead of making it."""
+    with pytest.raises(ConfigError, match="does not exist"):
+        FileStore(tmp_path / "missing", create=False)
+    assert not (tmp_path / "missing").exists()

@@ -12,8 +12,12 @@ __all__ = ["Fence", "Store", "StoreGuarantees", "open_store"]
 SCHEMES = ("file",)
 
 
-def open_store(url: str) -> Store:
-    """Open the store a URL names, e.g. ``file:///var/lib/hamsterbunker/store``."""
+def open_store(url: str, *, create: bool = True) -> Store:
+    """Open the store a URL names, e.g. ``file:///var/lib/hamsterbunker/store``.
+
+    With create=False (readers such as ``hb status``) a store that does not
+    exist is an error rather than something to make.
+    """
     parts = urlsplit(url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -23,7 +27,7 @@ def open_store(url: str) -> Store:
             raise ConfigError(f"store URL {url!r}: a file URL needs an absolute path (file:///dir)")
         from .file import FileStore
 
-        return FileStore(path)
+        return FileStore(path, create=create)
     if parts.scheme in ("etcd", "etcds", "redis", "rediss"):
         raise ConfigError(f"store URL {url!r}: the {parts.scheme} store is not available yet")
     raise ConfigError(

@@ -141,6 +141,7 @@ class FileStore:
         keep_checkpoints: int = 5,
         events_per_segment: int = 1000,
         lock_timeout: float = 2.0,
+        create: bool = True,
     ) -> None:
         self.root = Path(path).absolute()
         self.url = self.root.as_uri()
@@ -149,13 +150,16 @@ class FileStore:
         self.lock_timeout = lock_timeout
         self.warnings: list[str] = []
         self._event_counts: dict[tuple[str, str], int] = {}
-        self._known_agents: set[str] = set()
-        try:
-            self.root.mkdir(exist_ok=True)
-        except FileNotFoundError as exc:
-            raise ConfigError(f"store directory {self.root}: its parent does not exist") from exc
-        except OSError as exc:
-            raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
+        self._ready_agents: set[str] = set()
+        if create:
+            try:
+                self.root.mkdir(exist_ok=True)
+            except FileNotFoundError as exc:
+                raise ConfigError(f"store directory {self.root}: its parent does not exist") from exc
+            except OSError as exc:
+                raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
+        elif not self.root.exists():
+            raise ConfigError(f"store directory {self.root} does not exist")
         if not self.root.is_dir():
             raise ConfigError(f"store path {self.root} is not a directory")
         self._check_location()
@@ -182,12 +186,16 @@ class FileStore:
     # -- paths -------------------------------------------------------------
 
     def _agent_dir(self, agent: str) -> Path:
-        directory = self.root / "agents" / agent
-        if agent not in self._known_agents:
-            check_name("agent id", agent)
+        """The agent's directory, for reading: it may not exist yet."""
+        return self.root / "agents" / check_name("agent id", agent)
+
+    def _writable_dir(self, agent: str) -> Path:
+        """The agent's directory, created on the first write (reads never create it)."""
+        directory = self._agent_dir(agent)
+        if agent not in self._ready_agents:
             for sub in ("checkpoints", "heartbeats", "events"):
                 (directory / sub).mkdir(parents=True, exist_ok=True)
-            self._known_agents.add(agent)
+            self._ready_agents.add(agent)
         return directory
 
     @contextlib.contextmanager
@@ -199,7 +207,7 @@ class FileStore:
         other processes and (through lockd) other NFS clients. Classic POSIX
         locks would not: every fd of one process shares one lock.
         """
-        directory = self._agent_dir(agent)
+        directory = self._writable_dir(agent)
         fd = os.open(directory / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             deadline = time.monotonic() + self.lock_timeout
@@ -262,7 +270,7 @@ class FileStore:
     # -- checkpoints -------------------------------------------------------
 
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        directory = self._agent_dir(agent) / "checkpoints"
+        directory = self._writable_dir(agent) / "checkpoints"
         # The bytes are written and synced before taking the lock, so a large
         # checkpoint never holds up lease renewals; only check + rename are locked.
         tmp = _write_temp(directory, blob, durable=True)
@@ -303,20 +311,19 @@ class FileStore:
 
     def _scan_checkpoints(self, directory: Path) -> list[CheckpointInfo]:
         found = []
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                match = _CHECKPOINT.fullmatch(entry.name)
-                if not match:
-                    continue
-                try:
-                    st = entry.stat()
-                except FileNotFoundError:
-                    continue  # pruned by the writer while we listed
-                found.append(
-                    CheckpointInfo(
-                        epoch=int(match[2]), seq=int(match[1]), size=st.st_size, written=st.st_mtime
-                    )
+        for entry in _entries(directory):
+            match = _CHECKPOINT.fullmatch(entry.name)
+            if not match:
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue  # pruned by the writer while we listed
+            found.append(
+                CheckpointInfo(
+                    epoch=int(match[2]), seq=int(match[1]), size=st.st_size, written=st.st_mtime
                 )
+            )
         return sorted(found, key=lambda info: info.seq, reverse=True)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -333,14 +340,14 @@ class FileStore:
 
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         check_name("node id", heartbeat.node)
-        path = self._agent_dir(agent) / "heartbeats" / f"{heartbeat.node}.json"
+        path = self._writable_dir(agent) / "heartbeats" / f"{heartbeat.node}.json"
         # Atomic but not fsynced: a heartbeat lost in a crash is rewritten next tick.
         _atomic_write(path, heartbeat.to_json(), durable=False)
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         directory = self._agent_dir(agent) / "heartbeats"
         beats = []
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(entry.name for entry in _entries(directory)):
             match = _HEARTBEAT.fullmatch(name)
             if not match or _is_sync_copy(name) or (data := _read(directory / name)) is None:
                 continue
@@ -361,7 +368,7 @@ class FileStore:
 
     def append_event(self, agent: str, event: Event) -> None:
         check_name("node id", event.node)
-        directory = self._agent_dir(agent) / "events"
+        directory = self._writable_dir(agent) / "events"
         current = directory / f"{event.node}.jsonl"
         key = (agent, event.node)
         if key not in self._event_counts:
@@ -380,7 +387,7 @@ class FileStore:
         after = after or {}
         directory = self._agent_dir(agent) / "events"
         events: list[Event] = []
-        for name in sorted(os.listdir(directory)):
+        for name in sorted(entry.name for entry in _entries(directory)):
             match = _EVENTS.fullmatch(name)
             if not match or _is_sync_copy(name):
                 continue
@@ -407,7 +414,7 @@ class FileStore:
     async def watch(self, agent: str) -> AsyncIterator[None]:
         import watchfiles
 
-        directory = self._agent_dir(agent)
+        directory = self._writable_dir(agent)
         fstype, _ = _mount_of(self.root.resolve())
         # inotify sees nothing written by other NFS clients: poll there.
         async for _changes in watchfiles.awatch(
@@ -423,6 +430,15 @@ class FileStore:
 
     def close(self) -> None:
         pass
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    """The directory's entries; none if it does not exist (yet)."""
+    try:
+        with os.scandir(directory) as entries:
+            return list(entries)
+    except FileNotFoundError:
+        return []
 
 
 def _is_sync_copy(name: str) -> bool:

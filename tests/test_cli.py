@@ -1,0 +1,432 @@
+"""The ``hb`` command line, run as a real subprocess (``python -m hamsterbunker``).
+
+Covers: user mistakes (one line on stderr, exit 2, no traceback, no store
+touched), the secret source order, a node with the wrong secret joining a
+running cluster, ``hb status``, the ``hb demo`` survival run, and ``--help``.
+
+Every subprocess gets a controlled environment (no HB_SECRET or
+CREDENTIALS_DIRECTORY unless the test sets one) and a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from hamsterbunker import FileStore
+from hamsterbunker.cli import read_secret
+from hamsterbunker.errors import StoreError
+
+HB = [sys.executable, "-m", "hamsterbunker"]
+AGENT = "hamsterbunker.demo:CounterAgent"
+AGENT_ID = "counter"  # CounterAgent.id
+SECRET = "correct-horse-battery"
+FAST = ["--tick-ms", "100", "--lease-ttl-ms", "600"]
+T = TypeVar("T")
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def hb_env(**overrides: str) -> dict[str, str]:
+    """A copy of os.environ without any secret source, plus the given variables."""
+    env = dict(os.environ)
+    env.pop("HB_SECRET", None)
+    env.pop("CREDENTIALS_DIRECTORY", None)
+    env.update(overrides)
+    return env
+
+
+def run_hb(
+    args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+    timeout: float = 30,
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*HB, *args],
+        env=hb_env() if env is None else env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float) -> T:
+    """Poll probe until it returns something other than None, at most timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+        except StoreError:
+            value = None  # a record mid-write: look again
+        if value is not None:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every regular file under root, by relative path, with its content."""
+    found: dict[str, bytes] = {}
+    for path in root.rglob("*"):
+        try:
+            if path.is_file():
+                found[str(path.relative_to(root))] = path.read_bytes()
+        except FileNotFoundError:
+            pass  # a temp file renamed away while we looked
+    return found
+
+
+@contextmanager
+def running_node(store_dir: Path, node_id: str, log_path: Path, secret: str = SECRET
+                 ) -> Iterator[subprocess.Popen[bytes]]:
+    """One ``hb run`` node in the background; killed on the way out if still running."""
+    command = [
+        *HB, "run", "--store", store_dir.as_uri(), "--agent", AGENT, "--node-id", node_id,
+        "--region", "test", *FAST,
+    ]  # fmt: skip
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command, env=hb_env(HB_SECRET=secret), stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def held_lease(store_dir: Path):  # type: ignore[no-untyped-def]
+    """The lease record of the counter agent if someone holds it, else None."""
+    if not (store_dir / "cluster.json").exists():
+        return None  # let the node create the store; do not race it
+    lease = FileStore(store_dir).read_lease(AGENT_ID)
+    return lease if lease is not None and lease.holder is not None else None
+
+
+def stop_gracefully(process: subprocess.Popen[bytes], log_path: Path) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+        raise AssertionError(
+            f"node did not stop within 20 s of SIGTERM; log:\n{log_path.read_text()}"
+        ) from None
+
+
+# -- 1. user mistakes -----------------------------------------------------------
+
+RUN = ["run", "--store", "{store}", "--agent", AGENT]
+NO_SECRET = None  # marker: the case runs with no secret source at all
+
+# (id, argv, HB_SECRET or NO_SECRET, words the one error line must contain)
+MISTAKES: list[tuple[str, list[str], str | None, list[str]]] = [
+    ("run-unknown-flag", [*RUN, "--bogus"], SECRET, ["--bogus"]),
+    ("tick-ms-not-a-number", [*RUN, "--tick-ms", "abc"], SECRET, ["--tick-ms", "abc"]),
+    ("lease-ttl-zero", [*RUN, "--lease-ttl-ms", "0"], SECRET, ["--lease-ttl-ms", "0"]),
+    ("missing-store", ["run", "--agent", AGENT], SECRET, ["--store"]),
+    ("unknown-scheme", ["run", "--store", "http://x", "--agent", AGENT], SECRET,
+     ["http", "scheme"]),
+    ("relative-file-url", ["run", "--store", "file:relative/path", "--agent", AGENT], SECRET,
+     ["file:relative/path", "absolute"]),
+    ("nonexistent-parent",
+     ["run", "--store", "file:///nonexistent-parent/x", "--agent", AGENT], SECRET,
+     ["/nonexistent-parent/x", "parent"]),
+    ("agent-module-missing", ["run", "--store", "{store}", "--agent", "nomodule:x"], SECRET,
+     ["nomodule"]),
+    ("agent-attribute-missing",
+     ["run", "--store", "{store}", "--agent", "hamsterbunker.demo:Nope"], SECRET, ["Nope"]),
+    ("agent-without-colon", ["run", "--store", "{store}", "--agent", "justamodule"], SECRET,
+     ["justamodule", "module:attribute"]),
+    ("secret-too-short", RUN, "12345", ["secret", "8"]),
+    ("no-secret", RUN, NO_SECRET, ["secret", "HB_SECRET"]),
+    ("secret-file-missing", [*RUN, "--secret-file", "{tmp}/no-such-secret"], NO_SECRET,
+     ["no-such-secret", "secret"]),
+    ("tick-above-renew-deadline", [*RUN, "--tick-ms", "1500", "--lease-ttl-ms", "2000"], SECRET,
+     ["tick", "1500", "renew_deadline"]),
+    ("bad-node-id", [*RUN, "--node-id", "bad/id"], SECRET, ["node id", "bad/id"]),
+    ("status-bad-agent-id", ["status", "--store", "{store}", "--agent-id", "bad/id"], SECRET,
+     ["agent id", "bad/id"]),
+    ("demo-kills-zero", ["demo", "--kills", "0"], SECRET, ["--kills", "0"]),
+]
+
+
+def _run_mistake(
+    tmp_path: Path, argv: list[str], secret: str | None, store_exists: bool = False
+) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    store = tmp_path / "store"
+    if store_exists:
+        store.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    args = [a.replace("{store}", store.as_uri()).replace("{tmp}", str(tmp_path)) for a in argv]
+    env = hb_env() if secret is NO_SECRET else hb_env(HB_SECRET=secret)
+    return run_hb(args, env=env, cwd=cwd), store, cwd
+
+
+@pytest.mark.parametrize(
+    ("argv", "secret", "words"),
+    [pytest.param(argv, secret, words, id=name) for name, argv, secret, words in MISTAKES],
+)
+def test_user_mistake_gives_one_line_and_exit_2(tmp_path, argv, secret, words):
+    """A user mistake prints exactly one stderr line naming the problem, exits 2, no traceback."""
+    assert not Path("/nonexistent-parent").exists()
+    result, _, cwd = _run_mistake(tmp_path, argv, secret)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
+    assert "error" in lines[0]
+    for word in words:
+        assert word.lower() in lines[0].lower(), f"{word!r} not named in: {lines[0]}"
+    assert result.stdout == ""
+    assert list(cwd.iterdir()) == [], "a mistake left files in the working directory"
+    assert not Path("/nonexistent-parent").exists()
+
+
+
+
+@pytest.mark.parametrize(
+    ("argv", "secret", "store_exists"),
+    [
+        pytest.param(
+            argv, secret, exists, id=f"{name}-{'existing' if exists else 'absent'}-store"
+        )
+        for name, argv, secret, _ in MISTAKES
+        if argv[0] == "run" and "{store}" in argv
+        for exists in (False, True)
+    ],
+)
+def test_run_mistake_leaves_store_untouched(tmp_path, argv, secret, store_exists):
+    """A rejected ``hb run`` neither creates the store directory nor writes into an existing one."""
+    result, store, _ = _run_mistake(tmp_path, argv, secret, store_exists)
+    assert result.returncode == 2, result.stderr
+    if store_exists:
+        assert list(store.iterdir()) == [], "a rejected hb run wrote into the store"
+    else:
+        assert not store.exists(), "a rejected hb run created the store directory"
+
+
+# -- 2. secret sources ------------------------------------------------------------
+
+
+def test_run_help_lists_secret_sources_in_order():
+    """``hb run --help`` lists HB_SECRET, then --secret-file, then $CREDENTIALS_DIRECTORY/secret."""
+    result = run_hb(["run", "--help"])
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "in this order" in text
+    section = text[text.index("in this order"):]
+    positions = [section.find(s) for s in ("HB_SECRET", "--secret-file",
+                                           "$CREDENTIALS_DIRECTORY/secret")]
+    assert -1 not in positions, section
+    assert positions == sorted(positions), section
+
+
+@pytest.fixture
+def secret_sources(tmp_path, monkeypatch):
+    """A secret file and a credentials directory with different secrets; no env secret yet."""
+    monkeypatch.delenv("HB_SECRET", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    secret_file = tmp_path / "secret-file"
+    secret_file.write_text("from-the-file\n", encoding="utf-8")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "secret").write_text("from-the-credentials\n", encoding="utf-8")
+    return secret_file, creds
+
+
+def test_secret_env_wins_over_file_and_credentials(secret_sources, monkeypatch):
+    """HB_SECRET is used even when a secret file and a credentials directory are given."""
+    secret_file, creds = secret_sources
+    monkeypatch.setenv("HB_SECRET", "from-the-environment")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert read_secret(secret_file) == "from-the-environment"
+
+
+def test_secret_file_wins_over_credentials(secret_sources, monkeypatch):
+    """Without HB_SECRET, --secret-file wins over the credentials directory, newline stripped."""
+    secret_file, creds = secret_sources
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert read_secret(secret_file) == "from-the-file"
+
+
+def test_secret_from_credentials_directory_alone(secret_sources, monkeypatch):
+    """With only $CREDENTIALS_DIRECTORY set, its ``secret`` file is used, newline stripped."""
+    _, creds = secret_sources
+    (creds / "secret").write_text("from-the-credentials\r\n", encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert read_secret(None) == "from-the-credentials"
+
+
+# -- 3. wrong secret joining a running cluster ---------------------------------------
+
+
+def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
+    """A node with another secret exits 2 naming the secret, and writes nothing to the cluster."""
+    store = tmp_path / "store"
+    log = tmp_path / "node-a.log"
+    with running_node(store, "node-a", log) as node:
+        lease = wait_for("node-a to take the lease", lambda: held_lease(store), 30)
+        assert lease.holder == "node-a", log.read_text()
+        beat = store / "agents/counter/heartbeats/node-a.json"
+        wait_for("node-a's heartbeat", lambda: True if beat.exists() else None, 10)
+        before = files_under(store)
+
+        started = time.monotonic()
+        intruder = subprocess.run(
+            [*HB, "run", "--store", store.as_uri(), "--agent", AGENT, "--node-id", "intruder",
+             "--region", "test", *FAST],
+            env=hb_env(HB_SECRET="another-secret-entirely"),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+        )
+        took = time.monotonic() - started
+        assert intruder.returncode == 2, (intruder.returncode, intruder.stderr)
+        assert took < 20
+        lines = intruder.stderr.splitlines()
+        assert len(lines) == 1, intruder.stderr
+        assert "secret" in lines[0].lower()
+        assert "Traceback" not in intruder.stderr
+
+        after = files_under(store)
+        assert not [p for p in after if "intruder" in p], sorted(after)
+        assert not (store / "agents/counter/heartbeats/intruder.json").exists()
+        assert not (store / "agents/counter/events/intruder.jsonl").exists()
+        assert after["cluster.json"] == before["cluster.json"]
+        # Whatever appeared meanwhile is node-a's own work: checkpoints or its own files.
+        new = set(after) - set(before)
+        strays = [p for p in new
+                  if not re.fullmatch(r"agents/counter/checkpoints/ckpt-\d+-\d+\.hbc", p)
+                  and "node-a" not in Path(p).name and not Path(p).name.startswith("tmp-hb-")]
+        assert strays == [], strays
+        now = FileStore(store).read_lease(AGENT_ID)
+        assert now is not None
+        assert (now.holder, now.epoch, now.session) == (lease.holder, lease.epoch, lease.session)
+        assert node.poll() is None, "the running node died when the intruder came"
+
+        assert stop_gracefully(node, log) == 0, log.read_text()
+    assert not beat.exists(), "the stopped node left its heartbeat behind"
+    released = FileStore(store).read_lease(AGENT_ID)
+    assert released is not None and released.holder is None
+
+
+# -- 4. hb status --------------------------------------------------------------------
+
+
+def test_status_shows_running_node(tmp_path):
+    """``hb status`` (text and --json) shows the holder, epoch 1, an active node and a checkpoint."""
+    store = tmp_path / "store"
+    log = tmp_path / "status-node.log"
+
+    def ready():  # type: ignore[no-untyped-def]
+        if held_lease(store) is None:
+            return None
+        fs = FileStore(store)
+        active = [b for b in fs.list_heartbeats(AGENT_ID) if b.role == "active"]
+        return True if active and fs.list_checkpoints(AGENT_ID) else None
+
+    with running_node(store, "status-node", log) as node:
+        wait_for("an active heartbeat and a checkpoint", ready, 30)
+        args = ["status", "--store", store.as_uri(), "--agent-id", AGENT_ID]
+        text = run_hb(args)
+        as_json = run_hb([*args, "--json"])
+        assert stop_gracefully(node, log) == 0, log.read_text()
+
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert re.search(r"^lease: status-node \(test\) · epoch 1$", out, re.M), out
+    assert re.search(r"^last checkpoint: seq \d+ \(epoch 1\)", out, re.M), out
+    assert re.search(r"^\s+status-node\s+test\s+active\s+1\s+\d+\s", out, re.M), out
+
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["lease"]["holder"] == "status-node"
+    assert data["lease"]["epoch"] == 1
+    assert [n["role"] for n in data["nodes"] if n["node"] == "status-node"] == ["active"]
+    assert isinstance(data["checkpoint"]["seq"], int) and data["checkpoint"]["seq"] >= 1
+
+
+def test_status_on_empty_store_says_never_taken(tmp_path):
+    """``hb status`` on an empty store directory says the lease was never taken and exits 0."""
+    store = tmp_path / "store"
+    store.mkdir()
+    result = run_hb(["status", "--store", store.as_uri(), "--agent-id", AGENT_ID])
+    assert result.returncode == 0, result.stderr
+    assert "lease: never taken" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+# -- 5. hb demo ----------------------------------------------------------------------
+
+ACTIVE = re.compile(r"^active node: (hbnk-\d) \((.+)\) · agent at count=(\d+)$", re.M)
+KILL = re.compile(r"^!! killing active node (hbnk-\d) \(SIGKILL\)", re.M)
+RESUMED = re.compile(r"↳ (hbnk-\d) \((.+)\) RESUMED at count=(\d+) · epoch (\d+)", re.M)
+SURVIVED = "✓ SURVIVED — agent resumed from checkpoint, 0 state loss."
+
+
+def _run_demo(args: list[str], timeout: float, capsys, record_property
+              ) -> subprocess.CompletedProcess[str]:
+    started = time.monotonic()
+    result = run_hb(["demo", *args], timeout=timeout)
+    wall = time.monotonic() - started
+    record_property("demo_wall_s", round(wall, 2))
+    with capsys.disabled():
+        print(f"\n[hb demo {' '.join(args)}] wall time {wall:.2f} s", flush=True)
+    assert result.returncode == 0, f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def _check_rounds(out: str, epochs: list[int]) -> None:
+    actives, kills, resumes = ACTIVE.findall(out), KILL.findall(out), RESUMED.findall(out)
+    assert len(actives) == len(kills) == len(resumes) == len(epochs), out
+    for (active, _, count), killed, (resumer, _, resumed_count, epoch), want in zip(
+        actives, kills, resumes, epochs, strict=True
+    ):
+        assert killed == active, out
+        assert resumer != killed, out
+        assert int(epoch) == want, out
+        # The "active node" count was read before the kill: the resume cannot be behind it.
+        assert int(resumed_count) >= int(count), out
+    assert out.index(SURVIVED) > out.rindex("RESUMED"), out
+
+
+def test_demo_survives_one_kill(capsys, record_property):
+    """``hb demo`` kills the active node and a standby resumes at epoch 2 with no state lost."""
+    result = _run_demo([], 60, capsys, record_property)
+    assert SURVIVED in result.stdout.splitlines(), result.stdout
+    _check_rounds(result.stdout, [2])
+
+
+def test_demo_survives_two_kills(capsys, record_property):
+    """``hb demo --kills 2`` prints two kill/resume pairs, resuming at epochs 2 and 3."""
+    result = _run_demo(["--kills", "2"], 120, capsys, record_property)
+    assert SURVIVED in result.stdout.splitlines(), result.stdout
+    _check_rounds(result.stdout, [2, 3])
+
+
+# -- 6. help -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [[], ["run"], ["demo"], ["status"]],
+                         ids=["hb", "run", "demo", "status"])
+def test_help_exits_0(args):
+    """``--help`` of hb and of each subcommand prints usage and exits 0."""
+    result = run_hb([*args, "--help"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: hb {' '.join(args)}".rstrip()), result.stdout
