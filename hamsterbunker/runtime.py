@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import enum
 import inspect
 import logging
 import os
@@ -57,10 +58,16 @@ _MAX_PENDING_EVENTS = 10_000
 
 @dataclass
 class _Progress:
-    """What the leader has restored or published: the next step continues from here."""
+    """The state the next step starts from, and the highest seq already in the store."""
 
     state: State
     seq: int
+
+
+class _Published(enum.Enum):
+    YES = "yes"
+    RETRY = "retry"  # the store failed (disk full, unavailable): same step again
+    FENCED = "fenced"  # the lease moved on: stop leading
 
 
 class Runtime:
@@ -119,6 +126,7 @@ class Runtime:
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._stop_requested = threading.Event()
         self.ready = threading.Event()
         self.stopped = threading.Event()
 
@@ -150,6 +158,7 @@ class Runtime:
 
     def request_stop(self) -> None:
         """Ask the node to stop; safe from any thread or a signal handler."""
+        self._stop_requested.set()  # seen by serve() if its loop is not running yet
         loop, stopping = self._loop, self._stopping
         if loop is not None and stopping is not None and not loop.is_closed():
             # RuntimeError: the loop closed between the check and the call; already stopped.
@@ -171,6 +180,8 @@ class Runtime:
         self._loop_thread_id = threading.get_ident()
         self._stopping, self._wake, self._lost = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self._pending = asyncio.Queue(_MAX_PENDING_EVENTS)
+        if self._stop_requested.is_set():
+            self._stopping.set()
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stopping.set)
@@ -226,13 +237,12 @@ class Runtime:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)
                 match result.outcome:
                     case Outcome.ACQUIRED if result.record is not None:
-                        if leader is not None:  # a previous term still finishing its publish
-                            await self._finish_leading(leader)
+                        self._lost.set()  # a previous term still publishing must end first
                         self._lost = asyncio.Event()
                         self._set_role("active")
                         self._emit("lease.acquired", via=result.reason)
                         leader = asyncio.create_task(
-                            self._lead(result.record.epoch), name="hb-leader"
+                            self._lead(result.record.epoch, previous=leader), name="hb-leader"
                         )
                     case Outcome.RENEW_FAILED:
                         self._emit("lease.renew_failed", error=result.reason)
@@ -307,10 +317,15 @@ class Runtime:
 
     # -- leading -------------------------------------------------------------
 
-    async def _lead(self, epoch: int) -> None:
+    async def _lead(self, epoch: int, previous: asyncio.Task[None] | None = None) -> None:
         """Restore, then step and publish until the lease is lost or the node stops."""
         assert self._lost is not None and self._stopping is not None
         lost = self._lost  # this term's own signal: a later term gets a new one
+        if previous is not None:
+            # The previous term may still be inside a store write: let it end
+            # (it is fenced now) without holding up the keeper's renewals.
+            with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
+                await previous
         progress = await self._restore(epoch)
         while not lost.is_set() and not self._stopping.is_set():
             context = StepContext(self.agent_id, self.node_id, epoch, progress.seq + 1)
@@ -337,9 +352,14 @@ class Runtime:
                     step_seq=context.seq,
                 )
                 return
-            if not await self._publish(context, new_state, lost):
-                return
-            progress = _Progress(new_state, context.seq)
+            match await self._publish(context, new_state, lost):
+                case _Published.YES:
+                    progress = _Progress(new_state, context.seq)
+                case _Published.RETRY:
+                    await asyncio.sleep(self.tick_ms / 1000)  # same state, same seq
+                case _Published.FENCED:
+                    self._emit("agent.yielded", reason="fenced", step_seq=context.seq)
+                    return
 
     async def _until_done_or_lost(
         self, step: asyncio.Task[State], term_lost: asyncio.Event
@@ -379,8 +399,10 @@ class Runtime:
             )
         return result
 
-    async def _publish(self, context: StepContext, state: State, lost: asyncio.Event) -> bool:
-        """Seal and store one step's state, fenced by the step's epoch. False: stop leading."""
+    async def _publish(
+        self, context: StepContext, state: State, lost: asyncio.Event
+    ) -> _Published:
+        """Seal and store one step's state, fenced by the step's epoch."""
         assert self._sealer is not None
         fence = Fence(holder=self.node_id, session=self.keeper.session, epoch=context.epoch)
         try:
@@ -398,16 +420,16 @@ class Runtime:
                 result = await self._io_call(self.keeper.abandon, "fenced by the store")
                 self._emit("lease.lost", reason=result.reason)
                 self._set_role("standby")
-            return False
+            return _Published.FENCED
         except HamsterbunkerError as exc:
-            # Not published: the sequence does not advance; retry the step after a tick.
+            # Not published: the step is retried from the last published state,
+            # so nothing ever builds on a state the store does not hold.
             self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
-            await asyncio.sleep(self.tick_ms / 1000)
-            return True
+            return _Published.RETRY
         self.seq = info.seq
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
-        return True
+        return _Published.YES
 
     async def _restore(self, epoch: int) -> _Progress:
         """The newest checkpoint that authenticates and fits the lease, or init() if none exist."""
@@ -435,7 +457,8 @@ class Runtime:
             self._emit(
                 "agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=infos.index(info)
             )
-            return _Progress(state, info.seq)
+            # Number on from the highest stored seq: a skipped checkpoint keeps its number.
+            return _Progress(state, infos[0].seq)
         raise NoUsableCheckpoint(
             f"agent {self.agent_id}: {len(infos)} checkpoints are stored but none authenticates; "
             "refusing to start over from init(). Restore the store from a backup or remove the "
