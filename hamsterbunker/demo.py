@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from .errors import HamsterbunkerError, StoreError
 from .local import LocalCluster, NodeSpec
-from .records import Event
+from .records import Event, LeaseRecord
 from .sealing import Sealer
 from .stores import Store, open_store
 
@@ -129,8 +129,8 @@ def run_demo(
         for spec in NODES:
             cluster.start(spec)
             out(f"  started {spec.node} ({spec.region}) · pid {cluster.pid(spec.node)}")
-        for round_no in range(1, kills + 1):
-            _one_kill(cluster, watcher, store, regions, round_no, out)
+        for _ in range(kills):
+            _one_kill(cluster, watcher, store, regions, out)
         out("✓ SURVIVED — agent resumed from checkpoint, 0 state loss.")
         ok = True
     finally:
@@ -147,7 +147,6 @@ def _one_kill(
     watcher: _Watcher,
     store: Store,
     regions: dict[str, str],
-    round_no: int,
     out: Callable[[str], None],
 ) -> None:
     agent = CounterAgent.id
@@ -190,7 +189,6 @@ def _one_kill(
         "the agent to advance after the takeover", lambda: _advanced(watcher, from_seq + 1), 10
     )
     cluster.start(next(spec for spec in NODES if spec.node == active))  # it rejoins as a standby
-    del round_no
 
 
 def _advanced(watcher: _Watcher, seq: int) -> bool | None:
@@ -198,7 +196,7 @@ def _advanced(watcher: _Watcher, seq: int) -> bool | None:
     return True if latest is not None and latest[0] >= seq else None
 
 
-def _held(store: Store, agent: str):  # type: ignore[no-untyped-def]
+def _held(store: Store, agent: str) -> LeaseRecord | None:
     lease = store.read_lease(agent)
     return lease if lease is not None and lease.holder is not None else None
 
