@@ -399,9 +399,7 @@ class Runtime:
             )
         return result
 
-    async def _publish(
-        self, context: StepContext, state: State, lost: asyncio.Event
-    ) -> _Published:
+    async def _publish(self, context: StepContext, state: State, lost: asyncio.Event) -> _Published:
         """Seal and store one step's state, fenced by the step's epoch."""
         assert self._sealer is not None
         fence = Fence(holder=self.node_id, session=self.keeper.session, epoch=context.epoch)

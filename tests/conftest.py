@@ -18,8 +18,8 @@ T = TypeVar("T")
 TESTS_DIR = Path(__file__).parent
 
 
-def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    """Poll probe every 20 ms until it returns something truthy; fail after timeout."""
+def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
+    """Poll probe every 10 ms until it returns something truthy; fail after timeout."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -27,7 +27,7 @@ def wait_until(what: str, probe: Callable[[], T | None], timeout: float = 30.0) 
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(0.01)
 
 
 @pytest.fixture

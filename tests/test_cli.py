@@ -49,7 +49,10 @@ def hb_env(**overrides: str) -> dict[str, str]:
 
 
 def run_hb(
-    args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
+    args: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
     timeout: float = 30,
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -90,8 +93,9 @@ def files_under(root: Path) -> dict[str, bytes]:
 
 
 @contextmanager
-def running_node(store_dir: Path, node_id: str, log_path: Path, secret: str = SECRET
-                 ) -> Iterator[subprocess.Popen[bytes]]:
+def running_node(
+    store_dir: Path, node_id: str, log_path: Path, secret: str = SECRET
+) -> Iterator[subprocess.Popen[bytes]]:
     """One ``hb run`` node in the background; killed on the way out if still running."""
     command = [
         *HB, "run", "--store", store_dir.as_uri(), "--agent", AGENT, "--node-id", node_id,
@@ -99,7 +103,10 @@ def running_node(store_dir: Path, node_id: str, log_path: Path, secret: str = SE
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            command, env=hb_env(HB_SECRET=secret), stdin=subprocess.DEVNULL, stdout=log,
+            command,
+            env=hb_env(HB_SECRET=secret),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
             stderr=subprocess.STDOUT,
         )
     try:
@@ -141,28 +148,63 @@ MISTAKES: list[tuple[str, list[str], str | None, list[str]]] = [
     ("tick-ms-not-a-number", [*RUN, "--tick-ms", "abc"], SECRET, ["--tick-ms", "abc"]),
     ("lease-ttl-zero", [*RUN, "--lease-ttl-ms", "0"], SECRET, ["--lease-ttl-ms", "0"]),
     ("missing-store", ["run", "--agent", AGENT], SECRET, ["--store"]),
-    ("unknown-scheme", ["run", "--store", "http://x", "--agent", AGENT], SECRET,
-     ["http", "scheme"]),
-    ("relative-file-url", ["run", "--store", "file:relative/path", "--agent", AGENT], SECRET,
-     ["file:relative/path", "absolute"]),
-    ("nonexistent-parent",
-     ["run", "--store", "file:///nonexistent-parent/x", "--agent", AGENT], SECRET,
-     ["/nonexistent-parent/x", "parent"]),
-    ("agent-module-missing", ["run", "--store", "{store}", "--agent", "nomodule:x"], SECRET,
-     ["nomodule"]),
-    ("agent-attribute-missing",
-     ["run", "--store", "{store}", "--agent", "hamsterbunker.demo:Nope"], SECRET, ["Nope"]),
-    ("agent-without-colon", ["run", "--store", "{store}", "--agent", "justamodule"], SECRET,
-     ["justamodule", "module:attribute"]),
+    (
+        "unknown-scheme",
+        ["run", "--store", "http://x", "--agent", AGENT],
+        SECRET,
+        ["http", "scheme"],
+    ),
+    (
+        "relative-file-url",
+        ["run", "--store", "file:relative/path", "--agent", AGENT],
+        SECRET,
+        ["file:relative/path", "absolute"],
+    ),
+    (
+        "nonexistent-parent",
+        ["run", "--store", "file:///nonexistent-parent/x", "--agent", AGENT],
+        SECRET,
+        ["/nonexistent-parent/x", "parent"],
+    ),
+    (
+        "agent-module-missing",
+        ["run", "--store", "{store}", "--agent", "nomodule:x"],
+        SECRET,
+        ["nomodule"],
+    ),
+    (
+        "agent-attribute-missing",
+        ["run", "--store", "{store}", "--agent", "hamsterbunker.demo:Nope"],
+        SECRET,
+        ["Nope"],
+    ),
+    (
+        "agent-without-colon",
+        ["run", "--store", "{store}", "--agent", "justamodule"],
+        SECRET,
+        ["justamodule", "module:attribute"],
+    ),
     ("secret-too-short", RUN, "12345", ["secret", "8"]),
     ("no-secret", RUN, NO_SECRET, ["secret", "HB_SECRET"]),
-    ("secret-file-missing", [*RUN, "--secret-file", "{tmp}/no-such-secret"], NO_SECRET,
-     ["no-such-secret", "secret"]),
-    ("tick-above-renew-deadline", [*RUN, "--tick-ms", "1500", "--lease-ttl-ms", "2000"], SECRET,
-     ["tick", "1500", "renew_deadline"]),
+    (
+        "secret-file-missing",
+        [*RUN, "--secret-file", "{tmp}/no-such-secret"],
+        NO_SECRET,
+        ["no-such-secret", "secret"],
+    ),
+    (
+        "tick-above-renew-deadline",
+        [*RUN, "--tick-ms", "1500", "--lease-ttl-ms", "2000"],
+        SECRET,
+        ["tick", "1500", "renew_deadline"],
+    ),
     ("bad-node-id", [*RUN, "--node-id", "bad/id"], SECRET, ["node id", "bad/id"]),
-    ("status-bad-agent-id", ["status", "--store", "{store}", "--agent-id", "bad/id"], SECRET,
-     ["agent id", "bad/id"]),
+    (
+        "status-bad-agent-id",
+        ["status", "--store", "{store}", "--agent-id", "bad/id"],
+        SECRET,
+        ["agent id", "bad/id"],
+    ),
     ("demo-kills-zero", ["demo", "--kills", "0"], SECRET, ["--kills", "0"]),
 ]
 
@@ -200,14 +242,10 @@ def test_user_mistake_gives_one_line_and_exit_2(tmp_path, argv, secret, words):
     assert not Path("/nonexistent-parent").exists()
 
 
-
-
 @pytest.mark.parametrize(
     ("argv", "secret", "store_exists"),
     [
-        pytest.param(
-            argv, secret, exists, id=f"{name}-{'existing' if exists else 'absent'}-store"
-        )
+        pytest.param(argv, secret, exists, id=f"{name}-{'existing' if exists else 'absent'}-store")
         for name, argv, secret, _ in MISTAKES
         if argv[0] == "run" and "{store}" in argv
         for exists in (False, True)
@@ -232,9 +270,10 @@ def test_run_help_lists_secret_sources_in_order():
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "in this order" in text
-    section = text[text.index("in this order"):]
-    positions = [section.find(s) for s in ("HB_SECRET", "--secret-file",
-                                           "$CREDENTIALS_DIRECTORY/secret")]
+    section = text[text.index("in this order") :]
+    positions = [
+        section.find(s) for s in ("HB_SECRET", "--secret-file", "$CREDENTIALS_DIRECTORY/secret")
+    ]
     assert -1 not in positions, section
     assert positions == sorted(positions), section
 
@@ -291,10 +330,24 @@ def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
 
         started = time.monotonic()
         intruder = subprocess.run(
-            [*HB, "run", "--store", store.as_uri(), "--agent", AGENT, "--node-id", "intruder",
-             "--region", "test", *FAST],
+            [
+                *HB,
+                "run",
+                "--store",
+                store.as_uri(),
+                "--agent",
+                AGENT,
+                "--node-id",
+                "intruder",
+                "--region",
+                "test",
+                *FAST,
+            ],
             env=hb_env(HB_SECRET="another-secret-entirely"),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
         took = time.monotonic() - started
         assert intruder.returncode == 2, (intruder.returncode, intruder.stderr)
@@ -311,9 +364,13 @@ def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
         assert after["cluster.json"] == before["cluster.json"]
         # Whatever appeared meanwhile is node-a's own work: checkpoints or its own files.
         new = set(after) - set(before)
-        strays = [p for p in new
-                  if not re.fullmatch(r"agents/counter/checkpoints/ckpt-\d+-\d+\.hbc", p)
-                  and "node-a" not in Path(p).name and not Path(p).name.startswith("tmp-hb-")]
+        strays = [
+            p
+            for p in new
+            if not re.fullmatch(r"agents/counter/checkpoints/ckpt-\d+-\d+\.hbc", p)
+            and "node-a" not in Path(p).name
+            and not Path(p).name.startswith("tmp-hb-")
+        ]
         assert strays == [], strays
         now = FileStore(store).read_lease(AGENT_ID)
         assert now is not None
@@ -380,8 +437,9 @@ RESUMED = re.compile(r"↳ (hbnk-\d) \((.+)\) RESUMED at count=(\d+) · epoch (\
 SURVIVED = "✓ SURVIVED — agent resumed from checkpoint, 0 state loss."
 
 
-def _run_demo(args: list[str], timeout: float, capsys, record_property
-              ) -> subprocess.CompletedProcess[str]:
+def _run_demo(
+    args: list[str], timeout: float, capsys, record_property
+) -> subprocess.CompletedProcess[str]:
     started = time.monotonic()
     result = run_hb(["demo", *args], timeout=timeout)
     wall = time.monotonic() - started
@@ -423,8 +481,9 @@ def test_demo_survives_two_kills(capsys, record_property):
 # -- 6. help -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args", [[], ["run"], ["demo"], ["status"]],
-                         ids=["hb", "run", "demo", "status"])
+@pytest.mark.parametrize(
+    "args", [[], ["run"], ["demo"], ["status"]], ids=["hb", "run", "demo", "status"]
+)
 def test_help_exits_0(args):
     """``--help`` of hb and of each subcommand prints usage and exits 0."""
     result = run_hb([*args, "--help"])

@@ -64,19 +64,19 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     for spec in (A, B, C):
         cluster.start(spec)
     store = store_of(cluster)
-    wait_until("five published steps", lambda: latest_seq(store, "journal") >= 5)
-    active = wait_until("a lease holder", lambda: holder(store, "journal"))
+    wait_until(lambda: latest_seq(store, "journal") >= 5, "five published steps")
+    active = wait_until(lambda: holder(store, "journal"), "a lease holder")
 
     cluster.kill(active)
     last = store.list_checkpoints("journal")[0]  # the dead node publishes no more
 
     resumed = wait_until(
-        "a standby to resume",
         lambda: next((e for e in events(store, "journal", "agent.resumed") if e.epoch == 2), None),
+        "a standby to resume",
     )
     assert resumed.node != active
     assert resumed.detail["from_seq"] == last.seq
-    wait_until("the agent to advance", lambda: latest_seq(store, "journal") >= last.seq + 3)
+    wait_until(lambda: latest_seq(store, "journal") >= last.seq + 3, "the agent to advance")
 
     # From outside: every retained checkpoint's count equals its seq (one count per step,
     # none lost), and at most the step in flight at the kill ran twice.
@@ -106,8 +106,8 @@ def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
     lined_up = {"HB_FAILPOINTS": "node.before_first_tick=stop"}
     processes = [cluster.start(spec, extra_env=lined_up) for spec in racers]
     wait_until(
-        "all racers to line up",
         lambda: all(process_state(p.pid) == "T" for p in processes),
+        "all racers to line up",
         timeout=60,
     )
     for process in processes:
@@ -120,7 +120,7 @@ def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
             b.beats >= 5 and b.role in ("active", "standby") for b in beats
         )
 
-    wait_until("all eight racers to settle", all_settled, timeout=60)
+    wait_until(all_settled, "all eight racers to settle", timeout=60)
     acquired = events(store, "journal", "lease.acquired")
     assert [(e.epoch, e.detail["via"]) for e in acquired] == [(1, "empty")], acquired
     roles = sorted(b.role for b in store.list_heartbeats("journal"))
@@ -138,27 +138,27 @@ def test_zombie_leader_publish_is_fenced_by_the_store_and_it_steps_down(
     # before the store's fence check: the write is then decided by the store alone.
     zombie = cluster.start(A, extra_env={"HB_FAILPOINTS": "checkpoint.before_commit=stop@4"})
     store = store_of(cluster)
-    wait_until("node-a to stop itself mid-publish", lambda: process_state(zombie.pid) == "T")
+    wait_until(lambda: process_state(zombie.pid) == "T", "node-a to stop itself mid-publish")
     assert latest_seq(store, "journal") == 3
 
     cluster.start(B)
     resumed = wait_until(
-        "node-b to take over",
         lambda: next(
             (e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None
         ),
+        "node-b to take over",
     )
     assert (resumed.epoch, resumed.detail["from_seq"]) == (2, 3)
 
     cluster.signal(A.node, signal.SIGCONT)
     fenced = wait_until(
-        "node-a to be fenced",
         lambda: next(
             (e for e in events(store, "journal", "node.fenced") if e.node == A.node), None
         ),
+        "node-a to be fenced",
     )
     assert fenced.detail["step_seq"] == 4 and fenced.epoch == 1
-    wait_until("node-a to report standby", lambda: role_of(store, "journal", A.node) == "standby")
+    wait_until(lambda: role_of(store, "journal", A.node) == "standby", "node-a to report standby")
     # The zombie's seq-4 checkpoint of epoch 1 never landed; node-b's line continues.
     assert all(info.epoch == 2 for info in store.list_checkpoints("journal") if info.seq >= 4)
     assert holder(store, "journal") == B.node
@@ -172,27 +172,27 @@ def test_zombie_leader_paused_past_ttl_steps_down_and_never_publishes_again(
     cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000)
     cluster.start(A)
     store = store_of(cluster)
-    wait_until("node-a to lead", lambda: latest_seq(store, "journal") >= 2)
+    wait_until(lambda: latest_seq(store, "journal") >= 2, "node-a to lead")
     cluster.start(B)
-    wait_until("node-b to stand by", lambda: role_of(store, "journal", B.node) == "standby")
+    wait_until(lambda: role_of(store, "journal", B.node) == "standby", "node-b to stand by")
 
     cluster.signal(A.node, signal.SIGSTOP)
     paused_at = time.monotonic()
     resumed = wait_until(
-        "node-b to take over",
         lambda: next(
             (e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None
         ),
+        "node-b to take over",
     )
     while time.monotonic() - paused_at < 2.5:  # keep the zombie paused for 2.5 × TTL in all
         time.sleep(0.05)
     cluster.signal(A.node, signal.SIGCONT)
 
     wait_until(
-        "node-a to lose the lease",
         lambda: any(e.node == A.node for e in events(store, "journal", "lease.lost")),
+        "node-a to lose the lease",
     )
-    wait_until("node-a to report standby", lambda: role_of(store, "journal", A.node) == "standby")
+    wait_until(lambda: role_of(store, "journal", A.node) == "standby", "node-a to report standby")
     published_by_a = [
         e.seq for e in events(store, "journal", "checkpoint.published") if e.node == A.node
     ]
@@ -213,9 +213,9 @@ def test_a_step_three_times_the_ttl_keeps_the_lease_and_is_published(
     )
     cluster.start(A)
     store = store_of(cluster)
-    wait_until("node-a to lead", lambda: holder(store, "slow") == A.node)
+    wait_until(lambda: holder(store, "slow") == A.node, "node-a to lead")
     cluster.start(B)
-    wait_until("two slow steps published", lambda: latest_seq(store, "slow") >= 2, timeout=60)
+    wait_until(lambda: latest_seq(store, "slow") >= 2, "two slow steps published", timeout=60)
 
     assert [e.node for e in events(store, "slow", "lease.acquired")] == [A.node]
     assert not events(store, "slow", "lease.lost")
@@ -227,18 +227,18 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(local_cluster: MakeClu
     cluster = local_cluster(tick_ms=200, lease_ttl_ms=8000)
     leader = cluster.start(A)
     store = store_of(cluster)
-    wait_until("node-a to lead", lambda: holder(store, "journal") == A.node)
+    wait_until(lambda: holder(store, "journal") == A.node, "node-a to lead")
     cluster.start(B)
-    wait_until("node-b to stand by", lambda: role_of(store, "journal", B.node) == "standby")
-    wait_until("a few steps", lambda: latest_seq(store, "journal") >= 3)
+    wait_until(lambda: role_of(store, "journal", B.node) == "standby", "node-b to stand by")
+    wait_until(lambda: latest_seq(store, "journal") >= 3, "a few steps")
 
     cluster.signal(A.node, signal.SIGTERM)
     stopped_at = time.monotonic()
     acquired = wait_until(
-        "node-b to take over",
         lambda: next(
             (e for e in events(store, "journal", "lease.acquired") if e.node == B.node), None
         ),
+        "node-b to take over",
     )
     took = time.monotonic() - stopped_at
     # By expiry it could not be under 8 s (the TTL); a handover is one tick or less.
@@ -250,9 +250,9 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(local_cluster: MakeClu
         e.seq for e in events(store, "journal", "checkpoint.published") if e.node == A.node
     )
     resumed = wait_until(
-        "node-b to resume",
         lambda: next(
             (e for e in events(store, "journal", "agent.resumed") if e.node == B.node), None
         ),
+        "node-b to resume",
     )
     assert resumed.detail["from_seq"] == last_a

@@ -34,6 +34,8 @@ from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
 
+from .conftest import wait_until
+
 SECRET = "correct-horse-battery-staple"
 TICK_MS = 100
 TTL_MS = 600
@@ -42,18 +44,6 @@ AGENT = "a"
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    """Poll predicate every 10 ms until it returns something truthy; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 class Recorder:

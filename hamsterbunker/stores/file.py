@@ -155,7 +155,9 @@ class FileStore:
             try:
                 self.root.mkdir(exist_ok=True)
             except FileNotFoundError as exc:
-                raise ConfigError(f"store directory {self.root}: its parent does not exist") from exc
+                raise ConfigError(
+                    f"store directory {self.root}: its parent does not exist"
+                ) from exc
             except OSError as exc:
                 raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
         elif not self.root.exists():
