@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 
 __all__ = ["failpoint"]
 
@@ -36,4 +37,6 @@ def failpoint(name: str) -> None:
         return
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == armed[1]:
-        os.kill(os.getpid(), _ACTIONS[armed[0]])
+        # Aimed at this thread, not the process: a process-directed signal may be
+        # taken by another thread while this one runs on past the failpoint.
+        signal.pthread_kill(threading.get_ident(), _ACTIONS[armed[0]])

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import secrets
+import signal
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,3 +68,40 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
 
 def store_of(cluster: LocalCluster) -> FileStore:
     return FileStore(cluster.store_url.removeprefix("file://"))
+
+
+def process_state(pid: int) -> str:
+    """The state letter of a process from /proc (R, S, T for stopped, ...)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@contextlib.contextmanager
+def holding_lease_lock(store_dir: Path, agent: str) -> Iterator[None]:
+    """Hold the file store's lease lock of agent, as a node would."""
+    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    fd = os.open(store_dir / "agents" / agent / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("the lease lock stayed busy for 10 s")
+                time.sleep(0.001)
+        yield
+    finally:
+        os.close(fd)
+
+
+def pause_outside_lock(cluster: LocalCluster, node: str, agent: str) -> None:
+    """SIGSTOP a node at a moment it holds no store lock.
+
+    A node paused inside the few milliseconds it holds the file store's lock
+    would hold up every other node until it resumes (a stated limit of the
+    file store); holding the lock ourselves while stopping it rules that out.
+    """
+    with holding_lease_lock(Path(cluster.store_url.removeprefix("file://")), agent):
+        cluster.signal(node, signal.SIGSTOP)
+        wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")

@@ -14,7 +14,7 @@ from hamsterbunker import Event, FileStore
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 
-from .conftest import store_of, wait_until
+from .conftest import pause_outside_lock, process_state, store_of, wait_until
 
 pytestmark = pytest.mark.multiprocess
 
@@ -50,10 +50,6 @@ def assert_one_publisher_per_epoch(store: FileStore, agent: str) -> None:
     for event in events(store, agent, "checkpoint.published"):
         publishers.setdefault(event.epoch, set()).add(event.node)
     assert all(len(nodes) == 1 for nodes in publishers.values()), publishers
-
-
-def process_state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
@@ -176,7 +172,7 @@ def test_zombie_leader_paused_past_ttl_steps_down_and_never_publishes_again(
     cluster.start(B)
     wait_until(lambda: role_of(store, "journal", B.node) == "standby", "node-b to stand by")
 
-    cluster.signal(A.node, signal.SIGSTOP)
+    pause_outside_lock(cluster, A.node, "journal")
     paused_at = time.monotonic()
     resumed = wait_until(
         lambda: next(

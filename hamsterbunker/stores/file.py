@@ -29,6 +29,7 @@ import secrets
 import struct
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import (
@@ -59,8 +60,9 @@ _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 _SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloudsync.log")
 
 GUARANTEES = StoreGuarantees(
-    mutual_exclusion="fcntl (POSIX) locks: real on a local filesystem and on NFS with working "
-    "lockd; none on a synced folder (refused)",
+    mutual_exclusion="OFD fcntl locks: real on a local filesystem and on NFS with working lockd; "
+    "none on a synced folder (refused). A node frozen while it holds the lock (about a "
+    "millisecond per write) holds up the others until it resumes or dies",
     durability="file and directory fsync before a write is acknowledged",
     across_hosts="only through NFS mounted with noac (or actimeo=0) and lookupcache=none",
 )
@@ -257,17 +259,27 @@ class FileStore:
         return None if data is None else LeaseRecord.from_json(data)
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
-        with self._locked(agent) as directory:
-            data = _read(directory / "lease.json")
-            current = None if data is None else LeaseRecord.from_json(data)
-            current_version = None if current is None else current.version
-            if current_version != expected_version:
-                raise LeaseConflict(
-                    f"lease of {agent!r} is at version {current_version}, not {expected_version}"
-                )
-            stored = _replace_version(new, (current_version or 0) + 1)
-            _atomic_write(directory / "lease.json", stored.to_json())
-            return stored
+        directory = self._writable_dir(agent)
+        stored = replace(new, version=(expected_version or 0) + 1)
+        # Written and synced before the lock: the lock is held only for
+        # read-compare-rename, so a node paused or slowed in here holds up
+        # the others as briefly as possible.
+        tmp = _write_temp(directory, stored.to_json(), durable=True)
+        try:
+            with self._locked(agent):
+                data = _read(directory / "lease.json")
+                current = None if data is None else LeaseRecord.from_json(data)
+                current_version = None if current is None else current.version
+                if current_version != expected_version:
+                    raise LeaseConflict(
+                        f"lease of {agent!r} is at version {current_version}, "
+                        f"not {expected_version}"
+                    )
+                os.replace(tmp, directory / "lease.json")
+                _fsync_dir(directory)
+                return stored
+        finally:
+            tmp.unlink(missing_ok=True)
 
     # -- checkpoints -------------------------------------------------------
 
@@ -455,9 +467,3 @@ def _watch_filter(_change: object, path: str) -> bool:
 
 def _checkpoint_name(info: CheckpointInfo) -> str:
     return f"ckpt-{info.seq:020d}-{info.epoch:010d}.hbc"
-
-
-def _replace_version(record: LeaseRecord, version: int) -> LeaseRecord:
-    from dataclasses import replace
-
-    return replace(record, version=version)
