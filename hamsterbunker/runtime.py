@@ -122,6 +122,7 @@ class Runtime:
         self._stopping: asyncio.Event | None = None
         self._wake: asyncio.Event | None = None
         self._lost: asyncio.Event | None = None
+        self._keeper_lock: asyncio.Lock | None = None  # LeaseKeeper is used by one call at a time
         self._pending: asyncio.Queue[Event] | None = None
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
         self._thread: threading.Thread | None = None
@@ -179,6 +180,7 @@ class Runtime:
         self._loop = asyncio.get_running_loop()
         self._loop_thread_id = threading.get_ident()
         self._stopping, self._wake, self._lost = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._keeper_lock = asyncio.Lock()
         self._pending = asyncio.Queue(_MAX_PENDING_EVENTS)
         if self._stop_requested.is_set():
             self._stopping.set()
@@ -223,7 +225,7 @@ class Runtime:
         failpoint("node.before_first_tick")
         while not self._stopping.is_set():
             try:
-                result = await self._io_call(self.keeper.tick)
+                result = await self._keeper_call(self.keeper.tick)
                 if not store_ok:
                     self._emit("store.recovered")
                 store_ok = True
@@ -297,7 +299,7 @@ class Runtime:
         self._set_role("stopping")
         try:
             if self.keeper.held is not None:
-                released = await self._io_call(self.keeper.release)
+                released = await self._keeper_call(self.keeper.release)
                 if released:
                     self._emit("lease.released")
             await self._io_call(self.store.remove_heartbeat, self.agent_id, self.node_id)
@@ -326,7 +328,16 @@ class Runtime:
             # (it is fenced now) without holding up the keeper's renewals.
             with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
                 await previous
-        progress = await self._restore(epoch)
+        progress = None
+        while progress is None:
+            try:
+                progress = await self._restore(epoch)
+            except StoreError as exc:
+                # Never fall back past a checkpoint we merely failed to read: try again.
+                self._emit("store.error", error=f"restore: {exc}")
+                await asyncio.sleep(self.tick_ms / 1000)
+                if lost.is_set() or self._stopping.is_set():
+                    return
         while not lost.is_set() and not self._stopping.is_set():
             context = StepContext(self.agent_id, self.node_id, epoch, progress.seq + 1)
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
@@ -415,7 +426,7 @@ class Runtime:
             lost.set()
             held = self.keeper.held
             if held is not None and held.epoch == context.epoch:
-                result = await self._io_call(self.keeper.abandon, "fenced by the store")
+                result = await self._keeper_call(self.keeper.abandon, "fenced by the store")
                 self._emit("lease.lost", reason=result.reason)
                 self._set_role("standby")
             return _Published.FENCED
@@ -430,7 +441,12 @@ class Runtime:
         return _Published.YES
 
     async def _restore(self, epoch: int) -> _Progress:
-        """The newest checkpoint that authenticates and fits the lease, or init() if none exist."""
+        """The newest checkpoint that authenticates and fits the lease, or init() if none exist.
+
+        A checkpoint that fails to authenticate is skipped; a store error ends
+        the attempt (StoreError), since skipping what could not be read could
+        resume behind the last accepted checkpoint.
+        """
         assert self._sealer is not None
         infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
         if not infos:
@@ -446,9 +462,6 @@ class Runtime:
                 blob = await self._io_call(self.store.read_checkpoint, self.agent_id, info)
                 state = self._sealer.open(blob, self.agent_id, info.epoch, info.seq)
             except Tampered as exc:
-                self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
-                continue
-            except StoreError as exc:
                 self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
                 continue
             self.seq = info.seq
@@ -547,6 +560,12 @@ class Runtime:
             raise
         except Exception as exc:  # the watch is only a hint: fall back to ticks
             log.warning("%s: store watch stopped (%s); relying on ticks", self.node_id, exc)
+
+    async def _keeper_call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call a LeaseKeeper method in the store thread pool, one call at a time."""
+        assert self._keeper_lock is not None
+        async with self._keeper_lock:
+            return await self._io_call(fn, *args)
 
     async def _io_call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

@@ -196,6 +196,7 @@ class FaultyStore:
         self.put_entered = threading.Event()
         self.put_release = threading.Event()
         self.fail_put_once: set[int] = set()  # seqs whose first put_checkpoint fails
+        self.fail_read_once: set[int] = set()  # seqs whose first read_checkpoint fails
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -204,6 +205,12 @@ class FaultyStore:
         if self.fail_cas.is_set():
             raise StoreUnavailable("injected: the store does not answer")
         return self._inner.cas_lease(agent, expected_version, new)
+
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        if info.seq in self.fail_read_once:
+            self.fail_read_once.discard(info.seq)
+            raise StoreUnavailable("injected: the checkpoint read failed")
+        return self._inner.read_checkpoint(agent, info)
 
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
         if seq in self.fail_put_once:
@@ -462,6 +469,22 @@ def _publish_three_and_stop(hb: Harness, agent_id: str = AGENT, node_id: str = "
         f"{node_id} to publish checkpoints 1-3 of {agent_id}",
     )
     node.stop()
+
+
+def test_restore_retries_a_checkpoint_it_could_not_read_instead_of_falling_back(
+    hb: Harness,
+) -> None:
+    """A store error while reading the newest checkpoint makes the new leader try again, not resume
+    from an older one.
+    """
+    _publish_three_and_stop(hb)
+    faulty = FaultyStore(hb.store())
+    faulty.fail_read_once.add(3)
+    hb.node("node-b", AsyncAgent(park_from=4), store=faulty)
+    resumed = hb.events.wait("agent.resumed", "node-b")
+    assert resumed.detail["from_seq"] == 3
+    assert hb.events.of("checkpoint.rejected", "node-b") == []
+    assert any("restore" in e.detail["error"] for e in hb.events.of("store.error", "node-b"))
 
 
 def test_restore_skips_a_tampered_newest_checkpoint(hb: Harness) -> None:
