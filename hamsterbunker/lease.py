@@ -6,7 +6,9 @@ This is the elector of Kubernetes' leaderelection, over the store contract:
   change of the lease record, timed on its own monotonic clock. It never
   compares another node's clock with its own.
 * The leader may step only while less than ``renew_deadline`` has passed since
-  it *sent* its last successful renewal (``may_step``).
+  it *sent* its last successful renewal (``may_step``). Past the deadline it
+  keeps trying to renew; it has lost the lease when the record changed under
+  it, or when a full TTL passed without a renewal.
 * Every acquisition writes epoch + 1 by compare-and-set, so every epoch has
   exactly one holder; the store fences checkpoint writes by that epoch.
 
@@ -111,9 +113,13 @@ class LeaseKeeper:
         return self._observe_or_acquire()
 
     def _renew(self) -> TickResult:
+        """Renew by compare-and-set, even past the renew deadline.
+
+        Past the deadline the leader does not step (``may_step``), but a renewal
+        that still succeeds proves nobody took over, so a short pause or store
+        hiccup costs no epoch. The compare-and-set is the arbiter, not the time.
+        """
         assert self.held is not None
-        if not self.may_step():
-            return self._lose(f"renew deadline of {self.renew_deadline_ms} ms passed")
         sent = self.clock.monotonic()
         try:
             renewed = self.store.cas_lease(
@@ -128,8 +134,9 @@ class LeaseKeeper:
             self._note(current, self.clock.monotonic())
             return self._lose("the lease record was changed by another node")
         except StoreError as exc:
-            if not self.may_step():
-                return self._lose(f"renewal failed past the deadline: {exc}")
+            if self._since_renewal() >= self.lease_ttl_ms / 1000:
+                # A standby may have taken over by now: judge afresh, as a standby.
+                return self._lose(f"no renewal for a full TTL ({self.lease_ttl_ms} ms): {exc}")
             return TickResult(Outcome.RENEW_FAILED, self.held, str(exc))
         self.held = renewed
         self._renew_sent_at = sent

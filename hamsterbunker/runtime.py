@@ -64,6 +64,12 @@ class _Progress:
     seq: int
 
 
+class _StepEnd(enum.Enum):
+    DONE = "done"
+    DEADLINE = "renew deadline passed during the step"
+    LOST = "lease lost or node stopping"
+
+
 class _Published(enum.Enum):
     YES = "yes"
     RETRY = "retry"  # the store failed (disk full, unavailable): same step again
@@ -123,6 +129,7 @@ class Runtime:
         self._wake: asyncio.Event | None = None
         self._lost: asyncio.Event | None = None
         self._keeper_lock: asyncio.Lock | None = None  # LeaseKeeper is used by one call at a time
+        self._renewed: asyncio.Event | None = None  # set on every successful renewal
         self._pending: asyncio.Queue[Event] | None = None
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
         self._thread: threading.Thread | None = None
@@ -181,6 +188,7 @@ class Runtime:
         self._loop_thread_id = threading.get_ident()
         self._stopping, self._wake, self._lost = asyncio.Event(), asyncio.Event(), asyncio.Event()
         self._keeper_lock = asyncio.Lock()
+        self._renewed = asyncio.Event()
         self._pending = asyncio.Queue(_MAX_PENDING_EVENTS)
         if self._stop_requested.is_set():
             self._stopping.set()
@@ -246,6 +254,9 @@ class Runtime:
                         leader = asyncio.create_task(
                             self._lead(result.record.epoch, previous=leader), name="hb-leader"
                         )
+                    case Outcome.RENEWED:
+                        assert self._renewed is not None
+                        self._renewed.set()
                     case Outcome.RENEW_FAILED:
                         self._emit("lease.renew_failed", error=result.reason)
                     case Outcome.LOST:
@@ -339,13 +350,18 @@ class Runtime:
                 if lost.is_set() or self._stopping.is_set():
                     return
         while not lost.is_set() and not self._stopping.is_set():
+            if not await self._until_may_step(lost):
+                return
             context = StepContext(self.agent_id, self.node_id, epoch, progress.seq + 1)
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
-            if not await self._until_done_or_lost(step, lost):
-                self._emit(
-                    "agent.yielded", reason="lease lost or node stopping", step_seq=context.seq
-                )
-                return
+            ended = await self._until_done_or_lost(step, lost)
+            if ended is not _StepEnd.DONE:
+                # Cancelled at the renew deadline, so that no step of ours overlaps a
+                # successor's; retried (same seq) if a renewal still succeeds.
+                self._emit("agent.yielded", reason=ended.value, step_seq=context.seq)
+                if ended is _StepEnd.LOST:
+                    return
+                continue
             try:
                 new_state = step.result()
             except Exception as exc:  # the agent's own failure: log it, retry after a tick
@@ -357,12 +373,8 @@ class Runtime:
                 continue
             if lost.is_set() or not self.keeper.may_step():
                 # The lease may already be someone else's: never publish this step.
-                self._emit(
-                    "agent.yielded",
-                    reason="renew deadline passed during the step",
-                    step_seq=context.seq,
-                )
-                return
+                self._emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
+                continue
             match await self._publish(context, new_state, lost):
                 case _Published.YES:
                     progress = _Progress(new_state, context.seq)
@@ -372,24 +384,43 @@ class Runtime:
                     self._emit("agent.yielded", reason="fenced", step_seq=context.seq)
                     return
 
+    async def _until_may_step(self, lost: asyncio.Event) -> bool:
+        """Wait until a renewal within the deadline lets us step; False if the term ends."""
+        assert self._stopping is not None and self._renewed is not None
+        while not self.keeper.may_step():
+            if lost.is_set() or self._stopping.is_set():
+                return False
+            self._renewed.clear()
+            waiters = [
+                asyncio.ensure_future(event.wait())
+                for event in (lost, self._stopping, self._renewed)
+            ]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+        return not (lost.is_set() or self._stopping.is_set())
+
     async def _until_done_or_lost(
         self, step: asyncio.Task[State], term_lost: asyncio.Event
-    ) -> bool:
-        """Wait for the step; cancel it (async) or abandon it (sync) if the lease goes."""
+    ) -> _StepEnd:
+        """Wait for the step; cancel it (async) or abandon it (sync) if it may not go on."""
         assert self._stopping is not None
         lost = asyncio.ensure_future(term_lost.wait())
         stopping = asyncio.ensure_future(self._stopping.wait())
         try:
             while not step.done():
                 remaining = self.keeper.seconds_until_deadline()
-                if remaining <= 0 or lost.done() or stopping.done():
+                if lost.done() or stopping.done():
                     step.cancel()
-                    return False
+                    return _StepEnd.LOST
+                if remaining <= 0:
+                    step.cancel()
+                    return _StepEnd.DEADLINE
                 # Timed to the renew deadline, so a hung renewal cannot keep us stepping.
                 await asyncio.wait(
                     [step, lost, stopping], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
-            return True
+            return _StepEnd.DONE
         finally:
             lost.cancel()
             stopping.cancel()
