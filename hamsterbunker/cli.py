@@ -65,6 +65,13 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tick-ms", type=_positive_int, default=400)
     run.add_argument("--lease-ttl-ms", type=_positive_int, default=2000)
     run.add_argument("--secret-file", type=Path, help="file holding the network secret")
+    run.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help="append a JSON line per lease and checkpoint operation (for fault analysis; "
+        "check it with python -m hamsterbunker.checker FILE)",
+    )
 
     demo = sub.add_parser("demo", help="the local three-node survival demo")
     demo.add_argument("--kills", type=_positive_int, default=1, help="kill the active node N times")
@@ -114,6 +121,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         secret=secret,
         tick_ms=args.tick_ms,
         lease_ttl_ms=args.lease_ttl_ms,
+        history=args.history,
     )
     node.run()
     return 0

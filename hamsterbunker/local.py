@@ -31,6 +31,7 @@ class LocalCluster:
     tick_ms: int = 400
     lease_ttl_ms: int = 2000
     agent_id: str | None = None
+    history: Path | None = None  # every node appends its operations here (--history)
     env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
@@ -50,6 +51,8 @@ class LocalCluster:
         ]  # fmt: skip
         if self.agent_id:
             command += ["--agent-id", self.agent_id]
+        if self.history:
+            command += ["--history", str(self.history)]
         env = {**os.environ, **self.env, **(extra_env or {}), "HB_SECRET": self.secret}
         env.pop("CREDENTIALS_DIRECTORY", None)
         with open(self.log_dir / f"{spec.node}.log", "ab") as log:

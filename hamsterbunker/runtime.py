@@ -43,6 +43,7 @@ from .errors import (
     Tampered,
 )
 from .failpoints import failpoint
+from .history import HistoryWriter
 from .lease import LeaseKeeper, Outcome, default_renew_deadline, validate_timing
 from .records import Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
@@ -62,6 +63,7 @@ class _Progress:
 
     state: State
     seq: int
+    resumed: bool = True  # False: started from init()
 
 
 class _StepEnd(enum.Enum):
@@ -93,6 +95,7 @@ class Runtime:
         renew_deadline_ms: int | None = None,
         on_event: EventHandler | None = None,
         clock: Clock | None = None,
+        history: str | os.PathLike[str] | None = None,
     ) -> None:
         check_secret(secret)
         self.node_id = check_name("node id", node_id)
@@ -115,6 +118,7 @@ class Runtime:
             clock=clock,
         )
         self.on_event = on_event
+        self._history = HistoryWriter(history) if history is not None else None
         self.host = socket.gethostname()
         self.role = "starting"
         self.epoch_seen = 0
@@ -233,6 +237,7 @@ class Runtime:
         failpoint("node.before_first_tick")
         while not self._stopping.is_set():
             try:
+                tick_start = time.monotonic()
                 result = await self._keeper_call(self.keeper.tick)
                 if not store_ok:
                     self._emit("store.recovered")
@@ -247,6 +252,7 @@ class Runtime:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)
                 match result.outcome:
                     case Outcome.ACQUIRED if result.record is not None:
+                        self._record("acquire", result.record.epoch, self.seq, tick_start, "ok")
                         self._lost.set()  # a previous term still publishing must end first
                         self._lost = asyncio.Event()
                         self._set_role("active")
@@ -341,14 +347,27 @@ class Runtime:
                 await previous
         progress = None
         while progress is None:
+            started = time.monotonic()
             try:
                 progress = await self._restore(epoch)
+            except NoUsableCheckpoint:
+                self._record("restore", epoch, 0, started, "refused")
+                raise
             except StoreError as exc:
                 # Never fall back past a checkpoint we merely failed to read: try again.
                 self._emit("store.error", error=f"restore: {exc}")
                 await asyncio.sleep(self.tick_ms / 1000)
                 if lost.is_set() or self._stopping.is_set():
                     return
+        self._record(
+            "restore",
+            epoch,
+            self.seq,
+            started,
+            "resumed" if progress.resumed else "started",
+            from_seq=self.seq if progress.resumed else 0,
+            next_seq=progress.seq + 1,
+        )
         while not lost.is_set() and not self._stopping.is_set():
             if not await self._until_may_step(lost):
                 return
@@ -445,6 +464,7 @@ class Runtime:
         """Seal and store one step's state, fenced by the step's epoch."""
         assert self._sealer is not None
         fence = Fence(holder=self.node_id, session=self.keeper.session, epoch=context.epoch)
+        started = time.monotonic()
         try:
             blob = await asyncio.to_thread(
                 self._sealer.seal, self.agent_id, context.epoch, context.seq, state
@@ -453,6 +473,7 @@ class Runtime:
                 self.store.put_checkpoint, self.agent_id, fence, context.seq, blob
             )
         except Fenced as exc:
+            self._record("publish", context.epoch, context.seq, started, "fenced")
             self._emit("node.fenced", error=str(exc), step_seq=context.seq)
             lost.set()
             held = self.keeper.held
@@ -464,8 +485,10 @@ class Runtime:
         except HamsterbunkerError as exc:
             # Not published: the step is retried from the last published state,
             # so nothing ever builds on a state the store does not hold.
+            self._record("publish", context.epoch, context.seq, started, "failed")
             self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
             return _Published.RETRY
+        self._record("publish", context.epoch, context.seq, started, "ok")
         self.seq = info.seq
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
@@ -483,7 +506,7 @@ class Runtime:
         if not infos:
             state = await asyncio.to_thread(self.agent.init)
             self._emit("agent.started")
-            return _Progress(state, 0)
+            return _Progress(state, 0, resumed=False)
         for info in infos:
             try:
                 if info.epoch >= epoch:
@@ -508,6 +531,12 @@ class Runtime:
         )
 
     # -- heartbeats, events, watch ------------------------------------------
+
+    def _record(
+        self, op: str, epoch: int, seq: int, start: float, outcome: str, **detail: Any
+    ) -> None:
+        if self._history is not None:
+            self._history.record(self.node_id, op, epoch, seq, start, outcome, **detail)
 
     def _set_role(self, role: str) -> None:
         if role != self.role:

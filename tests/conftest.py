@@ -16,6 +16,8 @@ from typing import TypeVar
 import pytest
 
 from hamsterbunker import FileStore
+from hamsterbunker.checker import check
+from hamsterbunker.history import read_history
 from hamsterbunker.local import LocalCluster
 
 T = TypeVar("T")
@@ -53,6 +55,7 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
             secret=secrets.token_urlsafe(16),
             agent=agent,
             log_dir=tmp_path / f"logs{len(made)}",
+            history=tmp_path / f"history{len(made)}.jsonl",
             env=env,
             **kwargs,  # type: ignore[arg-type]
         )
@@ -60,10 +63,15 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         return cluster
 
     yield make
+    violations = []
     for cluster in made:
         cluster.stop_all()
         for node in cluster.processes:  # shown by pytest only when the test failed
             print(f"----- log of {node} -----\n{cluster.log(node)}")
+        if cluster.history and cluster.history.exists():
+            violations += check(read_history(cluster.history))
+    # Every multi-process test also holds its whole history to the safety rules.
+    assert violations == [], violations
 
 
 def store_of(cluster: LocalCluster) -> FileStore:

@@ -1,0 +1,106 @@
+"""Checks a recorded history (``hamsterbunker.history``) against the safety invariants.
+
+    python -m hamsterbunker.checker history.jsonl
+
+Rules, each a violation when broken:
+
+* one writer per epoch: accepted publishes of one epoch all come from one node;
+* store order: taken in seq order, accepted publishes have strictly increasing
+  seqs and never-decreasing epochs;
+* fencing: no publish that *started* after a later epoch was acquired (its
+  acquire had ended) is accepted under the older epoch;
+* no resume behind: a restore resumes from at least every checkpoint whose
+  publish was acknowledged before the restore started, and never starts over
+  from init() once any was;
+* continuity: a term's first accepted publish numbers on from its restore.
+
+Operations without a line (cut short by a crash) are of unknown outcome and
+are only used where they cannot cause a false alarm.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections import defaultdict
+
+from .history import Op, read_history
+
+__all__ = ["check"]
+
+
+def check(ops: list[Op]) -> list[str]:
+    """Return every violation found (empty: the history is clean)."""
+    accepted = sorted((o for o in ops if o.op == "publish" and o.outcome == "ok"), key=_seq)
+    acquires = [o for o in ops if o.op == "acquire" and o.outcome == "ok"]
+    restores = [o for o in ops if o.op == "restore"]
+    violations: list[str] = []
+
+    writers: dict[int, set[str]] = defaultdict(set)
+    for op in accepted:
+        writers[op.epoch].add(op.node)
+    violations += [
+        f"epoch {epoch} has accepted publishes from {sorted(nodes)}"
+        for epoch, nodes in sorted(writers.items())
+        if len(nodes) > 1
+    ]
+    for before, after in itertools.pairwise(accepted):
+        if after.seq == before.seq:
+            violations.append(f"seq {after.seq} accepted twice ({before.node}, {after.node})")
+        if after.epoch < before.epoch:
+            violations.append(
+                f"epoch went back in store order: seq {before.seq} epoch {before.epoch}, "
+                f"then seq {after.seq} epoch {after.epoch}"
+            )
+    for op in accepted:
+        for newer in acquires:
+            if newer.epoch > op.epoch and op.start > newer.end:
+                violations.append(
+                    f"{op.node} had seq {op.seq} accepted under epoch {op.epoch} although it "
+                    f"started after {newer.node} acquired epoch {newer.epoch}"
+                )
+    for restore in restores:
+        acked = [o.seq for o in accepted if o.end < restore.start]
+        if not acked or restore.outcome == "refused":
+            continue
+        if restore.outcome == "started":
+            violations.append(
+                f"{restore.node} started over from init() in epoch {restore.epoch} although "
+                f"checkpoint {max(acked)} had been accepted"
+            )
+        elif restore.detail.get("from_seq", 0) < max(acked):
+            violations.append(
+                f"{restore.node} resumed epoch {restore.epoch} from checkpoint "
+                f"{restore.detail.get('from_seq')}, behind accepted checkpoint {max(acked)}"
+            )
+    for restore in restores:
+        term = [o for o in accepted if o.epoch == restore.epoch and o.node == restore.node]
+        next_seq = restore.detail.get("next_seq")
+        if term and next_seq is not None and term[0].seq != next_seq:
+            violations.append(
+                f"{restore.node} restored epoch {restore.epoch} to continue at seq {next_seq} "
+                f"but its first accepted publish is seq {term[0].seq}"
+            )
+    return violations
+
+
+def _seq(op: Op) -> int:
+    return op.seq
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m hamsterbunker.checker HISTORY.jsonl [...]", file=sys.stderr)
+        return 2
+    ops = [op for path in paths for op in read_history(path)]
+    violations = check(ops)
+    for violation in violations:
+        print(f"VIOLATION: {violation}")
+    published = sum(1 for o in ops if o.op == "publish" and o.outcome == "ok")
+    print(f"{len(ops)} operations, {published} accepted publishes, {len(violations)} violations")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
