@@ -76,15 +76,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_temp(directory: Path, data: bytes, durable: bool) -> Path:
+def _write_temp(directory: Path, data: bytes, durable: bool, points: str = "") -> Path:
+    """Write data to a new temporary file in directory; points names its failpoints."""
     tmp = directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
+        if points:
+            failpoint(f"{points}.after_temp_write")
         if durable:
             os.fsync(fd)
+        if points:
+            failpoint(f"{points}.after_temp_fsync")
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)
@@ -287,7 +292,7 @@ class FileStore:
         directory = self._writable_dir(agent) / "checkpoints"
         # The bytes are written and synced before taking the lock, so a large
         # checkpoint never holds up lease renewals; only check + rename are locked.
-        tmp = _write_temp(directory, blob, durable=True)
+        tmp = _write_temp(directory, blob, durable=True, points="checkpoint")
         try:
             failpoint("checkpoint.before_commit")
             with self._locked(agent) as agent_dir:
@@ -314,7 +319,9 @@ class FileStore:
                     )
                 final = directory / f"ckpt-{seq:020d}-{fence.epoch:010d}.hbc"
                 os.replace(tmp, final)
+                failpoint("checkpoint.after_rename")
                 _fsync_dir(directory)
+                failpoint("checkpoint.after_dir_fsync")
                 for old in existing[self.keep_checkpoints - 1 :]:
                     (directory / _checkpoint_name(old)).unlink(missing_ok=True)
                 return CheckpointInfo(
