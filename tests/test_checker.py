@@ -1,0 +1,109 @@
+"""The history checker: a clean history passes, and each rule catches its violation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hamsterbunker.checker import check, main
+from hamsterbunker.history import HistoryWriter, Op, read_history
+
+
+def op(node: str, kind: str, epoch: int, seq: int, start: float, end: float, outcome: str = "ok",
+       **detail: object) -> Op:  # fmt: skip
+    return Op(node, kind, epoch, seq, start, end, outcome, dict(detail))
+
+
+def clean_history() -> list[Op]:
+    """a leads epoch 1 (seq 1-2), dies; b takes epoch 2, resumes from 2, publishes 3-4."""
+    return [
+        op("a", "acquire", 1, 0, 0.0, 0.1),
+        op("a", "restore", 1, 0, 0.1, 0.2, "started", from_seq=0, next_seq=1),
+        op("a", "publish", 1, 1, 0.3, 0.4),
+        op("a", "publish", 1, 2, 0.5, 0.6),
+        op("b", "acquire", 2, 0, 3.0, 3.1),
+        op("b", "restore", 2, 2, 3.1, 3.2, "resumed", from_seq=2, next_seq=3),
+        op("b", "publish", 2, 3, 3.3, 3.4),
+        op("b", "publish", 2, 4, 3.5, 3.6),
+    ]
+
+
+def test_a_clean_history_has_no_violations() -> None:
+    """A kill-and-takeover history that keeps every rule passes."""
+    assert check(clean_history()) == []
+
+
+def test_two_writers_in_one_epoch_are_caught() -> None:
+    """Accepted publishes from two nodes under one epoch are a violation."""
+    history = [*clean_history(), op("a", "publish", 2, 5, 3.7, 3.8)]
+    assert any("epoch 2 has accepted publishes from ['a', 'b']" in v for v in check(history))
+
+
+def test_an_epoch_going_back_in_store_order_is_caught() -> None:
+    """A higher seq accepted under a lower epoch than the seq before it is a violation."""
+    history = [*clean_history(), op("c", "publish", 1, 5, 3.7, 3.8)]
+    assert any("epoch went back" in v for v in check(history))
+
+
+def test_a_seq_accepted_twice_is_caught() -> None:
+    """Two accepted publishes of one seq are a violation."""
+    history = [*clean_history(), op("b", "publish", 2, 4, 3.7, 3.8)]
+    assert any("seq 4 accepted twice" in v for v in check(history))
+
+
+def test_a_stale_write_accepted_after_a_takeover_is_caught() -> None:
+    """A publish under epoch 1 that started after epoch 2 was acquired must not be accepted."""
+    history = [
+        *clean_history()[:4],
+        op("b", "acquire", 2, 0, 3.0, 3.1),
+        op("a", "publish", 1, 3, 3.15, 3.16),  # the zombie, after b's acquire: accepted
+        op("b", "restore", 2, 3, 3.2, 3.3, "resumed", from_seq=3, next_seq=4),
+        op("b", "publish", 2, 4, 3.4, 3.5),
+    ]
+    assert any("started after b acquired epoch 2" in v for v in check(history))
+
+
+def test_a_fenced_stale_write_is_fine() -> None:
+    """The same stale write, refused by the store (outcome fenced), is no violation."""
+    history = [*clean_history(), op("a", "publish", 1, 3, 3.15, 3.16, "fenced")]
+    assert check(history) == []
+
+
+def test_resuming_behind_an_acknowledged_checkpoint_is_caught() -> None:
+    """A restore from seq 1 after seq 2 was acknowledged is a violation."""
+    history = clean_history()
+    history[5] = op("b", "restore", 2, 1, 3.1, 3.2, "resumed", from_seq=1, next_seq=3)
+    assert any("behind accepted checkpoint 2" in v for v in check(history))
+
+
+def test_starting_over_from_init_after_a_checkpoint_is_caught() -> None:
+    """A restore that started from init() although checkpoints were accepted is a violation."""
+    history = clean_history()
+    history[5] = op("b", "restore", 2, 0, 3.1, 3.2, "started", from_seq=0, next_seq=1)
+    assert any("started over from init()" in v for v in check(history))
+
+
+def test_a_term_not_continuing_from_its_restore_is_caught() -> None:
+    """A term whose first accepted publish skips the seq its restore continues at is caught."""
+    history = clean_history()
+    history[6] = op("b", "publish", 2, 5, 3.3, 3.4)
+    history[7] = op("b", "publish", 2, 6, 3.5, 3.6)
+    assert any("continue at seq 3 but its first accepted publish is seq 5" in v
+               for v in check(history))  # fmt: skip
+
+
+def test_history_round_trips_through_the_file_and_the_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """Lines written by HistoryWriter read back, and `python -m hamsterbunker.checker` judges them."""
+    path = tmp_path / "history.jsonl"
+    writer = HistoryWriter(path)
+    writer.record("a", "acquire", 1, 0, 0.0, "ok")
+    writer.record("a", "restore", 1, 0, 0.0, "started", from_seq=0, next_seq=1)
+    writer.record("a", "publish", 1, 1, 0.0, "ok")
+    with open(path, "a") as torn:
+        torn.write('{"node": "a", "op": "pub\n')  # not a whole record: skipped
+    ops = read_history(path)
+    assert [o.op for o in ops] == ["acquire", "restore", "publish"]
+    assert main([str(path)]) == 0
+    assert "0 violations" in capsys.readouterr().out
+    writer.record("b", "publish", 1, 2, 0.0, "ok")  # a second writer in epoch 1
+    assert main([str(path)]) == 1
+    assert "VIOLATION" in capsys.readouterr().out
