@@ -85,6 +85,7 @@ class LeaseKeeper:
         self.clock = clock or MonotonicClock()
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
+        self.highest_epoch = 0  # the highest epoch this keeper has seen in any record
         self.held: LeaseRecord | None = None
         self._observed_key: tuple[int, int] | None = None
         self._observed_at = 0.0
@@ -148,7 +149,11 @@ class LeaseKeeper:
         now = self.clock.monotonic()
         self._note(record, now)
         if record is None:
-            expected, epoch, via = None, 1, "empty"
+            # No record: a new cluster, or one whose lease record was lost. Never
+            # reuse an epoch: go above every epoch seen or named by a checkpoint.
+            stored = [info.epoch for info in self.store.list_checkpoints(self.agent)]
+            epoch = max([self.highest_epoch, *stored]) + 1
+            expected, via = None, "empty"
         elif record.holder is None:
             expected, epoch, via = record.version, record.epoch + 1, "released"
         elif now - self._observed_at >= max(self.lease_ttl_ms, record.ttl_ms) / 1000:
@@ -204,6 +209,8 @@ class LeaseKeeper:
     def _note(self, record: LeaseRecord | None, now: float) -> None:
         """Remember when the record last changed, as seen on our own clock."""
         self.observed = record
+        if record is not None:
+            self.highest_epoch = max(self.highest_epoch, record.epoch)
         key = None if record is None else (record.version, record.epoch)
         if key != self._observed_key:
             self._observed_key = key

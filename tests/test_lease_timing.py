@@ -522,3 +522,23 @@ def test_keeper_that_lost_to_a_takeover_waits_full_ttl_on_the_new_record(store):
     advance_to(leader_clock, lost_at + TTL)
     result = leader.tick()
     assert (result.outcome, result.reason, result.record.epoch) == (Outcome.ACQUIRED, "expired", 3)
+
+
+def test_a_lost_lease_record_never_brings_an_epoch_back(store):
+    """With the lease record gone, the next acquisition takes an epoch above every one seen or
+    named by a stored checkpoint, never epoch 1 again.
+    """
+    leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    store.put_checkpoint(AGENT, leader.fence(), 1, b"sealed state of epoch 1")
+    standby_clock.advance(TTL)
+    assert standby.tick().outcome is Outcome.ACQUIRED  # epoch 2
+    store.put_checkpoint(AGENT, standby.fence(), 2, b"sealed state of epoch 2")
+    (store.root / "agents" / AGENT / "lease.json").unlink()  # the record is lost
+
+    fresh = make_keeper(store, "node-c", FakeClock())  # has seen nothing
+    result = fresh.tick()
+    assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
+    old_leader = make_keeper(store, "node-a", FakeClock())
+    old_leader.highest_epoch = 7  # remembers a higher epoch than the store shows
+    (store.root / "agents" / AGENT / "lease.json").unlink()
+    assert old_leader.tick().record.epoch == 8
