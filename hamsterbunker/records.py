@@ -123,7 +123,9 @@ class LeaseRecord:
     @classmethod
     def from_json(cls, data: bytes) -> LeaseRecord:
         doc = _load(data, "lease")
-        holder = doc.get("holder")
+        if "holder" not in doc:  # null means released; absent means damaged
+            raise CorruptRecord("lease record has no field 'holder'")
+        holder = doc["holder"]
         if holder is not None and not isinstance(holder, str):
             raise CorruptRecord("lease record field 'holder' has the wrong type")
         record = cls(

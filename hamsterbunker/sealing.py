@@ -116,6 +116,11 @@ class Sealer:
         try:
             salt = base64.b64decode(cluster.salt, validate=True)
             expected_check = base64.b64decode(cluster.key_check, validate=True)
+        except ValueError as exc:
+            raise SealError(f"cluster record is damaged: {exc}") from exc
+        if cluster.key_id != _key_id(salt):
+            raise SealError("cluster record is damaged: its key id does not match its salt")
+        try:
             master = _master_key(secret, salt, cluster.n, cluster.r, cluster.p)
         except (ValueError, MemoryError) as exc:
             raise SealError(f"cluster record has unusable key parameters: {exc}") from exc

@@ -212,15 +212,33 @@ def test_seven_character_secret_is_refused(cluster: ClusterRecord) -> None:
     assert check_secret("12345678") == "12345678"
 
 
-@pytest.mark.parametrize("field", ["salt", "key_check"])
+def flip_hex(text: str, index: int) -> str:
+    """text with the hex digit at index changed."""
+    chars = list(text)
+    chars[index] = "1" if chars[index] == "0" else "0"
+    return "".join(chars)
+
+
 @pytest.mark.parametrize("index", [0, -1])
-def test_edited_cluster_record_reads_as_wrong_secret(
+def test_edited_key_check_reads_as_wrong_secret(cluster: ClusterRecord, index: int) -> None:
+    """A flipped byte in the cluster's key_check gives WrongSecret: it cannot be told apart."""
+    edited = replace(cluster, key_check=flip_b64(cluster.key_check, index))
+    with pytest.raises(WrongSecret):
+        Sealer(SECRET, edited)
+
+
+@pytest.mark.parametrize("field", ["salt", "key_id"])
+@pytest.mark.parametrize("index", [0, -1])
+def test_edited_salt_or_key_id_is_reported_as_a_damaged_cluster_record(
     cluster: ClusterRecord, field: str, index: int
 ) -> None:
-    """A flipped byte in the cluster's salt or key_check gives WrongSecret (by design)."""
+    """A flipped byte in the salt or key id breaks the key id (a hash of the salt): a damaged
+    record, not a wrong secret, and refused before any key is derived.
+    """
     if field == "salt":
         edited = replace(cluster, salt=flip_b64(cluster.salt, index))
     else:
-        edited = replace(cluster, key_check=flip_b64(cluster.key_check, index))
-    with pytest.raises(WrongSecret):
+        edited = replace(cluster, key_id=flip_hex(cluster.key_id, index))
+    with pytest.raises(SealError, match="damaged") as info:
         Sealer(SECRET, edited)
+    assert not isinstance(info.value, WrongSecret)

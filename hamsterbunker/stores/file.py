@@ -22,15 +22,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import re
 import secrets
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from ..errors import (
     ConfigError,
@@ -66,6 +68,27 @@ GUARANTEES = StoreGuarantees(
     durability="file and directory fsync before a write is acknowledged",
     across_hosts="only through NFS mounted with noac (or actimeo=0) and lookupcache=none",
 )
+
+
+_UNAVAILABLE = {errno.ETIMEDOUT, errno.ESTALE, errno.EIO, errno.ENOTCONN, errno.EHOSTDOWN}
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """Translate OSError (disk full, permissions, a stale NFS handle) at the store boundary."""
+
+    @functools.wraps(method)
+    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            message = f"file store {method.__name__}: {exc.strerror or exc}{where}"
+            error = StoreUnavailable if exc.errno in _UNAVAILABLE else StoreError
+            raise error(message) from exc
+
+    return translated
 
 
 def _fsync_dir(path: Path) -> None:
@@ -238,10 +261,12 @@ class FileStore:
 
     # -- cluster -----------------------------------------------------------
 
+    @_os_errors_as_store_errors
     def read_cluster(self) -> ClusterRecord | None:
         data = _read(self.root / "cluster.json")
         return None if data is None else ClusterRecord.from_json(data)
 
+    @_os_errors_as_store_errors
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
         target = self.root / "cluster.json"
         tmp = _write_temp(self.root, record.to_json(), durable=True)
@@ -259,10 +284,12 @@ class FileStore:
 
     # -- lease -------------------------------------------------------------
 
+    @_os_errors_as_store_errors
     def read_lease(self, agent: str) -> LeaseRecord | None:
         data = _read(self._agent_dir(agent) / "lease.json")
         return None if data is None else LeaseRecord.from_json(data)
 
+    @_os_errors_as_store_errors
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         directory = self._writable_dir(agent)
         stored = replace(new, version=(expected_version or 0) + 1)
@@ -288,6 +315,7 @@ class FileStore:
 
     # -- checkpoints -------------------------------------------------------
 
+    @_os_errors_as_store_errors
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
         directory = self._writable_dir(agent) / "checkpoints"
         # The bytes are written and synced before taking the lock, so a large
@@ -347,9 +375,11 @@ class FileStore:
             )
         return sorted(found, key=lambda info: info.seq, reverse=True)
 
+    @_os_errors_as_store_errors
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         return self._scan_checkpoints(self._agent_dir(agent) / "checkpoints")
 
+    @_os_errors_as_store_errors
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         path = self._agent_dir(agent) / "checkpoints" / _checkpoint_name(info)
         data = _read(path)
@@ -359,12 +389,14 @@ class FileStore:
 
     # -- heartbeats --------------------------------------------------------
 
+    @_os_errors_as_store_errors
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         check_name("node id", heartbeat.node)
         path = self._writable_dir(agent) / "heartbeats" / f"{heartbeat.node}.json"
         # Atomic but not fsynced: a heartbeat lost in a crash is rewritten next tick.
         _atomic_write(path, heartbeat.to_json(), durable=False)
 
+    @_os_errors_as_store_errors
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         directory = self._agent_dir(agent) / "heartbeats"
         beats = []
@@ -381,12 +413,14 @@ class FileStore:
                 beats.append(beat)
         return beats
 
+    @_os_errors_as_store_errors
     def remove_heartbeat(self, agent: str, node: str) -> None:
         check_name("node id", node)
         (self._agent_dir(agent) / "heartbeats" / f"{node}.json").unlink(missing_ok=True)
 
     # -- events ------------------------------------------------------------
 
+    @_os_errors_as_store_errors
     def append_event(self, agent: str, event: Event) -> None:
         check_name("node id", event.node)
         directory = self._writable_dir(agent) / "events"
@@ -404,6 +438,7 @@ class FileStore:
             out.write(event.to_json() + b"\n")
         self._event_counts[key] += 1
 
+    @_os_errors_as_store_errors
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         after = after or {}
         directory = self._agent_dir(agent) / "events"
