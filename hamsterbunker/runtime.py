@@ -614,7 +614,7 @@ class Runtime:
     async def _watch(self) -> None:
         assert self._wake is not None
         try:
-            async for _ in self.store.watch(self.agent_id):
+            async for _ in self.store.watch(self.agent_id, lease_only=True):
                 self._wake.set()
         except asyncio.CancelledError:
             raise

@@ -222,7 +222,7 @@ class MemoryStore:
         with self._lock:
             return self._agent(agent).changes
 
-    async def watch(self, agent: str) -> AsyncIterator[None]:
+    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
         """Yield whenever the agent's records changed since the last yield (polled every 20 ms)."""
         seen = self._changes(agent)
         while True:

@@ -6,6 +6,7 @@ only a directory-backed store can get wrong.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import multiprocessing
 import os
@@ -320,3 +321,29 @@ def test_a_reader_does_not_create_a_missing_store(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         FileStore(tmp_path / "missing", create=False)
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_lease_only_watch_sleeps_through_other_writes(root: Path) -> None:
+    """A lease-only watcher is not woken by heartbeats, events or checkpoints, only by the lease."""
+    store = FileStore(root)
+    held = store.cas_lease("a", None, lease("n1", 1))
+
+    async def main() -> None:
+        watcher = store.watch("a", lease_only=True)
+        woke = asyncio.ensure_future(watcher.__anext__())
+        try:
+            await asyncio.sleep(0.3)  # let the watch start: it is only a hint
+            for n in range(1, 21):  # other records change, many times over 0.5 s
+                store.put_heartbeat("a", heartbeat("n1"))
+                store.append_event("a", event("n1", n))
+                store.put_checkpoint("a", fence_of(held), n, b"sealed")
+                await asyncio.sleep(0.025)
+            assert not woke.done(), "woken by a write that was not the lease"
+            store.cas_lease("a", held.version, lease(None, 1))
+            await asyncio.wait_for(woke, timeout=10)
+        finally:
+            woke.cancel()
+            await asyncio.gather(woke, return_exceptions=True)
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())

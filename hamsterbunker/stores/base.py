@@ -88,8 +88,12 @@ class Store(Protocol):
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         """Events with n above after[node] (0 if absent), each node's in order."""
 
-    def watch(self, agent: str) -> AsyncIterator[None]:
-        """Yield whenever the agent's records may have changed: a hint, never proof."""
+    def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+        """Yield whenever the agent's records may have changed: a hint, never proof.
+
+        With lease_only, only changes of the lease record matter (a standby
+        waiting for a release); a backend may then stay quiet about the rest.
+        """
 
     def close(self) -> None:
         """Release what the store holds open."""

@@ -467,20 +467,22 @@ class FileStore:
 
     # -- watch -------------------------------------------------------------
 
-    async def watch(self, agent: str) -> AsyncIterator[None]:
+    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
         import watchfiles
 
         directory = self._writable_dir(agent)
         fstype, _ = _mount_of(self.root.resolve())
-        # inotify sees nothing written by other NFS clients: poll there.
+        # The lease record lives in the agent directory itself; watching only that
+        # directory (not its checkpoints, heartbeats and events) keeps a standby
+        # from waking on every write of every node.
         async for _changes in watchfiles.awatch(
             directory,
-            watch_filter=_watch_filter,
+            watch_filter=_is_lease_change if lease_only else _watch_filter,
             step=20,
             debounce=200,
-            force_polling=fstype.startswith("nfs"),
+            force_polling=fstype.startswith("nfs"),  # inotify sees nothing from other NFS clients
             poll_delay_ms=100,
-            recursive=True,
+            recursive=not lease_only,
         ):
             yield None
 
@@ -500,6 +502,10 @@ def _entries(directory: Path) -> list[os.DirEntry[str]]:
 def _is_sync_copy(name: str) -> bool:
     """Syncthing, Dropbox and Nextcloud conflict copies: never one of our records."""
     return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
+
+
+def _is_lease_change(_change: object, path: str) -> bool:
+    return os.path.basename(path) == "lease.json"
 
 
 def _watch_filter(_change: object, path: str) -> bool:

@@ -540,16 +540,17 @@ def test_event_logs_are_bounded(store: Store) -> None:
 # -- watch -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("lease_only", [False, True], ids=["all", "lease-only"])
 def test_watch_yields_after_another_client_changes_the_lease(
-    store: Store, open_second: Opener
+    store: Store, open_second: Opener, lease_only: bool
 ) -> None:
-    """A watcher wakes when another client writes the lease."""
+    """A watcher (of everything, or of the lease alone) wakes when another client writes the lease."""
     other = open_second()
     held = other.cas_lease("a", None, lease("n1", 1))
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        watcher = store.watch("a")
+        watcher = store.watch("a", lease_only=lease_only)
         woke = asyncio.ensure_future(watcher.__anext__())
         version, renewals = held.version, 0
         deadline = loop.time() + 10.0
