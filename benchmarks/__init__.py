@@ -1,0 +1,14 @@
+"""HamsterBunker's benchmarks: ``python -m benchmarks`` (or ``make bench``).
+
+Each module measures one thing and returns a ``common.Result``; ``__main__``
+runs them, prints each as tables and writes ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+from . import failover, handover, publish, standby, steps
+
+__all__ = ["BENCHMARKS"]
+
+# In the order of docs/benchmarks.md; the key is the name for --only.
+BENCHMARKS = {module.NAME: module for module in (failover, handover, publish, steps, standby)}
