@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from hamsterbunker.stores.file import mount_of
+
 T = TypeVar("T")
 
 SECRET = "benchmark-secret-not-for-production"  # a secret of a throw-away local store
@@ -199,24 +201,11 @@ def _cpu_model() -> str:
 
 
 def filesystem_of(path: Path) -> str:
-    """fstype (source, options) of the mount holding path, from /proc/self/mountinfo."""
-    best: tuple[int, str] = (-1, "?")
-    target = str(path.resolve())
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
+    """fstype (source, options) of the mount holding path."""
+    mount = mount_of(path)
+    if not mount.fstype:
         return "?"
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 6 or len(rfields) < 3:
-            continue
-        mount_point = fields[4].replace("\\040", " ")
-        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and len(mount_point) > best[0]:
-            options = f"{fields[5]}; {rfields[2]}"
-            best = (len(mount_point), f"{rfields[0]} ({rfields[1]} on {mount_point}: {options})")
-    return best[1]
+    return f"{mount.fstype} ({mount.source} on {mount.point}: {mount.options})"
 
 
 def _git_revision(repo: Path) -> str:

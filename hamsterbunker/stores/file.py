@@ -30,7 +30,7 @@ import secrets
 import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
@@ -47,7 +47,7 @@ from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .base import Fence, StoreGuarantees
 
-__all__ = ["FileStore"]
+__all__ = ["FileStore", "Mount", "mount_of"]
 
 log = logging.getLogger(__name__)
 
@@ -139,24 +139,32 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def _mount_of(path: Path) -> tuple[str, str]:
-    """(filesystem type, mount options) of the mount holding path, from mountinfo."""
-    best: tuple[int, str, str] = (-1, "", "")
-    target = str(path)
+@dataclass(frozen=True)
+class Mount:
+    fstype: str
+    source: str
+    point: str
+    options: str  # per-mount and superblock options, comma-separated
+
+
+def mount_of(path: Path) -> Mount:
+    """The mount holding path (the longest matching mount point in /proc/self/mountinfo)."""
+    best = Mount("", "", "", "")
+    target = str(path.resolve())
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
-        return "", ""
+        return best
     for line in lines:
         left, _, right = line.partition(" - ")
         fields, rfields = left.split(), right.split()
         if len(fields) < 6 or len(rfields) < 3:
             continue
-        mount_point = fields[4].replace("\\040", " ")
-        inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-        if inside and len(mount_point) > best[0]:
-            best = (len(mount_point), rfields[0], fields[5] + "," + rfields[2])
-    return best[1], best[2]
+        point = fields[4].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best.point):
+            best = Mount(rfields[0], rfields[1], point, fields[5] + "," + rfields[2])
+    return best
 
 
 class FileStore:
@@ -205,9 +213,9 @@ class FileStore:
                         "found): sync tools give no mutual exclusion, so two nodes could both "
                         "lead. Use a local directory, NFS, etcd or Redis."
                     )
-        fstype, options = _mount_of(self.root.resolve())
-        if fstype.startswith("nfs"):
-            opts = set(options.split(","))
+        mount = mount_of(self.root)
+        if mount.fstype.startswith("nfs"):
+            opts = set(mount.options.split(","))
             if not ({"noac", "actimeo=0"} & opts and "lookupcache=none" in opts):
                 self.warnings.append(
                     f"store directory {self.root} is on NFS without noac (or actimeo=0) and "
@@ -471,7 +479,7 @@ class FileStore:
         import watchfiles
 
         directory = self._writable_dir(agent)
-        fstype, _ = _mount_of(self.root.resolve())
+        on_nfs = mount_of(self.root).fstype.startswith("nfs")
         # The lease record lives in the agent directory itself; watching only that
         # directory (not its checkpoints, heartbeats and events) keeps a standby
         # from waking on every write of every node.
@@ -480,7 +488,7 @@ class FileStore:
             watch_filter=_is_lease_change if lease_only else _watch_filter,
             step=20,
             debounce=200,
-            force_polling=fstype.startswith("nfs"),  # inotify sees nothing from other NFS clients
+            force_polling=on_nfs,  # inotify sees nothing from other NFS clients
             poll_delay_ms=100,
             recursive=not lease_only,
         ):
