@@ -329,17 +329,25 @@ def test_a_lease_only_watch_sleeps_through_other_writes(root: Path) -> None:
     held = store.cas_lease("a", None, lease("n1", 1))
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
         watcher = store.watch("a", lease_only=True)
         woke = asyncio.ensure_future(watcher.__anext__())
         try:
-            await asyncio.sleep(0.3)  # let the watch start: it is only a hint
+            # First prove the watch is live: renew until it wakes (bounded), so that
+            # "not woken" below means something.
+            current, deadline = held, loop.time() + 10
+            while not woke.done():
+                assert loop.time() < deadline, "the watch never woke on a lease change"
+                current = store.cas_lease("a", current.version, lease("n1", 1))
+                await asyncio.wait({woke}, timeout=0.25)
+            woke = asyncio.ensure_future(watcher.__anext__())
             for n in range(1, 21):  # other records change, many times over 0.5 s
                 store.put_heartbeat("a", heartbeat("n1"))
                 store.append_event("a", event("n1", n))
-                store.put_checkpoint("a", fence_of(held), n, b"sealed")
+                store.put_checkpoint("a", fence_of(current), n, b"sealed")
                 await asyncio.sleep(0.025)
             assert not woke.done(), "woken by a write that was not the lease"
-            store.cas_lease("a", held.version, lease(None, 1))
+            store.cas_lease("a", current.version, lease(None, 1))
             await asyncio.wait_for(woke, timeout=10)
         finally:
             woke.cancel()
