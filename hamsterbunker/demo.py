@@ -16,7 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import HamsterbunkerError, StoreError
+from .errors import ConfigError, HamsterbunkerError, StoreError
+from .lease import default_renew_deadline, validate_timing
 from .local import LocalCluster, NodeSpec
 from .records import Event, LeaseRecord
 from .sealing import Sealer
@@ -109,6 +110,10 @@ def run_demo(
     out: Callable[[str], None] = print,
 ) -> None:
     """Run the demo; raise DemoFailed if the agent does not survive every kill."""
+    # User mistakes are refused here, not as nodes that fail to start and a time-out.
+    validate_timing(tick_ms, default_renew_deadline(lease_ttl_ms), lease_ttl_ms)
+    if store_url is not None and open_store(store_url).read_cluster() is not None:
+        raise ConfigError(f"store {store_url} is in use already: the demo needs an empty store")
     workdir = Path(tempfile.mkdtemp(prefix="hb-demo-"))
     store_url = store_url or (workdir / "store").as_uri()
     secret = secrets.token_urlsafe(24)

@@ -27,6 +27,7 @@ import pytest
 from hamsterbunker import FileStore
 from hamsterbunker.cli import read_secret
 from hamsterbunker.errors import StoreError
+from hamsterbunker.sealing import new_cluster_record
 
 HB = [sys.executable, "-m", "hamsterbunker"]
 AGENT = "hamsterbunker.demo:CounterAgent"
@@ -206,6 +207,7 @@ MISTAKES: list[tuple[str, list[str], str | None, list[str]]] = [
         ["agent id", "bad/id"],
     ),
     ("demo-kills-zero", ["demo", "--kills", "0"], SECRET, ["--kills", "0"]),
+    ("demo-bad-timing", ["demo", "--tick-ms", "1500"], SECRET, ["tick", "1500"]),
 ]
 
 
@@ -489,3 +491,16 @@ def test_help_exits_0(args):
     result = run_hb([*args, "--help"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: hb {' '.join(args)}".rstrip()), result.stdout
+
+
+def test_demo_refuses_a_store_in_use(tmp_path: Path) -> None:
+    """`hb demo --store` on a store that already has a cluster says so and exits 2 at once."""
+    store = tmp_path / "store"
+    FileStore(store).create_cluster(new_cluster_record("another-secret"))
+    before = sorted(p.name for p in store.rglob("*"))
+    result = subprocess.run(
+        [*HB, "demo", "--store", store.as_uri()], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "in use already" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in store.rglob("*")) == before
