@@ -139,8 +139,8 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop_requested = threading.Event()
-        self.ready = threading.Event()
-        self.stopped = threading.Event()
+        self.ready = threading.Event()  # set once the node is online (or failed to start)
+        self.stopped = threading.Event()  # set once the node loop has ended, for any reason
 
     # -- public control ------------------------------------------------------
 
