@@ -1,4 +1,4 @@
-"""``hb``: run a node, run the local survival demo, show a cluster's status.
+"""``hb``: run a node, set one up, run the local survival demo, show a cluster's status.
 
 User mistakes (a bad flag, URL, agent path or secret) print one line naming
 the problem and exit 2, with no traceback.
@@ -7,19 +7,26 @@ the problem and exit 2, with no traceback.
 from __future__ import annotations
 
 import argparse
-import logging
+import faulthandler
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 from .agent import load_agent
+from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from .errors import ConfigError, HamsterbunkerError, SealError, StoreError, StoreUnsafe
+from .logs import configure_logging
+from .notify import Notifier
 from .sealing import check_secret
-from .stores import open_store
+from .stores import file_store_path, open_store
 
 __all__ = ["main"]
+
+# The demo counter: what `hb init` runs when no --agent is given.
+DEMO_AGENT = "hamsterbunker.demo:CounterAgent"
+# Where the unit lets a node write (StateDirectory=hamsterbunker).
+STATE_DIRECTORY = Path("/var/lib/hamsterbunker")
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -54,16 +61,17 @@ def _build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser(
         "run",
         help="run one node of a cluster",
+        description="Run one node, configured by --instance NAME (a config file) or by flags.",
         epilog=SECRET_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("--store", required=True, help="store URL, e.g. file:///srv/hamsterbunker")
-    run.add_argument("--agent", required=True, metavar="MODULE:ATTR", help="the agent to run")
-    run.add_argument("--agent-id", help="agent id (default: the agent object's id)")
-    run.add_argument("--node-id", default=socket.gethostname(), help="default: the host name")
-    run.add_argument("--region", default="local", help="where this node runs (default: local)")
-    run.add_argument("--tick-ms", type=_positive_int, default=400)
-    run.add_argument("--lease-ttl-ms", type=_positive_int, default=2000)
+    run.add_argument(
+        "--instance",
+        metavar="NAME",
+        help=f"read the config of instance NAME from {DEFAULT_CONFIG_DIR}/NAME.toml "
+        "(or $CONFIGURATION_DIRECTORY/NAME.toml); no node flags may be given with it",
+    )
+    _add_node_flags(run)
     run.add_argument("--secret-file", type=Path, help="file holding the network secret")
     run.add_argument(
         "--history",
@@ -72,6 +80,20 @@ def _build_parser() -> argparse.ArgumentParser:
         help="append a JSON line per lease and checkpoint operation (for fault analysis; "
         "check it with python -m hamsterbunker.checker FILE)",
     )
+
+    init = sub.add_parser(
+        "init",
+        help="write the config and secret of a node run by hamsterbunker@NAME.service",
+    )
+    init.add_argument("name", metavar="NAME", help="the instance name (hamsterbunker@NAME)")
+    _add_node_flags(init)
+    init.add_argument(
+        "--config-dir",
+        type=Path,
+        default=DEFAULT_CONFIG_DIR,
+        help=f"where to write NAME.toml and NAME.secret (default: {DEFAULT_CONFIG_DIR})",
+    )
+    init.add_argument("--force", action="store_true", help="replace an existing NAME.toml")
 
     demo = sub.add_parser("demo", help="the local three-node survival demo")
     demo.add_argument("--kills", type=_positive_int, default=1, help="kill the active node N times")
@@ -84,6 +106,31 @@ def _build_parser() -> argparse.ArgumentParser:
     status.add_argument("--agent-id", required=True)
     status.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+# The node flags that a config file can set instead (``hb run --instance``).
+_NODE_FLAGS = ("store", "agent", "agent_id", "node_id", "region", "tick_ms", "lease_ttl_ms")
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
+    # Defaults are None so that a flag given alongside --instance can be told apart.
+    parser.add_argument("--store", help="store URL, e.g. file:///srv/hamsterbunker")
+    parser.add_argument("--agent", metavar="MODULE:ATTR", help="the agent to run")
+    parser.add_argument("--agent-id", help="agent id (default: the agent object's id)")
+    parser.add_argument("--node-id", help="default: the host name")
+    parser.add_argument("--region", help="where this node runs (default: local)")
+    parser.add_argument("--tick-ms", type=_positive_int, help="default: 400")
+    parser.add_argument("--lease-ttl-ms", type=_positive_int, help="default: 2000")
+
+
+def _node_config(args: argparse.Namespace, **defaults: str) -> NodeConfig:
+    """The node flags as a NodeConfig; flags not given take NodeConfig's defaults."""
+    given = {key: getattr(args, key) for key in _NODE_FLAGS if getattr(args, key) is not None}
+    given = defaults | given
+    for key in ("store", "agent"):
+        if key not in given:
+            raise ConfigError(f"--{key} is required (or use --instance NAME)")
+    return NodeConfig(**given)
 
 
 def read_secret(secret_file: Path | None) -> str:
@@ -109,22 +156,67 @@ def read_secret(secret_file: Path | None) -> str:
 def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime import Runtime
 
+    notifier = Notifier.from_environment()  # first: hides systemd's variables from the agent
+    if args.instance is not None:
+        clashing = [key for key in _NODE_FLAGS if getattr(args, key) is not None]
+        if clashing:
+            flag = "--" + clashing[0].replace("_", "-")
+            raise ConfigError(f"{flag} cannot be combined with --instance: set it in the file")
+        config = load_instance(args.instance)
+    else:
+        config = _node_config(args)
     secret = read_secret(args.secret_file)
-    agent = load_agent(args.agent)
+    agent = load_agent(config.agent)
     # Runtime checks ids and timing before it opens (and may create) the store.
     node = Runtime(
-        node_id=args.node_id,
-        region=args.region,
-        store=args.store,
+        node_id=config.node_id,
+        region=config.region,
+        store=config.store,
         agent=agent,
-        agent_id=args.agent_id,
+        agent_id=config.agent_id,
         secret=secret,
-        tick_ms=args.tick_ms,
-        lease_ttl_ms=args.lease_ttl_ms,
+        tick_ms=config.tick_ms,
+        lease_ttl_ms=config.lease_ttl_ms,
         history=args.history,
+        notifier=notifier,
     )
     node.run()
     return 0
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from .provision import provision
+
+    config = _node_config(
+        args, store=f"file:///var/lib/hamsterbunker/{args.name}", agent=DEMO_AGENT
+    )
+    store_dir = file_store_path(config.store)  # checks the URL before anything is written
+    done = provision(args.name, config, args.config_dir, force=args.force)
+    print(f"wrote {done.config_path}")
+    if done.new_secret:
+        print(f"wrote {done.secret_path} (a new random secret, readable by its owner only)")
+    else:
+        print(f"kept the existing secret {done.secret_path}")
+    print(_next_steps(args.name, done.secret_path, store_dir))
+    return 0
+
+
+def _next_steps(name: str, secret_path: Path, store_dir: str) -> str:
+    steps = f"""
+Next steps:
+  1. Give every other node of this cluster the same secret, readable by root only:
+       scp -p {secret_path} root@OTHER-NODE:{secret_path}
+     and run `hb init {name}` there with its own --region and --node-id (it keeps that secret).
+  2. On each node, start the node now and at every boot:
+       systemctl enable --now hamsterbunker@{name}"""
+    if not Path(store_dir).is_relative_to(STATE_DIRECTORY):
+        steps += f"""
+  The store {store_dir} lies outside {STATE_DIRECTORY}, which is all the unit may write:
+  allow it with `systemctl edit hamsterbunker@{name}` and these two lines:
+       [Service]
+       ReadWritePaths={store_dir}
+  and make it owned by the hamsterbunker user (the same UID on every node sharing it)."""
+    return steps
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -156,13 +248,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("watchfiles").setLevel(logging.WARNING)
-    commands = {"run": _cmd_run, "demo": _cmd_demo, "status": _cmd_status}
+    configure_logging()
+    # A hung node killed by systemd's watchdog (SIGABRT) leaves every thread's
+    # stack in the journal.
+    faulthandler.enable()
+    commands = {"run": _cmd_run, "init": _cmd_init, "demo": _cmd_demo, "status": _cmd_status}
     try:
         return commands[args.command](args)
     except (ConfigError, SealError, StoreUnsafe) as exc:

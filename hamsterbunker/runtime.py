@@ -45,6 +45,7 @@ from .errors import (
 from .failpoints import failpoint
 from .history import HistoryWriter
 from .lease import LeaseKeeper, Outcome, default_renew_deadline, validate_timing
+from .notify import Notifier
 from .records import Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
 from .stores import Fence, Store, open_store
@@ -55,6 +56,10 @@ log = logging.getLogger("hamsterbunker")
 T = TypeVar("T")
 EventHandler = Callable[[Event], None]
 _MAX_PENDING_EVENTS = 10_000
+# How much longer systemd should wait for a stop, granted before each
+# checkpoint a restore reads: a restore that makes progress is never cut
+# short by TimeoutStopSec, one that hangs still is.
+RESTORE_READ_ALLOWANCE_S = 30.0
 
 
 @dataclass
@@ -96,6 +101,7 @@ class Runtime:
         on_event: EventHandler | None = None,
         clock: Clock | None = None,
         history: str | os.PathLike[str] | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         check_secret(secret)
         self.node_id = check_name("node id", node_id)
@@ -119,6 +125,11 @@ class Runtime:
         )
         self.on_event = on_event
         self._history = HistoryWriter(history) if history is not None else None
+        self._notifier = notifier or Notifier(None)
+        # When the current pass of the lease loop began; None while it sleeps.
+        # A pass that runs too long is a stall: the watchdog pings stop.
+        self._pass_started: float | None = None
+        self._restored = False  # whether the current term has restored its state yet
         self.host = socket.gethostname()
         self.role = "starting"
         self.epoch_seen = 0
@@ -199,7 +210,9 @@ class Runtime:
         if install_signal_handlers:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(signum, self._stopping.set)
+        watchdog = asyncio.create_task(self._ping_watchdog(), name="hb-watchdog")
         try:
+            self._notifier.status("starting · opening the store")
             # The secret is checked before this node writes anything but a new
             # cluster record: a node with the wrong secret touches nothing.
             self._sealer = await self._io_call(self._open_cluster)
@@ -208,6 +221,8 @@ class Runtime:
             for warning in self.store.warnings:
                 self._emit("store.warning", message=warning)
             self._emit("node.online", region=self.region, host=self.host, pid=os.getpid())
+            self._notifier.ready()  # store reachable, secret verified
+            self._notifier.status(self.status_text())
             self.ready.set()
             try:
                 await self._keep_lease()
@@ -215,6 +230,7 @@ class Runtime:
                 watcher.cancel()
                 await self._shutdown(writer)
         finally:
+            watchdog.cancel()
             self.stopped.set()
             self._io.shutdown(wait=False, cancel_futures=True)
 
@@ -236,8 +252,8 @@ class Runtime:
         next_heartbeat = 0.0
         failpoint("node.before_first_tick")
         while not self._stopping.is_set():
+            self._pass_started = tick_start = time.monotonic()
             try:
-                tick_start = time.monotonic()
                 result = await self._keeper_call(self.keeper.tick)
                 if not store_ok:
                     self._emit("store.recovered")
@@ -281,7 +297,11 @@ class Runtime:
             if time.monotonic() >= next_heartbeat:
                 next_heartbeat = time.monotonic() + self.tick_ms / 1000
                 await self._put_heartbeat()
+            self._notifier.status(self.status_text())
+            self._pass_started = None
             await self._sleep_until(next_heartbeat)
+        self._notifier.stopping()
+        self._notifier.status("stopping · handing over the lease")
         if leader is not None:
             await self._finish_leading(leader)
 
@@ -313,6 +333,7 @@ class Runtime:
 
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
         """Release the lease, drop the heartbeat, flush the events (graceful stop)."""
+        self._notifier.stopping()
         self._set_role("stopping")
         try:
             if self.keeper.held is not None:
@@ -345,6 +366,7 @@ class Runtime:
             # (it is fenced now) without holding up the keeper's renewals.
             with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
                 await previous
+        self._restored = False
         progress = None
         while progress is None:
             started = time.monotonic()
@@ -359,6 +381,7 @@ class Runtime:
                 await asyncio.sleep(self.tick_ms / 1000)
                 if lost.is_set() or self._stopping.is_set():
                     return
+        self._restored = True
         self._record(
             "restore",
             epoch,
@@ -502,6 +525,7 @@ class Runtime:
         resume behind the last accepted checkpoint.
         """
         assert self._sealer is not None
+        self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
         if not infos:
             state = await asyncio.to_thread(self.agent.init)
@@ -513,6 +537,7 @@ class Runtime:
                     raise Tampered(
                         f"checkpoint names epoch {info.epoch}, not below the lease's {epoch}"
                     )
+                self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
                 blob = await self._io_call(self.store.read_checkpoint, self.agent_id, info)
                 state = self._sealer.open(blob, self.agent_id, info.epoch, info.seq)
             except Tampered as exc:
@@ -529,6 +554,46 @@ class Runtime:
             "refusing to start over from init(). Restore the store from a backup or remove the "
             "agent's checkpoints deliberately."
         )
+
+    # -- service manager ----------------------------------------------------
+
+    def status_text(self) -> str:
+        """One line saying the role, e.g. ``standby · leader hbnk-2 (us-east) · epoch 3``."""
+        held, observed = self.keeper.held, self.keeper.observed
+        if held is not None:
+            step = f"step {self.seq}" if self._restored else "restoring"
+            return f"active · epoch {held.epoch} · {step}"
+        if self.role in ("starting", "stopping"):
+            return self.role
+        if observed is not None and observed.holder is not None:
+            leader = f"leader {observed.holder} ({observed.region})"
+        else:
+            leader = "no leader"
+        return f"{self.role} · {leader} · epoch {self.epoch_seen}"
+
+    async def _ping_watchdog(self) -> None:
+        """WATCHDOG=1 every half WATCHDOG_USEC, but only while the lease loop makes progress.
+
+        The loop is stalled when one pass (a lease tick and a heartbeat) has
+        run for longer than the ping interval, e.g. on a store call that
+        never returns; systemd then kills the node and restarts it. A loop
+        blocked outright stops this task too, with the same result.
+        """
+        interval = self._notifier.watchdog_interval
+        if interval is None:
+            return
+        while True:
+            started = self._pass_started
+            if started is None or time.monotonic() - started < interval:
+                self._notifier.watchdog()
+            else:
+                log.error(
+                    "%s: the lease loop has made no progress for %.1f s; "
+                    "withholding the watchdog ping",
+                    self.node_id,
+                    time.monotonic() - started,
+                )
+            await asyncio.sleep(interval)
 
     # -- heartbeats, events, watch ------------------------------------------
 

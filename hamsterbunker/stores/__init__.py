@@ -7,7 +7,7 @@ from urllib.parse import unquote, urlsplit
 from ..errors import ConfigError
 from .base import Fence, Store, StoreGuarantees
 
-__all__ = ["Fence", "Store", "StoreGuarantees", "open_store"]
+__all__ = ["Fence", "Store", "StoreGuarantees", "file_store_path", "open_store"]
 
 SCHEMES = ("file",)
 
@@ -18,6 +18,14 @@ def open_store(url: str, *, create: bool = True) -> Store:
     With create=False (readers such as ``hb status``) a store that does not
     exist is an error rather than something to make.
     """
+    path = file_store_path(url)
+    from .file import FileStore
+
+    return FileStore(path, create=create)
+
+
+def file_store_path(url: str) -> str:
+    """The directory of a ``file://`` store URL; ConfigError for any URL we cannot open."""
     parts = urlsplit(url)
     if parts.scheme == "file":
         if parts.netloc not in ("", "localhost"):
@@ -25,9 +33,7 @@ def open_store(url: str, *, create: bool = True) -> Store:
         path = unquote(parts.path)
         if not path.startswith("/"):
             raise ConfigError(f"store URL {url!r}: a file URL needs an absolute path (file:///dir)")
-        from .file import FileStore
-
-        return FileStore(path, create=create)
+        return path
     if parts.scheme in ("etcd", "etcds", "redis", "rediss"):
         raise ConfigError(f"store URL {url!r}: the {parts.scheme} store is not available yet")
     raise ConfigError(
