@@ -222,7 +222,6 @@ class Runtime:
                 self._emit("store.warning", message=warning)
             self._emit("node.online", region=self.region, host=self.host, pid=os.getpid())
             self._notifier.ready()  # store reachable, secret verified
-            self._notifier.status(self.status_text())
             self.ready.set()
             try:
                 await self._keep_lease()
