@@ -7,6 +7,7 @@ systemd reads it (UTF-8, ``KEY=value`` lines).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import secrets
@@ -176,9 +177,11 @@ def test_a_node_process_says_ready_status_pings_and_stopping_in_order(
     """hb run sends STATUS(starting), READY=1, role statuses and pings, then STOPPING=1 on SIGTERM."""
     store = tmp_path / "store"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hamsterbunker", "run", "--store", store.as_uri()]
-        + ["--agent", "hb_test_agents:JournalCounter", "--node-id", "n1", "--region", "eu-west"]
-        + ["--tick-ms", str(TICK_MS), "--lease-ttl-ms", str(TTL_MS)],
+        [
+            *(sys.executable, "-m", "hamsterbunker", "run", "--store", store.as_uri()),
+            *("--agent", "hb_test_agents:JournalCounter", "--node-id", "n1"),
+            *("--region", "eu-west", "--tick-ms", str(TICK_MS), "--lease-ttl-ms", str(TTL_MS)),
+        ],
         env=_hb_env(
             HB_SECRET=SECRET,
             NOTIFY_SOCKET=str(notify_socket.path),
@@ -282,7 +285,7 @@ def test_pings_follow_half_the_watchdog_interval(
     node.start()
     notify_socket.wait_for(lambda m: m.count("WATCHDOG=1") >= 5, "five pings", 20)
     times = notify_socket.times_of("WATCHDOG=1")
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     # Generous bounds: the point is "half", not a tenth or the whole interval.
     assert all(0.3 < gap < 0.95 for gap in gaps), gaps
 
