@@ -15,8 +15,15 @@ from typing import NoReturn
 
 from .agent import load_agent
 from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
-from .errors import ConfigError, HamsterbunkerError, SealError, StoreError, StoreUnsafe
-from .logs import configure_logging
+from .errors import (
+    ConfigError,
+    HamsterbunkerError,
+    SealError,
+    SecretTooShort,
+    StoreError,
+    StoreUnsafe,
+)
+from .logs import configure_logging, stderr_is_journal
 from .notify import Notifier
 from .sealing import check_secret
 from .stores import file_store_path, open_store
@@ -149,7 +156,10 @@ def read_secret(secret_file: Path | None) -> str:
             continue
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"secret file {path} cannot be read: {exc}") from exc
-        return check_secret(text.rstrip("\r\n"))
+        try:
+            return check_secret(text.rstrip("\r\n"))
+        except SecretTooShort as exc:
+            raise SecretTooShort(f"secret file {path}: {exc}") from None
     raise ConfigError("no secret given: set HB_SECRET, pass --secret-file, or use LoadCredential")
 
 
@@ -191,7 +201,8 @@ def _cmd_init(args: argparse.Namespace) -> int:
         args, store=f"file:///var/lib/hamsterbunker/{args.name}", agent=DEMO_AGENT
     )
     store_dir = file_store_path(config.store)  # checks the URL before anything is written
-    done = provision(args.name, config, args.config_dir, force=args.force)
+    # Absolute, so that the printed scp command means the same on the other node.
+    done = provision(args.name, config, args.config_dir.absolute(), force=args.force)
     print(f"wrote {done.config_path}")
     if done.new_secret:
         print(f"wrote {done.secret_path} (a new random secret, readable by its owner only)")
@@ -209,7 +220,7 @@ Next steps:
      and run `hb init {name}` there with its own --region and --node-id (it keeps that secret).
   2. On each node, start the node now and at every boot:
        systemctl enable --now hamsterbunker@{name}"""
-    if not Path(store_dir).is_relative_to(STATE_DIRECTORY):
+    if not Path(os.path.normpath(store_dir)).is_relative_to(STATE_DIRECTORY):
         steps += f"""
   The store {store_dir} lies outside {STATE_DIRECTORY}, which is all the unit may write:
   allow it with `systemctl edit hamsterbunker@{name}` and these two lines:
@@ -231,7 +242,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             out=lambda line: print(line, flush=True),
         )
     except DemoFailed as exc:
-        print(exc, file=sys.stderr)
+        _print_error(str(exc))
         return EXIT_FAILURE
     return 0
 
@@ -246,6 +257,12 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_error(line: str) -> None:
+    # Under journald, <3> files the line as an error, so `journalctl -p err` shows it.
+    prefix = "<3>" if stderr_is_journal() else ""
+    print(prefix + line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     configure_logging()
@@ -257,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except (ConfigError, SealError, StoreUnsafe) as exc:
         # A user mistake: a bad URL, agent, secret or store location.
-        print(f"hb {args.command}: error: {exc}", file=sys.stderr)
+        _print_error(f"hb {args.command}: error: {exc}")
         return EXIT_USAGE
     except (StoreError, HamsterbunkerError) as exc:
-        print(f"hb {args.command}: failed: {exc}", file=sys.stderr)
+        _print_error(f"hb {args.command}: failed: {exc}")
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130

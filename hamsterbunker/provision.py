@@ -18,7 +18,8 @@ from pathlib import Path
 import tomli_w
 
 from .config import NodeConfig, instance_path, parse_config
-from .errors import ConfigError
+from .errors import ConfigError, SecretTooShort
+from .lease import default_renew_deadline, validate_timing
 from .sealing import check_secret
 
 __all__ = ["Provisioned", "provision"]
@@ -45,8 +46,11 @@ def secret_path(name: str, directory: Path) -> Path:
 def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) -> Provisioned:
     config_file = instance_path(name, directory)
     secret_file = secret_path(name, directory)
-    # Check everything before writing anything.
+    # Check everything `hb run` will check before writing anything.
     parse_config(config.to_toml_dict(), config_file)
+    validate_timing(
+        config.tick_ms, default_renew_deadline(config.lease_ttl_ms), config.lease_ttl_ms
+    )
     if config_file.exists() and not force:
         raise ConfigError(f"{config_file} already exists; pass --force to replace it")
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -72,6 +76,8 @@ def _check_secret_file(path: Path) -> None:
         check_secret(path.read_text(encoding="utf-8").rstrip("\r\n"))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"secret file {path} cannot be read: {exc}") from exc
+    except SecretTooShort as exc:
+        raise SecretTooShort(f"secret file {path}: {exc}") from None
 
 
 def _write_new(path: Path, text: str, *, mode: int, replace: bool) -> None:

@@ -496,10 +496,6 @@ def test_init_refuses_too_short_secret(tmp_path):
     assert (directory / f"{NAME}.secret").read_text() == "12345\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hb init's error for a too-short existing secret does not say which file",
-)
 def test_init_too_short_secret_names_the_file(tmp_path):
     """The error for a too-short existing secret names the secret file to fix."""
     directory = tmp_path / "cfg"
@@ -568,11 +564,6 @@ def test_init_prints_next_steps(tmp_path):
     assert str(secret) in scp[0], scp
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with a relative --config-dir, hb init prints a relative secret path in the scp "
-    "command, which the other node resolves against root's home directory",
-)
 def test_init_relative_config_dir_prints_absolute_scp_paths(tmp_path):
     """With a relative --config-dir, the printed scp command names the secret by absolute path."""
     result = run_hb(
@@ -609,11 +600,6 @@ def test_init_store_inside_state_directory_has_no_hint(tmp_path, store):
     assert "ReadWritePaths" not in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the ReadWritePaths hint compares paths lexically, so "
-    "/var/lib/hamsterbunker/../../x counts as inside the state directory",
-)
 def test_init_store_escaping_state_directory_gets_hint(tmp_path):
     """A store path that leaves /var/lib/hamsterbunker through '..' still gets the hint."""
     result = run_hb(init_args(tmp_path / "cfg", "file:///var/lib/hamsterbunker/../../srv/store"))
@@ -621,10 +607,6 @@ def test_init_store_escaping_state_directory_gets_hint(tmp_path):
     assert "ReadWritePaths" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hb init writes lease timing that hb run then refuses (tick above renew deadline)",
-)
 def test_init_refuses_timing_that_run_refuses(tmp_path):
     """``hb init`` refuses --tick-ms/--lease-ttl-ms that no node could run with, writing nothing."""
     directory = tmp_path / "cfg"

@@ -181,11 +181,6 @@ def test_hb_run_outside_journald_stamps_lines(tmp_path):
         assert not PREFIX.match(line), line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: hb's one-line error is printed to stderr without a <3> prefix, so journald "
-    "files the reason a node refused to start at info priority",
-)
 def test_hb_error_line_under_journald_has_error_priority(tmp_path):
     """Under journald, the one-line error of a refused ``hb run`` carries priority <3>."""
     err = tmp_path / "stderr.txt"
