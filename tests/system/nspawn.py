@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ T = TypeVar("T")
 
 SUITE = "bookworm"
 VARIANT = "minbase"
-PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "make")
+# procps: kill, ps and pgrep inside, for tests and for debugging.
+PACKAGES = ("systemd", "systemd-sysv", "dbus", "python3", "python3-venv", "make", "procps")
 # Bump when the way the tree is made changes, so old caches are not reused.
 CACHE_FORMAT = 1
 CACHE_ROOT = Path("/var/cache/hamsterbunker-tests")
@@ -300,7 +302,7 @@ class Container:
     log_path: Path  # nspawn's output and the boot messages
     process: subprocess.Popen[bytes]  # systemd-nspawn
     leader: int = 0  # host pid of the container's PID 1
-    _wheelhouse: Path | None = field(default=None, repr=False)
+    _installed_from: Path | None = field(default=None, repr=False)
 
     def path(self, inside: str) -> Path:
         """The host path of an absolute path inside the container."""
@@ -356,17 +358,18 @@ class Container:
             raise TimeoutError(f"{e}\n--- container log ---\n{self.log_tail()}") from None
 
     def install_project(self, repo: Path) -> None:
-        """Install repo inside with its own `make install-systemd`, offline.
+        """Install repo inside with its own `make install-systemd`, offline; once.
 
         Wheels for the project and every dependency are built on the host (same
         cp311 ABI as the container's Python), the tracked files go to /opt/src
         and the wheels to /opt/wheels; pip inside never reaches an index.
         """
-        if self._wheelhouse is None:
-            self._wheelhouse = self.log_path.parent / "wheels"
-            build_wheelhouse(repo, self._wheelhouse)
+        if self._installed_from == repo:
+            return  # once per container: the repo does not change within a session
+        wheelhouse = self.log_path.parent / "wheels"
+        build_wheelhouse(repo, wheelhouse)
         copy_tracked_files(repo, self.path("/opt/src"))
-        shutil.copytree(self._wheelhouse, self.path("/opt/wheels"), dirs_exist_ok=True)
+        shutil.copytree(wheelhouse, self.path("/opt/wheels"), dirs_exist_ok=True)
         self.run(
             "make",
             "-C",
@@ -375,23 +378,28 @@ class Container:
             timeout=600,
             env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "/opt/wheels"},
         )
+        self._installed_from = repo
 
 
 def build_wheelhouse(repo: Path, dest: Path) -> None:
-    """Wheels of repo's tracked files and all its dependencies, built on the host.
+    """Wheels of repo's tracked files, its dependencies and its build backend.
 
     Built from a copy of the tracked files, so that neither untracked files nor
-    a stale build/ directory in repo end up in the wheel. The host's cp311
-    wheels (manylinux up to glibc 2.34) install on bookworm's Python 3.11.2
-    and glibc 2.36, so the container needs no network.
+    a stale build/ directory in repo end up in the wheel. The build backend
+    (pyproject's build-system.requires, plus wheel for older setuptools) is
+    there for a `pip install .` inside, which builds in an isolated
+    environment. The host's cp311 wheels (manylinux up to glibc 2.34) install
+    on bookworm's Python 3.11.2 and glibc 2.36, so the container needs no network.
     """
+    pyproject = tomllib.loads((repo / "pyproject.toml").read_text())
+    requires: list[str] = pyproject["build-system"]["requires"]
     with tempfile.TemporaryDirectory(prefix="hb-wheel-src-") as src:
         copy_tracked_files(repo, Path(src))
-        result = run_bounded(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", src, "-w", dest], timeout=600
-        )
-    if result.returncode != 0:
-        raise RuntimeError(f"pip wheel {repo} failed:\n{result.stderr}")
+        pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(dest)]
+        for what in ([src], [*requires, "wheel"]):
+            result = run_bounded([*pip_wheel, *what], timeout=600)
+            if result.returncode != 0:
+                raise RuntimeError(f"pip wheel {' '.join(what)} failed:\n{result.stderr}")
 
 
 def copy_tracked_files(repo: Path, dest: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .nspawn import CommandFailed, Container, build_wheelhouse
+from .nspawn import CommandFailed, Container
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,18 +49,10 @@ def test_no_network_inside(booted: Container) -> None:
     assert interfaces == ["lo"]
 
 
-def test_project_installs_from_wheels_offline(booted: Container) -> None:
-    # TODO(install-systemd): once `make install-systemd` exists, replace the
-    # manual venv below with `booted.install_project(REPO)` and check the unit.
-    build_wheelhouse(REPO, booted.path("/opt/wheels"))
-    booted.run("python3", "-m", "venv", "/opt/hb", timeout=120)
-    booted.run(
-        "/opt/hb/bin/pip",
-        "install",
-        "--no-index",
-        "--find-links",
-        "/opt/wheels",
-        "hamsterbunker",
-        timeout=300,
-    )
-    assert "usage: hb" in booted.run("/opt/hb/bin/hb", "--help").stdout
+def test_project_installs_offline_with_make_install_systemd(booted: Container) -> None:
+    booted.install_project(REPO)
+    assert "usage: hb" in booted.run("/opt/hamsterbunker/bin/hb", "--help").stdout
+    booted.run("systemctl", "cat", "hamsterbunker@.service")
+    assert booted.run("id", "-un", "hamsterbunker").stdout == "hamsterbunker\n"
+    # The container has no network: everything came from the host's wheels.
+    assert booted.run("ls", "/opt/wheels").stdout.count(".whl") >= 5
