@@ -496,12 +496,11 @@ def _own_cgroups() -> list[Path]:
     return found
 
 
-def _make_cgroups(name: str) -> list[Path]:
-    made = []
+def _make_cgroups(name: str, made: list[Path]) -> None:
+    """Create cgroup name beside ours in each hierarchy, appending each to made as it is."""
     for parent in _own_cgroups():
         (parent / name).mkdir()
         made.append(parent / name)
-    return made
 
 
 def _kill_cgroups(cgroups: list[Path]) -> None:
@@ -569,7 +568,11 @@ def _wait_booted(container: Container, timeout: float) -> str:
                 f"systemd-nspawn exited {container.process.returncode} while booting:\n"
                 f"{container.log_tail()}"
             )
-        result = container.run("systemctl", "is-system-running", check=False, timeout=10)
+        try:
+            result = container.run("systemctl", "is-system-running", check=False, timeout=10)
+        except subprocess.TimeoutExpired:
+            last = "(systemctl is-system-running did not answer in 10 s)"
+            return None
         last = result.stdout.strip() or result.stderr.strip()
         return last if last in ("running", "degraded") else None
 
@@ -617,8 +620,9 @@ def booted_container(workdir: Path) -> Iterator[Container]:
     with contextlib.ExitStack() as stack:
         root = _throwaway_root(stack, lower, workdir)
         _prepare_root(root, name)
-        cgroups = _make_cgroups(name)
+        cgroups: list[Path] = []
         stack.callback(_remove_cgroups, cgroups)
+        _make_cgroups(name, cgroups)
         log_path = workdir / "nspawn.log"
         started = time.monotonic()
         with open(log_path, "wb") as log:
