@@ -20,13 +20,6 @@ from . import nspawn
 HERE = Path(__file__).parent
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "system: boots a real systemd in systemd-nspawn (root, debootstrap, systemd-container)",
-    )
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The first test to use `booted` may debootstrap the root tree, far longer
