@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from ..errors import (
     ConfigError,
@@ -46,6 +46,9 @@ from ..errors import (
 from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .base import Fence, StoreGuarantees
+
+if TYPE_CHECKING:
+    from .file_tail import FileTail
 
 __all__ = ["FileStore", "Mount", "mount_of"]
 
@@ -493,6 +496,12 @@ class FileStore:
             recursive=not lease_only,
         ):
             yield None
+
+    def tail(self, agent: str) -> FileTail:
+        """Follow the agent's events and heartbeats, reading only what changed."""
+        from .file_tail import FileTail
+
+        return FileTail(self._agent_dir(agent))
 
     def close(self) -> None:
         pass

@@ -1,0 +1,1 @@
+"""``hb-tui``: the live monitor of a HamsterBunker cluster (Textual)."""
