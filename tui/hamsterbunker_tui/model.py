@@ -17,6 +17,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 
@@ -242,7 +243,7 @@ def _observe(seen: _Seen | None, key: object, now: float, first_age: float) -> _
     return _Seen(key, now - age)
 
 
-def _trim(marks: dict[int, object], limit: int) -> None:
+def _trim(marks: dict[int, Any], limit: int) -> None:
     while len(marks) > limit:
         del marks[min(marks)]
 
