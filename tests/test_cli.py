@@ -41,10 +41,18 @@ T = TypeVar("T")
 
 
 def hb_env(**overrides: str) -> dict[str, str]:
-    """A copy of os.environ without any secret source, plus the given variables."""
+    """os.environ without secret sources, config directory or systemd variables, plus overrides."""
     env = dict(os.environ)
-    env.pop("HB_SECRET", None)
-    env.pop("CREDENTIALS_DIRECTORY", None)
+    for name in (
+        "HB_SECRET",
+        "CREDENTIALS_DIRECTORY",
+        "CONFIGURATION_DIRECTORY",
+        "NOTIFY_SOCKET",
+        "WATCHDOG_USEC",
+        "WATCHDOG_PID",
+        "JOURNAL_STREAM",
+    ):
+        env.pop(name, None)
     env.update(overrides)
     return env
 

@@ -14,16 +14,13 @@ config directory, no systemd variables unless the test sets them) and a timeout.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import stat
 import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -36,50 +33,19 @@ from hamsterbunker.config import (
     load_instance,
     parse_config,
 )
-from hamsterbunker.errors import ConfigError, StoreError, WrongSecret
+from hamsterbunker.errors import ConfigError, WrongSecret
 from hamsterbunker.provision import provision
 from hamsterbunker.sealing import Sealer
 
-HB = [str(Path(sys.executable).with_name("hb"))]
+from .test_cli import HB, hb_env, run_hb, wait_for
+
 AGENT = "hamsterbunker.demo:CounterAgent"
 AGENT_ID = "counter"  # CounterAgent.id
 SECRET = "correct-horse-battery"
 NAME = "agent"
-T = TypeVar("T")
 
 
 # -- helpers ------------------------------------------------------------------
-
-
-def hb_env(**overrides: str) -> dict[str, str]:
-    """os.environ without secret sources, config directory or systemd variables, plus overrides."""
-    env = dict(os.environ)
-    for name in (
-        "HB_SECRET",
-        "CREDENTIALS_DIRECTORY",
-        "CONFIGURATION_DIRECTORY",
-        "NOTIFY_SOCKET",
-        "WATCHDOG_USEC",
-        "WATCHDOG_PID",
-        "JOURNAL_STREAM",
-    ):
-        env.pop(name, None)
-    env.update(overrides)
-    return env
-
-
-def run_hb(
-    args: list[str], *, env: dict[str, str] | None = None, cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*HB, *args],
-        env=hb_env() if env is None else env,
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
 
 
 def assert_one_line_error(
@@ -96,20 +62,6 @@ def assert_one_line_error(
         assert word.lower() in line.lower(), f"{word!r} not named in: {line}"
     assert result.stdout == ""
     return line
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float) -> T:
-    """Poll probe until it returns something other than None, at most timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except StoreError:
-            value = None  # a record mid-write: look again
-        if value is not None:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:
