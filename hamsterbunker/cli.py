@@ -197,9 +197,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_init(args: argparse.Namespace) -> int:
     from .provision import provision
 
-    config = _node_config(
-        args, store=f"file:///var/lib/hamsterbunker/{args.name}", agent=DEMO_AGENT
-    )
+    config = _node_config(args, store=f"file://{STATE_DIRECTORY}/{args.name}", agent=DEMO_AGENT)
     store_dir = file_store_path(config.store)  # checks the URL before anything is written
     # Absolute, so that the printed scp command means the same on the other node.
     done = provision(args.name, config, args.config_dir.absolute(), force=args.force)
