@@ -1,0 +1,5 @@
+"""python -m hamsterbunker_tui: the same as hb-tui."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,128 @@
+"""``hb-tui``: the live monitor, on a store URL, on an instance's config file, or on a demo.
+
+User mistakes (a bad URL, a missing config file, a bad agent id, Textual not
+installed) print one line and exit 2, with no traceback, as ``hb`` does. The
+monitor only reads the store, and never needs the secret.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NoReturn
+
+from hamsterbunker.agent import load_agent
+from hamsterbunker.config import load_instance
+from hamsterbunker.errors import ConfigError, HamsterbunkerError, StoreUnsafe
+from hamsterbunker.records import check_name
+from hamsterbunker.stores import Store, open_store
+
+if TYPE_CHECKING:
+    from .app import MonitorApp
+
+__all__ = ["main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="hb-tui",
+        description="Live monitor of a HamsterBunker cluster: nodes, lease, takeovers, events.",
+        epilog="Keys: k kills the active node (if it runs on this machine), q quits.",
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", metavar="URL", help="store URL, e.g. file:///srv/hamsterbunker")
+    where.add_argument(
+        "--instance",
+        metavar="NAME",
+        help="read the store and agent id from NAME.toml, the config of hb run --instance NAME",
+    )
+    where.add_argument(
+        "--demo",
+        action="store_true",
+        help="start the local three-node demo, watch it, and stop it on exit",
+    )
+    parser.add_argument(
+        "--agent-id", help="the agent to watch (required with --store; overrides --instance's)"
+    )
+    return parser
+
+
+@dataclass(frozen=True)
+class _Target:
+    store_url: str
+    agent_id: str
+
+
+def _target(args: argparse.Namespace) -> _Target:
+    """Where to look, from the flags or the instance's config file; ConfigError if unclear."""
+    if args.store is not None:
+        if args.agent_id is None:
+            raise ConfigError("--agent-id is required with --store")
+        return _Target(args.store, check_name("agent id", args.agent_id))
+    config = load_instance(args.instance)
+    agent_id = args.agent_id or config.agent_id
+    if agent_id is None:
+        # The file leaves the id to the agent object, as hb run does.
+        try:
+            agent_id = load_agent(config.agent).id
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; or pass --agent-id") from None
+    return _Target(config.store, check_name("agent id", agent_id))
+
+
+def _import_app() -> type[MonitorApp]:
+    try:
+        from .app import MonitorApp
+    except ImportError as exc:
+        if exc.name is not None and exc.name.split(".")[0] in ("textual", "rich"):
+            raise ConfigError(
+                "hb-tui needs Textual, which is not installed: pip install 'hamsterbunker[tui]'"
+            ) from None
+        raise
+    return MonitorApp
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.demo and args.agent_id is not None:
+        raise ConfigError("--agent-id cannot be combined with --demo (it watches the counter)")
+    monitor_app = _import_app()  # before anything starts: no demo nodes for nothing
+    if not args.demo:
+        target = _target(args)
+        store: Store = open_store(target.store_url, create=False)
+        app = monitor_app(store, target.agent_id)
+        app.run()
+        return app.return_code or 0
+
+    from .demo import DEMO_AGENT_ID, start_demo
+
+    run = start_demo()
+    try:
+        app = monitor_app(open_store(run.store_url), DEMO_AGENT_ID, demo=run.cluster)
+        app.run()
+        return app.return_code or 0
+    finally:
+        print("hb-tui: stopping the demo nodes", file=sys.stderr)
+        run.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ConfigError, StoreUnsafe) as exc:
+        print(f"hb-tui: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except HamsterbunkerError as exc:
+        print(f"hb-tui: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,105 @@
+"""``hb-tui --demo``: the local three-node cluster the monitor watches, and brings back.
+
+The nodes are real processes (``LocalCluster``) on a temporary file store with
+a random secret, running the demo's counter agent. A node the monitor kills
+is started again after a pause, so it rejoins as a standby and the next kill
+has somewhere to go.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hamsterbunker.demo import NODES, CounterAgent
+from hamsterbunker.local import LocalCluster, NodeSpec
+
+__all__ = ["DEMO_AGENT", "RESTART_AFTER_S", "DemoNodes", "DemoRun", "start_demo"]
+
+DEMO_AGENT = "hamsterbunker.demo:CounterAgent"
+DEMO_AGENT_ID = CounterAgent.id
+# Long enough to watch the takeover happen without the killed node, short
+# enough that the next kill finds three nodes again.
+RESTART_AFTER_S = 2.0
+
+
+@dataclass
+class DemoRun:
+    """A started demo cluster and the temporary directory that holds its store and logs."""
+
+    cluster: LocalCluster
+    workdir: Path
+
+    @property
+    def store_url(self) -> str:
+        return self.cluster.store_url
+
+    def stop(self) -> None:
+        """Stop every node (gracefully, then SIGKILL) and remove the temporary directory."""
+        try:
+            self.cluster.stop_all()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def start_demo(tick_ms: int = 400, lease_ttl_ms: int = 2000) -> DemoRun:
+    """Start the three demo nodes on a new temporary file store."""
+    workdir = Path(tempfile.mkdtemp(prefix="hb-tui-demo-"))
+    cluster = LocalCluster(
+        store_url=(workdir / "store").as_uri(),
+        secret=secrets.token_urlsafe(24),
+        agent=DEMO_AGENT,
+        log_dir=workdir / "logs",
+        tick_ms=tick_ms,
+        lease_ttl_ms=lease_ttl_ms,
+    )
+    run = DemoRun(cluster, workdir)
+    try:
+        for spec in NODES:
+            cluster.start(spec)
+    except BaseException:
+        run.stop()
+        raise
+    return run
+
+
+@dataclass
+class DemoNodes:
+    """Kills demo nodes through their LocalCluster and restarts them when due.
+
+    Blocking (process waits and starts): the app calls it from threads, hence
+    the lock around the restart schedule.
+    """
+
+    cluster: LocalCluster
+    restart_after_s: float = RESTART_AFTER_S
+    _due: dict[str, tuple[float, NodeSpec]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def owns(self, node: str, pid: int) -> bool:
+        """True if pid is this cluster's live process of node (not a stale heartbeat's)."""
+        return self.cluster.alive(node) and self.cluster.pid(node) == pid
+
+    def kill(self, node: str, region: str) -> None:
+        """SIGKILL node and schedule its restart."""
+        self.cluster.kill(node)
+        with self._lock:
+            self._due[node] = (time.monotonic() + self.restart_after_s, NodeSpec(node, region))
+
+    def restart_due(self) -> list[tuple[str, int]]:
+        """Start the killed nodes whose pause is over; (node, new pid) of each."""
+        now = time.monotonic()
+        with self._lock:
+            due = [spec for at, spec in self._due.values() if at <= now]
+            for spec in due:
+                del self._due[spec.node]
+        return [(spec.node, self.cluster.start(spec).pid) for spec in due]
+
+    def pending(self) -> bool:
+        with self._lock:
+            return bool(self._due)

@@ -1,0 +1,70 @@
+"""The live event log: every node's events merged, newest at the bottom, bounded in memory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widgets import RichLog
+
+from hamsterbunker.records import Event
+
+__all__ = ["EventLog", "event_line"]
+
+MAX_LINES = 1000
+# The routine events (one per step) stay quiet so the takeovers stand out.
+TYPE_STYLES = {
+    "lease.acquired": "bold yellow",
+    "lease.released": "yellow",
+    "lease.lost": "bold red",
+    "lease.renew_failed": "red",
+    "agent.resumed": "bold green",
+    "agent.started": "bold green",
+    "node.online": "cyan",
+    "node.standby": "cyan",
+    "node.offline": "red",
+    "node.fenced": "bold red",
+    "store.error": "bold red",
+    "store.warning": "yellow",
+    "checkpoint.failed": "red",
+    "checkpoint.rejected": "red",
+    "agent.step_failed": "red",
+    "agent.step": "dim",
+    "checkpoint.published": "dim",
+}
+
+
+def stamp(wall: float) -> str:
+    return f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1000):03d}"
+
+
+def event_line(event: Event) -> Text:
+    text = Text(f"{stamp(event.time)} ")
+    text.append(f"{event.node:<10}", style="bold")
+    text.append(f"{event.type:<22}", style=TYPE_STYLES.get(event.type, ""))
+    text.append(f"epoch {event.epoch} seq {event.seq}", style="dim")
+    if event.detail:
+        text.append("  " + " ".join(f"{key}={value}" for key, value in event.detail.items()))
+    return text
+
+
+class EventLog(RichLog):
+    """Writes only the events it has not written yet; the oldest lines fall off."""
+
+    def __init__(self, *, id: str | None = None, max_lines: int = MAX_LINES) -> None:
+        super().__init__(id=id, max_lines=max_lines, wrap=False, markup=False, classes="panel")
+        self.border_title = "events"
+        self._written = 0  # how many of the model's events (ever seen) are written
+
+    def show_new(self, events: Sequence[Event], seen: int) -> None:
+        """events: the model's newest events; seen: how many it has taken in all."""
+        new = min(seen - self._written, len(events), self.max_lines or len(events))
+        self._written = seen
+        if new > 0:
+            for event in list(events)[-new:]:
+                self.write(event_line(event))
+
+    def note(self, message: str) -> None:
+        """A line from the monitor itself (a kill, a restart), set apart from the nodes'."""
+        self.write(Text(f"{stamp(time.time())} {'hb-tui':<10}{message}", style="bold magenta"))

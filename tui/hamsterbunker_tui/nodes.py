@@ -1,0 +1,81 @@
+"""The nodes table: one row per node, keyed by node id, updated cell by cell in place.
+
+Rows are never cleared and rebuilt: the cursor, the scroll position and the
+column widths stay put while ages tick twice a second.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from .model import NodeView, format_age
+
+__all__ = ["COLUMNS", "NodesTable", "node_cells"]
+
+# (key, label): the keys address cells in update_cell.
+COLUMNS = (
+    ("node", "node"),
+    ("region", "region"),
+    ("host", "host"),
+    ("pid", "pid"),
+    ("role", "role"),
+    ("heartbeat", "heartbeat"),
+    ("epoch", "epoch seen"),
+)
+ROLE_STYLES = {
+    "active": "bold green",
+    "standby": "cyan",
+    "starting": "yellow",
+    "stopping": "yellow",
+    "offline": "bold red",
+}
+# Heartbeat age against the lease TTL: past half of it is late, past all of it dead.
+HEALTH_STYLES = {"fresh": "green", "late": "yellow", "dead": "bold red"}
+
+
+def node_cells(view: NodeView) -> dict[str, Text]:
+    """The cells of one node's row, by column key, styled by role and heartbeat health."""
+    dim = "dim" if view.role == "offline" else ""
+    return {
+        "node": Text(view.node, style="bold" if view.role == "active" else dim),
+        "region": Text(view.region, style=dim),
+        "host": Text(view.host, style=dim),
+        "pid": Text(str(view.pid), style=dim, justify="right"),
+        "role": Text(view.role, style=ROLE_STYLES.get(view.role, "")),
+        "heartbeat": Text(format_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
+        "epoch": Text(str(view.epoch), style=dim, justify="right"),
+    }
+
+
+class NodesTable(DataTable[Text]):
+    DEFAULT_CSS = """
+    NodesTable {
+        height: auto;
+        max-height: 14;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, cursor_type="row", zebra_stripes=True)
+        self.border_title = "nodes"
+        self._shown: dict[str, dict[str, Text]] = {}
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, nodes: list[NodeView]) -> None:
+        """Add rows for new nodes; change only the cells whose text changed."""
+        for view in nodes:
+            cells = node_cells(view)
+            shown = self._shown.get(view.node)
+            if shown is None:
+                self.add_row(*cells.values(), key=view.node)
+            else:
+                for column, cell in cells.items():
+                    if shown[column] != cell:
+                        self.update_cell(view.node, column, cell, update_width=True)
+            self._shown[view.node] = cells
+
+    def roles(self) -> dict[str, str]:
+        """Node id → the role its row shows, read back from the table (for tests and scripts)."""
+        return {str(key.value): self.get_cell(key, "role").plain for key in self.rows}

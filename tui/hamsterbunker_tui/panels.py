@@ -1,0 +1,208 @@
+"""The small panels: store banner, lease, agent progress, takeover timeline, kill switch.
+
+Each widget takes a view from the model in ``show`` and renders it with a
+pure ``*_text`` function, so what is on screen can be checked without an app.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.widgets import Button, Static
+
+from .model import KillTarget, LeaseView, ProgressView, Takeover, format_age
+
+__all__ = [
+    "KillPanel",
+    "LeasePanel",
+    "ProgressPanel",
+    "StoreBanner",
+    "Timeline",
+    "lease_text",
+    "progress_text",
+    "timeline_text",
+]
+
+# How the new holder got the lease (the lease.acquired event's "via").
+VIA = {"expired": "expired", "released": "released", "empty": "first lease"}
+
+
+def clock(wall: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+def format_size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size / (1024 * 1024):.1f} MiB"
+
+
+class StoreBanner(Static):
+    """Shown only while the store cannot be read; the data below is the last known."""
+
+    DEFAULT_CSS = """
+    StoreBanner {
+        display: none;
+        background: $error;
+        color: $text;
+        text-style: bold;
+        padding: 0 1;
+        width: 100%;
+    }
+    StoreBanner.-shown {
+        display: block;
+    }
+    """
+
+    def show_error(self, reason: str) -> None:
+        # Text, not a markup string: an OS error message may well contain "[Errno 2]".
+        self.update(Text(f"store unreachable: {reason} — retrying (showing the last data read)"))
+        self.add_class("-shown")
+
+    def clear(self) -> None:
+        self.remove_class("-shown")
+
+    @property
+    def shown(self) -> bool:
+        return self.has_class("-shown")
+
+
+def lease_text(view: LeaseView | None, agent: str) -> Text:
+    if view is None:
+        return Text(f"no lease record for agent {agent!r} yet", style="dim")
+    text = Text()
+    if view.holder is None:
+        text.append("holder  ").append("none (released)", style="yellow")
+    else:
+        text.append("holder  ").append(view.holder, style="bold green")
+        text.append(f" ({view.region})")
+    text.append("\n").append(f"epoch {view.epoch}", style="bold")
+    if view.expires_in_s is not None:
+        style = "red" if view.expires_in_s <= 0 else ""
+        label = "expires in " if view.expires_in_s > 0 else "expired "
+        age = format_age(abs(view.expires_in_s))
+        text.append("\n").append(label + (age if view.expires_in_s > 0 else f"{age} ago"), style)
+    return text
+
+
+class LeasePanel(Static):
+    """Who holds the lease, its epoch, and when it would expire as seen from here."""
+
+    def __init__(self, agent: str, *, id: str | None = None) -> None:
+        super().__init__(lease_text(None, agent), id=id, classes="panel")
+        self.agent = agent
+        self.border_title = "lease"
+
+    def show(self, view: LeaseView | None) -> None:
+        self.update(lease_text(view, self.agent))
+
+
+def progress_text(view: ProgressView | None) -> Text:
+    if view is None:
+        return Text("no checkpoint yet", style="dim")
+    text = Text()
+    text.append("checkpoint ").append(f"seq {view.seq}", style="bold")
+    text.append(f" (epoch {view.epoch})")
+    text.append(f"\nage {format_age(view.age_s)}\nsize {format_size(view.size)}")
+    return text
+
+
+class ProgressPanel(Static):
+    """The agent's last checkpoint: number, age, size. The monitor never opens it."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(progress_text(None), id=id, classes="panel")
+        self.border_title = "agent progress"
+
+    def show(self, view: ProgressView | None) -> None:
+        self.update(progress_text(view))
+
+
+def timeline_line(takeover: Takeover) -> Text:
+    """epoch 2  12:03:04  hbnk-1 → hbnk-3  expired  gap 1834 ms"""
+    text = Text()
+    text.append(f"epoch {takeover.epoch:<3}", style="bold")
+    text.append(f" {clock(takeover.time)}  ")
+    if takeover.previous is not None:
+        text.append(takeover.previous, style="red").append(" → ")
+    text.append(takeover.node, style="green")
+    text.append(f"  {VIA.get(takeover.via, takeover.via)}", style="dim")
+    if takeover.gap_ms is not None:
+        text.append(f"  gap {takeover.gap_ms:.0f} ms", style="bold yellow")
+    return text
+
+
+def timeline_text(takeovers: list[Takeover]) -> Text:
+    if not takeovers:
+        return Text("no takeover seen yet", style="dim")
+    return Text("\n").join(timeline_line(takeover) for takeover in takeovers)
+
+
+class Timeline(VerticalScroll):
+    """One line per epoch, newest at the bottom: who took over from whom, and the gap."""
+
+    DEFAULT_CSS = """
+    Timeline > Static {
+        width: auto;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="panel")
+        self.border_title = "takeovers"
+        self._lines = Static(timeline_text([]))
+        self._shown = timeline_text([])
+
+    def compose(self) -> ComposeResult:
+        yield self._lines
+
+    def show(self, takeovers: list[Takeover]) -> None:
+        text = timeline_text(takeovers)
+        if text != self._shown:
+            self._shown = text
+            self._lines.update(text)
+            self.scroll_end(animate=False)
+
+    @property
+    def plain(self) -> str:
+        return self._shown.plain
+
+
+class KillPanel(Vertical):
+    """The kill switch: enabled only for an active node whose process runs on this machine."""
+
+    DEFAULT_CSS = """
+    KillPanel {
+        height: auto;
+    }
+    KillPanel > Button {
+        width: 100%;
+    }
+    KillPanel > Static {
+        color: $text-muted;
+    }
+    """
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id, classes="panel")
+        self.border_title = "kill switch"
+        self.button = Button("kill active node", id="kill-button", variant="error", disabled=True)
+        self.reason = Static("cannot kill: no active node")
+        self.button.tooltip = "cannot kill: no active node"
+
+    def compose(self) -> ComposeResult:
+        yield self.button
+        yield self.reason
+
+    def show(self, target: KillTarget) -> None:
+        enabled = target.pid is not None
+        self.button.disabled = not enabled
+        why = target.reason if enabled else f"cannot kill: {target.reason}"
+        self.button.label = Text(f"k: kill {target.node}" if enabled else "kill: unavailable")
+        self.button.tooltip = Text(why)
+        self.reason.update(Text(why))
