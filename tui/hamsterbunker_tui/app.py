@@ -33,7 +33,7 @@ from .eventlog import EventLog
 from .model import ClusterModel, KillTarget, kill_target
 from .nodes import NodesTable
 from .panels import KillPanel, LeasePanel, ProgressPanel, StoreBanner, Timeline
-from .polling import Reading, read_store
+from .polling import Reading, check_reachable, read_store
 
 __all__ = ["MonitorApp"]
 
@@ -107,9 +107,12 @@ class MonitorApp(App[None]):
             try:
                 reading = await asyncio.to_thread(read_store, self.store, self._tail, self.agent_id)
             except (HamsterbunkerError, OSError) as exc:
-                self._store_lost(str(exc))
+                if self.is_running:
+                    self._store_lost(str(exc))
             else:
-                self._store_read(reading)
+                # A poll that ends while the app shuts down finds its widgets gone.
+                if self.is_running:
+                    self._store_read(reading)
         finally:
             self.polls += 1
 
@@ -125,7 +128,7 @@ class MonitorApp(App[None]):
         if self.store_error is not None:
             self.store_error = None
             self.query_one(StoreBanner).clear()
-            self.query_one(EventLog).note("store readable again")
+            self.query_one(EventLog).note("the store is readable again")
         self._agent_seen = self._agent_seen or bool(
             reading.lease or reading.heartbeats or reading.checkpoints
         )
@@ -135,7 +138,7 @@ class MonitorApp(App[None]):
     def _store_lost(self, reason: str) -> None:
         """Say so and keep the last data on screen; the loop keeps retrying on its timer."""
         if self.store_error is None:
-            self.query_one(EventLog).note(f"store unreachable: {reason}")
+            self.query_one(EventLog).note(f"cannot read the store: {reason}")
         self.store_error = reason
         self.query_one(StoreBanner).show_error(reason)
         # A watch on a vanished directory sees nothing of the one put in its place;
@@ -171,6 +174,9 @@ class MonitorApp(App[None]):
     async def _watch(self) -> None:
         while True:
             try:
+                # FileStore.watch makes the agent's directories, parents and all, on
+                # its first call: it must not bring back a store that was removed.
+                check_reachable(self.store)
                 async for _ in self.store.watch(self.agent_id):
                     self._hint.set()
             except Exception as exc:
@@ -225,6 +231,8 @@ class MonitorApp(App[None]):
             return
         region = next((n.region for n in self.model.nodes() if n.node == target.node), "")
         await asyncio.to_thread(self.demo.kill, target.node, region)
+        if not self.is_running:
+            return
         self.query_one(EventLog).note(
             f"SIGKILL {target.node} (pid {target.pid}); "
             f"it restarts in {self.demo.restart_after_s:.0f} s and rejoins as a standby"
@@ -235,8 +243,9 @@ class MonitorApp(App[None]):
         assert self.demo is not None
         try:
             started = await asyncio.to_thread(self.demo.restart_due)
+            notes = [f"restarted {node} (pid {pid})" for node, pid in started]
         except OSError as exc:
-            self.query_one(EventLog).note(f"could not restart a demo node: {exc}")
-            return
-        for node, pid in started:
-            self.query_one(EventLog).note(f"restarted {node} (pid {pid})")
+            notes = [f"could not restart a demo node: {exc}"]
+        if self.is_running:
+            for note in notes:
+                self.query_one(EventLog).note(note)
