@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,7 @@ from .common import (
     Check,
     Result,
     Table,
+    ms,
     percentile,
     spread_row,
     temp_dir,
@@ -105,6 +108,37 @@ poll p99 ≤ {POLL_TARGET_MS} ms, RSS growth after warm-up ≤ {RSS_GROWTH_TARGE
 """
 
 
+ANALYSIS = """\
+Profiled on 2026-11-30 on this machine: `MonitorApp` headless in one process under
+`cProfile` and asyncio's debug mode (callbacks over 50 ms logged), the same load
+generator writing for 20 s:
+
+* 102 callbacks of the event loop ran longer than 50 ms: 45 of them the poll worker
+  (`_poll_loop` → `_store_read` → `_show`), 36 the screen's refresh timer
+  (`_compositor_refresh`), 18 the screen's message pump.
+* `_show` took 200 ms per poll (under the profiler), 97 % of it in
+  `EventLog.show_new`: it calls `RichLog.write` once per new event, and each write
+  renders the line, makes its strips, scrolls to the end and posts messages. At
+  1,000 events a second a poll brings about 250 events (the watch makes it poll
+  about four times a second) and the loop is blocked while all of them are written.
+  Reading the store (in a thread) and `ClusterModel.update` cost little beside it
+  (the poll monitor's table above).
+* A repaint of the screen (the compositor over the 50-row nodes table and the log)
+  took about 40 ms per frame under the load.
+
+Measured with the app's own `EventLog` in a headless app on this machine, at rest:
+500 events written one `write` each took 80 ms; all 500 joined into one `Text` and
+written once, 61 ms (rendering, not the number of calls, is the cost); only the
+newest 100 written, 18 ms.
+
+What could fix it (in `tui/hamsterbunker_tui/eventlog.py`, not changed here): write
+at most a screenful of the newest events per poll (the model keeps the last 2,000;
+the lines skipped can be counted in one line, "… 400 more"), since nobody reads
+1,000 lines a second; or move the log's updates to a timer of its own at a few
+hertz, so that a burst of events never holds up a key press. Rendering fewer lines
+bounds the loop's work per poll whatever the event rate.
+"""
+
 # -- the children -------------------------------------------------------------------
 
 
@@ -128,6 +162,49 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
+
+
+class Histogram:
+    """Counts of values in fixed bins: a probe whose memory does not grow with its samples."""
+
+    def __init__(self, width_s: float = 0.001, top_s: float = 10.0) -> None:
+        self.width = width_s
+        self.counts = array("q", bytes(8 * (int(top_s / width_s) + 1)))
+        self.n = 0
+        self.low = math.inf
+        self.high = -math.inf
+
+    def add(self, value: float) -> None:
+        self.counts[min(len(self.counts) - 1, max(0, int(value / self.width)))] += 1
+        self.n += 1
+        self.low = min(self.low, value)
+        self.high = max(self.high, value)
+
+    def to_json(self) -> dict[str, Any]:
+        bins = {str(i): count for i, count in enumerate(self.counts) if count}
+        return {"width": self.width, "n": self.n, "min": self.low, "max": self.high, "bins": bins}
+
+
+def histogram_percentile(histogram: dict[str, Any], q: float) -> float:
+    """The q-th percentile of a Histogram.to_json(): its bin's middle, within min and max."""
+    rank, total = q / 100 * histogram["n"], 0
+    for index, count in sorted((int(i), c) for i, c in histogram["bins"].items()):
+        total += count
+        if total >= rank:
+            value = (index + 0.5) * histogram["width"]
+            return float(min(max(value, histogram["min"]), histogram["max"]))
+    return float(histogram["max"])
+
+
+def histogram_row(label: str, histogram: dict[str, Any]) -> list[str]:
+    """label, n, min, p50, p99, max (ms), as common.spread_row gives them."""
+    values = [
+        histogram["min"],
+        histogram_percentile(histogram, 50),
+        histogram_percentile(histogram, 99),
+        histogram["max"],
+    ]
+    return [label, str(histogram["n"]), *(ms(value) for value in values)]
 
 
 def _node(i: int) -> str:
@@ -247,7 +324,7 @@ def _poll_monitor(workdir: Path, args: list[str]) -> None:
     model = ClusterModel(AGENT)
     stopped = _run_until_stopped(workdir)
     polls: list[list[float]] = []  # wall, lease, checkpoints, tail, update, cpu, events
-    seen: list[float] = []  # event time -> in the model, seconds
+    seen = Histogram()  # event time -> in the model, seconds
     (workdir / "poll.ready").touch()
     next_poll = time.monotonic()
     while not stopped():
@@ -264,7 +341,8 @@ def _poll_monitor(workdir: Path, args: list[str]) -> None:
         t4 = time.perf_counter()
         cpu = time.thread_time() - cpu
         now = time.time()
-        seen += [now - event.time for event in got.events]
+        for event in got.events:
+            seen.add(now - event.time)
         polls.append([wall, t1 - t0, t2 - t1, t3 - t2, t4 - t3, cpu, len(got.events)])
         next_poll += POLL_S
         time.sleep(max(0.0, next_poll - time.monotonic()))
@@ -272,7 +350,7 @@ def _poll_monitor(workdir: Path, args: list[str]) -> None:
         workdir / "poll.json",
         {
             "polls": polls,
-            "seen": seen,
+            "seen": seen.to_json(),
             "events_kept": len(model.events),
             "events_seen": model.events_seen,
             "nodes": len(model.nodes()),
@@ -290,15 +368,21 @@ async def _app_probe(workdir: Path) -> None:
 
     app = MonitorApp(_store(workdir), AGENT)
     stopped = _run_until_stopped(workdir)
-    lags: list[list[float]] = []  # wall, lag
-    seen: list[list[float]] = []  # wall, event time -> in app.model
+    # Allocated up front: the probe's own memory does not grow during the run.
+    cap = int(float(os.environ.get("HB_BENCH_MAX_S", "300")) / LAG_TICK_S) + 10
+    lag_walls, lags = array("d", bytes(8 * cap)), array("d", bytes(8 * cap))
+    taken_lags = 0
+    seen = Histogram()  # event time -> in app.model, seconds
     async with app.run_test(size=(160, 80)):
         loop = asyncio.get_running_loop()
         taken = app.model.events_seen
 
         def lag_tick(due: float) -> None:
+            nonlocal taken_lags
             now = loop.time()
-            lags.append([time.time(), now - due])
+            if taken_lags < cap:
+                lag_walls[taken_lags], lags[taken_lags] = time.time(), now - due
+                taken_lags += 1
             loop.call_later(LAG_TICK_S, lag_tick, now + LAG_TICK_S)
 
         def seen_tick() -> None:
@@ -307,7 +391,8 @@ async def _app_probe(workdir: Path) -> None:
             new = min(model.events_seen - taken, len(model.events))
             if new > 0:
                 wall = time.time()
-                seen.extend([wall, wall - event.time] for event in list(model.events)[-new:])
+                for event in list(model.events)[-new:]:
+                    seen.add(wall - event.time)
             taken = model.events_seen
             loop.call_later(SEEN_CHECK_S, seen_tick)
 
@@ -317,8 +402,8 @@ async def _app_probe(workdir: Path) -> None:
         while not stopped():
             await asyncio.sleep(0.1)
         result = {
-            "lags": lags,
-            "seen": seen,
+            "lags": list(zip(lag_walls[:taken_lags], lags[:taken_lags], strict=True)),
+            "seen": seen.to_json(),
             "polls": app.polls,
             "store_error": app.store_error,
             "events_kept": len(app.model.events),
@@ -555,10 +640,11 @@ def _result(
         checks.append(Check("UI measured", "no: no hamsterbunker_tui.app", "yes", None))
     else:
         lags = [lag for wall, lag in app["lags"] if start <= wall <= end]
-        seen = [late for wall, late in app["seen"] if start <= wall <= end + 1.5]
-        if not lags or not seen:
+        seen = app["seen"]
+        if not lags or not seen["n"]:
             raise BenchmarkError("the UI probe saw no load (no lag samples or no events)")
-        lag_p99, seen_p99 = percentile(lags, 99), percentile(seen, 99)
+        lag_p99 = percentile(lags, 99)
+        seen_p99 = histogram_percentile(seen, 99)
         tables.append(
             Table(
                 f"MonitorApp headless under the load ({app['polls']} polls in "
@@ -567,8 +653,8 @@ def _result(
                 SPREAD_HEADERS,
                 [
                     spread_row(f"event-loop lag (a {LAG_TICK_S * 1000:.0f} ms timer)", lags),
-                    spread_row("event append → in app.model (the screen's data)", seen),
-                    spread_row("event append → in the poll monitor's model", poll_seen),
+                    histogram_row("event append → in app.model (the screen's data)", seen),
+                    histogram_row("event append → in the poll monitor's model", poll_seen),
                 ],
             )
         )
@@ -597,6 +683,7 @@ def _result(
     for role, samples in rss.items():
         first = samples[0][1]["VmRSS"]
         warm = _rss_at(samples, start + warmup)["VmRSS"]
+        mid = _rss_at(samples, start + (warmup + elapsed) / 2)["VmRSS"]
         last = samples[-1][1]
         growth = last["VmRSS"] - warm
         kept = results[role]["events_kept"]
@@ -605,6 +692,7 @@ def _result(
                 labels[role],
                 f"{first / 1e6:.1f}",
                 f"{warm / 1e6:.1f}",
+                f"{mid / 1e6:.1f}",
                 f"{last['VmRSS'] / 1e6:.1f}",
                 f"{growth / 1e6:+.1f}",
                 f"{last['VmHWM'] / 1e6:.1f}",
@@ -628,6 +716,7 @@ def _result(
                 "process",
                 "at start",
                 f"after {warmup:.0f} s",
+                f"after {(warmup + elapsed) / 2:.0f} s",
                 "at the end",
                 "growth after warm-up",
                 "VmHWM",
@@ -642,4 +731,4 @@ def _result(
     )
     if quick:
         notes.append(f"quick run: {duration:.0f} s of load, warm-up {warmup:.0f} s")
-    return Result(NAME, TITLE, METHOD, tables, checks, notes)
+    return Result(NAME, TITLE, METHOD, tables, checks, notes, ANALYSIS)
