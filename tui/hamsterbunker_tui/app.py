@@ -68,6 +68,7 @@ class MonitorApp(App[None]):
         self._target = KillTarget(None, None, "no active node")
         self._watcher: Worker[None] | None = None
         self._agent_seen = False
+        self._sigterm_handled = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -85,9 +86,18 @@ class MonitorApp(App[None]):
     def on_mount(self) -> None:
         mode = " · demo: k kills the active node" if self.demo else ""
         self.sub_title = f"agent {self.agent_id} · {self.store.url}{mode}"
+        # SIGTERM (a closed terminal, a service manager) quits like q does, so that
+        # hb-tui --demo still stops its nodes and removes its temporary store.
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not the main thread
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self.exit)
+            self._sigterm_handled = True
         for warning in self.store.warnings:
             self.notify(warning, severity="warning", timeout=15)
         self._poll_loop()
+
+    def on_unmount(self) -> None:
+        if self._sigterm_handled:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
 
     # -- polling -----------------------------------------------------------------
 
