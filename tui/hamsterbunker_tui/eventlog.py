@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -13,6 +14,7 @@ from hamsterbunker.records import Event
 __all__ = ["EventLog", "event_line"]
 
 MAX_LINES = 1000
+WRITE_PER_POLL = 100  # about two screenfuls: the newest are shown, the rest counted
 # The routine events (one per step) stay quiet so the takeovers stand out.
 TYPE_STYLES = {
     "lease.acquired": "bold yellow",
@@ -55,15 +57,23 @@ class EventLog(RichLog):
     def __init__(self, *, id: str | None = None, max_lines: int = MAX_LINES) -> None:
         super().__init__(id=id, max_lines=max_lines, wrap=False, markup=False, classes="panel")
         self.border_title = "events"
-        self._written = 0  # how many of the model's events (ever seen) are written
+        self._written = 0  # how many of the model's events (ever seen) are written or counted
 
     def show_new(self, events: Sequence[Event], seen: int) -> None:
-        """events: the model's newest events; seen: how many it has taken in all."""
-        new = min(seen - self._written, len(events), self.max_lines or len(events))
+        """events: the model's newest events; seen: how many it has taken in all.
+
+        At most WRITE_PER_POLL lines per call, the newest: writing a line costs
+        a render, and a burst of a thousand events must not hold up the screen
+        (nobody reads a thousand lines a second). The rest are counted.
+        """
+        new = seen - self._written
         self._written = seen
-        if new > 0:
-            for event in list(events)[-new:]:
-                self.write(event_line(event))
+        shown = min(new, len(events), WRITE_PER_POLL)
+        if new > shown:
+            self.write(Text(f"… {new - shown} more events, not shown", style="dim italic"))
+        newest = list(itertools.islice(reversed(events), shown))
+        for event in reversed(newest):
+            self.write(event_line(event))
 
     def note(self, message: str) -> None:
         """A line from the monitor itself (a kill, a restart), set apart from the nodes'."""

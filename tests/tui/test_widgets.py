@@ -1,0 +1,74 @@
+"""The monitor's widgets alone: what they render from a view, and the event log's bounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hamsterbunker_tui.eventlog import WRITE_PER_POLL, EventLog, event_line
+from hamsterbunker_tui.model import LeaseView, NodeView, ProgressView, Takeover
+from hamsterbunker_tui.nodes import node_cells
+from hamsterbunker_tui.panels import lease_text, progress_text, timeline_text
+from textual.app import App, ComposeResult
+
+from hamsterbunker.records import Event
+
+
+def node(role: str = "standby", health: str = "fresh", age: float = 0.4) -> NodeView:
+    return NodeView("hbnk-1", "eu-central", "box", 123, role, age, 2, 40, health)
+
+
+def test_heartbeat_age_is_coloured_by_health() -> None:
+    assert node_cells(node(health="fresh"))["heartbeat"].style == "green"
+    late = node_cells(node(health="late", age=1.2))["heartbeat"]
+    assert (late.plain, late.style) == ("1.2 s", "yellow")
+    assert node_cells(node(role="offline", health="dead"))["heartbeat"].style == "bold red"
+    assert node_cells(node(role="active"))["role"].style == "bold green"
+
+
+def test_lease_text() -> None:
+    held = lease_text(LeaseView("hbnk-2", "us-east", 3, 1.25), "a").plain
+    assert held == "holder  hbnk-2 (us-east)\nepoch 3\nexpires in 1.2 s"
+    assert "expired 0.5 s ago" in lease_text(LeaseView("hbnk-2", "us-east", 3, -0.5), "a").plain
+    released = lease_text(LeaseView(None, "", 4, None), "a").plain
+    assert released == "holder  none (released)\nepoch 4"
+    assert lease_text(None, "a").plain == "no lease record for agent 'a' yet"
+
+
+def test_progress_text_shows_seq_age_and_size_only() -> None:
+    text = progress_text(ProgressView(seq=42, epoch=2, age_s=0.3, size=2048)).plain
+    assert text == "checkpoint seq 42 (epoch 2)\nage 0.3 s\nsize 2.0 KiB"
+
+
+def test_timeline_has_one_line_per_epoch_with_the_gap_once_known() -> None:
+    first = Takeover(1, "hbnk-1", None, "empty", 1_700_000_000.0, None)
+    second = Takeover(2, "hbnk-3", "hbnk-1", "expired", 1_700_000_004.0, 1834.4)
+    lines = timeline_text([first, second]).plain.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("epoch 1") and lines[0].endswith("hbnk-1  first lease")
+    assert lines[1].startswith("epoch 2") and lines[1].endswith(
+        "hbnk-1 → hbnk-3  expired  gap 1834 ms"
+    )
+
+
+def test_event_log_writes_at_most_a_bounded_number_of_lines_per_poll() -> None:
+    events = [Event("hbnk-1", n, "agent.step", 1_700_000_000.0 + n) for n in range(1, 501)]
+
+    class LogApp(App[None]):
+        def compose(self) -> ComposeResult:
+            yield EventLog(id="log")
+
+    async def scenario() -> None:
+        app = LogApp()
+        async with app.run_test(size=(120, 30)) as pilot:
+            log = app.query_one(EventLog)
+            log.show_new(events[:3], seen=3)
+            log.show_new(events, seen=500)  # 497 new: the newest are written
+            log.show_new(events, seen=500)  # nothing new: nothing written
+            await pilot.pause()
+            lines = [strip.text.rstrip() for strip in log.lines]
+            assert len(lines) == 3 + 1 + WRITE_PER_POLL
+            assert lines[3] == f"… {497 - WRITE_PER_POLL} more events, not shown"
+            assert lines[-1] == event_line(events[-1]).plain
+            assert lines[4] == event_line(events[-WRITE_PER_POLL]).plain
+
+    asyncio.run(scenario())
