@@ -38,6 +38,9 @@ async def shoot(out: Path) -> None:
     run = start_demo()
     try:
         app = MonitorApp(open_store(run.store_url), DEMO_AGENT_ID, demo=run.cluster)
+        assert app.demo is not None
+        # Brought back later than usual, so that the picture shows it offline.
+        app.demo.restart_after_s = 8.0
         async with app.run_test(size=SIZE) as pilot:
             model = app.model
             await wait_for(
@@ -66,7 +69,7 @@ async def shoot(out: Path) -> None:
                 )
 
             await wait_for(pilot, "the takeover", taken_over, 30)
-            await pilot.pause(0.3)  # a few more events in the log
+            await pilot.pause(0.2)  # the screen catches up
             out.write_text(app.export_screenshot(title="hb-tui · demo, mid-takeover"))
     finally:
         run.stop()
