@@ -12,9 +12,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from hamsterbunker_tui.app import MonitorApp
@@ -26,6 +28,7 @@ from hamsterbunker import FileStore
 from hamsterbunker.demo import NODES
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.records import Heartbeat, LeaseRecord
+from hamsterbunker.stores import Store
 
 from ..conftest import store_of
 from .screen import screen_text, until, widget_text
@@ -277,5 +280,76 @@ def test_removed_store_shows_a_banner_until_it_is_readable_again(
             await until(pilot, "the banner to go", lambda: not banner.shown)
             assert "store unreachable" not in screen_text(app)
             assert app.store_error is None
+
+    asyncio.run(scenario())
+
+
+# -- polling: coalesced, never on the UI's loop ---------------------------------------
+
+
+class GatedStore:
+    """A file store whose lease reads wait at a gate, and whose watch hints in bursts."""
+
+    def __init__(self, inner: FileStore) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.gate.set()
+        self.burst = asyncio.Event()
+        self.watching = False
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        with self._lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            self.gate.wait(timeout=20)
+            return self.inner.read_lease(agent)
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+
+    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+        self.watching = True
+        while True:
+            await self.burst.wait()
+            self.burst.clear()
+            for _ in range(50):
+                yield None
+
+
+def test_a_burst_of_hints_during_a_slow_read_becomes_one_more_poll(tmp_path: Path) -> None:
+    inner = FileStore(tmp_path / "store")
+    write_active_node(inner, host="elsewhere.example", pid=4242)
+    store = GatedStore(inner)
+
+    async def scenario() -> None:
+        # A long timer: every poll here comes from a hint.
+        app = MonitorApp(cast(Store, store), AGENT, poll_interval=60)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, "the first poll and the watch", lambda: store.watching)
+            await pilot.pause(0.2)
+            polls = app.polls
+
+            store.gate.clear()
+            store.burst.set()
+            await until(pilot, "a poll waiting on the store", lambda: store.in_flight == 1)
+            store.burst.set()  # 50 more hints while that poll waits
+            started = time.monotonic()
+            for _ in range(5):
+                await pilot.pause(0.05)  # the screen's loop runs on meanwhile
+            assert time.monotonic() - started < 2
+            assert app.polls == polls
+
+            store.gate.set()
+            await until(pilot, "two polls", lambda: app.polls >= polls + 2)
+            await pilot.pause(0.5)
+            assert app.polls == polls + 2  # the waiting one, and one for all the hints
+            assert store.most_in_flight == 1
 
     asyncio.run(scenario())
