@@ -14,7 +14,9 @@ from hamsterbunker.records import Event
 __all__ = ["EventLog", "event_line"]
 
 MAX_LINES = 1000
-WRITE_PER_POLL = 100  # about two screenfuls: the newest are shown, the rest counted
+# Lines written per poll at most: a screenful, the newest; the rest are counted.
+WRITE_PER_POLL = 100
+MIN_WRITE = 20
 # The routine events (one per step) stay quiet so the takeovers stand out.
 TYPE_STYLES = {
     "lease.acquired": "bold yellow",
@@ -62,18 +64,23 @@ class EventLog(RichLog):
     def show_new(self, events: Sequence[Event], seen: int) -> None:
         """events: the model's newest events; seen: how many it has taken in all.
 
-        At most WRITE_PER_POLL lines per call, the newest: writing a line costs
+        At most a screenful of lines per call, the newest: writing a line costs
         a render, and a burst of a thousand events must not hold up the screen
         (nobody reads a thousand lines a second). The rest are counted.
         """
         new = seen - self._written
         self._written = seen
-        shown = min(new, len(events), WRITE_PER_POLL)
+        shown = min(new, len(events), self.screenful)
         if new > shown:
             self.write(Text(f"… {new - shown} more events, not shown", style="dim italic"))
         newest = list(itertools.islice(reversed(events), shown))
         for event in reversed(newest):
             self.write(event_line(event))
+
+    @property
+    def screenful(self) -> int:
+        """How many lines one call writes at most: what the log shows, within bounds."""
+        return max(MIN_WRITE, min(WRITE_PER_POLL, self.scrollable_content_region.height))
 
     def note(self, message: str) -> None:
         """A line from the monitor itself (a kill, a restart), set apart from the nodes'."""

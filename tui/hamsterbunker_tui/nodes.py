@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import DataTable
+from textual.widgets.data_table import ColumnKey
 
 from .model import NodeView, format_age
 
@@ -64,7 +65,12 @@ class NodesTable(DataTable[Text]):
             self.add_column(label, key=key)
 
     def show(self, nodes: list[NodeView]) -> None:
-        """Add rows for new nodes; change only the cells whose text changed."""
+        """Add rows for new nodes; change only the cells whose text changed.
+
+        A column is widened only when a cell outgrows it, never narrowed: asking
+        for a width update on every changed cell makes the table measure the
+        whole column again for each one, which a ticking age does every poll.
+        """
         for view in nodes:
             cells = node_cells(view)
             shown = self._shown.get(view.node)
@@ -73,7 +79,8 @@ class NodesTable(DataTable[Text]):
             else:
                 for column, cell in cells.items():
                     if shown[column] != cell:
-                        self.update_cell(view.node, column, cell, update_width=True)
+                        wider = cell.cell_len > self.columns[ColumnKey(column)].content_width
+                        self.update_cell(view.node, column, cell, update_width=wider)
             self._shown[view.node] = cells
 
     def roles(self) -> dict[str, str]:

@@ -20,6 +20,7 @@ __all__ = [
     "LeasePanel",
     "ProgressPanel",
     "StoreBanner",
+    "TextPanel",
     "Timeline",
     "lease_text",
     "progress_text",
@@ -61,7 +62,9 @@ class StoreBanner(Static):
 
     def show_error(self, reason: str) -> None:
         # Text, not a markup string: an OS error message may well contain "[Errno 2]".
-        self.update(Text(f"store unreachable: {reason} — retrying (showing the last data read)"))
+        text = Text(f"store unreachable: {reason} — retrying (showing the last data read)")
+        if text != self.content:
+            self.update(text)
         self.add_class("-shown")
 
     def clear(self) -> None:
@@ -70,6 +73,19 @@ class StoreBanner(Static):
     @property
     def shown(self) -> bool:
         return self.has_class("-shown")
+
+
+class TextPanel(Static):
+    """A panel of fixed size whose text changes on most polls (ages tick).
+
+    It repaints only when the text changed, and never asks for a new layout:
+    its size does not depend on its text (app.tcss), and a layout of the
+    whole screen on every poll is what would make the monitor slow.
+    """
+
+    def show_text(self, text: Text) -> None:
+        if text != self.content:
+            self.update(text, layout=False)
 
 
 def lease_text(view: LeaseView | None, agent: str) -> Text:
@@ -90,7 +106,7 @@ def lease_text(view: LeaseView | None, agent: str) -> Text:
     return text
 
 
-class LeasePanel(Static):
+class LeasePanel(TextPanel):
     """Who holds the lease, its epoch, and when it would expire as seen from here."""
 
     def __init__(self, agent: str, *, id: str | None = None) -> None:
@@ -99,7 +115,7 @@ class LeasePanel(Static):
         self.border_title = "lease"
 
     def show(self, view: LeaseView | None) -> None:
-        self.update(lease_text(view, self.agent))
+        self.show_text(lease_text(view, self.agent))
 
 
 def progress_text(view: ProgressView | None) -> Text:
@@ -112,7 +128,7 @@ def progress_text(view: ProgressView | None) -> Text:
     return text
 
 
-class ProgressPanel(Static):
+class ProgressPanel(TextPanel):
     """The agent's last checkpoint: number, age, size. The monitor never opens it."""
 
     def __init__(self, *, id: str | None = None) -> None:
@@ -120,7 +136,7 @@ class ProgressPanel(Static):
         self.border_title = "agent progress"
 
     def show(self, view: ProgressView | None) -> None:
-        self.update(progress_text(view))
+        self.show_text(progress_text(view))
 
 
 def timeline_line(takeover: Takeover) -> Text:
@@ -191,8 +207,9 @@ class KillPanel(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, classes="panel")
         self.border_title = "kill switch"
-        self.button = Button("kill active node", id="kill-button", variant="error", disabled=True)
+        self.button = Button("kill: unavailable", id="kill-button", variant="error", disabled=True)
         self.reason = Static("cannot kill: no active node")
+        self.target = KillTarget(None, None, "no active node")
         self.button.tooltip = "cannot kill: no active node"
 
     def compose(self) -> ComposeResult:
@@ -200,6 +217,9 @@ class KillPanel(Vertical):
         yield self.reason
 
     def show(self, target: KillTarget) -> None:
+        if target == self.target:
+            return  # unchanged: no repaint
+        self.target = target
         enabled = target.pid is not None
         self.button.disabled = not enabled
         why = target.reason if enabled else f"cannot kill: {target.reason}"
