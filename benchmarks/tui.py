@@ -124,9 +124,11 @@ end, post messages): at 1,000 events a second and about four polls a second (the
 watch's hints), some 250 writes per poll, the loop blocked meanwhile. In a headless
 app at rest, 500 events written one `write` each took 80 ms, joined into one `Text`
 and written once 61 ms, only the newest 100 written 18 ms. Done since: the event log
-writes at most the 100 newest events per poll and counts the rest in one line.
+writes at most a screenful of the newest events per poll (`WRITE_PER_POLL` in
+`eventlog.py`) and counts the rest in one line.
 
-What remains (the same profile after that change): 181 callbacks over 50 ms.
+What remains (the same profile with at most 100 writes per poll): 181 callbacks over
+50 ms.
 
 * 71 are the screen's refresh timer: a repaint took 53 ms, and 74 of the 140
   repaints redid the layout (`_refresh_layout`, 97 ms each): something on screen
