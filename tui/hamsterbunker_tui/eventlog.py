@@ -15,7 +15,7 @@ __all__ = ["EventLog", "event_line"]
 
 MAX_LINES = 1000
 # Lines written per poll at most: a screenful, the newest; the rest are counted.
-WRITE_PER_POLL = 100
+WRITE_PER_POLL = 50
 MIN_WRITE = 20
 # The routine events (one per step) stay quiet so the takeovers stand out.
 TYPE_STYLES = {
@@ -74,8 +74,9 @@ class EventLog(RichLog):
         if new > shown:
             self.write(Text(f"… {new - shown} more events, not shown", style="dim italic"))
         newest = list(itertools.islice(reversed(events), shown))
-        for event in reversed(newest):
-            self.write(event_line(event))
+        if newest:
+            # One write of all the lines: each write measures, renders and scrolls.
+            self.write(Text("\n").join(event_line(event) for event in reversed(newest)))
 
     @property
     def screenful(self) -> int:
