@@ -127,23 +127,29 @@ and written once 61 ms, only the newest 100 written 18 ms. Done since: the event
 writes at most a screenful of the newest events per poll (`WRITE_PER_POLL` in
 `eventlog.py`) and counts the rest in one line.
 
-What remains (the same profile with at most 100 writes per poll): 181 callbacks over
-50 ms.
+Second version (at most 100 writes per poll): 181 callbacks over 50 ms: 71 repaints
+(53 ms each; 74 of 140 redid the whole layout, 97 ms each, since something on screen
+changed size on every poll), 69 polls (`_show` 62 ms, 55 ms of it the event log's
+writes), 39 runs of the nodes table's message pump (`DataTable._update_column_widths`
+measured every cell of the 50 rows again after each poll, 53 ms). Done since: table
+cells updated in place with columns widened only when a cell outgrows them, panels of
+fixed size updated only when their text changed, the event log written once per poll
+with at most a screenful of lines.
 
-* 71 are the screen's refresh timer: a repaint took 53 ms, and 74 of the 140
-  repaints redid the layout (`_refresh_layout`, 97 ms each): something on screen
-  changes size on every poll, so the whole screen is laid out and rendered again.
-* 69 are the poll worker: `_show` 62 ms per poll, 55 ms of it still the event log's
-  (up to) 100 writes.
-* 39 are the nodes table's message pump: `DataTable._update_column_widths` measured
-  every cell of the 50 rows again after each poll (53 ms per poll), since the rows are
-  set anew each time.
+Third version (as measured above): 90 callbacks over 50 ms, 87 of them the screen's
+refresh timer. A repaint takes 72 ms under the profiler: the nodes table renders its
+visible rows again (29 ms; about 9 rows of 7 cells per repaint, each cell a Rich
+render), the event log its visible lines (17 ms), and styles are looked up per line
+(`rich_style`, 14 ms). `_show` is down to 21 ms per poll and the layout is redone in
+24 of 107 repaints. The lag left is mostly one repaint: the heartbeat ages change on
+every poll, so the table is rendered again about four times a second, and on two
+CPUs shared with the load generator and the poll monitor a repaint can wait for a
+CPU as well.
 
-What could fix the rest (in `tui/hamsterbunker_tui/`, not changed here): update the
-nodes table's cells in place (`update_cell`) rather than setting its rows again, and
-only the cells that changed, so column widths are not measured again; keep every
-panel's size fixed so that a poll repaints without a new layout; and write the event
-log from a timer of its own at a few hertz, at most a screenful per tick.
+What could lower it further (in `tui/hamsterbunker_tui/`, not changed here): show
+ages at the resolution the eye needs (whole seconds past 10 s) so that fewer cells
+change per poll, and repaint on a timer of its own (two or three a second) however
+often the watch makes the app poll.
 """
 
 # -- the children -------------------------------------------------------------------
