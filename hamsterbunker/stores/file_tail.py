@@ -14,6 +14,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import CorruptRecord, StoreError
 from ..records import Event, Heartbeat
@@ -23,9 +24,14 @@ from .file import _EVENTS, _HEARTBEAT, _is_sync_copy
 __all__ = ["FileTail"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Position:
+    """How far one node's event log has been read."""
+
     inode: int
+    # The segment's first complete line (empty until it has one). With the inode
+    # it tells a segment apart from a later one given the same inode number.
+    head: bytes
     offset: int  # bytes consumed: always just after a complete line
     last_n: int  # the highest event number returned for this node
 
@@ -47,33 +53,43 @@ class FileTail:
 
     def _new_events(self) -> list[Event]:
         events: list[Event] = []
+        positions: dict[str, _Position | None] = dict(self._positions)
         for node, name in _records(self._events_dir, _EVENTS):
-            events.extend(self._node_events(node, self._events_dir / name))
+            new, positions[node] = self._node_events(
+                node, self._events_dir / name, positions.get(node)
+            )
+            events.extend(new)
+        # Kept only once every log was read: after an error, the next read starts over.
+        self._positions = {node: p for node, p in positions.items() if p is not None}
         return events
 
-    def _node_events(self, node: str, current: Path) -> list[Event]:
-        position = self._positions.get(node)
+    def _node_events(
+        self, node: str, current: Path, position: _Position | None
+    ) -> tuple[list[Event], _Position | None]:
         try:
             file = current.open("rb")
         except FileNotFoundError:
-            return []  # rotated away this instant: the next read finds it
+            return [], position  # rotated away this instant: the next read finds it
         with file:
             inode = os.fstat(file.fileno()).st_ino
+            last_n = position.last_n if position else 0
             lines: list[bytes] = []
-            if position is None or position.inode != inode:
-                # First sight, or rotated since: what we have not read of the old
-                # file is in .1 now, unless it rotated twice (then read .1 whole).
-                previous = current.with_name(current.name + ".1")
-                start = position.offset if position and _inode(previous) == position.inode else 0
-                lines += _complete_lines(_read_from(previous, start))[0]
-                offset = 0
+            if position is not None and _is_segment(file, inode, position):
+                offset, head = position.offset, position.head
             else:
-                offset = position.offset
+                # First sight, or rotated since: what we have not read of the old
+                # segment is in .1 now. If .1 is not that segment either (rotated
+                # twice, or a new store in its place), everything in .1 is new.
+                rest = _rest_of(current.with_name(current.name + ".1"), position)
+                if rest is None:
+                    rest, last_n = _read_from(current.with_name(current.name + ".1"), 0), 0
+                lines += _complete_lines(rest)[0]
+                offset, head = 0, b""
             file.seek(offset)
             new_lines, consumed = _complete_lines(file.read())
-            lines += new_lines
-        last_n = position.last_n if position else 0
-        self._positions[node] = _Position(inode, offset + consumed, last_n)
+        if offset == 0 and new_lines:
+            head = new_lines[0]
+        lines += new_lines
         events = []
         for line in lines:
             try:
@@ -83,8 +99,7 @@ class FileTail:
             if event.node == node and event.n > last_n:
                 events.append(event)
                 last_n = event.n
-        self._positions[node].last_n = last_n
-        return events
+        return events, _Position(inode, head, offset + consumed, last_n)
 
     # -- heartbeats ----------------------------------------------------------
 
@@ -116,9 +131,24 @@ def _records(directory: Path, pattern: re.Pattern[str]) -> list[tuple[str, str]]
     return [(match[1], name) for match, name in matches if match]
 
 
-def _inode(path: Path) -> int | None:
+def _is_segment(file: BinaryIO, inode: int, position: _Position) -> bool:
+    """Whether the open file is the segment position was taken in."""
+    if inode != position.inode:
+        return False
+    head = position.head
+    return not head or os.pread(file.fileno(), len(head), 0) == head
+
+
+def _rest_of(path: Path, position: _Position | None) -> bytes | None:
+    """What follows position in path, if path is the segment position was taken in."""
+    if position is None:
+        return None
     try:
-        return path.stat().st_ino
+        with path.open("rb") as file:
+            if not _is_segment(file, os.fstat(file.fileno()).st_ino, position):
+                return None
+            file.seek(position.offset)
+            return file.read()
     except FileNotFoundError:
         return None
 
