@@ -186,12 +186,6 @@ def test_a_node_whose_heartbeat_vanished_stays_listed_as_offline_until_it_beats_
     assert row(m, "a") == ("starting", "fresh", 0.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a node.offline event older than the node's current heartbeat (from an earlier "
-    "run of that node, read in the monitor's first poll) marks a live node offline until its "
-    "next beat; the model orders offline marks by arrival, not by time",
-)
 def test_a_node_offline_older_than_the_current_heartbeat_does_not_mark_it_offline() -> None:
     m, ev = model(), Events()
     # The monitor's first poll reads the whole history: a stopped at T0 + 5, restarted,
@@ -304,6 +298,23 @@ def test_timeline_has_each_epoch_in_order_with_previous_holder_via_and_gap() -> 
     assert lines[1].time == T0 + 5.1
 
 
+def test_the_gap_reaches_back_past_a_leader_that_published_nothing() -> None:
+    """A leader killed before its first publish: the gap runs from the last checkpoint before it."""
+    m, ev = model(), Events()
+    update(m, now=1.0, events=[
+        ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="empty"),
+        ev("a", "checkpoint.published", T0 + 1.0, epoch=1),
+        ev("b", "lease.acquired", T0 + 3.0, epoch=2, via="expired"),
+        ev("b", "agent.resumed", T0 + 3.1, epoch=2),  # killed before publishing
+        ev("c", "lease.acquired", T0 + 6.0, epoch=3, via="expired"),
+        ev("c", "agent.resumed", T0 + 6.2, epoch=3),
+    ])  # fmt: skip
+    lines = m.timeline()
+    assert [(t.epoch, t.previous) for t in lines] == [(1, None), (2, "a"), (3, "b")]
+    assert lines[1].gap_ms == pytest.approx(2100.0)
+    assert lines[2].gap_ms == pytest.approx(5200.0)  # from a's checkpoint at T0 + 1
+
+
 def test_the_gap_is_right_when_events_arrive_out_of_order_across_batches() -> None:
     m, ev = model(), Events()
     a_events = [
@@ -335,12 +346,6 @@ def test_the_gap_is_right_when_events_arrive_out_of_order_across_batches() -> No
     assert [(t.epoch, t.gap_ms) for t in m2.timeline()] == [(1, None), (2, pytest.approx(2500.0))]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a takeover's previous holder is fixed when its lease.acquired arrives; if the "
-    "epoch before it is read in a later poll (events of another node's file), the newer "
-    "takeover keeps naming the holder of an older epoch",
-)
 def test_the_previous_holder_is_right_when_takeovers_arrive_out_of_order() -> None:
     m, ev = model(), Events()
     update(m, now=1.0, events=[ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="free")])
@@ -418,11 +423,33 @@ def _with_active(pid: int, host: str = HERE) -> ClusterModel:
     return m
 
 
+def _node_like_process() -> subprocess.Popen[bytes]:
+    """A live process whose command line names hamsterbunker, as a node's does."""
+    code = "import sys, time; time.sleep(60)"
+    return subprocess.Popen([sys.executable, "-c", code, "hamsterbunker-test-node"])
+
+
 def test_kill_target_is_the_active_node_on_this_host_with_a_live_process() -> None:
-    pid = os.getpid()
-    target = kill_target(_with_active(pid))
-    assert (target.node, target.pid) == ("a", pid)
-    assert str(pid) in target.reason
+    process = _node_like_process()
+    try:
+        target = kill_target(_with_active(process.pid))
+        assert (target.node, target.pid) == ("a", process.pid)
+        assert str(process.pid) in target.reason
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def test_kill_is_disabled_when_the_pid_now_belongs_to_another_program() -> None:
+    """A reused pid (alive, but not a node) is never offered for killing."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        target = kill_target(_with_active(process.pid))
+        assert (target.node, target.pid) == (None, None)
+        assert str(process.pid) in target.reason
+    finally:
+        process.kill()
+        process.wait(timeout=30)
 
 
 def test_kill_is_disabled_for_an_active_node_on_another_host() -> None:

@@ -214,7 +214,10 @@ def test_kill_switch_is_disabled_and_says_why(
 
 
 def test_kill_outside_the_demo_asks_once_then_sigkills(tmp_path: Path) -> None:
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Its command line names hamsterbunker, as a node's does (the monitor checks).
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "hamsterbunker-test-node"]
+    )
     try:
         store = FileStore(tmp_path / "store")
         write_active_node(store, host=socket.gethostname(), pid=victim.pid)

@@ -16,7 +16,7 @@ import collections
 import os
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
@@ -59,7 +59,7 @@ class LeaseView:
     expires_in_s: float | None  # None: released, or no lease yet
 
 
-@dataclass
+@dataclass(frozen=True)
 class Takeover:
     """One epoch: who took the lease from whom, and how long the agent stood still."""
 
@@ -103,7 +103,11 @@ class ClusterModel:
     _takeovers: dict[int, Takeover] = field(default_factory=dict)
     _resumed: dict[int, float] = field(default_factory=dict)  # epoch -> resume time
     _last_publish: dict[int, float] = field(default_factory=dict)  # epoch -> last publish time
-    _offline: set[str] = field(default_factory=set)  # said node.offline since its last beat
+    # node -> its heartbeat (beats, time) when it said node.offline; any later
+    # change of the heartbeat means it is back.
+    _offline_marks: dict[str, object] = field(default_factory=dict)
+    _said_offline: list[Event] = field(default_factory=list)  # to mark once beats are read
+    _vanished: set[str] = field(default_factory=set)  # heartbeat removed (graceful stop)
     _now: float = 0.0
 
     def __post_init__(self) -> None:
@@ -129,13 +133,13 @@ class ClusterModel:
         current = {beat.node: beat for beat in heartbeats}
         for node, beat in current.items():
             self._beat_seen[node] = _observe(
-                self._beat_seen.get(node), (beat.beats, beat.time), now, wall - beat.time
+                self._beat_seen.get(node), _beat_key(beat), now, wall - beat.time
             )
-            if beat.beats != self.heartbeats.get(node, beat).beats:
-                self._offline.discard(node)  # it came back
+            self._vanished.discard(node)
+        self._mark_offline(current)
         # A node whose heartbeat vanished (graceful stop) stays listed, as offline.
         for node in self.heartbeats.keys() - current.keys():
-            self._offline.add(node)
+            self._vanished.add(node)
             current[node] = self.heartbeats[node]
         self.heartbeats = current
         if lease is not None:
@@ -155,11 +159,12 @@ class ClusterModel:
         self.events_seen += 1
         match event.type:
             case "lease.acquired":
-                previous = max((e for e in self._takeovers if e < event.epoch), default=None)
+                # The previous holder and the gap are worked out in timeline(): the
+                # epoch before this one may be read in a later poll.
                 self._takeovers[event.epoch] = Takeover(
                     epoch=event.epoch,
                     node=event.node,
-                    previous=self._takeovers[previous].node if previous is not None else None,
+                    previous=None,
                     via=str(event.detail.get("via", "")),
                     time=event.time,
                 )
@@ -173,7 +178,19 @@ class ClusterModel:
                 )
                 _trim(self._last_publish, MAX_EPOCH_MARKS)
             case "node.offline":
-                self._offline.add(event.node)
+                self._said_offline.append(event)
+
+    def _mark_offline(self, beats: dict[str, Heartbeat]) -> None:
+        for event in self._said_offline:
+            beat = beats.get(event.node) or self.heartbeats.get(event.node)
+            # An offline older than the heartbeat (an earlier run, read in the
+            # first poll's history) says nothing about the node now.
+            if beat is None or event.time >= beat.time:
+                self._offline_marks[event.node] = _beat_key(beat)
+        self._said_offline.clear()
+        for node, beat in beats.items():
+            if node in self._offline_marks and self._offline_marks[node] != _beat_key(beat):
+                del self._offline_marks[node]
 
     # -- views -----------------------------------------------------------------
 
@@ -186,7 +203,7 @@ class ClusterModel:
         for node, beat in sorted(self.heartbeats.items()):
             age = self._now - self._beat_seen[node].since
             health = "fresh" if age <= self.ttl_s / 2 else "late" if age <= self.ttl_s else "dead"
-            gone = health == "dead" or node in self._offline
+            gone = health == "dead" or node in self._vanished or node in self._offline_marks
             views.append(
                 NodeView(
                     node=node,
@@ -211,16 +228,27 @@ class ClusterModel:
         return LeaseView(self.lease.holder, self.lease.region, self.lease.epoch, expires_in)
 
     def timeline(self) -> list[Takeover]:
-        """One line per epoch, oldest first; the gap filled in once both ends are known."""
+        """One line per epoch, oldest first; the gap filled in once both ends are known.
+
+        The gap runs from the last checkpoint published under any earlier epoch
+        (the old leader may have published nothing in its own) to the new
+        leader's resume.
+        """
         lines = []
-        epochs = sorted(self._takeovers)
-        for index, epoch in enumerate(epochs):
+        publishes = sorted(self._last_publish.items())
+        index, before = 0, None
+        previous: str | None = None
+        for epoch in sorted(self._takeovers):
+            while index < len(publishes) and publishes[index][0] < epoch:
+                before = max(before or 0.0, publishes[index][1])
+                index += 1
             takeover = self._takeovers[epoch]
             resumed = self._resumed.get(epoch)
-            before = self._last_publish.get(epochs[index - 1]) if index > 0 else None
+            gap = None
             if resumed is not None and before is not None:
-                takeover.gap_ms = max(0.0, (resumed - before) * 1000)
-            lines.append(takeover)
+                gap = max(0.0, (resumed - before) * 1000)
+            lines.append(replace(takeover, previous=previous, gap_ms=gap))
+            previous = takeover.node
         return lines
 
     def progress(self) -> ProgressView | None:
@@ -232,6 +260,10 @@ class ClusterModel:
     def active_node(self) -> NodeView | None:
         holder = self.lease.holder if self.lease else None
         return next((n for n in self.nodes() if n.node == holder and n.role != "offline"), None)
+
+
+def _beat_key(beat: Heartbeat | None) -> object:
+    return None if beat is None else (beat.beats, beat.time)
 
 
 def _observe(seen: _Seen | None, key: object, now: float, first_age: float) -> _Seen:
@@ -265,19 +297,27 @@ def kill_target(model: ClusterModel) -> KillTarget:
         return KillTarget(None, None, "no active node")
     if active.host != model.hostname:
         return KillTarget(None, None, f"{active.node} runs on {active.host}, not on this machine")
-    if not _process_exists(active.pid):
+    if not _is_node_process(active.pid):
         return KillTarget(None, None, f"{active.node}'s process {active.pid} is not running here")
     return KillTarget(active.node, active.pid, f"kill {active.node} (pid {active.pid})")
 
 
-def _process_exists(pid: int) -> bool:
+def _is_node_process(pid: int) -> bool:
+    """Whether pid is alive and still a node (the number may have been reused since)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # it exists, owned by someone else
-    return True
+        pass  # it exists, owned by someone else
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            argv = file.read().split(b"\0")
+    except FileNotFoundError:
+        return False  # it ended meanwhile
+    except OSError:
+        return True  # no /proc here: trust the heartbeat
+    return any(b"hamsterbunker" in arg or os.path.basename(arg) == b"hb" for arg in argv)
 
 
 def format_age(seconds: float | None) -> str:
