@@ -7,6 +7,7 @@ only a directory-backed store can get wrong.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import multiprocessing
 import os
@@ -355,3 +356,17 @@ def test_a_lease_only_watch_sleeps_through_other_writes(root: Path) -> None:
             await watcher.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(main())
+
+
+def test_a_watch_creates_nothing_for_an_agent_nobody_wrote(tmp_path: Path) -> None:
+    """Watching a mistyped agent id makes no directory: a watch only reads."""
+    store = FileStore(tmp_path / "store")
+
+    async def watch_briefly() -> None:
+        watcher = store.watch("typo")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(watcher.__anext__(), timeout=1.0)
+        await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(watch_briefly())
+    assert not (tmp_path / "store" / "agents" / "typo").exists()

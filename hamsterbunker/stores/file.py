@@ -19,6 +19,7 @@ editor backups and sync-conflict copies are ignored.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -481,7 +482,11 @@ class FileStore:
     async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
         import watchfiles
 
-        directory = self._writable_dir(agent)
+        # A watch only reads: it waits for a node to make the directory rather than
+        # making it, so a monitor with a mistyped agent id creates nothing.
+        directory = self._agent_dir(agent)
+        while not directory.is_dir():
+            await asyncio.sleep(0.5)
         on_nfs = mount_of(self.root).fstype.startswith("nfs")
         # The lease record lives in the agent directory itself; watching only that
         # directory (not its checkpoints, heartbeats and events) keeps a standby
