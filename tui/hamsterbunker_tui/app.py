@@ -33,7 +33,7 @@ from .eventlog import EventLog
 from .model import ClusterModel, KillTarget, kill_target
 from .nodes import NodesTable
 from .panels import KillPanel, LeasePanel, ProgressPanel, StoreBanner, Timeline
-from .polling import Reading, check_reachable, read_store
+from .polling import Reading, read_store
 
 __all__ = ["MonitorApp"]
 
@@ -67,7 +67,6 @@ class MonitorApp(App[None]):
         self._hint = asyncio.Event()
         self._target = KillTarget(None, None, "no active node")
         self._watcher: Worker[None] | None = None
-        self._agent_seen = False
         self._sigterm_handled = False
 
     def compose(self) -> ComposeResult:
@@ -139,9 +138,6 @@ class MonitorApp(App[None]):
             self.store_error = None
             self.query_one(StoreBanner).clear()
             self.query_one(EventLog).note("the store is readable again")
-        self._agent_seen = self._agent_seen or bool(
-            reading.lease or reading.heartbeats or reading.checkpoints
-        )
         self._ensure_watch()
         self._show()
 
@@ -171,9 +167,7 @@ class MonitorApp(App[None]):
     # -- the watch hint ----------------------------------------------------------
 
     def _ensure_watch(self) -> None:
-        # Only once the agent has written something: the file store's watch
-        # creates the agent's directories, and a mistyped agent id should not.
-        if self._agent_seen and (self._watcher is None or self._watcher.is_finished):
+        if self._watcher is None or self._watcher.is_finished:
             self._watcher = self.run_worker(self._watch(), group="watch", exclusive=True)
 
     def _stop_watch(self) -> None:
@@ -184,9 +178,6 @@ class MonitorApp(App[None]):
     async def _watch(self) -> None:
         while True:
             try:
-                # FileStore.watch makes the agent's directories, parents and all, on
-                # its first call: it must not bring back a store that was removed.
-                check_reachable(self.store)
                 async for _ in self.store.watch(self.agent_id):
                     self._hint.set()
             except Exception as exc:
