@@ -25,6 +25,13 @@ def test_heartbeat_age_is_coloured_by_health() -> None:
     assert node_cells(node(role="active"))["role"].style == "bold green"
 
 
+def test_a_healthy_heartbeat_age_does_not_change_its_cell_between_polls() -> None:
+    """Ages under a second read the same, so a table of healthy nodes repaints nothing."""
+    cells = {node_cells(node(age=age))["heartbeat"].plain for age in (0.0, 0.4, 0.99)}
+    assert cells == {"< 1 s"}
+    assert node_cells(node(health="late", age=1.0))["heartbeat"].plain == "1.0 s"
+
+
 def test_lease_text() -> None:
     held = lease_text(LeaseView("hbnk-2", "us-east", 3, 1.25), "a").plain
     assert held == "holder  hbnk-2 (us-east)\nepoch 3\nexpires in 1.2 s"
