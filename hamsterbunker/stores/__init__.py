@@ -18,6 +18,16 @@ def open_store(url: str, *, create: bool = True) -> Store:
     With create=False (readers such as ``hb status``) a store that does not
     exist is an error rather than something to make.
     """
+    if url.startswith(("redis://", "rediss://")):
+        try:
+            from .redis import RedisStore
+        except ModuleNotFoundError as exc:  # redis-py is the optional extra "redis"
+            if exc.name != "redis":
+                raise
+            raise ConfigError(
+                "the Redis store needs redis-py: pip install 'hamsterbunker[redis]'"
+            ) from exc
+        return RedisStore(url, create=create)
     path = file_store_path(url)
     from .file import FileStore
 

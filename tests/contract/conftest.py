@@ -56,9 +56,19 @@ def _memory(tmp_path: Path) -> Opener:
     return lambda: shared
 
 
+def _redis(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.redis import RedisStore
+
+    from ..redis_server import redis_url
+
+    url = redis_url()  # the session's redis-server, under a prefix of this test's own
+    return lambda: RedisStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "file": _file,
     "memory": _memory,
+    "redis": _redis,
 }
 
 

@@ -1,0 +1,128 @@
+"""A throwaway ``redis-server`` (Debian package ``redis-server``) on a free loopback port.
+
+Tests share one server per session (``shared_redis()``), each test under its
+own key prefix (``redis_url()``); tests that stop or freeze a server start a
+private one (``RedisServer.start``). Without redis-server the tests skip, except
+in CI (``CI=true``), where a missing server is a failure: .ci/run installs it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+__all__ = ["RedisServer", "redis_url", "require_redis_server", "shared_redis"]
+
+START_TIMEOUT_S = 10.0
+
+
+def require_redis_server() -> str:
+    """The path of redis-server; skip the test without it (fail in CI)."""
+    path = shutil.which("redis-server")
+    if path is None:
+        message = "redis-server is not installed (apt-get install redis-server)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def _die_with_parent() -> None:
+    """In the child: receive SIGTERM when the test process dies, even by SIGKILL."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _answers_ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One redis-server process without persistence, in its own temporary directory."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+        self.process = process
+        self.port = port
+        self.workdir = workdir
+
+    @classmethod
+    def start(cls, *extra: str) -> RedisServer:
+        """Start a server on a free port and wait (bounded) until it answers PING."""
+        binary = require_redis_server()
+        workdir = Path(tempfile.mkdtemp(prefix="hb-redis-"))
+        # The port is free when chosen but could be taken before the server
+        # binds it: then the server exits, and we try another.
+        for _attempt in range(3):
+            port = _free_port()
+            process = subprocess.Popen(
+                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(workdir), "--logfile", "redis.log", *extra],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while process.poll() is None and time.monotonic() < deadline:
+                if _answers_ping(port):
+                    return cls(process, port, workdir)
+                time.sleep(0.01)
+            process.kill()
+            process.wait()
+        log = workdir / "redis.log"
+        tail = log.read_text()[-2000:] if log.exists() else "(no log)"
+        pytest.fail(f"redis-server did not answer PING within {START_TIMEOUT_S} s:\n{tail}")
+
+    def url(self, prefix: str | None = None, db: int = 0, query: str = "") -> str:
+        """A store URL on this server: a fresh random prefix unless one is given."""
+        prefix = prefix or f"t{uuid.uuid4().hex}"
+        return f"redis://127.0.0.1:{self.port}/{db}?prefix={prefix}" + (
+            f"&{query}" if query else ""
+        )
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_shared: RedisServer | None = None
+
+
+def shared_redis() -> RedisServer:
+    """The session's server: started on first use, stopped when the test process exits."""
+    global _shared
+    if _shared is None or _shared.process.poll() is not None:
+        _shared = RedisServer.start()
+        atexit.register(_shared.stop)
+    return _shared
+
+
+def redis_url(query: str = "") -> str:
+    """A URL of the shared server under a prefix no other test uses."""
+    return shared_redis().url(query=query)
