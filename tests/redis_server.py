@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["RedisServer", "redis_url", "require_redis_server", "shared_redis"]
+__all__ = ["RedisServer", "free_port", "redis_url", "require_redis_server", "shared_redis"]
 
 START_TIMEOUT_S = 10.0
 
@@ -43,7 +43,7 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -54,7 +54,8 @@ def _answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as sock:
             sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
+            # A server with a password answers, too: it refuses the PING.
+            return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False
 
@@ -68,24 +69,24 @@ class RedisServer:
         self.workdir = workdir
 
     @classmethod
-    def start(cls, *extra: str) -> RedisServer:
-        """Start a server on a free port and wait (bounded) until it answers PING."""
+    def start(cls, *extra: str, port: int | None = None) -> RedisServer:
+        """Start a server (on a free port unless given) and wait, bounded, for its PING."""
         binary = require_redis_server()
         workdir = Path(tempfile.mkdtemp(prefix="hb-redis-"))
-        # The port is free when chosen but could be taken before the server
-        # binds it: then the server exits, and we try another.
+        # A free port can be taken before the server binds it: then the server
+        # exits, and we try another.
         for _attempt in range(3):
-            port = _free_port()
+            chosen = port or free_port()
             process = subprocess.Popen(
-                [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                [binary, "--port", str(chosen), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--dir", str(workdir), "--logfile", "redis.log", *extra],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 preexec_fn=_die_with_parent,
             )  # fmt: skip
             deadline = time.monotonic() + START_TIMEOUT_S
             while process.poll() is None and time.monotonic() < deadline:
-                if _answers_ping(port):
-                    return cls(process, port, workdir)
+                if _answers_ping(chosen):
+                    return cls(process, chosen, workdir)
                 time.sleep(0.01)
             process.kill()
             process.wait()

@@ -1,0 +1,460 @@
+"""RedisStore behaviour beyond the shared contract: URLs, a dead or frozen server, TLS, keys, tail.
+
+The contract every backend keeps runs on Redis in tests/contract; this file
+checks what only a Redis-backed store can get wrong. Servers listen on
+127.0.0.1 only (tests/redis_server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+redis = pytest.importorskip("redis")
+
+from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
+    ConfigError,
+    Fenced,
+    StoreError,
+    StoreUnavailable,
+)
+from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord  # noqa: E402
+from hamsterbunker.stores import open_store  # noqa: E402
+from hamsterbunker.stores.base import Fence  # noqa: E402
+from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
+from hamsterbunker.tail import open_tail  # noqa: E402
+
+from .redis_server import RedisServer, free_port, redis_url, shared_redis  # noqa: E402
+
+WAIT_S = 10.0
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
+    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
+
+
+def heartbeat(node: str, beats: int = 0) -> Heartbeat:
+    return Heartbeat(
+        node=node,
+        region="eu",
+        host="h",
+        pid=1,
+        role="standby",
+        epoch=1,
+        seq=0,
+        leader=None,
+        time=1.0,
+        beats=beats,
+    )
+
+
+def event(node: str, n: int) -> Event:
+    return Event(node=node, n=n, type="agent.step", time=float(n), epoch=1, seq=n)
+
+
+@pytest.fixture
+def private_server() -> Iterator[Callable[..., RedisServer]]:
+    """Start servers of this test's own (to stop, freeze or configure); all stopped at the end."""
+    started: list[RedisServer] = []
+
+    def start(*extra: str, port: int | None = None) -> RedisServer:
+        server = RedisServer.start(*extra, port=port)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.process.send_signal(signal.SIGCONT)  # a frozen one must be able to stop
+        server.stop()
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[..., RedisStore]]:
+    """Open RedisStores; all closed at the end."""
+    stores: list[RedisStore] = []
+
+    def open_one(url: str, **options: int) -> RedisStore:
+        store = RedisStore(url, **options)  # type: ignore[arg-type]
+        stores.append(store)
+        return store
+
+    yield open_one
+    for store in stores:
+        store.close()
+
+
+async def next_wake(watcher: AsyncIterator[None], writer: RedisStore) -> None:
+    """Wait (bounded) for watcher to yield while writer keeps changing lease "a"."""
+    loop = asyncio.get_running_loop()
+    woke = asyncio.ensure_future(anext(watcher))
+    deadline = loop.time() + WAIT_S
+    try:
+        while not woke.done():
+            assert loop.time() < deadline, f"the watch did not yield within {WAIT_S} s"
+            current = await asyncio.to_thread(writer.read_lease, "a")
+            version = None if current is None else current.version
+            await asyncio.to_thread(writer.cas_lease, "a", version, lease("n1", 1))
+            await asyncio.wait({woke}, timeout=0.25)
+        woke.result()
+    finally:
+        woke.cancel()
+        await asyncio.gather(woke, return_exceptions=True)
+
+
+# -- URLs ----------------------------------------------------------------------
+
+
+def test_url_gives_prefix_database_and_redis_options() -> None:
+    """The prefix is ours; db, credentials and every other option are left to redis-py."""
+    client_url, prefix = parse_redis_url(
+        "redis://u:p%40ss@127.0.0.1:6390/3?prefix=prod&socket_timeout=0.5"
+    )
+    assert prefix == "prod"
+    assert client_url == "redis://u:p%40ss@127.0.0.1:6390/3?socket_timeout=0.5"
+    assert parse_redis_url("redis://127.0.0.1")[1] == "hamsterbunker"
+
+
+def test_rediss_url_passes_the_certificates_to_redis_py(tmp_path: Path) -> None:
+    """rediss:// with ssl_ca_certs, ssl_certfile and ssl_keyfile makes TLS connections with them."""
+    store = RedisStore(
+        "rediss://127.0.0.1:1/0?ssl_ca_certs=/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem"
+    )
+    try:
+        pool = store._redis.connection_pool
+        assert pool.connection_class is redis.SSLConnection
+        options = pool.connection_kwargs
+        assert (options["ssl_ca_certs"], options["ssl_certfile"], options["ssl_keyfile"]) == (
+            "/ca.pem",
+            "/c.pem",
+            "/k.pem",
+        )
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://",
+        "redis://127.0.0.1:notaport/0",
+        "redis://127.0.0.1:6379/zero",
+        "redis://127.0.0.1:6379/0?prefix=../x",
+        "redis://127.0.0.1:6379/0?no_such_option=1",
+        "redis://127.0.0.1:6379/0?socket_timeout=soon",
+    ],
+    ids=["no-host", "bad-port", "bad-db", "bad-prefix", "unknown-option", "bad-value"],
+)
+def test_bad_url_is_a_config_error(url: str) -> None:
+    """A URL we cannot use is a ConfigError at open, before any connection is tried."""
+    with pytest.raises(ConfigError):
+        open_store(url)
+
+
+def test_password_is_not_shown(private_server: Callable[..., RedisServer]) -> None:
+    """store.url and errors show the password as ***; a wrong one is a StoreError."""
+    server = private_server("--requirepass", "s3cret")
+    store = open_store(f"redis://:s3cret@127.0.0.1:{server.port}/0?prefix=p")
+    try:
+        assert "s3cret" not in store.url and "***" in store.url
+        assert store.read_lease("a") is None
+    finally:
+        store.close()
+    wrong = open_store(f"redis://:nope@127.0.0.1:{server.port}/0?prefix=p")
+    try:
+        with pytest.raises(StoreError) as caught:
+            wrong.read_lease("a")
+        assert "nope" not in str(caught.value)
+    finally:
+        wrong.close()
+
+
+def test_missing_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without redis-py, a redis:// URL tells how to install it."""
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.delitem(sys.modules, "hamsterbunker.stores.redis")
+    with pytest.raises(ConfigError, match=r"hamsterbunker\[redis\]"):
+        open_store("redis://127.0.0.1:6379/0")
+
+
+# -- a server that is gone or frozen ---------------------------------------------
+
+
+def test_stopped_server_is_store_unavailable(
+    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+) -> None:
+    """Once the server is gone every call raises StoreUnavailable at once, naming the reason."""
+    server = private_server()
+    store = opened(server.url())
+    held = store.cas_lease("a", None, lease("n1", 1))
+    server.stop()
+    started = time.monotonic()
+    for call in (
+        lambda: store.read_lease("a"),
+        lambda: store.cas_lease("a", held.version, lease("n1", 1)),
+        lambda: store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x"),
+        lambda: store.list_heartbeats("a"),
+    ):
+        with pytest.raises(StoreUnavailable, match="redis store"):
+            call()
+    assert time.monotonic() - started < 5.0
+
+
+def test_frozen_server_is_store_unavailable_within_the_socket_timeout(
+    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+) -> None:
+    """A server that stops answering (SIGSTOP) gives StoreUnavailable after socket_timeout, not a hang."""
+    server = private_server()
+    store = opened(server.url(query="socket_timeout=0.3&socket_connect_timeout=0.3"))
+    store.cas_lease("a", None, lease("n1", 1))
+    server.process.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.read_lease("a")
+    assert time.monotonic() - started < 3.0
+    server.process.send_signal(signal.SIGCONT)
+
+
+def test_watch_outlives_a_server_restart(
+    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+) -> None:
+    """A watch whose server restarts reconnects and wakes again (it never raises)."""
+    server = private_server()
+    store, writer = opened(server.url(prefix="p")), opened(server.url(prefix="p"))
+
+    async def main() -> None:
+        watcher = store.watch("a", lease_only=True)
+        try:
+            await next_wake(watcher, writer)
+            server.stop()
+            private_server(port=server.port)  # the same address, empty again
+            await next_wake(watcher, writer)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+# -- TLS -------------------------------------------------------------------------
+
+
+def _certificates(directory: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
+    now = datetime.datetime.now(datetime.UTC)
+    paths: dict[str, Path] = {}
+
+    def issue(
+        name: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None, ip: str = ""
+    ) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        issuer_name, issuer_key = issuer or (subject, key)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), True)
+        )
+        if ip:
+            san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))])
+            builder = builder.add_extension(san, False)
+        cert = builder.sign(issuer_key, hashes.SHA256())
+        paths[f"{name}.crt"] = directory / f"{name}.crt"
+        paths[f"{name}.key"] = directory / f"{name}.key"
+        paths[f"{name}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        paths[f"{name}.key"].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        return subject, key
+
+    ca = issue("ca", None)
+    issue("server", ca, ip="127.0.0.1")
+    issue("client", ca)
+    issue("other-ca", None)
+    return paths
+
+
+def test_rediss_with_client_certificates(
+    tmp_path: Path,
+    private_server: Callable[..., RedisServer],
+    opened: Callable[..., RedisStore],
+) -> None:
+    """Over TLS with client certificates the store works; without them, or with a wrong CA, it refuses."""
+    certs = _certificates(tmp_path)
+    tls_port = free_port()
+    private_server(
+        "--tls-port", str(tls_port),
+        "--tls-cert-file", str(certs["server.crt"]),
+        "--tls-key-file", str(certs["server.key"]),
+        "--tls-ca-cert-file", str(certs["ca.crt"]),
+        "--tls-auth-clients", "yes",
+    )  # fmt: skip
+    base = f"rediss://127.0.0.1:{tls_port}/0?prefix=tls&socket_timeout=2"
+    client = f"&ssl_certfile={certs['client.crt']}&ssl_keyfile={certs['client.key']}"
+    store = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}{client}")
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"sealed")
+    assert [i.seq for i in store.list_checkpoints("a")] == [1]
+    writer = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}{client}")
+
+    async def watch_once() -> None:
+        watcher = store.watch("a")
+        try:
+            await next_wake(watcher, writer)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(watch_once())
+    assert store.read_lease("a") != held
+
+    no_client_cert = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}")
+    with pytest.raises(StoreError):
+        no_client_cert.read_lease("a")
+    wrong_ca = opened(f"{base}&ssl_ca_certs={certs['other-ca.crt']}{client}")
+    with pytest.raises(StoreUnavailable):
+        wrong_ca.read_lease("a")
+
+
+# -- keys, bounds, settings --------------------------------------------------------
+
+
+def test_every_key_is_under_the_prefix_and_prefixes_are_isolated(
+    opened: Callable[..., RedisStore],
+) -> None:
+    """All records live under PREFIX:, and another prefix on the same database sees none of them."""
+    server = shared_redis()
+    db = 7  # this test's own database on the shared server
+    raw = redis.Redis(host="127.0.0.1", port=server.port, db=db)
+    try:
+        raw.flushdb()
+        store = opened(server.url(prefix="mine", db=db))
+        held = store.cas_lease("a", None, lease("n1", 1))
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x")
+        store.put_heartbeat("a", heartbeat("n1"))
+        store.append_event("a", event("n1", 1))
+        store.create_cluster(_cluster())
+        keys = {key.decode() for key in raw.keys("*")}
+        assert keys and all(key.startswith("mine:") for key in keys), keys
+        other = opened(server.url(prefix="other", db=db))
+        assert other.read_cluster() is None
+        assert other.read_lease("a") is None
+        assert other.list_checkpoints("a") == [] and other.list_heartbeats("a") == []
+        assert other.read_events("a") == []
+        with pytest.raises(Fenced):
+            other.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"y")
+    finally:
+        raw.flushdb()
+        raw.close()
+
+
+def _cluster() -> ClusterRecord:
+    return ClusterRecord(
+        format=1, kdf="scrypt", n=2, r=8, p=1, salt="c2FsdA==", key_id="k", key_check="a2M=",
+        created=1.0,
+    )  # fmt: skip
+
+
+def test_event_lists_are_trimmed_in_redis(opened: Callable[..., RedisStore]) -> None:
+    """A node's event list in Redis never holds more than events_per_node entries."""
+    url = redis_url()
+    store = opened(url, events_per_node=5)
+    for n in range(1, 41):
+        store.append_event("a", event("busy", n))
+    raw = redis.Redis.from_url(url.split("?")[0])
+    try:
+        assert raw.llen(f"{url.split('prefix=')[1]}:agent:a:events:busy") == 5
+    finally:
+        raw.close()
+    assert [e.n for e in store.read_events("a")] == [36, 37, 38, 39, 40]
+
+
+def test_fenced_error_names_the_current_holder(opened: Callable[..., RedisStore]) -> None:
+    """Fenced says which epoch and node the lease has moved to."""
+    store = opened(redis_url())
+    first = store.cas_lease("a", None, lease("n1", 1))
+    store.cas_lease("a", first.version, lease("n2", 2, session="s2"))
+    with pytest.raises(Fenced, match="epoch 2 held by n2"):
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"late")
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ((), "appendonly is off"),
+        (("--appendonly", "yes", "--appendfsync", "everysec"), "appendfsync is everysec"),
+        (("--appendonly", "yes", "--appendfsync", "always"), None),
+        (
+            ("--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "allkeys-lru"),
+            "may evict",
+        ),
+        (("--rename-command", "CONFIG", ""), "cannot read the server's persistence settings"),
+    ],
+    ids=["no-aof", "everysec", "always", "allkeys-lru", "config-disabled"],
+)
+def test_persistence_settings_are_warned_about(
+    private_server: Callable[..., RedisServer],
+    opened: Callable[..., RedisStore],
+    settings: tuple[str, ...],
+    warned: str | None,
+) -> None:
+    """Settings that can lose acknowledged checkpoints (or that we cannot read) give a warning."""
+    store = opened(private_server(*settings).url())
+    if warned is None:
+        assert store.warnings == []
+    else:
+        assert len(store.warnings) == 1 and warned in store.warnings[0], store.warnings
+
+
+# -- the tail ----------------------------------------------------------------------
+
+
+def test_tail_returns_only_new_events_and_every_heartbeat(
+    opened: Callable[..., RedisStore],
+) -> None:
+    """Each read returns the events appended since the last one, in order, and current heartbeats."""
+    url = redis_url()
+    store = opened(url, events_per_node=10)
+    tail = open_tail(store, "a")
+    assert isinstance(tail, RedisTail)
+    assert tail.read().events == []
+    for n in (1, 2, 3):
+        store.append_event("a", event("n1", n))
+    store.append_event("a", event("n2", 1))
+    store.put_heartbeat("a", heartbeat("n1"))
+    first = tail.read()
+    assert [(e.node, e.n) for e in first.events] == [("n1", 1), ("n1", 2), ("n1", 3), ("n2", 1)]
+    assert [b.node for b in first.heartbeats] == ["n1"]
+    assert tail.read().events == []
+    store.append_event("a", event("n1", 4))
+    assert [(e.node, e.n) for e in tail.read().events] == [("n1", 4)]
+    for n in range(5, 31):  # more than the list keeps: only the retained newest come back
+        store.append_event("a", event("n1", n))
+    assert [e.n for e in tail.read().events] == list(range(21, 31))
+    store.remove_heartbeat("a", "n1")
+    assert tail.read().heartbeats == []
+    # A second tail starts from what is retained now.
+    assert [e.n for e in opened(url).tail("a").read().events if e.node == "n1"] == list(
+        range(21, 31)
+    )
