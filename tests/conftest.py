@@ -51,7 +51,7 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         }
         env.update(kwargs.pop("env", {}))  # type: ignore[arg-type]
         cluster = LocalCluster(
-            store_url=store_dir.as_uri(),
+            store_url=str(kwargs.pop("store_url", None) or store_dir.as_uri()),  # file by default
             secret=secrets.token_urlsafe(16),
             agent=agent,
             log_dir=tmp_path / f"logs{len(made)}",

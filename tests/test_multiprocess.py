@@ -1,4 +1,7 @@
-"""Nodes as real processes on one file store: kill, race, pause, slow steps, graceful stop."""
+"""Nodes as real processes on one file store: kill, race, pause, slow steps, graceful stop.
+
+The kill and the graceful stop also run on Redis (``store_url``).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker import Event, FileStore
+from hamsterbunker import Event
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores import Store, open_store
 
 from .conftest import pause_outside_lock, process_state, store_of, wait_until
+from .redis_server import redis_url
 
 pytestmark = pytest.mark.multiprocess
 
@@ -26,26 +31,32 @@ A, B, C = (
 MakeCluster = Callable[..., LocalCluster]
 
 
-def events(store: FileStore, agent: str, kind: str | None = None) -> list[Event]:
+@pytest.fixture(params=["file", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """The store the nodes share: None for local_cluster's own file store, or a Redis prefix."""
+    return redis_url() if request.param == "redis" else None
+
+
+def events(store: Store, agent: str, kind: str | None = None) -> list[Event]:
     found = store.read_events(agent)
     return [e for e in found if kind is None or e.type == kind]
 
 
-def holder(store: FileStore, agent: str) -> str | None:
+def holder(store: Store, agent: str) -> str | None:
     lease = store.read_lease(agent)
     return lease.holder if lease else None
 
 
-def latest_seq(store: FileStore, agent: str) -> int:
+def latest_seq(store: Store, agent: str) -> int:
     checkpoints = store.list_checkpoints(agent)
     return checkpoints[0].seq if checkpoints else 0
 
 
-def role_of(store: FileStore, agent: str, node: str) -> str | None:
+def role_of(store: Store, agent: str, node: str) -> str | None:
     return next((b.role for b in store.list_heartbeats(agent) if b.node == node), None)
 
 
-def assert_one_publisher_per_epoch(store: FileStore, agent: str) -> None:
+def assert_one_publisher_per_epoch(store: Store, agent: str) -> None:
     publishers: dict[int, set[str]] = {}
     for event in events(store, agent, "checkpoint.published"):
         publishers.setdefault(event.epoch, set()).add(event.node)
@@ -53,13 +64,13 @@ def assert_one_publisher_per_epoch(store: FileStore, agent: str) -> None:
 
 
 def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
-    local_cluster: MakeCluster,
+    local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """SIGKILL of the active node: a standby resumes from the last accepted checkpoint, nothing lost."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000)
+    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
     for spec in (A, B, C):
         cluster.start(spec)
-    store = store_of(cluster)
+    store = open_store(cluster.store_url)
     wait_until(lambda: latest_seq(store, "journal") >= 5, "five published steps")
     active = wait_until(lambda: holder(store, "journal"), "a lease holder")
 
@@ -218,11 +229,13 @@ def test_a_step_three_times_the_ttl_keeps_the_lease_and_is_published(
     assert [(i.seq, i.epoch) for i in store.list_checkpoints("slow")][-2:] == [(2, 1), (1, 1)]
 
 
-def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(local_cluster: MakeCluster) -> None:
+def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(
+    local_cluster: MakeCluster, store_url: str | None
+) -> None:
     """SIGTERM of the active node: the standby takes the released lease at once, from its last checkpoint."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=8000)
+    cluster = local_cluster(tick_ms=200, lease_ttl_ms=8000, store_url=store_url)
     leader = cluster.start(A)
-    store = store_of(cluster)
+    store = open_store(cluster.store_url)
     wait_until(lambda: holder(store, "journal") == A.node, "node-a to lead")
     cluster.start(B)
     wait_until(lambda: role_of(store, "journal", B.node) == "standby", "node-b to stand by")
