@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,tui,redis]'
+	$(BIN)/pip install --quiet -e '.[test,tui,redis,etcd]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -28,6 +28,16 @@ def open_store(url: str, *, create: bool = True) -> Store:
                 "the Redis store needs redis-py: pip install 'hamsterbunker[redis]'"
             ) from exc
         return RedisStore(url, create=create)
+    if url.startswith(("etcd://", "etcds://")):
+        try:
+            from .etcd import EtcdStore
+        except ModuleNotFoundError as exc:  # etcd3gw is the optional extra "etcd"
+            if exc.name != "etcd3gw":
+                raise
+            raise ConfigError(
+                "the etcd store needs etcd3gw: pip install 'hamsterbunker[etcd]'"
+            ) from exc
+        return EtcdStore(url, create=create)
     path = file_store_path(url)
     from .file import FileStore
 

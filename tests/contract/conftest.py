@@ -65,10 +65,20 @@ def _redis(tmp_path: Path) -> Opener:
     return lambda: RedisStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
 
 
+def _etcd(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.etcd import EtcdStore
+
+    from ..etcd_server import etcd_url
+
+    url = etcd_url()  # the session's etcd, under a prefix of this test's own
+    return lambda: EtcdStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "file": _file,
     "memory": _memory,
     "redis": _redis,
+    "etcd": _etcd,
 }
 
 

@@ -1,0 +1,689 @@
+"""The etcd store: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
+
+Every operation that must be atomic is one etcd transaction, so etcd itself
+(Raft: linearizable, committed on a majority) decides races and fences stale
+writers; no local flag is ever the guard. Keys under the prefix P::
+
+    P/cluster                                   cluster record (txn: create_revision == 0)
+    P/agents/A/lease                            lease record; its version is the key's mod_revision
+    P/agents/A/fence                            [holder, session, epoch] of that lease, same txn
+    P/agents/A/checkpoints/<seq>-<epoch>        sealed bytes (seq and epoch zero-padded)
+    P/agents/A/checkpoint-info/<seq>            {"epoch", "seq", "size", "written"}, same txn
+    P/agents/A/heartbeats/<node>                heartbeat record
+    P/agents/A/event-nodes/<node>               empty: lets readers find every node's log
+    P/agents/A/events/<node>/<n>                one event; the oldest are deleted past the bound
+
+``cas_lease`` compares the lease key's mod_revision (create_revision 0 for "no
+record yet") and writes lease and fence in one txn. ``put_checkpoint`` is one
+txn that compares the fence key's value with the writer's fence and checks that
+no checkpoint key at or above the new seq exists (a range compare), then writes
+bytes and info and deletes what retention drops. Watches follow the lease key
+(``lease_only``) or the agent's whole prefix.
+
+Limits. etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
+default), so a checkpoint larger than about 1.5 MiB is refused with a
+StoreError that says so: raise the limit on every member, or keep the agent's
+state smaller. TLS: ``etcds://h:2379/p?ca=CA.pem&cert=client.pem&key=client.key``
+(mutual TLS; ``ca`` alone for server-only TLS). ``timeout=SECONDS`` (default 5)
+bounds every request, so a dead or frozen member is a StoreUnavailable, never
+a hang; after one, the next call goes to the next endpoint. Requests are never
+retried within a call: a write whose answer was lost may have been applied, and
+the lease logic above copes with that (its next compare-and-set conflicts).
+Needs etcd 3.4 or newer (the ``/v3`` gateway path).
+
+The client library is etcd3gw (OpenStack, used by tooz): maintained, typed,
+and light (requests, futurist, pbr). It talks to the gRPC-JSON gateway every
+etcd member serves on its client port, which has KV, txn with range compares,
+watch and TLS with client certificates. python-etcd3 (gRPC) had its last
+release in 2020 and breaks with protobuf 4 or newer; aetcd (gRPC) is asyncio
+only, while this contract is blocking and called from threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import functools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import requests
+from etcd3gw.client import Etcd3Client
+from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
+from etcd3gw.types import Event as WatchEvent
+from etcd3gw.watch import Watcher
+
+from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
+from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .base import Fence, StoreGuarantees
+
+__all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]
+
+log = logging.getLogger(__name__)
+
+GUARANTEES = StoreGuarantees(
+    mutual_exclusion="etcd transactions: the lease compare-and-set (on the key's mod_revision) "
+    "and the fenced checkpoint write (a compare of the lease's holder, session and epoch) are "
+    "each one linearizable txn, decided by Raft; a stale writer is refused by etcd itself",
+    durability="a write is acknowledged once a majority of the etcd members has it in its "
+    "fsynced log; a one-member etcd is only as durable as its one disk",
+    across_hosts="yes: every node that reaches the cluster (etcds:// for mutual TLS); a 3- or "
+    "5-member cluster keeps working while a minority of members is lost",
+)
+
+DEFAULT_PORT = 2379
+DEFAULT_TIMEOUT_S = 5.0
+# A watch stream that dies silently (a member restarts, a connection is cut) is
+# not reported by etcd3gw, so every stream is replaced after this long, from the
+# last revision seen: a lost stream costs at most this much of early wake-ups.
+_WATCH_RENEW_S = 10.0
+_WATCH_RETRY_S = (0.1, 2.0)  # backoff bounds while the watch cannot be set up
+_SEQ = 20  # digits of a zero-padded checkpoint or event number: key order is number order
+_EPOCH = 10
+# gRPC status codes that mean "not now" rather than "never" (DEADLINE_EXCEEDED,
+# RESOURCE_EXHAUSTED, UNAVAILABLE).
+_TRANSIENT_CODES = {4, 8, 14}
+_TXN_OPS = 100  # operations per txn; etcd's --max-txn-ops is 128 by default
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    """What a store URL names: endpoints, key prefix, TLS files and the request timeout."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    prefix: str
+    tls: bool = False
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    timeout: float = DEFAULT_TIMEOUT_S
+
+
+def parse_etcd_url(url: str) -> EtcdTarget:
+    """Parse ``etcd[s]://host:port[,host:port...]/prefix[?options]``; ConfigError if bad."""
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"store URL {url!r}: {why}")
+
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise bad(str(exc)) from exc
+    if parts.scheme not in ("etcd", "etcds"):
+        raise bad("not an etcd:// or etcds:// URL")
+    if "@" in parts.netloc:
+        raise bad("etcd user names and passwords are not supported; use etcds:// with a "
+                  "client certificate")  # fmt: skip
+    endpoints = tuple(_endpoint(url, item) for item in parts.netloc.split(","))
+    prefix = "/" + unquote(parts.path).strip("/")
+    if prefix == "/":
+        raise bad("an etcd URL needs a key prefix: etcd://host:2379/prefix")
+    options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
+    unknown = set(options) - {"ca", "cert", "key", "timeout"}
+    if unknown:
+        raise bad(f"unknown option(s) {', '.join(sorted(unknown))}; known: ca, cert, key, timeout")
+    tls = parts.scheme == "etcds"
+    files = {name: options.get(name) or None for name in ("ca", "cert", "key")}
+    if not tls and any(files.values()):
+        raise bad("ca, cert and key are TLS options: use etcds://")
+    if bool(files["cert"]) != bool(files["key"]):
+        raise bad("a client certificate needs both cert and key")
+    for name, path in files.items():
+        if path is not None and not os.path.isfile(path):
+            raise bad(f"{name} file {path} does not exist")
+    try:
+        timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
+    except ValueError as exc:
+        raise bad(f"timeout must be a number of seconds, not {options['timeout']!r}") from exc
+    if not 0 < timeout <= 600:
+        raise bad("timeout must be above 0 and at most 600 seconds")
+    return EtcdTarget(endpoints, prefix, tls, files["ca"], files["cert"], files["key"], timeout)
+
+
+def _endpoint(url: str, item: str) -> tuple[str, int]:
+    """One ``host[:port]`` or ``[ipv6][:port]`` of the URL; the port defaults to 2379."""
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        port = rest.removeprefix(":")
+        well_formed = rest == "" or rest.startswith(":")
+    else:
+        host, _, port = item.partition(":")
+        well_formed = ":" not in port  # a bare IPv6 address needs brackets
+    if not host or not well_formed:
+        raise ConfigError(f"store URL {url!r}: endpoint {item!r} is not host:port")
+    if not port:
+        return host, DEFAULT_PORT
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"store URL {url!r}: endpoint {item!r} has a bad port")
+    return host, int(port)
+
+
+class _Session(requests.Session):
+    """A requests session with a default timeout: etcd3gw's watch request sets none."""
+
+    def __init__(self, timeout: tuple[float, float]) -> None:
+        super().__init__()
+        self.default_timeout = timeout
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.default_timeout
+        return super().request(*args, **kwargs)
+
+
+def _b64(data: str | bytes) -> str:
+    return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
+
+
+def _range_end(prefix: str) -> str:
+    """The end of the key range holding every key that starts with prefix (which ends in '/')."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def _pad(number: int, digits: int = _SEQ) -> str:
+    return f"{number:0{digits}d}"
+
+
+def _fence_text(holder: str | None, session: str, epoch: int) -> str:
+    """The value of the fence key; compared byte for byte in the checkpoint txn."""
+    return json.dumps([holder, session, epoch])
+
+
+def _describe_fence(kvs: list[dict[str, Any]]) -> str:
+    if not kvs:
+        return "no lease"
+    holder, _session, epoch = json.loads(_unb64(kvs[0].get("value", "")))
+    return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
+
+
+def _put(key: str, value: str | bytes) -> dict[str, Any]:
+    return {"request_put": {"key": _b64(key), "value": _b64(value)}}
+
+
+def _get(key: str, range_end: str | None = None, **options: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {"key": _b64(key), **options}
+    if range_end is not None:
+        request["range_end"] = _b64(range_end)
+    return {"request_range": request}
+
+
+def _delete(key: str, range_end: str) -> dict[str, Any]:
+    return {"request_delete_range": {"key": _b64(key), "range_end": _b64(range_end)}}
+
+
+def _ranges(response: Mapping[str, Any]) -> list[list[dict[str, Any]]]:
+    """The kvs of each range in a txn response (an empty list for a range that found nothing)."""
+    return [op.get("response_range", {}).get("kvs", []) for op in response.get("responses", [])]
+
+
+def _grpc_error(exc: Etcd3Exception) -> tuple[int | None, str]:
+    """The gRPC code and message in a gateway error, as far as they can be read."""
+    try:
+        body = json.loads(exc.detail_text or "")
+        return int(body.get("code")), str(body.get("message") or body.get("error"))
+    except (TypeError, ValueError, AttributeError):
+        return None, exc.detail_text or str(exc) or type(exc).__name__
+
+
+def _too_large(exc: Etcd3Exception) -> bool:
+    _code, message = _grpc_error(exc)
+    return "request is too large" in message or "larger than max" in message
+
+
+def _translated(
+    method: Callable[Concatenate[EtcdStore, P], R],
+) -> Callable[Concatenate[EtcdStore, P], R]:
+    """Translate etcd3gw's and requests' errors at the store boundary, keeping the reason."""
+
+    @functools.wraps(method)
+    def translated(self: EtcdStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        endpoint = self._endpoint_text()
+        where = f"etcd store {method.__name__} ({endpoint})"
+        try:
+            return method(self, *args, **kwargs)
+        except (ConnectionFailedError, ConnectionTimeoutError) as exc:
+            self._next_endpoint()
+            raise StoreUnavailable(f"{where}: {exc.detail_text or exc}") from exc
+        except requests.RequestException as exc:
+            self._next_endpoint()
+            raise StoreUnavailable(f"{where}: {exc}") from exc
+        except Etcd3Exception as exc:
+            code, message = _grpc_error(exc)
+            if code in _TRANSIENT_CODES:
+                self._next_endpoint()
+                raise StoreUnavailable(f"{where}: {message}") from exc
+            raise StoreError(f"{where}: {message}") from exc
+
+    return translated
+
+
+class EtcdStore:
+    """A store in an etcd v3 cluster, under one key prefix."""
+
+    guarantees = GUARANTEES
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        keep_checkpoints: int = 5,
+        events_per_node: int = 1000,
+        create: bool = True,
+    ) -> None:
+        if keep_checkpoints < 1:
+            raise ConfigError("keep_checkpoints must be at least 1")
+        if events_per_node < 1:
+            raise ConfigError("events_per_node must be at least 1")
+        self.url = url
+        self.target = parse_etcd_url(url)
+        self.keep_checkpoints = keep_checkpoints
+        self.events_per_node = events_per_node
+        self.warnings: list[str] = []
+        self._clients = [self._client(i) for i in range(len(self.target.endpoints))]
+        self._current = 0
+        self._followers: set[_Follower] = set()
+        self._indexed: set[tuple[str, str]] = set()  # (agent, node) whose event log is indexed
+        if not create and not self._exists():
+            raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd at "
+                              f"{self._endpoint_text()}")  # fmt: skip
+
+    # -- connections -------------------------------------------------------
+
+    def _client(self, index: int, read_timeout: float | None = None) -> Etcd3Client:
+        """A client of one endpoint with its own HTTP session (TLS files applied)."""
+        target = self.target
+        host, port = target.endpoints[index]
+        session = _Session((target.timeout, read_timeout or target.timeout))
+        if target.ca is not None:
+            session.verify = target.ca
+        if target.cert is not None and target.key is not None:
+            session.cert = (target.cert, target.key)
+        return Etcd3Client(
+            host=host,
+            port=port,
+            protocol="https" if target.tls else "http",
+            timeout=target.timeout,
+            api_path="/v3/",  # etcd 3.4 or newer; spares a discovery request
+            session=session,
+        )
+
+    @property
+    def _kv(self) -> Etcd3Client:
+        return self._clients[self._current]
+
+    def _next_endpoint(self) -> None:
+        """After a failure, send the next call to the next endpoint (round robin)."""
+        self._current = (self._current + 1) % len(self._clients)
+
+    def _endpoint_text(self) -> str:
+        host, port = self.target.endpoints[self._current]
+        return f"{host}:{port}"
+
+    def _txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        txn = {"compare": compare, "success": success, "failure": failure or []}
+        return cast(dict[str, Any], self._kv.transaction(txn))
+
+    @_translated
+    def _exists(self) -> bool:
+        prefix = self.target.prefix + "/"
+        return bool(self._kv.get(prefix, range_end=_range_end(prefix), limit=1, keys_only=True))
+
+    # -- keys --------------------------------------------------------------
+
+    def _agent_prefix(self, agent: str) -> str:
+        return f"{self.target.prefix}/agents/{check_name('agent id', agent)}/"
+
+    # -- cluster -----------------------------------------------------------
+
+    @_translated
+    def read_cluster(self) -> ClusterRecord | None:
+        found = self._kv.get(f"{self.target.prefix}/cluster")
+        return ClusterRecord.from_json(found[0]) if found else None
+
+    @_translated
+    def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
+        key = f"{self.target.prefix}/cluster"
+        data = record.to_json()
+        response = self._txn(
+            [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+            [_put(key, data)],
+            [_get(key)],
+        )
+        if response.get("succeeded"):
+            return ClusterRecord.from_json(data)
+        kvs = _ranges(response)[0]
+        if not kvs:
+            raise StoreError(f"cluster record under {self.target.prefix} vanished")
+        return ClusterRecord.from_json(_unb64(kvs[0].get("value", "")))
+
+    # -- lease -------------------------------------------------------------
+
+    @_translated
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        found = self._kv.get(self._agent_prefix(agent) + "lease", metadata=True)
+        if not found:
+            return None
+        data, meta = found[0]
+        return replace(LeaseRecord.from_json(data), version=int(meta["mod_revision"]))
+
+    @_translated
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        prefix = self._agent_prefix(agent)
+        key = prefix + "lease"
+        if expected_version is None:
+            compare = {"target": "CREATE", "result": "EQUAL", "create_revision": 0}
+        elif expected_version < 1:  # etcd would compare a missing key's mod_revision 0 as equal
+            raise LeaseConflict(f"lease of {agent!r}: version {expected_version} is never stored")
+        else:
+            compare = {"target": "MOD", "result": "EQUAL", "mod_revision": expected_version}
+        response = self._txn(
+            [{"key": _b64(key), **compare}],
+            [
+                # The version lives in etcd (mod_revision), not in the stored JSON.
+                _put(key, replace(new, version=0).to_json()),
+                _put(prefix + "fence", _fence_text(new.holder, new.session, new.epoch)),
+            ],
+            [_get(key, keys_only=True)],
+        )
+        if not response.get("succeeded"):
+            kvs = _ranges(response)[0]
+            current = int(kvs[0]["mod_revision"]) if kvs else None
+            raise LeaseConflict(
+                f"lease of {agent!r} is at version {current}, not {expected_version}"
+            )
+        return replace(new, version=int(response["header"]["revision"]))
+
+    # -- checkpoints -------------------------------------------------------
+
+    @_translated
+    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+        prefix = self._agent_prefix(agent)
+        data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
+        info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+        success = [
+            _put(f"{data}{_pad(seq)}-{_pad(fence.epoch, _EPOCH)}", bytes(blob)),
+            _put(infos + _pad(seq), json.dumps(asdict(info))),
+        ]
+        # Retention in the same txn: everything below the newest keep-1 already stored.
+        # Only the fenced leader writes here, so the list read just before is current.
+        stored = sorted(self._checkpoint_seqs(agent), reverse=True)
+        if len(stored) >= self.keep_checkpoints:
+            cutoff = _pad(stored[self.keep_checkpoints - 2] if self.keep_checkpoints > 1 else seq)
+            success += [_delete(data, data + cutoff), _delete(infos, infos + cutoff)]
+        compare: list[dict[str, Any]] = [
+            {
+                "key": _b64(prefix + "fence"),
+                "target": "VALUE",
+                "result": "EQUAL",
+                "value": _b64(_fence_text(fence.holder, fence.session, fence.epoch)),
+            },
+            # No checkpoint at or above seq: every key in the range is absent.
+            {
+                "key": _b64(data + _pad(seq)),
+                "range_end": _b64(_range_end(data)),
+                "target": "CREATE",
+                "result": "EQUAL",
+                "create_revision": 0,
+            },
+        ]
+        failure = [
+            _get(prefix + "fence"),
+            _get(infos, _range_end(infos), keys_only=True, limit=1, sort_order=2),  # descend
+        ]
+        try:
+            response = self._txn(compare, success, failure)
+        except Etcd3Exception as exc:
+            if _too_large(exc):
+                raise StoreError(
+                    f"checkpoint {seq} of {agent!r} ({len(blob)} bytes) refused by etcd: "
+                    f"{_grpc_error(exc)[1]}. etcd takes requests up to its --max-request-bytes "
+                    "(1.5 MiB by default): raise it on every member, or keep the agent's state "
+                    "smaller"
+                ) from exc
+            raise
+        if response.get("succeeded"):
+            return info
+        fence_kvs, newest = _ranges(response)
+        if (
+            not fence_kvs
+            or _unb64(fence_kvs[0].get("value", ""))
+            != _fence_text(fence.holder, fence.session, fence.epoch).encode()
+        ):
+            raise Fenced(
+                f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                f"the lease is now {_describe_fence(fence_kvs)}"
+            )
+        top = _unb64(newest[0]["key"]).decode().rsplit("/", 1)[-1] if newest else "?"
+        raise StoreError(f"checkpoint sequence must increase: {seq} is not above {int(top)}")
+
+    def _checkpoint_seqs(self, agent: str) -> list[int]:
+        infos = self._agent_prefix(agent) + "checkpoint-info/"
+        found = self._kv.get(infos, metadata=True, range_end=_range_end(infos), keys_only=True)
+        return [int(meta["key"].decode().rsplit("/", 1)[-1]) for _value, meta in found]
+
+    @_translated
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        infos = self._agent_prefix(agent) + "checkpoint-info/"
+        found = self._kv.get(infos, range_end=_range_end(infos))
+        listed = []
+        for data in found:
+            try:
+                doc = json.loads(data)
+                listed.append(
+                    CheckpointInfo(
+                        epoch=int(doc["epoch"]),
+                        seq=int(doc["seq"]),
+                        size=int(doc["size"]),
+                        written=float(doc["written"]),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise CorruptRecord(f"checkpoint info of {agent!r} does not parse: {exc}") from exc
+        return sorted(listed, key=lambda info: info.seq, reverse=True)
+
+    @_translated
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        key = f"{self._agent_prefix(agent)}checkpoints/{_pad(info.seq)}-{_pad(info.epoch, _EPOCH)}"
+        found = self._kv.get(key)
+        if not found:
+            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        return found[0]
+
+    # -- heartbeats --------------------------------------------------------
+
+    @_translated
+    def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
+        node = check_name("node id", heartbeat.node)
+        self._kv.put(f"{self._agent_prefix(agent)}heartbeats/{node}", heartbeat.to_json())
+
+    @_translated
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        beats = self._agent_prefix(agent) + "heartbeats/"
+        found = self._kv.get(beats, metadata=True, range_end=_range_end(beats))
+        listed = []
+        for data, meta in found:  # in key order: by node id
+            try:
+                beat = Heartbeat.from_json(data)
+            except CorruptRecord as exc:
+                log.warning("ignoring unreadable heartbeat %s: %s", meta["key"].decode(), exc)
+                continue
+            if meta["key"].decode() == beats + beat.node:  # a copy under another name is not it
+                listed.append(beat)
+        return listed
+
+    @_translated
+    def remove_heartbeat(self, agent: str, node: str) -> None:
+        self._kv.delete(f"{self._agent_prefix(agent)}heartbeats/{check_name('node id', node)}")
+
+    # -- events ------------------------------------------------------------
+
+    @_translated
+    def append_event(self, agent: str, event: Event) -> None:
+        node = check_name("node id", event.node)
+        prefix = self._agent_prefix(agent)
+        log_prefix = f"{prefix}events/{node}/"
+        ops = [_put(log_prefix + _pad(event.n), event.to_json())]
+        if (agent, node) not in self._indexed:
+            ops.append(_put(f"{prefix}event-nodes/{node}", b""))
+        if event.n > self.events_per_node:  # bounded: drop everything below the newest N
+            ops.append(_delete(log_prefix, log_prefix + _pad(event.n - self.events_per_node + 1)))
+        self._txn([], ops)
+        self._indexed.add((agent, node))
+
+    @_translated
+    def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
+        after = after or {}
+        prefix = self._agent_prefix(agent)
+        index = prefix + "event-nodes/"
+        found = self._kv.get(index, metadata=True, range_end=_range_end(index), keys_only=True)
+        nodes = sorted(meta["key"].decode().removeprefix(index) for _value, meta in found)
+        if not nodes:
+            return []
+        # Read-only txns (one per _TXN_OPS nodes): only each node's events past its cursor.
+        ranges = []
+        for node in nodes:
+            log_prefix = f"{prefix}events/{node}/"
+            start = log_prefix + _pad(after.get(node, 0) + 1)
+            ranges.append(_get(start, _range_end(log_prefix)))
+        found_kvs: list[list[dict[str, Any]]] = []
+        for first in range(0, len(ranges), _TXN_OPS):
+            found_kvs += _ranges(self._txn([], ranges[first : first + _TXN_OPS]))
+        events: list[Event] = []
+        for node, kvs in zip(nodes, found_kvs, strict=True):
+            for kv in kvs:  # in key order: by n
+                try:
+                    event = Event.from_json(_unb64(kv.get("value", "")))
+                except CorruptRecord as exc:
+                    log.warning("ignoring unreadable event of %s: %s", node, exc)
+                    continue
+                if event.node == node and event.n > after.get(node, 0):
+                    events.append(event)
+        return events
+
+    # -- watch -------------------------------------------------------------
+
+    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+        """Yield after etcd reports a change of the lease key (lease_only) or of any agent key."""
+        prefix = self._agent_prefix(agent)
+        key, range_end = (prefix + "lease", None) if lease_only else (prefix, _range_end(prefix))
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def hint() -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(changed.set)
+
+        follower = _Follower(self, key, range_end, hint)
+        self._followers.add(follower)
+        follower.start()
+        try:
+            while True:
+                await changed.wait()
+                changed.clear()
+                yield None
+        finally:
+            follower.stop()
+            self._followers.discard(follower)
+
+    def close(self) -> None:
+        """Stop every watch of this store and close its connections."""
+        for follower in list(self._followers):
+            follower.stop()
+        for client in self._clients:
+            client.session.close()
+
+
+class _Follower(threading.Thread):
+    """Keeps an etcd watch on one key or range open, calling hint() after every change.
+
+    etcd3gw's watcher is a blocking HTTP stream read in a thread; this thread
+    sets it up, renews it every _WATCH_RENEW_S (from the last revision seen, so
+    nothing is missed between two streams), and backs off while etcd cannot be
+    reached. A watch is a hint: failures are logged, never raised.
+    """
+
+    def __init__(
+        self, store: EtcdStore, key: str, range_end: str | None, hint: Callable[[], None]
+    ) -> None:
+        super().__init__(name=f"hb-etcd-watch {key}", daemon=True)
+        self._store = store
+        self._key = key
+        self._range_end = range_end
+        self._hint = hint
+        self._stopping = threading.Event()
+        self._seen = 0  # the highest revision whose changes were hinted
+
+    def stop(self) -> None:
+        """Ask the thread to end; it closes its stream within one HTTP timeout at most."""
+        self._stopping.set()
+
+    def run(self) -> None:
+        delay = _WATCH_RETRY_S[0]
+        caught_up = False
+        while not self._stopping.is_set():
+            store = self._store
+            # Reads of an idle stream wait for the next renewal, and a little longer.
+            client = store._client(store._current, _WATCH_RENEW_S + store.target.timeout)
+            watcher = None
+            try:
+                self._catch_up(client, hint_missed=caught_up)
+                caught_up = True
+                watcher = Watcher(
+                    client,
+                    self._key,
+                    self._on_event,
+                    range_end=self._range_end,
+                    start_revision=self._seen + 1,
+                )
+                delay = _WATCH_RETRY_S[0]
+                self._stopping.wait(_WATCH_RENEW_S)
+            except (Etcd3Exception, requests.RequestException, ValueError, KeyError) as exc:
+                log.info("etcd watch of %s failed (%s); retrying in %.1f s", self._key, exc, delay)
+                store._next_endpoint()
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _WATCH_RETRY_S[1])
+            finally:
+                if watcher is not None:
+                    watcher.stop()
+                client.session.close()
+
+    def _catch_up(self, client: Etcd3Client, *, hint_missed: bool) -> None:
+        """Start the next stream at the current revision; hint if a key changed unwatched."""
+        now = int(client.status()["header"]["revision"])
+        if hint_missed:
+            newest = client.get(
+                self._key,
+                metadata=True,
+                range_end=self._range_end,
+                sort_order="descend",
+                sort_target="mod",
+                limit=1,
+                keys_only=True,
+            )
+            if newest and int(newest[0][1]["mod_revision"]) > self._seen:
+                self._hint()
+        self._seen = max(self._seen, now)
+
+    def _on_event(self, event: WatchEvent) -> None:
+        self._seen = max(self._seen, int(event["kv"]["mod_revision"]))
+        self._hint()
