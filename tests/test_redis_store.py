@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -458,3 +459,30 @@ def test_tail_returns_only_new_events_and_every_heartbeat(
     assert [e.n for e in opened(url).tail("a").read().events if e.node == "n1"] == list(
         range(21, 31)
     )
+
+
+# -- the monitor -------------------------------------------------------------------
+
+
+def test_monitor_follows_a_redis_store(opened: Callable[..., RedisStore]) -> None:
+    """hb-tui's monitor shows a Redis store's holder and events, and follows new ones."""
+    pytest.importorskip("textual")
+    from hamsterbunker_tui.app import MonitorApp
+
+    from .tui.screen import screen_text, until
+
+    url = redis_url()
+    store = opened(url)
+    store.cas_lease("a", None, replace(lease("n1", 1), ttl_ms=60_000))
+    store.put_heartbeat("a", replace(heartbeat("n1"), role="active", time=time.time()))
+    store.append_event("a", event("n1", 1))
+
+    async def scenario() -> None:
+        app = MonitorApp(open_store(url, create=False), "a")
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(pilot, "the holder", lambda: "holder  n1" in screen_text(app))
+            assert "agent.step" in screen_text(app)
+            store.append_event("a", replace(event("n1", 2), type="lease.renew_failed"))
+            await until(pilot, "the new event", lambda: "lease.renew_failed" in screen_text(app))
+
+    asyncio.run(scenario())
