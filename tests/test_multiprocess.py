@@ -1,6 +1,6 @@
 """Nodes as real processes on one file store: kill, race, pause, slow steps, graceful stop.
 
-The kill and the graceful stop also run on Redis (``store_url``).
+The kill and the graceful stop also run on Redis and on etcd (``store_url``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
 
 from .conftest import pause_outside_lock, process_state, store_of, wait_until
+from .etcd_server import etcd_url
 from .redis_server import redis_url
 
 pytestmark = pytest.mark.multiprocess
@@ -31,10 +32,11 @@ A, B, C = (
 MakeCluster = Callable[..., LocalCluster]
 
 
-@pytest.fixture(params=["file", "redis"])
+@pytest.fixture(params=["file", "redis", "etcd"])
 def store_url(request: pytest.FixtureRequest) -> str | None:
-    """The store the nodes share: None for local_cluster's own file store, or a Redis prefix."""
-    return redis_url() if request.param == "redis" else None
+    """The store the nodes share: None for local_cluster's own file store, or a Redis or etcd prefix."""
+    urls = {"redis": redis_url, "etcd": etcd_url}
+    return urls[request.param]() if request.param in urls else None
 
 
 def events(store: Store, agent: str, kind: str | None = None) -> list[Event]:
