@@ -86,6 +86,9 @@ class LeaseKeeper:
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
         self.highest_epoch = 0  # the highest epoch this keeper has seen in any record
+        # What went back in time since the runtime last asked (see drain_regressions).
+        self._regressions: list[str] = []
+        self._last_regression = ""
         self.held: LeaseRecord | None = None
         self._observed_key: tuple[int, int] | None = None
         self._observed_at = 0.0
@@ -149,17 +152,14 @@ class LeaseKeeper:
         now = self.clock.monotonic()
         self._note(record, now)
         if record is None:
-            # No record: a new cluster, or one whose lease record was lost. Never
-            # reuse an epoch: go above every epoch seen or named by a checkpoint.
-            stored = [info.epoch for info in self.store.list_checkpoints(self.agent)]
-            epoch = max([self.highest_epoch, *stored]) + 1
-            expected, via = None, "empty"
+            expected, via = None, "empty"  # a new cluster, or a lease record that was lost
         elif record.holder is None:
-            expected, epoch, via = record.version, record.epoch + 1, "released"
+            expected, via = record.version, "released"
         elif now - self._observed_at >= max(self.lease_ttl_ms, record.ttl_ms) / 1000:
-            expected, epoch, via = record.version, record.epoch + 1, "expired"
+            expected, via = record.version, "expired"
         else:
             return TickResult(Outcome.STANDBY, record)
+        epoch = self._next_epoch(record)
         sent = self.clock.monotonic()
         new = LeaseRecord(
             holder=self.node,
@@ -203,12 +203,44 @@ class LeaseKeeper:
         self._note(self.observed, self.clock.monotonic())
         return TickResult(Outcome.LOST, lost, reason)
 
+    def drain_regressions(self) -> list[str]:
+        """What this keeper saw go back in time since the last call (for store.regressed)."""
+        found, self._regressions = self._regressions, []
+        return found
+
+    def _next_epoch(self, record: LeaseRecord | None) -> int:
+        """Above every epoch seen, in the record, or named by a stored checkpoint.
+
+        A store restored from an old snapshot (or a Redis that lost writes) can
+        show a lease record behind what nodes have seen or what its checkpoints
+        name; taking record.epoch + 1 then would reuse an epoch.
+        """
+        stored = [info.epoch for info in self.store.list_checkpoints(self.agent)]
+        current = record.epoch if record is not None else 0
+        if record is not None and stored and max(stored) > current:  # (None: said already)
+            self._regressed(
+                f"a stored checkpoint names epoch {max(stored)}, above the lease record's {current}"
+            )
+        return max([current, self.highest_epoch, *stored]) + 1
+
+    def _regressed(self, what: str) -> None:
+        # Once per state of affairs, not on every tick that still sees it.
+        if what != self._last_regression:
+            self._last_regression = what
+            self._regressions.append(what)
+
     def _is_ours(self, record: LeaseRecord) -> bool:
         return record.holder == self.node and record.session == self.session
 
     def _note(self, record: LeaseRecord | None, now: float) -> None:
         """Remember when the record last changed, as seen on our own clock."""
         self.observed = record
+        if record is None and self.highest_epoch > 0:
+            self._regressed(f"the lease record is gone (epoch {self.highest_epoch} was seen)")
+        elif record is not None and record.epoch < self.highest_epoch:
+            self._regressed(
+                f"the lease record went back from epoch {self.highest_epoch} to {record.epoch}"
+            )
         if record is not None:
             self.highest_epoch = max(self.highest_epoch, record.epoch)
         key = None if record is None else (record.version, record.epoch)

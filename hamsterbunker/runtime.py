@@ -262,6 +262,8 @@ class Runtime:
                     self._emit("store.error", error=str(exc))
                 store_ok = False
                 result = None
+            for regression in self.keeper.drain_regressions():
+                self._emit("store.regressed", reason=regression)
             if result is not None:
                 if result.record is not None:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)

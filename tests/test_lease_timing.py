@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import re
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -542,3 +543,44 @@ def test_a_lost_lease_record_never_brings_an_epoch_back(store):
     old_leader.highest_epoch = 7  # remembers a higher epoch than the store shows
     (store.root / "agents" / AGENT / "lease.json").unlink()
     assert old_leader.tick().record.epoch == 8
+
+
+def _roll_back_lease(store, to: LeaseRecord) -> None:
+    """Put an old lease record back in place, as a store restored from a snapshot would."""
+    (store.root / "agents" / AGENT / "lease.json").write_bytes(to.to_json())
+
+
+def test_a_lease_record_rolled_back_never_brings_an_epoch_back(store):
+    """A standby that saw epoch 2 acquires epoch 3 over a record rolled back to epoch 1,
+    and reports the regression once.
+    """
+    _leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    old_record = store.read_lease(AGENT)
+    standby_clock.advance(TTL)
+    assert standby.tick().record.epoch == 2
+    standby.release()
+    assert standby.drain_regressions() == []
+    _roll_back_lease(store, old_record)  # epoch 1, held by node-a
+    assert standby.tick().outcome is Outcome.STANDBY  # it waits a TTL like any standby
+    standby.tick()
+    assert standby.drain_regressions() == ["the lease record went back from epoch 2 to 1"]
+    standby_clock.advance(TTL)
+    result = standby.tick()
+    assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
+
+
+def test_a_checkpoint_above_the_lease_records_epoch_lifts_the_next_epoch(store):
+    """A fresh node over a record behind the stored checkpoints goes above their epoch."""
+    _leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    old_record = store.read_lease(AGENT)
+    standby_clock.advance(TTL)
+    assert standby.tick().record.epoch == 2
+    store.put_checkpoint(AGENT, standby.fence(), 1, b"sealed state of epoch 2")
+    standby.release()
+    _roll_back_lease(store, replace(old_record, holder=None))  # epoch 1, released
+    fresh = make_keeper(store, "node-c", FakeClock())  # has seen nothing
+    result = fresh.tick()
+    assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
+    assert fresh.drain_regressions() == [
+        "a stored checkpoint names epoch 2, above the lease record's 1"
+    ]

@@ -843,3 +843,17 @@ def test_after_skipping_a_tampered_checkpoint_the_next_step_publishes(hb: Harnes
     first, state = agent_b.entered[0]
     assert first.seq == 4
     assert state == {"n": 2, "effects": [1, 2]}
+
+
+def test_a_lease_record_that_vanishes_is_reported_and_no_epoch_is_reused(hb: Harness) -> None:
+    """The store losing the lease record (a restore from an old backup) is a store.regressed
+    event, and the next lease is taken above every epoch seen, never epoch 1 again."""
+    agent = AsyncAgent()
+    hb.node("node-a", agent)
+    hb.events.wait("agent.step", "node-a")
+    (hb.store_dir / "agents" / AGENT / "lease.json").unlink()
+    regressed = hb.events.wait("store.regressed", "node-a")
+    assert "gone" in regressed.detail["reason"]
+    again = hb.events.wait("lease.acquired", "node-a", where=lambda e: e.epoch > 1)
+    assert again.epoch == 2
+    assert len(hb.events.of("store.regressed")) == 1  # once, not on every tick
