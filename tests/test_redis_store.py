@@ -164,6 +164,9 @@ def test_bad_url_is_a_config_error(url: str) -> None:
     """A URL we cannot use is a ConfigError at open, before any connection is tried."""
     with pytest.raises(ConfigError):
         open_store(url)
+    with pytest.raises(ConfigError) as caught:
+        open_store(url.replace("redis://", "redis://user:s3cret@", 1))
+    assert "s3cret" not in str(caught.value)
 
 
 def test_password_is_not_shown(private_server: Callable[..., RedisServer]) -> None:

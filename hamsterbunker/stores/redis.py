@@ -1,8 +1,9 @@
 """The Redis store: ``redis://[user:password@]host:port/db[?prefix=NAME]`` (``rediss://`` for TLS).
 
-One Redis primary (optionally with replicas or Sentinel in front of it; not
-Redis Cluster, since a script touches several keys of one agent). Every key
-starts with the prefix (default ``hamsterbunker``)::
+One Redis primary at one address (replicas behind it are fine, and a failover
+that moves that address, by DNS or a proxy; Sentinel discovery is not built
+in, and Redis Cluster is not supported, since a script touches several keys of
+one agent). Every key starts with the prefix (default ``hamsterbunker``)::
 
     P:cluster                          the cluster record (SET NX)
     P:agent:A:lease                    hash: record (JSON), version, fence
@@ -186,18 +187,19 @@ def _text(value: Any) -> str:
 
 def parse_redis_url(url: str) -> tuple[str, str]:
     """Split a store URL into the URL redis-py gets and our key prefix; ConfigError if bad."""
+    shown = _redacted(url)
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
     except ValueError as exc:
-        raise ConfigError(f"store URL {url!r}: {exc}") from exc
+        raise ConfigError(f"store URL {shown!r}: {exc}") from exc
     if parts.scheme not in ("redis", "rediss"):
-        raise ConfigError(f"store URL {url!r}: not a redis:// or rediss:// URL")
+        raise ConfigError(f"store URL {shown!r}: not a redis:// or rediss:// URL")
     if not parts.hostname:
-        raise ConfigError(f"store URL {url!r}: a Redis URL needs a host (redis://host:6379/0)")
+        raise ConfigError(f"store URL {shown!r}: a Redis URL needs a host (redis://host:6379/0)")
     db = parts.path.strip("/")
     if db and not db.isdigit():
-        raise ConfigError(f"store URL {url!r}: the path is the database number, not {db!r}")
+        raise ConfigError(f"store URL {shown!r}: the path is the database number, not {db!r}")
     query = parse_qsl(parts.query, keep_blank_values=True)
     prefixes = [value for key, value in query if key == "prefix"]
     prefix = check_name("Redis key prefix", prefixes[-1] if prefixes else DEFAULT_PREFIX)
@@ -207,7 +209,10 @@ def parse_redis_url(url: str) -> tuple[str, str]:
 
 def _redacted(url: str) -> str:
     """The URL without its password, for display."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that does not parse)"
     if parts.password is None:
         return url
     user = parts.username or ""
