@@ -14,16 +14,18 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-__all__ = ["EtcdServer", "etcd_url", "require_etcd", "shared_etcd"]
+__all__ = ["EtcdServer", "etcd_url", "free_port", "require_etcd", "shared_etcd"]
 
 START_TIMEOUT_S = 20.0
 
@@ -44,58 +46,94 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
 
 
-def _healthy(port: int) -> bool:
+def _healthy(url: str, tls: ssl.SSLContext | None) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=0.5) as answer:
+        with urllib.request.urlopen(f"{url}/health", timeout=0.5, context=tls) as answer:
             return b'"health":"true"' in answer.read()
     except OSError:
         return False
 
 
 class EtcdServer:
-    """One etcd member in its own temporary data directory."""
+    """One etcd member in its own temporary data directory.
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
-        self.process = process
+    With ``certs`` (paths of ca.crt, server.crt, server.key, client.crt,
+    client.key) it serves clients over TLS and asks them for a certificate
+    signed by that CA (mutual TLS).
+    """
+
+    def __init__(self, command: list[str], port: int, workdir: Path, scheme: str,
+                 tls: ssl.SSLContext | None) -> None:  # fmt: skip
+        self.command = command
         self.port = port
         self.workdir = workdir
+        self.scheme = scheme
+        self._tls = tls
+        self.process = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        with open(self.workdir / "etcd.log", "ab") as log:
+            return subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                preexec_fn=_die_with_parent,
+            )  # fmt: skip
+
+    def _wait_healthy(self) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        client_url = f"{'https' if self.scheme == 'etcds' else 'http'}://127.0.0.1:{self.port}"
+        while self.process.poll() is None and time.monotonic() < deadline:
+            if _healthy(client_url, self._tls):
+                return True
+            time.sleep(0.02)
+        return False
 
     @classmethod
-    def start(cls) -> EtcdServer:
+    def start(cls, certs: Mapping[str, Path] | None = None) -> EtcdServer:
         """Start a member on free client and peer ports; wait (bounded) until it is healthy."""
         binary = require_etcd()
         workdir = Path(tempfile.mkdtemp(prefix="hb-etcd-"))
+        tls, scheme, options = None, "etcd", []
+        if certs is not None:
+            tls = ssl.create_default_context(cafile=certs["ca.crt"])
+            tls.load_cert_chain(certs["client.crt"], certs["client.key"])
+            scheme = "etcds"
+            options = ["--cert-file", str(certs["server.crt"]), "--key-file",
+                       str(certs["server.key"]), "--client-cert-auth", "--trusted-ca-file",
+                       str(certs["ca.crt"])]  # fmt: skip
         # The ports are free when chosen but could be taken before etcd binds
         # them: then etcd exits, and we try others.
         for attempt in range(3):
-            client, peer = _free_port(), _free_port()
+            client, peer = free_port(), free_port()
+            client_url = f"{'https' if tls else 'http'}://127.0.0.1:{client}"
             peer_url = f"http://127.0.0.1:{peer}"
-            with open(workdir / "etcd.log", "ab") as log:
-                process = subprocess.Popen(
-                    [binary, "--name", "hb-test", "--data-dir", str(workdir / f"data{attempt}"),
-                     "--listen-client-urls", f"http://127.0.0.1:{client}",
-                     "--advertise-client-urls", f"http://127.0.0.1:{client}",
-                     "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-                     "--initial-cluster", f"hb-test={peer_url}", "--log-level", "warn"],
-                    stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                    preexec_fn=_die_with_parent,
-                )  # fmt: skip
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while process.poll() is None and time.monotonic() < deadline:
-                if _healthy(client):
-                    return cls(process, client, workdir)
-                time.sleep(0.02)
-            process.kill()
-            process.wait()
+            command = [
+                binary, "--name", "hb-test", "--data-dir", str(workdir / f"data{attempt}"),
+                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", f"hb-test={peer_url}", "--log-level", "warn", *options,
+            ]  # fmt: skip
+            server = cls(command, client, workdir, scheme, tls)
+            if server._wait_healthy():
+                return server
+            server.process.kill()
+            server.process.wait()
         tail = (workdir / "etcd.log").read_text(errors="replace")[-2000:]
         pytest.fail(f"etcd was not healthy within {START_TIMEOUT_S} s:\n{tail}")
+
+    def restart(self) -> None:
+        """Stop the member and start it again on the same ports and data: its streams break."""
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.process = self._spawn()
+        if not self._wait_healthy():
+            pytest.fail(f"etcd was not healthy again within {START_TIMEOUT_S} s")
 
     @property
     def endpoint(self) -> str:
@@ -104,7 +142,7 @@ class EtcdServer:
     def url(self, prefix: str | None = None, query: str = "") -> str:
         """A store URL on this server: a fresh random prefix unless one is given."""
         prefix = prefix or f"hb-test/{uuid.uuid4().hex}"
-        return f"etcd://{self.endpoint}/{prefix}" + (f"?{query}" if query else "")
+        return f"{self.scheme}://{self.endpoint}/{prefix}" + (f"?{query}" if query else "")
 
     def stop(self) -> None:
         if self.process.poll() is None:

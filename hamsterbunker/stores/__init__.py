@@ -32,7 +32,7 @@ def open_store(url: str, *, create: bool = True) -> Store:
         try:
             from .etcd import EtcdStore
         except ModuleNotFoundError as exc:  # etcd3gw is the optional extra "etcd"
-            if exc.name != "etcd3gw":
+            if (exc.name or "").partition(".")[0] != "etcd3gw":
                 raise
             raise ConfigError(
                 "the etcd store needs etcd3gw: pip install 'hamsterbunker[etcd]'"

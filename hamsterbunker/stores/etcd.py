@@ -309,6 +309,9 @@ class EtcdStore:
         target = self.target
         host, port = target.endpoints[index]
         session = _Session((target.timeout, read_timeout or target.timeout))
+        # The URL says how to reach etcd: proxies and CA bundles named in the
+        # environment (which requests would let override ``ca``) do not apply.
+        session.trust_env = False
         if target.ca is not None:
             session.verify = target.ca
         if target.cert is not None and target.key is not None:
