@@ -1,0 +1,65 @@
+# The HamsterBunker application: the `hb` and `hb-tui` commands.
+#
+#   pkgs.callPackage ./nix/package.nix { }
+#
+# Needs nixpkgs 24.05 or later (the `pyproject` builder's build-system and
+# dependencies). tests/test_nix.py checks the dependencies against pyproject.toml.
+{
+  lib,
+  python3Packages,
+  # hb-tui needs Textual; without it only `hb` works.
+  withTui ? true,
+}:
+let
+  pyproject = builtins.fromTOML (builtins.readFile ../pyproject.toml);
+in
+python3Packages.buildPythonApplication {
+  pname = "hamsterbunker";
+  inherit (pyproject.project) version;
+  pyproject = true;
+
+  # Only what the wheel is built from: a change to the tests or the docs
+  # rebuilds nothing, and neither do stray bytecode files of a working tree.
+  src =
+    let
+      packages = [
+        ../hamsterbunker
+        ../tui
+      ];
+      bytecode = map (lib.fileset.fileFilter (file: file.hasExt "pyc")) packages;
+    in
+    lib.fileset.toSource {
+      root = ../.;
+      fileset = lib.fileset.difference (lib.fileset.unions (
+        [
+          ../pyproject.toml
+          ../README.md
+        ]
+        ++ packages
+      )) (lib.fileset.unions bytecode);
+    };
+
+  build-system = [ python3Packages.setuptools ];
+
+  dependencies =
+    with python3Packages;
+    [
+      cryptography
+      watchfiles
+      sdnotify
+      tomli-w
+    ]
+    ++ lib.optionals withTui [ textual ];
+
+  # The test suite runs real node processes, systemd and fault injection
+  # (make test); the build only checks that the packages import.
+  pythonImportsCheck = [ "hamsterbunker" ] ++ lib.optionals withTui [ "hamsterbunker_tui" ];
+
+  meta = {
+    description = "Keeps one long-running AI agent alive when the machine under it dies";
+    homepage = "https://github.com/hamsterbunker/hamsterbunker";
+    license = lib.licenses.mit;
+    mainProgram = "hb";
+    platforms = lib.platforms.linux;
+  };
+}
