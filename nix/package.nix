@@ -7,11 +7,19 @@
 {
   lib,
   python3Packages,
-  # hb-tui needs Textual; without it only `hb` works.
+  # pyproject.toml's extras: hb-tui needs Textual, the redis:// and etcd://
+  # stores need their clients (etcd3gw where this nixpkgs has it).
   withTui ? true,
+  withRedis ? true,
+  withEtcd ? python3Packages ? etcd3gw,
 }:
 let
   pyproject = builtins.fromTOML (builtins.readFile ../pyproject.toml);
+  extras = {
+    tui = [ python3Packages.textual ];
+    redis = [ python3Packages.redis ];
+    etcd = [ python3Packages.etcd3gw ];
+  };
 in
 python3Packages.buildPythonApplication {
   pname = "hamsterbunker";
@@ -49,7 +57,9 @@ python3Packages.buildPythonApplication {
       sdnotify
       tomli-w
     ]
-    ++ lib.optionals withTui [ textual ];
+    ++ lib.optionals withTui extras.tui
+    ++ lib.optionals withRedis extras.redis
+    ++ lib.optionals withEtcd extras.etcd;
 
   # The test suite runs real node processes, systemd and fault injection
   # (make test); the build only checks that the packages import.

@@ -96,11 +96,16 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0].lower()
 
 
+# pyproject.toml's extras that nix/package.nix includes (its with* arguments); `test` is for make test.
+PACKAGED_EXTRAS = ("tui", "redis", "etcd")
+
+
 def python_package_names() -> list[str]:
     """The python3Packages attributes nix/package.nix may use: pyproject's requirements."""
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
     required = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
-    required += project["project"]["optional-dependencies"]["tui"]
+    for extra in PACKAGED_EXTRAS:
+        required += project["project"]["optional-dependencies"][extra]
     return sorted({requirement_name(r) for r in required})
 
 
@@ -528,7 +533,7 @@ def test_static_user_matches_sysusers_and_takes_a_fixed_uid(summariser, run_host
 
 
 def test_package_and_flake_match_pyproject(nix_instantiate, lib_path):
-    """nix/package.nix needs pyproject's requirements (+ hb-tui's), no more; the flake exposes it."""
+    """nix/package.nix needs pyproject's requirements and packaged extras, no more; the flake exposes it."""
     flake = instantiate(
         nix_instantiate,
         [
@@ -541,19 +546,28 @@ def test_package_and_flake_match_pyproject(nix_instantiate, lib_path):
             json.dumps(python_package_names()),
         ],
     )
-    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
-    names = [requirement_name(r) for r in project["project"]["dependencies"]]
-    tui = [requirement_name(r) for r in project["project"]["optional-dependencies"]["tui"]]
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    assert set(project["optional-dependencies"]) - {"test"} == set(PACKAGED_EXTRAS)
+    names = sorted(requirement_name(r) for r in project["dependencies"])
+    extras = {
+        extra: [requirement_name(r) for r in project["optional-dependencies"][extra]]
+        for extra in PACKAGED_EXTRAS
+    }
     assert flake["package"] == {
-        "name": f"hamsterbunker-{project['project']['version']}",
+        "name": f"hamsterbunker-{project['version']}",
         "pyproject": True,
         "buildSystem": ["setuptools"],
-        "dependencies": sorted(names + tui),
+        "dependencies": sorted(names + [n for extra in extras.values() for n in extra]),
         "importsChecked": ["hamsterbunker", "hamsterbunker_tui"],
         "mainProgram": "hb",
     }
-    assert set(project["project"]["scripts"]) == {"hb", "hb-tui"}
-    assert flake["withoutTui"]["dependencies"] == sorted(names)
+    assert set(project["scripts"]) == {"hb", "hb-tui"}
+    assert flake["withoutExtras"]["dependencies"] == names
+    assert flake["withoutExtras"]["importsChecked"] == ["hamsterbunker"]
+    assert "etcd3gw" in extras["etcd"]
+    assert flake["withoutEtcd3gw"]["dependencies"] == sorted(
+        set(flake["package"]["dependencies"]) - {"etcd3gw"}
+    )
     assert flake["inputs"] == ["nixpkgs"]
     assert flake["systems"] == ["aarch64-linux", "x86_64-linux"]
     assert flake["moduleIsNixModule"] is True

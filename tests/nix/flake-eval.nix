@@ -31,7 +31,19 @@ in
   inputs = builtins.attrNames flake.inputs;
   systems = builtins.attrNames outputs.packages;
   package = describe outputs.packages.x86_64-linux.default;
-  withoutTui = describe (pkgs.callPackage ../../nix/package.nix { withTui = false; });
+  withoutExtras = describe (
+    pkgs.callPackage ../../nix/package.nix {
+      withTui = false;
+      withRedis = false;
+      withEtcd = false;
+    }
+  );
+  # A nixpkgs without etcd3gw: the etcd client is left out, not an error.
+  withoutEtcd3gw = describe (
+    pkgs.callPackage ../../nix/package.nix {
+      python3Packages = removeAttrs pkgs.python3Packages [ "etcd3gw" ];
+    }
+  );
   moduleIsNixModule = outputs.nixosModules.default == ../../nix/module.nix;
   overlay = (outputs.overlays.default pkgs pkgs).hamsterbunker.name;
 }
