@@ -418,9 +418,11 @@ class Runtime:
                 # The lease may already be someone else's: never publish this step.
                 self._emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
                 continue
-            match await self._publish(context, new_state, lost):
+            published, stored = await self._publish(context, new_state, lost)
+            match published:
                 case _Published.YES:
-                    progress = _Progress(new_state, context.seq)
+                    assert stored is not None
+                    progress = stored
                 case _Published.RETRY:
                     await asyncio.sleep(self.tick_ms / 1000)  # same state, same seq
                 case _Published.FENCED:
@@ -484,7 +486,9 @@ class Runtime:
             )
         return result
 
-    async def _publish(self, context: StepContext, state: State, lost: asyncio.Event) -> _Published:
+    async def _publish(
+        self, context: StepContext, state: State, lost: asyncio.Event
+    ) -> tuple[_Published, _Progress | None]:
         """Seal and store one step's state, fenced by the step's epoch."""
         assert self._sealer is not None
         fence = Fence(holder=self.node_id, session=self.keeper.session, epoch=context.epoch)
@@ -505,18 +509,49 @@ class Runtime:
                 result = await self._keeper_call(self.keeper.abandon, "fenced by the store")
                 self._emit("lease.lost", reason=result.reason)
                 self._set_role("standby")
-            return _Published.FENCED
+            return _Published.FENCED, None
         except HamsterbunkerError as exc:
+            # A network store's error does not prove the write was not applied.
+            landed = await self._landed(context)
+            if landed is not None:
+                self._record("publish", context.epoch, landed.seq, started, "ok", landed=True)
+                self.seq = landed.seq
+                self._emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
+                return _Published.YES, landed
             # Not published: the step is retried from the last published state,
             # so nothing ever builds on a state the store does not hold.
             self._record("publish", context.epoch, context.seq, started, "failed")
             self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
-            return _Published.RETRY
+            return _Published.RETRY, None
         self._record("publish", context.epoch, context.seq, started, "ok")
         self.seq = info.seq
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
-        return _Published.YES
+        return _Published.YES, _Progress(state, info.seq)
+
+    async def _landed(self, context: StepContext) -> _Progress | None:
+        """The checkpoint of this term at or past context.seq, if a failed write landed after all.
+
+        Only this node writes under this epoch, so such a checkpoint is ours:
+        from this attempt, or from an earlier one whose answer was lost. What
+        the store holds is adopted, read back and opened (an earlier attempt
+        may have stored another state for the same seq), so that the next step
+        builds on the store's state and numbers on from it instead of offering
+        the same seq again forever.
+        """
+        assert self._sealer is not None
+        try:
+            infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
+            ours = next((i for i in infos if i.epoch == context.epoch), None)
+            if ours is None or ours.seq < context.seq:
+                return None
+            blob = await self._io_call(self.store.read_checkpoint, self.agent_id, ours)
+            state = await asyncio.to_thread(
+                self._sealer.open, blob, self.agent_id, ours.epoch, ours.seq
+            )
+        except HamsterbunkerError:
+            return None  # cannot tell now: retried as unpublished, and asked again then
+        return _Progress(state, ours.seq)
 
     async def _restore(self, epoch: int) -> _Progress:
         """The newest checkpoint that authenticates and fits the lease, or init() if none exist.

@@ -197,6 +197,9 @@ class FaultyStore:
         self.put_release = threading.Event()
         self.fail_put_once: set[int] = set()  # seqs whose first put_checkpoint fails
         self.fail_read_once: set[int] = set()  # seqs whose first read_checkpoint fails
+        # seqs whose first put_checkpoint is applied, then answered with an error
+        # (a network store whose reply was lost)
+        self.land_then_fail_once: set[int] = set()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -219,7 +222,11 @@ class FaultyStore:
         if self.block_put.is_set():
             self.put_entered.set()
             self.put_release.wait(30)
-        return self._inner.put_checkpoint(agent, fence, seq, blob)
+        info = self._inner.put_checkpoint(agent, fence, seq, blob)
+        if seq in self.land_then_fail_once:
+            self.land_then_fail_once.discard(seq)
+            raise StoreUnavailable("injected: the write was applied but its answer was lost")
+        return info
 
 
 class Harness:
@@ -857,3 +864,24 @@ def test_a_lease_record_that_vanishes_is_reported_and_no_epoch_is_reused(hb: Har
     again = hb.events.wait("lease.acquired", "node-a", where=lambda e: e.epoch > 1)
     assert again.epoch == 2
     assert len(hb.events.of("store.regressed")) == 1  # once, not on every tick
+
+
+def test_a_publish_that_landed_although_it_failed_is_adopted_not_retried_forever(
+    hb: Harness,
+) -> None:
+    """A checkpoint write applied by the store but answered with an error (a lost reply)
+    is found in the store and built on: the node goes on to the next seq."""
+    store = FaultyStore(hb.store())
+    store.land_then_fail_once = {3}
+    agent = AsyncAgent()
+    node = hb.node("node-a", agent, store=store)
+    landed = hb.events.wait(
+        "checkpoint.published", "node-a", where=lambda e: "landed_despite" in e.detail
+    )
+    assert landed.detail["step_seq"] == 3
+    hb.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq >= 6)
+    assert not hb.events.of("checkpoint.failed")  # it never offered seq 3 again
+    node.stop()
+    assert [seq for seq, _ in hb.checkpoints()][-1] >= 4
+    state = hb.open_checkpoint(hb.checkpoints()[0][0])
+    assert state["effects"] == list(range(1, state["n"] + 1))  # no step lost or repeated
