@@ -29,7 +29,8 @@ bounds every request, so a dead or frozen member is a StoreUnavailable, never
 a hang; after one, the next call goes to the next endpoint. Requests are never
 retried within a call: a write whose answer was lost may have been applied, and
 the lease logic above copes with that (its next compare-and-set conflicts).
-Needs etcd 3.4 or newer (the ``/v3`` gateway path).
+Needs etcd 3.4 or newer (the ``/v3`` gateway path). Proxies and CA bundles
+named in the environment are not used: the URL says how to reach etcd.
 
 The client library is etcd3gw (OpenStack, used by tooz): maintained, typed,
 and light (requests, futurist, pbr). It talks to the gRPC-JSON gateway every
@@ -207,7 +208,10 @@ def _fence_text(holder: str | None, session: str, epoch: int) -> str:
 def _describe_fence(kvs: list[dict[str, Any]]) -> str:
     if not kvs:
         return "no lease"
-    holder, _session, epoch = json.loads(_unb64(kvs[0].get("value", "")))
+    try:
+        holder, _session, epoch = json.loads(_unb64(kvs[0].get("value", "")))
+    except ValueError:  # JSON, base64 or unpacking: damaged by something else than us
+        return "an unreadable fence"
     return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
 
 
@@ -252,20 +256,20 @@ def _translated(
 
     @functools.wraps(method)
     def translated(self: EtcdStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        endpoint = self._endpoint_text()
-        where = f"etcd store {method.__name__} ({endpoint})"
+        used = self._current
+        where = f"etcd store {method.__name__} ({self._endpoint_text(used)})"
         try:
             return method(self, *args, **kwargs)
         except (ConnectionFailedError, ConnectionTimeoutError) as exc:
-            self._next_endpoint()
+            self._next_endpoint(used)
             raise StoreUnavailable(f"{where}: {exc.detail_text or exc}") from exc
         except requests.RequestException as exc:
-            self._next_endpoint()
+            self._next_endpoint(used)
             raise StoreUnavailable(f"{where}: {exc}") from exc
         except Etcd3Exception as exc:
             code, message = _grpc_error(exc)
             if code in _TRANSIENT_CODES:
-                self._next_endpoint()
+                self._next_endpoint(used)
                 raise StoreUnavailable(f"{where}: {message}") from exc
             raise StoreError(f"{where}: {message}") from exc
 
@@ -299,8 +303,8 @@ class EtcdStore:
         self._followers: set[_Follower] = set()
         self._indexed: set[tuple[str, str]] = set()  # (agent, node) whose event log is indexed
         if not create and not self._exists():
-            raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd at "
-                              f"{self._endpoint_text()}")  # fmt: skip
+            where = ",".join(map(self._endpoint_text, range(len(self._clients))))
+            raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd {where}")
 
     # -- connections -------------------------------------------------------
 
@@ -329,12 +333,13 @@ class EtcdStore:
     def _kv(self) -> Etcd3Client:
         return self._clients[self._current]
 
-    def _next_endpoint(self) -> None:
-        """After a failure, send the next call to the next endpoint (round robin)."""
-        self._current = (self._current + 1) % len(self._clients)
+    def _next_endpoint(self, failed: int) -> None:
+        """After a failure of endpoint failed, send the next calls to the next one (round robin)."""
+        if self._current == failed:  # not yet moved on by another thread's failure
+            self._current = (failed + 1) % len(self._clients)
 
-    def _endpoint_text(self) -> str:
-        host, port = self.target.endpoints[self._current]
+    def _endpoint_text(self, index: int) -> str:
+        host, port = self.target.endpoints[index]
         return f"{host}:{port}"
 
     def _txn(
@@ -644,9 +649,9 @@ class _Follower(threading.Thread):
         delay = _WATCH_RETRY_S[0]
         caught_up = False
         while not self._stopping.is_set():
-            store = self._store
+            store, endpoint = self._store, self._store._current
             # Reads of an idle stream wait for the next renewal, and a little longer.
-            client = store._client(store._current, _WATCH_RENEW_S + store.target.timeout)
+            client = store._client(endpoint, _WATCH_RENEW_S + store.target.timeout)
             watcher = None
             try:
                 self._catch_up(client, hint_missed=caught_up)
@@ -662,7 +667,7 @@ class _Follower(threading.Thread):
                 self._stopping.wait(_WATCH_RENEW_S)
             except (Etcd3Exception, requests.RequestException, ValueError, KeyError) as exc:
                 log.info("etcd watch of %s failed (%s); retrying in %.1f s", self._key, exc, delay)
-                store._next_endpoint()
+                store._next_endpoint(endpoint)
                 self._stopping.wait(delay)
                 delay = min(delay * 2, _WATCH_RETRY_S[1])
             finally:
