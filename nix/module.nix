@@ -168,6 +168,11 @@ let
         message = "${option}.secretFile ${secret} lies inside the Nix store, where every user can read it; keep the secret outside it (e.g. /run/keys/hb-secret, or a path from sops-nix or agenix).";
       }
       {
+        # /etc/hamsterbunker/NAME.toml is a file in the Nix store, which every user can read.
+        assertion = builtins.match "[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@.*" agent.settings.store == null;
+        message = "${option}.settings.store holds a password, which would be readable by every user in the Nix store (the config file is there); use a server that needs none from this URL, e.g. TLS client certificates.";
+      }
+      {
         assertion = unknown == [ ];
         message = "${option}.settings: unknown key '${builtins.head unknown}' (hb run would refuse it); the keys are: ${lib.concatStringsSep ", " settingsKeys}.";
       }

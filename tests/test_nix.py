@@ -456,22 +456,27 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
     parse_config(document, DEFAULT_CONFIG_DIR / "all.toml")
 
 
-def test_unknown_setting_and_bad_name_fail_assertions(run_host):
-    """A key hb does not read and an agent name hb refuses each fail an assertion naming them."""
+def test_unknown_setting_bad_name_and_store_password_fail_assertions(run_host):
+    """A key hb does not read, a name hb refuses and a password in the store URL each fail an assertion."""
     result = run_host(
         """
 {
   services.hamsterbunker.agents = {
     typo = { enable = true; settings = { agent = "m:A"; tick = 5; }; };
     "-bad" = { enable = true; settings.agent = "m:A"; };
+    pw = { enable = true; settings = { agent = "m:A"; store = "redis://hb:s3cret@redis:6379/0"; }; };
+    user = { enable = true; settings = { agent = "m:A"; store = "rediss://hb@redis:6379/0"; }; };
+    etcd = { enable = true; settings = { agent = "m:A"; store = "etcd://e1:2379,e2:2379/hb"; }; };
   };
 }
 """
     )
     failed = result["failedAssertions"]
-    assert len(failed) == 2, failed
+    assert len(failed) == 3, failed
     assert any("agents.typo.settings: unknown key 'tick'" in m for m in failed), failed
     assert any("agents.-bad: the agent name must be" in m for m in failed), failed
+    assert any("agents.pw.settings.store holds a password" in m for m in failed), failed
+    assert "s3cret" not in " ".join(failed)
 
 
 def test_store_outside_the_state_directory_is_made_writable(run_host):
