@@ -6,8 +6,9 @@ and for ``pkgs`` (``tests/nix/pkgs.nix``), and the unit it generates is compared
 with ``systemd/hamsterbunker@.service`` key by key. The nixpkgs ``lib`` is the
 minimal one of ``tests/nix/minimal-lib.nix``, and also the real one when
 ``HB_NIXPKGS_LIB`` names a checked-out ``lib`` directory (of nixpkgs, or of
-nix-community/nixpkgs.lib). Without ``nix-instantiate`` the tests are skipped,
-or fail when CI=true.
+nix-community/nixpkgs.lib). Evaluation uses no Nix store at all (``--store
+dummy://``), so copying anything into one fails. Without ``nix-instantiate`` the
+tests are skipped, or fail when CI=true.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ SYSUSERS = ROOT / "systemd" / "hamsterbunker.sysusers"
 PYPROJECT = ROOT / "pyproject.toml"
 INSTALLED_HB = "/opt/hamsterbunker/bin/hb"
 TIMEOUT = 120
+# Evaluate without a Nix store: nothing may be copied into one (a secret given as a
+# path literal, say), and the tests need neither a daemon nor a writable /nix.
+NIX_OPTIONS = ["--store", "dummy://", "--read-write-mode"]
 
 SUMMARISER = """
 {
@@ -111,7 +115,7 @@ def python_package_names() -> list[str]:
 
 def instantiate(nix: str, args: list[str], *, expect_failure: bool = False) -> Any:
     result = subprocess.run(
-        [nix, "--eval", "--strict", "--json", *args],
+        [nix, *NIX_OPTIONS, "--eval", "--strict", "--json", *args],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -241,7 +245,7 @@ def test_every_nix_file_parses(nix_instantiate):
     assert len(files) >= 8, files
     for path in files:
         result = subprocess.run(
-            [nix_instantiate, "--parse", str(path)],
+            [nix_instantiate, *NIX_OPTIONS, "--parse", str(path)],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
@@ -592,7 +596,7 @@ def test_readme_nixos_example_evaluates(run_host, nix_instantiate):
     assert len(blocks) >= 2, blocks
     for block in blocks:
         result = subprocess.run(
-            [nix_instantiate, "--parse", "-E", block],
+            [nix_instantiate, *NIX_OPTIONS, "--parse", "-E", block],
             capture_output=True,
             text=True,
             timeout=TIMEOUT,
