@@ -26,7 +26,7 @@ from .errors import (
 from .logs import configure_logging, stderr_is_journal
 from .notify import Notifier
 from .sealing import check_secret
-from .stores import file_store_path, open_store
+from .stores import check_store_url, open_store
 
 __all__ = ["main"]
 
@@ -198,7 +198,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     from .provision import provision
 
     config = _node_config(args, store=f"file://{STATE_DIRECTORY}/{args.name}", agent=DEMO_AGENT)
-    store_dir = file_store_path(config.store)  # checks the URL before anything is written
+    store_dir = check_store_url(config.store)  # before anything is written
     # Absolute, so that the printed scp command means the same on the other node.
     done = provision(args.name, config, args.config_dir.absolute(), force=args.force)
     print(f"wrote {done.config_path}")
@@ -210,7 +210,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _next_steps(name: str, secret_path: Path, store_dir: str) -> str:
+def _next_steps(name: str, secret_path: Path, store_dir: str | None) -> str:
     steps = f"""
 Next steps:
   1. Give every other node of this cluster the same secret, readable by root only:
@@ -218,7 +218,9 @@ Next steps:
      and run `hb init {name}` there with its own --region and --node-id (it keeps that secret).
   2. On each node, start the node now and at every boot:
        systemctl enable --now hamsterbunker@{name}"""
-    if not Path(os.path.normpath(store_dir)).is_relative_to(STATE_DIRECTORY):
+    if store_dir is not None and not Path(os.path.normpath(store_dir)).is_relative_to(
+        STATE_DIRECTORY
+    ):
         steps += f"""
   The store {store_dir} lies outside {STATE_DIRECTORY}, which is all the unit may write:
   allow it with `systemctl edit hamsterbunker@{name}` and these two lines:
