@@ -617,3 +617,22 @@ def test_crash_while_writing_new_secret_leaves_nothing(tmp_path, monkeypatch, op
         provision(NAME, _config("new"), tmp_path, force=False)
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "store", ["etcd://127.0.0.1:2379,127.0.0.2:2379/hb", "redis://127.0.0.1:6379/0?prefix=hb"]
+)
+def test_init_takes_a_server_store_without_connecting(tmp_path, store):
+    """etcd:// and redis:// URLs are checked, not dialled (nothing listens here), and need no hint."""
+    result = run_hb(init_args(tmp_path / "cfg", store))
+    assert result.returncode == 0, result.stderr
+    assert load_instance(NAME, tmp_path / "cfg").store == store
+    assert "ReadWritePaths" not in result.stdout
+
+
+@pytest.mark.parametrize("store", ["etcd://127.0.0.1:2379", "redis://127.0.0.1:notaport/0"])
+def test_init_refuses_a_bad_server_store_url(tmp_path, store):
+    """A bad etcd or Redis URL is refused in one line before anything is written."""
+    result = run_hb(init_args(tmp_path / "cfg", store))
+    assert_one_line_error(result, "init", ["store URL"])
+    assert not (tmp_path / "cfg").exists()
