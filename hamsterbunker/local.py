@@ -36,11 +36,19 @@ class LocalCluster:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(
-        self, spec: NodeSpec, extra_env: dict[str, str] | None = None
+        self,
+        spec: NodeSpec,
+        extra_env: dict[str, str] | None = None,
+        command_prefix: list[str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start one node process (a node that ran before starts afresh)."""
+        """Start one node process (a node that ran before starts afresh).
+
+        ``command_prefix`` runs the node under a wrapper that execs it, such as
+        ``["ip", "netns", "exec", NS]`` (the process started is then the node).
+        """
         self.log_dir.mkdir(parents=True, exist_ok=True)
         command = [
+            *(command_prefix or []),
             sys.executable, "-m", "hamsterbunker", "run",
             "--store", self.store_url,
             "--agent", self.agent,
