@@ -18,6 +18,7 @@ from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from .errors import (
     ConfigError,
     HamsterbunkerError,
+    NoUsableCheckpoint,
     SealError,
     SecretTooShort,
     StoreError,
@@ -37,6 +38,9 @@ STATE_DIRECTORY = Path("/var/lib/hamsterbunker")
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+# The node refused to resume (no checkpoint authenticates, or the store went
+# back in time): restarting cannot fix that, a person has to look.
+EXIT_REFUSED = 3
 
 SECRET_HELP = """\
 the network secret (at least 8 characters) is taken from, in this order:
@@ -276,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
         # A user mistake: a bad URL, agent, secret or store location.
         _print_error(f"hb {args.command}: error: {exc}")
         return EXIT_USAGE
+    except NoUsableCheckpoint as exc:
+        _print_error(f"hb {args.command}: refused: {exc}")
+        return EXIT_REFUSED
     except (StoreError, HamsterbunkerError) as exc:
         _print_error(f"hb {args.command}: failed: {exc}")
         return EXIT_FAILURE

@@ -14,6 +14,7 @@
     │   └── Tampered           a checkpoint failed to authenticate (edited, truncated,
     │                          moved to another agent, or replayed under another number)
     └── NoUsableCheckpoint     checkpoints exist but none authenticates: refuse to resume
+        └── StoreRegressed     the store holds less than this node saw accepted: refuse
 
 Backend errors are translated at the store boundary with ``raise ... from exc``.
 """
@@ -30,6 +31,7 @@ __all__ = [
     "SealError",
     "SecretTooShort",
     "StoreError",
+    "StoreRegressed",
     "StoreUnavailable",
     "StoreUnsafe",
     "Tampered",
@@ -87,3 +89,11 @@ class Tampered(SealError):
 
 class NoUsableCheckpoint(HamsterbunkerError):
     """Checkpoints exist but none authenticates: the node refuses to resume from init()."""
+
+
+class StoreRegressed(NoUsableCheckpoint):
+    """The store's newest checkpoint is behind one this node saw accepted (or all are gone).
+
+    A store restored from an old backup, or a Redis that lost acknowledged
+    writes: resuming would silently lose steps, so the node refuses.
+    """

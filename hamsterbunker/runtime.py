@@ -40,6 +40,7 @@ from .errors import (
     HamsterbunkerError,
     NoUsableCheckpoint,
     StoreError,
+    StoreRegressed,
     Tampered,
 )
 from .failpoints import failpoint
@@ -563,6 +564,18 @@ class Runtime:
         assert self._sealer is not None
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
+        newest = infos[0].seq if infos else 0
+        if newest < self.seq:
+            # This node published or restored seq self.seq; the store no longer has it.
+            message = (
+                f"agent {self.agent_id}: the store's newest checkpoint is seq {newest}, behind "
+                f"seq {self.seq} that this node saw accepted: the store went back in time "
+                "(restored from an old backup, or it lost acknowledged writes). Refusing to "
+                "resume behind it; bring the store back, or remove the agent's checkpoints "
+                "deliberately to accept the loss."
+            )
+            self._emit("store.regressed", reason=f"newest checkpoint {newest} < seen {self.seq}")
+            raise StoreRegressed(message)
         if not infos:
             state = await asyncio.to_thread(self.agent.init)
             self._emit("agent.started")

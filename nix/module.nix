@@ -57,7 +57,7 @@ let
     Restart = "on-failure";
     RestartSec = "2s";
     # Exit 2 is a configuration mistake: restarting cannot fix it.
-    RestartPreventExitStatus = 2;
+    RestartPreventExitStatus = "2 3";
 
     ProtectSystem = "strict";
     ProtectHome = true;

@@ -25,6 +25,7 @@ from hamsterbunker.errors import (
     ConfigError,
     NoUsableCheckpoint,
     SecretTooShort,
+    StoreRegressed,
     StoreUnavailable,
     WrongSecret,
 )
@@ -885,3 +886,25 @@ def test_a_publish_that_landed_although_it_failed_is_adopted_not_retried_forever
     assert [seq for seq, _ in hb.checkpoints()][-1] >= 4
     state = hb.open_checkpoint(hb.checkpoints()[0][0])
     assert state["effects"] == list(range(1, state["n"] + 1))  # no step lost or repeated
+
+
+def test_a_store_that_went_back_past_what_the_node_saw_is_refused(hb: Harness) -> None:
+    """A node that published seq N and, on taking the lease again, finds the store's newest
+    checkpoint behind N refuses to resume (StoreRegressed), rather than silently lose steps."""
+    agent = AsyncAgent(park_from=5)  # publishes 1-4, then holds still at step 5
+    node = hb.node("node-a", agent)
+    hb.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq == 4)
+    # The store "restored from an old backup": newest checkpoints and the lease record gone.
+    checkpoints = hb.store_dir / "agents" / AGENT / "checkpoints"
+    kept = min(seq for seq, _ in hb.checkpoints())
+    for path in checkpoints.iterdir():
+        if f"ckpt-{kept:020d}-" not in path.name:
+            path.unlink()
+    (hb.store_dir / "agents" / AGENT / "lease.json").unlink()
+    assert node.stopped.wait(15), "the node did not refuse"
+    with pytest.raises(StoreRegressed, match="went back in time"):
+        node.stop()
+    regressed = [e.detail["reason"] for e in hb.events.of("store.regressed")]
+    assert any("newest checkpoint" in reason for reason in regressed), regressed
+    assert agent.init_calls == 1  # never started over
+    assert [seq for seq, _ in hb.checkpoints()] == [kept]  # nothing written behind it
