@@ -2,7 +2,8 @@
 
 Tests share one server per session (``shared_etcd()``), each test under its own
 key prefix (``etcd_url()``); tests that stop or freeze a server start a private
-one (``EtcdServer.start``). Without etcd the tests skip, except in CI
+one (``EtcdServer.start``), and tests of member loss a private three-member
+cluster (``EtcdCluster.start``). Without etcd the tests skip, except in CI
 (``CI=true``), where a missing server is a failure: .ci/run installs it.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -25,7 +27,14 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["EtcdServer", "etcd_url", "free_port", "require_etcd", "shared_etcd"]
+__all__ = [
+    "EtcdCluster",
+    "EtcdServer",
+    "etcd_url",
+    "free_port",
+    "require_etcd",
+    "shared_etcd",
+]
 
 START_TIMEOUT_S = 20.0
 
@@ -170,3 +179,139 @@ def shared_etcd() -> EtcdServer:
 def etcd_url(query: str = "") -> str:
     """A URL of the shared server under a prefix no other test uses."""
     return shared_etcd().url(query=query)
+
+
+class EtcdCluster:
+    """Three etcd members on loopback, each with its own client and peer ports and data dir.
+
+    ``start`` waits (bounded) until every member reports healthy (a leader is
+    elected and reachable); ``stop`` ends every member still running and removes
+    all their files. ``leader()`` asks the members' ``/v3/maintenance/status``.
+    """
+
+    SIZE = 3
+
+    def __init__(self, workdir: Path, members: list[EtcdServer], names: list[str]) -> None:
+        self.workdir = workdir
+        self.members = members
+        self.names = names
+
+    @classmethod
+    def start(cls, size: int = SIZE) -> EtcdCluster:
+        binary = require_etcd()
+        workdir = Path(tempfile.mkdtemp(prefix="hb-etcd-cluster-"))
+        # Ports are free when chosen but could be taken before etcd binds them:
+        # then a member exits or the cluster never gets healthy, and we try others.
+        for attempt in range(3):
+            names = [f"hb-member-{i}" for i in range(size)]
+            clients = [free_port() for _ in names]
+            peers = [free_port() for _ in names]
+            initial = ",".join(
+                f"{name}=http://127.0.0.1:{peer}" for name, peer in zip(names, peers, strict=True)
+            )
+            token = f"hb-test-{uuid.uuid4().hex}"  # one per cluster: all members share it
+            members = []
+            for name, client, peer in zip(names, clients, peers, strict=True):
+                memberdir = workdir / f"{name}-{attempt}"
+                memberdir.mkdir()
+                client_url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+                command = [
+                    binary, "--name", name, "--data-dir", str(memberdir / "data"),
+                    "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                    "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                    "--initial-cluster", initial, "--initial-cluster-state", "new",
+                    "--initial-cluster-token", token,
+                    "--log-level", "warn",
+                ]  # fmt: skip
+                members.append(EtcdServer(command, client, memberdir, "etcd", None))
+            cluster = cls(workdir, members, names)
+            if all(member._wait_healthy() for member in members):
+                return cluster
+            cluster._stop_members()
+        tail = "\n".join(
+            (path / "etcd.log").read_text(errors="replace")[-800:]
+            for path in sorted(workdir.iterdir())
+        )
+        shutil.rmtree(workdir, ignore_errors=True)
+        pytest.fail(f"the etcd cluster was not healthy within {START_TIMEOUT_S} s:\n{tail}")
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [member.endpoint for member in self.members]
+
+    def url(
+        self, prefix: str | None = None, members: list[int] | None = None, query: str = ""
+    ) -> str:
+        """A store URL naming the given members (all by default), under a fresh prefix."""
+        chosen = range(len(self.members)) if members is None else members
+        prefix = prefix or f"hb-test/{uuid.uuid4().hex}"
+        hosts = ",".join(self.members[i].endpoint for i in chosen)
+        return f"etcd://{hosts}/{prefix}" + (f"?{query}" if query else "")
+
+    def alive(self) -> list[int]:
+        return [i for i, member in enumerate(self.members) if member.process.poll() is None]
+
+    def status(self, index: int) -> dict[str, object] | None:
+        """The member's /v3/maintenance/status answer, or None if it does not answer."""
+        request = urllib.request.Request(
+            f"http://{self.members[index].endpoint}/v3/maintenance/status",
+            data=b"{}",
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=1.0) as answer:
+                found: dict[str, object] = json.loads(answer.read())
+                return found
+        except (OSError, ValueError):
+            return None
+
+    def leader(self, timeout: float = START_TIMEOUT_S) -> int:
+        """The index of the member that leads, as the live members agree on it (bounded wait)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ids: dict[str, int] = {}
+            leaders = set()
+            for i in self.alive():
+                status = self.status(i)
+                if status is None:
+                    continue
+                header = status.get("header")
+                if isinstance(header, dict):
+                    ids[str(header.get("member_id"))] = i
+                leaders.add(str(status.get("leader")))
+            if len(leaders) == 1:
+                leader = leaders.pop()
+                if leader in ids:
+                    return ids[leader]
+            time.sleep(0.05)
+        pytest.fail(f"the etcd members agreed on no leader within {timeout} s")
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one member and reap it."""
+        process = self.members[index].process
+        process.kill()
+        process.wait(timeout=10)
+
+    def wait_healthy(self, indices: list[int], timeout: float = START_TIMEOUT_S) -> None:
+        """Wait (bounded) until each of the given members reports healthy."""
+        deadline = time.monotonic() + timeout
+        for i in indices:
+            url = f"http://{self.members[i].endpoint}"
+            while not _healthy(url, None):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"etcd member {self.names[i]} not healthy within {timeout} s")
+                time.sleep(0.05)
+
+    def _stop_members(self) -> None:
+        # SIGKILL: the data is thrown away, and a SIGTERMed member of a cluster
+        # whose peers are stopping too waits seconds trying to hand its leadership on.
+        for member in self.members:
+            if member.process.poll() is None:
+                member.process.kill()
+        for member in self.members:
+            member.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """Stop every member still running and remove all their files."""
+        self._stop_members()
+        shutil.rmtree(self.workdir, ignore_errors=True)
