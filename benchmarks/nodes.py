@@ -22,6 +22,7 @@ from hamsterbunker import FileStore
 from hamsterbunker.checker import check
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.stores import Store, open_store
 
 from .common import (
     SECRET,
@@ -73,11 +74,12 @@ class BenchCluster:
         tick_ms: int,
         lease_ttl_ms: int,
         cluster_class: type[LocalCluster] = LocalCluster,
+        store_url: str | None = None,
     ) -> None:
         self.workdir = workdir
         self.history = workdir / "history.jsonl"
         self.cluster = cluster_class(
-            store_url=(workdir / "store").as_uri(),
+            store_url=store_url or (workdir / "store").as_uri(),
             secret=SECRET,
             agent=AGENT,
             log_dir=workdir / "logs",
@@ -85,7 +87,7 @@ class BenchCluster:
             lease_ttl_ms=lease_ttl_ms,
             history=self.history,
         )
-        self.store = FileStore(workdir / "store")
+        self.store: Store = open_store(store_url) if store_url else FileStore(workdir / "store")
         self.tick_s = tick_ms / 1000
         self.ttl_s = lease_ttl_ms / 1000
 
@@ -217,10 +219,14 @@ def bench_cluster(
     tick_ms: int = 400,
     lease_ttl_ms: int = 2000,
     cluster_class: type[LocalCluster] = LocalCluster,
+    store_url: str | None = None,
 ) -> Iterator[BenchCluster]:
-    """Start the three nodes; stop (SIGTERM, then SIGKILL) and reap them and remove all files after."""
+    """Start the three nodes; stop (SIGTERM, then SIGKILL) and reap them and remove all files after.
+
+    The nodes share a file store in the temporary directory, or the store at store_url.
+    """
     with temp_dir(name) as workdir:
-        cluster = BenchCluster(workdir, tick_ms, lease_ttl_ms, cluster_class)
+        cluster = BenchCluster(workdir, tick_ms, lease_ttl_ms, cluster_class, store_url)
         try:
             for spec in NODES:
                 cluster.start(spec.node)
