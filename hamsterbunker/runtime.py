@@ -41,6 +41,7 @@ from .errors import (
     NoUsableCheckpoint,
     StoreError,
     StoreRegressed,
+    StoreUnavailable,
     Tampered,
 )
 from .failpoints import failpoint
@@ -715,13 +716,31 @@ class Runtime:
             self._pending.put_nowait(event)
 
     async def _write_events(self) -> None:
+        """Store the events in order; while the store is unreachable, hold them and retry.
+
+        What happened during an outage (a lost lease, failed renewals) is what a
+        monitor most needs to see afterwards. The queue is bounded: in a long
+        outage the oldest unsent events give way (see _emit).
+        """
         assert self._pending is not None
+        holding = False  # said so once per outage
         while True:
             event = await self._pending.get()
             try:
-                await self._io_call(self.store.append_event, self.agent_id, event)
-            except (StoreError, OSError) as exc:
-                log.warning("%s: event %s not stored: %s", self.node_id, event.type, exc)
+                while True:
+                    try:
+                        await self._io_call(self.store.append_event, self.agent_id, event)
+                    except StoreUnavailable as exc:
+                        if not holding:
+                            holding = True
+                            log.warning("%s: holding events until the store answers: %s",
+                                        self.node_id, exc)  # fmt: skip
+                        await asyncio.sleep(self.tick_ms / 1000)
+                        continue
+                    except StoreError as exc:
+                        log.warning("%s: event %s not stored: %s", self.node_id, event.type, exc)
+                    holding = False
+                    break
             finally:
                 self._pending.task_done()
 

@@ -201,6 +201,7 @@ class FaultyStore:
         # seqs whose first put_checkpoint is applied, then answered with an error
         # (a network store whose reply was lost)
         self.land_then_fail_once: set[int] = set()
+        self.events_down = threading.Event()  # append_event fails while set
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -209,6 +210,11 @@ class FaultyStore:
         if self.fail_cas.is_set():
             raise StoreUnavailable("injected: the store does not answer")
         return self._inner.cas_lease(agent, expected_version, new)
+
+    def append_event(self, agent: str, event: Event) -> None:
+        if self.events_down.is_set():
+            raise StoreUnavailable("injected: the store does not answer")
+        self._inner.append_event(agent, event)
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         if info.seq in self.fail_read_once:
@@ -908,3 +914,22 @@ def test_a_store_that_went_back_past_what_the_node_saw_is_refused(hb: Harness) -
     assert any("newest checkpoint" in reason for reason in regressed), regressed
     assert agent.init_calls == 1  # never started over
     assert [seq for seq, _ in hb.checkpoints()] == [kept]  # nothing written behind it
+
+
+def test_events_from_a_store_outage_are_stored_once_it_answers(hb: Harness) -> None:
+    """Events the node emits while the store cannot take them are held and stored, in order,
+    when it answers again: a monitor learns what happened during the outage."""
+    store = FaultyStore(hb.store())
+    agent = AsyncAgent()
+    hb.node("node-a", agent, store=store)
+    hb.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq >= 2)
+    store.events_down.set()
+    during = hb.events.wait("agent.step", "node-a", where=lambda e: e.seq >= 5)
+    store.events_down.clear()
+
+    def stored_from_outage() -> list[Event]:
+        return [e for e in hb.store().read_events(AGENT) if e.n == during.n]
+
+    wait_until(stored_from_outage, "the outage's events in the store", 15)
+    numbers = [e.n for e in hb.store().read_events(AGENT) if e.node == "node-a"]
+    assert numbers == list(range(1, len(numbers) + 1))  # none lost, in order
