@@ -105,6 +105,19 @@ class LeaseKeeper:
             raise LeaseConflict("this node does not hold the lease")
         return Fence(holder=self.node, session=self.session, epoch=self.held.epoch)
 
+    def seconds_until_expiry(self) -> float | None:
+        """How long until the lease another node holds counts as expired here.
+
+        None when there is nothing to wait for (we hold it, it is released, or
+        no record was seen). A standby wakes then, not at its next tick, so a
+        takeover comes one TTL after the last change it saw, not up to a tick later.
+        """
+        record = self.observed
+        if self.held is not None or record is None or record.holder is None:
+            return None
+        ttl = max(self.lease_ttl_ms, record.ttl_ms) / 1000
+        return max(0.0, ttl - (self.clock.monotonic() - self._observed_at))
+
     def seconds_until_deadline(self) -> float:
         return max(0.0, self.renew_deadline_ms / 1000 - self._since_renewal())
 

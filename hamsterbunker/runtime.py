@@ -302,7 +302,11 @@ class Runtime:
                 await self._put_heartbeat()
             self._notifier.status(self.status_text())
             self._pass_started = None
-            await self._sleep_until(next_heartbeat)
+            wake_at = next_heartbeat
+            expiry = self.keeper.seconds_until_expiry()
+            if expiry:  # 0: expired already, and this tick could not take it: keep to the ticks
+                wake_at = min(wake_at, time.monotonic() + expiry + 0.001)
+            await self._sleep_until(wake_at)
         self._notifier.stopping()
         self._notifier.status("stopping · handing over the lease")
         if leader is not None:

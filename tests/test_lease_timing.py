@@ -584,3 +584,20 @@ def test_a_checkpoint_above_the_lease_records_epoch_lifts_the_next_epoch(store):
     assert fresh.drain_regressions() == [
         "a stored checkpoint names epoch 2, above the lease record's 1"
     ]
+
+
+def test_a_standby_knows_when_the_observed_lease_will_count_as_expired(store):
+    """seconds_until_expiry counts a full TTL down from the last change the standby saw,
+    so the runtime can wake then instead of at its next tick; nothing to wait for otherwise."""
+    leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    assert leader.seconds_until_expiry() is None  # its own lease
+    assert standby.seconds_until_expiry() == pytest.approx(TTL)
+    standby_clock.advance(TTL * 0.75)
+    assert standby.seconds_until_expiry() == pytest.approx(TTL * 0.25)
+    leader.tick()  # a renewal: the record changes
+    standby.tick()
+    assert standby.seconds_until_expiry() == pytest.approx(TTL)
+    leader.release()
+    standby_clock.advance(0.01)
+    assert standby.tick().outcome is Outcome.ACQUIRED  # released: taken at once
+    assert standby.seconds_until_expiry() is None
