@@ -38,11 +38,10 @@ Why failover sits near one TTL: a standby judges the lease expired only a full T
 after it last *saw the record change*, on its own monotonic clock, and the leader
 renews every tick. A kill lands some time *k* ∈ [0, tick) after the leader's last
 renewal; the standby saw that renewal after a detection delay *d* (the watch wakes it
-some 20–200 ms after a store change, else its next tick), and acts at its first wake-up
-after a TTL from then (*w*: the other nodes' heartbeats wake it every tick, usually
-sooner). So kill → acquired = TTL − *k* + *d* + *w*, which lies in
-[TTL − tick, TTL + tick + detection delay]: failover can be *shorter* than the TTL
-because the TTL runs from the last renewal, not from the kill.
+some 20–200 ms after a store change, else its next tick), and wakes when a TTL from
+then has run out (it sets its sleep to that moment). So kill → acquired = TTL − *k* +
+*d*, which lies in [TTL − tick, TTL + detection delay]: failover can be *shorter* than
+the TTL because the TTL runs from the last renewal, not from the kill.
 """
 
 ANALYSIS = ""  # where a target is missed: what costs the time, what could fix it
