@@ -8,8 +8,6 @@ checks what only a Redis-backed store can get wrong. Servers listen on
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import signal
 import sys
 import time
@@ -18,10 +16,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 redis = pytest.importorskip("redis")
 
@@ -38,6 +32,7 @@ from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  #
 from hamsterbunker.tail import open_tail  # noqa: E402
 
 from .redis_server import RedisServer, free_port, redis_url, shared_redis  # noqa: E402
+from .tls_certs import make_certificates  # noqa: E402
 
 WAIT_S = 10.0
 
@@ -256,57 +251,13 @@ def test_watch_outlives_a_server_restart(
 # -- TLS -------------------------------------------------------------------------
 
 
-def _certificates(directory: Path) -> dict[str, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files."""
-    now = datetime.datetime.now(datetime.UTC)
-    paths: dict[str, Path] = {}
-
-    def issue(
-        name: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None, ip: str = ""
-    ) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
-        key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        issuer_name, issuer_key = issuer or (subject, key)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer_name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), True)
-        )
-        if ip:
-            san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))])
-            builder = builder.add_extension(san, False)
-        cert = builder.sign(issuer_key, hashes.SHA256())
-        paths[f"{name}.crt"] = directory / f"{name}.crt"
-        paths[f"{name}.key"] = directory / f"{name}.key"
-        paths[f"{name}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        paths[f"{name}.key"].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return subject, key
-
-    ca = issue("ca", None)
-    issue("server", ca, ip="127.0.0.1")
-    issue("client", ca)
-    issue("other-ca", None)
-    return paths
-
-
 def test_rediss_with_client_certificates(
     tmp_path: Path,
     private_server: Callable[..., RedisServer],
     opened: Callable[..., RedisStore],
 ) -> None:
     """Over TLS with client certificates the store works; without them, or with a wrong CA, it refuses."""
-    certs = _certificates(tmp_path)
+    certs = make_certificates(tmp_path)
     tls_port = free_port()
     private_server(
         "--tls-port", str(tls_port),
