@@ -10,12 +10,8 @@ cluster (``EtcdCluster.start``). Without etcd the tests skip, except in CI
 from __future__ import annotations
 
 import atexit
-import ctypes
 import json
-import os
 import shutil
-import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -27,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from .server_process import die_with_parent, free_port, require_binary, stop_server
+
 __all__ = [
     "EtcdCluster",
     "EtcdServer",
     "etcd_url",
-    "free_port",
     "require_etcd",
     "shared_etcd",
 ]
@@ -40,26 +37,7 @@ START_TIMEOUT_S = 20.0
 
 
 def require_etcd() -> str:
-    """The path of etcd; skip the test without it (fail in CI)."""
-    path = shutil.which("etcd")
-    if path is None:
-        message = "etcd is not installed (apt-get install etcd-server)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def _die_with_parent() -> None:
-    """In the child: receive SIGTERM when the test process dies, even by SIGKILL."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return require_binary("etcd", "etcd-server")
 
 
 def _healthy(url: str, tls: ssl.SSLContext | None) -> bool:
@@ -91,7 +69,7 @@ class EtcdServer:
         with open(self.workdir / "etcd.log", "ab") as log:
             return subprocess.Popen(
                 self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
 
     def _wait_healthy(self) -> bool:
@@ -154,14 +132,7 @@ class EtcdServer:
         return f"{self.scheme}://{self.endpoint}/{prefix}" + (f"?{query}" if query else "")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        stop_server(self.process, self.workdir)
 
 
 _shared: EtcdServer | None = None

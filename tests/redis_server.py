@@ -9,10 +9,6 @@ in CI (``CI=true``), where a missing server is a failure: .ci/run installs it.
 from __future__ import annotations
 
 import atexit
-import ctypes
-import os
-import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -22,32 +18,15 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["RedisServer", "free_port", "redis_url", "require_redis_server", "shared_redis"]
+from .server_process import die_with_parent, free_port, require_binary, stop_server
+
+__all__ = ["RedisServer", "redis_url", "require_redis_server", "shared_redis"]
 
 START_TIMEOUT_S = 10.0
 
 
 def require_redis_server() -> str:
-    """The path of redis-server; skip the test without it (fail in CI)."""
-    path = shutil.which("redis-server")
-    if path is None:
-        message = "redis-server is not installed (apt-get install redis-server)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
-
-
-def _die_with_parent() -> None:
-    """In the child: receive SIGTERM when the test process dies, even by SIGKILL."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return require_binary("redis-server", "redis-server")
 
 
 def _answers_ping(port: int) -> bool:
@@ -81,7 +60,7 @@ class RedisServer:
                 [binary, "--port", str(chosen), "--bind", "127.0.0.1", "--save", "",
                  "--appendonly", "no", "--dir", str(workdir), "--logfile", "redis.log", *extra],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
             deadline = time.monotonic() + START_TIMEOUT_S
             while process.poll() is None and time.monotonic() < deadline:
@@ -102,14 +81,7 @@ class RedisServer:
         )
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        stop_server(self.process, self.workdir)
 
 
 _shared: RedisServer | None = None

@@ -37,7 +37,8 @@ from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
 
-from .etcd_server import EtcdServer, etcd_url, free_port, shared_etcd
+from .etcd_server import EtcdServer, etcd_url, shared_etcd
+from .server_process import free_port
 from .tls_certs import make_certificates
 
 WAIT_S = 10.0

@@ -31,7 +31,8 @@ from hamsterbunker.stores.base import Fence  # noqa: E402
 from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
 from hamsterbunker.tail import open_tail  # noqa: E402
 
-from .redis_server import RedisServer, free_port, redis_url, shared_redis  # noqa: E402
+from .redis_server import RedisServer, redis_url, shared_redis  # noqa: E402
+from .server_process import free_port  # noqa: E402
 from .tls_certs import make_certificates  # noqa: E402
 
 WAIT_S = 10.0

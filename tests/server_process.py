@@ -1,0 +1,51 @@
+"""What the throwaway test servers (etcd, Redis) share: finding the binary, free
+loopback ports, children that die with the test process, and stopping them."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+__all__ = ["die_with_parent", "free_port", "require_binary", "stop_server"]
+
+
+def require_binary(name: str, package: str) -> str:
+    """The path of name; skip the test without it (fail in CI, where .ci/run installs it)."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed (apt-get install {package})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def die_with_parent() -> None:
+    """In the child: receive SIGTERM when the test process dies, even by SIGKILL."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stop_server(process: subprocess.Popen[bytes], workdir: Path) -> None:
+    """SIGTERM, SIGKILL after 10 s, then remove the server's temporary directory."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    shutil.rmtree(workdir, ignore_errors=True)
