@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
 
 from .etcd_server import EtcdServer, etcd_url, shared_etcd
 from .server_process import free_port
+from .store_watch import next_wake
 from .tls_certs import make_certificates
 
 WAIT_S = 10.0
@@ -107,24 +108,6 @@ def opened() -> Iterator[Callable[..., EtcdStore]]:
     yield open_one
     for store in stores:
         store.close()
-
-
-async def next_wake(watcher: AsyncIterator[None], writer: EtcdStore) -> None:
-    """Wait (bounded) for watcher to yield while writer keeps changing lease "a"."""
-    loop = asyncio.get_running_loop()
-    woke = asyncio.ensure_future(anext(watcher))
-    deadline = loop.time() + WAIT_S
-    try:
-        while not woke.done():
-            assert loop.time() < deadline, f"the watch did not yield within {WAIT_S} s"
-            current = await asyncio.to_thread(writer.read_lease, "a")
-            version = None if current is None else current.version
-            await asyncio.to_thread(writer.cas_lease, "a", version, lease("n1", 1))
-            await asyncio.wait({woke}, timeout=0.25)
-        woke.result()
-    finally:
-        woke.cancel()
-        await asyncio.gather(woke, return_exceptions=True)
 
 
 def watch_threads() -> list[threading.Thread]:

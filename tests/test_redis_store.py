@@ -11,7 +11,7 @@ import asyncio
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from hamsterbunker.tail import open_tail  # noqa: E402
 
 from .redis_server import RedisServer, redis_url, shared_redis  # noqa: E402
 from .server_process import free_port  # noqa: E402
+from .store_watch import next_wake  # noqa: E402
 from .tls_certs import make_certificates  # noqa: E402
 
 WAIT_S = 10.0
@@ -93,24 +94,6 @@ def opened() -> Iterator[Callable[..., RedisStore]]:
     yield open_one
     for store in stores:
         store.close()
-
-
-async def next_wake(watcher: AsyncIterator[None], writer: RedisStore) -> None:
-    """Wait (bounded) for watcher to yield while writer keeps changing lease "a"."""
-    loop = asyncio.get_running_loop()
-    woke = asyncio.ensure_future(anext(watcher))
-    deadline = loop.time() + WAIT_S
-    try:
-        while not woke.done():
-            assert loop.time() < deadline, f"the watch did not yield within {WAIT_S} s"
-            current = await asyncio.to_thread(writer.read_lease, "a")
-            version = None if current is None else current.version
-            await asyncio.to_thread(writer.cas_lease, "a", version, lease("n1", 1))
-            await asyncio.wait({woke}, timeout=0.25)
-        woke.result()
-    finally:
-        woke.cancel()
-        await asyncio.gather(woke, return_exceptions=True)
 
 
 # -- URLs ----------------------------------------------------------------------
