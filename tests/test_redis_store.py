@@ -36,9 +36,6 @@ from .server_process import free_port  # noqa: E402
 from .store_watch import next_wake  # noqa: E402
 from .tls_certs import make_certificates  # noqa: E402
 
-WAIT_S = 10.0
-
-
 # -- helpers -----------------------------------------------------------------
 
 
