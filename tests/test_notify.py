@@ -368,7 +368,16 @@ def test_an_unreachable_socket_is_reported_once_and_the_node_runs_on(
         node.start()
         wait_until(lambda: node.seq >= 3, "the node to step despite the dead socket")
         wait_until(lambda: "WATCHDOG failed" in caplog.text, "the failed ping to be reported")
-        time.sleep(0.5)  # several more pings fail meanwhile
+        # Then several more pings, each failing, before the warnings are counted.
+        pings = [0]
+        ping = notifier.watchdog
+
+        def counted() -> None:
+            pings[0] += 1
+            ping()
+
+        notifier.watchdog = counted  # type: ignore[method-assign]
+        wait_until(lambda: pings[0] >= 3, "three more failing pings")
     failures = [r.getMessage() for r in caplog.records if "notification" in r.getMessage()]
     kinds = [m.split()[2] for m in failures]
     assert len(kinds) == len(set(kinds)), failures
