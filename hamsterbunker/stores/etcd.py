@@ -63,6 +63,7 @@ from etcd3gw.types import Event as WatchEvent
 from etcd3gw.watch import Watcher
 
 from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
+from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .base import Fence, StoreGuarantees
 
@@ -458,6 +459,7 @@ class EtcdStore:
             _get(prefix + "fence"),
             _get(infos, _range_end(infos), keys_only=True, limit=1, sort_order=2),  # descend
         ]
+        failpoint("checkpoint.before_commit")
         try:
             response = self._txn(compare, success, failure)
         except Etcd3Exception as exc:

@@ -52,6 +52,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
+from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from ..tail import TailRead
 from .base import Fence, StoreGuarantees
@@ -348,6 +349,7 @@ class RedisStore:
     @_redis_errors_as_store_errors
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+        failpoint("checkpoint.before_commit")
         answer = self._put_checkpoint(
             keys=[
                 self._key(agent, "lease"),
