@@ -1,6 +1,8 @@
-"""Nodes as real processes on one file store: kill, race, pause, slow steps, graceful stop.
+"""Nodes as real processes on one shared store: kill, race, pause, slow steps, graceful stop.
 
-The kill and the graceful stop also run on Redis and on etcd (``store_url``).
+The kill, the racers, the two zombie leaders and the graceful stop run on the
+file store, on Redis and on etcd (``store_url``); each Redis or etcd test has a
+key prefix of its own on the session's server.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
 
-from .conftest import pause_outside_lock, process_state, store_of, wait_until
+from .conftest import pause_outside_lock, process_state, wait_until
 from .etcd_server import etcd_url
 from .redis_server import redis_url
 
@@ -37,6 +39,24 @@ def store_url(request: pytest.FixtureRequest) -> str | None:
     """The store the nodes share: None for local_cluster's own file store, or a Redis or etcd prefix."""
     urls = {"redis": redis_url, "etcd": etcd_url}
     return urls[request.param]() if request.param in urls else None
+
+
+def opened(cluster: LocalCluster) -> Store:
+    """The store the cluster's nodes share (file, Redis or etcd), as an outside reader."""
+    return open_store(cluster.store_url)
+
+
+def pause(cluster: LocalCluster, node: str, agent: str) -> None:
+    """SIGSTOP node and wait until it is stopped.
+
+    On the file store it is stopped outside the lease lock (``pause_outside_lock``);
+    on Redis and etcd a paused node holds nothing up but its own lease.
+    """
+    if cluster.store_url.startswith("file://"):
+        pause_outside_lock(cluster, node, agent)
+        return
+    cluster.signal(node, signal.SIGSTOP)
+    wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")
 
 
 def events(store: Store, agent: str, kind: str | None = None) -> list[Event]:
@@ -72,7 +92,7 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
     for spec in (A, B, C):
         cluster.start(spec)
-    store = open_store(cluster.store_url)
+    store = opened(cluster)
     wait_until(lambda: latest_seq(store, "journal") >= 5, "five published steps")
     active = wait_until(lambda: holder(store, "journal"), "a lease holder")
 
@@ -105,10 +125,10 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
 
 @pytest.mark.parametrize("round_no", range(3))
 def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
-    local_cluster: MakeCluster, round_no: int
+    local_cluster: MakeCluster, store_url: str | None, round_no: int
 ) -> None:
     """Eight nodes started together on an empty store: exactly one acquires epoch 1."""
-    cluster = local_cluster(tick_ms=100, lease_ttl_ms=2000)
+    cluster = local_cluster(tick_ms=100, lease_ttl_ms=2000, store_url=store_url)
     racers = [NodeSpec(f"racer-{i}", f"region-{i}") for i in range(8)]
     # Each racer stops itself just before its first lease tick; once all eight
     # are lined up they are continued together, so they really race.
@@ -121,7 +141,7 @@ def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
     )
     for process in processes:
         process.send_signal(signal.SIGCONT)
-    store = store_of(cluster)
+    store = opened(cluster)
 
     def all_settled() -> bool:
         beats = store.list_heartbeats("journal")
@@ -139,14 +159,15 @@ def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
 
 
 def test_zombie_leader_publish_is_fenced_by_the_store_and_it_steps_down(
-    local_cluster: MakeCluster,
+    local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """A leader paused mid-publish past the TTL has that publish refused by the store, and steps down."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000)
-    # node-a stops itself (SIGSTOP) on its 4th publish, after writing the bytes,
-    # before the store's fence check: the write is then decided by the store alone.
+    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
+    # node-a stops itself (SIGSTOP) on its 4th publish, before the store's fence
+    # check (file: bytes written, lock not taken; Redis, etcd: script or txn not
+    # sent): the write is then decided by the store alone.
     zombie = cluster.start(A, extra_env={"HB_FAILPOINTS": "checkpoint.before_commit=stop@4"})
-    store = store_of(cluster)
+    store = opened(cluster)
     wait_until(lambda: process_state(zombie.pid) == "T", "node-a to stop itself mid-publish")
     assert latest_seq(store, "journal") == 3
 
@@ -175,17 +196,17 @@ def test_zombie_leader_publish_is_fenced_by_the_store_and_it_steps_down(
 
 
 def test_zombie_leader_paused_past_ttl_steps_down_and_never_publishes_again(
-    local_cluster: MakeCluster,
+    local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """A leader SIGSTOPped for 2.5 × TTL then SIGCONTed loses the lease and never publishes under it."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000)
+    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
     cluster.start(A)
-    store = store_of(cluster)
+    store = opened(cluster)
     wait_until(lambda: latest_seq(store, "journal") >= 2, "node-a to lead")
     cluster.start(B)
     wait_until(lambda: role_of(store, "journal", B.node) == "standby", "node-b to stand by")
 
-    pause_outside_lock(cluster, A.node, "journal")
+    pause(cluster, A.node, "journal")
     paused_at = time.monotonic()
     resumed = wait_until(
         lambda: next(
@@ -221,7 +242,7 @@ def test_a_step_three_times_the_ttl_keeps_the_lease_and_is_published(
         env={"HB_TEST_STEP_S": "3.0"},
     )
     cluster.start(A)
-    store = store_of(cluster)
+    store = opened(cluster)
     wait_until(lambda: holder(store, "slow") == A.node, "node-a to lead")
     cluster.start(B)
     wait_until(lambda: latest_seq(store, "slow") >= 2, "two slow steps published", timeout=60)
@@ -237,7 +258,7 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(
     """SIGTERM of the active node: the standby takes the released lease at once, from its last checkpoint."""
     cluster = local_cluster(tick_ms=200, lease_ttl_ms=8000, store_url=store_url)
     leader = cluster.start(A)
-    store = open_store(cluster.store_url)
+    store = opened(cluster)
     wait_until(lambda: holder(store, "journal") == A.node, "node-a to lead")
     cluster.start(B)
     wait_until(lambda: role_of(store, "journal", B.node) == "standby", "node-b to stand by")
