@@ -86,11 +86,16 @@ class LeaseKeeper:
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
         self.highest_epoch = 0  # the highest epoch this keeper has seen in any record
+        self.highest_seq = 0  # the highest checkpoint seq named by any record seen
+        # The newest seq this node saw accepted (set by the runtime): written into
+        # every record this node writes, so standbys learn it too.
+        self.published_seq = 0
         # What went back in time since the runtime last asked (see drain_regressions).
         self._regressions: list[str] = []
         self._last_regression = ""
         self.held: LeaseRecord | None = None
-        self._observed_key: tuple[int, int] | None = None
+        self._observed_key: tuple[int, int, str, int] | None = None
+        self._last_seen: LeaseRecord | None = None  # to tell a term's record going back
         self._observed_at = 0.0
         self._renew_sent_at = 0.0
 
@@ -118,6 +123,10 @@ class LeaseKeeper:
         ttl = max(self.lease_ttl_ms, record.ttl_ms) / 1000
         return max(0.0, ttl - (self.clock.monotonic() - self._observed_at))
 
+    def known_seq(self) -> int:
+        """The newest checkpoint seq known to have been accepted: the store must not be behind it."""
+        return max(self.highest_seq, self.published_seq)
+
     def seconds_until_deadline(self) -> float:
         return max(0.0, self.renew_deadline_ms / 1000 - self._since_renewal())
 
@@ -140,12 +149,17 @@ class LeaseKeeper:
         sent = self.clock.monotonic()
         try:
             renewed = self.store.cas_lease(
-                self.agent, self.held.version, replace(self.held, renewals=self.held.renewals + 1)
+                self.agent,
+                self.held.version,
+                replace(self.held, renewals=self.held.renewals + 1, seq=self.known_seq()),
             )
         except LeaseConflict:
             current = self.store.read_lease(self.agent)
             if current is not None and self._is_ours(current) and current.epoch == self.held.epoch:
-                # Our previous renewal landed although its answer was lost: adopt it.
+                # Our previous renewal landed although its answer was lost, or the
+                # store went back within our term (reported by _note): either way
+                # nobody else has written under our epoch, so adopt the record.
+                self._note(current, self.clock.monotonic())
                 self.held = current
                 return TickResult(Outcome.RENEWED, current)
             self._note(current, self.clock.monotonic())
@@ -180,6 +194,7 @@ class LeaseKeeper:
             session=self.session,
             epoch=epoch,
             ttl_ms=self.lease_ttl_ms,
+            seq=self.known_seq(),
         )
         try:
             acquired = self.store.cas_lease(self.agent, expected, new)
@@ -195,7 +210,7 @@ class LeaseKeeper:
         held, self.held = self.held, None
         if held is None:
             return False
-        released = replace(held, holder=None, renewals=held.renewals + 1)
+        released = replace(held, holder=None, renewals=held.renewals + 1, seq=self.known_seq())
         try:
             record = self.store.cas_lease(self.agent, held.version, released)
         except LeaseConflict:
@@ -254,12 +269,35 @@ class LeaseKeeper:
             self._regressed(
                 f"the lease record went back from epoch {self.highest_epoch} to {record.epoch}"
             )
+        elif record is not None and _same_term(record, self._last_seen):
+            assert self._last_seen is not None
+            if record.renewals < self._last_seen.renewals or record.seq < self._last_seen.seq:
+                self._regressed(
+                    f"the lease record of epoch {record.epoch} went back from renewal "
+                    f"{self._last_seen.renewals} (seq {self._last_seen.seq}) to "
+                    f"{record.renewals} (seq {record.seq})"
+                )
         if record is not None:
             self.highest_epoch = max(self.highest_epoch, record.epoch)
-        key = None if record is None else (record.version, record.epoch)
+            self.highest_seq = max(self.highest_seq, record.seq)
+            self._last_seen = record
+        key = (
+            None
+            if record is None
+            else (record.version, record.epoch, record.session, record.renewals)
+        )
         if key != self._observed_key:
             self._observed_key = key
             self._observed_at = now
 
     def _since_renewal(self) -> float:
         return self.clock.monotonic() - self._renew_sent_at
+
+
+def _same_term(record: LeaseRecord, earlier: LeaseRecord | None) -> bool:
+    """Whether both records were written by one process under one epoch."""
+    return (
+        earlier is not None
+        and record.epoch == earlier.epoch
+        and record.session == earlier.session
+    )

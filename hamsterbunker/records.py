@@ -107,6 +107,8 @@ class LeaseRecord:
     ``version`` is assigned by the store on every successful write and is what
     compare-and-set compares; ``holder`` is None once the lease is released.
     ``renewals`` changes on every renewal so observers see the record change.
+    ``seq`` is the newest checkpoint seq the writer knew to be accepted: it lets
+    every node, standbys included, tell when the store loses checkpoints.
     """
 
     holder: str | None
@@ -116,6 +118,7 @@ class LeaseRecord:
     ttl_ms: int
     renewals: int = 0
     version: int = 0
+    seq: int = 0
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -136,9 +139,11 @@ class LeaseRecord:
             ttl_ms=_field(doc, "ttl_ms", int, "lease"),
             renewals=_field(doc, "renewals", int, "lease"),
             version=_field(doc, "version", int, "lease"),
+            # Absent in records written before seq was kept: nothing known.
+            seq=_field(doc, "seq", int, "lease") if "seq" in doc else 0,
         )
-        if record.epoch < 0 or record.ttl_ms <= 0 or record.version < 0:
-            raise CorruptRecord("lease record has an out-of-range epoch, ttl or version")
+        if record.epoch < 0 or record.ttl_ms <= 0 or record.version < 0 or record.seq < 0:
+            raise CorruptRecord("lease record has an out-of-range epoch, ttl, version or seq")
         return record
 
 

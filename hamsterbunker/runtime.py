@@ -246,6 +246,28 @@ class Runtime:
         self._event_n = max(own, default=0)
         return sealer
 
+    def _check_cluster(self) -> None:
+        """After the store went back: put a lost cluster record back; refuse a different one.
+
+        Without the record no node started later could open the checkpoints
+        this cluster seals; a different record means a different key.
+        """
+        assert self._sealer is not None
+        try:
+            ours = self._sealer.cluster
+            stored = self.store.read_cluster()
+            if stored is None:
+                stored = self.store.create_cluster(ours)  # the record that won, if another did
+                self._emit("store.regressed", reason="the cluster record was gone: put it back")
+            if stored.key_id != ours.key_id:
+                raise StoreRegressed(
+                    f"the store's cluster record changed (key id {ours.key_id} "
+                    f"became {stored.key_id}): the store was replaced or re-created under "
+                    "this agent; refusing to go on with a different key"
+                )
+        except StoreError as exc:
+            log.warning("%s: could not check the cluster record: %s", self.node_id, exc)
+
     async def _keep_lease(self) -> None:
         assert self._stopping is not None and self._wake is not None and self._lost is not None
         leader: asyncio.Task[None] | None = None
@@ -264,8 +286,11 @@ class Runtime:
                     self._emit("store.error", error=str(exc))
                 store_ok = False
                 result = None
-            for regression in self.keeper.drain_regressions():
+            regressions = self.keeper.drain_regressions()
+            for regression in regressions:
                 self._emit("store.regressed", reason=regression)
+            if regressions:
+                await self._io_call(self._check_cluster)
             if result is not None:
                 if result.record is not None:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)
@@ -521,7 +546,7 @@ class Runtime:
             landed = await self._landed(context)
             if landed is not None:
                 self._record("publish", context.epoch, landed.seq, started, "ok", landed=True)
-                self.seq = landed.seq
+                self.seq = self.keeper.published_seq = landed.seq
                 self._emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
                 return _Published.YES, landed
             # Not published: the step is retried from the last published state,
@@ -530,7 +555,7 @@ class Runtime:
             self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
             return _Published.RETRY, None
         self._record("publish", context.epoch, context.seq, started, "ok")
-        self.seq = info.seq
+        self.seq = self.keeper.published_seq = info.seq
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
         return _Published.YES, _Progress(state, info.seq)
@@ -570,16 +595,18 @@ class Runtime:
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
         newest = infos[0].seq if infos else 0
-        if newest < self.seq:
-            # This node published or restored seq self.seq; the store no longer has it.
+        seen = self.keeper.known_seq()
+        if newest < seen:
+            # This node, or a leader whose lease record it read, saw seq `seen`
+            # accepted; the store no longer has it.
             message = (
                 f"agent {self.agent_id}: the store's newest checkpoint is seq {newest}, behind "
-                f"seq {self.seq} that this node saw accepted: the store went back in time "
+                f"seq {seen} that this node saw accepted: the store went back in time "
                 "(restored from an old backup, or it lost acknowledged writes). Refusing to "
-                "resume behind it; bring the store back, or remove the agent's checkpoints "
-                "deliberately to accept the loss."
+                "resume behind it. Bring the store back; or, to accept the loss, stop every "
+                "node, remove the agent's lease record and checkpoints, and start them again."
             )
-            self._emit("store.regressed", reason=f"newest checkpoint {newest} < seen {self.seq}")
+            self._emit("store.regressed", reason=f"newest checkpoint {newest} < seen {seen}")
             raise StoreRegressed(message)
         if not infos:
             state = await asyncio.to_thread(self.agent.init)
@@ -597,7 +624,7 @@ class Runtime:
             except Tampered as exc:
                 self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
                 continue
-            self.seq = info.seq
+            self.seq = self.keeper.published_seq = info.seq
             self._emit(
                 "agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=infos.index(info)
             )

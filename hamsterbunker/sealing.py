@@ -129,6 +129,7 @@ class Sealer:
                 f"the secret does not match this cluster (key id {cluster.key_id}): "
                 "check that every node has the same secret"
             )
+        self.cluster = cluster
         self.key_id = cluster.key_id
         self._aead = AESGCM(_subkey(master, b"checkpoint", 32))
 

@@ -40,7 +40,7 @@ def _answers_ping(port: int) -> bool:
 
 
 class RedisServer:
-    """One redis-server process without persistence, in its own temporary directory."""
+    """One redis-server process, without persistence unless asked, in its own directory."""
 
     def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
         self.process = process
@@ -48,10 +48,13 @@ class RedisServer:
         self.workdir = workdir
 
     @classmethod
-    def start(cls, *extra: str, port: int | None = None) -> RedisServer:
-        """Start a server (on a free port unless given) and wait, bounded, for its PING."""
+    def start(cls, *extra: str, port: int | None = None, workdir: Path | None = None) -> RedisServer:
+        """Start a server (on a free port unless given) and wait, bounded, for its PING.
+
+        A workdir given is that of an earlier server: its data files are loaded.
+        """
         binary = require_redis_server()
-        workdir = Path(tempfile.mkdtemp(prefix="hb-redis-"))
+        workdir = workdir or Path(tempfile.mkdtemp(prefix="hb-redis-"))
         # A free port can be taken before the server binds it: then the server
         # exits, and we try another.
         for _attempt in range(3):
@@ -82,6 +85,11 @@ class RedisServer:
 
     def stop(self) -> None:
         stop_server(self.process, self.workdir)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the data files stay for a restart."""
+        self.process.kill()
+        self.process.wait(timeout=10)
 
 
 _shared: RedisServer | None = None

@@ -569,6 +569,41 @@ def test_a_lease_record_rolled_back_never_brings_an_epoch_back(store):
     assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
 
 
+def test_the_leaders_accepted_seq_travels_in_the_lease_record_to_every_standby(store):
+    """Renewals carry the newest seq the leader saw accepted, so a standby that never read
+    a checkpoint knows how far the store must reach (and a record it writes says so too)."""
+    leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    leader.published_seq = 41
+    leader.tick()
+    standby.tick()
+    assert (store.read_lease(AGENT).seq, standby.known_seq()) == (41, 41)
+    standby_clock.advance(TTL)
+    result = standby.tick()
+    assert (result.outcome, result.record.seq) == (Outcome.ACQUIRED, 41)
+
+
+def test_a_lease_record_rolled_back_within_its_term_is_reported_once_and_adopted(store):
+    """The store going back to an older renewal of the same term (a Redis that lost its last
+    second) is reported by the standby and by the leader, which keeps its lease and epoch."""
+    leader, _leader_clock, standby, _standby_clock = leader_and_standby(store)
+    early = store.read_lease(AGENT)
+    leader.published_seq = 5
+    for _ in range(3):
+        leader.tick()
+        standby.tick()
+    _roll_back_lease(store, early)
+    standby.tick()
+    standby.tick()
+    went_back = f"the lease record of epoch 1 went back from renewal {early.renewals + 3} (seq 5)"
+    assert [r.startswith(went_back) for r in standby.drain_regressions()] == [True]
+    result = leader.tick()
+    assert (result.outcome, result.record.epoch) == (Outcome.RENEWED, 1)
+    assert [r.startswith(went_back) for r in leader.drain_regressions()] == [True]
+    assert leader.tick().outcome is Outcome.RENEWED
+    assert store.read_lease(AGENT).seq == 5
+    assert leader.drain_regressions() == []
+
+
 def test_a_checkpoint_above_the_lease_records_epoch_lifts_the_next_epoch(store):
     """A fresh node over a record behind the stored checkpoints goes above their epoch."""
     _leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
