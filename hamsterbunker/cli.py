@@ -85,6 +85,14 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_node_flags(run)
     run.add_argument("--secret-file", type=Path, help="file holding the network secret")
     run.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the node remembers the store's highest epoch and seq across its restarts, "
+        "to notice a store that went back in time while it was down "
+        "(default: $STATE_DIRECTORY, which systemd sets; none without it)",
+    )
+    run.add_argument(
         "--history",
         type=Path,
         metavar="FILE",
@@ -193,9 +201,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         lease_ttl_ms=config.lease_ttl_ms,
         history=args.history,
         notifier=notifier,
+        state_dir=args.state_dir or _systemd_state_directory(),
     )
     node.run()
     return 0
+
+
+def _systemd_state_directory() -> Path | None:
+    # StateDirectory= may name several directories, joined by ':'; the first is ours.
+    value = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    return Path(value) if value else None
 
 
 def _cmd_init(args: argparse.Namespace) -> int:

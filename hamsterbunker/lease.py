@@ -297,7 +297,5 @@ class LeaseKeeper:
 def _same_term(record: LeaseRecord, earlier: LeaseRecord | None) -> bool:
     """Whether both records were written by one process under one epoch."""
     return (
-        earlier is not None
-        and record.epoch == earlier.epoch
-        and record.session == earlier.session
+        earlier is not None and record.epoch == earlier.epoch and record.session == earlier.session
     )

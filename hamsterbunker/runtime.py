@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from .agent import Agent, State, StepContext, _current
@@ -47,8 +48,9 @@ from .errors import (
 from .failpoints import failpoint
 from .history import HistoryWriter
 from .lease import LeaseKeeper, Outcome, default_renew_deadline, validate_timing
+from .memory import Memory, MemoryFile
 from .notify import Notifier
-from .records import Event, Heartbeat, check_name
+from .records import ClusterRecord, Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
 from .stores import Fence, Store, open_store
 
@@ -104,7 +106,10 @@ class Runtime:
         clock: Clock | None = None,
         history: str | os.PathLike[str] | None = None,
         notifier: Notifier | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        """``state_dir``: where this node keeps its memory of the store across restarts
+        (see ``hamsterbunker.memory``); without one it remembers only while it runs."""
         check_secret(secret)
         self.node_id = check_name("node id", node_id)
         self.region = region
@@ -125,6 +130,14 @@ class Runtime:
             tick_ms=tick_ms,
             clock=clock,
         )
+        self._memory: MemoryFile | None = None
+        self._remembered = Memory()
+        self._memory_failed = False
+        if state_dir is not None:
+            self._memory = MemoryFile(Path(state_dir) / ".memory", self.store.url, self.agent_id)
+            self._remembered = self._memory.load()
+            self.keeper.highest_epoch = self._remembered.epoch
+            self.keeper.highest_seq = self._remembered.seq
         self.on_event = on_event
         self._history = HistoryWriter(history) if history is not None else None
         self._notifier = notifier or Notifier(None)
@@ -229,6 +242,8 @@ class Runtime:
                 await self._keep_lease()
             finally:
                 watcher.cancel()
+                if self._memory is not None:
+                    await asyncio.to_thread(self._remember)  # what the last pass did not see
                 await self._shutdown(writer)
         finally:
             watchdog.cancel()
@@ -236,9 +251,12 @@ class Runtime:
             self._io.shutdown(wait=False, cancel_futures=True)
 
     def _open_cluster(self) -> Sealer:
-        cluster = self.store.read_cluster()
-        if cluster is None:
-            cluster = self.store.create_cluster(new_cluster_record(self._secret))
+        if self._remembered.cluster is not None:
+            cluster = self._reconcile_cluster(self._remembered.cluster)
+        else:
+            cluster = self.store.read_cluster() or self.store.create_cluster(
+                new_cluster_record(self._secret)
+            )
         sealer = Sealer(self._secret, cluster)
         # Event numbers continue across restarts of this node, so readers that
         # keep a cursor per node see the new process's events too.
@@ -246,27 +264,51 @@ class Runtime:
         self._event_n = max(own, default=0)
         return sealer
 
-    def _check_cluster(self) -> None:
-        """After the store went back: put a lost cluster record back; refuse a different one.
+    def _reconcile_cluster(self, ours: ClusterRecord) -> ClusterRecord:
+        """Put a lost cluster record back from what this node knows; refuse a different one.
 
         Without the record no node started later could open the checkpoints
-        this cluster seals; a different record means a different key.
+        this cluster sealed; a different record means a different key.
         """
+        stored = self.store.read_cluster()
+        if stored is None:
+            stored = self.store.create_cluster(ours)  # the record that won, if another did
+            self._emit("store.regressed", reason="the cluster record was gone: put it back")
+        if stored.key_id != ours.key_id:
+            forget = (
+                f" (or remove {self._memory.path} if the store was replaced deliberately)"
+                if self._memory is not None
+                else ""
+            )
+            raise StoreRegressed(
+                f"agent {self.agent_id}: the store's cluster record changed from key id "
+                f"{ours.key_id} to {stored.key_id}: the store was replaced or re-created; "
+                f"refusing to go on with another key{forget}"
+            )
+        return stored
+
+    def _check_cluster(self) -> None:
+        """After the store went back: see that the cluster record is still this one."""
         assert self._sealer is not None
         try:
-            ours = self._sealer.cluster
-            stored = self.store.read_cluster()
-            if stored is None:
-                stored = self.store.create_cluster(ours)  # the record that won, if another did
-                self._emit("store.regressed", reason="the cluster record was gone: put it back")
-            if stored.key_id != ours.key_id:
-                raise StoreRegressed(
-                    f"the store's cluster record changed (key id {ours.key_id} "
-                    f"became {stored.key_id}): the store was replaced or re-created under "
-                    "this agent; refusing to go on with a different key"
-                )
+            self._reconcile_cluster(self._sealer.cluster)
         except StoreError as exc:
             log.warning("%s: could not check the cluster record: %s", self.node_id, exc)
+
+    def _remember(self) -> None:
+        """Keep what this node has seen in its state directory (if it has one)."""
+        assert self._sealer is not None
+        if self._memory is None:
+            return
+        seen = Memory(self.keeper.highest_epoch, self.keeper.known_seq(), self._sealer.cluster)
+        try:
+            self._memory.save(seen)
+            self._memory_failed = False
+        except OSError as exc:
+            # Memory only sharpens what a restarted node can notice; the agent goes on.
+            if not self._memory_failed:
+                log.warning("%s: cannot save its memory: %s", self.node_id, exc)
+            self._memory_failed = True
 
     async def _keep_lease(self) -> None:
         assert self._stopping is not None and self._wake is not None and self._lost is not None
@@ -291,6 +333,8 @@ class Runtime:
                 self._emit("store.regressed", reason=regression)
             if regressions:
                 await self._io_call(self._check_cluster)
+            if self._memory is not None:
+                await asyncio.to_thread(self._remember)
             if result is not None:
                 if result.record is not None:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)

@@ -27,6 +27,7 @@ import pytest
 from hamsterbunker import FileStore
 from hamsterbunker.cli import read_secret
 from hamsterbunker.errors import StoreError
+from hamsterbunker.memory import MemoryFile
 from hamsterbunker.sealing import new_cluster_record
 
 HB = [sys.executable, "-m", "hamsterbunker"]
@@ -51,6 +52,7 @@ def hb_env(**overrides: str) -> dict[str, str]:
         "WATCHDOG_USEC",
         "WATCHDOG_PID",
         "JOURNAL_STREAM",
+        "STATE_DIRECTORY",
     ):
         env.pop(name, None)
     env.update(overrides)
@@ -250,6 +252,25 @@ def test_user_mistake_gives_one_line_and_exit_2(tmp_path, argv, secret, words):
     assert result.stdout == ""
     assert list(cwd.iterdir()) == [], "a mistake left files in the working directory"
     assert not Path("/nonexistent-parent").exists()
+
+
+def test_a_damaged_node_memory_gives_one_line_and_exit_2_and_touches_no_store(tmp_path):
+    """A memory file in the state directory that does not parse is named in one line, and
+    nothing is written to the store: the node stops before it opens the cluster."""
+    store, state = tmp_path / "store", tmp_path / "state"
+    store.mkdir()
+    memory = MemoryFile(state / ".memory", store.as_uri(), AGENT_ID).path
+    memory.parent.mkdir(parents=True)
+    memory.write_text('{"format": 1}')
+    argv = ["run", "--store", store.as_uri(), "--agent", AGENT, "--state-dir", str(state)]
+    result = run_hb(argv, env=hb_env(HB_SECRET=SECRET))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"hb run: error: the node's memory {memory} is damaged (no field 'cluster'); remove it to start "
+        "without memory of this store"
+    ]
+    assert list(store.iterdir()) == []
+    assert memory.read_text() == '{"format": 1}'
 
 
 @pytest.mark.parametrize(

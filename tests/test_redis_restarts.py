@@ -213,7 +213,32 @@ def test_no_persistence_an_empty_store_is_refused_and_the_cluster_record_put_bac
     assert store.list_checkpoints(AGENT) == []
     assert store.read_cluster().key_id == key_id
     assert store.read_lease(AGENT).epoch > 1
-    regressed = [e.detail["reason"] for e in store.read_events(AGENT) if e.type == "store.regressed"]
+    regressed = [
+        e.detail["reason"] for e in store.read_events(AGENT) if e.type == "store.regressed"
+    ]
     assert any("gone" in reason for reason in regressed), regressed
     cluster.start(C)
     assert_refused_and_never_started_over(cluster, C.node)
+
+
+def test_no_persistence_nodes_that_were_down_remember_through_their_state_directory(
+    local_cluster: MakeCluster, redis: Callable[..., RedisServer], tmp_path: Path
+) -> None:
+    """Every node is down while Redis restarts empty, so no running node sees it go. Nodes
+    started again with their state directories ($STATE_DIRECTORY, as systemd sets it)
+    remember the epoch and seq they saw and refuse, instead of starting over from init()."""
+    server = redis()
+    url = server.url(prefix="p")
+    store = open_store(url)
+    cluster = local_cluster(store_url=url, tick_ms=200, lease_ttl_ms=2000)
+    state = {spec.node: {"STATE_DIRECTORY": str(tmp_path / spec.node)} for spec in (A, B)}
+    for spec in (A, B):
+        cluster.start(spec, extra_env=state[spec.node])
+    wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
+    assert set(cluster.stop_all().values()) == {0}
+    server.kill()
+    server = redis(port=server.port)  # empty
+    for spec in (A, B):
+        cluster.start(spec, extra_env=state[spec.node])
+    assert_refused_and_never_started_over(cluster, A.node, B.node)
+    assert store.list_checkpoints(AGENT) == []

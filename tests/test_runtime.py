@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -933,3 +934,34 @@ def test_events_from_a_store_outage_are_stored_once_it_answers(hb: Harness) -> N
     wait_until(stored_from_outage, "the outage's events in the store", 15)
     numbers = [e.n for e in hb.store().read_events(AGENT) if e.node == "node-a"]
     assert numbers == list(range(1, len(numbers) + 1))  # none lost, in order
+
+
+def test_a_store_emptied_while_the_node_was_down_is_refused_by_its_memory(hb: Harness) -> None:
+    """A node that keeps its memory in a state directory notices, after its own restart,
+    a store emptied meanwhile: it puts the cluster record back and refuses to start the
+    agent over from init(). Without the state directory it cannot tell, and starts over."""
+    state_dir = hb.store_dir.parent / "state"
+    agent = AsyncAgent(park_from=4)
+    first = hb.node("node-a", agent, state_dir=state_dir)
+    wait_until(lambda: hb.checkpoints() == [(3, 1), (2, 1), (1, 1)], "checkpoints 1-3")
+    key_id = hb.store().read_cluster().key_id
+    first.stop()
+    shutil.rmtree(hb.store_dir)  # the store comes back empty (e.g. Redis without persistence)
+    hb.store_dir.mkdir()
+    again = AsyncAgent()
+    node = hb.node("node-a", again, state_dir=state_dir)
+    assert node.stopped.wait(15), "the restarted node did not refuse"
+    with pytest.raises(StoreRegressed, match="newest checkpoint is seq 0, behind seq 3"):
+        node.stop()
+    assert again.init_calls == 0
+    assert hb.store().read_cluster().key_id == key_id  # put back: the same sealing key
+    assert hb.store().read_lease(AGENT).epoch == 2  # above the remembered epoch 1
+    reasons = [e.detail["reason"] for e in hb.events.of("store.regressed")]
+    assert any("cluster record was gone" in r for r in reasons), reasons
+    assert any("lease record is gone (epoch 1 was seen)" in r for r in reasons), reasons
+    shutil.rmtree(hb.store_dir)  # emptied again, the refusal's lease record with it
+    hb.store_dir.mkdir()
+    forgetful = AsyncAgent(park_from=2)
+    hb.node("node-b", forgetful)  # no state directory: nothing to compare with
+    hb.events.wait("agent.started", "node-b")
+    assert forgetful.init_calls == 1

@@ -1,0 +1,106 @@
+"""What a node remembers of a store across its own restarts.
+
+A running node remembers the highest epoch and checkpoint seq it has seen and
+the cluster record, and so notices a store that went back in time. A node
+with a state directory (``--state-dir``, or systemd's ``$STATE_DIRECTORY``)
+also keeps them in a small file there, so that after a restart it still
+notices a store that went back, or was emptied, while it was down.
+
+One file per store URL and agent id: pointing a node at another store starts
+a new memory instead of refusing that store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, CorruptRecord
+from .records import ClusterRecord
+
+__all__ = ["Memory", "MemoryFile"]
+
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Memory:
+    epoch: int = 0  # the highest epoch seen
+    seq: int = 0  # the newest checkpoint seq seen accepted
+    cluster: ClusterRecord | None = None
+
+
+class MemoryFile:
+    """A node's memory of one agent on one store, in ``directory``."""
+
+    def __init__(self, directory: Path, store_url: str, agent_id: str) -> None:
+        digest = hashlib.sha256(f"{store_url}\0{agent_id}".encode()).hexdigest()[:16]
+        self.path = directory / f"{agent_id}-{digest}.json"
+        self.store_url, self.agent_id = store_url, agent_id
+        self._saved: Memory | None = None
+
+    def load(self) -> Memory:
+        """The remembered state; nothing remembered if there is no file yet."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return Memory()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the node's memory {self.path}: {exc}") from exc
+        try:
+            doc = json.loads(data)
+            if doc["format"] != FORMAT:
+                raise ValueError(f"format {doc['format']!r}, not {FORMAT}")
+            cluster = doc["cluster"]
+            memory = Memory(
+                epoch=_count(doc["epoch"]),
+                seq=_count(doc["seq"]),
+                cluster=None if cluster is None else ClusterRecord.from_json(cluster.encode()),
+            )
+        except KeyError as exc:
+            raise self._damaged(f"no field {exc}") from exc
+        except (ValueError, TypeError, AttributeError, CorruptRecord) as exc:
+            raise self._damaged(str(exc)) from exc
+        self._saved = memory
+        return memory
+
+    def _damaged(self, problem: str) -> ConfigError:
+        return ConfigError(
+            f"the node's memory {self.path} is damaged ({problem}); remove it to start "
+            "without memory of this store"
+        )
+
+    def save(self, memory: Memory) -> None:
+        """Replace the file atomically (temp file, fsync, rename), if anything changed."""
+        if memory == self._saved:
+            return
+        doc = {
+            "format": FORMAT,
+            "store": self.store_url,
+            "agent": self.agent_id,
+            "epoch": memory.epoch,
+            "seq": memory.seq,
+            "cluster": None if memory.cluster is None else memory.cluster.to_json().decode(),
+        }
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=".memory-")
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(doc, out, indent=1)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, self.path)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        self._saved = memory
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value

@@ -1,0 +1,62 @@
+"""A node's memory of a store across its own restarts (``hamsterbunker.memory``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hamsterbunker.errors import ConfigError
+from hamsterbunker.memory import Memory, MemoryFile
+from hamsterbunker.sealing import new_cluster_record
+
+URL = "redis://127.0.0.1:6379/0?prefix=p"
+
+
+def test_what_was_saved_is_loaded_by_the_next_process(tmp_path: Path) -> None:
+    cluster = new_cluster_record("a secret of the cluster")
+    MemoryFile(tmp_path, URL, "journal").save(Memory(epoch=7, seq=42, cluster=cluster))
+    assert MemoryFile(tmp_path, URL, "journal").load() == Memory(7, 42, cluster)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
+
+
+def test_nothing_saved_is_nothing_remembered(tmp_path: Path) -> None:
+    assert MemoryFile(tmp_path / "missing", URL, "journal").load() == Memory()
+
+
+def test_each_store_and_agent_has_its_own_memory(tmp_path: Path) -> None:
+    MemoryFile(tmp_path, URL, "journal").save(Memory(epoch=3, seq=9))
+    assert MemoryFile(tmp_path, URL + "x", "journal").load() == Memory()
+    assert MemoryFile(tmp_path, URL, "other").load() == Memory()
+
+
+def test_an_unchanged_memory_is_not_written_again(tmp_path: Path) -> None:
+    memory = MemoryFile(tmp_path, URL, "journal")
+    memory.save(Memory(epoch=1, seq=1))
+    inode = memory.path.stat().st_ino
+    memory.save(Memory(epoch=1, seq=1))
+    assert memory.path.stat().st_ino == inode
+    memory.save(Memory(epoch=1, seq=2))
+    assert memory.path.stat().st_ino != inode  # replaced, never written in place
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda doc: "{not json",
+        lambda doc: json.dumps({**doc, "format": 99}),
+        lambda doc: json.dumps({**doc, "seq": -1}),
+        lambda doc: json.dumps({**doc, "epoch": True}),
+        lambda doc: json.dumps({**doc, "cluster": '{"format": 1}'}),
+        lambda doc: json.dumps({k: v for k, v in doc.items() if k != "epoch"}),
+    ],
+    ids=["not-json", "format", "negative", "bool", "cluster", "missing"],
+)
+def test_a_damaged_memory_is_a_clear_error_naming_the_file(tmp_path: Path, damage) -> None:
+    memory = MemoryFile(tmp_path, URL, "journal")
+    memory.save(Memory(epoch=2, seq=5, cluster=new_cluster_record("a secret of the cluster")))
+    memory.path.write_text(damage(json.loads(memory.path.read_text())))
+    with pytest.raises(ConfigError, match="damaged") as caught:
+        memory.load()
+    assert str(memory.path) in str(caught.value) and "remove it" in str(caught.value)
