@@ -281,11 +281,15 @@ class LeaseKeeper:
             self.highest_epoch = max(self.highest_epoch, record.epoch)
             self.highest_seq = max(self.highest_seq, record.seq)
             self._last_seen = record
-        key = (
-            None
-            if record is None
-            else (record.version, record.epoch, record.session, record.renewals)
-        )
+        if record is None:
+            key = None
+        elif record.epoch < self.highest_epoch:
+            # A term already superseded, back only because the store went back: its
+            # old holder's renewals must not keep it alive, or that holder would step
+            # on forever from behind what its successor published.
+            key = (0, record.epoch, record.session, 0)
+        else:
+            key = (record.version, record.epoch, record.session, record.renewals)
         if key != self._observed_key:
             self._observed_key = key
             self._observed_at = now

@@ -604,6 +604,26 @@ def test_a_lease_record_rolled_back_within_its_term_is_reported_once_and_adopted
     assert leader.drain_regressions() == []
 
 
+def test_renewals_of_a_term_the_store_brought_back_do_not_keep_it_alive(store):
+    """The store lost a takeover: the old leader's epoch-1 record is back and the old
+    leader renews it. A standby that saw epoch 2 takes over a TTL after it first saw the
+    regressed record, however often it is renewed."""
+    leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    old_record = store.read_lease(AGENT)
+    standby_clock.advance(TTL)
+    assert standby.tick().record.epoch == 2
+    _roll_back_lease(store, old_record)  # the store lost epoch 2
+    assert standby.tick().outcome is Outcome.LOST
+    for _ in range(4):
+        assert leader.tick().outcome is Outcome.RENEWED  # its version matches again
+        standby_clock.advance(TTL / 4 - 0.01)
+        assert standby.tick().outcome is Outcome.STANDBY
+    standby_clock.advance(0.05)
+    result = standby.tick()
+    assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
+    assert leader.tick().outcome is Outcome.LOST
+
+
 def test_a_checkpoint_above_the_lease_records_epoch_lifts_the_next_epoch(store):
     """A fresh node over a record behind the stored checkpoints goes above their epoch."""
     _leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
