@@ -122,14 +122,10 @@ def test_url_names_endpoints_prefix_and_options(tmp_path: Path) -> None:
     target = parse_etcd_url("etcd://127.0.0.1:23790,[::1]:23791,localhost/hb/prod/?timeout=2.5")
     assert target.endpoints == (("127.0.0.1", 23790), ("::1", 23791), ("localhost", 2379))
     assert (target.prefix, target.timeout, target.tls) == ("/hb/prod", 2.5, False)
-    for name in ("ca.pem", "c.pem", "k.pem"):
-        (tmp_path / name).write_text("-")
-    tls = parse_etcd_url(
-        f"etcds://127.0.0.1/p?ca={tmp_path}/ca.pem&cert={tmp_path}/c.pem&key={tmp_path}/k.pem"
-    )
-    assert tls.tls and (tls.ca, tls.cert, tls.key) == tuple(
-        f"{tmp_path}/{name}" for name in ("ca.pem", "c.pem", "k.pem")
-    )
+    certs = make_certificates(tmp_path)  # the files are loaded: they must be real ones
+    ca, cert, key = (str(certs[name]) for name in ("ca.crt", "client.crt", "client.key"))
+    tls = parse_etcd_url(f"etcds://127.0.0.1/p?ca={ca}&cert={cert}&key={key}")
+    assert tls.tls and (tls.ca, tls.cert, tls.key) == (ca, cert, key)
 
 
 @pytest.mark.parametrize(

@@ -108,17 +108,19 @@ def test_url_gives_prefix_database_and_redis_options() -> None:
 
 def test_rediss_url_passes_the_certificates_to_redis_py(tmp_path: Path) -> None:
     """rediss:// with ssl_ca_certs, ssl_certfile and ssl_keyfile makes TLS connections with them."""
+    certs = make_certificates(tmp_path)  # the files are loaded at open: they must be real ones
+    ca, cert, key = (str(certs[name]) for name in ("ca.crt", "client.crt", "client.key"))
     store = RedisStore(
-        "rediss://127.0.0.1:1/0?ssl_ca_certs=/ca.pem&ssl_certfile=/c.pem&ssl_keyfile=/k.pem"
+        f"rediss://127.0.0.1:1/0?ssl_ca_certs={ca}&ssl_certfile={cert}&ssl_keyfile={key}"
     )
     try:
         pool = store._redis.connection_pool
         assert pool.connection_class is redis.SSLConnection
         options = pool.connection_kwargs
         assert (options["ssl_ca_certs"], options["ssl_certfile"], options["ssl_keyfile"]) == (
-            "/ca.pem",
-            "/c.pem",
-            "/k.pem",
+            ca,
+            cert,
+            key,
         )
     finally:
         store.close()
@@ -133,8 +135,21 @@ def test_rediss_url_passes_the_certificates_to_redis_py(tmp_path: Path) -> None:
         "redis://127.0.0.1:6379/0?prefix=../x",
         "redis://127.0.0.1:6379/0?no_such_option=1",
         "redis://127.0.0.1:6379/0?socket_timeout=soon",
+        "rediss://127.0.0.1:6379/0?ssl_certfile=/no/such/client.crt",
+        "rediss://127.0.0.1:6379/0?ssl_ca_path=/no/such/directory",
+        "redis://127.0.0.1:6379/0?ssl_ca_certs=/etc/hostname",
     ],
-    ids=["no-host", "bad-port", "bad-db", "bad-prefix", "unknown-option", "bad-value"],
+    ids=[
+        "no-host",
+        "bad-port",
+        "bad-db",
+        "bad-prefix",
+        "unknown-option",
+        "bad-value",
+        "tls-file-missing",
+        "tls-directory-missing",
+        "tls-option-without-rediss",
+    ],
 )
 def test_bad_url_is_a_config_error(url: str) -> None:
     """A URL we cannot use is a ConfigError at open, before any connection is tried."""

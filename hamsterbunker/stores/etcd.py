@@ -24,7 +24,11 @@ Limits. etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
 default), so a checkpoint larger than about 1.5 MiB is refused with a
 StoreError that says so: raise the limit on every member, or keep the agent's
 state smaller. TLS: ``etcds://h:2379/p?ca=CA.pem&cert=client.pem&key=client.key``
-(mutual TLS; ``ca`` alone for server-only TLS). ``timeout=SECONDS`` (default 5)
+(mutual TLS; ``ca`` alone for server-only TLS). The files are loaded when the
+URL is parsed, so a missing file, one that is not PEM or a key that does not
+match its certificate is a ConfigError at start; a refused TLS handshake is
+reported in words (the server's certificate not trusted by ``ca``, or the
+client certificate refused by the server). ``timeout=SECONDS`` (default 5)
 bounds every request, so a dead or frozen member is a StoreUnavailable, never
 a hang; after one, the next call goes to the next endpoint. Requests are never
 retried within a call: a write whose answer was lost may have been applied, and
@@ -65,6 +69,7 @@ from etcd3gw.watch import Watcher
 from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
 
 __all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]
@@ -144,6 +149,11 @@ def parse_etcd_url(url: str) -> EtcdTarget:
     for name, path in files.items():
         if path is not None and not os.path.isfile(path):
             raise bad(f"{name} file {path} does not exist")
+    problem = tls_files_problem(
+        ca=("ca", files["ca"]), cert=("cert", files["cert"]), key=("key", files["key"])
+    )
+    if problem is not None:
+        raise bad(problem)
     try:
         timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
     except ValueError as exc:
@@ -258,15 +268,15 @@ def _translated(
     @functools.wraps(method)
     def translated(self: EtcdStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
         used = self._current
-        where = f"etcd store {method.__name__} ({self._endpoint_text(used)})"
+        where = f"etcd store {method.__name__.lstrip('_')} ({self._endpoint_text(used)})"
         try:
             return method(self, *args, **kwargs)
         except (ConnectionFailedError, ConnectionTimeoutError) as exc:
             self._next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {exc.detail_text or exc}") from exc
+            raise StoreUnavailable(f"{where}: {self._unreachable(used, exc)}") from exc
         except requests.RequestException as exc:
             self._next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {exc}") from exc
+            raise StoreUnavailable(f"{where}: {self._unreachable(used, exc)}") from exc
         except Etcd3Exception as exc:
             code, message = _grpc_error(exc)
             if code in _TRANSIENT_CODES:
@@ -338,6 +348,21 @@ class EtcdStore:
         """After a failure of endpoint failed, send the next calls to the next one (round robin)."""
         if self._current == failed:  # not yet moved on by another thread's failure
             self._current = (failed + 1) % len(self._clients)
+
+    def _unreachable(self, index: int, exc: Exception) -> str:
+        """Why endpoint index could not be reached: a TLS refusal in words, else the error."""
+        tls = tls_error_in(exc)
+        if tls is not None:
+            target = self.target
+            return describe_tls_failure(
+                tls,
+                ca=target.ca,
+                ca_option="ca",
+                cert=target.cert,
+                cert_option="cert",
+            )
+        detail = exc.detail_text if isinstance(exc, Etcd3Exception) else None
+        return str(detail or exc)
 
     def _endpoint_text(self, index: int) -> str:
         host, port = self.target.endpoints[index]

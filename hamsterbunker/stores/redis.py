@@ -29,9 +29,15 @@ messages need nothing, and a lost one costs only a tick.
 
 Query options other than ``prefix`` go to redis-py as they are
 (``socket_timeout``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
-``ssl_cert_reqs``, ...). Socket timeouts default to 2 s, so a dead or frozen
-server is a StoreUnavailable, never a hang, and redis-py's own retries are
-off: a write retried after an unanswered first try could apply twice.
+``ssl_password``, ``ssl_cert_reqs``, ...). The ``ssl_*`` options need
+``rediss://``, and the files they name are loaded when the store is opened, so
+a missing file, one that is not PEM or a key that does not match its
+certificate is a ConfigError at start. A refused TLS handshake is reported in
+words: the server's certificate is not trusted by ``ssl_ca_certs``, or the
+server refused the client certificate. Socket timeouts default to 2 s, so a
+dead or frozen server is a StoreUnavailable, never a hang, and redis-py's own
+retries are off: a write retried after an unanswered first try could apply
+twice.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ import asyncio
 import functools
 import json
 import logging
+import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -55,6 +63,7 @@ from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreErr
 from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from ..tail import TailRead
+from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
 
 __all__ = ["GUARANTEES", "RedisStore", "RedisTail"]
@@ -148,19 +157,31 @@ R = TypeVar("R")
 
 
 def _redis_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """Translate redis-py's errors at the store boundary, keeping the reason."""
+    """Translate redis-py's errors at the store boundary, keeping the reason.
+
+    The message names the server; a refused TLS handshake says which side's
+    certificate was not accepted, in words rather than OpenSSL's.
+    """
 
     @functools.wraps(method)
     def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        owner = args[0]  # a RedisStore, or a RedisTail of one
+        store = owner._store if isinstance(owner, RedisTail) else owner
+        where = f"redis store {method.__name__}"
+        if isinstance(store, RedisStore):
+            where += f" ({store.server})"
         try:
             return method(*args, **kwargs)
         except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
-            raise StoreError(f"redis store {method.__name__}: refused: {exc}") from exc
+            raise StoreError(f"{where}: refused: {exc}") from exc
         except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError) as exc:
             # ReadOnlyError: we reached a replica (a failover in progress).
-            raise StoreUnavailable(f"redis store {method.__name__}: {exc}") from exc
+            tls = tls_error_in(exc)
+            if tls is not None and isinstance(store, RedisStore):
+                raise StoreUnavailable(f"{where}: {store.describe_tls(tls)}") from exc
+            raise StoreUnavailable(f"{where}: {exc}") from exc
         except redis.RedisError as exc:
-            raise StoreError(f"redis store {method.__name__}: {exc}") from exc
+            raise StoreError(f"{where}: {exc}") from exc
 
     return translated
 
@@ -186,6 +207,16 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# The redis-py options that name files: checked at parse time, so a wrong path
+# is one clear line at start rather than "Error 2 connecting ... No such file".
+_TLS_FILES = {
+    "ssl_certfile": "file",
+    "ssl_keyfile": "file",
+    "ssl_ca_certs": "file",
+    "ssl_ca_path": "directory",
+}
+
+
 def parse_redis_url(url: str) -> tuple[str, str]:
     """Split a store URL into the URL redis-py gets and our key prefix; ConfigError if bad."""
     shown = _redacted(url)
@@ -202,6 +233,28 @@ def parse_redis_url(url: str) -> tuple[str, str]:
     if db and not db.isdigit():
         raise ConfigError(f"store URL {shown!r}: the path is the database number, not {db!r}")
     query = parse_qsl(parts.query, keep_blank_values=True)
+    tls_options = sorted({key for key, _value in query if key.startswith("ssl_")})
+    if parts.scheme == "redis" and tls_options:
+        raise ConfigError(
+            f"store URL {shown!r}: {', '.join(tls_options)} are TLS options: use rediss://"
+        )
+    for key, value in query:
+        kind = _TLS_FILES.get(key)
+        if kind == "file" and not os.path.isfile(value):
+            raise ConfigError(f"store URL {shown!r}: {key} file {value} does not exist")
+        if kind == "directory" and not os.path.isdir(value):
+            raise ConfigError(f"store URL {shown!r}: {key} directory {value} does not exist")
+    options = dict(query)
+    problem = tls_files_problem(
+        ca=("ssl_ca_path", options["ssl_ca_path"])
+        if "ssl_ca_path" in options
+        else ("ssl_ca_certs", options.get("ssl_ca_certs")),
+        cert=("ssl_certfile", options.get("ssl_certfile")),
+        key=("ssl_keyfile", options.get("ssl_keyfile")),
+        password=options.get("ssl_password"),
+    )
+    if problem is not None:
+        raise ConfigError(f"store URL {shown!r}: {problem}")
     prefixes = [value for key, value in query if key == "prefix"]
     prefix = check_name("Redis key prefix", prefixes[-1] if prefixes else DEFAULT_PREFIX)
     rest = urlencode([(key, value) for key, value in query if key != "prefix"])
@@ -238,6 +291,11 @@ class RedisStore:
             raise ConfigError("keep_checkpoints and events_per_node must be at least 1")
         self._client_url, self.prefix = parse_redis_url(url)
         self.url = _redacted(url)
+        parts = urlsplit(self._client_url)
+        host = parts.hostname or ""
+        self.server = (
+            f"[{host}]:{parts.port or 6379}" if ":" in host else f"{host}:{parts.port or 6379}"
+        )
         self.keep_checkpoints = keep_checkpoints
         self.events_per_node = events_per_node
         self._options: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
@@ -256,6 +314,17 @@ class RedisStore:
         self._put_checkpoint = self._redis.register_script(_PUT_CHECKPOINT)
         self._tail = self._redis.register_script(_TAIL)
         self.warnings: list[str] = self._check_persistence()
+
+    def describe_tls(self, error: ssl.SSLError) -> str:
+        """What a TLS failure of a connection to this store's server means, in one line."""
+        options = dict(parse_qsl(urlsplit(self._client_url).query))
+        return describe_tls_failure(
+            error,
+            ca=options.get("ssl_ca_certs") or options.get("ssl_ca_path"),
+            ca_option="ssl_ca_path" if "ssl_ca_path" in options else "ssl_ca_certs",
+            cert=options.get("ssl_certfile"),
+            cert_option="ssl_certfile",
+        )
 
     def _check_persistence(self) -> list[str]:
         """Warn when the server's settings can lose acknowledged checkpoints (best effort)."""

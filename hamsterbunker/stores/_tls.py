@@ -1,0 +1,137 @@
+"""Readable messages for TLS failures of the Redis and etcd stores.
+
+redis-py and requests report a refused TLS handshake as a connection error
+whose text is OpenSSL's (``EOF occurred in violation of protocol``, ``tlsv1
+alert decrypt error``) wrapped in their own. These helpers find the TLS error
+under such an error and say what it means for the user: the server's
+certificate is not trusted by the CA file the URL names, or the server refused
+the client certificate (or wants one). ``tls_files_problem`` loads the files a
+URL names before any connection, so that a file that cannot work is a
+configuration error at start.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import ssl
+
+__all__ = ["describe_tls_failure", "tls_error_in", "tls_files_problem"]
+
+# OpenSSL's alert names when the peer sent an alert: "[SSL: TLSV1_ALERT_UNKNOWN_CA] ...".
+_ALERT = ("TLSV1_ALERT_", "TLSV13_ALERT_", "SSLV3_ALERT_")
+
+
+def tls_files_problem(
+    *,
+    ca: tuple[str, str | None] = ("ca", None),
+    cert: tuple[str, str | None] = ("cert", None),
+    key: tuple[str, str | None] = ("key", None),
+    password: str | None = None,
+) -> str | None:
+    """Why the CA file (or directory) and client certificate and key cannot be used, or None.
+
+    Each argument is (the URL option that names it, its path or None). Loading
+    them here, before any connection, turns a file that is not PEM, a key that
+    does not match its certificate, or an encrypted key without its password
+    into one clear line at start instead of a failure at every connection.
+    """
+    (ca_option, ca_path), (cert_option, cert_path), (key_option, key_path) = ca, cert, key
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca_path is not None:
+        try:
+            if os.path.isdir(ca_path):
+                context.load_verify_locations(capath=ca_path)
+            else:
+                context.load_verify_locations(cafile=ca_path)
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            return f"{ca_option} {ca_path} holds no usable CA certificate ({_load_error(exc)})"
+    if cert_path is not None:
+        try:
+            # Never OpenSSL's interactive prompt for an encrypted key: no password is "".
+            context.load_cert_chain(cert_path, key_path, password=lambda: password or "")
+        except (ssl.SSLError, OSError, ValueError) as exc:
+            pair = f"{cert_option} {cert_path}" + (
+                f" and {key_option} {key_path}" if key_path else ""
+            )
+            return (
+                f"{pair} are not a usable client certificate and key ({_load_error(exc)}): "
+                "both must be PEM, the key must match the certificate, and an encrypted key "
+                "needs its password"
+            )
+    return None
+
+
+def _load_error(exc: BaseException) -> str:
+    return _openssl_text(exc) if isinstance(exc, ssl.SSLError) else str(exc)
+
+
+def tls_error_in(exc: BaseException) -> ssl.SSLError | None:
+    """The ssl.SSLError somewhere under exc (causes, contexts, wrapped arguments), or None."""
+    pending: list[object] = [exc]
+    seen: set[int] = set()
+    while pending:
+        item = pending.pop(0)
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, ssl.SSLError):
+            return item
+        # requests and urllib3 keep the underlying error as an argument
+        # (MaxRetryError(..., reason=SSLError(ssl.SSLError)), not only as a cause.
+        pending += [item.__cause__, item.__context__, getattr(item, "reason", None), *item.args]
+    return None
+
+
+def _openssl_text(error: ssl.SSLError) -> str:
+    """OpenSSL's words without the bracketed code and the C source location."""
+    if isinstance(error, ssl.SSLCertVerificationError) and error.verify_message:
+        return str(error.verify_message)
+    text = str(error.args[1]) if len(error.args) > 1 else str(error)
+    text = re.sub(r"^\[SSL(: [A-Z0-9_]+)?\]\s*", "", text)
+    return re.sub(r"\s*\(_ssl\.c:\d+\)$", "", text).strip() or type(error).__name__
+
+
+def describe_tls_failure(
+    error: ssl.SSLError,
+    *,
+    ca: str | None,
+    ca_option: str,
+    cert: str | None,
+    cert_option: str,
+) -> str:
+    """One line saying why a TLS connection failed and what to check (the caller names the server)."""
+    why = _openssl_text(error)
+    reason = error.reason or ""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        trusted = f"the CA file {ca_option}={ca}" if ca else "the system's CAs"
+        return (
+            f"TLS handshake failed: the server's certificate is not trusted ({why}); "
+            f"check that {trusted} signed it"
+        )
+    refused = reason.startswith(_ALERT) or isinstance(
+        error, ssl.SSLEOFError | ssl.SSLZeroReturnError
+    )
+    if not refused:
+        return f"TLS connection failed ({why})"
+    if isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+        # The server hung up without saying why: what it most often means, as a guess.
+        if cert is None:
+            return (
+                f"TLS handshake refused: the server closed the connection ({why}); it may "
+                f"require a client certificate ({cert_option}=FILE), or not speak TLS on this port"
+            )
+        return (
+            f"TLS handshake refused: the server closed the connection ({why}); it probably did "
+            f"not accept the client certificate {cert_option}={cert}: check that a CA the server "
+            "trusts signed it, and that the port speaks TLS"
+        )
+    if "CERTIFICATE_REQUIRED" in reason or cert is None:
+        return (
+            f"TLS handshake refused by the server ({why}): it requires a client "
+            f"certificate; name one with {cert_option}=FILE"
+        )
+    return (
+        f"TLS handshake refused by the server ({why}): it did not accept the client "
+        f"certificate {cert_option}={cert}; check that a CA the server trusts signed it"
+    )
