@@ -116,8 +116,16 @@ class EtcdServer:
 
     def restart(self) -> None:
         """Stop the member and start it again on the same ports and data: its streams break."""
+        self.halt()
+        self.start_again()
+
+    def halt(self) -> None:
+        """Stop the member (SIGTERM), keeping its ports' numbers and its data for start_again."""
         self.process.terminate()
         self.process.wait(timeout=10)
+
+    def start_again(self) -> None:
+        """Start a halted member on the same ports and data; wait (bounded) until it is healthy."""
         self.process = self._spawn()
         if not self._wait_healthy():
             pytest.fail(f"etcd was not healthy again within {START_TIMEOUT_S} s")

@@ -17,10 +17,12 @@ _Issuer = tuple[x509.Name, ec.EllipticCurvePrivateKey]
 
 
 def make_certificates(directory: Path) -> dict[str, Path]:
-    """PEM files in directory: ca, server (for 127.0.0.1), client (signed by ca), other-ca.
+    """PEM files in directory: ca, server (for 127.0.0.1), client (signed by ca), other-ca,
+    and other-client (signed by other-ca: a well-formed client certificate the server refuses).
 
     The keys of the result are file names: ``ca.crt``, ``server.crt``,
-    ``server.key``, ``client.crt``, ``client.key``, ``other-ca.crt``, ...
+    ``server.key``, ``client.crt``, ``client.key``, ``other-ca.crt``,
+    ``other-client.crt``, ``other-client.key``, ...
     """
     now = datetime.datetime.now(datetime.UTC)
     paths: dict[str, Path] = {}
@@ -61,5 +63,6 @@ def make_certificates(directory: Path) -> dict[str, Path]:
     ca = issue("ca", None)
     issue("server", ca, ip="127.0.0.1")
     issue("client", ca)
-    issue("other-ca", None)
+    other_ca = issue("other-ca", None)
+    issue("other-client", other_ca)
     return paths
