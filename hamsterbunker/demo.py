@@ -112,8 +112,16 @@ def run_demo(
     """Run the demo; raise DemoFailed if the agent does not survive every kill."""
     # User mistakes are refused here, not as nodes that fail to start and a time-out.
     validate_timing(tick_ms, default_renew_deadline(lease_ttl_ms), lease_ttl_ms)
-    if store_url is not None and open_store(store_url).read_cluster() is not None:
-        raise ConfigError(f"store {store_url} is in use already: the demo needs an empty store")
+    if store_url is not None:
+        given = open_store(store_url)
+        try:
+            if given.read_cluster() is not None:
+                # store.url, not store_url: a Redis password is shown as ***.
+                raise ConfigError(
+                    f"store {given.url} is in use already: the demo needs an empty store"
+                )
+        finally:
+            given.close()
     workdir = Path(tempfile.mkdtemp(prefix="hb-demo-"))
     store_url = store_url or (workdir / "store").as_uri()
     secret = secrets.token_urlsafe(24)
@@ -129,7 +137,7 @@ def run_demo(
     store = open_store(store_url)
     watcher = _Watcher(store, secret, CounterAgent.id)
     ok = False
-    out(f"HamsterBunker demo · store {store_url} · lease TTL {lease_ttl_ms} ms · tick {tick_ms} ms")
+    out(f"HamsterBunker demo · store {store.url} · lease TTL {lease_ttl_ms} ms · tick {tick_ms} ms")
     try:
         for spec in NODES:
             cluster.start(spec)

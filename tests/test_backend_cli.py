@@ -383,6 +383,26 @@ def test_hb_demo_survives_a_kill_on_the_backend_and_hb_status_shows_the_lease(
     assert all(n["epoch"] < int(epoch) for n in as_json["nodes"]), as_json["nodes"]
 
 
+def test_hb_demo_never_prints_a_redis_password(
+    private_servers: list[RedisServer | EtcdServer],
+    capsys: pytest.CaptureFixture[str],
+    record_property: Callable[..., None],
+) -> None:
+    """``hb demo --store redis://:PASSWORD@...`` shows the store as ``:***@``, also when it
+    refuses a store in use."""
+    server = RedisServer.start("--requirepass", "s3cret-pw")
+    private_servers.append(server)
+    url = f"redis://:s3cret-pw@127.0.0.1:{server.port}/0?prefix={fresh_prefix()}"
+    result = _run_demo(["--store", url], 90, capsys, record_property)
+    assert SURVIVED in result.stdout.splitlines(), result.stdout
+    assert "s3cret-pw" not in result.stdout + result.stderr
+    assert f"store redis://:***@127.0.0.1:{server.port}/0" in result.stdout.splitlines()[0]
+
+    again = run_hb(["demo", "--store", url])  # the store is in use now
+    assert again.returncode == 2, again.stderr
+    assert "in use already" in again.stderr and "s3cret-pw" not in again.stderr + again.stdout
+
+
 # -- store outages shorter than the lease TTL ------------------------------------------
 
 A, B = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east")
