@@ -22,13 +22,21 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from .clock import Clock, MonotonicClock
 from .errors import ConfigError, LeaseConflict, StoreError
 from .records import LeaseRecord
 from .stores.base import Fence, Store
 
-__all__ = ["LeaseKeeper", "Outcome", "TickResult", "default_renew_deadline", "validate_timing"]
+__all__ = [
+    "LeaseKeeper",
+    "Outcome",
+    "Reach",
+    "TickResult",
+    "default_renew_deadline",
+    "validate_timing",
+]
 
 
 def default_renew_deadline(lease_ttl_ms: int) -> int:
@@ -61,6 +69,20 @@ class TickResult:
     reason: str = ""
 
 
+class Reach(NamedTuple):
+    """How far the store must reach: a checkpoint at seq or later, under epoch or later.
+
+    An intact store's newest checkpoint is at or past every checkpoint it accepted in
+    both: seqs rise, and epochs never fall, in store order.
+    """
+
+    seq: int = 0
+    epoch: int = 0
+
+    def union(self, other: Reach) -> Reach:
+        return Reach(max(self.seq, other.seq), max(self.epoch, other.epoch))
+
+
 class LeaseKeeper:
     """One node's view of one agent's lease."""
 
@@ -86,10 +108,10 @@ class LeaseKeeper:
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
         self.highest_epoch = 0  # the highest epoch this keeper has seen in any record
-        self.highest_seq = 0  # the highest checkpoint seq named by any record seen
-        # The newest seq this node saw accepted (set by the runtime): written into
-        # every record this node writes, so standbys learn it too.
-        self.published_seq = 0
+        self.seen_reach = Reach()  # the furthest reach named by any record seen
+        # The newest checkpoint this node saw accepted (set by the runtime): written
+        # into every record this node writes, so standbys learn it too.
+        self.published = Reach()
         # What went back in time since the runtime last asked (see drain_regressions).
         self._regressions: list[str] = []
         self._last_regression = ""
@@ -123,9 +145,9 @@ class LeaseKeeper:
         ttl = max(self.lease_ttl_ms, record.ttl_ms) / 1000
         return max(0.0, ttl - (self.clock.monotonic() - self._observed_at))
 
-    def known_seq(self) -> int:
-        """The newest checkpoint seq known to have been accepted: the store must not be behind it."""
-        return max(self.highest_seq, self.published_seq)
+    def reach(self) -> Reach:
+        """How far the store's checkpoints are known to have reached: never less, if intact."""
+        return self.seen_reach.union(self.published)
 
     def seconds_until_deadline(self) -> float:
         return max(0.0, self.renew_deadline_ms / 1000 - self._since_renewal())
@@ -151,7 +173,7 @@ class LeaseKeeper:
             renewed = self.store.cas_lease(
                 self.agent,
                 self.held.version,
-                replace(self.held, renewals=self.held.renewals + 1, seq=self.known_seq()),
+                self._next_write(self.held),
             )
         except LeaseConflict:
             current = self.store.read_lease(self.agent)
@@ -188,13 +210,15 @@ class LeaseKeeper:
             return TickResult(Outcome.STANDBY, record)
         epoch = self._next_epoch(record)
         sent = self.clock.monotonic()
+        reach = self.reach()
         new = LeaseRecord(
             holder=self.node,
             region=self.region,
             session=self.session,
             epoch=epoch,
             ttl_ms=self.lease_ttl_ms,
-            seq=self.known_seq(),
+            seq=reach.seq,
+            seq_epoch=reach.epoch,
         )
         try:
             acquired = self.store.cas_lease(self.agent, expected, new)
@@ -210,7 +234,7 @@ class LeaseKeeper:
         held, self.held = self.held, None
         if held is None:
             return False
-        released = replace(held, holder=None, renewals=held.renewals + 1, seq=self.known_seq())
+        released = replace(self._next_write(held), holder=None)
         try:
             record = self.store.cas_lease(self.agent, held.version, released)
         except LeaseConflict:
@@ -257,6 +281,11 @@ class LeaseKeeper:
             self._last_regression = what
             self._regressions.append(what)
 
+    def _next_write(self, record: LeaseRecord) -> LeaseRecord:
+        """record renewed once more, naming how far the checkpoints are known to reach."""
+        reach = self.reach()
+        return replace(record, renewals=record.renewals + 1, seq=reach.seq, seq_epoch=reach.epoch)
+
     def _is_ours(self, record: LeaseRecord) -> bool:
         return record.holder == self.node and record.session == self.session
 
@@ -279,7 +308,7 @@ class LeaseKeeper:
                 )
         if record is not None:
             self.highest_epoch = max(self.highest_epoch, record.epoch)
-            self.highest_seq = max(self.highest_seq, record.seq)
+            self.seen_reach = self.seen_reach.union(Reach(record.seq, record.seq_epoch))
             self._last_seen = record
         if record is None:
             key = None

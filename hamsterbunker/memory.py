@@ -16,10 +16,11 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, CorruptRecord
+from .lease import Reach
 from .records import ClusterRecord
 
 __all__ = ["Memory", "MemoryFile"]
@@ -30,7 +31,7 @@ FORMAT = 1
 @dataclass(frozen=True)
 class Memory:
     epoch: int = 0  # the highest epoch seen
-    seq: int = 0  # the newest checkpoint seq seen accepted
+    reach: Reach = field(default_factory=Reach)  # how far the checkpoints were seen to reach
     cluster: ClusterRecord | None = None
 
 
@@ -58,7 +59,7 @@ class MemoryFile:
             cluster = doc["cluster"]
             memory = Memory(
                 epoch=_count(doc["epoch"]),
-                seq=_count(doc["seq"]),
+                reach=Reach(_count(doc["seq"]), _count(doc["seq_epoch"])),
                 cluster=None if cluster is None else ClusterRecord.from_json(cluster.encode()),
             )
         except KeyError as exc:
@@ -83,7 +84,8 @@ class MemoryFile:
             "store": self.store_url,
             "agent": self.agent_id,
             "epoch": memory.epoch,
-            "seq": memory.seq,
+            "seq": memory.reach.seq,
+            "seq_epoch": memory.reach.epoch,
             "cluster": None if memory.cluster is None else memory.cluster.to_json().decode(),
         }
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

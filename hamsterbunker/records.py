@@ -107,8 +107,9 @@ class LeaseRecord:
     ``version`` is assigned by the store on every successful write and is what
     compare-and-set compares; ``holder`` is None once the lease is released.
     ``renewals`` changes on every renewal so observers see the record change.
-    ``seq`` is the newest checkpoint seq the writer knew to be accepted: it lets
-    every node, standbys included, tell when the store loses checkpoints.
+    ``seq`` and ``seq_epoch`` are the newest checkpoint seq, and the latest epoch
+    of a checkpoint, that the writer knew to be accepted: they let every node,
+    standbys included, tell when the store loses checkpoints.
     """
 
     holder: str | None
@@ -119,6 +120,7 @@ class LeaseRecord:
     renewals: int = 0
     version: int = 0
     seq: int = 0
+    seq_epoch: int = 0
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -141,8 +143,12 @@ class LeaseRecord:
             version=_field(doc, "version", int, "lease"),
             # Absent in records written before seq was kept: nothing known.
             seq=_field(doc, "seq", int, "lease") if "seq" in doc else 0,
+            seq_epoch=_field(doc, "seq_epoch", int, "lease") if "seq_epoch" in doc else 0,
         )
-        if record.epoch < 0 or record.ttl_ms <= 0 or record.version < 0 or record.seq < 0:
+        if (
+            min(record.epoch, record.version, record.seq, record.seq_epoch) < 0
+            or record.ttl_ms <= 0
+        ):
             raise CorruptRecord("lease record has an out-of-range epoch, ttl, version or seq")
         return record
 

@@ -47,7 +47,7 @@ from .errors import (
 )
 from .failpoints import failpoint
 from .history import HistoryWriter
-from .lease import LeaseKeeper, Outcome, default_renew_deadline, validate_timing
+from .lease import LeaseKeeper, Outcome, Reach, default_renew_deadline, validate_timing
 from .memory import Memory, MemoryFile
 from .notify import Notifier
 from .records import ClusterRecord, Event, Heartbeat, check_name
@@ -137,7 +137,7 @@ class Runtime:
             self._memory = MemoryFile(Path(state_dir) / ".memory", self.store.url, self.agent_id)
             self._remembered = self._memory.load()
             self.keeper.highest_epoch = self._remembered.epoch
-            self.keeper.highest_seq = self._remembered.seq
+            self.keeper.seen_reach = self._remembered.reach
         self.on_event = on_event
         self._history = HistoryWriter(history) if history is not None else None
         self._notifier = notifier or Notifier(None)
@@ -300,7 +300,7 @@ class Runtime:
         assert self._sealer is not None
         if self._memory is None:
             return
-        seen = Memory(self.keeper.highest_epoch, self.keeper.known_seq(), self._sealer.cluster)
+        seen = Memory(self.keeper.highest_epoch, self.keeper.reach(), self._sealer.cluster)
         try:
             self._memory.save(seen)
             self._memory_failed = False
@@ -590,7 +590,8 @@ class Runtime:
             landed = await self._landed(context)
             if landed is not None:
                 self._record("publish", context.epoch, landed.seq, started, "ok", landed=True)
-                self.seq = self.keeper.published_seq = landed.seq
+                self.seq = landed.seq
+                self.keeper.published = Reach(landed.seq, context.epoch)
                 self._emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
                 return _Published.YES, landed
             # Not published: the step is retried from the last published state,
@@ -599,7 +600,8 @@ class Runtime:
             self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
             return _Published.RETRY, None
         self._record("publish", context.epoch, context.seq, started, "ok")
-        self.seq = self.keeper.published_seq = info.seq
+        self.seq = info.seq
+        self.keeper.published = Reach(info.seq, info.epoch)
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
         return _Published.YES, _Progress(state, info.seq)
@@ -638,19 +640,24 @@ class Runtime:
         assert self._sealer is not None
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
-        newest = infos[0].seq if infos else 0
-        seen = self.keeper.known_seq()
-        if newest < seen:
-            # This node, or a leader whose lease record it read, saw seq `seen`
-            # accepted; the store no longer has it.
+        newest = Reach(infos[0].seq, infos[0].epoch) if infos else Reach()
+        seen = self.keeper.reach()
+        if newest.seq < seen.seq or newest.epoch < seen.epoch:
+            # This node, or a node whose lease record it read, saw a checkpoint that
+            # far accepted; the store no longer has it (or holds another line since).
             message = (
-                f"agent {self.agent_id}: the store's newest checkpoint is seq {newest}, behind "
-                f"seq {seen} that this node saw accepted: the store went back in time "
-                "(restored from an old backup, or it lost acknowledged writes). Refusing to "
-                "resume behind it. Bring the store back; or, to accept the loss, stop every "
-                "node, remove the agent's lease record and checkpoints, and start them again."
+                f"agent {self.agent_id}: the store's newest checkpoint is seq {newest.seq} "
+                f"of epoch {newest.epoch}, behind seq {seen.seq} of epoch {seen.epoch} that "
+                "was seen accepted: the store went back in time (restored from an old "
+                "backup, or it lost acknowledged writes). Refusing to resume behind it. Bring "
+                "the store back; or, to accept the loss, stop every node, remove the agent's "
+                "lease record and checkpoints and the nodes' memory files, and start them again."
             )
-            self._emit("store.regressed", reason=f"newest checkpoint {newest} < seen {seen}")
+            self._emit(
+                "store.regressed",
+                reason=f"newest checkpoint seq {newest.seq} of epoch {newest.epoch} < seen "
+                f"seq {seen.seq} of epoch {seen.epoch}",
+            )
             raise StoreRegressed(message)
         if not infos:
             state = await asyncio.to_thread(self.agent.init)
@@ -668,7 +675,8 @@ class Runtime:
             except Tampered as exc:
                 self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
                 continue
-            self.seq = self.keeper.published_seq = info.seq
+            self.seq = info.seq
+            self.keeper.published = Reach(info.seq, info.epoch)
             self._emit(
                 "agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=infos.index(info)
             )

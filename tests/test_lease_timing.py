@@ -15,7 +15,7 @@ import pytest
 
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreUnavailable
-from hamsterbunker.lease import LeaseKeeper, Outcome, validate_timing
+from hamsterbunker.lease import LeaseKeeper, Outcome, Reach, validate_timing
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.file import FileStore
 
@@ -573,13 +573,15 @@ def test_the_leaders_accepted_seq_travels_in_the_lease_record_to_every_standby(s
     """Renewals carry the newest seq the leader saw accepted, so a standby that never read
     a checkpoint knows how far the store must reach (and a record it writes says so too)."""
     leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
-    leader.published_seq = 41
+    leader.published = Reach(41, 1)
     leader.tick()
     standby.tick()
-    assert (store.read_lease(AGENT).seq, standby.known_seq()) == (41, 41)
+    written = store.read_lease(AGENT)
+    assert (written.seq, written.seq_epoch, standby.reach()) == (41, 1, Reach(41, 1))
     standby_clock.advance(TTL)
     result = standby.tick()
-    assert (result.outcome, result.record.seq) == (Outcome.ACQUIRED, 41)
+    assert result.outcome is Outcome.ACQUIRED
+    assert (result.record.epoch, result.record.seq, result.record.seq_epoch) == (2, 41, 1)
 
 
 def test_a_lease_record_rolled_back_within_its_term_is_reported_once_and_adopted(store):
@@ -587,7 +589,7 @@ def test_a_lease_record_rolled_back_within_its_term_is_reported_once_and_adopted
     second) is reported by the standby and by the leader, which keeps its lease and epoch."""
     leader, _leader_clock, standby, _standby_clock = leader_and_standby(store)
     early = store.read_lease(AGENT)
-    leader.published_seq = 5
+    leader.published = Reach(5, 1)
     for _ in range(3):
         leader.tick()
         standby.tick()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.errors import ConfigError
+from hamsterbunker.lease import Reach
 from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.sealing import new_cluster_record
 
@@ -16,8 +17,8 @@ URL = "redis://127.0.0.1:6379/0?prefix=p"
 
 def test_what_was_saved_is_loaded_by_the_next_process(tmp_path: Path) -> None:
     cluster = new_cluster_record("a secret of the cluster")
-    MemoryFile(tmp_path, URL, "journal").save(Memory(epoch=7, seq=42, cluster=cluster))
-    assert MemoryFile(tmp_path, URL, "journal").load() == Memory(7, 42, cluster)
+    MemoryFile(tmp_path, URL, "journal").save(Memory(epoch=7, reach=Reach(42, 6), cluster=cluster))
+    assert MemoryFile(tmp_path, URL, "journal").load() == Memory(7, Reach(42, 6), cluster)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp left
 
 
@@ -26,18 +27,18 @@ def test_nothing_saved_is_nothing_remembered(tmp_path: Path) -> None:
 
 
 def test_each_store_and_agent_has_its_own_memory(tmp_path: Path) -> None:
-    MemoryFile(tmp_path, URL, "journal").save(Memory(epoch=3, seq=9))
+    MemoryFile(tmp_path, URL, "journal").save(Memory(epoch=3, reach=Reach(9, 3)))
     assert MemoryFile(tmp_path, URL + "x", "journal").load() == Memory()
     assert MemoryFile(tmp_path, URL, "other").load() == Memory()
 
 
 def test_an_unchanged_memory_is_not_written_again(tmp_path: Path) -> None:
     memory = MemoryFile(tmp_path, URL, "journal")
-    memory.save(Memory(epoch=1, seq=1))
+    memory.save(Memory(epoch=1, reach=Reach(1, 1)))
     inode = memory.path.stat().st_ino
-    memory.save(Memory(epoch=1, seq=1))
+    memory.save(Memory(epoch=1, reach=Reach(1, 1)))
     assert memory.path.stat().st_ino == inode
-    memory.save(Memory(epoch=1, seq=2))
+    memory.save(Memory(epoch=1, reach=Reach(2, 1)))
     assert memory.path.stat().st_ino != inode  # replaced, never written in place
 
 
@@ -55,7 +56,9 @@ def test_an_unchanged_memory_is_not_written_again(tmp_path: Path) -> None:
 )
 def test_a_damaged_memory_is_a_clear_error_naming_the_file(tmp_path: Path, damage) -> None:
     memory = MemoryFile(tmp_path, URL, "journal")
-    memory.save(Memory(epoch=2, seq=5, cluster=new_cluster_record("a secret of the cluster")))
+    memory.save(
+        Memory(epoch=2, reach=Reach(5, 2), cluster=new_cluster_record("a secret of the cluster"))
+    )
     memory.path.write_text(damage(json.loads(memory.path.read_text())))
     with pytest.raises(ConfigError, match="damaged") as caught:
         memory.load()

@@ -194,6 +194,10 @@ class FaultyStore:
     def __init__(self, inner: FileStore) -> None:
         self._inner = inner
         self.fail_cas = threading.Event()
+        # cas_lease waits while this is clear, as a node paused mid-renewal would
+        self.cas_open = threading.Event()
+        self.cas_open.set()
+        self.cas_waiting = threading.Event()
         self.block_put = threading.Event()
         self.put_entered = threading.Event()
         self.put_release = threading.Event()
@@ -210,6 +214,9 @@ class FaultyStore:
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         if self.fail_cas.is_set():
             raise StoreUnavailable("injected: the store does not answer")
+        if not self.cas_open.is_set():
+            self.cas_waiting.set()
+            self.cas_open.wait(30)
         return self._inner.cas_lease(agent, expected_version, new)
 
     def append_event(self, agent: str, event: Event) -> None:
@@ -262,7 +269,7 @@ class Harness:
         kwargs.setdefault("lease_ttl_ms", TTL_MS)
         kwargs.setdefault("secret", SECRET)
         if isinstance(store, FaultyStore):
-            self._unblock.append(store.put_release)
+            self._unblock += [store.put_release, store.cas_open]
         self._unblock.append(agent.release)
         node = Runtime(
             node_id=node_id,
@@ -951,7 +958,9 @@ def test_a_store_emptied_while_the_node_was_down_is_refused_by_its_memory(hb: Ha
     again = AsyncAgent()
     node = hb.node("node-a", again, state_dir=state_dir)
     assert node.stopped.wait(15), "the restarted node did not refuse"
-    with pytest.raises(StoreRegressed, match="newest checkpoint is seq 0, behind seq 3"):
+    with pytest.raises(
+        StoreRegressed, match="newest checkpoint is seq 0 of epoch 0, behind seq 3 of epoch 1"
+    ):
         node.stop()
     assert again.init_calls == 0
     assert hb.store().read_cluster().key_id == key_id  # put back: the same sealing key
@@ -965,3 +974,40 @@ def test_a_store_emptied_while_the_node_was_down_is_refused_by_its_memory(hb: Ha
     hb.node("node-b", forgetful)  # no state directory: nothing to compare with
     hb.events.wait("agent.started", "node-b")
     assert forgetful.init_calls == 1
+
+
+def test_a_takeover_the_store_lost_while_the_old_leader_lived_is_refused(hb: Harness) -> None:
+    """The store loses a takeover (epoch 2 and its checkpoints) while the old leader, paused
+    meanwhile, lives: back on its own epoch-1 record, it steps on from its own state to seqs
+    past epoch 2's. The node that saw epoch 2's checkpoints accepted refuses to resume from
+    that other line although its seqs are higher, and so does the old leader, once it has
+    read that node's lease record."""
+    a_store = FaultyStore(hb.store())
+    agent_a = AsyncAgent(slow=dict.fromkeys(range(1, 10_000), 0.02))
+    node_a = hb.node("node-a", agent_a, store=a_store)
+    hb.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq >= 3)
+    a_store.cas_open.clear()  # node-a pauses inside a renewal
+    assert a_store.cas_waiting.wait(5)
+    lease_path = hb.store_dir / "agents" / AGENT / "lease.json"
+    epoch_1_record = lease_path.read_bytes()
+    agent_b = AsyncAgent(slow=dict.fromkeys(range(1, 10_000), 0.2))
+    node_b = hb.node("node-b", agent_b)
+    last_of_a = hb.events.wait("agent.resumed", "node-b").detail["from_seq"]
+    agent_b.park_from = last_of_a + 3  # (read after each step's 0.2 s)
+    wait_until(lambda: hb.checkpoints()[0] == (last_of_a + 2, 2), "node-b to publish twice")
+    # The store goes back: epoch 2 and its checkpoints are lost.
+    lease_path.write_bytes(epoch_1_record)
+    for seq, epoch in hb.checkpoints():
+        if epoch == 2:
+            hb.checkpoint_path(seq).unlink()
+    a_store.cas_open.set()  # node-a's renewal lands on its own record again, and it steps on
+    assert node_b.stopped.wait(15), "node-b did not refuse"
+    with pytest.raises(StoreRegressed, match=r"is seq \d+ of epoch 1, behind seq \d+ of epoch 2"):
+        node_b.stop()
+    newest_of_a = hb.checkpoints()[0]
+    assert newest_of_a[0] > last_of_a + 2 and newest_of_a[1] == 1  # higher seqs, other line
+    assert [c.epoch for c in agent_b.entered_ctx()] == [2, 2, 2]  # never stepped from it
+    assert node_a.stopped.wait(15), "node-a did not refuse"
+    with pytest.raises(StoreRegressed, match="of epoch 2"):
+        node_a.stop()
+    assert hb.store().read_lease(AGENT).epoch == 4  # 3: node-b, 4: node-a; each refused
