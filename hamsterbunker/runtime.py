@@ -47,7 +47,14 @@ from .errors import (
 )
 from .failpoints import failpoint
 from .history import HistoryWriter
-from .lease import LeaseKeeper, Outcome, Reach, default_renew_deadline, validate_timing
+from .lease import (
+    LeaseKeeper,
+    Outcome,
+    Reach,
+    TickResult,
+    default_renew_deadline,
+    validate_timing,
+)
 from .memory import Memory, MemoryFile
 from .notify import Notifier
 from .records import ClusterRecord, Event, Heartbeat, check_name
@@ -318,16 +325,19 @@ class Runtime:
         failpoint("node.before_first_tick")
         while not self._stopping.is_set():
             self._pass_started = tick_start = time.monotonic()
+            result: TickResult | None = None
+            failure: str | None = None
             try:
                 result = await self._keeper_call(self.keeper.tick)
-                if not store_ok:
-                    self._emit("store.recovered")
-                store_ok = True
             except StoreError as exc:
-                if store_ok:
-                    self._emit("store.error", error=str(exc))
-                store_ok = False
-                result = None
+                failure = str(exc)
+            if result is not None and result.outcome is Outcome.RENEW_FAILED:
+                failure = result.reason  # a leader's failed renewal is a result, not an error
+            if failure is not None and store_ok:
+                self._emit("store.error", error=failure)
+            elif failure is None and not store_ok:
+                self._emit("store.recovered")
+            store_ok = failure is None
             regressions = self.keeper.drain_regressions()
             for regression in regressions:
                 self._emit("store.regressed", reason=regression)

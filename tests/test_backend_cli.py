@@ -451,7 +451,7 @@ def test_a_store_outage_shorter_than_the_ttl_is_reported_then_recovered(
     """The store's server frozen (SIGSTOP) or stopped and started again for less than the TTL:
     both nodes report the failure (store.error, or lease.renew_failed from the leader) and
     then store.recovered; the leader keeps its lease and epoch and goes on publishing; no epoch
-    is reused (checker at teardown). The leader's store.recovered is a known gap: xfail."""
+    is reused (checker at teardown)."""
     backend, _, how = outage.partition("-")
     server: RedisServer | EtcdServer
     if backend == "redis":
@@ -541,10 +541,10 @@ def test_a_store_outage_shorter_than_the_ttl_is_reported_then_recovered(
     seqs = [seq for _, seq in published]
     assert seqs == sorted(set(seqs)), published  # each seq published once, in order
     assert {e.node for e in events(store, "checkpoint.published")} == {A.node}
+    # The leader, too, says when the store answers again.
+    wait_until(
+        lambda: reported_then_recovered(A.node, FAILED),
+        "node-a to report store.recovered after its failures",
+        timeout=30,
+    )
     store.close()
-    # What is still missing: the leader's failures are lease.renew_failed (and
-    # checkpoint.failed), and its first successful renewal after them emits nothing, so a
-    # monitor never sees it recover (runtime.py emits store.recovered only after a tick that
-    # raised, which a leader's renewal never does: LeaseKeeper turns it into RENEW_FAILED).
-    if not reported_then_recovered(A.node, FAILED):
-        pytest.xfail("the leader emits no store.recovered after lease.renew_failed (runtime.py)")

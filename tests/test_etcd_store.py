@@ -222,8 +222,9 @@ def test_stopped_server_is_store_unavailable(
         lambda: store.list_heartbeats("a"),
         lambda: store.read_events("a"),
     ):
-        with pytest.raises(StoreUnavailable, match="etcd store"):
+        with pytest.raises(StoreUnavailable, match="etcd store") as raised:
             call()
+        assert str(raised.value).endswith(": cannot connect: Connection refused")  # in words
     assert time.monotonic() - started < 5.0
 
 

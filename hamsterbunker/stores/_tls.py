@@ -15,8 +15,12 @@ from __future__ import annotations
 import os
 import re
 import ssl
+from collections.abc import Callable
+from typing import TypeVar
 
-__all__ = ["describe_tls_failure", "tls_error_in", "tls_files_problem"]
+__all__ = ["describe_tls_failure", "error_in", "tls_error_in", "tls_files_problem"]
+
+E = TypeVar("E", bound=BaseException)
 
 # OpenSSL's alert names when the peer sent an alert: "[SSL: TLSV1_ALERT_UNKNOWN_CA] ...".
 _ALERT = ("TLSV1_ALERT_", "TLSV13_ALERT_", "SSLV3_ALERT_")
@@ -68,6 +72,13 @@ def _load_error(exc: BaseException) -> str:
 
 def tls_error_in(exc: BaseException) -> ssl.SSLError | None:
     """The ssl.SSLError somewhere under exc (causes, contexts, wrapped arguments), or None."""
+    return error_in(exc, ssl.SSLError)
+
+
+def error_in(
+    exc: BaseException, kind: type[E], where: Callable[[E], bool] = lambda _: True
+) -> E | None:
+    """The first error of kind (for which where holds) under exc: causes, contexts, arguments."""
     pending: list[object] = [exc]
     seen: set[int] = set()
     while pending:
@@ -75,7 +86,7 @@ def tls_error_in(exc: BaseException) -> ssl.SSLError | None:
         if not isinstance(item, BaseException) or id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, ssl.SSLError):
+        if isinstance(item, kind) and where(item):
             return item
         # requests and urllib3 keep the underlying error as an argument
         # (MaxRetryError(..., reason=SSLError(ssl.SSLError)), not only as a cause.

@@ -69,7 +69,7 @@ from etcd3gw.watch import Watcher
 from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from ..failpoints import failpoint
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
-from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
+from ._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
 
 __all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]
@@ -361,6 +361,10 @@ class EtcdStore:
                 cert=target.cert,
                 cert_option="cert",
             )
+        refused = error_in(exc, OSError, lambda e: e.errno is not None)
+        if refused is not None and refused.errno is not None:
+            # requests' own text buries this under its connection pool's repr.
+            return f"cannot connect: {os.strerror(refused.errno)}"
         detail = exc.detail_text if isinstance(exc, Etcd3Exception) else None
         return str(detail or exc)
 
