@@ -133,7 +133,11 @@ _NODE_FLAGS = ("store", "agent", "agent_id", "node_id", "region", "tick_ms", "le
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     # Defaults are None so that a flag given alongside --instance can be told apart.
-    parser.add_argument("--store", help="store URL, e.g. file:///srv/hamsterbunker")
+    parser.add_argument(
+        "--store",
+        help="store URL, e.g. file:///srv/hamsterbunker (default: $HB_STORE, which keeps "
+        "a password in the URL off the command line, where every user can read it)",
+    )
     parser.add_argument("--agent", metavar="MODULE:ATTR", help="the agent to run")
     parser.add_argument("--agent-id", help="agent id (default: the agent object's id)")
     parser.add_argument("--node-id", help="default: the host name")
@@ -146,6 +150,8 @@ def _node_config(args: argparse.Namespace, **defaults: str) -> NodeConfig:
     """The node flags as a NodeConfig; flags not given take NodeConfig's defaults."""
     given = {key: getattr(args, key) for key in _NODE_FLAGS if getattr(args, key) is not None}
     given = defaults | given
+    if "store" not in given and os.environ.get("HB_STORE"):
+        given["store"] = os.environ["HB_STORE"]
     for key in ("store", "agent"):
         if key not in given:
             raise ConfigError(f"--{key} is required (or use --instance NAME)")

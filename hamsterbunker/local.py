@@ -1,7 +1,8 @@
 """Nodes as real local processes: the demo's cluster, and the tests'.
 
 Each node is ``python -m hamsterbunker run ...`` with its own log file. The
-secret travels in ``HB_SECRET``, never on a command line.
+secret and the store URL (which may hold a password) travel in ``HB_SECRET``
+and ``HB_STORE``, never on a command line, where every user can read them.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ class LocalCluster:
         command = [
             *(command_prefix or []),
             sys.executable, "-m", "hamsterbunker", "run",
-            "--store", self.store_url,
             "--agent", self.agent,
             "--node-id", spec.node,
             "--region", spec.region,
@@ -61,7 +61,13 @@ class LocalCluster:
             command += ["--agent-id", self.agent_id]
         if self.history:
             command += ["--history", str(self.history)]
-        env = {**os.environ, **self.env, **(extra_env or {}), "HB_SECRET": self.secret}
+        env = {
+            **os.environ,
+            **self.env,
+            **(extra_env or {}),
+            "HB_SECRET": self.secret,
+            "HB_STORE": self.store_url,
+        }
         env.pop("CREDENTIALS_DIRECTORY", None)
         with open(self.log_dir / f"{spec.node}.log", "ab") as log:
             process = subprocess.Popen(

@@ -48,7 +48,9 @@ class RedisServer:
         self.workdir = workdir
 
     @classmethod
-    def start(cls, *extra: str, port: int | None = None, workdir: Path | None = None) -> RedisServer:
+    def start(
+        cls, *extra: str, port: int | None = None, workdir: Path | None = None
+    ) -> RedisServer:
         """Start a server (on a free port unless given) and wait, bounded, for its PING.
 
         A workdir given is that of an earlier server: its data files are loaded.

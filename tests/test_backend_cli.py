@@ -403,6 +403,23 @@ def test_hb_demo_never_prints_a_redis_password(
     assert "in use already" in again.stderr and "s3cret-pw" not in again.stderr + again.stdout
 
 
+def test_local_nodes_keep_a_redis_password_off_their_command_lines(
+    private_servers: list[RedisServer | EtcdServer], local_cluster: MakeCluster
+) -> None:
+    """Every user can read a process's command line: the nodes LocalCluster starts (the
+    demo's) get the store URL, password and all, from $HB_STORE instead."""
+    server = RedisServer.start("--requirepass", "s3cret-pw")
+    private_servers.append(server)
+    url = f"redis://:s3cret-pw@127.0.0.1:{server.port}/0?prefix={fresh_prefix()}"
+    cluster = local_cluster(store_url=url)
+    node = cluster.start(A)
+    store = open_store(url)
+    wait_until(lambda: store.read_lease("journal"), "node-a to take the lease over Redis")
+    command_line = Path(f"/proc/{node.pid}/cmdline").read_bytes()
+    assert b"s3cret-pw" not in command_line and b"redis://" not in command_line
+    store.close()
+
+
 # -- store outages shorter than the lease TTL ------------------------------------------
 
 A, B = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east")

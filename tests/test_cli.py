@@ -53,6 +53,7 @@ def hb_env(**overrides: str) -> dict[str, str]:
         "WATCHDOG_PID",
         "JOURNAL_STREAM",
         "STATE_DIRECTORY",
+        "HB_STORE",
     ):
         env.pop(name, None)
     env.update(overrides)

@@ -178,7 +178,7 @@ def test_demo_stops_its_nodes_and_removes_its_store_on_exit(tmp_path: Path, how:
             tui.wait()
         for pid in nodes:  # left only if the test failed; never a pid reused since
             with contextlib.suppress(OSError):
-                if str(tmp_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if str(tmp_path).encode() in Path(f"/proc/{pid}/environ").read_bytes():
                     os.kill(pid, signal.SIGKILL)
         os.close(primary)
 
