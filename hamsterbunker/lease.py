@@ -67,6 +67,7 @@ class TickResult:
     outcome: Outcome
     record: LeaseRecord | None
     reason: str = ""
+    store_error: str = ""  # why the store did not answer this tick, if it did not
 
 
 class Reach(NamedTuple):
@@ -189,8 +190,9 @@ class LeaseKeeper:
         except StoreError as exc:
             if self._since_renewal() >= self.lease_ttl_ms / 1000:
                 # A standby may have taken over by now: judge afresh, as a standby.
-                return self._lose(f"no renewal for a full TTL ({self.lease_ttl_ms} ms): {exc}")
-            return TickResult(Outcome.RENEW_FAILED, self.held, str(exc))
+                lost = self._lose(f"no renewal for a full TTL ({self.lease_ttl_ms} ms): {exc}")
+                return replace(lost, store_error=str(exc))
+            return TickResult(Outcome.RENEW_FAILED, self.held, str(exc), store_error=str(exc))
         self.held = renewed
         self._renew_sent_at = sent
         self._note(renewed, sent)

@@ -331,8 +331,8 @@ class Runtime:
                 result = await self._keeper_call(self.keeper.tick)
             except StoreError as exc:
                 failure = str(exc)
-            if result is not None and result.outcome is Outcome.RENEW_FAILED:
-                failure = result.reason  # a leader's failed renewal is a result, not an error
+            if result is not None and result.store_error:
+                failure = result.store_error  # a leader's failed renewal is a result, not an error
             if failure is not None and store_ok:
                 self._emit("store.error", error=failure)
             elif failure is None and not store_ok:

@@ -20,7 +20,7 @@ import pytest
 
 from .server_process import die_with_parent, free_port, require_binary, stop_server
 
-__all__ = ["RedisServer", "redis_url", "require_redis_server", "shared_redis"]
+__all__ = ["RedisServer", "mutual_tls_args", "redis_url", "require_redis_server", "shared_redis"]
 
 START_TIMEOUT_S = 10.0
 
@@ -92,6 +92,17 @@ class RedisServer:
         """SIGKILL, as a crash: the data files stay for a restart."""
         self.process.kill()
         self.process.wait(timeout=10)
+
+
+def mutual_tls_args(tls_port: int, certs: dict[str, Path]) -> tuple[str, ...]:
+    """redis-server options for a TLS port that asks every client for a certificate of the CA."""
+    return (
+        "--tls-port", str(tls_port),
+        "--tls-cert-file", str(certs["server.crt"]),
+        "--tls-key-file", str(certs["server.key"]),
+        "--tls-ca-cert-file", str(certs["ca.crt"]),
+        "--tls-auth-clients", "yes",
+    )  # fmt: skip
 
 
 _shared: RedisServer | None = None

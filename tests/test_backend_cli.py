@@ -39,7 +39,7 @@ from hamsterbunker.stores._tls import tls_files_problem
 
 from .conftest import process_state, wait_until
 from .etcd_server import EtcdServer, etcd_url
-from .redis_server import RedisServer, redis_url
+from .redis_server import RedisServer, mutual_tls_args, redis_url
 from .server_process import free_port
 from .test_cli import (
     AGENT,
@@ -131,13 +131,7 @@ def tls_stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, T
     """One mutual-TLS Redis and one mutual-TLS etcd for this module's tests (each its own prefix)."""
     certs = make_certificates(tmp_path_factory.mktemp("certs"))
     tls_port = free_port()
-    redis_server = RedisServer.start(
-        "--tls-port", str(tls_port),
-        "--tls-cert-file", str(certs["server.crt"]),
-        "--tls-key-file", str(certs["server.key"]),
-        "--tls-ca-cert-file", str(certs["ca.crt"]),
-        "--tls-auth-clients", "yes",
-    )  # fmt: skip
+    redis_server = RedisServer.start(*mutual_tls_args(tls_port, certs))
     etcd_server = EtcdServer.start(certs=certs)
     try:
         yield {

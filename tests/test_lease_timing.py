@@ -387,6 +387,29 @@ def test_successful_renewal_after_failures_restores_the_deadline(store):
     assert leader.may_step()
 
 
+def test_a_tick_says_when_the_store_did_not_answer_even_when_the_lease_is_lost(tmp_path):
+    """store_error is set by failed renewals and by the loss they end in after a full TTL
+    (the runtime's store.error and store.recovered rest on it), never by a refused one."""
+    clock = FakeClock()
+    flaky = FlakyStore(FileStore(tmp_path / "flaky"))
+    leader = make_keeper(flaky, "node-a", clock)
+    assert leader.tick().store_error == ""
+    flaky.failing = True
+    clock.advance(1.0)
+    failed = leader.tick()
+    assert (failed.outcome, failed.store_error) == (Outcome.RENEW_FAILED, failed.reason)
+    assert "did not answer" in failed.store_error
+    clock.advance(TTL)
+    lost = leader.tick()
+    assert lost.outcome is Outcome.LOST and "did not answer" in lost.store_error
+    zombie, zombie_clock, standby, standby_clock = leader_and_standby(FileStore(tmp_path / "s"))
+    standby_clock.advance(TTL)
+    assert standby.tick().outcome is Outcome.ACQUIRED
+    zombie_clock.advance(3 * TTL)
+    refused = zombie.tick()  # the store answered: no
+    assert (refused.outcome, refused.store_error) == (Outcome.LOST, "")
+
+
 def test_renew_deadline_counts_from_when_the_renewal_was_sent(store):
     """The deadline runs from sending the last successful renewal, not from its (slow) answer."""
     clock = FakeClock()

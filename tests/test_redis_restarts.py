@@ -77,11 +77,40 @@ def event_types(store: Store) -> list[str]:
     return [e.type for e in store.read_events(AGENT)]
 
 
+def copy_of_disk(server: RedisServer) -> Path:
+    """The append-only files as they are now: what a disk that synced no later would hold."""
+    disk = server.workdir / "disk-at-crash"
+    shutil.copytree(server.workdir / "appendonlydir", disk)
+    return disk
+
+
+def crash_back_to(
+    redis: Callable[..., RedisServer], server: RedisServer, disk: Path
+) -> RedisServer:
+    """SIGKILL the server and start it again on an earlier copy of its files."""
+    server.kill()
+    shutil.rmtree(server.workdir / "appendonlydir")
+    disk.rename(server.workdir / "appendonlydir")
+    return redis(*EVERYSEC, port=server.port, workdir=server.workdir)
+
+
 def start_nodes(make: MakeCluster, url: str, *specs: NodeSpec) -> LocalCluster:
     cluster = make(store_url=url, tick_ms=200, lease_ttl_ms=2000)
     for spec in specs:
         cluster.start(spec)
     return cluster
+
+
+def running(
+    make: MakeCluster, redis: Callable[..., RedisServer], *settings: str
+) -> tuple[RedisServer, Store, LocalCluster]:
+    """A Redis with these persistence settings, and node-a and node-b five checkpoints in."""
+    server = redis(*settings)
+    url = server.url(prefix="p")
+    store = open_store(url)
+    cluster = start_nodes(make, url, A, B)
+    wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
+    return server, store, cluster
 
 
 def exit_code(cluster: LocalCluster, node: str, timeout: float = 60) -> int:
@@ -105,11 +134,7 @@ def assert_refused_and_never_started_over(cluster: LocalCluster, *nodes: str) ->
 def test_appendfsync_always_a_redis_crash_loses_nothing_accepted(
     local_cluster: MakeCluster, redis: Callable[..., RedisServer]
 ) -> None:
-    server = redis(*ALWAYS)
-    url = server.url(prefix="p")
-    store = open_store(url)
-    cluster = start_nodes(local_cluster, url, A, B)
-    wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
+    server, store, cluster = running(local_cluster, redis, *ALWAYS)
     server.kill()
     # Freeze the nodes so the restarted store is read before any new write.
     for node in (A, B):
@@ -132,20 +157,12 @@ def test_everysec_store_behind_within_the_term_is_reported_and_the_leader_goes_o
     """Behind, but the lease record is still the leader's own term: nobody else can have
     written, so the leader adopts it and goes on from its own state, never from the
     store's older checkpoint; everyone reports the regression."""
-    server = redis(*EVERYSEC)
-    url = server.url(prefix="p")
-    store = open_store(url)
-    cluster = start_nodes(local_cluster, url, A, B)
-    wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
-    disk = server.workdir / "disk-at-crash"
-    shutil.copytree(server.workdir / "appendonlydir", disk)
+    server, store, cluster = running(local_cluster, redis, *EVERYSEC)
+    disk = copy_of_disk(server)
     behind = newest_seq(store)
     wait_until(lambda: max(accepted_seqs(cluster)) >= behind + 5, "five more checkpoints")
-    server.kill()
-    shutil.rmtree(server.workdir / "appendonlydir")
-    disk.rename(server.workdir / "appendonlydir")
     accepted = max(accepted_seqs(cluster))
-    server = redis(*EVERYSEC, port=server.port, workdir=server.workdir)
+    server = crash_back_to(redis, server, disk)
     assert newest_seq(store) < accepted  # the store really came back behind
 
     def reported_by_both() -> bool:
@@ -166,13 +183,8 @@ def test_everysec_store_behind_a_takeover_is_refused_by_every_node(
     """Behind past a takeover: the lease record is an older epoch and the checkpoints are
     older than what the nodes saw. Nobody resumes behind them or reuses an epoch: each node
     that takes the lease refuses (exit 3), and so does a node started afterwards."""
-    server = redis(*EVERYSEC)
-    url = server.url(prefix="p")
-    store = open_store(url)
-    cluster = start_nodes(local_cluster, url, A, B)
-    wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
-    disk = server.workdir / "disk-at-crash"
-    shutil.copytree(server.workdir / "appendonlydir", disk)
+    server, store, cluster = running(local_cluster, redis, *EVERYSEC)
+    disk = copy_of_disk(server)
     behind = newest_seq(store)
     cluster.kill(A.node)
     wait_until(lambda: 2 in acquired_epochs(cluster), "node-b to take over")
@@ -182,10 +194,7 @@ def test_everysec_store_behind_a_takeover_is_refused_by_every_node(
         lambda: any(b.node == A.node and b.beats >= 3 for b in store.list_heartbeats(AGENT)),
         "node-a to run again as a standby",
     )
-    server.kill()
-    shutil.rmtree(server.workdir / "appendonlydir")
-    disk.rename(server.workdir / "appendonlydir")
-    server = redis(*EVERYSEC, port=server.port, workdir=server.workdir)
+    server = crash_back_to(redis, server, disk)
     assert store.read_lease(AGENT).epoch == 1  # behind the takeover
 
     assert_refused_and_never_started_over(cluster, A.node, B.node)
@@ -201,11 +210,7 @@ def test_no_persistence_an_empty_store_is_refused_and_the_cluster_record_put_bac
     """Without persistence a restart empties the store. The nodes refuse to start the
     agent over from init() (exit 3), never reuse an epoch, and put the cluster record back
     so that the key of the sealed checkpoints stays the same."""
-    server = redis()
-    url = server.url(prefix="p")
-    store = open_store(url)
-    cluster = start_nodes(local_cluster, url, A, B)
-    wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
+    server, store, cluster = running(local_cluster, redis)
     key_id = store.read_cluster().key_id
     server.kill()
     server = redis(port=server.port)  # empty

@@ -31,7 +31,7 @@ from hamsterbunker.stores.base import Fence  # noqa: E402
 from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
 from hamsterbunker.tail import open_tail  # noqa: E402
 
-from .redis_server import RedisServer, redis_url, shared_redis  # noqa: E402
+from .redis_server import RedisServer, mutual_tls_args, redis_url, shared_redis  # noqa: E402
 from .server_process import free_port  # noqa: E402
 from .store_watch import next_wake  # noqa: E402
 from .tls_certs import make_certificates  # noqa: E402
@@ -255,13 +255,7 @@ def test_rediss_with_client_certificates(
     """Over TLS with client certificates the store works; without them, or with a wrong CA, it refuses."""
     certs = make_certificates(tmp_path)
     tls_port = free_port()
-    private_server(
-        "--tls-port", str(tls_port),
-        "--tls-cert-file", str(certs["server.crt"]),
-        "--tls-key-file", str(certs["server.key"]),
-        "--tls-ca-cert-file", str(certs["ca.crt"]),
-        "--tls-auth-clients", "yes",
-    )  # fmt: skip
+    private_server(*mutual_tls_args(tls_port, certs))
     base = f"rediss://127.0.0.1:{tls_port}/0?prefix=tls&socket_timeout=2"
     client = f"&ssl_certfile={certs['client.crt']}&ssl_keyfile={certs['client.key']}"
     store = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}{client}")
