@@ -186,13 +186,14 @@ def test_everysec_store_behind_a_takeover_is_refused_by_every_node(
     server, store, cluster = running(local_cluster, redis, *EVERYSEC)
     disk = copy_of_disk(server)
     behind = newest_seq(store)
-    cluster.kill(A.node)
-    wait_until(lambda: 2 in acquired_epochs(cluster), "node-b to take over")
-    wait_until(lambda: max(accepted_seqs(cluster)) >= behind + 5, "node-b to publish on")
-    cluster.start(A)  # a fresh process: it knows only what it reads from now on
+    leader = A if store.read_lease(AGENT).holder == A.node else B
+    cluster.kill(leader.node)
+    wait_until(lambda: 2 in acquired_epochs(cluster), "the standby to take over")
+    wait_until(lambda: max(accepted_seqs(cluster)) >= behind + 5, "the new leader to publish")
+    cluster.start(leader)  # a fresh process: it knows only what it reads from now on
     wait_until(
-        lambda: any(b.node == A.node and b.beats >= 3 for b in store.list_heartbeats(AGENT)),
-        "node-a to run again as a standby",
+        lambda: any(b.node == leader.node and b.beats >= 3 for b in store.list_heartbeats(AGENT)),
+        "the old leader to run again as a standby",
     )
     server = crash_back_to(redis, server, disk)
     assert store.read_lease(AGENT).epoch == 1  # behind the takeover
