@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,11 @@ from .records import ClusterRecord
 __all__ = ["Memory", "MemoryFile"]
 
 FORMAT = 1
+# A standby sees the reach move with every renewal of a busy leader; an fsynced
+# write per tick on every node is not worth it, since a reach a few seconds old
+# still catches a store emptied, or rolled back further than that. A new epoch
+# or cluster record is kept at once.
+REACH_SAVE_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class MemoryFile:
         self.path = directory / f"{agent_id}-{digest}.json"
         self.store_url, self.agent_id = store_url, agent_id
         self._saved: Memory | None = None
+        self._saved_at = 0.0
 
     def load(self) -> Memory:
         """The remembered state; nothing remembered if there is no file yet."""
@@ -75,9 +82,18 @@ class MemoryFile:
             "without memory of this store"
         )
 
-    def save(self, memory: Memory) -> None:
-        """Replace the file atomically (temp file, fsync, rename), if anything changed."""
+    def save(self, memory: Memory, *, force: bool = False) -> None:
+        """Replace the file atomically (temp file, fsync, rename) if anything changed; a change
+        of the reach alone at most every REACH_SAVE_INTERVAL_S, unless forced."""
         if memory == self._saved:
+            return
+        saved = self._saved
+        if (
+            not force
+            and saved is not None
+            and (memory.epoch, memory.cluster) == (saved.epoch, saved.cluster)
+            and time.monotonic() - self._saved_at < REACH_SAVE_INTERVAL_S
+        ):
             return
         doc = {
             "format": FORMAT,
@@ -99,7 +115,7 @@ class MemoryFile:
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
-        self._saved = memory
+        self._saved, self._saved_at = memory, time.monotonic()
 
 
 def _count(value: object) -> int:

@@ -32,14 +32,18 @@ def test_each_store_and_agent_has_its_own_memory(tmp_path: Path) -> None:
     assert MemoryFile(tmp_path, URL, "other").load() == Memory()
 
 
-def test_an_unchanged_memory_is_not_written_again(tmp_path: Path) -> None:
+def test_only_a_new_epoch_or_a_forced_save_is_written_at_once(tmp_path: Path) -> None:
+    """The reach moves with every renewal a standby reads: it is written at most every
+    REACH_SAVE_INTERVAL_S (or when forced, on stop); a new epoch at once, never in place."""
     memory = MemoryFile(tmp_path, URL, "journal")
     memory.save(Memory(epoch=1, reach=Reach(1, 1)))
     inode = memory.path.stat().st_ino
-    memory.save(Memory(epoch=1, reach=Reach(1, 1)))
-    assert memory.path.stat().st_ino == inode
     memory.save(Memory(epoch=1, reach=Reach(2, 1)))
+    assert memory.path.stat().st_ino == inode  # the reach alone: not yet
+    memory.save(Memory(epoch=2, reach=Reach(2, 1)))
     assert memory.path.stat().st_ino != inode  # replaced, never written in place
+    memory.save(Memory(epoch=2, reach=Reach(3, 2)), force=True)
+    assert MemoryFile(tmp_path, URL, "journal").load() == Memory(2, Reach(3, 2))
 
 
 @pytest.mark.parametrize(
