@@ -11,7 +11,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import pytest
 
@@ -21,6 +21,7 @@ from hamsterbunker.history import read_history
 from hamsterbunker.local import LocalCluster
 
 T = TypeVar("T")
+P = ParamSpec("P")
 TESTS_DIR = Path(__file__).parent
 
 
@@ -34,6 +35,23 @@ def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 30.0) 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def each_ended(make: Callable[P, T], end: Callable[[T], object]) -> Iterator[Callable[P, T]]:
+    """make, remembering all it makes; end(each) when the block is left (for fixtures)."""
+    made: list[T] = []
+
+    def remembered(*args: P.args, **kwargs: P.kwargs) -> T:
+        thing = make(*args, **kwargs)
+        made.append(thing)
+        return thing
+
+    try:
+        yield remembered
+    finally:
+        for thing in made:
+            end(thing)
 
 
 @pytest.fixture

@@ -10,10 +10,11 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-__all__ = ["die_with_parent", "free_port", "require_binary", "stop_server"]
+__all__ = ["die_with_parent", "free_port", "require_binary", "stop_server", "stop_thawed"]
 
 
 def require_binary(name: str, package: str) -> str:
@@ -37,6 +38,18 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+class _Server(Protocol):
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None: ...
+
+
+def stop_thawed(server: _Server) -> None:
+    """Stop a test server, first letting a frozen one (SIGSTOP) run, or SIGTERM cannot land."""
+    server.process.send_signal(signal.SIGCONT)
+    server.stop()
 
 
 def stop_server(process: subprocess.Popen[bytes], workdir: Path) -> None:

@@ -37,8 +37,9 @@ from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
 
+from .conftest import each_ended
 from .etcd_server import EtcdServer, etcd_url, shared_etcd
-from .server_process import free_port
+from .server_process import free_port, stop_thawed
 from .store_watch import next_wake
 from .tls_certs import make_certificates
 
@@ -82,32 +83,15 @@ def prefix_of(url: str) -> str:
 @pytest.fixture
 def private_server() -> Iterator[Callable[..., EtcdServer]]:
     """Start members of this test's own (to stop, freeze or restart); all stopped at the end."""
-    started: list[EtcdServer] = []
-
-    def start(**options: object) -> EtcdServer:
-        server = EtcdServer.start(**options)  # type: ignore[arg-type]
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.process.send_signal(signal.SIGCONT)  # a frozen one must be able to stop
-        server.stop()
+    with each_ended(EtcdServer.start, stop_thawed) as start:
+        yield start
 
 
 @pytest.fixture
 def opened() -> Iterator[Callable[..., EtcdStore]]:
     """Open EtcdStores; all closed at the end."""
-    stores: list[EtcdStore] = []
-
-    def open_one(url: str, **options: int) -> EtcdStore:
-        store = EtcdStore(url, **options)  # type: ignore[arg-type]
-        stores.append(store)
-        return store
-
-    yield open_one
-    for store in stores:
-        store.close()
+    with each_ended(EtcdStore, EtcdStore.close) as open_one:
+        yield open_one
 
 
 def watch_threads() -> list[threading.Thread]:

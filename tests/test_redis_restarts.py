@@ -27,8 +27,9 @@ from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
 
-from .conftest import wait_until
+from .conftest import each_ended, wait_until
 from .redis_server import RedisServer
+from .server_process import stop_thawed
 
 pytestmark = pytest.mark.multiprocess
 
@@ -43,16 +44,8 @@ MakeCluster = Callable[..., LocalCluster]
 @pytest.fixture
 def redis() -> Iterator[Callable[..., RedisServer]]:
     """Start private servers (restarts reuse the port and directory); all stopped at the end."""
-    started: list[RedisServer] = []
-
-    def start(*extra: str, port: int | None = None, workdir: Path | None = None) -> RedisServer:
-        server = RedisServer.start(*extra, port=port, workdir=workdir)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
+    with each_ended(RedisServer.start, stop_thawed) as start:
+        yield start
 
 
 def newest_seq(store: Store) -> int:

@@ -31,8 +31,9 @@ from hamsterbunker.stores.base import Fence  # noqa: E402
 from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
 from hamsterbunker.tail import open_tail  # noqa: E402
 
+from .conftest import each_ended  # noqa: E402
 from .redis_server import RedisServer, mutual_tls_args, redis_url, shared_redis  # noqa: E402
-from .server_process import free_port  # noqa: E402
+from .server_process import free_port, stop_thawed  # noqa: E402
 from .store_watch import next_wake  # noqa: E402
 from .tls_certs import make_certificates  # noqa: E402
 
@@ -65,32 +66,15 @@ def event(node: str, n: int) -> Event:
 @pytest.fixture
 def private_server() -> Iterator[Callable[..., RedisServer]]:
     """Start servers of this test's own (to stop, freeze or configure); all stopped at the end."""
-    started: list[RedisServer] = []
-
-    def start(*extra: str, port: int | None = None) -> RedisServer:
-        server = RedisServer.start(*extra, port=port)
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.process.send_signal(signal.SIGCONT)  # a frozen one must be able to stop
-        server.stop()
+    with each_ended(RedisServer.start, stop_thawed) as start:
+        yield start
 
 
 @pytest.fixture
 def opened() -> Iterator[Callable[..., RedisStore]]:
     """Open RedisStores; all closed at the end."""
-    stores: list[RedisStore] = []
-
-    def open_one(url: str, **options: int) -> RedisStore:
-        store = RedisStore(url, **options)  # type: ignore[arg-type]
-        stores.append(store)
-        return store
-
-    yield open_one
-    for store in stores:
-        store.close()
+    with each_ended(RedisStore, RedisStore.close) as open_one:
+        yield open_one
 
 
 # -- URLs ----------------------------------------------------------------------
