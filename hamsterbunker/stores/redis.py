@@ -165,22 +165,20 @@ def _redis_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(method)
     def translated(*args: P.args, **kwargs: P.kwargs) -> R:
-        owner = args[0]  # a RedisStore, or a RedisTail of one
-        store = owner._store if isinstance(owner, RedisTail) else owner
-        where = f"redis store {method.__name__}"
-        if isinstance(store, RedisStore):
-            where += f" ({store.server})"
         try:
             return method(*args, **kwargs)
-        except (redis.AuthenticationError, redis.exceptions.AuthorizationError) as exc:
-            raise StoreError(f"{where}: refused: {exc}") from exc
-        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError) as exc:
-            # ReadOnlyError: we reached a replica (a failover in progress).
-            tls = tls_error_in(exc)
-            if tls is not None and isinstance(store, RedisStore):
-                raise StoreUnavailable(f"{where}: {store.describe_tls(tls)}") from exc
-            raise StoreUnavailable(f"{where}: {exc}") from exc
         except redis.RedisError as exc:
+            owner = args[0]  # a RedisStore, or a RedisTail of one
+            store = owner._store if isinstance(owner, RedisTail) else owner
+            assert isinstance(store, RedisStore)
+            where = f"redis store {method.__name__} ({store.server})"
+            if isinstance(exc, redis.AuthenticationError | redis.exceptions.AuthorizationError):
+                raise StoreError(f"{where}: refused: {exc}") from exc
+            if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.ReadOnlyError):
+                # ReadOnlyError: we reached a replica (a failover in progress).
+                tls = tls_error_in(exc)
+                why = str(exc) if tls is None else store.describe_tls(tls)
+                raise StoreUnavailable(f"{where}: {why}") from exc
             raise StoreError(f"{where}: {exc}") from exc
 
     return translated
