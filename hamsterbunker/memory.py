@@ -82,18 +82,22 @@ class MemoryFile:
             "without memory of this store"
         )
 
-    def save(self, memory: Memory, *, force: bool = False) -> None:
-        """Replace the file atomically (temp file, fsync, rename) if anything changed; a change
-        of the reach alone at most every REACH_SAVE_INTERVAL_S, unless forced."""
-        if memory == self._saved:
-            return
+    def due(self, memory: Memory, *, force: bool = False) -> bool:
+        """Whether save would write: something changed, and for a change of the reach
+        alone, REACH_SAVE_INTERVAL_S have passed (or it is forced)."""
         saved = self._saved
-        if (
-            not force
-            and saved is not None
-            and (memory.epoch, memory.cluster) == (saved.epoch, saved.cluster)
-            and time.monotonic() - self._saved_at < REACH_SAVE_INTERVAL_S
-        ):
+        if memory == saved:
+            return False
+        return (
+            force
+            or saved is None
+            or (memory.epoch, memory.cluster) != (saved.epoch, saved.cluster)
+            or time.monotonic() - self._saved_at >= REACH_SAVE_INTERVAL_S
+        )
+
+    def save(self, memory: Memory, *, force: bool = False) -> None:
+        """Replace the file atomically (temp file, fsync, rename), if it is due."""
+        if not self.due(memory, force=force):
             return
         doc = {
             "format": FORMAT,

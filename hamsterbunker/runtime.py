@@ -250,7 +250,7 @@ class Runtime:
             finally:
                 watcher.cancel()
                 if self._memory is not None:
-                    await asyncio.to_thread(self._remember, True)  # all it saw, at last
+                    await self._remember(force=True)  # all it saw, at last
                 await self._shutdown(writer)
         finally:
             watchdog.cancel()
@@ -302,14 +302,14 @@ class Runtime:
         except StoreError as exc:
             log.warning("%s: could not check the cluster record: %s", self.node_id, exc)
 
-    def _remember(self, force: bool = False) -> None:
-        """Keep what this node has seen in its state directory (if it has one)."""
-        assert self._sealer is not None
-        if self._memory is None:
-            return
+    async def _remember(self, force: bool = False) -> None:
+        """Keep what this node has seen in its state directory, when a write is due."""
+        assert self._sealer is not None and self._memory is not None
         seen = Memory(self.keeper.highest_epoch, self.keeper.reach(), self._sealer.cluster)
+        if not self._memory.due(seen, force=force):
+            return  # most passes: no thread hand-off for nothing
         try:
-            self._memory.save(seen, force=force)
+            await asyncio.to_thread(self._memory.save, seen, force=force)
             self._memory_failed = False
         except OSError as exc:
             # Memory only sharpens what a restarted node can notice; the agent goes on.
@@ -344,7 +344,7 @@ class Runtime:
             if regressions:
                 await self._io_call(self._check_cluster)
             if self._memory is not None:
-                await asyncio.to_thread(self._remember)
+                await self._remember()
             if result is not None:
                 if result.record is not None:
                     self.epoch_seen = max(self.epoch_seen, result.record.epoch)
