@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .errors import ConfigError, CorruptRecord
 from .lease import Reach
-from .records import ClusterRecord
+from .records import ClusterRecord, parse_json
 
 __all__ = ["Memory", "MemoryFile"]
 
@@ -60,7 +60,7 @@ class MemoryFile:
         except OSError as exc:
             raise ConfigError(f"cannot read the node's memory {self.path}: {exc}") from exc
         try:
-            doc = json.loads(data)
+            doc = parse_json(data, "memory file")
             if doc["format"] != FORMAT:
                 raise ValueError(f"format {doc['format']!r}, not {FORMAT}")
             cluster = doc["cluster"]

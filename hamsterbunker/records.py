@@ -9,11 +9,20 @@ never a KeyError deep inside the runtime.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from .errors import ConfigError, CorruptRecord
+from .limits import (
+    MAX_EPOCH,
+    MAX_JSON_DEPTH,
+    MAX_LEASE_TTL_MS,
+    MAX_NUMBER,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+)
 
 __all__ = [
     "CheckpointInfo",
@@ -22,6 +31,7 @@ __all__ = [
     "Heartbeat",
     "LeaseRecord",
     "check_name",
+    "parse_json",
 ]
 
 # Agent and node ids become file names and key parts: keep them plain.
@@ -53,11 +63,75 @@ def _field(doc: dict[str, Any], name: str, kind: type[T] | tuple[type, ...], wha
     return value  # type: ignore[return-value]
 
 
-def _load(data: bytes, what: str) -> dict[str, Any]:
+def _count(doc: dict[str, Any], name: str, what: str, maximum: int = MAX_NUMBER) -> int:
+    """A whole number field in 0..maximum."""
+    value = _field(doc, name, int, what)
+    if not 0 <= value <= maximum:
+        raise CorruptRecord(f"{what} record field {name!r} is outside 0..{maximum}")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    # Checked on the digits, before int() builds a number of any size.
+    if len(text.lstrip("-")) > len(str(MAX_NUMBER)) or abs(value := int(text)) > MAX_NUMBER:
+        raise ValueError(f"integer {text[:24]}… is out of range")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:24]} is not finite")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _depth_within(doc: Any, limit: int) -> bool:
+    """Whether arrays and objects nest at most limit deep (iteratively: no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        elif not isinstance(value, list):
+            continue
+        if depth > limit:
+            return False
+        stack.extend((item, depth + 1) for item in value)
+    return True
+
+
+def parse_json(data: bytes, what: str, *, limit: int = MAX_RECORD_BYTES) -> Any:
+    """Parse JSON read from a store within bounds, or raise CorruptRecord naming what it was.
+
+    The bounds: at most limit bytes, UTF-8, integers within ±MAX_NUMBER, finite
+    numbers only (no NaN, Infinity or 1e999), arrays and objects nested at most
+    MAX_JSON_DEPTH deep. Whatever a store writer puts there, this raises
+    CorruptRecord or returns plain JSON values: never another exception.
+    """
+    if len(data) > limit:
+        raise CorruptRecord(f"{what} is {len(data)} bytes, above the limit of {limit} bytes")
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptRecord(f"{what} record is not valid JSON: {exc}") from exc
+        doc = json.loads(
+            data.decode("utf-8"),
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+            parse_constant=_no_constant,
+        )
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise CorruptRecord(f"{what} is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise CorruptRecord(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from exc
+    if not _depth_within(doc, MAX_JSON_DEPTH):
+        raise CorruptRecord(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+    return doc
+
+
+def _load(data: bytes, what: str) -> dict[str, Any]:
+    doc = parse_json(data, f"{what} record")
     if not isinstance(doc, dict):
         raise CorruptRecord(f"{what} record is not a JSON object")
     return doc
@@ -90,9 +164,9 @@ class ClusterRecord:
         return cls(
             format=_field(doc, "format", int, "cluster"),
             kdf=_field(doc, "kdf", str, "cluster"),
-            n=_field(doc, "n", int, "cluster"),
-            r=_field(doc, "r", int, "cluster"),
-            p=_field(doc, "p", int, "cluster"),
+            n=_count(doc, "n", "cluster"),
+            r=_count(doc, "r", "cluster"),
+            p=_count(doc, "p", "cluster"),
             salt=_field(doc, "salt", str, "cluster"),
             key_id=_field(doc, "key_id", str, "cluster"),
             key_check=_field(doc, "key_check", str, "cluster"),
@@ -133,24 +207,21 @@ class LeaseRecord:
         holder = doc["holder"]
         if holder is not None and not isinstance(holder, str):
             raise CorruptRecord("lease record field 'holder' has the wrong type")
-        record = cls(
+        ttl_ms = _count(doc, "ttl_ms", "lease", MAX_LEASE_TTL_MS)
+        if ttl_ms == 0:
+            raise CorruptRecord("lease record field 'ttl_ms' is 0")
+        return cls(
             holder=holder,
             region=_field(doc, "region", str, "lease"),
             session=_field(doc, "session", str, "lease"),
-            epoch=_field(doc, "epoch", int, "lease"),
-            ttl_ms=_field(doc, "ttl_ms", int, "lease"),
-            renewals=_field(doc, "renewals", int, "lease"),
-            version=_field(doc, "version", int, "lease"),
+            epoch=_count(doc, "epoch", "lease", MAX_EPOCH),
+            ttl_ms=ttl_ms,
+            renewals=_count(doc, "renewals", "lease"),
+            version=_count(doc, "version", "lease"),
             # Absent in records written before seq was kept: nothing known.
-            seq=_field(doc, "seq", int, "lease") if "seq" in doc else 0,
-            seq_epoch=_field(doc, "seq_epoch", int, "lease") if "seq_epoch" in doc else 0,
+            seq=_count(doc, "seq", "lease", MAX_SEQ) if "seq" in doc else 0,
+            seq_epoch=_count(doc, "seq_epoch", "lease", MAX_EPOCH) if "seq_epoch" in doc else 0,
         )
-        if (
-            min(record.epoch, record.version, record.seq, record.seq_epoch) < 0
-            or record.ttl_ms <= 0
-        ):
-            raise CorruptRecord("lease record has an out-of-range epoch, ttl, version or seq")
-        return record
 
 
 @dataclass(frozen=True)
@@ -191,13 +262,13 @@ class Heartbeat:
             node=_field(doc, "node", str, "heartbeat"),
             region=_field(doc, "region", str, "heartbeat"),
             host=_field(doc, "host", str, "heartbeat"),
-            pid=_field(doc, "pid", int, "heartbeat"),
+            pid=_count(doc, "pid", "heartbeat"),
             role=_field(doc, "role", str, "heartbeat"),
-            epoch=_field(doc, "epoch", int, "heartbeat"),
-            seq=_field(doc, "seq", int, "heartbeat"),
+            epoch=_count(doc, "epoch", "heartbeat", MAX_EPOCH),
+            seq=_count(doc, "seq", "heartbeat", MAX_SEQ),
             leader=leader,
             time=float(_field(doc, "time", (int, float), "heartbeat")),
-            beats=_field(doc, "beats", int, "heartbeat"),
+            beats=_count(doc, "beats", "heartbeat"),
         )
 
 
@@ -224,10 +295,10 @@ class Event:
             raise CorruptRecord("event record field 'detail' has the wrong type")
         return cls(
             node=_field(doc, "node", str, "event"),
-            n=_field(doc, "n", int, "event"),
+            n=_count(doc, "n", "event"),
             type=_field(doc, "type", str, "event"),
             time=float(_field(doc, "time", (int, float), "event")),
-            epoch=_field(doc, "epoch", int, "event"),
-            seq=_field(doc, "seq", int, "event"),
+            epoch=_count(doc, "epoch", "event", MAX_EPOCH),
+            seq=_count(doc, "seq", "event", MAX_SEQ),
             detail=detail,
         )

@@ -34,10 +34,18 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from .errors import SealError, SecretTooShort, Tampered, WrongSecret
-from .records import ClusterRecord
+from .errors import CorruptRecord, SealError, SecretTooShort, Tampered, WrongSecret
+from .limits import MAX_EPOCH, MAX_SEQ
+from .records import ClusterRecord, parse_json
 
-__all__ = ["MIN_SECRET_LENGTH", "SealedHeader", "Sealer", "check_secret", "new_cluster_record"]
+__all__ = [
+    "MIN_SECRET_LENGTH",
+    "SealedHeader",
+    "Sealer",
+    "check_scrypt_parameters",
+    "check_secret",
+    "new_cluster_record",
+]
 
 MIN_SECRET_LENGTH = 8
 FORMAT_VERSION = 1
@@ -48,6 +56,26 @@ _TAG_BYTES = 16
 # scrypt cost: 32 MiB and about 0.1 s once per node start. Kept in the cluster
 # record so that a later release can raise it without breaking old clusters.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**15, 8, 1
+# The parameters come from the unauthenticated cluster record: bounded, so that a
+# hostile record can neither hang a node at start (up to 8 times the default
+# work, 256 MiB) nor weaken the key below the default.
+SCRYPT_MAX_MEMORY = 256 * 2**20  # 128 * n * r bytes
+SCRYPT_MAX_WORK = 8 * _SCRYPT_N * _SCRYPT_R * _SCRYPT_P  # n * r * p
+
+
+def check_scrypt_parameters(n: int, r: int, p: int) -> None:
+    """Raise SealError unless n, r, p are within the bounds a node accepts."""
+    problem = None
+    if n < _SCRYPT_N or n & (n - 1):
+        problem = f"n={n} is not a power of two of at least {_SCRYPT_N}"
+    elif not (1 <= r and 1 <= p):
+        problem = f"r={r} and p={p} must be at least 1"
+    elif 128 * n * r > SCRYPT_MAX_MEMORY:
+        problem = f"n={n}, r={r} would take {128 * n * r} bytes, above {SCRYPT_MAX_MEMORY}"
+    elif n * r * p > SCRYPT_MAX_WORK:
+        problem = f"n*r*p={n * r * p} is above {SCRYPT_MAX_WORK} (8 times the default)"
+    if problem is not None:
+        raise SealError(f"cluster record has key parameters outside the bounds: {problem}")
 
 
 def check_secret(secret: str) -> str:
@@ -120,6 +148,7 @@ class Sealer:
             raise SealError(f"cluster record is damaged: {exc}") from exc
         if cluster.key_id != _key_id(salt):
             raise SealError("cluster record is damaged: its key id does not match its salt")
+        check_scrypt_parameters(cluster.n, cluster.r, cluster.p)
         try:
             master = _master_key(secret, salt, cluster.n, cluster.r, cluster.p)
         except (ValueError, MemoryError) as exc:
@@ -188,13 +217,17 @@ def read_header(blob: bytes) -> SealedHeader:
     if len(blob) < _PREFIX.size + header_len + _NONCE_BYTES + _TAG_BYTES:
         raise Tampered("checkpoint is truncated")
     try:
-        doc = json.loads(blob[_PREFIX.size : _PREFIX.size + header_len])
-        return SealedHeader(
-            key_id=str(doc["kid"]),
-            agent=str(doc["agent"]),
-            epoch=int(doc["epoch"]),
-            seq=int(doc["seq"]),
-            time=float(doc["time"]),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Tampered(f"checkpoint header is damaged: {exc}") from exc
+        doc = parse_json(blob[_PREFIX.size : _PREFIX.size + header_len], "checkpoint header")
+    except CorruptRecord as exc:
+        raise Tampered(str(exc)) from exc
+    if not isinstance(doc, dict):
+        raise Tampered("checkpoint header is damaged: not a JSON object")
+    kinds = {"kid": str, "agent": str, "epoch": int, "seq": int, "time": (int, float)}
+    for name, kind in kinds.items():
+        if isinstance(doc.get(name), bool) or not isinstance(doc.get(name), kind):
+            raise Tampered(f"checkpoint header is damaged: field {name!r} is missing or mistyped")
+    if not (0 <= doc["epoch"] <= MAX_EPOCH and 0 <= doc["seq"] <= MAX_SEQ):
+        raise Tampered("checkpoint header is damaged: epoch or seq out of range")
+    return SealedHeader(
+        key_id=doc["kid"], agent=doc["agent"], epoch=doc["epoch"], seq=doc["seq"], time=doc["time"]
+    )

@@ -62,16 +62,45 @@ class Store(Protocol):
         """Store a sealed checkpoint durably, only if fence matches the current lease.
 
         The fence check (holder, session and epoch equal the stored lease's) and
-        the write are one atomic step. Raises Fenced if the lease moved on, and
-        StoreError if seq is not above every stored checkpoint's. Keeps the
-        newest few checkpoints and removes older ones.
+        the write are one atomic step. Raises Fenced if the lease moved on.
+        Raises StoreError, storing nothing, if a checkpoint of the fence's epoch
+        at or above seq is stored (a term numbers upwards and never overwrites
+        its own), or if seq, the epoch or the size is outside the bounds of
+        ``hamsterbunker.limits.check_checkpoint_bounds`` (with its message).
+
+        Only the runtime can tell an authentic checkpoint from junk written by
+        someone without the secret, so nothing stored under *another* epoch,
+        whatever its number, keeps this write out: the caller numbers on from
+        the newest checkpoint that authenticates. Retention keeps the newest
+        few checkpoints at or below seq and removes older ones; a checkpoint
+        above seq (junk, or a damaged one the caller skipped) is left as it is.
+        A checkpoint of another epoch under the same seq may be replaced.
         """
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        """Retained checkpoints, newest (highest seq) first."""
+        """Retained checkpoints, newest first: by seq, then epoch, both descending.
+
+        What the store holds under a checkpoint's name is not authenticated: an
+        entry whose name or description does not parse, or whose numbers are
+        outside ``hamsterbunker.limits``, is logged and left out, never raised.
+        """
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        """The sealed bytes of one retained checkpoint."""
+        """The sealed bytes of one retained checkpoint (StoreError if it is gone).
+
+        Raises CorruptRecord, reading no more than that, for stored bytes over
+        ``hamsterbunker.limits.MAX_CHECKPOINT_BYTES``.
+        """
+
+    def read_acceptance(self, agent: str) -> bytes | None:
+        """The agent's loss-acceptance record (``hb accept-loss``), or None if there is none.
+
+        Opaque bytes, authenticated by the caller. CorruptRecord if over
+        ``hamsterbunker.limits.MAX_RECORD_BYTES``.
+        """
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        """Replace the agent's loss-acceptance record (durably, as a checkpoint is stored)."""
 
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         """Replace this node's heartbeat."""

@@ -1,0 +1,51 @@
+"""The bounds on everything read from a store (DESIGN.md invariant 10), in one place.
+
+Anything a store writer without the secret can put in the store is parsed
+within these bounds; what falls outside them is a CorruptRecord (or Tampered,
+for a checkpoint), reported and skipped, never a crash, a hang or an overflow.
+The README states them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MAX_CHECKPOINT_BYTES",
+    "MAX_EPOCH",
+    "MAX_JSON_DEPTH",
+    "MAX_LEASE_TTL_MS",
+    "MAX_NUMBER",
+    "MAX_RECORD_BYTES",
+    "MAX_SEQ",
+    "check_checkpoint_bounds",
+]
+
+# Epochs are written as 10 digits in file names: a takeover a second for 300 years.
+MAX_EPOCH = 9_999_999_999
+# Sequence numbers stay exact in a double (Redis' Lua, JavaScript readers): a step
+# every millisecond for 280,000 years.
+MAX_SEQ = 2**53 - 1
+# Any other integer in a record (versions, counters, pids): etcd's revisions are int64.
+MAX_NUMBER = 2**63 - 1
+# A sealed checkpoint, as stored: what a node publishes, and the most it reads back.
+MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
+# A lease, cluster, heartbeat, loss-acceptance or memory record, or one event line.
+MAX_RECORD_BYTES = 64 * 1024
+# Nesting of JSON arrays and objects in a record (an event's detail included).
+MAX_JSON_DEPTH = 16
+# A lease TTL above this in a lease record is not believed: ten minutes.
+MAX_LEASE_TTL_MS = 600_000
+
+
+def check_checkpoint_bounds(seq: int, epoch: int, size: int) -> str | None:
+    """Why a checkpoint with these numbers may not be stored, or None if it may."""
+    if not 0 < seq <= MAX_SEQ:
+        return f"checkpoint seq {seq} is outside 1..{MAX_SEQ}"
+    if not 0 < epoch <= MAX_EPOCH:
+        return f"checkpoint epoch {epoch} is outside 1..{MAX_EPOCH}"
+    if size > MAX_CHECKPOINT_BYTES:
+        return (
+            f"checkpoint {seq} is {size} bytes sealed, above the limit of "
+            f"{MAX_CHECKPOINT_BYTES} bytes ({MAX_CHECKPOINT_BYTES // 2**20} MiB): keep the "
+            "agent's state smaller"
+        )
+    return None
