@@ -4,17 +4,25 @@
 runs, ``current_step()`` tells it the epoch and sequence number it runs under,
 so it can make its own side effects idempotent (a step that crashed may run
 again; exactly-once side effects are not promised).
+
+An async step is cancelled when its node may no longer publish it. A sync
+step runs in a thread, which nothing can cancel: it should look at
+``current_step().lost`` between pieces of work, or call
+``current_step().check()``, which raises StepLost once the step's result can
+no longer be published, so that it stops instead of running on into the next
+leader's term.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable
+import threading
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import ConfigError
+from .errors import ConfigError, StepLost
 
 __all__ = ["Agent", "StepContext", "current_step", "load_agent"]
 
@@ -38,6 +46,24 @@ class StepContext:
     node: str
     epoch: int
     seq: int  # the sequence number this step's checkpoint will carry
+    # Whether the node may still publish this step (its lease held, within the renew
+    # deadline); set by the runtime. Thread-safe: a sync step asks from its thread.
+    may_publish: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
+    # Set by the runtime when it has given up on this step (cancelled or abandoned).
+    abandoned: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    @property
+    def lost(self) -> bool:
+        """True once this step's result can no longer be published: stop working on it."""
+        return self.abandoned.is_set() or not self.may_publish()
+
+    def check(self) -> None:
+        """Raise StepLost once this step's result can no longer be published."""
+        if self.lost:
+            raise StepLost(
+                f"step {self.seq} of epoch {self.epoch} can no longer be published: "
+                "the lease's renew deadline passed or the lease was lost"
+            )
 
 
 _current: ContextVar[StepContext | None] = ContextVar("hamsterbunker_step", default=None)

@@ -120,6 +120,27 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tick-ms", type=_positive_int, default=400)
     demo.add_argument("--lease-ttl-ms", type=_positive_int, default=2000)
 
+    accept = sub.add_parser(
+        "accept-loss",
+        help="accept a loss the nodes refuse to resume behind (stop every node first)",
+        description="Give up checkpoints that are gone or damaged (or, with --to-seq, newer than "
+        "N) and let nodes resume from the newest authenticated checkpoint at or below N. "
+        "Prints what is given up and asks first.",
+        epilog=SECRET_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    accept.add_argument("--store", help="store URL (default: $HB_STORE)")
+    accept.add_argument("--agent-id", required=True)
+    accept.add_argument(
+        "--to-seq",
+        type=_positive_int,
+        metavar="N",
+        help="resume from the newest authenticated checkpoint at or below seq N "
+        "(default: the newest that authenticates)",
+    )
+    accept.add_argument("--yes", action="store_true", help="do not ask")
+    accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
+
     status = sub.add_parser("status", help="show lease, nodes and checkpoints of an agent")
     status.add_argument("--store", required=True, help="store URL")
     status.add_argument("--agent-id", required=True)
@@ -282,6 +303,45 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_accept_loss(args: argparse.Namespace) -> int:
+    from .acceptance import accept_loss, plan_loss
+    from .records import check_name
+    from .sealing import Sealer
+
+    agent_id = check_name("agent id", args.agent_id)
+    url = args.store or os.environ.get("HB_STORE")
+    if not url:
+        raise ConfigError("--store is required (or set HB_STORE)")
+    secret = read_secret(args.secret_file)
+    store = open_store(url, create=False)
+    try:
+        cluster = store.read_cluster()
+        if cluster is None:
+            raise ConfigError(f"store {store.url} has no cluster record: nothing to accept")
+        sealer = Sealer(secret, cluster)
+        plan = plan_loss(store, sealer, agent_id, args.to_seq)
+        print(plan.describe())
+        if not args.yes and not _confirmed("Give these up? Type yes to go on: "):
+            print("nothing changed", file=sys.stderr)
+            return EXIT_FAILURE
+        acceptance = accept_loss(store, sealer, plan)
+    finally:
+        store.close()
+    print(
+        f"accepted ({acceptance.id}): nodes started now resume from seq {plan.resume.seq}; "
+        "start them again"
+    )
+    return 0
+
+
+def _confirmed(question: str) -> bool:
+    try:
+        return input(question).strip().lower() == "yes"
+    except EOFError:  # no terminal: only --yes says yes
+        print("\n(no answer: use --yes to go on without asking)", file=sys.stderr)
+        return False
+
+
 def _print_error(line: str) -> None:
     # Under journald, <3> files the line as an error, so `journalctl -p err` shows it.
     prefix = "<3>" if stderr_is_journal() else ""
@@ -294,7 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     # A hung node killed by systemd's watchdog (SIGABRT) leaves every thread's
     # stack in the journal.
     faulthandler.enable()
-    commands = {"run": _cmd_run, "init": _cmd_init, "demo": _cmd_demo, "status": _cmd_status}
+    commands = {
+        "run": _cmd_run,
+        "init": _cmd_init,
+        "demo": _cmd_demo,
+        "status": _cmd_status,
+        "accept-loss": _cmd_accept_loss,
+    }
     try:
         return commands[args.command](args)
     except (ConfigError, SealError, StoreUnsafe) as exc:

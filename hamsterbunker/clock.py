@@ -1,4 +1,11 @@
-"""Monotonic clocks. Timing decisions use only the local monotonic clock (DESIGN.md invariant 2)."""
+"""The clock lease decisions are timed on (DESIGN.md invariant 2).
+
+Only the local clock's differences are used, never another node's time. On
+Linux that clock is CLOCK_BOOTTIME: like CLOCK_MONOTONIC it never goes back,
+but it also counts the time the machine was suspended. A laptop or VM
+suspended while leading must not, on resume, step on as if no time had
+passed: under CLOCK_MONOTONIC it would, long after a standby took over.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +13,24 @@ import threading
 import time
 from typing import Protocol
 
-__all__ = ["Clock", "FakeClock", "MonotonicClock"]
+__all__ = ["SUSPEND_AWARE", "Clock", "FakeClock", "MonotonicClock"]
+
+# CLOCK_BOOTTIME is Linux's; elsewhere the monotonic clock is the best there is.
+SUSPEND_AWARE = hasattr(time, "CLOCK_BOOTTIME")
+_CLOCK_ID = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 class Clock(Protocol):
     def monotonic(self) -> float:
-        """Seconds on a clock that never goes back; only differences mean anything."""
+        """Seconds on a clock that never goes back and counts suspend; only differences mean
+        anything."""
 
 
 class MonotonicClock:
+    """The local clock that never goes back: CLOCK_BOOTTIME where there is one."""
+
     def monotonic(self) -> float:
-        return time.monotonic()
+        return time.clock_gettime(_CLOCK_ID)
 
 
 class FakeClock:

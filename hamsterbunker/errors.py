@@ -13,8 +13,10 @@
     │   ├── WrongSecret        the secret does not match the cluster's key-check value
     │   └── Tampered           a checkpoint failed to authenticate (edited, truncated,
     │                          moved to another agent, or replayed under another number)
-    └── NoUsableCheckpoint     checkpoints exist but none authenticates: refuse to resume
-        └── StoreRegressed     the store holds less than this node saw accepted: refuse
+    ├── NoUsableCheckpoint     checkpoints exist but none authenticates: refuse to resume
+    │   └── StoreRegressed     the store holds less than this node saw accepted: refuse
+    └── StepLost               raised in a step by current_step().check(): the step may no
+                               longer be published (renew deadline passed, lease lost)
 
 Backend errors are translated at the store boundary with ``raise ... from exc``.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "NoUsableCheckpoint",
     "SealError",
     "SecretTooShort",
+    "StepLost",
     "StoreError",
     "StoreRegressed",
     "StoreUnavailable",
@@ -97,3 +100,8 @@ class StoreRegressed(NoUsableCheckpoint):
     A store restored from an old backup, or a Redis that lost acknowledged
     writes: resuming would silently lose steps, so the node refuses.
     """
+
+
+class StepLost(HamsterbunkerError):
+    """The running step may no longer be published: its lease's renew deadline passed, or the
+    lease was lost. Raised by ``current_step().check()`` so a long sync step can stop early."""

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from .clock import Clock, MonotonicClock
 from .errors import ConfigError, LeaseConflict, StoreError
+from .limits import MAX_EPOCH
 from .records import LeaseRecord
 from .stores.base import Fence, Store
 
@@ -121,6 +122,7 @@ class LeaseKeeper:
         self._last_seen: LeaseRecord | None = None  # to tell a term's record going back
         self._observed_at = 0.0
         self._renew_sent_at = 0.0
+        self._hold_off_until = float("-inf")
 
     # -- what the runtime asks -------------------------------------------
 
@@ -210,6 +212,8 @@ class LeaseKeeper:
             expected, via = record.version, "expired"
         else:
             return TickResult(Outcome.STANDBY, record)
+        if now < self._hold_off_until:
+            return TickResult(Outcome.STANDBY, record, "holding off after giving the lease up")
         epoch = self._next_epoch(record)
         sent = self.clock.monotonic()
         reach = self.reach()
@@ -263,19 +267,33 @@ class LeaseKeeper:
         return found
 
     def _next_epoch(self, record: LeaseRecord | None) -> int:
-        """Above every epoch seen, in the record, or named by a stored checkpoint.
+        """Above every epoch seen: in the record, in earlier records, in authenticated checkpoints.
 
         A store restored from an old snapshot (or a Redis that lost writes) can
-        show a lease record behind what nodes have seen or what its checkpoints
-        name; taking record.epoch + 1 then would reuse an epoch.
+        show a lease record behind what nodes have seen; taking record.epoch + 1
+        then would reuse an epoch. Checkpoint *names* are not counted: anyone can
+        write one, so only epochs the runtime authenticated (``learn_epoch``) are.
         """
-        stored = [info.epoch for info in self.store.list_checkpoints(self.agent)]
         current = record.epoch if record is not None else 0
-        if record is not None and stored and max(stored) > current:  # (None: said already)
-            self._regressed(
-                f"a stored checkpoint names epoch {max(stored)}, above the lease record's {current}"
+        epoch = max(current, self.highest_epoch, self.reach().epoch) + 1
+        if epoch > MAX_EPOCH:
+            raise StoreError(
+                f"no epoch is left to take: the lease of {self.agent!r} is at epoch {epoch - 1}, "
+                f"the most there can be is {MAX_EPOCH} (a lease record written by someone else?)"
             )
-        return max([current, self.highest_epoch, *stored]) + 1
+        return epoch
+
+    def learn_epoch(self, epoch: int) -> None:
+        """An authenticated checkpoint named this epoch: take the next lease above it."""
+        self.highest_epoch = max(self.highest_epoch, epoch)
+
+    def accept_loss(self, resume: Reach) -> None:
+        """A loss accepted with ``hb accept-loss``: the store needs to reach only resume now."""
+        self.seen_reach = self.published = resume
+
+    def hold_off(self, seconds: float) -> None:
+        """Take no free lease for this long (after giving it up, so another node can try)."""
+        self._hold_off_until = self.clock.monotonic() + seconds
 
     def _regressed(self, what: str) -> None:
         # Once per state of affairs, not on every tick that still sees it.

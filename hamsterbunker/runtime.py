@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import copy
 import enum
+import functools
 import inspect
 import logging
 import os
@@ -28,18 +30,21 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from .acceptance import Acceptance, open_acceptance
 from .agent import Agent, State, StepContext, _current
 from .clock import Clock
 from .errors import (
+    CorruptRecord,
     Fenced,
     HamsterbunkerError,
     NoUsableCheckpoint,
+    StepLost,
     StoreError,
     StoreRegressed,
     StoreUnavailable,
@@ -57,7 +62,7 @@ from .lease import (
 )
 from .memory import Memory, MemoryFile
 from .notify import Notifier
-from .records import ClusterRecord, Event, Heartbeat, check_name
+from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
 from .stores import Fence, Store, open_store
 
@@ -71,6 +76,9 @@ _MAX_PENDING_EVENTS = 10_000
 # checkpoint a restore reads: a restore that makes progress is never cut
 # short by TimeoutStopSec, one that hangs still is.
 RESTORE_READ_ALLOWANCE_S = 30.0
+# The most a stop waits for each store call of its shutdown (release, heartbeat),
+# and for the events to be flushed, when stop() names no deadline of its own.
+SHUTDOWN_CALL_S = 5.0
 
 
 @dataclass
@@ -80,6 +88,28 @@ class _Progress:
     state: State
     seq: int
     resumed: bool = True  # False: started from init()
+
+
+class _LeaseBehind(HamsterbunkerError):
+    """The lease record is behind an authenticated checkpoint: take the lease again, above it."""
+
+
+class _Stall:
+    """How long a term has failed to make progress, timed on the lease's clock."""
+
+    def __init__(self, keeper: LeaseKeeper) -> None:
+        self._keeper = keeper
+        self._since: float | None = None
+
+    def for_a_ttl(self) -> bool:
+        """Note one more failure; True once failures have gone on for a full lease TTL."""
+        now = self._keeper.clock.monotonic()
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self._keeper.lease_ttl_ms / 1000
+
+    def reset(self) -> None:
+        self._since = None
 
 
 class _StepEnd(enum.Enum):
@@ -169,6 +199,12 @@ class Runtime:
         self._renewed: asyncio.Event | None = None  # set on every successful renewal
         self._pending: asyncio.Queue[Event] | None = None
         self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
+        # Steps, sealing and init run here, not in asyncio's default executor, which
+        # asyncio.run waits for at the end: a sync step that never returns must not
+        # keep stop() from returning.
+        self._work = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-work")
+        self._stop_by: float | None = None  # monotonic deadline of stop(timeout)
+        self._leader: asyncio.Task[None] | None = None  # steps the agent while we hold the lease
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._stop_requested = threading.Event()
@@ -187,8 +223,13 @@ class Runtime:
     def stop(self, timeout: float = 30.0) -> None:
         """Stop gracefully: stop stepping, release the lease, drop the heartbeat.
 
-        Re-raises the error that ended the node, if one did.
+        Returns within timeout whatever the store or the agent does: store calls
+        that do not answer in time are given up (and said so in the log). A sync
+        step still running is abandoned in its thread. Re-raises the error that
+        ended the node, if one did.
         """
+        # Most of the time for the shutdown's own store calls, the rest for the thread's end.
+        self._stop_by = time.monotonic() + timeout * 0.8
         self.request_stop()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -246,7 +287,7 @@ class Runtime:
             self._notifier.ready()  # store reachable, secret verified
             self.ready.set()
             try:
-                await self._keep_lease()
+                await self._keep_lease_until_stopped()
             finally:
                 watcher.cancel()
                 if self._memory is not None:
@@ -256,6 +297,7 @@ class Runtime:
             watchdog.cancel()
             self.stopped.set()
             self._io.shutdown(wait=False, cancel_futures=True)
+            self._work.shutdown(wait=False, cancel_futures=True)
 
     def _open_cluster(self) -> Sealer:
         if self._remembered.cluster is not None:
@@ -309,7 +351,7 @@ class Runtime:
         if not self._memory.due(seen, force=force):
             return  # most passes: no thread hand-off for nothing
         try:
-            await asyncio.to_thread(self._memory.save, seen, force=force)
+            await self._work_call(self._memory.save, seen, force=force)
             self._memory_failed = False
         except OSError as exc:
             # Memory only sharpens what a restarted node can notice; the agent goes on.
@@ -318,12 +360,28 @@ class Runtime:
             self._memory_failed = True
 
     async def _keep_lease(self) -> None:
-        assert self._stopping is not None and self._wake is not None and self._lost is not None
-        leader: asyncio.Task[None] | None = None
+        assert self._stopping is not None and self._lost is not None
+        failpoint("node.before_first_tick")
+        try:
+            await self._keep_lease_passes()
+        except asyncio.CancelledError:
+            # Given up during a stop (a store call hung): the term ends with the loop.
+            if self._leader is not None:
+                self._lost.set()
+                self._leader.cancel()
+            raise
+        self._notifier.stopping()
+        self._notifier.status("stopping · handing over the lease")
+        if self._leader is not None:
+            await self._finish_leading(self._leader)
+
+    async def _keep_lease_passes(self) -> None:
+        """A pass per tick (or earlier, when the store hints at a change) until a stop."""
+        assert self._stopping is not None and self._lost is not None
         store_ok = True
         next_heartbeat = 0.0
-        failpoint("node.before_first_tick")
         while not self._stopping.is_set():
+            leader = self._leader
             self._pass_started = tick_start = time.monotonic()
             result: TickResult | None = None
             failure: str | None = None
@@ -369,9 +427,10 @@ class Runtime:
                         self._set_role("standby")
                     case Outcome.STANDBY:
                         self._set_role("standby")
+            self._leader = leader
             if leader is not None and leader.done():
                 error = None if leader.cancelled() else leader.exception()
-                leader = None
+                self._leader = None
                 if error is not None:
                     raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
             # Heartbeats keep to the tick even when a store change woke us early,
@@ -386,10 +445,6 @@ class Runtime:
             if expiry:  # 0: expired already, and this tick could not take it: keep to the ticks
                 wake_at = min(wake_at, time.monotonic() + expiry + 0.001)
             await self._sleep_until(wake_at)
-        self._notifier.stopping()
-        self._notifier.status("stopping · handing over the lease")
-        if leader is not None:
-            await self._finish_leading(leader)
 
     async def _sleep_until(self, deadline: float) -> None:
         assert self._stopping is not None and self._wake is not None
@@ -411,28 +466,66 @@ class Runtime:
             if done and self.keeper.held is None:
                 return
 
+    async def _keep_lease_until_stopped(self) -> None:
+        """Keep the lease until a stop; a pass hung in a store call is given up then."""
+        assert self._stopping is not None
+        keeping = asyncio.create_task(self._keep_lease(), name="hb-keep-lease")
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([keeping, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if not keeping.done() and not await self._within_budget(keeping, "the lease loop"):
+                keeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeping
+                return
+            keeping.result()  # re-raises what ended the node
+        finally:
+            stopping.cancel()
+
+    def _budget(self) -> float:
+        """How long one step of a shutdown may wait on the store: the stops' deadline halved."""
+        if self._stop_by is None:
+            return SHUTDOWN_CALL_S
+        return max(0.05, min(SHUTDOWN_CALL_S, (self._stop_by - time.monotonic()) / 2))
+
+    async def _within_budget(self, task: asyncio.Future[Any], what: str) -> bool:
+        """Wait for task within the shutdown budget; False (logged) if it did not end."""
+        done, _ = await asyncio.wait([task], timeout=self._budget())
+        if not done:
+            log.warning("%s: %s did not end in time during the stop; gave up on it",
+                        self.node_id, what)  # fmt: skip
+        return bool(done)
+
     async def _finish_leading(self, leader: asyncio.Task[None]) -> None:
         assert self._lost is not None
         self._lost.set()  # tells the leader task to cancel the step in flight
-        with contextlib.suppress(asyncio.CancelledError):
+        if not await self._within_budget(leader, "the leader's store call"):
+            leader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
             await leader
 
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
-        """Release the lease, drop the heartbeat, flush the events (graceful stop)."""
+        """Release the lease, drop the heartbeat, flush the events (graceful stop).
+
+        Each store call is bounded (see _budget): a store that does not answer
+        delays a stop, never blocks it.
+        """
         self._notifier.stopping()
         self._set_role("stopping")
         try:
             if self.keeper.held is not None:
-                released = await self._keeper_call(self.keeper.release)
+                released = await self._bounded(self._keeper_call(self.keeper.release))
                 if released:
                     self._emit("lease.released")
-            await self._io_call(self.store.remove_heartbeat, self.agent_id, self.node_id)
+            await self._bounded(
+                self._io_call(self.store.remove_heartbeat, self.agent_id, self.node_id)
+            )
         except StoreError as exc:
             self._emit("store.error", error=str(exc))
         self._emit("node.offline")
         assert self._pending is not None
         try:
-            await asyncio.wait_for(self._pending.join(), timeout=5)
+            await asyncio.wait_for(self._pending.join(), timeout=self._budget())
         except TimeoutError:
             log.warning(
                 "%s: %d events could not be written to the store",
@@ -444,7 +537,11 @@ class Runtime:
     # -- leading -------------------------------------------------------------
 
     async def _lead(self, epoch: int, previous: asyncio.Task[None] | None = None) -> None:
-        """Restore, then step and publish until the lease is lost or the node stops."""
+        """Restore, then step and publish until the lease is lost or the node stops.
+
+        A term that cannot restore or publish for a full TTL (the store refuses
+        every try) gives the lease up, so that another node can try.
+        """
         assert self._lost is not None and self._stopping is not None
         lost = self._lost  # this term's own signal: a later term gets a new one
         if previous is not None:
@@ -453,6 +550,7 @@ class Runtime:
             with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
                 await previous
         self._restored = False
+        stall = _Stall(self.keeper)
         progress = None
         while progress is None:
             started = time.monotonic()
@@ -461,12 +559,19 @@ class Runtime:
             except NoUsableCheckpoint:
                 self._record("restore", epoch, 0, started, "refused")
                 raise
+            except _LeaseBehind as exc:
+                await self._give_up(lost, str(exc), hold_off=False)  # and take it again above
+                return
             except StoreError as exc:
                 # Never fall back past a checkpoint we merely failed to read: try again.
                 self._emit("store.error", error=f"restore: {exc}")
+                if stall.for_a_ttl():
+                    await self._give_up(lost, f"could not restore for a full TTL: {exc}")
+                    return
                 await asyncio.sleep(self.tick_ms / 1000)
                 if lost.is_set() or self._stopping.is_set():
                     return
+        stall.reset()
         self._restored = True
         self._record(
             "restore",
@@ -480,18 +585,29 @@ class Runtime:
         while not lost.is_set() and not self._stopping.is_set():
             if not await self._until_may_step(lost):
                 return
-            context = StepContext(self.agent_id, self.node_id, epoch, progress.seq + 1)
+            context = StepContext(
+                self.agent_id,
+                self.node_id,
+                epoch,
+                progress.seq + 1,
+                may_publish=functools.partial(self._may_publish, epoch, lost),
+            )
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
             ended = await self._until_done_or_lost(step, lost)
             if ended is not _StepEnd.DONE:
                 # Cancelled at the renew deadline, so that no step of ours overlaps a
-                # successor's; retried (same seq) if a renewal still succeeds.
+                # successor's (a sync step is told through current_step().lost);
+                # retried (same seq) if a renewal still succeeds.
+                context.abandoned.set()
                 self._emit("agent.yielded", reason=ended.value, step_seq=context.seq)
                 if ended is _StepEnd.LOST:
                     return
                 continue
             try:
                 new_state = step.result()
+            except StepLost as exc:  # the step saw current_step().lost and stopped
+                self._emit("agent.yielded", reason=str(exc), step_seq=context.seq)
+                continue
             except Exception as exc:  # the agent's own failure: log it, retry after a tick
                 log.exception(
                     "%s: step %d of agent %s failed", self.node_id, context.seq, self.agent_id
@@ -503,16 +619,47 @@ class Runtime:
                 # The lease may already be someone else's: never publish this step.
                 self._emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
                 continue
-            published, stored = await self._publish(context, new_state, lost)
+            published, stored, error = await self._publish(context, new_state, lost)
             match published:
                 case _Published.YES:
                     assert stored is not None
                     progress = stored
+                    stall.reset()
                 case _Published.RETRY:
+                    if stall.for_a_ttl():
+                        await self._give_up(lost, f"could not publish for a full TTL: {error}")
+                        return
                     await asyncio.sleep(self.tick_ms / 1000)  # same state, same seq
                 case _Published.FENCED:
                     self._emit("agent.yielded", reason="fenced", step_seq=context.seq)
                     return
+
+    def _may_publish(self, epoch: int, lost: asyncio.Event) -> bool:
+        """Whether a step of this epoch could still be published (asked from any thread)."""
+        held = self.keeper.held
+        return (
+            not lost.is_set()
+            and held is not None
+            and held.epoch == epoch
+            and self.keeper.may_step()
+        )
+
+    async def _give_up(self, lost: asyncio.Event, reason: str, *, hold_off: bool = True) -> None:
+        """End this term: release the lease so another node can try, and stand by.
+
+        With hold_off this node takes no free lease for two TTLs, so that another
+        node gets the first try; alone, it tries again after that.
+        """
+        lost.set()
+        self._emit("lease.given_up", reason=reason)
+        try:
+            if await self._keeper_call(self.keeper.release):
+                self._emit("lease.released")
+        except StoreError as exc:  # not released: it expires a TTL after the last renewal
+            self._emit("store.error", error=f"release: {exc}")
+        if hold_off:
+            self.keeper.hold_off(2 * self.keeper.lease_ttl_ms / 1000)
+        self._set_role("standby")
 
     async def _until_may_step(self, lost: asyncio.Event) -> bool:
         """Wait until a renewal within the deadline lets us step; False if the term ends."""
@@ -562,7 +709,7 @@ class Runtime:
         if inspect.iscoroutinefunction(self.agent.step):
             result = await self.agent.step(work)
         else:
-            result = await asyncio.to_thread(self.agent.step, work)
+            result = await self._work_call(self.agent.step, work)
             if inspect.isawaitable(result):
                 result = await result
         if not isinstance(result, dict):
@@ -573,13 +720,13 @@ class Runtime:
 
     async def _publish(
         self, context: StepContext, state: State, lost: asyncio.Event
-    ) -> tuple[_Published, _Progress | None]:
-        """Seal and store one step's state, fenced by the step's epoch."""
+    ) -> tuple[_Published, _Progress | None, str]:
+        """Seal and store one step's state, fenced by the step's epoch (and why it failed)."""
         assert self._sealer is not None
         fence = Fence(holder=self.node_id, session=self.keeper.session, epoch=context.epoch)
         started = time.monotonic()
         try:
-            blob = await asyncio.to_thread(
+            blob = await self._work_call(
                 self._sealer.seal, self.agent_id, context.epoch, context.seq, state
             )
             info = await self._io_call(
@@ -594,7 +741,7 @@ class Runtime:
                 result = await self._keeper_call(self.keeper.abandon, "fenced by the store")
                 self._emit("lease.lost", reason=result.reason)
                 self._set_role("standby")
-            return _Published.FENCED, None
+            return _Published.FENCED, None, str(exc)
         except HamsterbunkerError as exc:
             # A network store's error does not prove the write was not applied.
             landed = await self._landed(context)
@@ -603,28 +750,28 @@ class Runtime:
                 self.seq = landed.seq
                 self.keeper.published = Reach(landed.seq, context.epoch)
                 self._emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
-                return _Published.YES, landed
+                return _Published.YES, landed, ""
             # Not published: the step is retried from the last published state,
             # so nothing ever builds on a state the store does not hold.
             self._record("publish", context.epoch, context.seq, started, "failed")
             self._emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
-            return _Published.RETRY, None
+            return _Published.RETRY, None, str(exc)
         self._record("publish", context.epoch, context.seq, started, "ok")
         self.seq = info.seq
         self.keeper.published = Reach(info.seq, info.epoch)
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
-        return _Published.YES, _Progress(state, info.seq)
+        return _Published.YES, _Progress(state, info.seq), ""
 
     async def _landed(self, context: StepContext) -> _Progress | None:
         """The checkpoint of this term at or past context.seq, if a failed write landed after all.
 
-        Only this node writes under this epoch, so such a checkpoint is ours:
-        from this attempt, or from an earlier one whose answer was lost. What
-        the store holds is adopted, read back and opened (an earlier attempt
-        may have stored another state for the same seq), so that the next step
-        builds on the store's state and numbers on from it instead of offering
-        the same seq again forever.
+        Only this node writes under this epoch, so such a checkpoint that
+        authenticates is ours: from this attempt, or from an earlier one whose
+        answer was lost. What the store holds is adopted, read back and opened
+        (an earlier attempt may have stored another state for the same seq), so
+        that the next step builds on the store's state and numbers on from it
+        instead of offering the same seq again forever.
         """
         assert self._sealer is not None
         try:
@@ -633,7 +780,7 @@ class Runtime:
             if ours is None or ours.seq < context.seq:
                 return None
             blob = await self._io_call(self.store.read_checkpoint, self.agent_id, ours)
-            state = await asyncio.to_thread(
+            state = await self._work_call(
                 self._sealer.open, blob, self.agent_id, ours.epoch, ours.seq
             )
         except HamsterbunkerError:
@@ -641,61 +788,129 @@ class Runtime:
         return _Progress(state, ours.seq)
 
     async def _restore(self, epoch: int) -> _Progress:
-        """The newest checkpoint that authenticates and fits the lease, or init() if none exist.
+        """The newest checkpoint that authenticates, or init() on a store that never had one.
 
-        A checkpoint that fails to authenticate is skipped; a store error ends
-        the attempt (StoreError), since skipping what could not be read could
-        resume behind the last accepted checkpoint.
+        Only authenticated checkpoints count: one that fails to authenticate is
+        reported (checkpoint.rejected) and skipped, and it moves neither the
+        next seq nor the next epoch. The node refuses (StoreRegressed) when the
+        newest that authenticates is behind what it knows the store accepted,
+        whether the newer ones are gone or damaged, unless that loss was
+        accepted with ``hb accept-loss``. A store error ends the attempt
+        (StoreError): skipping what could not be read could resume behind.
         """
         assert self._sealer is not None
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         infos = await self._io_call(self.store.list_checkpoints, self.agent_id)
-        newest = Reach(infos[0].seq, infos[0].epoch) if infos else Reach()
-        seen = self.keeper.reach()
-        if newest.seq < seen.seq or newest.epoch < seen.epoch:
-            # This node, or a node whose lease record it read, saw a checkpoint that
-            # far accepted; the store no longer has it (or holds another line since).
-            message = (
-                f"agent {self.agent_id}: the store's newest checkpoint is seq {newest.seq} "
-                f"of epoch {newest.epoch}, behind seq {seen.seq} of epoch {seen.epoch} that "
-                "was seen accepted: the store went back in time (restored from an old "
-                "backup, or it lost acknowledged writes). Refusing to resume behind it. Bring "
-                "the store back; or, to accept the loss, stop every node, remove the agent's "
-                "lease record and checkpoints and the nodes' memory files, and start them again."
-            )
-            self._emit(
-                "store.regressed",
-                reason=f"newest checkpoint seq {newest.seq} of epoch {newest.epoch} < seen "
-                f"seq {seen.seq} of epoch {seen.epoch}",
-            )
-            raise StoreRegressed(message)
-        if not infos:
-            state = await asyncio.to_thread(self.agent.init)
-            self._emit("agent.started")
-            return _Progress(state, 0, resumed=False)
-        for info in infos:
-            try:
-                if info.epoch >= epoch:
-                    raise Tampered(
-                        f"checkpoint names epoch {info.epoch}, not below the lease's {epoch}"
-                    )
-                self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-                blob = await self._io_call(self.store.read_checkpoint, self.agent_id, info)
-                state = self._sealer.open(blob, self.agent_id, info.epoch, info.seq)
-            except Tampered as exc:
-                self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
+        acceptance = await self._acceptance()
+        reach = self.keeper.reach()
+        forgiving = acceptance is not None and acceptance.forgives(reach)
+        found: tuple[CheckpointInfo, State] | None = None
+        damaged: list[CheckpointInfo] = []
+        # Newest first by epoch, then seq: after an accepted loss the new line numbers
+        # on from below the given-up one, under higher epochs.
+        for info in sorted(infos, key=lambda i: (i.epoch, i.seq), reverse=True):
+            state = await self._open_stored(info)
+            if state is None:
+                damaged.append(info)
                 continue
-            self.seq = info.seq
-            self.keeper.published = Reach(info.seq, info.epoch)
-            self._emit(
-                "agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=infos.index(info)
+            if forgiving and acceptance is not None:
+                if info.epoch > acceptance.epoch:
+                    forgiving = False  # published after the acceptance: it forgives nothing
+                elif acceptance.to_seq is not None and info.seq > acceptance.to_seq:
+                    continue  # given up on purpose
+            found = (info, state)
+            break
+        if forgiving and acceptance is not None:
+            reach = acceptance.resume
+        if found is None:
+            if not infos and reach == Reach():
+                state = await self._work_call(self.agent.init)
+                self._emit("agent.started")
+                return _Progress(state, 0, resumed=False)
+            if reach == Reach():
+                raise NoUsableCheckpoint(
+                    f"agent {self.agent_id}: {len(infos)} checkpoints are stored but none "
+                    "authenticates; refusing to start over from init(). Restore the store from a "
+                    "backup or remove the agent's checkpoints deliberately."
+                )
+            raise self._regressed(Reach(), reach, damaged)
+        info, state = found
+        if info.epoch >= epoch:
+            # The lease record went back behind an authenticated checkpoint: this term's
+            # epoch may have been used before. Take the lease again, above it.
+            self.keeper.learn_epoch(info.epoch)
+            reason = (
+                f"an authenticated checkpoint names epoch {info.epoch}, not below this "
+                f"lease's {epoch}: the lease record went back"
             )
-            # Number on from the highest stored seq: a skipped checkpoint keeps its number.
-            return _Progress(state, infos[0].seq)
-        raise NoUsableCheckpoint(
-            f"agent {self.agent_id}: {len(infos)} checkpoints are stored but none authenticates; "
-            "refusing to start over from init(). Restore the store from a backup or remove the "
-            "agent's checkpoints deliberately."
+            self._emit("store.regressed", reason=reason)
+            raise _LeaseBehind(reason)
+        newest = Reach(info.seq, info.epoch)
+        if newest.seq < reach.seq or newest.epoch < reach.epoch:
+            raise self._regressed(newest, reach, damaged)
+        if forgiving and acceptance is not None:
+            self.keeper.accept_loss(newest)
+            self._emit(
+                "store.loss_accepted",
+                acceptance=acceptance.id,
+                from_seq=info.seq,
+                from_epoch=info.epoch,
+                given_up=[seq for seq, _epoch in acceptance.given_up],
+            )
+        self.seq = info.seq
+        self.keeper.published = newest
+        self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=len(damaged))
+        # Number on from the checkpoint resumed from: a damaged or junk one above it
+        # keeps nothing out (the store refuses only our own epoch's seqs).
+        return _Progress(state, info.seq)
+
+    async def _open_stored(self, info: CheckpointInfo) -> State | None:
+        """The state of one stored checkpoint, or None (reported) if it does not authenticate."""
+        assert self._sealer is not None
+        try:
+            self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
+            blob = await self._io_call(self.store.read_checkpoint, self.agent_id, info)
+            return await self._work_call(
+                self._sealer.open, blob, self.agent_id, info.epoch, info.seq
+            )
+        except (Tampered, CorruptRecord) as exc:
+            self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
+            return None
+
+    async def _acceptance(self) -> Acceptance | None:
+        """The authenticated loss acceptance of this agent, if the store holds one."""
+        assert self._sealer is not None
+        try:
+            data = await self._io_call(self.store.read_acceptance, self.agent_id)
+            return None if data is None else open_acceptance(self._sealer, data, self.agent_id)
+        except (Tampered, CorruptRecord) as exc:
+            self._emit("acceptance.rejected", error=str(exc))
+            return None
+
+    def _regressed(
+        self, newest: Reach, reach: Reach, damaged: list[CheckpointInfo]
+    ) -> StoreRegressed:
+        """Report (store.regressed) and make the refusal to resume behind reach."""
+        which = "that authenticates " if damaged else ""
+        unreadable = (
+            f" Checkpoints at seq {', '.join(str(i.seq) for i in damaged)} did not authenticate "
+            "(damaged, or written without the secret)."
+            if damaged
+            else ""
+        )
+        self._emit(
+            "store.regressed",
+            reason=f"newest checkpoint {which}seq {newest.seq} of epoch {newest.epoch} < seen "
+            f"seq {reach.seq} of epoch {reach.epoch}",
+            damaged_seqs=[i.seq for i in damaged],
+        )
+        return StoreRegressed(
+            f"agent {self.agent_id}: the store's newest checkpoint {which}is seq {newest.seq} "
+            f"of epoch {newest.epoch}, behind seq {reach.seq} of epoch {reach.epoch} that was "
+            "seen accepted: the store went back in time (restored from an old backup, lost "
+            f"acknowledged writes, or its newest checkpoints are damaged).{unreadable} Refusing "
+            "to resume behind it. Bring the store back; or, to accept the loss, stop every node "
+            f"and run hb accept-loss --store URL --agent-id {self.agent_id}."
         )
 
     # -- service manager ----------------------------------------------------
@@ -852,6 +1067,23 @@ class Runtime:
         assert self._keeper_lock is not None
         async with self._keeper_lock:
             return await self._io_call(fn, *args)
+
+    async def _bounded(self, call: Awaitable[T]) -> T:
+        """A shutdown's store call, given up (StoreUnavailable) past the shutdown budget."""
+        try:
+            return await asyncio.wait_for(call, timeout=self._budget())
+        except TimeoutError:
+            raise StoreUnavailable("the store did not answer in time during the stop") from None
+
+    async def _work_call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run fn in this node's worker threads (steps, sealing, init, memory).
+
+        As asyncio.to_thread does, in a copy of the caller's context, so that
+        current_step() works in a sync step.
+        """
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._work, call)
 
     async def _io_call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()

@@ -68,7 +68,7 @@ def check_scrypt_parameters(n: int, r: int, p: int) -> None:
     problem = None
     if n < _SCRYPT_N or n & (n - 1):
         problem = f"n={n} is not a power of two of at least {_SCRYPT_N}"
-    elif not (1 <= r and 1 <= p):
+    elif not (r >= 1 and p >= 1):
         problem = f"r={r} and p={p} must be at least 1"
     elif 128 * n * r > SCRYPT_MAX_MEMORY:
         problem = f"n={n}, r={r} would take {128 * n * r} bytes, above {SCRYPT_MAX_MEMORY}"
@@ -161,6 +161,21 @@ class Sealer:
         self.cluster = cluster
         self.key_id = cluster.key_id
         self._aead = AESGCM(_subkey(master, b"checkpoint", 32))
+        self._record_key = _subkey(master, b"record", 32)
+
+    def sign_record(self, kind: str, payload: bytes) -> bytes:
+        """payload with an HMAC-SHA256 tag bound to kind, for records that need no secrecy."""
+        tag = hmac.new(self._record_key, kind.encode() + b"\0" + payload, "sha256").hexdigest()
+        return payload + b"\n" + tag.encode()
+
+    def open_record(self, kind: str, signed: bytes) -> bytes:
+        """The payload of a record sign_record made for kind; Tampered if it is not one."""
+        payload, _, tag = signed.rpartition(b"\n")
+        expected = hmac.new(self._record_key, kind.encode() + b"\0" + payload, "sha256")
+        if not hmac.compare_digest(expected.hexdigest().encode(), tag):
+            raise Tampered(f"{kind} record failed to authenticate (edited, or written without "
+                           "the secret)")  # fmt: skip
+        return payload
 
     def seal(self, agent: str, epoch: int, seq: int, state: dict[str, Any]) -> bytes:
         """Seal a JSON-serialisable state under a fresh random nonce."""
@@ -222,7 +237,13 @@ def read_header(blob: bytes) -> SealedHeader:
         raise Tampered(str(exc)) from exc
     if not isinstance(doc, dict):
         raise Tampered("checkpoint header is damaged: not a JSON object")
-    kinds = {"kid": str, "agent": str, "epoch": int, "seq": int, "time": (int, float)}
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "kid": str,
+        "agent": str,
+        "epoch": int,
+        "seq": int,
+        "time": (int, float),
+    }
     for name, kind in kinds.items():
         if isinstance(doc.get(name), bool) or not isinstance(doc.get(name), kind):
             raise Tampered(f"checkpoint header is damaged: field {name!r} is missing or mistyped")
