@@ -334,7 +334,16 @@ class Runtime:
                 f"{ours.key_id} to {stored.key_id}: the store was replaced or re-created; "
                 f"refusing to go on with another key{forget}"
             )
-        return stored
+        if stored != ours:
+            # Same key id, other key parameters (n, r, p): not the record this node
+            # verified. Unauthenticated, so ours is kept, and the change reported.
+            self._emit(
+                "store.warning",
+                message=f"the store's cluster record differs from the one this node remembers "
+                f"(n={stored.n} r={stored.r} p={stored.p}, remembered n={ours.n} r={ours.r} "
+                f"p={ours.p}): going on with the remembered one",
+            )
+        return ours
 
     def _check_cluster(self) -> None:
         """After the store went back: see that the cluster record is still this one."""

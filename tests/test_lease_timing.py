@@ -14,8 +14,9 @@ from dataclasses import replace
 import pytest
 
 from hamsterbunker.clock import FakeClock
-from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreUnavailable
+from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from hamsterbunker.lease import LeaseKeeper, Outcome, Reach, validate_timing
+from hamsterbunker.limits import MAX_EPOCH
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.file import FileStore
 
@@ -549,8 +550,9 @@ def test_keeper_that_lost_to_a_takeover_waits_full_ttl_on_the_new_record(store):
 
 
 def test_a_lost_lease_record_never_brings_an_epoch_back(store):
-    """With the lease record gone, the next acquisition takes an epoch above every one seen or
-    named by a stored checkpoint, never epoch 1 again.
+    """With the lease record gone, the next acquisition takes an epoch above every one seen, or
+    learned from an authenticated checkpoint (the runtime finds those when it restores: see
+    test_runtime), never one of those again.
     """
     leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
     store.put_checkpoint(AGENT, leader.fence(), 1, b"sealed state of epoch 1")
@@ -560,6 +562,7 @@ def test_a_lost_lease_record_never_brings_an_epoch_back(store):
     (store.root / "agents" / AGENT / "lease.json").unlink()  # the record is lost
 
     fresh = make_keeper(store, "node-c", FakeClock())  # has seen nothing
+    fresh.learn_epoch(2)  # what its restore would find
     result = fresh.tick()
     assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
     old_leader = make_keeper(store, "node-a", FakeClock())
@@ -649,21 +652,48 @@ def test_renewals_of_a_term_the_store_brought_back_do_not_keep_it_alive(store):
     assert leader.tick().outcome is Outcome.LOST
 
 
-def test_a_checkpoint_above_the_lease_records_epoch_lifts_the_next_epoch(store):
-    """A fresh node over a record behind the stored checkpoints goes above their epoch."""
+def test_checkpoint_names_do_not_move_the_next_epoch_but_authenticated_epochs_do(store):
+    """A fresh node over a record behind the stored checkpoints takes the next epoch above what
+    it was told is authenticated (learn_epoch), never above a checkpoint's unauthenticated name:
+    one junk name at the highest epoch would otherwise push every later term past the limit."""
     _leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
     old_record = store.read_lease(AGENT)
     standby_clock.advance(TTL)
     assert standby.tick().record.epoch == 2
-    store.put_checkpoint(AGENT, standby.fence(), 1, b"sealed state of epoch 2")
+    store.put_checkpoint(AGENT, standby.fence(), 1, b"junk, or sealed state of epoch 2")
     standby.release()
     _roll_back_lease(store, replace(old_record, holder=None))  # epoch 1, released
     fresh = make_keeper(store, "node-c", FakeClock())  # has seen nothing
-    result = fresh.tick()
-    assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
-    assert fresh.drain_regressions() == [
-        "a stored checkpoint names epoch 2, above the lease record's 1"
-    ]
+    assert fresh.tick().record.epoch == 2  # the name alone counts for nothing
+    fresh.release()
+    fresh.learn_epoch(2)  # the runtime opened that checkpoint: epoch 2 was used
+    assert fresh.tick().record.epoch == 3
+
+
+def test_no_epoch_is_taken_past_the_limit(store):
+    """A lease record at the highest epoch (written by someone else) makes acquiring a
+    StoreError that says so, not an epoch that no checkpoint name can hold."""
+    store.cas_lease(
+        AGENT,
+        None,
+        LeaseRecord(holder=None, region="r", session="s", epoch=MAX_EPOCH, ttl_ms=2000),
+    )
+    keeper = make_keeper(store, "node-a", FakeClock())
+    with pytest.raises(StoreError, match="no epoch is left"):
+        keeper.tick()
+
+
+def test_a_keeper_holding_off_takes_no_free_lease_until_the_time_is_up(store):
+    """After giving the lease up (hold_off), a keeper leaves a released lease to others for
+    that long, then takes it again."""
+    clock = FakeClock()
+    keeper = make_keeper(store, "node-a", clock)
+    assert keeper.tick().outcome is Outcome.ACQUIRED
+    keeper.release()
+    keeper.hold_off(2 * TTL)
+    assert keeper.tick().outcome is Outcome.STANDBY
+    clock.advance(2 * TTL)
+    assert keeper.tick().outcome is Outcome.ACQUIRED
 
 
 def test_a_standby_knows_when_the_observed_lease_will_count_as_expired(store):

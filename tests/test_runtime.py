@@ -509,12 +509,17 @@ def test_restore_retries_a_checkpoint_it_could_not_read_instead_of_falling_back(
     assert any("restore" in e.detail["error"] for e in hb.events.of("store.error", "node-b"))
 
 
-def test_restore_skips_a_tampered_newest_checkpoint(hb: Harness) -> None:
-    """A new leader rejects a tampered newest checkpoint (checkpoint.rejected) and resumes from the
-    one before it.
+def test_restore_skips_a_tampered_newest_checkpoint_that_no_node_saw_accepted(
+    hb: Harness,
+) -> None:
+    """A new leader that knows of no accepted checkpoint (the lease record, which names the
+    newest, names none) rejects a tampered newest checkpoint (checkpoint.rejected) and resumes
+    from the one before it.
     """
     _publish_three_and_stop(hb)
     flip_last_byte(hb.checkpoint_path(3))
+    lease = hb.store_dir / "agents" / AGENT / "lease.json"
+    lease.write_bytes(lease.read_bytes().replace(b'"seq":3', b'"seq":0'))  # nothing known
 
     agent_b = AsyncAgent(park_from=3)
     hb.node("node-b", agent_b)
@@ -528,6 +533,22 @@ def test_restore_skips_a_tampered_newest_checkpoint(hb: Harness) -> None:
     assert state == {"n": 2, "effects": [1, 2]}  # checkpoint 2's state
     assert context.epoch == 2
     assert agent_b.init_calls == 0
+
+
+def test_restore_refuses_a_tampered_newest_checkpoint_that_was_seen_accepted(
+    hb: Harness,
+) -> None:
+    """A tampered newest checkpoint that the lease record says was accepted is a loss, not
+    something to skip: the new leader refuses (StoreRegressed naming its seq), starts nothing."""
+    _publish_three_and_stop(hb)
+    flip_last_byte(hb.checkpoint_path(3))
+    agent_b = AsyncAgent()
+    node_b = hb.node("node-b", agent_b)
+    assert node_b.stopped.wait(15), "node-b did not refuse"
+    with pytest.raises(StoreRegressed, match="seq 3 did not authenticate"):
+        node_b.stop()
+    assert [e.detail["checkpoint_seq"] for e in hb.events.of("checkpoint.rejected")] == [3]
+    assert agent_b.entered == [] and agent_b.init_calls == 0
 
 
 def test_restore_refuses_when_every_checkpoint_is_tampered(hb: Harness) -> None:
@@ -852,19 +873,23 @@ def test_a_failed_publish_is_retried_from_the_last_published_state(hb: Harness) 
 
 
 def test_after_skipping_a_tampered_checkpoint_the_next_step_publishes(hb: Harness) -> None:
-    """A leader that resumed past a tampered newest checkpoint numbers its next step above every
-    stored checkpoint and publishes it at once.
+    """A leader that resumed past a tampered newest checkpoint (that nobody knew was accepted)
+    numbers its next step on from the checkpoint it resumed from, beside the tampered one of
+    an older epoch, and publishes it at once: the tampered one moves no number.
     """
     _publish_three_and_stop(hb)
     flip_last_byte(hb.checkpoint_path(3))
+    lease = hb.store_dir / "agents" / AGENT / "lease.json"
+    lease.write_bytes(lease.read_bytes().replace(b'"seq":3', b'"seq":0'))  # nothing known
     agent_b = AsyncAgent(park_from=5)
     hb.node("node-b", agent_b)
     hb.events.wait("agent.resumed", "node-b")
-    wait_until(lambda: hb.checkpoints()[0][1] == 2, "node-b to publish under epoch 2")
+    wait_until(lambda: (3, 2) in hb.checkpoints(), "node-b to publish seq 3 under epoch 2")
     assert hb.events.of("checkpoint.failed", "node-b") == []
     first, state = agent_b.entered[0]
-    assert first.seq == 4
+    assert first.seq == 3
     assert state == {"n": 2, "effects": [1, 2]}
+    assert (3, 1) in hb.checkpoints()  # the tampered one, left for inspection
 
 
 def test_a_lease_record_that_vanishes_is_reported_and_no_epoch_is_reused(hb: Harness) -> None:
@@ -879,6 +904,26 @@ def test_a_lease_record_that_vanishes_is_reported_and_no_epoch_is_reused(hb: Har
     again = hb.events.wait("lease.acquired", "node-a", where=lambda e: e.epoch > 1)
     assert again.epoch == 2
     assert len(hb.events.of("store.regressed")) == 1  # once, not on every tick
+
+
+def test_a_lease_record_lost_behind_an_authenticated_checkpoint_is_taken_again_above_it(
+    hb: Harness,
+) -> None:
+    """A node that has seen nothing takes epoch 1 over a lost lease record; finding an
+    authenticated checkpoint of epoch 1 when it restores, it reports the lease record went
+    back, gives that term up and takes the lease again above it, then resumes: no epoch is
+    used twice, and a checkpoint's name alone never moved it."""
+    _publish_three_and_stop(hb)
+    (hb.store_dir / "agents" / AGENT / "lease.json").unlink()
+    agent_b = AsyncAgent(park_from=5)
+    hb.node("node-b", agent_b)
+    resumed = hb.events.wait("agent.resumed", "node-b")
+    assert (resumed.epoch, resumed.detail["from_seq"]) == (2, 3)
+    assert [e.epoch for e in hb.events.of("lease.acquired", "node-b")] == [1, 2]
+    regressed = hb.events.of("store.regressed", "node-b")
+    assert any("lease record went back" in e.detail["reason"] for e in regressed), regressed
+    wait_until(lambda: (4, 2) in hb.checkpoints(), "node-b to publish seq 4 under epoch 2")
+    assert {c.epoch for c in agent_b.entered_ctx()} == {2}
 
 
 def test_a_publish_that_landed_although_it_failed_is_adopted_not_retried_forever(

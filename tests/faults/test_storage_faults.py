@@ -49,9 +49,9 @@ from hamsterbunker import Event, FileStore, current_step
 from hamsterbunker.checker import check
 from hamsterbunker.errors import (
     CorruptRecord,
-    NoUsableCheckpoint,
     SealError,
     StoreError,
+    StoreRegressed,
     Tampered,
 )
 from hamsterbunker.history import read_history
@@ -612,8 +612,10 @@ def test_damaged_checkpoint_files_are_rejected_as_tampered(tmp_path: Path) -> No
 
 
 def test_a_new_leader_skips_damaged_checkpoints_and_writes_over_nothing(tmp_path: Path) -> None:
-    """A new leader rejects every damaged checkpoint newer than the newest whole one, resumes from
-    that one (or refuses if none is whole), and leaves every stored file as it found it.
+    """A new leader rejects every damaged checkpoint newer than the newest whole one. Since the
+    lease record says checkpoint 3 was accepted, a damaged 3 is a loss: it refuses
+    (StoreRegressed), never resuming behind it; with 3 whole it resumes from 3. Either way it
+    leaves every stored file as it found it.
     """
     pristine = tmp_path / "pristine"
     publish_and_stop(pristine, "fz", 3)
@@ -638,13 +640,14 @@ def test_a_new_leader_skips_damaged_checkpoints_and_writes_over_nothing(tmp_path
         events = Recorder()
         agent = Counter("fz", park_from=6)
         node = make_node("node-b", FileStore(store_dir), agent, events)
+        refuses = 3 in hit
         with running(node):
-            if whole:
+            if not refuses:
                 wait_until(lambda: 6 in agent.started_seqs(), "node-b to publish 4 and 5")
                 node.stop()
             else:
                 wait_until(node.stopped.is_set, "node-b to refuse")
-                with pytest.raises(NoUsableCheckpoint):
+                with pytest.raises(StoreRegressed):
                     node.stop()
 
         rejected = events.of("checkpoint.rejected")
@@ -655,7 +658,7 @@ def test_a_new_leader_skips_damaged_checkpoints_and_writes_over_nothing(tmp_path
         # Nothing stored was written over or removed: neither the whole checkpoints nor the
         # damaged ones (left for inspection; only retention may remove old ones).
         assert {name: after.get(name) for name in before} == before
-        if not whole:
+        if refuses:
             assert after == before
             assert (agent.init_calls, agent.started) == (0, [])
             return

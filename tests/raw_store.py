@@ -1,0 +1,193 @@
+"""Writing a store as someone without the secret would: raw bytes under the backend's own names.
+
+Tests of hostile and damaged store contents need to put bytes where a node
+reads them, past the store contract (which only writes what it validated). One
+class per backend, each knowing that backend's key layout (documented at the
+top of its module), so the same test runs on file, Redis and etcd.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+from hamsterbunker.stores import open_store
+
+__all__ = ["BACKENDS", "RawStore", "backend_store"]
+
+
+class RawStore(Protocol):
+    url: str
+
+    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes: ...
+
+    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
+        """Store data as checkpoint (seq, epoch), listed as such: a new entry or an overwrite."""
+
+    def put_lease(self, agent: str, data: bytes) -> None: ...
+
+    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None: ...
+
+    def add_event(self, agent: str, node: str, data: bytes) -> None: ...
+
+    def put_cluster(self, data: bytes) -> None: ...
+
+    def put_acceptance(self, agent: str, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RawFile:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = root.as_uri()
+
+    def _agent(self, agent: str, *parts: str) -> Path:
+        path = self.root.joinpath("agents", agent, *parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _checkpoint(self, agent: str, seq: int, epoch: int) -> Path:
+        return self._agent(agent, "checkpoints", f"ckpt-{seq:020d}-{epoch:010d}.hbc")
+
+    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
+        return self._checkpoint(agent, seq, epoch).read_bytes()
+
+    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
+        self._checkpoint(agent, seq, epoch).write_bytes(data)
+
+    def put_lease(self, agent: str, data: bytes) -> None:
+        self._agent(agent, "lease.json").write_bytes(data)
+
+    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
+        self._agent(agent, "heartbeats", f"{node}.json").write_bytes(data)
+
+    def add_event(self, agent: str, node: str, data: bytes) -> None:
+        with self._agent(agent, "events", f"{node}.jsonl").open("ab") as out:
+            out.write(data + b"\n")
+
+    def put_cluster(self, data: bytes) -> None:
+        (self.root / "cluster.json").write_bytes(data)
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        self._agent(agent, "acceptance.json").write_bytes(data)
+
+    def close(self) -> None:
+        pass
+
+
+class RawRedis:
+    def __init__(self, url: str) -> None:
+        from hamsterbunker.stores.redis import RedisStore
+
+        self.url = url
+        self._store = RedisStore(url)
+        self._redis = self._store._redis
+
+    def _key(self, agent: str, *parts: str) -> str:
+        return self._store._key(agent, *parts)
+
+    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
+        data = self._redis.hget(self._key(agent, "blobs"), str(seq))
+        assert isinstance(data, bytes), f"no checkpoint {seq} stored"
+        return data
+
+    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
+        info = json.dumps({"epoch": epoch, "size": len(data), "written": 0.0})
+        self._redis.hset(self._key(agent, "checkpoints"), str(seq), info)
+        self._redis.hset(self._key(agent, "blobs"), str(seq), data)
+
+    def put_lease(self, agent: str, data: bytes) -> None:
+        self._redis.hset(self._key(agent, "lease"), "record", data)
+
+    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
+        self._redis.hset(self._key(agent, "heartbeats"), node, data)
+
+    def add_event(self, agent: str, node: str, data: bytes) -> None:
+        self._redis.rpush(self._key(agent, "events", node), data)
+        self._redis.hincrby(self._key(agent, "event-counts"), node, 1)
+
+    def put_cluster(self, data: bytes) -> None:
+        self._redis.set(f"{self._store.prefix}:cluster", data)
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        self._redis.set(self._key(agent, "acceptance"), data)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+class RawEtcd:
+    def __init__(self, url: str) -> None:
+        from hamsterbunker.stores.etcd import EtcdStore
+
+        self.url = url
+        self._store = EtcdStore(url)
+        self._kv = self._store._kv
+
+    def _key(self, agent: str, rest: str) -> str:
+        return self._store._agent_prefix(agent) + rest
+
+    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
+        found = self._kv.get(self._key(agent, f"checkpoints/{seq:020d}-{epoch:010d}"))
+        assert found, f"no checkpoint {seq} of epoch {epoch} stored"
+        return bytes(found[0])
+
+    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
+        info = {"epoch": epoch, "seq": seq, "size": len(data), "written": 0.0}
+        self._kv.put(self._key(agent, f"checkpoint-info/{seq:020d}"), json.dumps(info))
+        self._kv.put(self._key(agent, f"checkpoints/{seq:020d}-{epoch:010d}"), data)
+
+    def put_lease(self, agent: str, data: bytes) -> None:
+        self._kv.put(self._key(agent, "lease"), data)
+
+    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
+        self._kv.put(self._key(agent, f"heartbeats/{node}"), data)
+
+    def add_event(self, agent: str, node: str, data: bytes) -> None:
+        self._kv.put(self._key(agent, f"event-nodes/{node}"), b"")
+        self._kv.put(self._key(agent, f"events/{node}/{uuid.uuid4().int % 10**20:020d}"), data)
+
+    def put_cluster(self, data: bytes) -> None:
+        self._kv.put(f"{self._store.target.prefix}/cluster", data)
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        self._kv.put(self._key(agent, "acceptance"), data)
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def _file(tmp_path: Path) -> RawStore:
+    return RawFile(tmp_path / "store")
+
+
+def _redis(tmp_path: Path) -> RawStore:
+    from .redis_server import redis_url
+
+    return RawRedis(redis_url())
+
+
+def _etcd(tmp_path: Path) -> RawStore:
+    from .etcd_server import etcd_url
+
+    return RawEtcd(etcd_url())
+
+
+BACKENDS: dict[str, Callable[[Path], RawStore]] = {"file": _file, "redis": _redis, "etcd": _etcd}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RawStore]:
+    """A fresh, empty store of each backend (by URL), with raw access to its contents."""
+    raw = BACKENDS[request.param](tmp_path)
+    open_store(raw.url).close()  # a file store's directory exists from here on
+    try:
+        yield raw
+    finally:
+        raw.close()
