@@ -3,6 +3,10 @@
 Needs no secret: it reads the lease, heartbeats and checkpoint list, never state.
 Heartbeat ages compare the writer's wall clock with ours: they are for people
 to read, and nothing decides on them.
+
+Records in the store are not authenticated: a lease record that does not parse
+is reported (``lease_error``) and everything else is still shown, and text from
+the store is printed with control characters escaped.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 
+from .errors import CorruptRecord
 from .records import CheckpointInfo, Heartbeat, LeaseRecord
 from .stores import Store
 
@@ -37,6 +42,7 @@ class ClusterStatus:
     nodes: list[NodeStatus]
     checkpoint: CheckpointInfo | None
     checkpoint_age_s: float | None
+    lease_error: str | None = None  # why the lease record could not be read (lease is None)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -49,7 +55,12 @@ def _role(beat: Heartbeat, age_s: float, ttl_s: float) -> str:
 
 def snapshot(store: Store, agent: str) -> ClusterStatus:
     now = time.time()
-    lease = store.read_lease(agent)
+    lease_error = None
+    try:
+        lease = store.read_lease(agent)
+    except CorruptRecord as exc:
+        # Anyone who can write the store can damage it: say so, show the rest.
+        lease, lease_error = None, str(exc)
     ttl_s = (lease.ttl_ms if lease else 2000) / 1000
     nodes = [
         NodeStatus(
@@ -73,18 +84,28 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
         nodes=nodes,
         checkpoint=latest,
         checkpoint_age_s=round(max(0.0, now - latest.written), 3) if latest else None,
+        lease_error=lease_error,
     )
+
+
+def _shown(text: str) -> str:
+    """text from the store, safe to print: a control character could drive the terminal."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def render(status: ClusterStatus) -> str:
     lines = [f"agent {status.agent} · store {status.store}"]
     lease = status.lease
-    if lease is None:
+    if status.lease_error is not None:
+        lines.append(f"lease: unreadable ({_shown(status.lease_error)})")
+    elif lease is None:
         lines.append("lease: never taken")
     elif lease.holder is None:
         lines.append(f"lease: released · epoch {lease.epoch}")
     else:
-        lines.append(f"lease: {lease.holder} ({lease.region}) · epoch {lease.epoch}")
+        lines.append(
+            f"lease: {_shown(lease.holder)} ({_shown(lease.region)}) · epoch {lease.epoch}"
+        )
     if status.checkpoint is None:
         lines.append("last checkpoint: none")
     else:
@@ -99,13 +120,13 @@ def render(status: ClusterStatus) -> str:
     header = ("NODE", "REGION", "ROLE", "EPOCH", "SEQ", "HEARTBEAT", "HOST", "PID")
     rows = [header] + [
         (
-            n.node,
-            n.region,
-            n.role,
+            _shown(n.node),
+            _shown(n.region),
+            _shown(n.role),
             str(n.epoch),
             str(n.seq),
             f"{n.age_s:.1f} s ago",
-            n.host,
+            _shown(n.host),
             str(n.pid),
         )
         for n in status.nodes

@@ -28,7 +28,9 @@ from hamsterbunker import FileStore
 from hamsterbunker.cli import read_secret
 from hamsterbunker.errors import StoreError
 from hamsterbunker.memory import MemoryFile
+from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import new_cluster_record
+from hamsterbunker.stores.base import Fence
 
 HB = [sys.executable, "-m", "hamsterbunker"]
 AGENT = "hamsterbunker.demo:CounterAgent"
@@ -459,6 +461,61 @@ def test_status_on_empty_store_says_never_taken(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "lease: never taken" in result.stdout
     assert "Traceback" not in result.stderr
+
+
+def hostile_lease_store(root: Path, lease_json: bytes) -> None:
+    """A store with a node's heartbeat and a checkpoint, whose lease.json is then overwritten.
+
+    Anyone who can write the store can put anything there: no secret is needed.
+    """
+    store = FileStore(root)
+    lease = store.cas_lease(AGENT_ID, None, LeaseRecord("n1", "eu", "s1", epoch=3, ttl_ms=60_000))
+    store.put_checkpoint(AGENT_ID, Fence("n1", "s1", 3), 7, b"sealed bytes")
+    beat = Heartbeat(node="n1", region="eu", host="h1", pid=4242, role="active", epoch=3, seq=7,
+                     leader="n1", time=time.time(), beats=1)  # fmt: skip
+    store.put_heartbeat(AGENT_ID, beat)
+    assert lease.holder == "n1"
+    (root / "agents" / AGENT_ID / "lease.json").write_bytes(lease_json)
+
+
+@pytest.mark.parametrize(
+    "lease_json",
+    [b'{"holder": "x", "epoch": Infinity}', b"[" * 60_000],
+    ids=["infinity", "deep-nesting"],
+)
+def test_status_reports_an_unreadable_lease_and_shows_the_rest(
+    tmp_path: Path, lease_json: bytes
+) -> None:
+    """A lease record that does not parse is named; nodes and the checkpoint are still shown."""
+    store = tmp_path / "store"
+    hostile_lease_store(store, lease_json)
+    args = ["status", "--store", store.as_uri(), "--agent-id", AGENT_ID]
+    text = run_hb(args)
+    assert text.returncode == 0, text.stderr
+    assert "Traceback" not in text.stderr
+    assert re.search(r"^lease: unreadable \(lease record .+\)$", text.stdout, re.M), text.stdout
+    assert re.search(r"^last checkpoint: seq 7 \(epoch 3\)", text.stdout, re.M), text.stdout
+    assert re.search(r"^\s+n1\s+eu\s+active\s+3\s+7\s", text.stdout, re.M), text.stdout
+
+    as_json = run_hb([*args, "--json"])
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["lease"] is None
+    assert data["lease_error"].startswith("lease record ")
+    assert [n["node"] for n in data["nodes"]] == ["n1"]
+    assert data["checkpoint"]["seq"] == 7
+
+
+def test_status_escapes_control_characters_from_the_store(tmp_path: Path) -> None:
+    """A heartbeat's host is whatever its writer put there: never raw escapes on the terminal."""
+    store = FileStore(tmp_path / "store")
+    beat = Heartbeat(node="n1", region="eu", host="h\x1b[2Jx", pid=1, role="standby", epoch=0,
+                     seq=0, leader=None, time=time.time(), beats=1)  # fmt: skip
+    store.put_heartbeat(AGENT_ID, beat)
+    result = run_hb(["status", "--store", store.root.as_uri(), "--agent-id", AGENT_ID])
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout
+    assert "h\\x1b[2Jx" in result.stdout
 
 
 # -- 5. hb demo ----------------------------------------------------------------------
