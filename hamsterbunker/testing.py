@@ -21,17 +21,27 @@ object it passed in or got back.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError, Fenced, LeaseConflict, StoreError
+from .errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError
+from .limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EPOCH,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+    check_checkpoint_bounds,
+)
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores.base import Fence, StoreGuarantees
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
+
+log = logging.getLogger(__name__)
 
 MEMORY_GUARANTEES = StoreGuarantees(
     mutual_exclusion="a threading.Lock: real between threads of one process, none beyond it",
@@ -48,8 +58,10 @@ class _Agent:
     """Everything stored for one agent. Only touched with MemoryStore._lock held."""
 
     lease: bytes | None = None
-    # seq -> (info, sealed bytes); at most keep_checkpoints entries.
+    # seq -> (info, sealed bytes): the newest keep_checkpoints at or below the last
+    # seq written, and whatever was above it. A test may plant junk here.
     checkpoints: dict[int, tuple[CheckpointInfo, bytes]] = field(default_factory=dict)
+    acceptance: bytes | None = None
     heartbeats: dict[str, bytes] = field(default_factory=dict)
     events: dict[str, deque[bytes]] = field(default_factory=dict)
     changes: int = 0  # moves on every write; watch() polls it
@@ -123,7 +135,16 @@ class MemoryStore:
     # -- checkpoints -------------------------------------------------------
 
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        """Store a sealed checkpoint, only if fence matches the current lease."""
+        """Store a sealed checkpoint, only if fence matches the current lease.
+
+        Refused (StoreError) outside the bounds of check_checkpoint_bounds, or if a
+        checkpoint of the fence's own epoch at or above seq is stored; anything of
+        another epoch, whatever its seq, keeps nothing out. Retention keeps the
+        newest keep_checkpoints at or below seq and never touches anything above.
+        """
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        if problem is not None:
+            raise StoreError(problem)
         data = bytes(blob)
         with self._lock:
             state = self._agent(agent)
@@ -138,31 +159,77 @@ class MemoryStore:
                     f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
                     f"the lease is now {now}"
                 )
-            if state.checkpoints and max(state.checkpoints) >= seq:
+            own = [s for s, (i, _b) in state.checkpoints.items() if i.epoch == fence.epoch]
+            if own and max(own) >= seq:
                 raise StoreError(
-                    f"checkpoint sequence must increase: {seq} is not above "
-                    f"{max(state.checkpoints)}"
+                    f"checkpoint sequence must increase: {seq} is not above {max(own)}, "
+                    f"stored under this epoch ({fence.epoch})"
                 )
             info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(data), written=time.time())
-            state.checkpoints[seq] = (info, data)
-            for old in sorted(state.checkpoints, reverse=True)[self.keep_checkpoints :]:
+            state.checkpoints[seq] = (info, data)  # another epoch's under seq is replaced
+            below = sorted((s for s in state.checkpoints if s <= seq), reverse=True)
+            for old in below[self.keep_checkpoints :]:
                 del state.checkpoints[old]
             state.changes += 1
         return info
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        """Retained checkpoints, newest (highest seq) first."""
+        """Retained checkpoints, newest first: by seq, then epoch, both descending.
+
+        An entry outside the bounds of hamsterbunker.limits (only a test can plant
+        one here) is left out and logged, as the real backends do.
+        """
         with self._lock:
-            kept = self._agent(agent).checkpoints
-            return [kept[seq][0] for seq in sorted(kept, reverse=True)]
+            kept = [info for info, _blob in self._agent(agent).checkpoints.values()]
+        listed = []
+        for info in kept:
+            if (
+                0 < info.seq <= MAX_SEQ
+                and 0 < info.epoch <= MAX_EPOCH
+                and 0 <= info.size <= MAX_CHECKPOINT_BYTES
+            ):
+                listed.append(info)
+            else:
+                log.warning("memory store: leaving out checkpoint %r of %s", info, agent)
+        return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        """The sealed bytes of one retained checkpoint."""
+        """The sealed bytes of one retained checkpoint; CorruptRecord if over the size limit."""
         with self._lock:
             found = self._agent(agent).checkpoints.get(info.seq)
         if found is None or found[0].epoch != info.epoch:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        if len(found[1]) > MAX_CHECKPOINT_BYTES:
+            raise CorruptRecord(
+                f"checkpoint {info.seq} of {agent!r} is {len(found[1])} bytes, above the limit "
+                f"of {MAX_CHECKPOINT_BYTES} bytes"
+            )
         return found[1]
+
+    # -- loss acceptance ---------------------------------------------------
+
+    def read_acceptance(self, agent: str) -> bytes | None:
+        """The agent's loss-acceptance record, or None; CorruptRecord if over MAX_RECORD_BYTES."""
+        with self._lock:
+            data = self._agent(agent).acceptance
+        if data is not None and len(data) > MAX_RECORD_BYTES:
+            raise CorruptRecord(
+                f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        return data
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        """Replace the agent's loss-acceptance record (StoreError if it could not be read back)."""
+        if len(data) > MAX_RECORD_BYTES:
+            raise StoreError(
+                f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        with self._lock:
+            state = self._agent(agent)
+            state.acceptance = bytes(data)
+            state.changes += 1
 
     # -- heartbeats --------------------------------------------------------
 
@@ -179,8 +246,17 @@ class MemoryStore:
         """Every node's last heartbeat, ordered by node id."""
         with self._lock:
             beats = self._agent(agent).heartbeats
-            stored = [beats[node] for node in sorted(beats)]
-        return [Heartbeat.from_json(data) for data in stored]
+            stored = [(node, beats[node]) for node in sorted(beats)]
+        listed = []
+        for node, data in stored:
+            try:  # only a test can plant a damaged one; skipped as the real backends do
+                beat = Heartbeat.from_json(data)
+            except CorruptRecord as exc:
+                log.warning("memory store: ignoring an unreadable heartbeat of %s: %s", node, exc)
+                continue
+            if beat.node == node:
+                listed.append(beat)
+        return listed
 
     def remove_heartbeat(self, agent: str, node: str) -> None:
         """Drop a node's heartbeat (graceful stop). No error if absent."""
@@ -213,7 +289,14 @@ class MemoryStore:
         events: list[Event] = []
         for node, lines in stored:
             cursor = after.get(node, 0)
-            events.extend(e for e in map(Event.from_json, lines) if e.n > cursor)
+            for line in lines:
+                try:  # only a test can plant a damaged one; skipped as the real backends do
+                    event = Event.from_json(line)
+                except CorruptRecord as exc:
+                    log.warning("memory store: ignoring an unreadable event of %s: %s", node, exc)
+                    continue
+                if event.node == node and event.n > cursor:
+                    events.append(event)
         return events
 
     # -- watch -------------------------------------------------------------

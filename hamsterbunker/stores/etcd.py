@@ -9,16 +9,27 @@ writers; no local flag is ever the guard. Keys under the prefix P::
     P/agents/A/fence                            [holder, session, epoch] of that lease, same txn
     P/agents/A/checkpoints/<seq>-<epoch>        sealed bytes (seq and epoch zero-padded)
     P/agents/A/checkpoint-info/<seq>            {"epoch", "seq", "size", "written"}, same txn
+    P/agents/A/acceptance                       the loss-acceptance record (``hb accept-loss``)
     P/agents/A/heartbeats/<node>                heartbeat record
     P/agents/A/event-nodes/<node>               empty: lets readers find every node's log
     P/agents/A/events/<node>/<n>                one event; the oldest are deleted past the bound
 
 ``cas_lease`` compares the lease key's mod_revision (create_revision 0 for "no
-record yet") and writes lease and fence in one txn. ``put_checkpoint`` is one
-txn that compares the fence key's value with the writer's fence and checks that
-no checkpoint key at or above the new seq exists (a range compare), then writes
-bytes and info and deletes what retention drops. Watches follow the lease key
-(``lease_only``) or the agent's whole prefix.
+record yet") and writes lease and fence in one txn. ``put_checkpoint`` reads
+the names of the checkpoints at or above the new seq, and refuses the write if
+one of them is of the writer's own epoch (only the fenced leader writes under
+its epoch, so that read cannot go stale); then one txn compares the fence key's
+value with the writer's fence and the new key's create_revision with 0 (nothing
+is overwritten), writes bytes and info and deletes what retention drops (only
+below the new seq) and another epoch's bytes under the same seq. Watches follow
+the lease key (``lease_only``) or the agent's whole prefix.
+
+Nothing stored is trusted (DESIGN.md invariant 10): a key under the prefix
+whose name does not parse, or a description that does not, is skipped and
+logged once, never raised; checkpoints of other epochs above the new seq
+(junk, or damaged ones the runtime skipped) never keep a write out. A stored
+checkpoint above ``MAX_CHECKPOINT_BYTES`` or a record above ``MAX_RECORD_BYTES``
+is a CorruptRecord (etcd's request limit bounds what one read fetches).
 
 Limits. etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
 default), so a checkpoint larger than about 1.5 MiB is refused with a
@@ -53,6 +64,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -68,7 +80,23 @@ from etcd3gw.watch import Watcher
 
 from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from ..failpoints import failpoint
-from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from ..limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EPOCH,
+    MAX_NUMBER,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+    check_checkpoint_bounds,
+)
+from ..records import (
+    CheckpointInfo,
+    ClusterRecord,
+    Event,
+    Heartbeat,
+    LeaseRecord,
+    check_name,
+    parse_json,
+)
 from ._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
 
@@ -217,13 +245,107 @@ def _fence_text(holder: str | None, session: str, epoch: int) -> str:
 
 
 def _describe_fence(kvs: list[dict[str, Any]]) -> str:
+    """The stored fence in words, for a Fenced message; a damaged one is said to be so."""
     if not kvs:
         return "no lease"
     try:
-        holder, _session, epoch = json.loads(_unb64(kvs[0].get("value", "")))
-    except ValueError:  # JSON, base64 or unpacking: damaged by something else than us
+        doc = parse_json(_unb64(kvs[0].get("value", "")), "lease fence")
+    except (CorruptRecord, ValueError):  # ValueError: base64 (the gateway's, never expected)
+        return "an unreadable fence"
+    if not isinstance(doc, list) or len(doc) != 3:
+        return "an unreadable fence"
+    holder, _session, epoch = doc
+    if not (holder is None or isinstance(holder, str)) or type(epoch) is not int:
         return "an unreadable fence"
     return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
+
+
+def _fence_value(kvs: list[dict[str, Any]]) -> bytes | None:
+    """The stored fence's bytes as a txn response has them (None if absent or unreadable)."""
+    if not kvs:
+        return None
+    try:
+        return _unb64(kvs[0].get("value", ""))
+    except ValueError:
+        return None
+
+
+def _revision(meta: Mapping[str, Any], name: str = "mod_revision") -> int:
+    """A revision in etcd's metadata (etcd's own, but read within bounds all the same)."""
+    try:
+        value = int(meta[name])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptRecord(f"etcd metadata has no readable {name}") from exc
+    if not 0 <= value <= MAX_NUMBER:
+        raise CorruptRecord(f"etcd metadata {name} {value} is out of range")
+    return value
+
+
+# The last part of a checkpoint key and of a description key, as put_checkpoint writes them.
+_CHECKPOINT_NAME = re.compile(rb"([0-9]{%d})-([0-9]{%d})" % (_SEQ, _EPOCH))
+_INFO_NAME = re.compile(rb"[0-9]{%d}" % _SEQ)
+# Damaged entries already logged, per store: each is reported once, not on every
+# read (a standby lists every tick). Bounded, since a store writer picks how many.
+_REPORTED_MAX = 4096
+
+
+class _ReportedOnce:
+    """Logs a warning about one damaged entry once (thread-safe, bounded memory)."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[object, ...]] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, entry: tuple[object, ...], message: str, *args: object) -> None:
+        with self._lock:
+            if entry in self._seen:
+                return
+            if len(self._seen) >= _REPORTED_MAX:
+                self._seen.clear()
+            self._seen.add(entry)
+        log.warning(message, *args)
+
+
+def _checkpoint_name(name: bytes) -> tuple[int, int] | None:
+    """(seq, epoch) of a checkpoint key's last part, or None if it is not one we write."""
+    match = _CHECKPOINT_NAME.fullmatch(name)
+    if match is None:
+        return None
+    seq, epoch = int(match[1]), int(match[2])
+    return (seq, epoch) if 0 < seq <= MAX_SEQ and 0 < epoch <= MAX_EPOCH else None
+
+
+def _info_name(name: bytes) -> int | None:
+    """The seq of a description key's last part, or None if it is not one we write."""
+    if not _INFO_NAME.fullmatch(name):
+        return None
+    seq = int(name)
+    return seq if 0 < seq <= MAX_SEQ else None
+
+
+def _checkpoint_info(seq: int, data: bytes) -> CheckpointInfo:
+    """A description stored under seq as CheckpointInfo; CorruptRecord for anything else."""
+    doc = parse_json(data, f"checkpoint {seq} description")
+    if not isinstance(doc, dict):
+        raise CorruptRecord(f"checkpoint {seq} description is not a JSON object")
+    epoch, size, written = doc.get("epoch"), doc.get("size"), doc.get("written")
+    if type(epoch) is not int or not 0 < epoch <= MAX_EPOCH:
+        raise CorruptRecord(f"checkpoint {seq} epoch is not a number in 1..{MAX_EPOCH}")
+    if doc.get("seq") != seq or type(doc.get("seq")) is not int:
+        raise CorruptRecord(f"checkpoint {seq} description names another seq")
+    if type(size) is not int or not 0 <= size <= MAX_CHECKPOINT_BYTES:
+        raise CorruptRecord(f"checkpoint {seq} size is not a number in 0..{MAX_CHECKPOINT_BYTES}")
+    if isinstance(written, bool) or not isinstance(written, int | float):
+        raise CorruptRecord(f"checkpoint {seq} has no time written")
+    return CheckpointInfo(epoch=epoch, seq=seq, size=size, written=float(written))
+
+
+def _kv_key(kv: Mapping[str, Any]) -> bytes:
+    """The key of a kv in a txn response (base64 there); b"" if it cannot be read."""
+    try:
+        return _unb64(kv.get("key", ""))
+    except ValueError:
+        return b""
 
 
 def _put(key: str, value: str | bytes) -> dict[str, Any]:
@@ -313,6 +435,7 @@ class EtcdStore:
         self._current = 0
         self._followers: set[_Follower] = set()
         self._indexed: set[tuple[str, str]] = set()  # (agent, node) whose event log is indexed
+        self._reported = _ReportedOnce()
         if not create and not self._exists():
             where = ",".join(map(self._endpoint_text, range(len(self._clients))))
             raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd {where}")
@@ -422,7 +545,7 @@ class EtcdStore:
         if not found:
             return None
         data, meta = found[0]
-        return replace(LeaseRecord.from_json(data), version=int(meta["mod_revision"]))
+        return replace(LeaseRecord.from_json(data), version=_revision(meta))
 
     @_translated
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
@@ -445,49 +568,84 @@ class EtcdStore:
         )
         if not response.get("succeeded"):
             kvs = _ranges(response)[0]
-            current = int(kvs[0]["mod_revision"]) if kvs else None
+            current = _revision(kvs[0]) if kvs else None
             raise LeaseConflict(
                 f"lease of {agent!r} is at version {current}, not {expected_version}"
             )
-        return replace(new, version=int(response["header"]["revision"]))
+        return replace(new, version=_revision(response.get("header", {}), "revision"))
 
     # -- checkpoints -------------------------------------------------------
 
     @_translated
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        if problem is not None:  # refused before anything is sent
+            raise StoreError(problem)
         prefix = self._agent_prefix(agent)
         data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
+        fence_text = _fence_text(fence.holder, fence.session, fence.epoch)
+        key = f"{data}{_pad(seq)}-{_pad(fence.epoch, _EPOCH)}"
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+        # One read of what is stored: the names of the checkpoints at or above seq
+        # (they say seq and epoch), of every description (for retention), and the fence.
+        above, described, fence_kvs = _ranges(
+            self._txn(
+                [],
+                [
+                    _get(data + _pad(seq), _range_end(data), keys_only=True),
+                    _get(infos, _range_end(infos), keys_only=True),
+                    _get(prefix + "fence"),
+                ],
+            )
+        )
+        replaced = False  # another epoch's checkpoint under this seq, to delete
+        for kv in above:
+            name = _kv_key(kv).removeprefix(data.encode())
+            found = _checkpoint_name(name)
+            if found is None:
+                self._warn_key(agent, kv, "checkpoint key")
+                continue
+            if found[1] == fence.epoch:  # this term's own: it numbers upwards, never overwrites
+                if _fence_value(fence_kvs) != fence_text.encode():
+                    raise Fenced(
+                        f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                        f"the lease is now {_describe_fence(fence_kvs)}"
+                    )
+                raise StoreError(
+                    f"checkpoint sequence must increase: {seq} is not above {found[0]}, "
+                    f"stored under this epoch ({fence.epoch})"
+                )
+            replaced = replaced or found[0] == seq
+        kept = {seq}
+        for kv in described:
+            stored = _info_name(_kv_key(kv).removeprefix(infos.encode()))
+            if stored is None:
+                self._warn_key(agent, kv, "checkpoint description key")
+            elif stored < seq:  # retention never reaches above the new seq
+                kept.add(stored)
         success = [
-            _put(f"{data}{_pad(seq)}-{_pad(fence.epoch, _EPOCH)}", bytes(blob)),
+            _put(key, bytes(blob)),
             _put(infos + _pad(seq), json.dumps(asdict(info))),
         ]
-        # Retention in the same txn: everything below the newest keep-1 already stored.
-        # Only the fenced leader writes here, so the list read just before is current.
-        stored = sorted(self._checkpoint_seqs(agent), reverse=True)
-        if len(stored) >= self.keep_checkpoints:
-            cutoff = _pad(stored[self.keep_checkpoints - 2] if self.keep_checkpoints > 1 else seq)
+        newest = sorted(kept, reverse=True)
+        if len(newest) > self.keep_checkpoints:  # everything below the oldest one kept
+            cutoff = _pad(newest[self.keep_checkpoints - 1])
             success += [_delete(data, data + cutoff), _delete(infos, infos + cutoff)]
+        if replaced:
+            # etcd refuses a txn whose delete covers its own put: the range either side of key.
+            same_seq = f"{data}{_pad(seq)}-"
+            success += [_delete(same_seq, key), _delete(key + "\0", _range_end(same_seq))]
         compare: list[dict[str, Any]] = [
             {
                 "key": _b64(prefix + "fence"),
                 "target": "VALUE",
                 "result": "EQUAL",
-                "value": _b64(_fence_text(fence.holder, fence.session, fence.epoch)),
+                "value": _b64(fence_text),
             },
-            # No checkpoint at or above seq: every key in the range is absent.
-            {
-                "key": _b64(data + _pad(seq)),
-                "range_end": _b64(_range_end(data)),
-                "target": "CREATE",
-                "result": "EQUAL",
-                "create_revision": 0,
-            },
+            # Nothing is overwritten: this epoch's key for seq does not exist yet.
+            {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
         ]
-        failure = [
-            _get(prefix + "fence"),
-            _get(infos, _range_end(infos), keys_only=True, limit=1, sort_order=2),  # descend
-        ]
+        failure = [_get(prefix + "fence")]
         failpoint("checkpoint.before_commit")
         try:
             response = self._txn(compare, success, failure)
@@ -502,43 +660,51 @@ class EtcdStore:
             raise
         if response.get("succeeded"):
             return info
-        fence_kvs, newest = _ranges(response)
-        if (
-            not fence_kvs
-            or _unb64(fence_kvs[0].get("value", ""))
-            != _fence_text(fence.holder, fence.session, fence.epoch).encode()
-        ):
+        [fence_kvs] = _ranges(response)
+        if _fence_value(fence_kvs) != fence_text.encode():
             raise Fenced(
                 f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
                 f"the lease is now {_describe_fence(fence_kvs)}"
             )
-        top = _unb64(newest[0]["key"]).decode().rsplit("/", 1)[-1] if newest else "?"
-        raise StoreError(f"checkpoint sequence must increase: {seq} is not above {int(top)}")
+        raise StoreError(
+            f"checkpoint sequence must increase: {seq} is already stored under this epoch "
+            f"({fence.epoch})"
+        )
 
-    def _checkpoint_seqs(self, agent: str) -> list[int]:
-        infos = self._agent_prefix(agent) + "checkpoint-info/"
-        found = self._kv.get(infos, metadata=True, range_end=_range_end(infos), keys_only=True)
-        return [int(meta["key"].decode().rsplit("/", 1)[-1]) for _value, meta in found]
+    def _warn_key(self, agent: str, kv: Mapping[str, Any], what: str) -> None:
+        """Log once that a key under the agent's prefix does not parse (it is skipped)."""
+        name = _kv_key(kv)
+        self._reported.warn(
+            (agent, name, kv.get("mod_revision")),
+            "etcd store: skipping %s %s of %s: its name is not one this store writes",
+            what,
+            name.decode("utf-8", "replace")[-80:],
+            agent,
+        )
 
     @_translated
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         infos = self._agent_prefix(agent) + "checkpoint-info/"
-        found = self._kv.get(infos, range_end=_range_end(infos))
+        [found] = _ranges(self._txn([], [_get(infos, _range_end(infos))]))
         listed = []
-        for data in found:
+        for kv in found:
+            seq = _info_name(_kv_key(kv).removeprefix(infos.encode()))
+            if seq is None:
+                self._warn_key(agent, kv, "checkpoint description key")
+                continue
             try:
-                doc = json.loads(data)
-                listed.append(
-                    CheckpointInfo(
-                        epoch=int(doc["epoch"]),
-                        seq=int(doc["seq"]),
-                        size=int(doc["size"]),
-                        written=float(doc["written"]),
-                    )
+                listed.append(_checkpoint_info(seq, _unb64(kv.get("value", ""))))
+            except (CorruptRecord, ValueError) as exc:  # ValueError: the gateway's base64
+                # Not ours to judge further (the runtime authenticates what is listed):
+                # left out, and said once.
+                self._reported.warn(
+                    (agent, _kv_key(kv), kv.get("mod_revision")),
+                    "etcd store: leaving out checkpoint %d of %s: %s",
+                    seq,
+                    agent,
+                    exc,
                 )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise CorruptRecord(f"checkpoint info of {agent!r} does not parse: {exc}") from exc
-        return sorted(listed, key=lambda info: info.seq, reverse=True)
+        return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
     @_translated
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
@@ -546,7 +712,36 @@ class EtcdStore:
         found = self._kv.get(key)
         if not found:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        # etcd's request limit bounds what this fetched; its own limit may be raised.
+        if len(found[0]) > MAX_CHECKPOINT_BYTES:
+            raise CorruptRecord(
+                f"checkpoint {info.seq} of {agent!r} is {len(found[0])} bytes, above the limit "
+                f"of {MAX_CHECKPOINT_BYTES} bytes"
+            )
         return found[0]
+
+    # -- loss acceptance ---------------------------------------------------
+
+    @_translated
+    def read_acceptance(self, agent: str) -> bytes | None:
+        found = self._kv.get(self._agent_prefix(agent) + "acceptance")
+        if not found:
+            return None
+        if len(found[0]) > MAX_RECORD_BYTES:
+            raise CorruptRecord(
+                f"loss-acceptance record of {agent!r} is {len(found[0])} bytes, above the limit "
+                f"of {MAX_RECORD_BYTES} bytes"
+            )
+        return found[0]
+
+    @_translated
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        if len(data) > MAX_RECORD_BYTES:  # it could never be read back
+            raise StoreError(
+                f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        self._kv.put(self._agent_prefix(agent) + "acceptance", bytes(data))
 
     # -- heartbeats --------------------------------------------------------
 
@@ -561,12 +756,18 @@ class EtcdStore:
         found = self._kv.get(beats, metadata=True, range_end=_range_end(beats))
         listed = []
         for data, meta in found:  # in key order: by node id
+            key = meta.get("key", b"")
             try:
                 beat = Heartbeat.from_json(data)
             except CorruptRecord as exc:
-                log.warning("ignoring unreadable heartbeat %s: %s", meta["key"].decode(), exc)
+                self._reported.warn(
+                    (agent, key, meta.get("mod_revision")),
+                    "ignoring unreadable heartbeat %s: %s",
+                    key.decode("utf-8", "replace")[-80:],
+                    exc,
+                )
                 continue
-            if meta["key"].decode() == beats + beat.node:  # a copy under another name is not it
+            if key == (beats + beat.node).encode():  # a copy under another name is not it
                 listed.append(beat)
         return listed
 
@@ -595,7 +796,16 @@ class EtcdStore:
         prefix = self._agent_prefix(agent)
         index = prefix + "event-nodes/"
         found = self._kv.get(index, metadata=True, range_end=_range_end(index), keys_only=True)
-        nodes = sorted(meta["key"].decode().removeprefix(index) for _value, meta in found)
+        nodes = []
+        for _value, meta in found:
+            name = meta.get("key", b"").removeprefix(index.encode())
+            try:  # a node id as check_name accepts it, or a key someone else put there
+                nodes.append(check_name("node id", name.decode("ascii")))
+            except (UnicodeDecodeError, ConfigError):
+                self._reported.warn(
+                    (agent, name), "etcd store: skipping event log %r of %s", name[:80], agent
+                )
+        nodes.sort()
         if not nodes:
             return []
         # Read-only txns (one per _TXN_OPS nodes): only each node's events past its cursor.
@@ -612,8 +822,13 @@ class EtcdStore:
             for kv in kvs:  # in key order: by n
                 try:
                     event = Event.from_json(_unb64(kv.get("value", "")))
-                except CorruptRecord as exc:
-                    log.warning("ignoring unreadable event of %s: %s", node, exc)
+                except (CorruptRecord, ValueError) as exc:  # ValueError: the gateway's base64
+                    self._reported.warn(
+                        (agent, _kv_key(kv), kv.get("mod_revision")),
+                        "ignoring unreadable event of %s: %s",
+                        node,
+                        exc,
+                    )
                     continue
                 if event.node == node and event.n > after.get(node, 0):
                     events.append(event)

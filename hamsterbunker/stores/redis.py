@@ -9,6 +9,7 @@ one agent). Every key starts with the prefix (default ``hamsterbunker``)::
     P:agent:A:lease                    hash: record (JSON), version, fence
     P:agent:A:checkpoints              hash: seq -> {epoch, size, written}
     P:agent:A:blobs                    hash: seq -> sealed bytes
+    P:agent:A:acceptance               the loss-acceptance record (``hb accept-loss``; SET)
     P:agent:A:heartbeats               hash: node -> heartbeat JSON
     P:agent:A:event-counts             hash: node -> events appended so far
     P:agent:A:events:NODE              list of event JSON, trimmed to the newest N
@@ -17,7 +18,15 @@ one agent). Every key starts with the prefix (default ``hamsterbunker``)::
 a time with nothing interleaved: the lease's version is compared and the
 record written in one step, and a checkpoint is written only if the ``fence``
 field stored beside the lease record (holder, session, epoch) equals the
-writer's, in the same step. Whatever Redis does not promise (replication is
+writer's, in the same step.
+
+Nothing stored is trusted (DESIGN.md invariant 10): a checkpoint field that is
+not a seq as we write one, or a description that does not decode, is skipped
+by the scripts (never a Lua error), logged once and left out of listings; only
+a checkpoint of the writer's own epoch at or above its seq refuses a write.
+Values are measured (``STRLEN``/``HSTRLEN``) before they are fetched, so a
+huge one is a CorruptRecord without being read: checkpoints above
+``MAX_CHECKPOINT_BYTES``, records above ``MAX_RECORD_BYTES``. Whatever Redis does not promise (replication is
 asynchronous; durability is whatever ``appendonly``/``appendfsync`` say) is
 stated in ``GUARANTEES`` and checked, where the server lets us, at open.
 
@@ -47,7 +56,9 @@ import functools
 import json
 import logging
 import os
+import re
 import ssl
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -61,7 +72,22 @@ from redis.retry import Retry
 
 from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from ..failpoints import failpoint
-from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from ..limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EPOCH,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+    check_checkpoint_bounds,
+)
+from ..records import (
+    CheckpointInfo,
+    ClusterRecord,
+    Event,
+    Heartbeat,
+    LeaseRecord,
+    check_name,
+    parse_json,
+)
 from ..tail import TailRead
 from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
@@ -104,53 +130,233 @@ return {'ok'}
 """
 
 # KEYS: lease hash, checkpoint info hash, blob hash. ARGV: fence, seq, info JSON,
-# blob, how many to keep, channel. Returns {'ok'}, {'fenced', stored fence} or
-# {'seq', newest stored seq}.
+# blob, how many to keep, channel, the fence's epoch, MAX_SEQ, MAX_RECORD_BYTES.
+# Returns {'ok'}, {'fenced', stored fence} or {'seq', a stored seq of this epoch}.
+# Whatever a store writer put in the hashes, this never raises a Lua error: a
+# field that is not a seq as we write one, or a description that does not
+# decode, is passed over (pcall around cjson), and only the fence's own epoch
+# at or above seq refuses the write. Retention keeps the newest ARGV[5] at or
+# below seq and never touches anything above it.
 _PUT_CHECKPOINT = """
 local fence = redis.call('HGET', KEYS[1], 'fence') or ''
 if fence ~= ARGV[1] then
   return {'fenced', fence}
 end
-local seq = tonumber(ARGV[2])
-local kept = redis.call('HKEYS', KEYS[2])
-for _, s in ipairs(kept) do
-  if tonumber(s) >= seq then
-    return {'seq', s}
+local seq, epoch = tonumber(ARGV[2]), tonumber(ARGV[7])
+local max_seq, cap = tonumber(ARGV[8]), tonumber(ARGV[9])
+local function seq_of(field)
+  if #field > 16 or not string.match(field, '^[1-9]%d*$') then
+    return nil
+  end
+  local n = tonumber(field)
+  if n > max_seq then
+    return nil
+  end
+  return n
+end
+local function epoch_of(field)
+  if redis.call('HSTRLEN', KEYS[2], field) > cap then
+    return nil
+  end
+  local ok, doc = pcall(cjson.decode, redis.call('HGET', KEYS[2], field))
+  if not ok or type(doc) ~= 'table' or type(doc['epoch']) ~= 'number' then
+    return nil
+  end
+  return doc['epoch']
+end
+local kept = {}
+for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
+  local s = seq_of(field)
+  if s ~= nil then
+    if s >= seq and epoch_of(field) == epoch then
+      return {'seq', field}
+    end
+    if s < seq then
+      table.insert(kept, {s, field})
+    end
   end
 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
-table.insert(kept, ARGV[2])
-table.sort(kept, function(a, b) return tonumber(a) > tonumber(b) end)
+table.insert(kept, {seq, ARGV[2]})
+table.sort(kept, function(a, b) return a[1] > b[1] end)
 for i = tonumber(ARGV[5]) + 1, #kept do
-  redis.call('HDEL', KEYS[2], kept[i])
-  redis.call('HDEL', KEYS[3], kept[i])
+  redis.call('HDEL', KEYS[2], kept[i][2])
+  redis.call('HDEL', KEYS[3], kept[i][2])
 end
 redis.call('PUBLISH', ARGV[6], 'checkpoint')
 return {'ok'}
 """
 
-# KEYS: event counts hash, heartbeats hash. ARGV: events key prefix, then
-# (node, count already read) pairs. Returns the heartbeats, then for each node
-# with new events {node, count, events}. One script, so the counts and the
-# lists are read at one moment (the list keys are derived here, which is why
-# Redis Cluster is not supported).
-_TAIL = """
-local seen = {}
-for i = 2, #ARGV, 2 do
-  seen[ARGV[i]] = tonumber(ARGV[i + 1])
-end
-local out = {redis.call('HGETALL', KEYS[2])}
-local counts = redis.call('HGETALL', KEYS[1])
-for i = 1, #counts, 2 do
-  local node, count = counts[i], tonumber(counts[i + 1])
-  local new = count - (seen[node] or 0)
-  if new > 0 then
-    table.insert(out, {node, counts[i + 1], redis.call('LRANGE', ARGV[1] .. node, -new, -1)})
+# KEYS: checkpoint info hash. ARGV: MAX_RECORD_BYTES. Returns field, description
+# pairs; a description over the limit comes back as its length (an integer),
+# unread.
+_LIST_CHECKPOINTS = """
+local out = {}
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  local size = redis.call('HSTRLEN', KEYS[1], field)
+  table.insert(out, field)
+  if size > tonumber(ARGV[1]) then
+    table.insert(out, size)
+  else
+    table.insert(out, redis.call('HGET', KEYS[1], field))
   end
 end
 return out
 """
+
+# KEYS: checkpoint info hash, blob hash. ARGV: seq, MAX_RECORD_BYTES,
+# MAX_CHECKPOINT_BYTES. Returns {} if either is gone, else {description, blob},
+# each replaced by its length (an integer) when over its limit: the bytes of a
+# huge blob never leave the server.
+_READ_CHECKPOINT = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
+  return {}
+end
+local out = {}
+for i, cap in ipairs({tonumber(ARGV[2]), tonumber(ARGV[3])}) do
+  local size = redis.call('HSTRLEN', KEYS[i], ARGV[1])
+  if size > cap then
+    table.insert(out, size)
+  else
+    table.insert(out, redis.call('HGET', KEYS[i], ARGV[1]))
+  end
+end
+return out
+"""
+
+# KEYS: a hash. ARGV: field, limit. Returns {} if absent, {length} (an integer)
+# if over the limit, else {value}.
+_BOUNDED_HGET = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+  return {}
+end
+local size = redis.call('HSTRLEN', KEYS[1], ARGV[1])
+if size > tonumber(ARGV[2]) then
+  return {size}
+end
+return {redis.call('HGET', KEYS[1], ARGV[1])}
+"""
+
+# KEYS: a string key. ARGV: limit. As _BOUNDED_HGET, for a whole key.
+_BOUNDED_GET = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {}
+end
+local size = redis.call('STRLEN', KEYS[1])
+if size > tonumber(ARGV[1]) then
+  return {size}
+end
+return {redis.call('GET', KEYS[1])}
+"""
+
+# Lua helpers shared by the event and heartbeat readers: a node id as check_name accepts it,
+# an event count as we write it (digits, exact in a double), and one node's
+# list with every entry over the record limit blanked (so it is reported as
+# unreadable, never shipped). A key of the wrong type reads as empty (pcall).
+_HELPERS = """
+local function node_ok(node)
+  return #node <= 64 and string.match(node, '^[A-Za-z0-9][A-Za-z0-9._-]*$') ~= nil
+end
+local function count_of(text)
+  if #text > 15 or not string.match(text, '^%d+$') then
+    return nil
+  end
+  return tonumber(text)
+end
+local function bounded_range(key, first, cap)
+  local lines = redis.pcall('LRANGE', key, first, -1)
+  if type(lines) ~= 'table' or lines['err'] then
+    return {}
+  end
+  for i, line in ipairs(lines) do
+    if #line > cap then
+      lines[i] = ''
+    end
+  end
+  return lines
+end
+local function bounded_hash(key, cap)
+  local flat = redis.pcall('HGETALL', key)
+  if type(flat) ~= 'table' or flat['err'] then
+    return {}
+  end
+  for i = 2, #flat, 2 do
+    if #flat[i] > cap then
+      flat[i] = ''
+    end
+  end
+  return flat
+end
+"""
+
+# KEYS: event counts hash, heartbeats hash. ARGV: events key prefix,
+# MAX_RECORD_BYTES, then (node, count already read) pairs. Returns the
+# heartbeats, then for each node with new events {node, count, events}. One
+# script, so the counts and the lists are read at one moment (the list keys
+# are derived here, which is why Redis Cluster is not supported). Counts and
+# node names that are not as we write them are passed over.
+_TAIL = (
+    _HELPERS
+    + """
+local cap = tonumber(ARGV[2])
+local seen = {}
+for i = 3, #ARGV, 2 do
+  seen[ARGV[i]] = tonumber(ARGV[i + 1])
+end
+local out = {bounded_hash(KEYS[2], cap)}
+local counts = bounded_hash(KEYS[1], cap)
+for i = 1, #counts, 2 do
+  local node, count = counts[i], count_of(counts[i + 1])
+  if count ~= nil and node_ok(node) then
+    local new = count - (seen[node] or 0)
+    if new > 0 then
+      local key = ARGV[1] .. node
+      local length = redis.pcall('LLEN', key)
+      if type(length) ~= 'number' then
+        length = 0
+      end
+      new = math.min(new, length)
+      local lines = {}
+      if new > 0 then
+        lines = bounded_range(key, -new, cap)
+      end
+      table.insert(out, {node, count, lines})
+    end
+  end
+end
+return out
+"""
+)
+
+# KEYS: heartbeats hash. ARGV: MAX_RECORD_BYTES. HGETALL, with every heartbeat
+# over the limit blanked.
+_HEARTBEATS = (
+    _HELPERS
+    + """
+return bounded_hash(KEYS[1], tonumber(ARGV[1]))
+"""
+)
+
+# KEYS: event counts hash. ARGV: events key prefix, MAX_RECORD_BYTES. Returns
+# {node, events} for every node whose name is as we write one.
+_READ_EVENTS = (
+    _HELPERS
+    + """
+local cap = tonumber(ARGV[2])
+local out = {}
+local nodes = redis.pcall('HKEYS', KEYS[1])
+if type(nodes) ~= 'table' or nodes['err'] then
+  return out
+end
+for _, node in ipairs(nodes) do
+  if node_ok(node) then
+    table.insert(out, {node, bounded_range(ARGV[1] .. node, 0, cap)})
+  end
+end
+return out
+"""
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -190,10 +396,27 @@ def _fence_text(holder: str | None, session: str, epoch: int) -> str:
 
 
 def _describe_fence(stored: bytes) -> str:
+    """The stored fence in words, for a Fenced message; a damaged one is said to be so."""
     if not stored:
         return "no lease"
-    holder, _session, epoch = json.loads(stored)
+    try:
+        holder, epoch = _parse_fence(stored)
+    except CorruptRecord:
+        return "an unreadable fence"
     return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
+
+
+def _parse_fence(stored: bytes) -> tuple[str | None, int]:
+    """(holder, epoch) of a stored fence; CorruptRecord for anything not as _fence_text writes."""
+    doc = parse_json(stored, "lease fence")
+    if not isinstance(doc, list) or len(doc) != 3:
+        raise CorruptRecord("lease fence is not [holder, session, epoch]")
+    holder, session, epoch = doc
+    if not (holder is None or isinstance(holder, str)) or not isinstance(session, str):
+        raise CorruptRecord("lease fence has a holder or session of the wrong type")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+        raise CorruptRecord(f"lease fence epoch is not a number in 0..{MAX_EPOCH}")
+    return holder, epoch
 
 
 def _raw(value: bytes | str) -> bytes:
@@ -202,7 +425,65 @@ def _raw(value: bytes | str) -> bytes:
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A reply as text for messages: bytes a store writer chose may not be UTF-8."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# A seq as put_checkpoint writes it in a field name: no sign, no leading zero.
+_SEQ_FIELD = re.compile(rb"[1-9][0-9]{0,15}")
+# Damaged entries already logged, per store: each is reported once, not on every
+# read (a standby lists every tick). Bounded, since a store writer picks how many.
+_REPORTED_MAX = 4096
+
+
+class _ReportedOnce:
+    """Logs a warning about one damaged entry once (thread-safe, bounded memory)."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[object, ...]] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, entry: tuple[object, ...], message: str, *args: object) -> None:
+        with self._lock:
+            if entry in self._seen:
+                return
+            if len(self._seen) >= _REPORTED_MAX:
+                self._seen.clear()
+            self._seen.add(entry)
+        log.warning(message, *args)
+
+
+def _checkpoint_info(field: bytes, doc: bytes | int) -> CheckpointInfo:
+    """A checkpoints hash entry as CheckpointInfo; CorruptRecord for anything else.
+
+    doc is the description, or its length (an int) when the server found it over
+    the record limit and did not send it.
+    """
+    if not _SEQ_FIELD.fullmatch(field) or int(field) > MAX_SEQ:
+        raise CorruptRecord(f"checkpoint field {field[:40]!r} is not a seq in 1..{MAX_SEQ}")
+    seq = int(field)
+    if isinstance(doc, int):
+        raise CorruptRecord(f"checkpoint {seq} has a description of {doc} bytes")
+    fields = parse_json(doc, f"checkpoint {seq} description")
+    if not isinstance(fields, dict):
+        raise CorruptRecord(f"checkpoint {seq} description is not a JSON object")
+    epoch, size, written = fields.get("epoch"), fields.get("size"), fields.get("written")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 < epoch <= MAX_EPOCH:
+        raise CorruptRecord(f"checkpoint {seq} epoch is not a number in 1..{MAX_EPOCH}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_CHECKPOINT_BYTES:
+        raise CorruptRecord(f"checkpoint {seq} size is not a number in 0..{MAX_CHECKPOINT_BYTES}")
+    if isinstance(written, bool) or not isinstance(written, int | float):
+        raise CorruptRecord(f"checkpoint {seq} has no time written")
+    return CheckpointInfo(epoch=epoch, seq=seq, size=size, written=float(written))
+
+
+def _bounded(answer: list[Any], what: str, limit: int) -> bytes | None:
+    """The value of a _BOUNDED_GET/_BOUNDED_HGET answer: None if absent, CorruptRecord if huge."""
+    if not answer:
+        return None
+    if isinstance(answer[0], int):
+        raise CorruptRecord(f"{what} is {answer[0]} bytes, above the limit of {limit} bytes")
+    return _raw(answer[0])
 
 
 # The redis-py options that name files: checked at parse time, so a wrong path
@@ -310,7 +591,14 @@ class RedisStore:
             raise ConfigError(f"store URL {self.url!r}: {exc}") from exc
         self._cas_lease = self._redis.register_script(_CAS_LEASE)
         self._put_checkpoint = self._redis.register_script(_PUT_CHECKPOINT)
+        self._list_checkpoints = self._redis.register_script(_LIST_CHECKPOINTS)
+        self._read_checkpoint = self._redis.register_script(_READ_CHECKPOINT)
+        self._bounded_get = self._redis.register_script(_BOUNDED_GET)
+        self._bounded_hget = self._redis.register_script(_BOUNDED_HGET)
+        self._read_events = self._redis.register_script(_READ_EVENTS)
+        self._heartbeats = self._redis.register_script(_HEARTBEATS)
         self._tail = self._redis.register_script(_TAIL)
+        self._reported = _ReportedOnce()
         self.warnings: list[str] = self._check_persistence()
 
     def describe_tls(self, error: ssl.SSLError) -> str:
@@ -371,8 +659,9 @@ class RedisStore:
 
     @_redis_errors_as_store_errors
     def read_cluster(self) -> ClusterRecord | None:
-        data = self._redis.get(f"{self.prefix}:cluster")
-        return None if data is None else ClusterRecord.from_json(_raw(data))
+        answer = self._bounded_get(keys=[f"{self.prefix}:cluster"], args=[MAX_RECORD_BYTES])
+        data = _bounded(answer, "cluster record", MAX_RECORD_BYTES)
+        return None if data is None else ClusterRecord.from_json(data)
 
     @_redis_errors_as_store_errors
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
@@ -381,14 +670,19 @@ class RedisStore:
         pipe.set(key, record.to_json(), nx=True)
         pipe.get(key)
         _created, stored = pipe.execute()
-        return ClusterRecord.from_json(stored)
+        if stored is None:
+            raise StoreError(f"cluster record under {self.prefix} vanished")
+        return ClusterRecord.from_json(_raw(stored))
 
     # -- lease -------------------------------------------------------------
 
     @_redis_errors_as_store_errors
     def read_lease(self, agent: str) -> LeaseRecord | None:
-        data = self._redis.hget(self._key(agent, "lease"), "record")
-        return None if data is None else LeaseRecord.from_json(_raw(data))
+        answer = self._bounded_hget(
+            keys=[self._key(agent, "lease")], args=["record", MAX_RECORD_BYTES]
+        )
+        data = _bounded(answer, "lease record", MAX_RECORD_BYTES)
+        return None if data is None else LeaseRecord.from_json(data)
 
     @_redis_errors_as_store_errors
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
@@ -415,6 +709,9 @@ class RedisStore:
 
     @_redis_errors_as_store_errors
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        if problem is not None:  # refused before anything is sent
+            raise StoreError(problem)
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
         failpoint("checkpoint.before_commit")
         answer = self._put_checkpoint(
@@ -430,6 +727,9 @@ class RedisStore:
                 bytes(blob),
                 self.keep_checkpoints,
                 self._changed(agent),
+                fence.epoch,
+                MAX_SEQ,
+                MAX_RECORD_BYTES,
             ],
         )
         if answer[0] == b"fenced":
@@ -439,25 +739,72 @@ class RedisStore:
             )
         if answer[0] == b"seq":
             raise StoreError(
-                f"checkpoint sequence must increase: {seq} is not above {_text(answer[1])}"
+                f"checkpoint sequence must increase: {seq} is not above {_text(answer[1])}, "
+                f"stored under this epoch ({fence.epoch})"
             )
         return info
 
     @_redis_errors_as_store_errors
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        stored = self._redis.hgetall(self._key(agent, "checkpoints"))
-        found = [_checkpoint_info(_raw(seq), _raw(doc)) for seq, doc in stored.items()]
-        return sorted(found, key=lambda info: info.seq, reverse=True)
+        flat = self._list_checkpoints(
+            keys=[self._key(agent, "checkpoints")], args=[MAX_RECORD_BYTES]
+        )
+        found = []
+        for field, doc in zip(flat[::2], flat[1::2], strict=False):
+            try:
+                found.append(
+                    _checkpoint_info(_raw(field), doc if isinstance(doc, int) else _raw(doc))
+                )
+            except CorruptRecord as exc:
+                # Not ours to judge further (the runtime authenticates what is listed):
+                # left out, and said once.
+                self._reported.warn(
+                    (agent, "checkpoint", _raw(field), hash(doc)),
+                    "redis store %s: leaving out checkpoint entry %r of %s: %s",
+                    self.url,
+                    _text(field)[:40],
+                    agent,
+                    exc,
+                )
+        return sorted(found, key=lambda info: (info.seq, info.epoch), reverse=True)
 
     @_redis_errors_as_store_errors
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hget(self._key(agent, "checkpoints"), str(info.seq))
-        pipe.hget(self._key(agent, "blobs"), str(info.seq))
-        doc, blob = pipe.execute()
-        if doc is None or blob is None or _checkpoint_info(info.seq, doc).epoch != info.epoch:
+        answer = self._read_checkpoint(
+            keys=[self._key(agent, "checkpoints"), self._key(agent, "blobs")],
+            args=[str(info.seq), MAX_RECORD_BYTES, MAX_CHECKPOINT_BYTES],
+        )
+        if not answer:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
-        return bytes(blob)
+        doc, blob = answer
+        field = str(info.seq).encode()
+        if _checkpoint_info(field, doc if isinstance(doc, int) else _raw(doc)).epoch != info.epoch:
+            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        if isinstance(blob, int):
+            raise CorruptRecord(
+                f"checkpoint {info.seq} of {agent!r} is {blob} bytes, above the limit of "
+                f"{MAX_CHECKPOINT_BYTES} bytes: not read"
+            )
+        return _raw(blob)
+
+    # -- loss acceptance ---------------------------------------------------
+
+    @_redis_errors_as_store_errors
+    def read_acceptance(self, agent: str) -> bytes | None:
+        answer = self._bounded_get(keys=[self._key(agent, "acceptance")], args=[MAX_RECORD_BYTES])
+        return _bounded(answer, f"loss-acceptance record of {agent!r}", MAX_RECORD_BYTES)
+
+    @_redis_errors_as_store_errors
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        if len(data) > MAX_RECORD_BYTES:  # it could never be read back
+            raise StoreError(
+                f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(self._key(agent, "acceptance"), bytes(data))
+        pipe.publish(self._changed(agent), "acceptance")
+        pipe.execute()
 
     # -- heartbeats --------------------------------------------------------
 
@@ -471,9 +818,51 @@ class RedisStore:
 
     @_redis_errors_as_store_errors
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
-        stored = self._redis.hgetall(self._key(agent, "heartbeats"))
-        beats = [_heartbeat(_raw(node), _raw(data)) for node, data in sorted(stored.items())]
-        return [beat for beat in beats if beat is not None]
+        flat = self._heartbeats(keys=[self._key(agent, "heartbeats")], args=[MAX_RECORD_BYTES])
+        return self._heartbeats_of(agent, flat)
+
+    def _heartbeats_of(self, agent: str, flat: Any) -> list[Heartbeat]:
+        """The heartbeats in a flat HGETALL-shaped reply, by node id; damaged ones logged once."""
+        beats: list[Heartbeat] = []
+        if not isinstance(flat, list):
+            return beats
+        for node, data in zip(flat[::2], flat[1::2], strict=False):
+            beat = self._heartbeat(agent, node, data)
+            if beat is not None:
+                beats.append(beat)
+        return sorted(beats, key=lambda beat: beat.node)
+
+    def _heartbeat(self, agent: str, node: Any, data: Any) -> Heartbeat | None:
+        """node's heartbeat, or None (logged once) for one that does not parse or is another's."""
+        if not isinstance(node, bytes) or not isinstance(data, bytes):
+            return None
+        try:
+            beat = Heartbeat.from_json(data)
+        except CorruptRecord as exc:
+            self._reported.warn(
+                (agent, "heartbeat", node, hash(data)),
+                "ignoring an unreadable heartbeat of %s: %s",
+                _text(node)[:64],
+                exc,
+            )
+            return None
+        return beat if beat.node == _text(node) else None
+
+    def _event(self, agent: str, node: str, line: Any) -> Event | None:
+        """An event of node, or None (logged once) for one that does not parse or is another's."""
+        if not isinstance(line, bytes):
+            return None
+        try:
+            event = Event.from_json(line)
+        except CorruptRecord as exc:
+            self._reported.warn(
+                (agent, "event", node, hash(line)),
+                "ignoring an unreadable event of %s: %s",
+                node,
+                exc,
+            )
+            return None
+        return event if event.node == node else None
 
     @_redis_errors_as_store_errors
     def remove_heartbeat(self, agent: str, node: str) -> None:
@@ -498,14 +887,21 @@ class RedisStore:
     @_redis_errors_as_store_errors
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         after = after or {}
-        nodes = sorted(_text(node) for node in self._redis.hkeys(self._key(agent, "event-counts")))
-        pipe = self._redis.pipeline(transaction=False)
-        for node in nodes:
-            pipe.lrange(self._key(agent, "events", node), 0, -1)
+        answer = self._read_events(
+            keys=[self._key(agent, "event-counts")],
+            args=[self._key(agent, "events", ""), MAX_RECORD_BYTES],
+        )
+        logs: dict[str, list[Any]] = {}
+        for item in answer if isinstance(answer, list) else []:
+            # The script sends only names and lists of the shape we write; checked again here.
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[1], list):
+                node = _node_name(item[0])
+                if node is not None:
+                    logs[node] = item[1]
         events: list[Event] = []
-        for node, lines in zip(nodes, pipe.execute(), strict=True):
+        for node in sorted(logs):
             cursor = after.get(node, 0)
-            parsed = (_event(node, line) for line in lines)
+            parsed = (self._event(agent, node, line) for line in logs[node])
             events.extend(e for e in parsed if e is not None and e.n > cursor)
         return events
 
@@ -564,46 +960,33 @@ class RedisTail:
         pairs = [str(value) for item in sorted(self._seen.items()) for value in item]
         answer = store._tail(
             keys=[store._key(agent, "event-counts"), store._key(agent, "heartbeats")],
-            args=[store._key(agent, "events", ""), *pairs],
+            args=[store._key(agent, "events", ""), MAX_RECORD_BYTES, *pairs],
         )
-        flat = answer[0]
-        beats = [_heartbeat(node, data) for node, data in zip(flat[::2], flat[1::2], strict=True)]
+        if not isinstance(answer, list) or not answer:
+            return TailRead([], [])
+        beats = store._heartbeats_of(agent, answer[0])
+        logs: dict[str, tuple[int, list[Any]]] = {}
+        for item in answer[1:]:
+            # The script sends only counts and names as we write them; checked again here.
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], list)):
+                continue
+            node, count = _node_name(item[0]), item[1]
+            if node is not None and isinstance(count, int) and 0 <= count <= MAX_SEQ:
+                logs[node] = (count, item[2])
         events: list[Event] = []
-        for raw_node, count, lines in sorted(answer[1:]):
-            node = _text(raw_node)
-            self._seen[node] = int(count)
-            events.extend(e for e in (_event(node, line) for line in lines) if e is not None)
-        return TailRead(events, sorted((b for b in beats if b), key=lambda b: b.node))
+        for node in sorted(logs):
+            count, lines = logs[node]
+            self._seen[node] = count
+            parsed = (store._event(agent, node, line) for line in lines)
+            events.extend(e for e in parsed if e is not None)
+        return TailRead(events, beats)
 
 
-def _checkpoint_info(seq: bytes | int, doc: bytes) -> CheckpointInfo:
-    try:
-        fields = json.loads(doc)
-        return CheckpointInfo(
-            epoch=int(fields["epoch"]),
-            seq=int(seq),
-            size=int(fields["size"]),
-            written=float(fields["written"]),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptRecord(f"checkpoint {_text(seq)} has an unreadable description") from exc
-
-
-def _heartbeat(node: bytes, data: bytes) -> Heartbeat | None:
-    """node's heartbeat, or None (logged) for one that does not parse or is another node's."""
-    try:
-        beat = Heartbeat.from_json(data)
-    except CorruptRecord as exc:
-        log.warning("ignoring an unreadable heartbeat of %s: %s", _text(node), exc)
+def _node_name(raw: Any) -> str | None:
+    """A node id read from the store, or None if it is not one check_name accepts."""
+    if not isinstance(raw, bytes):
         return None
-    return beat if beat.node == _text(node) else None
-
-
-def _event(node: str, line: bytes) -> Event | None:
-    """An event of node, or None (logged) for one that does not parse or is another node's."""
     try:
-        event = Event.from_json(line)
-    except CorruptRecord as exc:
-        log.warning("ignoring an unreadable event of %s: %s", node, exc)
+        return check_name("node id", raw.decode("ascii"))
+    except (UnicodeDecodeError, ConfigError):
         return None
-    return event if event.node == node else None

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError
+from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence, Store, StoreGuarantees
 
@@ -345,7 +346,7 @@ def test_fenced_write_leaves_checkpoints_unchanged(store: Store, open_second: Op
 
 @pytest.mark.parametrize("seq", [5, 4, 0], ids=["equal", "lower", "zero"])
 def test_sequence_must_increase(store: Store, seq: int) -> None:
-    """A seq not above every stored one raises StoreError (not Fenced) and stores nothing."""
+    """A seq not above the term's own raises StoreError (not Fenced) and stores nothing."""
     held = store.cas_lease("a", None, lease("n1", 1))
     store.put_checkpoint("a", fence_of(held), 5, b"five")
     with pytest.raises(StoreError) as caught:
@@ -355,17 +356,138 @@ def test_sequence_must_increase(store: Store, seq: int) -> None:
     assert store.read_checkpoint("a", store.list_checkpoints("a")[0]) == b"five"
 
 
-def test_sequence_must_increase_across_epochs(store: Store) -> None:
-    """A new leader must continue above the old leader's sequence numbers."""
+def listed(store: Store, agent: str = "a") -> list[tuple[int, int]]:
+    """(seq, epoch) of every listed checkpoint, in the order listed."""
+    return [(info.seq, info.epoch) for info in store.list_checkpoints(agent)]
+
+
+def test_new_leader_may_number_below_another_epochs_checkpoint(
+    store: Store, open_second: Opener
+) -> None:
+    """Only the runtime can authenticate: another epoch's higher seq keeps no write out."""
     old = store.cas_lease("a", None, lease("n1", 1))
     store.put_checkpoint("a", fence_of(old), 9, b"nine")
     new = store.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    info = store.put_checkpoint("a", fence_of(new), 3, b"three")
+    assert (info.epoch, info.seq) == (2, 3)
+    other = open_second()
+    assert listed(other) == [(9, 1), (3, 2)]
+    assert [other.read_checkpoint("a", i) for i in other.list_checkpoints("a")] == [
+        b"nine",
+        b"three",
+    ]
+
+
+@pytest.mark.parametrize("seq", [4, 3, 2], ids=["equal", "lower", "lowest"])
+def test_own_epochs_checkpoint_at_or_above_seq_refuses(store: Store, seq: int) -> None:
+    """A term numbers upwards and never overwrites its own, whatever other epochs hold."""
+    old = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", fence_of(old), 9, b"nine")
+    new = store.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    store.put_checkpoint("a", fence_of(new), 4, b"four")
     with pytest.raises(StoreError) as caught:
-        store.put_checkpoint("a", fence_of(new), 3, b"three")
+        store.put_checkpoint("a", fence_of(new), seq, b"not above")
     assert not isinstance(caught.value, Fenced)
-    info = store.put_checkpoint("a", fence_of(new), 10, b"ten")
-    assert (info.epoch, info.seq) == (2, 10)
-    assert [(i.epoch, i.seq) for i in store.list_checkpoints("a")] == [(2, 10), (1, 9)]
+    assert "must increase" in str(caught.value)
+    assert listed(store) == [(9, 1), (4, 2)]
+    assert store.read_checkpoint("a", store.list_checkpoints("a")[1]) == b"four"
+    store.put_checkpoint("a", fence_of(new), 5, b"five")
+    assert listed(store) == [(9, 1), (5, 2), (4, 2)]
+
+
+def test_retention_never_removes_checkpoints_above_seq(store: Store) -> None:
+    """Retention keeps the newest KEEP_CHECKPOINTS at or below seq; above it, nothing goes."""
+    old = store.cas_lease("a", None, lease("n1", 1))
+    for seq in (20, 21):
+        store.put_checkpoint("a", fence_of(old), seq, f"old {seq}".encode())
+    new = store.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    written = list(range(1, KEEP_CHECKPOINTS + 4))
+    for seq in written:
+        store.put_checkpoint("a", fence_of(new), seq, f"new {seq}".encode())
+        kept = sorted(written[:seq], reverse=True)[:KEEP_CHECKPOINTS]
+        assert listed(store) == [(21, 1), (20, 1), *((s, 2) for s in kept)]
+    assert [store.read_checkpoint("a", i) for i in store.list_checkpoints("a")][:2] == [
+        b"old 21",
+        b"old 20",
+    ]
+
+
+def test_equal_seqs_of_two_epochs_list_the_newer_epoch_first(
+    store: Store, open_second: Opener
+) -> None:
+    """Two epochs under one seq: the later epoch is listed first (the earlier may be replaced)."""
+    old = store.cas_lease("a", None, lease("n1", 1))
+    for seq in (4, 5):
+        store.put_checkpoint("a", fence_of(old), seq, f"old {seq}".encode())
+    new = store.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    store.put_checkpoint("a", fence_of(new), 5, b"new 5")
+    other = open_second()
+    assert listed(other) in ([(5, 2), (5, 1), (4, 1)], [(5, 2), (4, 1)])
+    infos = other.list_checkpoints("a")
+    assert other.read_checkpoint("a", infos[0]) == b"new 5"
+    assert other.read_checkpoint("a", infos[-1]) == b"old 4"
+    if len(infos) == 3:
+        assert other.read_checkpoint("a", infos[1]) == b"old 5"
+
+
+# -- bounds (hamsterbunker.limits) -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seq", "epoch", "size", "named"),
+    [
+        (0, 1, 4, "outside 1.."),
+        (MAX_SEQ + 1, 1, 4, "outside 1.."),
+        (-3, 1, 4, "outside 1.."),
+        (1, MAX_EPOCH + 1, 4, "outside 1.."),
+        (1, 0, 4, "outside 1.."),
+        (1, 1, MAX_CHECKPOINT_BYTES + 1, f"limit of {MAX_CHECKPOINT_BYTES} bytes"),
+    ],
+    ids=["seq-0", "seq-too-big", "seq-negative", "epoch-too-big", "epoch-0", "too-large"],
+)
+def test_checkpoint_outside_the_bounds_is_refused(
+    store: Store, seq: int, epoch: int, size: int, named: str
+) -> None:
+    """A seq, epoch or size outside hamsterbunker.limits is a StoreError naming the bound.
+
+    Checked before anything else (the fence included), so nothing is stored or sent.
+    """
+    held = store.cas_lease("a", None, lease("n1", 1))
+    fence = replace(fence_of(held), epoch=epoch)
+    with pytest.raises(StoreError) as caught:
+        store.put_checkpoint("a", fence, seq, bytes(size))
+    assert not isinstance(caught.value, Fenced)
+    assert named in str(caught.value)
+    assert store.list_checkpoints("a") == []
+
+
+def test_checkpoint_at_the_bounds_is_stored_and_listed(store: Store, open_second: Opener) -> None:
+    """The largest seq and epoch allowed are stored and listed (names hold them)."""
+    held = store.cas_lease("a", None, lease("n1", MAX_EPOCH))
+    info = store.put_checkpoint("a", fence_of(held), MAX_SEQ, b"last")
+    assert (info.seq, info.epoch) == (MAX_SEQ, MAX_EPOCH)
+    other = open_second()
+    assert listed(other) == [(MAX_SEQ, MAX_EPOCH)]
+    assert other.read_checkpoint("a", other.list_checkpoints("a")[0]) == b"last"
+
+
+# -- loss acceptance -------------------------------------------------------------
+
+
+def test_acceptance_is_none_at_first(store: Store) -> None:
+    """An agent without a loss acceptance has none."""
+    assert store.read_acceptance("a") is None
+
+
+def test_acceptance_put_read_replace(store: Store, open_second: Opener) -> None:
+    """put_acceptance stores opaque bytes every client reads; a second put replaces them."""
+    first = b'{"sealed": "x"}\x00\xff' * 10
+    store.put_acceptance("a", first)
+    other = open_second()
+    assert other.read_acceptance("a") == first
+    other.put_acceptance("a", b"second")
+    assert store.read_acceptance("a") == b"second"
+    assert store.read_acceptance("b") is None
 
 
 def test_checkpoints_listed_newest_first_and_retained(store: Store, open_second: Opener) -> None:
