@@ -53,6 +53,15 @@ MEMORY_GUARANTEES = StoreGuarantees(
 _WATCH_POLL_S = 0.02
 
 
+def _listable(info: CheckpointInfo) -> bool:
+    """Whether a stored entry's numbers are within hamsterbunker.limits (else left out)."""
+    return (
+        0 < info.seq <= MAX_SEQ
+        and 0 < info.epoch <= MAX_EPOCH
+        and 0 <= info.size <= MAX_CHECKPOINT_BYTES
+    )
+
+
 @dataclass
 class _Agent:
     """Everything stored for one agent. Only touched with MemoryStore._lock held."""
@@ -159,7 +168,12 @@ class MemoryStore:
                     f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
                     f"the lease is now {now}"
                 )
-            own = [s for s, (i, _b) in state.checkpoints.items() if i.epoch == fence.epoch]
+            # Only what the listing would show counts, as in the real backends.
+            own = [
+                s
+                for s, (i, _b) in state.checkpoints.items()
+                if i.epoch == fence.epoch and _listable(i)
+            ]
             if own and max(own) >= seq:
                 raise StoreError(
                     f"checkpoint sequence must increase: {seq} is not above {max(own)}, "
@@ -183,11 +197,7 @@ class MemoryStore:
             kept = [info for info, _blob in self._agent(agent).checkpoints.values()]
         listed = []
         for info in kept:
-            if (
-                0 < info.seq <= MAX_SEQ
-                and 0 < info.epoch <= MAX_EPOCH
-                and 0 <= info.size <= MAX_CHECKPOINT_BYTES
-            ):
+            if _listable(info):
                 listed.append(info)
             else:
                 log.warning("memory store: leaving out checkpoint %r of %s", info, agent)

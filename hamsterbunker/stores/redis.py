@@ -130,12 +130,13 @@ return {'ok'}
 """
 
 # KEYS: lease hash, checkpoint info hash, blob hash. ARGV: fence, seq, info JSON,
-# blob, how many to keep, channel, the fence's epoch, MAX_SEQ, MAX_RECORD_BYTES.
-# Returns {'ok'}, {'fenced', stored fence} or {'seq', a stored seq of this epoch}.
-# Whatever a store writer put in the hashes, this never raises a Lua error: a
-# field that is not a seq as we write one, or a description that does not
-# decode, is passed over (pcall around cjson), and only the fence's own epoch
-# at or above seq refuses the write. Retention keeps the newest ARGV[5] at or
+# blob, how many to keep, channel, the fence's epoch, MAX_SEQ, MAX_RECORD_BYTES,
+# MAX_CHECKPOINT_BYTES. Returns {'ok'}, {'fenced', stored fence} or {'seq', a
+# stored seq of this epoch}. Whatever a store writer put in the hashes, this
+# never raises a Lua error: a field that is not a seq as we write one, or a
+# description that does not decode (pcall around cjson) or that the listing
+# would leave out, is passed over; only a checkpoint of the fence's own epoch at
+# or above seq refuses the write. Retention keeps the newest ARGV[5] at or
 # below seq and never touches anything above it.
 _PUT_CHECKPOINT = """
 local fence = redis.call('HGET', KEYS[1], 'fence') or ''
@@ -143,7 +144,7 @@ if fence ~= ARGV[1] then
   return {'fenced', fence}
 end
 local seq, epoch = tonumber(ARGV[2]), tonumber(ARGV[7])
-local max_seq, cap = tonumber(ARGV[8]), tonumber(ARGV[9])
+local max_seq, cap, max_size = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
 local function seq_of(field)
   if #field > 16 or not string.match(field, '^[1-9]%d*$') then
     return nil
@@ -154,21 +155,26 @@ local function seq_of(field)
   end
   return n
 end
-local function epoch_of(field)
+local function finite(x)
+  return type(x) == 'number' and x == x and x ~= math.huge and x ~= -math.huge
+end
+local function of_this_epoch(field)
   if redis.call('HSTRLEN', KEYS[2], field) > cap then
-    return nil
+    return false
   end
   local ok, doc = pcall(cjson.decode, redis.call('HGET', KEYS[2], field))
-  if not ok or type(doc) ~= 'table' or type(doc['epoch']) ~= 'number' then
-    return nil
+  if not ok or type(doc) ~= 'table' or doc['epoch'] ~= epoch then
+    return false
   end
-  return doc['epoch']
+  local size = doc['size']
+  return finite(size) and size >= 0 and size <= max_size and size == math.floor(size)
+    and finite(doc['written'])
 end
 local kept = {}
 for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
   local s = seq_of(field)
   if s ~= nil then
-    if s >= seq and epoch_of(field) == epoch then
+    if s >= seq and of_this_epoch(field) then
       return {'seq', field}
     end
     if s < seq then
@@ -328,6 +334,25 @@ end
 return out
 """
 )
+
+# KEYS: the node's event list, event counts hash. ARGV: node, event JSON, how
+# many to keep, channel. A list key of the wrong type or a count that is not an
+# integer (put there by someone else) would fail every append of this node for
+# ever: the node's own log and count are started afresh instead.
+_APPEND_EVENT = """
+local pushed = redis.pcall('RPUSH', KEYS[1], ARGV[2])
+if type(pushed) == 'table' and pushed['err'] then
+  redis.call('DEL', KEYS[1])
+  redis.call('RPUSH', KEYS[1], ARGV[2])
+end
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[3]), -1)
+local counted = redis.pcall('HINCRBY', KEYS[2], ARGV[1], 1)
+if type(counted) == 'table' and counted['err'] then
+  redis.call('HSET', KEYS[2], ARGV[1], redis.call('LLEN', KEYS[1]))
+end
+redis.call('PUBLISH', ARGV[4], 'event')
+return 1
+"""
 
 # KEYS: heartbeats hash. ARGV: MAX_RECORD_BYTES. HGETALL, with every heartbeat
 # over the limit blanked.
@@ -597,6 +622,7 @@ class RedisStore:
         self._bounded_hget = self._redis.register_script(_BOUNDED_HGET)
         self._read_events = self._redis.register_script(_READ_EVENTS)
         self._heartbeats = self._redis.register_script(_HEARTBEATS)
+        self._append_event = self._redis.register_script(_APPEND_EVENT)
         self._tail = self._redis.register_script(_TAIL)
         self._reported = _ReportedOnce()
         self.warnings: list[str] = self._check_persistence()
@@ -730,6 +756,7 @@ class RedisStore:
                 fence.epoch,
                 MAX_SEQ,
                 MAX_RECORD_BYTES,
+                MAX_CHECKPOINT_BYTES,
             ],
         )
         if answer[0] == b"fenced":
@@ -876,13 +903,10 @@ class RedisStore:
     @_redis_errors_as_store_errors
     def append_event(self, agent: str, event: Event) -> None:
         node = check_name("node id", event.node)
-        events = self._key(agent, "events", node)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.rpush(events, event.to_json())
-        pipe.ltrim(events, -self.events_per_node, -1)
-        pipe.hincrby(self._key(agent, "event-counts"), node, 1)
-        pipe.publish(self._changed(agent), "event")
-        pipe.execute()
+        self._append_event(
+            keys=[self._key(agent, "events", node), self._key(agent, "event-counts")],
+            args=[node, event.to_json(), self.events_per_node, self._changed(agent)],
+        )
 
     @_redis_errors_as_store_errors
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
