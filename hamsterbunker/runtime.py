@@ -319,7 +319,12 @@ class Runtime:
         Without the record no node started later could open the checkpoints
         this cluster sealed; a different record means a different key.
         """
-        stored = self.store.read_cluster()
+        try:
+            stored = self.store.read_cluster()
+        except CorruptRecord as exc:
+            # Ours was verified before and is remembered: go on with it, loudly.
+            self._emit("store.warning", message=f"{exc}: going on with the remembered one")
+            return ours
         if stored is None:
             stored = self.store.create_cluster(ours)  # the record that won, if another did
             self._emit("store.regressed", reason="the cluster record was gone: put it back")
