@@ -7,8 +7,11 @@ are exact and nothing sleeps.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 from hamsterbunker_tui.model import (
@@ -423,10 +426,28 @@ def _with_active(pid: int, host: str = HERE) -> ClusterModel:
     return m
 
 
+def started(argv: list[str], timeout: float = 10.0) -> subprocess.Popen[bytes]:
+    """Popen(argv), returned once /proc shows the child running argv.
+
+    Right after Popen the child may still be in exec: its command line then
+    reads empty, or as its parent's (pytest's). Polled, at most timeout seconds.
+    """
+    process = subprocess.Popen(argv)
+    expected = b"".join(arg.encode() + b"\0" for arg in argv)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{process.pid}/cmdline").read_bytes() != expected:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait(timeout=30)
+            raise AssertionError(f"{argv} did not start within {timeout} s")
+        time.sleep(0.001)
+    return process
+
+
 def _node_like_process() -> subprocess.Popen[bytes]:
     """A live process whose command line names hamsterbunker, as a node's does."""
     code = "import sys, time; time.sleep(60)"
-    return subprocess.Popen([sys.executable, "-c", code, "hamsterbunker-test-node"])
+    return started([sys.executable, "-c", code, "hamsterbunker-test-node"])
 
 
 def test_kill_target_is_the_active_node_on_this_host_with_a_live_process() -> None:
@@ -442,7 +463,7 @@ def test_kill_target_is_the_active_node_on_this_host_with_a_live_process() -> No
 
 def test_kill_is_disabled_when_the_pid_now_belongs_to_another_program() -> None:
     """A reused pid (alive, but not a node) is never offered for killing."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    process = started([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         target = kill_target(_with_active(process.pid))
         assert (target.node, target.pid) == (None, None)
@@ -450,6 +471,39 @@ def test_kill_is_disabled_when_the_pid_now_belongs_to_another_program() -> None:
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def test_kill_is_disabled_for_a_reused_pid_caught_between_fork_and_exec() -> None:
+    """A child forked by a node shows the node's command line until it execs: not a node.
+
+    The child here never execs, so the moment a real one passes through is held still.
+    """
+    code = (
+        "import os, sys, time\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    argv = [sys.executable, "-c", code, "hamsterbunker-test-node"]
+    parent = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        assert (
+            Path(f"/proc/{child}/cmdline").read_bytes()
+            == Path(f"/proc/{parent.pid}/cmdline").read_bytes()
+        )
+        target = kill_target(_with_active(child))
+        assert (target.node, target.pid) == (None, None)
+        assert target.reason == f"a's process {child} is not running here"
+        assert kill_target(_with_active(parent.pid)).pid == parent.pid  # the node itself is
+    finally:
+        os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.wait(timeout=30)
 
 
 def test_kill_is_disabled_for_an_active_node_on_another_host() -> None:
@@ -477,6 +531,19 @@ def test_kill_is_disabled_without_an_active_node() -> None:
     assert kill_target(m) == KillTarget(None, None, "no active node")
 
 
+def test_an_unreadable_lease_is_kept_as_the_reason_and_disables_the_kill() -> None:
+    """The lease record did not parse: no holder is known, the nodes are still listed."""
+    m = _with_active(os.getpid())
+    beats = [beat("a", 2, role="active", pid=os.getpid()), beat("b", 2)]
+    m.update([], beats, None, [], now=1.5, wall=T0 + 1.5, lease_error="lease record is odd")
+    assert (m.lease, m.lease_error, m.lease_view()) == (None, "lease record is odd", None)
+    assert [v.node for v in m.nodes()] == ["a", "b"]
+    assert kill_target(m) == KillTarget(None, None, "the lease record is unreadable")
+    update(m, now=1.6, beats=beats, lease_record=lease("a"))  # repaired
+    assert m.lease_error is None and m.lease_view() is not None
+    assert m.active_node() is not None
+
+
 # -- format_age ---------------------------------------------------------------------
 
 
@@ -496,6 +563,11 @@ def test_kill_is_disabled_without_an_active_node() -> None:
         (3600.0, "1 h 00 m"),
         (7800.0, "2 h 10 m"),
         (90000.0, "25 h 00 m"),
+        (99 * 3600 + 59 * 60, "99 h 59 m"),
+        (100 * 3600, "4 d"),
+        (9999 * 86400 + 86399, "9999 d"),
+        (10_000 * 86400, "> 9999 d"),
+        (1e300, "> 9999 d"),
     ],
 )
 def test_format_age(seconds: float | None, shown: str) -> None:

@@ -39,6 +39,18 @@ def test_lease_text() -> None:
     released = lease_text(LeaseView(None, "", 4, None), "a").plain
     assert released == "holder  none (released)\nepoch 4"
     assert lease_text(None, "a").plain == "no lease record for agent 'a' yet"
+    broken = lease_text(None, "a", "lease record nests deeper than 16 levels").plain
+    assert broken == "unreadable: lease record nests deeper than 16 levels"
+
+
+def test_event_line_of_odd_values_from_the_store() -> None:
+    """Times no calendar holds, and a detail of 60,000 characters, cut to a readable line."""
+    line = event_line(Event("n1", 1, "x.y", 1e300, detail={"huge": "x" * 60_000})).plain
+    assert line.startswith("--:--:--.000 n1")
+    assert line.endswith("x…") and len(line) < 400
+    assert event_line(Event("n1", 2, "x.y", -1e300)).plain.startswith("--:--:--.000 n1")
+    timeline = timeline_text([Takeover(9_999_999_999, "n1", None, "x", 1e300, None)]).plain
+    assert timeline == "epoch 9999999999 --:--:--  n1  x"
 
 
 def test_progress_text_shows_seq_age_and_size_only() -> None:

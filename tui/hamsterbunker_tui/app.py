@@ -133,6 +133,7 @@ class MonitorApp(App[None]):
             reading.checkpoints,
             now=reading.now,
             wall=reading.wall,
+            lease_error=reading.lease_error,
         )
         if self.store_error is not None:
             self.store_error = None
@@ -154,7 +155,7 @@ class MonitorApp(App[None]):
     def _show(self) -> None:
         model = self.model
         self.query_one(NodesTable).show(model.nodes())
-        self.query_one(LeasePanel).show(model.lease_view())
+        self.query_one(LeasePanel).show(model.lease_view(), model.lease_error)
         self.query_one(ProgressPanel).show(model.progress())
         self.query_one(Timeline).show(model.timeline())
         self.query_one(EventLog).show_new(model.events, model.events_seen)

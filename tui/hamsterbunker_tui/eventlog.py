@@ -11,12 +11,15 @@ from textual.widgets import RichLog
 
 from hamsterbunker.records import Event
 
+from .model import wall_clock
+
 __all__ = ["EventLog", "event_line"]
 
 MAX_LINES = 1000
 # Lines written per poll at most: a screenful, the newest; the rest are counted.
 WRITE_PER_POLL = 50
 MIN_WRITE = 20
+MAX_DETAIL = 300  # characters of an event's detail shown on its line
 # The routine events (one per step) stay quiet so the takeovers stand out.
 TYPE_STYLES = {
     "lease.acquired": "bold yellow",
@@ -40,7 +43,7 @@ TYPE_STYLES = {
 
 
 def stamp(wall: float) -> str:
-    return f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1000):03d}"
+    return f"{wall_clock(wall)}.{int(wall % 1 * 1000):03d}"
 
 
 def event_line(event: Event) -> Text:
@@ -49,8 +52,13 @@ def event_line(event: Event) -> Text:
     text.append(f"{event.type:<22}", style=TYPE_STYLES.get(event.type, ""))
     text.append(f"epoch {event.epoch} seq {event.seq}", style="dim")
     if event.detail:
-        text.append("  " + " ".join(f"{key}={value}" for key, value in event.detail.items()))
+        text.append("  " + _cut(" ".join(f"{k}={v}" for k, v in event.detail.items())))
     return text
+
+
+def _cut(detail: str) -> str:
+    # A detail may hold up to 64 KiB from the store; nobody reads that in a log line.
+    return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…"
 
 
 class EventLog(RichLog):

@@ -30,6 +30,7 @@ __all__ = [
     "Takeover",
     "format_age",
     "kill_target",
+    "wall_clock",
 ]
 
 DEFAULT_TTL_S = 2.0
@@ -95,6 +96,7 @@ class ClusterModel:
     events: collections.deque[Event] = field(init=False)
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
     lease: LeaseRecord | None = None
+    lease_error: str | None = None  # the lease record did not parse (lease is then None)
     checkpoint: CheckpointInfo | None = None
     events_seen: int = 0
     _beat_seen: dict[str, _Seen] = field(default_factory=dict)
@@ -124,6 +126,7 @@ class ClusterModel:
         *,
         now: float | None = None,
         wall: float | None = None,
+        lease_error: str | None = None,
     ) -> None:
         now = time.monotonic() if now is None else now
         wall = time.time() if wall is None else wall
@@ -147,6 +150,7 @@ class ClusterModel:
                 self._lease_seen, (lease.version, lease.renewals, lease.holder), now, 0.0
             )
         self.lease = lease
+        self.lease_error = lease_error
         newest = checkpoints[0] if checkpoints else None
         if newest is not None:
             self._checkpoint_seen = _observe(
@@ -292,6 +296,8 @@ class KillTarget:
 
 def kill_target(model: ClusterModel) -> KillTarget:
     """The active node if its process runs on this machine, else why it cannot be killed."""
+    if model.lease_error is not None:
+        return KillTarget(None, None, "the lease record is unreadable")
     active = model.active_node()
     if active is None:
         return KillTarget(None, None, "no active node")
@@ -311,17 +317,46 @@ def _is_node_process(pid: int) -> bool:
     except PermissionError:
         pass  # it exists, owned by someone else
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:
-            argv = file.read().split(b"\0")
+        command = _read_proc(pid, "cmdline")
     except FileNotFoundError:
         return False  # it ended meanwhile
     except OSError:
         return True  # no /proc here: trust the heartbeat
+    # Between fork and exec a child still shows its parent's command line (and
+    # during exec, none): a reused pid caught there must not pass for a node.
+    if command == _parent_command(pid):
+        return False
+    argv = command.split(b"\0")
     return any(b"hamsterbunker" in arg or os.path.basename(arg) == b"hb" for arg in argv)
 
 
+def _parent_command(pid: int) -> bytes | None:
+    """The command line of pid's parent process, or None if it cannot be read."""
+    try:
+        parent = int(_read_proc(pid, "stat").rsplit(b")", 1)[1].split()[1])
+        return _read_proc(parent, "cmdline")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_proc(pid: int, name: str) -> bytes:
+    with open(f"/proc/{pid}/{name}", "rb") as file:
+        return file.read()
+
+
+def wall_clock(wall: float) -> str:
+    """HH:MM:SS of a writer's wall-clock time; dashes for one no calendar holds.
+
+    The times come from the store, unauthenticated: 1e300 is a valid one there.
+    """
+    try:
+        return time.strftime("%H:%M:%S", time.localtime(wall))
+    except (OverflowError, OSError, ValueError):
+        return "--:--:--"
+
+
 def format_age(seconds: float | None) -> str:
-    """1.2 s, 45 s, 3 m 05 s, 2 h 10 m; a dash for unknown."""
+    """1.2 s, 45 s, 3 m 05 s, 2 h 10 m, 12 d; a dash for unknown."""
     if seconds is None:
         return "—"
     seconds = max(0.0, seconds)
@@ -333,4 +368,7 @@ def format_age(seconds: float | None) -> str:
     if minutes < 60:
         return f"{minutes} m {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} m"
+    if hours < 100:
+        return f"{hours} h {minutes:02d} m"
+    # Days, capped: a writer's clock (unauthenticated) may put a time 1e300 s away.
+    return f"{hours // 24} d" if hours < 24 * 10_000 else "> 9999 d"

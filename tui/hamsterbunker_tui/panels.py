@@ -6,14 +6,12 @@ pure ``*_text`` function, so what is on screen can be checked without an app.
 
 from __future__ import annotations
 
-import time
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Button, Static
 
-from .model import KillTarget, LeaseView, ProgressView, Takeover, format_age
+from .model import KillTarget, LeaseView, ProgressView, Takeover, format_age, wall_clock
 
 __all__ = [
     "KillPanel",
@@ -29,10 +27,6 @@ __all__ = [
 
 # How the new holder got the lease (the lease.acquired event's "via").
 VIA = {"expired": "expired", "released": "released", "empty": "first lease"}
-
-
-def clock(wall: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(wall))
 
 
 def format_size(size: int) -> str:
@@ -88,7 +82,10 @@ class TextPanel(Static):
             self.update(text, layout=False)
 
 
-def lease_text(view: LeaseView | None, agent: str) -> Text:
+def lease_text(view: LeaseView | None, agent: str, error: str | None = None) -> Text:
+    if error is not None:
+        # Not "store unreachable": the store answered, with a record that does not parse.
+        return Text("unreadable: ", style="bold red").append(error)
     if view is None:
         return Text(f"no lease record for agent {agent!r} yet", style="dim")
     text = Text()
@@ -114,8 +111,8 @@ class LeasePanel(TextPanel):
         self.agent = agent
         self.border_title = "lease"
 
-    def show(self, view: LeaseView | None) -> None:
-        self.show_text(lease_text(view, self.agent))
+    def show(self, view: LeaseView | None, error: str | None = None) -> None:
+        self.show_text(lease_text(view, self.agent, error))
 
 
 def progress_text(view: ProgressView | None) -> Text:
@@ -143,7 +140,7 @@ def timeline_line(takeover: Takeover) -> Text:
     """epoch 2  12:03:04  hbnk-1 → hbnk-3  expired  gap 1834 ms"""
     text = Text()
     text.append(f"epoch {takeover.epoch:<3}", style="bold")
-    text.append(f" {clock(takeover.time)}  ")
+    text.append(f" {wall_clock(takeover.time)}  ")
     if takeover.previous is not None:
         text.append(takeover.previous, style="red").append(" → ")
     text.append(takeover.node, style="green")

@@ -2,7 +2,8 @@
 
 No Textual here. The app calls ``read_store`` through ``asyncio.to_thread`` so
 that a slow or hanging store never freezes the screen, and turns what it
-raises into the "store unreachable" banner.
+raises into the "store unreachable" banner. A lease record that does not parse
+is not a lost store: it is passed on as ``lease_error`` and the rest is read.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import stat
 import time
 from dataclasses import dataclass
 
-from hamsterbunker.errors import StoreUnavailable
+from hamsterbunker.errors import CorruptRecord, StoreUnavailable
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import Store
 from hamsterbunker.stores.file import FileStore
@@ -31,17 +32,25 @@ class Reading:
     checkpoints: list[CheckpointInfo]
     now: float  # monotonic
     wall: float
+    lease_error: str | None = None  # why the lease record could not be read (lease is None)
 
 
 def read_store(store: Store, tail: Tail, agent: str) -> Reading:
     """Read lease, checkpoints and new events; StoreError or OSError if the store is lost."""
     check_reachable(store)
-    lease = store.read_lease(agent)
+    lease_error = None
+    try:
+        lease = store.read_lease(agent)
+    except CorruptRecord as exc:
+        # Unauthenticated: anyone who can write the store can damage it. Say so, read on.
+        lease, lease_error = None, str(exc)
     checkpoints = store.list_checkpoints(agent)
     # The tail goes last: it hands out each event only once, so a read that
     # failed after it would lose those events from the log.
     got = tail.read()
-    return Reading(got.events, got.heartbeats, lease, checkpoints, time.monotonic(), time.time())
+    return Reading(
+        got.events, got.heartbeats, lease, checkpoints, time.monotonic(), time.time(), lease_error
+    )
 
 
 def check_reachable(store: Store) -> None:
