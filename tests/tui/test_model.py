@@ -463,7 +463,8 @@ def test_kill_target_is_the_active_node_on_this_host_with_a_live_process() -> No
 
 def test_kill_is_disabled_when_the_pid_now_belongs_to_another_program() -> None:
     """A reused pid (alive, but not a node) is never offered for killing."""
-    process = started([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Not python: its path names the checkout, which may well be called hamsterbunker.
+    process = started(["sleep", "60"])
     try:
         target = kill_target(_with_active(process.pid))
         assert (target.node, target.pid) == (None, None)
