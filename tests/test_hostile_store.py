@@ -13,7 +13,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import secrets
+import signal
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ import pytest
 
 from hamsterbunker.errors import NoUsableCheckpoint, StoreRegressed
 from hamsterbunker.limits import MAX_EPOCH
+from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import open_store
@@ -323,3 +329,69 @@ def test_an_acceptance_written_without_the_secret_is_ignored(
     assert isinstance(refused, StoreRegressed)
     [rejected] = nodes.events.of("acceptance.rejected", "node-b")
     assert "authenticate" in rejected.detail["error"]
+
+
+# -- the same through hb run and hb accept-loss, as real processes -------------------------------
+
+
+@pytest.mark.multiprocess
+def test_hb_run_exits_3_on_a_damaged_newest_checkpoint_and_resumes_after_hb_accept_loss(
+    backend_store: RawStore, tmp_path: Path
+) -> None:
+    """hb run over a store whose newest checkpoint does not authenticate exits 3 with one line
+    naming its seq and hb accept-loss; hb accept-loss --yes gives it up and prints what it gave
+    up; a node started afterwards resumes and publishes."""
+    cluster = LocalCluster(
+        store_url=backend_store.url,
+        secret=secrets.token_urlsafe(16),
+        agent="hb_test_agents:JournalCounter",
+        log_dir=tmp_path / "logs",
+        tick_ms=100,
+        lease_ttl_ms=600,
+        env={"PYTHONPATH": str(Path(__file__).parent)},
+    )
+    store = open_store(backend_store.url)
+    try:
+        cluster.start(NodeSpec("node-a", "r1"))
+        wait_until(lambda: len(store.list_checkpoints("journal")) >= 3, "three checkpoints")
+        cluster.signal("node-a", signal.SIGTERM)
+        assert cluster.processes["node-a"].wait(30) == 0
+        newest = store.list_checkpoints("journal")[0]
+        data = backend_store.checkpoint("journal", newest.seq, newest.epoch)
+        backend_store.put_checkpoint("journal", newest.seq, newest.epoch, flip_one_byte(data))
+
+        cluster.start(NodeSpec("node-b", "r1"))
+        assert cluster.processes["node-b"].wait(60) == 3, cluster.log("node-b")
+        refusal = [line for line in cluster.log("node-b").splitlines() if "refused" in line]
+        assert len(refusal) == 1, cluster.log("node-b")
+        assert f"seq {newest.seq} did not authenticate" in refusal[0]
+        assert "hb accept-loss" in refusal[0]
+
+        accepted = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hamsterbunker",
+                "accept-loss",
+                "--agent-id",
+                "journal",
+                "--yes",
+            ],
+            env={**os.environ, "HB_SECRET": cluster.secret, "HB_STORE": backend_store.url},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert accepted.returncode == 0, accepted.stderr
+        assert f"seq {newest.seq} (epoch {newest.epoch})" in accepted.stdout  # given up
+        assert f"resume from checkpoint seq {newest.seq - 1}" in accepted.stdout
+
+        cluster.start(NodeSpec("node-c", "r1"))
+        wait_until(
+            lambda: any(i.epoch > newest.epoch + 1 for i in store.list_checkpoints("journal")),
+            "node-c to publish under a new epoch",
+        )
+        assert cluster.alive("node-c"), cluster.log("node-c")
+    finally:
+        cluster.stop_all()
+        store.close()
