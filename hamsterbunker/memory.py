@@ -12,9 +12,12 @@ a new memory instead of refusing that store.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,6 +26,7 @@ from pathlib import Path
 from .errors import ConfigError, CorruptRecord
 from .lease import Reach
 from .records import ClusterRecord, parse_json
+from .stores.file import STALE_TEMP_AGE_S
 
 __all__ = ["Memory", "MemoryFile"]
 
@@ -32,6 +36,10 @@ FORMAT = 1
 # still catches a store emptied, or rolled back further than that. A new epoch
 # or cluster record is kept at once.
 REACH_SAVE_INTERVAL_S = 5.0
+# Temporary files of save; those older than STALE_TEMP_AGE_S are swept on load.
+_TEMP_PREFIX = ".memory-"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,12 @@ class MemoryFile:
         self._saved_at = 0.0
 
     def load(self) -> Memory:
-        """The remembered state; nothing remembered if there is no file yet."""
+        """The remembered state; nothing remembered if there is no file yet.
+
+        Temporary files (``.memory-*``) older than STALE_TEMP_AGE_S, left in the
+        directory by a crash during save, are removed first.
+        """
+        _sweep_temps(self.path.parent)
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -109,7 +122,7 @@ class MemoryFile:
             "cluster": None if memory.cluster is None else memory.cluster.to_json().decode(),
         }
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=".memory-")
+        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=_TEMP_PREFIX)
         try:
             with os.fdopen(fd, "w") as out:
                 json.dump(doc, out, indent=1)
@@ -119,7 +132,32 @@ class MemoryFile:
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
+        _fsync_dir(self.path.parent)  # the rename itself outlives a crash
         self._saved, self._saved_at = memory, time.monotonic()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sweep_temps(directory: Path) -> None:
+    """Remove temporary files of save older than STALE_TEMP_AGE_S: a crash left them.
+
+    Housekeeping: a failure is logged, and loading goes on.
+    """
+    cutoff = time.time() - STALE_TEMP_AGE_S
+    try:
+        for temp in directory.glob(f"{_TEMP_PREFIX}*"):
+            with contextlib.suppress(FileNotFoundError):  # another process swept it first
+                st = temp.lstat()
+                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                    temp.unlink()
+    except OSError as exc:
+        log.warning("could not remove old temporary files in %s: %s", directory, exc)
 
 
 def _count(value: object) -> int:

@@ -27,6 +27,7 @@ from hamsterbunker.errors import (
     StoreUnavailable,
     StoreUnsafe,
 )
+from hamsterbunker.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
@@ -289,7 +290,11 @@ def test_two_stores_in_one_process_exclude_each_other(root: Path) -> None:
     """A lock held through one FileStore object blocks another in the same process and thread."""
     first = FileStore(root)
     second = FileStore(root, lock_timeout=0.3)
-    with first._locked("a"), pytest.raises(StoreUnavailable):
+    with (
+        first._writing("agents", "a") as agent_fd,
+        first._locked(agent_fd, "a"),
+        pytest.raises(StoreUnavailable),
+    ):
         second.cas_lease("a", None, lease("n2", 1))
     assert second.cas_lease("a", None, lease("n2", 1)).holder == "n2"
 
@@ -370,3 +375,26 @@ def test_a_watch_creates_nothing_for_an_agent_nobody_wrote(tmp_path: Path) -> No
 
     asyncio.run(watch_briefly())
     assert not (tmp_path / "store" / "agents" / "typo").exists()
+
+
+# -- loss acceptance -----------------------------------------------------------
+
+
+def test_the_acceptance_record_is_none_until_put_and_then_replaced_whole(
+    store: FileStore, root: Path
+) -> None:
+    assert store.read_acceptance("a") is None
+    assert list(root.iterdir()) == []  # reading made nothing
+    store.put_acceptance("a", b'{"to_seq": 3}')
+    assert FileStore(root).read_acceptance("a") == b'{"to_seq": 3}'
+    inode = (root / "agents/a/acceptance.json").stat().st_ino
+    store.put_acceptance("a", b'{"to_seq": 9}')
+    assert store.read_acceptance("a") == b'{"to_seq": 9}'
+    assert (root / "agents/a/acceptance.json").stat().st_ino != inode  # renamed, not rewritten
+    assert _temp_files(root) == []
+
+
+def test_an_acceptance_record_over_the_record_limit_is_refused(store: FileStore) -> None:
+    with pytest.raises(StoreError, match=f"limit of {MAX_RECORD_BYTES} bytes"):
+        store.put_acceptance("a", b"x" * (MAX_RECORD_BYTES + 1))
+    assert store.read_acceptance("a") is None

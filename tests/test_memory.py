@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,9 @@ from hamsterbunker.errors import ConfigError
 from hamsterbunker.lease import Reach
 from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.sealing import new_cluster_record
+from hamsterbunker.stores.file import STALE_TEMP_AGE_S
+
+from .test_file_store_hostile import record_fsyncs
 
 URL = "redis://127.0.0.1:6379/0?prefix=p"
 
@@ -67,3 +72,23 @@ def test_a_damaged_memory_is_a_clear_error_naming_the_file(tmp_path: Path, damag
     with pytest.raises(ConfigError, match="damaged") as caught:
         memory.load()
     assert str(memory.path) in str(caught.value) and "remove it" in str(caught.value)
+
+
+def test_old_temporary_memory_files_are_swept_when_the_memory_loads(tmp_path: Path) -> None:
+    memory = MemoryFile(tmp_path, URL, "journal")
+    memory.save(Memory(epoch=1))
+    old, recent = tmp_path / ".memory-old", tmp_path / ".memory-recent"
+    for path, age in ((old, STALE_TEMP_AGE_S + 60), (recent, 1.0)):
+        path.write_text("{")
+        os.utime(path, (time.time() - age, time.time() - age))
+    assert MemoryFile(tmp_path, URL, "journal").load() == Memory(epoch=1)
+    assert not old.exists() and recent.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs /proc/self/fd (Linux)")
+def test_the_memory_files_directory_is_fsynced_after_its_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = record_fsyncs(monkeypatch)
+    MemoryFile(tmp_path / "state", URL, "journal").save(Memory(epoch=1))
+    assert str((tmp_path / "state").resolve()) in synced

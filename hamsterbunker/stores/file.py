@@ -5,16 +5,32 @@ Layout under the root::
     cluster.json                         key material (created once, atomically)
     agents/<agent>/lease.json            the lease record
     agents/<agent>/lease.lock            POSIX lock held across read-check-write
+    agents/<agent>/acceptance.json       a loss accepted with ``hb accept-loss``
     agents/<agent>/checkpoints/ckpt-<seq>-<epoch>.hbc
     agents/<agent>/heartbeats/<node>.json
     agents/<agent>/events/<node>.jsonl   (+ <node>.jsonl.1, the previous segment)
 
-Compare-and-set is real: an fcntl lock on ``lease.lock`` (plus a thread lock,
-since POSIX locks do not exclude threads of one process) is held across
-read-check-write of the lease and across the fence check and rename of a
-checkpoint. Writes are temp file in the same directory, fsync, rename, fsync
-of the directory. Only names matching our own patterns are ever read, so
-editor backups and sync-conflict copies are ignored.
+Compare-and-set is real: an open-file-description fcntl lock on ``lease.lock``
+(which, unlike a classic POSIX lock, excludes other threads of one process
+too) is held across read-check-write of the lease and across the fence check
+and rename of a checkpoint. Writes are temp file in the same directory, fsync, rename, fsync
+of the directory; a directory the store creates is fsynced in its parent.
+Only names matching our own patterns are ever read, so editor backups and
+sync-conflict copies are ignored.
+
+Whoever can write the directory can plant anything in it (DESIGN.md invariant
+10), so nothing below the root is trusted: each directory is opened relative
+to its parent's descriptor with ``O_NOFOLLOW`` (the root itself is the user's
+and may be a symlink), each file with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO does
+not block the open) and read only if ``fstat`` on the open descriptor says it
+is a regular file, and no read goes past a size cap: ``MAX_RECORD_BYTES`` for
+a lease, cluster, heartbeat or acceptance record, ``MAX_CHECKPOINT_BYTES`` for
+a checkpoint, the store's ``segment_cap`` (at most ``MAX_SEGMENT_BYTES``) for
+an event segment. Something else under one of our names is a CorruptRecord:
+raised where the caller needs that record (lease, cluster, checkpoint),
+logged once and skipped where it reads many (heartbeats, events, listings).
+Renames, links, removals and listings go through directory descriptors too,
+so none of them follows a planted symlink either.
 """
 
 from __future__ import annotations
@@ -28,9 +44,10 @@ import logging
 import os
 import re
 import secrets
+import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
@@ -45,17 +62,20 @@ from ..errors import (
     StoreUnsafe,
 )
 from ..failpoints import failpoint
+from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, check_checkpoint_bounds
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .base import Fence, StoreGuarantees
 
 if TYPE_CHECKING:
     from .file_tail import FileTail
 
-__all__ = ["FileStore", "Mount", "mount_of"]
+__all__ = ["MAX_SEGMENT_BYTES", "STALE_TEMP_AGE_S", "FileStore", "Mount", "mount_of"]
 
 log = logging.getLogger(__name__)
 
-_CHECKPOINT = re.compile(r"ckpt-(\d{20})-(\d{10})\.hbc")
+# Any digits are matched, so that a name with numbers we would never write is
+# reported rather than silently passed over; only 20 + 10 digits in range count.
+_CHECKPOINT = re.compile(r"ckpt-(\d+)-(\d+)\.hbc")
 _HEARTBEAT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
 _EVENTS = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.jsonl")
 # Temporary names start with "tmp-hb-": no editor or sync tool uses that shape,
@@ -64,6 +84,43 @@ _TMP_PREFIX = "tmp-hb-"
 # struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t).
 _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 _SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloudsync.log")
+
+# The most read of one event segment, by read_events, by append_event counting
+# its lines, and by the tail per file per call. A store's own cap is
+# events_per_segment * MAX_RECORD_BYTES (no segment of whole events is longer),
+# but never above this: 16 MiB is a thousand events of 16 KiB each, while ours
+# are a few hundred bytes.
+MAX_SEGMENT_BYTES = 16 * 1024 * 1024
+# A temporary file ("tmp-hb-*") this much older than now is left by a crash, and
+# is removed when a store opens (the root) or first writes in a directory of
+# an agent. No write keeps its temp file for more than a few seconds
+# (the write, an fsync, a wait for the lock of at most lock_timeout), so two
+# minutes, sixty default lease TTLs, is far above any write, on a slow NFS server
+# too. Judged on this host's clock against the file's mtime:
+# a clock skewed by more than that can remove a temp file in use, which fails
+# that one write (a retry follows); it never damages a record.
+STALE_TEMP_AGE_S = 120.0
+# Distinct problems logged at warning level per store; more are logged at debug
+# level, so that a flood of junk names cannot grow memory without bound.
+_MAX_REPORTED = 1024
+_CHUNK = 8 * 1024 * 1024  # the most asked of one read(2)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a reader.
+_APPEND_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+)
+# What open(2) answers when a file name holds something we refuse to open.
+_NOT_A_FILE = {
+    errno.ELOOP: "a symbolic link (not followed)",
+    errno.ENXIO: "a FIFO or a socket",
+    errno.EISDIR: "a directory",
+}
+# And when a directory name holds a symlink (ENOTDIR with O_DIRECTORY, ELOOP without) or a file.
+_NOT_A_DIR = {errno.ENOTDIR, errno.ELOOP}
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="OFD fcntl locks: real on a local filesystem and on NFS with working lockd; "
@@ -95,22 +152,228 @@ def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
     return translated
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+class _Reporter:
+    """Logs each distinct problem with the store's contents once, not on every call.
+
+    A junk file is seen by every listing, many times a second: logging it each
+    time would flood the journal.
+    """
+
+    def __init__(self, limit: int = _MAX_REPORTED) -> None:
+        self._seen: set[str] = set()
+        self._limit = limit
+
+    def __call__(self, message: str) -> None:
+        if message in self._seen:
+            return
+        if len(self._seen) >= self._limit:
+            log.debug("%s", message)
+            return
+        self._seen.add(message)
+        log.warning("%s", message)
+        if len(self._seen) == self._limit:
+            log.warning("more than %d problems in the store: further ones are logged at "
+                        "debug level", self._limit)  # fmt: skip
+
+
+# -- directories: opened one component at a time, never through a symlink ------------
+
+
+def _refuse_non_dir(exc: OSError, path: Path) -> None:
+    """Raise CorruptRecord if exc, from opening the directory at path, says a symlink or a
+    file is there."""
+    if exc.errno in _NOT_A_DIR:
+        raise CorruptRecord(
+            f"{path} is not a directory (a symbolic link or a file is there): not followed"
+        ) from exc
+
+
+def _open_subdir(parent: int, name: str, path: Path) -> int | None:
+    """The directory name in parent (shown as path), not through a symlink; None if absent."""
     try:
-        os.fsync(fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _refuse_non_dir(exc, path)
+        raise
+
+
+def _make_subdir(parent: int, name: str, path: Path) -> int:
+    """Like _open_subdir, but make the directory if it is absent, durably in its parent."""
+    fd = _open_subdir(parent, name, path)
+    if fd is not None:
+        return fd
+    try:
+        os.mkdir(name, dir_fd=parent)
+    except FileExistsError:
+        pass  # another node made it just now (or planted something: the open below says)
+    else:
+        os.fsync(parent)  # the new entry outlives a crash before anything in it counts
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        _refuse_non_dir(exc, path)
+        raise
+
+
+@contextlib.contextmanager
+def _closing_fd(fd: int) -> Iterator[int]:
+    try:
+        yield fd
     finally:
         os.close(fd)
 
 
-def _write_temp(directory: Path, data: bytes, durable: bool, points: str = "") -> Path:
-    """Write data to a new temporary file in directory; points names its failpoints."""
-    tmp = directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+@contextlib.contextmanager
+def _opened_dir(root: Path, parts: Sequence[str], *, create: bool = False) -> Iterator[int | None]:
+    """The directory root/parts/..., walked from root without following a symlink below it.
+
+    The root is the user's own path and may be a symlink. None if root or a
+    part is absent (with create, parts are made; root never is).
+    """
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        fd: int | None = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    opener: Callable[[int, str, Path], int | None] = _make_subdir if create else _open_subdir
+    try:
+        for depth, name in enumerate(parts, 1):
+            if fd is None:
+                break
+            parent, fd = fd, None
+            try:
+                fd = opener(parent, name, root.joinpath(*parts[:depth]))
+            finally:
+                os.close(parent)
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _opened_subdir(parent: int, name: str, path: Path) -> Iterator[int | None]:
+    """_open_subdir, closed on leaving."""
+    fd = _open_subdir(parent, name, path)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
+    """The directory's entries (their stat() does not follow symlinks when asked not to)."""
+    with os.scandir(dir_fd) as entries:
+        return list(entries)
+
+
+# -- files: regular ones only, read within a cap --------------------------------------
+
+
+def _kind(mode: int) -> str | None:
+    """What a non-regular file is, for messages; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISLNK: "a symbolic link",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
+
+
+def _open_regular(
+    dir_fd: int, name: str, path: Path, flags: int = _READ_FLAGS, mode: int = 0o600
+) -> int:
+    """Open name in dir_fd, never through a symlink and never blocking: a regular file only.
+
+    Anything else there is a CorruptRecord naming path; FileNotFoundError if absent.
+    """
+    try:
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE:
+            raise CorruptRecord(f"{path} is {_NOT_A_FILE[exc.errno]}: not opened") from exc
+        raise
+    try:
+        kind = _kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise CorruptRecord(f"{path} is {kind}, not a regular file: not read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _pread_upto(fd: int, offset: int, count: int) -> bytes:
+    """Up to count bytes of fd from offset: fewer only at the end of the file."""
+    chunks: list[bytes] = []
+    while count > 0:
+        chunk = os.pread(fd, min(count, _CHUNK), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def _too_big(path: Path, limit: int) -> CorruptRecord:
+    return CorruptRecord(f"{path} is over the limit of {limit} bytes: not read")
+
+
+def _read_limited(fd: int, path: Path, limit: int) -> bytes:
+    """The whole file, if it is at most limit bytes; CorruptRecord if not.
+
+    Never reads more than limit + 1 bytes (nothing, if its size already says so).
+    """
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise _too_big(path, limit)
+    data = _pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
+    if len(data) > size:  # it did (an event log being appended): read on, within the limit
+        data += _pread_upto(fd, len(data), limit + 1 - len(data))
+    if len(data) > limit:
+        raise _too_big(path, limit)
+    return data
+
+
+def _read_file(dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
+    """The bytes of the regular file name in dir_fd (see _open_regular), or None if absent."""
+    try:
+        fd = _open_regular(dir_fd, name, path)
+    except FileNotFoundError:
+        return None
+    with _closing_fd(fd):
+        return _read_limited(fd, path, limit)
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _discard(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def _write_temp(dir_fd: int, data: bytes, durable: bool, points: str = "") -> str:
+    """Write data to a new temporary file in dir_fd, returning its name; points names
+    its failpoints."""
+    name = f"{_TMP_PREFIX}{secrets.token_hex(6)}"
+    fd = os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        _write_all(fd, data)
         if points:
             failpoint(f"{points}.after_temp_write")
         if durable:
@@ -119,28 +382,37 @@ def _write_temp(directory: Path, data: bytes, durable: bool, points: str = "") -
             failpoint(f"{points}.after_temp_fsync")
     except BaseException:
         os.close(fd)
-        tmp.unlink(missing_ok=True)
+        _discard(dir_fd, name)
         raise
     os.close(fd)
-    return tmp
+    return name
 
 
-def _atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
-    tmp = _write_temp(path.parent, data, durable)
+def _atomic_write(dir_fd: int, name: str, data: bytes, durable: bool = True) -> None:
+    """Replace name in dir_fd with data: temp file, (fsync,) rename, (directory fsync)."""
+    tmp = _write_temp(dir_fd, data, durable)
     try:
-        os.replace(tmp, path)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _discard(dir_fd, tmp)
         raise
     if durable:
-        _fsync_dir(path.parent)
+        os.fsync(dir_fd)
 
 
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
+def _sweep_temps(dir_fd: int, path: Path) -> None:
+    """Remove temporary files in dir_fd older than STALE_TEMP_AGE_S: a crash left them."""
+    cutoff = time.time() - STALE_TEMP_AGE_S
+    for entry in _entries(dir_fd):
+        if not entry.name.startswith(_TMP_PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                os.unlink(entry.name, dir_fd=dir_fd)
+                log.info("removed %s, a temporary file left by a crash", path / entry.name)
+        except FileNotFoundError:
+            continue  # removed by another node's sweep
 
 
 @dataclass(frozen=True)
@@ -185,14 +457,19 @@ class FileStore:
         lock_timeout: float = 2.0,
         create: bool = True,
     ) -> None:
+        if keep_checkpoints < 1 or events_per_segment < 1:
+            raise ConfigError("keep_checkpoints and events_per_segment must be at least 1")
         self.root = Path(path).absolute()
         self.url = self.root.as_uri()
         self.keep_checkpoints = keep_checkpoints
         self.events_per_segment = events_per_segment
+        # The most read of one event segment (see MAX_SEGMENT_BYTES).
+        self.segment_cap = min(events_per_segment * MAX_RECORD_BYTES, MAX_SEGMENT_BYTES)
         self.lock_timeout = lock_timeout
         self.warnings: list[str] = []
         self._event_counts: dict[tuple[str, str], int] = {}
-        self._ready_agents: set[str] = set()
+        self._swept: set[tuple[str, ...]] = set()  # directories written through, and swept
+        self._report = _Reporter()
         if create:
             try:
                 self.root.mkdir(exist_ok=True)
@@ -207,6 +484,12 @@ class FileStore:
         if not self.root.is_dir():
             raise ConfigError(f"store path {self.root} is not a directory")
         self._check_location()
+        if create:  # sweep the root's old temp files; a reader (hb status) removes nothing
+            try:
+                with self._writing():
+                    pass
+            except (OSError, StoreError) as exc:
+                log.warning("could not remove old temporary files in %s: %s", self.root, exc)
 
     def _check_location(self) -> None:
         for folder in (self.root, *self.root.parents):
@@ -227,23 +510,60 @@ class FileStore:
                     "Mount it with -o noac,lookupcache=none."
                 )
 
-    # -- paths -------------------------------------------------------------
+    # -- directories -------------------------------------------------------
+
+    @staticmethod
+    def _agent_parts(agent: str, *sub: str) -> tuple[str, ...]:
+        return ("agents", check_name("agent id", agent), *sub)
 
     def _agent_dir(self, agent: str) -> Path:
-        """The agent's directory, for reading: it may not exist yet."""
-        return self.root / "agents" / check_name("agent id", agent)
+        """The agent's directory, for messages and the watch: it may not exist yet."""
+        return self.root.joinpath(*self._agent_parts(agent))
 
-    def _writable_dir(self, agent: str) -> Path:
-        """The agent's directory, created on the first write (reads never create it)."""
-        directory = self._agent_dir(agent)
-        if agent not in self._ready_agents:
-            for sub in ("checkpoints", "heartbeats", "events"):
-                (directory / sub).mkdir(parents=True, exist_ok=True)
-            self._ready_agents.add(agent)
-        return directory
+    def _reading(self, *parts: str) -> contextlib.AbstractContextManager[int | None]:
+        """A descriptor of root/parts for reading; None if absent (reads never create)."""
+        return _opened_dir(self.root, parts)
 
     @contextlib.contextmanager
-    def _locked(self, agent: str) -> Iterator[Path]:
+    def _writing(self, *parts: str) -> Iterator[int]:
+        """A descriptor of root/parts for writing, made (durably) where absent.
+
+        Only the directories a write needs are made, so that junk planted in
+        place of one (say events/) stops only the writes that go there. The
+        first write through a directory (per store object) sweeps its old temp files.
+        """
+        with _opened_dir(self.root, parts, create=True) as fd:
+            if fd is None:
+                raise StoreError(f"store directory {self.root} does not exist (any longer)")
+            self._sweep_once(parts, fd)
+            yield fd
+
+    def _writable_dir(self, agent: str) -> Path:
+        """The agent's directory, made if absent (its path, for tools that watch it)."""
+        with self._writing(*self._agent_parts(agent)):
+            return self._agent_dir(agent)
+
+    def _sweep_once(self, parts: tuple[str, ...], fd: int) -> None:
+        """Remove old temp files in root/parts (open as fd), the first time it is written."""
+        if parts in self._swept:
+            return
+        path = self.root.joinpath(*parts)
+        try:
+            _sweep_temps(fd, path)
+        except OSError as exc:  # housekeeping: a failure is only logged
+            log.warning("could not remove old temporary files in %s: %s", path, exc)
+        self._swept.add(parts)
+
+    def _read_or_skip(self, dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
+        """_read_file, reporting (once) and skipping what is not a regular file within limit."""
+        try:
+            return _read_file(dir_fd, name, path, limit)
+        except CorruptRecord as exc:
+            self._report(f"skipped: {exc}")
+            return None
+
+    @contextlib.contextmanager
+    def _locked(self, agent_fd: int, agent: str) -> Iterator[None]:
         """Hold the agent's lease lock: an open-file-description (OFD) POSIX lock.
 
         OFD locks belong to the open file, not the process, so they exclude
@@ -251,8 +571,8 @@ class FileStore:
         other processes and (through lockd) other NFS clients. Classic POSIX
         locks would not: every fd of one process shares one lock.
         """
-        directory = self._writable_dir(agent)
-        fd = os.open(directory / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        path = self._agent_dir(agent) / "lease.lock"
+        fd = _open_regular(agent_fd, "lease.lock", path, _LOCK_FLAGS)
         try:
             deadline = time.monotonic() + self.lock_timeout
             while True:
@@ -261,13 +581,13 @@ class FileStore:
                     break
                 except OSError as exc:
                     if exc.errno not in (errno.EACCES, errno.EAGAIN):
-                        raise StoreUnavailable(f"cannot lock {directory}: {exc.strerror}") from exc
+                        raise StoreUnavailable(f"cannot lock {path}: {exc.strerror}") from exc
                     if time.monotonic() > deadline:
                         raise StoreUnavailable(
                             f"lease lock of {agent!r} held elsewhere for {self.lock_timeout} s"
                         ) from exc
                     time.sleep(0.002)
-            yield directory
+            yield
         finally:
             os.close(fd)  # closing the description releases its lock
 
@@ -275,20 +595,27 @@ class FileStore:
 
     @_os_errors_as_store_errors
     def read_cluster(self) -> ClusterRecord | None:
-        data = _read(self.root / "cluster.json")
+        with self._reading() as root_fd:
+            if root_fd is None:
+                return None
+            data = _read_file(root_fd, "cluster.json", self.root / "cluster.json", MAX_RECORD_BYTES)
         return None if data is None else ClusterRecord.from_json(data)
 
     @_os_errors_as_store_errors
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
-        target = self.root / "cluster.json"
-        tmp = _write_temp(self.root, record.to_json(), durable=True)
-        try:
-            os.link(tmp, target)  # fails if it exists: atomic create-if-absent, NFS included
-            _fsync_dir(self.root)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self._writing() as root_fd:
+            tmp = _write_temp(root_fd, record.to_json(), durable=True)
+            try:
+                # Fails if the name exists: atomic create-if-absent, NFS included.
+                os.link(
+                    tmp, "cluster.json", src_dir_fd=root_fd, dst_dir_fd=root_fd,
+                    follow_symlinks=False,
+                )  # fmt: skip
+                os.fsync(root_fd)
+            except FileExistsError:
+                pass
+            finally:
+                _discard(root_fd, tmp)
         stored = self.read_cluster()
         if stored is None:
             raise StoreError(f"cluster record vanished from {self.root}")
@@ -296,185 +623,270 @@ class FileStore:
 
     # -- lease -------------------------------------------------------------
 
-    @_os_errors_as_store_errors
-    def read_lease(self, agent: str) -> LeaseRecord | None:
-        data = _read(self._agent_dir(agent) / "lease.json")
+    def _lease_in(self, agent_fd: int, agent: str) -> LeaseRecord | None:
+        path = self._agent_dir(agent) / "lease.json"
+        data = _read_file(agent_fd, "lease.json", path, MAX_RECORD_BYTES)
         return None if data is None else LeaseRecord.from_json(data)
 
     @_os_errors_as_store_errors
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        with self._reading(*self._agent_parts(agent)) as agent_fd:
+            return None if agent_fd is None else self._lease_in(agent_fd, agent)
+
+    @_os_errors_as_store_errors
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
-        directory = self._writable_dir(agent)
         stored = replace(new, version=(expected_version or 0) + 1)
-        # Written and synced before the lock: the lock is held only for
-        # read-compare-rename, so a node paused or slowed in here holds up
-        # the others as briefly as possible.
-        tmp = _write_temp(directory, stored.to_json(), durable=True)
-        try:
-            with self._locked(agent):
-                data = _read(directory / "lease.json")
-                current = None if data is None else LeaseRecord.from_json(data)
-                current_version = None if current is None else current.version
-                if current_version != expected_version:
-                    raise LeaseConflict(
-                        f"lease of {agent!r} is at version {current_version}, "
-                        f"not {expected_version}"
-                    )
-                os.replace(tmp, directory / "lease.json")
-                _fsync_dir(directory)
-                return stored
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self._writing(*self._agent_parts(agent)) as agent_fd:
+            # Written and synced before the lock: the lock is held only for
+            # read-compare-rename, so a node paused or slowed in here holds up
+            # the others as briefly as possible.
+            tmp = _write_temp(agent_fd, stored.to_json(), durable=True)
+            try:
+                with self._locked(agent_fd, agent):
+                    current = self._lease_in(agent_fd, agent)
+                    current_version = None if current is None else current.version
+                    if current_version != expected_version:
+                        raise LeaseConflict(
+                            f"lease of {agent!r} is at version {current_version}, "
+                            f"not {expected_version}"
+                        )
+                    os.replace(tmp, "lease.json", src_dir_fd=agent_fd, dst_dir_fd=agent_fd)
+                    os.fsync(agent_fd)
+                    return stored
+            finally:
+                _discard(agent_fd, tmp)
 
     # -- checkpoints -------------------------------------------------------
 
     @_os_errors_as_store_errors
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        directory = self._writable_dir(agent) / "checkpoints"
-        # The bytes are written and synced before taking the lock, so a large
-        # checkpoint never holds up lease renewals; only check + rename are locked.
-        tmp = _write_temp(directory, blob, durable=True, points="checkpoint")
-        try:
-            failpoint("checkpoint.before_commit")
-            with self._locked(agent) as agent_dir:
-                data = _read(agent_dir / "lease.json")
-                lease = None if data is None else LeaseRecord.from_json(data)
-                if lease is None or (lease.holder, lease.session, lease.epoch) != (
-                    fence.holder,
-                    fence.session,
-                    fence.epoch,
-                ):
-                    now = (
-                        "no lease"
-                        if lease is None
-                        else f"epoch {lease.epoch} held by {lease.holder}"
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        if problem is not None:
+            raise StoreError(problem)  # before anything is written
+        path = self._agent_dir(agent) / "checkpoints"
+        with (
+            self._writing(*self._agent_parts(agent)) as agent_fd,
+            _closing_fd(_make_subdir(agent_fd, "checkpoints", path)) as directory,
+        ):
+            self._sweep_once(self._agent_parts(agent, "checkpoints"), directory)
+            # The bytes are written and synced before taking the lock, so a large
+            # checkpoint never holds up lease renewals; only check + rename are locked.
+            tmp = _write_temp(directory, blob, durable=True, points="checkpoint")
+            try:
+                failpoint("checkpoint.before_commit")
+                with self._locked(agent_fd, agent):
+                    self._check_fence(agent_fd, agent, fence, seq)
+                    existing = self._scan_checkpoints(directory, path)
+                    _check_own_epoch(existing, fence.epoch, seq)
+                    os.replace(
+                        tmp, _checkpoint_name(seq, fence.epoch),
+                        src_dir_fd=directory, dst_dir_fd=directory,
+                    )  # fmt: skip
+                    failpoint("checkpoint.after_rename")
+                    os.fsync(directory)
+                    failpoint("checkpoint.after_dir_fsync")
+                    self._prune(directory, existing, seq)
+                    return CheckpointInfo(
+                        epoch=fence.epoch, seq=seq, size=len(blob), written=time.time()
                     )
-                    raise Fenced(
-                        f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                        f"the lease is now {now}"
-                    )
-                existing = self._scan_checkpoints(directory)
-                if existing and existing[0].seq >= seq:
-                    raise StoreError(
-                        f"checkpoint sequence must increase: {seq} is not above {existing[0].seq}"
-                    )
-                final = directory / f"ckpt-{seq:020d}-{fence.epoch:010d}.hbc"
-                os.replace(tmp, final)
-                failpoint("checkpoint.after_rename")
-                _fsync_dir(directory)
-                failpoint("checkpoint.after_dir_fsync")
-                for old in existing[self.keep_checkpoints - 1 :]:
-                    (directory / _checkpoint_name(old)).unlink(missing_ok=True)
-                return CheckpointInfo(
-                    epoch=fence.epoch, seq=seq, size=len(blob), written=time.time()
-                )
-        finally:
-            tmp.unlink(missing_ok=True)
+            finally:
+                _discard(directory, tmp)
 
-    def _scan_checkpoints(self, directory: Path) -> list[CheckpointInfo]:
+    def _check_fence(self, agent_fd: int, agent: str, fence: Fence, seq: int) -> None:
+        """Raise Fenced unless the stored lease is the one fence names (under the lock)."""
+        lease = self._lease_in(agent_fd, agent)
+        if lease is None or (lease.holder, lease.session, lease.epoch) != (
+            fence.holder,
+            fence.session,
+            fence.epoch,
+        ):
+            now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
+            raise Fenced(
+                f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                f"the lease is now {now}"
+            )
+
+    def _prune(self, directory: int, existing: list[CheckpointInfo], seq: int) -> None:
+        """Keep the new checkpoint and the newest keep_checkpoints - 1 others at or below seq.
+
+        Nothing above seq is removed: it is junk, or a damaged checkpoint the
+        caller skipped, and either is the runtime's to judge and report.
+        """
+        below = [info for info in existing if info.seq <= seq]
+        for old in below[self.keep_checkpoints - 1 :]:
+            _discard(directory, _checkpoint_name(old.seq, old.epoch))
+
+    def _scan_checkpoints(self, directory: int, path: Path) -> list[CheckpointInfo]:
+        """The regular files under checkpoint names in range, newest first by (seq, epoch)."""
         found = []
         for entry in _entries(directory):
             match = _CHECKPOINT.fullmatch(entry.name)
             if not match:
                 continue
+            problem = _checkpoint_name_problem(match)
+            if problem is not None:
+                self._report(f"ignoring {path / entry.name}: {problem}")
+                continue
             try:
-                st = entry.stat()
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # pruned by the writer while we listed
-            found.append(
-                CheckpointInfo(
-                    epoch=int(match[2]), seq=int(match[1]), size=st.st_size, written=st.st_mtime
-                )
-            )
-        return sorted(found, key=lambda info: info.seq, reverse=True)
+            kind = _kind(st.st_mode)
+            if kind is not None:
+                self._report(f"ignoring {path / entry.name}: {kind}, not a regular file")
+                continue
+            seq, epoch = int(match[1]), int(match[2])
+            found.append(CheckpointInfo(epoch=epoch, seq=seq, size=st.st_size, written=st.st_mtime))
+        return sorted(found, key=lambda info: (info.seq, info.epoch), reverse=True)
 
     @_os_errors_as_store_errors
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        return self._scan_checkpoints(self._agent_dir(agent) / "checkpoints")
+        with self._reading(*self._agent_parts(agent, "checkpoints")) as directory:
+            if directory is None:
+                return []
+            return self._scan_checkpoints(directory, self._agent_dir(agent) / "checkpoints")
 
     @_os_errors_as_store_errors
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        path = self._agent_dir(agent) / "checkpoints" / _checkpoint_name(info)
-        data = _read(path)
+        name = _checkpoint_name(info.seq, info.epoch)
+        path = self._agent_dir(agent) / "checkpoints" / name
+        with self._reading(*self._agent_parts(agent, "checkpoints")) as directory:
+            data = None if directory is None else _read_file(
+                directory, name, path, MAX_CHECKPOINT_BYTES
+            )  # fmt: skip
         if data is None:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
         return data
+
+    # -- loss acceptance ---------------------------------------------------
+
+    @_os_errors_as_store_errors
+    def read_acceptance(self, agent: str) -> bytes | None:
+        path = self._agent_dir(agent) / "acceptance.json"
+        with self._reading(*self._agent_parts(agent)) as agent_fd:
+            if agent_fd is None:
+                return None
+            return _read_file(agent_fd, "acceptance.json", path, MAX_RECORD_BYTES)
+
+    @_os_errors_as_store_errors
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        if len(data) > MAX_RECORD_BYTES:
+            raise StoreError(
+                f"loss-acceptance record of {len(data)} bytes is above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        with self._writing(*self._agent_parts(agent)) as agent_fd:
+            _atomic_write(agent_fd, "acceptance.json", data, durable=True)
 
     # -- heartbeats --------------------------------------------------------
 
     @_os_errors_as_store_errors
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         check_name("node id", heartbeat.node)
-        path = self._writable_dir(agent) / "heartbeats" / f"{heartbeat.node}.json"
-        # Atomic but not fsynced: a heartbeat lost in a crash is rewritten next tick.
-        _atomic_write(path, heartbeat.to_json(), durable=False)
+        with self._writing(*self._agent_parts(agent, "heartbeats")) as directory:
+            # Atomic but not fsynced: a heartbeat lost in a crash is rewritten next tick.
+            _atomic_write(directory, f"{heartbeat.node}.json", heartbeat.to_json(), durable=False)
 
     @_os_errors_as_store_errors
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
-        directory = self._agent_dir(agent) / "heartbeats"
+        path = self._agent_dir(agent) / "heartbeats"
         beats = []
-        for name in sorted(entry.name for entry in _entries(directory)):
-            match = _HEARTBEAT.fullmatch(name)
-            if not match or _is_sync_copy(name) or (data := _read(directory / name)) is None:
-                continue
-            try:
-                beat = Heartbeat.from_json(data)
-            except CorruptRecord as exc:
-                log.warning("ignoring unreadable heartbeat %s: %s", directory / name, exc)
-                continue
-            if beat.node == match[1]:  # a copy under another name is not that node's
-                beats.append(beat)
+        with self._reading(*self._agent_parts(agent, "heartbeats")) as directory:
+            if directory is None:
+                return []
+            for name in sorted(entry.name for entry in _entries(directory)):
+                match = _HEARTBEAT.fullmatch(name)
+                if not match or _is_sync_copy(name):
+                    continue
+                data = self._read_or_skip(directory, name, path / name, MAX_RECORD_BYTES)
+                if data is None:
+                    continue
+                try:
+                    beat = Heartbeat.from_json(data)
+                except CorruptRecord as exc:
+                    self._report(f"ignoring unreadable heartbeat {path / name}: {exc}")
+                    continue
+                if beat.node == match[1]:  # a copy under another name is not that node's
+                    beats.append(beat)
         return beats
 
     @_os_errors_as_store_errors
     def remove_heartbeat(self, agent: str, node: str) -> None:
         check_name("node id", node)
-        (self._agent_dir(agent) / "heartbeats" / f"{node}.json").unlink(missing_ok=True)
+        with self._reading(*self._agent_parts(agent, "heartbeats")) as directory:
+            if directory is not None:
+                _discard(directory, f"{node}.json")
 
     # -- events ------------------------------------------------------------
 
     @_os_errors_as_store_errors
     def append_event(self, agent: str, event: Event) -> None:
         check_name("node id", event.node)
-        directory = self._writable_dir(agent) / "events"
-        current = directory / f"{event.node}.jsonl"
+        record = event.to_json()
+        if len(record) > MAX_RECORD_BYTES:  # no reader would take it
+            raise StoreError(
+                f"event {event.type} of {len(record)} bytes is above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        path = self._agent_dir(agent) / "events"
+        name = f"{event.node}.jsonl"
         key = (agent, event.node)
-        if key not in self._event_counts:
-            data = _read(current)
-            self._event_counts[key] = 0 if data is None else data.count(b"\n")
-        if self._event_counts[key] >= self.events_per_segment:
-            # Bounded: the previous segment is replaced, so at most two remain.
-            os.replace(current, directory / f"{event.node}.jsonl.1")
-            self._event_counts[key] = 0
-        # Only this node appends to this file (NFS has no atomic append across clients).
-        with open(current, "ab") as out:
-            out.write(event.to_json() + b"\n")
+        with self._writing(*self._agent_parts(agent, "events")) as directory:
+            if key not in self._event_counts:
+                self._event_counts[key] = self._segment_events(directory, name, path / name)
+            if self._event_counts[key] >= self.events_per_segment:
+                # Bounded: the previous segment is replaced, so at most two remain.
+                with contextlib.suppress(FileNotFoundError):  # removed by hand: nothing to move
+                    os.replace(name, f"{name}.1", src_dir_fd=directory, dst_dir_fd=directory)
+                self._event_counts[key] = 0
+            # Only this node appends to this file (NFS has no atomic append across clients).
+            try:
+                out = _open_regular(directory, name, path / name, _APPEND_FLAGS, 0o666)
+            except CorruptRecord:
+                self._event_counts.pop(key)  # counted again next time, and so moved aside
+                raise
+            with _closing_fd(out):
+                _write_all(out, record + b"\n")
         self._event_counts[key] += 1
+
+    def _segment_events(self, directory: int, name: str, path: Path) -> int:
+        """The events in a node's current segment. Something there that is not a regular
+        file within segment_cap counts as full, so that it is rotated away, never written."""
+        try:
+            data = _read_file(directory, name, path, self.segment_cap)
+        except CorruptRecord as exc:
+            self._report(f"moving aside: {exc}")
+            return self.events_per_segment
+        return 0 if data is None else data.count(b"\n")
 
     @_os_errors_as_store_errors
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         after = after or {}
-        directory = self._agent_dir(agent) / "events"
+        path = self._agent_dir(agent) / "events"
         events: list[Event] = []
-        for name in sorted(entry.name for entry in _entries(directory)):
-            match = _EVENTS.fullmatch(name)
-            if not match or _is_sync_copy(name):
-                continue
-            node = match[1]
-            found: dict[int, Event] = {}
-            # Current segment first, then the previous one: if the writer rotates
-            # between the two reads, the rotated events are still found.
-            for segment in (name, f"{name}.1"):
-                data = _read(directory / segment) or b""
-                for line in data.splitlines():
-                    if not line.endswith(b"}"):
-                        continue  # a line still being appended
-                    try:
-                        event = Event.from_json(line)
-                    except CorruptRecord:
-                        continue
-                    if event.node == node and event.n > after.get(node, 0):
-                        found.setdefault(event.n, event)
-            events.extend(found[n] for n in sorted(found))
+        with self._reading(*self._agent_parts(agent, "events")) as directory:
+            if directory is None:
+                return []
+            for name in sorted(entry.name for entry in _entries(directory)):
+                match = _EVENTS.fullmatch(name)
+                if not match or _is_sync_copy(name):
+                    continue
+                node = match[1]
+                found: dict[int, Event] = {}
+                # Current segment first, then the previous one: if the writer rotates
+                # between the two reads, the rotated events are still found.
+                for segment in (name, f"{name}.1"):
+                    data = self._read_or_skip(directory, segment, path / segment, self.segment_cap)
+                    for line in (data or b"").splitlines():
+                        if not line.endswith(b"}"):
+                            continue  # a line still being appended
+                        try:
+                            event = Event.from_json(line)
+                        except CorruptRecord:
+                            continue
+                        if event.node == node and event.n > after.get(node, 0):
+                            found.setdefault(event.n, event)
+                events.extend(found[n] for n in sorted(found))
         return events
 
     # -- watch -------------------------------------------------------------
@@ -483,9 +895,10 @@ class FileStore:
         import watchfiles
 
         # A watch only reads: it waits for a node to make the directory rather than
-        # making it, so a monitor with a mistyped agent id creates nothing.
+        # making it, so a monitor with a mistyped agent id creates nothing. A symlink
+        # planted there is not a directory to watch (and readers refuse it).
         directory = self._agent_dir(agent)
-        while not directory.is_dir():
+        while not _is_plain_dir(directory):
             await asyncio.sleep(0.5)
         on_nfs = mount_of(self.root).fstype.startswith("nfs")
         # The lease record lives in the agent directory itself; watching only that
@@ -506,19 +919,18 @@ class FileStore:
         """Follow the agent's events and heartbeats, reading only what changed."""
         from .file_tail import FileTail
 
-        return FileTail(self._agent_dir(agent))
+        check_name("agent id", agent)
+        return FileTail(self.root, agent, segment_cap=self.segment_cap, report=self._report)
 
     def close(self) -> None:
         pass
 
 
-def _entries(directory: Path) -> list[os.DirEntry[str]]:
-    """The directory's entries; none if it does not exist (yet)."""
+def _is_plain_dir(path: Path) -> bool:
     try:
-        with os.scandir(directory) as entries:
-            return list(entries)
-    except FileNotFoundError:
-        return []
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
 
 
 def _is_sync_copy(name: str) -> bool:
@@ -535,5 +947,27 @@ def _watch_filter(_change: object, path: str) -> bool:
     return not name.startswith(_TMP_PREFIX) and name != "lease.lock"
 
 
-def _checkpoint_name(info: CheckpointInfo) -> str:
-    return f"ckpt-{info.seq:020d}-{info.epoch:010d}.hbc"
+def _checkpoint_name(seq: int, epoch: int) -> str:
+    return f"ckpt-{seq:020d}-{epoch:010d}.hbc"
+
+
+def _checkpoint_name_problem(match: re.Match[str]) -> str | None:
+    """Why a name matching _CHECKPOINT is not one we could have written, or None."""
+    seq_digits, epoch_digits = match[1], match[2]
+    if (len(seq_digits), len(epoch_digits)) != (20, 10):
+        return "a checkpoint name with other than 20 seq and 10 epoch digits"
+    return check_checkpoint_bounds(int(seq_digits), int(epoch_digits), 0)
+
+
+def _check_own_epoch(existing: list[CheckpointInfo], epoch: int, seq: int) -> None:
+    """Raise StoreError if epoch already stored a checkpoint at or above seq.
+
+    Only the fence's own epoch counts: anything under another epoch may be junk
+    written without the secret, and must not keep the leader from publishing.
+    """
+    own = [info.seq for info in existing if info.epoch == epoch and info.seq >= seq]
+    if own:
+        raise StoreError(
+            f"checkpoint sequence must increase: {seq} is not above {max(own)}, which epoch "
+            f"{epoch} already stored"
+        )

@@ -6,20 +6,43 @@ to ``<node>.jsonl.1`` and starts a new one. We remember, per node, which file
 rotation the rest of the old file is read from ``.1`` (if it is still that
 file), then the new one from the start. Heartbeat files are replaced whole,
 so a changed inode, size or mtime tells us which to read again.
+
+The store's rules for what it finds hold here too (see ``stores.file``):
+directories are walked without following a symlink, only regular files are
+opened (never blocking on a FIFO), and each read is capped: at most the
+store's ``segment_cap`` bytes of one event segment per call (a longer
+segment is read on over the next calls; a line longer than that is passed
+over), ``MAX_RECORD_BYTES`` of a heartbeat. What is refused is logged once
+and skipped.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 from ..errors import CorruptRecord, StoreError
+from ..limits import MAX_RECORD_BYTES
 from ..records import Event, Heartbeat
 from ..tail import TailRead
-from .file import _EVENTS, _HEARTBEAT, _is_sync_copy
+from .file import (
+    _EVENTS,
+    _HEARTBEAT,
+    MAX_SEGMENT_BYTES,
+    _closing_fd,
+    _entries,
+    _is_sync_copy,
+    _kind,
+    _open_regular,
+    _opened_dir,
+    _opened_subdir,
+    _pread_upto,
+    _read_file,
+    _Reporter,
+)
 
 __all__ = ["FileTail"]
 
@@ -37,56 +60,71 @@ class _Position:
 
 
 class FileTail:
-    def __init__(self, agent_dir: Path) -> None:
+    def __init__(
+        self,
+        root: Path,
+        agent: str,
+        *,
+        segment_cap: int = MAX_SEGMENT_BYTES,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        self._root = root
+        self._agent_parts = ("agents", agent)
+        agent_dir = root.joinpath(*self._agent_parts)
         self._events_dir = agent_dir / "events"
         self._heartbeats_dir = agent_dir / "heartbeats"
+        self._cap = segment_cap
+        self._report = report or _Reporter()
         self._positions: dict[str, _Position] = {}
         self._beats: dict[str, tuple[tuple[int, int, int], Heartbeat | None]] = {}
 
     def read(self) -> TailRead:
         try:
-            return TailRead(self._new_events(), self._heartbeats())
+            with _opened_dir(self._root, self._agent_parts) as agent_fd:
+                if agent_fd is None:  # no store, or no agent yet: nothing to read
+                    self._beats = {}
+                    return TailRead([], [])
+                return TailRead(self._new_events(agent_fd), self._heartbeats(agent_fd))
         except OSError as exc:
             raise StoreError(f"store I/O failed: {exc}") from exc
 
     # -- events --------------------------------------------------------------
 
-    def _new_events(self) -> list[Event]:
+    def _new_events(self, agent_fd: int) -> list[Event]:
         events: list[Event] = []
         positions: dict[str, _Position | None] = dict(self._positions)
-        for node, name in _records(self._events_dir, _EVENTS):
-            new, positions[node] = self._node_events(
-                node, self._events_dir / name, positions.get(node)
-            )
-            events.extend(new)
+        with _opened_subdir(agent_fd, "events", self._events_dir) as directory:
+            if directory is None:
+                return []
+            for node, name in _records(directory, _EVENTS):
+                new, positions[node] = self._node_events(directory, node, name, positions.get(node))
+                events.extend(new)
         # Kept only once every log was read: after an error, the next read starts over.
         self._positions = {node: p for node, p in positions.items() if p is not None}
         return events
 
     def _node_events(
-        self, node: str, current: Path, position: _Position | None
+        self, directory: int, node: str, name: str, position: _Position | None
     ) -> tuple[list[Event], _Position | None]:
-        try:
-            file = current.open("rb")
-        except FileNotFoundError:
-            return [], position  # rotated away this instant: the next read finds it
-        with file:
-            inode = os.fstat(file.fileno()).st_ino
+        fd = self._open_segment(directory, name)
+        if fd is None:
+            return [], position  # rotated away this instant (the next read finds it), or refused
+        with _closing_fd(fd):
+            inode = os.fstat(fd).st_ino
             last_n = position.last_n if position else 0
             lines: list[bytes] = []
-            if position is not None and _is_segment(file, inode, position):
+            if position is not None and _is_segment(fd, inode, position):
                 offset, head = position.offset, position.head
             else:
                 # First sight, or rotated since: what we have not read of the old
                 # segment is in .1 now. If .1 is not that segment either (rotated
                 # twice, or a new store in its place), everything in .1 is new.
-                rest = _rest_of(current.with_name(current.name + ".1"), position)
+                rest = self._rest_of(directory, f"{name}.1", position)
                 if rest is None:
-                    rest, last_n = _read_from(current.with_name(current.name + ".1"), 0), 0
-                lines += _complete_lines(rest)[0]
+                    rest, last_n = self._read_from(directory, f"{name}.1", 0), 0
+                lines += _complete_lines(rest, self._cap)[0]
                 offset, head = 0, b""
-            file.seek(offset)
-            new_lines, consumed = _complete_lines(file.read())
+            new_lines, consumed = _complete_lines(self._capped_read(fd, offset), self._cap)
         if offset == 0 and new_lines:
             head = new_lines[0]
         lines += new_lines
@@ -101,76 +139,102 @@ class FileTail:
                 last_n = event.n
         return events, _Position(inode, head, offset + consumed, last_n)
 
+    def _open_segment(self, directory: int, name: str) -> int | None:
+        """The segment name as a regular file; None if absent or refused (reported)."""
+        try:
+            return _open_regular(directory, name, self._events_dir / name)
+        except FileNotFoundError:
+            return None
+        except CorruptRecord as exc:
+            self._report(f"skipped: {exc}")
+            return None
+
+    def _capped_read(self, fd: int, offset: int) -> bytes:
+        """What the segment holds from offset, but at most segment_cap bytes."""
+        size = os.fstat(fd).st_size
+        return _pread_upto(fd, offset, min(self._cap, max(size - offset, 0)))
+
+    def _rest_of(self, directory: int, name: str, position: _Position | None) -> bytes | None:
+        """What follows position in segment name, if it is the segment position was taken in."""
+        if position is None:
+            return None
+        fd = self._open_segment(directory, name)
+        if fd is None:
+            return None
+        with _closing_fd(fd):
+            if not _is_segment(fd, os.fstat(fd).st_ino, position):
+                return None
+            return self._capped_read(fd, position.offset)
+
+    def _read_from(self, directory: int, name: str, offset: int) -> bytes:
+        fd = self._open_segment(directory, name)
+        if fd is None:
+            return b""
+        with _closing_fd(fd):
+            return self._capped_read(fd, offset)
+
     # -- heartbeats ----------------------------------------------------------
 
-    def _heartbeats(self) -> list[Heartbeat]:
-        seen = {}
-        for node, name in _records(self._heartbeats_dir, _HEARTBEAT):
-            path = self._heartbeats_dir / name
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue
-            signature = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            cached = self._beats.get(name)
-            if cached is None or cached[0] != signature:
-                cached = (signature, _heartbeat(path, node))
-            seen[name] = cached
+    def _heartbeats(self, agent_fd: int) -> list[Heartbeat]:
+        with _opened_subdir(agent_fd, "heartbeats", self._heartbeats_dir) as directory:
+            seen = {} if directory is None else self._changed_heartbeats(directory)
         self._beats = seen  # removed heartbeats drop out
         return [beat for _, beat in seen.values() if beat is not None]
 
+    def _changed_heartbeats(
+        self, directory: int
+    ) -> dict[str, tuple[tuple[int, int, int], Heartbeat | None]]:
+        """Every heartbeat file's (signature, beat), reading only the changed ones."""
+        seen = {}
+        for node, name in _records(directory, _HEARTBEAT):
+            try:
+                st = os.stat(name, dir_fd=directory, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            kind = _kind(st.st_mode)
+            if kind is not None:
+                self._report(f"skipped: {self._heartbeats_dir / name} is {kind}")
+                continue
+            signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+            cached = self._beats.get(name)
+            if cached is None or cached[0] != signature:
+                cached = (signature, self._heartbeat(directory, name, node))
+            seen[name] = cached
+        return seen
 
-def _records(directory: Path, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
+    def _heartbeat(self, directory: int, name: str, node: str) -> Heartbeat | None:
+        path = self._heartbeats_dir / name
+        try:
+            data = _read_file(directory, name, path, MAX_RECORD_BYTES)
+            beat = None if data is None else Heartbeat.from_json(data)
+        except CorruptRecord as exc:
+            self._report(f"ignoring unreadable heartbeat {path}: {exc}")
+            return None
+        return beat if beat is not None and beat.node == node else None
+
+
+def _records(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
     """(node, file name) of each node's record file in directory, sync copies left out."""
-    try:
-        with os.scandir(directory) as entries:
-            names = sorted(entry.name for entry in entries)
-    except FileNotFoundError:
-        return []
+    names = sorted(entry.name for entry in _entries(directory))
     matches = ((pattern.fullmatch(name), name) for name in names if not _is_sync_copy(name))
     return [(match[1], name) for match, name in matches if match]
 
 
-def _is_segment(file: BinaryIO, inode: int, position: _Position) -> bool:
+def _is_segment(fd: int, inode: int, position: _Position) -> bool:
     """Whether the open file is the segment position was taken in."""
     if inode != position.inode:
         return False
     head = position.head
-    return not head or os.pread(file.fileno(), len(head), 0) == head
+    return not head or os.pread(fd, len(head), 0) == head
 
 
-def _rest_of(path: Path, position: _Position | None) -> bytes | None:
-    """What follows position in path, if path is the segment position was taken in."""
-    if position is None:
-        return None
-    try:
-        with path.open("rb") as file:
-            if not _is_segment(file, os.fstat(file.fileno()).st_ino, position):
-                return None
-            file.seek(position.offset)
-            return file.read()
-    except FileNotFoundError:
-        return None
+def _complete_lines(data: bytes, cap: int) -> tuple[list[bytes], int]:
+    """The complete lines of data and the bytes they take; a line still being written waits.
 
-
-def _read_from(path: Path, offset: int) -> bytes:
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read()
-    except FileNotFoundError:
-        return b""
-
-
-def _complete_lines(data: bytes) -> tuple[list[bytes], int]:
-    """The complete lines of data and the bytes they take; a line still being written waits."""
+    A read of cap bytes without a line end is part of a line longer than any
+    record: it is passed over (counted as consumed), so the tail moves on.
+    """
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) >= cap:
+        return [], len(data)
     return data[:end].splitlines(), end
-
-
-def _heartbeat(path: Path, node: str) -> Heartbeat | None:
-    try:
-        beat = Heartbeat.from_json(path.read_bytes())
-    except (FileNotFoundError, CorruptRecord):
-        return None
-    return beat if beat.node == node else None
