@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, StoreError
+from hamsterbunker.errors import CorruptRecord, Fenced, LeaseConflict, StoreError
 from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence
@@ -329,6 +329,44 @@ def test_redis_appends_go_on_after_junk_count_or_list(
     store.append_event("a", event("n1", 4))
     assert [e.n for e in store.read_events("a")] == [3, 4]
     assert [e.n for e in store.tail("a").read().events] == [3, 4]
+
+
+def test_redis_keys_of_another_type_stall_nothing_for_ever(
+    redis_pair: tuple[RedisStore, Any],
+) -> None:
+    """Keys replaced by another Redis type: checkpoints, heartbeats and event counts are
+    written afresh; a lease or cluster key of another type is a CorruptRecord (the lease
+    fences and conflicts), never a WRONGTYPE error on every call."""
+    store, raw = redis_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    for name in ("checkpoints", "blobs", "heartbeats", "event-counts"):
+        raw.set(rkey(store, name), "junk")
+    assert store.list_checkpoints("a") == []
+    store.put_checkpoint("a", Fence("n1", "s1", held.epoch), 1, b"ours")
+    [info] = store.list_checkpoints("a")
+    assert store.read_checkpoint("a", info) == b"ours"
+    store.put_heartbeat("a", heartbeat("n1"))
+    assert [b.node for b in store.list_heartbeats("a")] == ["n1"]
+    raw.set(rkey(store, "heartbeats"), "junk")
+    store.remove_heartbeat("a", "n1")
+    store.append_event("a", event("n1", 1))
+    assert [e.n for e in store.read_events("a")] == [1]
+
+    raw.delete(rkey(store, "blobs"))
+    raw.set(rkey(store, "blobs"), "junk")
+    with pytest.raises(StoreError, match="no longer retained"):
+        store.read_checkpoint("a", info)
+    raw.rpush(f"{store.prefix}:cluster", "junk")
+    with pytest.raises(CorruptRecord, match="Redis list"):
+        store.read_cluster()
+    raw.delete(rkey(store, "lease"))
+    raw.set(rkey(store, "lease"), "junk")
+    with pytest.raises(CorruptRecord, match="Redis string"):
+        store.read_lease("a")
+    with pytest.raises(Fenced):
+        store.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"x")
+    with pytest.raises(LeaseConflict):
+        store.cas_lease("a", held.version, lease("n1", 1))
 
 
 def test_redis_hostile_heartbeats_are_skipped(redis_pair: tuple[RedisStore, Any]) -> None:

@@ -118,7 +118,10 @@ _WATCH_RETRY_S = (0.1, 2.0)
 # KEYS: lease hash. ARGV: expected version ('' for none), record JSON, fence,
 # new version, channels to publish on. Returns {'ok'} or {'conflict', version}.
 _CAS_LEASE = """
-local current = redis.call('HGET', KEYS[1], 'version') or ''
+local current = redis.pcall('HGET', KEYS[1], 'version') or ''
+if type(current) == 'table' then
+  return {'conflict', 'unreadable (the key is not a hash)'}
+end
 if current ~= ARGV[1] then
   return {'conflict', current}
 end
@@ -137,11 +140,22 @@ return {'ok'}
 # description that does not decode (pcall around cjson) or that the listing
 # would leave out, is passed over; only a checkpoint of the fence's own epoch at
 # or above seq refuses the write. Retention keeps the newest ARGV[5] at or
-# below seq and never touches anything above it.
+# below seq and never touches anything above it. A lease key of another type is
+# no lease (fenced); checkpoint keys of another type are replaced.
 _PUT_CHECKPOINT = """
-local fence = redis.call('HGET', KEYS[1], 'fence') or ''
+local fence = redis.pcall('HGET', KEYS[1], 'fence') or ''
+if type(fence) == 'table' then
+  return {'fenced', ''}
+end
 if fence ~= ARGV[1] then
   return {'fenced', fence}
+end
+-- A checkpoint hash someone replaced by another type holds nothing we can read.
+for i = 2, 3 do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'hash' and kind ~= 'none' then
+    redis.call('DEL', KEYS[i])
+  end
 end
 local seq, epoch = tonumber(ARGV[2]), tonumber(ARGV[7])
 local max_seq, cap, max_size = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
@@ -196,10 +210,14 @@ return {'ok'}
 
 # KEYS: checkpoint info hash. ARGV: MAX_RECORD_BYTES. Returns field, description
 # pairs; a description over the limit comes back as its length (an integer),
-# unread.
+# unread. Returns nil if the key is not a hash.
 _LIST_CHECKPOINTS = """
+local fields = redis.pcall('HKEYS', KEYS[1])
+if fields['err'] then
+  return false
+end
 local out = {}
-for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+for _, field in ipairs(fields) do
   local size = redis.call('HSTRLEN', KEYS[1], field)
   table.insert(out, field)
   if size > tonumber(ARGV[1]) then
@@ -216,8 +234,10 @@ return out
 # each replaced by its length (an integer) when over its limit: the bytes of a
 # huge blob never leave the server.
 _READ_CHECKPOINT = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then
-  return {}
+for i = 1, 2 do
+  if redis.call('TYPE', KEYS[i])['ok'] ~= 'hash' or redis.call('HEXISTS', KEYS[i], ARGV[1]) == 0 then
+    return {}
+  end
 end
 local out = {}
 for i, cap in ipairs({tonumber(ARGV[2]), tonumber(ARGV[3])}) do
@@ -232,8 +252,12 @@ return out
 """
 
 # KEYS: a hash. ARGV: field, limit. Returns {} if absent, {length} (an integer)
-# if over the limit, else {value}.
+# if over the limit, {'type', its type} if the key is not a hash, else {value}.
 _BOUNDED_HGET = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'hash' and kind ~= 'none' then
+  return {'type', kind}
+end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
   return {}
 end
@@ -246,8 +270,12 @@ return {redis.call('HGET', KEYS[1], ARGV[1])}
 
 # KEYS: a string key. ARGV: limit. As _BOUNDED_HGET, for a whole key.
 _BOUNDED_GET = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then
   return {}
+end
+if kind ~= 'string' then
+  return {'type', kind}
 end
 local size = redis.call('STRLEN', KEYS[1])
 if size > tonumber(ARGV[1]) then
@@ -336,10 +364,14 @@ return out
 )
 
 # KEYS: the node's event list, event counts hash. ARGV: node, event JSON, how
-# many to keep, channel. A list key of the wrong type or a count that is not an
-# integer (put there by someone else) would fail every append of this node for
-# ever: the node's own log and count are started afresh instead.
+# many to keep, channel. A list key of the wrong type, a count that is not an
+# integer or a counts key of the wrong type (put there by someone else) would
+# fail every append of this node for ever: they are started afresh instead.
 _APPEND_EVENT = """
+local kind = redis.call('TYPE', KEYS[2])['ok']
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
 local pushed = redis.pcall('RPUSH', KEYS[1], ARGV[2])
 if type(pushed) == 'table' and pushed['err'] then
   redis.call('DEL', KEYS[1])
@@ -351,6 +383,22 @@ if type(counted) == 'table' and counted['err'] then
   redis.call('HSET', KEYS[2], ARGV[1], redis.call('LLEN', KEYS[1]))
 end
 redis.call('PUBLISH', ARGV[4], 'event')
+return 1
+"""
+
+# KEYS: heartbeats hash. ARGV: node, heartbeat JSON ('' to remove), channel. A
+# heartbeats key of another type would fail every heartbeat for ever: replaced.
+_PUT_HEARTBEAT = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'hash' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('PUBLISH', ARGV[3], 'heartbeat')
 return 1
 """
 
@@ -506,6 +554,10 @@ def _bounded(answer: list[Any], what: str, limit: int) -> bytes | None:
     """The value of a _BOUNDED_GET/_BOUNDED_HGET answer: None if absent, CorruptRecord if huge."""
     if not answer:
         return None
+    if len(answer) == 2:  # {'type', kind}
+        raise CorruptRecord(
+            f"{what} is stored as a Redis {_text(answer[1])}, not as this store writes it"
+        )
     if isinstance(answer[0], int):
         raise CorruptRecord(f"{what} is {answer[0]} bytes, above the limit of {limit} bytes")
     return _raw(answer[0])
@@ -623,6 +675,7 @@ class RedisStore:
         self._read_events = self._redis.register_script(_READ_EVENTS)
         self._heartbeats = self._redis.register_script(_HEARTBEATS)
         self._append_event = self._redis.register_script(_APPEND_EVENT)
+        self._put_heartbeat = self._redis.register_script(_PUT_HEARTBEAT)
         self._tail = self._redis.register_script(_TAIL)
         self._reported = _ReportedOnce()
         self.warnings: list[str] = self._check_persistence()
@@ -776,6 +829,14 @@ class RedisStore:
         flat = self._list_checkpoints(
             keys=[self._key(agent, "checkpoints")], args=[MAX_RECORD_BYTES]
         )
+        if flat is None:  # not a hash: nothing listable (the next publish replaces it)
+            self._reported.warn(
+                (agent, "checkpoints-type"),
+                "redis store %s: the checkpoints of %s are not stored as a hash",
+                self.url,
+                agent,
+            )
+            return []
         found = []
         for field, doc in zip(flat[::2], flat[1::2], strict=False):
             try:
@@ -838,10 +899,10 @@ class RedisStore:
     @_redis_errors_as_store_errors
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         node = check_name("node id", heartbeat.node)
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(self._key(agent, "heartbeats"), node, heartbeat.to_json())
-        pipe.publish(self._changed(agent), "heartbeat")
-        pipe.execute()
+        self._put_heartbeat(
+            keys=[self._key(agent, "heartbeats")],
+            args=[node, heartbeat.to_json(), self._changed(agent)],
+        )
 
     @_redis_errors_as_store_errors
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
@@ -893,10 +954,10 @@ class RedisStore:
 
     @_redis_errors_as_store_errors
     def remove_heartbeat(self, agent: str, node: str) -> None:
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hdel(self._key(agent, "heartbeats"), check_name("node id", node))
-        pipe.publish(self._changed(agent), "heartbeat")
-        pipe.execute()
+        self._put_heartbeat(
+            keys=[self._key(agent, "heartbeats")],
+            args=[check_name("node id", node), "", self._changed(agent)],
+        )
 
     # -- events ------------------------------------------------------------
 
