@@ -237,7 +237,7 @@ def test_a_lease_record_that_does_not_parse_is_reported_and_nobody_crashes(
         beats = {b.node: b.beats for b in store.list_heartbeats(AGENT)}
         wait_until(
             lambda: (
-                sorted(b.node for b in store.list_heartbeats(AGENT) if b.beats >= beats[b.node] + 3)
+                sorted(b.node for b in store.list_heartbeats(AGENT) if b.beats >= beats.get(b.node, 0) + 3)
                 == ["node-b", "node-c"]
             ),
             "both nodes to go on writing heartbeats",

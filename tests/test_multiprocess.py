@@ -108,7 +108,9 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     wait_until(lambda: latest_seq(store, "journal") >= last.seq + 3, "the agent to advance")
 
     # From outside: every retained checkpoint's count equals its seq (one count per step,
-    # none lost), and at most the step in flight at the kill ran twice.
+    # none lost), and at most the step in flight at the kill ran twice. Stopped first, so
+    # that retention does not remove a listed checkpoint before it is read.
+    cluster.stop_all()
     sealer = Sealer(cluster.secret, store.read_cluster())
     for info in store.list_checkpoints("journal"):
         state = sealer.open(store.read_checkpoint("journal", info), "journal", info.epoch, info.seq)

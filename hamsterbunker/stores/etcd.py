@@ -97,6 +97,7 @@ from ..records import (
     check_name,
     parse_json,
 )
+from ._reported import ReportedOnce
 from ._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
 
@@ -284,26 +285,6 @@ def _revision(meta: Mapping[str, Any], name: str = "mod_revision") -> int:
 # The last part of a checkpoint key and of a description key, as put_checkpoint writes them.
 _CHECKPOINT_NAME = re.compile(rb"([0-9]{%d})-([0-9]{%d})" % (_SEQ, _EPOCH))
 _INFO_NAME = re.compile(rb"[0-9]{%d}" % _SEQ)
-# Damaged entries already logged, per store: each is reported once, not on every
-# read (a standby lists every tick). Bounded, since a store writer picks how many.
-_REPORTED_MAX = 4096
-
-
-class _ReportedOnce:
-    """Logs a warning about one damaged entry once (thread-safe, bounded memory)."""
-
-    def __init__(self) -> None:
-        self._seen: set[tuple[object, ...]] = set()
-        self._lock = threading.Lock()
-
-    def warn(self, entry: tuple[object, ...], message: str, *args: object) -> None:
-        with self._lock:
-            if entry in self._seen:
-                return
-            if len(self._seen) >= _REPORTED_MAX:
-                self._seen.clear()
-            self._seen.add(entry)
-        log.warning(message, *args)
 
 
 def _checkpoint_name(name: bytes) -> tuple[int, int] | None:
@@ -435,7 +416,7 @@ class EtcdStore:
         self._current = 0
         self._followers: set[_Follower] = set()
         self._indexed: set[tuple[str, str]] = set()  # (agent, node) whose event log is indexed
-        self._reported = _ReportedOnce()
+        self._reported = ReportedOnce(log)
         if not create and not self._exists():
             where = ",".join(map(self._endpoint_text, range(len(self._clients))))
             raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd {where}")

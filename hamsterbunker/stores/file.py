@@ -64,6 +64,7 @@ from ..errors import (
 from ..failpoints import failpoint
 from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, check_checkpoint_bounds
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from ._reported import ReportedOnce
 from .base import Fence, StoreGuarantees
 
 if TYPE_CHECKING:
@@ -100,9 +101,6 @@ MAX_SEGMENT_BYTES = 16 * 1024 * 1024
 # a clock skewed by more than that can remove a temp file in use, which fails
 # that one write (a retry follows); it never damages a record.
 STALE_TEMP_AGE_S = 120.0
-# Distinct problems logged at warning level per store; more are logged at debug
-# level, so that a flood of junk names cannot grow memory without bound.
-_MAX_REPORTED = 1024
 _CHUNK = 8 * 1024 * 1024  # the most asked of one read(2)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -150,30 +148,6 @@ def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
             raise error(message) from exc
 
     return translated
-
-
-class _Reporter:
-    """Logs each distinct problem with the store's contents once, not on every call.
-
-    A junk file is seen by every listing, many times a second: logging it each
-    time would flood the journal.
-    """
-
-    def __init__(self, limit: int = _MAX_REPORTED) -> None:
-        self._seen: set[str] = set()
-        self._limit = limit
-
-    def __call__(self, message: str) -> None:
-        if message in self._seen:
-            return
-        if len(self._seen) >= self._limit:
-            log.debug("%s", message)
-            return
-        self._seen.add(message)
-        log.warning("%s", message)
-        if len(self._seen) == self._limit:
-            log.warning("more than %d problems in the store: further ones are logged at "
-                        "debug level", self._limit)  # fmt: skip
 
 
 # -- directories: opened one component at a time, never through a symlink ------------
@@ -469,7 +443,7 @@ class FileStore:
         self.warnings: list[str] = []
         self._event_counts: dict[tuple[str, str], int] = {}
         self._swept: set[tuple[str, ...]] = set()  # directories written through, and swept
-        self._report = _Reporter()
+        self._report = ReportedOnce(log)
         if create:
             try:
                 self.root.mkdir(exist_ok=True)

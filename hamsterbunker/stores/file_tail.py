@@ -28,6 +28,7 @@ from ..errors import CorruptRecord, StoreError
 from ..limits import MAX_RECORD_BYTES
 from ..records import Event, Heartbeat
 from ..tail import TailRead
+from ._reported import ReportedOnce
 from .file import (
     _EVENTS,
     _HEARTBEAT,
@@ -41,7 +42,7 @@ from .file import (
     _opened_subdir,
     _pread_upto,
     _read_file,
-    _Reporter,
+    log,
 )
 
 __all__ = ["FileTail"]
@@ -74,7 +75,7 @@ class FileTail:
         self._events_dir = agent_dir / "events"
         self._heartbeats_dir = agent_dir / "heartbeats"
         self._cap = segment_cap
-        self._report = report or _Reporter()
+        self._report = report or ReportedOnce(log)
         self._positions: dict[str, _Position] = {}
         self._beats: dict[str, tuple[tuple[int, int, int], Heartbeat | None]] = {}
 

@@ -58,7 +58,6 @@ import logging
 import os
 import re
 import ssl
-import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
@@ -89,6 +88,7 @@ from ..records import (
     parse_json,
 )
 from ..tail import TailRead
+from ._reported import ReportedOnce
 from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
 from .base import Fence, StoreGuarantees
 
@@ -504,26 +504,6 @@ def _text(value: Any) -> str:
 
 # A seq as put_checkpoint writes it in a field name: no sign, no leading zero.
 _SEQ_FIELD = re.compile(rb"[1-9][0-9]{0,15}")
-# Damaged entries already logged, per store: each is reported once, not on every
-# read (a standby lists every tick). Bounded, since a store writer picks how many.
-_REPORTED_MAX = 4096
-
-
-class _ReportedOnce:
-    """Logs a warning about one damaged entry once (thread-safe, bounded memory)."""
-
-    def __init__(self) -> None:
-        self._seen: set[tuple[object, ...]] = set()
-        self._lock = threading.Lock()
-
-    def warn(self, entry: tuple[object, ...], message: str, *args: object) -> None:
-        with self._lock:
-            if entry in self._seen:
-                return
-            if len(self._seen) >= _REPORTED_MAX:
-                self._seen.clear()
-            self._seen.add(entry)
-        log.warning(message, *args)
 
 
 def _checkpoint_info(field: bytes, doc: bytes | int) -> CheckpointInfo:
@@ -677,7 +657,7 @@ class RedisStore:
         self._append_event = self._redis.register_script(_APPEND_EVENT)
         self._put_heartbeat = self._redis.register_script(_PUT_HEARTBEAT)
         self._tail = self._redis.register_script(_TAIL)
-        self._reported = _ReportedOnce()
+        self._reported = ReportedOnce(log)
         self.warnings: list[str] = self._check_persistence()
 
     def describe_tls(self, error: ssl.SSLError) -> str:

@@ -1,0 +1,48 @@
+"""Reporting each distinct problem with a store's contents once, not on every read.
+
+A junk entry is seen by every listing, many times a second: logging it each
+time would flood the journal. The memory of what was reported is bounded,
+since a store writer picks how many problems there are.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Hashable
+
+__all__ = ["ReportedOnce"]
+
+_MAX_REPORTED = 1024
+
+
+class ReportedOnce:
+    """Logs a warning for each distinct problem once (thread-safe); past a bound, at debug."""
+
+    def __init__(self, log: logging.Logger, limit: int = _MAX_REPORTED) -> None:
+        self._log = log
+        self._limit = limit
+        self._seen: set[Hashable] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, key: Hashable, message: str, *args: object) -> None:
+        """Log message % args at warning level, unless key was reported before."""
+        with self._lock:
+            if key in self._seen:
+                return
+            full = len(self._seen) >= self._limit
+            if not full:
+                self._seen.add(key)
+        if full:
+            self._log.debug(message, *args)
+            return
+        self._log.warning(message, *args)
+        if len(self._seen) == self._limit:
+            self._log.warning(
+                "more than %d problems in the store: further ones are logged at debug level",
+                self._limit,
+            )
+
+    def __call__(self, message: str) -> None:
+        """Report message, the message being its own key."""
+        self.warn(message, "%s", message)
