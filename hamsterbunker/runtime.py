@@ -395,7 +395,6 @@ class Runtime:
         store_ok = True
         next_heartbeat = 0.0
         while not self._stopping.is_set():
-            leader = self._leader
             self._pass_started = tick_start = time.monotonic()
             result: TickResult | None = None
             failure: str | None = None
@@ -427,8 +426,9 @@ class Runtime:
                         self._lost = asyncio.Event()
                         self._set_role("active")
                         self._emit("lease.acquired", via=result.reason)
-                        leader = asyncio.create_task(
-                            self._lead(result.record.epoch, previous=leader), name="hb-leader"
+                        self._leader = asyncio.create_task(
+                            self._lead(result.record.epoch, previous=self._leader),
+                            name="hb-leader",
                         )
                     case Outcome.RENEWED:
                         assert self._renewed is not None
@@ -441,7 +441,7 @@ class Runtime:
                         self._set_role("standby")
                     case Outcome.STANDBY:
                         self._set_role("standby")
-            self._leader = leader
+            leader = self._leader
             if leader is not None and leader.done():
                 error = None if leader.cancelled() else leader.exception()
                 self._leader = None
