@@ -11,6 +11,7 @@ store, Redis and etcd (``raw_store.backend_store``), with real node runtimes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -25,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import NoUsableCheckpoint, StoreRegressed
+from hamsterbunker.errors import NoUsableCheckpoint, SealError, StoreRegressed
 from hamsterbunker.limits import MAX_EPOCH
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.runtime import Runtime
@@ -237,7 +238,11 @@ def test_a_lease_record_that_does_not_parse_is_reported_and_nobody_crashes(
         beats = {b.node: b.beats for b in store.list_heartbeats(AGENT)}
         wait_until(
             lambda: (
-                sorted(b.node for b in store.list_heartbeats(AGENT) if b.beats >= beats.get(b.node, 0) + 3)
+                sorted(
+                    b.node
+                    for b in store.list_heartbeats(AGENT)
+                    if b.beats >= beats.get(b.node, 0) + 3
+                )
                 == ["node-b", "node-c"]
             ),
             "both nodes to go on writing heartbeats",
@@ -395,3 +400,43 @@ def test_hb_run_exits_3_on_a_damaged_newest_checkpoint_and_resumes_after_hb_acce
     finally:
         cluster.stop_all()
         store.close()
+
+
+# -- case 9: key parameters in the cluster record ---------------------------------------------------
+
+
+def test_changed_key_parameters_are_reported_and_the_remembered_ones_kept(
+    nodes: Nodes, backend_store: RawStore, tmp_path: Path
+) -> None:
+    """The cluster record's scrypt parameters changed in the store (key id kept): a node that
+    remembers the record says so (store.warning) and goes on with the one it verified; a node
+    that remembers nothing refuses to start with a clear error rather than derive a key from
+    parameters someone else chose."""
+    state_dir = tmp_path / "state-a"
+    first = nodes.start("node-a", AsyncAgent(AGENT, park_from=3), state_dir=state_dir)
+    nodes.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq == 2)
+    first.stop()
+    store = open_store(nodes.url)
+    try:
+        cluster = store.read_cluster()
+    finally:
+        store.close()
+    assert cluster is not None
+    changed = dataclasses.replace(cluster, n=cluster.n * 2, p=2)
+    backend_store.put_cluster(changed.to_json())
+
+    again = AsyncAgent(AGENT, park_from=4)
+    nodes.start("node-a", again, state_dir=state_dir)
+    warning = nodes.events.wait(
+        "store.warning", "node-a", where=lambda e: "differs" in e.detail["message"]
+    )
+    assert f"n={changed.n} r={changed.r} p=2" in warning.detail["message"]
+    nodes.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq == 3)
+
+    forgetful = Runtime(
+        node_id="node-b", region="r1", store=nodes.url, agent=AsyncAgent(AGENT), secret=SECRET
+    )
+    forgetful.start()
+    assert forgetful.stopped.wait(30), "the node without memory did not refuse"
+    with pytest.raises(SealError):
+        forgetful.stop()
