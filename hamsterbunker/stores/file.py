@@ -19,18 +19,14 @@ Only names matching our own patterns are ever read, so editor backups and
 sync-conflict copies are ignored.
 
 Whoever can write the directory can plant anything in it (DESIGN.md invariant
-10), so nothing below the root is trusted: each directory is opened relative
-to its parent's descriptor with ``O_NOFOLLOW`` (the root itself is the user's
-and may be a symlink), each file with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO does
-not block the open) and read only if ``fstat`` on the open descriptor says it
-is a regular file, and no read goes past a size cap: ``MAX_RECORD_BYTES`` for
-a lease, cluster, heartbeat or acceptance record, ``MAX_CHECKPOINT_BYTES`` for
-a checkpoint, the store's ``segment_cap`` (at most ``MAX_SEGMENT_BYTES``) for
-an event segment. Something else under one of our names is a CorruptRecord:
-raised where the caller needs that record (lease, cluster, checkpoint),
-logged once and skipped where it reads many (heartbeats, events, listings).
-Renames, links, removals and listings go through directory descriptors too,
-so none of them follows a planted symlink either.
+10): every open, read, rename and listing goes through ``_fileio``, which
+follows no symlink below the root and reads only regular files, each within a
+cap: ``MAX_RECORD_BYTES`` for a lease, cluster, heartbeat or acceptance
+record, ``MAX_CHECKPOINT_BYTES`` for a checkpoint, the store's ``segment_cap``
+(at most ``MAX_SEGMENT_BYTES``) for an event segment. Something else under one
+of our names is a CorruptRecord: raised where the caller needs that record
+(lease, cluster, checkpoint), logged once and skipped where it reads many
+(heartbeats, events, listings).
 """
 
 from __future__ import annotations
@@ -43,11 +39,10 @@ import functools
 import logging
 import os
 import re
-import secrets
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
@@ -64,6 +59,22 @@ from ..errors import (
 from ..failpoints import failpoint
 from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, check_checkpoint_bounds
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from ._fileio import (
+    STALE_TEMP_AGE_S,
+    TMP_PREFIX,
+    atomic_write,
+    closing_fd,
+    dir_entries,
+    discard,
+    file_kind,
+    make_subdir,
+    open_regular,
+    opened_dir,
+    read_file,
+    sweep_temps,
+    write_all,
+    write_temp,
+)
 from ._reported import ReportedOnce
 from .base import Fence, StoreGuarantees
 
@@ -79,9 +90,6 @@ log = logging.getLogger(__name__)
 _CHECKPOINT = re.compile(r"ckpt-(\d+)-(\d+)\.hbc")
 _HEARTBEAT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
 _EVENTS = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.jsonl")
-# Temporary names start with "tmp-hb-": no editor or sync tool uses that shape,
-# and no reader pattern above matches it.
-_TMP_PREFIX = "tmp-hb-"
 # struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t).
 _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 _SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloudsync.log")
@@ -92,33 +100,11 @@ _SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloud
 # but never above this: 16 MiB is a thousand events of 16 KiB each, while ours
 # are a few hundred bytes.
 MAX_SEGMENT_BYTES = 16 * 1024 * 1024
-# A temporary file ("tmp-hb-*") this much older than now is left by a crash, and
-# is removed when a store opens (the root) or first writes in a directory of
-# an agent. No write keeps its temp file for more than a few seconds
-# (the write, an fsync, a wait for the lock of at most lock_timeout), so two
-# minutes, sixty default lease TTLs, is far above any write, on a slow NFS server
-# too. Judged on this host's clock against the file's mtime:
-# a clock skewed by more than that can remove a temp file in use, which fails
-# that one write (a retry follows); it never damages a record.
-STALE_TEMP_AGE_S = 120.0
-_CHUNK = 8 * 1024 * 1024  # the most asked of one read(2)
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a reader.
 _APPEND_FLAGS = (
     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 )
-# What open(2) answers when a file name holds something we refuse to open.
-_NOT_A_FILE = {
-    errno.ELOOP: "a symbolic link (not followed)",
-    errno.ENXIO: "a FIFO or a socket",
-    errno.EISDIR: "a directory",
-}
-# And when a directory name holds a symlink (ENOTDIR with O_DIRECTORY, ELOOP without) or a file.
-_NOT_A_DIR = {errno.ENOTDIR, errno.ELOOP}
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="OFD fcntl locks: real on a local filesystem and on NFS with working lockd; "
@@ -148,245 +134,6 @@ def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
             raise error(message) from exc
 
     return translated
-
-
-# -- directories: opened one component at a time, never through a symlink ------------
-
-
-def _refuse_non_dir(exc: OSError, path: Path) -> None:
-    """Raise CorruptRecord if exc, from opening the directory at path, says a symlink or a
-    file is there."""
-    if exc.errno in _NOT_A_DIR:
-        raise CorruptRecord(
-            f"{path} is not a directory (a symbolic link or a file is there): not followed"
-        ) from exc
-
-
-def _open_subdir(parent: int, name: str, path: Path) -> int | None:
-    """The directory name in parent (shown as path), not through a symlink; None if absent."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _refuse_non_dir(exc, path)
-        raise
-
-
-def _make_subdir(parent: int, name: str, path: Path) -> int:
-    """Like _open_subdir, but make the directory if it is absent, durably in its parent."""
-    fd = _open_subdir(parent, name, path)
-    if fd is not None:
-        return fd
-    try:
-        os.mkdir(name, dir_fd=parent)
-    except FileExistsError:
-        pass  # another node made it just now (or planted something: the open below says)
-    else:
-        os.fsync(parent)  # the new entry outlives a crash before anything in it counts
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        _refuse_non_dir(exc, path)
-        raise
-
-
-@contextlib.contextmanager
-def _closing_fd(fd: int) -> Iterator[int]:
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _opened_dir(root: Path, parts: Sequence[str], *, create: bool = False) -> Iterator[int | None]:
-    """The directory root/parts/..., walked from root without following a symlink below it.
-
-    The root is the user's own path and may be a symlink. None if root or a
-    part is absent (with create, parts are made; root never is).
-    """
-    try:
-        fd: int | None = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        fd = None
-    opener: Callable[[int, str, Path], int | None] = _make_subdir if create else _open_subdir
-    try:
-        for depth, name in enumerate(parts, 1):
-            if fd is None:
-                break
-            parent, fd = fd, None
-            try:
-                fd = opener(parent, name, root.joinpath(*parts[:depth]))
-            finally:
-                os.close(parent)
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-@contextlib.contextmanager
-def _opened_subdir(parent: int, name: str, path: Path) -> Iterator[int | None]:
-    """_open_subdir, closed on leaving."""
-    fd = _open_subdir(parent, name, path)
-    try:
-        yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
-
-
-def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
-    """The directory's entries (their stat() does not follow symlinks when asked not to)."""
-    with os.scandir(dir_fd) as entries:
-        return list(entries)
-
-
-# -- files: regular ones only, read within a cap --------------------------------------
-
-
-def _kind(mode: int) -> str | None:
-    """What a non-regular file is, for messages; None for a regular file."""
-    if stat.S_ISREG(mode):
-        return None
-    kinds = {
-        stat.S_ISDIR: "a directory",
-        stat.S_ISFIFO: "a FIFO",
-        stat.S_ISLNK: "a symbolic link",
-        stat.S_ISCHR: "a character device",
-        stat.S_ISBLK: "a block device",
-        stat.S_ISSOCK: "a socket",
-    }
-    return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
-
-
-def _open_regular(
-    dir_fd: int, name: str, path: Path, flags: int = _READ_FLAGS, mode: int = 0o600
-) -> int:
-    """Open name in dir_fd, never through a symlink and never blocking: a regular file only.
-
-    Anything else there is a CorruptRecord naming path; FileNotFoundError if absent.
-    """
-    try:
-        fd = os.open(name, flags, mode, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in _NOT_A_FILE:
-            raise CorruptRecord(f"{path} is {_NOT_A_FILE[exc.errno]}: not opened") from exc
-        raise
-    try:
-        kind = _kind(os.fstat(fd).st_mode)
-        if kind is not None:
-            raise CorruptRecord(f"{path} is {kind}, not a regular file: not read")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _pread_upto(fd: int, offset: int, count: int) -> bytes:
-    """Up to count bytes of fd from offset: fewer only at the end of the file."""
-    chunks: list[bytes] = []
-    while count > 0:
-        chunk = os.pread(fd, min(count, _CHUNK), offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        offset += len(chunk)
-        count -= len(chunk)
-    return b"".join(chunks)
-
-
-def _too_big(path: Path, limit: int) -> CorruptRecord:
-    return CorruptRecord(f"{path} is over the limit of {limit} bytes: not read")
-
-
-def _read_limited(fd: int, path: Path, limit: int) -> bytes:
-    """The whole file, if it is at most limit bytes; CorruptRecord if not.
-
-    Never reads more than limit + 1 bytes (nothing, if its size already says so).
-    """
-    size = os.fstat(fd).st_size
-    if size > limit:
-        raise _too_big(path, limit)
-    data = _pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
-    if len(data) > size:  # it did (an event log being appended): read on, within the limit
-        data += _pread_upto(fd, len(data), limit + 1 - len(data))
-    if len(data) > limit:
-        raise _too_big(path, limit)
-    return data
-
-
-def _read_file(dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
-    """The bytes of the regular file name in dir_fd (see _open_regular), or None if absent."""
-    try:
-        fd = _open_regular(dir_fd, name, path)
-    except FileNotFoundError:
-        return None
-    with _closing_fd(fd):
-        return _read_limited(fd, path, limit)
-
-
-# -- writing --------------------------------------------------------------------------
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _discard(dir_fd: int, name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(name, dir_fd=dir_fd)
-
-
-def _write_temp(dir_fd: int, data: bytes, durable: bool, points: str = "") -> str:
-    """Write data to a new temporary file in dir_fd, returning its name; points names
-    its failpoints."""
-    name = f"{_TMP_PREFIX}{secrets.token_hex(6)}"
-    fd = os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
-    try:
-        _write_all(fd, data)
-        if points:
-            failpoint(f"{points}.after_temp_write")
-        if durable:
-            os.fsync(fd)
-        if points:
-            failpoint(f"{points}.after_temp_fsync")
-    except BaseException:
-        os.close(fd)
-        _discard(dir_fd, name)
-        raise
-    os.close(fd)
-    return name
-
-
-def _atomic_write(dir_fd: int, name: str, data: bytes, durable: bool = True) -> None:
-    """Replace name in dir_fd with data: temp file, (fsync,) rename, (directory fsync)."""
-    tmp = _write_temp(dir_fd, data, durable)
-    try:
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        _discard(dir_fd, tmp)
-        raise
-    if durable:
-        os.fsync(dir_fd)
-
-
-def _sweep_temps(dir_fd: int, path: Path) -> None:
-    """Remove temporary files in dir_fd older than STALE_TEMP_AGE_S: a crash left them."""
-    cutoff = time.time() - STALE_TEMP_AGE_S
-    for entry in _entries(dir_fd):
-        if not entry.name.startswith(_TMP_PREFIX):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                os.unlink(entry.name, dir_fd=dir_fd)
-                log.info("removed %s, a temporary file left by a crash", path / entry.name)
-        except FileNotFoundError:
-            continue  # removed by another node's sweep
 
 
 @dataclass(frozen=True)
@@ -496,7 +243,7 @@ class FileStore:
 
     def _reading(self, *parts: str) -> contextlib.AbstractContextManager[int | None]:
         """A descriptor of root/parts for reading; None if absent (reads never create)."""
-        return _opened_dir(self.root, parts)
+        return opened_dir(self.root, parts)
 
     @contextlib.contextmanager
     def _writing(self, *parts: str) -> Iterator[int]:
@@ -506,7 +253,7 @@ class FileStore:
         place of one (say events/) stops only the writes that go there. The
         first write through a directory (per store object) sweeps its old temp files.
         """
-        with _opened_dir(self.root, parts, create=True) as fd:
+        with opened_dir(self.root, parts, create=True) as fd:
             if fd is None:
                 raise StoreError(f"store directory {self.root} does not exist (any longer)")
             self._sweep_once(parts, fd)
@@ -523,15 +270,15 @@ class FileStore:
             return
         path = self.root.joinpath(*parts)
         try:
-            _sweep_temps(fd, path)
+            sweep_temps(fd, path)
         except OSError as exc:  # housekeeping: a failure is only logged
             log.warning("could not remove old temporary files in %s: %s", path, exc)
         self._swept.add(parts)
 
     def _read_or_skip(self, dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
-        """_read_file, reporting (once) and skipping what is not a regular file within limit."""
+        """read_file, reporting (once) and skipping what is not a regular file within limit."""
         try:
-            return _read_file(dir_fd, name, path, limit)
+            return read_file(dir_fd, name, path, limit)
         except CorruptRecord as exc:
             self._report(f"skipped: {exc}")
             return None
@@ -546,7 +293,7 @@ class FileStore:
         locks would not: every fd of one process shares one lock.
         """
         path = self._agent_dir(agent) / "lease.lock"
-        fd = _open_regular(agent_fd, "lease.lock", path, _LOCK_FLAGS)
+        fd = open_regular(agent_fd, "lease.lock", path, _LOCK_FLAGS)
         try:
             deadline = time.monotonic() + self.lock_timeout
             while True:
@@ -572,13 +319,13 @@ class FileStore:
         with self._reading() as root_fd:
             if root_fd is None:
                 return None
-            data = _read_file(root_fd, "cluster.json", self.root / "cluster.json", MAX_RECORD_BYTES)
+            data = read_file(root_fd, "cluster.json", self.root / "cluster.json", MAX_RECORD_BYTES)
         return None if data is None else ClusterRecord.from_json(data)
 
     @_os_errors_as_store_errors
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
         with self._writing() as root_fd:
-            tmp = _write_temp(root_fd, record.to_json(), durable=True)
+            tmp = write_temp(root_fd, record.to_json(), durable=True)
             try:
                 # Fails if the name exists: atomic create-if-absent, NFS included.
                 os.link(
@@ -589,7 +336,7 @@ class FileStore:
             except FileExistsError:
                 pass
             finally:
-                _discard(root_fd, tmp)
+                discard(root_fd, tmp)
         stored = self.read_cluster()
         if stored is None:
             raise StoreError(f"cluster record vanished from {self.root}")
@@ -599,7 +346,7 @@ class FileStore:
 
     def _lease_in(self, agent_fd: int, agent: str) -> LeaseRecord | None:
         path = self._agent_dir(agent) / "lease.json"
-        data = _read_file(agent_fd, "lease.json", path, MAX_RECORD_BYTES)
+        data = read_file(agent_fd, "lease.json", path, MAX_RECORD_BYTES)
         return None if data is None else LeaseRecord.from_json(data)
 
     @_os_errors_as_store_errors
@@ -614,7 +361,7 @@ class FileStore:
             # Written and synced before the lock: the lock is held only for
             # read-compare-rename, so a node paused or slowed in here holds up
             # the others as briefly as possible.
-            tmp = _write_temp(agent_fd, stored.to_json(), durable=True)
+            tmp = write_temp(agent_fd, stored.to_json(), durable=True)
             try:
                 with self._locked(agent_fd, agent):
                     current = self._lease_in(agent_fd, agent)
@@ -628,7 +375,7 @@ class FileStore:
                     os.fsync(agent_fd)
                     return stored
             finally:
-                _discard(agent_fd, tmp)
+                discard(agent_fd, tmp)
 
     # -- checkpoints -------------------------------------------------------
 
@@ -640,12 +387,12 @@ class FileStore:
         path = self._agent_dir(agent) / "checkpoints"
         with (
             self._writing(*self._agent_parts(agent)) as agent_fd,
-            _closing_fd(_make_subdir(agent_fd, "checkpoints", path)) as directory,
+            closing_fd(make_subdir(agent_fd, "checkpoints", path)) as directory,
         ):
             self._sweep_once(self._agent_parts(agent, "checkpoints"), directory)
             # The bytes are written and synced before taking the lock, so a large
             # checkpoint never holds up lease renewals; only check + rename are locked.
-            tmp = _write_temp(directory, blob, durable=True, points="checkpoint")
+            tmp = write_temp(directory, blob, durable=True, points="checkpoint")
             try:
                 failpoint("checkpoint.before_commit")
                 with self._locked(agent_fd, agent):
@@ -664,7 +411,7 @@ class FileStore:
                         epoch=fence.epoch, seq=seq, size=len(blob), written=time.time()
                     )
             finally:
-                _discard(directory, tmp)
+                discard(directory, tmp)
 
     def _check_fence(self, agent_fd: int, agent: str, fence: Fence, seq: int) -> None:
         """Raise Fenced unless the stored lease is the one fence names (under the lock)."""
@@ -688,12 +435,12 @@ class FileStore:
         """
         below = [info for info in existing if info.seq <= seq]
         for old in below[self.keep_checkpoints - 1 :]:
-            _discard(directory, _checkpoint_name(old.seq, old.epoch))
+            discard(directory, _checkpoint_name(old.seq, old.epoch))
 
     def _scan_checkpoints(self, directory: int, path: Path) -> list[CheckpointInfo]:
         """The regular files under checkpoint names in range, newest first by (seq, epoch)."""
         found = []
-        for entry in _entries(directory):
+        for entry in dir_entries(directory):
             match = _CHECKPOINT.fullmatch(entry.name)
             if not match:
                 continue
@@ -705,7 +452,7 @@ class FileStore:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue  # pruned by the writer while we listed
-            kind = _kind(st.st_mode)
+            kind = file_kind(st.st_mode)
             if kind is not None:
                 self._report(f"ignoring {path / entry.name}: {kind}, not a regular file")
                 continue
@@ -725,7 +472,7 @@ class FileStore:
         name = _checkpoint_name(info.seq, info.epoch)
         path = self._agent_dir(agent) / "checkpoints" / name
         with self._reading(*self._agent_parts(agent, "checkpoints")) as directory:
-            data = None if directory is None else _read_file(
+            data = None if directory is None else read_file(
                 directory, name, path, MAX_CHECKPOINT_BYTES
             )  # fmt: skip
         if data is None:
@@ -740,7 +487,7 @@ class FileStore:
         with self._reading(*self._agent_parts(agent)) as agent_fd:
             if agent_fd is None:
                 return None
-            return _read_file(agent_fd, "acceptance.json", path, MAX_RECORD_BYTES)
+            return read_file(agent_fd, "acceptance.json", path, MAX_RECORD_BYTES)
 
     @_os_errors_as_store_errors
     def put_acceptance(self, agent: str, data: bytes) -> None:
@@ -750,7 +497,7 @@ class FileStore:
                 f"{MAX_RECORD_BYTES} bytes"
             )
         with self._writing(*self._agent_parts(agent)) as agent_fd:
-            _atomic_write(agent_fd, "acceptance.json", data, durable=True)
+            atomic_write(agent_fd, "acceptance.json", data, durable=True)
 
     # -- heartbeats --------------------------------------------------------
 
@@ -759,7 +506,7 @@ class FileStore:
         check_name("node id", heartbeat.node)
         with self._writing(*self._agent_parts(agent, "heartbeats")) as directory:
             # Atomic but not fsynced: a heartbeat lost in a crash is rewritten next tick.
-            _atomic_write(directory, f"{heartbeat.node}.json", heartbeat.to_json(), durable=False)
+            atomic_write(directory, f"{heartbeat.node}.json", heartbeat.to_json(), durable=False)
 
     @_os_errors_as_store_errors
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
@@ -768,7 +515,7 @@ class FileStore:
         with self._reading(*self._agent_parts(agent, "heartbeats")) as directory:
             if directory is None:
                 return []
-            for name in sorted(entry.name for entry in _entries(directory)):
+            for name in sorted(entry.name for entry in dir_entries(directory)):
                 match = _HEARTBEAT.fullmatch(name)
                 if not match or _is_sync_copy(name):
                     continue
@@ -789,7 +536,7 @@ class FileStore:
         check_name("node id", node)
         with self._reading(*self._agent_parts(agent, "heartbeats")) as directory:
             if directory is not None:
-                _discard(directory, f"{node}.json")
+                discard(directory, f"{node}.json")
 
     # -- events ------------------------------------------------------------
 
@@ -815,19 +562,19 @@ class FileStore:
                 self._event_counts[key] = 0
             # Only this node appends to this file (NFS has no atomic append across clients).
             try:
-                out = _open_regular(directory, name, path / name, _APPEND_FLAGS, 0o666)
+                out = open_regular(directory, name, path / name, _APPEND_FLAGS, 0o666)
             except CorruptRecord:
                 self._event_counts.pop(key)  # counted again next time, and so moved aside
                 raise
-            with _closing_fd(out):
-                _write_all(out, record + b"\n")
+            with closing_fd(out):
+                write_all(out, record + b"\n")
         self._event_counts[key] += 1
 
     def _segment_events(self, directory: int, name: str, path: Path) -> int:
         """The events in a node's current segment. Something there that is not a regular
         file within segment_cap counts as full, so that it is rotated away, never written."""
         try:
-            data = _read_file(directory, name, path, self.segment_cap)
+            data = read_file(directory, name, path, self.segment_cap)
         except CorruptRecord as exc:
             self._report(f"moving aside: {exc}")
             return self.events_per_segment
@@ -841,7 +588,7 @@ class FileStore:
         with self._reading(*self._agent_parts(agent, "events")) as directory:
             if directory is None:
                 return []
-            for name in sorted(entry.name for entry in _entries(directory)):
+            for name in sorted(entry.name for entry in dir_entries(directory)):
                 match = _EVENTS.fullmatch(name)
                 if not match or _is_sync_copy(name):
                     continue
@@ -918,7 +665,7 @@ def _is_lease_change(_change: object, path: str) -> bool:
 
 def _watch_filter(_change: object, path: str) -> bool:
     name = os.path.basename(path)
-    return not name.startswith(_TMP_PREFIX) and name != "lease.lock"
+    return not name.startswith(TMP_PREFIX) and name != "lease.lock"
 
 
 def _checkpoint_name(seq: int, epoch: int) -> str:

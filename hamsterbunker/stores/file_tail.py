@@ -28,20 +28,22 @@ from ..errors import CorruptRecord, StoreError
 from ..limits import MAX_RECORD_BYTES
 from ..records import Event, Heartbeat
 from ..tail import TailRead
+from ._fileio import (
+    closing_fd,
+    dir_entries,
+    file_kind,
+    open_regular,
+    opened_dir,
+    opened_subdir,
+    pread_upto,
+    read_file,
+)
 from ._reported import ReportedOnce
 from .file import (
     _EVENTS,
     _HEARTBEAT,
     MAX_SEGMENT_BYTES,
-    _closing_fd,
-    _entries,
     _is_sync_copy,
-    _kind,
-    _open_regular,
-    _opened_dir,
-    _opened_subdir,
-    _pread_upto,
-    _read_file,
     log,
 )
 
@@ -81,7 +83,7 @@ class FileTail:
 
     def read(self) -> TailRead:
         try:
-            with _opened_dir(self._root, self._agent_parts) as agent_fd:
+            with opened_dir(self._root, self._agent_parts) as agent_fd:
                 if agent_fd is None:  # no store, or no agent yet: nothing to read
                     self._beats = {}
                     return TailRead([], [])
@@ -94,7 +96,7 @@ class FileTail:
     def _new_events(self, agent_fd: int) -> list[Event]:
         events: list[Event] = []
         positions: dict[str, _Position | None] = dict(self._positions)
-        with _opened_subdir(agent_fd, "events", self._events_dir) as directory:
+        with opened_subdir(agent_fd, "events", self._events_dir) as directory:
             if directory is None:
                 return []
             for node, name in _records(directory, _EVENTS):
@@ -110,7 +112,7 @@ class FileTail:
         fd = self._open_segment(directory, name)
         if fd is None:
             return [], position  # rotated away this instant (the next read finds it), or refused
-        with _closing_fd(fd):
+        with closing_fd(fd):
             inode = os.fstat(fd).st_ino
             last_n = position.last_n if position else 0
             lines: list[bytes] = []
@@ -143,7 +145,7 @@ class FileTail:
     def _open_segment(self, directory: int, name: str) -> int | None:
         """The segment name as a regular file; None if absent or refused (reported)."""
         try:
-            return _open_regular(directory, name, self._events_dir / name)
+            return open_regular(directory, name, self._events_dir / name)
         except FileNotFoundError:
             return None
         except CorruptRecord as exc:
@@ -153,7 +155,7 @@ class FileTail:
     def _capped_read(self, fd: int, offset: int) -> bytes:
         """What the segment holds from offset, but at most segment_cap bytes."""
         size = os.fstat(fd).st_size
-        return _pread_upto(fd, offset, min(self._cap, max(size - offset, 0)))
+        return pread_upto(fd, offset, min(self._cap, max(size - offset, 0)))
 
     def _rest_of(self, directory: int, name: str, position: _Position | None) -> bytes | None:
         """What follows position in segment name, if it is the segment position was taken in."""
@@ -162,7 +164,7 @@ class FileTail:
         fd = self._open_segment(directory, name)
         if fd is None:
             return None
-        with _closing_fd(fd):
+        with closing_fd(fd):
             if not _is_segment(fd, os.fstat(fd).st_ino, position):
                 return None
             return self._capped_read(fd, position.offset)
@@ -171,13 +173,13 @@ class FileTail:
         fd = self._open_segment(directory, name)
         if fd is None:
             return b""
-        with _closing_fd(fd):
+        with closing_fd(fd):
             return self._capped_read(fd, offset)
 
     # -- heartbeats ----------------------------------------------------------
 
     def _heartbeats(self, agent_fd: int) -> list[Heartbeat]:
-        with _opened_subdir(agent_fd, "heartbeats", self._heartbeats_dir) as directory:
+        with opened_subdir(agent_fd, "heartbeats", self._heartbeats_dir) as directory:
             seen = {} if directory is None else self._changed_heartbeats(directory)
         self._beats = seen  # removed heartbeats drop out
         return [beat for _, beat in seen.values() if beat is not None]
@@ -192,7 +194,7 @@ class FileTail:
                 st = os.stat(name, dir_fd=directory, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            kind = _kind(st.st_mode)
+            kind = file_kind(st.st_mode)
             if kind is not None:
                 self._report(f"skipped: {self._heartbeats_dir / name} is {kind}")
                 continue
@@ -206,7 +208,7 @@ class FileTail:
     def _heartbeat(self, directory: int, name: str, node: str) -> Heartbeat | None:
         path = self._heartbeats_dir / name
         try:
-            data = _read_file(directory, name, path, MAX_RECORD_BYTES)
+            data = read_file(directory, name, path, MAX_RECORD_BYTES)
             beat = None if data is None else Heartbeat.from_json(data)
         except CorruptRecord as exc:
             self._report(f"ignoring unreadable heartbeat {path}: {exc}")
@@ -216,7 +218,7 @@ class FileTail:
 
 def _records(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
     """(node, file name) of each node's record file in directory, sync copies left out."""
-    names = sorted(entry.name for entry in _entries(directory))
+    names = sorted(entry.name for entry in dir_entries(directory))
     matches = ((pattern.fullmatch(name), name) for name in names if not _is_sync_copy(name))
     return [(match[1], name) for match, name in matches if match]
 

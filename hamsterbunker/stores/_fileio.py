@@ -1,0 +1,312 @@
+"""File I/O for a store directory whose contents nobody vouches for (DESIGN.md invariant 10).
+
+Whoever can write the directory can plant anything in it, so nothing below
+the store's root is trusted: each directory is opened relative to its
+parent's descriptor with ``O_NOFOLLOW`` (the root itself is the user's and may
+be a symlink), each file with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO does not
+block the open) and read only if ``fstat`` on the open descriptor says it is a
+regular file, and no read goes past the cap its caller gives. Something else
+under one of our names is a CorruptRecord naming the path. Writes go through
+directory descriptors too: temp file, fsync, rename, directory fsync.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import stat
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from ..errors import CorruptRecord
+from ..failpoints import failpoint
+
+__all__ = [
+    "STALE_TEMP_AGE_S",
+    "TMP_PREFIX",
+    "atomic_write",
+    "closing_fd",
+    "dir_entries",
+    "discard",
+    "file_kind",
+    "make_subdir",
+    "open_regular",
+    "opened_dir",
+    "opened_subdir",
+    "pread_upto",
+    "read_file",
+    "sweep_temps",
+    "write_all",
+    "write_temp",
+]
+
+log = logging.getLogger("hamsterbunker.stores.file")
+
+# Temporary names start with "tmp-hb-": no editor or sync tool uses that shape,
+# and no reader pattern of the store matches it.
+TMP_PREFIX = "tmp-hb-"
+# A temporary file ("tmp-hb-*") this much older than now is left by a crash, and
+# is removed when a store opens (the root) or first writes in a directory of
+# an agent. No write keeps its temp file for more than a few seconds
+# (the write, an fsync, a wait for the lock of at most lock_timeout), so two
+# minutes, sixty default lease TTLs, is far above any write, on a slow NFS server
+# too. Judged on this host's clock against the file's mtime:
+# a clock skewed by more than that can remove a temp file in use, which fails
+# that one write (a retry follows); it never damages a record.
+STALE_TEMP_AGE_S = 120.0
+_CHUNK = 8 * 1024 * 1024  # the most asked of one read(2)
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# What open(2) answers when a file name holds something we refuse to open.
+_NOT_A_FILE = {
+    errno.ELOOP: "a symbolic link (not followed)",
+    errno.ENXIO: "a FIFO or a socket",
+    errno.EISDIR: "a directory",
+}
+# And when a directory name holds a symlink (ENOTDIR with O_DIRECTORY, ELOOP without) or a file.
+_NOT_A_DIR = {errno.ENOTDIR, errno.ELOOP}
+
+
+# -- directories: opened one component at a time, never through a symlink
+
+
+def _refuse_non_dir(exc: OSError, path: Path) -> None:
+    """Raise CorruptRecord if exc, from opening the directory at path, says a symlink or a
+    file is there."""
+    if exc.errno in _NOT_A_DIR:
+        raise CorruptRecord(
+            f"{path} is not a directory (a symbolic link or a file is there): not followed"
+        ) from exc
+
+
+def _open_subdir(parent: int, name: str, path: Path) -> int | None:
+    """The directory name in parent (shown as path), not through a symlink; None if absent."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _refuse_non_dir(exc, path)
+        raise
+
+
+def make_subdir(parent: int, name: str, path: Path) -> int:
+    """Like _open_subdir, but make the directory if it is absent, durably in its parent."""
+    fd = _open_subdir(parent, name, path)
+    if fd is not None:
+        return fd
+    try:
+        os.mkdir(name, dir_fd=parent)
+    except FileExistsError:
+        pass  # another node made it just now (or planted something: the open below says)
+    else:
+        os.fsync(parent)  # the new entry outlives a crash before anything in it counts
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError as exc:
+        _refuse_non_dir(exc, path)
+        raise
+
+
+@contextlib.contextmanager
+def closing_fd(fd: int) -> Iterator[int]:
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def opened_dir(root: Path, parts: Sequence[str], *, create: bool = False) -> Iterator[int | None]:
+    """The directory root/parts/..., walked from root without following a symlink below it.
+
+    The root is the user's own path and may be a symlink. None if root or a
+    part is absent (with create, parts are made; root never is).
+    """
+    try:
+        fd: int | None = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        fd = None
+    opener: Callable[[int, str, Path], int | None] = make_subdir if create else _open_subdir
+    try:
+        for depth, name in enumerate(parts, 1):
+            if fd is None:
+                break
+            parent, fd = fd, None
+            try:
+                fd = opener(parent, name, root.joinpath(*parts[:depth]))
+            finally:
+                os.close(parent)
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def opened_subdir(parent: int, name: str, path: Path) -> Iterator[int | None]:
+    """_open_subdir, closed on leaving."""
+    fd = _open_subdir(parent, name, path)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def dir_entries(dir_fd: int) -> list[os.DirEntry[str]]:
+    """The directory's entries (their stat() does not follow symlinks when asked not to)."""
+    with os.scandir(dir_fd) as entries:
+        return list(entries)
+
+
+# -- files: regular ones only, read within a cap --------------------------------------
+
+
+def file_kind(mode: int) -> str | None:
+    """What a non-regular file is, for messages; None for a regular file."""
+    if stat.S_ISREG(mode):
+        return None
+    kinds = {
+        stat.S_ISDIR: "a directory",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISLNK: "a symbolic link",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((kind for test, kind in kinds.items() if test(mode)), "not a regular file")
+
+
+def open_regular(
+    dir_fd: int, name: str, path: Path, flags: int = _READ_FLAGS, mode: int = 0o600
+) -> int:
+    """Open name in dir_fd, never through a symlink and never blocking: a regular file only.
+
+    Anything else there is a CorruptRecord naming path; FileNotFoundError if absent.
+    """
+    try:
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in _NOT_A_FILE:
+            raise CorruptRecord(f"{path} is {_NOT_A_FILE[exc.errno]}: not opened") from exc
+        raise
+    try:
+        kind = file_kind(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise CorruptRecord(f"{path} is {kind}, not a regular file: not read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def pread_upto(fd: int, offset: int, count: int) -> bytes:
+    """Up to count bytes of fd from offset: fewer only at the end of the file."""
+    chunks: list[bytes] = []
+    while count > 0:
+        chunk = os.pread(fd, min(count, _CHUNK), offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+def _too_big(path: Path, limit: int) -> CorruptRecord:
+    return CorruptRecord(f"{path} is over the limit of {limit} bytes: not read")
+
+
+def _read_limited(fd: int, path: Path, limit: int) -> bytes:
+    """The whole file, if it is at most limit bytes; CorruptRecord if not.
+
+    Never reads more than limit + 1 bytes (nothing, if its size already says so).
+    """
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise _too_big(path, limit)
+    data = pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
+    if len(data) > size:  # it did (an event log being appended): read on, within the limit
+        data += pread_upto(fd, len(data), limit + 1 - len(data))
+    if len(data) > limit:
+        raise _too_big(path, limit)
+    return data
+
+
+def read_file(dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
+    """The bytes of the regular file name in dir_fd (see open_regular), or None if absent."""
+    try:
+        fd = open_regular(dir_fd, name, path)
+    except FileNotFoundError:
+        return None
+    with closing_fd(fd):
+        return _read_limited(fd, path, limit)
+
+
+# -- writing --------------------------------------------------------------------------
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def discard(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def write_temp(dir_fd: int, data: bytes, durable: bool, points: str = "") -> str:
+    """Write data to a new temporary file in dir_fd, returning its name; points names
+    its failpoints."""
+    name = f"{TMP_PREFIX}{secrets.token_hex(6)}"
+    fd = os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        write_all(fd, data)
+        if points:
+            failpoint(f"{points}.after_temp_write")
+        if durable:
+            os.fsync(fd)
+        if points:
+            failpoint(f"{points}.after_temp_fsync")
+    except BaseException:
+        os.close(fd)
+        discard(dir_fd, name)
+        raise
+    os.close(fd)
+    return name
+
+
+def atomic_write(dir_fd: int, name: str, data: bytes, durable: bool = True) -> None:
+    """Replace name in dir_fd with data: temp file, (fsync,) rename, (directory fsync)."""
+    tmp = write_temp(dir_fd, data, durable)
+    try:
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        discard(dir_fd, tmp)
+        raise
+    if durable:
+        os.fsync(dir_fd)
+
+
+def sweep_temps(dir_fd: int, path: Path) -> None:
+    """Remove temporary files in dir_fd older than STALE_TEMP_AGE_S: a crash left them."""
+    cutoff = time.time() - STALE_TEMP_AGE_S
+    for entry in dir_entries(dir_fd):
+        if not entry.name.startswith(TMP_PREFIX):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
+                os.unlink(entry.name, dir_fd=dir_fd)
+                log.info("removed %s, a temporary file left by a crash", path / entry.name)
+        except FileNotFoundError:
+            continue  # removed by another node's sweep
