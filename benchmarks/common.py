@@ -122,6 +122,8 @@ class RawWriter:
         self.directory = directory
         self.keep = keep
         self.n = 0
+        # The store makes its directories on its first write there, maybe not yet.
+        directory.mkdir(parents=True, exist_ok=True)
 
     def write(self, data: bytes) -> None:
         self.n += 1
