@@ -591,3 +591,43 @@ def test_demo_refuses_a_store_in_use(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "in use already" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in store.rglob("*")) == before
+
+
+# -- hb accept-loss ------------------------------------------------------------------------------
+
+
+def _store_without_checkpoints(tmp_path: Path) -> Path:
+    """A file store with a cluster record of SECRET, and a lease (released) and no checkpoints."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    store.create_cluster(new_cluster_record(SECRET))
+    store.cas_lease(
+        "a", None, LeaseRecord(holder=None, region="r", session="s", epoch=1, ttl_ms=2000)
+    )
+    return root
+
+
+@pytest.mark.parametrize(
+    "secret, code, words",
+    [
+        ("another-secret-altogether", 2, "the secret does not match this cluster"),
+        (SECRET, 1, "no stored checkpoint authenticates: there is nothing to resume from"),
+    ],
+    ids=["wrong-secret", "nothing-to-resume"],
+)
+def test_accept_loss_that_cannot_be_done_says_why_and_writes_nothing(
+    tmp_path: Path, secret: str, code: int, words: str
+) -> None:
+    """hb accept-loss with the wrong secret (a user mistake: exit 2), or over a store with no
+    checkpoint to resume from (exit 1), prints one line saying why and changes nothing."""
+    root = _store_without_checkpoints(tmp_path)
+    before = files_under(root)
+    result = run_hb(
+        ["accept-loss", "--store", root.as_uri(), "--agent-id", "a", "--yes"],
+        env=hb_env(HB_SECRET=secret),
+    )
+    assert result.returncode == code, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr
+    assert files_under(root) == before
