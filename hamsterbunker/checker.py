@@ -14,12 +14,17 @@ Rules, each a violation when broken:
   from init() once any was;
 * continuity: a term's first accepted publish numbers on from its restore.
 
+A loss accepted on purpose (``hb accept-loss``) starts a new line: the node
+that honours it records ``accepted_loss`` on its restore, and the store-order
+and no-resume-behind rules then hold within each line, not across them.
+
 Operations without a line (cut short by a crash) are of unknown outcome and
 are only used where they cannot cause a false alarm.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import sys
 from collections import defaultdict
@@ -34,6 +39,13 @@ def check(ops: list[Op]) -> list[str]:
     accepted = sorted((o for o in ops if o.op == "publish" and o.outcome == "ok"), key=_seq)
     acquires = [o for o in ops if o.op == "acquire" and o.outcome == "ok"]
     restores = [o for o in ops if o.op == "restore"]
+    # Where an accepted loss began a new line: each op belongs to the line of the last
+    # such restore that started before it.
+    cuts = sorted(o.start for o in restores if o.detail.get("accepted_loss"))
+
+    def line(o: Op) -> int:
+        return bisect.bisect_left(cuts, o.start)
+
     violations: list[str] = []
 
     writers: dict[int, set[str]] = defaultdict(set)
@@ -44,7 +56,9 @@ def check(ops: list[Op]) -> list[str]:
         for epoch, nodes in sorted(writers.items())
         if len(nodes) > 1
     ]
-    for before, after in itertools.pairwise(accepted):
+    for before, after in itertools.pairwise(sorted(accepted, key=lambda o: (line(o), o.seq))):
+        if line(before) != line(after):
+            continue
         if after.seq == before.seq:
             violations.append(f"seq {after.seq} accepted twice ({before.node}, {after.node})")
         if after.epoch < before.epoch:
@@ -60,7 +74,9 @@ def check(ops: list[Op]) -> list[str]:
                     f"started after {newer.node} acquired epoch {newer.epoch}"
                 )
     for restore in restores:
-        acked = [o.seq for o in accepted if o.end < restore.start]
+        if restore.detail.get("accepted_loss"):
+            continue  # behind on purpose
+        acked = [o.seq for o in accepted if o.end < restore.start and line(o) == line(restore)]
         if not acked or restore.outcome == "refused":
             continue
         if restore.outcome == "started":

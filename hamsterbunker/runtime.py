@@ -88,6 +88,7 @@ class _Progress:
     state: State
     seq: int
     resumed: bool = True  # False: started from init()
+    accepted_loss: str = ""  # the id of a loss acceptance honoured by this restore
 
 
 class _LeaseBehind(HamsterbunkerError):
@@ -595,6 +596,7 @@ class Runtime:
             "resumed" if progress.resumed else "started",
             from_seq=self.seq if progress.resumed else 0,
             next_seq=progress.seq + 1,
+            **({"accepted_loss": progress.accepted_loss} if progress.accepted_loss else {}),
         )
         while not lost.is_set() and not self._stopping.is_set():
             if not await self._until_may_step(lost):
@@ -876,7 +878,8 @@ class Runtime:
         self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=len(damaged))
         # Number on from the checkpoint resumed from: a damaged or junk one above it
         # keeps nothing out (the store refuses only our own epoch's seqs).
-        return _Progress(state, info.seq)
+        honoured = acceptance.id if forgiving and acceptance is not None else ""
+        return _Progress(state, info.seq, accepted_loss=honoured)
 
     async def _open_stored(self, info: CheckpointInfo) -> State | None:
         """The state of one stored checkpoint, or None (reported) if it does not authenticate."""

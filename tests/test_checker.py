@@ -107,3 +107,36 @@ def test_history_round_trips_through_the_file_and_the_command(tmp_path: Path, ca
     writer.record("b", "publish", 1, 2, 0.0, "ok")  # a second writer in epoch 1
     assert main([str(path)]) == 1
     assert "VIOLATION" in capsys.readouterr().out
+
+
+def accepted_loss_history(honoured: bool) -> list[Op]:
+    """a publishes 1-4 under epoch 1; 3 and 4 are lost and the loss accepted (epoch 3 written by
+    hb accept-loss); b resumes from 2 under epoch 4 and publishes 3-4 again."""
+    detail = {"accepted_loss": "0123abcd"} if honoured else {}
+    return [
+        op("a", "acquire", 1, 0, 0.0, 0.1),
+        op("a", "restore", 1, 0, 0.1, 0.2, "started", from_seq=0, next_seq=1),
+        *(op("a", "publish", 1, seq, seq, seq + 0.1) for seq in (1, 2, 3, 4)),
+        op("b", "acquire", 4, 0, 9.0, 9.1),
+        op("b", "restore", 4, 2, 9.1, 9.2, "resumed", from_seq=2, next_seq=3, **detail),
+        op("b", "publish", 4, 3, 9.3, 9.4),
+        op("b", "publish", 4, 4, 9.5, 9.6),
+        op("c", "acquire", 5, 0, 12.0, 12.1),
+        op("c", "restore", 5, 4, 12.1, 12.2, "resumed", from_seq=4, next_seq=5),
+    ]
+
+
+def test_a_loss_accepted_on_purpose_starts_a_new_line() -> None:
+    """A restore that honoured an accepted loss may resume behind, and the line after it may
+    number again from there: no violation. Without the acceptance the same history is one."""
+    assert check(accepted_loss_history(honoured=True)) == []
+    violations = check(accepted_loss_history(honoured=False))
+    assert any("seq 3 accepted twice" in v for v in violations), violations
+    assert any("behind accepted checkpoint 4" in v for v in violations), violations
+
+
+def test_a_restore_after_an_accepted_loss_is_still_held_to_the_new_line() -> None:
+    """After the accepted loss, a restore behind what the new line had accepted is caught."""
+    history = accepted_loss_history(honoured=True)
+    history[-1] = op("c", "restore", 5, 3, 12.1, 12.2, "resumed", from_seq=3, next_seq=4)
+    assert any("behind accepted checkpoint 4" in v for v in check(history))

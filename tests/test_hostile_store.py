@@ -26,7 +26,9 @@ from typing import Any
 
 import pytest
 
+from hamsterbunker.checker import check
 from hamsterbunker.errors import NoUsableCheckpoint, SealError, StoreRegressed
+from hamsterbunker.history import read_history
 from hamsterbunker.limits import MAX_EPOCH
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.runtime import Runtime
@@ -354,6 +356,7 @@ def test_hb_run_exits_3_on_a_damaged_newest_checkpoint_and_resumes_after_hb_acce
         tick_ms=100,
         lease_ttl_ms=600,
         env={"PYTHONPATH": str(Path(__file__).parent)},
+        history=tmp_path / "history.jsonl",
     )
     store = open_store(backend_store.url)
     try:
@@ -400,6 +403,8 @@ def test_hb_run_exits_3_on_a_damaged_newest_checkpoint_and_resumes_after_hb_acce
     finally:
         cluster.stop_all()
         store.close()
+    # The history holds the loss, accepted on purpose, and nothing else wrong.
+    assert check(read_history(tmp_path / "history.jsonl")) == []
 
 
 # -- case 9: key parameters in the cluster record ---------------------------------------------------
