@@ -72,21 +72,30 @@ def _count(doc: dict[str, Any], name: str, what: str, maximum: int = MAX_NUMBER)
 
 
 def _bounded_int(text: str) -> int:
-    # Checked on the digits, before int() builds a number of any size.
-    if len(text.lstrip("-")) > len(str(MAX_NUMBER)) or abs(value := int(text)) > MAX_NUMBER:
+    # int() itself refuses more than sys.int_max_str_digits (4300) digits.
+    value = int(text)
+    if not -MAX_NUMBER <= value <= MAX_NUMBER:
         raise ValueError(f"integer {text[:24]}… is out of range")
     return value
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
-    if not math.isfinite(value):
+    if value in _INFINITIES:  # (NaN is spelt out, and goes to _no_constant)
         raise ValueError(f"number {text[:24]} is not finite")
     return value
 
 
+_INFINITIES = (math.inf, -math.inf)
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+_DECODER = json.JSONDecoder(
+    parse_int=_bounded_int, parse_float=_finite_float, parse_constant=_no_constant
+)
 
 
 def _depth_within(doc: Any, limit: int) -> bool:
@@ -100,7 +109,7 @@ def _depth_within(doc: Any, limit: int) -> bool:
             continue
         if depth > limit:
             return False
-        stack.extend((item, depth + 1) for item in value)
+        stack.extend((item, depth + 1) for item in value if isinstance(item, dict | list))
     return True
 
 
@@ -115,17 +124,14 @@ def parse_json(data: bytes, what: str, *, limit: int = MAX_RECORD_BYTES) -> Any:
     if len(data) > limit:
         raise CorruptRecord(f"{what} is {len(data)} bytes, above the limit of {limit} bytes")
     try:
-        doc = json.loads(
-            data.decode("utf-8"),
-            parse_int=_bounded_int,
-            parse_float=_finite_float,
-            parse_constant=_no_constant,
-        )
+        doc = _DECODER.decode(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise CorruptRecord(f"{what} is not valid JSON: {exc}") from exc
     except RecursionError as exc:
         raise CorruptRecord(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from exc
-    if not _depth_within(doc, MAX_JSON_DEPTH):
+    # Only a document with more brackets than the limit can nest deeper: most have two.
+    deep = data.count(b"[") + data.count(b"{") > MAX_JSON_DEPTH
+    if deep and not _depth_within(doc, MAX_JSON_DEPTH):
         raise CorruptRecord(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     return doc
 
