@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from .clock import Clock, MonotonicClock
 from .errors import ConfigError, LeaseConflict, StoreError
-from .limits import MAX_EPOCH
+from .limits import MAX_EPOCH, MAX_LEASE_TTL_MS
 from .records import LeaseRecord
 from .stores.base import Fence, Store
 
@@ -52,6 +52,12 @@ def validate_timing(tick_ms: int, renew_deadline_ms: int, lease_ttl_ms: int) -> 
             "lease timing must satisfy lease_ttl > renew_deadline > tick > 0 "
             f"(got lease_ttl={lease_ttl_ms} ms, renew_deadline={renew_deadline_ms} ms, "
             f"tick={tick_ms} ms)"
+        )
+    if lease_ttl_ms > MAX_LEASE_TTL_MS:
+        # Every node takes a lease record with a longer TTL for a damaged one.
+        raise ConfigError(
+            f"lease_ttl={lease_ttl_ms} ms is above the most a lease record may hold, "
+            f"{MAX_LEASE_TTL_MS} ms"
         )
 
 

@@ -16,7 +16,7 @@ import pytest
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from hamsterbunker.lease import LeaseKeeper, Outcome, Reach, validate_timing
-from hamsterbunker.limits import MAX_EPOCH
+from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.file import FileStore
 
@@ -102,6 +102,16 @@ def test_validate_timing_refuses_unsafe_orderings(tick_ms, renew_deadline_ms, le
     assert f"lease_ttl={lease_ttl_ms} ms" in message
     assert f"renew_deadline={renew_deadline_ms} ms" in message
     assert f"tick={tick_ms} ms" in message
+
+
+def test_validate_timing_refuses_a_ttl_no_lease_record_may_hold():
+    """A TTL above MAX_LEASE_TTL_MS is refused before anything starts: nodes would read every
+    lease record written with it as damaged, and stall."""
+    validate_timing(400, 1200, MAX_LEASE_TTL_MS)
+    with pytest.raises(
+        ConfigError, match=f"above the most a lease record may hold, {MAX_LEASE_TTL_MS}"
+    ):
+        validate_timing(400, 1200, MAX_LEASE_TTL_MS + 1)
 
 
 @pytest.mark.parametrize(
