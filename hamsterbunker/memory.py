@@ -25,8 +25,8 @@ from pathlib import Path
 
 from .errors import ConfigError, CorruptRecord
 from .lease import Reach
+from .limits import STALE_TEMP_AGE_S
 from .records import ClusterRecord, parse_json
-from .stores.file import STALE_TEMP_AGE_S
 
 __all__ = ["Memory", "MemoryFile"]
 

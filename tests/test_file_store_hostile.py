@@ -24,11 +24,17 @@ import pytest
 
 from hamsterbunker.errors import CorruptRecord, Fenced, StoreError
 from hamsterbunker.lease import Reach
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_RECORD_BYTES, MAX_SEQ
+from hamsterbunker.limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EPOCH,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+    STALE_TEMP_AGE_S,
+)
 from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.records import CheckpointInfo, Event
 from hamsterbunker.stores.base import Fence
-from hamsterbunker.stores.file import STALE_TEMP_AGE_S, FileStore
+from hamsterbunker.stores.file import FileStore
 
 from .test_file_store import cluster, event, fence_of, heartbeat, lease
 from .test_file_tail import _bytes_read_by_this_process

@@ -11,9 +11,9 @@ import pytest
 
 from hamsterbunker.errors import ConfigError
 from hamsterbunker.lease import Reach
+from hamsterbunker.limits import STALE_TEMP_AGE_S
 from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.sealing import new_cluster_record
-from hamsterbunker.stores.file import STALE_TEMP_AGE_S
 
 from .test_file_store_hostile import record_fsyncs
 

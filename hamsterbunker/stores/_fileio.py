@@ -24,9 +24,9 @@ from pathlib import Path
 
 from ..errors import CorruptRecord
 from ..failpoints import failpoint
+from ..limits import STALE_TEMP_AGE_S
 
 __all__ = [
-    "STALE_TEMP_AGE_S",
     "TMP_PREFIX",
     "atomic_write",
     "closing_fd",
@@ -49,15 +49,6 @@ log = logging.getLogger("hamsterbunker.stores.file")
 # Temporary names start with "tmp-hb-": no editor or sync tool uses that shape,
 # and no reader pattern of the store matches it.
 TMP_PREFIX = "tmp-hb-"
-# A temporary file ("tmp-hb-*") this much older than now is left by a crash, and
-# is removed when a store opens (the root) or first writes in a directory of
-# an agent. No write keeps its temp file for more than a few seconds
-# (the write, an fsync, a wait for the lock of at most lock_timeout), so two
-# minutes, sixty default lease TTLs, is far above any write, on a slow NFS server
-# too. Judged on this host's clock against the file's mtime:
-# a clock skewed by more than that can remove a temp file in use, which fails
-# that one write (a retry follows); it never damages a record.
-STALE_TEMP_AGE_S = 120.0
 _CHUNK = 8 * 1024 * 1024  # the most asked of one read(2)
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -60,7 +60,6 @@ from ..failpoints import failpoint
 from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, check_checkpoint_bounds
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from ._fileio import (
-    STALE_TEMP_AGE_S,
     TMP_PREFIX,
     atomic_write,
     closing_fd,
@@ -81,7 +80,7 @@ from .base import Fence, StoreGuarantees
 if TYPE_CHECKING:
     from .file_tail import FileTail
 
-__all__ = ["MAX_SEGMENT_BYTES", "STALE_TEMP_AGE_S", "FileStore", "Mount", "mount_of"]
+__all__ = ["MAX_SEGMENT_BYTES", "FileStore", "Mount", "mount_of"]
 
 log = logging.getLogger(__name__)
 
