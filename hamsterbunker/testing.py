@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError
+from .errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from .limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
@@ -37,7 +37,7 @@ from .limits import (
     check_checkpoint_bounds,
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
-from .stores.base import Fence, StoreGuarantees
+from .stores.base import Fence, StoreGuarantees, check_fence, check_own_epoch
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
 
@@ -158,27 +158,10 @@ class MemoryStore:
         with self._lock:
             state = self._agent(agent)
             lease = None if state.lease is None else LeaseRecord.from_json(state.lease)
-            if lease is None or (lease.holder, lease.session, lease.epoch) != (
-                fence.holder,
-                fence.session,
-                fence.epoch,
-            ):
-                now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
-                raise Fenced(
-                    f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                    f"the lease is now {now}"
-                )
+            check_fence(lease, fence, seq)
             # Only what the listing would show counts, as in the real backends.
-            own = [
-                s
-                for s, (i, _b) in state.checkpoints.items()
-                if i.epoch == fence.epoch and _listable(i)
-            ]
-            if own and max(own) >= seq:
-                raise StoreError(
-                    f"checkpoint sequence must increase: {seq} is not above {max(own)}, "
-                    f"stored under this epoch ({fence.epoch})"
-                )
+            stored = [i for i, _blob in state.checkpoints.values() if _listable(i)]
+            check_own_epoch(stored, fence.epoch, seq)
             info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(data), written=time.time())
             state.checkpoints[seq] = (info, data)  # another epoch's under seq is replaced
             below = sorted((s for s in state.checkpoints if s <= seq), reverse=True)

@@ -11,9 +11,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ..errors import Fenced, StoreError
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 
-__all__ = ["Fence", "Store", "StoreGuarantees"]
+__all__ = ["Fence", "Store", "StoreGuarantees", "check_fence", "check_own_epoch"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,34 @@ class Fence:
     holder: str
     session: str
     epoch: int
+
+
+def check_fence(lease: LeaseRecord | None, fence: Fence, seq: int) -> None:
+    """Raise Fenced unless lease is the one fence names (for backends that check in Python)."""
+    if lease is None or (lease.holder, lease.session, lease.epoch) != (
+        fence.holder,
+        fence.session,
+        fence.epoch,
+    ):
+        now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
+        raise Fenced(
+            f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+            f"the lease is now {now}"
+        )
+
+
+def check_own_epoch(stored: list[CheckpointInfo], epoch: int, seq: int) -> None:
+    """Raise StoreError if epoch already stored a checkpoint at or above seq.
+
+    Only the fence's own epoch counts: anything under another epoch may be junk
+    written without the secret, and must not keep the leader from publishing.
+    """
+    own = [info.seq for info in stored if info.epoch == epoch and info.seq >= seq]
+    if own:
+        raise StoreError(
+            f"checkpoint sequence must increase: {seq} is not above {max(own)}, which epoch "
+            f"{epoch} already stored"
+        )
 
 
 @dataclass(frozen=True)

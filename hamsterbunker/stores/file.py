@@ -50,7 +50,6 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from ..errors import (
     ConfigError,
     CorruptRecord,
-    Fenced,
     LeaseConflict,
     StoreError,
     StoreUnavailable,
@@ -75,7 +74,7 @@ from ._fileio import (
     write_temp,
 )
 from ._reported import ReportedOnce
-from .base import Fence, StoreGuarantees
+from .base import Fence, StoreGuarantees, check_fence, check_own_epoch
 
 if TYPE_CHECKING:
     from .file_tail import FileTail
@@ -395,9 +394,9 @@ class FileStore:
             try:
                 failpoint("checkpoint.before_commit")
                 with self._locked(agent_fd, agent):
-                    self._check_fence(agent_fd, agent, fence, seq)
+                    check_fence(self._lease_in(agent_fd, agent), fence, seq)
                     existing = self._scan_checkpoints(directory, path)
-                    _check_own_epoch(existing, fence.epoch, seq)
+                    check_own_epoch(existing, fence.epoch, seq)
                     os.replace(
                         tmp, _checkpoint_name(seq, fence.epoch),
                         src_dir_fd=directory, dst_dir_fd=directory,
@@ -411,20 +410,6 @@ class FileStore:
                     )
             finally:
                 discard(directory, tmp)
-
-    def _check_fence(self, agent_fd: int, agent: str, fence: Fence, seq: int) -> None:
-        """Raise Fenced unless the stored lease is the one fence names (under the lock)."""
-        lease = self._lease_in(agent_fd, agent)
-        if lease is None or (lease.holder, lease.session, lease.epoch) != (
-            fence.holder,
-            fence.session,
-            fence.epoch,
-        ):
-            now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
-            raise Fenced(
-                f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                f"the lease is now {now}"
-            )
 
     def _prune(self, directory: int, existing: list[CheckpointInfo], seq: int) -> None:
         """Keep the new checkpoint and the newest keep_checkpoints - 1 others at or below seq.
@@ -677,17 +662,3 @@ def _checkpoint_name_problem(match: re.Match[str]) -> str | None:
     if (len(seq_digits), len(epoch_digits)) != (20, 10):
         return "a checkpoint name with other than 20 seq and 10 epoch digits"
     return check_checkpoint_bounds(int(seq_digits), int(epoch_digits), 0)
-
-
-def _check_own_epoch(existing: list[CheckpointInfo], epoch: int, seq: int) -> None:
-    """Raise StoreError if epoch already stored a checkpoint at or above seq.
-
-    Only the fence's own epoch counts: anything under another epoch may be junk
-    written without the secret, and must not keep the leader from publishing.
-    """
-    own = [info.seq for info in existing if info.epoch == epoch and info.seq >= seq]
-    if own:
-        raise StoreError(
-            f"checkpoint sequence must increase: {seq} is not above {max(own)}, which epoch "
-            f"{epoch} already stored"
-        )
