@@ -110,7 +110,6 @@ BAD_FENCES = [
 @pytest.fixture
 def redis_pair() -> Iterator[tuple[RedisStore, Any]]:
     """A RedisStore on a fresh prefix of the shared server, and a raw redis-py client."""
-    pytest.importorskip("redis")
     from hamsterbunker.stores.redis import RedisStore
 
     from .redis_server import redis_url
@@ -396,7 +395,6 @@ def test_redis_hostile_heartbeats_are_skipped(redis_pair: tuple[RedisStore, Any]
 @pytest.fixture
 def etcd_pair() -> Iterator[tuple[EtcdStore, Put]]:
     """An EtcdStore on a fresh prefix of the shared server, and put(key under agent "a", value)."""
-    pytest.importorskip("etcd3gw")
     from hamsterbunker.stores.etcd import EtcdStore
 
     from .etcd_server import etcd_url
