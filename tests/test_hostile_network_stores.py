@@ -20,11 +20,12 @@ import pytest
 
 from hamsterbunker.errors import CorruptRecord, Fenced, LeaseConflict, StoreError
 from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ
-from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
+from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.testing import MemoryStore
 
 from .conftest import each_ended
+from .test_redis_store import event, heartbeat, lease
 
 if TYPE_CHECKING:
     from hamsterbunker.stores.base import Store
@@ -33,28 +34,6 @@ if TYPE_CHECKING:
 
 KEEP = 3
 Put = Callable[[str | bytes, bytes], None]  # a raw etcd put of a key under agent "a"
-
-
-def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
-    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
-
-
-def heartbeat(node: str) -> Heartbeat:
-    return Heartbeat(
-        node=node,
-        region="eu",
-        host="h",
-        pid=1,
-        role="standby",
-        epoch=1,
-        seq=0,
-        leader=None,
-        time=1.0,
-    )
-
-
-def event(node: str, n: int) -> Event:
-    return Event(node=node, n=n, type="agent.step", time=float(n), epoch=1, seq=n)
 
 
 def description(epoch: int, size: int = 4, written: object = 1.0, **extra: object) -> bytes:
