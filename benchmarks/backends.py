@@ -41,8 +41,8 @@ PUBLISH_BACKENDS = ("file", "etcd", "redis")
 
 METHOD = f"""\
 The failover and handover benchmarks above, run on the two network stores. The
-benchmark starts its own servers on loopback as the tests do (`tests/etcd_server.py`,
-`tests/redis_server.py`): one etcd member (Debian's `etcd-server`, default settings,
+benchmark starts its own servers on loopback as the tests do (`tests/support/etcd_server.py`,
+`tests/support/redis_server.py`): one etcd member (Debian's `etcd-server`, default settings,
 its own temporary data directory) and one `redis-server` (no persistence, as the
 tests run it: `--save ""`, `--appendonly no`); each run gets a fresh server.
 
@@ -82,8 +82,8 @@ def _server(backend: str) -> Iterator[str]:
     """A private server of backend on loopback; yields a store URL under a fresh prefix."""
     from _pytest.outcomes import OutcomeException  # the test helpers fail or skip with these
 
-    from tests.etcd_server import EtcdServer
-    from tests.redis_server import RedisServer
+    from tests.support.etcd_server import EtcdServer
+    from tests.support.redis_server import RedisServer
 
     try:
         server = EtcdServer.start() if backend == "etcd" else RedisServer.start()

@@ -4,7 +4,7 @@
 # (not a drop-in on a template: see nix/README.md) with the settings, timing and
 # hardening of systemd/hamsterbunker@.service, a config file
 # /etc/hamsterbunker/NAME.toml rendered from `settings`, and the secret handed
-# over with LoadCredential=. tests/test_nix.py evaluates this module and checks
+# over with LoadCredential=. tests/ops/test_nix.py evaluates this module and checks
 # the result against that unit file, key by key.
 {
   config,

@@ -3,7 +3,7 @@
 #   pkgs.callPackage ./nix/package.nix { }
 #
 # Needs nixpkgs 24.05 or later (the `pyproject` builder's build-system and
-# dependencies). tests/test_nix.py checks the dependencies against pyproject.toml.
+# dependencies). tests/ops/test_nix.py checks the dependencies against pyproject.toml.
 {
   lib,
   python3Packages,

@@ -1,57 +1,18 @@
-"""Shared fixtures: bounded waiting, and local clusters of real node processes."""
+"""Shared fixtures: local clusters of real node processes, held to the history checker."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import secrets
-import signal
-import struct
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import ParamSpec, TypeVar
 
 import pytest
 
-from hamsterbunker import FileStore
 from hamsterbunker.checker import check
 from hamsterbunker.history import read_history
 from hamsterbunker.local import LocalCluster
-
-T = TypeVar("T")
-P = ParamSpec("P")
-TESTS_DIR = Path(__file__).parent
-
-
-def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll probe every 10 ms until it returns something truthy; fail after timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
-
-
-@contextlib.contextmanager
-def each_ended(make: Callable[P, T], end: Callable[[T], object]) -> Iterator[Callable[P, T]]:
-    """make, remembering all it makes; end(each) when the block is left (for fixtures)."""
-    made: list[T] = []
-
-    def remembered(*args: P.args, **kwargs: P.kwargs) -> T:
-        thing = make(*args, **kwargs)
-        made.append(thing)
-        return thing
-
-    try:
-        yield remembered
-    finally:
-        for thing in made:
-            end(thing)
+from tests.support import SUPPORT_DIR
 
 
 @pytest.fixture
@@ -63,7 +24,7 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
         store_dir = tmp_path / f"store{len(made)}"
         env = {
             "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])
+                filter(None, [str(SUPPORT_DIR), os.environ.get("PYTHONPATH")])
             ),
             "HB_TEST_JOURNAL": str(tmp_path / f"journal{len(made)}.jsonl"),
         }
@@ -90,44 +51,3 @@ def local_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
             violations += check(read_history(cluster.history))
     # Every multi-process test also holds its whole history to the safety rules.
     assert violations == [], violations
-
-
-def store_of(cluster: LocalCluster) -> FileStore:
-    return FileStore(cluster.store_url.removeprefix("file://"))
-
-
-def process_state(pid: int) -> str:
-    """The state letter of a process from /proc (R, S, T for stopped, ...)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
-@contextlib.contextmanager
-def holding_lease_lock(store_dir: Path, agent: str) -> Iterator[None]:
-    """Hold the file store's lease lock of agent, as a node would."""
-    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-    fd = os.open(store_dir / "agents" / agent / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("the lease lock stayed busy for 10 s")
-                time.sleep(0.001)
-        yield
-    finally:
-        os.close(fd)
-
-
-def pause_outside_lock(cluster: LocalCluster, node: str, agent: str) -> None:
-    """SIGSTOP a node at a moment it holds no store lock.
-
-    A node paused inside the few milliseconds it holds the file store's lock
-    would hold up every other node until it resumes (a stated limit of the
-    file store); holding the lock ourselves while stopping it rules that out.
-    """
-    with holding_lease_lock(Path(cluster.store_url.removeprefix("file://")), agent):
-        cluster.signal(node, signal.SIGSTOP)
-        wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")

@@ -2,7 +2,7 @@
 
 The lease logic lives above this contract (``hamsterbunker.lease``); a backend
 only has to make each operation atomic as stated. One contract test suite
-(``tests/contract``) runs against every backend.
+(``tests/stores/contract``) runs against every backend.
 """
 
 from __future__ import annotations

@@ -36,10 +36,9 @@ from hamsterbunker.history import read_history
 from hamsterbunker.limits import MAX_EPOCH, MAX_SEQ
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import open_store
-
-from ..conftest import wait_until
-from ..raw_store import RawStore, backend_store
-from ..test_runtime import SECRET, AsyncAgent
+from tests.support import wait_until
+from tests.support.agents import SECRET, AsyncAgent
+from tests.support.raw_store import RawStore, backend_store
 
 __all__ = ["backend_store"]  # the fixture, used by name
 

@@ -34,8 +34,7 @@ from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import Sealer
-
-from ..conftest import pause_outside_lock, process_state, store_of, wait_until
+from tests.support import pause_outside_lock, process_state, store_of, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.multiprocess]
 

@@ -60,14 +60,13 @@ from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Store
-
-from ..conftest import TESTS_DIR, holding_lease_lock, store_of, wait_until
+from tests.support import SUPPORT_DIR, holding_lease_lock, store_of, wait_until
 
 pytestmark = pytest.mark.fault
 
 SECRET = "storage-faults-secret"
 A, B = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east")
-JOURNAL = "journal"  # JournalCounter.id (tests/hb_test_agents.py)
+JOURNAL = "journal"  # JournalCounter.id (tests/support/hb_test_agents.py)
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{20})-(\d{10})\.hbc")
 TMP_PREFIX = "tmp-hb-"
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -903,7 +902,7 @@ def test_hb_run_on_a_damaged_cluster_record_fails_with_one_line(tmp_path: Path, 
     cluster_path = store_dir / "cluster.json"
     cluster_path.write_bytes(CLUSTER_DAMAGE[how](cluster_path.read_bytes()))
     before = snapshot(store_dir)
-    env = {**os.environ, "HB_SECRET": SECRET, "PYTHONPATH": str(TESTS_DIR)}
+    env = {**os.environ, "HB_SECRET": SECRET, "PYTHONPATH": str(SUPPORT_DIR)}
     env.pop("CREDENTIALS_DIRECTORY", None)
     env.pop("HB_FAILPOINTS", None)
     command = [

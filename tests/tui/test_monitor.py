@@ -29,8 +29,8 @@ from hamsterbunker.demo import NODES
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.stores import Store
+from tests.support import store_of
 
-from ..conftest import store_of
 from .screen import screen_text, until, widget_text
 
 SIZE = (150, 45)

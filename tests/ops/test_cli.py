@@ -1,0 +1,549 @@
+"""The ``hb`` command line, run as a real subprocess (``python -m hamsterbunker``).
+
+Covers: user mistakes (one line on stderr, exit 2, no traceback, no store
+touched), the secret source order, a node with the wrong secret joining a
+running cluster, ``hb status``, the ``hb demo`` survival run, and ``--help``.
+
+Every subprocess gets a controlled environment (no HB_SECRET or
+CREDENTIALS_DIRECTORY unless the test sets one) and a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from hamsterbunker import FileStore
+from hamsterbunker.cli import read_secret
+from hamsterbunker.memory import MemoryFile
+from hamsterbunker.records import Heartbeat, LeaseRecord
+from hamsterbunker.sealing import new_cluster_record
+from hamsterbunker.stores.base import Fence
+from tests.support.cli import (
+    AGENT,
+    AGENT_ID,
+    FAST,
+    HB,
+    SECRET,
+    SURVIVED,
+    check_rounds,
+    hb_env,
+    run_demo,
+    run_hb,
+    wait_for,
+)
+
+
+def files_under(root: Path) -> dict[str, bytes]:
+    """Every regular file under root, by relative path, with its content."""
+    found: dict[str, bytes] = {}
+    for path in root.rglob("*"):
+        try:
+            if path.is_file():
+                found[str(path.relative_to(root))] = path.read_bytes()
+        except FileNotFoundError:
+            pass  # a temp file renamed away while we looked
+    return found
+
+
+@contextmanager
+def running_node(
+    store_dir: Path, node_id: str, log_path: Path, secret: str = SECRET
+) -> Iterator[subprocess.Popen[bytes]]:
+    """One ``hb run`` node in the background; killed on the way out if still running."""
+    command = [
+        *HB, "run", "--store", store_dir.as_uri(), "--agent", AGENT, "--node-id", node_id,
+        "--region", "test", *FAST,
+    ]  # fmt: skip
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command,
+            env=hb_env(HB_SECRET=secret),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def held_lease(store_dir: Path):  # type: ignore[no-untyped-def]
+    """The lease record of the counter agent if someone holds it, else None."""
+    if not (store_dir / "cluster.json").exists():
+        return None  # let the node create the store; do not race it
+    lease = FileStore(store_dir).read_lease(AGENT_ID)
+    return lease if lease is not None and lease.holder is not None else None
+
+
+def stop_gracefully(process: subprocess.Popen[bytes], log_path: Path) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
+        raise AssertionError(
+            f"node did not stop within 20 s of SIGTERM; log:\n{log_path.read_text()}"
+        ) from None
+
+
+# -- 1. user mistakes -----------------------------------------------------------
+
+RUN = ["run", "--store", "{store}", "--agent", AGENT]
+NO_SECRET = None  # marker: the case runs with no secret source at all
+
+# (id, argv, HB_SECRET or NO_SECRET, words the one error line must contain)
+MISTAKES: list[tuple[str, list[str], str | None, list[str]]] = [
+    ("run-unknown-flag", [*RUN, "--bogus"], SECRET, ["--bogus"]),
+    ("tick-ms-not-a-number", [*RUN, "--tick-ms", "abc"], SECRET, ["--tick-ms", "abc"]),
+    ("lease-ttl-zero", [*RUN, "--lease-ttl-ms", "0"], SECRET, ["--lease-ttl-ms", "0"]),
+    ("missing-store", ["run", "--agent", AGENT], SECRET, ["--store"]),
+    (
+        "unknown-scheme",
+        ["run", "--store", "http://x", "--agent", AGENT],
+        SECRET,
+        ["http", "scheme"],
+    ),
+    (
+        "relative-file-url",
+        ["run", "--store", "file:relative/path", "--agent", AGENT],
+        SECRET,
+        ["file:relative/path", "absolute"],
+    ),
+    (
+        "nonexistent-parent",
+        ["run", "--store", "file:///nonexistent-parent/x", "--agent", AGENT],
+        SECRET,
+        ["/nonexistent-parent/x", "parent"],
+    ),
+    (
+        "agent-module-missing",
+        ["run", "--store", "{store}", "--agent", "nomodule:x"],
+        SECRET,
+        ["nomodule"],
+    ),
+    (
+        "agent-attribute-missing",
+        ["run", "--store", "{store}", "--agent", "hamsterbunker.demo:Nope"],
+        SECRET,
+        ["Nope"],
+    ),
+    (
+        "agent-without-colon",
+        ["run", "--store", "{store}", "--agent", "justamodule"],
+        SECRET,
+        ["justamodule", "module:attribute"],
+    ),
+    ("secret-too-short", RUN, "12345", ["secret", "8"]),
+    ("no-secret", RUN, NO_SECRET, ["secret", "HB_SECRET"]),
+    (
+        "secret-file-missing",
+        [*RUN, "--secret-file", "{tmp}/no-such-secret"],
+        NO_SECRET,
+        ["no-such-secret", "secret"],
+    ),
+    (
+        "tick-above-renew-deadline",
+        [*RUN, "--tick-ms", "1500", "--lease-ttl-ms", "2000"],
+        SECRET,
+        ["tick", "1500", "renew_deadline"],
+    ),
+    ("bad-node-id", [*RUN, "--node-id", "bad/id"], SECRET, ["node id", "bad/id"]),
+    (
+        "status-bad-agent-id",
+        ["status", "--store", "{store}", "--agent-id", "bad/id"],
+        SECRET,
+        ["agent id", "bad/id"],
+    ),
+    ("demo-kills-zero", ["demo", "--kills", "0"], SECRET, ["--kills", "0"]),
+    ("demo-bad-timing", ["demo", "--tick-ms", "1500"], SECRET, ["tick", "1500"]),
+]
+
+
+def _run_mistake(
+    tmp_path: Path, argv: list[str], secret: str | None, store_exists: bool = False
+) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
+    store = tmp_path / "store"
+    if store_exists:
+        store.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    args = [a.replace("{store}", store.as_uri()).replace("{tmp}", str(tmp_path)) for a in argv]
+    env = hb_env() if secret is NO_SECRET else hb_env(HB_SECRET=secret)
+    return run_hb(args, env=env, cwd=cwd), store, cwd
+
+
+@pytest.mark.parametrize(
+    ("argv", "secret", "words"),
+    [pytest.param(argv, secret, words, id=name) for name, argv, secret, words in MISTAKES],
+)
+def test_user_mistake_gives_one_line_and_exit_2(tmp_path, argv, secret, words):
+    """A user mistake prints exactly one stderr line naming the problem, exits 2, no traceback."""
+    assert not Path("/nonexistent-parent").exists()
+    result, _, cwd = _run_mistake(tmp_path, argv, secret)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{result.stderr}"
+    assert "error" in lines[0]
+    for word in words:
+        assert word.lower() in lines[0].lower(), f"{word!r} not named in: {lines[0]}"
+    assert result.stdout == ""
+    assert list(cwd.iterdir()) == [], "a mistake left files in the working directory"
+    assert not Path("/nonexistent-parent").exists()
+
+
+def test_a_damaged_node_memory_gives_one_line_and_exit_2_and_touches_no_store(tmp_path):
+    """A memory file in the state directory that does not parse is named in one line, and
+    nothing is written to the store: the node stops before it opens the cluster."""
+    store, state = tmp_path / "store", tmp_path / "state"
+    store.mkdir()
+    memory = MemoryFile(state / ".memory", store.as_uri(), AGENT_ID).path
+    memory.parent.mkdir(parents=True)
+    memory.write_text('{"format": 1}')
+    argv = ["run", "--store", store.as_uri(), "--agent", AGENT, "--state-dir", str(state)]
+    result = run_hb(argv, env=hb_env(HB_SECRET=SECRET))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"hb run: error: the node's memory {memory} is damaged (no field 'cluster'); remove it to start "
+        "without memory of this store"
+    ]
+    assert list(store.iterdir()) == []
+    assert memory.read_text() == '{"format": 1}'
+
+
+@pytest.mark.parametrize(
+    ("argv", "secret", "store_exists"),
+    [
+        pytest.param(argv, secret, exists, id=f"{name}-{'existing' if exists else 'absent'}-store")
+        for name, argv, secret, _ in MISTAKES
+        if argv[0] == "run" and "{store}" in argv
+        for exists in (False, True)
+    ],
+)
+def test_run_mistake_leaves_store_untouched(tmp_path, argv, secret, store_exists):
+    """A rejected ``hb run`` neither creates the store directory nor writes into an existing one."""
+    result, store, _ = _run_mistake(tmp_path, argv, secret, store_exists)
+    assert result.returncode == 2, result.stderr
+    if store_exists:
+        assert list(store.iterdir()) == [], "a rejected hb run wrote into the store"
+    else:
+        assert not store.exists(), "a rejected hb run created the store directory"
+
+
+# -- 2. secret sources ------------------------------------------------------------
+
+
+def test_run_help_lists_secret_sources_in_order():
+    """``hb run --help`` lists HB_SECRET, then --secret-file, then $CREDENTIALS_DIRECTORY/secret."""
+    result = run_hb(["run", "--help"])
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "in this order" in text
+    section = text[text.index("in this order") :]
+    positions = [
+        section.find(s) for s in ("HB_SECRET", "--secret-file", "$CREDENTIALS_DIRECTORY/secret")
+    ]
+    assert -1 not in positions, section
+    assert positions == sorted(positions), section
+
+
+@pytest.fixture
+def secret_sources(tmp_path, monkeypatch):
+    """A secret file and a credentials directory with different secrets; no env secret yet."""
+    monkeypatch.delenv("HB_SECRET", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    secret_file = tmp_path / "secret-file"
+    secret_file.write_text("from-the-file\n", encoding="utf-8")
+    creds = tmp_path / "creds"
+    creds.mkdir()
+    (creds / "secret").write_text("from-the-credentials\n", encoding="utf-8")
+    return secret_file, creds
+
+
+def test_secret_env_wins_over_file_and_credentials(secret_sources, monkeypatch):
+    """HB_SECRET is used even when a secret file and a credentials directory are given."""
+    secret_file, creds = secret_sources
+    monkeypatch.setenv("HB_SECRET", "from-the-environment")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert read_secret(secret_file) == "from-the-environment"
+
+
+def test_secret_file_wins_over_credentials(secret_sources, monkeypatch):
+    """Without HB_SECRET, --secret-file wins over the credentials directory, newline stripped."""
+    secret_file, creds = secret_sources
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert read_secret(secret_file) == "from-the-file"
+
+
+def test_secret_from_credentials_directory_alone(secret_sources, monkeypatch):
+    """With only $CREDENTIALS_DIRECTORY set, its ``secret`` file is used, newline stripped."""
+    _, creds = secret_sources
+    (creds / "secret").write_text("from-the-credentials\r\n", encoding="utf-8")
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+    assert read_secret(None) == "from-the-credentials"
+
+
+# -- 3. wrong secret joining a running cluster ---------------------------------------
+
+
+def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
+    """A node with another secret exits 2 naming the secret, and writes nothing to the cluster."""
+    store = tmp_path / "store"
+    log = tmp_path / "node-a.log"
+    with running_node(store, "node-a", log) as node:
+        lease = wait_for("node-a to take the lease", lambda: held_lease(store), 30)
+        assert lease.holder == "node-a", log.read_text()
+        beat = store / "agents/counter/heartbeats/node-a.json"
+        wait_for("node-a's heartbeat", lambda: True if beat.exists() else None, 10)
+        before = files_under(store)
+
+        started = time.monotonic()
+        intruder = subprocess.run(
+            [
+                *HB,
+                "run",
+                "--store",
+                store.as_uri(),
+                "--agent",
+                AGENT,
+                "--node-id",
+                "intruder",
+                "--region",
+                "test",
+                *FAST,
+            ],
+            env=hb_env(HB_SECRET="another-secret-entirely"),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        took = time.monotonic() - started
+        assert intruder.returncode == 2, (intruder.returncode, intruder.stderr)
+        assert took < 20
+        lines = intruder.stderr.splitlines()
+        assert len(lines) == 1, intruder.stderr
+        assert "secret" in lines[0].lower()
+        assert "Traceback" not in intruder.stderr
+
+        after = files_under(store)
+        assert not [p for p in after if "intruder" in p], sorted(after)
+        assert not (store / "agents/counter/heartbeats/intruder.json").exists()
+        assert not (store / "agents/counter/events/intruder.jsonl").exists()
+        assert after["cluster.json"] == before["cluster.json"]
+        # Whatever appeared meanwhile is node-a's own work: checkpoints or its own files.
+        new = set(after) - set(before)
+        strays = [
+            p
+            for p in new
+            if not re.fullmatch(r"agents/counter/checkpoints/ckpt-\d+-\d+\.hbc", p)
+            and "node-a" not in Path(p).name
+            and not Path(p).name.startswith("tmp-hb-")
+        ]
+        assert strays == [], strays
+        now = FileStore(store).read_lease(AGENT_ID)
+        assert now is not None
+        assert (now.holder, now.epoch, now.session) == (lease.holder, lease.epoch, lease.session)
+        assert node.poll() is None, "the running node died when the intruder came"
+
+        assert stop_gracefully(node, log) == 0, log.read_text()
+    assert not beat.exists(), "the stopped node left its heartbeat behind"
+    released = FileStore(store).read_lease(AGENT_ID)
+    assert released is not None and released.holder is None
+
+
+# -- 4. hb status --------------------------------------------------------------------
+
+
+def test_status_shows_running_node(tmp_path):
+    """``hb status`` (text and --json) shows the holder, epoch 1, an active node and a checkpoint."""
+    store = tmp_path / "store"
+    log = tmp_path / "status-node.log"
+
+    def ready():  # type: ignore[no-untyped-def]
+        if held_lease(store) is None:
+            return None
+        fs = FileStore(store)
+        active = [b for b in fs.list_heartbeats(AGENT_ID) if b.role == "active"]
+        return True if active and fs.list_checkpoints(AGENT_ID) else None
+
+    with running_node(store, "status-node", log) as node:
+        wait_for("an active heartbeat and a checkpoint", ready, 30)
+        args = ["status", "--store", store.as_uri(), "--agent-id", AGENT_ID]
+        text = run_hb(args)
+        as_json = run_hb([*args, "--json"])
+        assert stop_gracefully(node, log) == 0, log.read_text()
+
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert re.search(r"^lease: status-node \(test\) · epoch 1$", out, re.M), out
+    assert re.search(r"^last checkpoint: seq \d+ \(epoch 1\)", out, re.M), out
+    assert re.search(r"^\s+status-node\s+test\s+active\s+1\s+\d+\s", out, re.M), out
+
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["lease"]["holder"] == "status-node"
+    assert data["lease"]["epoch"] == 1
+    assert [n["role"] for n in data["nodes"] if n["node"] == "status-node"] == ["active"]
+    assert isinstance(data["checkpoint"]["seq"], int) and data["checkpoint"]["seq"] >= 1
+
+
+def test_status_on_empty_store_says_never_taken(tmp_path):
+    """``hb status`` on an empty store directory says the lease was never taken and exits 0."""
+    store = tmp_path / "store"
+    store.mkdir()
+    result = run_hb(["status", "--store", store.as_uri(), "--agent-id", AGENT_ID])
+    assert result.returncode == 0, result.stderr
+    assert "lease: never taken" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def hostile_lease_store(root: Path, lease_json: bytes) -> None:
+    """A store with a node's heartbeat and a checkpoint, whose lease.json is then overwritten.
+
+    Anyone who can write the store can put anything there: no secret is needed.
+    """
+    store = FileStore(root)
+    lease = store.cas_lease(AGENT_ID, None, LeaseRecord("n1", "eu", "s1", epoch=3, ttl_ms=60_000))
+    store.put_checkpoint(AGENT_ID, Fence("n1", "s1", 3), 7, b"sealed bytes")
+    beat = Heartbeat(node="n1", region="eu", host="h1", pid=4242, role="active", epoch=3, seq=7,
+                     leader="n1", time=time.time(), beats=1)  # fmt: skip
+    store.put_heartbeat(AGENT_ID, beat)
+    assert lease.holder == "n1"
+    (root / "agents" / AGENT_ID / "lease.json").write_bytes(lease_json)
+
+
+@pytest.mark.parametrize(
+    "lease_json",
+    [b'{"holder": "x", "epoch": Infinity}', b"[" * 60_000],
+    ids=["infinity", "deep-nesting"],
+)
+def test_status_reports_an_unreadable_lease_and_shows_the_rest(
+    tmp_path: Path, lease_json: bytes
+) -> None:
+    """A lease record that does not parse is named; nodes and the checkpoint are still shown."""
+    store = tmp_path / "store"
+    hostile_lease_store(store, lease_json)
+    args = ["status", "--store", store.as_uri(), "--agent-id", AGENT_ID]
+    text = run_hb(args)
+    assert text.returncode == 0, text.stderr
+    assert "Traceback" not in text.stderr
+    assert re.search(r"^lease: unreadable \(lease record .+\)$", text.stdout, re.M), text.stdout
+    assert re.search(r"^last checkpoint: seq 7 \(epoch 3\)", text.stdout, re.M), text.stdout
+    assert re.search(r"^\s+n1\s+eu\s+active\s+3\s+7\s", text.stdout, re.M), text.stdout
+
+    as_json = run_hb([*args, "--json"])
+    assert as_json.returncode == 0, as_json.stderr
+    data = json.loads(as_json.stdout)
+    assert data["lease"] is None
+    assert data["lease_error"].startswith("lease record ")
+    assert [n["node"] for n in data["nodes"]] == ["n1"]
+    assert data["checkpoint"]["seq"] == 7
+
+
+def test_status_escapes_control_characters_from_the_store(tmp_path: Path) -> None:
+    """A heartbeat's host is whatever its writer put there: never raw escapes on the terminal."""
+    store = FileStore(tmp_path / "store")
+    beat = Heartbeat(node="n1", region="eu", host="h\x1b[2Jx", pid=1, role="standby", epoch=0,
+                     seq=0, leader=None, time=time.time(), beats=1)  # fmt: skip
+    store.put_heartbeat(AGENT_ID, beat)
+    result = run_hb(["status", "--store", store.root.as_uri(), "--agent-id", AGENT_ID])
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout
+    assert "h\\x1b[2Jx" in result.stdout
+
+
+# -- 5. hb demo ----------------------------------------------------------------------
+
+
+def test_demo_survives_one_kill(capsys, record_property):
+    """``hb demo`` kills the active node and a standby resumes at epoch 2 with no state lost."""
+    result = run_demo([], 60, capsys, record_property)
+    assert SURVIVED in result.stdout.splitlines(), result.stdout
+    check_rounds(result.stdout, [2])
+
+
+def test_demo_survives_two_kills(capsys, record_property):
+    """``hb demo --kills 2`` prints two kill/resume pairs, resuming at epochs 2 and 3."""
+    result = run_demo(["--kills", "2"], 120, capsys, record_property)
+    assert SURVIVED in result.stdout.splitlines(), result.stdout
+    check_rounds(result.stdout, [2, 3])
+
+
+# -- 6. help -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["run"], ["demo"], ["status"]], ids=["hb", "run", "demo", "status"]
+)
+def test_help_exits_0(args):
+    """``--help`` of hb and of each subcommand prints usage and exits 0."""
+    result = run_hb([*args, "--help"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: hb {' '.join(args)}".rstrip()), result.stdout
+
+
+def test_demo_refuses_a_store_in_use(tmp_path: Path) -> None:
+    """`hb demo --store` on a store that already has a cluster says so and exits 2 at once."""
+    store = tmp_path / "store"
+    FileStore(store).create_cluster(new_cluster_record("another-secret"))
+    before = sorted(p.name for p in store.rglob("*"))
+    result = subprocess.run(
+        [*HB, "demo", "--store", store.as_uri()], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "in use already" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in store.rglob("*")) == before
+
+
+# -- hb accept-loss ------------------------------------------------------------------------------
+
+
+def _store_without_checkpoints(tmp_path: Path) -> Path:
+    """A file store with a cluster record of SECRET, and a lease (released) and no checkpoints."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    store.create_cluster(new_cluster_record(SECRET))
+    store.cas_lease(
+        "a", None, LeaseRecord(holder=None, region="r", session="s", epoch=1, ttl_ms=2000)
+    )
+    return root
+
+
+@pytest.mark.parametrize(
+    "secret, code, words",
+    [
+        ("another-secret-altogether", 2, "the secret does not match this cluster"),
+        (SECRET, 1, "no stored checkpoint authenticates: there is nothing to resume from"),
+    ],
+    ids=["wrong-secret", "nothing-to-resume"],
+)
+def test_accept_loss_that_cannot_be_done_says_why_and_writes_nothing(
+    tmp_path: Path, secret: str, code: int, words: str
+) -> None:
+    """hb accept-loss with the wrong secret (a user mistake: exit 2), or over a store with no
+    checkpoint to resume from (exit 1), prints one line saying why and changes nothing."""
+    root = _store_without_checkpoints(tmp_path)
+    before = files_under(root)
+    result = run_hb(
+        ["accept-loss", "--store", root.as_uri(), "--agent-id", "a", "--yes"],
+        env=hb_env(HB_SECRET=secret),
+    )
+    assert result.returncode == code, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert words in result.stderr
+    assert "Traceback" not in result.stderr
+    assert files_under(root) == before

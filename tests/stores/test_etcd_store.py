@@ -1,0 +1,495 @@
+"""EtcdStore behaviour beyond the shared contract: URLs, endpoints, a dead or frozen member,
+fencing by etcd itself, the watch, bounds, large checkpoints, TLS, the CLI and the monitor.
+
+The contract every backend keeps runs on etcd in tests/stores/contract; this file
+checks what only an etcd-backed store can get wrong. Members listen on
+127.0.0.1 only (tests/support/etcd_server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("etcd3gw")
+
+from etcd3gw.client import Etcd3Client
+
+from hamsterbunker.errors import (
+    ConfigError,
+    Fenced,
+    StoreError,
+    StoreUnavailable,
+)
+from hamsterbunker.records import Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores import etcd as etcd_module
+from hamsterbunker.stores import open_store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
+from tests.support import each_ended
+from tests.support.etcd_server import EtcdServer, etcd_url, shared_etcd
+from tests.support.server_process import free_port, stop_thawed
+from tests.support.store_watch import next_wake
+from tests.support.tls_certs import make_certificates
+
+WAIT_S = 10.0
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
+    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
+
+
+def heartbeat(node: str, role: str = "standby") -> Heartbeat:
+    return Heartbeat(
+        node=node,
+        region="eu",
+        host="h",
+        pid=1,
+        role=role,
+        epoch=1,
+        seq=0,
+        leader=None,
+        time=time.time(),
+    )
+
+
+def event(node: str, n: int) -> Event:
+    return Event(node=node, n=n, type="agent.step", time=float(n), epoch=1, seq=n)
+
+
+def raw_client(server: EtcdServer) -> Etcd3Client:
+    """A plain etcd3gw client, to look at (or change) keys behind the store's back."""
+    return Etcd3Client(host="127.0.0.1", port=server.port, timeout=5, api_path="/v3/")
+
+
+def prefix_of(url: str) -> str:
+    return parse_etcd_url(url).prefix
+
+
+@pytest.fixture
+def private_server() -> Iterator[Callable[..., EtcdServer]]:
+    """Start members of this test's own (to stop, freeze or restart); all stopped at the end."""
+    with each_ended(EtcdServer.start, stop_thawed) as start:
+        yield start
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[..., EtcdStore]]:
+    """Open EtcdStores; all closed at the end."""
+    with each_ended(EtcdStore, EtcdStore.close) as open_one:
+        yield open_one
+
+
+def watch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("hb-etcd-watch")]
+
+
+# -- URLs ----------------------------------------------------------------------
+
+
+def test_url_names_endpoints_prefix_and_options(tmp_path: Path) -> None:
+    """Several endpoints (default port 2379, IPv6 in brackets), the key prefix and the options."""
+    target = parse_etcd_url("etcd://127.0.0.1:23790,[::1]:23791,localhost/hb/prod/?timeout=2.5")
+    assert target.endpoints == (("127.0.0.1", 23790), ("::1", 23791), ("localhost", 2379))
+    assert (target.prefix, target.timeout, target.tls) == ("/hb/prod", 2.5, False)
+    certs = make_certificates(tmp_path)  # the files are loaded: they must be real ones
+    ca, cert, key = (str(certs[name]) for name in ("ca.crt", "client.crt", "client.key"))
+    tls = parse_etcd_url(f"etcds://127.0.0.1/p?ca={ca}&cert={cert}&key={key}")
+    assert tls.tls and (tls.ca, tls.cert, tls.key) == (ca, cert, key)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "etcd://127.0.0.1:2379",
+        "etcd://127.0.0.1:2379/",
+        "etcd://127.0.0.1:port/p",
+        "etcd://127.0.0.1:99999/p",
+        "etcd://::1:2379/p",
+        "etcd://127.0.0.1:2379,/p",
+        "etcd://user:pw@127.0.0.1/p",
+        "etcd://127.0.0.1/p?ca=/etc/hostname",
+        "etcds://127.0.0.1/p?cert=/etc/hostname",
+        "etcds://127.0.0.1/p?ca=/no/such/ca.pem",
+        "etcd://127.0.0.1/p?bogus=1",
+        "etcd://127.0.0.1/p?timeout=soon",
+        "etcd://127.0.0.1/p?timeout=0",
+    ],
+    ids=[
+        "no-prefix",
+        "root-prefix",
+        "bad-port",
+        "port-out-of-range",
+        "bare-ipv6",
+        "empty-endpoint",
+        "password",
+        "tls-option-without-etcds",
+        "cert-without-key",
+        "missing-ca-file",
+        "unknown-option",
+        "bad-timeout",
+        "zero-timeout",
+    ],
+)
+def test_bad_url_is_a_config_error(url: str) -> None:
+    """A URL we cannot use is a ConfigError at open, before any connection is tried."""
+    with pytest.raises(ConfigError):
+        open_store(url)
+
+
+def test_missing_etcd3gw_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without etcd3gw, an etcd:// URL tells how to install it."""
+    for name in [name for name in sys.modules if name.partition(".")[0] == "etcd3gw"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "hamsterbunker.stores.etcd")
+    with pytest.raises(ConfigError, match=r"hamsterbunker\[etcd\]"):
+        open_store("etcd://127.0.0.1:2379/p")
+
+
+def test_reader_of_an_empty_prefix_is_refused(opened: Callable[..., EtcdStore]) -> None:
+    """open_store(create=False), as hb status and hb-tui use it, refuses a prefix that holds nothing."""
+    url = etcd_url()
+    with pytest.raises(ConfigError, match="no HamsterBunker store"):
+        open_store(url, create=False)
+    opened(url).put_heartbeat("a", heartbeat("n1"))
+    reader = open_store(url, create=False)
+    try:
+        assert [b.node for b in reader.list_heartbeats("a")] == ["n1"]
+    finally:
+        reader.close()
+
+
+# -- endpoints, a member that is gone or frozen -------------------------------------
+
+
+def test_a_dead_endpoint_fails_one_call_then_the_next_endpoint_answers(
+    opened: Callable[..., EtcdStore],
+) -> None:
+    """With several endpoints, a call to a dead one is StoreUnavailable and the next call moves on."""
+    server = shared_etcd()
+    dead = free_port()
+    prefix = f"hb-test/{time.monotonic_ns()}"
+    store = opened(f"etcd://127.0.0.1:{dead},{server.endpoint}/{prefix}?timeout=2")
+    with pytest.raises(StoreUnavailable, match=f"127.0.0.1:{dead}"):
+        store.read_lease("a")
+    held = store.cas_lease("a", None, lease("n1", 1))
+    assert store.read_lease("a") == held
+
+
+def test_stopped_server_is_store_unavailable(
+    private_server: Callable[..., EtcdServer], opened: Callable[..., EtcdStore]
+) -> None:
+    """Once the member is gone every call raises StoreUnavailable at once, naming the reason."""
+    server = private_server()
+    store = opened(server.url())
+    held = store.cas_lease("a", None, lease("n1", 1))
+    server.stop()
+    started = time.monotonic()
+    for call in (
+        lambda: store.read_lease("a"),
+        lambda: store.cas_lease("a", held.version, lease("n1", 1)),
+        lambda: store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x"),
+        lambda: store.list_heartbeats("a"),
+        lambda: store.read_events("a"),
+    ):
+        with pytest.raises(StoreUnavailable, match="etcd store") as raised:
+            call()
+        assert str(raised.value).endswith(": cannot connect: Connection refused")  # in words
+    assert time.monotonic() - started < 5.0
+
+
+def test_frozen_server_is_store_unavailable_within_the_timeout(
+    private_server: Callable[..., EtcdServer], opened: Callable[..., EtcdStore]
+) -> None:
+    """A member that stops answering (SIGSTOP) gives StoreUnavailable after the timeout, not a hang."""
+    server = private_server()
+    store = opened(server.url(query="timeout=0.5"))
+    held = store.cas_lease("a", None, lease("n1", 1))
+    server.process.send_signal(signal.SIGSTOP)
+    calls: list[Callable[[], object]] = [
+        lambda: store.read_lease("a"),
+        lambda: store.cas_lease("a", held.version, lease("n1", 1)),
+    ]
+    try:
+        for call in calls:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                call()
+            assert time.monotonic() - started < 3.0
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+
+
+# -- fencing -----------------------------------------------------------------------
+
+
+def test_stale_writer_is_fenced_by_the_etcd_transaction(opened: Callable[..., EtcdStore]) -> None:
+    """The fence is compared inside etcd's txn: a takeover this client never saw still fences it."""
+    server, url = shared_etcd(), etcd_url()
+    store = opened(url)
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"first")
+    # Another node's takeover, written straight into etcd: this client holds no
+    # state that could notice it; only the compare in its txn can.
+    fence_key = f"{prefix_of(url)}/agents/a/fence"
+    raw = raw_client(server)
+    raw.put(fence_key, json.dumps(["n2", "s2", 2]))
+    with pytest.raises(Fenced, match="epoch 2 held by n2"):
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 2, b"stale")
+    assert [key.decode().rsplit("/", 1)[1] for _v, key in _keys(raw, url, "checkpoints/")] == [
+        f"{1:020d}-{1:010d}"
+    ]
+    # The same write is accepted once etcd holds our fence again.
+    raw.put(fence_key, json.dumps(["n1", "s1", 1]))
+    assert store.put_checkpoint("a", Fence("n1", "s1", 1), 2, b"ours again").seq == 2
+    assert held.version > 0
+
+
+def _keys(raw: Etcd3Client, url: str, under: str) -> list[tuple[bytes, bytes]]:
+    """(value, key) of every key under the agent "a" directory ``under``."""
+    found = raw.get_prefix(f"{prefix_of(url)}/agents/a/{under}")
+    return [(value, meta["key"]) for value, meta in found]
+
+
+def test_lease_version_is_the_keys_mod_revision(opened: Callable[..., EtcdStore]) -> None:
+    """The lease version is etcd's mod_revision of the lease key: assigned and compared by etcd."""
+    server, url = shared_etcd(), etcd_url()
+    store = opened(url)
+    held = store.cas_lease("a", None, lease("n1", 1))
+    [(_value, meta)] = raw_client(server).get(f"{prefix_of(url)}/agents/a/lease", metadata=True)
+    assert held.version == int(meta["mod_revision"])
+    raw_client(server).put(f"{prefix_of(url)}/agents/a/lease", lease("n9", 9).to_json())
+    with pytest.raises(StoreError):  # any write in between moves the version on
+        store.cas_lease("a", held.version, lease("n1", 1))
+
+
+# -- watch -------------------------------------------------------------------------
+
+
+def test_watch_wakes_at_once_on_a_release(opened: Callable[..., EtcdStore]) -> None:
+    """A standby's lease watch wakes within a fraction of a second when the holder releases."""
+    url = etcd_url()
+    standby, holder = opened(url), opened(url)
+
+    async def main() -> float:
+        watcher = standby.watch("a", lease_only=True)
+        try:
+            await next_wake(watcher, holder)  # the watch is set up and streaming
+            current = await asyncio.to_thread(holder.read_lease, "a")
+            assert current is not None
+            woke = asyncio.ensure_future(anext(watcher))
+            started = time.monotonic()
+            await asyncio.to_thread(holder.cas_lease, "a", current.version, lease(None, 1))
+            await asyncio.wait_for(woke, WAIT_S)
+            return time.monotonic() - started
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    took = asyncio.run(main())
+    assert took < 1.0, f"the release woke the watch after {took:.2f} s"
+
+
+def test_watch_outlives_a_member_restart(
+    private_server: Callable[..., EtcdServer],
+    opened: Callable[..., EtcdStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A watch whose member restarts (its stream broken) sets up again and wakes again."""
+    monkeypatch.setattr(etcd_module, "_WATCH_RENEW_S", 0.5)
+    server = private_server()
+    url = server.url()
+    store, writer = opened(url), opened(url)
+
+    async def main() -> None:
+        watcher = store.watch("a", lease_only=True)
+        try:
+            await next_wake(watcher, writer)
+            await asyncio.to_thread(server.restart)
+            await next_wake(watcher, writer)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_closing_a_watch_or_the_store_ends_its_thread(opened: Callable[..., EtcdStore]) -> None:
+    """aclose() of a watch, or close() of its store, ends the watch's thread (bounded)."""
+    url = etcd_url()
+    store, writer = opened(url), opened(url)
+    before = set(watch_threads())
+
+    async def main() -> None:
+        first, second = store.watch("a", lease_only=True), store.watch("a")
+        await next_wake(first, writer)
+        await next_wake(second, writer)
+        assert len(set(watch_threads()) - before) == 2
+        await first.aclose()  # type: ignore[attr-defined]
+        store.close()  # ends the second, still open, watch too
+
+    asyncio.run(main())
+    for thread in set(watch_threads()) - before:
+        thread.join(WAIT_S)
+        assert not thread.is_alive(), f"{thread.name} still runs"
+
+
+# -- bounds, limits, keys ------------------------------------------------------------
+
+
+def test_event_logs_are_bounded_in_etcd(opened: Callable[..., EtcdStore]) -> None:
+    """A node's event keys in etcd never number more than events_per_node."""
+    server, url = shared_etcd(), etcd_url()
+    store = opened(url, events_per_node=5)
+    for n in range(1, 24):
+        store.append_event("a", event("busy", n))
+    assert len(_keys(raw_client(server), url, "events/busy/")) == 5
+    assert [e.n for e in store.read_events("a")] == [19, 20, 21, 22, 23]
+    assert [e.n for e in store.read_events("a", after={"busy": 21})] == [22, 23]
+
+
+@pytest.mark.parametrize("size", [1_600_000, 3_000_000], ids=["over-request-limit", "over-grpc"])
+def test_too_large_checkpoint_is_refused_clearly(
+    opened: Callable[..., EtcdStore], size: int
+) -> None:
+    """A checkpoint over etcd's request limit is a StoreError naming the size and the setting."""
+    store = opened(etcd_url())
+    held = store.cas_lease("a", None, lease("n1", 1))
+    fence = Fence("n1", "s1", held.epoch)
+    store.put_checkpoint("a", fence, 1, b"small")
+    with pytest.raises(StoreError) as caught:
+        store.put_checkpoint("a", fence, 2, bytes(size))
+    assert not isinstance(caught.value, (Fenced, StoreUnavailable))
+    assert f"{size} bytes" in str(caught.value) and "--max-request-bytes" in str(caught.value)
+    assert [i.seq for i in store.list_checkpoints("a")] == [1]
+    assert store.put_checkpoint("a", fence, 2, bytes(1_400_000)).size == 1_400_000
+
+
+def test_every_key_is_under_the_prefix_and_prefixes_are_isolated(
+    opened: Callable[..., EtcdStore],
+) -> None:
+    """All records live under PREFIX/, and a prefix that merely starts the same sees none of them."""
+    server = shared_etcd()
+    base = f"hb-test/{time.monotonic_ns()}"
+    store = opened(server.url(prefix=f"{base}/mine"))
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x")
+    store.put_heartbeat("a", heartbeat("n1"))
+    store.append_event("a", event("n1", 1))
+    keys = [meta["key"].decode() for _v, meta in raw_client(server).get_prefix(f"/{base}/")]
+    assert keys and all(key.startswith(f"/{base}/mine/agents/a/") for key in keys), keys
+    other = opened(server.url(prefix=f"{base}/mine-too"))
+    assert other.read_lease("a") is None
+    assert other.list_checkpoints("a") == [] and other.list_heartbeats("a") == []
+    assert other.read_events("a") == []
+    with pytest.raises(Fenced):
+        other.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"y")
+
+
+# -- TLS ---------------------------------------------------------------------------
+
+
+def test_etcds_with_client_certificates(
+    tmp_path: Path,
+    private_server: Callable[..., EtcdServer],
+    opened: Callable[..., EtcdStore],
+) -> None:
+    """Over mutual TLS the store works, watch included; without a client certificate, or with a
+    wrong CA, it is refused."""
+    certs = make_certificates(tmp_path)
+    server = private_server(certs=certs)
+    client = f"cert={certs['client.crt']}&key={certs['client.key']}"
+    url = server.url(prefix="tls", query=f"ca={certs['ca.crt']}&{client}")
+    store, writer = opened(url), opened(url)
+    store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"sealed")
+    assert [i.seq for i in store.list_checkpoints("a")] == [1]
+
+    async def watch_once() -> None:
+        watcher = store.watch("a")
+        try:
+            await next_wake(watcher, writer)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(watch_once())
+    no_client_cert = opened(server.url(prefix="tls", query=f"ca={certs['ca.crt']}"))
+    with pytest.raises(StoreUnavailable):
+        no_client_cert.read_lease("a")
+    wrong_ca = opened(server.url(prefix="tls", query=f"ca={certs['other-ca.crt']}&{client}"))
+    with pytest.raises(StoreUnavailable):
+        wrong_ca.read_lease("a")
+    plain = opened(f"etcd://{server.endpoint}/tls?timeout=2")
+    with pytest.raises(StoreUnavailable):
+        plain.read_lease("a")
+
+
+# -- hb status and the monitor ---------------------------------------------------------
+
+
+def test_hb_status_reads_an_etcd_store(opened: Callable[..., EtcdStore]) -> None:
+    """hb status --store etcd://... shows the holder and the nodes' heartbeats; an empty prefix
+    is one line and exit 2."""
+    url = etcd_url()
+    store = opened(url)
+    store.cas_lease("a", None, lease("n1", 1))
+    store.put_heartbeat("a", heartbeat("n1", role="active"))
+    shown = hb("status", "--store", url, "--agent-id", "a", "--json")
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["lease"]["holder"] == "n1"
+    assert [beat["node"] for beat in status["nodes"]] == ["n1"]
+    empty = hb("status", "--store", etcd_url(), "--agent-id", "a")
+    assert empty.returncode == 2
+    assert "no HamsterBunker store" in empty.stderr and len(empty.stderr.splitlines()) == 1
+
+
+def hb(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hamsterbunker", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_monitor_follows_an_etcd_store(opened: Callable[..., EtcdStore]) -> None:
+    """hb-tui's monitor shows an etcd store's holder and events, and follows new ones."""
+    pytest.importorskip("textual")
+    from hamsterbunker_tui.app import MonitorApp
+
+    from .tui.screen import screen_text, until
+
+    url = etcd_url()
+    store = opened(url)
+    store.cas_lease("a", None, replace(lease("n1", 1), ttl_ms=60_000))
+    store.put_heartbeat("a", heartbeat("n1", role="active"))
+    store.append_event("a", event("n1", 1))
+
+    async def scenario() -> None:
+        monitored = open_store(url, create=False)
+        app = MonitorApp(monitored, "a")
+        try:
+            async with app.run_test(size=(150, 45)) as pilot:
+                await until(pilot, "the holder", lambda: "holder  n1" in screen_text(app))
+                assert "agent.step" in screen_text(app)
+                store.append_event("a", replace(event("n1", 2), type="lease.renew_failed"))
+                await until(
+                    pilot, "the new event", lambda: "lease.renew_failed" in screen_text(app)
+                )
+        finally:
+            monitored.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,415 @@
+"""RedisStore behaviour beyond the shared contract: URLs, a dead or frozen server, TLS, keys, tail.
+
+The contract every backend keeps runs on Redis in tests/stores/contract; this file
+checks what only a Redis-backed store can get wrong. Servers listen on
+127.0.0.1 only (tests/support/redis_server.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+redis = pytest.importorskip("redis")
+
+from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
+    ConfigError,
+    Fenced,
+    StoreError,
+    StoreUnavailable,
+)
+from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord  # noqa: E402
+from hamsterbunker.stores import open_store  # noqa: E402
+from hamsterbunker.stores.base import Fence  # noqa: E402
+from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
+from hamsterbunker.tail import open_tail  # noqa: E402
+from tests.support import each_ended  # noqa: E402
+from tests.support.redis_server import RedisServer, mutual_tls_args, redis_url, shared_redis  # noqa: E402
+from tests.support.server_process import free_port, stop_thawed  # noqa: E402
+from tests.support.store_watch import next_wake  # noqa: E402
+from tests.support.tls_certs import make_certificates  # noqa: E402
+
+# -- helpers -----------------------------------------------------------------
+
+
+def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
+    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
+
+
+def heartbeat(node: str, beats: int = 0) -> Heartbeat:
+    return Heartbeat(
+        node=node,
+        region="eu",
+        host="h",
+        pid=1,
+        role="standby",
+        epoch=1,
+        seq=0,
+        leader=None,
+        time=1.0,
+        beats=beats,
+    )
+
+
+def event(node: str, n: int) -> Event:
+    return Event(node=node, n=n, type="agent.step", time=float(n), epoch=1, seq=n)
+
+
+@pytest.fixture
+def private_server() -> Iterator[Callable[..., RedisServer]]:
+    """Start servers of this test's own (to stop, freeze or configure); all stopped at the end."""
+    with each_ended(RedisServer.start, stop_thawed) as start:
+        yield start
+
+
+@pytest.fixture
+def opened() -> Iterator[Callable[..., RedisStore]]:
+    """Open RedisStores; all closed at the end."""
+    with each_ended(RedisStore, RedisStore.close) as open_one:
+        yield open_one
+
+
+# -- URLs ----------------------------------------------------------------------
+
+
+def test_url_gives_prefix_database_and_redis_options() -> None:
+    """The prefix is ours; db, credentials and every other option are left to redis-py."""
+    client_url, prefix = parse_redis_url(
+        "redis://u:p%40ss@127.0.0.1:6390/3?prefix=prod&socket_timeout=0.5"
+    )
+    assert prefix == "prod"
+    assert client_url == "redis://u:p%40ss@127.0.0.1:6390/3?socket_timeout=0.5"
+    assert parse_redis_url("redis://127.0.0.1")[1] == "hamsterbunker"
+
+
+def test_rediss_url_passes_the_certificates_to_redis_py(tmp_path: Path) -> None:
+    """rediss:// with ssl_ca_certs, ssl_certfile and ssl_keyfile makes TLS connections with them."""
+    certs = make_certificates(tmp_path)  # the files are loaded at open: they must be real ones
+    ca, cert, key = (str(certs[name]) for name in ("ca.crt", "client.crt", "client.key"))
+    store = RedisStore(
+        f"rediss://127.0.0.1:1/0?ssl_ca_certs={ca}&ssl_certfile={cert}&ssl_keyfile={key}"
+    )
+    try:
+        pool = store._redis.connection_pool
+        assert pool.connection_class is redis.SSLConnection
+        options = pool.connection_kwargs
+        assert (options["ssl_ca_certs"], options["ssl_certfile"], options["ssl_keyfile"]) == (
+            ca,
+            cert,
+            key,
+        )
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://",
+        "redis://127.0.0.1:notaport/0",
+        "redis://127.0.0.1:6379/zero",
+        "redis://127.0.0.1:6379/0?prefix=../x",
+        "redis://127.0.0.1:6379/0?no_such_option=1",
+        "redis://127.0.0.1:6379/0?socket_timeout=soon",
+        "rediss://127.0.0.1:6379/0?ssl_certfile=/no/such/client.crt",
+        "rediss://127.0.0.1:6379/0?ssl_ca_path=/no/such/directory",
+        "redis://127.0.0.1:6379/0?ssl_ca_certs=/etc/hostname",
+    ],
+    ids=[
+        "no-host",
+        "bad-port",
+        "bad-db",
+        "bad-prefix",
+        "unknown-option",
+        "bad-value",
+        "tls-file-missing",
+        "tls-directory-missing",
+        "tls-option-without-rediss",
+    ],
+)
+def test_bad_url_is_a_config_error(url: str) -> None:
+    """A URL we cannot use is a ConfigError at open, before any connection is tried."""
+    with pytest.raises(ConfigError):
+        open_store(url)
+    with pytest.raises(ConfigError) as caught:
+        open_store(url.replace("redis://", "redis://user:s3cret@", 1))
+    assert "s3cret" not in str(caught.value)
+
+
+def test_password_is_not_shown(private_server: Callable[..., RedisServer]) -> None:
+    """store.url and errors show the password as ***; a wrong one is a StoreError."""
+    server = private_server("--requirepass", "s3cret")
+    store = open_store(f"redis://:s3cret@127.0.0.1:{server.port}/0?prefix=p")
+    try:
+        assert "s3cret" not in store.url and "***" in store.url
+        assert store.read_lease("a") is None
+    finally:
+        store.close()
+    wrong = open_store(f"redis://:nope@127.0.0.1:{server.port}/0?prefix=p")
+    try:
+        with pytest.raises(StoreError) as caught:
+            wrong.read_lease("a")
+        assert "nope" not in str(caught.value)
+    finally:
+        wrong.close()
+
+
+def test_missing_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without redis-py, a redis:// URL tells how to install it."""
+    monkeypatch.setitem(sys.modules, "redis", None)
+    monkeypatch.delitem(sys.modules, "hamsterbunker.stores.redis")
+    with pytest.raises(ConfigError, match=r"hamsterbunker\[redis\]"):
+        open_store("redis://127.0.0.1:6379/0")
+
+
+# -- a server that is gone or frozen ---------------------------------------------
+
+
+def test_stopped_server_is_store_unavailable(
+    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+) -> None:
+    """Once the server is gone every call raises StoreUnavailable at once, naming the reason."""
+    server = private_server()
+    store = opened(server.url())
+    held = store.cas_lease("a", None, lease("n1", 1))
+    server.stop()
+    started = time.monotonic()
+    for call in (
+        lambda: store.read_lease("a"),
+        lambda: store.cas_lease("a", held.version, lease("n1", 1)),
+        lambda: store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x"),
+        lambda: store.list_heartbeats("a"),
+    ):
+        with pytest.raises(StoreUnavailable, match="redis store"):
+            call()
+    assert time.monotonic() - started < 5.0
+
+
+def test_frozen_server_is_store_unavailable_within_the_socket_timeout(
+    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+) -> None:
+    """A server that stops answering (SIGSTOP) gives StoreUnavailable after socket_timeout, not a hang."""
+    server = private_server()
+    store = opened(server.url(query="socket_timeout=0.3&socket_connect_timeout=0.3"))
+    store.cas_lease("a", None, lease("n1", 1))
+    server.process.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        store.read_lease("a")
+    assert time.monotonic() - started < 3.0
+    server.process.send_signal(signal.SIGCONT)
+
+
+def test_watch_outlives_a_server_restart(
+    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+) -> None:
+    """A watch whose server restarts reconnects and wakes again (it never raises)."""
+    server = private_server()
+    store, writer = opened(server.url(prefix="p")), opened(server.url(prefix="p"))
+
+    async def main() -> None:
+        watcher = store.watch("a", lease_only=True)
+        try:
+            await next_wake(watcher, writer)
+            server.stop()
+            private_server(port=server.port)  # the same address, empty again
+            await next_wake(watcher, writer)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+# -- TLS -------------------------------------------------------------------------
+
+
+def test_rediss_with_client_certificates(
+    tmp_path: Path,
+    private_server: Callable[..., RedisServer],
+    opened: Callable[..., RedisStore],
+) -> None:
+    """Over TLS with client certificates the store works; without them, or with a wrong CA, it refuses."""
+    certs = make_certificates(tmp_path)
+    tls_port = free_port()
+    private_server(*mutual_tls_args(tls_port, certs))
+    base = f"rediss://127.0.0.1:{tls_port}/0?prefix=tls&socket_timeout=2"
+    client = f"&ssl_certfile={certs['client.crt']}&ssl_keyfile={certs['client.key']}"
+    store = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}{client}")
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"sealed")
+    assert [i.seq for i in store.list_checkpoints("a")] == [1]
+    writer = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}{client}")
+
+    async def watch_once() -> None:
+        watcher = store.watch("a")
+        try:
+            await next_wake(watcher, writer)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(watch_once())
+    assert store.read_lease("a") != held
+
+    no_client_cert = opened(f"{base}&ssl_ca_certs={certs['ca.crt']}")
+    with pytest.raises(StoreError):
+        no_client_cert.read_lease("a")
+    wrong_ca = opened(f"{base}&ssl_ca_certs={certs['other-ca.crt']}{client}")
+    with pytest.raises(StoreUnavailable):
+        wrong_ca.read_lease("a")
+
+
+# -- keys, bounds, settings --------------------------------------------------------
+
+
+def test_every_key_is_under_the_prefix_and_prefixes_are_isolated(
+    opened: Callable[..., RedisStore],
+) -> None:
+    """All records live under PREFIX:, and another prefix on the same database sees none of them."""
+    server = shared_redis()
+    db = 7  # this test's own database on the shared server
+    raw = redis.Redis(host="127.0.0.1", port=server.port, db=db)
+    try:
+        raw.flushdb()
+        store = opened(server.url(prefix="mine", db=db))
+        held = store.cas_lease("a", None, lease("n1", 1))
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x")
+        store.put_heartbeat("a", heartbeat("n1"))
+        store.append_event("a", event("n1", 1))
+        store.create_cluster(_cluster())
+        keys = {key.decode() for key in raw.keys("*")}
+        assert keys and all(key.startswith("mine:") for key in keys), keys
+        other = opened(server.url(prefix="other", db=db))
+        assert other.read_cluster() is None
+        assert other.read_lease("a") is None
+        assert other.list_checkpoints("a") == [] and other.list_heartbeats("a") == []
+        assert other.read_events("a") == []
+        with pytest.raises(Fenced):
+            other.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"y")
+    finally:
+        raw.flushdb()
+        raw.close()
+
+
+def _cluster() -> ClusterRecord:
+    return ClusterRecord(
+        format=1, kdf="scrypt", n=2, r=8, p=1, salt="c2FsdA==", key_id="k", key_check="a2M=",
+        created=1.0,
+    )  # fmt: skip
+
+
+def test_event_lists_are_trimmed_in_redis(opened: Callable[..., RedisStore]) -> None:
+    """A node's event list in Redis never holds more than events_per_node entries."""
+    url = redis_url()
+    store = opened(url, events_per_node=5)
+    for n in range(1, 41):
+        store.append_event("a", event("busy", n))
+    raw = redis.Redis.from_url(url.split("?")[0])
+    try:
+        assert raw.llen(f"{url.split('prefix=')[1]}:agent:a:events:busy") == 5
+    finally:
+        raw.close()
+    assert [e.n for e in store.read_events("a")] == [36, 37, 38, 39, 40]
+
+
+def test_fenced_error_names_the_current_holder(opened: Callable[..., RedisStore]) -> None:
+    """Fenced says which epoch and node the lease has moved to."""
+    store = opened(redis_url())
+    first = store.cas_lease("a", None, lease("n1", 1))
+    store.cas_lease("a", first.version, lease("n2", 2, session="s2"))
+    with pytest.raises(Fenced, match="epoch 2 held by n2"):
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"late")
+
+
+@pytest.mark.parametrize(
+    ("settings", "warned"),
+    [
+        ((), "appendonly is off"),
+        (("--appendonly", "yes", "--appendfsync", "everysec"), "appendfsync is everysec"),
+        (("--appendonly", "yes", "--appendfsync", "always"), None),
+        (
+            ("--appendonly", "yes", "--appendfsync", "always", "--maxmemory-policy", "allkeys-lru"),
+            "may evict",
+        ),
+        (("--rename-command", "CONFIG", ""), "cannot read the server's persistence settings"),
+    ],
+    ids=["no-aof", "everysec", "always", "allkeys-lru", "config-disabled"],
+)
+def test_persistence_settings_are_warned_about(
+    private_server: Callable[..., RedisServer],
+    opened: Callable[..., RedisStore],
+    settings: tuple[str, ...],
+    warned: str | None,
+) -> None:
+    """Settings that can lose acknowledged checkpoints (or that we cannot read) give a warning."""
+    store = opened(private_server(*settings).url())
+    if warned is None:
+        assert store.warnings == []
+    else:
+        assert len(store.warnings) == 1 and warned in store.warnings[0], store.warnings
+
+
+# -- the tail ----------------------------------------------------------------------
+
+
+def test_tail_returns_only_new_events_and_every_heartbeat(
+    opened: Callable[..., RedisStore],
+) -> None:
+    """Each read returns the events appended since the last one, in order, and current heartbeats."""
+    url = redis_url()
+    store = opened(url, events_per_node=10)
+    tail = open_tail(store, "a")
+    assert isinstance(tail, RedisTail)
+    assert tail.read().events == []
+    for n in (1, 2, 3):
+        store.append_event("a", event("n1", n))
+    store.append_event("a", event("n2", 1))
+    store.put_heartbeat("a", heartbeat("n1"))
+    first = tail.read()
+    assert [(e.node, e.n) for e in first.events] == [("n1", 1), ("n1", 2), ("n1", 3), ("n2", 1)]
+    assert [b.node for b in first.heartbeats] == ["n1"]
+    assert tail.read().events == []
+    store.append_event("a", event("n1", 4))
+    assert [(e.node, e.n) for e in tail.read().events] == [("n1", 4)]
+    for n in range(5, 31):  # more than the list keeps: only the retained newest come back
+        store.append_event("a", event("n1", n))
+    assert [e.n for e in tail.read().events] == list(range(21, 31))
+    store.remove_heartbeat("a", "n1")
+    assert tail.read().heartbeats == []
+    # A second tail starts from what is retained now.
+    assert [e.n for e in opened(url).tail("a").read().events if e.node == "n1"] == list(
+        range(21, 31)
+    )
+
+
+# -- the monitor -------------------------------------------------------------------
+
+
+def test_monitor_follows_a_redis_store(opened: Callable[..., RedisStore]) -> None:
+    """hb-tui's monitor shows a Redis store's holder and events, and follows new ones."""
+    pytest.importorskip("textual")
+    from hamsterbunker_tui.app import MonitorApp
+
+    from .tui.screen import screen_text, until
+
+    url = redis_url()
+    store = opened(url)
+    store.cas_lease("a", None, replace(lease("n1", 1), ttl_ms=60_000))
+    store.put_heartbeat("a", replace(heartbeat("n1"), role="active", time=time.time()))
+    store.append_event("a", event("n1", 1))
+
+    async def scenario() -> None:
+        app = MonitorApp(open_store(url, create=False), "a")
+        async with app.run_test(size=(150, 45)) as pilot:
+            await until(pilot, "the holder", lambda: "holder  n1" in screen_text(app))
+            assert "agent.step" in screen_text(app)
+            store.append_event("a", replace(event("n1", 2), type="lease.renew_failed"))
+            await until(pilot, "the new event", lambda: "lease.renew_failed" in screen_text(app))
+
+    asyncio.run(scenario())
