@@ -2,16 +2,20 @@
 
 A junk entry is seen by every listing, many times a second: logging it each
 time would flood the journal. The memory of what was reported is bounded,
-since a store writer picks how many problems there are.
+since a store writer picks how many problems there are. ``readable`` is the
+one way every backend skips a heartbeat or event that does not parse.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from typing import Protocol, TypeVar
 
-__all__ = ["ReportedOnce"]
+from ..errors import CorruptRecord
+
+__all__ = ["ReportedOnce", "readable"]
 
 _MAX_REPORTED = 1024
 
@@ -46,3 +50,37 @@ class ReportedOnce:
     def __call__(self, message: str) -> None:
         """Report message, the message being its own key."""
         self.warn(message, "%s", message)
+
+
+class _NodeRecord(Protocol):
+    @property
+    def node(self) -> str: ...
+
+
+Stored = TypeVar("Stored")
+Parsed = TypeVar("Parsed", bound=_NodeRecord)
+
+
+def readable(
+    items: Iterable[tuple[str, Stored]],
+    parse: Callable[[Stored], Parsed | None],
+    report: Callable[[str, Stored, Exception], object],
+    *,
+    errors: tuple[type[Exception], ...] = (CorruptRecord,),
+) -> Iterator[Parsed]:
+    """The records among (node, stored form) items that parse and are that node's.
+
+    Whatever is stored is unauthenticated, so a record that does not parse
+    (parse raises one of errors) is handed to report, which logs it (once,
+    through a ReportedOnce), and skipped; a record of another node, a copy
+    under another name, is not that node's and is skipped silently, as is
+    None from parse (a record removed between listing and reading it).
+    """
+    for node, stored in items:
+        try:
+            record = parse(stored)
+        except errors as exc:
+            report(node, stored, exc)
+            continue
+        if record is not None and record.node == node:
+            yield record

@@ -73,7 +73,7 @@ from ._fileio import (
     write_all,
     write_temp,
 )
-from ._reported import ReportedOnce
+from ._reported import ReportedOnce, readable
 from .base import Fence, StoreGuarantees, check_fence, check_own_epoch
 
 if TYPE_CHECKING:
@@ -495,7 +495,7 @@ class FileStore:
     @_os_errors_as_store_errors
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         path = self._agent_dir(agent) / "heartbeats"
-        beats = []
+        stored: list[tuple[str, bytes]] = []
         with self._reading(*self._agent_parts(agent, "heartbeats")) as directory:
             if directory is None:
                 return []
@@ -504,16 +504,13 @@ class FileStore:
                 if not match or _is_sync_copy(name):
                     continue
                 data = self._read_or_skip(directory, name, path / name, MAX_RECORD_BYTES)
-                if data is None:
-                    continue
-                try:
-                    beat = Heartbeat.from_json(data)
-                except CorruptRecord as exc:
-                    self._report(f"ignoring unreadable heartbeat {path / name}: {exc}")
-                    continue
-                if beat.node == match[1]:  # a copy under another name is not that node's
-                    beats.append(beat)
-        return beats
+                if data is not None:
+                    stored.append((match[1], data))
+
+        def report(node: str, _data: bytes, exc: Exception) -> None:
+            self._report(f"ignoring unreadable heartbeat {path / f'{node}.json'}: {exc}")
+
+        return list(readable(stored, Heartbeat.from_json, report))
 
     @_os_errors_as_store_errors
     def remove_heartbeat(self, agent: str, node: str) -> None:
@@ -569,6 +566,10 @@ class FileStore:
         after = after or {}
         path = self._agent_dir(agent) / "events"
         events: list[Event] = []
+
+        def report(node: str, line: bytes, exc: Exception) -> None:
+            self._report(f"ignoring an unreadable event in {path / node}.jsonl: {exc}")
+
         with self._reading(*self._agent_parts(agent, "events")) as directory:
             if directory is None:
                 return []
@@ -577,20 +578,19 @@ class FileStore:
                 if not match or _is_sync_copy(name):
                     continue
                 node = match[1]
-                found: dict[int, Event] = {}
+                lines: list[tuple[str, bytes]] = []
                 # Current segment first, then the previous one: if the writer rotates
                 # between the two reads, the rotated events are still found.
                 for segment in (name, f"{name}.1"):
                     data = self._read_or_skip(directory, segment, path / segment, self.segment_cap)
-                    for line in (data or b"").splitlines():
-                        if not line.endswith(b"}"):
-                            continue  # a line still being appended
-                        try:
-                            event = Event.from_json(line)
-                        except CorruptRecord:
-                            continue
-                        if event.node == node and event.n > after.get(node, 0):
-                            found.setdefault(event.n, event)
+                    # A line not ending in "}" is still being appended.
+                    lines += [
+                        (node, line) for line in (data or b"").splitlines() if line.endswith(b"}")
+                    ]
+                found: dict[int, Event] = {}
+                for event in readable(lines, Event.from_json, report):
+                    if event.n > after.get(node, 0):
+                        found.setdefault(event.n, event)
                 events.extend(found[n] for n in sorted(found))
         return events
 

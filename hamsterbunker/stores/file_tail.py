@@ -38,7 +38,7 @@ from ._fileio import (
     pread_upto,
     read_file,
 )
-from ._reported import ReportedOnce
+from ._reported import ReportedOnce, readable
 from .file import (
     _EVENTS,
     _HEARTBEAT,
@@ -132,15 +132,14 @@ class FileTail:
             head = new_lines[0]
         lines += new_lines
         events = []
-        for line in lines:
-            try:
-                event = Event.from_json(line)
-            except CorruptRecord:
-                continue
-            if event.node == node and event.n > last_n:
+        for event in readable(((node, line) for line in lines), Event.from_json, self._skipped):
+            if event.n > last_n:
                 events.append(event)
                 last_n = event.n
         return events, _Position(inode, head, offset + consumed, last_n)
+
+    def _skipped(self, node: str, _stored: bytes, exc: Exception) -> None:
+        self._report(f"ignoring an unreadable event in {self._events_dir / node}.jsonl: {exc}")
 
     def _open_segment(self, directory: int, name: str) -> int | None:
         """The segment name as a regular file; None if absent or refused (reported)."""
@@ -207,13 +206,15 @@ class FileTail:
 
     def _heartbeat(self, directory: int, name: str, node: str) -> Heartbeat | None:
         path = self._heartbeats_dir / name
-        try:
-            data = read_file(directory, name, path, MAX_RECORD_BYTES)
-            beat = None if data is None else Heartbeat.from_json(data)
-        except CorruptRecord as exc:
+
+        def report(_node: str, _stored: str, exc: Exception) -> None:
             self._report(f"ignoring unreadable heartbeat {path}: {exc}")
-            return None
-        return beat if beat is not None and beat.node == node else None
+
+        def parse(name: str) -> Heartbeat | None:
+            data = read_file(directory, name, path, MAX_RECORD_BYTES)
+            return None if data is None else Heartbeat.from_json(data)
+
+        return next(readable([(node, name)], parse, report), None)
 
 
 def _records(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
