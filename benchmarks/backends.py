@@ -17,6 +17,7 @@ from hamsterbunker.stores import Store, open_store
 from .common import (
     SECRET,
     SPREAD_HEADERS,
+    TIMING,
     BenchmarkError,
     Check,
     Result,
@@ -29,7 +30,7 @@ from .nodes import bench_cluster, takeover_result, takeovers
 
 NAME = "backends"
 TITLE = "Failover, handover and publish latency per store (file, etcd, Redis)"
-TICK_MS, TTL_MS = 400, 2000  # the defaults of `hb run`, as in the file store's benchmarks
+TICK_MS, TTL_MS = TIMING.tick_ms, TIMING.lease_ttl_ms  # the defaults of `hb run`
 FAILOVER_SLACK_MS = 100  # target (issue 6): failover p99 ≤ TTL + 100 ms on etcd
 HANDOVER_TARGET_MS = 50  # target (issue 6): graceful handover p99 ≤ 50 ms on etcd and Redis
 KILLS, QUICK_KILLS = 20, 5
@@ -117,7 +118,7 @@ def _takeover(backend: str, url: str, graceful: bool, quick: bool) -> Result:
         target_text = f"≤ TTL + {FAILOVER_SLACK_MS} ms = {TTL_MS + FAILOVER_SLACK_MS} ms"
     budget = (60 if quick else 240) if graceful else (90 if quick else 300)
     name = f"{NAME}-{backend}-{'handover' if graceful else 'failover'}"
-    with bench_cluster(name, tick_ms=TICK_MS, lease_ttl_ms=TTL_MS, store_url=url) as cluster:
+    with bench_cluster(name, timing=TIMING, store_url=url) as cluster:
         samples, notes = takeovers(cluster, signum, count, budget, seed=seed)
         violations = cluster.safety_violations()
     result = takeover_result(

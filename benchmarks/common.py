@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from hamsterbunker.stores.file import mount_of
+from hamsterbunker.timing import DEFAULT_TIMING
 
 T = TypeVar("T")
 
+TIMING = DEFAULT_TIMING  # the defaults of `hb run`
 SECRET = "benchmark-secret-not-for-production"  # a secret of a throw-away local store
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import signal
 
-from .common import Result
+from .common import TIMING, Result
 from .nodes import bench_cluster, takeover_result, takeovers
 
 NAME = "failover"
 TITLE = "Failover after SIGKILL of the active node"
-TICK_MS, TTL_MS = 400, 2000  # the defaults of `hb run`
+TICK_MS, TTL_MS = TIMING.tick_ms, TIMING.lease_ttl_ms  # the defaults of `hb run`
 SLACK_MS = 150  # target: p99 ≤ TTL + 150 ms
 
 METHOD = f"""\
@@ -50,7 +50,7 @@ ANALYSIS = ""  # where a target is missed: what costs the time, what could fix i
 def run(quick: bool) -> Result:
     kills = 5 if quick else 30
     budget = 90 if quick else 360
-    with bench_cluster(NAME, tick_ms=TICK_MS, lease_ttl_ms=TTL_MS) as cluster:
+    with bench_cluster(NAME, timing=TIMING) as cluster:
         samples, notes = takeovers(cluster, signal.SIGKILL, kills, budget, seed=1)
         violations = cluster.safety_violations()
     ttl_s = TTL_MS / 1000

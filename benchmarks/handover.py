@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import signal
 
-from .common import Result
+from .common import TIMING, Result
 from .nodes import bench_cluster, takeover_result, takeovers
 
 NAME = "handover"
 TITLE = "Graceful handover (SIGTERM of the active node)"
-TICK_MS, TTL_MS = 400, 2000  # the defaults of `hb run`
+TICK_MS, TTL_MS = TIMING.tick_ms, TIMING.lease_ttl_ms  # the defaults of `hb run`
 TARGET_MS = 100
 
 METHOD = f"""\
@@ -86,7 +86,7 @@ new leader clear one between the release and its acquisition.
 def run(quick: bool) -> Result:
     count = 5 if quick else 30
     budget = 60 if quick else 240
-    with bench_cluster(NAME, tick_ms=TICK_MS, lease_ttl_ms=TTL_MS) as cluster:
+    with bench_cluster(NAME, timing=TIMING) as cluster:
         samples, notes = takeovers(cluster, signal.SIGTERM, count, budget, seed=2)
         violations = cluster.safety_violations()
     return takeover_result(

@@ -23,10 +23,12 @@ from hamsterbunker.checker import check
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.timing import LeaseTiming
 
 from .common import (
     SECRET,
     SPREAD_TTL_HEADERS,
+    TIMING,
     BenchmarkError,
     Check,
     Result,
@@ -71,8 +73,7 @@ class BenchCluster:
     def __init__(
         self,
         workdir: Path,
-        tick_ms: int,
-        lease_ttl_ms: int,
+        timing: LeaseTiming,
         cluster_class: type[LocalCluster] = LocalCluster,
         store_url: str | None = None,
     ) -> None:
@@ -83,13 +84,12 @@ class BenchCluster:
             secret=SECRET,
             agent=AGENT,
             log_dir=workdir / "logs",
-            tick_ms=tick_ms,
-            lease_ttl_ms=lease_ttl_ms,
+            timing=timing,
             history=self.history,
         )
         self.store: Store = open_store(store_url) if store_url else FileStore(workdir / "store")
-        self.tick_s = tick_ms / 1000
-        self.ttl_s = lease_ttl_ms / 1000
+        self.tick_s = timing.tick_s
+        self.ttl_s = timing.lease_ttl_s
 
     # -- processes ----------------------------------------------------------------
 
@@ -216,8 +216,7 @@ class BenchCluster:
 @contextmanager
 def bench_cluster(
     name: str,
-    tick_ms: int = 400,
-    lease_ttl_ms: int = 2000,
+    timing: LeaseTiming = TIMING,
     cluster_class: type[LocalCluster] = LocalCluster,
     store_url: str | None = None,
 ) -> Iterator[BenchCluster]:
@@ -226,7 +225,7 @@ def bench_cluster(
     The nodes share a file store in the temporary directory, or the store at store_url.
     """
     with temp_dir(name) as workdir:
-        cluster = BenchCluster(workdir, tick_ms, lease_ttl_ms, cluster_class, store_url)
+        cluster = BenchCluster(workdir, timing, cluster_class, store_url)
         try:
             for spec in NODES:
                 cluster.start(spec.node)

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import BenchmarkError, Check, Result, Table
+from .common import TIMING, BenchmarkError, Check, Result, Table
 from .nodes import AGENT_ID, NODES, bench_cluster
 
 NAME = "standby"
 TITLE = "Standby idle cost"
-TICK_MS, TTL_MS = 400, 2000
+TICK_MS, TTL_MS = TIMING.tick_ms, TIMING.lease_ttl_ms  # the defaults of `hb run`
 CPU_TARGET = 0.5  # % of one core
 RSS_TARGET_MB = 60  # MB = 10^6 bytes
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -121,7 +121,7 @@ def _memory(pid: int) -> tuple[int, int]:
 
 def run(quick: bool) -> Result:
     settle, duration = (2.0, 5.0) if quick else (5.0, 20.0)
-    with bench_cluster(NAME, tick_ms=TICK_MS, lease_ttl_ms=TTL_MS) as cluster:
+    with bench_cluster(NAME, timing=TIMING) as cluster:
         leader = cluster.ready_leader()
         time.sleep(settle)
         pids = {spec.node: cluster.process(spec.node).pid for spec in NODES}

@@ -33,6 +33,7 @@ from typing import Any
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.timing import DEFAULT_LEASE_TTL_MS
 
 from .common import (
     SPREAD_HEADERS,
@@ -55,7 +56,7 @@ EVENT_RATE = 1000  # events/s, all nodes together
 BEAT_S = 0.4  # each node's heartbeat period (the default tick)
 RENEW_S = 0.4  # the leader's lease renewals
 CHECKPOINT_S = 0.25  # the leader's checkpoints (a 0.25 s agent step)
-TTL_MS = 2000
+TTL_MS = DEFAULT_LEASE_TTL_MS
 POLL_S = 0.5  # MonitorApp's default poll interval
 LAG_TICK_S = 0.05  # the UI probe's timer
 SEEN_CHECK_S = 0.02  # how often the UI probe looks for new events in app.model

@@ -25,6 +25,7 @@ from .limits import MAX_EPOCH
 from .records import CheckpointInfo, Event, LeaseRecord, parse_json
 from .sealing import Sealer
 from .stores import Store
+from .timing import DEFAULT_LEASE_TTL_MS
 
 __all__ = [
     "Acceptance",
@@ -203,7 +204,7 @@ def accept_loss(store: Store, sealer: Sealer, plan: LossPlan) -> Acceptance:
                 region="",
                 session=f"accept-loss-{acceptance.id}",
                 epoch=plan.epoch,
-                ttl_ms=2000 if lease is None else lease.ttl_ms,
+                ttl_ms=DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms,
                 seq=resume.seq,
                 seq_epoch=resume.epoch,
             ),

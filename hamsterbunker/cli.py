@@ -28,6 +28,7 @@ from .logs import configure_logging, stderr_is_journal
 from .notify import Notifier
 from .sealing import check_secret
 from .stores import check_store_url, open_store
+from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, LeaseTiming
 
 __all__ = ["main"]
 
@@ -117,8 +118,8 @@ def _build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the local three-node survival demo")
     demo.add_argument("--kills", type=_positive_int, default=1, help="kill the active node N times")
     demo.add_argument("--store", help="store URL (default: a temporary directory)")
-    demo.add_argument("--tick-ms", type=_positive_int, default=400)
-    demo.add_argument("--lease-ttl-ms", type=_positive_int, default=2000)
+    demo.add_argument("--tick-ms", type=_positive_int, help=f"default: {DEFAULT_TICK_MS}")
+    demo.add_argument("--lease-ttl-ms", type=_positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
 
     accept = sub.add_parser(
         "accept-loss",
@@ -163,8 +164,10 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-id", help="agent id (default: the agent object's id)")
     parser.add_argument("--node-id", help="default: the host name")
     parser.add_argument("--region", help="where this node runs (default: local)")
-    parser.add_argument("--tick-ms", type=_positive_int, help="default: 400")
-    parser.add_argument("--lease-ttl-ms", type=_positive_int, help="default: 2000")
+    parser.add_argument("--tick-ms", type=_positive_int, help=f"default: {DEFAULT_TICK_MS}")
+    parser.add_argument(
+        "--lease-ttl-ms", type=_positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}"
+    )
 
 
 def _node_config(args: argparse.Namespace, **defaults: str) -> NodeConfig:
@@ -215,8 +218,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         config = _node_config(args)
     secret = read_secret(args.secret_file)
+    timing = config.timing
     agent = load_agent(config.agent)
-    # Runtime checks ids and timing before it opens (and may create) the store.
+    # Runtime checks ids before it opens (and may create) the store.
     node = Runtime(
         node_id=config.node_id,
         region=config.region,
@@ -224,8 +228,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         agent=agent,
         agent_id=config.agent_id,
         secret=secret,
-        tick_ms=config.tick_ms,
-        lease_ttl_ms=config.lease_ttl_ms,
+        tick_ms=timing.tick_ms,
+        lease_ttl_ms=timing.lease_ttl_ms,
+        renew_deadline_ms=timing.renew_deadline_ms,
         history=args.history,
         notifier=notifier,
         state_dir=args.state_dir or _systemd_state_directory(),
@@ -283,14 +288,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         run_demo(
             kills=args.kills,
             store_url=args.store,
-            tick_ms=args.tick_ms,
-            lease_ttl_ms=args.lease_ttl_ms,
+            timing=_demo_timing(args),
             out=lambda line: print(line, flush=True),
         )
     except DemoFailed as exc:
         _print_error(str(exc))
         return EXIT_FAILURE
     return 0
+
+
+def _demo_timing(args: argparse.Namespace) -> LeaseTiming:
+    given = {key: getattr(args, key) for key in ("tick_ms", "lease_ttl_ms")}
+    return LeaseTiming(**{key: value for key, value in given.items() if value is not None})
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

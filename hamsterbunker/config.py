@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .records import check_name
+from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, LeaseTiming
 
 __all__ = ["DEFAULT_CONFIG_DIR", "NodeConfig", "config_dir", "load_instance"]
 
@@ -32,8 +33,13 @@ class NodeConfig:
     agent_id: str | None = None  # default: the agent object's id
     node_id: str = field(default_factory=socket.gethostname)
     region: str = "local"
-    tick_ms: int = 400
-    lease_ttl_ms: int = 2000
+    tick_ms: int = DEFAULT_TICK_MS
+    lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
+
+    @property
+    def timing(self) -> LeaseTiming:
+        """The lease timing these keys give (ConfigError if it cannot keep one leader)."""
+        return LeaseTiming(tick_ms=self.tick_ms, lease_ttl_ms=self.lease_ttl_ms)
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The keys to write (TOML has no null: an unset agent_id is left out)."""

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError, HamsterbunkerError, StoreError
-from .lease import default_renew_deadline, validate_timing
 from .local import LocalCluster, NodeSpec
 from .records import Event, LeaseRecord
 from .sealing import Sealer
 from .stores import Store, open_store
+from .timing import DEFAULT_TIMING, LeaseTiming
 
 __all__ = ["CounterAgent", "DemoFailed", "run_demo"]
 
@@ -105,13 +105,10 @@ class _Watcher:
 def run_demo(
     kills: int = 1,
     store_url: str | None = None,
-    tick_ms: int = 400,
-    lease_ttl_ms: int = 2000,
+    timing: LeaseTiming = DEFAULT_TIMING,
     out: Callable[[str], None] = print,
 ) -> None:
     """Run the demo; raise DemoFailed if the agent does not survive every kill."""
-    # User mistakes are refused here, not as nodes that fail to start and a time-out.
-    validate_timing(tick_ms, default_renew_deadline(lease_ttl_ms), lease_ttl_ms)
     if store_url is not None:
         given = open_store(store_url)
         try:
@@ -130,14 +127,14 @@ def run_demo(
         secret=secret,
         agent="hamsterbunker.demo:CounterAgent",
         log_dir=workdir / "logs",
-        tick_ms=tick_ms,
-        lease_ttl_ms=lease_ttl_ms,
+        timing=timing,
     )
     regions = {spec.node: spec.region for spec in NODES}
     store = open_store(store_url)
     watcher = _Watcher(store, secret, CounterAgent.id)
     ok = False
-    out(f"HamsterBunker demo · store {store.url} · lease TTL {lease_ttl_ms} ms · tick {tick_ms} ms")
+    ttl, tick = timing.lease_ttl_ms, timing.tick_ms
+    out(f"HamsterBunker demo · store {store.url} · lease TTL {ttl} ms · tick {tick} ms")
     try:
         for spec in NODES:
             cluster.start(spec)

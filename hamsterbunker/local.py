@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .timing import DEFAULT_TIMING, LeaseTiming
+
 __all__ = ["LocalCluster", "NodeSpec"]
 
 
@@ -29,8 +31,7 @@ class LocalCluster:
     secret: str
     agent: str  # module:attribute
     log_dir: Path
-    tick_ms: int = 400
-    lease_ttl_ms: int = 2000
+    timing: LeaseTiming = DEFAULT_TIMING
     agent_id: str | None = None
     history: Path | None = None  # every node appends its operations here (--history)
     env: dict[str, str] = field(default_factory=dict)
@@ -54,8 +55,8 @@ class LocalCluster:
             "--agent", self.agent,
             "--node-id", spec.node,
             "--region", spec.region,
-            "--tick-ms", str(self.tick_ms),
-            "--lease-ttl-ms", str(self.lease_ttl_ms),
+            "--tick-ms", str(self.timing.tick_ms),
+            "--lease-ttl-ms", str(self.timing.lease_ttl_ms),
         ]  # fmt: skip
         if self.agent_id:
             command += ["--agent-id", self.agent_id]

@@ -19,7 +19,6 @@ import tomli_w
 
 from .config import NodeConfig, instance_path, parse_config
 from .errors import ConfigError, SecretTooShort
-from .lease import default_renew_deadline, validate_timing
 from .sealing import check_secret
 
 __all__ = ["Provisioned", "provision"]
@@ -48,9 +47,7 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
     secret_file = secret_path(name, directory)
     # Check everything `hb run` will check before writing anything.
     parse_config(config.to_toml_dict(), config_file)
-    validate_timing(
-        config.tick_ms, default_renew_deadline(config.lease_ttl_ms), config.lease_ttl_ms
-    )
+    config.timing  # noqa: B018 (made only to be checked: ConfigError if it cannot keep one leader)
     if config_file.exists() and not force:
         raise ConfigError(f"{config_file} already exists; pass --force to replace it")
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from .errors import CorruptRecord
 from .records import CheckpointInfo, Heartbeat, LeaseRecord
 from .stores import Store
+from .timing import DEFAULT_LEASE_TTL_MS
 
 __all__ = ["ClusterStatus", "NodeStatus", "render", "snapshot"]
 
@@ -61,7 +62,7 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
     except CorruptRecord as exc:
         # Anyone who can write the store can damage it: say so, show the rest.
         lease, lease_error = None, str(exc)
-    ttl_s = (lease.ttl_ms if lease else 2000) / 1000
+    ttl_s = (lease.ttl_ms if lease else DEFAULT_LEASE_TTL_MS) / 1000
     nodes = [
         NodeStatus(
             node=b.node,

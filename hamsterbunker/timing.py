@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .limits import MAX_LEASE_TTL_MS
 
-__all__ = ["DEFAULT_LEASE_TTL_MS", "DEFAULT_TICK_MS", "LeaseTiming"]
+__all__ = ["DEFAULT_LEASE_TTL_MS", "DEFAULT_TICK_MS", "DEFAULT_TIMING", "LeaseTiming"]
 
 DEFAULT_TICK_MS = 400
 DEFAULT_LEASE_TTL_MS = 2000
@@ -77,3 +77,6 @@ class LeaseTiming:
                 f"lease_ttl={ttl} ms is above the most a lease record may hold, "
                 f"{MAX_LEASE_TTL_MS} ms"
             )
+
+
+DEFAULT_TIMING = LeaseTiming()  # what `hb run` uses when given no timing

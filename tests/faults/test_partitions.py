@@ -24,6 +24,7 @@ import pytest
 
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.etcd_server import require_etcd
 from tests.support.netns import Network, require_netns
@@ -120,7 +121,7 @@ def published(cluster: LocalCluster, node: str, epoch: int) -> list[Op]:
 
 
 def partition_the_leader(make: MakeCluster, network: Network, url: str, one_way: bool) -> None:
-    cluster = make(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS, store_url=url)
+    cluster = make(timing=LeaseTiming(TICK_MS, TTL_MS), store_url=url)
     for spec in (A, B):
         cluster.start(spec, command_prefix=network.prefix(spec.node))
     first = wait_until(lambda: acquired(cluster, 1), "a first leader")

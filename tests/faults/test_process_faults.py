@@ -34,6 +34,7 @@ from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import Sealer
+from hamsterbunker.timing import LeaseTiming
 from tests.support import pause_outside_lock, process_state, store_of, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.multiprocess]
@@ -297,7 +298,7 @@ def test_kill_loop_sigkills_of_the_active_node_lose_nothing_and_repeat_at_most_t
     kills_wanted, time_budget = 21, 150.0
     ttl_ms = 700
     # Short steps: a kill often lands between a step's journal line and its publish.
-    cluster = local_cluster(tick_ms=100, lease_ttl_ms=ttl_ms, env={"HB_TEST_STEP_S": "0.02"})
+    cluster = local_cluster(timing=LeaseTiming(100, ttl_ms), env={"HB_TEST_STEP_S": "0.02"})
     for spec in (A, B, C):
         cluster.start(spec)
     store = store_of(cluster)
@@ -395,7 +396,7 @@ def test_zombie_loop_paused_leaders_are_fenced_by_the_store_and_step_down(
     rng = seeded("zombie loop")
     rounds, ttl_ms = 4, 800
     ttl = ttl_ms / 1000
-    cluster = local_cluster(tick_ms=100, lease_ttl_ms=ttl_ms, env={"HB_TEST_STEP_S": "0.05"})
+    cluster = local_cluster(timing=LeaseTiming(100, ttl_ms), env={"HB_TEST_STEP_S": "0.05"})
     for spec in (A, B, C):
         cluster.start(spec)
     store = store_of(cluster)
@@ -511,7 +512,7 @@ def test_short_pauses_of_the_leader_cause_no_takeover_and_no_epoch_change(
     # tick/TTL = 0.1 as in 200/2000, scaled up so the standby's margin is wide on a noisy machine.
     tick_ms, ttl_ms = 300, 3000
     ttl = ttl_ms / 1000
-    cluster = local_cluster(tick_ms=tick_ms, lease_ttl_ms=ttl_ms)
+    cluster = local_cluster(timing=LeaseTiming(tick_ms, ttl_ms))
     cluster.start(A)
     store = store_of(cluster)
     wait_until(lambda: publishing_term(store), "node-a to lead and publish")
@@ -568,7 +569,7 @@ def test_wall_clocks_an_hour_ahead_and_behind_cause_no_takeover(
     # Default timing: these tests are about clocks, not about tight timing.
     tick_ms, ttl_ms = 200, 2000
     ttl = ttl_ms / 1000
-    cluster = local_cluster(tick_ms=tick_ms, lease_ttl_ms=ttl_ms)
+    cluster = local_cluster(timing=LeaseTiming(tick_ms, ttl_ms))
     ahead = faketime_env(cluster, tmp_path, FAKETIME="+1h")
     behind = faketime_env(cluster, tmp_path, FAKETIME="-1h")
     pids: list[int] = []
@@ -625,7 +626,7 @@ def test_wall_clock_jumps_mid_run_cause_no_takeover(
     """Mid-run wall-clock jumps (leader +1 h, standby -1 h, then 2 h back the other way): no takeover."""
     tick_ms, ttl_ms = 200, 2000  # default timing: this test is about clocks
     ttl = ttl_ms / 1000
-    cluster = local_cluster(tick_ms=tick_ms, lease_ttl_ms=ttl_ms)
+    cluster = local_cluster(timing=LeaseTiming(tick_ms, ttl_ms))
     offsets = {spec.node: tmp_path / f"faketime-{spec.node}" for spec in (A, B)}
     for path in offsets.values():
         set_offset(path, "+0")

@@ -26,6 +26,7 @@ import pytest
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import each_ended, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.server_process import stop_thawed
@@ -87,7 +88,7 @@ def crash_back_to(
 
 
 def start_nodes(make: MakeCluster, url: str, *specs: NodeSpec) -> LocalCluster:
-    cluster = make(store_url=url, tick_ms=200, lease_ttl_ms=2000)
+    cluster = make(store_url=url, timing=LeaseTiming(200, 2000))
     for spec in specs:
         cluster.start(spec)
     return cluster
@@ -228,7 +229,7 @@ def test_no_persistence_nodes_that_were_down_remember_through_their_state_direct
     server = redis()
     url = server.url(prefix="p")
     store = open_store(url)
-    cluster = local_cluster(store_url=url, tick_ms=200, lease_ttl_ms=2000)
+    cluster = local_cluster(store_url=url, timing=LeaseTiming(200, 2000))
     state = {spec.node: {"STATE_DIRECTORY": str(tmp_path / spec.node)} for spec in (A, B)}
     for spec in (A, B):
         cluster.start(spec, extra_env=state[spec.node])

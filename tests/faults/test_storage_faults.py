@@ -60,6 +60,7 @@ from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, holding_lease_lock, store_of, wait_until
 
 pytestmark = pytest.mark.fault
@@ -311,7 +312,7 @@ def test_crash_mid_publish_leaves_whole_checkpoints_and_the_next_leader_resumes(
     """A node killed at each step of a checkpoint write leaves only whole authenticated checkpoints
     under final names, and the next leader resumes from the newest of them.
     """
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000)
+    cluster = local_cluster(timing=LeaseTiming(200, 1000))
     victim = cluster.start(A, extra_env={"HB_FAILPOINTS": f"{point}=kill@{KILL_AT}"})
     wait_until(lambda: victim.poll() is not None, f"node-a to kill itself at {point}", timeout=60)
     assert victim.returncode == -signal.SIGKILL, cluster.log(A.node)
@@ -376,7 +377,7 @@ def test_a_concurrent_reader_never_sees_a_torn_or_unauthenticated_checkpoint(
     """Readers that list and open the newest checkpoint while a node publishes as fast as it can
     always get a whole authenticated one (or find it pruned), and always a whole lease record.
     """
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, env={"HB_TEST_STEP_S": "0.001"})
+    cluster = local_cluster(timing=LeaseTiming(200, 1000), env={"HB_TEST_STEP_S": "0.001"})
     cluster.start(A)
     store = store_of(cluster)
     wait_until(lambda: newest_seq(store, JOURNAL) >= 1, "node-a to publish")
@@ -954,7 +955,7 @@ def test_a_node_with_the_wrong_secret_joining_a_running_cluster_touches_nothing(
     """A third node with another secret joining two running nodes exits 2 with one line about the
     secret, never takes the lease, and writes nothing to the store.
     """
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000)
+    cluster = local_cluster(timing=LeaseTiming(200, 1000))
     cluster.start(A)
     store = store_of(cluster)
     wait_until(lambda: newest_seq(store, JOURNAL) >= 2, "node-a to lead")

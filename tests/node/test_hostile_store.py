@@ -34,6 +34,7 @@ from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import open_store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.agents import SECRET, AsyncAgent, CountingAgent, Recorder
 from tests.support.raw_store import RawStore, backend_store
@@ -352,8 +353,7 @@ def test_hb_run_exits_3_on_a_damaged_newest_checkpoint_and_resumes_after_hb_acce
         secret=secrets.token_urlsafe(16),
         agent="hb_test_agents:JournalCounter",
         log_dir=tmp_path / "logs",
-        tick_ms=100,
-        lease_ttl_ms=600,
+        timing=LeaseTiming(100, 600),
         env={"PYTHONPATH": str(SUPPORT_DIR)},
         history=tmp_path / "history.jsonl",
     )

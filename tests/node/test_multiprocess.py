@@ -19,6 +19,7 @@ from hamsterbunker import Event
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import pause_outside_lock, process_state, wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.redis_server import redis_url
@@ -88,7 +89,7 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """SIGKILL of the active node: a standby resumes from the last accepted checkpoint, nothing lost."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
+    cluster = local_cluster(timing=LeaseTiming(200, 1000), store_url=store_url)
     for spec in (A, B, C):
         cluster.start(spec)
     store = opened(cluster)
@@ -129,7 +130,7 @@ def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(
     local_cluster: MakeCluster, store_url: str | None, round_no: int
 ) -> None:
     """Eight nodes started together on an empty store: exactly one acquires epoch 1."""
-    cluster = local_cluster(tick_ms=100, lease_ttl_ms=2000, store_url=store_url)
+    cluster = local_cluster(timing=LeaseTiming(100, 2000), store_url=store_url)
     racers = [NodeSpec(f"racer-{i}", f"region-{i}") for i in range(8)]
     # Each racer stops itself just before its first lease tick; once all eight
     # are lined up they are continued together, so they really race.
@@ -163,7 +164,7 @@ def test_zombie_leader_publish_is_fenced_by_the_store_and_it_steps_down(
     local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """A leader paused mid-publish past the TTL has that publish refused by the store, and steps down."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
+    cluster = local_cluster(timing=LeaseTiming(200, 1000), store_url=store_url)
     # node-a stops itself (SIGSTOP) on its 4th publish, before the store's fence
     # check (file: bytes written, lock not taken; Redis, etcd: script or txn not
     # sent): the write is then decided by the store alone.
@@ -200,7 +201,7 @@ def test_zombie_leader_paused_past_ttl_steps_down_and_never_publishes_again(
     local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """A leader SIGSTOPped for 2.5 × TTL then SIGCONTed loses the lease and never publishes under it."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=1000, store_url=store_url)
+    cluster = local_cluster(timing=LeaseTiming(200, 1000), store_url=store_url)
     cluster.start(A)
     store = opened(cluster)
     wait_until(lambda: latest_seq(store, "journal") >= 2, "node-a to lead")
@@ -238,8 +239,7 @@ def test_a_step_three_times_the_ttl_keeps_the_lease_and_is_published(
     """A blocking step of 3 × TTL neither loses the lease nor lets the standby take over."""
     cluster = local_cluster(
         agent="hb_test_agents:SlowSyncCounter",
-        tick_ms=200,
-        lease_ttl_ms=1000,
+        timing=LeaseTiming(200, 1000),
         env={"HB_TEST_STEP_S": "3.0"},
     )
     cluster.start(A)
@@ -257,7 +257,7 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(
     local_cluster: MakeCluster, store_url: str | None
 ) -> None:
     """SIGTERM of the active node: the standby takes the released lease at once, from its last checkpoint."""
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=8000, store_url=store_url)
+    cluster = local_cluster(timing=LeaseTiming(200, 8000), store_url=store_url)
     leader = cluster.start(A)
     store = opened(cluster)
     wait_until(lambda: holder(store, "journal") == A.node, "node-a to lead")

@@ -36,6 +36,7 @@ from hamsterbunker.errors import ConfigError
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.stores._tls import tls_files_problem
+from hamsterbunker.timing import LeaseTiming
 from tests.support import process_state, wait_until
 from tests.support.cli import (
     AGENT,
@@ -472,7 +473,7 @@ def test_a_store_outage_shorter_than_the_ttl_is_reported_then_recovered(
         server = EtcdServer.start()
         url = server.url(query="timeout=1")
     private_servers.append(server)
-    cluster = local_cluster(tick_ms=200, lease_ttl_ms=TTL_MS, store_url=url)
+    cluster = local_cluster(timing=LeaseTiming(200, TTL_MS), store_url=url)
     cluster.start(A)
     store = open_store(url)
     wait_until(lambda: latest_seq(store) >= 3, "node-a to publish a few steps")

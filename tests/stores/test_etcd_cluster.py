@@ -19,6 +19,7 @@ from hamsterbunker.errors import StoreError
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.etcd_server import EtcdCluster
 
@@ -58,7 +59,7 @@ def latest_seq(store: Store) -> int:
 
 def start_agent(etcd: EtcdCluster, make: MakeCluster) -> LocalCluster:
     # timeout=1: a request to a member that hangs (no leader yet) fails within a second.
-    cluster = make(tick_ms=200, lease_ttl_ms=2000, store_url=etcd.url(query="timeout=1"))
+    cluster = make(timing=LeaseTiming(200, 2000), store_url=etcd.url(query="timeout=1"))
     cluster.start(A)
     cluster.start(B)
     return cluster

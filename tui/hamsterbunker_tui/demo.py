@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hamsterbunker.demo import NODES, CounterAgent
 from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.timing import DEFAULT_TIMING, LeaseTiming
 
 __all__ = ["DEMO_AGENT", "RESTART_AFTER_S", "DemoNodes", "DemoRun", "start_demo"]
 
@@ -47,7 +48,7 @@ class DemoRun:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_demo(tick_ms: int = 400, lease_ttl_ms: int = 2000) -> DemoRun:
+def start_demo(timing: LeaseTiming = DEFAULT_TIMING) -> DemoRun:
     """Start the three demo nodes on a new temporary file store."""
     workdir = Path(tempfile.mkdtemp(prefix="hb-tui-demo-"))
     cluster = LocalCluster(
@@ -55,8 +56,7 @@ def start_demo(tick_ms: int = 400, lease_ttl_ms: int = 2000) -> DemoRun:
         secret=secrets.token_urlsafe(24),
         agent=DEMO_AGENT,
         log_dir=workdir / "logs",
-        tick_ms=tick_ms,
-        lease_ttl_ms=lease_ttl_ms,
+        timing=timing,
     )
     run = DemoRun(cluster, workdir)
     try:
