@@ -42,7 +42,7 @@ Profiled on 2026-11-30 on this machine. The old leader is quick: SIGTERM → its
 `lease.released` is 3–12 ms (parts table). The time goes between the release and the
 new leader's acquisition, and there to the **store watch**:
 
-* `python -m benchmarks.whatif handover`, run twice (40 handovers between three
+* the experiment `whatif handover`, run twice (40 handovers between three
   instrumented nodes, each the library's `Runtime` logging when its watch wakes it and
   when its ticks run; the library is unchanged), without and with one process
   spinning on a CPU (this machine has two; the load average was about 3 after the
@@ -62,7 +62,7 @@ new leader's acquisition, and there to the **store watch**:
 
   (About one handover in six is left out of these rows: the standby's own scheduled
   tick found the released lease before any watch wake-up.)
-* `python -m benchmarks.whatif watch-latency` (20 renames of `lease.json` into a
+* the experiment `whatif watch-latency` (20 renames of `lease.json` into a
   watched directory): watchfiles as the store configures it (20 ms `step`, 200 ms
   `debounce`) wakes its consumer 24–26 ms after the rename (median; max 40–44 ms),
   with or without other files changing every 10 ms; an inotify descriptor read on

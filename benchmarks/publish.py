@@ -63,7 +63,7 @@ Target: publish ≤ {RATIO_TARGET} × raw at 1 MiB and above.
 """
 
 ANALYSIS = """\
-Profiled on 2026-11-30 on this machine (`python -m benchmarks.whatif seal`: cProfile of
+Profiled on 2026-11-30 on this machine (the experiment `whatif seal`: cProfile of
 `Sealer.seal`, and the medians of the seal alone). The store's own write path costs
 what the raw write costs (*put / raw* ≈ 1.0–1.1 at 1 and 8 MiB in the table above):
 the whole miss is **sealing**, and within sealing, **JSON encoding**:

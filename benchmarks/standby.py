@@ -42,7 +42,7 @@ Profiled on 2026-11-30 on this machine, a standby of the cluster above:
 * Per thread (`/proc/PID/task/*/stat` over 20 s): the event loop 0.85 %, watchfiles'
   worker thread 0.45 % (65 switches/s), notify's inotify thread 0.10 % (100
   switches/s), the two store threads 0.5 %.
-* `python -m benchmarks.whatif standby`: the third node replaced by the library's own
+* the experiment `whatif standby`: the third node replaced by the library's own
   `Runtime` over a `FileStore` subclass whose `watch` is varied, 20 s each beside an
   unchanged leader (stepping CounterAgent) and standby:
 

@@ -331,10 +331,8 @@ def _poll_monitor(workdir: Path, args: list[str]) -> None:
     """Poll every POLL_S as the app does, timing each part."""
     from hamsterbunker_tui.model import ClusterModel
 
-    from hamsterbunker.tail import open_tail
-
     store = _store(workdir)
-    tail = open_tail(store, AGENT)
+    tail = store.tail(AGENT)
     model = ClusterModel(AGENT)
     stopped = _run_until_stopped(workdir)
     polls: list[list[float]] = []  # wall, lease, checkpoints, tail, update, cpu, events
