@@ -37,7 +37,7 @@ from .limits import (
     check_checkpoint_bounds,
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
-from .stores.base import Fence, StoreGuarantees, check_fence, check_own_epoch
+from .stores.base import Fence, Store, StoreGuarantees, check_fence, check_own_epoch
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
 
@@ -76,7 +76,7 @@ class _Agent:
     changes: int = 0  # moves on every write; watch() polls it
 
 
-class MemoryStore:
+class MemoryStore(Store):
     """A Store kept in memory: thread-safe, one process only."""
 
     url = "memory://"
@@ -307,6 +307,9 @@ class MemoryStore:
             if now != seen:
                 seen = now
                 yield None
+
+    def check(self) -> None:
+        """Nothing to check: the store is this object, there while anyone holds it."""
 
     def close(self) -> None:
         """Nothing to release: the records stay for other users of this object."""

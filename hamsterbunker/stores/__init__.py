@@ -8,8 +8,18 @@ from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
 from .base import Fence, Store, StoreGuarantees
+from .tail import Tail, TailRead
 
-__all__ = ["Fence", "Store", "StoreGuarantees", "check_store_url", "file_store_path", "open_store"]
+__all__ = [
+    "Fence",
+    "Store",
+    "StoreGuarantees",
+    "Tail",
+    "TailRead",
+    "check_store_url",
+    "file_store_path",
+    "open_store",
+]
 
 
 def open_store(url: str, *, create: bool = True) -> Store:

@@ -3,6 +3,10 @@
 The lease logic lives above this contract (``hamsterbunker.lease``); a backend
 only has to make each operation atomic as stated. One contract test suite
 (``tests/stores/contract``) runs against every backend.
+
+A backend subclasses ``Store`` explicitly: it inherits the one default
+(``tail``, the generic tail), and mypy refuses to instantiate a backend that
+leaves any other method out.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from ..errors import Fenced, StoreError
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
+from .tail import GenericTail, Tail
 
 __all__ = ["Fence", "Store", "StoreGuarantees", "check_fence", "check_own_epoch"]
 
@@ -151,6 +156,21 @@ class Store(Protocol):
 
         With lease_only, only changes of the lease record matter (a standby
         waiting for a release); a backend may then stay quiet about the rest.
+        """
+
+    def tail(self, agent: str) -> Tail:
+        """Follow the agent's new events and current heartbeats (see ``stores.tail``).
+
+        This default reads through read_events and list_heartbeats; a backend
+        with a cheaper way to read only what changed offers its own.
+        """
+        return GenericTail(self, agent)
+
+    def check(self) -> None:
+        """Raise StoreUnavailable unless the store itself is there and answering.
+
+        For a monitor: a store that reads a missing record as "not written
+        yet" (the file store) would show a removed store as an empty cluster.
         """
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ from ._fileio import (
     write_temp,
 )
 from ._reported import ReportedOnce, readable
-from .base import Fence, StoreGuarantees, check_fence, check_own_epoch
+from .base import Fence, Store, StoreGuarantees, check_fence, check_own_epoch
 
 if TYPE_CHECKING:
     from .file_tail import FileTail
@@ -162,7 +162,7 @@ def mount_of(path: Path) -> Mount:
     return best
 
 
-class FileStore:
+class FileStore(Store):
     """A store in a local or NFS directory."""
 
     guarantees = GUARANTEES
@@ -626,6 +626,15 @@ class FileStore:
 
         check_name("agent id", agent)
         return FileTail(self.root, agent, segment_cap=self.segment_cap, report=self._report)
+
+    def check(self) -> None:
+        """StoreUnavailable if the store directory is gone: reads would take it for an empty one."""
+        try:
+            mode = os.stat(self.root).st_mode
+        except OSError as exc:
+            raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
+        if not stat.S_ISDIR(mode):
+            raise StoreUnavailable(f"store path {self.root} is not a directory")
 
     def close(self) -> None:
         pass

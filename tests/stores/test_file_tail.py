@@ -23,7 +23,7 @@ from hamsterbunker.errors import StoreError
 from hamsterbunker.records import Event, Heartbeat
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.file_tail import FileTail
-from hamsterbunker.tail import GenericTail, Tail, TailRead, open_tail
+from hamsterbunker.stores.tail import GenericTail, Tail, TailRead
 from hamsterbunker.testing import MemoryStore
 
 AGENT = "agent"
@@ -108,11 +108,12 @@ def file_store_and_tail(request: pytest.FixtureRequest, tmp_path: Path) -> tuple
 # -- choosing a tail ---------------------------------------------------------------
 
 
-def test_open_tail_uses_the_file_stores_own_tail_and_the_generic_one_otherwise(
+def test_store_tail_is_the_file_stores_own_tail_and_the_generic_one_otherwise(
     tmp_path: Path,
 ) -> None:
-    assert isinstance(open_tail(FileStore(tmp_path / "store"), AGENT), FileTail)
-    assert isinstance(open_tail(MemoryStore(), AGENT), GenericTail)
+    """FileStore.tail is its own FileTail; a store without a cheaper way inherits GenericTail."""
+    assert isinstance(FileStore(tmp_path / "store").tail(AGENT), FileTail)
+    assert isinstance(MemoryStore().tail(AGENT), GenericTail)
 
 
 def test_a_tail_of_an_empty_store_reads_nothing(store_and_tail: StoreAndTail) -> None:
