@@ -22,43 +22,20 @@ from __future__ import annotations
 import enum
 import secrets
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 from .clock import Clock, MonotonicClock
-from .errors import ConfigError, LeaseConflict, StoreError
-from .limits import MAX_EPOCH, MAX_LEASE_TTL_MS
+from .errors import LeaseConflict, StoreError
+from .limits import MAX_EPOCH
+from .reach import Reach
 from .records import LeaseRecord
 from .stores.base import Fence, Store
+from .timing import LeaseTiming
 
-__all__ = [
-    "LeaseKeeper",
-    "Outcome",
-    "Reach",
-    "TickResult",
-    "default_renew_deadline",
-    "validate_timing",
-]
+# Reach is re-exported for callers that still import it from here.
+__all__ = ["DEFAULT_TIMING", "LeaseKeeper", "Outcome", "Reach", "TickResult"]
 
-
-def default_renew_deadline(lease_ttl_ms: int) -> int:
-    """0.6 × TTL: leaves the standby 0.4 × TTL of margin for clock-rate drift and slow writes."""
-    return round(lease_ttl_ms * 0.6)
-
-
-def validate_timing(tick_ms: int, renew_deadline_ms: int, lease_ttl_ms: int) -> None:
-    """Refuse timing that cannot keep one leader: lease_ttl > renew_deadline > tick > 0."""
-    if not (0 < tick_ms < renew_deadline_ms < lease_ttl_ms):
-        raise ConfigError(
-            "lease timing must satisfy lease_ttl > renew_deadline > tick > 0 "
-            f"(got lease_ttl={lease_ttl_ms} ms, renew_deadline={renew_deadline_ms} ms, "
-            f"tick={tick_ms} ms)"
-        )
-    if lease_ttl_ms > MAX_LEASE_TTL_MS:
-        # Every node takes a lease record with a longer TTL for a damaged one.
-        raise ConfigError(
-            f"lease_ttl={lease_ttl_ms} ms is above the most a lease record may hold, "
-            f"{MAX_LEASE_TTL_MS} ms"
-        )
+# A LeaseTiming is frozen: one default object serves every keeper and runtime.
+DEFAULT_TIMING = LeaseTiming()
 
 
 class Outcome(enum.Enum):
@@ -77,20 +54,6 @@ class TickResult:
     store_error: str = ""  # why the store did not answer this tick, if it did not
 
 
-class Reach(NamedTuple):
-    """How far the store must reach: a checkpoint at seq or later, under epoch or later.
-
-    An intact store's newest checkpoint is at or past every checkpoint it accepted in
-    both: seqs rise, and epochs never fall, in store order.
-    """
-
-    seq: int = 0
-    epoch: int = 0
-
-    def union(self, other: Reach) -> Reach:
-        return Reach(max(self.seq, other.seq), max(self.epoch, other.epoch))
-
-
 class LeaseKeeper:
     """One node's view of one agent's lease."""
 
@@ -101,23 +64,17 @@ class LeaseKeeper:
         node: str,
         region: str,
         *,
-        lease_ttl_ms: int = 2000,
-        renew_deadline_ms: int | None = None,
-        tick_ms: int = 400,
+        timing: LeaseTiming = DEFAULT_TIMING,
         clock: Clock | None = None,
     ) -> None:
-        self.renew_deadline_ms = (
-            default_renew_deadline(lease_ttl_ms) if renew_deadline_ms is None else renew_deadline_ms
-        )
-        validate_timing(tick_ms, self.renew_deadline_ms, lease_ttl_ms)
         self.store, self.agent, self.node, self.region = store, agent, node, region
-        self.lease_ttl_ms = lease_ttl_ms
+        self.timing = timing
         self.clock = clock or MonotonicClock()
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
         self.highest_epoch = 0  # the highest epoch this keeper has seen in any record
         self.seen_reach = Reach()  # the furthest reach named by any record seen
-        # The newest checkpoint this node saw accepted (set by the runtime): written
+        # The newest checkpoint this node saw accepted (learn_published): written
         # into every record this node writes, so standbys learn it too.
         self.published = Reach()
         # What went back in time since the runtime last asked (see drain_regressions).
@@ -134,7 +91,7 @@ class LeaseKeeper:
 
     def may_step(self) -> bool:
         """True while we hold the lease and our last renewal was sent within the deadline."""
-        return self.held is not None and self._since_renewal() < self.renew_deadline_ms / 1000
+        return self.held is not None and self._since_renewal() < self.timing.renew_deadline_s
 
     def fence(self) -> Fence:
         if self.held is None:
@@ -151,7 +108,7 @@ class LeaseKeeper:
         record = self.observed
         if self.held is not None or record is None or record.holder is None:
             return None
-        ttl = max(self.lease_ttl_ms, record.ttl_ms) / 1000
+        ttl = max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000
         return max(0.0, ttl - (self.clock.monotonic() - self._observed_at))
 
     def reach(self) -> Reach:
@@ -159,7 +116,7 @@ class LeaseKeeper:
         return self.seen_reach.union(self.published)
 
     def seconds_until_deadline(self) -> float:
-        return max(0.0, self.renew_deadline_ms / 1000 - self._since_renewal())
+        return max(0.0, self.timing.renew_deadline_s - self._since_renewal())
 
     # -- one tick ----------------------------------------------------------
 
@@ -196,9 +153,11 @@ class LeaseKeeper:
             self._note(current, self.clock.monotonic())
             return self._lose("the lease record was changed by another node")
         except StoreError as exc:
-            if self._since_renewal() >= self.lease_ttl_ms / 1000:
+            if self._since_renewal() >= self.timing.lease_ttl_s:
                 # A standby may have taken over by now: judge afresh, as a standby.
-                lost = self._lose(f"no renewal for a full TTL ({self.lease_ttl_ms} ms): {exc}")
+                lost = self._lose(
+                    f"no renewal for a full TTL ({self.timing.lease_ttl_ms} ms): {exc}"
+                )
                 return replace(lost, store_error=str(exc))
             return TickResult(Outcome.RENEW_FAILED, self.held, str(exc), store_error=str(exc))
         self.held = renewed
@@ -214,7 +173,7 @@ class LeaseKeeper:
             expected, via = None, "empty"  # a new cluster, or a lease record that was lost
         elif record.holder is None:
             expected, via = record.version, "released"
-        elif now - self._observed_at >= max(self.lease_ttl_ms, record.ttl_ms) / 1000:
+        elif now - self._observed_at >= max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000:
             expected, via = record.version, "expired"
         else:
             return TickResult(Outcome.STANDBY, record)
@@ -228,7 +187,7 @@ class LeaseKeeper:
             region=self.region,
             session=self.session,
             epoch=epoch,
-            ttl_ms=self.lease_ttl_ms,
+            ttl_ms=self.timing.lease_ttl_ms,
             seq=reach.seq,
             seq_epoch=reach.epoch,
         )
@@ -288,6 +247,15 @@ class LeaseKeeper:
                 f"the most there can be is {MAX_EPOCH} (a lease record written by someone else?)"
             )
         return epoch
+
+    def remember(self, epoch: int, reach: Reach) -> None:
+        """What this node remembered of the store from before a restart (hamsterbunker.memory)."""
+        self.highest_epoch = max(self.highest_epoch, epoch)
+        self.seen_reach = self.seen_reach.union(reach)
+
+    def learn_published(self, reach: Reach) -> None:
+        """A checkpoint this node saw accepted (or resumed from): named in every record it writes."""
+        self.published = reach
 
     def learn_epoch(self, epoch: int) -> None:
         """An authenticated checkpoint named this epoch: take the next lease above it."""

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError, CorruptRecord
-from .lease import Reach
 from .limits import STALE_TEMP_AGE_S
+from .reach import Reach
 from .records import ClusterRecord, parse_json
 
 __all__ = ["Memory", "MemoryFile"]

@@ -52,19 +52,14 @@ from .errors import (
 )
 from .failpoints import failpoint
 from .history import HistoryWriter
-from .lease import (
-    LeaseKeeper,
-    Outcome,
-    Reach,
-    TickResult,
-    default_renew_deadline,
-    validate_timing,
-)
+from .lease import DEFAULT_TIMING, LeaseKeeper, Outcome, TickResult
 from .memory import Memory, MemoryFile
 from .notify import Notifier
+from .reach import Reach
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, check_name
 from .sealing import Sealer, check_secret, new_cluster_record
 from .stores import Fence, Store, open_store
+from .timing import LeaseTiming
 
 __all__ = ["Runtime"]
 
@@ -107,7 +102,7 @@ class _Stall:
         now = self._keeper.clock.monotonic()
         if self._since is None:
             self._since = now
-        return now - self._since >= self._keeper.lease_ttl_ms / 1000
+        return now - self._since >= self._keeper.timing.lease_ttl_s
 
     def reset(self) -> None:
         self._since = None
@@ -137,9 +132,7 @@ class Runtime:
         agent: Agent,
         secret: str,
         agent_id: str | None = None,
-        tick_ms: int = 400,
-        lease_ttl_ms: int = 2000,
-        renew_deadline_ms: int | None = None,
+        timing: LeaseTiming = DEFAULT_TIMING,
         on_event: EventHandler | None = None,
         clock: Clock | None = None,
         history: str | os.PathLike[str] | None = None,
@@ -153,19 +146,14 @@ class Runtime:
         self.region = region
         self.agent = agent
         self.agent_id = check_name("agent id", agent_id or str(getattr(agent, "id", "")))
-        self.tick_ms = tick_ms
-        if renew_deadline_ms is None:
-            renew_deadline_ms = default_renew_deadline(lease_ttl_ms)
-        validate_timing(tick_ms, renew_deadline_ms, lease_ttl_ms)  # before the store is touched
+        self.timing = timing
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.keeper = LeaseKeeper(
             self.store,
             self.agent_id,
             self.node_id,
             region,
-            lease_ttl_ms=lease_ttl_ms,
-            renew_deadline_ms=renew_deadline_ms,
-            tick_ms=tick_ms,
+            timing=timing,
             clock=clock,
         )
         self._memory: MemoryFile | None = None
@@ -174,8 +162,7 @@ class Runtime:
         if state_dir is not None:
             self._memory = MemoryFile(Path(state_dir) / ".memory", self.store.url, self.agent_id)
             self._remembered = self._memory.load()
-            self.keeper.highest_epoch = self._remembered.epoch
-            self.keeper.seen_reach = self._remembered.reach
+            self.keeper.remember(self._remembered.epoch, self._remembered.reach)
         self.on_event = on_event
         self._history = HistoryWriter(history) if history is not None else None
         self._notifier = notifier or Notifier(None)
@@ -451,7 +438,7 @@ class Runtime:
             # Heartbeats keep to the tick even when a store change woke us early,
             # or every write would wake every other node into writing again.
             if time.monotonic() >= next_heartbeat:
-                next_heartbeat = time.monotonic() + self.tick_ms / 1000
+                next_heartbeat = time.monotonic() + self.timing.tick_s
                 await self._put_heartbeat()
             self._notifier.status(self.status_text())
             self._pass_started = None
@@ -583,7 +570,7 @@ class Runtime:
                 if stall.for_a_ttl():
                     await self._give_up(lost, f"could not restore for a full TTL: {exc}")
                     return
-                await asyncio.sleep(self.tick_ms / 1000)
+                await asyncio.sleep(self.timing.tick_s)
                 if lost.is_set() or self._stopping.is_set():
                     return
         stall.reset()
@@ -629,7 +616,7 @@ class Runtime:
                     "%s: step %d of agent %s failed", self.node_id, context.seq, self.agent_id
                 )
                 self._emit("agent.step_failed", step_seq=context.seq, error=repr(exc))
-                await asyncio.sleep(self.tick_ms / 1000)
+                await asyncio.sleep(self.timing.tick_s)
                 continue
             if lost.is_set() or not self.keeper.may_step():
                 # The lease may already be someone else's: never publish this step.
@@ -645,7 +632,7 @@ class Runtime:
                     if stall.for_a_ttl():
                         await self._give_up(lost, f"could not publish for a full TTL: {error}")
                         return
-                    await asyncio.sleep(self.tick_ms / 1000)  # same state, same seq
+                    await asyncio.sleep(self.timing.tick_s)  # same state, same seq
                 case _Published.FENCED:
                     self._emit("agent.yielded", reason="fenced", step_seq=context.seq)
                     return
@@ -674,7 +661,7 @@ class Runtime:
         except StoreError as exc:  # not released: it expires a TTL after the last renewal
             self._emit("store.error", error=f"release: {exc}")
         if hold_off:
-            self.keeper.hold_off(2 * self.keeper.lease_ttl_ms / 1000)
+            self.keeper.hold_off(2 * self.keeper.timing.lease_ttl_s)
         self._set_role("standby")
 
     async def _until_may_step(self, lost: asyncio.Event) -> bool:
@@ -764,7 +751,7 @@ class Runtime:
             if landed is not None:
                 self._record("publish", context.epoch, landed.seq, started, "ok", landed=True)
                 self.seq = landed.seq
-                self.keeper.published = Reach(landed.seq, context.epoch)
+                self.keeper.learn_published(Reach(landed.seq, context.epoch))
                 self._emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
                 return _Published.YES, landed, ""
             # Not published: the step is retried from the last published state,
@@ -774,7 +761,7 @@ class Runtime:
             return _Published.RETRY, None, str(exc)
         self._record("publish", context.epoch, context.seq, started, "ok")
         self.seq = info.seq
-        self.keeper.published = Reach(info.seq, info.epoch)
+        self.keeper.learn_published(Reach(info.seq, info.epoch))
         self._emit("agent.step", step_seq=info.seq)
         self._emit("checkpoint.published", size=info.size)
         return _Published.YES, _Progress(state, info.seq), ""
@@ -874,7 +861,7 @@ class Runtime:
                 given_up=[seq for seq, _epoch in acceptance.given_up],
             )
         self.seq = info.seq
-        self.keeper.published = newest
+        self.keeper.learn_published(newest)
         self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=len(damaged))
         # Number on from the checkpoint resumed from: a damaged or junk one above it
         # keeps nothing out (the store refuses only our own epoch's seqs).
@@ -1060,7 +1047,7 @@ class Runtime:
                             holding = True
                             log.warning("%s: holding events until the store answers: %s",
                                         self.node_id, exc)  # fmt: skip
-                        await asyncio.sleep(self.tick_ms / 1000)
+                        await asyncio.sleep(self.timing.tick_s)
                         continue
                     except StoreError as exc:
                         log.warning("%s: event %s not stored: %s", self.node_id, event.type, exc)

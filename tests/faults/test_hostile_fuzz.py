@@ -36,6 +36,7 @@ from hamsterbunker.history import read_history
 from hamsterbunker.limits import MAX_EPOCH, MAX_SEQ
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import open_store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent
 from tests.support.raw_store import RawStore, backend_store
@@ -84,8 +85,7 @@ class Running:
             store=counter,  # type: ignore[arg-type]
             agent=agent,  # type: ignore[arg-type]
             secret=SECRET,
-            tick_ms=100,
-            lease_ttl_ms=600,
+            timing=LeaseTiming(tick_ms=100, lease_ttl_ms=600),
             history=self.history,
             state_dir=self.tmp_path / f"state-{node_id}",
         )

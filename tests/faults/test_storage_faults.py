@@ -172,8 +172,7 @@ class CountingStore:
 def make_node(
     node_id: str, store: Store | CountingStore, agent: Counter, events: Recorder, **kwargs: Any
 ) -> Runtime:
-    kwargs.setdefault("tick_ms", 100)
-    kwargs.setdefault("lease_ttl_ms", 600)
+    kwargs.setdefault("timing", LeaseTiming(tick_ms=100, lease_ttl_ms=600))
     return Runtime(
         node_id=node_id,
         region="r1",
@@ -499,7 +498,12 @@ def test_disk_full_keeps_the_last_checkpoint_and_the_node_recovers(
     agent = Counter("full", pad_bytes=64 * 1024, step_s=0.02)  # about 17 tmpfs pages a checkpoint
     ttl_s = 1.0
     node = make_node(
-        "node-a", FileStore(store_dir), agent, events, lease_ttl_ms=1000, history=history
+        "node-a",
+        FileStore(store_dir),
+        agent,
+        events,
+        timing=LeaseTiming(tick_ms=100, lease_ttl_ms=1000),
+        history=history,
     )
     directory = checkpoint_dir(store_dir, "full")
     with running(node):

@@ -60,8 +60,7 @@ class Nodes:
             store=self.url,
             agent=agent,  # type: ignore[arg-type]
             secret=SECRET,
-            tick_ms=TICK_MS,
-            lease_ttl_ms=TTL_MS,
+            timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
             on_event=self.events,
             **kwargs,
         )

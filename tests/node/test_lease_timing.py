@@ -15,10 +15,12 @@ import pytest
 
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
-from hamsterbunker.lease import LeaseKeeper, Outcome, Reach, validate_timing
+from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
+from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.timing import LeaseTiming
 
 AGENT = "agent-1"
 TTL = 2.0  # seconds: the default lease_ttl_ms of 2000
@@ -64,7 +66,9 @@ def advance_to(clock: FakeClock, target: float) -> None:
 
 
 def make_keeper(store, node: str, clock: FakeClock, **timing) -> LeaseKeeper:
-    return LeaseKeeper(store, AGENT, node, f"region-{node}", clock=clock, **timing)
+    return LeaseKeeper(
+        store, AGENT, node, f"region-{node}", clock=clock, timing=LeaseTiming(**timing)
+    )
 
 
 def leader_and_standby(store):
@@ -94,24 +98,24 @@ def leader_and_standby(store):
         pytest.param(-400, 1200, 2000, id="tick-negative"),
     ],
 )
-def test_validate_timing_refuses_unsafe_orderings(tick_ms, renew_deadline_ms, lease_ttl_ms):
-    """validate_timing raises ConfigError naming the rule lease_ttl > renew_deadline > tick > 0."""
+def test_lease_timing_refuses_unsafe_orderings(tick_ms, renew_deadline_ms, lease_ttl_ms):
+    """LeaseTiming raises ConfigError naming the rule lease_ttl > renew_deadline > tick > 0."""
     with pytest.raises(ConfigError, match=re.escape(RULE)) as caught:
-        validate_timing(tick_ms, renew_deadline_ms, lease_ttl_ms)
+        LeaseTiming(tick_ms=tick_ms, renew_deadline_ms=renew_deadline_ms, lease_ttl_ms=lease_ttl_ms)
     message = str(caught.value)
     assert f"lease_ttl={lease_ttl_ms} ms" in message
     assert f"renew_deadline={renew_deadline_ms} ms" in message
     assert f"tick={tick_ms} ms" in message
 
 
-def test_validate_timing_refuses_a_ttl_no_lease_record_may_hold():
+def test_lease_timing_refuses_a_ttl_no_lease_record_may_hold():
     """A TTL above MAX_LEASE_TTL_MS is refused before anything starts: nodes would read every
     lease record written with it as damaged, and stall."""
-    validate_timing(400, 1200, MAX_LEASE_TTL_MS)
+    LeaseTiming(tick_ms=400, renew_deadline_ms=1200, lease_ttl_ms=MAX_LEASE_TTL_MS)
     with pytest.raises(
         ConfigError, match=f"above the most a lease record may hold, {MAX_LEASE_TTL_MS}"
     ):
-        validate_timing(400, 1200, MAX_LEASE_TTL_MS + 1)
+        LeaseTiming(tick_ms=400, renew_deadline_ms=1200, lease_ttl_ms=MAX_LEASE_TTL_MS + 1)
 
 
 @pytest.mark.parametrize(
@@ -131,13 +135,16 @@ def test_lease_keeper_refuses_unsafe_timing(store, timing):
 
 def test_default_timing_is_accepted_with_deadline_at_six_tenths_of_ttl(store):
     """The defaults (tick 400 ms, TTL 2000 ms) are valid and give renew_deadline = 0.6 x TTL."""
-    assert validate_timing(400, 1200, 2000) is None
+    assert LeaseTiming(tick_ms=400, renew_deadline_ms=1200, lease_ttl_ms=2000) == LeaseTiming()
     keeper = make_keeper(store, "node-a", FakeClock())
-    assert keeper.lease_ttl_ms == 2000
-    assert keeper.renew_deadline_ms == 1200
-    assert make_keeper(store, "node-b", FakeClock(), lease_ttl_ms=10_000).renew_deadline_ms == 6000
+    assert keeper.timing.lease_ttl_ms == 2000
+    assert keeper.timing.renew_deadline_ms == 1200
+    assert (
+        make_keeper(store, "node-b", FakeClock(), lease_ttl_ms=10_000).timing.renew_deadline_ms
+        == 6000
+    )
     explicit = make_keeper(store, "node-c", FakeClock(), renew_deadline_ms=1500)
-    assert explicit.renew_deadline_ms == 1500
+    assert explicit.timing.renew_deadline_ms == 1500
 
 
 def test_explicit_zero_renew_deadline_is_refused(store):
@@ -333,7 +340,7 @@ def test_leader_stops_stepping_at_renew_deadline_when_renewals_fail(store):
     assert leader.may_step()
     assert leader.seconds_until_deadline() == pytest.approx(0.001, abs=1e-6)
     advance_to(clock, sent + DEADLINE)  # at the deadline
-    assert clock.monotonic() - sent == leader.renew_deadline_ms / 1000  # exactly, not just past
+    assert clock.monotonic() - sent == leader.timing.renew_deadline_s  # exactly, not just past
     assert not leader.may_step()
     assert leader.seconds_until_deadline() == 0.0
     calls = flaky.cas_calls
@@ -576,7 +583,7 @@ def test_a_lost_lease_record_never_brings_an_epoch_back(store):
     result = fresh.tick()
     assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
     old_leader = make_keeper(store, "node-a", FakeClock())
-    old_leader.highest_epoch = 7  # remembers a higher epoch than the store shows
+    old_leader.remember(7, Reach())  # remembers a higher epoch than the store shows
     (store.root / "agents" / AGENT / "lease.json").unlink()
     assert old_leader.tick().record.epoch == 8
 
@@ -609,7 +616,7 @@ def test_the_leaders_accepted_seq_travels_in_the_lease_record_to_every_standby(s
     """Renewals carry the newest seq the leader saw accepted, so a standby that never read
     a checkpoint knows how far the store must reach (and a record it writes says so too)."""
     leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
-    leader.published = Reach(41, 1)
+    leader.learn_published(Reach(41, 1))
     leader.tick()
     standby.tick()
     written = store.read_lease(AGENT)
@@ -625,7 +632,7 @@ def test_a_lease_record_rolled_back_within_its_term_is_reported_once_and_adopted
     second) is reported by the standby and by the leader, which keeps its lease and epoch."""
     leader, _leader_clock, standby, _standby_clock = leader_and_standby(store)
     early = store.read_lease(AGENT)
-    leader.published = Reach(5, 1)
+    leader.learn_published(Reach(5, 1))
     for _ in range(3):
         leader.tick()
         standby.tick()

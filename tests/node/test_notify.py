@@ -27,6 +27,7 @@ from hamsterbunker import Runtime
 from hamsterbunker.notify import Notifier
 from hamsterbunker.records import CheckpointInfo, Heartbeat
 from hamsterbunker.testing import MemoryStore
+from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, wait_until
 
 SECRET = "notify-test-secret"
@@ -139,8 +140,7 @@ def _node(store: MemoryStore, notifier: Notifier, **kwargs: Any) -> Runtime:
         store=store,
         agent=Counter(),
         secret=SECRET,
-        tick_ms=TICK_MS,
-        lease_ttl_ms=TTL_MS,
+        timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
         notifier=notifier,
         **kwargs,
     )

@@ -34,6 +34,7 @@ from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, CountingAgent, Recorder, SyncAgent
 
@@ -122,8 +123,7 @@ class Harness:
         start: bool = True,
         **kwargs: Any,
     ) -> Runtime:
-        kwargs.setdefault("tick_ms", TICK_MS)
-        kwargs.setdefault("lease_ttl_ms", TTL_MS)
+        kwargs.setdefault("timing", LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS))
         kwargs.setdefault("secret", SECRET)
         if isinstance(store, FaultyStore):
             self._unblock += [store.put_release, store.cas_open]
@@ -538,14 +538,14 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(hb: Harness) -> None:
     """On stop() the leader releases the lease and drops its heartbeat, and the standby takes over
     (via "released") well within the 5 s TTL.
     """
-    timing: dict[str, Any] = {"tick_ms": 200, "lease_ttl_ms": 5000}
+    timing = LeaseTiming(tick_ms=200, lease_ttl_ms=5000)
     agent_a = AsyncAgent(park_from=3)
-    node_a = hb.node("node-a", agent_a, **timing)
+    node_a = hb.node("node-a", agent_a, timing=timing)
     wait_until(
         lambda: hb.checkpoints() == [(2, 1), (1, 1)] and 3 in agent_a.entered_seqs(),
         "node-a to publish checkpoints 1-2",
     )
-    hb.node("node-b", AsyncAgent(park_from=3), **timing)
+    hb.node("node-b", AsyncAgent(park_from=3), timing=timing)
     hb.events.wait("node.standby", "node-b")
 
     stop_called = time.monotonic()
@@ -584,8 +584,7 @@ def test_wrong_secret_fails_at_start_and_touches_nothing(hb: Harness) -> None:
         store=FileStore(hb.store_dir),
         agent=agent_x,
         secret="not-the-cluster-secret",
-        tick_ms=TICK_MS,
-        lease_ttl_ms=TTL_MS,
+        timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
         on_event=events,
     )
     hb.nodes.append(node_x)
@@ -624,7 +623,7 @@ def test_bad_timing_is_refused_at_construction(
             agent=AsyncAgent(),
             secret=SECRET,
             on_event=events,
-            **timing,
+            timing=LeaseTiming(**timing),
         )
     assert not isinstance(info.value, SecretTooShort)
     assert not store_dir.exists() or list(store_dir.iterdir()) == []
@@ -646,8 +645,7 @@ def test_short_secret_is_refused_at_construction(tmp_path: Path, secret: str, fo
             store=store,
             agent=AsyncAgent(),
             secret=secret,
-            tick_ms=TICK_MS,
-            lease_ttl_ms=TTL_MS,
+            timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
         )
     assert not store_dir.exists() or list(store_dir.iterdir()) == []
     Runtime(
@@ -656,8 +654,7 @@ def test_short_secret_is_refused_at_construction(tmp_path: Path, secret: str, fo
         store=FileStore(tmp_path / "other"),
         agent=AsyncAgent(),
         secret="eight888",
-        tick_ms=TICK_MS,
-        lease_ttl_ms=TTL_MS,
+        timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
     )
 
 

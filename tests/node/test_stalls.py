@@ -27,6 +27,7 @@ from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.testing import MemoryStore
+from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent, CountingAgent, Recorder
 
@@ -83,8 +84,7 @@ class Cluster:
             store=store,  # type: ignore[arg-type]
             agent=agent,  # type: ignore[arg-type]
             secret=SECRET,
-            tick_ms=TICK_MS,
-            lease_ttl_ms=TTL_MS,
+            timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
             on_event=self.events,
             **kwargs,
         )
