@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError, CorruptRecord
 from .limits import (
+    MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
     MAX_JSON_DEPTH,
     MAX_LEASE_TTL_MS,
@@ -238,6 +239,33 @@ class CheckpointInfo:
     seq: int
     size: int
     written: float  # wall-clock time from the writer's store call; display only
+
+    def to_json(self) -> bytes:
+        """The description a backend stores under the checkpoint's seq, beside its bytes."""
+        return _dump(self)
+
+    @classmethod
+    def from_json(cls, data: bytes, seq: int) -> CheckpointInfo:
+        """The description stored under seq (read from its key or field name).
+
+        Descriptions written before the seq was kept in them have none; one that
+        names another seq is a copy under the wrong name.
+        """
+        doc = parse_json(data, f"checkpoint {seq} description")
+        if not isinstance(doc, dict):
+            raise CorruptRecord(f"checkpoint {seq} description is not a JSON object")
+        epoch, size, written = doc.get("epoch"), doc.get("size"), doc.get("written")
+        if type(epoch) is not int or not 0 < epoch <= MAX_EPOCH:
+            raise CorruptRecord(f"checkpoint {seq} epoch is not a number in 1..{MAX_EPOCH}")
+        if "seq" in doc and (type(doc["seq"]) is not int or doc["seq"] != seq):
+            raise CorruptRecord(f"checkpoint {seq} description names another seq")
+        if type(size) is not int or not 0 <= size <= MAX_CHECKPOINT_BYTES:
+            raise CorruptRecord(
+                f"checkpoint {seq} size is not a number in 0..{MAX_CHECKPOINT_BYTES}"
+            )
+        if isinstance(written, bool) or not isinstance(written, int | float):
+            raise CorruptRecord(f"checkpoint {seq} has no time written")
+        return cls(epoch=epoch, seq=seq, size=size, written=float(written))
 
 
 @dataclass(frozen=True)

@@ -81,12 +81,15 @@ end
 local function finite(x)
   return type(x) == 'number' and x == x and x ~= math.huge and x ~= -math.huge
 end
-local function of_this_epoch(field)
+local function of_this_epoch(field, s)
   if redis.call('HSTRLEN', KEYS[2], field) > cap then
     return false
   end
   local ok, doc = pcall(cjson.decode, redis.call('HGET', KEYS[2], field))
   if not ok or type(doc) ~= 'table' or doc['epoch'] ~= epoch then
+    return false
+  end
+  if doc['seq'] ~= nil and doc['seq'] ~= s then
     return false
   end
   local size = doc['size']
@@ -97,7 +100,7 @@ local kept = {}
 for _, field in ipairs(redis.call('HKEYS', KEYS[2])) do
   local s = seq_of(field)
   if s ~= nil then
-    if s >= seq and of_this_epoch(field) then
+    if s >= seq and of_this_epoch(field, s) then
       return {'seq', field}
     end
     if s < seq then

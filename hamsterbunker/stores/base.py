@@ -11,15 +11,26 @@ leaves any other method out.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ..errors import Fenced, StoreError
-from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
+from ..errors import CorruptRecord, Fenced, StoreError
+from ..limits import MAX_EPOCH
+from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, parse_json
 from .tail import GenericTail, Tail
 
-__all__ = ["Fence", "Store", "StoreGuarantees", "check_fence", "check_own_epoch"]
+__all__ = [
+    "Fence",
+    "Store",
+    "StoreGuarantees",
+    "check_fence",
+    "check_own_epoch",
+    "describe_fence_text",
+    "fence_text",
+    "parse_fence_text",
+]
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,44 @@ class Fence:
     holder: str
     session: str
     epoch: int
+
+    def to_text(self) -> str:
+        """This fence as the stores that compare it themselves keep it (``fence_text``)."""
+        return fence_text(self.holder, self.session, self.epoch)
+
+
+def fence_text(holder: str | None, session: str, epoch: int) -> str:
+    """A lease's fence as stored beside the lease: ``[holder, session, epoch]`` in JSON.
+
+    The Redis and etcd stores write it with every lease and compare a writer's,
+    byte for byte, in the checkpoint write's atomic step. A released lease's
+    (holder None) equals no writer's.
+    """
+    return json.dumps([holder, session, epoch])
+
+
+def parse_fence_text(data: bytes) -> tuple[str | None, str, int]:
+    """(holder, session, epoch) of a stored fence; CorruptRecord for anything else."""
+    doc = parse_json(data, "lease fence")
+    if not isinstance(doc, list) or len(doc) != 3:
+        raise CorruptRecord("lease fence is not [holder, session, epoch]")
+    holder, session, epoch = doc
+    if not (holder is None or isinstance(holder, str)) or not isinstance(session, str):
+        raise CorruptRecord("lease fence has a holder or session of the wrong type")
+    if type(epoch) is not int or not 0 <= epoch <= MAX_EPOCH:
+        raise CorruptRecord(f"lease fence epoch is not a number in 0..{MAX_EPOCH}")
+    return holder, session, epoch
+
+
+def describe_fence_text(data: bytes | None) -> str:
+    """A stored fence in words, for a Fenced message (None: no fence is stored)."""
+    if data is None:
+        return "no lease"
+    try:
+        holder, _session, epoch = parse_fence_text(data)
+    except CorruptRecord:
+        return "an unreadable fence"
+    return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
 
 
 def check_fence(lease: LeaseRecord | None, fence: Fence, seq: int) -> None:

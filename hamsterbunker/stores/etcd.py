@@ -68,7 +68,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -95,11 +95,10 @@ from ..records import (
     Heartbeat,
     LeaseRecord,
     check_name,
-    parse_json,
 )
 from ._reported import ReportedOnce
 from ._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
-from .base import Fence, StoreGuarantees
+from .base import Fence, StoreGuarantees, describe_fence_text, fence_text
 
 __all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]
 
@@ -240,35 +239,14 @@ def _pad(number: int, digits: int = _SEQ) -> str:
     return f"{number:0{digits}d}"
 
 
-def _fence_text(holder: str | None, session: str, epoch: int) -> str:
-    """The value of the fence key; compared byte for byte in the checkpoint txn."""
-    return json.dumps([holder, session, epoch])
-
-
-def _describe_fence(kvs: list[dict[str, Any]]) -> str:
-    """The stored fence in words, for a Fenced message; a damaged one is said to be so."""
-    if not kvs:
-        return "no lease"
-    try:
-        doc = parse_json(_unb64(kvs[0].get("value", "")), "lease fence")
-    except (CorruptRecord, ValueError):  # ValueError: base64 (the gateway's, never expected)
-        return "an unreadable fence"
-    if not isinstance(doc, list) or len(doc) != 3:
-        return "an unreadable fence"
-    holder, _session, epoch = doc
-    if not (holder is None or isinstance(holder, str)) or type(epoch) is not int:
-        return "an unreadable fence"
-    return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
-
-
 def _fence_value(kvs: list[dict[str, Any]]) -> bytes | None:
-    """The stored fence's bytes as a txn response has them (None if absent or unreadable)."""
+    """The stored fence's bytes as a txn response has them (None if there is none)."""
     if not kvs:
         return None
     try:
         return _unb64(kvs[0].get("value", ""))
-    except ValueError:
-        return None
+    except ValueError:  # the gateway's base64, never expected: b"" reads as unreadable
+        return b""
 
 
 def _revision(meta: Mapping[str, Any], name: str = "mod_revision") -> int:
@@ -302,23 +280,6 @@ def _info_name(name: bytes) -> int | None:
         return None
     seq = int(name)
     return seq if 0 < seq <= MAX_SEQ else None
-
-
-def _checkpoint_info(seq: int, data: bytes) -> CheckpointInfo:
-    """A description stored under seq as CheckpointInfo; CorruptRecord for anything else."""
-    doc = parse_json(data, f"checkpoint {seq} description")
-    if not isinstance(doc, dict):
-        raise CorruptRecord(f"checkpoint {seq} description is not a JSON object")
-    epoch, size, written = doc.get("epoch"), doc.get("size"), doc.get("written")
-    if type(epoch) is not int or not 0 < epoch <= MAX_EPOCH:
-        raise CorruptRecord(f"checkpoint {seq} epoch is not a number in 1..{MAX_EPOCH}")
-    if doc.get("seq") != seq or type(doc.get("seq")) is not int:
-        raise CorruptRecord(f"checkpoint {seq} description names another seq")
-    if type(size) is not int or not 0 <= size <= MAX_CHECKPOINT_BYTES:
-        raise CorruptRecord(f"checkpoint {seq} size is not a number in 0..{MAX_CHECKPOINT_BYTES}")
-    if isinstance(written, bool) or not isinstance(written, int | float):
-        raise CorruptRecord(f"checkpoint {seq} has no time written")
-    return CheckpointInfo(epoch=epoch, seq=seq, size=size, written=float(written))
 
 
 def _kv_key(kv: Mapping[str, Any]) -> bytes:
@@ -543,7 +504,7 @@ class EtcdStore:
             [
                 # The version lives in etcd (mod_revision), not in the stored JSON.
                 _put(key, replace(new, version=0).to_json()),
-                _put(prefix + "fence", _fence_text(new.holder, new.session, new.epoch)),
+                _put(prefix + "fence", fence_text(new.holder, new.session, new.epoch)),
             ],
             [_get(key, keys_only=True)],
         )
@@ -564,7 +525,7 @@ class EtcdStore:
             raise StoreError(problem)
         prefix = self._agent_prefix(agent)
         data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
-        fence_text = _fence_text(fence.holder, fence.session, fence.epoch)
+        fence_text = fence.to_text()
         key = f"{data}{_pad(seq)}-{_pad(fence.epoch, _EPOCH)}"
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
         # One read of what is stored: the names of the checkpoints at or above seq
@@ -590,7 +551,7 @@ class EtcdStore:
                 if _fence_value(fence_kvs) != fence_text.encode():
                     raise Fenced(
                         f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                        f"the lease is now {_describe_fence(fence_kvs)}"
+                        f"the lease is now {describe_fence_text(_fence_value(fence_kvs))}"
                     )
                 raise StoreError(
                     f"checkpoint sequence must increase: {seq} is not above {found[0]}, "
@@ -606,7 +567,7 @@ class EtcdStore:
                 kept.add(stored)
         success = [
             _put(key, bytes(blob)),
-            _put(infos + _pad(seq), json.dumps(asdict(info))),
+            _put(infos + _pad(seq), info.to_json()),
         ]
         newest = sorted(kept, reverse=True)
         if len(newest) > self.keep_checkpoints:  # everything below the oldest one kept
@@ -645,7 +606,7 @@ class EtcdStore:
         if _fence_value(fence_kvs) != fence_text.encode():
             raise Fenced(
                 f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                f"the lease is now {_describe_fence(fence_kvs)}"
+                f"the lease is now {describe_fence_text(_fence_value(fence_kvs))}"
             )
         raise StoreError(
             f"checkpoint sequence must increase: {seq} is already stored under this epoch "
@@ -674,7 +635,7 @@ class EtcdStore:
                 self._warn_key(agent, kv, "checkpoint description key")
                 continue
             try:
-                listed.append(_checkpoint_info(seq, _unb64(kv.get("value", ""))))
+                listed.append(CheckpointInfo.from_json(_unb64(kv.get("value", "")), seq))
             except (CorruptRecord, ValueError) as exc:  # ValueError: the gateway's base64
                 # Not ours to judge further (the runtime authenticates what is listed):
                 # left out, and said once.

@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import os
 import re
@@ -73,7 +72,6 @@ from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreErr
 from ..failpoints import failpoint
 from ..limits import (
     MAX_CHECKPOINT_BYTES,
-    MAX_EPOCH,
     MAX_RECORD_BYTES,
     MAX_SEQ,
     check_checkpoint_bounds,
@@ -85,13 +83,12 @@ from ..records import (
     Heartbeat,
     LeaseRecord,
     check_name,
-    parse_json,
 )
 from ..tail import TailRead
 from . import _redis_scripts as _scripts
 from ._reported import ReportedOnce
 from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
-from .base import Fence, StoreGuarantees
+from .base import Fence, StoreGuarantees, describe_fence_text, fence_text
 
 __all__ = ["GUARANTEES", "RedisStore", "RedisTail"]
 
@@ -148,35 +145,6 @@ def _redis_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
     return translated
 
 
-def _fence_text(holder: str | None, session: str, epoch: int) -> str:
-    """The form in which a lease's fence is stored and a writer's fence compared."""
-    return json.dumps([holder, session, epoch])
-
-
-def _describe_fence(stored: bytes) -> str:
-    """The stored fence in words, for a Fenced message; a damaged one is said to be so."""
-    if not stored:
-        return "no lease"
-    try:
-        holder, epoch = _parse_fence(stored)
-    except CorruptRecord:
-        return "an unreadable fence"
-    return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
-
-
-def _parse_fence(stored: bytes) -> tuple[str | None, int]:
-    """(holder, epoch) of a stored fence; CorruptRecord for anything not as _fence_text writes."""
-    doc = parse_json(stored, "lease fence")
-    if not isinstance(doc, list) or len(doc) != 3:
-        raise CorruptRecord("lease fence is not [holder, session, epoch]")
-    holder, session, epoch = doc
-    if not (holder is None or isinstance(holder, str)) or not isinstance(session, str):
-        raise CorruptRecord("lease fence has a holder or session of the wrong type")
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
-        raise CorruptRecord(f"lease fence epoch is not a number in 0..{MAX_EPOCH}")
-    return holder, epoch
-
-
 def _raw(value: bytes | str) -> bytes:
     """A reply as bytes (our clients never decode; this only narrows redis-py's types)."""
     return value if isinstance(value, bytes) else value.encode()
@@ -202,17 +170,7 @@ def _checkpoint_info(field: bytes, doc: bytes | int) -> CheckpointInfo:
     seq = int(field)
     if isinstance(doc, int):
         raise CorruptRecord(f"checkpoint {seq} has a description of {doc} bytes")
-    fields = parse_json(doc, f"checkpoint {seq} description")
-    if not isinstance(fields, dict):
-        raise CorruptRecord(f"checkpoint {seq} description is not a JSON object")
-    epoch, size, written = fields.get("epoch"), fields.get("size"), fields.get("written")
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 < epoch <= MAX_EPOCH:
-        raise CorruptRecord(f"checkpoint {seq} epoch is not a number in 1..{MAX_EPOCH}")
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_CHECKPOINT_BYTES:
-        raise CorruptRecord(f"checkpoint {seq} size is not a number in 0..{MAX_CHECKPOINT_BYTES}")
-    if isinstance(written, bool) or not isinstance(written, int | float):
-        raise CorruptRecord(f"checkpoint {seq} has no time written")
-    return CheckpointInfo(epoch=epoch, seq=seq, size=size, written=float(written))
+    return CheckpointInfo.from_json(doc, seq)
 
 
 def _bounded(answer: list[Any], what: str, limit: int) -> bytes | None:
@@ -438,7 +396,7 @@ class RedisStore:
             args=[
                 "" if expected_version is None else str(expected_version),
                 stored.to_json(),
-                _fence_text(stored.holder, stored.session, stored.epoch),
+                fence_text(stored.holder, stored.session, stored.epoch),
                 str(stored.version),
                 self._changed(agent),
                 self._key(agent, "lease-changed"),
@@ -465,9 +423,9 @@ class RedisStore:
                 self._key(agent, "blobs"),
             ],
             args=[
-                _fence_text(fence.holder, fence.session, fence.epoch),
+                fence.to_text(),
                 str(seq),
-                json.dumps({"epoch": info.epoch, "size": info.size, "written": info.written}),
+                info.to_json(),
                 bytes(blob),
                 self.keep_checkpoints,
                 self._changed(agent),
@@ -480,7 +438,7 @@ class RedisStore:
         if answer[0] == b"fenced":
             raise Fenced(
                 f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                f"the lease is now {_describe_fence(answer[1])}"
+                f"the lease is now {describe_fence_text(_raw(answer[1]) or None)}"
             )
         if answer[0] == b"seq":
             raise StoreError(
