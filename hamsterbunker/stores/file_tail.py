@@ -19,7 +19,6 @@ and skipped.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,10 +26,8 @@ from pathlib import Path
 from ..errors import CorruptRecord, StoreError
 from ..limits import MAX_RECORD_BYTES
 from ..records import Event, Heartbeat
-from ..tail import TailRead
 from ._fileio import (
     closing_fd,
-    dir_entries,
     file_kind,
     open_regular,
     opened_dir,
@@ -38,14 +35,9 @@ from ._fileio import (
     pread_upto,
     read_file,
 )
+from ._filelayout import EVENTS_NAME, HEARTBEAT_NAME, MAX_SEGMENT_BYTES, log, record_files
 from ._reported import ReportedOnce, readable
-from .file import (
-    _EVENTS,
-    _HEARTBEAT,
-    MAX_SEGMENT_BYTES,
-    _is_sync_copy,
-    log,
-)
+from .tail import TailRead
 
 __all__ = ["FileTail"]
 
@@ -99,7 +91,7 @@ class FileTail:
         with opened_subdir(agent_fd, "events", self._events_dir) as directory:
             if directory is None:
                 return []
-            for node, name in _records(directory, _EVENTS):
+            for node, name in record_files(directory, EVENTS_NAME):
                 new, positions[node] = self._node_events(directory, node, name, positions.get(node))
                 events.extend(new)
         # Kept only once every log was read: after an error, the next read starts over.
@@ -188,7 +180,7 @@ class FileTail:
     ) -> dict[str, tuple[tuple[int, int, int], Heartbeat | None]]:
         """Every heartbeat file's (signature, beat), reading only the changed ones."""
         seen = {}
-        for node, name in _records(directory, _HEARTBEAT):
+        for node, name in record_files(directory, HEARTBEAT_NAME):
             try:
                 st = os.stat(name, dir_fd=directory, follow_symlinks=False)
             except FileNotFoundError:
@@ -215,13 +207,6 @@ class FileTail:
             return None if data is None else Heartbeat.from_json(data)
 
         return next(readable([(node, name)], parse, report), None)
-
-
-def _records(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
-    """(node, file name) of each node's record file in directory, sync copies left out."""
-    names = sorted(entry.name for entry in dir_entries(directory))
-    matches = ((pattern.fullmatch(name), name) for name in names if not _is_sync_copy(name))
-    return [(match[1], name) for match, name in matches if match]
 
 
 def _is_segment(fd: int, inode: int, position: _Position) -> bool:

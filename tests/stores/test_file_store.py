@@ -29,6 +29,7 @@ from hamsterbunker.errors import (
 )
 from hamsterbunker.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores._filelease import lease_locked
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
 
@@ -291,8 +292,8 @@ def test_two_stores_in_one_process_exclude_each_other(root: Path) -> None:
     first = FileStore(root)
     second = FileStore(root, lock_timeout=0.3)
     with (
-        first._writing("agents", "a") as agent_fd,
-        first._locked(agent_fd, "a"),
+        first._tree.writing("agents", "a") as agent_fd,
+        lease_locked(agent_fd, first._tree.agent_dir("a"), "a", first.lock_timeout),
         pytest.raises(StoreUnavailable),
     ):
         second.cas_lease("a", None, lease("n2", 1))

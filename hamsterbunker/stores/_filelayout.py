@@ -1,0 +1,72 @@
+"""The file store's names and caps, shared by the store and its tail (layout: ``stores.file``).
+
+Only names matching these patterns are ever read, so editor backups, our own
+temporary files and sync-conflict copies are passed over. Any digits are
+matched in a checkpoint name, so that one with numbers we would never write is
+reported rather than silently passed over.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from ..limits import check_checkpoint_bounds
+from ..records import check_name
+from ._fileio import dir_entries
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "EVENTS_NAME",
+    "HEARTBEAT_NAME",
+    "MAX_SEGMENT_BYTES",
+    "agent_parts",
+    "checkpoint_name",
+    "checkpoint_name_problem",
+    "is_sync_copy",
+    "log",
+    "record_files",
+]
+
+# Every module of the file store logs as the store.
+log = logging.getLogger("hamsterbunker.stores.file")
+
+CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)-(\d+)\.hbc")
+HEARTBEAT_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
+EVENTS_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.jsonl")
+
+# The most read of one event segment, by read_events, by append_event counting
+# its lines, and by the tail per file per call. A store's own cap is
+# events_per_segment * MAX_RECORD_BYTES (no segment of whole events is longer),
+# but never above this: 16 MiB is a thousand events of 16 KiB each, while ours
+# are a few hundred bytes.
+MAX_SEGMENT_BYTES = 16 * 1024 * 1024
+
+
+def agent_parts(agent: str, *sub: str) -> tuple[str, ...]:
+    """The path components of the agent's directory (or of sub below it), under the root."""
+    return ("agents", check_name("agent id", agent), *sub)
+
+
+def is_sync_copy(name: str) -> bool:
+    """Syncthing, Dropbox and Nextcloud conflict copies: never one of our records."""
+    return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
+
+
+def record_files(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
+    """(node, file name) of each node's record file in directory, by name, sync copies left out."""
+    names = sorted(entry.name for entry in dir_entries(directory))
+    matches = ((pattern.fullmatch(name), name) for name in names if not is_sync_copy(name))
+    return [(match[1], name) for match, name in matches if match]
+
+
+def checkpoint_name(seq: int, epoch: int) -> str:
+    return f"ckpt-{seq:020d}-{epoch:010d}.hbc"
+
+
+def checkpoint_name_problem(match: re.Match[str]) -> str | None:
+    """Why a name matching CHECKPOINT_NAME is not one we could have written, or None."""
+    seq_digits, epoch_digits = match[1], match[2]
+    if (len(seq_digits), len(epoch_digits)) != (20, 10):
+        return "a checkpoint name with other than 20 seq and 10 epoch digits"
+    return check_checkpoint_bounds(int(seq_digits), int(epoch_digits), 0)

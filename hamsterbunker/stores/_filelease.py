@@ -1,0 +1,92 @@
+"""The file store's lease record and the lock held across its read-check-write.
+
+Compare-and-set is real: an open-file-description (OFD) fcntl lock on
+``lease.lock`` is held across read-compare-rename of the lease, and across the
+fence check and rename of a checkpoint. OFD locks belong to the open file, not
+the process, so they exclude other threads and other FileStore objects of this
+process as well as other processes and (through lockd) other NFS clients.
+Classic POSIX locks would not: every fd of one process shares one lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import LeaseConflict, StoreUnavailable
+from ..limits import MAX_RECORD_BYTES
+from ..records import LeaseRecord
+from ._fileio import discard, open_regular, read_file, write_temp
+
+__all__ = ["cas_lease_in", "lease_in", "lease_locked"]
+
+# struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t).
+_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+# O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a reader.
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def lease_in(agent_fd: int, agent_dir: Path) -> LeaseRecord | None:
+    """The lease record in the agent's directory (open as agent_fd), or None if never written."""
+    data = read_file(agent_fd, "lease.json", agent_dir / "lease.json", MAX_RECORD_BYTES)
+    return None if data is None else LeaseRecord.from_json(data)
+
+
+@contextlib.contextmanager
+def lease_locked(agent_fd: int, agent_dir: Path, agent: str, timeout: float) -> Iterator[None]:
+    """Hold the agent's lease lock, waiting at most timeout seconds (then StoreUnavailable)."""
+    path = agent_dir / "lease.lock"
+    fd = open_regular(agent_fd, "lease.lock", path, _LOCK_FLAGS)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise StoreUnavailable(f"cannot lock {path}: {exc.strerror}") from exc
+                if time.monotonic() > deadline:
+                    raise StoreUnavailable(
+                        f"lease lock of {agent!r} held elsewhere for {timeout} s"
+                    ) from exc
+                time.sleep(0.002)
+        yield
+    finally:
+        os.close(fd)  # closing the description releases its lock
+
+
+def cas_lease_in(
+    agent_fd: int,
+    agent_dir: Path,
+    agent: str,
+    expected_version: int | None,
+    new: LeaseRecord,
+    timeout: float,
+) -> LeaseRecord:
+    """Store.cas_lease in the agent's directory (open as agent_fd)."""
+    stored = replace(new, version=(expected_version or 0) + 1)
+    # Written and synced before the lock: the lock is held only for
+    # read-compare-rename, so a node paused or slowed in here holds up
+    # the others as briefly as possible.
+    tmp = write_temp(agent_fd, stored.to_json(), durable=True)
+    try:
+        with lease_locked(agent_fd, agent_dir, agent, timeout):
+            current = lease_in(agent_fd, agent_dir)
+            current_version = None if current is None else current.version
+            if current_version != expected_version:
+                raise LeaseConflict(
+                    f"lease of {agent!r} is at version {current_version}, not {expected_version}"
+                )
+            os.replace(tmp, "lease.json", src_dir_fd=agent_fd, dst_dir_fd=agent_fd)
+            os.fsync(agent_fd)
+            return stored
+    finally:
+        discard(agent_fd, tmp)
