@@ -111,45 +111,6 @@ def test_url_names_endpoints_prefix_and_options(tmp_path: Path) -> None:
     assert tls.tls and (tls.ca, tls.cert, tls.key) == (ca, cert, key)
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "etcd://127.0.0.1:2379",
-        "etcd://127.0.0.1:2379/",
-        "etcd://127.0.0.1:port/p",
-        "etcd://127.0.0.1:99999/p",
-        "etcd://::1:2379/p",
-        "etcd://127.0.0.1:2379,/p",
-        "etcd://user:pw@127.0.0.1/p",
-        "etcd://127.0.0.1/p?ca=/etc/hostname",
-        "etcds://127.0.0.1/p?cert=/etc/hostname",
-        "etcds://127.0.0.1/p?ca=/no/such/ca.pem",
-        "etcd://127.0.0.1/p?bogus=1",
-        "etcd://127.0.0.1/p?timeout=soon",
-        "etcd://127.0.0.1/p?timeout=0",
-    ],
-    ids=[
-        "no-prefix",
-        "root-prefix",
-        "bad-port",
-        "port-out-of-range",
-        "bare-ipv6",
-        "empty-endpoint",
-        "password",
-        "tls-option-without-etcds",
-        "cert-without-key",
-        "missing-ca-file",
-        "unknown-option",
-        "bad-timeout",
-        "zero-timeout",
-    ],
-)
-def test_bad_url_is_a_config_error(url: str) -> None:
-    """A URL we cannot use is a ConfigError at open, before any connection is tried."""
-    with pytest.raises(ConfigError):
-        open_store(url)
-
-
 def test_missing_etcd3gw_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without etcd3gw, an etcd:// URL tells how to install it."""
     for name in [name for name in sys.modules if name.partition(".")[0] == "etcd3gw"]:
@@ -187,28 +148,6 @@ def test_a_dead_endpoint_fails_one_call_then_the_next_endpoint_answers(
         store.read_lease("a")
     held = store.cas_lease("a", None, lease("n1", 1))
     assert store.read_lease("a") == held
-
-
-def test_stopped_server_is_store_unavailable(
-    private_server: Callable[..., EtcdServer], opened: Callable[..., EtcdStore]
-) -> None:
-    """Once the member is gone every call raises StoreUnavailable at once, naming the reason."""
-    server = private_server()
-    store = opened(server.url())
-    held = store.cas_lease("a", None, lease("n1", 1))
-    server.stop()
-    started = time.monotonic()
-    for call in (
-        lambda: store.read_lease("a"),
-        lambda: store.cas_lease("a", held.version, lease("n1", 1)),
-        lambda: store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x"),
-        lambda: store.list_heartbeats("a"),
-        lambda: store.read_events("a"),
-    ):
-        with pytest.raises(StoreUnavailable, match="etcd store") as raised:
-            call()
-        assert str(raised.value).endswith(": cannot connect: Connection refused")  # in words
-    assert time.monotonic() - started < 5.0
 
 
 def test_frozen_server_is_store_unavailable_within_the_timeout(
@@ -374,27 +313,6 @@ def test_too_large_checkpoint_is_refused_clearly(
     assert f"{size} bytes" in str(caught.value) and "--max-request-bytes" in str(caught.value)
     assert [i.seq for i in store.list_checkpoints("a")] == [1]
     assert store.put_checkpoint("a", fence, 2, bytes(1_400_000)).size == 1_400_000
-
-
-def test_every_key_is_under_the_prefix_and_prefixes_are_isolated(
-    opened: Callable[..., EtcdStore],
-) -> None:
-    """All records live under PREFIX/, and a prefix that merely starts the same sees none of them."""
-    server = shared_etcd()
-    base = f"hb-test/{time.monotonic_ns()}"
-    store = opened(server.url(prefix=f"{base}/mine"))
-    held = store.cas_lease("a", None, lease("n1", 1))
-    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x")
-    store.put_heartbeat("a", heartbeat("n1"))
-    store.append_event("a", event("n1", 1))
-    keys = [meta["key"].decode() for _v, meta in raw_client(server).get_prefix(f"/{base}/")]
-    assert keys and all(key.startswith(f"/{base}/mine/agents/a/") for key in keys), keys
-    other = opened(server.url(prefix=f"{base}/mine-too"))
-    assert other.read_lease("a") is None
-    assert other.list_checkpoints("a") == [] and other.list_heartbeats("a") == []
-    assert other.read_events("a") == []
-    with pytest.raises(Fenced):
-        other.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"y")
 
 
 # -- TLS ---------------------------------------------------------------------------

@@ -15,6 +15,11 @@ file descriptors) wherever the backend allows it, so that races between the
 clients in the suite are races between real clients. A factory that cannot
 run here (no server) should call ``pytest.skip``.
 
+Three more tables hold what only some backends have, each keyed by backend:
+``GONE`` (a store that can be taken away: a server stopped, a directory
+removed), ``SPACES`` (stores side by side under prefixes, with a raw view of
+every key) and ``BAD_URLS``. The memory store has none of these.
+
 The suite relies on two small bounds, which each factory must configure:
 ``KEEP_CHECKPOINTS`` retained checkpoints, and an event log per node that
 keeps at least ``EVENT_BOUND`` and at most ``2 * EVENT_BOUND`` of the newest
@@ -23,7 +28,12 @@ events (a segmented log may keep a partial second segment).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,8 +68,7 @@ def _memory(tmp_path: Path) -> Opener:
 
 def _redis(tmp_path: Path) -> Opener:
     from hamsterbunker.stores.redis import RedisStore
-
-    from ..redis_server import redis_url
+    from tests.support.redis_server import redis_url
 
     url = redis_url()  # the session's redis-server, under a prefix of this test's own
     return lambda: RedisStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
@@ -67,8 +76,7 @@ def _redis(tmp_path: Path) -> Opener:
 
 def _etcd(tmp_path: Path) -> Opener:
     from hamsterbunker.stores.etcd import EtcdStore
-
-    from ..etcd_server import etcd_url
+    from tests.support.etcd_server import etcd_url
 
     url = etcd_url()  # the session's etcd, under a prefix of this test's own
     return lambda: EtcdStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
@@ -108,3 +116,209 @@ def store(open_client: Opener) -> Store:
 def open_second(open_client: Opener) -> Opener:
     """Open a second (third, ...) independent client on the same store as ``store``."""
     return open_client
+
+
+# -- a store that can be taken away -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A store of this test's own, and how to take it away under its client."""
+
+    store: Store
+    take_away: Callable[[], None]
+    # What each StoreUnavailable must say (re.search): the store and the reason.
+    says: str
+    # A networked store fails every call once its server is gone; the file store
+    # reads a missing record as "not written yet", so only check() can tell.
+    every_call_fails: bool
+
+
+def _file_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
+    root = tmp_path / "gone"
+    store = FileStore(root)
+    return Gone(
+        store,
+        lambda: shutil.rmtree(root),
+        says=f"^store directory {root}: No such file or directory$",
+        every_call_fails=False,
+    )
+
+
+def _redis_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
+    from hamsterbunker.stores.redis import RedisStore
+    from tests.support.redis_server import RedisServer
+    from tests.support.server_process import stop_thawed
+
+    server = RedisServer.start()
+    ended.callback(stop_thawed, server)
+    store = RedisStore(server.url())
+    ended.callback(store.close)
+    return Gone(store, server.stop, says="redis store", every_call_fails=True)
+
+
+def _etcd_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
+    from hamsterbunker.stores.etcd import EtcdStore
+    from tests.support.etcd_server import EtcdServer
+    from tests.support.server_process import stop_thawed
+
+    server = EtcdServer.start()
+    ended.callback(stop_thawed, server)
+    store = EtcdStore(server.url())
+    ended.callback(store.close)
+    return Gone(
+        store,
+        server.stop,
+        says="etcd store.*: cannot connect: Connection refused$",  # the reason, in words
+        every_call_fails=True,
+    )
+
+
+GONE: dict[str, Callable[[Path, contextlib.ExitStack], Gone]] = {
+    "file": _file_gone,
+    "redis": _redis_gone,
+    "etcd": _etcd_gone,
+}
+
+
+@pytest.fixture(params=list(GONE))
+def gone(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Gone]:
+    """A store of this test's own (a private server, a directory), still there."""
+    with contextlib.ExitStack() as ended:
+        yield GONE[request.param](tmp_path, ended)
+
+
+# -- stores side by side under prefixes -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spaces:
+    """Stores under named prefixes in one shared space, and a raw view of that space."""
+
+    open: Callable[[str], Store]  # a store under the prefix named
+    keys: Callable[[], list[str]]  # every key (file: every file path) in the space
+    agent_prefix: Callable[[str, str], str]  # (prefix name, agent): where its keys start
+    prefix: Callable[[str], str]  # prefix name: where all of its keys start
+
+
+def _file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
+    space = tmp_path / "space"  # the store's root is its prefix: stores side by side
+    space.mkdir()
+
+    def keys() -> list[str]:
+        return sorted(
+            os.path.relpath(os.path.join(folder, name), space)
+            for folder, _dirs, names in os.walk(space)
+            for name in names
+        )
+
+    return Spaces(
+        open=lambda name: FileStore(space / name),
+        keys=keys,
+        agent_prefix=lambda name, agent: f"{name}/agents/{agent}/",
+        prefix=lambda name: f"{name}/",
+    )
+
+
+def _redis_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
+    import redis
+
+    from hamsterbunker.stores.redis import RedisStore
+    from tests.support.redis_server import shared_redis
+
+    server = shared_redis()
+    db = 7  # this test's own database on the shared server: every key in it is ours
+    raw = redis.Redis(host="127.0.0.1", port=server.port, db=db)
+    raw.flushdb()
+    ended.callback(raw.close)
+    ended.callback(raw.flushdb)
+
+    def opened(name: str) -> Store:
+        store = RedisStore(server.url(prefix=name, db=db))
+        ended.callback(store.close)
+        return store
+
+    return Spaces(
+        open=opened,
+        keys=lambda: sorted(key.decode() for key in raw.keys("*")),
+        agent_prefix=lambda name, agent: f"{name}:agent:{agent}:",
+        prefix=lambda name: f"{name}:",
+    )
+
+
+def _etcd_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
+    from etcd3gw.client import Etcd3Client
+
+    from hamsterbunker.stores.etcd import EtcdStore
+    from tests.support.etcd_server import shared_etcd
+
+    server = shared_etcd()
+    base = f"hb-test/{time.monotonic_ns()}"  # this test's own: every key below it is ours
+    raw = Etcd3Client(host="127.0.0.1", port=server.port, timeout=5, api_path="/v3/")
+
+    def opened(name: str) -> Store:
+        store = EtcdStore(server.url(prefix=f"{base}/{name}"))
+        ended.callback(store.close)
+        return store
+
+    return Spaces(
+        open=opened,
+        keys=lambda: sorted(meta["key"].decode() for _v, meta in raw.get_prefix(f"/{base}/")),
+        agent_prefix=lambda name, agent: f"/{base}/{name}/agents/{agent}/",
+        prefix=lambda name: f"/{base}/{name}/",
+    )
+
+
+SPACES: dict[str, Callable[[Path, contextlib.ExitStack], Spaces]] = {
+    "file": _file_spaces,
+    "redis": _redis_spaces,
+    "etcd": _etcd_spaces,
+}
+
+
+@pytest.fixture(params=list(SPACES))
+def spaces(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Spaces]:
+    with contextlib.ExitStack() as ended:
+        yield SPACES[request.param](tmp_path, ended)
+
+
+# -- URLs no store can be opened with ------------------------------------------------------
+
+# backend -> {test id: URL}. Each is refused at open, before any connection is tried.
+BAD_URLS: dict[str, dict[str, str]] = {
+    "file": {
+        "remote-host": "file://host/srv/store",
+        "relative-path": "file:relative/dir",
+    },
+    "redis": {
+        "no-host": "redis://",
+        "bad-port": "redis://127.0.0.1:notaport/0",
+        "bad-db": "redis://127.0.0.1:6379/zero",
+        "bad-prefix": "redis://127.0.0.1:6379/0?prefix=../x",
+        "unknown-option": "redis://127.0.0.1:6379/0?no_such_option=1",
+        "bad-value": "redis://127.0.0.1:6379/0?socket_timeout=soon",
+        "tls-file-missing": "rediss://127.0.0.1:6379/0?ssl_certfile=/no/such/client.crt",
+        "tls-directory-missing": "rediss://127.0.0.1:6379/0?ssl_ca_path=/no/such/directory",
+        "tls-option-without-rediss": "redis://127.0.0.1:6379/0?ssl_ca_certs=/etc/hostname",
+    },
+    "etcd": {
+        "no-prefix": "etcd://127.0.0.1:2379",
+        "root-prefix": "etcd://127.0.0.1:2379/",
+        "bad-port": "etcd://127.0.0.1:port/p",
+        "port-out-of-range": "etcd://127.0.0.1:99999/p",
+        "bare-ipv6": "etcd://::1:2379/p",
+        "empty-endpoint": "etcd://127.0.0.1:2379,/p",
+        "password": "etcd://user:pw@127.0.0.1/p",
+        "tls-option-without-etcds": "etcd://127.0.0.1/p?ca=/etc/hostname",
+        "cert-without-key": "etcds://127.0.0.1/p?cert=/etc/hostname",
+        "missing-ca-file": "etcds://127.0.0.1/p?ca=/no/such/ca.pem",
+        "unknown-option": "etcd://127.0.0.1/p?bogus=1",
+        "bad-timeout": "etcd://127.0.0.1/p?timeout=soon",
+        "zero-timeout": "etcd://127.0.0.1/p?timeout=0",
+    },
+}
+
+# backend -> how a password goes into its URLs, for those that take one: it is never shown.
+WITH_PASSWORD: dict[str, Callable[[str], str]] = {
+    "redis": lambda url: url.replace("redis://", "redis://user:s3cret@", 1),
+}

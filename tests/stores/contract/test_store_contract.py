@@ -9,19 +9,31 @@ Races start together on a threading.Barrier; nothing here sleeps to synchronise.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
 
-from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError
+from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence, Store, StoreGuarantees
+from hamsterbunker.stores.tail import TailRead
 
-from .conftest import EVENT_BOUND, KEEP_CHECKPOINTS, Opener
+from .conftest import (
+    BAD_URLS,
+    EVENT_BOUND,
+    KEEP_CHECKPOINTS,
+    WITH_PASSWORD,
+    Gone,
+    Opener,
+    Spaces,
+)
 
 T = TypeVar("T")
 
@@ -660,6 +672,128 @@ def test_event_logs_are_bounded(store: Store) -> None:
     assert busy == list(range(total - len(busy) + 1, total + 1))
     newest = _by_node(store.read_events("a", after={"busy": total - 2, "quiet": 1}))
     assert newest == {"busy": [total - 1, total]}
+
+
+# -- the tail ----------------------------------------------------------------
+
+
+def test_a_tail_returns_each_event_once_in_order_and_every_current_heartbeat(
+    store: Store, open_second: Opener
+) -> None:
+    """Each read returns the events appended since the last one, in order, and every node's
+    current heartbeat; past the bound it returns the retained newest, and a new tail starts
+    from what is retained."""
+    tail = store.tail("a")
+    assert tail.read() == TailRead([], [])
+    writer = open_second()
+    for n in (1, 2, 3):
+        writer.append_event("a", event("n1", n))
+    writer.append_event("a", event("n2", 1))
+    writer.put_heartbeat("a", heartbeat("n1", 1))
+    first = tail.read()
+    assert sorted(first.events, key=lambda e: (e.node, e.n)) == [
+        event("n1", 1), event("n1", 2), event("n1", 3), event("n2", 1)
+    ]  # fmt: skip
+    assert _by_node(first.events) == {"n1": [1, 2, 3], "n2": [1]}
+    assert first.heartbeats == [heartbeat("n1", 1)]
+    assert tail.read() == TailRead([], [heartbeat("n1", 1)])
+    writer.append_event("a", event("n1", 4))
+    writer.put_heartbeat("a", heartbeat("n2", 1, role="active"))
+    second = tail.read()
+    assert second.events == [event("n1", 4)]
+    assert {b.node: b for b in second.heartbeats} == {
+        "n1": heartbeat("n1", 1), "n2": heartbeat("n2", 1, role="active")
+    }  # fmt: skip
+    last = 4 + 3 * EVENT_BOUND  # more than a log keeps: only the retained newest come back
+    for n in range(5, last + 1):
+        writer.append_event("a", event("n1", n))
+    got = _by_node(tail.read().events)["n1"]
+    assert got == list(range(last - len(got) + 1, last + 1)) and len(got) >= EVENT_BOUND, got
+    assert tail.read().events == []
+    writer.remove_heartbeat("a", "n1")
+    assert tail.read().heartbeats == [heartbeat("n2", 1, role="active")]
+    retained = _by_node(store.read_events("a"))
+    assert _by_node(open_second().tail("a").read().events) == retained
+
+
+# -- reachability ------------------------------------------------------------
+
+
+def test_check_passes_while_the_store_is_there(store: Store, open_second: Opener) -> None:
+    """check() raises nothing on a store that is there, empty or written, from any client."""
+    store.check()
+    store.cas_lease("a", None, lease("n1", 1))
+    store.check()
+    open_second().check()
+
+
+def test_a_store_that_is_gone_is_store_unavailable(gone: Gone) -> None:
+    """Once its server is stopped or its directory removed, check() raises StoreUnavailable at
+    once, naming the store and the reason; so does every call of a networked store."""
+    store = gone.store
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.check()
+    gone.take_away()
+    calls: list[Callable[[], object]] = [store.check]
+    if gone.every_call_fails:
+        calls += [
+            lambda: store.read_lease("a"),
+            lambda: store.cas_lease("a", held.version, lease("n1", 1)),
+            lambda: store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x"),
+            lambda: store.list_heartbeats("a"),
+            lambda: store.read_events("a"),
+        ]
+    started = time.monotonic()
+    for call in calls:
+        with pytest.raises(StoreUnavailable) as raised:
+            call()
+        assert re.search(gone.says, str(raised.value)), raised.value
+    assert time.monotonic() - started < 5.0
+
+
+# -- prefixes ----------------------------------------------------------------
+
+
+def test_every_key_is_under_the_prefix_and_prefixes_are_isolated(spaces: Spaces) -> None:
+    """All records live under the store's prefix (the file store's: its root), and a store
+    under a prefix that merely starts the same sees none of them."""
+    store = spaces.open("mine")
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x")
+    store.put_heartbeat("a", heartbeat("n1"))
+    store.append_event("a", event("n1", 1))
+    keys = spaces.keys()
+    assert keys and all(key.startswith(spaces.agent_prefix("mine", "a")) for key in keys), keys
+    store.create_cluster(cluster(1))
+    keys = spaces.keys()
+    assert keys and all(key.startswith(spaces.prefix("mine")) for key in keys), keys
+    other = spaces.open("mine-too")
+    assert other.read_cluster() is None
+    assert other.read_lease("a") is None
+    assert other.list_checkpoints("a") == [] and other.list_heartbeats("a") == []
+    assert other.read_events("a") == []
+    with pytest.raises(Fenced):
+        other.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"y")
+
+
+# -- URLs --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("backend", "url"),
+    [(backend, url) for backend, urls in BAD_URLS.items() for url in urls.values()],
+    ids=[f"{backend}-{name}" for backend, urls in BAD_URLS.items() for name in urls],
+)
+def test_a_bad_url_is_a_config_error_in_one_readable_line(backend: str, url: str) -> None:
+    """A URL a store cannot use is a ConfigError at open, before any connection is tried,
+    saying in one line what is wrong, and never showing a password the URL holds."""
+    with pytest.raises(ConfigError) as caught:
+        open_store(url)
+    assert str(caught.value).strip() and "\n" not in str(caught.value)
+    if backend in WITH_PASSWORD:
+        with pytest.raises(ConfigError) as caught:
+            open_store(WITH_PASSWORD[backend](url))
+        assert "s3cret" not in str(caught.value)
 
 
 # -- watch -------------------------------------------------------------------
