@@ -14,7 +14,7 @@ from hamsterbunker.lease import Reach
 from hamsterbunker.limits import STALE_TEMP_AGE_S
 from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.sealing import new_cluster_record
-from tests.stores.test_file_store_hostile import record_fsyncs
+from tests.support.io_probes import record_fsyncs
 
 URL = "redis://127.0.0.1:6379/0?prefix=p"
 

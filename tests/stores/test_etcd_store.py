@@ -388,7 +388,7 @@ def test_monitor_follows_an_etcd_store(opened: Callable[..., EtcdStore]) -> None
     pytest.importorskip("textual")
     from hamsterbunker_tui.app import MonitorApp
 
-    from .tui.screen import screen_text, until
+    from tests.tui.screen import screen_text, until
 
     url = etcd_url()
     store = opened(url)

@@ -28,10 +28,10 @@ from hamsterbunker.errors import (
     StoreUnsafe,
 )
 from hamsterbunker.limits import MAX_RECORD_BYTES
-from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores._filelease import lease_locked
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
+from tests.support.records import cluster, event, fence_of, heartbeat, lease
 
 WAIT_S = 30.0
 
@@ -40,33 +40,6 @@ _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
-    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
-
-
-def fence_of(record: LeaseRecord) -> Fence:
-    assert record.holder is not None
-    return Fence(record.holder, record.session, record.epoch)
-
-
-def heartbeat(node: str) -> Heartbeat:
-    return Heartbeat(
-        node=node, region="eu", host="h", pid=1, role="standby", epoch=1, seq=0,
-        leader=None, time=1700000000.0,
-    )  # fmt: skip
-
-
-def event(node: str, n: int) -> Event:
-    return Event(node=node, n=n, type="agent.step", time=1700000000.0 + n)
-
-
-def cluster(tag: int) -> ClusterRecord:
-    return ClusterRecord(
-        format=1, kdf="scrypt", n=2**15, r=8, p=1, salt=f"c2Fsd{tag}==", key_id=f"k{tag}",
-        key_check="Y2hlY2s=", created=1.0,
-    )  # fmt: skip
 
 
 @pytest.fixture

@@ -35,8 +35,8 @@ from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.records import CheckpointInfo, Event
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
-from tests.stores.test_file_store import cluster, event, fence_of, heartbeat, lease
-from tests.stores.test_file_tail import _bytes_read_by_this_process
+from tests.support.io_probes import bytes_read_by_this_process, record_fsyncs
+from tests.support.records import cluster, event, fence_of, heartbeat, lease
 
 pytestmark = pytest.mark.timeout(20)  # a FIFO or /dev/zero read would otherwise hang
 
@@ -96,8 +96,8 @@ def bytes_read() -> Iterator[Callable[[], int]]:
     """Bytes read(2) returned to this process since the fixture started."""
     if not HAS_PROC_IO:
         pytest.skip("needs /proc/self/io (Linux)")
-    start = _bytes_read_by_this_process()
-    yield lambda: _bytes_read_by_this_process() - start
+    start = bytes_read_by_this_process()
+    yield lambda: bytes_read_by_this_process() - start
 
 
 # -- symlinks ---------------------------------------------------------------------
@@ -515,19 +515,6 @@ def test_old_temporary_files_are_swept_when_the_store_opens_and_an_agent_is_writ
 def synced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The paths of the descriptors os.fsync is called on from now on."""
     return record_fsyncs(monkeypatch)
-
-
-def record_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the path of each descriptor os.fsync is called on from now on (Linux /proc)."""
-    paths: list[str] = []
-    real_fsync = os.fsync
-
-    def recording(fd: int) -> None:
-        paths.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", recording)
-    return paths
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs /proc/self/fd (Linux)")

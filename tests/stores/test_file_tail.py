@@ -25,6 +25,7 @@ from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.file_tail import FileTail
 from hamsterbunker.stores.tail import GenericTail, Tail, TailRead
 from hamsterbunker.testing import MemoryStore
+from tests.support.io_probes import bytes_read_by_this_process
 
 AGENT = "agent"
 SEGMENT = 5  # events per segment: rotations come quickly
@@ -238,14 +239,6 @@ def test_a_partly_written_last_line_waits_until_it_is_complete(
 # -- events: read incrementally ------------------------------------------------
 
 
-def _bytes_read_by_this_process() -> int:
-    """rchar of /proc/self/io: the bytes every read(2) of this process returned."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no rchar in /proc/self/io")
-
-
 @pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs /proc/self/io (Linux)")
 def test_only_appended_event_bytes_are_read_and_parsed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -257,20 +250,20 @@ def test_only_appended_event_bytes_are_read_and_parsed(
     size = (events_dir(store) / "a.jsonl").stat().st_size
     assert size > 1_000_000
     tail = store.tail(AGENT)
-    before = _bytes_read_by_this_process()
+    before = bytes_read_by_this_process()
     assert len(tail.read().events) == 1000
-    first_read = _bytes_read_by_this_process() - before
+    first_read = bytes_read_by_this_process() - before
     assert first_read >= size  # the measure sees the tail's reads
 
     parsed = _count_parses(monkeypatch, Event)
     store.append_event(AGENT, event("a", 1001))
-    before = _bytes_read_by_this_process()
+    before = bytes_read_by_this_process()
     assert ids(tail.read().events) == [("a", 1001)]
-    assert _bytes_read_by_this_process() - before < 20_000  # the new line, not the megabyte
+    assert bytes_read_by_this_process() - before < 20_000  # the new line, not the megabyte
     assert len(parsed) == 1
-    before = _bytes_read_by_this_process()
+    before = bytes_read_by_this_process()
     assert tail.read().events == []
-    assert _bytes_read_by_this_process() - before < 20_000
+    assert bytes_read_by_this_process() - before < 20_000
     assert len(parsed) == 1
 
 

@@ -23,8 +23,10 @@ from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.testing import MemoryStore
-from tests.stores.test_redis_store import event, heartbeat, lease
 from tests.support import each_ended
+from tests.support.records import lease
+from tests.support.records import network_event as event
+from tests.support.records import network_heartbeat as heartbeat
 
 if TYPE_CHECKING:
     from hamsterbunker.stores.base import Store
@@ -89,8 +91,7 @@ BAD_FENCES = [
 def redis_pair() -> Iterator[tuple[RedisStore, Any]]:
     """A RedisStore on a fresh prefix of the shared server, and a raw redis-py client."""
     from hamsterbunker.stores.redis import RedisStore
-
-    from .redis_server import redis_url
+    from tests.support.redis_server import redis_url
 
     store = RedisStore(redis_url(), keep_checkpoints=KEEP, events_per_node=10)
     try:
@@ -374,8 +375,7 @@ def test_redis_hostile_heartbeats_are_skipped(redis_pair: tuple[RedisStore, Any]
 def etcd_pair() -> Iterator[tuple[EtcdStore, Put]]:
     """An EtcdStore on a fresh prefix of the shared server, and put(key under agent "a", value)."""
     from hamsterbunker.stores.etcd import EtcdStore
-
-    from .etcd_server import etcd_url
+    from tests.support.etcd_server import etcd_url
 
     with each_ended(EtcdStore, EtcdStore.close) as opened:
         store = opened(etcd_url(), keep_checkpoints=KEEP, events_per_node=10)

@@ -25,40 +25,19 @@ from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
     StoreError,
     StoreUnavailable,
 )
-from hamsterbunker.records import Event, Heartbeat, LeaseRecord  # noqa: E402
 from hamsterbunker.stores import open_store  # noqa: E402
 from hamsterbunker.stores.base import Fence  # noqa: E402
 from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
 from tests.support import each_ended  # noqa: E402
+from tests.support.records import lease  # noqa: E402
+from tests.support.records import network_event as event  # noqa: E402
+from tests.support.records import network_heartbeat as heartbeat  # noqa: E402
 from tests.support.redis_server import RedisServer, mutual_tls_args, redis_url  # noqa: E402
 from tests.support.server_process import free_port, stop_thawed  # noqa: E402
 from tests.support.store_watch import next_wake  # noqa: E402
 from tests.support.tls_certs import make_certificates  # noqa: E402
 
 # -- helpers -----------------------------------------------------------------
-
-
-def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
-    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
-
-
-def heartbeat(node: str, beats: int = 0) -> Heartbeat:
-    return Heartbeat(
-        node=node,
-        region="eu",
-        host="h",
-        pid=1,
-        role="standby",
-        epoch=1,
-        seq=0,
-        leader=None,
-        time=1.0,
-        beats=beats,
-    )
-
-
-def event(node: str, n: int) -> Event:
-    return Event(node=node, n=n, type="agent.step", time=float(n), epoch=1, seq=n)
 
 
 @pytest.fixture
@@ -305,7 +284,7 @@ def test_monitor_follows_a_redis_store(opened: Callable[..., RedisStore]) -> Non
     pytest.importorskip("textual")
     from hamsterbunker_tui.app import MonitorApp
 
-    from .tui.screen import screen_text, until
+    from tests.tui.screen import screen_text, until
 
     url = redis_url()
     store = opened(url)
