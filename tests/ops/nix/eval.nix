@@ -19,7 +19,7 @@ let
   };
   evaluated = lib.evalModules {
     modules = [
-      ../../nix/module.nix
+      ../../../nix/module.nix
       ./nixos-stubs.nix
       host
     ];

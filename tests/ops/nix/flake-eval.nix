@@ -11,7 +11,7 @@ let
     inherit lib;
     pythonPackages = builtins.fromJSON pythonPackages;
   };
-  flake = import ../../flake.nix;
+  flake = import ../../../flake.nix;
   outputs = flake.outputs {
     self = outputs;
     nixpkgs = {
@@ -32,7 +32,7 @@ in
   systems = builtins.attrNames outputs.packages;
   package = describe outputs.packages.x86_64-linux.default;
   withoutExtras = describe (
-    pkgs.callPackage ../../nix/package.nix {
+    pkgs.callPackage ../../../nix/package.nix {
       withTui = false;
       withRedis = false;
       withEtcd = false;
@@ -40,10 +40,10 @@ in
   );
   # A nixpkgs without etcd3gw: the etcd client is left out, not an error.
   withoutEtcd3gw = describe (
-    pkgs.callPackage ../../nix/package.nix {
+    pkgs.callPackage ../../../nix/package.nix {
       python3Packages = removeAttrs pkgs.python3Packages [ "etcd3gw" ];
     }
   );
-  moduleIsNixModule = outputs.nixosModules.default == ../../nix/module.nix;
+  moduleIsNixModule = outputs.nixosModules.default == ../../../nix/module.nix;
   overlay = (outputs.overlays.default pkgs pkgs).hamsterbunker.name;
 }
