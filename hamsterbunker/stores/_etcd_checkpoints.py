@@ -1,0 +1,189 @@
+"""Checkpoints in etcd: the fenced write with its retention, and the listing.
+
+``put`` reads the names of the checkpoints at or above the new seq and refuses
+the write if one is of the writer's own epoch (only the fenced leader writes
+under its epoch, so that read cannot go stale); then one txn compares the fence
+key's value with the writer's fence and the new key's create_revision with 0,
+writes bytes and description, and deletes what retention drops (only below the
+new seq) and another epoch's bytes under the same seq. Key and description
+names that do not parse are skipped and reported once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from etcd3gw.exceptions import Etcd3Exception
+
+from ..errors import CorruptRecord, Fenced, StoreError
+from ..failpoints import failpoint
+from ..limits import check_checkpoint_bounds
+from ..records import CheckpointInfo
+from ._etcd_connection import EtcdConnection, grpc_error, too_large
+from ._etcd_kv import (
+    b64,
+    checkpoint_key,
+    checkpoint_name,
+    delete_op,
+    fence_value,
+    get_op,
+    info_name,
+    kv_key,
+    pad,
+    put_op,
+    range_end,
+    ranges,
+    unb64,
+)
+from ._reported import ReportedOnce
+from .base import Fence, describe_fence_text
+
+__all__ = ["EtcdCheckpoints"]
+
+
+class EtcdCheckpoints:
+    """The checkpoints of every agent of one etcd store; the store translates the errors."""
+
+    def __init__(
+        self,
+        connection: EtcdConnection,
+        agent_prefix: Callable[[str], str],
+        reported: ReportedOnce,
+        keep: int,
+    ) -> None:
+        self._connection = connection
+        self._agent_prefix = agent_prefix
+        self._reported = reported
+        self._keep = keep
+
+    def put(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+        """Store.put_checkpoint: one read of the names stored, then one fenced txn."""
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        if problem is not None:  # refused before anything is sent
+            raise StoreError(problem)
+        prefix = self._agent_prefix(agent)
+        data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
+        fence_text = fence.to_text()
+        key = checkpoint_key(prefix, seq, fence.epoch)
+        info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+        # One read of what is stored: the names of the checkpoints at or above seq
+        # (they say seq and epoch), of every description (for retention), and the fence.
+        above, described, fence_kvs = ranges(
+            self._connection.txn(
+                [],
+                [
+                    get_op(data + pad(seq), range_end(data), keys_only=True),
+                    get_op(infos, range_end(infos), keys_only=True),
+                    get_op(prefix + "fence"),
+                ],
+            )
+        )
+        replaced = False  # another epoch's checkpoint under this seq, to delete
+        for kv in above:
+            name = kv_key(kv).removeprefix(data.encode())
+            found = checkpoint_name(name)
+            if found is None:
+                self._warn_key(agent, kv, "checkpoint key")
+                continue
+            if found[1] == fence.epoch:  # this term's own: it numbers upwards, never overwrites
+                if fence_value(fence_kvs) != fence_text.encode():
+                    raise Fenced(
+                        f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                        f"the lease is now {describe_fence_text(fence_value(fence_kvs))}"
+                    )
+                raise StoreError(
+                    f"checkpoint sequence must increase: {seq} is not above {found[0]}, "
+                    f"stored under this epoch ({fence.epoch})"
+                )
+            replaced = replaced or found[0] == seq
+        kept = {seq}
+        for kv in described:
+            stored = info_name(kv_key(kv).removeprefix(infos.encode()))
+            if stored is None:
+                self._warn_key(agent, kv, "checkpoint description key")
+            elif stored < seq:  # retention never reaches above the new seq
+                kept.add(stored)
+        success = [
+            put_op(key, bytes(blob)),
+            put_op(infos + pad(seq), info.to_json()),
+        ]
+        newest = sorted(kept, reverse=True)
+        if len(newest) > self._keep:  # everything below the oldest one kept
+            cutoff = pad(newest[self._keep - 1])
+            success += [delete_op(data, data + cutoff), delete_op(infos, infos + cutoff)]
+        if replaced:
+            # etcd refuses a txn whose delete covers its own put: the range either side of key.
+            same_seq = f"{data}{pad(seq)}-"
+            success += [delete_op(same_seq, key), delete_op(key + "\0", range_end(same_seq))]
+        compare: list[dict[str, Any]] = [
+            {
+                "key": b64(prefix + "fence"),
+                "target": "VALUE",
+                "result": "EQUAL",
+                "value": b64(fence_text),
+            },
+            # Nothing is overwritten: this epoch's key for seq does not exist yet.
+            {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
+        ]
+        failure = [get_op(prefix + "fence")]
+        failpoint("checkpoint.before_commit")
+        try:
+            response = self._connection.txn(compare, success, failure)
+        except Etcd3Exception as exc:
+            if too_large(exc):
+                raise StoreError(
+                    f"checkpoint {seq} of {agent!r} ({len(blob)} bytes) refused by etcd: "
+                    f"{grpc_error(exc)[1]}. etcd takes requests up to its --max-request-bytes "
+                    "(1.5 MiB by default): raise it on every member, or keep the agent's state "
+                    "smaller"
+                ) from exc
+            raise
+        if response.get("succeeded"):
+            return info
+        [fence_kvs] = ranges(response)
+        if fence_value(fence_kvs) != fence_text.encode():
+            raise Fenced(
+                f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
+                f"the lease is now {describe_fence_text(fence_value(fence_kvs))}"
+            )
+        raise StoreError(
+            f"checkpoint sequence must increase: {seq} is already stored under this epoch "
+            f"({fence.epoch})"
+        )
+
+    def _warn_key(self, agent: str, kv: Mapping[str, Any], what: str) -> None:
+        """Log once that a key under the agent's prefix does not parse (it is skipped)."""
+        name = kv_key(kv)
+        self._reported.warn(
+            (agent, name, kv.get("mod_revision")),
+            "etcd store: skipping %s %s of %s: its name is not one this store writes",
+            what,
+            name.decode("utf-8", "replace")[-80:],
+            agent,
+        )
+
+    def list(self, agent: str) -> list[CheckpointInfo]:
+        """Store.list_checkpoints: every description that parses, newest first."""
+        infos = self._agent_prefix(agent) + "checkpoint-info/"
+        [found] = ranges(self._connection.txn([], [get_op(infos, range_end(infos))]))
+        listed = []
+        for kv in found:
+            seq = info_name(kv_key(kv).removeprefix(infos.encode()))
+            if seq is None:
+                self._warn_key(agent, kv, "checkpoint description key")
+                continue
+            try:
+                listed.append(CheckpointInfo.from_json(unb64(kv.get("value", "")), seq))
+            except (CorruptRecord, ValueError) as exc:  # ValueError: the gateway's base64
+                # Not ours to judge further (the runtime authenticates what is listed):
+                # left out, and said once.
+                self._reported.warn(
+                    (agent, kv_key(kv), kv.get("mod_revision")),
+                    "etcd store: leaving out checkpoint %d of %s: %s",
+                    seq,
+                    agent,
+                    exc,
+                )
+        return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
