@@ -1,12 +1,9 @@
 """Checkpoints in etcd: the fenced write with its retention, and the listing.
 
-``put`` reads the names of the checkpoints at or above the new seq and refuses
-the write if one is of the writer's own epoch (only the fenced leader writes
-under its epoch, so that read cannot go stale); then one txn compares the fence
-key's value with the writer's fence and the new key's create_revision with 0,
-writes bytes and description, and deletes what retention drops (only below the
-new seq) and another epoch's bytes under the same seq. Key and description
-names that do not parse are skipped and reported once.
+The steps of the write (one read of the names stored, then one txn that
+compares the fence) are told at the top of ``hamsterbunker.stores.etcd``, with
+the key layout. Key and description names that do not parse are skipped and
+reported once; the store translates the errors.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import Any
 
 from etcd3gw.exceptions import Etcd3Exception
 
-from ..errors import CorruptRecord, Fenced, StoreError
+from ..errors import CorruptRecord, StoreError
 from ..failpoints import failpoint
 from ..limits import check_checkpoint_bounds
 from ..records import CheckpointInfo
@@ -89,10 +86,7 @@ class EtcdCheckpoints:
                 continue
             if found[1] == fence.epoch:  # this term's own: it numbers upwards, never overwrites
                 if fence_value(fence_kvs) != fence_text.encode():
-                    raise Fenced(
-                        f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                        f"the lease is now {describe_fence_text(fence_value(fence_kvs))}"
-                    )
+                    raise fence.refused(seq, describe_fence_text(fence_value(fence_kvs)))
                 raise StoreError(
                     f"checkpoint sequence must increase: {seq} is not above {found[0]}, "
                     f"stored under this epoch ({fence.epoch})"
@@ -144,10 +138,7 @@ class EtcdCheckpoints:
             return info
         [fence_kvs] = ranges(response)
         if fence_value(fence_kvs) != fence_text.encode():
-            raise Fenced(
-                f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                f"the lease is now {describe_fence_text(fence_value(fence_kvs))}"
-            )
+            raise fence.refused(seq, describe_fence_text(fence_value(fence_kvs)))
         raise StoreError(
             f"checkpoint sequence must increase: {seq} is already stored under this epoch "
             f"({fence.epoch})"

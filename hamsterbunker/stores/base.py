@@ -45,6 +45,13 @@ class Fence:
         """This fence as the stores that compare it themselves keep it (``fence_text``)."""
         return fence_text(self.holder, self.session, self.epoch)
 
+    def refused(self, seq: int, now: str) -> Fenced:
+        """The error for checkpoint seq written under this fence while the lease is now `now`."""
+        return Fenced(
+            f"checkpoint {seq} of {self.holder} under epoch {self.epoch} refused: "
+            f"the lease is now {now}"
+        )
+
 
 def fence_text(holder: str | None, session: str, epoch: int) -> str:
     """A lease's fence as stored beside the lease: ``[holder, session, epoch]`` in JSON.
@@ -88,10 +95,7 @@ def check_fence(lease: LeaseRecord | None, fence: Fence, seq: int) -> None:
         fence.epoch,
     ):
         now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
-        raise Fenced(
-            f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-            f"the lease is now {now}"
-        )
+        raise fence.refused(seq, now)
 
 
 def check_own_epoch(stored: list[CheckpointInfo], epoch: int, seq: int) -> None:

@@ -61,7 +61,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
 
-from ..errors import ConfigError, CorruptRecord, Fenced, LeaseConflict, StoreError
+from ..errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ..failpoints import failpoint
 from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ, check_checkpoint_bounds
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
@@ -241,10 +241,7 @@ class RedisStore:
             ],
         )
         if answer[0] == b"fenced":
-            raise Fenced(
-                f"checkpoint {seq} of {fence.holder} under epoch {fence.epoch} refused: "
-                f"the lease is now {describe_fence_text(raw(answer[1]) or None)}"
-            )
+            raise fence.refused(seq, describe_fence_text(raw(answer[1]) or None))
         if answer[0] == b"seq":
             raise StoreError(
                 f"checkpoint sequence must increase: {seq} is not above {text(answer[1])}, "
