@@ -1,0 +1,69 @@
+"""Blocking calls made from the node's event loop, each on a thread pool of the node's own.
+
+Store calls run on one small pool, so a slow NFS write or a network store
+that does not answer freezes neither lease keeping nor the agent. Steps,
+sealing and init run on another, not on asyncio's default executor, which
+``asyncio.run`` waits for at the end: a sync step that never returns must not
+keep ``stop()`` from returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ..errors import StoreError, StoreUnavailable
+
+__all__ = ["NodeCalls", "bounded"]
+
+T = TypeVar("T")
+
+
+class NodeCalls:
+    """The pools of one run of a node; made inside its event loop, closed when it ends."""
+
+    def __init__(self) -> None:
+        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
+        self._work = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-work")
+        # A LeaseKeeper is used by one call at a time: its methods are not thread-safe.
+        self._keeper_lock = asyncio.Lock()
+
+    async def io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call fn on the store pool; an OSError there is a StoreError here."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._io, fn, *args)
+        except OSError as exc:
+            raise StoreError(f"store I/O failed: {exc}") from exc
+
+    async def keeper(self, fn: Callable[..., T], *args: Any) -> T:
+        """Call a LeaseKeeper method on the store pool, one call at a time."""
+        async with self._keeper_lock:
+            return await self.io(fn, *args)
+
+    async def work(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run fn on the worker pool (steps, sealing, init, memory).
+
+        As asyncio.to_thread does, in a copy of the caller's context, so that
+        current_step() works in a sync step.
+        """
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        return await loop.run_in_executor(self._work, call)
+
+    def close(self) -> None:
+        """Stop both pools without waiting: a hung call is abandoned in its thread."""
+        self._io.shutdown(wait=False, cancel_futures=True)
+        self._work.shutdown(wait=False, cancel_futures=True)
+
+
+async def bounded(call: Awaitable[T], timeout: float) -> T:
+    """A shutdown's store call, given up (StoreUnavailable) after timeout seconds."""
+    try:
+        return await asyncio.wait_for(call, timeout=timeout)
+    except TimeoutError:
+        raise StoreUnavailable("the store did not answer in time during the stop") from None

@@ -1,0 +1,172 @@
+"""What a node tells the world: events, heartbeats and its history of store operations.
+
+Every state change is an event (DESIGN.md invariant 7), passed to ``on_event``,
+logged, and written to this node's own event log in the store by a writer task
+that holds events while the store is unreachable: what happened during an
+outage is what a monitor most needs afterwards. ``emit`` may be called from
+any thread (the cluster record is reconciled on the store pool); the event is
+numbered and handed on in the event loop's thread, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import StoreError, StoreUnavailable
+from ..history import HistoryWriter
+from ..lease import LeaseKeeper
+from ..records import Event, Heartbeat
+from ..stores import Store
+from .calls import NodeCalls
+from .state import Identity, Standing
+
+__all__ = ["EventHandler", "EventSink"]
+
+log = logging.getLogger("hamsterbunker")
+EventHandler = Callable[[Event], None]
+# In a long outage the oldest unsent events give way, so memory stays bounded.
+MAX_PENDING_EVENTS = 10_000
+
+
+class EventSink:
+    """Numbers, hands on and stores one run's events; writes its heartbeats and history.
+
+    Made inside the node's event loop: events are handed on in its thread.
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        store: Store,
+        calls: NodeCalls,
+        keeper: LeaseKeeper,
+        standing: Standing,
+        *,
+        retry_s: float,
+        on_event: EventHandler | None = None,
+        history: HistoryWriter | None = None,
+    ) -> None:
+        self._id, self._store, self._calls = identity, store, calls
+        self._keeper, self._standing = keeper, standing
+        self._retry_s = retry_s  # how often the writer tries a store that does not answer
+        self._on_event, self._history = on_event, history
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._pending: asyncio.Queue[Event] = asyncio.Queue(MAX_PENDING_EVENTS)
+        self._n = 0
+        self._beats = 0
+
+    # -- events ----------------------------------------------------------------
+
+    def last_stored_number(self) -> int:
+        """The highest event number this node has in the store (blocking: call on the pool)."""
+        own = [e.n for e in self._store.read_events(self._id.agent) if e.node == self._id.node]
+        return max(own, default=0)
+
+    def number_on_from(self, n: int) -> None:
+        """Number on from n: readers that keep a cursor per node see a new process's events too."""
+        self._n = n
+
+    def emit(self, kind: str, **detail: Any) -> None:
+        """Record a state change: on_event, the log, and this node's event log in the store."""
+        if threading.get_ident() != self._loop_thread:
+            self._loop.call_soon_threadsafe(lambda: self.emit(kind, **detail))
+            return
+        self._n += 1
+        held = self._keeper.held
+        event = Event(
+            node=self._id.node,
+            n=self._n,
+            type=kind,
+            time=time.time(),
+            epoch=held.epoch if held else self._standing.epoch_seen,
+            seq=self._standing.seq,
+            detail=detail,
+        )
+        log.info(
+            "%s %s epoch=%d seq=%d %s",
+            self._id.node,
+            kind,
+            event.epoch,
+            event.seq,
+            " ".join(f"{k}={v}" for k, v in detail.items()),
+        )
+        if self._on_event is not None:
+            try:
+                self._on_event(event)
+            except Exception:
+                log.exception("on_event handler failed for %s", kind)
+        if self._pending.full():
+            self._pending.get_nowait()  # bounded: the oldest unsent event gives way
+            self._pending.task_done()
+        self._pending.put_nowait(event)
+
+    async def write(self) -> None:
+        """Store the events in order (until cancelled); while the store is unreachable, retry."""
+        holding = False  # said so once per outage
+        while True:
+            event = await self._pending.get()
+            try:
+                while True:
+                    try:
+                        await self._calls.io(self._store.append_event, self._id.agent, event)
+                    except StoreUnavailable as exc:
+                        if not holding:
+                            holding = True
+                            log.warning("%s: holding events until the store answers: %s",
+                                        self._id.node, exc)  # fmt: skip
+                        await asyncio.sleep(self._retry_s)
+                        continue
+                    except StoreError as exc:
+                        log.warning("%s: event %s not stored: %s", self._id.node, event.type, exc)
+                    holding = False
+                    break
+            finally:
+                self._pending.task_done()
+
+    async def flush(self, timeout: float) -> None:
+        """Wait up to timeout for the writer to store every event; say how many it could not."""
+        try:
+            await asyncio.wait_for(self._pending.join(), timeout=timeout)
+        except TimeoutError:
+            log.warning(
+                "%s: %d events could not be written to the store",
+                self._id.node,
+                self._pending.qsize(),
+            )
+
+    # -- heartbeats and history --------------------------------------------------
+
+    async def beat(self) -> None:
+        """Write this node's heartbeat (a failure is only logged: the next tick writes again)."""
+        self._beats += 1
+        held, observed = self._keeper.held, self._keeper.observed
+        heartbeat = Heartbeat(
+            node=self._id.node,
+            region=self._id.region,
+            host=self._id.host,
+            pid=os.getpid(),
+            role=self._standing.role,
+            epoch=self._standing.epoch_seen,
+            seq=self._standing.seq,
+            leader=held.holder if held else (observed.holder if observed else None),
+            time=time.time(),
+            beats=self._beats,
+        )
+        try:
+            await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)
+        except StoreError as exc:
+            log.debug("%s: heartbeat not written: %s", self._id.node, exc)
+
+    def record(
+        self, op: str, epoch: int, seq: int, start: float, outcome: str, **detail: Any
+    ) -> None:
+        """One completed store operation, into the history file if the node keeps one."""
+        if self._history is not None:
+            self._history.record(self._id.node, op, epoch, seq, start, outcome, **detail)

@@ -1,0 +1,355 @@
+"""The node loop: keeps (or watches for) the lease, beats, and stops gracefully.
+
+One pass per tick, or earlier when the store hints at a change: tick the
+lease keeper, write the heartbeat, start a leader's term on acquiring the
+lease and end it on losing it. The term runs as a task of its own, so lease
+keeping never waits on the agent (DESIGN.md invariant 3); how a term ended
+(fenced, given up) comes back here, and only the loop sets the node's role.
+A stop releases the lease and drops the heartbeat, each store call bounded by
+the stop's budget (DESIGN.md invariant 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..clock import Clock
+from ..errors import HamsterbunkerError, StoreError
+from ..failpoints import failpoint
+from ..lease import LeaseKeeper, Outcome, TickResult
+from ..notify import Notifier
+from ..records import ClusterRecord
+from ..stores import Store
+from ..timing import LeaseTiming
+from .calls import NodeCalls, bounded
+from .cluster import Cluster, NodeMemory
+from .events import EventSink
+from .state import Identity, Signals, Standing
+from .term import Ending, LeaderTerm, TermEnd
+from .watchdog import Watchdog, status_text
+
+__all__ = ["NodeLoop", "StopRequest"]
+
+log = logging.getLogger("hamsterbunker")
+# The most a stop waits for each store call of its shutdown (release, heartbeat),
+# and for the events to be flushed, when stop() names no deadline of its own.
+SHUTDOWN_CALL_S = 5.0
+
+
+class StopRequest:
+    """A stop asked for from any thread or a signal handler, and the deadline it must keep."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._asked = threading.Event()  # seen by bind() if the loop is not running yet
+        self._by: float | None = None  # when the stop must be done, on the clock
+        self._bound: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def ask(self, within: float | None = None) -> None:
+        """Ask the node to stop (within that many seconds, if given)."""
+        if within is not None:
+            self._by = self._clock.monotonic() + within
+        self._asked.set()
+        bound = self._bound
+        if bound is not None and not bound[0].is_closed():
+            # RuntimeError: the loop closed between the check and the call; already stopped.
+            with contextlib.suppress(RuntimeError):
+                bound[0].call_soon_threadsafe(bound[1].set)
+
+    def bind(self) -> asyncio.Event:
+        """The event that a stop sets, in the running event loop (set now if already asked)."""
+        stopping = asyncio.Event()
+        self._bound = (asyncio.get_running_loop(), stopping)
+        if self._asked.is_set():
+            stopping.set()
+        return stopping
+
+    def budget(self) -> float:
+        """How long one step of a shutdown may wait on the store: the stop's deadline halved."""
+        if self._by is None:
+            return SHUTDOWN_CALL_S
+        return max(0.05, min(SHUTDOWN_CALL_S, (self._by - self._clock.monotonic()) / 2))
+
+
+class NodeLoop:
+    """One run of the node loop, made once the cluster record is open."""
+
+    def __init__(
+        self,
+        *,
+        identity: Identity,
+        store: Store,
+        keeper: LeaseKeeper,
+        calls: NodeCalls,
+        sink: EventSink,
+        standing: Standing,
+        signals: Signals,
+        stop: StopRequest,
+        cluster: Cluster,
+        cluster_record: ClusterRecord,
+        memory: NodeMemory | None,
+        new_term: Callable[[int], LeaderTerm],
+        notifier: Notifier,
+        watchdog: Watchdog,
+        timing: LeaseTiming,
+        clock: Clock,
+    ) -> None:
+        self._id, self._store, self._keeper, self._calls = identity, store, keeper, calls
+        self._sink, self._standing, self._signals, self._stop = sink, standing, signals, stop
+        self._cluster, self._cluster_record, self._memory = cluster, cluster_record, memory
+        self._new_term, self._notifier, self._watchdog = new_term, notifier, watchdog
+        self._timing, self._clock = timing, clock
+        self._term: LeaderTerm | None = None  # the newest term, ended or not
+        self._leader: asyncio.Task[None] | None = None  # runs a term while we hold the lease
+
+    async def run(self, ready: threading.Event) -> None:
+        """Go online, keep the lease until a stop, then shut down; ready is set once online."""
+        emit = self._sink.emit
+        writer = asyncio.create_task(self._sink.write(), name="hb-events")
+        watcher = asyncio.create_task(self._watch(), name="hb-watch")
+        for warning in self._store.warnings:
+            emit("store.warning", message=warning)
+        emit("node.online", region=self._id.region, host=self._id.host, pid=os.getpid())
+        self._notifier.ready()  # store reachable, secret verified
+        ready.set()
+        try:
+            await self._keep_lease_until_stopped()
+        finally:
+            watcher.cancel()
+            if self._memory is not None:
+                await self._memory.save(self._cluster_record, force=True)  # all it saw, at last
+            await self._shutdown(writer)
+
+    def _set_role(self, role: str) -> None:
+        if role != self._standing.role:
+            self._standing.role = role
+            if role == "standby":
+                self._sink.emit("node.standby")
+
+    # -- keeping the lease -------------------------------------------------------
+
+    async def _keep_lease_until_stopped(self) -> None:
+        """Keep the lease until a stop; a pass hung in a store call is given up then."""
+        keeping = asyncio.create_task(self._keep_lease(), name="hb-keep-lease")
+        stopping = asyncio.ensure_future(self._signals.stopping.wait())
+        try:
+            await asyncio.wait([keeping, stopping], return_when=asyncio.FIRST_COMPLETED)
+            if not keeping.done() and not await self._within_budget(keeping, "the lease loop"):
+                keeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keeping
+                return
+            keeping.result()  # re-raises what ended the node
+        finally:
+            stopping.cancel()
+
+    async def _keep_lease(self) -> None:
+        failpoint("node.before_first_tick")
+        try:
+            await self._keep_lease_passes()
+        except asyncio.CancelledError:
+            # Given up during a stop (a store call hung): the term ends with the loop.
+            if self._leader is not None:
+                self._end_term()
+                self._leader.cancel()
+            raise
+        self._notifier.stopping()
+        self._notifier.status("stopping · handing over the lease")
+        if self._leader is not None:
+            await self._finish_leading(self._leader)
+
+    async def _keep_lease_passes(self) -> None:
+        """A pass per tick (or earlier, when the store hints at a change) until a stop."""
+        keeper, emit = self._keeper, self._sink.emit
+        store_ok = True
+        next_heartbeat = 0.0
+        while not self._signals.stopping.is_set():
+            tick_start = self._watchdog.pass_began()
+            result: TickResult | None = None
+            failure: str | None = None
+            try:
+                result = await self._calls.keeper(keeper.tick)
+            except StoreError as exc:
+                failure = str(exc)
+            if result is not None and result.store_error:
+                failure = result.store_error  # a leader's failed renewal is a result, not an error
+            if failure is not None and store_ok:
+                emit("store.error", error=failure)
+            elif failure is None and not store_ok:
+                emit("store.recovered")
+            store_ok = failure is None
+            regressions = keeper.drain_regressions()
+            for regression in regressions:
+                emit("store.regressed", reason=regression)
+            if regressions:
+                await self._calls.io(self._cluster.check, self._cluster_record, self._id.node)
+            if self._memory is not None:
+                await self._memory.save(self._cluster_record)
+            if result is not None:
+                self._act_on(result, tick_start)
+            leader = self._leader
+            if leader is not None and leader.done():
+                error = None if leader.cancelled() else leader.exception()
+                self._leader = None
+                if error is not None:
+                    raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
+            # Heartbeats keep to the tick even when a store change woke us early,
+            # or every write would wake every other node into writing again.
+            if self._clock.monotonic() >= next_heartbeat:
+                next_heartbeat = self._clock.monotonic() + self._timing.tick_s
+                await self._sink.beat()
+            self._notifier.status(status_text(self._standing, keeper))
+            self._watchdog.pass_ended()
+            wake_at = next_heartbeat
+            expiry = keeper.seconds_until_expiry()
+            if expiry:  # 0: expired already, and this tick could not take it: keep to the ticks
+                wake_at = min(wake_at, self._clock.monotonic() + expiry + 0.001)
+            await self._sleep_until(wake_at)
+
+    def _act_on(self, result: TickResult, tick_start: float) -> None:
+        """What one tick of the lease keeper means for the node: a term begins or ends."""
+        emit = self._sink.emit
+        if result.record is not None:
+            self._standing.epoch_seen = max(self._standing.epoch_seen, result.record.epoch)
+        match result.outcome:
+            case Outcome.ACQUIRED if result.record is not None:
+                epoch = result.record.epoch
+                self._sink.record("acquire", epoch, self._standing.seq, tick_start, "ok")
+                self._end_term()  # a previous term still publishing must end first
+                self._term = term = self._new_term(epoch)
+                self._set_role("active")
+                emit("lease.acquired", via=result.reason)
+                self._leader = asyncio.create_task(
+                    self._run_term(term, previous=self._leader), name="hb-leader"
+                )
+            case Outcome.RENEWED:
+                self._signals.renewed.set()
+            case Outcome.RENEW_FAILED:
+                emit("lease.renew_failed", error=result.reason)
+            case Outcome.LOST:
+                self._end_term()
+                emit("lease.lost", reason=result.reason)
+                self._set_role("standby")
+            case Outcome.STANDBY:
+                self._set_role("standby")
+
+    async def _sleep_until(self, deadline: float) -> None:
+        stopping, wake = self._signals.stopping, self._signals.wake
+        while not stopping.is_set():
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                return
+            wake.clear()
+            waiters = [asyncio.ensure_future(stopping.wait())]
+            # A standby wakes early on a store change, so a released lease is
+            # taken at once; the leader renews on its own schedule.
+            if self._keeper.held is None:
+                waiters.append(asyncio.ensure_future(wake.wait()))
+            done, pending = await asyncio.wait(
+                waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            )
+            for waiter in pending:
+                waiter.cancel()
+            if done and self._keeper.held is None:
+                return
+
+    async def _watch(self) -> None:
+        try:
+            async for _ in self._store.watch(self._id.agent, lease_only=True):
+                self._signals.wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the watch is only a hint: fall back to ticks
+            log.warning("%s: store watch stopped (%s); relying on ticks", self._id.node, exc)
+
+    # -- terms -------------------------------------------------------------------
+
+    def _end_term(self) -> None:
+        if self._term is not None:
+            self._term.end()
+
+    async def _run_term(self, term: LeaderTerm, previous: asyncio.Task[None] | None) -> None:
+        """Lead for one term, then act on how it ended."""
+        if previous is not None:
+            # The previous term may still be inside a store write: let it end
+            # (it is fenced now) without holding up the keeper's renewals.
+            with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
+                await previous
+        ended = await term.lead()
+        match ended.how:
+            case Ending.FENCED:
+                await self._fenced(ended)
+            case Ending.GAVE_UP:
+                await self._give_up(ended)
+
+    async def _fenced(self, ended: TermEnd) -> None:
+        """The store refused a publish of the term: the lease is lost if still held for it."""
+        held = self._keeper.held
+        if held is not None and held.epoch == ended.epoch:
+            result = await self._calls.keeper(self._keeper.abandon, "fenced by the store")
+            self._sink.emit("lease.lost", reason=result.reason)
+            self._set_role("standby")
+
+    async def _give_up(self, ended: TermEnd) -> None:
+        """Release the lease so another node can try, and stand by.
+
+        With hold_off this node takes no free lease for two TTLs, so that another
+        node gets the first try; alone, it tries again after that.
+        """
+        emit = self._sink.emit
+        emit("lease.given_up", reason=ended.reason)
+        try:
+            if await self._calls.keeper(self._keeper.release):
+                emit("lease.released")
+        except StoreError as exc:  # not released: it expires a TTL after the last renewal
+            emit("store.error", error=f"release: {exc}")
+        if ended.hold_off:
+            self._keeper.hold_off(2 * self._timing.lease_ttl_s)
+        self._set_role("standby")
+
+    # -- stopping ------------------------------------------------------------------
+
+    async def _within_budget(self, task: asyncio.Future[Any], what: str) -> bool:
+        """Wait for task within the shutdown budget; False (logged) if it did not end."""
+        done, _ = await asyncio.wait([task], timeout=self._stop.budget())
+        if not done:
+            log.warning("%s: %s did not end in time during the stop; gave up on it",
+                        self._id.node, what)  # fmt: skip
+        return bool(done)
+
+    async def _finish_leading(self, leader: asyncio.Task[None]) -> None:
+        self._end_term()  # tells the term to cancel the step in flight
+        if not await self._within_budget(leader, "the leader's store call"):
+            leader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, HamsterbunkerError):
+            await leader
+
+    async def _shutdown(self, writer: asyncio.Task[None]) -> None:
+        """Release the lease, drop the heartbeat, flush the events (graceful stop).
+
+        Each store call is bounded by the stop's budget: a store that does not
+        answer delays a stop, never blocks it.
+        """
+        emit, budget = self._sink.emit, self._stop.budget
+        self._notifier.stopping()
+        self._set_role("stopping")
+        try:
+            if self._keeper.held is not None:
+                released = await bounded(self._calls.keeper(self._keeper.release), budget())
+                if released:
+                    emit("lease.released")
+            await bounded(
+                self._calls.io(self._store.remove_heartbeat, self._id.agent, self._id.node),
+                budget(),
+            )
+        except StoreError as exc:
+            emit("store.error", error=str(exc))
+        emit("node.offline")
+        await self._sink.flush(budget())
+        writer.cancel()

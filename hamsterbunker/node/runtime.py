@@ -1,0 +1,251 @@
+"""``Runtime``: one node of a HamsterBunker cluster for one agent, as callers see it.
+
+It checks what it is given (secret, names) before it touches the store, then
+wires the parts of this package for each run and gets out of the way:
+
+* the node loop (``loop``) keeps the lease, beats and stops gracefully;
+* a leader's term (``term``, ``restore``) restores, steps and publishes while
+  the lease is held;
+* the event sink (``events``), the cluster record (``cluster``), the thread
+  pools (``calls``) and the watchdog (``watchdog``) serve both.
+
+``start()`` runs the node in a background thread for callers that are not
+async; ``run()`` in the foreground until SIGTERM; ``serve()`` in a running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+from ..agent import Agent
+from ..clock import Clock, MonotonicClock
+from ..history import HistoryWriter
+from ..lease import DEFAULT_TIMING, LeaseKeeper
+from ..memory import Memory, MemoryFile
+from ..notify import Notifier
+from ..records import check_name
+from ..sealing import check_secret
+from ..stores import Store, open_store
+from ..timing import LeaseTiming
+from .calls import NodeCalls
+from .cluster import Cluster, NodeMemory
+from .events import EventHandler, EventSink
+from .loop import NodeLoop, StopRequest
+from .restore import Restorer
+from .state import Identity, Signals, Standing
+from .term import LeaderTerm
+from .watchdog import Watchdog, status_text
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """One node of a HamsterBunker cluster for one agent."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        region: str,
+        store: Store | str,
+        agent: Agent,
+        secret: str,
+        agent_id: str | None = None,
+        timing: LeaseTiming = DEFAULT_TIMING,
+        on_event: EventHandler | None = None,
+        clock: Clock | None = None,
+        history: str | os.PathLike[str] | None = None,
+        notifier: Notifier | None = None,
+        state_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """``state_dir``: where this node keeps its memory of the store across restarts
+        (see ``hamsterbunker.memory``); without one it remembers only while it runs.
+        ``clock`` times everything the node times (CLOCK_BOOTTIME by default)."""
+        check_secret(secret)  # before the store is touched
+        self.node_id = check_name("node id", node_id)
+        self.region = region
+        self.agent = agent
+        self.agent_id = check_name("agent id", agent_id or str(getattr(agent, "id", "")))
+        self.timing = timing
+        self.clock: Clock = clock or MonotonicClock()
+        self.store: Store = open_store(store) if isinstance(store, str) else store
+        self.keeper = LeaseKeeper(
+            self.store, self.agent_id, self.node_id, region, timing=timing, clock=self.clock
+        )
+        self._memory_file: MemoryFile | None = None
+        remembered = Memory()
+        if state_dir is not None:
+            self._memory_file = MemoryFile(
+                Path(state_dir) / ".memory", self.store.url, self.agent_id
+            )
+            remembered = self._memory_file.load()
+            self.keeper.remember(remembered.epoch, remembered.reach)
+        self._remembered_cluster = remembered.cluster
+        self.on_event = on_event
+        self._history = HistoryWriter(history, clock=self.clock) if history is not None else None
+        self._notifier = notifier or Notifier(None)
+        self.host = socket.gethostname()
+        self.standing = Standing()
+        self._secret = secret
+        self._stop = StopRequest(self.clock)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.ready = threading.Event()  # set once the node is online (or failed to start)
+        self.stopped = threading.Event()  # set once the node loop has ended, for any reason
+
+    @property
+    def role(self) -> str:
+        """``starting``, ``standby``, ``active`` or ``stopping``."""
+        return self.standing.role
+
+    @property
+    def seq(self) -> int:
+        """The last checkpoint this node published or resumed from."""
+        return self.standing.seq
+
+    @property
+    def epoch_seen(self) -> int:
+        return self.standing.epoch_seen
+
+    def status_text(self) -> str:
+        """One line saying the role, e.g. ``standby · leader hbnk-2 (us-east) · epoch 3``."""
+        return status_text(self.standing, self.keeper)
+
+    # -- control -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the node in a background thread and return at once."""
+        if self._thread is not None:
+            raise RuntimeError("this Runtime was already started")
+        self._thread = threading.Thread(target=self._run_in_thread, name=f"hb-{self.node_id}")
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop gracefully: stop stepping, release the lease, drop the heartbeat.
+
+        Returns within timeout whatever the store or the agent does: store calls
+        that do not answer in time are given up (and said so in the log). A sync
+        step still running is abandoned in its thread. Re-raises the error that
+        ended the node, if one did.
+        """
+        # Most of the time for the shutdown's own store calls, the rest for the thread's end.
+        self._stop.ask(within=timeout * 0.8)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"node {self.node_id} did not stop within {timeout} s")
+        if self._error is not None:
+            raise self._error
+
+    def run(self) -> None:
+        """Run in the foreground until SIGTERM or SIGINT, then stop gracefully."""
+        asyncio.run(self.serve(install_signal_handlers=True))
+
+    def request_stop(self) -> None:
+        """Ask the node to stop; safe from any thread or a signal handler."""
+        self._stop.ask()
+
+    def _run_in_thread(self) -> None:
+        try:
+            asyncio.run(self.serve())
+        except BaseException as exc:  # reported by stop()
+            self._error = exc
+            self.ready.set()
+
+    # -- one run -------------------------------------------------------------------
+
+    async def serve(self, install_signal_handlers: bool = False) -> None:
+        """The node's main coroutine: returns after a graceful stop."""
+        signals = Signals(stopping=self._stop.bind())
+        if install_signal_handlers:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, signals.stopping.set)
+        calls = NodeCalls()
+        watchdog = Watchdog(self._notifier, self.clock, self.node_id)
+        pinging = asyncio.create_task(watchdog.run(), name="hb-watchdog")
+        try:
+            identity = Identity(self.node_id, self.region, self.host, self.agent_id)
+            sink = EventSink(
+                identity,
+                self.store,
+                calls,
+                self.keeper,
+                self.standing,
+                retry_s=self.timing.tick_s,
+                on_event=self.on_event,
+                history=self._history,
+            )
+            cluster = Cluster(
+                self.store,
+                self.agent_id,
+                self._secret,
+                remembered=self._remembered_cluster,
+                memory_path=None if self._memory_file is None else self._memory_file.path,
+                emit=sink.emit,
+            )
+            self._notifier.status("starting · opening the store")
+            # The secret is checked before this node writes anything but a new
+            # cluster record: a node with the wrong secret touches nothing.
+            sealer = await calls.io(cluster.open)
+            sink.number_on_from(await calls.io(sink.last_stored_number))
+            restorer = Restorer(
+                self.agent,
+                self.agent_id,
+                self.store,
+                sealer,
+                self.keeper,
+                calls,
+                self.standing,
+                emit=sink.emit,
+                notifier=self._notifier,
+            )
+            new_term = functools.partial(
+                LeaderTerm,
+                identity=identity,
+                agent=self.agent,
+                store=self.store,
+                sealer=sealer,
+                keeper=self.keeper,
+                restorer=restorer,
+                calls=calls,
+                sink=sink,
+                standing=self.standing,
+                signals=signals,
+                timing=self.timing,
+                clock=self.clock,
+            )
+            memory = (
+                None
+                if self._memory_file is None
+                else NodeMemory(self._memory_file, self.keeper, calls, self.node_id)
+            )
+            node = NodeLoop(
+                identity=identity,
+                store=self.store,
+                keeper=self.keeper,
+                calls=calls,
+                sink=sink,
+                standing=self.standing,
+                signals=signals,
+                stop=self._stop,
+                cluster=cluster,
+                cluster_record=sealer.cluster,
+                memory=memory,
+                new_term=new_term,
+                notifier=self._notifier,
+                watchdog=watchdog,
+                timing=self.timing,
+                clock=self.clock,
+            )
+            await node.run(self.ready)
+        finally:
+            pinging.cancel()
+            self.stopped.set()
+            calls.close()

@@ -1,0 +1,41 @@
+"""What the parts of a running node share: who it is, where it stands, and its signals.
+
+The node loop, the leader's term, the event sink and the status text each
+read these; none of them needs the others (or the ``Runtime``) to get them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+__all__ = ["Identity", "Signals", "Standing"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Which node this is, of which agent, as heartbeats and events name it."""
+
+    node: str
+    region: str
+    host: str
+    agent: str
+
+
+@dataclass
+class Standing:
+    """Where the node stands now: set by the loop (role, epoch) and the term (seq, restored)."""
+
+    role: str = "starting"
+    epoch_seen: int = 0  # the highest lease epoch seen in any record
+    seq: int = 0  # the last checkpoint this node published or resumed from
+    restored: bool = False  # whether the current term has restored its state yet
+
+
+@dataclass
+class Signals:
+    """The asyncio events of one run of the node loop (made inside it, on its event loop)."""
+
+    stopping: asyncio.Event
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the store hints at a change
+    renewed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every renewal

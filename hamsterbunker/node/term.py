@@ -1,0 +1,310 @@
+"""A leader's term: restore, then step the agent and publish each new state, fenced by epoch.
+
+A term exists only while this node holds the lease (one per epoch). It never
+decides the node's role: how it ended (the lease lost, fenced by the store,
+or given up after a full TTL without progress) is what ``lead`` returns, and
+the node loop acts on it. No step of a term overlaps a successor's: a step
+still running at the renew deadline is cancelled (async) or abandoned (sync),
+and its result is never published (DESIGN.md invariant 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import enum
+import inspect
+import logging
+from dataclasses import dataclass
+
+from ..agent import Agent, State, StepContext, _current
+from ..clock import Clock
+from ..errors import Fenced, HamsterbunkerError, NoUsableCheckpoint, StepLost, StoreError
+from ..lease import LeaseKeeper
+from ..reach import Reach
+from ..sealing import Sealer
+from ..stores import Fence, Store
+from ..timing import LeaseTiming
+from .calls import NodeCalls
+from .events import EventSink
+from .restore import LeaseBehind, Progress, Restorer
+from .state import Identity, Signals, Standing
+
+__all__ = ["Ending", "LeaderTerm", "TermEnd"]
+
+log = logging.getLogger("hamsterbunker")
+
+
+class Ending(enum.Enum):
+    OVER = "lease lost or node stopping"  # nothing left for the loop to do
+    FENCED = "fenced by the store"  # the lease moved on under a publish
+    GAVE_UP = "gave up"  # no progress for a full TTL, or the lease record went back
+
+
+@dataclass(frozen=True)
+class TermEnd:
+    """How a term ended, for the node loop to act on."""
+
+    how: Ending
+    epoch: int
+    reason: str = ""
+    hold_off: bool = True  # GAVE_UP: let another node try first
+
+
+class _Stall:
+    """How long a term has failed to make progress, timed on the node's clock."""
+
+    def __init__(self, clock: Clock, ttl_s: float) -> None:
+        self._clock, self._ttl_s = clock, ttl_s
+        self._since: float | None = None
+
+    def for_a_ttl(self) -> bool:
+        """Note one more failure; True once failures have gone on for a full lease TTL."""
+        now = self._clock.monotonic()
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self._ttl_s
+
+    def reset(self) -> None:
+        self._since = None
+
+
+class _StepEnd(enum.Enum):
+    DONE = "done"
+    DEADLINE = "renew deadline passed during the step"
+    LOST = "lease lost or node stopping"
+
+
+@dataclass(frozen=True)
+class _NotPublished:
+    error: str
+    fenced: bool = False  # True: the lease moved on, stop leading; False: same step again
+
+
+class LeaderTerm:
+    """One term of this node as the agent's leader, under one lease epoch."""
+
+    def __init__(
+        self,
+        epoch: int,
+        *,
+        identity: Identity,
+        agent: Agent,
+        store: Store,
+        sealer: Sealer,
+        keeper: LeaseKeeper,
+        restorer: Restorer,
+        calls: NodeCalls,
+        sink: EventSink,
+        standing: Standing,
+        signals: Signals,
+        timing: LeaseTiming,
+        clock: Clock,
+    ) -> None:
+        self.epoch = epoch
+        self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
+        self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
+        self._standing, self._signals, self._timing, self._clock = standing, signals, timing, clock
+        self.lost = asyncio.Event()  # this term's own end: a later term has its own
+
+    def end(self) -> None:
+        """Tell the term to stop: the step in flight is cancelled, nothing more is published."""
+        self.lost.set()
+
+    def _over(self) -> bool:
+        return self.lost.is_set() or self._signals.stopping.is_set()
+
+    async def lead(self) -> TermEnd:
+        """Restore, then step and publish until the lease is lost or the node stops.
+
+        A term that cannot restore or publish for a full TTL (the store refuses
+        every try) gives the lease up, so that another node can try.
+        """
+        emit, tick_s = self._sink.emit, self._timing.tick_s
+        self._standing.restored = False
+        stall = _Stall(self._clock, self._timing.lease_ttl_s)
+        progress = None
+        while progress is None:
+            started = self._clock.monotonic()
+            try:
+                progress = await self._restorer.restore(self.epoch)
+            except NoUsableCheckpoint:
+                self._sink.record("restore", self.epoch, 0, started, "refused")
+                raise
+            except LeaseBehind as exc:
+                return self._give_up(str(exc), hold_off=False)  # and take it again above
+            except StoreError as exc:
+                # Never fall back past a checkpoint we merely failed to read: try again.
+                emit("store.error", error=f"restore: {exc}")
+                if stall.for_a_ttl():
+                    return self._give_up(f"could not restore for a full TTL: {exc}")
+                await asyncio.sleep(tick_s)
+                if self._over():
+                    return TermEnd(Ending.OVER, self.epoch)
+        stall.reset()
+        self._standing.restored = True
+        seq = self._standing.seq
+        self._sink.record(
+            "restore",
+            self.epoch,
+            seq,
+            started,
+            "resumed" if progress.resumed else "started",
+            from_seq=seq if progress.resumed else 0,
+            next_seq=progress.seq + 1,
+            **({"accepted_loss": progress.accepted_loss} if progress.accepted_loss else {}),
+        )
+        while not self._over():
+            if not await self._until_may_step():
+                break
+            context = StepContext(
+                self._id.agent,
+                self._id.node,
+                self.epoch,
+                progress.seq + 1,
+                may_publish=self._may_publish,
+            )
+            step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
+            ended = await self._until_done_or_lost(step)
+            if ended is not _StepEnd.DONE:
+                # Cancelled at the renew deadline, so that no step of ours overlaps a
+                # successor's (a sync step is told through current_step().lost);
+                # retried (same seq) if a renewal still succeeds.
+                context.abandoned.set()
+                emit("agent.yielded", reason=ended.value, step_seq=context.seq)
+                if ended is _StepEnd.LOST:
+                    break
+                continue
+            try:
+                new_state = step.result()
+            except StepLost as exc:  # the step saw current_step().lost and stopped
+                emit("agent.yielded", reason=str(exc), step_seq=context.seq)
+                continue
+            except Exception as exc:  # the agent's own failure: log it, retry after a tick
+                log.exception(
+                    "%s: step %d of agent %s failed", self._id.node, context.seq, self._id.agent
+                )
+                emit("agent.step_failed", step_seq=context.seq, error=repr(exc))
+                await asyncio.sleep(tick_s)
+                continue
+            if self.lost.is_set() or not self._keeper.may_step():
+                # The lease may already be someone else's: never publish this step.
+                emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
+                continue
+            published = await self._publish(context, new_state)
+            if isinstance(published, Progress):
+                progress = published
+                stall.reset()
+            elif published.fenced:
+                emit("agent.yielded", reason="fenced", step_seq=context.seq)
+                return TermEnd(Ending.FENCED, self.epoch, published.error)
+            elif stall.for_a_ttl():
+                return self._give_up(f"could not publish for a full TTL: {published.error}")
+            else:
+                await asyncio.sleep(tick_s)  # the store failed: same state, same seq
+        return TermEnd(Ending.OVER, self.epoch)
+
+    def _give_up(self, reason: str, *, hold_off: bool = True) -> TermEnd:
+        self.end()
+        return TermEnd(Ending.GAVE_UP, self.epoch, reason, hold_off)
+
+    def _may_publish(self) -> bool:
+        """Whether a step of this term could still be published (asked from any thread)."""
+        held = self._keeper.held
+        return (
+            not self.lost.is_set()
+            and held is not None
+            and held.epoch == self.epoch
+            and self._keeper.may_step()
+        )
+
+    async def _until_may_step(self) -> bool:
+        """Wait until a renewal within the deadline lets us step; False if the term ends."""
+        stopping, renewed = self._signals.stopping, self._signals.renewed
+        while not self._keeper.may_step():
+            if self._over():
+                return False
+            renewed.clear()
+            waiters = [
+                asyncio.ensure_future(event.wait()) for event in (self.lost, stopping, renewed)
+            ]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+        return not self._over()
+
+    async def _until_done_or_lost(self, step: asyncio.Task[State]) -> _StepEnd:
+        """Wait for the step; cancel it (async) or abandon it (sync) if it may not go on."""
+        lost = asyncio.ensure_future(self.lost.wait())
+        stopping = asyncio.ensure_future(self._signals.stopping.wait())
+        try:
+            while not step.done():
+                remaining = self._keeper.seconds_until_deadline()
+                if lost.done() or stopping.done():
+                    step.cancel()
+                    return _StepEnd.LOST
+                if remaining <= 0:
+                    step.cancel()
+                    return _StepEnd.DEADLINE
+                # Timed to the renew deadline, so a hung renewal cannot keep us stepping.
+                await asyncio.wait(
+                    [step, lost, stopping], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            return _StepEnd.DONE
+        finally:
+            lost.cancel()
+            stopping.cancel()
+
+    async def _run_step(self, state: State, context: StepContext) -> State:
+        _current.set(context)
+        # The step gets its own copy: a discarded step must not have changed ours.
+        work = copy.deepcopy(state)
+        if inspect.iscoroutinefunction(self._agent.step):
+            result = await self._agent.step(work)
+        else:
+            result = await self._calls.work(self._agent.step, work)
+            if inspect.isawaitable(result):
+                result = await result
+        if not isinstance(result, dict):
+            raise TypeError(
+                f"step must return the new state as a dict, not {type(result).__name__}"
+            )
+        return result
+
+    async def _publish(self, context: StepContext, state: State) -> Progress | _NotPublished:
+        """Seal and store one step's state, fenced by the step's epoch; or why not."""
+        agent_id, emit, record = self._id.agent, self._sink.emit, self._sink.record
+        fence = Fence(holder=self._id.node, session=self._keeper.session, epoch=context.epoch)
+        started = self._clock.monotonic()
+        try:
+            blob = await self._calls.work(
+                self._sealer.seal, agent_id, context.epoch, context.seq, state
+            )
+            info = await self._calls.io(
+                self._store.put_checkpoint, agent_id, fence, context.seq, blob
+            )
+        except Fenced as exc:
+            record("publish", context.epoch, context.seq, started, "fenced")
+            emit("node.fenced", error=str(exc), step_seq=context.seq)
+            self.end()
+            return _NotPublished(str(exc), fenced=True)
+        except HamsterbunkerError as exc:
+            # A network store's error does not prove the write was not applied.
+            landed = await self._restorer.landed(context)
+            if landed is not None:
+                record("publish", context.epoch, landed.seq, started, "ok", landed=True)
+                self._standing.seq = landed.seq
+                self._keeper.learn_published(Reach(landed.seq, context.epoch))
+                emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
+                return landed
+            # Not published: the step is retried from the last published state,
+            # so nothing ever builds on a state the store does not hold.
+            record("publish", context.epoch, context.seq, started, "failed")
+            emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
+            return _NotPublished(str(exc))
+        record("publish", context.epoch, context.seq, started, "ok")
+        self._standing.seq = info.seq
+        self._keeper.learn_published(Reach(info.seq, info.epoch))
+        emit("agent.step", step_seq=info.seq)
+        emit("checkpoint.published", size=info.size)
+        return Progress(state, info.seq)
