@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .clock import Clock, MonotonicClock
 from .errors import ConfigError, CorruptRecord
 from .limits import STALE_TEMP_AGE_S
 from .reach import Reach
@@ -52,12 +53,16 @@ class Memory:
 class MemoryFile:
     """A node's memory of one agent on one store, in ``directory``."""
 
-    def __init__(self, directory: Path, store_url: str, agent_id: str) -> None:
+    def __init__(
+        self, directory: Path, store_url: str, agent_id: str, *, clock: Clock | None = None
+    ) -> None:
+        """``clock``: the node's, on which REACH_SAVE_INTERVAL_S is timed."""
         digest = hashlib.sha256(f"{store_url}\0{agent_id}".encode()).hexdigest()[:16]
         self.path = directory / f"{agent_id}-{digest}.json"
         self.store_url, self.agent_id = store_url, agent_id
         self._saved: Memory | None = None
         self._saved_at = 0.0
+        self._clock = clock or MonotonicClock()
 
     def load(self) -> Memory:
         """The remembered state; nothing remembered if there is no file yet.
@@ -105,7 +110,7 @@ class MemoryFile:
             force
             or saved is None
             or (memory.epoch, memory.cluster) != (saved.epoch, saved.cluster)
-            or time.monotonic() - self._saved_at >= REACH_SAVE_INTERVAL_S
+            or self._clock.monotonic() - self._saved_at >= REACH_SAVE_INTERVAL_S
         )
 
     def save(self, memory: Memory, *, force: bool = False) -> None:
@@ -133,7 +138,7 @@ class MemoryFile:
             Path(temp).unlink(missing_ok=True)
             raise
         _fsync_dir(self.path.parent)  # the rename itself outlives a crash
-        self._saved, self._saved_at = memory, time.monotonic()
+        self._saved, self._saved_at = memory, self._clock.monotonic()
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -82,7 +82,7 @@ class Runtime:
         remembered = Memory()
         if state_dir is not None:
             self._memory_file = MemoryFile(
-                Path(state_dir) / ".memory", self.store.url, self.agent_id
+                Path(state_dir) / ".memory", self.store.url, self.agent_id, clock=self.clock
             )
             remembered = self._memory_file.load()
             self.keeper.remember(remembered.epoch, remembered.reach)
