@@ -170,7 +170,7 @@ class EtcdConnection:
         if self.current == failed:  # not yet moved on by another thread's failure
             self.current = (failed + 1) % len(self._clients)
 
-    def unreachable(self, index: int, exc: Exception) -> str:
+    def _unreachable(self, index: int, exc: Exception) -> str:
         """Why endpoint index could not be reached: a TLS refusal in words, else the error."""
         tls = tls_error_in(exc)
         if tls is not None:
@@ -189,13 +189,13 @@ class EtcdConnection:
         detail = exc.detail_text if isinstance(exc, Etcd3Exception) else None
         return str(detail or exc)
 
-    def endpoint_text(self, index: int) -> str:
+    def _endpoint_text(self, index: int) -> str:
         host, port = self.target.endpoints[index]
         return f"{host}:{port}"
 
     def all_endpoints(self) -> str:
         """Every endpoint, as host:port separated by commas (for messages)."""
-        return ",".join(map(self.endpoint_text, range(len(self._clients))))
+        return ",".join(map(self._endpoint_text, range(len(self._clients))))
 
     def txn(
         self,
@@ -214,15 +214,15 @@ class EtcdConnection:
         StoreUnavailable, and the next call goes to the next endpoint.
         """
         used = self.current
-        where = f"etcd store {what} ({self.endpoint_text(used)})"
+        where = f"etcd store {what} ({self._endpoint_text(used)})"
         try:
             yield
         except (ConnectionFailedError, ConnectionTimeoutError) as exc:
             self.next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {self.unreachable(used, exc)}") from exc
+            raise StoreUnavailable(f"{where}: {self._unreachable(used, exc)}") from exc
         except requests.RequestException as exc:
             self.next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {self.unreachable(used, exc)}") from exc
+            raise StoreUnavailable(f"{where}: {self._unreachable(used, exc)}") from exc
         except Etcd3Exception as exc:
             code, message = grpc_error(exc)
             if code in _TRANSIENT_CODES:
@@ -245,5 +245,6 @@ def grpc_error(exc: Etcd3Exception) -> tuple[int | None, str]:
 
 
 def too_large(exc: Etcd3Exception) -> bool:
+    """Whether etcd refused a request for its size (``--max-request-bytes``)."""
     _code, message = grpc_error(exc)
     return "request is too large" in message or "larger than max" in message
