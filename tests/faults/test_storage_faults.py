@@ -981,8 +981,8 @@ def test_a_node_with_the_wrong_secret_joining_a_running_cluster_touches_nothing(
         "--agent", cluster.agent,
         "--node-id", intruder,
         "--region", "elsewhere",
-        "--tick-ms", str(cluster.tick_ms),
-        "--lease-ttl-ms", str(cluster.lease_ttl_ms),
+        "--tick-ms", str(cluster.timing.tick_ms),
+        "--lease-ttl-ms", str(cluster.timing.lease_ttl_ms),
     ]  # fmt: skip
     if cluster.history:
         command += ["--history", str(cluster.history)]
