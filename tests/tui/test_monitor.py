@@ -29,6 +29,7 @@ from hamsterbunker.demo import NODES
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.stores import Store
+from hamsterbunker.timing import LeaseTiming
 from tests.support import store_of
 
 from .screen import screen_text, until, widget_text
@@ -36,7 +37,7 @@ from .screen import screen_text, until, widget_text
 SIZE = (150, 45)
 AGENT = "watched"
 # Fast but safe timing for the clusters: takeovers within about a second.
-FAST = {"tick_ms": 200, "lease_ttl_ms": 1000}
+FAST = {"timing": LeaseTiming(tick_ms=200, lease_ttl_ms=1000)}
 
 
 def write_active_node(store: FileStore, *, host: str, pid: int) -> None:
