@@ -88,7 +88,7 @@ from ._etcd_kv import (
 )
 from ._etcd_watch import Follower
 from ._reported import ReportedOnce, readable
-from .base import Fence, StoreGuarantees, fence_text
+from .base import Fence, Store, StoreGuarantees, fence_text
 
 __all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]
 
@@ -126,7 +126,7 @@ def _translated(
     return translated
 
 
-class EtcdStore:
+class EtcdStore(Store):
     """A store in an etcd v3 cluster, under one key prefix."""
 
     guarantees = GUARANTEES
@@ -399,6 +399,11 @@ class EtcdStore:
         finally:
             follower.stop()
             self._followers.discard(follower)
+
+    @_translated
+    def check(self) -> None:
+        """StoreUnavailable unless an endpoint answers a read (of the cluster key's name)."""
+        self._kv.get(f"{self.target.prefix}/cluster", keys_only=True)
 
     def close(self) -> None:
         """Stop every watch of this store and close its connections."""

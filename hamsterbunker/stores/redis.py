@@ -79,7 +79,7 @@ from ._redis_replies import (
 )
 from ._redis_tail import RedisTail
 from ._reported import ReportedOnce
-from .base import Fence, StoreGuarantees, describe_fence_text, fence_text
+from .base import Fence, Store, StoreGuarantees, describe_fence_text, fence_text
 
 __all__ = ["GUARANTEES", "RedisStore", "RedisTail", "parse_redis_url"]
 
@@ -119,7 +119,7 @@ def _translated(
     return translated
 
 
-class RedisStore:
+class RedisStore(Store):
     """A store in one Redis database, under a key prefix."""
 
     guarantees = GUARANTEES
@@ -414,6 +414,11 @@ class RedisStore:
 
         report = functools.partial(reporter, self._reported, agent)
         return RedisTail(fetch, report("heartbeat"), report("event"))
+
+    @_translated
+    def check(self) -> None:
+        """StoreUnavailable unless the server answers a PING."""
+        self._redis.ping()
 
     def close(self) -> None:
         self._redis.close()
