@@ -25,7 +25,6 @@ from textual.worker import Worker
 from hamsterbunker.errors import HamsterbunkerError
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
-from hamsterbunker.tail import open_tail
 
 from .confirm import ConfirmKill
 from .demo import DemoNodes
@@ -63,7 +62,7 @@ class MonitorApp(App[None]):
         self.model = ClusterModel(agent_id)
         self.polls = 0  # completed polls, failed ones included
         self.store_error: str | None = None  # why the last poll failed; None if it worked
-        self._tail = open_tail(store, agent_id)
+        self._tail = store.tail(agent_id)
         self._hint = asyncio.Event()
         self._target = KillTarget(None, None, "no active node")
         self._watcher: Worker[None] | None = None

@@ -8,18 +8,14 @@ is not a lost store: it is passed on as ``lease_error`` and the rest is read.
 
 from __future__ import annotations
 
-import os
-import stat
 import time
 from dataclasses import dataclass
 
-from hamsterbunker.errors import CorruptRecord, StoreUnavailable
+from hamsterbunker.errors import CorruptRecord
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
-from hamsterbunker.stores import Store
-from hamsterbunker.stores.file import FileStore
-from hamsterbunker.tail import Tail
+from hamsterbunker.stores import Store, Tail
 
-__all__ = ["Reading", "check_reachable", "read_store"]
+__all__ = ["Reading", "read_store"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,9 @@ class Reading:
 
 def read_store(store: Store, tail: Tail, agent: str) -> Reading:
     """Read lease, checkpoints and new events; StoreError or OSError if the store is lost."""
-    check_reachable(store)
+    # A file store reads a missing record as "not written yet": without this, a
+    # removed store directory would show as an empty cluster, not a lost store.
+    store.check()
     lease_error = None
     try:
         lease = store.read_lease(agent)
@@ -51,20 +49,3 @@ def read_store(store: Store, tail: Tail, agent: str) -> Reading:
     return Reading(
         got.events, got.heartbeats, lease, checkpoints, time.monotonic(), time.time(), lease_error
     )
-
-
-def check_reachable(store: Store) -> None:
-    """Raise StoreUnavailable if a file store's directory is gone.
-
-    The file store reads a missing record as "not written yet", so a removed
-    store directory would read as an empty cluster: every node offline, no
-    lease. For a monitor that is a lost store, and it must say so.
-    """
-    if not isinstance(store, FileStore):
-        return
-    try:
-        mode = os.stat(store.root).st_mode
-    except OSError as exc:
-        raise StoreUnavailable(f"store directory {store.root}: {exc.strerror}") from exc
-    if not stat.S_ISDIR(mode):
-        raise StoreUnavailable(f"store path {store.root} is not a directory")
