@@ -19,7 +19,7 @@ on one file store in a temporary directory, all writing `--history`. For each ki
 until all three nodes heartbeat (the leader as active, the other two as standby) and
 the leader has published at least one checkpoint in its epoch; sleep a random
 0–{TICK_MS} ms (so kills fall at every phase of the renewal tick); SIGKILL the leader,
-taking `time.monotonic()` just before the signal; reap it; wait for the next epoch's
+reading the nodes' clock just before the signal; reap it; wait for the next epoch's
 first checkpoint; restart the killed node (it rejoins as a standby).
 
 The times are the nodes' own, from the history file (CLOCK_MONOTONIC, shared by every

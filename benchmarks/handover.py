@@ -16,7 +16,7 @@ METHOD = f"""\
 The same three node processes as the failover benchmark (tick {TICK_MS} ms, TTL
 {TTL_MS} ms, CounterAgent, `--history`). For each handover: wait until all three nodes
 heartbeat and the leader has published in its epoch; sleep a random 0–{TICK_MS} ms;
-send SIGTERM to the leader (`time.monotonic()` taken just before); reap it; wait for
+send SIGTERM to the leader (the nodes' clock read just before); reap it; wait for
 the next epoch's first checkpoint; restart the stopped node.
 
 On SIGTERM the leader stops stepping (the step in flight is cancelled: every completed

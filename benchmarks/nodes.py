@@ -1,9 +1,10 @@
 """Three real node processes on a temporary file store, as ``hb demo`` runs them.
 
 Every node appends its lease and checkpoint operations to one history file
-(``hb run --history``): start and end of each on CLOCK_MONOTONIC, which all
-processes of one machine share, so the benchmark's own ``time.monotonic()`` at
-a kill can be compared with the nodes' times directly.
+(``hb run --history``): start and end of each on the node's clock
+(``hamsterbunker.clock``, CLOCK_BOOTTIME), which all processes of one machine
+share, so the benchmark's own reading of that clock at a kill can be compared
+with the nodes' times directly.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from hamsterbunker import FileStore
 from hamsterbunker.checker import check
+from hamsterbunker.clock import MonotonicClock
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
@@ -40,6 +42,7 @@ from .common import (
     wait_for,
 )
 
+NODE_CLOCK = MonotonicClock()  # the clock the nodes write their history on
 AGENT = "hamsterbunker.demo:CounterAgent"  # counts up once per 0.25 s step
 AGENT_ID = "counter"
 NODES = (
@@ -105,7 +108,7 @@ class BenchCluster:
         """Send signum and reap the process; (monotonic, wall) time just before it was sent."""
         process = self.process(node)
         sent_wall = time.time()
-        sent = time.monotonic()
+        sent = NODE_CLOCK.monotonic()
         process.send_signal(signum)
         try:
             process.wait(timeout=timeout)

@@ -15,13 +15,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from hamsterbunker.clock import MonotonicClock
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.timing import LeaseTiming
@@ -46,6 +46,8 @@ _PROBES = {
     "redis": "import socket; s = socket.create_connection(('{addr}', 6379), 0.5); "
     "s.settimeout(0.5); s.sendall(b'PING\\r\\n'); assert s.recv(16).startswith(b'+PONG')",
 }
+
+NODE_CLOCK = MonotonicClock()  # the clock a node times its history with
 
 
 @pytest.fixture
@@ -134,7 +136,9 @@ def partition_the_leader(make: MakeCluster, network: Network, url: str, one_way:
     log_offset = len(cluster.log(leader))
 
     network.partition(leader, one_way=one_way)
-    cut = time.monotonic()  # every renewal answered from now on was sent before this
+    # On the nodes' clock, as the history's times are: every renewal answered from now
+    # on was sent before this.
+    cut = NODE_CLOCK.monotonic()
     second = wait_until(lambda: acquired(cluster, 2), "the standby to take over", timeout=15)
     assert second.node == standby
     wait_until(
