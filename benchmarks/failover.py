@@ -22,7 +22,7 @@ the leader has published at least one checkpoint in its epoch; sleep a random
 reading the nodes' clock just before the signal; reap it; wait for the next epoch's
 first checkpoint; restart the killed node (it rejoins as a standby).
 
-The times are the nodes' own, from the history file (CLOCK_MONOTONIC, shared by every
+The times are the nodes' own, from the history file (CLOCK_BOOTTIME, shared by every
 process of the machine, so comparable with the benchmark's clock at the kill):
 
 * **kill → lease acquired**: end of the new leader's `acquire` (its compare-and-set of
