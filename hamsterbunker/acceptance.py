@@ -20,8 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 
 from .errors import CorruptRecord, HamsterbunkerError, LeaseConflict, Tampered
-from .lease import Reach
 from .limits import MAX_EPOCH
+from .reach import Reach
 from .records import CheckpointInfo, Event, LeaseRecord, parse_json
 from .sealing import Sealer
 from .stores import Store

@@ -29,13 +29,9 @@ from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import LeaseRecord
 from .stores.base import Fence, Store
-from .timing import LeaseTiming
+from .timing import DEFAULT_TIMING, LeaseTiming
 
-# Reach is re-exported for callers that still import it from here.
-__all__ = ["DEFAULT_TIMING", "LeaseKeeper", "Outcome", "Reach", "TickResult"]
-
-# A LeaseTiming is frozen: one default object serves every keeper and runtime.
-DEFAULT_TIMING = LeaseTiming()
+__all__ = ["LeaseKeeper", "Outcome", "TickResult"]
 
 
 class Outcome(enum.Enum):

@@ -26,13 +26,13 @@ from pathlib import Path
 from ..agent import Agent
 from ..clock import Clock, MonotonicClock
 from ..history import HistoryWriter
-from ..lease import DEFAULT_TIMING, LeaseKeeper
+from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import check_name
 from ..sealing import check_secret
 from ..stores import Store, open_store
-from ..timing import LeaseTiming
+from ..timing import DEFAULT_TIMING, LeaseTiming
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink

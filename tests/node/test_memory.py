@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.errors import ConfigError
-from hamsterbunker.lease import Reach
 from hamsterbunker.limits import STALE_TEMP_AGE_S
 from hamsterbunker.memory import Memory, MemoryFile
+from hamsterbunker.reach import Reach
 from hamsterbunker.sealing import new_cluster_record
 from tests.support.io_probes import record_fsyncs
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.errors import CorruptRecord, Fenced, StoreError
-from hamsterbunker.lease import Reach
 from hamsterbunker.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
@@ -32,6 +31,7 @@ from hamsterbunker.limits import (
     STALE_TEMP_AGE_S,
 )
 from hamsterbunker.memory import Memory, MemoryFile
+from hamsterbunker.reach import Reach
 from hamsterbunker.records import CheckpointInfo, Event
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
