@@ -25,9 +25,10 @@ from .errors import (
     WrongSecret,
 )
 from .records import Event, Heartbeat, LeaseRecord
-from .runtime import Runtime
+from .node import Runtime
 from .stores import Store, open_store
 from .stores.file import FileStore
+from .timing import LeaseTiming
 
 __all__ = [
     "Agent",
@@ -40,6 +41,7 @@ __all__ = [
     "Heartbeat",
     "LeaseConflict",
     "LeaseRecord",
+    "LeaseTiming",
     "NoUsableCheckpoint",
     "Runtime",
     "SealError",

@@ -32,10 +32,10 @@ from hamsterbunker.errors import (
     StoreUnavailable,
 )
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
-from hamsterbunker.stores import etcd as etcd_module
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
+from hamsterbunker.stores.etcd import store as etcd_module
 from tests.support import each_ended
 from tests.support.etcd_server import EtcdServer, etcd_url, shared_etcd
 from tests.support.server_process import free_port, stop_thawed
@@ -115,7 +115,9 @@ def test_missing_etcd3gw_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> N
     """Without etcd3gw, an etcd:// URL tells how to install it."""
     for name in [name for name in sys.modules if name.partition(".")[0] == "etcd3gw"]:
         monkeypatch.setitem(sys.modules, name, None)
-    monkeypatch.delitem(sys.modules, "hamsterbunker.stores.etcd")
+    backend = "hamsterbunker.stores.etcd"
+    for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
+        monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
     with pytest.raises(ConfigError, match=r"hamsterbunker\[etcd\]"):
         open_store("etcd://127.0.0.1:2379/p")
 

@@ -28,9 +28,9 @@ from hamsterbunker.errors import (
     StoreUnsafe,
 )
 from hamsterbunker.limits import MAX_RECORD_BYTES
-from hamsterbunker.stores._filelease import lease_locked
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.file.lease import lease_locked
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
 
 WAIT_S = 30.0

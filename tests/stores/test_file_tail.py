@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from hamsterbunker.errors import StoreError
 from hamsterbunker.records import Event, Heartbeat
 from hamsterbunker.stores.file import FileStore
-from hamsterbunker.stores.file_tail import FileTail
+from hamsterbunker.stores.file.tail import FileTail
 from hamsterbunker.stores.tail import GenericTail, Tail, TailRead
 from hamsterbunker.testing import MemoryStore
 from tests.support.io_probes import bytes_read_by_this_process

@@ -238,7 +238,7 @@ def test_redis_oversize_checkpoint_is_corrupt(
     redis_pair: tuple[RedisStore, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A blob over MAX_CHECKPOINT_BYTES (lowered here) is a CorruptRecord, its bytes left unsent."""
-    from hamsterbunker.stores import redis as redis_module
+    from hamsterbunker.stores.redis import store as redis_module
 
     store, raw = redis_pair
     held = store.cas_lease("a", None, lease("n1", 1))
@@ -520,7 +520,7 @@ def test_etcd_oversize_checkpoint_and_acceptance_are_corrupt(
 ) -> None:
     """A stored blob over MAX_CHECKPOINT_BYTES (lowered here) or an acceptance over
     MAX_RECORD_BYTES is a CorruptRecord naming its size."""
-    from hamsterbunker.stores import etcd as etcd_module
+    from hamsterbunker.stores.etcd import store as etcd_module
 
     store, put = etcd_pair
     held = store.cas_lease("a", None, lease("n1", 1))

@@ -108,7 +108,9 @@ def test_password_is_not_shown(private_server: Callable[..., RedisServer]) -> No
 def test_missing_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without redis-py, a redis:// URL tells how to install it."""
     monkeypatch.setitem(sys.modules, "redis", None)
-    monkeypatch.delitem(sys.modules, "hamsterbunker.stores.redis")
+    backend = "hamsterbunker.stores.redis"
+    for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
+        monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
     with pytest.raises(ConfigError, match=r"hamsterbunker\[redis\]"):
         open_store("redis://127.0.0.1:6379/0")
 

@@ -12,10 +12,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConfigError, CorruptRecord
-from ..limits import MAX_SEQ
-from ..records import CheckpointInfo, Event, Heartbeat, check_name
-from ._reported import ReportedOnce, readable
+from ...errors import ConfigError, CorruptRecord
+from ...limits import MAX_SEQ
+from ...records import CheckpointInfo, Event, Heartbeat, check_name
+from .._reported import ReportedOnce, readable
 
 __all__ = [
     "Report",

@@ -22,10 +22,10 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..errors import ConfigError, StoreError, StoreUnavailable
-from ..records import check_name
-from ._redis_replies import text
-from ._tls import describe_tls_failure, tls_error_in, tls_files_problem
+from ...errors import ConfigError, StoreError, StoreUnavailable
+from ...records import check_name
+from .._tls import describe_tls_failure, tls_error_in, tls_files_problem
+from .replies import text
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_TIMEOUT_S", "RedisConnection", "parse_redis_url", "redacted"]
 

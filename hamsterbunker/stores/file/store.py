@@ -19,7 +19,7 @@ Only names matching our own patterns are ever read, so editor backups and
 sync-conflict copies are ignored.
 
 Whoever can write the directory can plant anything in it (DESIGN.md invariant
-10): every open, read, rename and listing goes through ``_fileio``, which
+10): every open, read, rename and listing goes through ``fileio``, which
 follows no symlink below the root and reads only regular files, each within a
 cap: ``MAX_RECORD_BYTES`` for a lease, cluster, heartbeat or acceptance
 record, ``MAX_CHECKPOINT_BYTES`` for a checkpoint, the store's ``segment_cap``
@@ -28,10 +28,10 @@ of our names is a CorruptRecord: raised where the caller needs that record
 (lease, cluster, checkpoint), logged once and skipped where it reads many
 (heartbeats, events, listings).
 
-One module per part: ``_filelayout`` (names and caps, shared with the tail
-in ``file_tail``), ``_filetree`` (directories), ``_filelease`` (the lease and
-its lock), ``_filecheckpoints``, ``_filelogs`` (heartbeats and events),
-``_filelocation`` (synced folders and NFS), ``_fileio`` (untrusted files).
+One module per part: ``layout`` (names and caps, shared with the tail
+in ``tail``), ``tree`` (directories), ``lease`` (the lease and
+its lock), ``checkpoints``, ``logs`` (heartbeats and events),
+``location`` (synced folders and NFS), ``fileio`` (untrusted files).
 """
 
 from __future__ import annotations
@@ -45,21 +45,21 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from ..errors import ConfigError, StoreError, StoreUnavailable
-from ..limits import MAX_RECORD_BYTES
-from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
-from ._filecheckpoints import CheckpointFiles
-from ._fileio import TMP_PREFIX, atomic_write, discard, read_file, write_temp
-from ._filelayout import MAX_SEGMENT_BYTES, agent_parts, log
-from ._filelease import cas_lease_in, lease_in
-from ._filelocation import Mount, check_location, mount_of
-from ._filelogs import EventLogs, HeartbeatFiles
-from ._filetree import StoreTree
-from ._reported import ReportedOnce
-from .base import Fence, Store, StoreGuarantees
-from .file_tail import FileTail
+from ...errors import ConfigError, StoreError, StoreUnavailable
+from ...limits import MAX_RECORD_BYTES
+from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .._reported import ReportedOnce
+from ..base import Fence, Store, StoreGuarantees
+from .checkpoints import CheckpointFiles
+from .fileio import TMP_PREFIX, atomic_write, discard, read_file, write_temp
+from .layout import MAX_SEGMENT_BYTES, agent_parts, log
+from .lease import cas_lease_in, lease_in
+from .location import check_location, mount_of
+from .logs import EventLogs, HeartbeatFiles
+from .tail import FileTail
+from .tree import StoreTree
 
-__all__ = ["MAX_SEGMENT_BYTES", "FileStore", "Mount", "mount_of"]
+__all__ = ["GUARANTEES", "FileStore"]
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="OFD fcntl locks: real on a local filesystem and on NFS with working lockd; "

@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CorruptRecord
-from ..limits import MAX_EPOCH, MAX_NUMBER, MAX_SEQ
+from ...errors import CorruptRecord
+from ...limits import MAX_EPOCH, MAX_NUMBER, MAX_SEQ
 
 __all__ = [
     "EPOCH_DIGITS",

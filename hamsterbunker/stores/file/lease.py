@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import LeaseConflict, StoreUnavailable
-from ..limits import MAX_RECORD_BYTES
-from ..records import LeaseRecord
-from ._fileio import discard, open_regular, read_file, write_temp
+from ...errors import LeaseConflict, StoreUnavailable
+from ...limits import MAX_RECORD_BYTES
+from ...records import LeaseRecord
+from .fileio import discard, open_regular, read_file, write_temp
 
 __all__ = ["cas_lease_in", "lease_in", "lease_locked"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StoreUnsafe
+from ...errors import StoreUnsafe
 
 __all__ = ["Mount", "check_location", "mount_of"]
 

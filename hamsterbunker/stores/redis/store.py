@@ -61,13 +61,15 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
 
-from ..errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
-from ..failpoints import failpoint
-from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ, check_checkpoint_bounds
-from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
-from . import _redis_scripts as _scripts
-from ._redis_connection import RedisConnection, parse_redis_url
-from ._redis_replies import (
+from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
+from ...failpoints import failpoint
+from ...limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ, check_checkpoint_bounds
+from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .._reported import ReportedOnce
+from ..base import Fence, Store, StoreGuarantees, describe_fence_text, fence_text
+from . import scripts as _scripts
+from .connection import RedisConnection
+from .replies import (
     bounded,
     checkpoint_info,
     events_in,
@@ -77,11 +79,9 @@ from ._redis_replies import (
     reporter,
     text,
 )
-from ._redis_tail import RedisTail
-from ._reported import ReportedOnce
-from .base import Fence, Store, StoreGuarantees, describe_fence_text, fence_text
+from .tail import RedisTail
 
-__all__ = ["GUARANTEES", "RedisStore", "RedisTail", "parse_redis_url"]
+__all__ = ["GUARANTEES", "RedisStore"]
 
 log = logging.getLogger(__name__)
 

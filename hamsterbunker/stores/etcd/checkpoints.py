@@ -14,12 +14,14 @@ from typing import Any
 
 from etcd3gw.exceptions import Etcd3Exception
 
-from ..errors import CorruptRecord, StoreError
-from ..failpoints import failpoint
-from ..limits import check_checkpoint_bounds
-from ..records import CheckpointInfo
-from ._etcd_connection import EtcdConnection, grpc_error, too_large
-from ._etcd_kv import (
+from ...errors import CorruptRecord, StoreError
+from ...failpoints import failpoint
+from ...limits import check_checkpoint_bounds
+from ...records import CheckpointInfo
+from .._reported import ReportedOnce
+from ..base import Fence, describe_fence_text
+from .connection import EtcdConnection, grpc_error, too_large
+from .kv import (
     b64,
     checkpoint_key,
     checkpoint_name,
@@ -34,8 +36,6 @@ from ._etcd_kv import (
     ranges,
     unb64,
 )
-from ._reported import ReportedOnce
-from .base import Fence, describe_fence_text
 
 __all__ = ["EtcdCheckpoints"]
 

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..errors import CorruptRecord
-from ..failpoints import failpoint
-from ..limits import STALE_TEMP_AGE_S
+from ...errors import CorruptRecord
+from ...failpoints import failpoint
+from ...limits import STALE_TEMP_AGE_S
 
 __all__ = [
     "TMP_PREFIX",

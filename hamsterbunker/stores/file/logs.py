@@ -15,13 +15,13 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import CorruptRecord, StoreError
-from ..limits import MAX_RECORD_BYTES
-from ..records import Event, Heartbeat, check_name
-from ._fileio import atomic_write, closing_fd, discard, open_regular, read_file, write_all
-from ._filelayout import EVENTS_NAME, HEARTBEAT_NAME, agent_parts, record_files
-from ._filetree import StoreTree
-from ._reported import readable
+from ...errors import CorruptRecord, StoreError
+from ...limits import MAX_RECORD_BYTES
+from ...records import Event, Heartbeat, check_name
+from .._reported import readable
+from .fileio import atomic_write, closing_fd, discard, open_regular, read_file, write_all
+from .layout import EVENTS_NAME, HEARTBEAT_NAME, agent_parts, record_files
+from .tree import StoreTree
 
 __all__ = ["EventLogs", "HeartbeatFiles"]
 

@@ -12,15 +12,15 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import StoreError
-from ..failpoints import failpoint
-from ..limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds
-from ..records import CheckpointInfo
-from ._fileio import closing_fd, dir_entries, discard, file_kind, make_subdir, read_file, write_temp
-from ._filelayout import CHECKPOINT_NAME, agent_parts, checkpoint_name, checkpoint_name_problem
-from ._filelease import lease_in, lease_locked
-from ._filetree import StoreTree
-from .base import Fence, check_fence, check_own_epoch
+from ...errors import StoreError
+from ...failpoints import failpoint
+from ...limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds
+from ...records import CheckpointInfo
+from ..base import Fence, check_fence, check_own_epoch
+from .fileio import closing_fd, dir_entries, discard, file_kind, make_subdir, read_file, write_temp
+from .layout import CHECKPOINT_NAME, agent_parts, checkpoint_name, checkpoint_name_problem
+from .lease import lease_in, lease_locked
+from .tree import StoreTree
 
 __all__ = ["CheckpointFiles"]
 

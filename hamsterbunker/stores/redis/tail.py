@@ -1,6 +1,6 @@
 """The Redis store's tail: new events and current heartbeats in one script call.
 
-The script (``_redis_scripts.TAIL``) is handed how many events of each node
+The script (``scripts.TAIL``) is handed how many events of each node
 were read so far and sends only the newer ones, with every heartbeat.
 """
 
@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..limits import MAX_SEQ
-from ..records import Event
-from ._redis_replies import Report, events_in, heartbeats_in, node_name
-from .tail import TailRead
+from ...limits import MAX_SEQ
+from ...records import Event
+from ..tail import TailRead
+from .replies import Report, events_in, heartbeats_in, node_name
 
 __all__ = ["RedisTail"]
 

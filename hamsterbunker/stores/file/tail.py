@@ -23,10 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CorruptRecord, StoreError
-from ..limits import MAX_RECORD_BYTES
-from ..records import Event, Heartbeat
-from ._fileio import (
+from ...errors import CorruptRecord, StoreError
+from ...limits import MAX_RECORD_BYTES
+from ...records import Event, Heartbeat
+from .._reported import ReportedOnce, readable
+from ..tail import TailRead
+from .fileio import (
     closing_fd,
     file_kind,
     open_regular,
@@ -35,9 +37,7 @@ from ._fileio import (
     pread_upto,
     read_file,
 )
-from ._filelayout import EVENTS_NAME, HEARTBEAT_NAME, MAX_SEGMENT_BYTES, log, record_files
-from ._reported import ReportedOnce, readable
-from .tail import TailRead
+from .layout import EVENTS_NAME, HEARTBEAT_NAME, MAX_SEGMENT_BYTES, log, record_files
 
 __all__ = ["FileTail"]
 

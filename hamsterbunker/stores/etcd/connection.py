@@ -21,8 +21,8 @@ import requests
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
-from ..errors import ConfigError, StoreError, StoreUnavailable
-from ._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
+from ...errors import ConfigError, StoreError, StoreUnavailable
+from .._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
 
 __all__ = [
     "DEFAULT_PORT",

@@ -16,7 +16,7 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.types import Event as WatchEvent
 from etcd3gw.watch import Watcher
 
-from ._etcd_connection import EtcdConnection
+from .connection import EtcdConnection
 
 __all__ = ["Follower"]
 

@@ -13,9 +13,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import CorruptRecord, StoreError
-from ._fileio import opened_dir, read_file, sweep_temps
-from ._filelayout import agent_parts, log
+from ...errors import CorruptRecord, StoreError
+from .fileio import opened_dir, read_file, sweep_temps
+from .layout import agent_parts, log
 
 __all__ = ["StoreTree"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import re
 
-from ..limits import check_checkpoint_bounds
-from ..records import check_name
-from ._fileio import dir_entries
+from ...limits import check_checkpoint_bounds
+from ...records import check_name
+from .fileio import dir_entries
 
 __all__ = [
     "CHECKPOINT_NAME",

@@ -67,12 +67,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from etcd3gw.client import Etcd3Client
 
-from ..errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
-from ..limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
-from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
-from ._etcd_checkpoints import EtcdCheckpoints
-from ._etcd_connection import EtcdConnection, EtcdTarget, parse_etcd_url
-from ._etcd_kv import (
+from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
+from ...limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
+from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .._reported import ReportedOnce, readable
+from ..base import Fence, Store, StoreGuarantees, fence_text
+from .checkpoints import EtcdCheckpoints
+from .connection import EtcdConnection, parse_etcd_url
+from .kv import (
     TXN_OPS,
     b64,
     checkpoint_key,
@@ -86,11 +88,9 @@ from ._etcd_kv import (
     revision,
     unb64,
 )
-from ._etcd_watch import Follower
-from ._reported import ReportedOnce, readable
-from .base import Fence, Store, StoreGuarantees, fence_text
+from .watch import Follower
 
-__all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]
+__all__ = ["GUARANTEES", "EtcdStore"]
 
 log = logging.getLogger(__name__)
 
