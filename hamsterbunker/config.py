@@ -117,6 +117,10 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
                 check_name(kind, value)
             except ConfigError as exc:
                 raise ConfigError(f"{path}: key {kind!r}: {exc}") from None
+    try:
+        config.timing  # noqa: B018 (made to be checked: tick_ms and lease_ttl_ms together)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return config
 
 

@@ -45,9 +45,8 @@ def secret_path(name: str, directory: Path) -> Path:
 def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) -> Provisioned:
     config_file = instance_path(name, directory)
     secret_file = secret_path(name, directory)
-    # Check everything `hb run` will check before writing anything.
+    # Check everything `hb run` will check (the timing included) before writing anything.
     parse_config(config.to_toml_dict(), config_file)
-    config.timing  # noqa: B018 (made only to be checked: ConfigError if it cannot keep one leader)
     if config_file.exists() and not force:
         raise ConfigError(f"{config_file} already exists; pass --force to replace it")
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
