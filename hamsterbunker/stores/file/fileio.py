@@ -182,6 +182,13 @@ def open_regular(
 
     Anything else there is a CorruptRecord naming path; FileNotFoundError if absent.
     """
+    return _open_regular(dir_fd, name, path, flags, mode)[0]
+
+
+def _open_regular(
+    dir_fd: int, name: str, path: Path, flags: int = _READ_FLAGS, mode: int = 0o600
+) -> tuple[int, int]:
+    """open_regular, and the size its fstat saw (a reader need not ask again)."""
     try:
         fd = os.open(name, flags, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -189,13 +196,14 @@ def open_regular(
             raise CorruptRecord(f"{path} is {_NOT_A_FILE[exc.errno]}: not opened") from exc
         raise
     try:
-        kind = file_kind(os.fstat(fd).st_mode)
+        st = os.fstat(fd)
+        kind = file_kind(st.st_mode)
         if kind is not None:
             raise CorruptRecord(f"{path} is {kind}, not a regular file: not read")
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st.st_size
 
 
 def pread_upto(fd: int, offset: int, count: int) -> bytes:
@@ -215,12 +223,11 @@ def _too_big(path: Path, limit: int) -> CorruptRecord:
     return CorruptRecord(f"{path} is over the limit of {limit} bytes: not read")
 
 
-def _read_limited(fd: int, path: Path, limit: int) -> bytes:
-    """The whole file, if it is at most limit bytes; CorruptRecord if not.
+def _read_limited(fd: int, size: int, path: Path, limit: int) -> bytes:
+    """The whole file (size bytes when opened) if at most limit bytes; CorruptRecord if not.
 
     Never reads more than limit + 1 bytes (nothing, if its size already says so).
     """
-    size = os.fstat(fd).st_size
     if size > limit:
         raise _too_big(path, limit)
     data = pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
@@ -234,11 +241,11 @@ def _read_limited(fd: int, path: Path, limit: int) -> bytes:
 def read_file(dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
     """The bytes of the regular file name in dir_fd (see open_regular), or None if absent."""
     try:
-        fd = open_regular(dir_fd, name, path)
+        fd, size = _open_regular(dir_fd, name, path)
     except FileNotFoundError:
         return None
     with closing_fd(fd):
-        return _read_limited(fd, path, limit)
+        return _read_limited(fd, size, path, limit)
 
 
 # -- writing --------------------------------------------------------------------------
