@@ -47,7 +47,7 @@ from typing import ParamSpec, TypeVar
 
 from ...errors import ConfigError, StoreError, StoreUnavailable
 from ...limits import MAX_RECORD_BYTES
-from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from .._reported import ReportedOnce
 from ..base import Fence, Store, StoreGuarantees
 from .checkpoints import CheckpointFiles
@@ -114,8 +114,7 @@ class FileStore(Store):
         # The most read of one event segment (see MAX_SEGMENT_BYTES).
         self.segment_cap = min(events_per_segment * MAX_RECORD_BYTES, MAX_SEGMENT_BYTES)
         self.lock_timeout = lock_timeout
-        self._report = ReportedOnce(log)
-        self._tree = StoreTree(self.root, self._report)
+        self._tree = StoreTree(self.root, ReportedOnce(log))  # its report is the tail's too
         self._checkpoints = CheckpointFiles(
             self._tree, keep=keep_checkpoints, lock_timeout=lock_timeout
         )
@@ -282,8 +281,7 @@ class FileStore(Store):
 
     def tail(self, agent: str) -> FileTail:
         """Follow the agent's events and heartbeats, reading only what changed."""
-        check_name("agent id", agent)
-        return FileTail(self.root, agent, segment_cap=self.segment_cap, report=self._report)
+        return FileTail(self._tree, agent, segment_cap=self.segment_cap)
 
     def close(self) -> None:
         pass

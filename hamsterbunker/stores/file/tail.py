@@ -19,25 +19,16 @@ and skipped.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_RECORD_BYTES
 from ...records import Event, Heartbeat
-from .._reported import ReportedOnce, readable
+from .._reported import readable
 from ..tail import TailRead
-from .fileio import (
-    closing_fd,
-    file_kind,
-    open_regular,
-    opened_dir,
-    opened_subdir,
-    pread_upto,
-    read_file,
-)
-from .layout import EVENTS_NAME, HEARTBEAT_NAME, MAX_SEGMENT_BYTES, log, record_files
+from .fileio import closing_fd, file_kind, open_regular, opened_subdir, pread_upto, read_file
+from .layout import EVENTS_NAME, HEARTBEAT_NAME, agent_parts, record_files
+from .tree import StoreTree
 
 __all__ = ["FileTail"]
 
@@ -55,27 +46,20 @@ class _Position:
 
 
 class FileTail:
-    def __init__(
-        self,
-        root: Path,
-        agent: str,
-        *,
-        segment_cap: int = MAX_SEGMENT_BYTES,
-        report: Callable[[str], None] | None = None,
-    ) -> None:
-        self._root = root
-        self._agent_parts = ("agents", agent)
-        agent_dir = root.joinpath(*self._agent_parts)
+    def __init__(self, tree: StoreTree, agent: str, *, segment_cap: int) -> None:
+        self._tree = tree
+        self._agent_parts = agent_parts(agent)
+        agent_dir = tree.agent_dir(agent)
         self._events_dir = agent_dir / "events"
         self._heartbeats_dir = agent_dir / "heartbeats"
         self._cap = segment_cap
-        self._report = report or ReportedOnce(log)
+        self._report = tree.report  # the store's: each problem logged once
         self._positions: dict[str, _Position] = {}
         self._beats: dict[str, tuple[tuple[int, int, int], Heartbeat | None]] = {}
 
     def read(self) -> TailRead:
         try:
-            with opened_dir(self._root, self._agent_parts) as agent_fd:
+            with self._tree.reading(*self._agent_parts) as agent_fd:
                 if agent_fd is None:  # no store, or no agent yet: nothing to read
                     self._beats = {}
                     return TailRead([], [])
