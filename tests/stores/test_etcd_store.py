@@ -31,13 +31,15 @@ from hamsterbunker.errors import (
     StoreError,
     StoreUnavailable,
 )
-from hamsterbunker.records import Event, Heartbeat, LeaseRecord
+from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
 from hamsterbunker.stores.etcd import store as etcd_module
 from tests.support import each_ended
 from tests.support.etcd_server import EtcdServer, etcd_url, shared_etcd
+from tests.support.records import lease
+from tests.support.records import network_event as event
 from tests.support.server_process import free_port, stop_thawed
 from tests.support.store_watch import next_wake
 from tests.support.tls_certs import make_certificates
@@ -46,10 +48,6 @@ WAIT_S = 10.0
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-def lease(holder: str | None, epoch: int, session: str = "s1") -> LeaseRecord:
-    return LeaseRecord(holder=holder, region="eu", session=session, epoch=epoch, ttl_ms=2000)
 
 
 def heartbeat(node: str, role: str = "standby") -> Heartbeat:
@@ -64,10 +62,6 @@ def heartbeat(node: str, role: str = "standby") -> Heartbeat:
         leader=None,
         time=time.time(),
     )
-
-
-def event(node: str, n: int) -> Event:
-    return Event(node=node, n=n, type="agent.step", time=float(n), epoch=1, seq=n)
 
 
 def raw_client(server: EtcdServer) -> Etcd3Client:
