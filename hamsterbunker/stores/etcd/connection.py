@@ -170,8 +170,8 @@ class EtcdConnection:
         if self.current == failed:  # not yet moved on by another thread's failure
             self.current = (failed + 1) % len(self._clients)
 
-    def _unreachable(self, index: int, exc: Exception) -> str:
-        """Why endpoint index could not be reached: a TLS refusal in words, else the error."""
+    def _unreachable(self, exc: Exception) -> str:
+        """Why an endpoint could not be reached: a TLS refusal in words, else the error."""
         tls = tls_error_in(exc)
         if tls is not None:
             target = self.target
@@ -217,12 +217,9 @@ class EtcdConnection:
         where = f"etcd store {what} ({self._endpoint_text(used)})"
         try:
             yield
-        except (ConnectionFailedError, ConnectionTimeoutError) as exc:
+        except (ConnectionFailedError, ConnectionTimeoutError, requests.RequestException) as exc:
             self.next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {self._unreachable(used, exc)}") from exc
-        except requests.RequestException as exc:
-            self.next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {self._unreachable(used, exc)}") from exc
+            raise StoreUnavailable(f"{where}: {self._unreachable(exc)}") from exc
         except Etcd3Exception as exc:
             code, message = grpc_error(exc)
             if code in _TRANSIENT_CODES:
