@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
@@ -37,6 +37,7 @@ from .limits import (
     check_checkpoint_bounds,
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .stores._reported import readable
 from .stores.base import Fence, Store, StoreGuarantees, check_fence, check_own_epoch
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
@@ -51,6 +52,15 @@ MEMORY_GUARANTEES = StoreGuarantees(
 
 # How often watch() looks at the change counter.
 _WATCH_POLL_S = 0.02
+
+
+def _report(kind: str) -> Callable[[str, bytes, Exception], None]:
+    """How the memory store logs a heartbeat or event of this kind that does not parse."""
+
+    def report(node: str, _data: bytes, exc: Exception) -> None:
+        log.warning("memory store: ignoring an unreadable %s of %s: %s", kind, node, exc)
+
+    return report
 
 
 def _listable(info: CheckpointInfo) -> bool:
@@ -240,16 +250,8 @@ class MemoryStore(Store):
         with self._lock:
             beats = self._agent(agent).heartbeats
             stored = [(node, beats[node]) for node in sorted(beats)]
-        listed = []
-        for node, data in stored:
-            try:  # only a test can plant a damaged one; skipped as the real backends do
-                beat = Heartbeat.from_json(data)
-            except CorruptRecord as exc:
-                log.warning("memory store: ignoring an unreadable heartbeat of %s: %s", node, exc)
-                continue
-            if beat.node == node:
-                listed.append(beat)
-        return listed
+        # Only a test can plant a damaged one; skipped as the real backends do.
+        return list(readable(stored, Heartbeat.from_json, _report("heartbeat")))
 
     def remove_heartbeat(self, agent: str, node: str) -> None:
         """Drop a node's heartbeat (graceful stop). No error if absent."""
@@ -279,18 +281,10 @@ class MemoryStore(Store):
         with self._lock:
             logs = self._agent(agent).events
             stored = [(node, list(logs[node])) for node in sorted(logs)]
-        events: list[Event] = []
-        for node, lines in stored:
-            cursor = after.get(node, 0)
-            for line in lines:
-                try:  # only a test can plant a damaged one; skipped as the real backends do
-                    event = Event.from_json(line)
-                except CorruptRecord as exc:
-                    log.warning("memory store: ignoring an unreadable event of %s: %s", node, exc)
-                    continue
-                if event.node == node and event.n > cursor:
-                    events.append(event)
-        return events
+        # Only a test can plant a damaged one; skipped as the real backends do.
+        lines = ((node, line) for node, node_lines in stored for line in node_lines)
+        parsed = readable(lines, Event.from_json, _report("event"))
+        return [event for event in parsed if event.n > after.get(event.node, 0)]
 
     # -- watch -------------------------------------------------------------
 
