@@ -136,7 +136,6 @@ class RedisStore(Store):
             raise ConfigError("keep_checkpoints and events_per_node must be at least 1")
         self._connection = RedisConnection(url)
         self.url, self.prefix = self._connection.url, self._connection.prefix
-        self.server = self._connection.server
         self.keep_checkpoints = keep_checkpoints
         self.events_per_node = events_per_node
         self._redis = self._connection.client()
