@@ -384,6 +384,22 @@ def test_the_tail_reads_at_most_its_cap_per_call_and_still_moves_on(
     assert sorted((e.node, e.n) for e in got) == [("n1", 1), ("n2", 1)]
 
 
+def test_an_idle_tail_does_not_read_a_long_first_line_again(
+    store: FileStore, root: Path, bytes_read: Callable[[], int]
+) -> None:
+    """A planted first line of nearly a cap is not read whole on every call: to know its
+    segment again the tail compares at most a record's length of it."""
+    populate(store)
+    line = b"x" * (store.segment_cap - 2) + b"\n"
+    (agent_dir(root) / "events" / "n2.jsonl").write_bytes(line)
+    tail = store.tail(AGENT)
+    assert [(e.node, e.n) for e in tail.read().events] == [("n1", 1)]
+    start = bytes_read()
+    for _ in range(3):
+        assert tail.read().events == []
+    assert bytes_read() - start < 4 * MAX_RECORD_BYTES
+
+
 # -- checkpoint numbers ---------------------------------------------------------------
 
 JUNK_NAMES = [

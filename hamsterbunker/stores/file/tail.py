@@ -38,8 +38,10 @@ class _Position:
     """How far one node's event log has been read."""
 
     inode: int
-    # The segment's first complete line (empty until it has one). With the inode
-    # it tells a segment apart from a later one given the same inode number.
+    # The segment's first complete line (empty until it has one), at most
+    # MAX_RECORD_BYTES of it: a longer line is junk, and comparing all of it would
+    # read up to a cap more on every call. With the inode it tells a segment apart
+    # from a later one given the same inode number.
     head: bytes
     offset: int  # bytes consumed: always just after a complete line
     last_n: int  # the highest event number returned for this node
@@ -105,7 +107,7 @@ class FileTail:
                 offset, head = 0, b""
             new_lines, consumed = _complete_lines(self._capped_read(fd, offset), self._cap)
         if offset == 0 and new_lines:
-            head = new_lines[0]
+            head = new_lines[0][:MAX_RECORD_BYTES]
         lines += new_lines
         events = []
         for event in readable(((node, line) for line in lines), Event.from_json, self._skipped):
