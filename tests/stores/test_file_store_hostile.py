@@ -409,6 +409,7 @@ JUNK_NAMES = [
     f"ckpt-{1:021d}-{1:010d}.hbc",  # 21 seq digits
     f"ckpt-{1:020d}-{MAX_EPOCH + 1:011d}.hbc",  # epoch past the limit, 11 digits
     "ckpt-3-1.hbc",  # digits we never write
+    "ckpt-" + "\u0660" * 19 + "\u0663-" + "\u0660" * 9 + "\u0661.hbc",  # Arabic-Indic 3 and 1
 ]
 
 

@@ -67,6 +67,10 @@ def checkpoint_name(seq: int, epoch: int) -> str:
 def checkpoint_name_problem(match: re.Match[str]) -> str | None:
     """Why a name matching CHECKPOINT_NAME is not one we could have written, or None."""
     seq_digits, epoch_digits = match[1], match[2]
+    # \d matches any script's digits, and int() reads them: such a name would be listed
+    # under numbers whose file (named in ASCII digits) does not exist.
+    if not (seq_digits + epoch_digits).isascii():
+        return "a checkpoint name with digits other than 0-9"
     if (len(seq_digits), len(epoch_digits)) != (20, 10):
         return "a checkpoint name with other than 20 seq and 10 epoch digits"
     return check_checkpoint_bounds(int(seq_digits), int(epoch_digits), 0)
