@@ -205,6 +205,33 @@ def test_redis_malformed_fence_is_fenced_not_a_crash(
     assert store.list_checkpoints("a") == []
 
 
+def test_redis_huge_version_and_fence_are_not_sent_back_whole(
+    redis_pair: tuple[RedisStore, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease version or fence a store writer made huge refuses as any other (LeaseConflict;
+    Fenced by an unreadable fence), the scripts sending back only its first bytes."""
+    store, raw = redis_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    huge = b"9" * (4 * MAX_RECORD_BYTES)
+    raw.hset(rkey(store, "lease"), mapping={"version": huge, "fence": huge})
+    answers: list[Any] = []
+
+    def answers_kept(script: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            answers.append(script(*args, **kwargs))
+            return answers[-1]
+
+        return run
+
+    for name in ("_cas_lease", "_put_checkpoint"):
+        monkeypatch.setattr(store, name, answers_kept(getattr(store, name)))
+    with pytest.raises(LeaseConflict):
+        store.cas_lease("a", held.version, lease("n1", 1))
+    with pytest.raises(Fenced, match="an unreadable fence"):
+        store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"x")
+    assert [len(answer[1]) for answer in answers] == [24, MAX_RECORD_BYTES + 1]
+
+
 @pytest.mark.parametrize("record", BAD_LEASES, ids=LEASE_IDS)
 def test_redis_unbelievable_lease_record_is_corrupt(
     redis_pair: tuple[RedisStore, Any], record: bytes

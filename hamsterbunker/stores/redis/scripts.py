@@ -25,14 +25,16 @@ __all__ = [
 ]
 
 # KEYS: lease hash. ARGV: expected version ('' for none), record JSON, fence,
-# new version, channels to publish on. Returns {'ok'} or {'conflict', version}.
+# new version, channels to publish on. Returns {'ok'} or {'conflict', version},
+# the version cut to 24 bytes: ours have at most 19 digits, and one a store
+# writer made huge is not shipped whole on every attempt.
 CAS_LEASE = """
 local current = redis.pcall('HGET', KEYS[1], 'version') or ''
 if type(current) == 'table' then
   return {'conflict', 'unreadable (the key is not a hash)'}
 end
 if current ~= ARGV[1] then
-  return {'conflict', current}
+  return {'conflict', string.sub(current, 1, 24)}
 end
 redis.call('HSET', KEYS[1], 'record', ARGV[2], 'fence', ARGV[3], 'version', ARGV[4])
 for i = 5, #ARGV do
@@ -50,14 +52,16 @@ return {'ok'}
 # would leave out, is passed over; only a checkpoint of the fence's own epoch at
 # or above seq refuses the write. Retention keeps the newest ARGV[5] at or
 # below seq and never touches anything above it. A lease key of another type is
-# no lease (fenced); checkpoint keys of another type are replaced.
+# no lease (fenced); checkpoint keys of another type are replaced. A refusing
+# fence over MAX_RECORD_BYTES is sent back cut to one byte over: still
+# unreadable, without its bytes.
 PUT_CHECKPOINT = """
 local fence = redis.pcall('HGET', KEYS[1], 'fence') or ''
 if type(fence) == 'table' then
   return {'fenced', ''}
 end
 if fence ~= ARGV[1] then
-  return {'fenced', fence}
+  return {'fenced', string.sub(fence, 1, tonumber(ARGV[9]) + 1)}
 end
 -- A checkpoint hash someone replaced by another type holds nothing we can read.
 for i = 2, 3 do
