@@ -24,8 +24,8 @@ from .errors import (
     Tampered,
     WrongSecret,
 )
-from .records import Event, Heartbeat, LeaseRecord
 from .node import Runtime
+from .records import Event, Heartbeat, LeaseRecord
 from .stores import Store, open_store
 from .stores.file import FileStore
 from .timing import LeaseTiming
