@@ -2,8 +2,8 @@
 
 ``lease``, ``fence_of``, ``heartbeat``, ``event`` and ``cluster`` are the file
 store tests' (times near 2023); ``network_heartbeat`` and ``network_event``
-are the Redis tests' and the hostile network store tests' (times 1.0 and n,
-an event's epoch and seq set).
+are the network store tests' (Redis, etcd and hostile contents: times 1.0
+and n, an event's epoch and seq set).
 """
 
 from __future__ import annotations
