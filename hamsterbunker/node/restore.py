@@ -80,9 +80,11 @@ class Restorer:
         """
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         infos = await self._calls.io(self._store.list_checkpoints, self._agent_id)
-        acceptance = await self._acceptance()
+        # The loss acceptance, while it forgives what this restore finds; None once it does not.
+        forgiving = await self._acceptance()
         reach = self._keeper.reach()
-        forgiving = acceptance is not None and acceptance.forgives(reach)
+        if forgiving is not None and not forgiving.forgives(reach):
+            forgiving = None
         found: tuple[CheckpointInfo, State] | None = None
         damaged: list[CheckpointInfo] = []
         # Newest first by epoch, then seq: after an accepted loss the new line numbers
@@ -92,15 +94,15 @@ class Restorer:
             if state is None:
                 damaged.append(info)
                 continue
-            if forgiving and acceptance is not None:
-                if info.epoch > acceptance.epoch:
-                    forgiving = False  # published after the acceptance: it forgives nothing
-                elif acceptance.to_seq is not None and info.seq > acceptance.to_seq:
+            if forgiving is not None:
+                if info.epoch > forgiving.epoch:
+                    forgiving = None  # published after the acceptance: it forgives nothing
+                elif forgiving.to_seq is not None and info.seq > forgiving.to_seq:
                     continue  # given up on purpose
             found = (info, state)
             break
-        if forgiving and acceptance is not None:
-            reach = acceptance.resume
+        if forgiving is not None:
+            reach = forgiving.resume
         if found is None:
             if not infos and reach == Reach():
                 state = await self._calls.work(self._agent.init)
@@ -127,22 +129,21 @@ class Restorer:
         newest = Reach(info.seq, info.epoch)
         if newest.seq < reach.seq or newest.epoch < reach.epoch:
             raise self._regressed(newest, reach, damaged)
-        if forgiving and acceptance is not None:
+        if forgiving is not None:
             self._keeper.accept_loss(newest)
             self._emit(
                 "store.loss_accepted",
-                acceptance=acceptance.id,
+                acceptance=forgiving.id,
                 from_seq=info.seq,
                 from_epoch=info.epoch,
-                given_up=[seq for seq, _epoch in acceptance.given_up],
+                given_up=[seq for seq, _epoch in forgiving.given_up],
             )
         self._standing.seq = info.seq
         self._keeper.learn_published(newest)
         self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=len(damaged))
         # Number on from the checkpoint resumed from: a damaged or junk one above it
         # keeps nothing out (the store refuses only our own epoch's seqs).
-        honoured = acceptance.id if forgiving and acceptance is not None else ""
-        return Progress(state, info.seq, accepted_loss=honoured)
+        return Progress(state, info.seq, accepted_loss="" if forgiving is None else forgiving.id)
 
     async def landed(self, context: StepContext) -> Progress | None:
         """The checkpoint of this term at or past context.seq, if a failed write landed after all.
