@@ -64,14 +64,14 @@ class EventSink:
 
     # -- events ----------------------------------------------------------------
 
-    def last_stored_number(self) -> int:
-        """The highest event number this node has in the store (blocking: call on the pool)."""
+    async def number_on_from_store(self) -> None:
+        """Number on from this node's highest event number in the store: readers that keep a
+        cursor per node see a new process's events too."""
+        self._n = await self._calls.io(self._last_stored_number)
+
+    def _last_stored_number(self) -> int:
         own = [e.n for e in self._store.read_events(self._id.agent) if e.node == self._id.node]
         return max(own, default=0)
-
-    def number_on_from(self, n: int) -> None:
-        """Number on from n: readers that keep a cursor per node see a new process's events too."""
-        self._n = n
 
     def emit(self, kind: str, **detail: Any) -> None:
         """Record a state change: on_event, the log, and this node's event log in the store."""

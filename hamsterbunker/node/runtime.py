@@ -194,7 +194,7 @@ class Runtime:
             # The secret is checked before this node writes anything but a new
             # cluster record: a node with the wrong secret touches nothing.
             sealer = await calls.io(cluster.open)
-            sink.number_on_from(await calls.io(sink.last_stored_number))
+            await sink.number_on_from_store()
             restorer = Restorer(
                 self.agent,
                 self.agent_id,
