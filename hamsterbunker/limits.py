@@ -10,7 +10,10 @@ use it: how old a temporary file must be before it counts as left by a crash.
 from __future__ import annotations
 
 __all__ = [
+    "EFFECT_KINDS",
     "MAX_CHECKPOINT_BYTES",
+    "MAX_EFFECTS_PER_STEP",
+    "MAX_EFFECT_BYTES",
     "MAX_EPOCH",
     "MAX_JSON_DEPTH",
     "MAX_LEASE_TTL_MS",
@@ -19,6 +22,7 @@ __all__ = [
     "MAX_SEQ",
     "STALE_TEMP_AGE_S",
     "check_checkpoint_bounds",
+    "check_effect_bounds",
 ]
 
 # Epochs are written as 10 digits in file names: a takeover a second for 300 years.
@@ -34,6 +38,16 @@ MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
 MAX_RECORD_BYTES = 64 * 1024
 # Nesting of JSON arrays and objects in a record (an event's detail included).
 MAX_JSON_DEPTH = 16
+# One sealed effect-journal record (an effect's intent or its outcome), as stored:
+# well below etcd's default request limit (1.5 MiB), so every backend holds one.
+MAX_EFFECT_BYTES = 512 * 1024
+# Journaled effects in one step: a step may call no more, and a node reads no more
+# of one step's journal, so a replay reads at most 2 * 128 * 512 KiB = 128 MiB,
+# whatever was written or planted.
+MAX_EFFECTS_PER_STEP = 128
+# The two records an effect may have: "intent" (written before a replay="interrupted"
+# effect is called) and "outcome" (its result or error).
+EFFECT_KINDS = ("intent", "outcome")
 # A lease TTL above this in a lease record is not believed: ten minutes.
 MAX_LEASE_TTL_MS = 600_000
 
@@ -59,5 +73,24 @@ def check_checkpoint_bounds(seq: int, epoch: int, size: int) -> str | None:
             f"checkpoint {seq} is {size} bytes sealed, above the limit of "
             f"{MAX_CHECKPOINT_BYTES} bytes ({MAX_CHECKPOINT_BYTES // 2**20} MiB): keep the "
             "agent's state smaller"
+        )
+    return None
+
+
+def check_effect_bounds(seq: int, index: int, kind: str, size: int) -> str | None:
+    """Why an effect-journal record with these numbers may not be stored, or None if it may."""
+    if not 0 < seq <= MAX_SEQ:
+        return f"effect record seq {seq} is outside 1..{MAX_SEQ}"
+    if not 0 <= index < MAX_EFFECTS_PER_STEP:
+        return (
+            f"effect index {index} is outside 0..{MAX_EFFECTS_PER_STEP - 1}: a step may call "
+            f"at most {MAX_EFFECTS_PER_STEP} journaled effects"
+        )
+    if kind not in EFFECT_KINDS:
+        return f"effect record kind {kind!r} is not one of {', '.join(EFFECT_KINDS)}"
+    if size > MAX_EFFECT_BYTES:
+        return (
+            f"effect record is {size} bytes sealed, above the limit of {MAX_EFFECT_BYTES} bytes "
+            f"({MAX_EFFECT_BYTES // 2**10} KiB): return a smaller result from the effect"
         )
     return None

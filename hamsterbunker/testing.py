@@ -35,6 +35,7 @@ from .limits import (
     MAX_RECORD_BYTES,
     MAX_SEQ,
     check_checkpoint_bounds,
+    check_effect_bounds,
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
@@ -80,6 +81,8 @@ class _Agent:
     # seq -> (info, sealed bytes): the newest keep_checkpoints at or below the last
     # seq written, and whatever was above it. A test may plant junk here.
     checkpoints: dict[int, tuple[CheckpointInfo, bytes]] = field(default_factory=dict)
+    # (seq, index, kind) -> sealed bytes: the effect journal. A test may plant junk here.
+    effects: dict[tuple[int, int, str], bytes] = field(default_factory=dict)
     acceptance: bytes | None = None
     heartbeats: dict[str, bytes] = field(default_factory=dict)
     events: dict[str, deque[bytes]] = field(default_factory=dict)
@@ -177,6 +180,8 @@ class MemoryStore(Store):
             below = sorted((s for s in state.checkpoints if s <= seq), reverse=True)
             for old in below[self.keep_checkpoints :]:
                 del state.checkpoints[old]
+            for key in [key for key in state.effects if key[0] <= seq]:
+                del state.effects[key]  # this step's journal and older: never read again
             state.changes += 1
         return info
 
@@ -208,6 +213,35 @@ class MemoryStore(Store):
                 f"of {MAX_CHECKPOINT_BYTES} bytes"
             )
         return found[1]
+
+    # -- effect journal ----------------------------------------------------
+
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        """Store one effect-journal record of step seq, only if fence matches the current lease."""
+        problem = check_effect_bounds(seq, index, kind, len(blob))
+        if problem is not None:
+            raise StoreError(problem)
+        with self._lock:
+            state = self._agent(agent)
+            lease = None if state.lease is None else LeaseRecord.from_json(state.lease)
+            check_fence(lease, fence, seq)
+            state.effects[(seq, index, kind)] = bytes(blob)
+            state.changes += 1
+
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        """The journal of step seq; a planted entry outside the bounds is logged and left out."""
+        with self._lock:
+            stored = [(k, v) for k, v in self._agent(agent).effects.items() if k[0] == seq]
+        journal = {}
+        for (_seq, index, kind), blob in stored:
+            problem = check_effect_bounds(seq, index, kind, len(blob))
+            if problem is None:
+                journal[(index, kind)] = blob
+            else:
+                log.warning("memory store: leaving out an effect record of %s: %s", agent, problem)
+        return journal
 
     # -- loss acceptance ---------------------------------------------------
 

@@ -162,6 +162,13 @@ class Store(Protocol):
         few checkpoints at or below seq and removes older ones; a checkpoint
         above seq (junk, or a damaged one the caller skipped) is left as it is.
         A checkpoint of another epoch under the same seq may be replaced.
+
+        Once the checkpoint is durable, the same call removes the effect journal
+        (``put_effect``) of every step at or below seq: a replay only ever reads
+        the journal of the step after the newest checkpoint, so these are never
+        read again. Never before the checkpoint is durable: a crash in between
+        must leave the journal of a step that is not yet published. What a
+        crash leaves behind is removed by a later checkpoint.
         """
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -177,6 +184,30 @@ class Store(Protocol):
 
         Raises CorruptRecord, reading no more than that, for stored bytes over
         ``hamsterbunker.limits.MAX_CHECKPOINT_BYTES``.
+        """
+
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        """Store one sealed effect-journal record of step seq durably, only under fence.
+
+        The record is the ``kind`` ("intent" or "outcome") of the step's effect
+        number ``index``. The fence check (as for put_checkpoint) and the write
+        are one atomic step; Fenced if the lease moved on. Durable as a
+        checkpoint is before it returns. Replaces a record under the same
+        (seq, index, kind). Raises StoreError, storing nothing, for numbers or a
+        size outside ``hamsterbunker.limits.check_effect_bounds`` (with its
+        message).
+        """
+
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        """The effect journal of step seq: (index, kind) -> the sealed bytes stored.
+
+        Not authenticated (the caller opens each record). An entry whose name
+        does not parse, whose numbers or kind are outside
+        ``check_effect_bounds``, or whose bytes are over
+        ``hamsterbunker.limits.MAX_EFFECT_BYTES`` is logged and left out, never
+        raised, reading no more than that limit of it.
         """
 
     def read_acceptance(self, agent: str) -> bytes | None:
