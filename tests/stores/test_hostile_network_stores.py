@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from hamsterbunker.errors import CorruptRecord, Fenced, LeaseConflict, StoreError
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ
+from hamsterbunker.limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EFFECT_BYTES,
+    MAX_EFFECTS_PER_STEP,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+)
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.testing import MemoryStore
@@ -395,6 +401,136 @@ def test_redis_hostile_heartbeats_are_skipped(redis_pair: tuple[RedisStore, Any]
     assert store.list_heartbeats("a") == []
 
 
+# -- Redis: the effect journal ---------------------------------------------------
+
+
+def kept_answers(store: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every answer of the script store.name from now on (the script still runs)."""
+    answers: list[Any] = []
+    script = getattr(store, name)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        answers.append(script(*args, **kwargs))
+        return answers[-1]
+
+    monkeypatch.setattr(store, name, run)
+    return answers
+
+
+def redis_effect_hashes(store: RedisStore, raw: Any) -> set[int]:
+    """The steps that have a journal hash in Redis."""
+    prefix = rkey(store, "effects", "").encode()
+    return {int(key[len(prefix) :]) for key in raw.scan_iter(match=prefix + b"*", count=1000)}
+
+
+def test_redis_effect_keys_of_another_type_stall_nothing(
+    redis_pair: tuple[RedisStore, Any],
+) -> None:
+    """A step's journal or the effect-steps set replaced by another Redis type: read_effects
+    leaves it out (no WRONGTYPE error), put_effect writes afresh, a checkpoint goes through."""
+    store, raw = redis_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    fence = Fence("n1", "s1", held.epoch)
+    raw.set(rkey(store, "effects", "1"), "junk")
+    raw.rpush(rkey(store, "effect-steps"), "1")
+    assert store.read_effects("a", 1) == {}
+    store.put_effect("a", fence, 1, 0, "outcome", b"ours")
+    assert store.read_effects("a", 1) == {(0, "outcome"): b"ours"}
+    store.put_effect("a", fence, 2, 0, "outcome", b"two")
+    raw.delete(rkey(store, "effect-steps"))
+    raw.set(rkey(store, "effect-steps"), "junk")
+    store.put_checkpoint("a", fence, 1, b"checkpoint")
+    assert store.read_effects("a", 1) == {}
+    assert store.read_effects("a", 2) == {(0, "outcome"): b"two"}
+    assert raw.exists(rkey(store, "effect-steps")) == 0  # the junk set is dropped
+    raw.set(rkey(store, "effects", "2"), "junk")
+    store.put_checkpoint("a", fence, 2, b"checkpoint")  # its own step's journal: any type
+    assert raw.exists(rkey(store, "effects", "2")) == 0
+
+
+@pytest.mark.parametrize("fence", BAD_FENCES)
+def test_redis_malformed_fence_refuses_effect_records(
+    redis_pair: tuple[RedisStore, Any], fence: bytes
+) -> None:
+    """An effect record under a fence field that does not parse is Fenced, and not stored."""
+    store, raw = redis_pair
+    store.cas_lease("a", None, lease("n1", 1))
+    raw.hset(rkey(store, "lease"), "fence", fence)
+    with pytest.raises(Fenced, match="the lease is now"):
+        store.put_effect("a", Fence("n1", "s1", 1), 1, 0, "intent", b"x")
+    assert store.read_effects("a", 1) == {}
+
+
+def test_redis_planted_journal_fields_cost_a_read_nothing(
+    redis_pair: tuple[RedisStore, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Thousands of fields that are not a record's name, a record over MAX_EFFECT_BYTES: the
+    script looks up only the names it writes, sends a huge record's length instead of its
+    bytes, and the read logs what it left out (once) and returns the rest."""
+    store, raw = redis_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    store.put_effect("a", Fence("n1", "s1", held.epoch), 5, 3, "outcome", b"ours")
+    journal = rkey(store, "effects", "5")
+    junk = {f"junk{i}": b"j" for i in range(5000)}
+    junk.update({"03:outcome": b"j", "128:outcome": b"j", "-1:intent": b"j", "1:result": b"j"})
+    raw.hset(journal, mapping=junk)
+    raw.hset(journal, "4:intent", b"y" * (MAX_EFFECT_BYTES + 1))
+    raw.hset(journal, "0:intent", b"")  # an empty record is a record
+    answers = kept_answers(store._effects, "_read", monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="hamsterbunker.stores.redis"):
+        for _ in range(3):
+            assert store.read_effects("a", 5) == {(3, "outcome"): b"ours", (0, "intent"): b""}
+    [answer] = answers[:1]
+    assert answer[0] == len(junk) + 3  # counted, never sent
+    assert len(answer) == 1 + 2 * 3
+    assert (MAX_EFFECT_BYTES + 1) in answer  # its length, not its bytes
+    assert sum(len(item) for item in answer if isinstance(item, bytes)) < 100
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 2, said  # each problem once, not on every read
+    assert any(f"{MAX_EFFECT_BYTES + 1} bytes" in line for line in said)
+    assert any(f"left out {len(junk)} fields" in line for line in said)
+
+
+def test_redis_planted_steps_are_removed_a_bounded_number_per_checkpoint(
+    redis_pair: tuple[RedisStore, Any],
+) -> None:
+    """A thousand planted steps in effect-steps: each checkpoint removes the journals of at
+    most STEPS_REMOVED_PER_CHECKPOINT of them (the lowest) besides its own step's, so it does
+    bounded work, and later checkpoints remove the rest. A member's score is not believed:
+    one naming a step above the checkpoint keeps its journal; one naming no step is dropped."""
+    from hamsterbunker.stores.redis.effects import STEPS_REMOVED_PER_CHECKPOINT as PER
+
+    store, raw = redis_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    fence = Fence("n1", "s1", held.epoch)
+    steps = rkey(store, "effect-steps")
+    planted = range(1, 1001)
+    for first in range(1, 1001, 250):
+        pipe = raw.pipeline(transaction=False)
+        for seq in range(first, first + 250):
+            pipe.hset(rkey(store, "effects", str(seq)), "0:outcome", b"old")
+        pipe.zadd(steps, {str(seq): seq for seq in range(first, first + 250)})
+        pipe.execute()
+    raw.zadd(steps, {"abc": 0, "05": 0, "9" * 30: 0, "2500": 0})  # names no step, or a lie
+    raw.hset(rkey(store, "effects", "2500"), "0:outcome", b"a step to come")
+    store.put_effect("a", fence, 1500, 0, "outcome", b"this step")
+
+    store.put_checkpoint("a", fence, 1500, b"checkpoint")
+    left = redis_effect_hashes(store, raw)
+    assert 2500 in left and 1500 not in left
+    # Bounded: the four members scored 0 and the lowest planted steps, PER in all; the
+    # rest wait for the next checkpoints.
+    assert 4 < PER <= 64
+    assert set(planted) - left == set(range(1, PER - 4 + 1))
+    for seq in range(1501, 1501 + len(planted) // PER + 2):
+        store.put_checkpoint("a", fence, seq, b"checkpoint")
+    assert redis_effect_hashes(store, raw) == {2500}
+    assert [(m, int(s)) for m, s in raw.zrange(steps, 0, -1, withscores=True)] == [(b"2500", 2500)]
+    assert store.read_effects("a", 2500) == {(0, "outcome"): b"a step to come"}
+
+
 # -- etcd ------------------------------------------------------------------------
 
 
@@ -582,6 +718,104 @@ def test_etcd_hostile_heartbeat_and_event_keys_are_skipped(
 
 
 # -- MemoryStore (the contract's reference) ----------------------------------------
+
+
+# -- etcd: the effect journal ----------------------------------------------------
+
+
+def put_many(store: EtcdStore, items: dict[str, bytes]) -> None:
+    """Put many keys under agent "a", a txn of at most TXN_OPS puts at a time."""
+    from hamsterbunker.stores.etcd.kv import TXN_OPS, put_op
+
+    agent = store._agent_prefix("a")
+    ops = [put_op(agent + name, value) for name, value in items.items()]
+    for first in range(0, len(ops), TXN_OPS):
+        store._connection.txn([], ops[first : first + TXN_OPS])
+
+
+def kept_txns(store: EtcdStore, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every txn response of store from now on (the txn still runs)."""
+    responses: list[dict[str, Any]] = []
+    txn = store._connection.txn
+
+    def run(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        responses.append(txn(*args, **kwargs))
+        return responses[-1]
+
+    monkeypatch.setattr(store._connection, "txn", run)
+    return responses
+
+
+@pytest.mark.parametrize("fence", BAD_FENCES)
+def test_etcd_malformed_fence_refuses_effect_records(
+    etcd_pair: tuple[EtcdStore, Put], fence: bytes
+) -> None:
+    """An effect record under a fence key that does not parse is Fenced, and not stored."""
+    store, put = etcd_pair
+    store.cas_lease("a", None, lease("n1", 1))
+    put("fence", fence)
+    with pytest.raises(Fenced, match="the lease is now"):
+        store.put_effect("a", Fence("n1", "s1", 1), 1, 0, "intent", b"x")
+    assert etcd_keys(store, "effects/") == []
+
+
+def test_etcd_planted_journal_keys_are_read_within_bounds(
+    etcd_pair: tuple[EtcdStore, Put],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A thousand planted keys in a step's journal: the read lists keys only, no more than
+    2 * MAX_EFFECTS_PER_STEP of them (so the lowest records are read, and one crowded out
+    is left out), fetches the values of records' names only (a huge junk value is never
+    sent), logs each junk name listed once, and how many keys it left unread."""
+    store, put = etcd_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    fence = Fence("n1", "s1", held.epoch)
+    store.put_effect("a", fence, 5, 0, "intent", b"i0")
+    store.put_effect("a", fence, 5, 0, "outcome", b"o0")
+    store.put_effect("a", fence, 5, 9, "outcome", b"crowded out")
+    step = f"effects/{pad(5)}/"
+    put_many(store, {f"{step}0001/junk{i:04d}": b"j" for i in range(1000)})
+    huge = b"h" * (MAX_EFFECT_BYTES + 1000)
+    put(f"{step}0000/intentX", huge)  # listed (a junk name), never fetched
+    put(f"{step}0000/outcome/deeper", huge)
+    put(f"{step}-001/intent", b"j")  # outside the listed names: never seen
+    put(f"{step}{MAX_EFFECTS_PER_STEP:04d}/intent", b"j")
+    responses = kept_txns(store, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="hamsterbunker.stores.etcd"):
+        for _ in range(2):
+            assert store.read_effects("a", 5) == {(0, "intent"): b"i0", (0, "outcome"): b"o0"}
+    listing, values = responses[:2]
+    listed, counted = listing["responses"]
+    assert "kvs" not in counted["response_range"]  # the rest only counted
+    assert len(listed["response_range"]["kvs"]) == 2 * MAX_EFFECTS_PER_STEP
+    assert all("value" not in kv for kv in listed["response_range"]["kvs"])
+    assert len(values["responses"]) == 2  # the two records listed, nothing else fetched
+    assert len(json.dumps(responses)) < 200_000
+    said = [record.getMessage() for record in caplog.records]
+    assert len(said) == 2 * MAX_EFFECTS_PER_STEP - 2 + 1  # each junk name once, and the rest
+    assert any("left out 751 keys unread" in line for line in said)
+
+
+def test_etcd_checkpoint_removes_any_number_of_planted_journal_keys_in_its_txn(
+    etcd_pair: tuple[EtcdStore, Put], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of keys under effects/ at or below the checkpoint's seq, junk names among
+    them: one delete-range in the checkpoint's txn removes them all (no read of them, no
+    txn per key), and the journal of a step above stays."""
+    store, put = etcd_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    fence = Fence("n1", "s1", held.epoch)
+    store.put_effect("a", fence, 41, 0, "outcome", b"a step to come")
+    old = {f"effects/{pad(seq)}/{i:04d}/outcome": b"old" for seq in range(1, 41) for i in range(50)}
+    put_many(store, old)
+    for name in ("effects/!", f"effects/{pad(7)}", f"effects/{pad(40)}/junk", "effects/000"):
+        put(name, b"junk")
+    responses = kept_txns(store, monkeypatch)
+    store.put_checkpoint("a", fence, 40, b"checkpoint")
+    assert len(responses) == 2  # the names read (checkpoints only), then the fenced txn
+    assert etcd_keys(store, "effects/") == [f"{pad(41)}/0000/outcome".encode()]
+    assert store.read_effects("a", 41) == {(0, "outcome"): b"a step to come"}
 
 
 def test_memory_store_skips_planted_junk_like_the_real_backends() -> None:

@@ -39,6 +39,9 @@ class RawStore(Protocol):
 
     def put_acceptance(self, agent: str, data: bytes) -> None: ...
 
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        """Store data as the effect-journal record (seq, index, kind), read back as such."""
+
     def close(self) -> None: ...
 
 
@@ -118,6 +121,10 @@ class RawRedis:
     def put_acceptance(self, agent: str, data: bytes) -> None:
         self._redis.set(self._key(agent, "acceptance"), data)
 
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        self._redis.hset(self._key(agent, "effects", str(seq)), f"{index}:{kind}", data)
+        self._redis.zadd(self._key(agent, "effect-steps"), {str(seq): seq})
+
     def close(self) -> None:
         self._store.close()
 
@@ -158,6 +165,9 @@ class RawEtcd:
 
     def put_acceptance(self, agent: str, data: bytes) -> None:
         self._kv.put(self._key(agent, "acceptance"), data)
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        self._kv.put(self._key(agent, f"effects/{seq:020d}/{index:04d}/{kind}"), data)
 
     def close(self) -> None:
         self._store.close()

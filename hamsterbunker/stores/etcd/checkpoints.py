@@ -1,5 +1,8 @@
 """Checkpoints in etcd: the fenced write with its retention, and the listing.
 
+The write's txn also removes the effect journal of its step and older (one
+delete-range: the zero-padded seqs in the journal keys put them in one range).
+
 The steps of the write (one read of the names stored, then one txn that
 compares the fence) are told at the top of ``hamsterbunker.stores.etcd``, with
 the key layout. Key and description names that do not parse are skipped and
@@ -99,9 +102,13 @@ class EtcdCheckpoints:
                 self._warn_key(agent, kv, "checkpoint description key")
             elif stored < seq:  # retention never reaches above the new seq
                 kept.add(stored)
+        journal = prefix + "effects/"
         success = [
             put_op(key, bytes(blob)),
             put_op(infos + pad(seq), info.to_json()),
+            # The effect journal of this step and older, never read again: in the same
+            # txn, so never before the checkpoint is committed.
+            delete_op(journal, journal + pad(seq + 1)),
         ]
         newest = sorted(kept, reverse=True)
         if len(newest) > self._keep:  # everything below the oldest one kept

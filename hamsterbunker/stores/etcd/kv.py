@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import CorruptRecord
-from ...limits import MAX_EPOCH, MAX_NUMBER, MAX_SEQ
+from ...limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP, MAX_EPOCH, MAX_NUMBER, MAX_SEQ
 
 __all__ = [
+    "EFFECT_INDEX_DIGITS",
     "EPOCH_DIGITS",
     "SEQ_DIGITS",
     "TXN_OPS",
@@ -24,6 +25,9 @@ __all__ = [
     "checkpoint_key",
     "checkpoint_name",
     "delete_op",
+    "effect_key",
+    "effect_name",
+    "effects_prefix",
     "fence_value",
     "get_op",
     "info_name",
@@ -38,6 +42,7 @@ __all__ = [
 
 SEQ_DIGITS = 20  # of a zero-padded checkpoint or event number
 EPOCH_DIGITS = 10
+EFFECT_INDEX_DIGITS = 4  # of a zero-padded effect index (below MAX_EFFECTS_PER_STEP)
 TXN_OPS = 100  # operations per txn; etcd's --max-txn-ops is 128 by default
 
 
@@ -61,6 +66,16 @@ def pad(number: int, digits: int = SEQ_DIGITS) -> str:
 def checkpoint_key(agent_prefix: str, seq: int, epoch: int) -> str:
     """The key of a checkpoint's sealed bytes."""
     return f"{agent_prefix}checkpoints/{pad(seq)}-{pad(epoch, EPOCH_DIGITS)}"
+
+
+def effects_prefix(agent_prefix: str, seq: int) -> str:
+    """The prefix of every effect-journal key of step seq (ends in '/')."""
+    return f"{agent_prefix}effects/{pad(seq)}/"
+
+
+def effect_key(agent_prefix: str, seq: int, index: int, kind: str) -> str:
+    """The key of one effect-journal record: step, index (both zero-padded), kind."""
+    return f"{effects_prefix(agent_prefix, seq)}{pad(index, EFFECT_INDEX_DIGITS)}/{kind}"
 
 
 def fence_value(kvs: list[dict[str, Any]]) -> bytes | None:
@@ -87,6 +102,8 @@ def revision(meta: Mapping[str, Any], name: str = "mod_revision") -> int:
 # The last part of a checkpoint key and of a description key, as put_checkpoint writes them.
 _CHECKPOINT_NAME = re.compile(rb"([0-9]{%d})-([0-9]{%d})" % (SEQ_DIGITS, EPOCH_DIGITS))
 _INFO_NAME = re.compile(rb"[0-9]{%d}" % SEQ_DIGITS)
+# The part of an effect-journal key after its step's prefix.
+_EFFECT_NAME = re.compile(rb"([0-9]{%d})/([a-z]+)" % EFFECT_INDEX_DIGITS)
 
 
 def checkpoint_name(name: bytes) -> tuple[int, int] | None:
@@ -104,6 +121,15 @@ def info_name(name: bytes) -> int | None:
         return None
     seq = int(name)
     return seq if 0 < seq <= MAX_SEQ else None
+
+
+def effect_name(name: bytes) -> tuple[int, str] | None:
+    """(index, kind) of an effect key's part after its step's prefix, or None if not ours."""
+    match = _EFFECT_NAME.fullmatch(name)
+    if match is None:
+        return None
+    index, kind = int(match[1]), match[2].decode("ascii")
+    return (index, kind) if index < MAX_EFFECTS_PER_STEP and kind in EFFECT_KINDS else None
 
 
 def kv_key(kv: Mapping[str, Any]) -> bytes:

@@ -9,6 +9,7 @@ writers; no local flag is ever the guard. Keys under the prefix P::
     P/agents/A/fence                            [holder, session, epoch] of that lease, same txn
     P/agents/A/checkpoints/<seq>-<epoch>        sealed bytes (seq and epoch zero-padded)
     P/agents/A/checkpoint-info/<seq>            {"epoch", "seq", "size", "written"}, same txn
+    P/agents/A/effects/<seq>/<index>/<kind>     one sealed effect-journal record (seq, index padded)
     P/agents/A/acceptance                       the loss-acceptance record (``hb accept-loss``)
     P/agents/A/heartbeats/<node>                heartbeat record
     P/agents/A/event-nodes/<node>               empty: lets readers find every node's log
@@ -21,15 +22,22 @@ one of them is of the writer's own epoch (only the fenced leader writes under
 its epoch, so that read cannot go stale); then one txn compares the fence key's
 value with the writer's fence and the new key's create_revision with 0 (nothing
 is overwritten), writes bytes and info and deletes what retention drops (only
-below the new seq) and another epoch's bytes under the same seq. Watches follow
-the lease key (``lease_only``) or the agent's whole prefix.
+below the new seq) and another epoch's bytes under the same seq, and the effect
+journal of the new seq and older (one delete-range, up to ``effects/<seq + 1>``).
+``put_effect`` is one txn comparing the fence key as the checkpoint txn does.
+``read_effects`` lists the step's keys (keys only, the lowest
+``2 * MAX_EFFECTS_PER_STEP`` names an index below the bound can have; the rest
+only counted), then gets the values of those that parse. Watches follow the
+lease key (``lease_only``) or the agent's whole prefix.
 
 Nothing stored is trusted (DESIGN.md invariant 10): a key under the prefix
 whose name does not parse, or a description that does not, is skipped and
 logged once, never raised; checkpoints of other epochs above the new seq
 (junk, or damaged ones the runtime skipped) never keep a write out. A stored
 checkpoint above ``MAX_CHECKPOINT_BYTES`` or a record above ``MAX_RECORD_BYTES``
-is a CorruptRecord (etcd's request limit bounds what one read fetches).
+is a CorruptRecord, and an effect-journal record above ``MAX_EFFECT_BYTES`` is
+left out (etcd's request limit bounds what one read fetches: etcd cannot measure
+a value without sending it).
 
 Limits. etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
 default), so a checkpoint larger than about 1.5 MiB is refused with a
@@ -74,6 +82,7 @@ from .._reported import ReportedOnce, readable
 from ..base import Fence, Store, StoreGuarantees, fence_text
 from .checkpoints import EtcdCheckpoints
 from .connection import EtcdConnection, parse_etcd_url
+from .effects import EtcdEffects
 from .kv import (
     TXN_OPS,
     b64,
@@ -155,6 +164,7 @@ class EtcdStore(Store):
         self._checkpoints = EtcdCheckpoints(
             self._connection, self._agent_prefix, self._reported, keep_checkpoints
         )
+        self._effects = EtcdEffects(self._connection, self._agent_prefix, self._reported)
         if not create and not self._exists():
             where = self._connection.all_endpoints()
             raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd {where}")
@@ -253,6 +263,18 @@ class EtcdStore(Store):
                 f"of {MAX_CHECKPOINT_BYTES} bytes"
             )
         return found[0]
+
+    # -- effect journal ----------------------------------------------------
+
+    @_translated
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        self._effects.put(agent, fence, seq, index, kind, blob)
+
+    @_translated
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        return self._effects.read(agent, seq)
 
     # -- loss acceptance ---------------------------------------------------
 

@@ -18,8 +18,10 @@ __all__ = [
     "HELPERS",
     "LIST_CHECKPOINTS",
     "PUT_CHECKPOINT",
+    "PUT_EFFECT",
     "PUT_HEARTBEAT",
     "READ_CHECKPOINT",
+    "READ_EFFECTS",
     "READ_EVENTS",
     "TAIL",
 ]
@@ -43,10 +45,12 @@ end
 return {'ok'}
 """
 
-# KEYS: lease hash, checkpoint info hash, blob hash. ARGV: fence, seq, info JSON,
-# blob, how many to keep, channel, the fence's epoch, MAX_SEQ, MAX_RECORD_BYTES,
-# MAX_CHECKPOINT_BYTES. Returns {'ok'}, {'fenced', stored fence} or {'seq', a
-# stored seq of this epoch}. Whatever a store writer put in the hashes, this
+# KEYS: lease hash, checkpoint info hash, blob hash, effect-steps sorted set.
+# ARGV: fence, seq, info JSON, blob, how many to keep, channel, the fence's
+# epoch, MAX_SEQ, MAX_RECORD_BYTES, MAX_CHECKPOINT_BYTES, the effect journal
+# key prefix (a step's hash is this prefix and its seq), how many older steps'
+# journals to remove at most. Returns {'ok'}, {'fenced', stored fence} or
+# {'seq', a stored seq of this epoch}. Whatever a store writer put in the hashes, this
 # never raises a Lua error: a field that is not a seq as we write one, or a
 # description that does not decode (pcall around cjson) or that the listing
 # would leave out, is passed over; only a checkpoint of the fence's own epoch at
@@ -55,6 +59,16 @@ return {'ok'}
 # no lease (fenced); checkpoint keys of another type are replaced. A refusing
 # fence over MAX_RECORD_BYTES is sent back cut to one byte over: still
 # unreadable, without its bytes.
+#
+# With the checkpoint written (the same atomic step, so never before it), the
+# effect journal of its step and older goes: this step's hash always, and the
+# hashes of the lowest steps the sorted set lists at or below seq, at most
+# ARGV[12] of them (leftovers go at the next checkpoint). A member is trusted
+# only as far as it names a seq as we write one: its score is not believed
+# (a member that names a step above seq is scored again, right, and left for
+# that step's checkpoint), and one that names no seq is dropped; a set of
+# another type is dropped. Hashes go by UNLINK: a planted huge one is freed off
+# the script's path.
 PUT_CHECKPOINT = """
 local fence = redis.pcall('HGET', KEYS[1], 'fence') or ''
 if type(fence) == 'table' then
@@ -120,8 +134,85 @@ for i = tonumber(ARGV[5]) + 1, #kept do
   redis.call('HDEL', KEYS[2], kept[i][2])
   redis.call('HDEL', KEYS[3], kept[i][2])
 end
+redis.call('UNLINK', ARGV[11] .. ARGV[2])
+local steps = redis.pcall('ZRANGEBYSCORE', KEYS[4], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[12]))
+if steps['err'] then
+  redis.call('UNLINK', KEYS[4])
+else
+  for _, member in ipairs(steps) do
+    local s = seq_of(member)
+    if s ~= nil and s > seq then
+      redis.call('ZADD', KEYS[4], s, member)
+    else
+      if s ~= nil then
+        redis.call('UNLINK', ARGV[11] .. member)
+      end
+      redis.call('ZREM', KEYS[4], member)
+    end
+  end
+end
 redis.call('PUBLISH', ARGV[6], 'checkpoint')
 return {'ok'}
+"""
+
+# KEYS: lease hash, the step's effect journal hash, effect-steps sorted set.
+# ARGV: fence, field ("<index>:<kind>"), sealed record, seq, channel,
+# MAX_RECORD_BYTES. Returns {'ok'} or {'fenced', stored fence}, fenced and cut
+# as PUT_CHECKPOINT is. A journal hash or steps set of another type (put there
+# by someone else) would fail every record of the step for ever: replaced.
+PUT_EFFECT = """
+local fence = redis.pcall('HGET', KEYS[1], 'fence') or ''
+if type(fence) == 'table' then
+  return {'fenced', ''}
+end
+if fence ~= ARGV[1] then
+  return {'fenced', string.sub(fence, 1, tonumber(ARGV[6]) + 1)}
+end
+local wanted = {'hash', 'zset'}
+for i = 2, 3 do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= wanted[i - 1] and kind ~= 'none' then
+    redis.call('UNLINK', KEYS[i])
+  end
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[4])
+redis.call('PUBLISH', ARGV[5], 'effect')
+return {'ok'}
+"""
+
+# KEYS: a step's effect journal hash. ARGV: MAX_EFFECT_BYTES,
+# MAX_EFFECTS_PER_STEP, then the kinds. Returns {'type', its type} if the key
+# is not a hash, else {number of fields, then field, value pairs} for the
+# fields we write ("<index>:<kind>", index below MAX_EFFECTS_PER_STEP) that
+# exist, a value over the limit replaced by its length (an integer). Only those
+# fields are looked at, each by name: whatever else was planted in the hash,
+# however much, costs nothing here and is only counted.
+READ_EFFECTS = """
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then
+  return {0}
+end
+if kind ~= 'hash' then
+  return {'type', kind}
+end
+local cap = tonumber(ARGV[1])
+local out = {redis.call('HLEN', KEYS[1])}
+for index = 0, tonumber(ARGV[2]) - 1 do
+  for k = 3, #ARGV do
+    local field = string.format('%d:%s', index, ARGV[k])
+    local size = redis.call('HSTRLEN', KEYS[1], field)
+    if size > 0 or redis.call('HEXISTS', KEYS[1], field) == 1 then
+      table.insert(out, field)
+      if size > cap then
+        table.insert(out, size)
+      else
+        table.insert(out, redis.call('HGET', KEYS[1], field))
+      end
+    end
+  end
+end
+return out
 """
 
 # KEYS: checkpoint info hash. ARGV: MAX_RECORD_BYTES. Returns field, description

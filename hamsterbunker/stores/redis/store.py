@@ -9,6 +9,8 @@ one agent). Every key starts with the prefix (default ``hamsterbunker``)::
     P:agent:A:lease                    hash: record (JSON), version, fence
     P:agent:A:checkpoints              hash: seq -> {epoch, size, written}
     P:agent:A:blobs                    hash: seq -> sealed bytes
+    P:agent:A:effects:SEQ              hash: "<index>:<kind>" -> sealed effect-journal record
+    P:agent:A:effect-steps             sorted set: the seqs that have a journal, scored by seq
     P:agent:A:acceptance               the loss-acceptance record (``hb accept-loss``; SET)
     P:agent:A:heartbeats               hash: node -> heartbeat JSON
     P:agent:A:event-counts             hash: node -> events appended so far
@@ -18,7 +20,12 @@ one agent). Every key starts with the prefix (default ``hamsterbunker``)::
 a time with nothing interleaved: the lease's version is compared and the
 record written in one step, and a checkpoint is written only if the ``fence``
 field stored beside the lease record (holder, session, epoch) equals the
-writer's, in the same step.
+writer's, in the same step. ``put_effect`` is fenced by the same comparison in
+its own script, which also adds the step to ``effect-steps``; the checkpoint
+script removes, in its step, the journal of its own step and of at most
+``STEPS_REMOVED_PER_CHECKPOINT`` older steps that set lists (the lowest;
+leftovers go at the next checkpoint), so its work is bounded whatever was
+planted there.
 
 Nothing stored is trusted (DESIGN.md invariant 10): a checkpoint field that is
 not a seq as we write one, or a description that does not decode, is skipped
@@ -26,9 +33,13 @@ by the scripts (never a Lua error), logged once and left out of listings; only
 a checkpoint of the writer's own epoch at or above its seq refuses a write.
 Values are measured (``STRLEN``/``HSTRLEN``) before they are fetched, so a
 huge one is a CorruptRecord without being read: checkpoints above
-``MAX_CHECKPOINT_BYTES``, records above ``MAX_RECORD_BYTES``. Whatever Redis does not promise (replication is
-asynchronous; durability is whatever ``appendonly``/``appendfsync`` say) is
-stated in ``GUARANTEES`` and checked, where the server lets us, at open.
+``MAX_CHECKPOINT_BYTES``, records above ``MAX_RECORD_BYTES``; an effect-journal
+record above ``MAX_EFFECT_BYTES`` is left out unread. ``read_effects`` looks
+only at the fields it writes (``MAX_EFFECTS_PER_STEP`` indices, each kind), by
+name, so a hash with any number of planted fields costs it no more. Whatever
+Redis does not promise (replication is asynchronous; durability is whatever
+``appendonly``/``appendfsync`` say) is stated in ``GUARANTEES`` and checked,
+where the server lets us, at open.
 
 The wake-up hint is pub/sub: every write publishes on ``P:agent:A:changed``
 (and a lease write also on ``P:agent:A:lease-changed``) in the same script or
@@ -69,6 +80,7 @@ from .._reported import ReportedOnce
 from ..base import Fence, Store, StoreGuarantees, describe_fence_text, fence_text
 from . import scripts as _scripts
 from .connection import RedisConnection
+from .effects import STEPS_REMOVED_PER_CHECKPOINT, RedisEffects
 from .replies import (
     bounded,
     checkpoint_info,
@@ -151,6 +163,9 @@ class RedisStore(Store):
         self._put_heartbeat = self._redis.register_script(_scripts.PUT_HEARTBEAT)
         self._tail = self._redis.register_script(_scripts.TAIL)
         self._reported = ReportedOnce(log)
+        self._effects = RedisEffects(
+            self._redis, self._key, self._changed, self._reported, self.url
+        )
         self.warnings: list[str] = self._connection.persistence_warnings(self._redis)
 
     # -- keys --------------------------------------------------------------
@@ -225,6 +240,7 @@ class RedisStore(Store):
                 self._key(agent, "lease"),
                 self._key(agent, "checkpoints"),
                 self._key(agent, "blobs"),
+                self._key(agent, "effect-steps"),
             ],
             args=[
                 fence.to_text(),
@@ -237,6 +253,8 @@ class RedisStore(Store):
                 MAX_SEQ,
                 MAX_RECORD_BYTES,
                 MAX_CHECKPOINT_BYTES,
+                self._key(agent, "effects", ""),
+                STEPS_REMOVED_PER_CHECKPOINT,
             ],
         )
         if answer[0] == b"fenced":
@@ -296,6 +314,18 @@ class RedisStore(Store):
                 f"{MAX_CHECKPOINT_BYTES} bytes: not read"
             )
         return raw(blob)
+
+    # -- effect journal ----------------------------------------------------
+
+    @_translated
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        self._effects.put(agent, fence, seq, index, kind, blob)
+
+    @_translated
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        return self._effects.read(agent, seq)
 
     # -- loss acceptance ---------------------------------------------------
 
