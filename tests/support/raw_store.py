@@ -80,6 +80,13 @@ class RawFile:
     def put_acceptance(self, agent: str, data: bytes) -> None:
         self._agent(agent, "acceptance.json").write_bytes(data)
 
+    def effect_path(self, agent: str, seq: int, index: int, kind: str) -> Path:
+        """Where the record (seq, index, kind) lives: effects/<seq>/<index>-<kind>.hbe."""
+        return self._agent(agent, "effects", f"{seq:020d}", f"{index:04d}-{kind}.hbe")
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        self.effect_path(agent, seq, index, kind).write_bytes(data)
+
     def close(self) -> None:
         pass
 

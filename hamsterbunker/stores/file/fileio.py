@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import secrets
@@ -151,10 +152,14 @@ def opened_subdir(parent: int, name: str, path: Path) -> Iterator[int | None]:
             os.close(fd)
 
 
-def dir_entries(dir_fd: int) -> list[os.DirEntry[str]]:
-    """The directory's entries (their stat() does not follow symlinks when asked not to)."""
+def dir_entries(dir_fd: int, limit: int | None = None) -> list[os.DirEntry[str]]:
+    """The directory's entries (their stat() does not follow symlinks when asked not to).
+
+    With limit, no more than that many, in the directory's own order: a listing
+    stops there however many entries were planted.
+    """
     with os.scandir(dir_fd) as entries:
-        return list(entries)
+        return list(entries if limit is None else itertools.islice(entries, limit))
 
 
 # -- files: regular ones only, read within a cap --------------------------------------

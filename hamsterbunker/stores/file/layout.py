@@ -3,7 +3,10 @@
 Only names matching these patterns are ever read, so editor backups, our own
 temporary files and sync-conflict copies are passed over. Any digits are
 matched in a checkpoint name, so that one with numbers we would never write is
-reported rather than silently passed over.
+reported rather than silently passed over; likewise an effect record's index
+and kind. An effect-journal step directory (``effects/<seq>``, 20 digits) is
+read only under the exact name of the step asked for, and a removal takes
+nothing under ``effects`` but names of 20 digits.
 """
 
 from __future__ import annotations
@@ -11,21 +14,26 @@ from __future__ import annotations
 import logging
 import re
 
-from ...limits import check_checkpoint_bounds
+from ...limits import check_checkpoint_bounds, check_effect_bounds
 from ...records import check_name
 from .fileio import dir_entries
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "EFFECT_NAME",
     "EVENTS_NAME",
     "HEARTBEAT_NAME",
     "MAX_SEGMENT_BYTES",
+    "STEP_NAME",
     "agent_parts",
     "checkpoint_name",
     "checkpoint_name_problem",
+    "effect_name",
+    "effect_name_problem",
     "is_sync_copy",
     "log",
     "record_files",
+    "step_name",
 ]
 
 # Every module of the file store logs as the store.
@@ -34,6 +42,9 @@ log = logging.getLogger("hamsterbunker.stores.file")
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d+)-(\d+)\.hbc")
 HEARTBEAT_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
 EVENTS_NAME = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.jsonl")
+# The effect journal: effects/<seq>/<index>-<kind>.hbe, one directory per step.
+STEP_NAME = re.compile(r"[0-9]{20}")
+EFFECT_NAME = re.compile(r"(\d+)-(\w+)\.hbe")
 
 # The most read of one event segment, by read_events, by append_event counting
 # its lines, and by the tail per file per call. A store's own cap is
@@ -74,3 +85,21 @@ def checkpoint_name_problem(match: re.Match[str]) -> str | None:
     if (len(seq_digits), len(epoch_digits)) != (20, 10):
         return "a checkpoint name with other than 20 seq and 10 epoch digits"
     return check_checkpoint_bounds(int(seq_digits), int(epoch_digits), 0)
+
+
+def step_name(seq: int) -> str:
+    """The name of step seq's effect-journal directory (under ``effects``)."""
+    return f"{seq:020d}"
+
+
+def effect_name(index: int, kind: str) -> str:
+    """The name of a step's effect-journal record (in its step directory)."""
+    return f"{index:04d}-{kind}.hbe"
+
+
+def effect_name_problem(match: re.Match[str]) -> str | None:
+    """Why a name matching EFFECT_NAME is not one we could have written, or None."""
+    index_digits, kind = match[1], match[2]
+    if not index_digits.isascii() or len(index_digits) != 4:
+        return "an effect record name with other than 4 index digits 0-9"
+    return check_effect_bounds(1, int(index_digits), kind, 0)

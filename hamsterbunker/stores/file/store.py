@@ -7,14 +7,17 @@ Layout under the root::
     agents/<agent>/lease.lock            POSIX lock held across read-check-write
     agents/<agent>/acceptance.json       a loss accepted with ``hb accept-loss``
     agents/<agent>/checkpoints/ckpt-<seq>-<epoch>.hbc
+    agents/<agent>/effects/<seq>/<index>-<kind>.hbe   effect journal, a directory per step
     agents/<agent>/heartbeats/<node>.json
     agents/<agent>/events/<node>.jsonl   (+ <node>.jsonl.1, the previous segment)
 
 Compare-and-set is real: an open-file-description fcntl lock on ``lease.lock``
 (which, unlike a classic POSIX lock, excludes other threads of one process
 too) is held across read-check-write of the lease and across the fence check
-and rename of a checkpoint. Writes are temp file in the same directory, fsync, rename, fsync
-of the directory; a directory the store creates is fsynced in its parent.
+and rename of a checkpoint or of an effect-journal record. Writes are temp
+file in the same directory, fsync, rename, fsync of the directory; a directory
+the store creates is fsynced in its parent. Once a checkpoint is durable, the
+effect journal of its step and of older ones is removed.
 Only names matching our own patterns are ever read, so editor backups and
 sync-conflict copies are ignored.
 
@@ -22,16 +25,18 @@ Whoever can write the directory can plant anything in it (DESIGN.md invariant
 10): every open, read, rename and listing goes through ``fileio``, which
 follows no symlink below the root and reads only regular files, each within a
 cap: ``MAX_RECORD_BYTES`` for a lease, cluster, heartbeat or acceptance
-record, ``MAX_CHECKPOINT_BYTES`` for a checkpoint, the store's ``segment_cap``
-(at most ``MAX_SEGMENT_BYTES``) for an event segment. Something else under one
-of our names is a CorruptRecord: raised where the caller needs that record
-(lease, cluster, checkpoint), logged once and skipped where it reads many
-(heartbeats, events, listings).
+record, ``MAX_CHECKPOINT_BYTES`` for a checkpoint, ``MAX_EFFECT_BYTES`` for an
+effect-journal record, the store's ``segment_cap`` (at most
+``MAX_SEGMENT_BYTES``) for an event segment. Something else under one of our
+names is a CorruptRecord: raised where the caller needs that record (lease,
+cluster, checkpoint), logged once and skipped where it reads many (heartbeats,
+events, listings, a step's effect journal).
 
 One module per part: ``layout`` (names and caps, shared with the tail
 in ``tail``), ``tree`` (directories), ``lease`` (the lease and
-its lock), ``checkpoints``, ``logs`` (heartbeats and events),
-``location`` (synced folders and NFS), ``fileio`` (untrusted files).
+its lock), ``checkpoints``, ``effects`` (the effect journal), ``logs``
+(heartbeats and events), ``location`` (synced folders and NFS), ``fileio``
+(untrusted files).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRec
 from .._reported import ReportedOnce
 from ..base import Fence, Store, StoreGuarantees
 from .checkpoints import CheckpointFiles
+from .effects import EffectFiles
 from .fileio import TMP_PREFIX, atomic_write, discard, read_file, write_temp
 from .layout import MAX_SEGMENT_BYTES, agent_parts, log
 from .lease import cas_lease_in, lease_in
@@ -118,6 +124,7 @@ class FileStore(Store):
         self._checkpoints = CheckpointFiles(
             self._tree, keep=keep_checkpoints, lock_timeout=lock_timeout
         )
+        self._effects = EffectFiles(self._tree, lock_timeout=lock_timeout)
         self._heartbeats = HeartbeatFiles(self._tree)
         self._events = EventLogs(
             self._tree, events_per_segment=events_per_segment, segment_cap=self.segment_cap
@@ -201,7 +208,10 @@ class FileStore(Store):
 
     @_os_errors_as_store_errors
     def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        return self._checkpoints.put(agent, fence, seq, blob)
+        info = self._checkpoints.put(agent, fence, seq, blob)
+        # Only now that the checkpoint is durable, and outside the lease lock; never raises.
+        self._effects.remove_through(agent, seq)
+        return info
 
     @_os_errors_as_store_errors
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -210,6 +220,18 @@ class FileStore(Store):
     @_os_errors_as_store_errors
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         return self._checkpoints.read(agent, info)
+
+    # -- effect journal ----------------------------------------------------
+
+    @_os_errors_as_store_errors
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        self._effects.put(agent, fence, seq, index, kind, blob)
+
+    @_os_errors_as_store_errors
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        return self._effects.read(agent, seq)
 
     # -- loss acceptance ---------------------------------------------------
 
