@@ -2,8 +2,10 @@
 
 ``step`` may be ``async def``. State is a JSON-serialisable dict. While a step
 runs, ``current_step()`` tells it the epoch and sequence number it runs under,
-so it can make its own side effects idempotent (a step that crashed may run
-again; exactly-once side effects are not promised).
+and journals its side effects: ``await current_step().effect(name, fn, ...)``
+(``effect_sync`` in a sync step) records each outcome in the store, so that a
+replay of the step after a crash or a stop returns it instead of calling
+``fn`` again (see ``hamsterbunker.effects``).
 
 An async step is cancelled when its node may no longer publish it. A sync
 step runs in a thread, which nothing can cancel: it should look at
@@ -15,6 +17,7 @@ leader's term.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import threading
 from collections.abc import Awaitable, Callable
@@ -22,7 +25,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import ConfigError, StepLost
+from .effects import StepEffects
+from .errors import ConfigError, EffectError, StepLost
 
 __all__ = ["Agent", "StepContext", "current_step", "load_agent"]
 
@@ -51,6 +55,52 @@ class StepContext:
     may_publish: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
     # Set by the runtime when it has given up on this step (cancelled or abandoned).
     abandoned: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    # The step's effect journal, and the node's event loop it runs on; set by the runtime.
+    effects: StepEffects | None = field(default=None, repr=False, compare=False)
+    loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False, compare=False)
+
+    async def effect(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, replay: str = "safe", **kwargs: Any
+    ) -> Any:
+        """Call fn(*args, **kwargs) as the step's next journaled effect (in an async step).
+
+        Its outcome is recorded in the store before this returns; a replay of
+        the step returns the recorded result (or raises EffectFailed for a
+        recorded failure) without calling fn. fn may be sync (run in a thread)
+        or async; its result must be JSON-serialisable. replay="interrupted":
+        never called twice; a replay that cannot know whether it ran raises
+        EffectInterrupted.
+        """
+        if self.effects is None:
+            raise EffectError("effects are journaled only in a step run by a node")
+        return await self.effects.run(name, fn, args, kwargs, replay)
+
+    def effect_sync(
+        self, name: str, fn: Callable[..., Any], /, *args: Any, replay: str = "safe", **kwargs: Any
+    ) -> Any:
+        """effect() for a sync step: called from the step's thread, returns the result."""
+        if self.effects is None or self.loop is None:
+            raise EffectError("effects are journaled only in a step run by a node")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            raise EffectError("effect_sync is for sync steps: await effect() in an async step")
+        try:
+            future = asyncio.run_coroutine_threadsafe(
+                self._effect_in_step(name, fn, args, kwargs, replay), self.loop
+            )
+        except RuntimeError:  # the node's event loop has closed: the node stopped
+            raise StepLost(f"step {self.seq}: the node has stopped") from None
+        return future.result()
+
+    async def _effect_in_step(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, replay: str
+    ) -> Any:
+        _current.set(self)  # this task runs on the node's loop, in a context of its own
+        assert self.effects is not None
+        return await self.effects.run(name, fn, args, kwargs, replay)
 
     @property
     def lost(self) -> bool:

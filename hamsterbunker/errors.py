@@ -26,6 +26,10 @@ from __future__ import annotations
 __all__ = [
     "ConfigError",
     "CorruptRecord",
+    "EffectError",
+    "EffectFailed",
+    "EffectInterrupted",
+    "EffectMismatch",
     "Fenced",
     "HamsterbunkerError",
     "LeaseConflict",
@@ -105,3 +109,40 @@ class StoreRegressed(NoUsableCheckpoint):
 class StepLost(HamsterbunkerError):
     """The running step may no longer be published: its lease's renew deadline passed, or the
     lease was lost. Raised by ``current_step().check()`` so a long sync step can stop early."""
+
+
+class EffectError(HamsterbunkerError):
+    """Something about a journaled effect (``current_step().effect``) the step must hear of."""
+
+
+class EffectInterrupted(EffectError):
+    """A ``replay="interrupted"`` effect was started before a crash or stop and its outcome
+    is unknown: it may or may not have happened. It is never called again for this step."""
+
+    def __init__(self, name: str, seq: int, index: int) -> None:
+        super().__init__(
+            f"effect {name!r} (number {index} of step {seq}) was started before the last "
+            "leader stopped and its outcome is unknown: it may or may not have happened"
+        )
+        self.name, self.seq, self.index = name, seq, index
+
+
+class EffectMismatch(EffectError):
+    """A replay called its effects in another order or under other names than the journal."""
+
+    def __init__(self, seq: int, index: int, recorded: str, called: str) -> None:
+        super().__init__(
+            f"step {seq} called effect {called!r} as number {index}, but the journal of its "
+            f"earlier run has {recorded!r} there: a step must call its effects in the same "
+            "order with the same names on every run"
+        )
+        self.seq, self.index, self.recorded, self.called = seq, index, recorded, called
+
+
+class EffectFailed(EffectError):
+    """The effect's function raised; its type and message are recorded and raised again on
+    every replay of the step (the first run chains the original exception)."""
+
+    def __init__(self, name: str, error_type: str, message: str) -> None:
+        super().__init__(f"effect {name!r} failed: {error_type}: {message}")
+        self.name, self.error_type, self.message = name, error_type, message

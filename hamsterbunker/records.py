@@ -282,6 +282,8 @@ class Heartbeat:
     leader: str | None
     time: float  # writer's wall clock; display only, never compared across nodes
     beats: int = 0
+    # The journaled effects of the step in flight on the active node: (name, state).
+    effects: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -303,7 +305,28 @@ class Heartbeat:
             leader=leader,
             time=float(_field(doc, "time", (int, float), "heartbeat")),
             beats=_count(doc, "beats", "heartbeat"),
+            effects=_effects_shown(doc.get("effects", [])),
         )
+
+
+# A heartbeat shows at most this many effects of the step in flight, the newest.
+MAX_SHOWN_EFFECTS = 16
+MAX_SHOWN_NAME = 64
+
+
+def _effects_shown(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or len(value) > MAX_SHOWN_EFFECTS:
+        raise CorruptRecord("heartbeat record field 'effects' is not a short list")
+    shown = []
+    for item in value:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(isinstance(part, str) and len(part) <= MAX_SHOWN_NAME for part in item)
+        ):
+            raise CorruptRecord("heartbeat record field 'effects' has an entry of the wrong shape")
+        shown.append((item[0], item[1]))
+    return tuple(shown)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ from .records import ClusterRecord, parse_json
 
 __all__ = [
     "MIN_SECRET_LENGTH",
+    "EffectAt",
+    "OpenedEffect",
     "SealedHeader",
     "Sealer",
     "check_scrypt_parameters",
@@ -50,6 +52,7 @@ __all__ = [
 MIN_SECRET_LENGTH = 8
 FORMAT_VERSION = 1
 _MAGIC = b"HBCP"
+_EFFECT_MAGIC = b"HBEF"
 _PREFIX = struct.Struct(">4sBH")  # magic, version, header length
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
@@ -161,6 +164,7 @@ class Sealer:
         self.cluster = cluster
         self.key_id = cluster.key_id
         self._aead = AESGCM(_subkey(master, b"checkpoint", 32))
+        self._effect_aead = AESGCM(_subkey(master, b"effect", 32))
         self._record_key = _subkey(master, b"record", 32)
 
     def sign_record(self, kind: str, payload: bytes) -> bytes:
@@ -218,6 +222,79 @@ class Sealer:
         if not isinstance(state, dict):
             raise Tampered("checkpoint state is not a JSON object")
         return state
+
+    def seal_effect(self, at: EffectAt, epoch: int, payload: dict[str, Any]) -> bytes:
+        """Seal one effect-journal record (an intent or an outcome) written under epoch.
+
+        The header, all associated data, names the agent, step, index, kind,
+        effect name and epoch, so a record moved to another effect, step or
+        agent fails to open as that one.
+        """
+        try:
+            plaintext = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise SealError(f"effect record is not JSON-serialisable: {exc}") from exc
+        header = json.dumps(
+            {"kid": self.key_id, **at.header(), "epoch": epoch}, separators=(",", ":")
+        ).encode()
+        prefix = _PREFIX.pack(_EFFECT_MAGIC, FORMAT_VERSION, len(header)) + header
+        nonce = os.urandom(_NONCE_BYTES)
+        return prefix + nonce + self._effect_aead.encrypt(nonce, plaintext, prefix)
+
+    def open_effect(self, blob: bytes, at: EffectAt) -> OpenedEffect:
+        """The record found as `at` (its name aside); Tampered if it is not that record.
+
+        The reader does not know the effect's name before it opens the record:
+        the sealed name comes back to be compared by the caller (another name
+        is a replay that called its effects in another order, not tampering).
+        """
+        magic, version, header_len = _PREFIX.unpack_from(blob.ljust(_PREFIX.size, b"\0"))
+        if magic != _EFFECT_MAGIC or version != FORMAT_VERSION:
+            raise Tampered("not a HamsterBunker effect record of a known version")
+        prefix_len = _PREFIX.size + header_len
+        if len(blob) < prefix_len + _NONCE_BYTES + _TAG_BYTES:
+            raise Tampered("effect record is truncated")
+        prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
+        try:
+            plaintext = self._effect_aead.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
+        except InvalidTag as exc:
+            raise Tampered("effect record failed to authenticate (edited or truncated)") from exc
+        # Authentic from here on: written by a node that holds the secret.
+        header = json.loads(prefix[_PREFIX.size :])
+        sealed_as = {field: header.get(field) for field in ("agent", "seq", "index", "kind")}
+        found_as = {field: at.header()[field] for field in sealed_as}
+        if header.get("kid") != self.key_id or sealed_as != found_as:
+            raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
+        return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
+
+
+@dataclass(frozen=True)
+class OpenedEffect:
+    """An authentic effect-journal record: the epoch it was written under, its name, payload."""
+
+    epoch: int
+    name: str
+    payload: Any
+
+
+@dataclass(frozen=True)
+class EffectAt:
+    """Where an effect-journal record belongs: agent, step, index, kind and the effect's name."""
+
+    agent: str
+    seq: int
+    index: int
+    kind: str
+    name: str = ""
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent,
+            "seq": self.seq,
+            "index": self.index,
+            "kind": self.kind,
+            "name": self.name,
+        }
 
 
 def read_header(blob: bytes) -> SealedHeader:

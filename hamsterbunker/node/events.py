@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import StoreError, StoreUnavailable
 from ..history import HistoryWriter
 from ..lease import LeaseKeeper
-from ..records import Event, Heartbeat
+from ..records import MAX_SHOWN_EFFECTS, MAX_SHOWN_NAME, Event, Heartbeat
 from ..stores import Store
 from .calls import NodeCalls
 from .state import Identity, Standing
@@ -72,6 +72,13 @@ class EventSink:
     def _last_stored_number(self) -> int:
         own = [e.n for e in self._store.read_events(self._id.agent) if e.node == self._id.node]
         return max(own, default=0)
+
+    def _effects_shown(self) -> tuple[tuple[str, str], ...]:
+        """The newest effects of the step in flight, as a heartbeat shows them."""
+        if self._standing.role != "active":
+            return ()
+        shown = self._standing.effects[-MAX_SHOWN_EFFECTS:]
+        return tuple((name[:MAX_SHOWN_NAME], state) for name, state in shown if name)
 
     def emit(self, kind: str, **detail: Any) -> None:
         """Record a state change: on_event, the log, and this node's event log in the store."""
@@ -158,6 +165,7 @@ class EventSink:
             leader=held.holder if held else (observed.holder if observed else None),
             time=time.time(),
             beats=self._beats,
+            effects=self._effects_shown(),
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)

@@ -34,19 +34,24 @@ from .state import Identity, Signals, Standing
 from .term import Ending, LeaderTerm, TermEnd
 from .watchdog import Watchdog, status_text
 
-__all__ = ["NodeLoop", "StopRequest"]
+__all__ = ["DEFAULT_STOP_GRACE_MS", "MAX_STOP_GRACE_MS", "NodeLoop", "StopRequest"]
 
 log = logging.getLogger("hamsterbunker")
 # The most a stop waits for each store call of its shutdown (release, heartbeat),
 # and for the events to be flushed, when stop() names no deadline of its own.
 SHUTDOWN_CALL_S = 5.0
+# How long a stop lets the step in flight finish (and be published) before it is
+# cancelled or abandoned: below systemd's TimeoutStopSec (30 s in our unit), with
+# room left for the handover and the shutdown's store calls.
+DEFAULT_STOP_GRACE_MS = 10_000
+MAX_STOP_GRACE_MS = 3_600_000  # an hour: a typing slip, not a plan
 
 
 class StopRequest:
     """A stop asked for from any thread or a signal handler, and the deadline it must keep."""
 
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
+    def __init__(self, clock: Clock, grace_s: float = DEFAULT_STOP_GRACE_MS / 1000) -> None:
+        self._clock, self._grace_s = clock, grace_s
         self._asked = threading.Event()  # seen by bind() if the loop is not running yet
         self._by: float | None = None  # when the stop must be done, on the clock
         self._bound: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
@@ -69,6 +74,12 @@ class StopRequest:
         if self._asked.is_set():
             stopping.set()
         return stopping
+
+    def grace(self) -> float:
+        """How long the step in flight may still take: the stop grace, within the deadline."""
+        if self._by is None:
+            return self._grace_s
+        return max(0.0, min(self._grace_s, (self._by - self._clock.monotonic()) / 2))
 
     def budget(self) -> float:
         """How long one step of a shutdown may wait on the store: the stop's deadline halved."""
@@ -140,7 +151,11 @@ class NodeLoop:
         stopping = asyncio.ensure_future(self._signals.stopping.wait())
         try:
             await asyncio.wait([keeping, stopping], return_when=asyncio.FIRST_COMPLETED)
-            if not keeping.done() and not await self._within_budget(keeping, "the lease loop"):
+            # The lease is kept while the step in flight finishes within the grace.
+            grace = self._stop.grace() if self._finishing() else 0.0
+            if not keeping.done() and not await self._within_budget(
+                keeping, "the lease loop", extra=grace
+            ):
                 keeping.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await keeping
@@ -169,7 +184,7 @@ class NodeLoop:
         keeper, emit = self._keeper, self._sink.emit
         store_ok = True
         next_heartbeat = 0.0
-        while not self._signals.stopping.is_set():
+        while not self._signals.stopping.is_set() or self._finishing():
             tick_start = self._watchdog.pass_began()
             result: TickResult | None = None
             failure: str | None = None
@@ -204,7 +219,11 @@ class NodeLoop:
             if self._clock.monotonic() >= next_heartbeat:
                 next_heartbeat = self._clock.monotonic() + self._timing.tick_s
                 await self._sink.beat()
-            self._notifier.status(status_text(self._standing, keeper))
+            self._notifier.status(
+                "stopping · finishing the step in flight"
+                if self._finishing()
+                else status_text(self._standing, keeper)
+            )
             self._watchdog.pass_ended()
             wake_at = next_heartbeat
             expiry = keeper.seconds_until_expiry()
@@ -239,14 +258,24 @@ class NodeLoop:
             case Outcome.STANDBY:
                 self._set_role("standby")
 
+    def _finishing(self) -> bool:
+        """Whether a stop waits for the term, which finishes and publishes its step in flight."""
+        return self._signals.stopping.is_set() and self._leader is not None
+
     async def _sleep_until(self, deadline: float) -> None:
         stopping, wake = self._signals.stopping, self._signals.wake
-        while not stopping.is_set():
+        while not stopping.is_set() or self._finishing():
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 return
             wake.clear()
-            waiters = [asyncio.ensure_future(stopping.wait())]
+            waiters: list[asyncio.Future[Any]] = []
+            if self._leader is not None and stopping.is_set():
+                # Wake when the term has published its last step (the task is not ours to
+                # cancel here: wait() on it is).
+                waiters.append(asyncio.ensure_future(asyncio.wait([self._leader])))
+            else:
+                waiters.append(asyncio.ensure_future(stopping.wait()))
             # A standby wakes early on a store change, so a released lease is
             # taken at once; the leader renews on its own schedule.
             if self._keeper.held is None:
@@ -256,7 +285,7 @@ class NodeLoop:
             )
             for waiter in pending:
                 waiter.cancel()
-            if done and self._keeper.held is None:
+            if done and (self._keeper.held is None or stopping.is_set()):
                 return
 
     async def _watch(self) -> None:
@@ -315,9 +344,11 @@ class NodeLoop:
 
     # -- stopping ------------------------------------------------------------------
 
-    async def _within_budget(self, task: asyncio.Future[Any], what: str) -> bool:
-        """Wait for task within the shutdown budget; False (logged) if it did not end."""
-        done, _ = await asyncio.wait([task], timeout=self._stop.budget())
+    async def _within_budget(
+        self, task: asyncio.Future[Any], what: str, extra: float = 0.0
+    ) -> bool:
+        """Wait for task within the shutdown budget (and extra); False (logged) if it did not end."""
+        done, _ = await asyncio.wait([task], timeout=self._stop.budget() + extra)
         if not done:
             log.warning("%s: %s did not end in time during the stop; gave up on it",
                         self._id.node, what)  # fmt: skip

@@ -39,6 +39,7 @@ class Progress:
     state: State
     seq: int
     resumed: bool = True  # False: started from init()
+    epoch: int = 0  # the epoch of the checkpoint at seq (0: none)
     accepted_loss: str = ""  # the id of a loss acceptance honoured by this restore
 
 
@@ -143,7 +144,8 @@ class Restorer:
         self._emit("agent.resumed", from_seq=info.seq, from_epoch=info.epoch, skipped=len(damaged))
         # Number on from the checkpoint resumed from: a damaged or junk one above it
         # keeps nothing out (the store refuses only our own epoch's seqs).
-        return Progress(state, info.seq, accepted_loss="" if forgiving is None else forgiving.id)
+        accepted = "" if forgiving is None else forgiving.id
+        return Progress(state, info.seq, epoch=info.epoch, accepted_loss=accepted)
 
     async def landed(self, context: StepContext) -> Progress | None:
         """The checkpoint of this term at or past context.seq, if a failed write landed after all.
@@ -166,7 +168,7 @@ class Restorer:
             )
         except HamsterbunkerError:
             return None  # cannot tell now: retried as unpublished, and asked again then
-        return Progress(state, ours.seq)
+        return Progress(state, ours.seq, epoch=ours.epoch)
 
     async def _open_stored(self, info: CheckpointInfo) -> State | None:
         """The state of one stored checkpoint, or None (reported) if it does not authenticate."""

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..agent import Agent
 from ..clock import Clock, MonotonicClock
+from ..errors import ConfigError
 from ..history import HistoryWriter
 from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
@@ -36,7 +37,7 @@ from ..timing import DEFAULT_TIMING, LeaseTiming
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
-from .loop import NodeLoop, StopRequest
+from .loop import DEFAULT_STOP_GRACE_MS, MAX_STOP_GRACE_MS, NodeLoop, StopRequest
 from .restore import Restorer
 from .state import Identity, Signals, Standing
 from .term import LeaderTerm
@@ -63,11 +64,16 @@ class Runtime:
         history: str | os.PathLike[str] | None = None,
         notifier: Notifier | None = None,
         state_dir: str | os.PathLike[str] | None = None,
+        stop_grace_ms: int = DEFAULT_STOP_GRACE_MS,
     ) -> None:
         """``state_dir``: where this node keeps its memory of the store across restarts
         (see ``hamsterbunker.memory``); without one it remembers only while it runs.
-        ``clock`` times everything the node times (CLOCK_BOOTTIME by default)."""
+        ``clock`` times everything the node times (CLOCK_BOOTTIME by default).
+        ``stop_grace_ms``: how long a stop lets the step in flight finish and be
+        published before it is cancelled (async) or abandoned (sync)."""
         check_secret(secret)  # before the store is touched
+        if not 0 <= stop_grace_ms <= MAX_STOP_GRACE_MS:
+            raise ConfigError(f"stop grace {stop_grace_ms} ms is outside 0..{MAX_STOP_GRACE_MS} ms")
         self.node_id = check_name("node id", node_id)
         self.region = region
         self.agent = agent
@@ -93,7 +99,7 @@ class Runtime:
         self.host = socket.gethostname()
         self.standing = Standing()
         self._secret = secret
-        self._stop = StopRequest(self.clock)
+        self._stop = StopRequest(self.clock, stop_grace_ms / 1000)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.ready = threading.Event()  # set once the node is online (or failed to start)
@@ -220,6 +226,7 @@ class Runtime:
                 signals=signals,
                 timing=self.timing,
                 clock=self.clock,
+                grace=self._stop.grace,
             )
             memory = (
                 None

@@ -30,6 +30,8 @@ class Standing:
     epoch_seen: int = 0  # the highest lease epoch seen in any record
     seq: int = 0  # the last checkpoint this node published or resumed from
     restored: bool = False  # whether the current term has restored its state yet
+    # The journaled effects of the step in flight, [name, state] each (shown in heartbeats).
+    effects: list[list[str]] = field(default_factory=list)
 
 
 @dataclass

@@ -15,10 +15,12 @@ import copy
 import enum
 import inspect
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..agent import Agent, State, StepContext, _current
 from ..clock import Clock
+from ..effects import StepEffects
 from ..errors import Fenced, HamsterbunkerError, NoUsableCheckpoint, StepLost, StoreError
 from ..lease import LeaseKeeper
 from ..reach import Reach
@@ -27,6 +29,7 @@ from ..stores import Fence, Store
 from ..timing import LeaseTiming
 from .calls import NodeCalls
 from .events import EventSink
+from .journal import TermJournal
 from .restore import LeaseBehind, Progress, Restorer
 from .state import Identity, Signals, Standing
 
@@ -100,12 +103,16 @@ class LeaderTerm:
         signals: Signals,
         timing: LeaseTiming,
         clock: Clock,
+        grace: Callable[[], float],
     ) -> None:
         self.epoch = epoch
         self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
         self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
         self._standing, self._signals, self._timing, self._clock = standing, signals, timing, clock
+        self._grace = grace  # how long a stop lets the step in flight finish
         self.lost = asyncio.Event()  # this term's own end: a later term has its own
+        fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
+        self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
 
     def end(self) -> None:
         """Tell the term to stop: the step in flight is cancelled, nothing more is published."""
@@ -143,6 +150,8 @@ class LeaderTerm:
                     return TermEnd(Ending.OVER, self.epoch)
         stall.reset()
         self._standing.restored = True
+        first_seq = progress.seq + 1  # may replay a step a previous leader had started
+        failed_seq = 0  # the step that last raised: its retry calls failed effects again
         seq = self._standing.seq
         self._sink.record(
             "restore",
@@ -157,15 +166,29 @@ class LeaderTerm:
         while not self._over():
             if not await self._until_may_step():
                 break
+            seq = progress.seq + 1
+            effects = StepEffects(
+                seq,
+                self._journal,
+                self._journal.for_step(seq, progress.epoch, first=seq == first_seq),
+                may_start=self._may_publish,
+                rerun_failures=failed_seq == seq,
+            )
             context = StepContext(
                 self._id.agent,
                 self._id.node,
                 self.epoch,
-                progress.seq + 1,
+                seq,
                 may_publish=self._may_publish,
+                effects=effects,
+                loop=asyncio.get_running_loop(),
             )
+            self._standing.effects = effects.shown
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
             ended = await self._until_done_or_lost(step)
+            self._journal.keep(effects)
+            if effects.reused:
+                emit("effect.replayed", step_seq=seq, reused=effects.reused)
             if ended is not _StepEnd.DONE:
                 # Cancelled at the renew deadline, so that no step of ours overlaps a
                 # successor's (a sync step is told through current_step().lost);
@@ -180,11 +203,16 @@ class LeaderTerm:
             except StepLost as exc:  # the step saw current_step().lost and stopped
                 emit("agent.yielded", reason=str(exc), step_seq=context.seq)
                 continue
+            except Fenced as exc:  # an effect's record was refused: the lease moved on
+                emit("node.fenced", error=str(exc), step_seq=context.seq)
+                self.end()
+                return TermEnd(Ending.FENCED, self.epoch, str(exc))
             except Exception as exc:  # the agent's own failure: log it, retry after a tick
                 log.exception(
                     "%s: step %d of agent %s failed", self._id.node, context.seq, self._id.agent
                 )
                 emit("agent.step_failed", step_seq=context.seq, error=repr(exc))
+                failed_seq = context.seq
                 await asyncio.sleep(tick_s)
                 continue
             if self.lost.is_set() or not self._keeper.may_step():
@@ -194,6 +222,7 @@ class LeaderTerm:
             published = await self._publish(context, new_state)
             if isinstance(published, Progress):
                 progress = published
+                self._standing.effects = []
                 stall.reset()
             elif published.fenced:
                 emit("agent.yielded", reason="fenced", step_seq=context.seq)
@@ -234,22 +263,30 @@ class LeaderTerm:
         return not self._over()
 
     async def _until_done_or_lost(self, step: asyncio.Task[State]) -> _StepEnd:
-        """Wait for the step; cancel it (async) or abandon it (sync) if it may not go on."""
+        """Wait for the step; cancel it (async) or abandon it (sync) if it may not go on.
+
+        A stop lets it finish within the grace (the node keeps the lease meanwhile), so
+        that it is published and not repeated by the next leader (DESIGN.md invariant 6).
+        """
         lost = asyncio.ensure_future(self.lost.wait())
         stopping = asyncio.ensure_future(self._signals.stopping.wait())
+        finish_by: float | None = None  # once stopping: when the grace runs out
         try:
             while not step.done():
+                now = self._clock.monotonic()
                 remaining = self._keeper.seconds_until_deadline()
-                if lost.done() or stopping.done():
+                if stopping.done() and finish_by is None:
+                    finish_by = now + self._grace()
+                if lost.done() or (finish_by is not None and now >= finish_by):
                     step.cancel()
                     return _StepEnd.LOST
                 if remaining <= 0:
                     step.cancel()
                     return _StepEnd.DEADLINE
                 # Timed to the renew deadline, so a hung renewal cannot keep us stepping.
-                await asyncio.wait(
-                    [step, lost, stopping], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-                )
+                timeout = remaining if finish_by is None else min(remaining, finish_by - now)
+                waiters = [step, lost] if finish_by is not None else [step, lost, stopping]
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             return _StepEnd.DONE
         finally:
             lost.cancel()
@@ -307,4 +344,4 @@ class LeaderTerm:
         self._keeper.learn_published(Reach(info.seq, info.epoch))
         emit("agent.step", step_seq=info.seq)
         emit("checkpoint.published", size=info.size)
-        return Progress(state, info.seq)
+        return Progress(state, info.seq, epoch=info.epoch)

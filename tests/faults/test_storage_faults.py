@@ -180,7 +180,7 @@ def make_node(
         agent=agent,
         secret=SECRET,
         on_event=events,
-        **kwargs,
+        **{"stop_grace_ms": 0, **kwargs},  # parked steps: no grace to wait out
     )
 
 

@@ -62,7 +62,7 @@ class Nodes:
             secret=SECRET,
             timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
             on_event=self.events,
-            **kwargs,
+            **{"stop_grace_ms": 0, **kwargs},  # parked steps: no grace to wait out
         )
         self.made.append((node, agent))
         node.start()

@@ -142,7 +142,7 @@ def _node(store: MemoryStore, notifier: Notifier, **kwargs: Any) -> Runtime:
         secret=SECRET,
         timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
         notifier=notifier,
-        **kwargs,
+        **{"stop_grace_ms": 0, **kwargs},  # parked steps: no grace to wait out
     )
 
 

@@ -125,6 +125,9 @@ class Harness:
     ) -> Runtime:
         kwargs.setdefault("timing", LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS))
         kwargs.setdefault("secret", SECRET)
+        # Most tests here stop nodes whose step is parked for good: no grace to wait out.
+        # The tests of the stop grace set their own.
+        kwargs.setdefault("stop_grace_ms", 0)
         if isinstance(store, FaultyStore):
             self._unblock += [store.put_release, store.cas_open]
         self._unblock.append(agent.release)
@@ -537,11 +540,11 @@ def test_every_state_change_is_an_event_stored_without_agent_state(hb: Harness) 
 
 def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(hb: Harness) -> None:
     """On stop() the leader releases the lease and drops its heartbeat, and the standby takes over
-    (via "released") well within the 5 s TTL.
+    (via "released") well within the 5 s TTL. (No stop grace: the step in flight never ends.)
     """
     timing = LeaseTiming(tick_ms=200, lease_ttl_ms=5000)
     agent_a = AsyncAgent(park_from=3)
-    node_a = hb.node("node-a", agent_a, timing=timing)
+    node_a = hb.node("node-a", agent_a, timing=timing, stop_grace_ms=0)
     wait_until(
         lambda: hb.checkpoints() == [(2, 1), (1, 1)] and 3 in agent_a.entered_seqs(),
         "node-a to publish checkpoints 1-2",
