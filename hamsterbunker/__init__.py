@@ -8,9 +8,14 @@ node.run()    # or node.start() ... node.stop()
 """
 
 from .agent import Agent, StepContext, current_step, load_agent
+from .effects import EffectContext, current_effect
 from .errors import (
     ConfigError,
     CorruptRecord,
+    EffectError,
+    EffectFailed,
+    EffectInterrupted,
+    EffectMismatch,
     Fenced,
     HamsterbunkerError,
     LeaseConflict,
@@ -34,6 +39,11 @@ __all__ = [
     "Agent",
     "ConfigError",
     "CorruptRecord",
+    "EffectContext",
+    "EffectError",
+    "EffectFailed",
+    "EffectInterrupted",
+    "EffectMismatch",
     "Event",
     "Fenced",
     "FileStore",
@@ -54,6 +64,7 @@ __all__ = [
     "StoreUnsafe",
     "Tampered",
     "WrongSecret",
+    "current_effect",
     "current_step",
     "load_agent",
     "open_store",
