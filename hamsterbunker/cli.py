@@ -28,7 +28,7 @@ from .logs import configure_logging, stderr_is_journal
 from .notify import Notifier
 from .sealing import check_secret
 from .stores import check_store_url, open_store
-from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, LeaseTiming
+from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_STOP_GRACE_MS, DEFAULT_TICK_MS, LeaseTiming
 
 __all__ = ["main"]
 
@@ -63,6 +63,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
+
+
+def _whole_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
     return value
 
 
@@ -150,7 +160,16 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 # The node flags that a config file can set instead (``hb run --instance``).
-_NODE_FLAGS = ("store", "agent", "agent_id", "node_id", "region", "tick_ms", "lease_ttl_ms")
+_NODE_FLAGS = (
+    "store",
+    "agent",
+    "agent_id",
+    "node_id",
+    "region",
+    "tick_ms",
+    "lease_ttl_ms",
+    "stop_grace_ms",
+)
 
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +186,13 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-ms", type=_positive_int, help=f"default: {DEFAULT_TICK_MS}")
     parser.add_argument(
         "--lease-ttl-ms", type=_positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}"
+    )
+    parser.add_argument(
+        "--stop-grace-ms",
+        type=_whole_number,
+        help="how long a stop (SIGTERM) lets the step in flight finish and be published "
+        f"before it is cancelled; keep it below the unit's TimeoutStopSec "
+        f"(default: {DEFAULT_STOP_GRACE_MS})",
     )
 
 
@@ -232,6 +258,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         history=args.history,
         notifier=notifier,
         state_dir=args.state_dir or _systemd_state_directory(),
+        stop_grace_ms=config.stop_grace_ms,
     )
     node.run()
     return 0

@@ -17,7 +17,13 @@ from typing import Any
 
 from .errors import ConfigError
 from .records import check_name
-from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, LeaseTiming
+from .timing import (
+    DEFAULT_LEASE_TTL_MS,
+    DEFAULT_STOP_GRACE_MS,
+    DEFAULT_TICK_MS,
+    LeaseTiming,
+    check_stop_grace,
+)
 
 __all__ = ["DEFAULT_CONFIG_DIR", "NodeConfig", "config_dir", "load_instance"]
 
@@ -35,6 +41,8 @@ class NodeConfig:
     region: str = "local"
     tick_ms: int = DEFAULT_TICK_MS
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
+    # How long a stop lets the step in flight finish and be published.
+    stop_grace_ms: int = DEFAULT_STOP_GRACE_MS
 
     @property
     def timing(self) -> LeaseTiming:
@@ -55,7 +63,9 @@ _TYPES: dict[str, type] = {
     "region": str,
     "tick_ms": int,
     "lease_ttl_ms": int,
+    "stop_grace_ms": int,
 }
+_MAY_BE_ZERO = {"stop_grace_ms"}
 assert set(_TYPES) == {f.name for f in fields(NodeConfig)}
 
 
@@ -108,7 +118,7 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
             raise ConfigError(
                 f"{path}: key {key!r} must be {_describe(expected)}, not {_toml_type(value)}"
             )
-        if isinstance(value, int) and value <= 0:
+        if isinstance(value, int) and (value < 0 or (value == 0 and key not in _MAY_BE_ZERO)):
             raise ConfigError(f"{path}: key {key!r} must be above 0, not {value}")
     config = NodeConfig(**document)
     for kind, value in (("agent_id", config.agent_id), ("node_id", config.node_id)):
@@ -119,6 +129,7 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
                 raise ConfigError(f"{path}: key {kind!r}: {exc}") from None
     try:
         config.timing  # noqa: B018 (made to be checked: tick_ms and lease_ttl_ms together)
+        check_stop_grace(config.stop_grace_ms)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return config

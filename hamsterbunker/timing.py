@@ -14,13 +14,33 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .limits import MAX_LEASE_TTL_MS
 
-__all__ = ["DEFAULT_LEASE_TTL_MS", "DEFAULT_TICK_MS", "DEFAULT_TIMING", "LeaseTiming"]
+__all__ = [
+    "DEFAULT_LEASE_TTL_MS",
+    "DEFAULT_STOP_GRACE_MS",
+    "DEFAULT_TICK_MS",
+    "DEFAULT_TIMING",
+    "MAX_STOP_GRACE_MS",
+    "LeaseTiming",
+    "check_stop_grace",
+]
 
 DEFAULT_TICK_MS = 400
 DEFAULT_LEASE_TTL_MS = 2000
 # The renew deadline as a share of the TTL: leaves the standby 0.4 × TTL of
 # margin for clock-rate drift and slow writes.
 RENEW_DEADLINE_SHARE = 0.6
+# How long a stop lets the step in flight finish (and be published) before it is
+# cancelled or abandoned: below systemd's TimeoutStopSec (30 s in our unit), with
+# room left for the handover and the shutdown's store calls.
+DEFAULT_STOP_GRACE_MS = 10_000
+MAX_STOP_GRACE_MS = 3_600_000  # an hour: above that, a typing slip rather than a plan
+
+
+def check_stop_grace(stop_grace_ms: int) -> int:
+    """The stop grace if it is within 0..MAX_STOP_GRACE_MS; ConfigError if not."""
+    if isinstance(stop_grace_ms, bool) or not 0 <= stop_grace_ms <= MAX_STOP_GRACE_MS:
+        raise ConfigError(f"stop grace {stop_grace_ms} ms is outside 0..{MAX_STOP_GRACE_MS} ms")
+    return stop_grace_ms
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from ..lease import LeaseKeeper, Outcome, TickResult
 from ..notify import Notifier
 from ..records import ClusterRecord
 from ..stores import Store
-from ..timing import LeaseTiming
+from ..timing import DEFAULT_STOP_GRACE_MS, LeaseTiming
 from .calls import NodeCalls, bounded
 from .cluster import Cluster, NodeMemory
 from .events import EventSink
@@ -34,17 +34,12 @@ from .state import Identity, Signals, Standing
 from .term import Ending, LeaderTerm, TermEnd
 from .watchdog import Watchdog, status_text
 
-__all__ = ["DEFAULT_STOP_GRACE_MS", "MAX_STOP_GRACE_MS", "NodeLoop", "StopRequest"]
+__all__ = ["NodeLoop", "StopRequest"]
 
 log = logging.getLogger("hamsterbunker")
 # The most a stop waits for each store call of its shutdown (release, heartbeat),
 # and for the events to be flushed, when stop() names no deadline of its own.
 SHUTDOWN_CALL_S = 5.0
-# How long a stop lets the step in flight finish (and be published) before it is
-# cancelled or abandoned: below systemd's TimeoutStopSec (30 s in our unit), with
-# room left for the handover and the shutdown's store calls.
-DEFAULT_STOP_GRACE_MS = 10_000
-MAX_STOP_GRACE_MS = 3_600_000  # an hour: a typing slip, not a plan
 
 
 class StopRequest:

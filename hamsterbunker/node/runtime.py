@@ -25,7 +25,6 @@ from pathlib import Path
 
 from ..agent import Agent
 from ..clock import Clock, MonotonicClock
-from ..errors import ConfigError
 from ..history import HistoryWriter
 from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
@@ -33,11 +32,11 @@ from ..notify import Notifier
 from ..records import check_name
 from ..sealing import check_secret
 from ..stores import Store, open_store
-from ..timing import DEFAULT_TIMING, LeaseTiming
+from ..timing import DEFAULT_STOP_GRACE_MS, DEFAULT_TIMING, LeaseTiming, check_stop_grace
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
-from .loop import DEFAULT_STOP_GRACE_MS, MAX_STOP_GRACE_MS, NodeLoop, StopRequest
+from .loop import NodeLoop, StopRequest
 from .restore import Restorer
 from .state import Identity, Signals, Standing
 from .term import LeaderTerm
@@ -72,8 +71,7 @@ class Runtime:
         ``stop_grace_ms``: how long a stop lets the step in flight finish and be
         published before it is cancelled (async) or abandoned (sync)."""
         check_secret(secret)  # before the store is touched
-        if not 0 <= stop_grace_ms <= MAX_STOP_GRACE_MS:
-            raise ConfigError(f"stop grace {stop_grace_ms} ms is outside 0..{MAX_STOP_GRACE_MS} ms")
+        check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
         self.region = region
         self.agent = agent

@@ -99,6 +99,7 @@ def test_defaults_of_a_minimal_file():
         region="local",
         tick_ms=400,
         lease_ttl_ms=2000,
+        stop_grace_ms=10_000,
     )
 
 
@@ -106,10 +107,10 @@ def test_every_key_is_read(tmp_path):
     """Every key of the file reaches the NodeConfig unchanged."""
     (tmp_path / "full.toml").write_text(
         'store = "file:///s"\nagent = "m:a"\nagent_id = "a1"\nnode_id = "n1"\n'
-        'region = "eu"\ntick_ms = 100\nlease_ttl_ms = 600\n'
+        'region = "eu"\ntick_ms = 100\nlease_ttl_ms = 600\nstop_grace_ms = 0\n'
     )
     assert load_instance("full", tmp_path) == NodeConfig(
-        "file:///s", "m:a", "a1", "n1", "eu", 100, 600
+        "file:///s", "m:a", "a1", "n1", "eu", 100, 600, 0
     )
 
 
@@ -152,6 +153,8 @@ BAD_FILES: list[tuple[str, str, list[str]]] = [
     ("region-array", BASE + 'region = ["eu"]\n', ["'region'", "array"]),
     ("lease-ttl-zero", BASE + "lease_ttl_ms = 0\n", ["'lease_ttl_ms'", "above 0"]),
     ("tick-negative", BASE + "tick_ms = -5\n", ["'tick_ms'", "-5"]),
+    ("stop-grace-negative", BASE + "stop_grace_ms = -1\n", ["'stop_grace_ms'", "-1"]),
+    ("stop-grace-an-hour-on", BASE + "stop_grace_ms = 3600001\n", ["stop grace", "3600001"]),
     ("missing-store", 'agent = "m:a"\n', ["'store'", "missing"]),
     ("missing-agent", 'store = "file:///srv/hb"\n', ["'agent'", "missing"]),
     ("secret-key", BASE + 'secret = "correct-horse-battery"\n', ["'secret'", "LoadCredential"]),
@@ -225,6 +228,16 @@ def test_hb_run_bad_file_one_line_exit_2(tmp_path, text, words):
     result, directory = _run_instance(tmp_path, "agent", text)
     assert_one_line_error(result, "run", [*words, str(directory / "agent.toml")])
     assert not (tmp_path / "store").exists(), "a rejected node created its store"
+
+
+@pytest.mark.parametrize("value", ["-1", "soon"])
+def test_hb_run_bad_stop_grace_flag_one_line_exit_2(tmp_path, value):
+    """A stop grace that is not a whole number of at least 0 is one line and exit 2."""
+    store = tmp_path / "store"
+    flags = ["--store", store.as_uri(), "--agent", AGENT, "--stop-grace-ms", value]
+    result = run_hb(["run", *flags], env=hb_env(HB_SECRET=SECRET), cwd=tmp_path)
+    assert_one_line_error(result, "run", ["--stop-grace-ms", value])
+    assert not store.exists(), "a rejected node created its store"
 
 
 def test_hb_run_missing_file_suggests_init(tmp_path):
