@@ -29,6 +29,7 @@ let
     "region"
     "tick_ms"
     "lease_ttl_ms"
+    "stop_grace_ms"
   ];
 
   # hb's rule for instance names (hamsterbunker/records.py). It also makes the
@@ -240,6 +241,11 @@ let
                 type = types.nullOr types.ints.positive;
                 default = null;
                 description = "Lease TTL in milliseconds (default: 2000).";
+              };
+              stop_grace_ms = mkOption {
+                type = types.nullOr types.ints.unsigned;
+                default = null;
+                description = "How long a stop lets the step in flight finish and be published before it is cancelled, in milliseconds (default: 10000); keep it well below TimeoutStopSec (30 s).";
               };
             };
           };

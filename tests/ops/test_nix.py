@@ -448,6 +448,7 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
         "region": "eu-central",
         "tick_ms": 500,
         "lease_ttl_ms": 3000,
+        "stop_grace_ms": 5000,
     }
     assert set(values) == set(_TYPES), "config.py has a key this test does not know"
     settings = " ".join(f"{key} = {json.dumps(value)};" for key, value in values.items())
