@@ -12,7 +12,13 @@ Rules, each a violation when broken:
 * no resume behind: a restore resumes from at least every checkpoint whose
   publish was acknowledged before the restore started, and never starts over
   from init() once any was;
-* continuity: a term's first accepted publish numbers on from its restore.
+* continuity: a term's first accepted publish numbers on from its restore;
+* effects (``effect_start`` when an effect's function is called, ``effect`` when
+  its outcome was recorded, replayed or reported interrupted, each with the
+  effect's idempotency key): an effect marked ``interrupted`` is called at
+  most once per key; an effect whose outcome was recorded is never called
+  again; a replay returns exactly the outcome recorded (same digest); and no
+  effect is called under an epoch after a later epoch was acquired.
 
 A loss accepted on purpose (``hb accept-loss``) starts a new line: the node
 that honours it records ``accepted_loss`` on its restore, and the store-order
@@ -28,6 +34,7 @@ import bisect
 import itertools
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 
 from .history import Op, read_history
 
@@ -97,7 +104,59 @@ def check(ops: list[Op]) -> list[str]:
                 f"{restore.node} restored epoch {restore.epoch} to continue at seq {next_seq} "
                 f"but its first accepted publish is seq {term[0].seq}"
             )
+    violations += _effect_violations(ops, acquires, line)
     return violations
+
+
+def _effect_violations(ops: list[Op], acquires: list[Op], line: Callable[[Op], int]) -> list[str]:
+    violations: list[str] = []
+    calls: dict[tuple[int, str], list[Op]] = defaultdict(list)
+    recorded: dict[tuple[int, str], list[Op]] = defaultdict(list)
+    for o in ops:
+        key = o.detail.get("key")
+        if o.op == "effect_start":
+            calls[(line(o), str(key))].append(o)
+        elif o.op == "effect" and o.outcome in ("ok", "failed"):
+            recorded[(line(o), str(key))].append(o)
+    for (_, key), called in calls.items():
+        interrupted = [o for o in called if o.detail.get("replay") == "interrupted"]
+        if len(interrupted) > 1:
+            violations.append(
+                f"interrupted effect {key} was called {len(interrupted)} times "
+                f"({', '.join(sorted({o.node for o in interrupted}))})"
+            )
+    for where, outcomes in recorded.items():
+        done = [o for o in outcomes if o.outcome == "ok"]
+        again = [s for s in calls.get(where, []) if done and s.start > min(o.end for o in done)]
+        if again:
+            violations.append(
+                f"effect {where[1]} was called again by {again[0].node} in epoch "
+                f"{again[0].epoch} after its outcome was recorded"
+            )
+    for o in ops:
+        if o.op != "effect" or o.outcome != "replayed":
+            continue
+        before = [
+            r for r in recorded.get((line(o), str(o.detail.get("key"))), []) if r.end < o.start
+        ]
+        if before and before[-1].detail.get("digest") != o.detail.get("digest"):
+            violations.append(
+                f"{o.node} replayed effect {o.detail.get('key')} with another outcome than "
+                f"the one {before[-1].node} recorded"
+            )
+    for call in (c for group in calls.values() for c in group):
+        for newer in acquires:
+            if newer.epoch > call.epoch and call.start > newer.end:
+                violations.append(
+                    f"{call.node} called effect {call.detail.get('key')} under epoch "
+                    f"{call.epoch} after {newer.node} acquired epoch {newer.epoch}"
+                )
+                break
+    return violations
+
+
+def _end(op: Op) -> float:
+    return op.end
 
 
 def _seq(op: Op) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hamsterbunker.checker import check, main
@@ -140,3 +141,63 @@ def test_a_restore_after_an_accepted_loss_is_still_held_to_the_new_line() -> Non
     history = accepted_loss_history(honoured=True)
     history[-1] = op("c", "restore", 5, 3, 12.1, 12.2, "resumed", from_seq=3, next_seq=4)
     assert any("behind accepted checkpoint 4" in v for v in check(history))
+
+
+# -- effects ------------------------------------------------------------------------
+
+
+def effect_history() -> list[Op]:
+    """a calls two effects of step 3 and dies before its checkpoint; b replays both."""
+    return [
+        *clean_history()[:4],
+        op("a", "effect_start", 1, 3, 0.7, 0.7, "started", key="k0", replay="safe"),
+        op("a", "effect", 1, 3, 0.7, 0.8, "ok", key="k0", digest="d0"),
+        op("a", "effect_start", 1, 3, 0.9, 0.9, "started", key="k1", replay="interrupted"),
+        op("b", "acquire", 2, 0, 3.0, 3.1),
+        op("b", "restore", 2, 2, 3.1, 3.2, "resumed", from_seq=2, next_seq=3),
+        op("b", "effect", 2, 3, 3.3, 3.3, "replayed", key="k0", digest="d0"),
+        op("b", "effect", 2, 3, 3.3, 3.3, "interrupted", key="k1"),
+        op("b", "publish", 2, 3, 3.4, 3.5),
+    ]
+
+
+def test_a_clean_replay_of_effects_has_no_violations() -> None:
+    """Recorded outcomes replayed as recorded, an interrupted effect reported, not called."""
+    assert check(effect_history()) == []
+
+
+def test_an_interrupted_effect_called_twice_is_caught() -> None:
+    """A second call of an interrupted effect's key is a violation."""
+    again = op("b", "effect_start", 2, 3, 3.3, 3.3, "started", key="k1", replay="interrupted")
+    assert any("interrupted effect k1 was called 2 times" in v
+               for v in check([*effect_history(), again]))  # fmt: skip
+
+
+def test_a_recorded_effect_called_again_is_caught() -> None:
+    """Calling an effect whose outcome was recorded is a violation (a safe one too)."""
+    again = op("b", "effect_start", 2, 3, 3.3, 3.3, "started", key="k0", replay="safe")
+    assert any("effect k0 was called again by b" in v for v in check([*effect_history(), again]))
+
+
+def test_a_safe_effect_called_again_before_its_record_is_fine() -> None:
+    """A safe effect whose outcome was never recorded may be called again on replay."""
+    history = [o for o in effect_history() if not (o.op == "effect" and o.outcome == "ok")]
+    history = [o for o in history if o.outcome != "replayed"]
+    again = op("b", "effect_start", 2, 3, 3.3, 3.3, "started", key="k0", replay="safe")
+    assert check([*history, again]) == []
+
+
+def test_a_replay_with_another_outcome_is_caught() -> None:
+    """A replay whose outcome digest differs from the recorded one is a violation."""
+    history = [
+        replace(o, detail={**o.detail, "digest": "other"}) if o.outcome == "replayed" else o
+        for o in effect_history()
+    ]
+    assert any("replayed effect k0 with another outcome" in v for v in check(history))
+
+
+def test_an_effect_called_after_a_later_epoch_was_acquired_is_caught() -> None:
+    """An effect started under epoch 1 after epoch 2 was acquired is a violation."""
+    late = op("a", "effect_start", 1, 3, 3.2, 3.2, "started", key="k9", replay="safe")
+    assert any("called effect k9 under epoch 1 after b acquired epoch 2" in v
+               for v in check([*effect_history(), late]))  # fmt: skip
