@@ -1,0 +1,326 @@
+"""Journaled effects under process faults: real nodes, a real tool, SIGKILLs and SIGTERMs.
+
+The test agents (``EffectsAgent``, ``SyncEffectsAgent`` in
+tests/support/hb_test_agents.py) run each step's effects against a loopback
+tool server started by the test (tests/support/tool_server.py), naming
+``current_effect().key``; the tool counts calls per key. The agents write
+what each effect gave them (a result, or ``EffectInterrupted``) to a file,
+so what the world saw (the tool's counts) and what the agent saw are both
+known from outside the runtime; every node also records its operations
+(``--history``: ``effect_start`` before each call of an effect's function,
+``effect`` once its outcome is recorded or replayed).
+
+1. Each failpoint of an effect (before the intent, after the intent, during
+   the call, after the call, after the record) kills the leader (SIGKILL) in
+   its second step, on each store; the standby replays that step:
+   completed effects are never called again, an ``interrupted`` effect runs
+   at most once and its replay raises ``EffectInterrupted`` exactly when its
+   outcome is unknown, a ``safe`` one runs again when its outcome is unknown
+   and the agent sees one result per key.
+2. A kill loop: SIGKILLs of the active node at random moments, with four
+   effects a step: no completed effect runs again, at most one ``safe``
+   effect is re-executed per kill, no ``interrupted`` effect runs twice.
+3. A SIGTERM loop: a planned stop lets the step in flight finish and
+   publishes it, so no step and no effect is repeated (DESIGN.md invariant 6).
+
+Randomness comes from ``random.Random(seed)``; the seed is printed, and
+``HB_TEST_SEED=<seed>`` replays a failed run's choices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from hamsterbunker.errors import StoreError
+from hamsterbunker.history import Op, read_history
+from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.records import LeaseRecord
+from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores import Store, open_store
+from hamsterbunker.timing import LeaseTiming
+from tests.support import process_state, wait_until
+from tests.support.etcd_server import etcd_url
+from tests.support.redis_server import redis_url
+from tests.support.tool_server import ToolServer
+
+pytestmark = [pytest.mark.fault, pytest.mark.multiprocess]
+
+A, B, C = (
+    NodeSpec("node-a", "eu-central"),
+    NodeSpec("node-b", "us-east"),
+    NodeSpec("node-c", "ap-south"),
+)
+SPECS = {spec.node: spec for spec in (A, B, C)}
+FAST = LeaseTiming(100, 600)  # tick 100 ms, TTL 600 ms
+MakeCluster = Callable[..., LocalCluster]
+T = TypeVar("T")
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+@pytest.fixture(params=["file", "redis", "etcd"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """None for local_cluster's own file store, or a prefix of its own on Redis or etcd."""
+    urls = {"redis": redis_url, "etcd": etcd_url}
+    return urls[request.param]() if request.param in urls else None
+
+
+@pytest.fixture
+def tool() -> Iterator[ToolServer]:
+    with ToolServer.start() as server:
+        yield server
+
+
+def seeded(test: str) -> random.Random:
+    """A Random for this test; its seed is printed (shown by pytest when the test fails)."""
+    seed = int(os.environ.get("HB_TEST_SEED") or secrets.randbits(32))
+    print(f"{test}: random seed {seed} (replay with HB_TEST_SEED={seed})")
+    return random.Random(seed)
+
+
+def effects_env(tool: ToolServer, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"HB_TOOL_URL": tool.url, "HB_TEST_EFFECTS": str(tmp_path / "saw.jsonl"), **extra}
+
+
+def quietly(probe: Callable[[], T]) -> Callable[[], T | None]:
+    """probe, as None while the store answers with an error (a record mid-write)."""
+
+    def probed() -> T | None:
+        try:
+            return probe()
+        except StoreError:
+            return None
+
+    return probed
+
+
+def lease_of(store: Store, agent: str) -> LeaseRecord | None:
+    return store.read_lease(agent)
+
+
+def latest(store: Store, agent: str) -> tuple[int, int]:
+    """(seq, epoch) of the newest checkpoint, (0, 0) without one."""
+    checkpoints = store.list_checkpoints(agent)
+    return (checkpoints[0].seq, checkpoints[0].epoch) if checkpoints else (0, 0)
+
+
+def final_state(cluster: LocalCluster, store: Store, agent: str) -> tuple[int, dict[str, Any]]:
+    """The newest checkpoint's seq and state, opened with the cluster's secret."""
+    record = store.read_cluster()
+    assert record is not None
+    info = store.list_checkpoints(agent)[0]
+    state = Sealer(cluster.secret, record).open(
+        store.read_checkpoint(agent, info), agent, info.epoch, info.seq
+    )
+    return info.seq, state
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines of a file the agents append to (a torn last line from a kill skipped)."""
+    found = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
+
+
+def history(cluster: LocalCluster) -> list[Op]:
+    assert cluster.history is not None
+    return read_history(cluster.history) if cluster.history.exists() else []
+
+
+def exited(process: subprocess.Popen[bytes], what: str, timeout: float = 30) -> int:
+    wait_until(lambda: process.poll() is not None, what, timeout=timeout)
+    code = process.returncode
+    assert code is not None
+    return code
+
+
+def keys_by_effect(tool: ToolServer) -> dict[tuple[int, str], set[str]]:
+    """The idempotency keys the tool was called with, by (step seq, effect name)."""
+    keys: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for call in tool.calls():
+        keys[(call.body["seq"], call.body["name"])].add(call.key)
+    return keys
+
+
+def calls_by_effect(tool: ToolServer) -> Counter[tuple[int, str]]:
+    return Counter((call.body["seq"], call.body["name"]) for call in tool.calls())
+
+
+def assert_stable_keys(tool: ToolServer) -> None:
+    """One key per effect of a step, whichever node called it; different effects, different keys."""
+    keys = keys_by_effect(tool)
+    assert all(len(found) == 1 for found in keys.values()), keys
+    flat = [next(iter(found)) for found in keys.values()]
+    assert len(flat) == len(set(flat)), "two effects share an idempotency key"
+
+
+# -- 1. each failpoint of an effect, on each store ------------------------------
+
+PLAN = (("fetch", "safe"), ("charge", "interrupted"), ("notify", "safe"))  # EffectsAgent.plan
+KILLED_SEQ = 2  # the leader is killed in its second step: the first is published
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where the leader is killed, and what the replay of that step must then see."""
+
+    point: str  # the failpoint (effect.during_call: inside the agent's own function)
+    target: str  # the effect of step 2 the kill lands on
+    calls: int  # how many times the tool is called for the target, in all
+    saw: str  # what the replay gets for the target: "result" or "interrupted"
+
+    @property
+    def index(self) -> int:
+        return [name for name, _ in PLAN].index(self.target)
+
+    @property
+    def replay(self) -> str:
+        return PLAN[self.index][1]
+
+    @property
+    def nth(self) -> int:
+        """The failpoint's hit that lands on the target of step 2 (hits count per process)."""
+        if self.point in ("effect.before_intent", "effect.after_intent"):
+            per_step = [name for name, replay in PLAN if replay == "interrupted"]
+        else:
+            per_step = [name for name, _ in PLAN]
+        return len(per_step) * (KILLED_SEQ - 1) + per_step.index(self.target) + 1
+
+    @property
+    def recorded(self) -> bool:
+        """The target's outcome was in the store at the kill: the replay reuses it."""
+        return self.point == "effect.after_record"
+
+
+POINTS = [
+    # Nothing of the effect stored: the replay calls it, for the first time.
+    Point("effect.before_intent", "charge", calls=1, saw="result"),
+    # Intent stored, never called: the outcome is unknown to the runtime.
+    Point("effect.after_intent", "charge", calls=0, saw="interrupted"),
+    # Called, outcome lost: a safe effect runs again, an interrupted one is reported.
+    Point("effect.during_call", "fetch", calls=2, saw="result"),
+    Point("effect.during_call", "charge", calls=1, saw="interrupted"),
+    Point("effect.after_call", "fetch", calls=2, saw="result"),
+    Point("effect.after_call", "charge", calls=1, saw="interrupted"),
+    # Outcome recorded: reused, never called again (notify is the step's last effect:
+    # killed after its record, before the step's checkpoint).
+    Point("effect.after_record", "charge", calls=1, saw="result"),
+    Point("effect.after_record", "notify", calls=1, saw="result"),
+]
+
+
+@pytest.mark.parametrize(
+    "point", POINTS, ids=[f"{p.point.removeprefix('effect.')}-{p.target}" for p in POINTS]
+)
+def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_completed_effects(
+    local_cluster: MakeCluster,
+    store_url: str | None,
+    tool: ToolServer,
+    tmp_path: Path,
+    point: Point,
+) -> None:
+    """SIGKILL at one effect failpoint in step 2; the standby's replay of step 2 keeps the rules."""
+    agent = "effects"
+    saw_path = tmp_path / "saw.jsonl"
+    cluster = local_cluster(
+        agent="hb_test_agents:EffectsAgent",
+        timing=FAST,
+        store_url=store_url,
+        env=effects_env(tool, tmp_path),
+    )
+    store = open_store(cluster.store_url)
+    # node-b starts with node-a, but waits before its first look at the lease (stopped
+    # by a failpoint) until node-a has taken it: then it is watching when node-a dies.
+    standby = cluster.start(B, extra_env={"HB_FAILPOINTS": "node.before_first_tick=stop"})
+    leader = cluster.start(A, extra_env={"HB_FAILPOINTS": f"{point.point}=kill@{point.nth}"})
+    wait_until(
+        quietly(lambda: (lease := lease_of(store, agent)) and lease.holder == A.node),
+        "node-a to take the lease",
+    )
+    wait_until(lambda: process_state(standby.pid) == "T", "node-b to line up")
+    standby.send_signal(signal.SIGCONT)
+    code = exited(leader, "node-a to be killed at its failpoint")
+    assert code == -signal.SIGKILL, f"node-a exited with {code}:\n{cluster.log(A.node)}"
+    wait_until(
+        quietly(lambda: (at := latest(store, agent))[0] >= KILLED_SEQ + 2 and at[1] >= 2),
+        "node-b to take over and publish two steps past the replayed one",
+    )
+    cluster.stop_all()
+    final_seq, state = final_state(cluster, store, agent)
+
+    saw = lines(saw_path)
+    by_a = [(s["seq"], s["name"]) for s in saw if s["node"] == A.node]
+    names = [name for name, _ in PLAN]
+    # The kill landed where it was aimed: node-a saw step 1 and the effects of step 2
+    # before the target, nothing more.
+    assert by_a == [(1, n) for n in names] + [(KILLED_SEQ, n) for n in names[: point.index]], (
+        by_a,
+        cluster.log(A.node),
+    )
+    a_values = {(s["seq"], s["name"]): s["value"] for s in saw if s["node"] == A.node}
+
+    # What node-b's replay of step 2 gave the agent.
+    replayed = {s["name"]: s for s in saw if s["node"] == B.node and s["seq"] == KILLED_SEQ}
+    assert sorted(replayed) == sorted(names), saw
+    for name in names[: point.index]:  # completed before the kill: the recorded result
+        assert replayed[name]["saw"] == "result", replayed[name]
+        assert replayed[name]["value"] == a_values[(KILLED_SEQ, name)], (name, saw)
+    target = replayed[point.target]
+    assert target["saw"] == point.saw, (point, target)
+    if point.saw == "result":
+        assert target["value"]["n"] == point.calls, (point, target)  # the tool's last call
+    for name in names[point.index + 1 :]:  # not reached before the kill: called once
+        assert replayed[name]["saw"] == "result" and replayed[name]["value"]["n"] == 1, saw
+
+    # The world: every effect of every step called exactly once, except the target.
+    calls = calls_by_effect(tool)
+    expected = {(seq, name): 1 for seq in range(1, final_seq + 1) for name in names}
+    expected[(KILLED_SEQ, point.target)] = point.calls
+    assert {k: v for k, v in calls.items()} == {k: v for k, v in expected.items() if v}, (
+        point,
+        sorted(calls.items()),
+    )
+    assert_stable_keys(tool)
+    # The agent sees one result per effect, whichever node ran the step.
+    results: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for s in saw:
+        results[(s["seq"], s["name"])].add(json.dumps(s["value"], sort_keys=True))
+    assert all(len(found) == 1 for found in results.values()), results
+
+    # EffectInterrupted exactly where the outcome was unknown, in the published state too.
+    interrupted = [(s["seq"], s["name"]) for s in saw if s["saw"] == "interrupted"]
+    want = [(KILLED_SEQ, point.target)] if point.saw == "interrupted" else []
+    assert interrupted == want, saw
+    assert state["interrupted"] == [list(w) for w in want], state
+    assert state["count"] == final_seq, state
+
+    # node-b's history: which effects of step 2 it replayed and which it started.
+    ops = [o for o in history(cluster) if o.node == B.node and o.seq == KILLED_SEQ]
+    reused = {o.detail["index"] for o in ops if o.op == "effect" and o.outcome == "replayed"}
+    started = {o.detail["index"] for o in ops if o.op == "effect_start"}
+    want_reused = set(range(point.index + (1 if point.recorded else 0)))
+    assert reused == want_reused, ops
+    fresh = set(range(point.index, len(PLAN))) - want_reused
+    if point.saw == "interrupted":
+        fresh.discard(point.index)
+    assert started == fresh, ops
+    marked = {o.detail["index"] for o in ops if o.op == "effect" and o.outcome == "interrupted"}
+    assert marked == ({point.index} if point.saw == "interrupted" else set()), ops
