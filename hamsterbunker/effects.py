@@ -117,6 +117,9 @@ class JournalIO(Protocol):
     def key(self, seq: int, index: int, name: str) -> str:
         """The effect's idempotency key."""
 
+    async def call_blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a blocking fn in a thread that nothing waits for when the node stops."""
+
 
 class StepEffects:
     """The effects of one run (attempt) of one step.
@@ -227,7 +230,7 @@ class StepEffects:
             if inspect.iscoroutinefunction(fn):
                 result = await fn(*args, **kwargs)
             else:
-                result = await asyncio.to_thread(fn, *args, **kwargs)
+                result = await self._io.call_blocking(fn, *args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
             entry.outcome = {"result": result}

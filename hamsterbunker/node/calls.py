@@ -10,8 +10,10 @@ keep ``stop()`` from returning.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
+import threading
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -54,6 +56,33 @@ class NodeCalls:
         loop = asyncio.get_running_loop()
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await loop.run_in_executor(self._work, call)
+
+    async def detached(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run fn in a thread of its own, in a copy of the caller's context.
+
+        For an effect's blocking function, which may take minutes or hang: it
+        holds up no pool, and nothing waits for it when the node stops.
+        """
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def settle(outcome: Callable[[], None]) -> None:
+            if not done.done():
+                outcome()
+
+        def run() -> None:
+            try:
+                result = context.run(fn, *args, **kwargs)
+            except BaseException as exc:  # handed to the awaiting task
+                answer = functools.partial(settle, functools.partial(done.set_exception, exc))
+            else:
+                answer = functools.partial(settle, functools.partial(done.set_result, result))
+            with contextlib.suppress(RuntimeError):  # the node's loop has closed: nobody waits
+                loop.call_soon_threadsafe(answer)
+
+        threading.Thread(target=run, name="hb-effect", daemon=True).start()
+        return await done
 
     def close(self) -> None:
         """Stop both pools without waiting: a hung call is abandoned in its thread."""

@@ -11,6 +11,7 @@ on (an older record belongs to a history that was given up).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..clock import Clock
@@ -117,3 +118,6 @@ class TermJournal:
 
     def key(self, seq: int, index: int, name: str) -> str:
         return effect_key(self._salt, self._id.agent, seq, index, name)
+
+    async def call_blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await self._calls.detached(fn, *args, **kwargs)
