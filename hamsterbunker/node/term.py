@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import enum
+import functools
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -167,11 +169,13 @@ class LeaderTerm:
             if not await self._until_may_step():
                 break
             seq = progress.seq + 1
+            # An abandoned sync step may run on in its thread: it starts no more effects.
+            abandoned = threading.Event()
             effects = StepEffects(
                 seq,
                 self._journal,
                 self._journal.for_step(seq, progress.epoch, first=seq == first_seq),
-                may_start=self._may_publish,
+                may_start=functools.partial(self._may_start_effects, abandoned),
                 rerun_failures=failed_seq == seq,
             )
             context = StepContext(
@@ -180,6 +184,7 @@ class LeaderTerm:
                 self.epoch,
                 seq,
                 may_publish=self._may_publish,
+                abandoned=abandoned,
                 effects=effects,
                 loop=asyncio.get_running_loop(),
             )
@@ -236,6 +241,10 @@ class LeaderTerm:
     def _give_up(self, reason: str, *, hold_off: bool = True) -> TermEnd:
         self.end()
         return TermEnd(Ending.GAVE_UP, self.epoch, reason, hold_off)
+
+    def _may_start_effects(self, abandoned: threading.Event) -> bool:
+        """Whether a step not yet abandoned may start an effect (asked from any thread)."""
+        return not abandoned.is_set() and self._may_publish()
 
     def _may_publish(self) -> bool:
         """Whether a step of this term could still be published (asked from any thread)."""
