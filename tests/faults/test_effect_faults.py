@@ -35,9 +35,11 @@ import random
 import secrets
 import signal
 import subprocess
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,11 +73,19 @@ T = TypeVar("T")
 # -- helpers -------------------------------------------------------------------
 
 
+def url_of(backend: str) -> str | None:
+    """None for local_cluster's own file store, or a prefix of its own on Redis or etcd."""
+    if backend == "redis":
+        return redis_url()
+    if backend == "etcd":
+        return etcd_url()
+    assert backend == "file", backend
+    return None
+
+
 @pytest.fixture(params=["file", "redis", "etcd"])
 def store_url(request: pytest.FixtureRequest) -> str | None:
-    """None for local_cluster's own file store, or a prefix of its own on Redis or etcd."""
-    urls = {"redis": redis_url, "etcd": etcd_url}
-    return urls[request.param]() if request.param in urls else None
+    return url_of(request.param)
 
 
 @pytest.fixture
@@ -324,3 +334,250 @@ def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_co
     assert started == fresh, ops
     marked = {o.detail["index"] for o in ops if o.op == "effect" and o.outcome == "interrupted"}
     assert marked == ({point.index} if point.saw == "interrupted" else set()), ops
+
+
+# -- 2. kill loop ----------------------------------------------------------------
+
+
+@dataclass
+class EffectRuns:
+    """What the histories and the tool tell of each effect, by idempotency key."""
+
+    ops: list[Op]
+    tool: ToolServer
+
+    def __post_init__(self) -> None:
+        self.starts: dict[str, list[Op]] = defaultdict(list)  # effect_start: fn was called
+        self.outcomes: dict[str, list[Op]] = defaultdict(list)  # effect: ok/failed/replayed/...
+        for op in self.ops:
+            if op.op == "effect_start":
+                self.starts[op.detail["key"]].append(op)
+            elif op.op == "effect":
+                self.outcomes[op.detail["key"]].append(op)
+        self.calls = self.tool.counts()
+        self.replay: dict[str, str] = {}  # key -> "safe" or "interrupted"
+        self.where: dict[str, tuple[int, str]] = {}  # key -> (seq, name)
+        for call in self.tool.calls():
+            self.replay[call.key] = call.body["replay"]
+            self.where[call.key] = (call.body["seq"], call.body["name"])
+        for key, starts in self.starts.items():
+            self.replay.setdefault(key, starts[0].detail["replay"])
+
+    def recorded_at(self, key: str) -> float | None:
+        """When the key's outcome was first known to be in the store (node clock), if ever."""
+        ends = [o.end for o in self.outcomes[key] if o.outcome in ("ok", "failed", "replayed")]
+        return min(ends, default=None)
+
+    def assert_completed_never_called_again(self) -> None:
+        for key in set(self.starts) | set(self.outcomes):
+            recorded = self.recorded_at(key)
+            if recorded is not None:
+                late = [o for o in self.starts[key] if o.start > recorded]
+                assert late == [], f"{key} {self.where.get(key)} called after its record: {late}"
+
+    def assert_tool_calls_were_started(self) -> None:
+        """Every call the tool saw was an effect's function run by a node (an effect_start)."""
+        for key, n in self.calls.items():
+            assert n <= len(self.starts[key]), (key, n, self.starts[key])
+
+    def assert_interrupted_at_most_once(self) -> None:
+        for key, replay in self.replay.items():
+            if replay == "interrupted":
+                assert self.calls[key] <= 1 and len(self.starts[key]) <= 1, (
+                    f"interrupted effect {key} {self.where.get(key)} ran "
+                    f"{self.calls[key]} times, started {len(self.starts[key])} times"
+                )
+
+    def safe_reruns(self) -> list[tuple[str, int]]:
+        """(key, epoch of the run that was repeated) for each extra call of a safe effect."""
+        reruns = []
+        for call in self.tool.calls():
+            if call.body["replay"] == "safe" and call.n > 1:
+                before = [c for c in self.tool.calls() if c.key == call.key and c.n == call.n - 1]
+                reruns.append((call.key, before[0].body["epoch"]))
+        return reruns
+
+
+def assert_agent_saw_one_outcome_per_effect(saw: list[dict[str, Any]]) -> Counter[str]:
+    """Every run of a step gave the agent the same result (or interruption) for each effect."""
+    outcomes: dict[tuple[int, str], set[str]] = defaultdict(set)
+    for s in saw:
+        outcomes[(s["seq"], s["name"])].add(json.dumps([s["saw"], s["value"]], sort_keys=True))
+    differing = {k: v for k, v in outcomes.items() if len(v) > 1}
+    assert differing == {}, differing
+    return Counter(s["saw"] for s in saw)
+
+
+def publishing_term(store: Store, agent: str, after_epoch: int) -> LeaseRecord | None:
+    """The lease, once its holder has published a checkpoint in an epoch above after_epoch."""
+    lease = store.read_lease(agent)
+    if lease is None or lease.holder is None or lease.epoch <= after_epoch:
+        return None
+    seq, epoch = latest(store, agent)
+    return lease if seq and epoch == lease.epoch else None
+
+
+# 21 kills on the file store; a shorter loop on Redis and etcd keeps the suite fast.
+@pytest.mark.parametrize(("backend", "kills_wanted"), [("file", 21), ("redis", 10), ("etcd", 10)])
+def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_most_one(
+    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path, backend: str, kills_wanted: int
+) -> None:
+    """SIGKILLs of the active node mid-step (four effects a step, safe and interrupted)."""
+    rng = seeded("effect kill loop")
+    agent, time_budget = "effects-sync", 90.0
+    cluster = local_cluster(
+        agent="hb_test_agents:SyncEffectsAgent",
+        timing=LeaseTiming(100, 700),
+        store_url=url_of(backend),
+        env=effects_env(tool, tmp_path, HB_TEST_TOOL_DELAY_S="0.02"),
+    )
+    for spec in (A, B, C):
+        cluster.start(spec)
+    store = open_store(cluster.store_url)
+
+    started = time.monotonic()
+    killed: dict[int, str] = {}  # epoch -> node killed in it
+    epoch = 0
+    for _ in range(kills_wanted):
+        assert time.monotonic() - started < time_budget, f"{len(killed)} kills in {time_budget} s"
+        lease = wait_until(
+            quietly(partial(publishing_term, store, agent, epoch)),
+            f"a leader above epoch {epoch} to publish",
+        )
+        time.sleep(rng.uniform(0.0, 0.3))  # the random moment of the crash: the fault itself
+        lease = wait_until(quietly(lambda: lease_of(store, agent)), "the lease")
+        assert lease.holder is not None, lease
+        cluster.kill(lease.holder)  # SIGKILL, and reaped: it does nothing more
+        killed[lease.epoch] = lease.holder
+        epoch = lease.epoch
+        cluster.start(SPECS[lease.holder])  # the machine comes back, as a standby
+    wait_until(
+        quietly(partial(publishing_term, store, agent, epoch)), "a leader after the last kill"
+    )
+    duration = time.monotonic() - started
+    cluster.stop_all()
+
+    final_seq, state = final_state(cluster, store, agent)
+    runs = EffectRuns(history(cluster), tool)
+    runs.assert_tool_calls_were_started()
+    runs.assert_completed_never_called_again()
+    runs.assert_interrupted_at_most_once()
+    assert_stable_keys(tool)
+
+    # A safe effect runs again only when a kill (or the runtime giving a step up:
+    # renew deadline, fenced, store failure, each with an event) left it in flight;
+    # the effects of a step run one after another, so at most one per kill.
+    discarded = Counter(
+        e.epoch
+        for e in store.read_events(agent)
+        if e.type in ("agent.yielded", "node.fenced", "checkpoint.failed")
+    )
+    reruns = runs.safe_reruns()
+    per_epoch = Counter(epoch for _, epoch in reruns)
+    for run_epoch, n in per_epoch.items():
+        allowed = (1 if run_epoch in killed else 0) + discarded[run_epoch]
+        assert n <= allowed, (
+            f"epoch {run_epoch}: {n} safe effects ran again; killed: {run_epoch in killed}, "
+            f"steps given up: {discarded[run_epoch]}; {reruns}"
+        )
+
+    # The agent: one outcome per effect, whichever node ran the step; EffectInterrupted
+    # only for an effect whose outcome was never recorded.
+    saw = lines(tmp_path / "saw.jsonl")
+    seen = assert_agent_saw_one_outcome_per_effect(saw)
+    keys = {where: key for key, where in runs.where.items()}
+    interrupted = {(s["seq"], s["name"]) for s in saw if s["saw"] == "interrupted"}
+    for where in interrupted:
+        key = keys.get(where)
+        assert key is None or runs.recorded_at(key) is None, (where, runs.outcomes[key])
+    assert len(interrupted) <= len(killed) + sum(discarded.values()), interrupted
+    assert {tuple(i) for i in state["interrupted"]} <= interrupted, state
+    # Every completed step counted once, none lost.
+    assert state["count"] == final_seq, state
+    journal = lines(Path(cluster.env["HB_TEST_JOURNAL"]))
+    assert set(range(1, final_seq + 1)) <= {line["seq"] for line in journal}
+    print(
+        f"effect kill loop ({backend}): {len(killed)} SIGKILLs in {duration:.1f} s; {final_seq} steps, "
+        f"{sum(runs.calls.values())} tool calls for {len(runs.calls)} effects; "
+        f"{len(reruns)} safe effects ran again, {len(interrupted)} reported interrupted; "
+        f"agent saw {dict(seen)}; {sum(discarded.values())} steps given up by the runtime"
+    )
+    assert len(killed) == kills_wanted
+
+
+# -- 3. SIGTERM loop -------------------------------------------------------------
+
+
+def test_sigterm_loop_a_planned_stop_repeats_no_step_and_no_effect(
+    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path
+) -> None:
+    """10 SIGTERMs of the active node mid-step: each step and each effect runs exactly once."""
+    rng = seeded("effect SIGTERM loop")
+    agent, stops_wanted, time_budget = "effects", 10, 60.0
+    # Steps of about 150 ms (three effects of 50 ms each), well within the stop grace
+    # (10 s by default). The TTL is long: a handover on SIGTERM must not wait for it.
+    cluster = local_cluster(
+        agent="hb_test_agents:EffectsAgent",
+        timing=LeaseTiming(100, 3000),
+        env=effects_env(tool, tmp_path, HB_TEST_TOOL_DELAY_S="0.05"),
+    )
+    for spec in (A, B, C):
+        cluster.start(spec)
+    store = open_store(cluster.store_url)
+
+    started = time.monotonic()
+    stopped: list[tuple[str, int, float]] = []  # node, epoch, how long it took to exit
+    epoch = 0
+    for _ in range(stops_wanted):
+        assert time.monotonic() - started < time_budget, f"{len(stopped)} stops in {time_budget} s"
+        wait_until(
+            quietly(partial(publishing_term, store, agent, epoch)),
+            f"a leader above epoch {epoch} to publish",
+        )
+        time.sleep(rng.uniform(0.0, 0.3))  # a random moment of a step: the fault itself
+        lease = wait_until(quietly(lambda: lease_of(store, agent)), "the lease")
+        assert lease.holder is not None, lease
+        sent = time.monotonic()
+        cluster.signal(lease.holder, signal.SIGTERM)
+        code = exited(cluster.processes[lease.holder], f"{lease.holder} to stop", timeout=20)
+        assert code == 0, f"{lease.holder} exited with {code}:\n{cluster.log(lease.holder)}"
+        stopped.append((lease.holder, lease.epoch, time.monotonic() - sent))
+        epoch = lease.epoch
+        cluster.start(SPECS[lease.holder])  # back, as a standby
+    wait_until(
+        quietly(partial(publishing_term, store, agent, epoch)), "a leader after the last stop"
+    )
+    duration = time.monotonic() - started
+    cluster.stop_all()
+
+    final_seq, state = final_state(cluster, store, agent)
+    names = [name for name, _ in PLAN]
+    # The world: each effect of each step called exactly once.
+    calls = calls_by_effect(tool)
+    assert calls == Counter({(seq, name): 1 for seq in range(1, final_seq + 1) for name in names})
+    assert_stable_keys(tool)
+    # The runtime: no effect started twice, none replayed or reported interrupted.
+    runs = EffectRuns(history(cluster), tool)
+    assert all(len(starts) == 1 for starts in runs.starts.values()), runs.starts
+    assert [o for ops in runs.outcomes.values() for o in ops if o.outcome != "ok"] == []
+    # The agent: every step ran once, every effect gave it a result.
+    saw = lines(tmp_path / "saw.jsonl")
+    assert sorted((s["seq"], s["name"]) for s in saw) == sorted(calls), saw
+    assert all(s["saw"] == "result" and s["value"]["n"] == 1 for s in saw), saw
+    journal = lines(Path(cluster.env["HB_TEST_JOURNAL"]))
+    assert sorted(line["seq"] for line in journal) == list(range(1, final_seq + 1)), journal
+    assert state == {"count": final_seq, "interrupted": []}, state
+    # Each stop handed the lease over at once (released, not expired).
+    acquired = [
+        (e.epoch, e.detail.get("via"))
+        for e in store.read_events(agent)
+        if e.type == "lease.acquired"
+    ]
+    assert sorted(acquired) == [(1, "empty")] + [(e + 1, "released") for _, e, _ in stopped], (
+        acquired
+    )
+    slowest = max(s for _, _, s in stopped)
+    print(
+        f"effect SIGTERM loop: {len(stopped)} SIGTERMs in {duration:.1f} s (slowest exit "
+        f"{slowest:.2f} s); {final_seq} steps, {sum(calls.values())} tool calls, none repeated"
+    )
