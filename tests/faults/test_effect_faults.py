@@ -54,6 +54,7 @@ from hamsterbunker.stores import Store, open_store
 from hamsterbunker.timing import LeaseTiming
 from tests.support import process_state, wait_until
 from tests.support.etcd_server import etcd_url
+from tests.support.hb_test_agents import EffectsAgent, SyncEffectsAgent
 from tests.support.redis_server import redis_url
 from tests.support.tool_server import ToolServer
 
@@ -184,7 +185,7 @@ def assert_stable_keys(tool: ToolServer) -> None:
 
 # -- 1. each failpoint of an effect, on each store ------------------------------
 
-PLAN = (("fetch", "safe"), ("charge", "interrupted"), ("notify", "safe"))  # EffectsAgent.plan
+PLAN = EffectsAgent.plan  # fetch (safe), charge (interrupted), notify (safe)
 KILLED_SEQ = 2  # the leader is killed in its second step: the first is published
 
 
@@ -387,14 +388,25 @@ class EffectRuns:
                     f"interrupted effect {key} {self.where.get(key)} ran "
                     f"{self.calls[key]} times, started {len(self.starts[key])} times"
                 )
+        # Once a replay has reported an effect interrupted, nothing calls it (after an
+        # intent and a kill before the call, that would be its first call).
+        for key, outcomes in self.outcomes.items():
+            reported = [o.end for o in outcomes if o.outcome == "interrupted"]
+            if reported:
+                late = [o for o in self.starts[key] if o.start > min(reported)]
+                assert late == [], f"{key} called after a replay reported it interrupted: {late}"
 
-    def safe_reruns(self) -> list[tuple[str, int]]:
-        """(key, epoch of the run that was repeated) for each extra call of a safe effect."""
+    def safe_reruns(self) -> list[tuple[str, int, bool]]:
+        """For each extra call of a safe effect: its key, the epoch of the call it repeated,
+        and whether that call was the last the tool got in its epoch (in flight at its end)."""
+        calls = self.tool.calls()
+        last_of_epoch = {c.body["epoch"]: c.order for c in calls}  # calls come in order
         reruns = []
-        for call in self.tool.calls():
+        for call in calls:
             if call.body["replay"] == "safe" and call.n > 1:
-                before = [c for c in self.tool.calls() if c.key == call.key and c.n == call.n - 1]
-                reruns.append((call.key, before[0].body["epoch"]))
+                before = next(c for c in calls if c.key == call.key and c.n == call.n - 1)
+                epoch = before.body["epoch"]
+                reruns.append((call.key, epoch, before.order == last_of_epoch[epoch]))
         return reruns
 
 
@@ -473,13 +485,16 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
         if e.type in ("agent.yielded", "node.fenced", "checkpoint.failed")
     )
     reruns = runs.safe_reruns()
-    per_epoch = Counter(epoch for _, epoch in reruns)
+    per_epoch = Counter(epoch for _, epoch, _ in reruns)
     for run_epoch, n in per_epoch.items():
         allowed = (1 if run_epoch in killed else 0) + discarded[run_epoch]
         assert n <= allowed, (
             f"epoch {run_epoch}: {n} safe effects ran again; killed: {run_epoch in killed}, "
             f"steps given up: {discarded[run_epoch]}; {reruns}"
         )
+    for key, run_epoch, in_flight in reruns:
+        # What a kill repeats is the effect it cut short: the epoch's last call.
+        assert in_flight or discarded[run_epoch], (key, run_epoch, reruns)
 
     # The agent: one outcome per effect, whichever node ran the step; EffectInterrupted
     # only for an effect whose outcome was never recorded.
@@ -488,10 +503,18 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
     keys = {where: key for key, where in runs.where.items()}
     interrupted = {(s["seq"], s["name"]) for s in saw if s["saw"] == "interrupted"}
     for where in interrupted:
-        key = keys.get(where)
-        assert key is None or runs.recorded_at(key) is None, (where, runs.outcomes[key])
+        called = keys.get(where)  # None: never called (killed after its intent)
+        assert called is None or runs.recorded_at(called) is None, (where, runs.outcomes[called])
     assert len(interrupted) <= len(killed) + sum(discarded.values()), interrupted
     assert {tuple(i) for i in state["interrupted"]} <= interrupted, state
+    # Every effect of every published step ran at least once and gave the agent an
+    # outcome; a safe one always a result.
+    got = {(s["seq"], s["name"]): s["saw"] for s in saw}
+    for seq in range(1, final_seq + 1):
+        for name, replay in SyncEffectsAgent.plan:
+            assert (seq, name) in got, (seq, name)
+            if replay == "safe":
+                assert got[(seq, name)] == "result" and runs.calls[keys[(seq, name)]] >= 1
     # Every completed step counted once, none lost.
     assert state["count"] == final_seq, state
     journal = lines(Path(cluster.env["HB_TEST_JOURNAL"]))
@@ -508,16 +531,19 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
 # -- 3. SIGTERM loop -------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "agent_class", [EffectsAgent, SyncEffectsAgent], ids=["async-effect", "sync-effect_sync"]
+)
 def test_sigterm_loop_a_planned_stop_repeats_no_step_and_no_effect(
-    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path
+    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path, agent_class: type[EffectsAgent]
 ) -> None:
-    """10 SIGTERMs of the active node mid-step: each step and each effect runs exactly once."""
+    """8 SIGTERMs of the active node mid-step: each step and each effect runs exactly once."""
     rng = seeded("effect SIGTERM loop")
-    agent, stops_wanted, time_budget = "effects", 10, 60.0
-    # Steps of about 150 ms (three effects of 50 ms each), well within the stop grace
-    # (10 s by default). The TTL is long: a handover on SIGTERM must not wait for it.
+    agent, stops_wanted, time_budget = agent_class.id, 8, 60.0
+    # Steps of 150 to 200 ms (three or four effects of 50 ms each), well within the stop
+    # grace (10 s by default). The TTL is long: a handover on SIGTERM must not wait for it.
     cluster = local_cluster(
-        agent="hb_test_agents:EffectsAgent",
+        agent=f"hb_test_agents:{agent_class.__name__}",
         timing=LeaseTiming(100, 3000),
         env=effects_env(tool, tmp_path, HB_TEST_TOOL_DELAY_S="0.05"),
     )
@@ -551,7 +577,7 @@ def test_sigterm_loop_a_planned_stop_repeats_no_step_and_no_effect(
     cluster.stop_all()
 
     final_seq, state = final_state(cluster, store, agent)
-    names = [name for name, _ in PLAN]
+    names = [name for name, _ in agent_class.plan]
     # The world: each effect of each step called exactly once.
     calls = calls_by_effect(tool)
     assert calls == Counter({(seq, name): 1 for seq in range(1, final_seq + 1) for name in names})
