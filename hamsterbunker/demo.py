@@ -3,11 +3,20 @@
 ``hb demo`` starts three real node processes on a temporary file store, waits
 for the counter to advance, kills the active node with SIGKILL and checks from
 the outside that a standby resumed from the last accepted checkpoint.
+
+Each step of the counter makes one journaled effect, a pretend tool call that
+logs every real execution with its idempotency key. After each takeover the
+demo reports how many recorded effects the new leader reused, and checks from
+that log that no effect whose outcome had been recorded ran a second time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
+import os
+import random
 import secrets
 import shutil
 import tempfile
@@ -16,10 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import ConfigError, HamsterbunkerError, StoreError
+from .agent import current_step
+from .effects import current_effect, effect_key
+from .errors import ConfigError, HamsterbunkerError, StoreError, Tampered
 from .local import LocalCluster, NodeSpec
 from .records import Event, LeaseRecord
-from .sealing import Sealer
+from .sealing import EffectAt, Sealer
 from .stores import Store, open_store
 from .timing import DEFAULT_TIMING, LeaseTiming
 
@@ -31,10 +42,35 @@ NODES = (
     NodeSpec("hbnk-3", "ap-south"),
 )
 T = TypeVar("T")
+# Where the pretend tool call logs its real executions (set by the demo for its nodes).
+CALL_LOG_ENV = "HB_DEMO_CALL_LOG"
+EFFECT_NAME = "tally"
+# A step: the tool call takes TOOL_S, then the step works on for REST_S (a quarter second
+# in all), so a kill lands mid-effect or after a completed one about as often.
+TOOL_S, REST_S = 0.10, 0.15
+
+
+async def _tally(count: int) -> int:
+    """The pretend tool call: log this real execution by its idempotency key, take a moment."""
+    effect = current_effect()
+    path = os.environ.get(CALL_LOG_ENV)
+    if path and effect is not None:
+        line = {"key": effect.key, "seq": effect.seq, "index": effect.index, "pid": os.getpid()}
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())  # one write: whole lines only
+        finally:
+            os.close(fd)
+    await asyncio.sleep(TOOL_S)
+    return count + 1
 
 
 class CounterAgent:
-    """Counts up by one every quarter second: the smallest agent worth keeping alive."""
+    """Counts up by one every quarter second: the smallest agent worth keeping alive.
+
+    Each step asks a pretend tool for the next number, as a journaled effect: a
+    replay of the step after a crash gets the recorded answer instead of asking again.
+    """
 
     id = "counter"
 
@@ -42,8 +78,13 @@ class CounterAgent:
         return {"count": 0}
 
     async def step(self, state: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.sleep(0.25)
-        return {**state, "count": state["count"] + 1}
+        step = current_step()
+        if step is None:  # not run by a node: nothing to journal in
+            await asyncio.sleep(TOOL_S + REST_S)
+            return {**state, "count": state["count"] + 1}
+        count = await step.effect(EFFECT_NAME, _tally, int(state["count"]))
+        await asyncio.sleep(REST_S)
+        return {**state, "count": count}
 
 
 class DemoFailed(HamsterbunkerError):
@@ -70,6 +111,7 @@ class _Watcher:
         self.store, self.secret, self.agent = store, secret, agent
         self._sealer: Sealer | None = None
         self._cursors: dict[str, int] = {}
+        self.seen: list[Event] = []  # every event read, in the order read
 
     def sealer(self) -> Sealer:
         if self._sealer is None:
@@ -99,7 +141,61 @@ class _Watcher:
         events = self.store.read_events(self.agent, self._cursors)
         for event in events:
             self._cursors[event.node] = max(self._cursors.get(event.node, 0), event.n)
+        self.seen.extend(events)
         return events
+
+    def recorded(self, seq: int) -> set[str]:
+        """The idempotency keys of step seq's effects whose outcome the journal holds."""
+        sealer, keys = self.sealer(), set()
+        for (index, kind), blob in self.store.read_effects(self.agent, seq).items():
+            if kind != "outcome":
+                continue
+            try:
+                opened = sealer.open_effect(blob, EffectAt(self.agent, seq, index, kind))
+            except Tampered:
+                continue  # not a record the nodes would reuse either
+            keys.add(effect_key(sealer.cluster.salt, self.agent, seq, index, opened.name))
+        return keys
+
+    def reused(self, node: str, epoch: int, seq: int) -> int | None:
+        """How many recorded effects of step seq node reported reusing (effect.replayed)."""
+        counts = [
+            int(e.detail.get("reused", 0))
+            for e in self.seen
+            if e.type == "effect.replayed"
+            and (e.node, e.epoch, e.detail.get("step_seq")) == (node, epoch, seq)
+        ]
+        return max(counts) if counts else None
+
+
+class _CallLog:
+    """The pretend tool's log of real executions: what ran, counted by idempotency key."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.may_repeat: set[str] = set()  # started, never recorded, before a kill
+
+    def calls(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.endswith("}")]
+
+    def keys_of(self, seq: int) -> set[str]:
+        return {str(call["key"]) for call in self.calls() if call["seq"] == seq}
+
+    def check(self, recorded: set[str], unfinished: set[str]) -> int:
+        """Fail if a key ran twice that may not have; how many of unfinished ran again."""
+        counts = collections.Counter(str(call["key"]) for call in self.calls())
+        twice = {key for key, n in counts.items() if n > 1}
+        for key in sorted(twice - self.may_repeat):
+            seq = next(call["seq"] for call in self.calls() if call["key"] == key)
+            what = "its outcome had been recorded" if key in recorded else "it had completed"
+            raise DemoFailed(
+                f"✗ RAN TWICE — the effect of step {seq} (key {key}) was executed "
+                f"{counts[key]} times, though {what}"
+            )
+        return len(twice & unfinished)
 
 
 def run_demo(
@@ -122,12 +218,14 @@ def run_demo(
     workdir = Path(tempfile.mkdtemp(prefix="hb-demo-"))
     store_url = store_url or (workdir / "store").as_uri()
     secret = secrets.token_urlsafe(24)
+    calls = _CallLog(workdir / "tool-calls.jsonl")
     cluster = LocalCluster(
         store_url=store_url,
         secret=secret,
         agent="hamsterbunker.demo:CounterAgent",
         log_dir=workdir / "logs",
         timing=timing,
+        env={CALL_LOG_ENV: str(calls.path)},
     )
     regions = {spec.node: spec.region for spec in NODES}
     store = open_store(store_url)
@@ -140,7 +238,7 @@ def run_demo(
             cluster.start(spec)
             out(f"  started {spec.node} ({spec.region}) · pid {cluster.pid(spec.node)}")
         for _ in range(kills):
-            _one_kill(cluster, watcher, store, regions, out)
+            _one_kill(cluster, watcher, calls, store, regions, out)
         out("✓ SURVIVED — agent resumed from checkpoint, 0 state loss.")
         ok = True
     finally:
@@ -149,12 +247,13 @@ def run_demo(
         if ok:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
-            out(f"  node logs kept in {workdir / 'logs'}")
+            out(f"  node logs kept in {workdir / 'logs'}, tool calls in {calls.path}")
 
 
 def _one_kill(
     cluster: LocalCluster,
     watcher: _Watcher,
+    calls: _CallLog,
     store: Store,
     regions: dict[str, str],
     out: Callable[[str], None],
@@ -171,12 +270,20 @@ def _one_kill(
     assert latest is not None
     out(f"active node: {active} ({regions[active]}) · agent at count={latest[2]}")
     watcher.new_events()  # everything up to now is history
+    # Somewhere in a step, not always just after a checkpoint: mid-effect, or after one.
+    time.sleep(random.uniform(0, TOOL_S + REST_S))
     out(f"!! killing active node {active} (SIGKILL) — the server is gone")
     killed_at = time.monotonic()
     cluster.kill(active)
     # The dead node can publish no more: this is the last accepted checkpoint.
     last = watcher.latest()
     assert last is not None
+    # ... and the journal of the step it had in flight is all it will ever be: an effect
+    # recorded there must be reused, one started but not recorded may run again.
+    in_flight = last[0] + 1
+    recorded = watcher.recorded(in_flight)
+    unfinished = calls.keys_of(in_flight) - recorded
+    calls.may_repeat |= unfinished
     resumed = _wait_for(
         "a standby to resume",
         lambda: _resumed(watcher, active, lease.epoch),
@@ -198,7 +305,48 @@ def _one_kill(
     _wait_for(
         "the agent to advance after the takeover", lambda: _advanced(watcher, from_seq + 1), 10
     )
+    _report_effects(watcher, calls, resumed, in_flight, (recorded, unfinished), out)
     cluster.start(next(spec for spec in NODES if spec.node == active))  # it rejoins as a standby
+
+
+def _report_effects(
+    watcher: _Watcher,
+    calls: _CallLog,
+    resumed: Event,
+    seq: int,
+    journal: tuple[set[str], set[str]],
+    out: Callable[[str], None],
+) -> None:
+    """The new leader's replay of the step in flight at the kill: what it reused, and
+    whether any effect ran twice that must not have. journal: the keys of the step's
+    effects recorded at the kill, and of those started but not recorded."""
+    recorded, unfinished = journal
+
+    def reported() -> int | None:
+        watcher.new_events()
+        return watcher.reused(resumed.node, resumed.epoch, seq)
+
+    rerun = calls.check(recorded, unfinished)  # the step was published: it ran what it ran
+    reused = 0
+    if recorded:
+        try:
+            reused = _wait_for("the new leader's effect.replayed event", reported, 10)
+        except DemoFailed:
+            raise DemoFailed(
+                f"✗ {len(recorded)} effect(s) of step {seq} were recorded before the kill, "
+                f"but {resumed.node} reported reusing none"
+            ) from None
+    else:
+        reused = reported() or 0
+    if reused < len(recorded):
+        raise DemoFailed(
+            f"✗ {len(recorded)} effect(s) of step {seq} were recorded before the kill, "
+            f"but {resumed.node} reused {reused}"
+        )
+    out(
+        f"  ↳ effects: {reused} reused from the journal · {rerun} unfinished re-run"
+        " · no completed effect ran twice"
+    )
 
 
 def _advanced(watcher: _Watcher, seq: int) -> bool | None:

@@ -33,6 +33,9 @@ class NodeStatus:
     epoch: int
     seq: int
     age_s: float
+    # The journaled effects of the step in flight (active node only): (name, state),
+    # state one of running, done, failed, reused, interrupted.
+    effects: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
             epoch=b.epoch,
             seq=b.seq,
             age_s=round(max(0.0, now - b.time), 3),
+            effects=b.effects,
         )
         for b in store.list_heartbeats(agent)
     ]
@@ -138,4 +142,8 @@ def render(status: ClusterStatus) -> str:
         "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+    for n in status.nodes:
+        if n.effects and n.role == "active":
+            shown = " · ".join(f"{_shown(name)} {_shown(state)}" for name, state in n.effects)
+            lines.append(f"effects in flight on {_shown(n.node)}: {shown}")
     return "\n".join(lines)

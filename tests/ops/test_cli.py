@@ -385,6 +385,12 @@ def test_status_shows_running_node(tmp_path):
         args = ["status", "--store", store.as_uri(), "--agent-id", AGENT_ID]
         text = run_hb(args)
         as_json = run_hb([*args, "--json"])
+        # The counter's step makes one journaled effect, "tally": a heartbeat sent
+        # mid-step names it (between steps there is none in flight).
+        in_flight = re.compile(r"^effects in flight on status-node: tally (running|done)$", re.M)
+        wait_for(
+            "hb status to show the step's effect", lambda: in_flight.search(run_hb(args).stdout), 20
+        )
         assert stop_gracefully(node, log) == 0, log.read_text()
 
     assert text.returncode == 0, text.stderr
@@ -398,6 +404,7 @@ def test_status_shows_running_node(tmp_path):
     assert data["lease"]["holder"] == "status-node"
     assert data["lease"]["epoch"] == 1
     assert [n["role"] for n in data["nodes"] if n["node"] == "status-node"] == ["active"]
+    assert all(isinstance(n["effects"], list) for n in data["nodes"])
     assert isinstance(data["checkpoint"]["seq"], int) and data["checkpoint"]["seq"] >= 1
 
 
@@ -466,14 +473,67 @@ def test_status_escapes_control_characters_from_the_store(tmp_path: Path) -> Non
     assert "h\\x1b[2Jx" in result.stdout
 
 
+def test_status_shows_the_effects_of_the_step_in_flight(tmp_path: Path) -> None:
+    """The active node's heartbeat names the journaled effects of its step in flight: ``hb
+    status`` lists them with their states (text and --json); a standby shows none."""
+    store = FileStore(tmp_path / "store")
+    store.cas_lease(AGENT_ID, None, LeaseRecord("n1", "eu", "s1", epoch=2, ttl_ms=60_000))
+    effects = (("search", "reused"), ("llm.call", "done"), ("tool\x1b[2J", "running"))
+    active = Heartbeat(node="n1", region="eu", host="h1", pid=11, role="active", epoch=2, seq=5,
+                       leader="n1", time=time.time(), beats=3, effects=effects)  # fmt: skip
+    standby = Heartbeat(node="n2", region="us", host="h2", pid=12, role="standby", epoch=2,
+                        seq=5, leader="n1", time=time.time(), beats=3)  # fmt: skip
+    store.put_heartbeat(AGENT_ID, active)
+    store.put_heartbeat(AGENT_ID, standby)
+    args = ["status", "--store", store.root.as_uri(), "--agent-id", AGENT_ID]
+
+    text = run_hb(args)
+    assert text.returncode == 0, text.stderr
+    lines = [line for line in text.stdout.splitlines() if line.startswith("effects in flight")]
+    assert lines == [
+        "effects in flight on n1: search reused · llm.call done · tool\\x1b[2J running"
+    ], text.stdout
+    assert "\x1b" not in text.stdout
+
+    as_json = run_hb([*args, "--json"])
+    assert as_json.returncode == 0, as_json.stderr
+    nodes = {n["node"]: n for n in json.loads(as_json.stdout)["nodes"]}
+    assert nodes["n1"]["effects"] == [[name, state] for name, state in effects]
+    assert nodes["n2"]["effects"] == []
+
+
 # -- 5. hb demo ----------------------------------------------------------------------
 
 
+EFFECTS = re.compile(
+    r"^  ↳ effects: (\d+) reused from the journal · (\d+) unfinished re-run"
+    r" · no completed effect ran twice$"
+)
+
+
+def check_effect_reports(out: str, kills: int) -> None:
+    """After each RESUMED line, one line on the effect of the step in flight at the kill.
+
+    The kill lands at a random moment: before the step's one effect (nothing to reuse or
+    re-run), during it (re-run: it was never recorded) or after it (reused), never two.
+    """
+    lines = out.splitlines()
+    resumed = [i for i, line in enumerate(lines) if "RESUMED at count=" in line]
+    assert len(resumed) == kills, out
+    for i in resumed:
+        match = EFFECTS.match(lines[i + 1])
+        assert match is not None, out
+        reused, rerun = int(match[1]), int(match[2])
+        assert reused + rerun <= 1, out
+
+
 def test_demo_survives_one_kill(capsys, record_property):
-    """``hb demo`` kills the active node and a standby resumes at epoch 2 with no state lost."""
+    """``hb demo`` kills the active node and a standby resumes at epoch 2 with no state lost;
+    it says what the new leader did with the journaled effect of the step in flight."""
     result = run_demo([], 60, capsys, record_property)
     assert SURVIVED in result.stdout.splitlines(), result.stdout
     check_rounds(result.stdout, [2])
+    check_effect_reports(result.stdout, 1)
 
 
 def test_demo_survives_two_kills(capsys, record_property):
@@ -481,6 +541,7 @@ def test_demo_survives_two_kills(capsys, record_property):
     result = run_demo(["--kills", "2"], 120, capsys, record_property)
     assert SURVIVED in result.stdout.splitlines(), result.stdout
     check_rounds(result.stdout, [2, 3])
+    check_effect_reports(result.stdout, 2)
 
 
 # -- 6. help -------------------------------------------------------------------------

@@ -50,6 +50,9 @@ class NodeView:
     epoch: int
     seq: int
     health: str  # fresh, late (past half the TTL), dead (past the TTL)
+    # The journaled effects of the step in flight, (name, state), newest last: only an
+    # active node's (running, done, failed, reused or interrupted).
+    effects: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,17 +211,19 @@ class ClusterModel:
             age = self._now - self._beat_seen[node].since
             health = "fresh" if age <= self.ttl_s / 2 else "late" if age <= self.ttl_s else "dead"
             gone = health == "dead" or node in self._vanished or node in self._offline_marks
+            role = "offline" if gone else beat.role
             views.append(
                 NodeView(
                     node=node,
                     region=beat.region,
                     host=beat.host,
                     pid=beat.pid,
-                    role="offline" if gone else beat.role,
+                    role=role,
                     age_s=age,
                     epoch=beat.epoch,
                     seq=beat.seq,
                     health=health,
+                    effects=beat.effects if role == "active" else (),
                 )
             )
         return views

@@ -12,7 +12,7 @@ from textual.widgets.data_table import ColumnKey
 
 from .model import NodeView, format_age
 
-__all__ = ["COLUMNS", "NodesTable", "heartbeat_age", "node_cells"]
+__all__ = ["COLUMNS", "NodesTable", "effects_cell", "heartbeat_age", "node_cells"]
 
 # (key, label): the keys address cells in update_cell.
 COLUMNS = (
@@ -23,6 +23,7 @@ COLUMNS = (
     ("role", "role"),
     ("heartbeat", "heartbeat"),
     ("epoch", "epoch seen"),
+    ("effects", "step in flight"),
 )
 ROLE_STYLES = {
     "active": "bold green",
@@ -33,6 +34,16 @@ ROLE_STYLES = {
 }
 # Heartbeat age against the lease TTL: past half of it is late, past all of it dead.
 HEALTH_STYLES = {"fresh": "green", "late": "yellow", "dead": "bold red"}
+# The state of a journaled effect of the step in flight (the active node's heartbeat).
+EFFECT_STYLES = {
+    "running": "bold yellow",
+    "done": "green",
+    "reused": "cyan",
+    "failed": "bold red",
+    "interrupted": "bold magenta",
+}
+# The row shows the newest few effects of the step; the rest are counted.
+EFFECTS_SHOWN = 3
 
 
 def heartbeat_age(seconds: float) -> str:
@@ -42,6 +53,20 @@ def heartbeat_age(seconds: float) -> str:
     beating every tick do not repaint the table twice a second.
     """
     return "< 1 s" if seconds < 1 else format_age(seconds)
+
+
+def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
+    """``+2 · search reused · llm done · tool running``: the newest effects of the step in
+    flight with their states, coloured; empty when no step is in flight."""
+    text = Text()
+    hidden = len(effects) - EFFECTS_SHOWN
+    if hidden > 0:
+        text.append(f"+{hidden}", style="dim")
+    for name, state in effects[-EFFECTS_SHOWN:]:
+        if text:
+            text.append(" · ", style="dim")
+        text.append(f"{name} ").append(state, style=EFFECT_STYLES.get(state, ""))
+    return text
 
 
 def node_cells(view: NodeView) -> dict[str, Text]:
@@ -55,6 +80,7 @@ def node_cells(view: NodeView) -> dict[str, Text]:
         "role": Text(view.role, style=ROLE_STYLES.get(view.role, "")),
         "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
         "epoch": Text(str(view.epoch), style=dim, justify="right"),
+        "effects": effects_cell(view.effects),
     }
 
 
