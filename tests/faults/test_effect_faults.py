@@ -12,7 +12,8 @@ known from outside the runtime; every node also records its operations
 
 1. Each failpoint of an effect (before the intent, after the intent, during
    the call, after the call, after the record) kills the leader (SIGKILL) in
-   its second step, on each store; the standby replays that step:
+   its second step, on each store (every case on the file store, each point
+   once on Redis and etcd); the standby replays that step:
    completed effects are never called again, an ``interrupted`` effect runs
    at most once and its replay raises ``EffectInterrupted`` exactly when its
    outcome is unknown, a ``safe`` one runs again when its outcome is unknown
@@ -22,6 +23,9 @@ known from outside the runtime; every node also records its operations
    effect is re-executed per kill, no ``interrupted`` effect runs twice.
 3. A SIGTERM loop: a planned stop lets the step in flight finish and
    publishes it, so no step and no effect is repeated (DESIGN.md invariant 6).
+4. Pauses (SIGSTOP) of the leader past its renew deadline mid-effect: the
+   abandoned sync step runs on in its thread beside its retry and must start
+   no more effects.
 
 Randomness comes from ``random.Random(seed)``; the seed is printed, and
 ``HB_TEST_SEED=<seed>`` replays a failed run's choices.
@@ -29,6 +33,7 @@ Randomness comes from ``random.Random(seed)``; the seed is printed, and
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -52,7 +57,7 @@ from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.timing import LeaseTiming
-from tests.support import process_state, wait_until
+from tests.support import pause_outside_lock, process_state, wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.hb_test_agents import EffectsAgent, SyncEffectsAgent
 from tests.support.redis_server import redis_url
@@ -82,11 +87,6 @@ def url_of(backend: str) -> str | None:
         return etcd_url()
     assert backend == "file", backend
     return None
-
-
-@pytest.fixture(params=["file", "redis", "etcd"])
-def store_url(request: pytest.FixtureRequest) -> str | None:
-    return url_of(request.param)
 
 
 @pytest.fixture
@@ -238,14 +238,33 @@ POINTS = [
 ]
 
 
+# Every case on the file store; on Redis and etcd each failpoint once (their records are
+# written and read by the same rules), which keeps the suite fast.
+ON_NETWORK_STORES = {
+    ("effect.before_intent", "charge"),
+    ("effect.after_intent", "charge"),
+    ("effect.during_call", "charge"),
+    ("effect.after_call", "fetch"),
+    ("effect.after_record", "notify"),
+}
+CASES = [("file", p) for p in POINTS] + [
+    (backend, p)
+    for backend in ("redis", "etcd")
+    for p in POINTS
+    if (p.point, p.target) in ON_NETWORK_STORES
+]
+
+
 @pytest.mark.parametrize(
-    "point", POINTS, ids=[f"{p.point.removeprefix('effect.')}-{p.target}" for p in POINTS]
+    ("backend", "point"),
+    CASES,
+    ids=[f"{b}-{p.point.removeprefix('effect.')}-{p.target}" for b, p in CASES],
 )
 def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_completed_effects(
     local_cluster: MakeCluster,
-    store_url: str | None,
     tool: ToolServer,
     tmp_path: Path,
+    backend: str,
     point: Point,
 ) -> None:
     """SIGKILL at one effect failpoint in step 2; the standby's replay of step 2 keeps the rules."""
@@ -254,7 +273,7 @@ def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_co
     cluster = local_cluster(
         agent="hb_test_agents:EffectsAgent",
         timing=FAST,
-        store_url=store_url,
+        store_url=url_of(backend),
         env=effects_env(tool, tmp_path),
     )
     store = open_store(cluster.store_url)
@@ -322,6 +341,8 @@ def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_co
     assert interrupted == want, saw
     assert state["interrupted"] == [list(w) for w in want], state
     assert state["count"] == final_seq, state
+    runs = EffectRuns(history(cluster), tool)
+    assert_published_run_saw_recorded_outcomes(state, runs, PLAN, final_seq)
 
     # node-b's history: which effects of step 2 it replayed and which it started.
     ops = [o for o in history(cluster) if o.node == B.node and o.seq == KILLED_SEQ]
@@ -410,14 +431,64 @@ class EffectRuns:
         return reruns
 
 
-def assert_agent_saw_one_outcome_per_effect(saw: list[dict[str, Any]]) -> Counter[str]:
-    """Every run of a step gave the agent the same result (or interruption) for each effect."""
+def given_up(store: Store, agent: str) -> set[tuple[str, int, int]]:
+    """(node, epoch, step seq) of each step the runtime gave up on while the node ran on
+    (renew deadline, fenced, store failure): an abandoned sync run of it may go on beside
+    its retry, and see what the retry does not."""
+    return {
+        (e.node, e.epoch, e.detail["step_seq"])
+        for e in store.read_events(agent)
+        if e.type in ("agent.yielded", "node.fenced", "checkpoint.failed")
+        and "step_seq" in e.detail
+    }
+
+
+def assert_agent_saw_one_outcome_per_effect(
+    saw: list[dict[str, Any]], abandoned: set[tuple[str, int, int]]
+) -> Counter[str]:
+    """Every run of a step (on any node, killed or not; runs of a step the runtime gave up
+    aside) gave the agent the same result, or the same interruption, for each effect."""
     outcomes: dict[tuple[int, str], set[str]] = defaultdict(set)
     for s in saw:
-        outcomes[(s["seq"], s["name"])].add(json.dumps([s["saw"], s["value"]], sort_keys=True))
+        if (s["node"], s["epoch"], s["seq"]) not in abandoned:
+            value = json.dumps([s["saw"], s["value"]], sort_keys=True)
+            outcomes[(s["seq"], s["name"])].add(value)
     differing = {k: v for k, v in outcomes.items() if len(v) > 1}
     assert differing == {}, differing
     return Counter(s["saw"] for s in saw)
+
+
+def outcome_digest(outcome: dict[str, Any]) -> str:
+    """An outcome's digest as the history records it (hamsterbunker.effects._digest)."""
+    text = json.dumps(outcome, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def assert_published_run_saw_recorded_outcomes(
+    state: dict[str, Any], runs: EffectRuns, plan: tuple[tuple[str, str], ...], final_seq: int
+) -> None:
+    """What the published run of each step saw (kept in the agent's state): for every effect,
+    the outcome recorded in the store (its digest in a node's history), or interrupted
+    for an effect marked so whose outcome was never recorded; each safe effect a result."""
+    calls = {call.order: call for call in runs.tool.calls()}
+    keys = {where: key for key, where in runs.where.items()}
+    for seq in range(1, final_seq + 1):
+        for name, replay in plan:
+            seen = state["seen"][f"{seq}/{name}"]
+            key = keys.get((seq, name))
+            if seen == "interrupted":
+                assert replay == "interrupted", (seq, name)
+                assert key is None or runs.recorded_at(key) is None, (seq, name, runs.outcomes[key])
+                continue
+            call = calls[seen]
+            assert call.key == key, (seq, name, call)
+            digest = outcome_digest({"result": {"key": key, "n": call.n, "order": call.order}})
+            recorded = {
+                o.detail.get("digest")
+                for o in runs.outcomes[key]
+                if o.outcome in ("ok", "replayed")
+            }
+            assert digest in recorded, (seq, name, call, runs.outcomes[key])
 
 
 def publishing_term(store: Store, agent: str, after_epoch: int) -> LeaseRecord | None:
@@ -499,7 +570,8 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
     # The agent: one outcome per effect, whichever node ran the step; EffectInterrupted
     # only for an effect whose outcome was never recorded.
     saw = lines(tmp_path / "saw.jsonl")
-    seen = assert_agent_saw_one_outcome_per_effect(saw)
+    seen = assert_agent_saw_one_outcome_per_effect(saw, given_up(store, agent))
+    assert_published_run_saw_recorded_outcomes(state, runs, SyncEffectsAgent.plan, final_seq)
     keys = {where: key for key, where in runs.where.items()}
     interrupted = {(s["seq"], s["name"]) for s in saw if s["saw"] == "interrupted"}
     for where in interrupted:
@@ -507,14 +579,6 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
         assert called is None or runs.recorded_at(called) is None, (where, runs.outcomes[called])
     assert len(interrupted) <= len(killed) + sum(discarded.values()), interrupted
     assert {tuple(i) for i in state["interrupted"]} <= interrupted, state
-    # Every effect of every published step ran at least once and gave the agent an
-    # outcome; a safe one always a result.
-    got = {(s["seq"], s["name"]): s["saw"] for s in saw}
-    for seq in range(1, final_seq + 1):
-        for name, replay in SyncEffectsAgent.plan:
-            assert (seq, name) in got, (seq, name)
-            if replay == "safe":
-                assert got[(seq, name)] == "result" and runs.calls[keys[(seq, name)]] >= 1
     # Every completed step counted once, none lost.
     assert state["count"] == final_seq, state
     journal = lines(Path(cluster.env["HB_TEST_JOURNAL"]))
@@ -592,7 +656,8 @@ def test_sigterm_loop_a_planned_stop_repeats_no_step_and_no_effect(
     assert all(s["saw"] == "result" and s["value"]["n"] == 1 for s in saw), saw
     journal = lines(Path(cluster.env["HB_TEST_JOURNAL"]))
     assert sorted(line["seq"] for line in journal) == list(range(1, final_seq + 1)), journal
-    assert state == {"count": final_seq, "interrupted": []}, state
+    assert (state["count"], state["interrupted"]) == (final_seq, []), state
+    assert_published_run_saw_recorded_outcomes(state, runs, agent_class.plan, final_seq)
     # Each stop handed the lease over at once (released, not expired).
     acquired = [
         (e.epoch, e.detail.get("via"))
@@ -606,4 +671,66 @@ def test_sigterm_loop_a_planned_stop_repeats_no_step_and_no_effect(
     print(
         f"effect SIGTERM loop: {len(stopped)} SIGTERMs in {duration:.1f} s (slowest exit "
         f"{slowest:.2f} s); {final_seq} steps, {sum(calls.values())} tool calls, none repeated"
+    )
+
+
+# -- 4. pauses past the renew deadline -------------------------------------------
+
+
+def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed_effect(
+    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path
+) -> None:
+    """SIGSTOP of the leader mid-step for 0.75 TTL, three times: past its renew deadline, so
+    the sync step is abandoned, yet its renewal succeeds and it retries the step beside the
+    abandoned one, which runs on in its thread and must start no more effects."""
+    rng = seeded("effect pause")
+    agent, ttl_ms = "effects-sync", 2000
+    cluster = local_cluster(
+        agent="hb_test_agents:SyncEffectsAgent",
+        timing=LeaseTiming(200, ttl_ms),
+        env=effects_env(tool, tmp_path, HB_TEST_TOOL_DELAY_S="0.1"),
+    )
+    cluster.start(A)  # alone: no standby to take over, the renewal after the pause succeeds
+    store = open_store(cluster.store_url)
+    assert cluster.store_url.startswith("file://")
+
+    def yields() -> int:
+        return sum(e.type == "agent.yielded" for e in store.read_events(agent))
+
+    def more_yields(than: int) -> bool:
+        return yields() > than
+
+    def published_past(seq: int) -> bool:
+        return latest(store, agent)[0] > seq
+
+    for round_no in range(3):
+        seq = latest(store, agent)[0]
+        wait_until(quietly(partial(published_past, seq)), f"round {round_no}: a new step")
+        time.sleep(rng.uniform(0.0, 0.2))  # a random moment of the step: the fault itself
+        before = yields()
+        pause_outside_lock(cluster, A.node, agent)
+        time.sleep(0.75 * ttl_ms / 1000)  # the pause itself is the fault
+        cluster.signal(A.node, signal.SIGCONT)
+        wait_until(quietly(partial(more_yields, before)), f"round {round_no}: node-a to yield")
+    wait_until(quietly(partial(published_past, latest(store, agent)[0] + 1)), "node-a to step on")
+    cluster.stop_all()
+
+    final_seq, state = final_state(cluster, store, agent)
+    runs = EffectRuns(history(cluster), tool)
+    runs.assert_tool_calls_were_started()
+    runs.assert_completed_never_called_again()
+    runs.assert_interrupted_at_most_once()
+    assert_stable_keys(tool)
+    saw = lines(tmp_path / "saw.jsonl")
+    assert_agent_saw_one_outcome_per_effect(saw, given_up(store, agent))
+    assert_published_run_saw_recorded_outcomes(state, runs, SyncEffectsAgent.plan, final_seq)
+    # A yield repeats at most the effect in flight (its call was cut short): one per pause.
+    reruns = runs.safe_reruns()
+    assert len(reruns) <= 3, reruns
+    assert state["count"] == final_seq, state
+    assert all(lease.epoch == 1 for lease in [store.read_lease(agent)] if lease), "took over"
+    print(
+        f"effect pause: 3 pauses of 0.75 TTL; {final_seq} steps, {yields()} yields, "
+        f"{len(reruns)} safe effects ran again, "
+        f"{sum(s['saw'] == 'interrupted' for s in saw)} reported interrupted"
     )

@@ -106,8 +106,10 @@ class EffectsAgent:
     """Async; each step runs the journaled effects of ``plan`` in order against the tool.
 
     It writes what each effect gave it to HB_TEST_EFFECTS (a result, or that the
-    effect was interrupted), keeps the interrupted ones in its state, and writes
-    an HB_TEST_JOURNAL line for each step it completes.
+    effect was interrupted), keeps the interrupted ones in its state, and what
+    each effect gave it ("seq/name": the tool call's number, or "interrupted"),
+    so the published state tells what the published run of each step saw; it
+    writes an HB_TEST_JOURNAL line for each step it completes.
     """
 
     id = "effects"
@@ -118,7 +120,7 @@ class EffectsAgent:
     )
 
     def init(self) -> dict[str, Any]:
-        return {"count": 0, "interrupted": []}
+        return {"count": 0, "interrupted": [], "seen": {}}
 
     def _saw(self, index: int, name: str, replay: str, saw: str, value: Any) -> None:
         context = current_step()
@@ -134,6 +136,15 @@ class EffectsAgent:
         assert context is not None
         self._saw(index, name, replay, "interrupted", None)
         state["interrupted"].append([context.seq, name])
+        state["seen"][f"{context.seq}/{name}"] = "interrupted"
+
+    def _result(
+        self, state: dict[str, Any], index: int, name: str, replay: str, value: Any
+    ) -> None:
+        context = current_step()
+        assert context is not None
+        self._saw(index, name, replay, "result", value)
+        state["seen"][f"{context.seq}/{name}"] = value["order"]
 
     def _done(self, state: dict[str, Any]) -> dict[str, Any]:
         state["count"] += 1
@@ -151,7 +162,7 @@ class EffectsAgent:
             except EffectInterrupted:
                 self._interrupted(state, index, name, replay)
                 continue
-            self._saw(index, name, replay, "result", value)
+            self._result(state, index, name, replay, value)
         return self._done(state)
 
 
@@ -177,5 +188,5 @@ class SyncEffectsAgent(EffectsAgent):
             except EffectInterrupted:
                 self._interrupted(state, index, name, replay)
                 continue
-            self._saw(index, name, replay, "result", value)
+            self._result(state, index, name, replay, value)
         return self._done(state)
