@@ -734,3 +734,92 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
         f"{len(reruns)} safe effects ran again, "
         f"{sum(s['saw'] == 'interrupted' for s in saw)} reported interrupted"
     )
+
+
+# -- 5. a zombie leader's effect record ------------------------------------------
+
+
+def pause(cluster: LocalCluster, node: str, agent: str) -> None:
+    """SIGSTOP node; on the file store outside its lease lock (a node paused holding it
+    would hold up every other node, a stated limit of the file store)."""
+    if cluster.store_url.startswith("file://"):
+        pause_outside_lock(cluster, node, agent)
+        return
+    cluster.signal(node, signal.SIGSTOP)
+    wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")
+
+
+@pytest.mark.parametrize("backend", ["file", "redis", "etcd"])
+def test_a_zombie_leaders_effect_outcome_is_fenced_by_the_store(
+    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path, backend: str
+) -> None:
+    """node-a is paused (SIGSTOP) while the tool holds an effect's call of step 2; node-b
+    takes over and replays the step, calling it again; node-a, continued, gets its answer
+    and writes the outcome under its old epoch: the store refuses it.
+
+    A sync step: its effect's record is written by a task of its own, which goes on
+    although node-a, continued, gives the step up at once (its renew deadline long past)."""
+    agent, plan = "effects-sync", SyncEffectsAgent.plan
+    target = plan[0][0]  # lookup (safe), the first effect of step 2
+    cluster = local_cluster(
+        agent="hb_test_agents:SyncEffectsAgent",
+        timing=FAST,
+        store_url=url_of(backend),
+        env=effects_env(tool, tmp_path),
+    )
+    store = open_store(cluster.store_url)
+    tool.hold(node=A.node, seq=KILLED_SEQ, name=target)
+    standby = cluster.start(B, extra_env={"HB_FAILPOINTS": "node.before_first_tick=stop"})
+    cluster.start(A)
+    wait_until(
+        quietly(lambda: (lease := lease_of(store, agent)) and lease.holder == A.node),
+        "node-a to take the lease",
+    )
+    wait_until(lambda: process_state(standby.pid) == "T", "node-b to line up")
+    standby.send_signal(signal.SIGCONT)
+    wait_until(lambda: calls_by_effect(tool)[(KILLED_SEQ, target)], "node-a to call the tool")
+    pause(cluster, A.node, agent)
+    wait_until(
+        quietly(lambda: (at := latest(store, agent))[0] > KILLED_SEQ and at[1] >= 2),
+        "node-b to take over and publish past the step node-a is paused in",
+    )
+    tool.release()  # the answer waits in node-a's socket
+    cluster.signal(A.node, signal.SIGCONT)
+    ended = wait_until(
+        quietly(
+            lambda: [
+                e
+                for e in store.read_events(agent)
+                if e.node == A.node and e.type in ("node.fenced", "lease.lost")
+            ]
+        ),
+        "node-a to be fenced or to see its lease lost",
+    )
+    wait_until(
+        quietly(lambda: any(b.node == A.node and b.role == "standby"
+                            for b in store.list_heartbeats(agent))),
+        "node-a to stand by",
+    )  # fmt: skip
+    seq = latest(store, agent)[0]
+    wait_until(quietly(lambda: latest(store, agent)[0] >= seq + 2), "node-b to step on")
+    cluster.stop_all()
+
+    final_seq, state = final_state(cluster, store, agent)
+    ops = history(cluster)
+    # node-a's record of the effect was refused: no outcome of it under epoch 1, and
+    # node-a published nothing of step 2 or later.
+    zombie = [o for o in ops if o.node == A.node and o.seq >= KILLED_SEQ]
+    assert [o for o in zombie if o.op in ("effect", "publish")] == [], zombie
+    assert [(o.seq, o.detail["index"]) for o in zombie if o.op == "effect_start"] == [
+        (KILLED_SEQ, 0)
+    ], zombie
+    # The world: the effect node-a left in flight ran again on node-b; nothing else twice.
+    names = [name for name, _ in plan]
+    calls = calls_by_effect(tool)
+    expected = {(s, name): 1 for s in range(1, final_seq + 1) for name in names}
+    expected[(KILLED_SEQ, target)] = 2
+    assert dict(calls) == expected, sorted(calls.items())
+    runs = EffectRuns(ops, tool)
+    assert_published_run_saw_recorded_outcomes(state, runs, plan, final_seq)
+    assert state["count"] == final_seq and state["interrupted"] == [], state
+    print(f"zombie ({backend}): node-a ended its term with {sorted({e.type for e in ended})}")

@@ -5,7 +5,8 @@ served from a thread) and hands its URL to node processes (``HB_TOOL_URL``).
 A test agent's journaled effect POSTs one JSON call per run of its function,
 naming ``current_effect().key``; the server answers with how many times that
 key has been called so far, so a result also tells which call produced it.
-It keeps every call in arrival order, for counting and ordering afterwards.
+It keeps every call in arrival order, for counting and ordering afterwards,
+and can hold chosen calls in flight until the test releases them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = ["Call", "ToolServer"]
 
 MAX_BODY = 64 * 1024
 MAX_DELAY_S = 5.0
+HOLD_LIMIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_error(400, "a JSON object with a key")
             return
         call = self.server.tool.record(key, body)
+        self.server.tool.wait_if_held(body)
         delay = min(float(body.get("delay_s") or 0.0), MAX_DELAY_S)
         if delay > 0:
             time.sleep(delay)  # the tool's work: a call in flight for this long
@@ -81,6 +84,9 @@ class ToolServer:
         self._lock = threading.Lock()
         self._calls: list[Call] = []
         self._counts: Counter[str] = Counter()
+        # Calls whose body matches all of these are held (not answered) until release().
+        self._hold: dict[str, Any] | None = None
+        self._released = threading.Event()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.tool = self
         self._thread = threading.Thread(
@@ -105,6 +111,21 @@ class ToolServer:
             self._calls.append(call)
             return call
 
+    def hold(self, **match: Any) -> None:
+        """Answer no call whose body has all these values until release() (at most 30 s):
+        the call stays in flight, its caller waiting, as long as the test wants."""
+        self._released.clear()
+        self._hold = match
+
+    def release(self) -> None:
+        self._hold = None
+        self._released.set()
+
+    def wait_if_held(self, body: dict[str, Any]) -> None:
+        hold = self._hold
+        if hold is not None and all(body.get(k) == v for k, v in hold.items()):
+            self._released.wait(timeout=HOLD_LIMIT_S)
+
     def calls(self) -> list[Call]:
         """Every call so far, in arrival order."""
         with self._lock:
@@ -116,6 +137,7 @@ class ToolServer:
             return Counter(self._counts)
 
     def stop(self) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=10)
