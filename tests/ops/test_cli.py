@@ -344,12 +344,14 @@ def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
         assert not (store / "agents/counter/heartbeats/intruder.json").exists()
         assert not (store / "agents/counter/events/intruder.jsonl").exists()
         assert after["cluster.json"] == before["cluster.json"]
-        # Whatever appeared meanwhile is node-a's own work: checkpoints or its own files.
+        # Whatever appeared meanwhile is node-a's own work: checkpoints, effect records
+        # or its own files.
         new = set(after) - set(before)
         strays = [
             p
             for p in new
             if not re.fullmatch(r"agents/counter/checkpoints/ckpt-\d+-\d+\.hbc", p)
+            and not re.fullmatch(r"agents/counter/effects/\d{20}/\d{4}-(intent|outcome)\.hbe", p)
             and "node-a" not in Path(p).name
             and not Path(p).name.startswith("tmp-hb-")
         ]
