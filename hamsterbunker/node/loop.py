@@ -255,7 +255,9 @@ class NodeLoop:
 
     def _finishing(self) -> bool:
         """Whether a stop waits for the term, which finishes and publishes its step in flight."""
-        return self._signals.stopping.is_set() and self._leader is not None
+        leader = self._leader
+        # A finished term needs no more renewals: the stop releases the lease at once.
+        return self._signals.stopping.is_set() and leader is not None and not leader.done()
 
     async def _sleep_until(self, deadline: float) -> None:
         stopping, wake = self._signals.stopping, self._signals.wake
