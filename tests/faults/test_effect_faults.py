@@ -26,6 +26,10 @@ known from outside the runtime; every node also records its operations
 4. Pauses (SIGSTOP) of the leader past its renew deadline mid-effect: the
    abandoned sync step runs on in its thread beside its retry and must start
    no more effects.
+5. A zombie leader (paused while the tool holds its call) writes the
+   effect's outcome under its old epoch: the store refuses it (each store).
+6. A step that outlives the stop grace (``--stop-grace-ms``) is given up:
+   the next leader reports its effect in flight interrupted.
 
 Randomness comes from ``random.Random(seed)``; the seed is printed, and
 ``HB_TEST_SEED=<seed>`` replays a failed run's choices.
@@ -839,3 +843,63 @@ def test_a_zombie_leaders_effect_outcome_is_fenced_by_the_store(
     assert_published_run_saw_recorded_outcomes(state, runs, plan, final_seq)
     assert state["count"] == final_seq and state["interrupted"] == [], state
     print(f"zombie ({backend}): node-a ended its term with {sorted({e.type for e in ended})}")
+
+
+# -- 6. a step that outlives the stop grace ----------------------------------------
+
+
+def test_a_step_outliving_the_stop_grace_is_given_up_and_its_interrupted_effect_reported(
+    local_cluster: MakeCluster, tool: ToolServer, tmp_path: Path
+) -> None:
+    """SIGTERM while the tool holds an interrupted effect's call past the stop grace
+    (--stop-grace-ms 300): node-a gives the step up, publishes nothing of it and hands
+    over at once; node-b's replay reuses the completed effect and reports the one in
+    flight interrupted, without calling it again."""
+    agent, grace_ms = "effects", 300
+    cluster = local_cluster(
+        agent="hb_test_agents:EffectsAgent",
+        timing=LeaseTiming(100, 3000),  # a handover on SIGTERM must not wait for the TTL
+        env=effects_env(tool, tmp_path),
+    )
+    store = open_store(cluster.store_url)
+    tool.hold(node=A.node, seq=KILLED_SEQ, name="charge")
+    # The process started is the node: sh execs it with the flag appended.
+    with_grace = ["sh", "-c", f'exec "$@" --stop-grace-ms {grace_ms}', "sh"]
+    standby = cluster.start(B, extra_env={"HB_FAILPOINTS": "node.before_first_tick=stop"})
+    leader = cluster.start(A, command_prefix=with_grace)
+    wait_until(
+        quietly(lambda: (lease := lease_of(store, agent)) and lease.holder == A.node),
+        "node-a to take the lease",
+    )
+    wait_until(lambda: process_state(standby.pid) == "T", "node-b to line up")
+    standby.send_signal(signal.SIGCONT)
+    wait_until(lambda: calls_by_effect(tool)[(KILLED_SEQ, "charge")], "node-a to call charge")
+    sent = time.monotonic()
+    leader.send_signal(signal.SIGTERM)
+    code = exited(leader, "node-a to stop", timeout=20)
+    took = time.monotonic() - sent
+    tool.release()  # its answer goes nowhere: node-a is gone
+    assert code == 0, cluster.log(A.node)
+    assert took < 5.0, f"node-a took {took:.1f} s to stop with a grace of {grace_ms} ms"
+    wait_until(
+        quietly(lambda: (at := latest(store, agent))[0] > KILLED_SEQ + 1 and at[1] >= 2),
+        "node-b to take over and step on",
+    )
+    cluster.stop_all()
+
+    final_seq, state = final_state(cluster, store, agent)
+    acquired = [(e.epoch, e.detail.get("via")) for e in store.read_events(agent)
+                if e.type == "lease.acquired"]  # fmt: skip
+    assert acquired == [(1, "empty"), (2, "released")], acquired
+    ops = history(cluster)
+    assert [o.seq for o in ops if o.node == A.node and o.op == "publish"] == [1], ops
+    names = [name for name, _ in PLAN]
+    calls = calls_by_effect(tool)
+    assert calls == Counter({(s, name): 1 for s in range(1, final_seq + 1) for name in names})
+    saw = lines(tmp_path / "saw.jsonl")
+    by_b = {s["name"]: s["saw"] for s in saw if s["node"] == B.node and s["seq"] == KILLED_SEQ}
+    assert by_b == {"fetch": "result", "charge": "interrupted", "notify": "result"}, saw
+    assert state["interrupted"] == [[KILLED_SEQ, "charge"]], state
+    runs = EffectRuns(ops, tool)
+    assert_published_run_saw_recorded_outcomes(state, runs, PLAN, final_seq)
+    print(f"stop grace {grace_ms} ms: node-a stopped in {took:.2f} s, step {KILLED_SEQ} given up")
