@@ -16,7 +16,7 @@ from typing import Any
 
 from ..clock import Clock
 from ..effects import Entry, StepEffects, effect_key
-from ..errors import EffectError, Tampered
+from ..errors import EffectError, Fenced, Tampered
 from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES
 from ..sealing import EffectAt, Sealer
 from ..stores import Fence, Store
@@ -103,9 +103,17 @@ class TermJournal:
                 f"effect {entry.name!r}: its {kind} is {len(blob)} bytes sealed, above the limit "
                 f"of {MAX_EFFECT_BYTES} bytes: return a smaller result (it is not recorded)"
             )
-        await self._calls.io(
-            self._store.put_effect, self._id.agent, self._fence, seq, index, kind, blob
-        )
+        started = self._clock.monotonic()
+        try:
+            await self._calls.io(
+                self._store.put_effect, self._id.agent, self._fence, seq, index, kind, blob
+            )
+        except Fenced as exc:
+            # Said here, where it happens: the step that made the write may have been
+            # given up already, and nobody would hear of it otherwise.
+            self.history("effect_record", seq, started, "fenced", index=index, record=kind)
+            self.emit("node.fenced", error=str(exc), step_seq=seq)
+            raise
 
     def history(self, op: str, seq: int, started: float, outcome: str, **detail: Any) -> None:
         self._sink.record(op, self._fence.epoch, seq, started, outcome, **detail)

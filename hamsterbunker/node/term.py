@@ -208,8 +208,7 @@ class LeaderTerm:
             except StepLost as exc:  # the step saw current_step().lost and stopped
                 emit("agent.yielded", reason=str(exc), step_seq=context.seq)
                 continue
-            except Fenced as exc:  # an effect's record was refused: the lease moved on
-                emit("node.fenced", error=str(exc), step_seq=context.seq)
+            except Fenced as exc:  # an effect's record was refused (said by the journal)
                 self.end()
                 return TermEnd(Ending.FENCED, self.epoch, str(exc))
             except Exception as exc:  # the agent's own failure: log it, retry after a tick

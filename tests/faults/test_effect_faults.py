@@ -833,6 +833,15 @@ def test_a_zombie_leaders_effect_outcome_is_fenced_by_the_store(
     assert [(o.seq, o.detail["index"]) for o in zombie if o.op == "effect_start"] == [
         (KILLED_SEQ, 0)
     ], zombie
+    # ... and said so: a history line and a node.fenced event of node-a for that step.
+    refused = [o for o in zombie if o.op == "effect_record"]
+    assert [(o.seq, o.outcome, o.detail["record"]) for o in refused] == [
+        (KILLED_SEQ, "fenced", "outcome")
+    ], zombie
+    assert any(
+        e.node == A.node and e.type == "node.fenced" and e.detail.get("step_seq") == KILLED_SEQ
+        for e in store.read_events(agent)
+    )
     # The world: the effect node-a left in flight ran again on node-b; nothing else twice.
     names = [name for name, _ in plan]
     calls = calls_by_effect(tool)
