@@ -154,9 +154,14 @@ def test_everysec_store_behind_within_the_term_is_reported_and_the_leader_goes_o
     disk = copy_of_disk(server)
     behind = newest_seq(store)
     wait_until(lambda: max(accepted_seqs(cluster)) >= behind + 5, "five more checkpoints")
+    # Frozen, so that the restarted store is read before the leader writes to it again.
+    for node in (A, B):
+        cluster.signal(node.node, signal.SIGSTOP)
     accepted = max(accepted_seqs(cluster))
     server = crash_back_to(redis, server, disk)
     assert newest_seq(store) < accepted  # the store really came back behind
+    for node in (A, B):
+        cluster.signal(node.node, signal.SIGCONT)
 
     def reported_by_both() -> bool:
         found = {e.node for e in store.read_events(AGENT) if e.type == "store.regressed"}
