@@ -723,15 +723,25 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
     def published_past(seq: int) -> bool:
         return latest(store, agent)[0] > seq
 
-    for round_no in range(3):
+    # Three pauses that made node-a give a step up. Whether one does depends on whether
+    # its renewal or its step's deadline runs first once it is continued, so a pause
+    # that did not is tried again (at most ten pauses in all).
+    pauses = 0
+    while yields() < 3:
+        assert pauses < 10, f"only {yields()} of {pauses} pauses made node-a give a step up"
+        pauses += 1
         seq = latest(store, agent)[0]
-        wait_until(quietly(partial(published_past, seq)), f"round {round_no}: a new step")
+        wait_until(quietly(partial(published_past, seq)), f"pause {pauses}: a new step")
         time.sleep(rng.uniform(0.0, 0.2))  # a random moment of the step: the fault itself
         before = yields()
         pause_outside_lock(cluster, A.node, agent)
         time.sleep(0.75 * ttl_ms / 1000)  # the pause itself is the fault
         cluster.signal(A.node, signal.SIGCONT)
-        wait_until(quietly(partial(more_yields, before)), f"round {round_no}: node-a to yield")
+        # Given up, or stepping on: either way the pause is over.
+        wait_until(
+            quietly(lambda: more_yields(before) or published_past(seq + 1)),  # noqa: B023
+            f"pause {pauses}: node-a to give the step up or step on",
+        )
     wait_until(quietly(partial(published_past, latest(store, agent)[0] + 1)), "node-a to step on")
     cluster.stop_all()
 
@@ -746,11 +756,11 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
     assert_published_run_saw_recorded_outcomes(state, runs, SyncEffectsAgent.plan, final_seq)
     # A yield repeats at most the effect in flight (its call was cut short): one per pause.
     reruns = runs.safe_reruns()
-    assert len(reruns) <= 3, reruns
+    assert len(reruns) <= pauses, reruns
     assert state["count"] == final_seq, state
     assert all(lease.epoch == 1 for lease in [store.read_lease(agent)] if lease), "took over"
     print(
-        f"effect pause: 3 pauses of 0.75 TTL; {final_seq} steps, {yields()} yields, "
+        f"effect pause: {pauses} pauses of 0.75 TTL; {final_seq} steps, {yields()} yields, "
         f"{len(reruns)} safe effects ran again, "
         f"{sum(s['saw'] == 'interrupted' for s in saw)} reported interrupted"
     )
