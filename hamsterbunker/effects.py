@@ -233,37 +233,44 @@ class StepEffects:
                 result = await self._io.call_blocking(fn, *args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
-            entry.outcome = {"result": result}
             _check_serialisable(name, result)
+            outcome: dict[str, Any] = {"result": result}
             cause: BaseException | None = None
         except (EffectError, StepLost, Fenced):
             raise
         except Exception as exc:
-            entry.outcome = {
+            outcome = {
                 "error": {"type": type(exc).__qualname__, "message": str(exc)[:MAX_ERROR_MESSAGE]}
             }
             cause = exc
         finally:
             _current.reset(token)
         failpoint("effect.after_call")
-        entry.written = False
-        self.entries[index] = entry
-        await self._io.write(self.seq, index, "outcome", entry)
-        entry.written = True
+        # Known here before the store has it: a retry of the step writes it, never calls again.
+        done = Entry(name, replay, intent=entry.intent, outcome=outcome, written=False)
+        self.entries[index] = done
+        try:
+            await self._io.write(self.seq, index, "outcome", done)
+        except EffectError:  # it cannot be recorded (too large): as if it never returned
+            if entry.intent:
+                self.entries[index] = entry
+            else:
+                del self.entries[index]
+            raise
+        done.written = True
         failpoint("effect.after_record")
-        outcome = "failed" if cause is not None else "ok"
         self._show(index, name, "done" if cause is None else "failed")
-        self._io.history("effect", self.seq, started, outcome, index=index, key=key,
-                         digest=_digest(entry.outcome))  # fmt: skip
+        self._io.history("effect", self.seq, started, "ok" if cause is None else "failed",
+                         index=index, key=key, digest=_digest(outcome))  # fmt: skip
         if cause is not None:
-            raise _result_error(entry) from cause
+            raise _result_error(done) from cause
         return result
 
 
 def _check_serialisable(name: str, result: Any) -> None:
     try:
-        json.dumps(result, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+        json.dumps(result, allow_nan=False, ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) included
         raise EffectError(
             f"effect {name!r} returned a {type(result).__name__}, which is not "
             f"JSON-serialisable ({exc}): its result is not recorded"

@@ -274,23 +274,37 @@ def test_an_effect_called_in_another_order_on_replay_is_a_mismatch(nodes: Nodes)
     assert [e for e in nodes.events.of("checkpoint.published", "b")] == []
 
 
-def test_a_result_that_is_not_json_is_refused_and_not_recorded(nodes: Nodes) -> None:
-    """A result that cannot be recorded is an EffectError before anything is written."""
+@pytest.mark.parametrize(
+    ("result", "words"),
+    [
+        ({1, 2}, "not JSON-serialisable"),
+        (float("nan"), "not JSON-serialisable"),
+        ("\ud800", "not JSON-serialisable"),
+        ("x" * 600_000, "above the limit of 524288 bytes"),
+    ],
+    ids=["a-set", "nan", "lone-surrogate", "too-large"],
+)
+def test_a_result_that_cannot_be_recorded_is_refused_and_not_recorded(
+    nodes: Nodes, result: Any, words: str
+) -> None:
+    """A result that cannot be recorded is an EffectError naming why; nothing is recorded,
+    and the next effect of the step goes on as number 1."""
     seen: list[str] = []
 
     async def step(state: dict[str, Any]) -> None:
         ctx = current_step()
         assert ctx is not None
         try:
-            await ctx.effect("odd", lambda: {1, 2})
+            await ctx.effect("odd", lambda: result)
         except Exception as exc:
             seen.append(f"{type(exc).__name__}: {exc}")
+        await ctx.effect("next", lambda: "fine")
 
     agent = Steps(step)
     nodes.start("a", agent)
     wait_until(agent.parked.is_set, "the step to park")
-    assert seen and seen[0].startswith("EffectError") and "JSON-serialisable" in seen[0]
-    assert nodes.store.read_effects(AGENT, 1) == {}
+    assert seen and seen[0].startswith("EffectError") and words in seen[0], seen
+    assert set(nodes.store.read_effects(AGENT, 1)) == {(1, "outcome")}
 
 
 def test_keys_differ_between_effects_and_steps(nodes: Nodes) -> None:
