@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from hamsterbunker.checker import check
 from hamsterbunker.errors import StoreError
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.local import LocalCluster, NodeSpec
@@ -335,6 +336,7 @@ def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_co
     runs.assert_tool_calls_were_started()
     runs.assert_completed_never_called_again()
     runs.assert_interrupted_at_most_once()
+    assert check(history(cluster)) == []  # hamsterbunker.checker's rules, effects included
 
     # What node-b's replay of step 2 gave the agent.
     replayed = {s["name"]: s for s in saw if s["node"] == B.node and s["seq"] == KILLED_SEQ}
@@ -565,6 +567,7 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
     runs.assert_tool_calls_were_started()
     runs.assert_completed_never_called_again()
     runs.assert_interrupted_at_most_once()
+    assert check(history(cluster)) == []  # hamsterbunker.checker's rules, effects included
     assert_stable_keys(tool)
 
     # A safe effect runs again only when a kill (or the runtime giving a step up:
@@ -750,6 +753,7 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
     runs.assert_tool_calls_were_started()
     runs.assert_completed_never_called_again()
     runs.assert_interrupted_at_most_once()
+    assert check(history(cluster)) == []  # hamsterbunker.checker's rules, effects included
     assert_stable_keys(tool)
     saw = lines(tmp_path / "saw.jsonl")
     assert_agent_saw_one_outcome_per_effect(saw, given_up(store, agent))
