@@ -401,7 +401,7 @@ def takeover_result(
         ]
     parts |= {
         "lease acquired → agent resumed (restore)": [s.restored - s.acquired for s in samples],
-        "agent's first step (CounterAgent sleeps 250 ms)": [s.step for s in samples],
+        "agent's first step (CounterAgent: a 100 ms journaled effect, reused if recorded, then 150 ms)": [s.step for s in samples],
         "first publish (seal + put_checkpoint)": [s.publish for s in samples],
     }
     parts_table = Table(
