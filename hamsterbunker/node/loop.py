@@ -148,6 +148,7 @@ class NodeLoop:
             await asyncio.wait([keeping, stopping], return_when=asyncio.FIRST_COMPLETED)
             # The lease is kept while the step in flight finishes within the grace.
             grace = self._stop.grace() if self._finishing() else 0.0
+            self._sink.emit("node.stopping", grace_ms=round(grace * 1000))
             if not keeping.done() and not await self._within_budget(
                 keeping, "the lease loop", extra=grace
             ):

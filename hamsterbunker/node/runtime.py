@@ -45,6 +45,13 @@ from .watchdog import Watchdog, status_text
 __all__ = ["Runtime"]
 
 
+def _on_stop_signal(signals: Signals) -> None:
+    """The first SIGTERM or SIGINT stops the node gracefully; a second cuts the grace short."""
+    if signals.stopping.is_set():
+        signals.hurry.set()
+    signals.stopping.set()
+
+
 class Runtime:
     """One node of a HamsterBunker cluster for one agent."""
 
@@ -170,7 +177,7 @@ class Runtime:
         if install_signal_handlers:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(signum, signals.stopping.set)
+                loop.add_signal_handler(signum, functools.partial(_on_stop_signal, signals))
         calls = NodeCalls()
         watchdog = Watchdog(self._notifier, self.clock, self.node_id)
         pinging = asyncio.create_task(watchdog.run(), name="hb-watchdog")

@@ -41,3 +41,5 @@ class Signals:
     stopping: asyncio.Event
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the store hints at a change
     renewed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every renewal
+    # A second SIGTERM or SIGINT during a stop: give the step in flight no more grace.
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)

@@ -278,6 +278,7 @@ class LeaderTerm:
         """
         lost = asyncio.ensure_future(self.lost.wait())
         stopping = asyncio.ensure_future(self._signals.stopping.wait())
+        hurry = asyncio.ensure_future(self._signals.hurry.wait())  # a second stop signal
         finish_by: float | None = None  # once stopping: when the grace runs out
         try:
             while not step.done():
@@ -285,7 +286,7 @@ class LeaderTerm:
                 remaining = self._keeper.seconds_until_deadline()
                 if stopping.done() and finish_by is None:
                     finish_by = now + self._grace()
-                if lost.done() or (finish_by is not None and now >= finish_by):
+                if lost.done() or hurry.done() or (finish_by is not None and now >= finish_by):
                     step.cancel()
                     return _StepEnd.LOST
                 if remaining <= 0:
@@ -293,12 +294,12 @@ class LeaderTerm:
                     return _StepEnd.DEADLINE
                 # Timed to the renew deadline, so a hung renewal cannot keep us stepping.
                 timeout = remaining if finish_by is None else min(remaining, finish_by - now)
-                waiters = [step, lost] if finish_by is not None else [step, lost, stopping]
+                waiters = [step, lost, hurry] + ([stopping] if finish_by is None else [])
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             return _StepEnd.DONE
         finally:
-            lost.cancel()
-            stopping.cancel()
+            for waiter in (lost, stopping, hurry):
+                waiter.cancel()
 
     async def _run_step(self, state: State, context: StepContext) -> State:
         _current.set(context)
