@@ -246,7 +246,14 @@ class StepEffects:
         finally:
             _current.reset(token)
         failpoint("effect.after_call")
+        if not self._may_start():
+            # Given up while fn ran (an abandoned sync step): a retry beside it may already
+            # have reported the effect interrupted, so its outcome is not recorded now.
+            raise StepLost(
+                f"effect {name!r} of step {self.seq} returned after its step was given up"
+            )
         # Known here before the store has it: a retry of the step writes it, never calls again.
+        # (No await since the check above: a retry on this loop sees this or the check failed.)
         done = Entry(name, replay, intent=entry.intent, outcome=outcome, written=False)
         self.entries[index] = done
         try:

@@ -506,6 +506,23 @@ def test_an_interrupted_effect_writes_its_intent_before_it_is_called() -> None:
     assert journal.writes == [(0, "intent"), (0, "outcome")]
 
 
+def test_an_outcome_returned_after_the_step_was_given_up_is_not_recorded() -> None:
+    """An abandoned step's effect that returns late records nothing: a retry may already have
+    reported it interrupted, and every later replay must say the same."""
+    journal = FakeJournal()
+    given_up = threading.Event()
+
+    def fn() -> str:
+        given_up.set()  # the runtime gives the step up while fn runs
+        return "late"
+
+    effects = StepEffects(1, journal, {}, may_start=lambda: not given_up.is_set())
+    with pytest.raises(StepLost):
+        asyncio.run(effects.run("pay", fn, (), {}, "interrupted"))
+    assert journal.writes == [(0, "intent")]
+    assert effects.entries is not None and effects.entries[0].outcome is None
+
+
 def test_bad_names_and_replay_modes_are_refused() -> None:
     """An empty or huge name, or an unknown replay mode, is a ValueError naming the problem."""
     effects = StepEffects(1, FakeJournal(), {}, may_start=lambda: True)
