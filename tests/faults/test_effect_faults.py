@@ -26,8 +26,8 @@ known from outside the runtime; every node also records its operations
 4. Pauses (SIGSTOP) of the leader past its renew deadline mid-effect: the
    abandoned sync step runs on in its thread beside its retry and must start
    no more effects.
-5. A zombie leader (paused while the tool holds its call) writes the
-   effect's outcome under its old epoch: the store refuses it (each store).
+5. A zombie leader (paused while the tool holds its call) records no outcome
+   of the effect under its old epoch (each store).
 6. A step that outlives the stop grace (``--stop-grace-ms``) is given up:
    the next leader reports its effect in flight interrupted.
 
