@@ -8,6 +8,8 @@
     │   ├── StoreUnsafe        the location cannot give mutual exclusion (a synced folder)
     │   ├── CorruptRecord      a lease, cluster or event record that does not parse
     │   ├── LeaseConflict      compare-and-set lost: the record changed since it was read
+    │   ├── InboxFull          an admission over the inbox's count or byte limit
+    │   ├── NotNextNumber      an admission raced another: its number was taken
     │   └── Fenced             a write under an epoch that is no longer the lease's
     ├── SealError              a checkpoint could not be sealed or opened
     │   ├── WrongSecret        the secret does not match the cluster's key-check value
@@ -15,8 +17,11 @@
     │                          moved to another agent, or replayed under another number)
     ├── NoUsableCheckpoint     checkpoints exist but none authenticates: refuse to resume
     │   └── StoreRegressed     the store holds less than this node saw accepted: refuse
-    └── StepLost               raised in a step by current_step().check(): the step may no
-                               longer be published (renew deadline passed, lease lost)
+    ├── StepLost               raised in a step by current_step().check(): the step may no
+    │                          longer be published (renew deadline passed, lease lost)
+    ├── EffectError            a journaled effect's problem (EffectInterrupted, ...)
+    ├── InboxError             a step used its inbox wrongly
+    └── UnknownRequest         no admission of a request id is known
 
 Backend errors are translated at the store boundary with ``raise ... from exc``.
 """
@@ -32,8 +37,11 @@ __all__ = [
     "EffectMismatch",
     "Fenced",
     "HamsterbunkerError",
+    "InboxError",
+    "InboxFull",
     "LeaseConflict",
     "NoUsableCheckpoint",
+    "NotNextNumber",
     "SealError",
     "SecretTooShort",
     "StepLost",
@@ -42,6 +50,7 @@ __all__ = [
     "StoreUnavailable",
     "StoreUnsafe",
     "Tampered",
+    "UnknownRequest",
     "WrongSecret",
 ]
 
@@ -72,6 +81,18 @@ class StoreUnsafe(StoreError):
 
 class CorruptRecord(StoreError):
     """A record in the store does not parse or has the wrong shape."""
+
+
+class InboxFull(StoreError):
+    """An admission was refused: the inbox holds its limit of unconsumed submissions or bytes."""
+
+
+class NotNextNumber(StoreError):
+    """An admission named a number that is not the inbox's next one: nothing was admitted."""
+
+    def __init__(self, number: int, next_number: int) -> None:
+        super().__init__(f"submission number {number} is not the next one ({next_number})")
+        self.number, self.next_number = number, next_number
 
 
 class LeaseConflict(StoreError):
@@ -146,3 +167,11 @@ class EffectFailed(EffectError):
     def __init__(self, name: str, error_type: str, message: str) -> None:
         super().__init__(f"effect {name!r} failed: {error_type}: {message}")
         self.name, self.error_type, self.message = name, error_type, message
+
+
+class InboxError(HamsterbunkerError):
+    """A step used its inbox wrongly (consumed a number it was not shown, a reply too big)."""
+
+
+class UnknownRequest(HamsterbunkerError):
+    """No admission of this request id is known: never submitted, or compacted long ago."""

@@ -9,20 +9,33 @@ use it: how old a temporary file must be before it counts as left by a crash.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "EFFECT_KINDS",
+    "INBOX_REPLIES_KEPT",
     "MAX_CHECKPOINT_BYTES",
+    "MAX_CONSUMED_PER_STEP",
     "MAX_EFFECTS_PER_STEP",
     "MAX_EFFECT_BYTES",
     "MAX_EPOCH",
+    "MAX_INBOX_BYTES",
+    "MAX_INBOX_COUNT",
+    "MAX_INBOX_GAPS",
     "MAX_JSON_DEPTH",
     "MAX_LEASE_TTL_MS",
     "MAX_NUMBER",
     "MAX_RECORD_BYTES",
+    "MAX_REPLY_BYTES",
+    "MAX_REQUEST_ID_CHARS",
     "MAX_SEQ",
+    "MAX_SUBMISSION_BYTES",
     "STALE_TEMP_AGE_S",
     "check_checkpoint_bounds",
     "check_effect_bounds",
+    "check_reply_bounds",
+    "check_request_id",
+    "check_submission_bounds",
 ]
 
 # Epochs are written as 10 digits in file names: a takeover a second for 300 years.
@@ -48,6 +61,29 @@ MAX_EFFECTS_PER_STEP = 128
 # The two records an effect may have: "intent" (written before a replay="interrupted"
 # effect is called) and "outcome" (its result or error).
 EFFECT_KINDS = ("intent", "outcome")
+# The inbox (hamsterbunker.inbox). One sealed submission (its payload) as stored,
+# and one sealed reply: far below etcd's request limit, so every backend holds one.
+MAX_SUBMISSION_BYTES = 256 * 1024
+MAX_REPLY_BYTES = 256 * 1024
+# Admitted submissions not yet consumed, by count and by their sealed bytes: an
+# admission above either is refused. A node reads at most this many per look.
+MAX_INBOX_COUNT = 1000
+MAX_INBOX_BYTES = 32 * 1024 * 1024
+# Submissions one step may consume: one store write (an etcd txn) holds them all.
+MAX_CONSUMED_PER_STEP = 32
+# Consumed submissions whose number and reply a store keeps (newest first): a request
+# id is known as a duplicate, and its reply readable, until this many newer ones
+# were consumed. A store may be configured to keep fewer (tests do).
+INBOX_REPLIES_KEPT = 10_000
+# Runs of not-yet-consumed numbers below the newest consumed one that a checkpoint
+# remembers: consuming out of order makes them, and a number that was never
+# admitted (an admission cut short, a deleted entry) stays one. Past this, the
+# oldest run is given up as consumed, and said so.
+MAX_INBOX_GAPS = 2 * MAX_INBOX_COUNT
+# A request id: what a submitter names its submission by (a UUID fits).
+MAX_REQUEST_ID_CHARS = 128
+_REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]*")
+
 # A lease TTL above this in a lease record is not believed: ten minutes.
 MAX_LEASE_TTL_MS = 600_000
 
@@ -92,5 +128,47 @@ def check_effect_bounds(seq: int, index: int, kind: str, size: int) -> str | Non
         return (
             f"effect record is {size} bytes sealed, above the limit of {MAX_EFFECT_BYTES} bytes "
             f"({MAX_EFFECT_BYTES // 2**10} KiB): return a smaller result from the effect"
+        )
+    return None
+
+
+def check_request_id(request_id: object) -> str | None:
+    """Why request_id may not name a submission, or None if it may."""
+    if not isinstance(request_id, str) or not _REQUEST_ID.fullmatch(request_id):
+        return (
+            f"request id {request_id!r} must be letters, digits and . _ : @ + = - "
+            "(starting with a letter or digit)"
+        )
+    if len(request_id) > MAX_REQUEST_ID_CHARS:
+        return f"request id is {len(request_id)} characters, above {MAX_REQUEST_ID_CHARS}"
+    return None
+
+
+def check_submission_bounds(number: int, request_id: str, size: int) -> str | None:
+    """Why a submission with this number, request id and sealed size may not be stored."""
+    if not 0 < number <= MAX_SEQ:
+        return f"submission number {number} is outside 1..{MAX_SEQ}"
+    problem = check_request_id(request_id)
+    if problem is not None:
+        return problem
+    if size > MAX_SUBMISSION_BYTES:
+        return (
+            f"submission is {size} bytes sealed, above the limit of {MAX_SUBMISSION_BYTES} "
+            f"bytes ({MAX_SUBMISSION_BYTES // 2**10} KiB): send a smaller payload"
+        )
+    return None
+
+
+def check_reply_bounds(number: int, request_id: str, size: int | None) -> str | None:
+    """Why a consumed submission's record (its reply sealed, or None) may not be stored."""
+    if not 0 < number <= MAX_SEQ:
+        return f"submission number {number} is outside 1..{MAX_SEQ}"
+    problem = check_request_id(request_id)
+    if problem is not None:
+        return problem
+    if size is not None and size > MAX_REPLY_BYTES:
+        return (
+            f"reply is {size} bytes sealed, above the limit of {MAX_REPLY_BYTES} bytes "
+            f"({MAX_REPLY_BYTES // 2**10} KiB): reply with less"
         )
     return None

@@ -25,21 +25,37 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
+from .errors import ConfigError, CorruptRecord, InboxFull, LeaseConflict, NotNextNumber, StoreError
 from .limits import (
+    INBOX_REPLIES_KEPT,
     MAX_CHECKPOINT_BYTES,
+    MAX_CONSUMED_PER_STEP,
     MAX_EPOCH,
+    MAX_INBOX_BYTES,
+    MAX_INBOX_COUNT,
     MAX_RECORD_BYTES,
+    MAX_REPLY_BYTES,
     MAX_SEQ,
+    MAX_SUBMISSION_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
+    check_reply_bounds,
+    check_submission_bounds,
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
-from .stores.base import Fence, Store, StoreGuarantees, check_fence, check_own_epoch
+from .stores.base import (
+    AdmissionState,
+    Consumed,
+    Fence,
+    Store,
+    StoreGuarantees,
+    check_fence,
+    check_own_epoch,
+)
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
 
@@ -83,10 +99,43 @@ class _Agent:
     checkpoints: dict[int, tuple[CheckpointInfo, bytes]] = field(default_factory=dict)
     # (seq, index, kind) -> sealed bytes: the effect journal. A test may plant junk here.
     effects: dict[tuple[int, int, str], bytes] = field(default_factory=dict)
+    # The inbox: the last number admitted; unconsumed number -> (request id, sealed
+    # bytes); consumed number -> (request id, sealed reply); request id -> number.
+    last_admitted: int = 0
+    pending: dict[int, tuple[str, bytes]] = field(default_factory=dict)
+    done: dict[int, tuple[str, bytes | None]] = field(default_factory=dict)
+    numbers: dict[str, int] = field(default_factory=dict)
     acceptance: bytes | None = None
     heartbeats: dict[str, bytes] = field(default_factory=dict)
     events: dict[str, deque[bytes]] = field(default_factory=dict)
     changes: int = 0  # moves on every write; watch() polls it
+
+
+def _check_consumed(consumed: Sequence[Consumed]) -> str | None:
+    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
+    if len(consumed) > MAX_CONSUMED_PER_STEP:
+        return (
+            f"a step consumed {len(consumed)} submissions, above the limit of "
+            f"{MAX_CONSUMED_PER_STEP} per step"
+        )
+    for each in consumed:
+        size = None if each.reply is None else len(each.reply)
+        problem = check_reply_bounds(each.number, each.request_id, size)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _inbox_full(count: int, size: int) -> str | None:
+    """Why an inbox holding count unconsumed submissions of size bytes is over its limits."""
+    if count > MAX_INBOX_COUNT:
+        return f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
+    if size > MAX_INBOX_BYTES:
+        return (
+            f"inbox is full: this submission would make its unconsumed submissions {size} "
+            f"bytes, above the limit of {MAX_INBOX_BYTES} bytes ({MAX_INBOX_BYTES // 2**20} MiB)"
+        )
+    return None
 
 
 class MemoryStore(Store):
@@ -95,9 +144,18 @@ class MemoryStore(Store):
     url = "memory://"
     guarantees = MEMORY_GUARANTEES
 
-    def __init__(self, *, keep_checkpoints: int = 5, events_per_node: int = 1000) -> None:
+    def __init__(
+        self,
+        *,
+        keep_checkpoints: int = 5,
+        events_per_node: int = 1000,
+        keep_replies: int = INBOX_REPLIES_KEPT,
+    ) -> None:
         if keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints must be at least 1")
+        if keep_replies < 1:
+            raise ConfigError("keep_replies must be at least 1")
+        self.keep_replies = keep_replies
         if events_per_node < 1:
             raise ConfigError("events_per_node must be at least 1")
         self.keep_checkpoints = keep_checkpoints
@@ -156,15 +214,18 @@ class MemoryStore(Store):
 
     # -- checkpoints -------------------------------------------------------
 
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
         """Store a sealed checkpoint, only if fence matches the current lease.
 
         Refused (StoreError) outside the bounds of check_checkpoint_bounds, or if a
         checkpoint of the fence's own epoch at or above seq is stored; anything of
         another epoch, whatever its seq, keeps nothing out. Retention keeps the
         newest keep_checkpoints at or below seq and never touches anything above.
+        The consumed submissions commit with it (see Store.put_checkpoint).
         """
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or _check_consumed(consumed)
         if problem is not None:
             raise StoreError(problem)
         data = bytes(blob)
@@ -182,8 +243,20 @@ class MemoryStore(Store):
                 del state.checkpoints[old]
             for key in [key for key in state.effects if key[0] <= seq]:
                 del state.effects[key]  # this step's journal and older: never read again
+            self._consume(state, consumed)
             state.changes += 1
         return info
+
+    def _consume(self, state: _Agent, consumed: Sequence[Consumed]) -> None:
+        """Mark consumed and keep their replies; forget the oldest past keep_replies."""
+        for each in consumed:
+            state.pending.pop(each.number, None)
+            state.done[each.number] = (each.request_id, each.reply)
+            state.numbers.setdefault(each.request_id, each.number)
+        for old in sorted(state.done)[: -self.keep_replies]:
+            request_id, _reply = state.done.pop(old)
+            if state.numbers.get(request_id) == old:
+                del state.numbers[request_id]
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         """Retained checkpoints, newest first: by seq, then epoch, both descending.
@@ -242,6 +315,61 @@ class MemoryStore(Store):
             else:
                 log.warning("memory store: leaving out an effect record of %s: %s", agent, problem)
         return journal
+
+    # -- inbox -------------------------------------------------------------
+
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        """Admit a sealed submission as number, once per request id (see Store.admit)."""
+        problem = check_submission_bounds(number, request_id, len(blob))
+        if problem is not None:
+            raise StoreError(problem)
+        with self._lock:
+            state = self._agent(agent)
+            known = state.numbers.get(request_id)
+            if known is not None:
+                return known, True
+            if number != state.last_admitted + 1:
+                raise NotNextNumber(number, state.last_admitted + 1)
+            full = _inbox_full(
+                len(state.pending) + 1, sum(len(b) for _r, b in state.pending.values()) + len(blob)
+            )
+            if full is not None:
+                raise InboxFull(full)
+            state.pending[number] = (request_id, bytes(blob))
+            state.numbers[request_id] = number
+            state.last_admitted = number
+            state.changes += 1
+        return number, False
+
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        """Unconsumed submissions above after, oldest first (planted junk is left out)."""
+        with self._lock:
+            pending = sorted(self._agent(agent).pending.items())
+        found = []
+        for number, (_request_id, blob) in pending:
+            if number <= after:
+                continue
+            if not 0 < number <= MAX_SEQ or len(blob) > MAX_SUBMISSION_BYTES:
+                log.warning("memory store: leaving out submission %d of %s", number, agent)
+                continue
+            found.append((number, blob))
+        return found[:MAX_INBOX_COUNT]
+
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        """What is known of request_id's admission, or None."""
+        with self._lock:
+            state = self._agent(agent)
+            number = state.numbers.get(request_id)
+            if number is None:
+                return None
+            done = state.done.get(number)
+        if done is None:
+            return AdmissionState(number, consumed=False, reply=None)
+        reply = done[1]
+        if reply is not None and len(reply) > MAX_REPLY_BYTES:
+            log.warning("memory store: ignoring an oversized reply to %s", request_id)
+            reply = None
+        return AdmissionState(number, consumed=True, reply=reply)
 
     # -- loss acceptance ---------------------------------------------------
 

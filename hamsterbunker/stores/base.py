@@ -12,7 +12,7 @@ leaves any other method out.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -22,6 +22,8 @@ from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseReco
 from .tail import GenericTail, Tail
 
 __all__ = [
+    "AdmissionState",
+    "Consumed",
     "Fence",
     "Store",
     "StoreGuarantees",
@@ -113,6 +115,24 @@ def check_own_epoch(stored: list[CheckpointInfo], epoch: int, seq: int) -> None:
 
 
 @dataclass(frozen=True)
+class Consumed:
+    """A submission a step consumed, stored atomically with that step's checkpoint."""
+
+    number: int
+    request_id: str
+    reply: bytes | None  # the sealed reply, or None: consumed without one
+
+
+@dataclass(frozen=True)
+class AdmissionState:
+    """What the store knows of one request id's admission (``read_admission``)."""
+
+    number: int
+    consumed: bool
+    reply: bytes | None  # the sealed reply once consumed with one
+
+
+@dataclass(frozen=True)
 class StoreGuarantees:
     """What a backend promises, stated so users can judge it."""
 
@@ -145,7 +165,9 @@ class Store(Protocol):
         stored record with its new version; raises LeaseConflict otherwise.
         """
 
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
         """Store a sealed checkpoint durably, only if fence matches the current lease.
 
         The fence check (holder, session and epoch equal the stored lease's) and
@@ -169,6 +191,17 @@ class Store(Protocol):
         read again. Never before the checkpoint is durable: a crash in between
         must leave the journal of a step that is not yet published. What a
         crash leaves behind is removed by a later checkpoint.
+
+        ``consumed`` (at most ``MAX_CONSUMED_PER_STEP``, each within
+        ``check_reply_bounds``, else StoreError and nothing stored) are the
+        submissions the step consumed. They commit with the checkpoint, all or
+        nothing: once it is accepted, each is consumed (``read_inbox`` no longer
+        lists it, it no longer counts towards the inbox's limits) and its reply
+        is readable by ``read_admission``; if the write is refused or cut short,
+        none is. A number with no pending entry (gone, never admitted) is still
+        recorded as consumed. The newest ``keep_replies`` consumed records are
+        kept (by number); older ones are removed with their request id, which a
+        later ``admit`` then takes as new.
         """
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -210,6 +243,36 @@ class Store(Protocol):
         raised, reading no more than that limit of it.
         """
 
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        """Admit a sealed submission as number, once per request id, in one atomic step.
+
+        Returns (number, duplicate). If request_id is known (pending, or consumed
+        and still kept), nothing is stored and its number comes back with
+        duplicate True. Otherwise number must be the inbox's next one (one above
+        the last admitted, 1 for the first), else NotNextNumber says which is,
+        storing nothing. Then InboxFull (naming the limit) if admitting it would
+        hold more than ``MAX_INBOX_COUNT`` unconsumed submissions or more than
+        ``MAX_INBOX_BYTES`` of them; StoreError for a number, request id or size
+        outside ``check_submission_bounds``. Durable before it returns. Two
+        clients racing with one request id get one admission between them.
+        """
+
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        """Unconsumed submissions numbered above after, oldest first: (number, sealed bytes).
+
+        At most ``MAX_INBOX_COUNT`` of them. Not authenticated: an entry whose
+        name does not parse, whose number is out of bounds or whose bytes are
+        over ``MAX_SUBMISSION_BYTES`` is logged and left out, reading no more
+        than that limit of it.
+        """
+
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        """What the store knows of request_id's admission, or None if nothing (any more).
+
+        Not authenticated. A reply over ``MAX_REPLY_BYTES`` or a record that
+        does not parse is logged and taken as no reply yet.
+        """
+
     def read_acceptance(self, agent: str) -> bytes | None:
         """The agent's loss-acceptance record (``hb accept-loss``), or None if there is none.
 
@@ -237,6 +300,10 @@ class Store(Protocol):
 
     def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
         """Yield whenever the agent's records may have changed: a hint, never proof.
+
+        An admission and a checkpoint that consumes submissions are changes: a
+        node waiting for its inbox and a client waiting for a reply are woken
+        by them.
 
         With lease_only, only changes of the lease record matter (a standby
         waiting for a release); a backend may then stay quiet about the rest.

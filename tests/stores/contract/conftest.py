@@ -20,8 +20,9 @@ Three more tables hold what only some backends have, each keyed by backend:
 removed), ``SPACES`` (stores side by side under prefixes, with a raw view of
 every key) and ``BAD_URLS``. The memory store has none of these.
 
-The suite relies on two small bounds, which each factory must configure:
-``KEEP_CHECKPOINTS`` retained checkpoints, and an event log per node that
+The suite relies on three small bounds, which each factory must configure:
+``KEEP_CHECKPOINTS`` retained checkpoints, ``KEEP_REPLIES`` kept consumed
+submissions, and an event log per node that
 keeps at least ``EVENT_BOUND`` and at most ``2 * EVENT_BOUND`` of the newest
 events (a segmented log may keep a partial second segment).
 """
@@ -46,6 +47,7 @@ Opener = Callable[[], Store]
 
 KEEP_CHECKPOINTS = 3
 EVENT_BOUND = 10
+KEEP_REPLIES = 4
 
 
 def _file(tmp_path: Path) -> Opener:
@@ -56,12 +58,15 @@ def _file(tmp_path: Path) -> Opener:
         root,
         keep_checkpoints=KEEP_CHECKPOINTS,
         events_per_segment=EVENT_BOUND,
+        keep_replies=KEEP_REPLIES,
         lock_timeout=30.0,
     )
 
 
 def _memory(tmp_path: Path) -> Opener:
-    shared = MemoryStore(keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
+    shared = MemoryStore(
+        keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND, keep_replies=KEEP_REPLIES
+    )
     # One process only: every "client" is the same object, raced from threads.
     return lambda: shared
 
@@ -71,7 +76,12 @@ def _redis(tmp_path: Path) -> Opener:
     from tests.support.redis_server import redis_url
 
     url = redis_url()  # the session's redis-server, under a prefix of this test's own
-    return lambda: RedisStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
+    return lambda: RedisStore(
+        url,
+        keep_checkpoints=KEEP_CHECKPOINTS,
+        events_per_node=EVENT_BOUND,
+        keep_replies=KEEP_REPLIES,
+    )
 
 
 def _etcd(tmp_path: Path) -> Opener:
@@ -79,7 +89,12 @@ def _etcd(tmp_path: Path) -> Opener:
     from tests.support.etcd_server import etcd_url
 
     url = etcd_url()  # the session's etcd, under a prefix of this test's own
-    return lambda: EtcdStore(url, keep_checkpoints=KEEP_CHECKPOINTS, events_per_node=EVENT_BOUND)
+    return lambda: EtcdStore(
+        url,
+        keep_checkpoints=KEEP_CHECKPOINTS,
+        events_per_node=EVENT_BOUND,
+        keep_replies=KEEP_REPLIES,
+    )
 
 
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
