@@ -8,6 +8,7 @@ node.run()    # or node.start() ... node.stop()
 """
 
 from .agent import Agent, StepContext, current_step, load_agent
+from .client import Client
 from .effects import EffectContext, current_effect
 from .errors import (
     ConfigError,
@@ -18,6 +19,8 @@ from .errors import (
     EffectMismatch,
     Fenced,
     HamsterbunkerError,
+    InboxError,
+    InboxFull,
     LeaseConflict,
     NoUsableCheckpoint,
     SealError,
@@ -27,8 +30,10 @@ from .errors import (
     StoreUnavailable,
     StoreUnsafe,
     Tampered,
+    UnknownRequest,
     WrongSecret,
 )
+from .inbox import Admission, Submission
 from .node import Runtime
 from .records import Event, Heartbeat, LeaseRecord
 from .stores import Store, open_store
@@ -36,7 +41,9 @@ from .stores.file import FileStore
 from .timing import LeaseTiming
 
 __all__ = [
+    "Admission",
     "Agent",
+    "Client",
     "ConfigError",
     "CorruptRecord",
     "EffectContext",
@@ -49,6 +56,8 @@ __all__ = [
     "FileStore",
     "HamsterbunkerError",
     "Heartbeat",
+    "InboxError",
+    "InboxFull",
     "LeaseConflict",
     "LeaseRecord",
     "LeaseTiming",
@@ -62,7 +71,9 @@ __all__ = [
     "StoreRegressed",
     "StoreUnavailable",
     "StoreUnsafe",
+    "Submission",
     "Tampered",
+    "UnknownRequest",
     "WrongSecret",
     "current_effect",
     "current_step",

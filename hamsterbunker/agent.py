@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import importlib
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .effects import StepEffects
-from .errors import ConfigError, EffectError, StepLost
+from .errors import ConfigError, EffectError, HamsterbunkerError, InboxError, StepLost
+from .inbox import StepInbox, Submission
 
 __all__ = ["Agent", "StepContext", "current_step", "load_agent"]
 
@@ -58,6 +59,8 @@ class StepContext:
     # The step's effect journal, and the node's event loop it runs on; set by the runtime.
     effects: StepEffects | None = field(default=None, repr=False, compare=False)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False, compare=False)
+    # The step's view of the agent's inbox; set by the runtime.
+    mailbox: StepInbox | None = field(default=None, repr=False, compare=False)
 
     async def effect(
         self, name: str, fn: Callable[..., Any], /, *args: Any, replay: str = "safe", **kwargs: Any
@@ -81,19 +84,8 @@ class StepContext:
         """effect() for a sync step: called from the step's thread, returns the result."""
         if self.effects is None or self.loop is None:
             raise EffectError("effects are journaled only in a step run by a node")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            raise EffectError("effect_sync is for sync steps: await effect() in an async step")
-        try:
-            future = asyncio.run_coroutine_threadsafe(
-                self._effect_in_step(name, fn, args, kwargs, replay), self.loop
-            )
-        except RuntimeError:  # the node's event loop has closed: the node stopped
-            raise StepLost(f"step {self.seq}: the node has stopped") from None
-        return future.result()
+        work = self._effect_in_step(name, fn, args, kwargs, replay)
+        return self._on_node_loop(work, "effect_sync", EffectError)
 
     async def _effect_in_step(
         self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, replay: str
@@ -101,6 +93,59 @@ class StepContext:
         _current.set(self)  # this task runs on the node's loop, in a context of its own
         assert self.effects is not None
         return await self.effects.run(name, fn, args, kwargs, replay)
+
+    @property
+    def inbox(self) -> list[Submission]:
+        """The admitted submissions not yet consumed, oldest first (.number, .request_id,
+        .payload), as of the step's start or its last wait_for_inbox."""
+        return [] if self.mailbox is None else self.mailbox.shown()
+
+    def consume(self, number: int, reply: Any = None) -> None:
+        """Mark submission number consumed, and record its reply (JSON, optional).
+
+        Both commit with this step's checkpoint: if it is never accepted, a
+        replay of the step sees the submission unconsumed again; once it is,
+        the submission is never shown again and the reply is readable by
+        ``Client.result``. InboxError for a number not in ``inbox``.
+        """
+        if self.mailbox is None:
+            raise InboxError("the inbox is read only in a step run by a node")
+        self.mailbox.consume(number, reply)
+
+    async def wait_for_inbox(self, timeout: float | None = None) -> list[Submission]:
+        """The inbox, once it holds anything (woken by the store's watch), or [] after timeout
+        seconds: lets an idle agent sleep instead of stepping for nothing."""
+        if self.mailbox is None:
+            raise InboxError("the inbox is read only in a step run by a node")
+        return await self.mailbox.wait(timeout)
+
+    def wait_for_inbox_sync(self, timeout: float | None = None) -> list[Submission]:
+        """wait_for_inbox() for a sync step: called from the step's thread."""
+        if self.mailbox is None or self.loop is None:
+            raise InboxError("the inbox is read only in a step run by a node")
+        shown: list[Submission] = self._on_node_loop(
+            self.mailbox.wait(timeout), "wait_for_inbox_sync", InboxError
+        )
+        return shown
+
+    def _on_node_loop(
+        self, work: Coroutine[Any, Any, Any], what: str, misuse: type[HamsterbunkerError]
+    ) -> Any:
+        """Run work on the node's event loop from a sync step's thread, and wait for it."""
+        assert self.loop is not None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            work.close()
+            raise misuse(f"{what} is for sync steps: await its async form in an async step")
+        try:
+            future = asyncio.run_coroutine_threadsafe(work, self.loop)
+        except RuntimeError:  # the node's event loop has closed: the node stopped
+            work.close()
+            raise StepLost(f"step {self.seq}: the node has stopped") from None
+        return future.result()
 
     @property
     def lost(self) -> bool:

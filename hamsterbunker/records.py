@@ -284,6 +284,10 @@ class Heartbeat:
     beats: int = 0
     # The journaled effects of the step in flight on the active node: (name, state).
     effects: tuple[tuple[str, str], ...] = ()
+    # The active node's inbox: unconsumed submissions, and the oldest's submit time
+    # (the submitter's wall clock: display only).
+    inbox_depth: int = 0
+    inbox_oldest: float | None = None
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -306,7 +310,18 @@ class Heartbeat:
             time=float(_field(doc, "time", (int, float), "heartbeat")),
             beats=_count(doc, "beats", "heartbeat"),
             effects=_effects_shown(doc.get("effects", [])),
+            inbox_depth=_count({"inbox_depth": 0, **doc}, "inbox_depth", "heartbeat"),
+            inbox_oldest=_optional_time(doc.get("inbox_oldest"), "inbox_oldest", "heartbeat"),
         )
+
+
+def _optional_time(value: Any, name: str, what: str) -> float | None:
+    """A wall-clock time field that may be absent (None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CorruptRecord(f"{what} record field {name!r} is not a time")
+    return float(value)
 
 
 # A heartbeat shows at most this many effects of the step in flight, the newest.

@@ -42,6 +42,7 @@ __all__ = [
     "MIN_SECRET_LENGTH",
     "EffectAt",
     "OpenedEffect",
+    "OpenedSubmission",
     "SealedHeader",
     "Sealer",
     "check_scrypt_parameters",
@@ -53,6 +54,8 @@ MIN_SECRET_LENGTH = 8
 FORMAT_VERSION = 1
 _MAGIC = b"HBCP"
 _EFFECT_MAGIC = b"HBEF"
+_SUBMISSION_MAGIC = b"HBSB"
+_REPLY_MAGIC = b"HBRP"
 _PREFIX = struct.Struct(">4sBH")  # magic, version, header length
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
@@ -165,6 +168,7 @@ class Sealer:
         self.key_id = cluster.key_id
         self._aead = AESGCM(_subkey(master, b"checkpoint", 32))
         self._effect_aead = AESGCM(_subkey(master, b"effect", 32))
+        self._inbox_aead = AESGCM(_subkey(master, b"inbox", 32))
         self._record_key = _subkey(master, b"record", 32)
 
     def sign_record(self, kind: str, payload: bytes) -> bytes:
@@ -181,14 +185,29 @@ class Sealer:
                            "the secret)")  # fmt: skip
         return payload
 
-    def seal(self, agent: str, epoch: int, seq: int, state: dict[str, Any]) -> bytes:
-        """Seal a JSON-serialisable state under a fresh random nonce."""
+    def seal(
+        self,
+        agent: str,
+        epoch: int,
+        seq: int,
+        state: dict[str, Any],
+        *,
+        inbox: dict[str, Any] | None = None,
+    ) -> bytes:
+        """Seal a JSON-serialisable state under a fresh random nonce.
+
+        inbox: which of the agent's submissions are consumed as of this state
+        (``hamsterbunker.inbox.ConsumedMarks``), sealed with it, so that they
+        commit together; the header says a checkpoint carries it.
+        """
+        body: dict[str, Any] = state if inbox is None else {"state": state, "inbox": inbox}
         try:
-            plaintext = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
+            plaintext = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         except (TypeError, ValueError) as exc:
             raise SealError(f"agent state is not JSON-serialisable: {exc}") from exc
+        fields = {"kid": self.key_id, "agent": agent, "epoch": epoch, "seq": seq}
         header = json.dumps(
-            {"kid": self.key_id, "agent": agent, "epoch": epoch, "seq": seq, "time": time.time()},
+            {**fields, "time": time.time(), **({"inbox": 1} if inbox is not None else {})},
             separators=(",", ":"),
         ).encode()
         prefix = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header
@@ -197,6 +216,12 @@ class Sealer:
 
     def open(self, blob: bytes, agent: str, epoch: int, seq: int) -> dict[str, Any]:
         """Open a checkpoint found under (agent, epoch, seq); raise Tampered if it is not that."""
+        return self.open_checkpoint(blob, agent, epoch, seq)[0]
+
+    def open_checkpoint(
+        self, blob: bytes, agent: str, epoch: int, seq: int
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """open(), and the inbox marks sealed with the state (None if it carries none)."""
         header = read_header(blob)
         if header.key_id != self.key_id:
             raise Tampered(
@@ -219,9 +244,90 @@ class Sealer:
             state = json.loads(plaintext.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise Tampered(f"checkpoint plaintext is not JSON: {exc}") from exc
+        inbox: dict[str, Any] | None = None
+        if _carries_inbox(blob[_PREFIX.size : prefix_len]):
+            wrapped = state
+            if not isinstance(wrapped, dict) or not isinstance(wrapped.get("inbox"), dict):
+                raise Tampered("checkpoint says it carries inbox marks but has none")
+            state, inbox = wrapped.get("state"), wrapped["inbox"]
         if not isinstance(state, dict):
             raise Tampered("checkpoint state is not a JSON object")
-        return state
+        return state, inbox
+
+    def seal_submission(
+        self, agent: str, number: int, request_id: str, payload: Any, submitted: float
+    ) -> bytes:
+        """Seal a submission's payload as number `number` of agent's inbox.
+
+        The header (associated data) names the agent, the number and the
+        request id, so a sealed submission moved to another number or agent
+        fails to open as that one: an old one planted again under a new number
+        is never taken for a new submission.
+        """
+        header = {"agent": agent, "number": number, "rid": request_id}
+        body = {"payload": payload, "submitted": submitted}
+        return self._seal_inbox(_SUBMISSION_MAGIC, header, body, "submission payload")
+
+    def open_submission(self, blob: bytes, agent: str, number: int) -> OpenedSubmission:
+        """The submission found as number of agent; Tampered if it is not that one."""
+        header, body = self._open_inbox(_SUBMISSION_MAGIC, blob, "submission")
+        if (header.get("agent"), header.get("number")) != (agent, number):
+            raise Tampered(
+                f"submission sealed for agent {header.get('agent')!r} as number "
+                f"{header.get('number')!r} was found as number {number} of {agent!r}"
+            )
+        if not isinstance(body, dict) or not isinstance(body.get("submitted"), (int, float)):
+            raise Tampered("submission is damaged: no payload or time")
+        return OpenedSubmission(
+            number, str(header.get("rid")), body.get("payload"), float(body["submitted"])
+        )
+
+    def seal_reply(self, agent: str, number: int, request_id: str, reply: Any) -> bytes:
+        """Seal the reply to submission number (request_id) of agent."""
+        header = {"agent": agent, "number": number, "rid": request_id}
+        return self._seal_inbox(_REPLY_MAGIC, header, {"reply": reply}, "reply")
+
+    def open_reply(self, blob: bytes, agent: str, request_id: str) -> Any:
+        """The reply found for request_id of agent; Tampered if it is not that one's."""
+        header, body = self._open_inbox(_REPLY_MAGIC, blob, "reply")
+        if (header.get("agent"), header.get("rid")) != (agent, request_id):
+            raise Tampered(
+                f"reply sealed for request {header.get('rid')!r} of {header.get('agent')!r} was "
+                f"found as the reply to {request_id!r} of {agent!r}"
+            )
+        if not isinstance(body, dict) or "reply" not in body:
+            raise Tampered("reply is damaged: no reply in it")
+        return body["reply"]
+
+    def _seal_inbox(self, magic: bytes, header: dict[str, Any], body: Any, what: str) -> bytes:
+        try:
+            plaintext = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise SealError(f"the {what} is not JSON-serialisable: {exc}") from exc
+        prefix_header = json.dumps({"kid": self.key_id, **header}, separators=(",", ":")).encode()
+        prefix = _PREFIX.pack(magic, FORMAT_VERSION, len(prefix_header)) + prefix_header
+        nonce = os.urandom(_NONCE_BYTES)
+        return prefix + nonce + self._inbox_aead.encrypt(nonce, plaintext, prefix)
+
+    def _open_inbox(self, magic: bytes, blob: bytes, what: str) -> tuple[dict[str, Any], Any]:
+        """The authenticated header and body of an inbox record; Tampered for anything else."""
+        found, version, header_len = _PREFIX.unpack_from(blob.ljust(_PREFIX.size, b"\0"))
+        if found != magic or version != FORMAT_VERSION:
+            raise Tampered(f"not a HamsterBunker {what} of a known version")
+        prefix_len = _PREFIX.size + header_len
+        if len(blob) < prefix_len + _NONCE_BYTES + _TAG_BYTES:
+            raise Tampered(f"{what} is truncated")
+        prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
+        try:
+            plaintext = self._inbox_aead.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
+        except InvalidTag as exc:
+            raise Tampered(f"{what} failed to authenticate (edited, or sealed without the "
+                           "secret)") from exc  # fmt: skip
+        # Authentic from here on: sealed by a holder of the secret.
+        header = json.loads(prefix[_PREFIX.size :])
+        if header.get("kid") != self.key_id:
+            raise Tampered(f"{what} names key id {header.get('kid')}, not {self.key_id}")
+        return header, json.loads(plaintext)
 
     def seal_effect(self, at: EffectAt, epoch: int, payload: dict[str, Any]) -> bytes:
         """Seal one effect-journal record (an intent or an outcome) written under epoch.
@@ -266,6 +372,22 @@ class Sealer:
         if header.get("kid") != self.key_id or sealed_as != found_as:
             raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
         return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
+
+
+def _carries_inbox(header: bytes) -> bool:
+    """Whether an authenticated checkpoint header says the state carries inbox marks."""
+    doc = json.loads(header)
+    return isinstance(doc, dict) and doc.get("inbox") == 1
+
+
+@dataclass(frozen=True)
+class OpenedSubmission:
+    """An authentic submission: its number, request id, payload and the submitter's time."""
+
+    number: int
+    request_id: str
+    payload: Any
+    submitted: float  # the submitter's wall clock: display only
 
 
 @dataclass(frozen=True)

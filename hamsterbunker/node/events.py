@@ -166,6 +166,8 @@ class EventSink:
             time=time.time(),
             beats=self._beats,
             effects=self._effects_shown(),
+            inbox_depth=self._standing.inbox[0],
+            inbox_oldest=self._standing.inbox[1],
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)

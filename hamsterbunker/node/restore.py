@@ -10,11 +10,12 @@ answer was lost landed after all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..acceptance import Acceptance, open_acceptance
 from ..agent import Agent, State, StepContext
 from ..errors import CorruptRecord, HamsterbunkerError, NoUsableCheckpoint, StoreRegressed, Tampered
+from ..inbox import ConsumedMarks
 from ..lease import LeaseKeeper
 from ..notify import Notifier
 from ..reach import Reach
@@ -41,6 +42,11 @@ class Progress:
     resumed: bool = True  # False: started from init()
     epoch: int = 0  # the epoch of the checkpoint at seq (0: none)
     accepted_loss: str = ""  # the id of a loss acceptance honoured by this restore
+    # The agent's consumed submissions as of that checkpoint (sealed in it).
+    marks: ConsumedMarks = field(default_factory=ConsumedMarks)
+
+
+Opened = tuple[State, ConsumedMarks]
 
 
 class LeaseBehind(HamsterbunkerError):
@@ -86,13 +92,13 @@ class Restorer:
         reach = self._keeper.reach()
         if forgiving is not None and not forgiving.forgives(reach):
             forgiving = None
-        found: tuple[CheckpointInfo, State] | None = None
+        found: tuple[CheckpointInfo, Opened] | None = None
         damaged: list[CheckpointInfo] = []
         # Newest first by epoch, then seq: after an accepted loss the new line numbers
         # on from below the given-up one, under higher epochs.
         for info in sorted(infos, key=lambda i: (i.epoch, i.seq), reverse=True):
-            state = await self._open_stored(info)
-            if state is None:
+            opened = await self._open_stored(info)
+            if opened is None:
                 damaged.append(info)
                 continue
             if forgiving is not None:
@@ -100,7 +106,7 @@ class Restorer:
                     forgiving = None  # published after the acceptance: it forgives nothing
                 elif forgiving.to_seq is not None and info.seq > forgiving.to_seq:
                     continue  # given up on purpose
-            found = (info, state)
+            found = (info, opened)
             break
         if forgiving is not None:
             reach = forgiving.resume
@@ -116,7 +122,7 @@ class Restorer:
                     "backup or remove the agent's checkpoints deliberately."
                 )
             raise self._regressed(Reach(), reach, damaged)
-        info, state = found
+        info, (state, marks) = found
         if info.epoch >= epoch:
             # The lease record went back behind an authenticated checkpoint: this term's
             # epoch may have been used before. Take the lease again, above it.
@@ -145,7 +151,7 @@ class Restorer:
         # Number on from the checkpoint resumed from: a damaged or junk one above it
         # keeps nothing out (the store refuses only our own epoch's seqs).
         accepted = "" if forgiving is None else forgiving.id
-        return Progress(state, info.seq, epoch=info.epoch, accepted_loss=accepted)
+        return Progress(state, info.seq, epoch=info.epoch, accepted_loss=accepted, marks=marks)
 
     async def landed(self, context: StepContext) -> Progress | None:
         """The checkpoint of this term at or past context.seq, if a failed write landed after all.
@@ -163,21 +169,22 @@ class Restorer:
             if ours is None or ours.seq < context.seq:
                 return None
             blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, ours)
-            state = await self._calls.work(
-                self._sealer.open, blob, self._agent_id, ours.epoch, ours.seq
-            )
+            state, marks = await self._calls.work(self._open, blob, ours)
         except HamsterbunkerError:
             return None  # cannot tell now: retried as unpublished, and asked again then
-        return Progress(state, ours.seq, epoch=ours.epoch)
+        return Progress(state, ours.seq, epoch=ours.epoch, marks=marks)
 
-    async def _open_stored(self, info: CheckpointInfo) -> State | None:
-        """The state of one stored checkpoint, or None (reported) if it does not authenticate."""
+    def _open(self, blob: bytes, info: CheckpointInfo) -> Opened:
+        """The state and consumed marks of a checkpoint found as info; Tampered if not that."""
+        state, inbox = self._sealer.open_checkpoint(blob, self._agent_id, info.epoch, info.seq)
+        return state, ConsumedMarks.from_json(inbox)
+
+    async def _open_stored(self, info: CheckpointInfo) -> Opened | None:
+        """One stored checkpoint opened, or None (reported) if it does not authenticate."""
         try:
             self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
             blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, info)
-            return await self._calls.work(
-                self._sealer.open, blob, self._agent_id, info.epoch, info.seq
-            )
+            return await self._calls.work(self._open, blob, info)
         except (Tampered, CorruptRecord) as exc:
             self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
             return None

@@ -32,6 +32,8 @@ class Standing:
     restored: bool = False  # whether the current term has restored its state yet
     # The journaled effects of the step in flight, [name, state] each (shown in heartbeats).
     effects: list[list[str]] = field(default_factory=list)
+    # The inbox as the leader last read it: unconsumed count, and the oldest's submit time.
+    inbox: tuple[int, float | None] = (0, None)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from ..agent import Agent, State, StepContext, _current
 from ..clock import Clock
 from ..effects import StepEffects
 from ..errors import Fenced, HamsterbunkerError, NoUsableCheckpoint, StepLost, StoreError
+from ..inbox import ConsumedMarks, StepInbox
 from ..lease import LeaseKeeper
 from ..reach import Reach
 from ..sealing import Sealer
@@ -31,6 +32,7 @@ from ..stores import Fence, Store
 from ..timing import LeaseTiming
 from .calls import NodeCalls
 from .events import EventSink
+from .inbox import TermInbox
 from .journal import TermJournal
 from .restore import LeaseBehind, Progress, Restorer
 from .state import Identity, Signals, Standing
@@ -115,6 +117,9 @@ class LeaderTerm:
         self.lost = asyncio.Event()  # this term's own end: a later term has its own
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
         self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
+        self._inbox = TermInbox(
+            identity, store, sealer, calls, sink, standing, tick_s=timing.tick_s
+        )
 
     def end(self) -> None:
         """Tell the term to stop: the step in flight is cancelled, nothing more is published."""
@@ -129,6 +134,12 @@ class LeaderTerm:
         A term that cannot restore or publish for a full TTL (the store refuses
         every try) gives the lease up, so that another node can try.
         """
+        try:
+            return await self._lead()
+        finally:
+            await self._inbox.close()
+
+    async def _lead(self) -> TermEnd:
         emit, tick_s = self._sink.emit, self._timing.tick_s
         self._standing.restored = False
         stall = _Stall(self._clock, self._timing.lease_ttl_s)
@@ -152,6 +163,7 @@ class LeaderTerm:
                     return TermEnd(Ending.OVER, self.epoch)
         stall.reset()
         self._standing.restored = True
+        self._inbox.resume(progress.marks)
         first_seq = progress.seq + 1  # may replay a step a previous leader had started
         failed_seq = 0  # the step that last raised: its retry calls failed effects again
         seq = self._standing.seq
@@ -187,6 +199,7 @@ class LeaderTerm:
                 abandoned=abandoned,
                 effects=effects,
                 loop=asyncio.get_running_loop(),
+                mailbox=StepInbox(self._inbox, await self._inbox.unconsumed()),
             )
             self._standing.effects = effects.shown
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
@@ -223,7 +236,7 @@ class LeaderTerm:
                 # The lease may already be someone else's: never publish this step.
                 emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
                 continue
-            published = await self._publish(context, new_state)
+            published = await self._publish(context, new_state, progress.marks)
             if isinstance(published, Progress):
                 progress = published
                 self._standing.effects = []
@@ -317,17 +330,31 @@ class LeaderTerm:
             )
         return result
 
-    async def _publish(self, context: StepContext, state: State) -> Progress | _NotPublished:
-        """Seal and store one step's state, fenced by the step's epoch; or why not."""
+    async def _publish(
+        self, context: StepContext, state: State, marks: ConsumedMarks
+    ) -> Progress | _NotPublished:
+        """Seal and store one step's state, fenced by the step's epoch; or why not.
+
+        What the step consumed commits with it: its numbers sealed in the
+        checkpoint's marks, its replies in the same store write.
+        """
         agent_id, emit, record = self._id.agent, self._sink.emit, self._sink.record
         fence = Fence(holder=self._id.node, session=self._keeper.session, epoch=context.epoch)
+        consumed = [] if context.mailbox is None else context.mailbox.consumed
+        marks, gaps = marks.adding(c.number for c in consumed)
+        # Only a consuming step passes consumption: stores wrapped by tests take four arguments.
+        also = (consumed,) if consumed else ()
         started = self._clock.monotonic()
         try:
             blob = await self._calls.work(
-                self._sealer.seal, agent_id, context.epoch, context.seq, state
+                functools.partial(self._sealer.seal, inbox=marks.to_json()),
+                agent_id,
+                context.epoch,
+                context.seq,
+                state,
             )
             info = await self._calls.io(
-                self._store.put_checkpoint, agent_id, fence, context.seq, blob
+                self._store.put_checkpoint, agent_id, fence, context.seq, blob, *also
             )
         except Fenced as exc:
             record("publish", context.epoch, context.seq, started, "fenced")
@@ -342,6 +369,8 @@ class LeaderTerm:
                 self._standing.seq = landed.seq
                 self._keeper.learn_published(Reach(landed.seq, context.epoch))
                 emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
+                ours = all(c.number in landed.marks for c in consumed)
+                self._inbox.committed(consumed if ours else [], landed.marks)
                 return landed
             # Not published: the step is retried from the last published state,
             # so nothing ever builds on a state the store does not hold.
@@ -353,4 +382,6 @@ class LeaderTerm:
         self._keeper.learn_published(Reach(info.seq, info.epoch))
         emit("agent.step", step_seq=info.seq)
         emit("checkpoint.published", size=info.size)
-        return Progress(state, info.seq, epoch=info.epoch)
+        self._inbox.committed(consumed, marks)
+        self._inbox.gave_up(gaps)
+        return Progress(state, info.seq, epoch=info.epoch, marks=marks)

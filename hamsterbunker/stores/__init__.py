@@ -7,10 +7,12 @@ from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
-from .base import Fence, Store, StoreGuarantees
+from .base import AdmissionState, Consumed, Fence, Store, StoreGuarantees
 from .tail import Tail, TailRead
 
 __all__ = [
+    "AdmissionState",
+    "Consumed",
     "Fence",
     "Store",
     "StoreGuarantees",

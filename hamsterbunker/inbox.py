@@ -1,0 +1,200 @@
+"""The inbox's rules: what a step sees of its submissions and what it consumes.
+
+Work reaches a running agent as submissions (``hamsterbunker.client.Client``),
+each admitted once per request id under the inbox's next number. A step reads
+``current_step().inbox`` (unconsumed, oldest first), and ``consume(number,
+reply)`` marks one consumed. What a step consumed commits with its checkpoint
+(DESIGN.md invariant 9): the numbers as ``ConsumedMarks`` sealed inside the
+checkpoint, the replies in the same atomic store write. A step that is never
+published consumed nothing, so its replay sees the same submissions.
+
+This module holds the rules; how a node reads its inbox and seals replies is an
+``InboxIO`` (``hamsterbunker.node.inbox``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .errors import InboxError, Tampered
+from .limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_REPLY_BYTES, MAX_SEQ
+from .stores.base import Consumed
+
+__all__ = [
+    "Admission",
+    "ConsumedMarks",
+    "InboxIO",
+    "StepInbox",
+    "Submission",
+]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One admitted, unconsumed submission, as a step sees it."""
+
+    number: int
+    request_id: str
+    payload: Any
+    submitted: float = field(default=0.0, compare=False)  # the submitter's clock: display only
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``Client.submit`` got: the submission's number, and whether it was known already."""
+
+    number: int
+    request_id: str
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class ConsumedMarks:
+    """Which numbers are consumed: all up to ``through``, and the runs in ``ranges`` above.
+
+    Sealed in every checkpoint of an agent that ever consumed, so that no
+    store contents can make a consumed submission count as new (a number is
+    sealed into its submission). Consuming out of order leaves runs; past
+    MAX_INBOX_GAPS of them, the oldest gap is given up as consumed.
+    """
+
+    through: int = 0
+    ranges: tuple[tuple[int, int], ...] = ()  # sorted, disjoint, each above through + 1
+
+    def __contains__(self, number: object) -> bool:
+        if not isinstance(number, int):
+            return False
+        if number <= self.through:
+            return True
+        at = bisect.bisect_right(self.ranges, (number, MAX_SEQ + 1)) - 1
+        return at >= 0 and self.ranges[at][0] <= number <= self.ranges[at][1]
+
+    def adding(self, numbers: Iterable[int]) -> tuple[ConsumedMarks, list[tuple[int, int]]]:
+        """These marks with numbers consumed too, and the gaps (first, last) given up."""
+        runs = sorted([*self.ranges, *((n, n) for n in numbers if n > self.through)])
+        merged: list[tuple[int, int]] = []
+        for first, last in runs:
+            if merged and first <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
+            else:
+                merged.append((first, last))
+        through, given_up = self.through, []
+        while merged and (merged[0][0] <= through + 1 or len(merged) > MAX_INBOX_GAPS):
+            first, last = merged.pop(0)
+            if first > through + 1:
+                given_up.append((through + 1, first - 1))
+            through = max(through, last)
+        return ConsumedMarks(through, tuple(merged)), given_up
+
+    def to_json(self) -> dict[str, Any] | None:
+        """As sealed in a checkpoint; None when nothing was ever consumed."""
+        if not self.through and not self.ranges:
+            return None
+        return {"through": self.through, "ranges": [list(r) for r in self.ranges]}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any] | None) -> ConsumedMarks:
+        """The marks a checkpoint carries (authenticated); Tampered if they are malformed."""
+        if doc is None:
+            return cls()
+        through, ranges = doc.get("through"), doc.get("ranges")
+        if not isinstance(through, int) or not _number(through, low=0):
+            raise Tampered("checkpoint's inbox marks are malformed")
+        if not isinstance(ranges, list):
+            raise Tampered("checkpoint's inbox marks are malformed")
+        pairs = []
+        floor = through + 1
+        for item in ranges[: MAX_INBOX_GAPS + 1]:
+            if not (isinstance(item, list) and len(item) == 2 and all(map(_number, item))):
+                raise Tampered("checkpoint's inbox marks have a malformed run")
+            first, last = item
+            if not floor < first <= last:
+                raise Tampered("checkpoint's inbox marks are out of order")
+            pairs.append((first, last))
+            floor = last + 1
+        if len(ranges) > MAX_INBOX_GAPS:
+            raise Tampered("checkpoint's inbox marks have too many runs")
+        return cls(through, tuple(pairs))
+
+
+def _number(value: object, low: int = 1) -> bool:
+    return type(value) is int and low <= value <= MAX_SEQ
+
+
+class InboxIO(Protocol):
+    """How a step's inbox reaches the node: read what is unconsumed, wait, seal a reply."""
+
+    def seal_reply(self, number: int, request_id: str, reply: Any) -> bytes:
+        """The sealed reply to submission number (request_id)."""
+
+    async def unconsumed(self) -> list[Submission]:
+        """Everything admitted and not consumed as of the last published checkpoint."""
+
+    def wakes(self) -> int:
+        """A counter the store's watch moves on every hint of a change."""
+
+    async def woken(self, since: int, timeout: float) -> None:
+        """Return once wakes() moved past since, or after timeout (whichever first)."""
+
+
+class StepInbox:
+    """One step's inbox: what it was shown, and what it consumed (committed with its checkpoint)."""
+
+    def __init__(self, io: InboxIO, shown: list[Submission]) -> None:
+        self._io = io
+        self._shown = {s.number: s for s in shown}
+        self.consumed: list[Consumed] = []
+
+    def shown(self) -> list[Submission]:
+        """The submissions this step may consume, oldest first."""
+        taken = {c.number for c in self.consumed}
+        return [s for n, s in sorted(self._shown.items()) if n not in taken]
+
+    def consume(self, number: int, reply: Any = None) -> None:
+        """Mark submission number consumed, with an optional reply (JSON), at this step's commit."""
+        found = self._shown.get(number) if isinstance(number, int) else None
+        if found is None or any(c.number == number for c in self.consumed):
+            raise InboxError(f"submission #{number} is not in this step's inbox (unconsumed)")
+        if len(self.consumed) >= MAX_CONSUMED_PER_STEP:
+            raise InboxError(
+                f"a step may consume at most {MAX_CONSUMED_PER_STEP} submissions: consume "
+                "the rest in the next step"
+            )
+        sealed = None
+        if reply is not None:
+            _check_json(reply)
+            sealed = self._io.seal_reply(number, found.request_id, reply)
+            if len(sealed) > MAX_REPLY_BYTES:
+                raise InboxError(
+                    f"reply to #{number} is {len(sealed)} bytes sealed, above the limit of "
+                    f"{MAX_REPLY_BYTES} bytes"
+                )
+        self.consumed.append(Consumed(number, found.request_id, sealed))
+
+    async def wait(self, timeout: float | None) -> list[Submission]:
+        """Return the step's inbox once it holds anything, or after timeout seconds (maybe [])."""
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise InboxError(f"wait_for_inbox timeout must be a number of seconds, not {timeout!r}")
+        loop = asyncio.get_running_loop()
+        until = loop.time() + (math.inf if timeout is None else float(timeout))
+        while True:
+            mark = self._io.wakes()  # before reading: a change meanwhile is not missed
+            for submission in await self._io.unconsumed():
+                self._shown.setdefault(submission.number, submission)
+            left = until - loop.time()
+            if self.shown() or left <= 0:
+                return self.shown()
+            await self._io.woken(mark, left)
+
+
+def _check_json(value: Any) -> None:
+    try:
+        json.dumps(value, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise InboxError(f"a reply must be JSON-serialisable: {exc}") from exc

@@ -1,0 +1,148 @@
+"""A leader term's inbox: the unconsumed submissions it reads, opens and hands to its steps.
+
+One per term. It starts from the consumed marks of the checkpoint the term
+restored and moves on with each checkpoint the term publishes, so what it
+shows is exactly what the store's newest accepted checkpoint left unconsumed
+(DESIGN.md invariant 9). A submission is shown only once it authenticates as
+the number it is stored under; anything else is reported (``inbox.rejected``)
+and skipped. The store's watch wakes a step waiting in ``wait_for_inbox``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from ..errors import StoreError, Tampered
+from ..inbox import ConsumedMarks, Submission
+from ..sealing import Sealer
+from ..stores import Consumed, Store
+from .calls import NodeCalls
+from .events import EventSink
+from .state import Identity, Standing
+
+__all__ = ["TermInbox"]
+
+log = logging.getLogger("hamsterbunker")
+
+
+class TermInbox:
+    """The inbox as one term sees it (an ``InboxIO`` for its steps' ``StepInbox``)."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        store: Store,
+        sealer: Sealer,
+        calls: NodeCalls,
+        sink: EventSink,
+        standing: Standing,
+        *,
+        tick_s: float,
+    ) -> None:
+        self._id, self._store, self._sealer, self._calls = identity, store, sealer, calls
+        self._sink, self._standing, self._tick_s = sink, standing, tick_s
+        self.marks = ConsumedMarks()
+        self._pending: dict[int, Submission] = {}
+        self._after = 0  # the highest number read from the store
+        self._wakes = 0
+        self._woke = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+
+    def resume(self, marks: ConsumedMarks) -> None:
+        """Start from (or move on to) a checkpoint's marks: what they consume is not shown."""
+        self.marks = marks
+        self._pending = {n: s for n, s in self._pending.items() if n not in marks}
+        self._after = max(self._after, marks.through)
+        self._show_depth()
+
+    def committed(self, consumed: list[Consumed], marks: ConsumedMarks) -> None:
+        """A checkpoint that consumed these was accepted: never show them again."""
+        self.resume(marks)
+        if consumed:
+            self._sink.emit(
+                "inbox.consumed",
+                numbers=[c.number for c in consumed],
+                request_ids=[c.request_id for c in consumed],
+                replied=sum(c.reply is not None for c in consumed),
+            )
+
+    def gave_up(self, gaps: list[tuple[int, int]]) -> None:
+        """Say which never-consumed numbers a checkpoint gave up (too many gaps)."""
+        if gaps:
+            self._sink.emit("inbox.gave_up", gaps=[list(gap) for gap in gaps[:16]])
+
+    # -- InboxIO ---------------------------------------------------------------
+
+    def seal_reply(self, number: int, request_id: str, reply: Any) -> bytes:
+        return self._sealer.seal_reply(self._id.agent, number, request_id, reply)
+
+    async def unconsumed(self) -> list[Submission]:
+        """Read what was admitted since the last look; every unconsumed one, oldest first.
+
+        A store that fails now only delays new submissions: what was read before
+        is still shown, and the next look tries again.
+        """
+        try:
+            entries = await self._calls.io(self._store.read_inbox, self._id.agent, self._after)
+        except StoreError as exc:
+            self._sink.emit("store.error", error=f"inbox: {exc}")
+            entries = []
+        for number, blob in entries:
+            self._after = max(self._after, number)
+            if number in self.marks or number in self._pending:
+                continue
+            try:
+                opened = await self._calls.work(
+                    self._sealer.open_submission, blob, self._id.agent, number
+                )
+            except Tampered as exc:
+                self._sink.emit("inbox.rejected", number=number, error=str(exc))
+                continue
+            self._pending[number] = Submission(
+                number, opened.request_id, opened.payload, opened.submitted
+            )
+            self._sink.emit("inbox.admitted", number=number, request_id=opened.request_id)
+        self._show_depth()
+        return [self._pending[n] for n in sorted(self._pending)]
+
+    def wakes(self) -> int:
+        return self._wakes
+
+    async def woken(self, since: int, timeout: float) -> None:
+        """Wait for the store's watch to hint at a change after since; at most one tick at a
+        time, so a watch that misses a change delays a waiting step by a tick at most."""
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="hb-inbox-watch")
+        deadline = asyncio.get_running_loop().time() + min(timeout, self._tick_s)
+        while self._wakes <= since:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._woke.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woke.wait(), left)
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async for _ in self._store.watch(self._id.agent):
+                    self._wakes += 1
+                    self._woke.set()
+            except StoreError as exc:
+                log.debug("%s: inbox watch: %s", self._id.node, exc)
+            await asyncio.sleep(self._tick_s)
+
+    async def close(self) -> None:
+        """Stop watching (the term is over)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+            self._watcher = None
+
+    def _show_depth(self) -> None:
+        """What heartbeats say of the inbox: how many wait, and since when (submitter's clock)."""
+        oldest = min((s.submitted for s in self._pending.values()), default=None)
+        self._standing.inbox = (len(self._pending), oldest)

@@ -1,0 +1,357 @@
+"""The inbox in a running node (DESIGN.md invariant 9), in-process on a MemoryStore.
+
+Submissions go in with ``Client``; an agent reads ``current_step().inbox``,
+consumes with a reply, and ``Client.result`` reads it back. Consumption
+commits with the step's checkpoint: a step that is cut off before its publish
+is replayed by the next leader with the same submissions unconsumed. Process
+kills on every backend are in tests/faults/test_inbox_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from hamsterbunker import (
+    Client,
+    InboxError,
+    LeaseTiming,
+    Runtime,
+    Submission,
+    UnknownRequest,
+    current_step,
+)
+from hamsterbunker.errors import Tampered
+from hamsterbunker.inbox import ConsumedMarks
+from hamsterbunker.limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_SUBMISSION_BYTES
+from hamsterbunker.sealing import Sealer
+from hamsterbunker.testing import MemoryStore
+from tests.support import wait_until
+from tests.support.agents import AGENT, SECRET, Recorder
+
+TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
+WAIT_S = 20.0
+
+
+class Nodes:
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.events = Recorder()
+        self.made: list[Runtime] = []
+
+    def start(self, node_id: str, agent: Any) -> Runtime:
+        node = Runtime(node_id=node_id, region="r", store=self.store, agent=agent, secret=SECRET,
+                       timing=TIMING, on_event=self.events, stop_grace_ms=0)  # fmt: skip
+        self.made.append(node)
+        node.start()
+        return node
+
+    def client(self) -> Client:
+        return Client(self.store, SECRET)
+
+
+@pytest.fixture
+def nodes() -> Iterator[Nodes]:
+    made = Nodes()
+    yield made
+    for node in made.made:
+        node.stop()
+
+
+class Answerer:
+    """Waits for its inbox, answers each submission with its payload doubled, counts them.
+
+    ``park_on`` (a node id): that node consumes, then never finishes the step.
+    """
+
+    id = AGENT
+
+    def __init__(self, park_on: str | None = None, wait_s: float = 60.0) -> None:
+        self.park_on, self.wait_s = park_on, wait_s
+        self.parked = threading.Event()
+        self.shown: list[tuple[str, int]] = []  # (node, number) every time a step saw one
+
+    def init(self) -> dict[str, Any]:
+        return {"answered": {}}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        for submission in await ctx.wait_for_inbox(self.wait_s):
+            self.shown.append((ctx.node, submission.number))
+            ctx.consume(submission.number, reply={"doubled": submission.payload * 2})
+            count = state["answered"].get(submission.request_id, 0)
+            state["answered"][submission.request_id] = count + 1
+        if ctx.node == self.park_on and ctx.mailbox is not None and ctx.mailbox.consumed:
+            self.parked.set()
+            await _forever()
+        return state
+
+
+async def _forever() -> None:
+    await asyncio.Event().wait()
+
+
+def test_a_submission_is_answered_and_its_reply_read_back(nodes: Nodes) -> None:
+    """submit -> the waiting step consumes it with a reply -> result() returns the reply; a
+    second submit of the request id is a duplicate and is never processed again."""
+    agent = Answerer()
+    nodes.start("a", agent)
+    with nodes.client() as client:
+        admission = client.submit(AGENT, 21, request_id="q1")
+        assert (admission.number, admission.request_id, admission.duplicate) == (1, "q1", False)
+        assert client.result(AGENT, "q1", timeout=WAIT_S) == {"doubled": 42}
+        again = client.submit(AGENT, 99, request_id="q1")
+        assert (again.number, again.duplicate) == (1, True)
+        second = client.submit(AGENT, 5)  # a generated request id
+        assert second.number == 2 and not second.duplicate and second.request_id
+        assert client.result(AGENT, second.request_id, timeout=WAIT_S) == {"doubled": 10}
+    assert [number for _node, number in agent.shown] == [1, 2]
+    consumed = nodes.events.wait("inbox.consumed", where=lambda e: 2 in e.detail["numbers"])
+    assert consumed.detail["request_ids"] == [second.request_id]
+    admitted = [e.detail["number"] for e in nodes.events.of("inbox.admitted")]
+    assert admitted == [1, 2]
+
+
+def test_an_idle_agent_is_woken_by_a_submission(nodes: Nodes) -> None:
+    """A step waiting in wait_for_inbox with a long timeout returns when a submission arrives,
+    not when the timeout runs out: the reply comes long before it."""
+    agent = Answerer(wait_s=600.0)
+    nodes.start("a", agent)
+    wait_until(lambda: nodes.events.of("agent.started"), "node a to start the agent")
+    with nodes.client() as client:
+        client.submit(AGENT, 1, request_id="wake")
+        assert client.result(AGENT, "wake", timeout=WAIT_S) == {"doubled": 2}
+
+
+def test_a_step_cut_off_before_its_checkpoint_is_replayed_with_the_same_submissions(
+    nodes: Nodes,
+) -> None:
+    """Node a consumes #1 and dies before publishing: b's replay sees #1 unconsumed, answers
+    it, and the reply comes from b. Once b's checkpoint is accepted, nothing shows it again."""
+    agent = Answerer(park_on="a")
+    nodes.start("a", agent)
+    with nodes.client() as client:
+        client.submit(AGENT, 4, request_id="q")
+        wait_until(agent.parked.is_set, "node a to consume and park")
+        assert client.store.read_admission(AGENT, "q").consumed is False  # type: ignore[union-attr]
+        nodes.made[0].stop()
+        nodes.start("b", agent)
+        assert client.result(AGENT, "q", timeout=WAIT_S) == {"doubled": 8}
+    assert agent.shown == [("a", 1), ("b", 1)]
+    nodes.made[1].stop()
+    nodes.start("c", agent)
+    wait_until(lambda: nodes.events.of("agent.resumed", node="c"), "node c to resume")
+    with nodes.client() as client:
+        client.submit(AGENT, 1, request_id="after")
+        client.result(AGENT, "after", timeout=WAIT_S)
+    assert agent.shown == [("a", 1), ("b", 1), ("c", 2)]
+
+
+def test_a_planted_submission_that_does_not_authenticate_is_rejected(nodes: Nodes) -> None:
+    """A real sealed submission copied to another number, and one sealed with another
+    secret, are reported (inbox.rejected) and never shown; the genuine one is answered."""
+    agent = Answerer()
+    with nodes.client() as client:
+        client.submit(AGENT, 3, request_id="real")
+        blob = nodes.store.read_inbox(AGENT)[0][1]
+    nodes.store.admit(AGENT, "copy", 2, blob)  # sealed as #1, stored as #2
+    other = MemoryStore()
+    with Client(other, "another secret") as stranger:
+        stranger.submit(AGENT, 7, request_id="stranger")
+        nodes.store.admit(AGENT, "stranger", 3, other.read_inbox(AGENT)[0][1])
+    nodes.start("a", agent)
+    rejected = nodes.events.wait("inbox.rejected", where=lambda e: e.detail["number"] == 3)
+    assert "authenticate" in rejected.detail["error"]
+    with nodes.client() as client:
+        assert client.result(AGENT, "real", timeout=WAIT_S) == {"doubled": 6}
+    numbers = {e.detail["number"] for e in nodes.events.of("inbox.rejected")}
+    assert numbers == {2, 3}
+    assert agent.shown == [("a", 1)]
+
+
+class Misuser:
+    """Tries each wrong use of the inbox once, in one step, and records what it raised."""
+
+    id = AGENT
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}
+        self.done = threading.Event()
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        shown = await ctx.wait_for_inbox(60)
+        if len(shown) < MAX_CONSUMED_PER_STEP + 1 or self.done.is_set():
+            return state
+        tries: dict[str, Callable[[], None]] = {
+            "unknown number": lambda: ctx.consume(10_000),
+            "not json": lambda: ctx.consume(shown[0].number, reply={1, 2}),
+            "twice": lambda: (ctx.consume(shown[0].number), ctx.consume(shown[0].number)),
+            "too many": lambda: [ctx.consume(s.number) for s in shown[1:]],
+        }
+        for name, attempt in tries.items():
+            try:
+                attempt()
+            except InboxError as exc:
+                self.errors[name] = str(exc)
+        self.done.set()
+        return state
+
+
+def test_wrong_uses_of_the_inbox_raise_inbox_errors(nodes: Nodes) -> None:
+    agent = Misuser()
+    with nodes.client() as client:
+        for n in range(MAX_CONSUMED_PER_STEP + 2):
+            client.submit(AGENT, n)
+    nodes.start("a", agent)
+    wait_until(agent.done.is_set, "the step to try its wrong uses")
+    assert "#10000 is not in this step's inbox" in agent.errors["unknown number"]
+    assert "JSON" in agent.errors["not json"]
+    assert "not in this step's inbox" in agent.errors["twice"]
+    assert str(MAX_CONSUMED_PER_STEP) in agent.errors["too many"]
+
+
+class SyncAnswerer:
+    """A sync step: wait_for_inbox_sync from its thread, then consume."""
+
+    id = AGENT
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        for submission in ctx.wait_for_inbox_sync(60):
+            ctx.consume(submission.number, reply=f"sync:{submission.payload}")
+        return state
+
+
+def test_a_sync_step_waits_for_and_answers_its_inbox(nodes: Nodes) -> None:
+    nodes.start("a", SyncAnswerer())
+    with nodes.client() as client:
+        client.submit(AGENT, "hi", request_id="s")
+        assert client.result(AGENT, "s", timeout=WAIT_S) == "sync:hi"
+
+
+def test_submit_refuses_what_cannot_be_sent_and_admits_nothing() -> None:
+    store = MemoryStore()
+    with Client(store, SECRET) as client:
+        with pytest.raises(InboxError, match="request id"):
+            client.submit(AGENT, 1, request_id="no spaces")
+        with pytest.raises(InboxError, match="JSON"):
+            client.submit(AGENT, {1, 2})
+        with pytest.raises(InboxError, match=f"above the limit of {MAX_SUBMISSION_BYTES}"):
+            client.submit(AGENT, "x" * MAX_SUBMISSION_BYTES)
+        assert store.read_inbox(AGENT) == []
+        with pytest.raises(UnknownRequest):
+            client.result(AGENT, "never")
+        client.submit(AGENT, 1, request_id="waiting")
+        with pytest.raises(TimeoutError, match="no reply"):
+            client.result(AGENT, "waiting", timeout=0.2)
+
+
+def test_two_clients_number_on_from_each_other() -> None:
+    """A client that guessed a taken number is told the next one and admits there."""
+    store = MemoryStore()
+    with Client(store, SECRET) as first, Client(store, SECRET) as second:
+        assert first.submit(AGENT, 1).number == 1
+        assert second.submit(AGENT, 2).number == 2
+        assert first.submit(AGENT, 3).number == 3
+
+
+# -- sealing -------------------------------------------------------------------
+
+
+@pytest.fixture
+def sealer() -> Sealer:
+    store = MemoryStore()
+    with Client(store, SECRET):
+        cluster = store.read_cluster()
+    assert cluster is not None
+    return Sealer(SECRET, cluster)
+
+
+def test_a_submission_opens_only_as_its_own_number_and_agent(sealer: Sealer) -> None:
+    blob = sealer.seal_submission(AGENT, 7, "r", {"x": 1}, 123.0)
+    opened = sealer.open_submission(blob, AGENT, 7)
+    assert (opened.request_id, opened.payload, opened.submitted) == ("r", {"x": 1}, 123.0)
+    with pytest.raises(Tampered):
+        sealer.open_submission(blob, AGENT, 8)
+    with pytest.raises(Tampered):
+        sealer.open_submission(blob, "other", 7)
+    with pytest.raises(Tampered):
+        sealer.open_submission(blob[:-1] + bytes([blob[-1] ^ 1]), AGENT, 7)
+
+
+def test_a_reply_opens_only_as_its_own_request(sealer: Sealer) -> None:
+    blob = sealer.seal_reply(AGENT, 7, "r", [1, 2])
+    assert sealer.open_reply(blob, AGENT, "r") == [1, 2]
+    with pytest.raises(Tampered):
+        sealer.open_reply(blob, AGENT, "s")
+    with pytest.raises(Tampered):
+        sealer.open_reply(sealer.seal_submission(AGENT, 7, "r", 1, 0.0), AGENT, "r")
+
+
+def test_consumed_marks_are_sealed_with_the_state(sealer: Sealer) -> None:
+    """A checkpoint carries its marks authenticated; one without marks opens as before."""
+    marks, _ = ConsumedMarks().adding([1, 2, 5])
+    blob = sealer.seal(AGENT, 1, 3, {"n": 1}, inbox=marks.to_json())
+    state, inbox = sealer.open_checkpoint(blob, AGENT, 1, 3)
+    assert state == {"n": 1} and ConsumedMarks.from_json(inbox) == marks
+    assert sealer.open(blob, AGENT, 1, 3) == {"n": 1}
+    plain = sealer.seal(AGENT, 1, 4, {"inbox": 1})
+    assert sealer.open_checkpoint(plain, AGENT, 1, 4) == ({"inbox": 1}, None)
+
+
+# -- consumed marks ------------------------------------------------------------
+
+
+def test_marks_fold_runs_into_the_consumed_prefix() -> None:
+    marks, gaps = ConsumedMarks().adding([2, 3, 5])
+    assert (marks.through, marks.ranges, gaps) == (0, ((2, 3), (5, 5)), [])
+    assert 1 not in marks and 2 in marks and 4 not in marks and 5 in marks
+    marks, _ = marks.adding([1])
+    assert (marks.through, marks.ranges) == (3, ((5, 5),))
+    marks, _ = marks.adding([4])
+    assert (marks.through, marks.ranges) == (5, ())
+    assert ConsumedMarks.from_json(marks.to_json()) == marks
+    assert ConsumedMarks().to_json() is None
+
+
+def test_marks_give_up_the_oldest_gap_past_their_bound() -> None:
+    """Every other number consumed: past MAX_INBOX_GAPS runs, the oldest gap is given up."""
+    numbers = range(2, 2 * (MAX_INBOX_GAPS + 1) + 1, 2)
+    marks, gaps = ConsumedMarks().adding(numbers)
+    assert len(marks.ranges) == MAX_INBOX_GAPS
+    assert gaps == [(1, 1)] and marks.through == 2
+    assert 3 not in marks
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"through": -1, "ranges": []},
+        {"through": 0, "ranges": [[3, 2]]},
+        {"through": 5, "ranges": [[4, 9]]},
+        {"through": 0, "ranges": [[2, 3], [3, 4]]},
+        {"through": True, "ranges": []},
+        {"through": 0, "ranges": "x"},
+    ],
+)
+def test_malformed_marks_are_refused(doc: dict[str, Any]) -> None:
+    with pytest.raises(Tampered):
+        ConsumedMarks.from_json(doc)
+
+
+def test_a_submission_compares_by_number_request_and_payload() -> None:
+    assert Submission(1, "r", 2, 10.0) == Submission(1, "r", 2, 99.0)
