@@ -18,7 +18,9 @@ Rules, each a violation when broken:
   effect's idempotency key): an effect marked ``interrupted`` is called at
   most once per key; an effect whose outcome was recorded is never called
   again; a replay returns exactly the outcome recorded (same digest); and no
-  effect is called under an epoch after a later epoch was acquired.
+  effect is called under an epoch after a later epoch was acquired;
+* inbox (an accepted ``publish`` names the submissions its step consumed): a
+  submission is consumed by one accepted checkpoint at most.
 
 A loss accepted on purpose (``hb accept-loss``) starts a new line: the node
 that honours it records ``accepted_loss`` on its restore, and the store-order
@@ -105,6 +107,22 @@ def check(ops: list[Op]) -> list[str]:
                 f"but its first accepted publish is seq {term[0].seq}"
             )
     violations += _effect_violations(ops, acquires, line)
+    violations += _inbox_violations(accepted, line)
+    return violations
+
+
+def _inbox_violations(accepted: list[Op], line: Callable[[Op], int]) -> list[str]:
+    """A submission consumed by two accepted checkpoints was processed twice."""
+    consumed_by: dict[tuple[int, int], Op] = {}
+    violations = []
+    for op in accepted:
+        for number in op.detail.get("consumed", []):
+            first = consumed_by.setdefault((line(op), number), op)
+            if first is not op:
+                violations.append(
+                    f"submission #{number} was consumed twice: by seq {first.seq} "
+                    f"({first.node}) and by seq {op.seq} ({op.node})"
+                )
     return violations
 
 

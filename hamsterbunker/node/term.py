@@ -365,11 +365,13 @@ class LeaderTerm:
             # A network store's error does not prove the write was not applied.
             landed = await self._restorer.landed(context)
             if landed is not None:
-                record("publish", context.epoch, landed.seq, started, "ok", landed=True)
+                ours = all(c.number in landed.marks for c in consumed)
+                done = [c.number for c in consumed] if ours else []
+                record("publish", context.epoch, landed.seq, started, "ok", landed=True,
+                       **({"consumed": done} if done else {}))  # fmt: skip
                 self._standing.seq = landed.seq
                 self._keeper.learn_published(Reach(landed.seq, context.epoch))
                 emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
-                ours = all(c.number in landed.marks for c in consumed)
                 self._inbox.committed(consumed if ours else [], landed.marks)
                 return landed
             # Not published: the step is retried from the last published state,
@@ -377,7 +379,9 @@ class LeaderTerm:
             record("publish", context.epoch, context.seq, started, "failed")
             emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
             return _NotPublished(str(exc))
-        record("publish", context.epoch, context.seq, started, "ok")
+        numbers = [c.number for c in consumed]
+        record("publish", context.epoch, context.seq, started, "ok",
+               **({"consumed": numbers} if numbers else {}))  # fmt: skip
         self._standing.seq = info.seq
         self._keeper.learn_published(Reach(info.seq, info.epoch))
         emit("agent.step", step_seq=info.seq)

@@ -201,3 +201,24 @@ def test_an_effect_called_after_a_later_epoch_was_acquired_is_caught() -> None:
     late = op("a", "effect_start", 1, 3, 3.2, 3.2, "started", key="k9", replay="safe")
     assert any("called effect k9 under epoch 1 after b acquired epoch 2" in v
                for v in check([*effect_history(), late]))  # fmt: skip
+
+
+def inbox_history() -> list[Op]:
+    """a consumes #1 with seq 2 and dies before seq 3 (consuming #2) is accepted; b's replay
+    of seq 3 consumes #2."""
+    history = clean_history()
+    history[3] = replace(history[3], detail={"consumed": [1]})
+    return [*history[:4], op("a", "publish", 1, 3, 0.7, 0.8, "failed", consumed=[2]),
+            *history[4:6], replace(history[6], detail={"consumed": [2]}), *history[7:]]  # fmt: skip
+
+
+def test_consumption_once_per_submission_is_clean() -> None:
+    """A failed publish's consumption repeated by the next leader is not a violation."""
+    assert check(inbox_history()) == []
+
+
+def test_a_submission_consumed_by_two_accepted_checkpoints_is_caught() -> None:
+    history = inbox_history()
+    history[-1] = replace(history[-1], detail={"consumed": [1, 5]})
+    assert any("submission #1 was consumed twice: by seq 2 (a) and by seq 4 (b)" in v
+               for v in check(history))  # fmt: skip
