@@ -139,6 +139,9 @@ class InboxIO(Protocol):
     def wakes(self) -> int:
         """A counter the store's watch moves on every hint of a change."""
 
+    def closing(self) -> bool:
+        """Whether the node is stopping or the term is over: a waiting step should finish."""
+
     async def woken(self, since: int, timeout: float) -> None:
         """Return once wakes() moved past since, or after timeout (whichever first)."""
 
@@ -178,7 +181,11 @@ class StepInbox:
         self.consumed.append(Consumed(number, found.request_id, sealed))
 
     async def wait(self, timeout: float | None) -> list[Submission]:
-        """Return the step's inbox once it holds anything, or after timeout seconds (maybe [])."""
+        """Return the step's inbox once it holds anything, or after timeout seconds (maybe []).
+
+        Returns early too when the node stops, so that a planned stop publishes
+        the waiting step and hands over at once instead of after its grace.
+        """
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise InboxError(f"wait_for_inbox timeout must be a number of seconds, not {timeout!r}")
         loop = asyncio.get_running_loop()
@@ -188,7 +195,7 @@ class StepInbox:
             for submission in await self._io.unconsumed():
                 self._shown.setdefault(submission.number, submission)
             left = until - loop.time()
-            if self.shown() or left <= 0:
+            if self.shown() or left <= 0 or self._io.closing():
                 return self.shown()
             await self._io.woken(mark, left)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError, Tampered
@@ -41,9 +42,11 @@ class TermInbox:
         standing: Standing,
         *,
         tick_s: float,
+        closing: Callable[[], bool],
     ) -> None:
         self._id, self._store, self._sealer, self._calls = identity, store, sealer, calls
         self._sink, self._standing, self._tick_s = sink, standing, tick_s
+        self.closing = closing  # the node is stopping, or the term is over
         self.marks = ConsumedMarks()
         self._pending: dict[int, Submission] = {}
         self._after = 0  # the highest number read from the store

@@ -118,7 +118,7 @@ class LeaderTerm:
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
         self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
         self._inbox = TermInbox(
-            identity, store, sealer, calls, sink, standing, tick_s=timing.tick_s
+            identity, store, sealer, calls, sink, standing, tick_s=timing.tick_s, closing=self._over
         )
 
     def end(self) -> None:

@@ -355,3 +355,23 @@ def test_malformed_marks_are_refused(doc: dict[str, Any]) -> None:
 
 def test_a_submission_compares_by_number_request_and_payload() -> None:
     assert Submission(1, "r", 2, 10.0) == Submission(1, "r", 2, 99.0)
+
+
+def test_a_planned_stop_ends_a_wait_for_inbox_and_publishes_the_step(nodes: Nodes) -> None:
+    """A node whose step waits in wait_for_inbox(600) with a 60 s stop grace: stop() ends
+    the wait, publishes the step and hands over, instead of cancelling it at the grace."""
+    agent = Answerer(wait_s=600.0)
+    node = Runtime(node_id="a", region="r", store=nodes.store, agent=agent, secret=SECRET,
+                   timing=TIMING, on_event=nodes.events, stop_grace_ms=60_000)  # fmt: skip
+    nodes.made.append(node)
+    node.start()
+    with nodes.client() as client:
+        client.submit(AGENT, 1, request_id="first")
+        client.result(AGENT, "first", timeout=WAIT_S)  # the next step now waits, idle
+    published = len(nodes.events.of("checkpoint.published"))
+    stopping = threading.Thread(target=node.stop)
+    stopping.start()
+    stopping.join(WAIT_S)
+    assert not stopping.is_alive(), "stop() waited for the stop grace"
+    assert len(nodes.events.of("checkpoint.published")) > published
+    assert not nodes.events.of("agent.yielded")
