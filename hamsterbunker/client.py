@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .errors import InboxError, NotNextNumber, StoreError, UnknownRequest
+from .failpoints import failpoint
 from .inbox import Admission
 from .limits import MAX_SUBMISSION_BYTES, check_request_id
 from .records import check_name
@@ -75,6 +76,7 @@ class Client:
             except NotNextNumber as exc:
                 number = exc.next_number
                 continue
+            failpoint("inbox.submit.after_admit")
             if not duplicate:
                 with self._lock:
                     self._next[agent_id] = got + 1

@@ -24,6 +24,7 @@ from ..agent import Agent, State, StepContext, _current
 from ..clock import Clock
 from ..effects import StepEffects
 from ..errors import Fenced, HamsterbunkerError, NoUsableCheckpoint, StepLost, StoreError
+from ..failpoints import failpoint
 from ..inbox import ConsumedMarks, StepInbox
 from ..lease import LeaseKeeper
 from ..reach import Reach
@@ -353,9 +354,13 @@ class LeaderTerm:
                 context.seq,
                 state,
             )
+            if consumed:
+                failpoint("inbox.before_commit")
             info = await self._calls.io(
                 self._store.put_checkpoint, agent_id, fence, context.seq, blob, *also
             )
+            if consumed:
+                failpoint("inbox.after_commit")
         except Fenced as exc:
             record("publish", context.epoch, context.seq, started, "fenced")
             emit("node.fenced", error=str(exc), step_seq=context.seq)
