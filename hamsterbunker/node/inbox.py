@@ -139,7 +139,8 @@ class TermInbox:
             await asyncio.sleep(self._tick_s)
 
     async def close(self) -> None:
-        """Stop watching (the term is over)."""
+        """Stop watching (the term is over): a node that no longer leads shows no inbox."""
+        self._standing.inbox = (0, None)
         if self._watcher is not None:
             self._watcher.cancel()
             await asyncio.gather(self._watcher, return_exceptions=True)
