@@ -4,20 +4,25 @@ A checkpoint is written and synced under a temporary name before the lease
 lock is taken, so a large one never holds up lease renewals; only the fence
 check and the rename happen under the lock. The seq and epoch are in the name
 and the size and time in the file's metadata, so listing reads no checkpoint.
+The submissions a checkpoint consumes commit with its rename (see
+``stores.file.inbox``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ...errors import StoreError
 from ...failpoints import failpoint
 from ...limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds
 from ...records import CheckpointInfo
-from ..base import Fence, check_fence, check_own_epoch
+from ..base import Consumed, Fence, check_fence, check_own_epoch
 from .fileio import closing_fd, dir_entries, discard, file_kind, make_subdir, read_file, write_temp
+from .inbox import InboxFiles, check_consumed
 from .layout import CHECKPOINT_NAME, agent_parts, checkpoint_name, checkpoint_name_problem
 from .lease import lease_in, lease_locked
 from .tree import StoreTree
@@ -28,13 +33,24 @@ __all__ = ["CheckpointFiles"]
 class CheckpointFiles:
     """Store.put_checkpoint, list_checkpoints and read_checkpoint in a store's tree."""
 
-    def __init__(self, tree: StoreTree, *, keep: int, lock_timeout: float) -> None:
+    def __init__(
+        self, tree: StoreTree, inbox: InboxFiles, *, keep: int, lock_timeout: float
+    ) -> None:
         self._tree = tree
+        self._inbox = inbox
         self._keep = keep
         self._lock_timeout = lock_timeout
 
-    def put(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+    def put(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
+        """Store.put_checkpoint; the inbox's part is in ``stores.file.inbox``.
+
+        Under the lock, in this order: the fence checked, what an earlier
+        write cut short settled, the consumption staged, the checkpoint
+        renamed (the commit point) and made durable, the staging applied.
+        """
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
         if problem is not None:
             raise StoreError(problem)  # before anything is written
         agent_dir = self._tree.agent_dir(agent)
@@ -42,15 +58,19 @@ class CheckpointFiles:
         with (
             self._tree.writing(*agent_parts(agent)) as agent_fd,
             closing_fd(make_subdir(agent_fd, "checkpoints", path)) as directory,
+            contextlib.ExitStack() as stack,
         ):
             self._tree.sweep_once(agent_parts(agent, "checkpoints"), directory)
             tmp = write_temp(directory, blob, durable=True, points="checkpoint")
             try:
+                staging = self._inbox.prepare(stack, agent_fd, agent, directory, consumed)
                 failpoint("checkpoint.before_commit")
                 with lease_locked(agent_fd, agent_dir, agent, self._lock_timeout):
                     check_fence(lease_in(agent_fd, agent_dir), fence, seq)
+                    self._inbox.settle(staging)
                     existing = self._scan(directory, path)
                     check_own_epoch(existing, fence.epoch, seq)
+                    self._inbox.stage(staging, seq, fence.epoch)
                     os.replace(
                         tmp, checkpoint_name(seq, fence.epoch),
                         src_dir_fd=directory, dst_dir_fd=directory,
@@ -58,6 +78,7 @@ class CheckpointFiles:
                     failpoint("checkpoint.after_rename")
                     os.fsync(directory)
                     failpoint("checkpoint.after_dir_fsync")
+                    self._inbox.apply(staging, seq, fence.epoch)
                     self._prune(directory, existing, seq)
                     return CheckpointInfo(
                         epoch=fence.epoch, seq=seq, size=len(blob), written=time.time()

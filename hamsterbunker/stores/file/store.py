@@ -8,14 +8,16 @@ Layout under the root::
     agents/<agent>/acceptance.json       a loss accepted with ``hb accept-loss``
     agents/<agent>/checkpoints/ckpt-<seq>-<epoch>.hbc
     agents/<agent>/effects/<seq>/<index>-<kind>.hbe   effect journal, a directory per step
+    agents/<agent>/inbox/...             admissions and consumption (``stores.file.inbox``)
     agents/<agent>/heartbeats/<node>.json
     agents/<agent>/events/<node>.jsonl   (+ <node>.jsonl.1, the previous segment)
 
 Compare-and-set is real: an open-file-description fcntl lock on ``lease.lock``
 (which, unlike a classic POSIX lock, excludes other threads of one process
-too) is held across read-check-write of the lease and across the fence check
-and rename of a checkpoint or of an effect-journal record. Writes are temp
-file in the same directory, fsync, rename, fsync of the directory; a directory
+too) is held across read-check-write of the lease, across the fence check and
+rename of a checkpoint or of an effect-journal record, and across every write
+of the inbox (an admission; the consumption a checkpoint commits). Writes are
+temp file in the same directory, fsync, rename, fsync of the directory; a directory
 the store creates is fsynced in its parent. Once a checkpoint is durable, the
 effect journal of its step and of older ones is removed.
 Only names matching our own patterns are ever read, so editor backups and
@@ -26,17 +28,19 @@ Whoever can write the directory can plant anything in it (DESIGN.md invariant
 follows no symlink below the root and reads only regular files, each within a
 cap: ``MAX_RECORD_BYTES`` for a lease, cluster, heartbeat or acceptance
 record, ``MAX_CHECKPOINT_BYTES`` for a checkpoint, ``MAX_EFFECT_BYTES`` for an
-effect-journal record, the store's ``segment_cap`` (at most
-``MAX_SEGMENT_BYTES``) for an event segment. Something else under one of our
+effect-journal record, the inbox's caps (``stores.file.inbox_records``) for its
+records, the store's ``segment_cap`` (at most ``MAX_SEGMENT_BYTES``) for an
+event segment. Something else under one of our
 names is a CorruptRecord: raised where the caller needs that record (lease,
 cluster, checkpoint), logged once and skipped where it reads many (heartbeats,
 events, listings, a step's effect journal).
 
 One module per part: ``layout`` (names and caps, shared with the tail
 in ``tail``), ``tree`` (directories), ``lease`` (the lease and
-its lock), ``checkpoints``, ``effects`` (the effect journal), ``logs``
-(heartbeats and events), ``location`` (synced folders and NFS), ``fileio``
-(untrusted files).
+its lock), ``checkpoints``, ``effects`` (the effect journal), ``inbox`` and
+``inbox_records`` (admissions, and the consumption a checkpoint commits),
+``logs`` (heartbeats and events), ``location`` (synced folders and NFS),
+``fileio`` (untrusted files).
 """
 
 from __future__ import annotations
@@ -46,18 +50,19 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from ...errors import ConfigError, StoreError, StoreUnavailable
-from ...limits import MAX_RECORD_BYTES
+from ...limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from .._reported import ReportedOnce
-from ..base import Fence, Store, StoreGuarantees
+from ..base import AdmissionState, Consumed, Fence, Store, StoreGuarantees
 from .checkpoints import CheckpointFiles
 from .effects import EffectFiles
 from .fileio import TMP_PREFIX, atomic_write, discard, read_file, write_temp
+from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, log
 from .lease import cas_lease_in, lease_in
 from .location import check_location, mount_of
@@ -108,21 +113,26 @@ class FileStore(Store):
         *,
         keep_checkpoints: int = 5,
         events_per_segment: int = 1000,
+        keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
         create: bool = True,
     ) -> None:
-        if keep_checkpoints < 1 or events_per_segment < 1:
-            raise ConfigError("keep_checkpoints and events_per_segment must be at least 1")
+        if keep_checkpoints < 1 or events_per_segment < 1 or keep_replies < 1:
+            raise ConfigError(
+                "keep_checkpoints, events_per_segment and keep_replies must be at least 1"
+            )
         self.root = Path(path).absolute()
         self.url = self.root.as_uri()
         self.keep_checkpoints = keep_checkpoints
         self.events_per_segment = events_per_segment
+        self.keep_replies = keep_replies
         # The most read of one event segment (see MAX_SEGMENT_BYTES).
         self.segment_cap = min(events_per_segment * MAX_RECORD_BYTES, MAX_SEGMENT_BYTES)
         self.lock_timeout = lock_timeout
         self._tree = StoreTree(self.root, ReportedOnce(log))  # its report is the tail's too
+        self._inbox = InboxFiles(self._tree, keep_replies=keep_replies, lock_timeout=lock_timeout)
         self._checkpoints = CheckpointFiles(
-            self._tree, keep=keep_checkpoints, lock_timeout=lock_timeout
+            self._tree, self._inbox, keep=keep_checkpoints, lock_timeout=lock_timeout
         )
         self._effects = EffectFiles(self._tree, lock_timeout=lock_timeout)
         self._heartbeats = HeartbeatFiles(self._tree)
@@ -207,8 +217,10 @@ class FileStore(Store):
     # -- checkpoints -------------------------------------------------------
 
     @_os_errors_as_store_errors
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        info = self._checkpoints.put(agent, fence, seq, blob)
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
+        info = self._checkpoints.put(agent, fence, seq, blob, consumed)
         # Only now that the checkpoint is durable, and outside the lease lock; never raises.
         self._effects.remove_through(agent, seq)
         return info
@@ -232,6 +244,20 @@ class FileStore(Store):
     @_os_errors_as_store_errors
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
         return self._effects.read(agent, seq)
+
+    # -- inbox -------------------------------------------------------------
+
+    @_os_errors_as_store_errors
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        return self._inbox.admit(agent, request_id, number, blob)
+
+    @_os_errors_as_store_errors
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        return self._inbox.read_inbox(agent, after)
+
+    @_os_errors_as_store_errors
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        return self._inbox.read_admission(agent, request_id)
 
     # -- loss acceptance ---------------------------------------------------
 
