@@ -19,17 +19,21 @@ rename is the commit point. Under the lock, a staged record
 renamed into place before the checkpoint; after the checkpoint, it is applied
 (a consumed record per number, its request id indexed if it is not, the
 pending entry removed, each directory fsynced) and removed. What a crash
-leaves is settled by the next ``put_checkpoint``, under the lock, before
-anything else: a staged record whose checkpoint (same seq and epoch) exists is
-applied, one whose checkpoint does not is removed. Readers (who take no lock)
+leaves is settled by the next ``put_checkpoint``, under the lock, once its
+fence passed and before it stages or prunes anything: a staged record whose
+checkpoint (same seq and epoch) exists is applied, one whose checkpoint does
+not is removed. An apply then keeps the newest ``keep_replies`` consumed
+records (by number); older ones go, their index first. Readers (who take no lock)
 take a staged record whose checkpoint exists as applied, so replies are
 readable as soon as the checkpoint is accepted. Failpoints
 ``inbox.commit.after_staged`` and ``inbox.commit.after_checkpoint``.
 
-Nothing read here is trusted (DESIGN.md invariant 10): directories are opened
-without following links, files only if regular and within a cap, names and
-contents that do not parse are reported once and skipped; junk planted where
-one of our files or directories goes is removed by the write that needs it.
+Reading, shared with readers, is in ``inbox_view``. Nothing read is trusted
+(DESIGN.md invariant 10): directories are opened without following links,
+files only if regular and within a cap, names and contents that do not parse
+are reported once and skipped; junk planted where one of our files or
+directories goes is removed by the write that needs it (a directory that is
+not empty stays, and is reported).
 """
 
 from __future__ import annotations
@@ -37,9 +41,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,61 +53,33 @@ from ...limits import (
     MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,
     check_reply_bounds,
-    check_request_id,
     check_submission_bounds,
 )
-from ..base import AdmissionState, Consumed
-from .fileio import (
-    TMP_PREFIX,
-    closing_fd,
-    dir_entries,
-    discard,
-    make_subdir,
-    open_regular,
-    opened_subdir,
-    pread_upto,
-    read_file,
-    write_temp,
-)
+from ..base import Consumed
+from .fileio import closing_fd, discard, make_subdir, write_temp
 from .inbox_records import (
     COUNTER_NAME,
-    DONE_CAP,
     DONE_NAME,
     HEADER_BYTES,
-    INDEX_CAP,
     PENDING_CAP,
     PENDING_NAME,
-    STAGED_CAP,
-    STAGED_NAME,
     counter_bytes,
     done_bytes,
     done_name,
     head_request_id,
     index_bytes,
     index_name,
-    number_of,
-    parse_counter,
-    parse_done,
-    parse_index,
-    parse_pending,
-    parse_staged,
     pending_bytes,
     pending_name,
     staged_bytes,
-    staged_key,
     staged_name,
 )
-from .layout import agent_parts, checkpoint_name, is_sync_copy, log
+from .inbox_view import SUBDIRS, InboxDirs, InboxView
+from .layout import agent_parts, log
 from .lease import lease_locked
 from .tree import StoreTree
 
 __all__ = ["InboxFiles", "Staging", "check_consumed"]
-
-_SUBDIRS = ("pending", "done", "ids", "staged")
-# The most files read_inbox opens in one call: planted entries cannot make it read on.
-_READ_BUDGET = 2 * MAX_INBOX_COUNT
-# What opening a directory answers when its permissions keep us out: junk, left out.
-_SHUT_OUT = {errno.EACCES, errno.EPERM}
 
 
 def check_consumed(consumed: Sequence[Consumed]) -> str | None:
@@ -135,39 +110,19 @@ def _inbox_full(count: int, size: int) -> str | None:
 
 
 @dataclass
-class _Dirs:
-    """The inbox's directories of one agent, open (None: absent, or junk reported)."""
-
-    path: Path  # agents/<agent>/inbox, for messages
-    inbox: int | None = None
-    pending: int | None = None
-    done: int | None = None
-    ids: int | None = None
-    staged: int | None = None
-    checkpoints: int | None = None
-
-
-@dataclass
 class Staging:
     """put_checkpoint's inbox: its directories, and the staged record's temporary name."""
 
-    dirs: _Dirs
+    dirs: InboxDirs
     tmp: str | None
     consumed: list[Consumed]
 
 
-class _Junk:
-    """Something other than a regular file under a record's name."""
-
-
-_JUNK = _Junk()
-
-
-class InboxFiles:
+class InboxFiles(InboxView):
     """Store.admit, read_inbox, read_admission, and the consumption put_checkpoint commits."""
 
     def __init__(self, tree: StoreTree, *, keep_replies: int, lock_timeout: float) -> None:
-        self._tree = tree
+        super().__init__(tree)
         self._keep = keep_replies
         self._lock_timeout = lock_timeout
 
@@ -190,24 +145,6 @@ class InboxFiles:
                 return self._admit_locked(dirs, request_id, number, tmp, len(blob))
         raise AssertionError("unreachable")  # pragma: no cover (mypy: ExitStack may swallow)
 
-    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
-        try:
-            with self._reading(agent) as dirs:
-                return self._listed(dirs, after)
-        except CorruptRecord as exc:
-            self._tree.report(f"inbox left out: {exc}")
-            return []
-
-    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
-        if check_request_id(request_id) is not None:
-            return None  # never admitted: admit refuses it
-        try:
-            with self._reading(agent) as dirs:
-                return self._state(dirs, request_id, self._overlay(dirs))
-        except CorruptRecord as exc:
-            self._tree.report(f"inbox left out: {exc}")
-            return None
-
     # -- put_checkpoint's part, in its order -------------------------------------
 
     def prepare(
@@ -222,7 +159,7 @@ class InboxFiles:
 
         Before the lock. The temporary file is removed when stack closes.
         """
-        dirs = _Dirs(self._tree.agent_dir(agent) / "inbox")
+        dirs = InboxDirs(self._tree.agent_dir(agent) / "inbox")
         if consumed or self._open(stack, agent_fd, "inbox", dirs.path) is not None:
             dirs = self._made(stack, agent_fd, agent)
         dirs.checkpoints = checkpoints
@@ -239,7 +176,8 @@ class InboxFiles:
         dirs = staging.dirs
         if dirs.staged is None:
             return
-        for (seq, epoch), name in self._staged_names(dirs):
+        names = self._staged_names(dirs)
+        for (seq, epoch), name in names:
             path = dirs.path / "staged" / name
             if self._has_checkpoint(dirs, seq, epoch):
                 consumed = self._staged_record(dirs, name)
@@ -251,7 +189,8 @@ class InboxFiles:
             else:
                 log.info("removing %s: its checkpoint was never written", path)
             self._remove(dirs.staged, name, path)
-        os.fsync(dirs.staged)
+        if names:
+            os.fsync(dirs.staged)
 
     def stage(self, staging: Staging, seq: int, epoch: int) -> None:
         """Under the lock, before the checkpoint's rename: the staged record takes its name."""
@@ -287,46 +226,18 @@ class InboxFiles:
 
     # -- opening ---------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _reading(self, agent: str) -> Iterator[_Dirs]:
-        """The inbox's directories for reading: none is made; junk is reported and left out."""
-        agent_dir = self._tree.agent_dir(agent)
-        dirs = _Dirs(agent_dir / "inbox")
-        with contextlib.ExitStack() as stack:
-            agent_fd = stack.enter_context(self._tree.reading(*agent_parts(agent)))
-            if agent_fd is not None:
-                dirs.inbox = self._open(stack, agent_fd, "inbox", dirs.path)
-                dirs.checkpoints = self._open(
-                    stack, agent_fd, "checkpoints", agent_dir / "checkpoints"
-                )
-            if dirs.inbox is not None:
-                for sub in _SUBDIRS:
-                    setattr(dirs, sub, self._open(stack, dirs.inbox, sub, dirs.path / sub))
-            yield dirs
-
-    def _made(self, stack: contextlib.ExitStack, agent_fd: int, agent: str) -> _Dirs:
+    def _made(self, stack: contextlib.ExitStack, agent_fd: int, agent: str) -> InboxDirs:
         """The inbox's directories for writing, made where absent (junk in their place removed)."""
         agent_dir = self._tree.agent_dir(agent)
-        dirs = _Dirs(agent_dir / "inbox")
+        dirs = InboxDirs(agent_dir / "inbox")
         dirs.inbox = self._make(stack, agent_fd, "inbox", dirs.path)
         dirs.checkpoints = self._open(stack, agent_fd, "checkpoints", agent_dir / "checkpoints")
         self._tree.sweep_once(agent_parts(agent, "inbox"), dirs.inbox)
-        for sub in _SUBDIRS:
+        for sub in SUBDIRS:
             fd = self._make(stack, dirs.inbox, sub, dirs.path / sub)
             self._tree.sweep_once(agent_parts(agent, "inbox", sub), fd)
             setattr(dirs, sub, fd)
         return dirs
-
-    def _open(self, stack: contextlib.ExitStack, parent: int, name: str, path: Path) -> int | None:
-        try:
-            return stack.enter_context(opened_subdir(parent, name, path))
-        except CorruptRecord as exc:
-            self._tree.report(f"inbox: left out: {exc}")
-        except OSError as exc:
-            if exc.errno not in _SHUT_OUT:
-                raise
-            self._tree.report(f"inbox: left out: cannot open {path}: {exc.strerror}")
-        return None
 
     def _make(self, stack: contextlib.ExitStack, parent: int, name: str, path: Path) -> int:
         try:
@@ -337,209 +248,10 @@ class InboxFiles:
             fd = make_subdir(parent, name, path)
         return stack.enter_context(closing_fd(fd))
 
-    # -- reading ---------------------------------------------------------------
-
-    def _read(self, fd: int | None, name: str, path: Path, cap: int) -> bytes | None:
-        """A file's bytes; None if absent, or (reported) not a regular file within cap."""
-        data = self._read_or_junk(fd, name, path, cap)
-        return data if isinstance(data, bytes) else None
-
-    def _read_or_junk(
-        self, fd: int | None, name: str, path: Path, cap: int
-    ) -> bytes | _Junk | None:
-        """A file's bytes; None if absent; _JUNK (reported) if not a regular file within cap."""
-        if fd is None:
-            return None
-        try:
-            return read_file(fd, name, path, cap)
-        except CorruptRecord as exc:
-            self._tree.report(f"inbox: left out: {exc}")
-        except OSError as exc:
-            if exc.errno not in _SHUT_OUT:
-                raise
-            self._tree.report(f"inbox: left out: cannot open {path}: {exc.strerror}")
-        return _JUNK
-
-    def _head(self, fd: int | None, name: str, path: Path) -> bytes | _Junk | None:
-        """The first HEADER_BYTES of a file; None if absent, _JUNK if not a regular file."""
-        if fd is None:
-            return None
-        try:
-            opened = open_regular(fd, name, path)
-        except FileNotFoundError:
-            return None
-        except CorruptRecord as exc:
-            self._tree.report(f"inbox: left out: {exc}")
-            return _JUNK
-        except OSError as exc:
-            if exc.errno not in _SHUT_OUT:
-                raise
-            self._tree.report(f"inbox: left out: cannot open {path}: {exc.strerror}")
-            return _JUNK
-        with closing_fd(opened):
-            return pread_upto(opened, 0, HEADER_BYTES)
-
-    def _numbered(
-        self, fd: int | None, pattern: re.Pattern[str], path: Path
-    ) -> list[tuple[int, str]]:
-        """(number, name) of each entry under a numbered name in fd, by number; junk reported."""
-        if fd is None:
-            return []
-        found, junk = [], []
-        for entry in dir_entries(fd):
-            match = pattern.fullmatch(entry.name)
-            number = None if match is None else number_of(match)
-            if number is not None:
-                found.append((number, entry.name))
-            elif not entry.name.startswith(TMP_PREFIX) and not is_sync_copy(entry.name):
-                junk.append(entry.name)
-        self._report_junk(path, junk)
-        return sorted(found)
-
-    def _report_junk(self, path: Path, junk: list[str]) -> None:
-        if junk:  # one message a directory: planted names must not use up the reports
-            more = f" (and {len(junk) - 1} more entries)" if len(junk) > 1 else ""
-            self._tree.report(f"ignoring {path / sorted(junk)[0]}{more}: not an inbox name")
-
-    def _staged_names(self, dirs: _Dirs) -> list[tuple[tuple[int, int], str]]:
-        if dirs.staged is None:
-            return []
-        found, junk = [], []
-        for entry in dir_entries(dirs.staged):
-            match = STAGED_NAME.fullmatch(entry.name)
-            key = None if match is None else staged_key(match)
-            if key is not None:
-                found.append((key, entry.name))
-            elif not entry.name.startswith(TMP_PREFIX) and not is_sync_copy(entry.name):
-                junk.append(entry.name)
-        self._report_junk(dirs.path / "staged", junk)
-        return sorted(found)
-
-    def _has_checkpoint(self, dirs: _Dirs, seq: int, epoch: int) -> bool:
-        if dirs.checkpoints is None:
-            return False
-        try:
-            st = os.stat(
-                checkpoint_name(seq, epoch), dir_fd=dirs.checkpoints, follow_symlinks=False
-            )
-        except FileNotFoundError:
-            return False
-        return stat.S_ISREG(st.st_mode)
-
-    def _staged_record(self, dirs: _Dirs, name: str) -> list[Consumed] | None:
-        path = dirs.path / "staged" / name
-        data = self._read(dirs.staged, name, path, STAGED_CAP)
-        consumed = None if data is None else parse_staged(data)
-        if data is not None and consumed is None:
-            self._tree.report(f"inbox: left out: {path} does not parse")
-        return consumed
-
-    def _overlay(self, dirs: _Dirs) -> dict[int, Consumed]:
-        """What staged records under stored checkpoints consume: applied, for a reader.
-
-        Only after a crash between a checkpoint's rename and its apply (or during
-        an apply) is there any.
-        """
-        overlay: dict[int, Consumed] = {}
-        for (seq, epoch), name in self._staged_names(dirs):
-            if self._has_checkpoint(dirs, seq, epoch):
-                for each in self._staged_record(dirs, name) or ():
-                    overlay[each.number] = each
-        return overlay
-
-    def _listed(self, dirs: _Dirs, after: int) -> list[tuple[int, bytes]]:
-        overlay = self._overlay(dirs)
-        found: list[tuple[int, bytes]] = []
-        budget = _READ_BUDGET
-        path = dirs.path / "pending"
-        for number, name in self._numbered(dirs.pending, PENDING_NAME, path):
-            if number <= after or number in overlay:
-                continue
-            if len(found) >= MAX_INBOX_COUNT or budget <= 0:
-                break
-            budget -= 1
-            data = self._read(dirs.pending, name, path / name, PENDING_CAP)
-            parsed = None if data is None else parse_pending(data)
-            if parsed is not None:
-                found.append((number, parsed[1]))
-            elif data is not None:
-                self._tree.report(f"inbox: left out: {path / name} does not parse")
-        return found
-
-    def _counter(self, dirs: _Dirs) -> int | None:
-        """The last admitted number as stored; None if absent or junk (reported)."""
-        data = self._read(dirs.inbox, COUNTER_NAME, dirs.path / COUNTER_NAME, INDEX_CAP)
-        number = None if data is None else parse_counter(data)
-        if data is not None and number is None:
-            self._tree.report(f"inbox: {dirs.path / COUNTER_NAME} does not parse")
-        return number
-
-    def _index(self, dirs: _Dirs, request_id: str) -> int | None:
-        """The number request_id's index names, or None (absent, or junk: reported)."""
-        name = index_name(request_id)
-        data = self._read(dirs.ids, name, dirs.path / "ids" / name, INDEX_CAP)
-        parsed = None if data is None else parse_index(data)
-        if parsed is not None and parsed[0] == request_id:
-            return parsed[1]
-        if data is not None:
-            self._tree.report(f"inbox: {dirs.path / 'ids' / name} does not parse")
-        return None
-
-    def _state(
-        self, dirs: _Dirs, request_id: str, overlay: dict[int, Consumed], *, unindexed: bool = True
-    ) -> AdmissionState | None:
-        """What is known of request_id: through its index, else (unindexed) at the last number
-        admitted (an admission cut short before its index) or in the overlay."""
-        number = self._index(dirs, request_id)
-        if number is not None:
-            state = self._state_at(dirs, number, request_id, overlay, indexed=True)
-            if state is not None:
-                return state
-        if not unindexed:
-            return None
-        last = self._counter(dirs)
-        if last:
-            state = self._state_at(dirs, last, request_id, overlay, indexed=False)
-            if state is not None:
-                return state
-        for each in overlay.values():
-            if each.request_id == request_id:
-                return AdmissionState(each.number, consumed=True, reply=each.reply)
-        return None
-
-    def _state_at(
-        self, dirs: _Dirs, number: int, request_id: str, overlay: dict[int, Consumed], *,
-        indexed: bool,
-    ) -> AdmissionState | None:  # fmt: skip
-        """request_id's state as the entries under number say; None if none is request_id's.
-
-        A consumed record there that cannot be read counts (as consumed, no
-        reply) only when the index names it: never for a request id unknown.
-        """
-        staged = overlay.get(number)
-        if staged is not None and staged.request_id == request_id:
-            return AdmissionState(number, consumed=True, reply=staged.reply)
-        # The pending entry first: an apply writes the consumed record before it
-        # removes the entry, so a reader never finds neither.
-        name = pending_name(number)
-        head = self._head(dirs.pending, name, dirs.path / "pending" / name)
-        if isinstance(head, bytes) and head_request_id(head, pending=True) == request_id:
-            return AdmissionState(number, consumed=False, reply=None)
-        name = done_name(number)
-        path = dirs.path / "done" / name
-        data = self._read_or_junk(dirs.done, name, path, DONE_CAP)
-        parsed = parse_done(data) if isinstance(data, bytes) else None
-        if parsed is not None:
-            return AdmissionState(number, True, parsed[1]) if parsed[0] == request_id else None
-        if indexed and data is not None:
-            self._tree.report(f"inbox: {path} does not parse: taken as consumed with no reply")
-            return AdmissionState(number, consumed=True, reply=None)
-        return None
-
     # -- admitting -------------------------------------------------------------
 
     def _admit_locked(
-        self, dirs: _Dirs, request_id: str, number: int, tmp: str, size: int
+        self, dirs: InboxDirs, request_id: str, number: int, tmp: str, size: int
     ) -> tuple[int, bool]:
         assert dirs.inbox is not None and dirs.pending is not None and dirs.ids is not None
         last = self._last(dirs)
@@ -566,7 +278,7 @@ class InboxFiles:
         )  # fmt: skip
         return number, False
 
-    def _last(self, dirs: _Dirs) -> int:
+    def _last(self, dirs: InboxDirs) -> int:
         """The last admitted number: the counter, unless it is missing, junk, or behind an
         entry (then the highest number an entry has)."""
         last = self._counter(dirs)
@@ -579,7 +291,7 @@ class InboxFiles:
             self._tree.report(f"inbox: {dirs.path / COUNTER_NAME} is behind its entries")
         return max(last or 0, highest)
 
-    def _exists(self, dirs: _Dirs, number: int) -> bool:
+    def _exists(self, dirs: InboxDirs, number: int) -> bool:
         for fd, name in ((dirs.pending, pending_name(number)), (dirs.done, done_name(number))):
             if fd is not None:
                 with contextlib.suppress(FileNotFoundError):
@@ -587,7 +299,7 @@ class InboxFiles:
                     return True
         return False
 
-    def _roll_forward(self, dirs: _Dirs, last: int) -> None:
+    def _roll_forward(self, dirs: InboxDirs, last: int) -> None:
         """Index the entry at the last admitted number if its admission was cut short before."""
         if not last:
             return
@@ -603,7 +315,7 @@ class InboxFiles:
             required=True,
         )  # fmt: skip
 
-    def _unconsumed(self, dirs: _Dirs, overlay: dict[int, Consumed]) -> tuple[int, int]:
+    def _unconsumed(self, dirs: InboxDirs, overlay: dict[int, Consumed]) -> tuple[int, int]:
         """How many submissions are pending, and their sealed bytes (from the listing)."""
         count = size = 0
         assert dirs.pending is not None
@@ -669,7 +381,7 @@ class InboxFiles:
             except OSError as exc:
                 self._tree.report(f"could not remove {path}: {exc.strerror}")
 
-    def _apply(self, dirs: _Dirs, consumed: Sequence[Consumed]) -> None:
+    def _apply(self, dirs: InboxDirs, consumed: Sequence[Consumed]) -> None:
         """Record each consumed (its reply kept), index its request id if it is not, remove its
         pending entry, then drop the oldest records past keep_replies. Idempotent."""
         assert dirs.done is not None and dirs.ids is not None and dirs.pending is not None
@@ -689,7 +401,7 @@ class InboxFiles:
         os.fsync(dirs.pending)
         self._retain(dirs)
 
-    def _retain(self, dirs: _Dirs) -> None:
+    def _retain(self, dirs: InboxDirs) -> None:
         """Keep the newest keep_replies consumed records; older ones go with their index."""
         assert dirs.done is not None and dirs.ids is not None
         done = dirs.path / "done"
