@@ -9,6 +9,8 @@ of any size) without a Lua error, and measures values before it returns them.
 
 from __future__ import annotations
 
+from .inbox_scripts import CONSUME
+
 __all__ = [
     "APPEND_EVENT",
     "BOUNDED_GET",
@@ -45,11 +47,13 @@ end
 return {'ok'}
 """
 
-# KEYS: lease hash, checkpoint info hash, blob hash, effect-steps sorted set.
+# KEYS: lease hash, checkpoint info hash, blob hash, effect-steps sorted set,
+# then the inbox's keys (inbox_scripts.INBOX_KEYS).
 # ARGV: fence, seq, info JSON, blob, how many to keep, channel, the fence's
 # epoch, MAX_SEQ, MAX_RECORD_BYTES, MAX_CHECKPOINT_BYTES, the effect journal
 # key prefix (a step's hash is this prefix and its seq), how many older steps'
-# journals to remove at most. Returns {'ok'}, {'fenced', stored fence} or
+# journals to remove at most, then the consumption's (inbox_scripts.CONSUME).
+# Returns {'ok'}, {'fenced', stored fence} or
 # {'seq', a stored seq of this epoch}. Whatever a store writer put in the hashes, this
 # never raises a Lua error: a field that is not a seq as we write one, or a
 # description that does not decode (pcall around cjson) or that the listing
@@ -69,7 +73,13 @@ return {'ok'}
 # that step's checkpoint), and one that names no seq is dropped; a set of
 # another type is dropped. Hashes go by UNLINK: a planted huge one is freed off
 # the script's path.
-PUT_CHECKPOINT = """
+#
+# Then, still in the same step, the submissions the step consumed are consumed
+# (inbox_scripts.CONSUME): all or nothing with the checkpoint, and nothing at
+# all when the fence or the seq refuses it, since both are checked before the
+# first write.
+PUT_CHECKPOINT = (
+    """
 local fence = redis.pcall('HGET', KEYS[1], 'fence') or ''
 if type(fence) == 'table' then
   return {'fenced', ''}
@@ -151,9 +161,13 @@ else
     end
   end
 end
+"""
+    + CONSUME
+    + """
 redis.call('PUBLISH', ARGV[6], 'checkpoint')
 return {'ok'}
 """
+)
 
 # KEYS: lease hash, the step's effect journal hash, effect-steps sorted set.
 # ARGV: fence, field ("<index>:<kind>"), sealed record, seq, channel,

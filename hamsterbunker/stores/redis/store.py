@@ -11,6 +11,7 @@ one agent). Every key starts with the prefix (default ``hamsterbunker``)::
     P:agent:A:blobs                    hash: seq -> sealed bytes
     P:agent:A:effects:SEQ              hash: "<index>:<kind>" -> sealed effect-journal record
     P:agent:A:effect-steps             sorted set: the seqs that have a journal, scored by seq
+    P:agent:A:inbox...                 the inbox: see hamsterbunker.stores.redis.inbox
     P:agent:A:acceptance               the loss-acceptance record (``hb accept-loss``; SET)
     P:agent:A:heartbeats               hash: node -> heartbeat JSON
     P:agent:A:event-counts             hash: node -> events appended so far
@@ -25,7 +26,8 @@ its own script, which also adds the step to ``effect-steps``; the checkpoint
 script removes, in its step, the journal of its own step and of at most
 ``STEPS_REMOVED_PER_CHECKPOINT`` older steps that set lists (the lowest;
 leftovers go at the next checkpoint), so its work is bounded whatever was
-planted there.
+planted there. ``admit`` is one script too, and the checkpoint script consumes
+the step's submissions in its own step (``hamsterbunker.stores.redis.inbox``).
 
 Nothing stored is trusted (DESIGN.md invariant 10): a checkpoint field that is
 not a seq as we write one, or a description that does not decode, is skipped
@@ -66,7 +68,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -74,13 +76,28 @@ import redis
 
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ...failpoints import failpoint
-from ...limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES, MAX_SEQ, check_checkpoint_bounds
+from ...limits import (
+    INBOX_REPLIES_KEPT,
+    MAX_CHECKPOINT_BYTES,
+    MAX_RECORD_BYTES,
+    MAX_SEQ,
+    check_checkpoint_bounds,
+)
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce
-from ..base import Fence, Store, StoreGuarantees, describe_fence_text, fence_text
+from ..base import (
+    AdmissionState,
+    Consumed,
+    Fence,
+    Store,
+    StoreGuarantees,
+    describe_fence_text,
+    fence_text,
+)
 from . import scripts as _scripts
 from .connection import RedisConnection
 from .effects import STEPS_REMOVED_PER_CHECKPOINT, RedisEffects
+from .inbox import RedisInbox, check_consumed
 from .replies import (
     bounded,
     checkpoint_info,
@@ -142,13 +159,16 @@ class RedisStore(Store):
         *,
         keep_checkpoints: int = 5,
         events_per_node: int = 1000,
+        keep_replies: int = INBOX_REPLIES_KEPT,
         create: bool = True,  # nothing to create: records appear on the first write
     ) -> None:
-        if keep_checkpoints < 1 or events_per_node < 1:
-            raise ConfigError("keep_checkpoints and events_per_node must be at least 1")
+        if keep_checkpoints < 1 or events_per_node < 1 or keep_replies < 1:
+            raise ConfigError(
+                "keep_checkpoints, events_per_node and keep_replies must be at least 1"
+            )
         self._connection = RedisConnection(url)
         self.url, self.prefix = self._connection.url, self._connection.prefix
-        self.keep_checkpoints = keep_checkpoints
+        self.keep_checkpoints, self.keep_replies = keep_checkpoints, keep_replies
         self.events_per_node = events_per_node
         self._redis = self._connection.client()
         self._cas_lease = self._redis.register_script(_scripts.CAS_LEASE)
@@ -165,6 +185,9 @@ class RedisStore(Store):
         self._reported = ReportedOnce(log)
         self._effects = RedisEffects(
             self._redis, self._key, self._changed, self._reported, self.url
+        )
+        self._inbox = RedisInbox(
+            self._redis, self._key, self._changed, self._reported, self.url, keep_replies
         )
         self.warnings: list[str] = self._connection.persistence_warnings(self._redis)
 
@@ -229,8 +252,10 @@ class RedisStore(Store):
     # -- checkpoints -------------------------------------------------------
 
     @_translated
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
         if problem is not None:  # refused before anything is sent
             raise StoreError(problem)
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
@@ -241,6 +266,7 @@ class RedisStore(Store):
                 self._key(agent, "checkpoints"),
                 self._key(agent, "blobs"),
                 self._key(agent, "effect-steps"),
+                *self._inbox.keys(agent),
             ],
             args=[
                 fence.to_text(),
@@ -255,6 +281,7 @@ class RedisStore(Store):
                 MAX_CHECKPOINT_BYTES,
                 self._key(agent, "effects", ""),
                 STEPS_REMOVED_PER_CHECKPOINT,
+                *self._inbox.consume_args(consumed),
             ],
         )
         if answer[0] == b"fenced":
@@ -326,6 +353,20 @@ class RedisStore(Store):
     @_translated
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
         return self._effects.read(agent, seq)
+
+    # -- inbox -------------------------------------------------------------
+
+    @_translated
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        return self._inbox.admit(agent, request_id, number, blob)
+
+    @_translated
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        return self._inbox.read(agent, after)
+
+    @_translated
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        return self._inbox.admission(agent, request_id)
 
     # -- loss acceptance ---------------------------------------------------
 

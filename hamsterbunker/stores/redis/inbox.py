@@ -1,0 +1,289 @@
+"""The inbox in Redis: admission, the bounded reads, and the consumption a checkpoint commits.
+
+Keys (P the store's prefix, A the agent; ``inbox_scripts.INBOX_KEYS``)::
+
+    P:agent:A:inbox            hash: last -> the last number admitted (the counter),
+                               bytes -> sealed bytes of the unconsumed submissions
+    P:agent:A:inbox:pending    hash: number -> sealed submission, while unconsumed
+    P:agent:A:inbox:numbers    sorted set: the unconsumed numbers, scored by number
+    P:agent:A:inbox:ids        hash: request id -> its number (pending, or consumed and kept)
+    P:agent:A:inbox:consumed   hash: number -> request id of a kept consumed submission
+    P:agent:A:inbox:replies    hash: number -> its sealed reply (absent: consumed without one)
+    P:agent:A:inbox:kept       sorted set: the kept consumed numbers, scored by number
+
+``admit`` is one Lua script (``inbox_scripts.ADMIT``): the duplicate check, the
+next-number check, the limits and the writes (entry, number, request id,
+counter, byte total) in one atomic step, announced on ``P:agent:A:changed``.
+The consumption is part of the fenced checkpoint script
+(``scripts.PUT_CHECKPOINT`` with ``inbox_scripts.CONSUME``): written with the
+checkpoint or not at all, and announced with it. Durable as the checkpoints
+are: as the server's ``appendonly``/``appendfsync`` say (``GUARANTEES``).
+
+Nothing stored is trusted (DESIGN.md invariant 10). ``read_inbox`` looks at no
+more than ``MAX_INBOX_COUNT`` numbers and sends no entry over
+``MAX_SUBMISSION_BYTES`` and no more than ``MAX_INBOX_BYTES`` in all;
+``read_admission`` measures the request id and reply before fetching them.
+What does not parse is logged once and left out (read_inbox) or taken as
+unknown, or as no reply (read_admission). A counter or byte total that is not
+a number as we write one (or an ``inbox`` key of another type) makes ``admit``
+a CorruptRecord naming it, storing nothing: the next number cannot be known, and
+guessing could give a number twice. The checkpoint leaves that key as it is
+(only a total whose pending entries were lost restarts at 0), so junk there
+never keeps a step from being published. Any other inbox key of
+another type holds nothing readable and is replaced by the next write.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
+from ...limits import (
+    MAX_CONSUMED_PER_STEP,
+    MAX_INBOX_BYTES,
+    MAX_INBOX_COUNT,
+    MAX_REPLY_BYTES,
+    MAX_REQUEST_ID_CHARS,
+    MAX_SEQ,
+    MAX_SUBMISSION_BYTES,
+    check_reply_bounds,
+    check_submission_bounds,
+)
+from .._reported import ReportedOnce
+from ..base import AdmissionState, Consumed
+from . import inbox_scripts as _scripts
+from .replies import text
+
+__all__ = ["REPLIES_REMOVED_PER_CHECKPOINT", "RedisInbox", "check_consumed"]
+
+# How many consumed records past keep_replies one checkpoint removes at most:
+# twice what a step may add, so retention catches up, and bounded whatever was planted.
+REPLIES_REMOVED_PER_CHECKPOINT = 2 * MAX_CONSUMED_PER_STEP
+
+# A number as the scripts write it: no sign, no leading zero.
+_NUMBER = re.compile(rb"[1-9][0-9]{0,15}")
+
+
+# What ADMIT's {'corrupt', name} says of the inbox record.
+_DAMAGE = {
+    b"inbox": "is not stored as a hash",
+    b"last": "has a counter (field last) that is not a number as this store writes it",
+    b"bytes": "has a byte total (field bytes) that is not a number as this store writes it",
+}
+
+
+def check_consumed(consumed: Sequence[Consumed]) -> str | None:
+    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
+    if len(consumed) > MAX_CONSUMED_PER_STEP:
+        return (
+            f"a step consumed {len(consumed)} submissions, above the limit of "
+            f"{MAX_CONSUMED_PER_STEP} per step"
+        )
+    for each in consumed:
+        size = None if each.reply is None else len(each.reply)
+        problem = check_reply_bounds(each.number, each.request_id, size)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _number(value: Any) -> int | None:
+    """A number as the scripts write one (1..MAX_SEQ), or None."""
+    if not isinstance(value, bytes) or not _NUMBER.fullmatch(value):
+        return None
+    number = int(value)
+    return number if number <= MAX_SEQ else None
+
+
+class RedisInbox:
+    """The inboxes of every agent of one Redis store.
+
+    key(agent, *parts) names the agent's keys, as the store does; changed(agent)
+    is the channel its writes are announced on.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        key: Callable[..., str],
+        changed: Callable[[str], str],
+        reported: ReportedOnce,
+        url: str,
+        keep_replies: int,
+    ) -> None:
+        self._key = key
+        self._changed = changed
+        self._reported = reported
+        self._url = url
+        self.keep_replies = keep_replies
+        self._admit = client.register_script(_scripts.ADMIT)
+        self._read = client.register_script(_scripts.READ_INBOX)
+        self._admission = client.register_script(_scripts.READ_ADMISSION)
+
+    def keys(self, agent: str) -> list[str]:
+        """The agent's inbox keys, in the order every inbox script takes them."""
+        return [self._key(agent, *name.split(":")) for name in _scripts.INBOX_KEYS]
+
+    def consume_args(self, consumed: Sequence[Consumed]) -> list[Any]:
+        """The checkpoint script's arguments for the consumption (after its own)."""
+        args: list[Any] = [
+            self.keep_replies,
+            REPLIES_REMOVED_PER_CHECKPOINT,
+            MAX_SEQ,
+            MAX_REQUEST_ID_CHARS,
+        ]
+        for each in consumed:
+            reply = each.reply
+            args += [str(each.number), each.request_id, "0" if reply is None else "1"]
+            args.append(b"" if reply is None else bytes(reply))
+        return args
+
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        """Store.admit: bounds first, then one script."""
+        problem = check_submission_bounds(number, request_id, len(blob))
+        if problem is not None:  # refused before anything is sent
+            raise StoreError(problem)
+        answer = self._admit(
+            keys=self.keys(agent),
+            args=[
+                request_id,
+                str(number),
+                bytes(blob),
+                MAX_INBOX_COUNT,
+                MAX_INBOX_BYTES,
+                MAX_SEQ,
+                self._changed(agent),
+            ],
+        )
+        status = answer[0]
+        if status == b"ok":
+            return number, False
+        if status == b"duplicate":
+            known = _number(answer[1])
+            if known is None:  # the script sends only numbers it parsed; checked again
+                raise CorruptRecord(f"inbox of {agent!r}: request id {request_id!r} is damaged")
+            return known, True
+        if status == b"next":
+            next_number = _number(answer[1])
+            if next_number is None:
+                raise CorruptRecord(f"inbox of {agent!r}: its next number is past {MAX_SEQ}")
+            raise NotNextNumber(number, next_number)
+        if status == b"count":
+            raise InboxFull(
+                f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
+            )
+        if status == b"bytes":
+            raise InboxFull(
+                f"inbox is full: this submission would make its unconsumed submissions "
+                f"{text(answer[1])} bytes, above the limit of {MAX_INBOX_BYTES} bytes "
+                f"({MAX_INBOX_BYTES // 2**20} MiB)"
+            )
+        damaged = answer[1] if status == b"corrupt" and len(answer) > 1 else b""
+        what = _DAMAGE.get(damaged, "answered the admission in a way not understood")
+        raise CorruptRecord(
+            f"redis store {self._url}: inbox record {self._key(agent, 'inbox')} {what}: "
+            "nothing admitted (remove or repair that key)"
+        )
+
+    def read(self, agent: str, after: int) -> list[tuple[int, bytes]]:
+        """Store.read_inbox: what the script sent, checked again; the rest reported once."""
+        answer = self._read(
+            keys=self.keys(agent),
+            args=[
+                max(int(after), 0),
+                MAX_INBOX_COUNT,
+                MAX_SUBMISSION_BYTES,
+                MAX_INBOX_BYTES,
+                MAX_SEQ,
+            ],
+        )
+        if not isinstance(answer, list) or len(answer) < 2:
+            return []
+        if answer[0] == b"type":
+            kind = text(answer[2]) if len(answer) > 2 else "?"
+            self._warn(agent, ("type", answer[1]), "%s is a Redis %s", text(answer[1]), kind)
+            return []
+        left_out, stopped = answer[0], answer[1]
+        if isinstance(left_out, int) and left_out > 0:
+            self._warn(agent, ("junk", left_out), "left out %d numbers that are not ours", left_out)
+        if stopped == 1:
+            self._warn(
+                agent,
+                ("stopped", after),
+                "stopped reading at %d bytes (MAX_INBOX_BYTES): the rest follows later",
+                MAX_INBOX_BYTES,
+            )
+        found: list[tuple[int, bytes]] = []
+        for field, value in zip(answer[2::2], answer[3::2], strict=False):
+            number = _number(field)
+            if number is None or number <= after:  # the script sends only ours; checked again
+                continue
+            if isinstance(value, int) or not isinstance(value, bytes):
+                self._warn(
+                    agent,
+                    ("size", number, value),
+                    "left out submission %d: %s bytes, above the limit of %d bytes",
+                    number,
+                    value,
+                    MAX_SUBMISSION_BYTES,
+                )
+                continue
+            found.append((number, value))
+        return found[:MAX_INBOX_COUNT]
+
+    def admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        """Store.read_admission: None for anything that does not parse (reported once)."""
+        answer = self._admission(
+            keys=self.keys(agent), args=[request_id, MAX_REPLY_BYTES, MAX_REQUEST_ID_CHARS]
+        )
+        if not isinstance(answer, list) or not answer:
+            return None
+        if answer[0] == b"type":
+            self._warn(agent, ("type", answer[1]), "%s is not a hash", text(answer[1]))
+            return None
+        number = _number(answer[0])
+        if number is None:
+            self._warn(
+                agent,
+                ("id", request_id),
+                "request id %r names no number: taken as unknown",
+                request_id[:64],
+            )
+            return None
+        if len(answer) == 1:
+            return AdmissionState(number, consumed=False, reply=None)
+        recorded = answer[1]
+        reply = answer[2] if len(answer) > 2 else None
+        if not isinstance(recorded, bytes) or recorded != request_id.encode():
+            self._warn(
+                agent,
+                ("owner", number),
+                "consumed submission %d is recorded under another request id: no reply given",
+                number,
+            )
+            return AdmissionState(number, consumed=True, reply=None)
+        if reply is not None and not isinstance(reply, bytes):
+            self._warn(
+                agent,
+                ("reply", number),
+                "the reply to submission %d is %s bytes, above the limit of %d bytes: not read",
+                number,
+                reply,
+                MAX_REPLY_BYTES,
+            )
+            reply = None
+        return AdmissionState(number, consumed=True, reply=reply)
+
+    def _warn(self, agent: str, key: object, why: str, *args: object) -> None:
+        """Log once what was left out of agent's inbox."""
+        self._reported.warn(
+            (agent, "inbox", key),
+            "redis store %s: inbox of %s: " + why,
+            self._url,
+            agent,
+            *args,
+        )

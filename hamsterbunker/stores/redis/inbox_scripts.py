@@ -1,0 +1,307 @@
+"""The Lua scripts of the Redis store's inbox (``hamsterbunker.stores.redis.inbox``).
+
+The keys are told in that module's docstring; every script takes the inbox's
+keys in one order, ``INBOX_KEYS``. As the store's other scripts, these never
+raise a Lua error on what a store writer without the secret put in the keys
+(keys of another type, fields that are not numbers as we write them, values of
+any size): each value is measured (``HSTRLEN``) before it is fetched, and every
+check comes before the first write, so a script that refuses has changed
+nothing.
+
+``CONSUME`` is not a script of its own: it is the part of the checkpoint script
+(``scripts.PUT_CHECKPOINT``) that runs once the fenced checkpoint is written,
+in the same atomic step.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ADMIT", "CONSUME", "INBOX_HELPERS", "INBOX_KEYS", "READ_ADMISSION", "READ_INBOX"]
+
+# The inbox's keys (under P:agent:A:), in the order every script takes them.
+INBOX_KEYS = (
+    "inbox",
+    "inbox:pending",
+    "inbox:numbers",
+    "inbox:ids",
+    "inbox:consumed",
+    "inbox:replies",
+    "inbox:kept",
+)
+
+# Lua helpers. number_in(key, field, max): the number stored under a hash field
+# as we write one (decimal digits, no leading zero, at most max), 0 if the
+# field is absent, nil for anything else; measured before it is fetched.
+# usable(key, kind): whether key is of that kind or absent.
+INBOX_HELPERS = """
+local function number_in(key, field, max)
+  local size = redis.call('HSTRLEN', key, field)
+  if size == 0 then
+    if redis.call('HEXISTS', key, field) == 0 then
+      return 0
+    end
+    return nil
+  end
+  if size > 16 then
+    return nil
+  end
+  local text = redis.call('HGET', key, field)
+  if not string.match(text, '^%d+$') or (#text > 1 and string.sub(text, 1, 1) == '0') then
+    return nil
+  end
+  local n = tonumber(text)
+  if n > max then
+    return nil
+  end
+  return n
+end
+local function usable(key, kind)
+  local found = redis.call('TYPE', key)['ok']
+  return found == kind or found == 'none'
+end
+"""
+
+# KEYS: INBOX_KEYS. ARGV: request id, number, sealed submission,
+# MAX_INBOX_COUNT, MAX_INBOX_BYTES, MAX_SEQ, channel. Returns
+#   {'duplicate', number}        the request id is known: nothing stored
+#   {'next', next number}        number is not the next one: nothing stored
+#   {'count'} / {'bytes', total} admitting it would pass a limit: nothing stored
+#   {'corrupt', key name}        the counter or byte total is not as we write it
+#                                (or its hash is of another type): nothing stored
+#   {'ok'}                       stored: entry, number, request id, counter, total
+# A request id whose index entry is not a number is taken as unknown (the
+# admission replaces it). The pending hash or the numbers set of another type
+# holds nothing readable: both are replaced, and the byte total restarts at 0;
+# the other sets of another type are replaced (what they held is unreadable).
+# A pending entry above the counter was never admitted (planted), so never
+# counted in the total: replaced.
+ADMIT = (
+    INBOX_HELPERS
+    + """
+local state, pending, numbers, ids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rid, number, blob = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local max_count, max_bytes, max_seq = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+if not usable(state, 'hash') then
+  return {'corrupt', 'inbox'}
+end
+local wanted = {'hash', 'hash', 'zset', 'hash', 'hash', 'hash', 'zset'}
+local fine = {}
+for i = 2, 7 do
+  fine[i] = usable(KEYS[i], wanted[i])
+end
+if fine[4] then
+  local known = number_in(ids, rid, max_seq)
+  if known ~= nil and known > 0 then
+    return {'duplicate', string.format('%d', known)}
+  end
+end
+local last = number_in(state, 'last', max_seq)
+if last == nil then
+  return {'corrupt', 'last'}
+end
+local total = number_in(state, 'bytes', 2^53)
+if total == nil then
+  return {'corrupt', 'bytes'}
+end
+if number ~= last + 1 then
+  return {'next', string.format('%d', last + 1)}
+end
+local reset = not (fine[2] and fine[3])
+local count = 0
+if reset then
+  total = 0
+else
+  count = redis.call('ZCARD', numbers)
+end
+if count + 1 > max_count then
+  return {'count'}
+end
+total = total + #blob
+if total > max_bytes then
+  return {'bytes', string.format('%d', total)}
+end
+for i = 2, 7 do
+  if not fine[i] or (reset and (i == 2 or i == 3)) then
+    redis.call('UNLINK', KEYS[i])
+  end
+end
+redis.call('HSET', pending, ARGV[2], blob)
+redis.call('ZADD', numbers, ARGV[2], ARGV[2])
+redis.call('HSET', ids, rid, ARGV[2])
+redis.call('HSET', state, 'last', ARGV[2], 'bytes', string.format('%d', total))
+redis.call('PUBLISH', ARGV[7], 'admitted')
+return {'ok'}
+"""
+)
+
+# The consumption, run by scripts.PUT_CHECKPOINT once its checkpoint is written.
+# KEYS[5..11]: INBOX_KEYS. ARGV[13..16]: how many consumed records
+# to keep, how many older ones to remove at most, MAX_SEQ, MAX_REQUEST_ID_CHARS;
+# from ARGV[17] on, (number, request id, '1' with a reply or '0', the reply or '') for each
+# consumed. Each: its pending entry and number go (its bytes off the total), its
+# request id is recorded, its reply kept (or none), its number added to the kept
+# set, and the request id indexed unless it already names a number. Then the
+# lowest kept numbers past the newest ones to keep go with their records and
+# their request ids (if the id still names that number), at most as many as
+# told (leftovers go at the next checkpoint, so the work is bounded whatever was
+# planted). Keys of another type are replaced, as ADMIT does, except the
+# counter's hash: never replaced here (the counter must not go back); a total
+# that is not a number is left as it is (ADMIT reports it), unless the pending
+# entries were lost with their key, when it restarts at 0 with them.
+CONSUME = (
+    INBOX_HELPERS
+    + """
+do
+  local state, pending, numbers, ids = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+  local consumed, replies, kept = KEYS[9], KEYS[10], KEYS[11]
+  local keep, bound = tonumber(ARGV[13]), tonumber(ARGV[14])
+  local max_seq, max_rid = tonumber(ARGV[15]), tonumber(ARGV[16])
+  local state_fine = usable(state, 'hash')
+  if not (usable(pending, 'hash') and usable(numbers, 'zset')) then
+    redis.call('UNLINK', pending, numbers)
+    if state_fine then
+      redis.call('HSET', state, 'bytes', '0')
+    end
+  end
+  for _, pair in ipairs({{ids, 'hash'}, {consumed, 'hash'}, {replies, 'hash'}, {kept, 'zset'}}) do
+    if not usable(pair[1], pair[2]) then
+      redis.call('UNLINK', pair[1])
+    end
+  end
+  local freed = 0
+  for i = 17, #ARGV, 4 do
+    local n, rid = ARGV[i], ARGV[i + 1]
+    freed = freed + redis.call('HSTRLEN', pending, n)
+    redis.call('HDEL', pending, n)
+    redis.call('ZREM', numbers, n)
+    redis.call('HSET', consumed, n, rid)
+    if ARGV[i + 2] == '1' then
+      redis.call('HSET', replies, n, ARGV[i + 3])
+    else
+      redis.call('HDEL', replies, n)
+    end
+    redis.call('ZADD', kept, n, n)
+    local known = number_in(ids, rid, max_seq)
+    if known == nil or known == 0 then
+      redis.call('HSET', ids, rid, n)
+    end
+  end
+  if freed > 0 and state_fine then
+    local total = number_in(state, 'bytes', 2^53)
+    if total ~= nil then
+      redis.call('HSET', state, 'bytes', string.format('%d', math.max(total - freed, 0)))
+    end
+  end
+  local excess = redis.call('ZCARD', kept) - keep
+  if excess > 0 then
+    for _, n in ipairs(redis.call('ZRANGE', kept, 0, math.min(excess, bound) - 1)) do
+      local size = redis.call('HSTRLEN', consumed, n)
+      if size > 0 and size <= max_rid then
+        local rid = redis.call('HGET', consumed, n)
+        if redis.call('HSTRLEN', ids, rid) <= 16 and redis.call('HGET', ids, rid) == n then
+          redis.call('HDEL', ids, rid)
+        end
+      end
+      redis.call('HDEL', consumed, n)
+      redis.call('HDEL', replies, n)
+      redis.call('ZREM', kept, n)
+    end
+  end
+end
+"""
+)
+
+# KEYS: INBOX_KEYS. ARGV: after, MAX_INBOX_COUNT, MAX_SUBMISSION_BYTES,
+# MAX_INBOX_BYTES, MAX_SEQ. Returns {'type', key name, its type} if the pending
+# hash or the numbers set is of another type, else {left out, stopped, then
+# number, sealed bytes pairs}: the pending numbers above after, ascending, at
+# most MAX_INBOX_COUNT looked at; a member that is not a number as we write it
+# (its score that number, at most MAX_SEQ) is counted in "left out" and not
+# sent, a number without an entry is passed over, and an entry over
+# MAX_SUBMISSION_BYTES is sent as its length (an integer), unread. Once the
+# entries sent would pass MAX_INBOX_BYTES (only a planted or damaged inbox holds
+# that much), the reading stops there, stopped = 1: a later read, after
+# consumption, goes on from there, so no more than that leaves the server.
+READ_INBOX = """
+local pending, numbers = KEYS[2], KEYS[3]
+for _, pair in ipairs({{pending, 'hash', 'inbox:pending'}, {numbers, 'zset', 'inbox:numbers'}}) do
+  local found = redis.call('TYPE', pair[1])['ok']
+  if found ~= pair[2] and found ~= 'none' then
+    return {'type', pair[3], found}
+  end
+end
+local count, cap, max_bytes = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_seq = tonumber(ARGV[5])
+local members = redis.call(
+  'ZRANGEBYSCORE', numbers, '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, count)
+local out = {0, 0}
+local total = 0
+for i = 1, #members, 2 do
+  local n, score = members[i], tonumber(members[i + 1])
+  local good = #n <= 16 and string.match(n, '^[1-9]%d*$') ~= nil
+  if good then
+    good = tonumber(n) == score and score <= max_seq
+  end
+  if not good then
+    out[1] = out[1] + 1
+  else
+    local size = redis.call('HSTRLEN', pending, n)
+    if size > cap then
+      table.insert(out, n)
+      table.insert(out, size)
+    elseif size > 0 or redis.call('HEXISTS', pending, n) == 1 then
+      if total + size > max_bytes then
+        out[2] = 1
+        break
+      end
+      total = total + size
+      table.insert(out, n)
+      table.insert(out, redis.call('HGET', pending, n))
+    end
+  end
+end
+return out
+"""
+
+# KEYS: INBOX_KEYS. ARGV: request id, MAX_REPLY_BYTES, MAX_REQUEST_ID_CHARS.
+# Returns {} if the request id is not indexed, {'type', key name} if a key it
+# needs is of another type, {'number', its length} if the indexed number is
+# over 16 bytes, else {number} for a pending one, {number, request id} for one
+# consumed without a reply, {number, request id, reply} with one; a request id
+# or reply over its limit comes as its length (an integer), unread.
+READ_ADMISSION = """
+local ids, consumed, replies = KEYS[4], KEYS[5], KEYS[6]
+local names = {[4] = 'inbox:ids', [5] = 'inbox:consumed', [6] = 'inbox:replies'}
+for i = 4, 6 do
+  local found = redis.call('TYPE', KEYS[i])['ok']
+  if found ~= 'hash' and found ~= 'none' then
+    return {'type', names[i]}
+  end
+end
+if redis.call('HEXISTS', ids, ARGV[1]) == 0 then
+  return {}
+end
+local size = redis.call('HSTRLEN', ids, ARGV[1])
+if size > 16 then
+  return {'number', size}
+end
+local n = redis.call('HGET', ids, ARGV[1])
+if redis.call('HEXISTS', consumed, n) == 0 then
+  return {n}
+end
+local out = {n}
+local rid_size = redis.call('HSTRLEN', consumed, n)
+if rid_size > tonumber(ARGV[3]) then
+  table.insert(out, rid_size)
+else
+  table.insert(out, redis.call('HGET', consumed, n))
+end
+if redis.call('HEXISTS', replies, n) == 1 then
+  local reply_size = redis.call('HSTRLEN', replies, n)
+  if reply_size > tonumber(ARGV[2]) then
+    table.insert(out, reply_size)
+  else
+    table.insert(out, redis.call('HGET', replies, n))
+  end
+end
+return out
+"""
