@@ -1,7 +1,9 @@
 """Checkpoints in etcd: the fenced write with its retention, and the listing.
 
 The write's txn also removes the effect journal of its step and older (one
-delete-range: the zero-padded seqs in the journal keys put them in one range).
+delete-range: the zero-padded seqs in the journal keys put them in one range),
+and commits what an ``extra`` part adds (the inbox's consumption): its reads
+join the write's one read, its compares and operations join the write's txn.
 
 The steps of the write (one read of the names stored, then one txn that
 compares the fence) are told at the top of ``hamsterbunker.stores.etcd``, with
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from etcd3gw.exceptions import Etcd3Exception
 
@@ -40,7 +42,26 @@ from .kv import (
     unb64,
 )
 
-__all__ = ["EtcdCheckpoints"]
+__all__ = ["EtcdCheckpoints", "Raced", "TxnExtra"]
+
+Ops = list[dict[str, Any]]
+
+
+class TxnExtra(Protocol):
+    """More to commit in a checkpoint's txn: read with the write's read, compared and written
+    in its txn (all or nothing with the checkpoint)."""
+
+    def reads(self) -> Ops:
+        """Range requests to add to the write's one read."""
+        ...
+
+    def ops(self, found: list[list[dict[str, Any]]]) -> tuple[Ops, Ops]:
+        """(compares, operations) for the txn, given what reads() found."""
+        ...
+
+
+class Raced(StoreError):
+    """An extra part's compare failed (the fence and the seq were fine): read again, retry."""
 
 
 class EtcdCheckpoints:
@@ -58,11 +79,14 @@ class EtcdCheckpoints:
         self._reported = reported
         self._keep = keep
 
-    def put(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        """Store.put_checkpoint: one read of the names stored, then one fenced txn."""
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
-        if problem is not None:  # refused before anything is sent
-            raise StoreError(problem)
+    def put(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, extra: TxnExtra | None = None
+    ) -> CheckpointInfo:
+        """Store.put_checkpoint: one read of the names stored, then one fenced txn.
+
+        Raises Raced (nothing written) if only one of extra's compares failed.
+        """
+        self.check_bounds(fence, seq, blob)
         prefix = self._agent_prefix(agent)
         data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
         fence_text = fence.to_text()
@@ -70,16 +94,13 @@ class EtcdCheckpoints:
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
         # One read of what is stored: the names of the checkpoints at or above seq
         # (they say seq and epoch), of every description (for retention), and the fence.
-        above, described, fence_kvs = ranges(
-            self._connection.txn(
-                [],
-                [
-                    get_op(data + pad(seq), range_end(data), keys_only=True),
-                    get_op(infos, range_end(infos), keys_only=True),
-                    get_op(prefix + "fence"),
-                ],
-            )
-        )
+        reads = [
+            get_op(data + pad(seq), range_end(data), keys_only=True),
+            get_op(infos, range_end(infos), keys_only=True),
+            get_op(prefix + "fence"),
+        ]
+        read = ranges(self._connection.txn([], reads + (extra.reads() if extra else [])))
+        above, described, fence_kvs = read[:3]
         replaced = False  # another epoch's checkpoint under this seq, to delete
         for kv in above:
             name = kv_key(kv).removeprefix(data.encode())
@@ -128,7 +149,11 @@ class EtcdCheckpoints:
             # Nothing is overwritten: this epoch's key for seq does not exist yet.
             {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": 0},
         ]
-        failure = [get_op(prefix + "fence")]
+        if extra is not None:
+            more_compare, more_success = extra.ops(read[3:])
+            compare += more_compare
+            success += more_success
+        failure = [get_op(prefix + "fence"), get_op(key, keys_only=True)]
         failpoint("checkpoint.before_commit")
         try:
             response = self._connection.txn(compare, success, failure)
@@ -143,13 +168,22 @@ class EtcdCheckpoints:
             raise
         if response.get("succeeded"):
             return info
-        [fence_kvs] = ranges(response)
+        fence_kvs, own = ranges(response)
         if fence_value(fence_kvs) != fence_text.encode():
             raise fence.refused(seq, describe_fence_text(fence_value(fence_kvs)))
+        if extra is not None and not own:
+            raise Raced(f"checkpoint {seq} of {agent!r}: the inbox changed while it was written")
         raise StoreError(
             f"checkpoint sequence must increase: {seq} is already stored under this epoch "
             f"({fence.epoch})"
         )
+
+    @staticmethod
+    def check_bounds(fence: Fence, seq: int, blob: bytes) -> None:
+        """StoreError, before anything is sent, outside check_checkpoint_bounds."""
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob))
+        if problem is not None:
+            raise StoreError(problem)
 
     def _warn_key(self, agent: str, kv: Mapping[str, Any], what: str) -> None:
         """Log once that a key under the agent's prefix does not parse (it is skipped)."""

@@ -145,7 +145,7 @@ def put_op(key: str, value: str | bytes) -> dict[str, Any]:
     return {"request_put": {"key": b64(key), "value": b64(value)}}
 
 
-def get_op(key: str, range_end: str | None = None, **options: Any) -> dict[str, Any]:
+def get_op(key: str | bytes, range_end: str | None = None, **options: Any) -> dict[str, Any]:
     """A txn request that reads key, or the keys from key up to range_end."""
     request: dict[str, Any] = {"key": b64(key), **options}
     if range_end is not None:
@@ -153,7 +153,7 @@ def get_op(key: str, range_end: str | None = None, **options: Any) -> dict[str, 
     return {"request_range": request}
 
 
-def delete_op(key: str, range_end: str) -> dict[str, Any]:
+def delete_op(key: str | bytes, range_end: str | bytes) -> dict[str, Any]:
     """A txn request that deletes the keys from key up to range_end."""
     return {"request_delete_range": {"key": b64(key), "range_end": b64(range_end)}}
 

@@ -10,6 +10,7 @@ writers; no local flag is ever the guard. Keys under the prefix P::
     P/agents/A/checkpoints/<seq>-<epoch>        sealed bytes (seq and epoch zero-padded)
     P/agents/A/checkpoint-info/<seq>            {"epoch", "seq", "size", "written"}, same txn
     P/agents/A/effects/<seq>/<index>/<kind>     one sealed effect-journal record (seq, index padded)
+    P/agents/A/inbox/...                        the inbox: see ``hamsterbunker.stores.etcd.inbox``
     P/agents/A/acceptance                       the loss-acceptance record (``hb accept-loss``)
     P/agents/A/heartbeats/<node>                heartbeat record
     P/agents/A/event-nodes/<node>               empty: lets readers find every node's log
@@ -69,20 +70,21 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from etcd3gw.client import Etcd3Client
 
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
-from ...limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
+from ...limits import INBOX_REPLIES_KEPT, MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
-from ..base import Fence, Store, StoreGuarantees, fence_text
+from ..base import AdmissionState, Consumed, Fence, Store, StoreGuarantees, fence_text
 from .checkpoints import EtcdCheckpoints
 from .connection import EtcdConnection, parse_etcd_url
 from .effects import EtcdEffects
+from .inbox import EtcdInbox, check_consumed
 from .kv import (
     TXN_OPS,
     b64,
@@ -146,10 +148,13 @@ class EtcdStore(Store):
         *,
         keep_checkpoints: int = 5,
         events_per_node: int = 1000,
+        keep_replies: int = INBOX_REPLIES_KEPT,
         create: bool = True,
     ) -> None:
         if keep_checkpoints < 1:
             raise ConfigError("keep_checkpoints must be at least 1")
+        if keep_replies < 1:
+            raise ConfigError("keep_replies must be at least 1")
         if events_per_node < 1:
             raise ConfigError("events_per_node must be at least 1")
         self.url = url
@@ -165,6 +170,7 @@ class EtcdStore(Store):
             self._connection, self._agent_prefix, self._reported, keep_checkpoints
         )
         self._effects = EtcdEffects(self._connection, self._agent_prefix, self._reported)
+        self._inbox = EtcdInbox(self._connection, self._agent_prefix, self._reported, keep_replies)
         if not create and not self._exists():
             where = self._connection.all_endpoints()
             raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd {where}")
@@ -244,8 +250,16 @@ class EtcdStore(Store):
     # -- checkpoints -------------------------------------------------------
 
     @_translated
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
-        return self._checkpoints.put(agent, fence, seq, blob)
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
+        self._checkpoints.check_bounds(fence, seq, blob)  # before the replies are staged
+        problem = check_consumed(consumed)
+        if problem is not None:  # refused before anything is sent
+            raise StoreError(problem)
+        if not consumed:
+            return self._checkpoints.put(agent, fence, seq, blob)
+        return self._inbox.checkpoint(agent, fence, seq, blob, consumed, self._checkpoints.put)
 
     @_translated
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -275,6 +289,20 @@ class EtcdStore(Store):
     @_translated
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
         return self._effects.read(agent, seq)
+
+    # -- inbox -------------------------------------------------------------
+
+    @_translated
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        return self._inbox.admit(agent, request_id, number, blob)
+
+    @_translated
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        return self._inbox.read(agent, after)
+
+    @_translated
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        return self._inbox.admission(agent, request_id)
 
     # -- loss acceptance ---------------------------------------------------
 

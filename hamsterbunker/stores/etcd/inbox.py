@@ -1,0 +1,581 @@
+"""The inbox in etcd: admission (one compare-and-swap txn), the bounded reads, and the
+consumption a checkpoint's txn commits (DESIGN.md invariant 9).
+
+Keys under the agent's prefix P/agents/A/::
+
+    inbox/meta                              {"last", "count", "bytes"}: the last number
+                                            admitted, and how many submissions (and their
+                                            sealed bytes) were ever admitted; admit only
+    inbox/consumed                          {"count", "bytes"}: of those, how many were
+                                            consumed; checkpoint txns only
+    inbox/pending/<number:020d>             a sealed submission not yet consumed
+    inbox/ids/<request id>                  {"n", "size"} once admitted; {"n", "consumed":
+                                            true, "reply": "<epoch:010d>-<seq:020d>" or null}
+                                            once consumed
+    inbox/done/<number:020d>                the request id of a consumed submission (retention)
+    inbox/replies/<number:020d>/<epoch:010d>-<seq:020d>
+                                            a sealed reply, staged before the checkpoint txn
+                                            of step seq; readable once ``ids`` names it
+
+Unconsumed count and bytes are meta's totals less consumed's: each key has one
+writer, so ``admit`` never compares a key a checkpoint writes, nor a checkpoint
+one that ``admit`` writes. A consumption between admit's read and its txn only
+lowers what is unconsumed, so a refusal (InboxFull) decided on that read is
+still right at the read, and an admission never goes over a limit.
+
+``admit``: one read txn (meta, consumed, ``ids/<request id>``, and the name of
+``pending/<number>``), then one txn comparing meta's mod_revision and
+``ids/<request id>``'s (0: absent; a record that does not parse is replaced),
+and that ``pending/<number>`` is absent (a pending entry is never overwritten:
+with one there, meta was lost or changed, a CorruptRecord), that puts pending
+entry, ids record and meta. A failed compare reads again and decides again
+(duplicate, NotNextNumber, or another try): two clients racing with one request
+id get one admission.
+
+``put_checkpoint(..., consumed)``: the replies are staged first, in fenced txns
+of at most ``_STAGE_BYTES`` each (a fenced writer stages nothing), under keys no
+reader looks at until an ids record names them. Then the checkpoint's own read
+also reads ``consumed`` and, for each consumed number, its pending entry (keys
+only) and its request id's ids record (which holds the admitted size), and the
+checkpoint's txn also compares consumed's and each pending entry's mod_revision
+and, per consumed number, deletes the pending entry, puts ``done/<number>`` and
+the ids record naming the reply (3 operations), and puts consumed's new totals
+(1). The txn holds at most 7 checkpoint operations (bytes, description, journal
+delete-range, 2 retention and 2 same-seq delete-ranges) + 1 + 3 * 32 = 104
+operations, under etcd's default ``--max-txn-ops`` of 128, and 2 + 1 + 32 = 35
+compares; the read 3 + 1 + 2 * 32 = 68 ranges. The request is small (the replies
+went before), so a step consuming 32 replies of ``MAX_REPLY_BYTES`` (8 MiB) fits
+etcd's default ``--max-request-bytes`` of 1.5 MiB: 8 staging txns of 1 MiB, then
+the checkpoint. A failed compare of the inbox's part (another write consumed
+meanwhile) writes nothing and is read and tried again, a few times.
+
+Retention, after the checkpoint is committed and best effort (a failure is
+logged; the next consuming checkpoint goes on with it): the oldest ``done``
+records past ``keep_replies`` are removed with their replies (staged ones never
+committed included) and their ids record (if it still names that number), at
+most ``_FORGOTTEN_PER_TXN`` per txn and two txns per checkpoint.
+
+``read_inbox`` reads the pending entries above ``after`` in pages of ``_PAGE``
+(values included: etcd's request limit bounds each), and looks at no more than
+``2 * MAX_INBOX_COUNT`` keys, junk included; ``read_admission`` reads the ids
+record, then the reply it names. Every inbox key is under the agent's prefix,
+which ``watch`` follows: an admission and a consuming checkpoint wake it.
+
+Nothing stored is trusted: a pending entry whose name does not parse or whose
+bytes are over ``MAX_SUBMISSION_BYTES``, an ids record that does not parse, a
+reply over ``MAX_REPLY_BYTES`` are logged once and left out (the ids record is
+taken as unknown, the reply as none). A meta or consumed record that does not
+parse makes ``admit`` raise CorruptRecord naming it; a checkpoint then leaves
+consumed as it is, so a node's checkpoints are never held up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from etcd3gw.exceptions import Etcd3Exception
+
+from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
+from ...limits import (
+    MAX_CONSUMED_PER_STEP,
+    MAX_INBOX_BYTES,
+    MAX_INBOX_COUNT,
+    MAX_NUMBER,
+    MAX_REPLY_BYTES,
+    MAX_SEQ,
+    MAX_SUBMISSION_BYTES,
+    check_reply_bounds,
+    check_request_id,
+    check_submission_bounds,
+)
+from ...records import CheckpointInfo, parse_json
+from .._reported import ReportedOnce
+from ..base import AdmissionState, Consumed, Fence, describe_fence_text
+from .checkpoints import Raced, TxnExtra
+from .connection import EtcdConnection, grpc_error, too_large
+from .kv import (
+    EPOCH_DIGITS,
+    b64,
+    delete_op,
+    fence_value,
+    get_op,
+    kv_key,
+    pad,
+    put_op,
+    range_end,
+    ranges,
+    revision,
+    unb64,
+)
+
+__all__ = ["EtcdInbox"]
+
+# Replies staged in one txn: at most this many sealed bytes (4 of MAX_REPLY_BYTES),
+# well under etcd's default request limit of 1.5 MiB.
+_STAGE_BYTES = 1024 * 1024
+# Pending entries one read of read_inbox fetches (values included), and the most
+# keys one read_inbox looks at, junk included.
+_PAGE = 64
+_SCANNED = 2 * MAX_INBOX_COUNT
+# Tries of an admission or a consuming checkpoint whose compare lost to another write.
+_ADMIT_TRIES = 100
+_CHECKPOINT_TRIES = 5
+# Consumed records retention removes per txn (3 operations each), and txns per checkpoint.
+_FORGOTTEN_PER_TXN = 32
+_FORGET_TXNS = 2
+
+_NUMBER_NAME = re.compile(rb"[0-9]{20}")
+_REPLY_REF = re.compile(rf"[0-9]{{{EPOCH_DIGITS}}}-[0-9]{{20}}")
+
+PutCheckpoint = Callable[[str, Fence, int, bytes, TxnExtra], CheckpointInfo]
+
+
+def check_consumed(consumed: Sequence[Consumed]) -> str | None:
+    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
+    if len(consumed) > MAX_CONSUMED_PER_STEP:
+        return (
+            f"a step consumed {len(consumed)} submissions, above the limit of "
+            f"{MAX_CONSUMED_PER_STEP} per step"
+        )
+    for each in consumed:
+        size = None if each.reply is None else len(each.reply)
+        problem = check_reply_bounds(each.number, each.request_id, size)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _inbox_full(count: int, size: int) -> str | None:
+    """Why an inbox holding count unconsumed submissions of size bytes is over its limits."""
+    if count > MAX_INBOX_COUNT:
+        return f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
+    if size > MAX_INBOX_BYTES:
+        return (
+            f"inbox is full: this submission would make its unconsumed submissions {size} "
+            f"bytes, above the limit of {MAX_INBOX_BYTES} bytes ({MAX_INBOX_BYTES // 2**20} MiB)"
+        )
+    return None
+
+
+def _counts(data: bytes, what: str, names: tuple[str, ...]) -> dict[str, int]:
+    """The named numbers of a meta or consumed record; CorruptRecord naming what otherwise."""
+    doc = parse_json(data, what)
+    if not isinstance(doc, dict):
+        raise CorruptRecord(f"{what} is not a JSON object")
+    counts = {}
+    for name in names:
+        value = doc.get(name)
+        if type(value) is not int or not 0 <= value <= MAX_NUMBER:
+            raise CorruptRecord(f"{what} has no {name} in 0..{MAX_NUMBER}")
+        counts[name] = value
+    return counts
+
+
+def _id_record(data: bytes, what: str) -> dict[str, Any]:
+    """An ids record, checked: n in bounds, and size (admitted) or reply (consumed)."""
+    doc = parse_json(data, what)
+    if not isinstance(doc, dict):
+        raise CorruptRecord(f"{what} is not a JSON object")
+    number = doc.get("n")
+    if type(number) is not int or not 0 < number <= MAX_SEQ:
+        raise CorruptRecord(f"{what} has no number in 1..{MAX_SEQ}")
+    if doc.get("consumed") is True:
+        reply = doc.get("reply")
+        if reply is not None and not (isinstance(reply, str) and _REPLY_REF.fullmatch(reply)):
+            raise CorruptRecord(f"{what} names no reply this store writes")
+    else:
+        size = doc.get("size")
+        if type(size) is not int or not 0 <= size <= MAX_SUBMISSION_BYTES:
+            raise CorruptRecord(f"{what} has no size in 0..{MAX_SUBMISSION_BYTES}")
+    return doc
+
+
+def _value(kvs: list[dict[str, Any]]) -> tuple[bytes | None, int]:
+    """(value, mod_revision) of a range's one kv; (None, 0) if there is none."""
+    if not kvs:
+        return None, 0
+    try:
+        return unb64(kvs[0].get("value", "")), revision(kvs[0])
+    except ValueError as exc:  # the gateway's base64, never expected
+        raise CorruptRecord(f"etcd answered a value that is not base64: {exc}") from exc
+
+
+def _mod_equal(key: str, rev: int) -> dict[str, Any]:
+    """Compare: key's mod_revision is rev (0: key absent)."""
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": rev}
+
+
+class EtcdInbox:
+    """The inboxes of every agent of one etcd store; the store translates the errors."""
+
+    def __init__(
+        self,
+        connection: EtcdConnection,
+        agent_prefix: Callable[[str], str],
+        reported: ReportedOnce,
+        keep_replies: int,
+    ) -> None:
+        self._connection = connection
+        self._agent_prefix = agent_prefix
+        self._reported = reported
+        self._keep = keep_replies
+
+    def _inbox(self, agent: str) -> str:
+        return self._agent_prefix(agent) + "inbox/"
+
+    def _warn(self, agent: str, key: object, why: str, *args: object) -> None:
+        """Log once what was left out of (or taken as unknown in) agent's inbox."""
+        self._reported.warn((agent, "inbox", key), "etcd store: inbox of %s: " + why, agent, *args)
+
+    # -- admission -----------------------------------------------------------
+
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        """Store.admit: read meta, consumed and the id's record; one compare-and-swap txn."""
+        problem = check_submission_bounds(number, request_id, len(blob))
+        if problem is not None:
+            raise StoreError(problem)
+        inbox = self._inbox(agent)
+        meta, totals, ids = inbox + "meta", inbox + "consumed", f"{inbox}ids/{request_id}"
+        pending = inbox + "pending/" + pad(number)
+        for _try in range(_ADMIT_TRIES):
+            reads = [get_op(meta), get_op(totals), get_op(ids), get_op(pending, keys_only=True)]
+            meta_kvs, totals_kvs, id_kvs, taken = ranges(self._connection.txn([], reads))
+            known, id_rev = _value(id_kvs)
+            if known is not None:
+                try:
+                    return _id_record(known, f"inbox record of request id {request_id}")["n"], True
+                except CorruptRecord as exc:  # replaced below, as if unknown
+                    self._warn(agent, (request_id, id_rev), "replacing %s", exc)
+            meta_data, meta_rev = _value(meta_kvs)
+            admitted = {"last": 0, "count": 0, "bytes": 0}
+            if meta_data is not None:
+                admitted = _counts(meta_data, f"inbox meta record {meta}", tuple(admitted))
+            if admitted["last"] > MAX_SEQ:
+                raise CorruptRecord(f"inbox meta record {meta} has last above {MAX_SEQ}")
+            if number != admitted["last"] + 1:
+                raise NotNextNumber(number, admitted["last"] + 1)
+            if taken:  # never overwritten: only a lost or damaged meta record names it next
+                raise CorruptRecord(
+                    f"inbox meta record {meta} names {number} as the next number, but a "
+                    f"submission {number} is stored: the record was lost or changed"
+                )
+            totals_data, _rev = _value(totals_kvs)
+            consumed = {"count": 0, "bytes": 0}
+            if totals_data is not None:
+                consumed = _counts(totals_data, f"inbox consumed record {totals}", tuple(consumed))
+            count = admitted["count"] - consumed["count"]
+            size = admitted["bytes"] - consumed["bytes"]
+            if count < 0 or size < 0:
+                raise CorruptRecord(
+                    f"inbox records {meta} and {totals} disagree: more consumed than admitted"
+                )
+            full = _inbox_full(count + 1, size + len(blob))
+            if full is not None:
+                raise InboxFull(full)
+            new_meta = {
+                "last": number,
+                "count": admitted["count"] + 1,
+                "bytes": admitted["bytes"] + len(blob),
+            }
+            response = self._connection.txn(
+                [_mod_equal(meta, meta_rev), _mod_equal(ids, id_rev), _mod_equal(pending, 0)],
+                [
+                    put_op(pending, bytes(blob)),
+                    put_op(ids, json.dumps({"n": number, "size": len(blob)})),
+                    put_op(meta, json.dumps(new_meta)),
+                ],
+            )
+            if response.get("succeeded"):
+                return number, False
+        raise StoreError(
+            f"admission of {request_id!r} to {agent!r} lost {_ADMIT_TRIES} races in a row"
+        )
+
+    # -- reads ---------------------------------------------------------------
+
+    def read(self, agent: str, after: int) -> list[tuple[int, bytes]]:
+        """Store.read_inbox: pages of pending entries, in key (number) order, bounded."""
+        if after >= MAX_SEQ:
+            return []
+        pending = self._inbox(agent) + "pending/"
+        start: bytes = (pending + pad(max(after, 0) + 1)).encode()
+        end = range_end(pending)
+        found: list[tuple[int, bytes]] = []
+        scanned = 0
+        while len(found) < MAX_INBOX_COUNT and scanned < _SCANNED:
+            [kvs] = ranges(self._connection.txn([], [get_op(start, end, limit=_PAGE)]))
+            for kv in kvs:
+                scanned += 1
+                entry = self._entry(agent, pending.encode(), kv)
+                if entry is not None and entry[0] > after:
+                    found.append(entry)
+            last = kv_key(kvs[-1]) if kvs else b""
+            if len(kvs) < _PAGE or not last:
+                break
+            start = last + b"\0"
+        else:
+            if scanned >= _SCANNED:
+                self._warn(agent, ("scanned", after), "read only the first %d keys", _SCANNED)
+        return found[:MAX_INBOX_COUNT]
+
+    def _entry(self, agent: str, pending: bytes, kv: Mapping[str, Any]) -> tuple[int, bytes] | None:
+        """(number, sealed bytes) of a pending entry, or None (logged) for junk."""
+        key = kv_key(kv)
+        name = key.removeprefix(pending)
+        number = int(name) if _NUMBER_NAME.fullmatch(name) else 0
+        if not 0 < number <= MAX_SEQ:
+            self._warn(agent, (key, kv.get("mod_revision")), "skipping key %r", name[:80])
+            return None
+        try:
+            blob = unb64(kv.get("value", ""))
+        except ValueError:  # the gateway's base64, never expected
+            blob = b"\0" * (MAX_SUBMISSION_BYTES + 1)
+        if len(blob) > MAX_SUBMISSION_BYTES:
+            self._warn(
+                agent,
+                (key, kv.get("mod_revision")),
+                "leaving out submission %d: %d bytes, above the limit of %d",
+                number,
+                len(blob),
+                MAX_SUBMISSION_BYTES,
+            )
+            return None
+        return number, blob
+
+    def admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        """Store.read_admission: the id's record, then the reply it names (if any)."""
+        if check_request_id(request_id) is not None:
+            return None  # no admission is stored under a name that is no request id
+        inbox = self._inbox(agent)
+        found = self._connection.kv.get(f"{inbox}ids/{request_id}", metadata=True)
+        if not found:
+            return None
+        data, meta = found[0]
+        try:
+            doc = _id_record(data, f"inbox record of request id {request_id}")
+        except CorruptRecord as exc:
+            self._warn(agent, (request_id, meta.get("mod_revision")), "%s: taken as unknown", exc)
+            return None
+        number = doc["n"]
+        if doc.get("consumed") is not True:
+            return AdmissionState(number, consumed=False, reply=None)
+        if doc.get("reply") is None:
+            return AdmissionState(number, consumed=True, reply=None)
+        stored = self._connection.kv.get(f"{inbox}replies/{pad(number)}/{doc['reply']}")
+        reply = stored[0] if stored else None
+        if reply is None or len(reply) > MAX_REPLY_BYTES:
+            self._warn(
+                agent,
+                (request_id, meta.get("mod_revision")),
+                "the reply to %s is %s: taken as no reply yet",
+                request_id,
+                "missing" if reply is None else f"{len(reply)} bytes, above {MAX_REPLY_BYTES}",
+            )
+            reply = None
+        return AdmissionState(number, consumed=True, reply=reply)
+
+    # -- consumption -----------------------------------------------------------
+
+    def checkpoint(
+        self,
+        agent: str,
+        fence: Fence,
+        seq: int,
+        blob: bytes,
+        consumed: Sequence[Consumed],
+        put: PutCheckpoint,
+    ) -> CheckpointInfo:
+        """Store.put_checkpoint with consumed: stage the replies, then the checkpoint's txn."""
+        by_number = {each.number: each for each in consumed}  # a number twice: the last
+        entries = sorted(by_number.values(), key=lambda each: each.number)
+        ref = f"{pad(fence.epoch, EPOCH_DIGITS)}-{pad(seq)}"
+        self._stage(agent, fence, seq, ref, entries)
+        for _try in range(_CHECKPOINT_TRIES):
+            try:
+                info = put(agent, fence, seq, blob, _Consumption(self, agent, ref, entries))
+            except Raced:
+                continue
+            self.forget(agent)
+            return info
+        raise StoreError(
+            f"checkpoint {seq} of {agent!r}: the inbox changed under {_CHECKPOINT_TRIES} tries"
+        )
+
+    def _stage(
+        self, agent: str, fence: Fence, seq: int, ref: str, entries: Sequence[Consumed]
+    ) -> None:
+        """Put the replies under ref in fenced txns of at most _STAGE_BYTES (unread as yet)."""
+        inbox = self._inbox(agent)
+        batches: list[list[dict[str, Any]]] = []
+        size = 0
+        for each in entries:
+            if each.reply is None:
+                continue
+            if not batches or size + len(each.reply) > _STAGE_BYTES:
+                batches.append([])
+                size = 0
+            batches[-1].append(put_op(f"{inbox}replies/{pad(each.number)}/{ref}", each.reply))
+            size += len(each.reply)
+        fence_key = self._agent_prefix(agent) + "fence"
+        compare = [{"key": b64(fence_key), "target": "VALUE", "result": "EQUAL",
+                    "value": b64(fence.to_text())}]  # fmt: skip
+        for batch in batches:
+            try:
+                response = self._connection.txn(compare, batch, [get_op(fence_key)])
+            except Etcd3Exception as exc:
+                if too_large(exc):
+                    raise StoreError(
+                        f"replies of checkpoint {seq} of {agent!r} refused by etcd: "
+                        f"{grpc_error(exc)[1]}. etcd takes requests up to its "
+                        "--max-request-bytes (1.5 MiB by default)"
+                    ) from exc
+                raise
+            if not response.get("succeeded"):
+                [fence_kvs] = ranges(response)
+                raise fence.refused(seq, describe_fence_text(fence_value(fence_kvs)))
+
+    def forget(self, agent: str) -> None:
+        """Remove the oldest consumed records past keep_replies (bounded, best effort)."""
+        done = self._inbox(agent) + "done/"
+        try:
+            with self._connection.errors_translated("forget old replies"):
+                for _txn in range(_FORGET_TXNS):
+                    if not self._forget_some(agent, done):
+                        return
+        except (StoreError, ValueError) as exc:  # ValueError: the gateway's base64
+            self._warn(agent, ("forget", str(exc)), "old replies not removed yet: %s", exc)
+
+    def _forget_some(self, agent: str, done: str) -> bool:
+        """One txn of retention; True if there may be more to remove."""
+        end = range_end(done)
+        counted = self._connection.txn([], [get_op(done, end, count_only=True)])
+        try:
+            total = int(counted["responses"][0]["response_range"].get("count", 0))
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError):
+            return False
+        excess = min(total - self._keep, _FORGOTTEN_PER_TXN)
+        if excess <= 0:
+            return False
+        [oldest] = ranges(self._connection.txn([], [get_op(done, end, limit=excess)]))
+        inbox = self._inbox(agent)
+        ops: list[dict[str, Any]] = []
+        named: list[tuple[int, str]] = []
+        for kv in oldest:
+            stored = kv_key(kv)
+            ops.append(delete_op(stored, stored + b"\0"))
+            name = stored.removeprefix(done.encode())
+            if not _NUMBER_NAME.fullmatch(name):
+                self._warn(agent, (stored, kv.get("mod_revision")), "removing key %r", name[:80])
+                continue
+            number = int(name)
+            replies = f"{inbox}replies/{pad(number)}/"
+            ops.append(delete_op(replies, range_end(replies)))
+            request_id = unb64(kv.get("value", "")).decode("ascii", "replace")
+            if check_request_id(request_id) is None:
+                named.append((number, request_id))
+        compare: list[dict[str, Any]] = []
+        if named:
+            keys = [f"{inbox}ids/{request_id}" for _n, request_id in named]
+            found = ranges(self._connection.txn([], [get_op(key) for key in keys]))
+            for (number, request_id), key, kvs in zip(named, keys, found, strict=True):
+                data, rev = _value(kvs)
+                try:
+                    if data is None or _id_record(data, request_id)["n"] != number:
+                        continue  # the id is admitted again, or names another number
+                except CorruptRecord:
+                    pass  # junk: removed with the rest
+                compare.append(_mod_equal(key, rev))
+                ops.append(delete_op(key, key + "\0"))
+        response = self._connection.txn(compare, ops)
+        return bool(response.get("succeeded")) and excess == _FORGOTTEN_PER_TXN
+
+
+class _Consumption:
+    """The inbox's part of one checkpoint txn (a TxnExtra): see the module's docstring."""
+
+    def __init__(self, inbox: EtcdInbox, agent: str, ref: str, entries: Sequence[Consumed]):
+        self._inbox = inbox
+        self._agent = agent
+        self._prefix = inbox._inbox(agent)
+        self._ref = ref
+        self._entries = entries
+
+    def _pending(self, number: int) -> str:
+        return f"{self._prefix}pending/{pad(number)}"
+
+    def _ids(self, request_id: str) -> str:
+        return f"{self._prefix}ids/{request_id}"
+
+    def reads(self) -> list[dict[str, Any]]:
+        reads = [get_op(self._prefix + "consumed")]
+        for each in self._entries:
+            reads += [
+                get_op(self._pending(each.number), keys_only=True),
+                get_op(self._ids(each.request_id)),
+            ]
+        return reads
+
+    def ops(
+        self, found: list[list[dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        totals_key = self._prefix + "consumed"
+        totals_data, totals_rev = _value(found[0])
+        totals: dict[str, int] | None = {"count": 0, "bytes": 0}
+        if totals_data is not None:
+            try:
+                totals = _counts(
+                    totals_data, f"inbox consumed record {totals_key}", ("count", "bytes")
+                )
+            except CorruptRecord as exc:
+                self._inbox._warn(self._agent, ("consumed", totals_rev), "%s: left as it is", exc)
+                totals = None
+        compare = [_mod_equal(totals_key, totals_rev)]
+        success: list[dict[str, Any]] = []
+        unsized: list[str] = []
+        count = size = 0
+        ids_written: set[str] = set()
+        for index, each in enumerate(self._entries):
+            pending_kvs, id_kvs = found[1 + 2 * index], found[2 + 2 * index]
+            pending = self._pending(each.number)
+            pending_rev = revision(pending_kvs[0]) if pending_kvs else 0
+            compare.append(_mod_equal(pending, pending_rev))
+            record, _id_rev = _value(id_kvs)
+            doc = None
+            if record is not None:
+                try:
+                    doc = _id_record(record, each.request_id)
+                except CorruptRecord:
+                    doc = None
+            if pending_kvs:
+                success.append(delete_op(pending, pending + "\0"))
+                count += 1
+                if doc is not None and doc["n"] == each.number and "size" in doc:
+                    size += doc["size"]
+                else:
+                    unsized.append(pending)
+            success.append(put_op(f"{self._prefix}done/{pad(each.number)}", each.request_id))
+            # As a first admission does: a request id known under another number keeps it.
+            if (doc is None or doc["n"] == each.number) and each.request_id not in ids_written:
+                ids_written.add(each.request_id)
+                reply = None if each.reply is None else self._ref
+                value = {"n": each.number, "consumed": True, "reply": reply}
+                success.append(put_op(self._ids(each.request_id), json.dumps(value)))
+        size += self._sizes(unsized)
+        if totals is not None and count:
+            new = {"count": totals["count"] + count, "bytes": totals["bytes"] + size}
+            success.append(put_op(totals_key, json.dumps(new)))
+        return compare, success
+
+    def _sizes(self, keys: list[str]) -> int:
+        """The stored sizes of pending entries whose ids record does not say (rare: junk)."""
+        if not keys:
+            return 0
+        found = ranges(self._inbox._connection.txn([], [get_op(key) for key in keys]))
+        total = 0
+        for kvs in found:
+            data, _rev = _value(kvs)
+            total += 0 if data is None else len(data)  # gone: the txn's compare fails
+        return total
