@@ -1,7 +1,9 @@
-"""``hb``: run a node, set one up, run the local survival demo, show a cluster's status.
+"""``hb``: run a node, set one up, run the local survival demo, show a cluster's status,
+hand work to an agent (``hb submit``, in ``hamsterbunker.cli_submit``).
 
 User mistakes (a bad flag, URL, agent path or secret) print one line naming
-the problem and exit 2, with no traceback.
+the problem and exit 2, with no traceback. ``hb submit --wait --timeout`` that
+runs out exits 124 (EXIT_TIMEOUT).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .agent import load_agent
+from .cli_submit import EXIT_TIMEOUT, add_submit_parser, submit
 from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from .errors import (
     ConfigError,
@@ -30,7 +33,7 @@ from .sealing import check_secret
 from .stores import check_store_url, open_store
 from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_STOP_GRACE_MS, DEFAULT_TICK_MS, LeaseTiming
 
-__all__ = ["main"]
+__all__ = ["EXIT_TIMEOUT", "main"]
 
 # The demo counter: what `hb init` runs when no --agent is given.
 DEMO_AGENT = "hamsterbunker.demo:CounterAgent"
@@ -156,6 +159,8 @@ def _build_parser() -> argparse.ArgumentParser:
     status.add_argument("--store", required=True, help="store URL")
     status.add_argument("--agent-id", required=True)
     status.add_argument("--json", action="store_true", help="print JSON")
+
+    add_submit_parser(sub, SECRET_HELP)
     return parser
 
 
@@ -337,6 +342,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_submit(args: argparse.Namespace) -> int:
+    # The secret is read after the flags and the payload are checked.
+    return submit(args, lambda: read_secret(args.secret_file))
+
+
 def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .acceptance import accept_loss, plan_loss
     from .records import check_name
@@ -394,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         "demo": _cmd_demo,
         "status": _cmd_status,
         "accept-loss": _cmd_accept_loss,
+        "submit": _cmd_submit,
     }
     try:
         return commands[args.command](args)

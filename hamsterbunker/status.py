@@ -2,7 +2,9 @@
 
 Needs no secret: it reads the lease, heartbeats and checkpoint list, never state.
 Heartbeat ages compare the writer's wall clock with ours: they are for people
-to read, and nothing decides on them.
+to read, and nothing decides on them. So is the age of the oldest unconsumed
+submission in the inbox, which the active node's heartbeat carries with the
+inbox's depth (the submitter's wall-clock time of submitting it).
 
 Records in the store are not authenticated: a lease record that does not parse
 is reported (``lease_error``) and everything else is still shown, and text from
@@ -36,6 +38,10 @@ class NodeStatus:
     # The journaled effects of the step in flight (active node only): (name, state),
     # state one of running, done, failed, reused, interrupted.
     effects: tuple[tuple[str, str], ...] = ()
+    # The inbox as this node's heartbeat tells it (an active node's): unconsumed
+    # submissions, and how long ago the oldest was submitted (display only).
+    inbox_depth: int = 0
+    inbox_oldest_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,9 @@ class ClusterStatus:
     checkpoint: CheckpointInfo | None
     checkpoint_age_s: float | None
     lease_error: str | None = None  # why the lease record could not be read (lease is None)
+    # The inbox as the active node (the lease holder) last told it; None without one.
+    inbox_depth: int | None = None
+    inbox_oldest_age_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -66,6 +75,7 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
         # Anyone who can write the store can damage it: say so, show the rest.
         lease, lease_error = None, str(exc)
     ttl_s = (lease.ttl_ms if lease else DEFAULT_LEASE_TTL_MS) / 1000
+    beats = store.list_heartbeats(agent)
     nodes = [
         NodeStatus(
             node=b.node,
@@ -77,9 +87,13 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
             seq=b.seq,
             age_s=round(max(0.0, now - b.time), 3),
             effects=b.effects,
+            inbox_depth=b.inbox_depth,
+            inbox_oldest_age_s=_age(now, b.inbox_oldest),
         )
-        for b in store.list_heartbeats(agent)
+        for b in beats
     ]
+    holder = lease.holder if lease else None
+    active = next((n for n in nodes if n.node == holder and n.role == "active"), None)
     checkpoints = store.list_checkpoints(agent)
     latest = checkpoints[0] if checkpoints else None
     return ClusterStatus(
@@ -90,7 +104,28 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
         checkpoint=latest,
         checkpoint_age_s=round(max(0.0, now - latest.written), 3) if latest else None,
         lease_error=lease_error,
+        inbox_depth=active.inbox_depth if active else None,
+        inbox_oldest_age_s=active.inbox_oldest_age_s if active and active.inbox_depth else None,
     )
+
+
+def _age(now: float, then: float | None) -> float | None:
+    return None if then is None else round(max(0.0, now - then), 3)
+
+
+def _duration(seconds: float) -> str:
+    """4.2 s, 12 s, 3 m 05 s, 2 h 10 m, 12 d (capped: a writer's clock may be far off)."""
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(min(seconds, 1e9)), 60)
+    if minutes < 60:
+        return f"{minutes} m {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes:02d} m"
+    return f"{hours // 24} d" if seconds < 1e9 else "> 10000 d"
 
 
 def _shown(text: str) -> str:
@@ -119,6 +154,7 @@ def render(status: ClusterStatus) -> str:
             f"last checkpoint: seq {cp.seq} (epoch {cp.epoch}) · {status.checkpoint_age_s:.1f} s ago"
             f" · {cp.size} B"
         )
+    lines.append(_inbox_line(status))
     if not status.nodes:
         lines.append("nodes: none")
         return "\n".join(lines)
@@ -147,3 +183,14 @@ def render(status: ClusterStatus) -> str:
             shown = " · ".join(f"{_shown(name)} {_shown(state)}" for name, state in n.effects)
             lines.append(f"effects in flight on {_shown(n.node)}: {shown}")
     return "\n".join(lines)
+
+
+def _inbox_line(status: ClusterStatus) -> str:
+    if status.inbox_depth is None:
+        return "inbox: not known (no active node to tell it)"
+    if status.inbox_depth == 0:
+        return "inbox: empty"
+    line = f"inbox: {status.inbox_depth} waiting"
+    if status.inbox_oldest_age_s is not None:
+        line += f", oldest {_duration(status.inbox_oldest_age_s)}"
+    return line

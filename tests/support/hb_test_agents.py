@@ -190,3 +190,29 @@ class SyncEffectsAgent(EffectsAgent):
                 continue
             self._result(state, index, name, replay, value)
         return self._done(state)
+
+
+# -- the inbox ----------------------------------------------------------------------
+
+
+class InboxEcho:
+    """Async; each step waits for its inbox (HB_TEST_INBOX_WAIT_S, default 1 s) and answers
+    every submission with {"echo": payload, "node": the node that answered}, counting them."""
+
+    id = "inbox-echo"
+
+    def __init__(self) -> None:
+        self.wait_s = float(os.environ.get("HB_TEST_INBOX_WAIT_S", "1"))
+
+    def init(self) -> dict[str, Any]:
+        return {"answered": 0}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        context = current_step()
+        assert context is not None
+        for submission in await context.wait_for_inbox(self.wait_s):
+            context.consume(
+                submission.number, reply={"echo": submission.payload, "node": context.node}
+            )
+            state["answered"] += 1
+        return state

@@ -53,6 +53,10 @@ class NodeView:
     # The journaled effects of the step in flight, (name, state), newest last: only an
     # active node's (running, done, failed, reused or interrupted).
     effects: tuple[tuple[str, str], ...] = ()
+    # The inbox as an active node's heartbeat tells it: how many submissions wait, and
+    # how long ago the oldest was submitted (None: none waits, or not an active node).
+    inbox_depth: int = 0
+    inbox_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class ClusterModel:
     checkpoint: CheckpointInfo | None = None
     events_seen: int = 0
     _beat_seen: dict[str, _Seen] = field(default_factory=dict)
+    # node -> its heartbeat's oldest unconsumed submission time, and when that was seen.
+    _inbox_seen: dict[str, _Seen] = field(default_factory=dict)
     _lease_seen: _Seen | None = None
     _checkpoint_seen: _Seen | None = None
     _takeovers: dict[int, Takeover] = field(default_factory=dict)
@@ -142,6 +148,7 @@ class ClusterModel:
                 self._beat_seen.get(node), _beat_key(beat), now, wall - beat.time
             )
             self._vanished.discard(node)
+            self._see_inbox(node, beat.inbox_oldest, now, wall)
         self._mark_offline(current)
         # A node whose heartbeat vanished (graceful stop) stays listed, as offline.
         for node in self.heartbeats.keys() - current.keys():
@@ -160,6 +167,16 @@ class ClusterModel:
                 self._checkpoint_seen, newest.seq, now, wall - newest.written
             )
         self.checkpoint = newest
+
+    def _see_inbox(self, node: str, oldest: float | None, now: float, wall: float) -> None:
+        """Age a heartbeat's oldest submission time from when it was first seen: each new
+        one by the submitter's clock (every one is a time in the past, unlike a record's
+        change), then on this monitor's monotonic clock."""
+        seen = self._inbox_seen.get(node)
+        if oldest is None:
+            self._inbox_seen.pop(node, None)
+        elif seen is None or seen.key != oldest:
+            self._inbox_seen[node] = _Seen(oldest, now - max(0.0, wall - oldest))
 
     def _take_event(self, event: Event) -> None:
         self.events.append(event)
@@ -212,6 +229,8 @@ class ClusterModel:
             health = "fresh" if age <= self.ttl_s / 2 else "late" if age <= self.ttl_s else "dead"
             gone = health == "dead" or node in self._vanished or node in self._offline_marks
             role = "offline" if gone else beat.role
+            active = role == "active"
+            oldest = self._inbox_seen.get(node) if active and beat.inbox_depth else None
             views.append(
                 NodeView(
                     node=node,
@@ -223,7 +242,9 @@ class ClusterModel:
                     epoch=beat.epoch,
                     seq=beat.seq,
                     health=health,
-                    effects=beat.effects if role == "active" else (),
+                    effects=beat.effects if active else (),
+                    inbox_depth=beat.inbox_depth if active else 0,
+                    inbox_age_s=None if oldest is None else self._now - oldest.since,
                 )
             )
         return views

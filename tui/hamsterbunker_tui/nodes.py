@@ -12,7 +12,7 @@ from textual.widgets.data_table import ColumnKey
 
 from .model import NodeView, format_age
 
-__all__ = ["COLUMNS", "NodesTable", "effects_cell", "heartbeat_age", "node_cells"]
+__all__ = ["COLUMNS", "NodesTable", "effects_cell", "heartbeat_age", "inbox_cell", "node_cells"]
 
 # (key, label): the keys address cells in update_cell.
 COLUMNS = (
@@ -23,6 +23,7 @@ COLUMNS = (
     ("role", "role"),
     ("heartbeat", "heartbeat"),
     ("epoch", "epoch seen"),
+    ("inbox", "inbox"),
     ("effects", "step in flight"),
 )
 ROLE_STYLES = {
@@ -44,6 +45,8 @@ EFFECT_STYLES = {
 }
 # The row shows the newest few effects of the step; the rest are counted.
 EFFECTS_SHOWN = 3
+# A submission that waited longer than this for the agent is shown as waiting long.
+INBOX_LATE_S = 60.0
 
 
 def heartbeat_age(seconds: float) -> str:
@@ -69,6 +72,22 @@ def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
     return text
 
 
+def inbox_cell(view: NodeView) -> Text:
+    """``3 waiting · 12 s``: an active node's unconsumed submissions and the oldest's age
+    (yellow past INBOX_LATE_S); ``empty`` if none waits; nothing on any other row."""
+    if view.role != "active":
+        return Text()
+    if not view.inbox_depth:
+        return Text("empty", style="dim")
+    text = Text(f"{view.inbox_depth} waiting", style="bold")
+    if view.inbox_age_s is not None:
+        # Whole seconds: a cell that changes on every poll repaints the table each time.
+        age = view.inbox_age_s
+        shown = f"{max(0, int(age))} s" if age < 60 else format_age(age)
+        text.append(" · ", style="dim").append(shown, style="yellow" if age > INBOX_LATE_S else "")
+    return text
+
+
 def node_cells(view: NodeView) -> dict[str, Text]:
     """The cells of one node's row, by column key, styled by role and heartbeat health."""
     dim = "dim" if view.role == "offline" else ""
@@ -80,6 +99,7 @@ def node_cells(view: NodeView) -> dict[str, Text]:
         "role": Text(view.role, style=ROLE_STYLES.get(view.role, "")),
         "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
         "epoch": Text(str(view.epoch), style=dim, justify="right"),
+        "inbox": inbox_cell(view),
         "effects": effects_cell(view.effects),
     }
 
