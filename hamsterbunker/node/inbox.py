@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from ..errors import StoreError, Tampered
 from ..inbox import ConsumedMarks, Submission
+from ..limits import MAX_INBOX_COUNT
 from ..sealing import Sealer
 from ..stores import Consumed, Store
 from .calls import NodeCalls
@@ -49,7 +51,14 @@ class TermInbox:
         self.closing = closing  # the node is stopping, or the term is over
         self.marks = ConsumedMarks()
         self._pending: dict[int, Submission] = {}
-        self._after = 0  # the highest number read from the store
+        # The highest number that authenticated: read on from there. Never past one that
+        # did not: a number planted ahead of the inbox's counter must not hide the
+        # genuine submissions admitted below it later.
+        self._after = 0
+        # Numbers that failed to authenticate, with a digest of what was stored: reported
+        # once, not opened again unless something else is stored there (an admission
+        # replaces what was planted above the counter).
+        self._rejected: dict[int, bytes] = {}
         self._wakes = 0
         self._woke = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
@@ -94,16 +103,22 @@ class TermInbox:
             self._sink.emit("store.error", error=f"inbox: {exc}")
             entries = []
         for number, blob in entries:
-            self._after = max(self._after, number)
             if number in self.marks or number in self._pending:
+                continue
+            digest = hashlib.sha256(blob).digest()
+            if self._rejected.get(number) == digest:
                 continue
             try:
                 opened = await self._calls.work(
                     self._sealer.open_submission, blob, self._id.agent, number
                 )
             except Tampered as exc:
+                if len(self._rejected) >= MAX_INBOX_COUNT:
+                    self._rejected.clear()  # bounded: at worst some are reported again
+                self._rejected[number] = digest
                 self._sink.emit("inbox.rejected", number=number, error=str(exc))
                 continue
+            self._after = max(self._after, number)
             self._pending[number] = Submission(
                 number, opened.request_id, opened.payload, opened.submitted
             )

@@ -375,3 +375,17 @@ def test_a_planned_stop_ends_a_wait_for_inbox_and_publishes_the_step(nodes: Node
     assert not stopping.is_alive(), "stop() waited for the stop grace"
     assert len(nodes.events.of("checkpoint.published")) > published
     assert not nodes.events.of("agent.yielded")
+
+
+def test_junk_planted_ahead_of_the_counter_hides_no_later_submission(nodes: Nodes) -> None:
+    """A planted entry far above the inbox's counter is rejected, and submissions admitted
+    below it afterwards are still read and answered (the node never reads on past junk)."""
+    agent = Answerer()
+    nodes.store._agent(AGENT).pending[500] = ("junk", b"not sealed")
+    nodes.start("a", agent)
+    nodes.events.wait("inbox.rejected", where=lambda e: e.detail["number"] == 500)
+    with nodes.client() as client:
+        for n in (1, 2):
+            client.submit(AGENT, n, request_id=f"after-junk-{n}")
+            assert client.result(AGENT, f"after-junk-{n}", timeout=WAIT_S) == {"doubled": 2 * n}
+    assert len(nodes.events.of("inbox.rejected")) == 1  # reported once, not at every look
