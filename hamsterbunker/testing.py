@@ -32,9 +32,7 @@ from .errors import ConfigError, CorruptRecord, InboxFull, LeaseConflict, NotNex
 from .limits import (
     INBOX_REPLIES_KEPT,
     MAX_CHECKPOINT_BYTES,
-    MAX_CONSUMED_PER_STEP,
     MAX_EPOCH,
-    MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,
     MAX_RECORD_BYTES,
     MAX_REPLY_BYTES,
@@ -42,7 +40,6 @@ from .limits import (
     MAX_SUBMISSION_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
-    check_reply_bounds,
     check_submission_bounds,
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
@@ -53,8 +50,10 @@ from .stores.base import (
     Fence,
     Store,
     StoreGuarantees,
+    check_consumed,
     check_fence,
     check_own_epoch,
+    inbox_full,
 )
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
@@ -109,33 +108,6 @@ class _Agent:
     heartbeats: dict[str, bytes] = field(default_factory=dict)
     events: dict[str, deque[bytes]] = field(default_factory=dict)
     changes: int = 0  # moves on every write; watch() polls it
-
-
-def _check_consumed(consumed: Sequence[Consumed]) -> str | None:
-    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
-    if len(consumed) > MAX_CONSUMED_PER_STEP:
-        return (
-            f"a step consumed {len(consumed)} submissions, above the limit of "
-            f"{MAX_CONSUMED_PER_STEP} per step"
-        )
-    for each in consumed:
-        size = None if each.reply is None else len(each.reply)
-        problem = check_reply_bounds(each.number, each.request_id, size)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _inbox_full(count: int, size: int) -> str | None:
-    """Why an inbox holding count unconsumed submissions of size bytes is over its limits."""
-    if count > MAX_INBOX_COUNT:
-        return f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
-    if size > MAX_INBOX_BYTES:
-        return (
-            f"inbox is full: this submission would make its unconsumed submissions {size} "
-            f"bytes, above the limit of {MAX_INBOX_BYTES} bytes ({MAX_INBOX_BYTES // 2**20} MiB)"
-        )
-    return None
 
 
 class MemoryStore(Store):
@@ -225,7 +197,7 @@ class MemoryStore(Store):
         newest keep_checkpoints at or below seq and never touches anything above.
         The consumed submissions commit with it (see Store.put_checkpoint).
         """
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or _check_consumed(consumed)
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
         if problem is not None:
             raise StoreError(problem)
         data = bytes(blob)
@@ -330,7 +302,7 @@ class MemoryStore(Store):
                 return known, True
             if number != state.last_admitted + 1:
                 raise NotNextNumber(number, state.last_admitted + 1)
-            full = _inbox_full(
+            full = inbox_full(
                 len(state.pending) + 1, sum(len(b) for _r, b in state.pending.values()) + len(blob)
             )
             if full is not None:

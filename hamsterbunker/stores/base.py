@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..errors import CorruptRecord, Fenced, StoreError
-from ..limits import MAX_EPOCH
+from ..limits import (
+    MAX_CONSUMED_PER_STEP,
+    MAX_EPOCH,
+    MAX_INBOX_BYTES,
+    MAX_INBOX_COUNT,
+    check_reply_bounds,
+)
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, parse_json
 from .tail import GenericTail, Tail
 
@@ -27,10 +33,12 @@ __all__ = [
     "Fence",
     "Store",
     "StoreGuarantees",
+    "check_consumed",
     "check_fence",
     "check_own_epoch",
     "describe_fence_text",
     "fence_text",
+    "inbox_full",
     "parse_fence_text",
 ]
 
@@ -130,6 +138,33 @@ class AdmissionState:
     number: int
     consumed: bool
     reply: bytes | None  # the sealed reply once consumed with one
+
+
+def check_consumed(consumed: Sequence[Consumed]) -> str | None:
+    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
+    if len(consumed) > MAX_CONSUMED_PER_STEP:
+        return (
+            f"a step consumed {len(consumed)} submissions, above the limit of "
+            f"{MAX_CONSUMED_PER_STEP} per step"
+        )
+    for each in consumed:
+        size = None if each.reply is None else len(each.reply)
+        problem = check_reply_bounds(each.number, each.request_id, size)
+        if problem is not None:
+            return problem
+    return None
+
+
+def inbox_full(count: int, size: int) -> str | None:
+    """Why an inbox holding count unconsumed submissions of size bytes is over its limits."""
+    if count > MAX_INBOX_COUNT:
+        return f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
+    if size > MAX_INBOX_BYTES:
+        return (
+            f"inbox is full: this submission would make its unconsumed submissions {size} "
+            f"bytes, above the limit of {MAX_INBOX_BYTES} bytes ({MAX_INBOX_BYTES // 2**20} MiB)"
+        )
+    return None
 
 
 @dataclass(frozen=True)

@@ -80,20 +80,17 @@ from etcd3gw.exceptions import Etcd3Exception
 
 from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
 from ...limits import (
-    MAX_CONSUMED_PER_STEP,
-    MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,
     MAX_NUMBER,
     MAX_REPLY_BYTES,
     MAX_SEQ,
     MAX_SUBMISSION_BYTES,
-    check_reply_bounds,
     check_request_id,
     check_submission_bounds,
 )
 from ...records import CheckpointInfo, parse_json
 from .._reported import ReportedOnce
-from ..base import AdmissionState, Consumed, Fence, describe_fence_text
+from ..base import AdmissionState, Consumed, Fence, describe_fence_text, inbox_full
 from .checkpoints import Raced, TxnExtra
 from .connection import EtcdConnection, grpc_error, too_large
 from .kv import (
@@ -131,33 +128,6 @@ _NUMBER_NAME = re.compile(rb"[0-9]{20}")
 _REPLY_REF = re.compile(rf"[0-9]{{{EPOCH_DIGITS}}}-[0-9]{{20}}")
 
 PutCheckpoint = Callable[[str, Fence, int, bytes, TxnExtra], CheckpointInfo]
-
-
-def check_consumed(consumed: Sequence[Consumed]) -> str | None:
-    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
-    if len(consumed) > MAX_CONSUMED_PER_STEP:
-        return (
-            f"a step consumed {len(consumed)} submissions, above the limit of "
-            f"{MAX_CONSUMED_PER_STEP} per step"
-        )
-    for each in consumed:
-        size = None if each.reply is None else len(each.reply)
-        problem = check_reply_bounds(each.number, each.request_id, size)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _inbox_full(count: int, size: int) -> str | None:
-    """Why an inbox holding count unconsumed submissions of size bytes is over its limits."""
-    if count > MAX_INBOX_COUNT:
-        return f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
-    if size > MAX_INBOX_BYTES:
-        return (
-            f"inbox is full: this submission would make its unconsumed submissions {size} "
-            f"bytes, above the limit of {MAX_INBOX_BYTES} bytes ({MAX_INBOX_BYTES // 2**20} MiB)"
-        )
-    return None
 
 
 def _counts(data: bytes, what: str, names: tuple[str, ...]) -> dict[str, int]:
@@ -272,7 +242,7 @@ class EtcdInbox:
                 raise CorruptRecord(
                     f"inbox records {meta} and {totals} disagree: more consumed than admitted"
                 )
-            full = _inbox_full(count + 1, size + len(blob))
+            full = inbox_full(count + 1, size + len(blob))
             if full is not None:
                 raise InboxFull(full)
             new_meta = {

@@ -80,11 +80,19 @@ from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ...limits import INBOX_REPLIES_KEPT, MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
-from ..base import AdmissionState, Consumed, Fence, Store, StoreGuarantees, fence_text
+from ..base import (
+    AdmissionState,
+    Consumed,
+    Fence,
+    Store,
+    StoreGuarantees,
+    check_consumed,
+    fence_text,
+)
 from .checkpoints import EtcdCheckpoints
 from .connection import EtcdConnection, parse_etcd_url
 from .effects import EtcdEffects
-from .inbox import EtcdInbox, check_consumed
+from .inbox import EtcdInbox
 from .kv import (
     TXN_OPS,
     b64,

@@ -20,9 +20,9 @@ from ...errors import StoreError
 from ...failpoints import failpoint
 from ...limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds
 from ...records import CheckpointInfo
-from ..base import Consumed, Fence, check_fence, check_own_epoch
+from ..base import Consumed, Fence, check_consumed, check_fence, check_own_epoch
 from .fileio import closing_fd, dir_entries, discard, file_kind, make_subdir, read_file, write_temp
-from .inbox import InboxFiles, check_consumed
+from .inbox import InboxFiles
 from .layout import CHECKPOINT_NAME, agent_parts, checkpoint_name, checkpoint_name_problem
 from .lease import lease_in, lease_locked
 from .tree import StoreTree

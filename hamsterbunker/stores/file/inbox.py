@@ -49,13 +49,9 @@ from pathlib import Path
 from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
 from ...failpoints import failpoint
 from ...limits import (
-    MAX_CONSUMED_PER_STEP,
-    MAX_INBOX_BYTES,
-    MAX_INBOX_COUNT,
-    check_reply_bounds,
     check_submission_bounds,
 )
-from ..base import Consumed
+from ..base import Consumed, inbox_full
 from .fileio import closing_fd, discard, make_subdir, write_temp
 from .inbox_records import (
     COUNTER_NAME,
@@ -79,34 +75,7 @@ from .layout import agent_parts, log
 from .lease import lease_locked
 from .tree import StoreTree
 
-__all__ = ["InboxFiles", "Staging", "check_consumed"]
-
-
-def check_consumed(consumed: Sequence[Consumed]) -> str | None:
-    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
-    if len(consumed) > MAX_CONSUMED_PER_STEP:
-        return (
-            f"a step consumed {len(consumed)} submissions, above the limit of "
-            f"{MAX_CONSUMED_PER_STEP} per step"
-        )
-    for each in consumed:
-        size = None if each.reply is None else len(each.reply)
-        problem = check_reply_bounds(each.number, each.request_id, size)
-        if problem is not None:
-            return problem
-    return None
-
-
-def _inbox_full(count: int, size: int) -> str | None:
-    """Why an inbox holding count unconsumed submissions of size bytes is over its limits."""
-    if count > MAX_INBOX_COUNT:
-        return f"inbox is full: it holds {MAX_INBOX_COUNT} unconsumed submissions, the limit"
-    if size > MAX_INBOX_BYTES:
-        return (
-            f"inbox is full: this submission would make its unconsumed submissions {size} "
-            f"bytes, above the limit of {MAX_INBOX_BYTES} bytes ({MAX_INBOX_BYTES // 2**20} MiB)"
-        )
-    return None
+__all__ = ["InboxFiles", "Staging"]
 
 
 @dataclass
@@ -263,7 +232,7 @@ class InboxFiles(InboxView):
         if number != last + 1:
             raise NotNextNumber(number, last + 1)
         count, total = self._unconsumed(dirs, overlay)
-        full = _inbox_full(count + 1, total + size)
+        full = inbox_full(count + 1, total + size)
         if full is not None:
             raise InboxFull(full)
         # The number first: a crash after it leaves a gap, never a number given twice.

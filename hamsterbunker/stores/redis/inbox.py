@@ -50,7 +50,6 @@ from ...limits import (
     MAX_REQUEST_ID_CHARS,
     MAX_SEQ,
     MAX_SUBMISSION_BYTES,
-    check_reply_bounds,
     check_submission_bounds,
 )
 from .._reported import ReportedOnce
@@ -58,7 +57,7 @@ from ..base import AdmissionState, Consumed
 from . import inbox_scripts as _scripts
 from .replies import text
 
-__all__ = ["REPLIES_REMOVED_PER_CHECKPOINT", "RedisInbox", "check_consumed"]
+__all__ = ["REPLIES_REMOVED_PER_CHECKPOINT", "RedisInbox"]
 
 # How many consumed records past keep_replies one checkpoint removes at most:
 # twice what a step may add, so retention catches up, and bounded whatever was planted.
@@ -74,21 +73,6 @@ _DAMAGE = {
     b"last": "has a counter (field last) that is not a number as this store writes it",
     b"bytes": "has a byte total (field bytes) that is not a number as this store writes it",
 }
-
-
-def check_consumed(consumed: Sequence[Consumed]) -> str | None:
-    """Why a checkpoint may not carry these consumed submissions, or None if it may."""
-    if len(consumed) > MAX_CONSUMED_PER_STEP:
-        return (
-            f"a step consumed {len(consumed)} submissions, above the limit of "
-            f"{MAX_CONSUMED_PER_STEP} per step"
-        )
-    for each in consumed:
-        size = None if each.reply is None else len(each.reply)
-        problem = check_reply_bounds(each.number, each.request_id, size)
-        if problem is not None:
-            return problem
-    return None
 
 
 def _number(value: Any) -> int | None:

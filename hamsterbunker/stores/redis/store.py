@@ -91,13 +91,14 @@ from ..base import (
     Fence,
     Store,
     StoreGuarantees,
+    check_consumed,
     describe_fence_text,
     fence_text,
 )
 from . import scripts as _scripts
 from .connection import RedisConnection
 from .effects import STEPS_REMOVED_PER_CHECKPOINT, RedisEffects
-from .inbox import RedisInbox, check_consumed
+from .inbox import RedisInbox
 from .replies import (
     bounded,
     checkpoint_info,
