@@ -77,7 +77,10 @@ class ConsumedMarks:
 
     def adding(self, numbers: Iterable[int]) -> tuple[ConsumedMarks, list[tuple[int, int]]]:
         """These marks with numbers consumed too, and the gaps (first, last) given up."""
-        runs = sorted([*self.ranges, *((n, n) for n in numbers if n > self.through)])
+        new = [(n, n) for n in numbers if n not in self]
+        if not new:
+            return self, []
+        runs = sorted([*self.ranges, *new])
         merged: list[tuple[int, int]] = []
         for first, last in runs:
             if merged and first <= merged[-1][1] + 1:
