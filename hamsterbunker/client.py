@@ -35,6 +35,10 @@ __all__ = ["Admission", "Client"]
 MAX_ADMIT_TRIES = 1000
 # A watch is only a hint: result() reads again at least this often without one.
 RESULT_REREAD_S = 5.0
+# A watch subscribes some time after it is started (a connection, an inotify watch):
+# a reply that lands in between wakes nobody, so result() also reads again this long
+# after it started watching, and then only when woken.
+SUBSCRIBED_S = (0.05, 0.25)
 
 
 class Client:
@@ -138,7 +142,8 @@ class Client:
         loop = asyncio.get_running_loop()
         until = loop.time() + (math.inf if timeout is None else timeout)
         watcher = self.store.watch(agent_id)
-        wake: asyncio.Future[None] | None = None
+        wake: asyncio.Future[None] | None = asyncio.ensure_future(_next_wake(watcher))
+        rereads = list(SUBSCRIBED_S)
         try:
             while True:
                 state = await asyncio.to_thread(self.store.read_admission, agent_id, request_id)
@@ -158,7 +163,8 @@ class Client:
                         f"{agent_id!r} within {timeout} s"
                     )
                 wake = wake or asyncio.ensure_future(_next_wake(watcher))
-                done, _ = await asyncio.wait({wake}, timeout=min(left, RESULT_REREAD_S))
+                reread = rereads.pop(0) if rereads else RESULT_REREAD_S
+                done, _ = await asyncio.wait({wake}, timeout=min(left, reread))
                 if done:
                     wake.result()
                     wake = None
