@@ -203,6 +203,14 @@ def pause(cluster: LocalCluster, node: str) -> None:
     wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")
 
 
+def staged(cluster: LocalCluster) -> list[str]:
+    """The file store's staged consumption records (temporary files aside): what a
+    checkpoint write cut short between its staged record and its apply left."""
+    root = Path(cluster.store_url.removeprefix("file://"))
+    names = [p.name for p in (root / "agents" / AGENT / "inbox" / "staged").iterdir()]
+    return sorted(name for name in names if not name.startswith("tmp-hb-"))
+
+
 def reply_of(payload: Any, node: str, number: int) -> dict[str, Any]:
     """The reply InboxAnswerer gives payload, admitted as number, on node."""
     return {"answer": answer(payload), "node": node, "number": number}
@@ -568,6 +576,8 @@ def test_a_leader_killed_between_consuming_and_its_checkpoint_commits_all_or_not
                 number,
                 admission,
             )
+        if point.point.startswith("inbox.commit."):  # the file store's: its staged record
+            assert staged(cluster) == [f"{killed['seq']:020d}-{killed['epoch']:010d}.hbt"]
         if point.committed:
             for number in at_kill:
                 assert client.result(AGENT, rid_of[number], timeout=0.5) == reply_of(
@@ -582,6 +592,9 @@ def test_a_leader_killed_between_consuming_and_its_checkpoint_commits_all_or_not
         )
     cluster.stop_all()
 
+    if point.point.startswith("inbox.commit."):
+        # node-b's first checkpoint settled what node-a left: applied, or removed.
+        assert staged(cluster) == []
     # Each reply: node-a's where its checkpoint counted, node-b's where it did not.
     for rid, reply in replies.items():
         by = A.node if point.committed and numbers[rid] in at_kill else B.node
