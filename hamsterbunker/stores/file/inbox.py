@@ -48,9 +48,7 @@ from pathlib import Path
 
 from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
 from ...failpoints import failpoint
-from ...limits import (
-    check_submission_bounds,
-)
+from ...limits import check_submission_bounds
 from ..base import Consumed, inbox_full
 from .fileio import closing_fd, discard, make_subdir, write_temp
 from .inbox_records import (
