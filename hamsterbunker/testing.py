@@ -45,6 +45,7 @@ from .limits import (
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
 from .stores.base import (
+    MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
@@ -160,6 +161,12 @@ class MemoryStore(Store):
                 self._cluster = record.to_json()
             data = self._cluster
         return ClusterRecord.from_json(data)
+
+    def list_agents(self) -> list[str]:
+        """The agents anything was written for, sorted (a read makes an empty entry: not one)."""
+        with self._lock:
+            written = [name for name, state in self._agents.items() if state.changes]
+        return sorted(written)[:MAX_LISTED_AGENTS]
 
     # -- lease -------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseReco
 from .tail import GenericTail, Tail
 
 __all__ = [
+    "MAX_LISTED_AGENTS",
     "AdmissionState",
     "Consumed",
     "Fence",
@@ -167,6 +168,10 @@ def inbox_full(count: int, size: int) -> str | None:
     return None
 
 
+# The most agents list_agents returns: a listing stops there however many were planted.
+MAX_LISTED_AGENTS = 1000
+
+
 @dataclass(frozen=True)
 class StoreGuarantees:
     """What a backend promises, stated so users can judge it."""
@@ -189,6 +194,15 @@ class Store(Protocol):
 
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
         """Store record unless one exists (atomically); return the record that is stored."""
+
+    def list_agents(self) -> list[str]:
+        """The ids of the agents the store holds records of, sorted (for ``hb status``).
+
+        An agent is listed once anything was written for it (a lease, a heartbeat,
+        a submission); reading never makes one. Not authenticated: a name that is
+        not a valid agent id is skipped. At most ``MAX_LISTED_AGENTS``, and the
+        work is bounded however much was planted.
+        """
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         """The agent's lease record as last written, or None if never written."""

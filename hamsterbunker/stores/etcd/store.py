@@ -70,6 +70,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -81,6 +82,7 @@ from ...limits import INBOX_REPLIES_KEPT, MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
 from ..base import (
+    MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
@@ -127,6 +129,10 @@ GUARANTEES = StoreGuarantees(
 # not reported by etcd3gw, so every stream is replaced after this long, from the
 # last revision seen: a lost stream costs at most this much of early wake-ups.
 _WATCH_RENEW_S = 10.0
+
+# list_agents: an agent id as check_name takes it, and the most range requests it makes.
+_AGENT_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_LIST_REQUESTS = 2 * MAX_LISTED_AGENTS
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -194,6 +200,27 @@ class EtcdStore(Store):
 
     def _agent_prefix(self, agent: str) -> str:
         return f"{self.target.prefix}/agents/{check_name('agent id', agent)}/"
+
+    @_translated
+    def list_agents(self) -> list[str]:
+        # A keys-only range of one key per request, skipping past each agent's
+        # prefix: one request per agent (or per planted name), however many keys
+        # an agent holds, and at most _LIST_REQUESTS requests.
+        agents = f"{self.target.prefix}/agents/"
+        base, end = agents.encode(), range_end(agents)
+        start = base
+        found: list[str] = []
+        for _request in range(_LIST_REQUESTS):
+            kvs = self._kv.get(start, metadata=True, range_end=end, limit=1, keys_only=True)
+            key = kvs[0][1].get("key", b"") if kvs else b""
+            if not key.startswith(base) or len(found) >= MAX_LISTED_AGENTS:
+                break
+            name, slash, _rest = key[len(base) :].partition(b"/")
+            # Past every key under name/ (b"0" follows b"/"), or past this one key.
+            start = base + name + b"0" if slash else key + b"\0"
+            if _AGENT_NAME.fullmatch(name):
+                found.append(name.decode())
+        return found
 
     # -- cluster -----------------------------------------------------------
 

@@ -49,6 +49,7 @@ import asyncio
 import errno
 import functools
 import os
+import re
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
@@ -58,12 +59,12 @@ from ...errors import ConfigError, StoreError, StoreUnavailable
 from ...limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from .._reported import ReportedOnce
-from ..base import AdmissionState, Consumed, Fence, Store, StoreGuarantees
+from ..base import MAX_LISTED_AGENTS, AdmissionState, Consumed, Fence, Store, StoreGuarantees
 from .checkpoints import CheckpointFiles
 from .effects import EffectFiles
-from .fileio import TMP_PREFIX, atomic_write, discard, read_file, write_temp
+from .fileio import TMP_PREFIX, atomic_write, dir_entries, discard, read_file, write_temp
 from .inbox import InboxFiles
-from .layout import MAX_SEGMENT_BYTES, agent_parts, log
+from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
 from .lease import cas_lease_in, lease_in
 from .location import check_location, mount_of
 from .logs import EventLogs, HeartbeatFiles
@@ -71,6 +72,11 @@ from .tail import FileTail
 from .tree import StoreTree
 
 __all__ = ["GUARANTEES", "FileStore"]
+
+# An agent id as agents/ names it (records.check_name's pattern), and the most
+# entries of agents/ that list_agents reads, whatever was planted there.
+AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_AGENT_ENTRIES = 4 * MAX_LISTED_AGENTS
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="OFD fcntl locks: real on a local filesystem and on NFS with working lockd; "
@@ -198,6 +204,17 @@ class FileStore(Store):
         if stored is None:
             raise StoreError(f"cluster record vanished from {self.root}")
         return stored
+
+    @_os_errors_as_store_errors
+    def list_agents(self) -> list[str]:
+        # A bounded read of agents/: a name that is no agent id, or no plain directory, is skipped.
+        with self._tree.reading("agents") as agents_fd:
+            if agents_fd is None:
+                return []
+            entries = dir_entries(agents_fd, limit=MAX_AGENT_ENTRIES)
+            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+        agents = (n for n in names if AGENT_NAME.fullmatch(n) and not is_sync_copy(n))
+        return sorted(agents)[:MAX_LISTED_AGENTS]
 
     # -- lease -------------------------------------------------------------
 

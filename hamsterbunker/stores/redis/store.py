@@ -67,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
@@ -86,6 +87,7 @@ from ...limits import (
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce
 from ..base import (
+    MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
@@ -132,8 +134,18 @@ GUARANTEES = StoreGuarantees(
 _WATCH_PING_S = 5.0
 _WATCH_RETRY_S = (0.1, 2.0)
 
+# list_agents: keys looked at per SCAN call, and the most calls (a bound on its work).
+_SCAN_COUNT = 1000
+_SCAN_CALLS = 200
+_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # records.check_name's pattern
+
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+def _glob_escaped(literal: str) -> str:
+    """literal as a SCAN MATCH pattern that matches only itself."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", literal)
 
 
 def _translated(
@@ -218,6 +230,24 @@ class RedisStore(Store):
         if stored is None:
             raise StoreError(f"cluster record under {self.prefix} vanished")
         return ClusterRecord.from_json(raw(stored))
+
+    @_translated
+    def list_agents(self) -> list[str]:
+        # SCAN by pattern: each call looks at about _SCAN_COUNT keys, and at most
+        # _SCAN_CALLS calls are made, however many keys were planted.
+        start = f"{self.prefix}:agent:"
+        pattern = _glob_escaped(start) + "*"
+        found: set[str] = set()
+        cursor: int = 0
+        for _call in range(_SCAN_CALLS):
+            cursor, keys = self._redis.scan(cursor, match=pattern, count=_SCAN_COUNT)
+            for key in keys:
+                name = text(key).removeprefix(start).split(":", 1)[0]
+                if _AGENT_NAME.fullmatch(name):
+                    found.add(name)
+            if cursor == 0 or len(found) >= MAX_LISTED_AGENTS:
+                break
+        return sorted(found)[:MAX_LISTED_AGENTS]
 
     # -- lease -------------------------------------------------------------
 
