@@ -2,7 +2,8 @@
 hand work to an agent (``hb submit``, in ``hamsterbunker.cli_submit``).
 
 User mistakes (a bad flag, URL, agent path or secret) print one line naming
-the problem and exit 2, with no traceback. ``hb submit --wait --timeout`` that
+the problem and exit 2, with no traceback; so does a bare ``hb``, with the help
+on stderr (no command given is a mistake a script should notice). ``hb submit --wait --timeout`` that
 runs out exits 124 (EXIT_TIMEOUT).
 """
 
@@ -15,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from . import __version__
 from .agent import load_agent
+from .cli_status import add_status_parser
 from .cli_submit import EXIT_TIMEOUT, add_submit_parser, submit
 from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from .errors import (
@@ -27,18 +30,25 @@ from .errors import (
     StoreError,
     StoreUnsafe,
 )
-from .logs import configure_logging, stderr_is_journal
+from .logs import LOG_LEVELS, configure_logging, log_level, stderr_is_journal
 from .notify import Notifier
+from .provision import STATE_DIRECTORY  # where the unit lets a node write
 from .sealing import check_secret
 from .stores import check_store_url, open_store
-from .timing import DEFAULT_LEASE_TTL_MS, DEFAULT_STOP_GRACE_MS, DEFAULT_TICK_MS, LeaseTiming
+from .timing import (
+    DEFAULT_LEASE_TTL_MS,
+    DEFAULT_MAX_STEP_FAILURES,
+    DEFAULT_STEP_RETRY_MAX_MS,
+    DEFAULT_STEP_RETRY_MS,
+    DEFAULT_STOP_GRACE_MS,
+    DEFAULT_TICK_MS,
+    LeaseTiming,
+)
 
 __all__ = ["EXIT_TIMEOUT", "main"]
 
 # The demo counter: what `hb init` runs when no --agent is given.
 DEMO_AGENT = "hamsterbunker.demo:CounterAgent"
-# Where the unit lets a node write (StateDirectory=hamsterbunker).
-STATE_DIRECTORY = Path("/var/lib/hamsterbunker")
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -80,8 +90,14 @@ def _whole_number(text: str) -> int:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hb", description="HamsterBunker: keep an agent alive across machines.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(
+        prog="hb",
+        description="HamsterBunker: keep an agent alive across machines.",
+        epilog="Without a command, hb prints this help on stderr and exits 2.",
+    )
+    parser.add_argument("--version", action="version", version=f"hb {__version__}")
+    # Not required: a bare `hb` gets this help, not an argparse error (main).
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     run = sub.add_parser(
         "run",
@@ -113,6 +129,13 @@ def _build_parser() -> argparse.ArgumentParser:
         help="append a JSON line per lease and checkpoint operation (for fault analysis; "
         "check it with python -m hamsterbunker.checker FILE)",
     )
+    run.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        type=str.lower,
+        help="the least important events logged: debug adds every step and message; "
+        "warning keeps what needs a look (default: the config's log_level, or info)",
+    )
 
     init = sub.add_parser(
         "init",
@@ -120,6 +143,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("name", metavar="NAME", help="the instance name (hamsterbunker@NAME)")
     _add_node_flags(init)
+    init.add_argument(
+        "--local-only",
+        action="store_true",
+        help=f"a cluster of this one machine, on the store file://{STATE_DIRECTORY}/NAME "
+        "(without it, --store is required: every node of a cluster must share one store)",
+    )
     init.add_argument(
         "--config-dir",
         type=Path,
@@ -155,10 +184,7 @@ def _build_parser() -> argparse.ArgumentParser:
     accept.add_argument("--yes", action="store_true", help="do not ask")
     accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
-    status = sub.add_parser("status", help="show lease, nodes and checkpoints of an agent")
-    status.add_argument("--store", required=True, help="store URL")
-    status.add_argument("--agent-id", required=True)
-    status.add_argument("--json", action="store_true", help="print JSON")
+    add_status_parser(sub)
 
     add_submit_parser(sub, SECRET_HELP)
     return parser
@@ -174,6 +200,9 @@ _NODE_FLAGS = (
     "tick_ms",
     "lease_ttl_ms",
     "stop_grace_ms",
+    "step_retry_ms",
+    "step_retry_max_ms",
+    "max_step_failures",
 )
 
 
@@ -198,6 +227,25 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
         help="how long a stop (SIGTERM) lets the step in flight finish and be published "
         f"before it is cancelled; keep it below the unit's TimeoutStopSec "
         f"(default: {DEFAULT_STOP_GRACE_MS})",
+    )
+    parser.add_argument(
+        "--step-retry-ms",
+        type=_positive_int,
+        help="a step that raised is retried after this long, doubling (±20%% jitter) up to "
+        f"--step-retry-max-ms (default: {DEFAULT_STEP_RETRY_MS})",
+    )
+    parser.add_argument(
+        "--step-retry-max-ms",
+        type=_positive_int,
+        help=f"the longest wait between retries of a failing step (default: "
+        f"{DEFAULT_STEP_RETRY_MAX_MS})",
+    )
+    parser.add_argument(
+        "--max-step-failures",
+        type=_whole_number,
+        metavar="N",
+        help="after N failed steps in a row, hand the lease to another node and hold off "
+        f"taking it back for --step-retry-max-ms; 0: never (default: {DEFAULT_MAX_STEP_FAILURES})",
     )
 
 
@@ -248,8 +296,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = load_instance(args.instance)
     else:
         config = _node_config(args)
+    level = args.log_level or config.log_level
+    if level is not None:
+        configure_logging(log_level(level))
     secret = read_secret(args.secret_file)
-    timing = config.timing
+    timing, step_retry = config.timing, config.step_retry
     agent = load_agent(config.agent)
     # Runtime checks ids before it opens (and may create) the store.
     node = Runtime(
@@ -264,6 +315,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         notifier=notifier,
         state_dir=args.state_dir or _systemd_state_directory(),
         stop_grace_ms=config.stop_grace_ms,
+        step_retry=step_retry,
     )
     node.run()
     return 0
@@ -276,9 +328,11 @@ def _systemd_state_directory() -> Path | None:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
-    from .provision import provision
+    from .provision import choose_store, provision
 
-    config = _node_config(args, store=f"file://{STATE_DIRECTORY}/{args.name}", agent=DEMO_AGENT)
+    given = args.store or os.environ.get("HB_STORE")
+    store = choose_store(args.name, given, local_only=args.local_only)
+    config = _node_config(args, store=store, agent=DEMO_AGENT)
     store_dir = check_store_url(config.store)  # before anything is written
     # Absolute, so that the printed scp command means the same on the other node.
     done = provision(args.name, config, args.config_dir.absolute(), force=args.force)
@@ -287,16 +341,23 @@ def _cmd_init(args: argparse.Namespace) -> int:
         print(f"wrote {done.secret_path} (a new random secret, readable by its owner only)")
     else:
         print(f"kept the existing secret {done.secret_path}")
-    print(_next_steps(args.name, done.secret_path, store_dir))
+    print(_next_steps(args.name, done.secret_path, store_dir, local_only=args.local_only))
     return 0
 
 
-def _next_steps(name: str, secret_path: Path, store_dir: str | None) -> str:
-    steps = f"""
+def _next_steps(name: str, secret_path: Path, store_dir: str | None, *, local_only: bool) -> str:
+    if local_only:
+        steps = f"""
+Next step (a cluster of this one machine only):
+  start the node now and at every boot:
+       systemctl enable --now hamsterbunker@{name}"""
+    else:
+        steps = f"""
 Next steps:
   1. Give every other node of this cluster the same secret, readable by root only:
        scp -p {secret_path} root@OTHER-NODE:{secret_path}
-     and run `hb init {name}` there with its own --region and --node-id (it keeps that secret).
+     and run `hb init {name} --store URL` there with the same store URL and its own
+     --region and --node-id (it keeps that secret).
   2. On each node, start the node now and at every boot:
        systemctl enable --now hamsterbunker@{name}"""
     if store_dir is not None and not Path(os.path.normpath(store_dir)).is_relative_to(
@@ -333,13 +394,9 @@ def _demo_timing(args: argparse.Namespace) -> LeaseTiming:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from .records import check_name
-    from .status import render, snapshot
+    from .cli_status import status  # exit 0 healthy, 1 degraded, 2 cannot tell
 
-    agent_id = check_name("agent id", args.agent_id)
-    status = snapshot(open_store(args.store, create=False), agent_id)
-    print(status.to_json() if args.json else render(status))
-    return 0
+    return status(args)
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
@@ -393,7 +450,11 @@ def _print_error(line: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     configure_logging()
     # A hung node killed by systemd's watchdog (SIGABRT) leaves every thread's
     # stack in the journal.

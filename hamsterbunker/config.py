@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .logs import log_level
 from .records import check_name
 from .timing import (
     DEFAULT_LEASE_TTL_MS,
     DEFAULT_STOP_GRACE_MS,
     DEFAULT_TICK_MS,
     LeaseTiming,
+    StepRetry,
     check_stop_grace,
 )
 
@@ -43,11 +45,24 @@ class NodeConfig:
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
     # How long a stop lets the step in flight finish and be published.
     stop_grace_ms: int = DEFAULT_STOP_GRACE_MS
+    # A failing step's retries (None: StepRetry's defaults, 1 s doubling to 60 s, 10 tries).
+    step_retry_ms: int | None = None
+    step_retry_max_ms: int | None = None
+    max_step_failures: int | None = None  # 0: never hand the lease over
+    # debug, info, warning or error (default: info); hb run --log-level overrides it.
+    log_level: str | None = None
 
     @property
     def timing(self) -> LeaseTiming:
         """The lease timing these keys give (ConfigError if it cannot keep one leader)."""
         return LeaseTiming(tick_ms=self.tick_ms, lease_ttl_ms=self.lease_ttl_ms)
+
+    @property
+    def step_retry(self) -> StepRetry:
+        """How a failing step is retried (ConfigError if the keys make no sense together)."""
+        given = {"first_ms": self.step_retry_ms, "max_ms": self.step_retry_max_ms,
+                 "max_failures": self.max_step_failures}  # fmt: skip
+        return StepRetry(**{key: value for key, value in given.items() if value is not None})
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The keys to write (TOML has no null: an unset agent_id is left out)."""
@@ -64,8 +79,12 @@ _TYPES: dict[str, type] = {
     "tick_ms": int,
     "lease_ttl_ms": int,
     "stop_grace_ms": int,
+    "step_retry_ms": int,
+    "step_retry_max_ms": int,
+    "max_step_failures": int,
+    "log_level": str,
 }
-_MAY_BE_ZERO = {"stop_grace_ms"}
+_MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}
 assert set(_TYPES) == {f.name for f in fields(NodeConfig)}
 
 
@@ -130,6 +149,9 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
     try:
         config.timing  # noqa: B018 (made to be checked: tick_ms and lease_ttl_ms together)
         check_stop_grace(config.stop_grace_ms)
+        config.step_retry  # noqa: B018 (made to be checked: the retry keys together)
+        if config.log_level is not None:
+            log_level(config.log_level)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return config

@@ -4,6 +4,10 @@ Under systemd, stderr is a stream to journald, which stamps every line with
 its own time and reads a leading ``<N>`` as the line's syslog priority. So
 when ``$JOURNAL_STREAM`` names our stderr, lines carry that prefix and no
 timestamp of ours; anywhere else they carry a timestamp and a level name.
+
+The level (``hb run --log-level``, config key ``log_level``) applies to
+hamsterbunker's own loggers; other libraries log at INFO and above even at
+``debug``. Which event is logged at which level: hamsterbunker.node.priorities.
 """
 
 from __future__ import annotations
@@ -13,10 +17,28 @@ import os
 import sys
 from typing import TextIO
 
-__all__ = ["configure_logging", "stderr_is_journal"]
+from .errors import ConfigError
+
+__all__ = ["LOG_LEVELS", "configure_logging", "log_level", "stderr_is_journal"]
+
+# The names --log-level and the config key log_level take.
+LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 # syslog priorities (sd-daemon.h): err 3, warning 4, info 6, debug 7.
 _PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def log_level(name: str) -> int:
+    """The logging level named ``name`` (ConfigError naming the choices for another)."""
+    try:
+        return LOG_LEVELS[name.lower()]
+    except KeyError:
+        raise ConfigError(f"log level {name!r} is not one of {', '.join(LOG_LEVELS)}") from None
 
 
 def stderr_is_journal(stream: TextIO | None = None) -> bool:
@@ -51,5 +73,7 @@ def configure_logging(level: int = logging.INFO, stream: TextIO | None = None) -
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    # At debug, only ours: other libraries' debug lines would drown them.
+    root.setLevel(max(level, logging.INFO))
+    logging.getLogger("hamsterbunker").setLevel(level if level < logging.INFO else logging.NOTSET)
     logging.getLogger("watchfiles").setLevel(logging.WARNING)

@@ -30,6 +30,10 @@ let
     "tick_ms"
     "lease_ttl_ms"
     "stop_grace_ms"
+    "log_level"
+    "step_retry_ms"
+    "step_retry_max_ms"
+    "max_step_failures"
   ];
 
   # hb's rule for instance names (hamsterbunker/records.py). It also makes the
@@ -92,19 +96,26 @@ let
     SystemCallErrorNumber = "EPERM";
   };
 
+  # The store: settings.store, or with localOnly a directory on this machine
+  # (as `hb init --local-only` writes). Neither fails an assertion below.
+  localStore = name: "file:///var/lib/hamsterbunker/${name}";
+  storeOf = name: agent: if agent.settings.store == null then localStore name else agent.settings.store;
+
   # TOML has no null: optional keys left at null are left out, and hb applies
   # its own default.
-  renderedSettings = agent: lib.filterAttrs (_: value: value != null) agent.settings;
+  renderedSettings =
+    name: agent:
+    lib.filterAttrs (_: value: value != null) agent.settings // { store = storeOf name agent; };
   configFiles = lib.mapAttrs (
-    name: agent: settingsFormat.generate "hamsterbunker-${name}.toml" (renderedSettings agent)
+    name: agent: settingsFormat.generate "hamsterbunker-${name}.toml" (renderedSettings name agent)
   ) enabledAgents;
 
   # The directory of a file:// store outside StateDirectory= (which is all the
   # unit may write otherwise), or null.
   extraStoreDir =
-    agent:
+    name: agent:
     let
-      found = builtins.match "file://(localhost)?(/[^?#%]*)" agent.settings.store;
+      found = builtins.match "file://(localhost)?(/[^?#%]*)" (storeOf name agent);
       dir = if found == null then null else builtins.elemAt found 1;
     in
     if dir == null || lib.hasPrefix "/var/lib/hamsterbunker/" "${dir}/" then null else dir;
@@ -112,7 +123,7 @@ let
   agentService =
     name: agent:
     let
-      storeDir = extraStoreDir agent;
+      storeDir = extraStoreDir name agent;
     in
     lib.nameValuePair "hamsterbunker@${name}" {
       description = "HamsterBunker node for agent instance ${name}";
@@ -157,6 +168,15 @@ let
     in
     [
       {
+        # A default store on the local disk would give every machine its own cluster.
+        assertion = agent.settings.store != null || agent.localOnly;
+        message = "${option}: set settings.store to the store every node of the cluster shares (e.g. \"file:///mnt/hamsterbunker\" on NFS, \"etcd://...\"), or localOnly = true for a cluster of this one machine (store ${localStore name}).";
+      }
+      {
+        assertion = agent.settings.store == null || !agent.localOnly;
+        message = "${option}: settings.store and localOnly = true exclude each other: the store is shared by the nodes of a cluster, localOnly keeps a cluster of this one machine in ${localStore name}.";
+      }
+      {
         assertion = validName name;
         message = "${option}: the agent name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit (it names hamsterbunker@NAME.service and /etc/hamsterbunker/NAME.toml).";
       }
@@ -170,8 +190,12 @@ let
       }
       {
         # /etc/hamsterbunker/NAME.toml is a file in the Nix store, which every user can read.
-        assertion = builtins.match "[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@.*" agent.settings.store == null;
+        assertion = builtins.match "[A-Za-z][A-Za-z0-9+.-]*://[^/?#@]*:[^/?#@]*@.*" (storeOf name agent) == null;
         message = "${option}.settings.store holds a password, which would be readable by every user in the Nix store (the config file is there); use a server that needs none from this URL, e.g. TLS client certificates.";
+      }
+      {
+        assertion = builtins.elem agent.settings.log_level [ null "debug" "info" "warning" "error" ];
+        message = "${option}.settings.log_level must be debug, info, warning or error (hb run would refuse it), not '${toString agent.settings.log_level}'.";
       }
       {
         assertion = unknown == [ ];
@@ -203,13 +227,13 @@ let
             freeformType = settingsFormat.type;
             options = {
               store = mkOption {
-                type = types.str;
-                default = "file:///var/lib/hamsterbunker/${name}";
-                defaultText = lib.literalExpression ''"file:///var/lib/hamsterbunker/''${name}"'';
+                type = types.nullOr types.str;
+                default = null;
+                example = "file:///mnt/hamsterbunker";
                 description = ''
-                  Store URL, the same on every node of the cluster. A file:// store
-                  outside /var/lib/hamsterbunker is made writable for the unit
-                  (ReadWritePaths=, RequiresMountsFor=).
+                  Store URL, the same on every node of the cluster; required unless
+                  localOnly is set. A file:// store outside /var/lib/hamsterbunker is
+                  made writable for the unit (ReadWritePaths=, RequiresMountsFor=).
                 '';
               };
               agent = mkOption {
@@ -247,8 +271,40 @@ let
                 default = null;
                 description = "How long a stop lets the step in flight finish and be published before it is cancelled, in milliseconds (default: 10000); keep it well below TimeoutStopSec (30 s).";
               };
+              log_level = mkOption {
+                type = types.nullOr types.str;
+                default = null;
+                description = "The least important events the node logs to the journal (default: info); debug adds a line per step and message, and `journalctl -p warning` shows what needs a look whatever this is.";
+              };
+              step_retry_ms = mkOption {
+                type = types.nullOr types.ints.positive;
+                default = null;
+                description = "A step that raised is retried after this many milliseconds, doubling (±20%) up to step_retry_max_ms (default: 1000).";
+              };
+              step_retry_max_ms = mkOption {
+                type = types.nullOr types.ints.positive;
+                default = null;
+                description = "The longest wait between retries of a failing step, in milliseconds (default: 60000).";
+              };
+              max_step_failures = mkOption {
+                type = types.nullOr types.ints.unsigned;
+                default = null;
+                description = "After this many failed steps in a row the node hands the lease to another node and holds off taking it back; 0: never (default: 10).";
+              };
             };
           };
+        };
+
+        localOnly = mkOption {
+          type = types.bool;
+          default = false;
+          description = ''
+            A cluster of this one machine: with settings.store left unset, the
+            store is file:///var/lib/hamsterbunker/NAME, on the local disk (as
+            `hb init NAME --local-only`). Without it settings.store must be set,
+            since a local store on every machine would make as many clusters,
+            each with its own leader of the agent.
+          '';
         };
 
         secretFile = mkOption {

@@ -1,9 +1,10 @@
 """What a node tells the world: events, heartbeats and its history of store operations.
 
 Every state change is an event (DESIGN.md invariant 7), passed to ``on_event``,
-logged, and written to this node's own event log in the store by a writer task
-that holds events while the store is unreachable: what happened during an
-outage is what a monitor most needs afterwards. ``emit`` may be called from
+logged at its type's level (node.priorities), and written to this node's own
+event log in the store by a writer task that holds events while the store is
+unreachable: what happened during an outage is what a monitor most needs
+afterwards. ``emit`` may be called from
 any thread (the cluster record is reconciled on the store pool); the event is
 numbered and handed on in the event loop's thread, in order.
 """
@@ -24,6 +25,7 @@ from ..lease import LeaseKeeper
 from ..records import MAX_SHOWN_EFFECTS, MAX_SHOWN_NAME, Event, Heartbeat
 from ..stores import Store
 from .calls import NodeCalls
+from .priorities import event_priority
 from .state import Identity, Standing
 
 __all__ = ["EventHandler", "EventSink"]
@@ -96,7 +98,8 @@ class EventSink:
             seq=self._standing.seq,
             detail=detail,
         )
-        log.info(
+        log.log(
+            event_priority(kind),
             "%s %s epoch=%d seq=%d %s",
             self._id.node,
             kind,
@@ -168,6 +171,8 @@ class EventSink:
             effects=self._effects_shown(),
             inbox_depth=self._standing.inbox[0],
             inbox_oldest=self._standing.inbox[1],
+            failing=self._standing.failing[0],
+            failing_error=self._standing.failing[1],
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)

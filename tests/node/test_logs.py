@@ -7,6 +7,7 @@ stream), to another file's, or not at all.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -144,10 +145,10 @@ def _run_node(tmp_path: Path, journal: bool) -> list[str]:
         )
     try:
         deadline = time.monotonic() + 30
-        while "checkpoint" not in err.read_text():
+        while "lease.acquired" not in err.read_text():
             assert node.poll() is None, err.read_text()
             assert time.monotonic() < deadline, (
-                f"node logged no checkpoint in 30 s:\n{err.read_text()}"
+                f"node logged no lease.acquired in 30 s:\n{err.read_text()}"
             )
             time.sleep(0.05)
         node.send_signal(signal.SIGTERM)
@@ -199,3 +200,52 @@ def test_hb_error_line_under_journald_has_error_priority(tmp_path):
     assert result.returncode == 2, lines
     assert len(lines) == 1 and "ftp://x" in lines[0], lines
     assert lines[0].startswith("<3>"), lines
+
+
+DEBUG_SCRIPT = textwrap.dedent(
+    """
+    import logging, sys
+    from hamsterbunker.logs import configure_logging, log_level
+
+    configure_logging(log_level(sys.argv[1]))
+    for name in ("hamsterbunker.test", "otherlib"):
+        for level in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR):
+            logging.getLogger(name).log(level, "%s at %d", name, level)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("level", "ours", "others"),
+    [
+        ("debug", [7, 6, 4, 3], [6, 4, 3]),  # other libraries' debug lines stay out
+        ("info", [6, 4, 3], [6, 4, 3]),
+        ("WARNING", [4, 3], [4, 3]),
+        ("error", [3], [3]),
+    ],
+)
+def test_configured_level_decides_which_priorities_are_written(tmp_path, level, ours, others):
+    """configure_logging(level): hamsterbunker's lines from that level up, at their <N>."""
+    err = tmp_path / "stderr.txt"
+    err.touch()
+    with open(err, "wb") as stderr:
+        subprocess.run(
+            [sys.executable, "-c", DEBUG_SCRIPT, level],
+            env=clean_env(JOURNAL_STREAM=stream_id(err)),
+            stdin=subprocess.DEVNULL,
+            stderr=stderr,
+            timeout=30,
+            check=True,
+        )
+    lines = err.read_text().splitlines()
+    assert [int(line[1]) for line in lines if "hamsterbunker.test at" in line] == ours, lines
+    assert [int(line[1]) for line in lines if "otherlib at" in line] == others, lines
+
+
+def test_an_event_type_not_in_the_table_is_info():
+    """A new event type nobody gave a priority is still shown by default."""
+    from hamsterbunker.node.priorities import EVENT_PRIORITIES, event_priority
+
+    assert event_priority("something.new") == logging.INFO
+    assert event_priority("store.regressed") == logging.CRITICAL
+    assert all(kind.count(".") == 1 for kind in EVENT_PRIORITIES)

@@ -42,6 +42,7 @@ SUMMARISER = """
 {
   services.hamsterbunker.agents.summariser = {
     enable = true;
+    localOnly = true;
     settings = {
       agent = "mypkg.agents:Summariser";
       region = "eu-central";
@@ -355,8 +356,8 @@ def test_two_agents_give_two_instances(run_host):
         """
 {
   services.hamsterbunker.agents = {
-    a = { enable = true; settings.agent = "mypkg.agents:A"; secretFile = "/run/keys/a"; };
-    b = { enable = true; settings.agent = "mypkg.agents:B"; secretFile = "/run/keys/b"; };
+    a = { enable = true; localOnly = true; settings.agent = "mypkg.agents:A"; secretFile = "/run/keys/a"; };
+    b = { enable = true; localOnly = true; settings.agent = "mypkg.agents:B"; secretFile = "/run/keys/b"; };
     off = { settings.agent = "mypkg.agents:Off"; };
   };
 }
@@ -396,7 +397,7 @@ def test_secret_inside_the_nix_store_is_refused(run_host):
     result = run_host(
         """
 { pkgs, ... }:
-let agent = secret: { enable = true; settings.agent = "m:A"; secretFile = secret; }; in
+let agent = secret: { enable = true; localOnly = true; settings.agent = "m:A"; secretFile = secret; }; in
 {
   services.hamsterbunker.agents = {
     instore = agent "/nix/store/00000000000000000000000000000000-hb-secret";
@@ -449,6 +450,10 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
         "tick_ms": 500,
         "lease_ttl_ms": 3000,
         "stop_grace_ms": 5000,
+        "log_level": "warning",
+        "step_retry_ms": 500,
+        "step_retry_max_ms": 30000,
+        "max_step_failures": 0,
     }
     assert set(values) == set(_TYPES), "config.py has a key this test does not know"
     settings = " ".join(f"{key} = {json.dumps(value)};" for key, value in values.items())
@@ -461,14 +466,24 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
     parse_config(document, DEFAULT_CONFIG_DIR / "all.toml")
 
 
+SETTINGS = "services.hamsterbunker.agents.summariser.settings"
+
+
+def test_log_level_outside_hbs_choices_fails_an_assertion(run_host):
+    """settings.log_level takes only what hb run's --log-level takes, checked at build time."""
+    result = run_host(with_summariser(f"{SETTINGS}.log_level = {json.dumps('loud')};"))
+    assert [a for a in result["failedAssertions"] if "log_level" in a and "loud" in a]
+    assert run_host(with_summariser(f'{SETTINGS}.log_level = "debug";'))["failedAssertions"] == []
+
+
 def test_unknown_setting_bad_name_and_store_password_fail_assertions(run_host):
     """A key hb does not read, a name hb refuses and a password in the store URL each fail an assertion."""
     result = run_host(
         """
 {
   services.hamsterbunker.agents = {
-    typo = { enable = true; settings = { agent = "m:A"; tick = 5; }; };
-    "-bad" = { enable = true; settings.agent = "m:A"; };
+    typo = { enable = true; localOnly = true; settings = { agent = "m:A"; tick = 5; }; };
+    "-bad" = { enable = true; localOnly = true; settings.agent = "m:A"; };
     pw = { enable = true; settings = { agent = "m:A"; store = "redis://hb:s3cret@redis:6379/0"; }; };
     user = { enable = true; settings = { agent = "m:A"; store = "rediss://hb@redis:6379/0"; }; };
     etcd = { enable = true; settings = { agent = "m:A"; store = "etcd://e1:2379,e2:2379/hb"; }; };
@@ -482,6 +497,35 @@ def test_unknown_setting_bad_name_and_store_password_fail_assertions(run_host):
     assert any("agents.-bad: the agent name must be" in m for m in failed), failed
     assert any("agents.pw.settings.store holds a password" in m for m in failed), failed
     assert "s3cret" not in " ".join(failed)
+
+
+def test_store_or_local_only_is_required(run_host):
+    """No settings.store and no localOnly fails an assertion naming both, as hb init refuses it;
+    both at once fail too; localOnly alone renders the local store hb init --local-only writes."""
+    result = run_host(
+        """
+{
+  services.hamsterbunker.agents = {
+    none = { enable = true; settings.agent = "m:A"; };
+    both = { enable = true; localOnly = true; settings = { agent = "m:A"; store = "file:///mnt/s"; }; };
+    shared = { enable = true; settings = { agent = "m:A"; store = "etcd://e1:2379/hb"; }; };
+    local = { enable = true; localOnly = true; settings.agent = "m:A"; };
+  };
+}
+"""
+    )
+    failed = result["failedAssertions"]
+    assert len(failed) == 2, failed
+    (none,) = [m for m in failed if "agents.none:" in m]
+    for word in ("settings.store", "localOnly = true", "file:///var/lib/hamsterbunker/none"):
+        assert word in none, none
+    (both,) = [m for m in failed if "agents.both:" in m]
+    assert "exclude each other" in both, both
+    stores = {
+        name: tomllib.loads(result["etc"][f"hamsterbunker/{name}.toml"]["text"])["store"]
+        for name in ("shared", "local")
+    }
+    assert stores == {"shared": "etcd://e1:2379/hb", "local": "file:///var/lib/hamsterbunker/local"}
 
 
 def test_store_outside_the_state_directory_is_made_writable(run_host):

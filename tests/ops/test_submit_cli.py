@@ -221,6 +221,7 @@ def echo_node(store: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     command = [
         *HB, "run", "--store", store.as_uri(), "--agent", ECHO, "--node-id", "n1",
         "--region", "test", "--tick-ms", "100", "--lease-ttl-ms", "600",
+        "--log-level", "debug",  # inbox.consumed is a debug line
     ]  # fmt: skip
     env = hb_env(HB_SECRET=SECRET, PYTHONPATH=str(SUPPORT_DIR), HB_TEST_INBOX_WAIT_S="0.5")
     with log_path.open("ab") as log:
