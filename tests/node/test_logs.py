@@ -249,3 +249,31 @@ def test_an_event_type_not_in_the_table_is_info():
     assert event_priority("something.new") == logging.INFO
     assert event_priority("store.regressed") == logging.CRITICAL
     assert all(kind.count(".") == 1 for kind in EVENT_PRIORITIES)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+EMITTED = re.compile(r'emit\(\s*"([a-z_]+\.[a-z_]+)"')
+LEVEL_OF_ROW = {"<2>": "CRITICAL", "<3>": "ERROR", "<4>": "WARNING", "<6>": "INFO", "<7>": "DEBUG"}
+
+
+def test_every_emitted_event_type_has_its_priority_in_the_table_and_the_docs():
+    """Each event type the runtime emits is in node.priorities, and systemd/README.md's
+    priority table names each at the priority the table gives it."""
+    from hamsterbunker.node.priorities import EVENT_PRIORITIES
+
+    emitted = {
+        kind
+        for path in (ROOT / "hamsterbunker").rglob("*.py")
+        for kind in EMITTED.findall(path.read_text(encoding="utf-8"))
+    }
+    assert len(emitted) > 20
+    assert emitted <= set(EVENT_PRIORITIES), f"no priority for {emitted - set(EVENT_PRIORITIES)}"
+    rows = {
+        row.split("|")[1].strip(" `").split("`")[0]: row
+        for row in (ROOT / "systemd" / "README.md").read_text(encoding="utf-8").splitlines()
+        if row.startswith("| `<")
+    }
+    assert set(rows) == set(LEVEL_OF_ROW), rows
+    for kind, level in EVENT_PRIORITIES.items():
+        (row,) = [p for p, r in rows.items() if f"`{kind}`" in r.split("|")[2]]
+        assert logging.getLevelName(level) == LEVEL_OF_ROW[row], (kind, row)
