@@ -5,6 +5,11 @@ place: a crash leaves the old file or the new one, never half of one. The
 config is replaced only with ``force``; an existing secret is never replaced
 (that would lock the cluster out of every checkpoint sealed with it), which is
 also how the other nodes of a cluster are set up: copy the secret, then init.
+
+The store must be named (``--store``, or ``$HB_STORE``): a default on the local
+disk would give every machine that follows the same steps a cluster of its own,
+each with its own leader of the same agent. Only ``--local-only`` (a cluster of
+one machine) takes the local directory ``local_store(name)``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from .config import NodeConfig, instance_path, parse_config
 from .errors import ConfigError, SecretTooShort
 from .sealing import check_secret
 
-__all__ = ["Provisioned", "provision"]
+__all__ = ["Provisioned", "choose_store", "local_store", "provision"]
+
+# Where the unit lets a node write (StateDirectory=hamsterbunker).
+STATE_DIRECTORY = Path("/var/lib/hamsterbunker")
 
 _HEADER = """\
 # HamsterBunker node config, read by `hb run --instance {name}`
@@ -36,6 +44,30 @@ class Provisioned:
     config_path: Path
     secret_path: Path
     new_secret: bool  # False: an existing secret was kept
+
+
+def local_store(name: str) -> str:
+    """The store of a cluster of one machine (``hb init --local-only``)."""
+    return f"file://{STATE_DIRECTORY}/{name}"
+
+
+def choose_store(name: str, store: str | None, *, local_only: bool) -> str:
+    """The store URL ``hb init`` writes: the one given, or with local_only the local one."""
+    if store and local_only:
+        raise ConfigError(
+            "--store and --local-only exclude each other: --store names the store every node "
+            "of the cluster shares, --local-only keeps a cluster of this one machine in "
+            f"{local_store(name)}"
+        )
+    if store:
+        return store
+    if local_only:
+        return local_store(name)
+    raise ConfigError(
+        "no store given: pass --store URL, the store every node of the cluster shares "
+        "(e.g. file:///mnt/hamsterbunker on NFS, redis://..., etcd://...; or set HB_STORE), "
+        f"or --local-only for a cluster of this one machine (store {local_store(name)})"
+    )
 
 
 def secret_path(name: str, directory: Path) -> Path:

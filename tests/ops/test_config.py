@@ -369,9 +369,11 @@ def test_init_writes_config_that_loads_back(tmp_path):
 
 
 def test_init_defaults_agent_and_store(tmp_path):
-    """``hb init NAME`` alone runs the demo counter on /var/lib/hamsterbunker/NAME."""
+    """``hb init NAME --local-only`` runs the demo counter on /var/lib/hamsterbunker/NAME."""
     directory = tmp_path / "cfg"
-    result = run_hb(["init", NAME, "--config-dir", str(directory), "--node-id", "n1"])
+    result = run_hb(
+        ["init", NAME, "--config-dir", str(directory), "--node-id", "n1", "--local-only"]
+    )
     assert result.returncode == 0, result.stderr
     config = load_instance(NAME, directory)
     assert (config.store, config.agent) == (f"file:///var/lib/hamsterbunker/{NAME}", AGENT)
@@ -474,8 +476,8 @@ INIT_MISTAKES: list[tuple[str, list[str], list[str]]] = [
     ("ftp-store", ["--store", "ftp://x"], ["ftp://x", "scheme"]),
     ("relative-file-store", ["--store", "file://relative"], ["file://relative", "absolute"]),
     ("file-no-slashes", ["--store", "file:relative/path"], ["file:relative/path", "absolute"]),
-    ("bad-node-id", ["--node-id", "bad/id"], ["'node_id'", "bad/id"]),
-    ("bad-agent-id", ["--agent-id", "bad id"], ["'agent_id'", "bad id"]),
+    ("bad-node-id", ["--local-only", "--node-id", "bad/id"], ["'node_id'", "bad/id"]),
+    ("bad-agent-id", ["--local-only", "--agent-id", "bad id"], ["'agent_id'", "bad id"]),
     ("tick-zero", ["--tick-ms", "0"], ["--tick-ms", "0"]),
 ]
 
@@ -557,8 +559,7 @@ def test_init_store_outside_state_directory_prints_readwritepaths(tmp_path):
 def test_init_store_inside_state_directory_has_no_hint(tmp_path, store):
     """A store in /var/lib/hamsterbunker (the unit's StateDirectory) prints no ReadWritePaths hint."""
     args = ["init", NAME, "--config-dir", str(tmp_path / "cfg")]
-    if store is not None:
-        args += ["--store", store]
+    args += ["--store", store] if store is not None else ["--local-only"]
     result = run_hb(args)
     assert result.returncode == 0, result.stderr
     assert "ReadWritePaths" not in result.stdout
