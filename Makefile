@@ -24,26 +24,34 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
-# Install a node for systemd (as root): a virtual environment in $(PREFIX), the
-# template unit hamsterbunker@.service, and the static user `hamsterbunker`.
+# Install a node for systemd (as root): a virtual environment in $(PREFIX) with
+# the extras a node uses (EXTRAS: hb-tui, the Redis and etcd clients), hb and
+# hb-tui linked into $(BIN_DIR), the template unit hamsterbunker@.service, and
+# the static user `hamsterbunker`. AGENT_PKG: your agents' package, installed
+# into the same environment (anything pip takes: mypkg, ./path, 'mypkg==1.2').
 # HB_UID pins that user's UID: nodes sharing an NFS store need the same one.
-# Then: hb init NAME, and systemctl enable --now hamsterbunker@NAME.
+# Then: hb init NAME --store URL, and systemctl enable --now hamsterbunker@NAME.
 PREFIX ?= /opt/hamsterbunker
+BIN_DIR ?= /usr/local/bin
 UNIT_DIR ?= /etc/systemd/system
 SYSUSERS_DIR ?= /etc/sysusers.d
 HB_UID ?= -
+EXTRAS ?= tui,redis,etcd
+AGENT_PKG ?=
 install-systemd:
 	$(PYTHON) -m venv $(PREFIX)
-	$(PREFIX)/bin/pip install --quiet .
-	ln -sf $(PREFIX)/bin/hb /usr/local/bin/hb
-	install -d $(UNIT_DIR) $(SYSUSERS_DIR)
+	$(PREFIX)/bin/pip install --quiet '.[$(EXTRAS)]'
+	if [ -n '$(AGENT_PKG)' ]; then $(PREFIX)/bin/pip install --quiet $(AGENT_PKG); fi
+	install -d $(BIN_DIR) $(UNIT_DIR) $(SYSUSERS_DIR)
+	ln -sf $(PREFIX)/bin/hb $(BIN_DIR)/hb
+	ln -sf $(PREFIX)/bin/hb-tui $(BIN_DIR)/hb-tui
 	sed 's|/opt/hamsterbunker/bin/hb|$(PREFIX)/bin/hb|' systemd/hamsterbunker@.service \
 		> $(UNIT_DIR)/hamsterbunker@.service
 	sed 's|^u hamsterbunker - |u hamsterbunker $(HB_UID) |' systemd/hamsterbunker.sysusers \
 		> $(SYSUSERS_DIR)/hamsterbunker.conf
 	systemd-sysusers $(SYSUSERS_DIR)/hamsterbunker.conf
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
-	@echo "installed; next: hb init NAME, then systemctl enable --now hamsterbunker@NAME"
+	@echo "installed; next: hb init NAME --store URL (or --local-only), then systemctl enable --now hamsterbunker@NAME"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -56,6 +56,8 @@ CACHE_ROOT = Path("/var/cache/hamsterbunker-tests")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 BUILD_TIMEOUT = 20 * 60.0
+# The extras `make install-systemd` installs (the Makefile's EXTRAS): their wheels too.
+NODE_EXTRAS = "tui,redis,etcd"
 BOOT_TIMEOUT = 120.0
 SHUTDOWN_TIMEOUT = 30.0
 POLL_INTERVAL = 0.2
@@ -396,7 +398,9 @@ def build_wheelhouse(repo: Path, dest: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="hb-wheel-src-") as src:
         copy_tracked_files(repo, Path(src))
         pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "-w", str(dest)]
-        for what in ([src], [*requires, "wheel"]):
+        # redis needs async-timeout on Python < 3.11.3, as bookworm's 3.11.2 is: a newer
+        # host Python skips it, so it is asked for by name.
+        for what in ([f"{src}[{NODE_EXTRAS}]"], [*requires, "wheel", "async-timeout>=4.0.3"]):
             result = run_bounded([*pip_wheel, *what], timeout=600)
             if result.returncode != 0:
                 raise RuntimeError(f"pip wheel {' '.join(what)} failed:\n{result.stderr}")

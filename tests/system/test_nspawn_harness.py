@@ -52,6 +52,9 @@ def test_no_network_inside(booted: Container) -> None:
 def test_project_installs_offline_with_make_install_systemd(booted: Container) -> None:
     booted.install_project(REPO)
     assert "usage: hb" in booted.run("/opt/hamsterbunker/bin/hb", "--help").stdout
+    # With the extras a node uses: hb-tui linked like hb, the Redis and etcd clients.
+    assert "hb-tui" in booted.run("/usr/local/bin/hb-tui", "--help").stdout
+    booted.run("/opt/hamsterbunker/bin/python", "-c", "import textual, redis, etcd3gw")
     booted.run("systemctl", "cat", "hamsterbunker@.service")
     assert booted.run("id", "-un", "hamsterbunker").stdout == "hamsterbunker\n"
     # The container has no network: everything came from the host's wheels.
