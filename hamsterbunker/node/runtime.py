@@ -32,12 +32,21 @@ from ..notify import Notifier
 from ..records import check_name
 from ..sealing import check_secret
 from ..stores import Store, open_store
-from ..timing import DEFAULT_STOP_GRACE_MS, DEFAULT_TIMING, LeaseTiming, check_stop_grace
+from ..timing import (
+    DEFAULT_STEP_RETRY,
+    DEFAULT_STOP_GRACE_MS,
+    DEFAULT_TIMING,
+    LeaseTiming,
+    StepRetry,
+    check_stop_grace,
+)
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
+from .identity_check import check_node_id_free
 from .loop import NodeLoop, StopRequest
 from .restore import Restorer
+from .startup import StoreWait
 from .state import Identity, Signals, Standing
 from .term import LeaderTerm
 from .watchdog import Watchdog, status_text
@@ -71,12 +80,15 @@ class Runtime:
         notifier: Notifier | None = None,
         state_dir: str | os.PathLike[str] | None = None,
         stop_grace_ms: int = DEFAULT_STOP_GRACE_MS,
+        step_retry: StepRetry = DEFAULT_STEP_RETRY,
     ) -> None:
         """``state_dir``: where this node keeps its memory of the store across restarts
         (see ``hamsterbunker.memory``); without one it remembers only while it runs.
         ``clock`` times everything the node times (CLOCK_BOOTTIME by default).
         ``stop_grace_ms``: how long a stop lets the step in flight finish and be
-        published before it is cancelled (async) or abandoned (sync)."""
+        published before it is cancelled (async) or abandoned (sync).
+        ``step_retry``: how a step that raised is retried (backoff with jitter, capped)
+        and after how many failures in a row the lease is handed over."""
         check_secret(secret)  # before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
@@ -84,6 +96,7 @@ class Runtime:
         self.agent = agent
         self.agent_id = check_name("agent id", agent_id or str(getattr(agent, "id", "")))
         self.timing = timing
+        self.step_retry = step_retry
         self.clock: Clock = clock or MonotonicClock()
         self.store: Store = open_store(store) if isinstance(store, str) else store
         self.keeper = LeaseKeeper(
@@ -204,8 +217,23 @@ class Runtime:
             self._notifier.status("starting · opening the store")
             # The secret is checked before this node writes anything but a new
             # cluster record: a node with the wrong secret touches nothing.
-            sealer = await calls.io(cluster.open)
-            await sink.number_on_from_store()
+            # A store that does not answer yet is waited for (startup.py), never a failed start.
+            wait = StoreWait(
+                node_id=self.node_id, store_url=self.store.url, notifier=self._notifier,
+                stopping=signals.stopping, clock=self.clock,
+            )  # fmt: skip
+            sealer = await wait.until_answered(functools.partial(calls.io, cluster.open))
+            if sealer is None:
+                return  # stopped while waiting for the store
+            # Before this node beats or emits: refuse an id another live process uses.
+            await check_node_id_free(
+                self.store, self.agent_id, self.node_id,
+                timing=self.timing, clock=self.clock, calls=calls,
+            )  # fmt: skip
+            await wait.until_answered(sink.number_on_from_store)
+            if wait.gave_up:
+                return
+            wait.report(sink.emit)
             restorer = Restorer(
                 self.agent,
                 self.agent_id,
@@ -232,6 +260,7 @@ class Runtime:
                 timing=self.timing,
                 clock=self.clock,
                 grace=self._stop.grace,
+                retry=self.step_retry,
             )
             memory = (
                 None
