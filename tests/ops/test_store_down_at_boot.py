@@ -10,6 +10,7 @@ Only a configuration mistake ends it (exit 2).
 
 from __future__ import annotations
 
+import logging
 import secrets
 import signal
 import subprocess
@@ -19,12 +20,17 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker import Runtime
+from hamsterbunker.errors import CorruptRecord, StoreUnavailable
+from hamsterbunker.records import ClusterRecord, Event
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.redis import RedisStore
-from tests.node.test_notify import NotifySocket
+from hamsterbunker.testing import MemoryStore
+from hamsterbunker.timing import LeaseTiming
+from tests.node.test_notify import Counter, NotifySocket
 from tests.support import SUPPORT_DIR, wait_until
-from tests.support.agents import SECRET
+from tests.support.agents import SECRET, Recorder
 from tests.support.cli import HB, hb_env
 from tests.support.redis_server import RedisServer, require_redis_server
 from tests.support.server_process import free_port
@@ -183,3 +189,65 @@ def test_a_file_store_whose_parent_directory_is_missing_is_a_mistake_not_a_wait(
     assert done.returncode == 2, done.stderr
     assert "not-mounted" in done.stderr and "does not exist" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+# -- in process: what the wait emits, and what it does not retry ----------------------
+
+
+class _DownAtFirst(MemoryStore):
+    """A store whose cluster record cannot be read (the given error) while ``down``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error, self.down, self.tries = error, True, 0
+
+    def read_cluster(self) -> ClusterRecord | None:
+        self.tries += 1
+        if self.down:
+            raise self.error
+        return super().read_cluster()
+
+
+def _runtime(store: MemoryStore, events: Recorder) -> Runtime:
+    return Runtime(
+        node_id="n1", region="r1", store=store, agent=Counter(), secret=SECRET,
+        timing=LeaseTiming(tick_ms=100, lease_ttl_ms=600), on_event=events,
+    )  # fmt: skip
+
+
+def test_the_wait_is_one_store_error_event_numbered_on_from_the_nodes_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A node whose earlier run stored events up to n=5: the wait's store.error (with its tries)
+    and store.recovered come as n=6 and 7, before node.online; one WARNING line per try."""
+    store = _DownAtFirst(StoreUnavailable("injected: connection refused"))
+    store.append_event(Counter.id, Event(node="n1", n=5, type="node.offline", time=time.time()))
+    events = Recorder()
+    node = _runtime(store, events)
+    caplog.set_level(logging.WARNING, logger="hamsterbunker")
+    node.start()
+    try:
+        wait_until(lambda: store.tries >= 3, "three tries of the cluster record", 10)
+        assert not node.ready.is_set() and events.of() == []
+        store.down = False
+        assert node.ready.wait(20)
+    finally:
+        node.stop(timeout=20)
+    stored = [e for e in store.read_events(Counter.id) if e.node == "n1"]
+    assert [(e.n, e.type) for e in stored[:4]] == [
+        (5, "node.offline"), (6, "store.error"), (7, "store.recovered"), (8, "node.online"),
+    ]  # fmt: skip
+    assert stored[1].detail["tries"] >= 3 and "connection refused" in stored[1].detail["error"]
+    tries = [r for r in caplog.records if "waiting for the store memory://" in r.getMessage()]
+    assert len(tries) == stored[1].detail["tries"] and not any(r.exc_info for r in tries)
+
+
+def test_a_store_error_other_than_unavailable_is_not_waited_for() -> None:
+    """A corrupt cluster record is no outage: the node ends with it after one try."""
+    store = _DownAtFirst(CorruptRecord("injected: the cluster record does not parse"))
+    node = _runtime(store, Recorder())
+    node.start()
+    assert node.stopped.wait(20), "the node went on waiting"
+    with pytest.raises(CorruptRecord):
+        node.stop(timeout=20)
+    assert store.tries == 1
