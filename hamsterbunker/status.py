@@ -6,6 +6,13 @@ to read, and nothing decides on them. So is the age of the oldest unconsumed
 submission in the inbox, which the active node's heartbeat carries with the
 inbox's depth (the submitter's wall-clock time of submitting it).
 
+It is a health check too (``health``, ``problems``, ``exit_code``): healthy
+with a live leader, no failing step and no node refusing; degraded otherwise.
+Whether the lease is live is judged as a standby judges it, by watching the
+record on our own monotonic clock (``hamsterbunker.observe``), never from a
+writer's time. A node refuses when its newest event is one of
+``REFUSAL_EVENTS`` (it will not resume behind a store that went back in time).
+
 Records in the store are not authenticated: a lease record that does not parse
 is reported (``lease_error``) and everything else is still shown, and text from
 the store is printed with control characters escaped.
@@ -15,14 +22,25 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 from .errors import CorruptRecord
-from .records import CheckpointInfo, Heartbeat, LeaseRecord
+from .observe import LIVE, NOT_WATCHED, UNKNOWN, LeaseObserver, Liveness
+from .records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 from .stores import Store
 from .timing import DEFAULT_LEASE_TTL_MS
 
-__all__ = ["ClusterStatus", "NodeStatus", "render", "snapshot"]
+__all__ = [
+    "REFUSAL_EVENTS",
+    "ClusterStatus",
+    "NodeStatus",
+    "Refusal",
+    "render",
+    "snapshot",
+]
+
+# A node whose newest event is one of these refuses to go on until a person looks.
+REFUSAL_EVENTS = frozenset({"store.regressed"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,17 @@ class NodeStatus:
     # submissions, and how long ago the oldest was submitted (display only).
     inbox_depth: int = 0
     inbox_oldest_age_s: float | None = None
+    # The steps failing in a row on this (active) node, and the last one's error.
+    failing: int = 0
+    failing_error: str = ""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    node: str
+    event: str
+    reason: str
+    age_s: float  # by the writer's clock against ours: display only
 
 
 @dataclass(frozen=True)
@@ -56,6 +85,12 @@ class ClusterStatus:
     # The inbox as the active node (the lease holder) last told it; None without one.
     inbox_depth: int | None = None
     inbox_oldest_age_s: float | None = None
+    # The lease as watched from here (None: not watched), refusals, and the verdict.
+    liveness: Liveness | None = None
+    refusals: list[Refusal] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # why it is degraded; empty: healthy
+    health: str = "healthy"
+    exit_code: int = 0  # 0 healthy, 1 degraded
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -66,14 +101,20 @@ def _role(beat: Heartbeat, age_s: float, ttl_s: float) -> str:
     return "offline" if age_s > 3 * ttl_s else beat.role
 
 
-def snapshot(store: Store, agent: str) -> ClusterStatus:
+def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) -> ClusterStatus:
+    """The agent's status; with observer, its lease watched for liveness and a verdict."""
+    liveness = None
+    if observer is not None:
+        observed = observer.observe([agent])[agent]
+        lease, lease_error, liveness = observed.lease, observed.lease_error, observed.liveness
+    else:
+        lease_error = None
+        try:
+            lease = store.read_lease(agent)
+        except CorruptRecord as exc:
+            # Anyone who can write the store can damage it: say so, show the rest.
+            lease, lease_error = None, str(exc)
     now = time.time()
-    lease_error = None
-    try:
-        lease = store.read_lease(agent)
-    except CorruptRecord as exc:
-        # Anyone who can write the store can damage it: say so, show the rest.
-        lease, lease_error = None, str(exc)
     ttl_s = (lease.ttl_ms if lease else DEFAULT_LEASE_TTL_MS) / 1000
     beats = store.list_heartbeats(agent)
     nodes = [
@@ -89,6 +130,9 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
             effects=b.effects,
             inbox_depth=b.inbox_depth,
             inbox_oldest_age_s=_age(now, b.inbox_oldest),
+            # Heartbeats of nodes older than the failing-step count have neither.
+            failing=getattr(b, "failing", 0),
+            failing_error=getattr(b, "failing_error", ""),
         )
         for b in beats
     ]
@@ -96,7 +140,7 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
     active = next((n for n in nodes if n.node == holder and n.role == "active"), None)
     checkpoints = store.list_checkpoints(agent)
     latest = checkpoints[0] if checkpoints else None
-    return ClusterStatus(
+    status = ClusterStatus(
         store=store.url,
         agent=agent,
         lease=lease,
@@ -106,7 +150,40 @@ def snapshot(store: Store, agent: str) -> ClusterStatus:
         lease_error=lease_error,
         inbox_depth=active.inbox_depth if active else None,
         inbox_oldest_age_s=active.inbox_oldest_age_s if active and active.inbox_depth else None,
+        liveness=liveness,
+        refusals=_refusals(store.read_events(agent), now) if observer is not None else [],
     )
+    return _judged(status) if observer is not None else status
+
+
+def _refusals(events: list[Event], now: float) -> list[Refusal]:
+    newest: dict[str, Event] = {}
+    for event in events:  # each node's in order: the last one stays
+        newest[event.node] = event
+    return [
+        Refusal(e.node, e.type, str(e.detail.get("reason", ""))[:200], _age(now, e.time) or 0.0)
+        for e in newest.values()
+        if e.type in REFUSAL_EVENTS
+    ]
+
+
+def _judged(status: ClusterStatus) -> ClusterStatus:
+    """status with its problems and verdict: degraded without a live leader (as far as
+    watching could tell), with a failing step, or with a node refusing."""
+    problems = []
+    live = status.liveness
+    if status.lease_error is not None:
+        problems.append("no live leader known: the lease record is unreadable")
+    elif live is not None and live.state not in (LIVE, UNKNOWN, NOT_WATCHED):
+        problems.append(f"no live leader: the lease is {live.state}")
+    for n in status.nodes:
+        if n.failing and n.role == "active":
+            problems.append(f"{_shown(n.node)} is failing: {n.failing} steps in a row")
+    for r in status.refusals:
+        problems.append(f"{_shown(r.node)} refuses ({_shown(r.event)})")
+    degraded = bool(problems)
+    health = "degraded" if degraded else "healthy"
+    return replace(status, problems=problems, health=health, exit_code=int(degraded))
 
 
 def _age(now: float, then: float | None) -> float | None:
@@ -146,6 +223,11 @@ def render(status: ClusterStatus) -> str:
         lines.append(
             f"lease: {_shown(lease.holder)} ({_shown(lease.region)}) · epoch {lease.epoch}"
         )
+        if status.liveness is not None:
+            lines.append(_liveness_line(status.liveness, lease))
+    if status.liveness is not None:
+        verdict = status.health + "".join(f"\n  {problem}" for problem in status.problems)
+        lines.insert(1, f"health: {verdict}")
     if status.checkpoint is None:
         lines.append("last checkpoint: none")
     else:
@@ -155,6 +237,11 @@ def render(status: ClusterStatus) -> str:
             f" · {cp.size} B"
         )
     lines.append(_inbox_line(status))
+    lines.extend(
+        f"refusing: {_shown(r.node)} ({_shown(r.event)}, {_duration(r.age_s)} ago): "
+        f"{_shown(r.reason)}"
+        for r in status.refusals
+    )
     if not status.nodes:
         lines.append("nodes: none")
         return "\n".join(lines)
@@ -182,7 +269,25 @@ def render(status: ClusterStatus) -> str:
         if n.effects and n.role == "active":
             shown = " · ".join(f"{_shown(name)} {_shown(state)}" for name, state in n.effects)
             lines.append(f"effects in flight on {_shown(n.node)}: {shown}")
+        if n.failing and n.role == "active":
+            steps = "1 step" if n.failing == 1 else f"{n.failing} steps"
+            lines.append(f"failing on {_shown(n.node)}: {steps} failed in a row, "
+                         f"the last: {_shown(n.failing_error)}")  # fmt: skip
     return "\n".join(lines)
+
+
+def _liveness_line(live: Liveness, lease: LeaseRecord) -> str:
+    """The lease's state as watched from here: never a writer's clock (DESIGN.md invariant 2)."""
+    term = f"{lease.renewals} renewals this term, {lease.epoch} acquisitions so far"
+    ttl = f"TTL {_duration(live.ttl_s)}"
+    if live.state == LIVE:
+        seen = f"changed {_duration(live.changed_s_ago or 0.0)} ago, as seen from here"
+    elif live.state == NOT_WATCHED:
+        seen = "not watched (--observe-ms 0)"
+    else:
+        still = live.changed_s_ago if live.changed_s_ago is not None else live.watched_s
+        seen = f"unchanged for {_duration(still)}, as seen from here ({ttl})"
+    return f"lease is {live.state}: {seen} · {term}"
 
 
 def _inbox_line(status: ClusterStatus) -> str:

@@ -359,7 +359,7 @@ def test_hb_status_reads_an_etcd_store(opened: Callable[..., EtcdStore]) -> None
     store = opened(url)
     store.cas_lease("a", None, lease("n1", 1))
     store.put_heartbeat("a", heartbeat("n1", role="active"))
-    shown = hb("status", "--store", url, "--agent-id", "a", "--json")
+    shown = hb("status", "--store", url, "--agent-id", "a", "--json", "--observe-ms", "0")
     assert shown.returncode == 0, shown.stderr
     status = json.loads(shown.stdout)
     assert status["lease"]["holder"] == "n1"
