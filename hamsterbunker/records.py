@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import secrets
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from .limits import (
 )
 
 __all__ = [
+    "PROCESS_SESSION",
     "CheckpointInfo",
     "ClusterRecord",
     "Event",
@@ -34,6 +36,10 @@ __all__ = [
     "check_name",
     "parse_json",
 ]
+
+# This process's nonce, in every heartbeat it writes: a node id beating under another
+# session is another process (pid and host repeat across containers and clones).
+PROCESS_SESSION = secrets.token_hex(8)
 
 # Agent and node ids become file names and key parts: keep them plain.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -288,6 +294,10 @@ class Heartbeat:
     # (the submitter's wall clock: display only).
     inbox_depth: int = 0
     inbox_oldest: float | None = None
+    # The active node's steps failing in a row, and the last one's error (short): 0, "" if none.
+    failing: int = 0
+    failing_error: str = ""
+    session: str = PROCESS_SESSION  # the writing process's nonce ("" from older nodes)
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -312,6 +322,9 @@ class Heartbeat:
             effects=_effects_shown(doc.get("effects", [])),
             inbox_depth=_count({"inbox_depth": 0, **doc}, "inbox_depth", "heartbeat"),
             inbox_oldest=_optional_time(doc.get("inbox_oldest"), "inbox_oldest", "heartbeat"),
+            failing=_count({"failing": 0, **doc}, "failing", "heartbeat"),
+            failing_error=_failing_error(doc.get("failing_error", "")),
+            session=_field({"session": "", **doc}, "session", str, "heartbeat")[:64],
         )
 
 
@@ -327,6 +340,14 @@ def _optional_time(value: Any, name: str, what: str) -> float | None:
 # A heartbeat shows at most this many effects of the step in flight, the newest.
 MAX_SHOWN_EFFECTS = 16
 MAX_SHOWN_NAME = 64
+# A heartbeat shows at most this many characters of a failing step's last error.
+MAX_SHOWN_ERROR = 200
+
+
+def _failing_error(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > MAX_SHOWN_ERROR:
+        raise CorruptRecord("heartbeat record field 'failing_error' is not a short string")
+    return value
 
 
 def _effects_shown(value: Any) -> tuple[tuple[str, str], ...]:

@@ -71,22 +71,21 @@ def file_store_path(url: str) -> str:
 
 
 def _redis() -> ModuleType:
-    try:
-        return importlib.import_module(".redis", __name__)
-    except ModuleNotFoundError as exc:  # redis-py is the optional extra "redis"
-        if exc.name != "redis":
-            raise
-        raise ConfigError(
-            "the Redis store needs redis-py: pip install 'hamsterbunker[redis]'"
-        ) from exc
+    return _backend(".redis", "the Redis store needs redis-py", "redis")
 
 
 def _etcd() -> ModuleType:
+    return _backend(".etcd", "the etcd store needs etcd3gw and requests", "etcd")
+
+
+def _backend(module: str, needs: str, extra: str) -> ModuleType:
+    """Import a backend whose client library is an optional extra: a ConfigError in one
+    line if that library (or one it imports, such as requests) cannot be imported."""
     try:
-        return importlib.import_module(".etcd", __name__)
-    except ModuleNotFoundError as exc:  # etcd3gw is the optional extra "etcd"
-        if (exc.name or "").partition(".")[0] != "etcd3gw":
-            raise
-        raise ConfigError(
-            "the etcd store needs etcd3gw: pip install 'hamsterbunker[etcd]'"
-        ) from exc
+        return importlib.import_module(module, __name__)
+    except ImportError as exc:
+        missing = exc.name or ""
+        if missing.partition(".")[0] == "hamsterbunker":
+            raise  # our own module is broken: a bug, not a missing extra
+        what = f"no module {missing!r}" if missing else str(exc)
+        raise ConfigError(f"{needs} ({what}): pip install 'hamsterbunker[{extra}]'") from exc

@@ -1,4 +1,6 @@
-"""Where a file store's directory is: refused in a synced folder, warned about on NFS.
+"""Where a file store's directory is: refused in a synced folder, warned about on NFS;
+refused in one line naming the path and the fix when it is a file, or this node may
+not read (or, to run a node, write) it.
 
 Sync tools (Syncthing, Dropbox, Nextcloud) give no mutual exclusion, so two
 nodes could both lead: a store inside a synced folder is refused. NFS works,
@@ -7,12 +9,17 @@ but only mounted so that attribute caching cannot hide lease renewals.
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import StoreUnsafe
+from ...errors import ConfigError, StoreUnavailable, StoreUnsafe
 
-__all__ = ["Mount", "check_location", "mount_of"]
+__all__ = ["Mount", "check_location", "mount_of", "open_root"]
+
+_DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 _SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloudsync.log")
 
@@ -49,7 +56,11 @@ def check_location(root: Path) -> list[str]:
     """Raise StoreUnsafe for a store directory in a synced folder; warnings about its mount."""
     for folder in (root, *root.parents):
         for marker in _SYNC_MARKERS:
-            if (folder / marker).exists():
+            try:
+                found = (folder / marker).exists()
+            except OSError as exc:  # a directory this node may not look into
+                raise _refused(root, "read", exc) from exc
+            if found:
                 raise StoreUnsafe(
                     f"store directory {root} is inside a synced folder ({folder / marker} "
                     "found): sync tools give no mutual exclusion, so two nodes could both "
@@ -65,3 +76,81 @@ def check_location(root: Path) -> list[str]:
                 "Mount it with -o noac,lookupcache=none."
             ]
     return []
+
+
+def open_root(root: Path, *, create: bool) -> None:
+    """Make the store directory (if create) and check this node may use it: read it, and
+    with create (a node, not a reader such as ``hb status``) write it. ConfigError in one
+    line naming the path and the fix otherwise; StoreUnavailable for other I/O errors."""
+    if create:
+        try:
+            root.mkdir()
+        except FileExistsError:
+            pass  # a directory (or a file, refused below)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"store directory {root}: its parent does not exist") from exc
+        except OSError as exc:
+            raise _refused(root, "create", exc) from exc
+    try:
+        mode = os.stat(root).st_mode
+    except FileNotFoundError as exc:
+        raise ConfigError(f"store directory {root} does not exist") from exc
+    except OSError as exc:
+        raise _refused(root, "read", exc) from exc
+    if not stat.S_ISDIR(mode):
+        raise ConfigError(
+            f"store path {root} is not a directory: point the store URL at a directory "
+            "(or move the file away and let the node make it)"
+        )
+    try:
+        with os.scandir(root):
+            pass
+    except OSError as exc:
+        raise _refused(root, "read", exc) from exc
+    # Asked, not tried: a node that may not start must leave the store as it found it.
+    effective = os.access in os.supports_effective_ids
+    if create and not os.access(root, os.W_OK | os.X_OK, effective_ids=effective):
+        code = errno.EROFS if os.statvfs(root).f_flag & os.ST_RDONLY else errno.EACCES
+        raise _refused(root, "write", OSError(code, os.strerror(code), str(root)))
+
+
+def _refused(root: Path, verb: str, exc: OSError) -> Exception:
+    """The one line for a store directory this node may not use, with the fix."""
+    if exc.errno not in _DENIED:
+        return StoreUnavailable(f"store directory {root}: cannot {verb} it: {exc.strerror}")
+    user = _user_name(os.geteuid())
+    if verb == "create" and exc.errno != errno.EROFS:
+        return ConfigError(
+            f"store directory {root} cannot be created by user {user} ({_found(root.parent)}): "
+            f"make it once as root with `mkdir {root} && chown {user}: {root} && chmod 0700 "
+            f"{root}`, or choose a directory the node may write"
+        )
+    if exc.errno == errno.EROFS:
+        return ConfigError(
+            f"store directory {root} is on a file system this node may not write "
+            f"(read-only for user {user}): under systemd, allow it with ReadWritePaths={root} "
+            "(systemctl edit hamsterbunker@NAME), or choose a writable directory"
+        )
+    return ConfigError(
+        f"store directory {root} cannot be {'read' if verb == 'read' else 'written'} by "
+        f"user {user} ({_found(root)}): make it the node's with `chown -R {user}: {root}` and "
+        f"`chmod 0700 {root}` (each parent needs o+x), or run the node as its owner"
+    )
+
+
+def _found(path: Path) -> str:
+    """Who owns path and its mode, as a reason for a refusal."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return f"{path} is not reachable: a parent directory does not let the node through"
+    return f"{path} is owned by {_user_name(info.st_uid)}, mode {stat.S_IMODE(info.st_mode):04o}"
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)

@@ -66,7 +66,7 @@ from .fileio import TMP_PREFIX, atomic_write, dir_entries, discard, read_file, w
 from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
 from .lease import cas_lease_in, lease_in
-from .location import check_location, mount_of
+from .location import check_location, mount_of, open_root
 from .logs import EventLogs, HeartbeatFiles
 from .tail import FileTail
 from .tree import StoreTree
@@ -145,19 +145,8 @@ class FileStore(Store):
         self._events = EventLogs(
             self._tree, events_per_segment=events_per_segment, segment_cap=self.segment_cap
         )
-        if create:
-            try:
-                self.root.mkdir(exist_ok=True)
-            except FileNotFoundError as exc:
-                raise ConfigError(
-                    f"store directory {self.root}: its parent does not exist"
-                ) from exc
-            except OSError as exc:
-                raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
-        elif not self.root.exists():
-            raise ConfigError(f"store directory {self.root} does not exist")
-        if not self.root.is_dir():
-            raise ConfigError(f"store path {self.root} is not a directory")
+        # Made if need be, and usable by this node: else one line naming the path and fix.
+        open_root(self.root, create=create)
         self.warnings: list[str] = check_location(self.root)
         if create:  # sweep the root's old temp files; a reader (hb status) removes nothing
             try:
