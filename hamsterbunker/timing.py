@@ -16,11 +16,16 @@ from .limits import MAX_LEASE_TTL_MS
 
 __all__ = [
     "DEFAULT_LEASE_TTL_MS",
+    "DEFAULT_MAX_STEP_FAILURES",
+    "DEFAULT_STEP_RETRY",
+    "DEFAULT_STEP_RETRY_MAX_MS",
+    "DEFAULT_STEP_RETRY_MS",
     "DEFAULT_STOP_GRACE_MS",
     "DEFAULT_TICK_MS",
     "DEFAULT_TIMING",
     "MAX_STOP_GRACE_MS",
     "LeaseTiming",
+    "StepRetry",
     "check_stop_grace",
 ]
 
@@ -34,6 +39,13 @@ RENEW_DEADLINE_SHARE = 0.6
 # room left for the handover and the shutdown's store calls.
 DEFAULT_STOP_GRACE_MS = 10_000
 MAX_STOP_GRACE_MS = 3_600_000  # an hour: above that, a typing slip rather than a plan
+# A step that raises is retried after 1 s, then 2 s, 4 s, ... up to 60 s, each ±20 %;
+# after 10 failures in a row the node hands the lease over (0: never).
+DEFAULT_STEP_RETRY_MS = 1_000
+DEFAULT_STEP_RETRY_MAX_MS = 60_000
+DEFAULT_MAX_STEP_FAILURES = 10
+STEP_RETRY_JITTER = 0.2
+MAX_STEP_RETRY_MS = 86_400_000  # a day
 
 
 def check_stop_grace(stop_grace_ms: int) -> int:
@@ -100,3 +112,42 @@ class LeaseTiming:
 
 
 DEFAULT_TIMING = LeaseTiming()  # what `hb run` uses when given no timing
+
+
+@dataclass(frozen=True)
+class StepRetry:
+    """How a node retries a step that raised: exponential backoff with jitter, capped,
+    and how many failures in a row make it hand the lease over (0: never).
+
+    The n-th retry waits ``first_ms × 2**(n-1)`` within ±``jitter``, never above
+    ``max_ms``; ConfigError if the numbers make no sense.
+    """
+
+    first_ms: int = DEFAULT_STEP_RETRY_MS
+    max_ms: int = DEFAULT_STEP_RETRY_MAX_MS
+    max_failures: int = DEFAULT_MAX_STEP_FAILURES
+    jitter: float = STEP_RETRY_JITTER
+
+    def __post_init__(self) -> None:
+        first, cap, most = self.first_ms, self.max_ms, self.max_failures
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (first, cap, most)):
+            raise ConfigError(
+                f"step retry must be whole numbers (got first={first!r} ms, max={cap!r} ms, "
+                f"max failures={most!r})"
+            )
+        if not 0 < first <= cap <= MAX_STEP_RETRY_MS:
+            raise ConfigError(
+                f"step retry must satisfy 0 < first retry <= max retry <= {MAX_STEP_RETRY_MS} ms "
+                f"(got first={first} ms, max={cap} ms)"
+            )
+        if most < 0:
+            raise ConfigError(f"max step failures must be 0 (never) or more, not {most}")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError(f"step retry jitter must be within 0..1, not {self.jitter}")
+
+    @property
+    def max_s(self) -> float:
+        return self.max_ms / 1000
+
+
+DEFAULT_STEP_RETRY = StepRetry()  # what `hb run` uses when given no step retry flags

@@ -326,18 +326,21 @@ class NodeLoop:
     async def _give_up(self, ended: TermEnd) -> None:
         """Release the lease so another node can try, and stand by.
 
-        With hold_off this node takes no free lease for two TTLs, so that another
-        node gets the first try; alone, it tries again after that.
+        With hold_off this node takes no free lease for two TTLs (or the term's
+        longer hold-off: a handoff after failing steps waits out the longest
+        backoff), so that another node gets the first try; alone, it tries again
+        after that.
         """
         emit = self._sink.emit
-        emit("lease.given_up", reason=ended.reason)
+        via = {"via": ended.via} if ended.via else {}
+        emit("lease.given_up", reason=ended.reason, **via)
         try:
             if await self._calls.keeper(self._keeper.release):
-                emit("lease.released")
+                emit("lease.released", **via)
         except StoreError as exc:  # not released: it expires a TTL after the last renewal
             emit("store.error", error=f"release: {exc}")
         if ended.hold_off:
-            self._keeper.hold_off(2 * self._timing.lease_ttl_s)
+            self._keeper.hold_off(max(2 * self._timing.lease_ttl_s, ended.hold_off_s))
         self._set_role("standby")
 
     # -- stopping ------------------------------------------------------------------

@@ -34,6 +34,8 @@ class Standing:
     effects: list[list[str]] = field(default_factory=list)
     # The inbox as the leader last read it: unconsumed count, and the oldest's submit time.
     inbox: tuple[int, float | None] = (0, None)
+    # The steps of the current term failing in a row, and the last error (shown in heartbeats).
+    failing: tuple[int, str] = (0, "")
 
 
 @dataclass

@@ -30,7 +30,8 @@ from ..lease import LeaseKeeper
 from ..reach import Reach
 from ..sealing import Sealer
 from ..stores import Fence, Store
-from ..timing import LeaseTiming
+from ..timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
+from .backoff import StepFailures, pause_for
 from .calls import NodeCalls
 from .events import EventSink
 from .inbox import TermInbox
@@ -57,6 +58,8 @@ class TermEnd:
     epoch: int
     reason: str = ""
     hold_off: bool = True  # GAVE_UP: let another node try first
+    via: str = ""  # GAVE_UP: "handoff" when the agent's steps kept failing
+    hold_off_s: float = 0.0  # GAVE_UP with hold_off: for how long (0: the loop's default)
 
 
 class _Stall:
@@ -109,12 +112,14 @@ class LeaderTerm:
         timing: LeaseTiming,
         clock: Clock,
         grace: Callable[[], float],
+        retry: StepRetry = DEFAULT_STEP_RETRY,
     ) -> None:
         self.epoch = epoch
         self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
         self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
         self._standing, self._signals, self._timing, self._clock = standing, signals, timing, clock
         self._grace = grace  # how long a stop lets the step in flight finish
+        self._retry, self._failures = retry, StepFailures(retry)
         self.lost = asyncio.Event()  # this term's own end: a later term has its own
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
         self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
@@ -138,6 +143,7 @@ class LeaderTerm:
         try:
             return await self._lead()
         finally:
+            self._standing.failing = (0, "")
             await self._inbox.close()
 
     async def _lead(self) -> TermEnd:
@@ -225,14 +231,19 @@ class LeaderTerm:
             except Fenced as exc:  # an effect's record was refused (said by the journal)
                 self.end()
                 return TermEnd(Ending.FENCED, self.epoch, str(exc))
-            except Exception as exc:  # the agent's own failure: log it, retry after a tick
-                log.exception(
-                    "%s: step %d of agent %s failed", self._id.node, context.seq, self._id.agent
-                )
-                emit("agent.step_failed", step_seq=context.seq, error=repr(exc))
+            except Exception as exc:  # the agent's own failure: back off, or hand over
                 failed_seq = context.seq
-                await asyncio.sleep(tick_s)
+                pause = self._step_failed(context.seq, exc)
+                if self._failures.hand_over():
+                    return self._hand_over()
+                waited = await pause_for(
+                    pause, self._clock, tick_s, self.lost, self._signals.stopping
+                )
+                if not waited:  # the term ended meanwhile
+                    break
                 continue
+            self._failures.succeeded()
+            self._standing.failing = (0, "")
             if self.lost.is_set() or not self._keeper.may_step():
                 # The lease may already be someone else's: never publish this step.
                 emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
@@ -250,6 +261,35 @@ class LeaderTerm:
             else:
                 await asyncio.sleep(tick_s)  # the store failed: same state, same seq
         return TermEnd(Ending.OVER, self.epoch)
+
+    def _step_failed(self, seq: int, exc: Exception) -> float:
+        """Count a failed step, say so (the traceback at debug); the seconds to wait."""
+        pause = self._failures.failed(exc)
+        failing = self._failures.now
+        assert failing is not None
+        self._standing.failing = (failing.count, failing.error)
+        log.debug("%s: step %d of agent %s failed", self._id.node, seq, self._id.agent,
+                  exc_info=exc)  # fmt: skip
+        self._sink.emit(
+            "agent.failing",
+            step_seq=seq,
+            failures=failing.count,
+            error=failing.error,
+            error_type=type(exc).__name__,
+            retry_ms=round(pause * 1000),
+        )
+        return pause
+
+    def _hand_over(self) -> TermEnd:
+        """Give the lease up to another node after too many failures, and hold off taking it
+        back for the longest backoff (at least the loop's default)."""
+        failing = self._failures.now
+        assert failing is not None
+        reason = f"{failing.count} steps failed in a row, the last: {failing.error}"
+        self.end()
+        return TermEnd(
+            Ending.GAVE_UP, self.epoch, reason, via="handoff", hold_off_s=self._retry.max_s
+        )
 
     def _give_up(self, reason: str, *, hold_off: bool = True) -> TermEnd:
         self.end()

@@ -249,7 +249,7 @@ def test_a_step_that_fails_on_an_effect_calls_it_again_when_retried(nodes: Nodes
 
     nodes.start("a", Once(step))
     nodes.events.wait("checkpoint.published", "a", where=lambda e: e.seq >= 1, timeout=WAIT_S)
-    failed = nodes.events.wait("agent.step_failed", "a")
+    failed = nodes.events.wait("agent.failing", "a")
     assert "EffectFailed" in failed.detail["error"]
     keys_of_step_1 = [key for _node, key in tool.keys[:3]]
     assert Counter(keys_of_step_1) == {keys_of_step_1[0]: 1, keys_of_step_1[1]: 2}
@@ -268,7 +268,7 @@ def test_an_effect_called_in_another_order_on_replay_is_a_mismatch(nodes: Nodes)
     agent = Steps(step)
     nodes.start("a", agent)
     nodes.crash_and_take_over(agent, agent.parked.is_set)
-    failed = nodes.events.wait("agent.step_failed", "b")
+    failed = nodes.events.wait("agent.failing", "b")
     assert "EffectMismatch" in failed.detail["error"]
     assert "'search'" in failed.detail["error"] and "'llm'" in failed.detail["error"]
     assert [e for e in nodes.events.of("checkpoint.published", "b")] == []

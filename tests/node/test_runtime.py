@@ -666,12 +666,12 @@ def test_short_secret_is_refused_at_construction(tmp_path: Path, secret: str, fo
 
 
 def test_a_failing_step_is_retried_from_the_last_published_state(hb: Harness) -> None:
-    """A step that raises emits agent.step_failed, the node keeps its lease, and the retry starts
+    """A step that raises emits agent.failing, the node keeps its lease, and the retry starts
     from the last published state without the failed step's effects.
     """
     agent = AsyncAgent(fail_once=(2,), park_from=3)
     hb.node("node-a", agent)
-    failed = hb.events.wait("agent.step_failed", "node-a")
+    failed = hb.events.wait("agent.failing", "node-a")
     assert failed.detail["step_seq"] == 2
     assert "fails once" in failed.detail["error"]
     wait_until(

@@ -216,3 +216,15 @@ class InboxEcho:
             )
             state["answered"] += 1
         return state
+
+
+class FailingAgent:
+    """Every step raises, as against an LLM API that answers 500 (issue 16, point 3)."""
+
+    id = "failing"
+
+    def init(self) -> dict[str, Any]:
+        return {"count": 0}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        raise RuntimeError("the API said 500")

@@ -43,7 +43,7 @@ TYPE_STYLES = {
     "store.warning": "yellow",
     "checkpoint.failed": "red",
     "checkpoint.rejected": "red",
-    "agent.step_failed": "red",
+    "agent.failing": "red",
     "agent.step": "dim",
     "checkpoint.published": "dim",
 }

@@ -57,6 +57,9 @@ class NodeView:
     # how long ago the oldest was submitted (None: none waits, or not an active node).
     inbox_depth: int = 0
     inbox_age_s: float | None = None
+    # The steps failing in a row on an active node, and the last one's error (short).
+    failing: int = 0
+    failing_error: str = ""
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,8 @@ class ClusterModel:
                     effects=beat.effects if active else (),
                     inbox_depth=beat.inbox_depth if active else 0,
                     inbox_age_s=None if oldest is None else self._now - oldest.since,
+                    failing=beat.failing if active else 0,
+                    failing_error=beat.failing_error if active else "",
                 )
             )
         return views

@@ -12,7 +12,15 @@ from textual.widgets.data_table import ColumnKey
 
 from .model import NodeView, format_age
 
-__all__ = ["COLUMNS", "NodesTable", "effects_cell", "heartbeat_age", "inbox_cell", "node_cells"]
+__all__ = [
+    "COLUMNS",
+    "NodesTable",
+    "effects_cell",
+    "heartbeat_age",
+    "inbox_cell",
+    "node_cells",
+    "step_cell",
+]
 
 # (key, label): the keys address cells in update_cell.
 COLUMNS = (
@@ -45,6 +53,8 @@ EFFECT_STYLES = {
 }
 # The row shows the newest few effects of the step; the rest are counted.
 EFFECTS_SHOWN = 3
+# A failing step's error is cut to this many characters in its cell.
+FAILING_ERROR_SHOWN = 48
 # A submission that waited longer than this for the agent is shown as waiting long.
 INBOX_LATE_S = 60.0
 
@@ -69,6 +79,21 @@ def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
         if text:
             text.append(" · ", style="dim")
         text.append(f"{name} ").append(state, style=EFFECT_STYLES.get(state, ""))
+    return text
+
+
+def step_cell(view: NodeView) -> Text:
+    """``failing ×3 RuntimeError: the API said 500``, in red, while the active node's steps
+    fail in a row; then the effects of the step in flight."""
+    effects = effects_cell(view.effects)
+    if not view.failing:
+        return effects
+    error = view.failing_error
+    if len(error) > FAILING_ERROR_SHOWN:
+        error = error[: FAILING_ERROR_SHOWN - 1] + "…"
+    text = Text(f"failing ×{view.failing}", style="bold red").append(f" {error}", style="red")
+    if effects:
+        text.append(" · ", style="dim").append_text(effects)
     return text
 
 
@@ -100,7 +125,7 @@ def node_cells(view: NodeView) -> dict[str, Text]:
         "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
         "epoch": Text(str(view.epoch), style=dim, justify="right"),
         "inbox": inbox_cell(view),
-        "effects": effects_cell(view.effects),
+        "effects": step_cell(view),
     }
 
 
