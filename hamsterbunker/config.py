@@ -109,7 +109,7 @@ def load_instance(name: str, directory: Path | None = None) -> NodeConfig:
             document = tomllib.load(file)
     except FileNotFoundError:
         raise ConfigError(
-            f"config file {path} does not exist (create it with: hb init {name})"
+            f"config file {path} does not exist (create it with: hb init {name} --store URL)"
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None

@@ -219,7 +219,9 @@ class EtcdConnection:
             yield
         except (ConnectionFailedError, ConnectionTimeoutError, requests.RequestException) as exc:
             self.next_endpoint(used)
-            raise StoreUnavailable(f"{where}: {self._unreachable(exc)}") from exc
+            # Certificates that do not match are a setting to fix, not an outage to wait out.
+            refused = StoreError if tls_error_in(exc) is not None else StoreUnavailable
+            raise refused(f"{where}: {self._unreachable(exc)}") from exc
         except Etcd3Exception as exc:
             code, message = grpc_error(exc)
             if code in _TRANSIENT_CODES:

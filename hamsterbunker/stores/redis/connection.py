@@ -151,8 +151,11 @@ class RedisConnection:
             if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.ReadOnlyError):
                 # ReadOnlyError: we reached a replica (a failover in progress).
                 tls = tls_error_in(exc)
-                why = str(exc) if tls is None else self.describe_tls(tls)
-                raise StoreUnavailable(f"{where}: {why}") from exc
+                if tls is not None:
+                    # Certificates that do not match are a setting to fix, not an outage
+                    # to wait out (a node starting would wait for it for ever).
+                    raise StoreError(f"{where}: {self.describe_tls(tls)}") from exc
+                raise StoreUnavailable(f"{where}: {exc}") from exc
             raise StoreError(f"{where}: {exc}") from exc
 
     def describe_tls(self, error: ssl.SSLError) -> str:
