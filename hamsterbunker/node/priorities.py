@@ -39,7 +39,6 @@ EVENT_PRIORITIES: dict[str, int] = {
     "lease.lost": WARNING,
     "lease.given_up": WARNING,
     "store.warning": WARNING,
-    "agent.step_failed": WARNING,
     "checkpoint.rejected": WARNING,
     "effect.rejected": WARNING,
     "effect.interrupted": WARNING,
