@@ -18,6 +18,7 @@ from typing import NoReturn
 
 from . import __version__
 from .agent import load_agent
+from .cli_args import positive_int, whole_number
 from .cli_status import add_status_parser
 from .cli_submit import EXIT_TIMEOUT, add_submit_parser, submit
 from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
@@ -67,26 +68,6 @@ Never pass it on the command line: every user can read that."""
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
-
-
-def _whole_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -158,10 +139,10 @@ def _build_parser() -> argparse.ArgumentParser:
     init.add_argument("--force", action="store_true", help="replace an existing NAME.toml")
 
     demo = sub.add_parser("demo", help="the local three-node survival demo")
-    demo.add_argument("--kills", type=_positive_int, default=1, help="kill the active node N times")
+    demo.add_argument("--kills", type=positive_int, default=1, help="kill the active node N times")
     demo.add_argument("--store", help="store URL (default: a temporary directory)")
-    demo.add_argument("--tick-ms", type=_positive_int, help=f"default: {DEFAULT_TICK_MS}")
-    demo.add_argument("--lease-ttl-ms", type=_positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
+    demo.add_argument("--tick-ms", type=positive_int, help=f"default: {DEFAULT_TICK_MS}")
+    demo.add_argument("--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
 
     accept = sub.add_parser(
         "accept-loss",
@@ -176,7 +157,7 @@ def _build_parser() -> argparse.ArgumentParser:
     accept.add_argument("--agent-id", required=True)
     accept.add_argument(
         "--to-seq",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="resume from the newest authenticated checkpoint at or below seq N "
         "(default: the newest that authenticates)",
@@ -217,32 +198,32 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent-id", help="agent id (default: the agent object's id)")
     parser.add_argument("--node-id", help="default: the host name")
     parser.add_argument("--region", help="where this node runs (default: local)")
-    parser.add_argument("--tick-ms", type=_positive_int, help=f"default: {DEFAULT_TICK_MS}")
+    parser.add_argument("--tick-ms", type=positive_int, help=f"default: {DEFAULT_TICK_MS}")
     parser.add_argument(
-        "--lease-ttl-ms", type=_positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}"
+        "--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}"
     )
     parser.add_argument(
         "--stop-grace-ms",
-        type=_whole_number,
+        type=whole_number,
         help="how long a stop (SIGTERM) lets the step in flight finish and be published "
         f"before it is cancelled; keep it below the unit's TimeoutStopSec "
         f"(default: {DEFAULT_STOP_GRACE_MS})",
     )
     parser.add_argument(
         "--step-retry-ms",
-        type=_positive_int,
+        type=positive_int,
         help="a step that raised is retried after this long, doubling (±20%% jitter) up to "
         f"--step-retry-max-ms (default: {DEFAULT_STEP_RETRY_MS})",
     )
     parser.add_argument(
         "--step-retry-max-ms",
-        type=_positive_int,
+        type=positive_int,
         help=f"the longest wait between retries of a failing step (default: "
         f"{DEFAULT_STEP_RETRY_MAX_MS})",
     )
     parser.add_argument(
         "--max-step-failures",
-        type=_whole_number,
+        type=whole_number,
         metavar="N",
         help="after N failed steps in a row, hand the lease to another node and hold off "
         f"taking it back for --step-retry-max-ms; 0: never (default: {DEFAULT_MAX_STEP_FAILURES})",

@@ -26,6 +26,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from .cli_args import positive_int, whole_number
 from .config import NodeConfig, load_instance
 from .errors import ConfigError, StoreError, StoreUnsafe
 from .observe import LIVE, MAX_WATCH_S, NOT_WATCHED, UNKNOWN, LeaseObserver, Observed
@@ -66,11 +67,11 @@ def add_status_parser(sub: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument("--watch", action="store_true", help="refresh every tick until Ctrl-C")
     parser.add_argument(
-        "--count", type=_positive, metavar="N", help="with --watch: stop after N refreshes"
+        "--count", type=positive_int, metavar="N", help="with --watch: stop after N refreshes"
     )
     parser.add_argument(
         "--observe-ms",
-        type=_whole,
+        type=whole_number,
         metavar="MS",
         help="watch the lease for at most MS to tell whether it is live (default: its TTL, "
         f"at most {MAX_WATCH_S:.0f} s); 0: do not watch, judge only the rest",
@@ -193,20 +194,3 @@ def _row(store: Store, agent: str, seen: Observed) -> dict[str, Any]:
         "liveness": asdict(live),
         "problems": problems,
     }
-
-
-def _positive(text: str) -> int:
-    value = _whole(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
-    return value
-
-
-def _whole(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
-    return value

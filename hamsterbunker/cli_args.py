@@ -1,0 +1,26 @@
+"""Argument types the ``hb`` subcommands share: a bad number is one argparse error line."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["positive_int", "whole_number"]
+
+
+def whole_number(text: str) -> int:
+    """A whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A whole number above 0."""
+    value = whole_number(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
