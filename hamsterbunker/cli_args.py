@@ -7,12 +7,16 @@ import argparse
 __all__ = ["positive_int", "whole_number"]
 
 
-def whole_number(text: str) -> int:
-    """A whole number, 0 or more."""
+def _int(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+
+
+def whole_number(text: str) -> int:
+    """A whole number, 0 or more."""
+    value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
     return value
@@ -20,7 +24,7 @@ def whole_number(text: str) -> int:
 
 def positive_int(text: str) -> int:
     """A whole number above 0."""
-    value = whole_number(text)
-    if value == 0:
+    value = _int(text)
+    if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
     return value
