@@ -487,13 +487,16 @@ class RedisStore(Store):
             try:
                 async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(channel)
+                    _honour_swallowed_cancel()
                     delay = _WATCH_RETRY_S[0]
                     if reconnected:
                         yield None
                     while True:
                         message = await pubsub.get_message(timeout=_WATCH_PING_S)
+                        _honour_swallowed_cancel()
                         if message is None:
                             await pubsub.ping()
+                            _honour_swallowed_cancel()
                         elif message["type"] == "message":
                             yield None
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
@@ -523,3 +526,16 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _honour_swallowed_cancel() -> None:
+    """Raise the cancellation redis-py swallowed, so that cancelling a watch ends it.
+
+    redis-py (8.1) can lose a cancel that lands inside subscribe(): the task
+    is left "cancelling" but runs on, and whoever awaits its end waits for
+    ever. Nothing here catches a CancelledError, so a task that is still
+    cancelling was asked to stop and has not.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -9,6 +9,7 @@ Races start together on a threading.Barrier; nothing here sleeps to synchronise.
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import threading
 import time
@@ -831,3 +832,42 @@ def test_watch_yields_after_another_client_changes_the_lease(
             await watcher.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(main())
+
+
+def test_a_watch_ends_when_cancelled_at_any_moment(store: Store) -> None:
+    """Cancelling the task that waits on a watch ends it, whenever the cancel lands.
+
+    A watch is cancelled whenever a term ends or a result() returns; a cancel
+    the backend swallows (redis-py lost those that landed in subscribe()) leaves
+    its canceller waiting for ever. Cancels land from 0 to 20 ms in: while the
+    watch connects, subscribes and waits.
+    """
+    rounds = 100
+    rng = random.Random(1729)
+
+    async def cancel_one(after_s: float) -> bool:
+        watcher = store.watch("a")
+        waiting = asyncio.ensure_future(anext(watcher))
+        await asyncio.sleep(after_s)
+        waiting.cancel()
+        done, _ = await asyncio.wait({waiting}, timeout=5.0)
+        if done:
+            await watcher.aclose()  # type: ignore[attr-defined]
+        return bool(done)
+
+    async def main() -> list[float]:
+        stuck = []
+        for _ in range(rounds):
+            after_s = rng.uniform(0.0, 0.02)
+            if not await cancel_one(after_s):
+                stuck.append(after_s)
+                break  # the stuck task keeps its watch; stop here
+        return stuck
+
+    # Not asyncio.run: it would wait for ever on a stuck watch's task at its end.
+    loop = asyncio.new_event_loop()
+    try:
+        stuck = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert not stuck, f"a watch cancelled {stuck[0] * 1000:.1f} ms in ran on for 5 s"
