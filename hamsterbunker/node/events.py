@@ -25,6 +25,7 @@ from ..lease import LeaseKeeper
 from ..records import MAX_SHOWN_EFFECTS, MAX_SHOWN_NAME, Event, Heartbeat
 from ..stores import Store
 from .calls import NodeCalls
+from .metrics import NodeMetrics
 from .priorities import event_priority
 from .state import Identity, Standing
 
@@ -53,11 +54,12 @@ class EventSink:
         retry_s: float,
         on_event: EventHandler | None = None,
         history: HistoryWriter | None = None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
         self._id, self._store, self._calls = identity, store, calls
         self._keeper, self._standing = keeper, standing
         self._retry_s = retry_s  # how often the writer tries a store that does not answer
-        self._on_event, self._history = on_event, history
+        self._on_event, self._history, self._metrics = on_event, history, metrics
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._pending: asyncio.Queue[Event] = asyncio.Queue(MAX_PENDING_EVENTS)
@@ -107,6 +109,8 @@ class EventSink:
             event.seq,
             " ".join(f"{k}={v}" for k, v in detail.items()),
         )
+        if self._metrics is not None:
+            self._metrics.on_event(kind, detail)
         if self._on_event is not None:
             try:
                 self._on_event(event)
@@ -173,6 +177,7 @@ class EventSink:
             inbox_oldest=self._standing.inbox[1],
             failing=self._standing.failing[0],
             failing_error=self._standing.failing[1],
+            paused=self._standing.paused,
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)
@@ -185,3 +190,10 @@ class EventSink:
         """One completed store operation, into the history file if the node keeps one."""
         if self._history is not None:
             self._history.record(self._id.node, op, epoch, seq, start, outcome, **detail)
+        if self._metrics is not None:
+            self._metrics.recorded(op, start, outcome)
+
+    def measured(self, what: str, seconds: float) -> None:
+        """How long a renewal or a step took, for the metrics (no event carries it)."""
+        if self._metrics is not None:
+            self._metrics.measured(what, seconds)

@@ -1,0 +1,138 @@
+"""``hb run --http HOST:PORT``: the node's HTTP endpoints, served from threads of their own.
+
+``/metrics`` (Prometheus text, or OpenMetrics if asked, by ``prometheus_client``),
+``/health``, ``/leader`` and ``/status`` (``node.probes``). The server never
+touches the event loop, so a slow or stuck client cannot hold up lease keeping
+(DESIGN.md invariant 3); ``/status`` reads the store in a worker of its own,
+bounded by ``STATUS_TIMEOUT_S``. It binds when the node starts, so an address in
+use is a ConfigError (one line, exit 2), and closes when the node stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client.exposition import choose_encoder
+
+from ..errors import ConfigError
+from ..http_address import HttpAddress
+from .metrics import NodeMetrics
+from .probes import Answer, NodeProbes
+
+__all__ = ["Endpoints"]
+
+log = logging.getLogger("hamsterbunker")
+# The most /status waits for the store before it answers 503.
+STATUS_TIMEOUT_S = 5.0
+PATHS = ("/metrics", "/health", "/leader", "/status")
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a client that never finishes its request does not hold up a stop
+    allow_reuse_address = True
+
+    def __init__(self, address: HttpAddress, endpoints: Endpoints) -> None:
+        # A literal IPv6 address needs an IPv6 socket; "" and names take the first IPv4 one.
+        if ":" in address.host:
+            self.address_family = socket.AF_INET6
+        self.endpoints = endpoints
+        super().__init__((address.host, address.port), _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.server.endpoints.answer(self)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http: " + format, *args)
+
+    def send(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+
+class Endpoints:
+    """The HTTP endpoints of one node: ``start()`` binds and serves, ``stop()`` closes."""
+
+    def __init__(self, address: HttpAddress, metrics: NodeMetrics, probes: NodeProbes) -> None:
+        self.address, self._metrics, self._probes = address, metrics, probes
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._status_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hb-http-status")
+
+    @property
+    def port(self) -> int:
+        """The port bound (the one asked for, or the one given for port 0)."""
+        assert self._server is not None
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        try:
+            self._server = _Server(self.address, self)
+        except OSError as exc:  # in use, not an address of this machine, a name that resolves not
+            reason = exc.strerror or str(exc)
+            raise ConfigError(f"--http {self.address}: cannot listen there: {reason}") from None
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="hb-http",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+        log.info("serving /metrics, /health, /leader and /status on http://%s", self.address)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self._status_pool.shutdown(wait=False, cancel_futures=True)
+
+    def answer(self, request: _Handler) -> None:
+        """One request, in the server's thread for it."""
+        path = request.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+            request.send(200, encoder(self._metrics.registry), content_type)
+            return
+        if path == "/health":
+            answer = self._probes.health()
+        elif path == "/leader":
+            answer = self._probes.leader()
+        elif path == "/status":
+            self._send_status(request)
+            return
+        else:
+            request.send(404, f"not found; try {', '.join(PATHS)}\n".encode(), "text/plain")
+            return
+        self._send(request, answer, "text/plain; charset=utf-8")
+
+    def _send_status(self, request: _Handler) -> None:
+        future = self._status_pool.submit(self._probes.status)
+        try:
+            answer = future.result(timeout=STATUS_TIMEOUT_S)
+        except FutureTimeout:
+            answer = Answer(False, f"the store did not answer within {STATUS_TIMEOUT_S:.0f} s")
+        except Exception as exc:  # a store error: said, never a traceback to the client
+            answer = Answer(False, f"the store could not be read: {exc}")
+        json_doc = answer.text.startswith("{")
+        self._send(request, answer, "application/json" if json_doc else "text/plain; charset=utf-8")
+
+    @staticmethod
+    def _send(request: _Handler, answer: Answer, content_type: str) -> None:
+        body = answer.text.replace("\n", " ") if content_type.startswith("text") else answer.text
+        request.send(200 if answer.ok else 503, (body + "\n").encode(), content_type)
