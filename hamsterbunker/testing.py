@@ -427,6 +427,19 @@ class MemoryStore(Store):
         parsed = readable(lines, Event.from_json, _report("event"))
         return [event for event in parsed if event.n > after.get(event.node, 0)]
 
+    def forget_node(self, agent: str, node: str) -> None:
+        """Drop node's heartbeat and event log (``hb forget``). No error if absent."""
+        check_name("agent id", agent)
+        check_name("node id", node)
+        with self._lock:
+            state = self._agents.get(agent)  # a forget of nothing makes no agent
+            if state is None:
+                return
+            beat = state.heartbeats.pop(node, None)
+            log = state.events.pop(node, None)
+            if beat is not None or log is not None:
+                state.changes += 1
+
     # -- watch -------------------------------------------------------------
 
     def _changes(self, agent: str) -> int:

@@ -347,6 +347,18 @@ class Store(Protocol):
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         """Events with n above after[node] (0 if absent), each node's in order."""
 
+    def forget_node(self, agent: str, node: str) -> None:
+        """Drop a node's heartbeat and its whole event log (``hb forget``). No error if absent.
+
+        Afterwards ``list_heartbeats``, ``read_events`` and every tail show
+        nothing of node, and nothing of any other node has changed. The
+        caller makes sure the node is dead: a node that writes again shows
+        again, its log starting afresh (a new process numbers its events from
+        1), and a tail that read the old log reads the new one from its start.
+        node is checked with ``records.check_name`` before it names any key or
+        path (ConfigError). It is a change that ``watch`` reports.
+        """
+
     def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
         """Yield whenever the agent's records may have changed: a hint, never proof.
 

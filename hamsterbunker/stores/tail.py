@@ -37,15 +37,36 @@ class _Readable(Protocol):
 
 
 class GenericTail:
-    """Works on any store: events after a per-node cursor, every heartbeat."""
+    """Works on any store: events after a per-node cursor, every heartbeat.
+
+    Each read asks again for the last event returned of each node: if that
+    one is gone or another, the node's log was dropped (``hb forget``) and
+    maybe started afresh, so it is read again from its start. An event that
+    merely fell off a bounded log left only newer ones behind, none read yet.
+    """
 
     def __init__(self, store: _Readable, agent: str) -> None:
         self._store = store
         self._agent = agent
-        self._cursor: dict[str, int] = {}
+        self._last: dict[str, Event] = {}  # the last event returned of each node
 
     def read(self) -> TailRead:
-        events = self._store.read_events(self._agent, after=self._cursor)
-        for event in events:
-            self._cursor[event.node] = max(self._cursor.get(event.node, 0), event.n)
+        again: set[str] = set()
+        for _attempt in range(2):  # the second, only if a log started afresh
+            after = {node: event.n - 1 for node, event in self._last.items()}
+            found = self._store.read_events(self._agent, after=after)
+            by_number = {(event.node, event.n): event for event in found}
+            again = {node for node, e in self._last.items() if by_number.get((node, e.n)) != e}
+            for node in again:  # read from its start: the next attempt, or the next read
+                del self._last[node]
+            if not again:
+                break
+        events = [
+            event
+            for event in found
+            if event.node not in again
+            and (event.node not in self._last or event.n > self._last[event.node].n)
+        ]
+        for event in events:  # each node's in order: its last one stays
+            self._last[event.node] = event
         return TailRead(events, self._store.list_heartbeats(self._agent))

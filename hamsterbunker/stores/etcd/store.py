@@ -29,7 +29,9 @@ journal of the new seq and older (one delete-range, up to ``effects/<seq + 1>``)
 ``read_effects`` lists the step's keys (keys only, the lowest
 ``2 * MAX_EFFECTS_PER_STEP`` names an index below the bound can have; the rest
 only counted), then gets the values of those that parse. Watches follow the
-lease key (``lease_only``) or the agent's whole prefix.
+lease key (``lease_only``) or the agent's whole prefix. ``forget_node`` deletes
+a node's heartbeat, index key and log in one txn (``forget``); an append writes
+the index key in its own txn wherever it is missing.
 
 Nothing stored is trusted (DESIGN.md invariant 10): a key under the prefix
 whose name does not parse, or a description that does not, is skipped and
@@ -94,6 +96,7 @@ from ..base import (
 from .checkpoints import EtcdCheckpoints
 from .connection import EtcdConnection, parse_etcd_url
 from .effects import EtcdEffects
+from .forget import forget_ops
 from .inbox import EtcdInbox
 from .kv import (
     TXN_OPS,
@@ -178,7 +181,6 @@ class EtcdStore(Store):
         self.warnings: list[str] = []
         self._connection = EtcdConnection(self.target)
         self._followers: set[Follower] = set()
-        self._indexed: set[tuple[str, str]] = set()  # (agent, node) whose event log is indexed
         self._reported = ReportedOnce(log)
         self._checkpoints = EtcdCheckpoints(
             self._connection, self._agent_prefix, self._reported, keep_checkpoints
@@ -407,12 +409,13 @@ class EtcdStore(Store):
         prefix = self._agent_prefix(agent)
         log_prefix = f"{prefix}events/{node}/"
         ops = [put_op(log_prefix + pad(event.n), event.to_json())]
-        if (agent, node) not in self._indexed:
-            ops.append(put_op(f"{prefix}event-nodes/{node}", b""))
         if event.n > self.events_per_node:  # bounded: drop everything below the newest N
             ops.append(delete_op(log_prefix, log_prefix + pad(event.n - self.events_per_node + 1)))
-        self._connection.txn([], ops)
-        self._indexed.add((agent, node))
+        # The index key is written only where it is missing: on the first event, and
+        # after hb forget deleted it (even under a process that still runs).
+        index = f"{prefix}event-nodes/{node}"
+        indexed = {"key": b64(index), "target": "CREATE", "result": "GREATER", "create_revision": 0}
+        self._connection.txn([indexed], ops, [*ops, put_op(index, b"")])
 
     @_translated
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
@@ -459,6 +462,10 @@ class EtcdStore(Store):
             node,
             exc,
         )
+
+    @_translated
+    def forget_node(self, agent: str, node: str) -> None:
+        self._connection.txn([], forget_ops(self._agent_prefix(agent), node))
 
     # -- watch -------------------------------------------------------------
 

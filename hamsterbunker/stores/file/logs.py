@@ -5,14 +5,15 @@ rewritten on the next tick. Each node appends to its own event log (NFS has no
 atomic append across clients); when a segment holds ``events_per_segment``
 events it is renamed to ``<node>.jsonl.1``, replacing the previous one, so at
 most two segments remain. What is not a regular file within its cap under one
-of these names is logged once and skipped.
+of these names is logged once and skipped. ``hb forget`` unlinks a node's files
+(a symlink itself, never its target; a directory planted there is left).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
@@ -64,6 +65,14 @@ class HeartbeatFiles:
             if directory is not None:
                 discard(directory, f"{node}.json")
 
+    def forget(self, agent: str, node: str) -> None:
+        """remove, for ``hb forget``: something planted there that is not a file is left."""
+        check_name("node id", node)
+        path = self._tree.agent_dir(agent) / "heartbeats"
+        with self._tree.reading(*agent_parts(agent, "heartbeats")) as directory:
+            if directory is not None:
+                _remove_files(directory, [f"{node}.json"], path, self._tree.report)
+
 
 class EventLogs:
     """Store.append_event and read_events in a store's tree, each node's log bounded."""
@@ -113,6 +122,17 @@ class EventLogs:
             return self._per_segment
         return 0 if data is None else data.count(b"\n")
 
+    def forget(self, agent: str, node: str) -> None:
+        """Remove node's segments (``hb forget``), durably: its log starts afresh if it writes."""
+        check_name("node id", node)
+        path = self._tree.agent_dir(agent) / "events"
+        with self._tree.reading(*agent_parts(agent, "events")) as directory:
+            if directory is not None:
+                names = [f"{node}.jsonl", f"{node}.jsonl.1"]
+                if _remove_files(directory, names, path, self._tree.report):
+                    os.fsync(directory)
+        self._counts.pop((agent, node), None)
+
     def read(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         after = after or {}
         path = self._tree.agent_dir(agent) / "events"
@@ -140,3 +160,22 @@ class EventLogs:
                         found.setdefault(event.n, event)
                 events.extend(found[n] for n in sorted(found))
         return events
+
+
+def _remove_files(
+    directory: int, names: list[str], path: Path, report: Callable[[str], None]
+) -> bool:
+    """Unlink each name in directory: a symlink itself, never what it points to. A directory
+    planted under one of the names is not ours to remove: reported, left (readers skip it).
+    Whether anything was removed."""
+    removed = False
+    for name in names:
+        try:
+            os.unlink(name, dir_fd=directory)
+        except FileNotFoundError:
+            continue
+        except IsADirectoryError:
+            report(f"not removed: {path / name} is a directory")
+            continue
+        removed = True
+    return removed

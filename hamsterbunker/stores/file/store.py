@@ -307,6 +307,11 @@ class FileStore(Store):
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         return self._events.read(agent, after)
 
+    @_os_errors_as_store_errors
+    def forget_node(self, agent: str, node: str) -> None:
+        self._events.forget(agent, node)
+        self._heartbeats.forget(agent, node)
+
     # -- watch and tail ----------------------------------------------------
 
     async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:

@@ -350,7 +350,9 @@ end
 # heartbeats, then for each node with new events {node, count, events}. One
 # script, so the counts and the lists are read at one moment (the list keys
 # are derived here, which is why Redis Cluster is not supported). Counts and
-# node names that are not as we write them are passed over.
+# node names that are not as we write them are passed over. A log dropped by
+# hb forget: a node read before and no longer counted comes back as {node}; a
+# count below the one read started afresh, and all of its list is new.
 TAIL = (
     HELPERS
     + """
@@ -361,10 +363,15 @@ for i = 3, #ARGV, 2 do
 end
 local out = {bounded_hash(KEYS[2], cap)}
 local counts = bounded_hash(KEYS[1], cap)
+local counted = {}
 for i = 1, #counts, 2 do
   local node, count = counts[i], count_of(counts[i + 1])
   if count ~= nil and node_ok(node) then
+    counted[node] = true
     local new = count - (seen[node] or 0)
+    if new < 0 then
+      new = count
+    end
     if new > 0 then
       local key = ARGV[1] .. node
       local length = redis.pcall('LLEN', key)
@@ -378,6 +385,11 @@ for i = 1, #counts, 2 do
       end
       table.insert(out, {node, count, lines})
     end
+  end
+end
+for node, _ in pairs(seen) do
+  if not counted[node] then
+    table.insert(out, {node})
   end
 end
 return out

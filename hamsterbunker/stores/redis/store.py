@@ -28,6 +28,7 @@ script removes, in its step, the journal of its own step and of at most
 leftovers go at the next checkpoint), so its work is bounded whatever was
 planted there. ``admit`` is one script too, and the checkpoint script consumes
 the step's submissions in its own step (``hamsterbunker.stores.redis.inbox``).
+``forget_node`` drops a node's heartbeat, count and list in one script (``forget``).
 
 Nothing stored is trusted (DESIGN.md invariant 10): a checkpoint field that is
 not a seq as we write one, or a description that does not decode, is skipped
@@ -100,6 +101,7 @@ from ..base import (
 from . import scripts as _scripts
 from .connection import RedisConnection
 from .effects import STEPS_REMOVED_PER_CHECKPOINT, RedisEffects
+from .forget import RedisForget
 from .inbox import RedisInbox
 from .replies import (
     bounded,
@@ -202,6 +204,7 @@ class RedisStore(Store):
         self._inbox = RedisInbox(
             self._redis, self._key, self._changed, self._reported, self.url, keep_replies
         )
+        self._forget = RedisForget(self._redis, self._key, self._changed)
         self.warnings: list[str] = self._connection.persistence_warnings(self._redis)
 
     # -- keys --------------------------------------------------------------
@@ -470,6 +473,10 @@ class RedisStore(Store):
             cursor = after.get(node, 0)
             events.extend(e for e in events_in(node, logs[node], report) if e.n > cursor)
         return events
+
+    @_translated
+    def forget_node(self, agent: str, node: str) -> None:
+        self._forget.forget(agent, node)
 
     # -- watch and tail ----------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The Redis store's tail: new events and current heartbeats in one script call.
 
 The script (``scripts.TAIL``) is handed how many events of each node
-were read so far and sends only the newer ones, with every heartbeat.
+were read so far and sends only the newer ones, with every heartbeat. A
+node's log dropped by ``hb forget`` is read from its start if it writes again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from ...limits import MAX_SEQ
 from ...records import Event
 from ..tail import TailRead
-from .replies import Report, events_in, heartbeats_in, node_name
+from .replies import Report, events_in, heartbeats_in, node_name, text
 
 __all__ = ["RedisTail"]
 
@@ -42,6 +43,9 @@ class RedisTail:
         beats = heartbeats_in(answer[0], self._report_heartbeat)
         logs: dict[str, tuple[int, list[Any]]] = {}
         for item in answer[1:]:
+            if isinstance(item, list) and len(item) == 1:  # no longer counted (hb forget)
+                self._seen.pop(text(item[0]), None)
+                continue
             # The script sends only counts and names as we write them; checked again here.
             if not (isinstance(item, list) and len(item) == 3 and isinstance(item[2], list)):
                 continue
