@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import enum
 import secrets
+import time
 from dataclasses import dataclass, replace
 
 from .clock import Clock, MonotonicClock
 from .errors import LeaseConflict, StoreError
 from .limits import MAX_EPOCH
 from .reach import Reach
-from .records import LeaseRecord
+from .records import MAX_HISTORY, LeaseRecord, Takeover
 from .stores.base import Fence, Store
 from .timing import DEFAULT_TIMING, LeaseTiming
 
@@ -114,6 +115,10 @@ class LeaseKeeper:
     def seconds_until_deadline(self) -> float:
         return max(0.0, self.timing.renew_deadline_s - self._since_renewal())
 
+    def seconds_since_renewal(self) -> float:
+        """Since the last successful renewal (or the acquisition) was sent, on our clock."""
+        return self._since_renewal()
+
     # -- one tick ----------------------------------------------------------
 
     def tick(self) -> TickResult:
@@ -165,17 +170,32 @@ class LeaseKeeper:
         record = self.store.read_lease(self.agent)
         now = self.clock.monotonic()
         self._note(record, now)
+        stood_still = record is not None and (
+            now - self._observed_at >= max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000
+        )
         if record is None:
             expected, via = None, "empty"  # a new cluster, or a lease record that was lost
-        elif record.holder is None:
-            expected, via = record.version, "released"
-        elif now - self._observed_at >= max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000:
+        elif record.holder is None and record.successor == self.node:
+            expected, via = record.version, "switchover"  # handed to us: take it at once
+        elif record.holder is None and (record.successor is None or stood_still):
+            # Handed to another node, which has not taken it for a full TTL: anyone may.
+            expected, via = record.version, "released" if record.successor is None else "expired"
+        elif record.holder is not None and stood_still:
             expected, via = record.version, "expired"
         else:
             return TickResult(Outcome.STANDBY, record)
-        if now < self._hold_off_until:
+        if now < self._hold_off_until and via != "switchover":
             return TickResult(Outcome.STANDBY, record, "holding off after giving the lease up")
         epoch = self._next_epoch(record)
+        takeover = Takeover(
+            epoch=epoch,
+            to=self.node,
+            via=via,
+            # Since the record last changed, as seen here: a TTL when it expired.
+            gap_ms=round((now - self._observed_at) * 1000),
+            time=time.time(),
+            from_=_previous_holder(record),
+        )
         sent = self.clock.monotonic()
         reach = self.reach()
         new = LeaseRecord(
@@ -186,6 +206,9 @@ class LeaseKeeper:
             ttl_ms=self.timing.lease_ttl_ms,
             seq=reach.seq,
             seq_epoch=reach.epoch,
+            # An operator's request (a pause) holds from term to term.
+            control="" if record is None else record.control,
+            history=_with_takeover(record, takeover),
         )
         try:
             acquired = self.store.cas_lease(self.agent, expected, new)
@@ -196,18 +219,32 @@ class LeaseKeeper:
         self._note(acquired, sent)
         return TickResult(Outcome.ACQUIRED, acquired, via)
 
-    def release(self) -> bool:
-        """Give the lease up at once (graceful stop). True if the store took the release."""
+    def release(self, successor: str | None = None) -> bool:
+        """Give the lease up at once (graceful stop; to successor on a switchover).
+
+        True if the store took the release.
+        """
         held, self.held = self.held, None
         if held is None:
             return False
-        released = replace(self._next_write(held), holder=None)
+        released = replace(self._next_write(held), holder=None, successor=successor)
         try:
             record = self.store.cas_lease(self.agent, held.version, released)
         except LeaseConflict:
             return False
         self._note(record, self.clock.monotonic())
         return True
+
+    def changed_under_us(self) -> LeaseRecord | None:
+        """The lease record if another writer changed it since our last write, else None.
+
+        For a leader woken by the store's watch: its own renewals wake it too.
+        """
+        held = self.held
+        if held is None:
+            return None
+        record = self.store.read_lease(self.agent)
+        return None if record is not None and record.version == held.version else record
 
     def abandon(self, reason: str) -> TickResult:
         """Stop leading without touching the store (for example after being fenced)."""
@@ -315,6 +352,21 @@ class LeaseKeeper:
 
     def _since_renewal(self) -> float:
         return self.clock.monotonic() - self._renew_sent_at
+
+
+def _previous_holder(record: LeaseRecord | None) -> str | None:
+    """Who held the lease before: the holder, or for a released record its last taker."""
+    if record is None:
+        return None
+    if record.holder is not None:
+        return record.holder
+    return record.history[-1].to if record.history else None
+
+
+def _with_takeover(record: LeaseRecord | None, takeover: Takeover) -> tuple[Takeover, ...]:
+    """The record's history and takeover, the newest MAX_HISTORY."""
+    earlier = () if record is None else record.history
+    return (*earlier, takeover)[-MAX_HISTORY:]
 
 
 def _same_term(record: LeaseRecord, earlier: LeaseRecord | None) -> bool:

@@ -33,6 +33,7 @@ __all__ = [
     "Event",
     "Heartbeat",
     "LeaseRecord",
+    "Takeover",
     "check_name",
     "parse_json",
 ]
@@ -187,6 +188,59 @@ class ClusterRecord:
         )
 
 
+# The lease record keeps this many of the newest takeovers (``hb history``).
+MAX_HISTORY = 32
+# A signed operator request (hamsterbunker.control) in a lease record: at most this long.
+MAX_CONTROL_CHARS = 2048
+_VIAS = frozenset({"empty", "released", "expired", "switchover", "handoff"})
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """One acquisition of the lease, as its taker wrote it (display only, not authenticated)."""
+
+    epoch: int
+    to: str
+    via: str  # empty | released | expired | switchover | handoff
+    gap_ms: int  # how long the taker saw the lease without a live holder, on its own clock
+    time: float  # the taker's wall clock
+    from_: str | None = None  # the previous holder, if known
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "from": self.from_, "to": self.to, "via": self.via,
+                "gap_ms": self.gap_ms, "time": self.time}  # fmt: skip
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> Takeover:
+        if not isinstance(doc, dict):
+            raise CorruptRecord("lease record field 'history' has an entry that is not an object")
+        previous = doc.get("from")
+        via = _field(doc, "via", str, "lease history")
+        if via not in _VIAS or (previous is not None and not _NAME.fullmatch(str(previous))):
+            raise CorruptRecord("lease record field 'history' has an entry of the wrong shape")
+        return cls(
+            epoch=_count(doc, "epoch", "lease history", MAX_EPOCH),
+            to=check_record_name(_field(doc, "to", str, "lease history")),
+            via=via,
+            gap_ms=_count(doc, "gap_ms", "lease history"),
+            time=_finite_time(_field(doc, "time", (int, float), "lease history")),
+            from_=previous,
+        )
+
+
+def _finite_time(value: float) -> float:
+    if not math.isfinite(value):
+        raise CorruptRecord("lease record field 'history' has a time that is not a number")
+    return float(value)
+
+
+def check_record_name(value: str) -> str:
+    """A node id read from a record: CorruptRecord (not ConfigError) if it is not one."""
+    if not _NAME.fullmatch(value):
+        raise CorruptRecord(f"a record names the node {value[:80]!r}, which is not a node id")
+    return value
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
     """Who may step the agent, under which epoch (the fencing token).
@@ -197,6 +251,10 @@ class LeaseRecord:
     ``seq`` and ``seq_epoch`` are the newest checkpoint seq, and the latest epoch
     of a checkpoint, that the writer knew to be accepted: they let every node,
     standbys included, tell when the store loses checkpoints.
+    ``control`` is an operator's signed request (pause, switchover: see
+    hamsterbunker.control), carried from term to term; ``successor`` names the
+    node a released lease was handed to (the others leave it to that node for
+    a TTL); ``history`` the newest takeovers, oldest first.
     """
 
     holder: str | None
@@ -208,9 +266,14 @@ class LeaseRecord:
     version: int = 0
     seq: int = 0
     seq_epoch: int = 0
+    control: str = ""
+    successor: str | None = None
+    history: tuple[Takeover, ...] = ()
 
     def to_json(self) -> bytes:
-        return _dump(self)
+        doc = asdict(self)
+        doc["history"] = [t.to_doc() for t in self.history]
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> LeaseRecord:
@@ -223,6 +286,17 @@ class LeaseRecord:
         ttl_ms = _count(doc, "ttl_ms", "lease", MAX_LEASE_TTL_MS)
         if ttl_ms == 0:
             raise CorruptRecord("lease record field 'ttl_ms' is 0")
+        # Absent in records written before these were kept: none.
+        control = _field({"control": "", **doc}, "control", str, "lease")
+        if len(control) > MAX_CONTROL_CHARS:
+            raise CorruptRecord(f"lease record field 'control' is over {MAX_CONTROL_CHARS} chars")
+        successor = doc.get("successor")
+        if successor is not None:
+            successor = check_record_name(_field(doc, "successor", str, "lease"))
+        history = doc.get("history", [])
+        if not isinstance(history, list) or len(history) > MAX_HISTORY:
+            raise CorruptRecord(f"lease record field 'history' is not a list of at most "
+                                f"{MAX_HISTORY}")  # fmt: skip
         return cls(
             holder=holder,
             region=_field(doc, "region", str, "lease"),
@@ -231,9 +305,11 @@ class LeaseRecord:
             ttl_ms=ttl_ms,
             renewals=_count(doc, "renewals", "lease"),
             version=_count(doc, "version", "lease"),
-            # Absent in records written before seq was kept: nothing known.
             seq=_count(doc, "seq", "lease", MAX_SEQ) if "seq" in doc else 0,
             seq_epoch=_count(doc, "seq_epoch", "lease", MAX_EPOCH) if "seq_epoch" in doc else 0,
+            control=control,
+            successor=successor,
+            history=tuple(Takeover.from_doc(entry) for entry in history),
         )
 
 
@@ -298,6 +374,7 @@ class Heartbeat:
     failing: int = 0
     failing_error: str = ""
     session: str = PROCESS_SESSION  # the writing process's nonce ("" from older nodes)
+    paused: bool = False  # the agent is paused (hb pause), as this node last saw
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -325,6 +402,7 @@ class Heartbeat:
             failing=_count({"failing": 0, **doc}, "failing", "heartbeat"),
             failing_error=_failing_error(doc.get("failing_error", "")),
             session=_field({"session": "", **doc}, "session", str, "heartbeat")[:64],
+            paused=_field({"paused": False, **doc}, "paused", bool, "heartbeat"),
         )
 
 

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..clock import Clock
+from ..control import ControlView
 from ..errors import HamsterbunkerError, StoreError
 from ..failpoints import failpoint
 from ..lease import LeaseKeeper, Outcome, TickResult
 from ..notify import Notifier
-from ..records import ClusterRecord
+from ..records import ClusterRecord, LeaseRecord
 from ..stores import Store
 from ..timing import DEFAULT_STOP_GRACE_MS, LeaseTiming
 from .calls import NodeCalls, bounded
@@ -99,6 +100,7 @@ class NodeLoop:
         stop: StopRequest,
         cluster: Cluster,
         cluster_record: ClusterRecord,
+        control: ControlView,
         memory: NodeMemory | None,
         new_term: Callable[[int], LeaderTerm],
         notifier: Notifier,
@@ -109,6 +111,7 @@ class NodeLoop:
         self._id, self._store, self._keeper, self._calls = identity, store, keeper, calls
         self._sink, self._standing, self._signals, self._stop = sink, standing, signals, stop
         self._cluster, self._cluster_record, self._memory = cluster, cluster_record, memory
+        self._control = control
         self._new_term, self._notifier, self._watchdog = new_term, notifier, watchdog
         self._timing, self._clock = timing, clock
         self._term: LeaderTerm | None = None  # the newest term, ended or not
@@ -188,6 +191,8 @@ class NodeLoop:
                 result = await self._calls.keeper(keeper.tick)
             except StoreError as exc:
                 failure = str(exc)
+            if result is not None and result.outcome is Outcome.RENEWED:  # for the metrics
+                self._sink.measured("renewal", self._clock.monotonic() - tick_start)
             if result is not None and result.store_error:
                 failure = result.store_error  # a leader's failed renewal is a result, not an error
             if failure is not None and store_ok:
@@ -232,6 +237,7 @@ class NodeLoop:
         emit = self._sink.emit
         if result.record is not None:
             self._standing.epoch_seen = max(self._standing.epoch_seen, result.record.epoch)
+        self._follow_control(result.record)
         match result.outcome:
             case Outcome.ACQUIRED if result.record is not None:
                 epoch = result.record.epoch
@@ -239,12 +245,18 @@ class NodeLoop:
                 self._end_term()  # a previous term still publishing must end first
                 self._term = term = self._new_term(epoch)
                 self._set_role("active")
-                emit("lease.acquired", via=result.reason)
+                taken = result.record.history[-1] if result.record.history else None
+                emit("lease.acquired", via=result.reason,
+                     **({"from": taken.from_, "gap_ms": taken.gap_ms}
+                        if taken is not None and taken.epoch == epoch else {}))  # fmt: skip
+                if self._standing.paused:
+                    emit("agent.paused", reason="paused before this term")
                 self._leader = asyncio.create_task(
                     self._run_term(term, previous=self._leader), name="hb-leader"
                 )
             case Outcome.RENEWED:
                 self._signals.renewed.set()
+                self._switch_over_if_asked(result.record)
             case Outcome.RENEW_FAILED:
                 emit("lease.renew_failed", error=result.reason)
             case Outcome.LOST:
@@ -253,6 +265,30 @@ class NodeLoop:
                 self._set_role("standby")
             case Outcome.STANDBY:
                 self._set_role("standby")
+
+    def _follow_control(self, record: LeaseRecord | None) -> None:
+        """An operator's request in the lease record: a pause, a resume (hamsterbunker.control)."""
+        if record is None:
+            return
+        self._control.read(record)
+        for problem in self._control.drain_problems():
+            self._sink.emit("control.ignored", reason=problem)
+        paused = self._control.paused
+        if paused != self._standing.paused:
+            self._standing.paused = paused
+            self._signals.control_changed.set()
+            if self._keeper.held is not None:
+                self._sink.emit("agent.paused" if paused else "agent.unpaused")
+
+    def _switch_over_if_asked(self, record: LeaseRecord | None) -> None:
+        """An operator asked this term to hand the lease over: the term finishes its step."""
+        term = self._term
+        if record is None or term is None or term.epoch != record.epoch:
+            return
+        target = self._control.switchover_for(record.epoch)
+        if target is not None and target != self._id.node and not term.leaving.is_set():
+            self._sink.emit("lease.switchover_asked", to=target)
+            term.hand_over(target)
 
     def _finishing(self) -> bool:
         """Whether a stop waits for the term, which finishes and publishes its step in flight."""
@@ -274,10 +310,9 @@ class NodeLoop:
                 waiters.append(asyncio.ensure_future(asyncio.wait([self._leader])))
             else:
                 waiters.append(asyncio.ensure_future(stopping.wait()))
-            # A standby wakes early on a store change, so a released lease is
-            # taken at once; the leader renews on its own schedule.
-            if self._keeper.held is None:
-                waiters.append(asyncio.ensure_future(wake.wait()))
+            # A store change wakes a standby, so a released lease is taken at once;
+            # and a leader, so an operator's request is seen at once.
+            waiters.append(asyncio.ensure_future(wake.wait()))
             done, pending = await asyncio.wait(
                 waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
@@ -285,6 +320,15 @@ class NodeLoop:
                 waiter.cancel()
             if done and (self._keeper.held is None or stopping.is_set()):
                 return
+            if wake.is_set() and await self._changed_under_us():
+                return  # renew now: the renewal adopts the changed record
+
+    async def _changed_under_us(self) -> bool:
+        """Whether someone else wrote the lease record we hold (a leader's own renewals wake it too)."""
+        try:
+            return await self._calls.keeper(self._keeper.changed_under_us) is not None
+        except StoreError:
+            return False  # the next renewal finds out
 
     async def _watch(self) -> None:
         try:
@@ -314,6 +358,21 @@ class NodeLoop:
                 await self._fenced(ended)
             case Ending.GAVE_UP:
                 await self._give_up(ended)
+            case Ending.HANDED_OVER:
+                await self._hand_over(ended)
+
+    async def _hand_over(self, ended: TermEnd) -> None:
+        """Release the lease naming the successor an operator chose, which takes it at once."""
+        emit = self._sink.emit
+        held = self._keeper.held
+        if held is None or held.epoch != ended.epoch:
+            return  # lost meanwhile: nothing of ours to hand over
+        try:
+            if await self._calls.keeper(self._keeper.release, ended.successor):
+                emit("lease.released", via="switchover", to=ended.successor)
+        except StoreError as exc:  # not released: it expires a TTL after the last renewal
+            emit("store.error", error=f"release: {exc}")
+        self._set_role("standby")
 
     async def _fenced(self, ended: TermEnd) -> None:
         """The store refused a publish of the term: the lease is lost if still held for it."""

@@ -25,7 +25,9 @@ from pathlib import Path
 
 from ..agent import Agent
 from ..clock import Clock, MonotonicClock
+from ..control import ControlView
 from ..history import HistoryWriter
+from ..http_address import HttpAddress, parse_http_address
 from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
@@ -42,9 +44,12 @@ from ..timing import (
 )
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
+from .endpoints import Endpoints
 from .events import EventHandler, EventSink
 from .identity_check import check_node_id_free
 from .loop import NodeLoop, StopRequest
+from .metrics import NodeMetrics
+from .probes import NodeProbes
 from .restore import Restorer
 from .startup import StoreWait
 from .state import Identity, Signals, Standing
@@ -81,6 +86,7 @@ class Runtime:
         state_dir: str | os.PathLike[str] | None = None,
         stop_grace_ms: int = DEFAULT_STOP_GRACE_MS,
         step_retry: StepRetry = DEFAULT_STEP_RETRY,
+        http: HttpAddress | str | None = None,
     ) -> None:
         """``state_dir``: where this node keeps its memory of the store across restarts
         (see ``hamsterbunker.memory``); without one it remembers only while it runs.
@@ -88,7 +94,9 @@ class Runtime:
         ``stop_grace_ms``: how long a stop lets the step in flight finish and be
         published before it is cancelled (async) or abandoned (sync).
         ``step_retry``: how a step that raised is retried (backoff with jitter, capped)
-        and after how many failures in a row the lease is handed over."""
+        and after how many failures in a row the lease is handed over.
+        ``http``: HOST:PORT to serve /metrics, /health, /leader and /status on while
+        the node runs (``metrics`` holds the numbers either way)."""
         check_secret(secret)  # before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
@@ -116,6 +124,10 @@ class Runtime:
         self._notifier = notifier or Notifier(None)
         self.host = socket.gethostname()
         self.standing = Standing()
+        self._identity = Identity(self.node_id, self.region, self.host, self.agent_id)
+        self.metrics = NodeMetrics(self._identity, self.standing, self.keeper, self.clock)
+        self._http = parse_http_address(http) if isinstance(http, str) else http
+        self.endpoints: Endpoints | None = None  # while serving http
         self._secret = secret
         self._stop = StopRequest(self.clock, stop_grace_ms / 1000)
         self._thread: threading.Thread | None = None
@@ -184,6 +196,15 @@ class Runtime:
 
     # -- one run -------------------------------------------------------------------
 
+    def _serve_http(self) -> Endpoints | None:
+        """Bind and serve the HTTP endpoints, if asked for (ConfigError if it cannot bind)."""
+        if self._http is None:
+            return None
+        probes = NodeProbes(self._identity, self.standing, self.keeper, self.store, self.clock)
+        self.endpoints = Endpoints(self._http, self.metrics, probes)
+        self.endpoints.start()
+        return self.endpoints
+
     async def serve(self, install_signal_handlers: bool = False) -> None:
         """The node's main coroutine: returns after a graceful stop."""
         signals = Signals(stopping=self._stop.bind())
@@ -191,10 +212,12 @@ class Runtime:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, functools.partial(_on_stop_signal, signals))
+        endpoints: Endpoints | None = None
         calls = NodeCalls()
         watchdog = Watchdog(self._notifier, self.clock, self.node_id)
         pinging = asyncio.create_task(watchdog.run(), name="hb-watchdog")
         try:
+            endpoints = self._serve_http()  # first: an address in use is a config error
             identity = Identity(self.node_id, self.region, self.host, self.agent_id)
             sink = EventSink(
                 identity,
@@ -205,6 +228,7 @@ class Runtime:
                 retry_s=self.timing.tick_s,
                 on_event=self.on_event,
                 history=self._history,
+                metrics=self.metrics,
             )
             cluster = Cluster(
                 self.store,
@@ -278,6 +302,7 @@ class Runtime:
                 stop=self._stop,
                 cluster=cluster,
                 cluster_record=sealer.cluster,
+                control=ControlView(sealer, self.agent_id),
                 memory=memory,
                 new_term=new_term,
                 notifier=self._notifier,
@@ -288,5 +313,7 @@ class Runtime:
             await node.run(self.ready)
         finally:
             pinging.cancel()
+            if endpoints is not None:
+                endpoints.stop()
             self.stopped.set()
             calls.close()

@@ -36,6 +36,8 @@ class Standing:
     inbox: tuple[int, float | None] = (0, None)
     # The steps of the current term failing in a row, and the last error (shown in heartbeats).
     failing: tuple[int, str] = (0, "")
+    # Paused by an operator (hb pause): the leader keeps its lease but does not step.
+    paused: bool = False
 
 
 @dataclass
@@ -47,3 +49,5 @@ class Signals:
     renewed: asyncio.Event = field(default_factory=asyncio.Event)  # set on every renewal
     # A second SIGTERM or SIGINT during a stop: give the step in flight no more grace.
     hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    # An operator's request changed (Standing.paused): a paused term looks again.
+    control_changed: asyncio.Event = field(default_factory=asyncio.Event)

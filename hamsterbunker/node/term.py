@@ -48,6 +48,7 @@ class Ending(enum.Enum):
     OVER = "lease lost or node stopping"  # nothing left for the loop to do
     FENCED = "fenced by the store"  # the lease moved on under a publish
     GAVE_UP = "gave up"  # no progress for a full TTL, or the lease record went back
+    HANDED_OVER = "handed over"  # an operator's switchover: release to TermEnd.successor
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class TermEnd:
     hold_off: bool = True  # GAVE_UP: let another node try first
     via: str = ""  # GAVE_UP: "handoff" when the agent's steps kept failing
     hold_off_s: float = 0.0  # GAVE_UP with hold_off: for how long (0: the loop's default)
+    successor: str = ""  # HANDED_OVER: the node to hand the lease to
 
 
 class _Stall:
@@ -121,6 +123,9 @@ class LeaderTerm:
         self._grace = grace  # how long a stop lets the step in flight finish
         self._retry, self._failures = retry, StepFailures(retry)
         self.lost = asyncio.Event()  # this term's own end: a later term has its own
+        # A switchover: finish the step in flight as on a stop, publish, then end.
+        self.leaving = asyncio.Event()
+        self._successor = ""
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
         self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
         self._inbox = TermInbox(
@@ -131,8 +136,15 @@ class LeaderTerm:
         """Tell the term to stop: the step in flight is cancelled, nothing more is published."""
         self.lost.set()
 
+    def hand_over(self, successor: str) -> None:
+        """End the term as a stop would (the step in flight finishes and is published),
+        for the loop to release the lease to successor."""
+        if not self.leaving.is_set():
+            self._successor = successor
+            self.leaving.set()
+
     def _over(self) -> bool:
-        return self.lost.is_set() or self._signals.stopping.is_set()
+        return self.lost.is_set() or self._signals.stopping.is_set() or self.leaving.is_set()
 
     async def lead(self) -> TermEnd:
         """Restore, then step and publish until the lease is lost or the node stops.
@@ -141,7 +153,10 @@ class LeaderTerm:
         every try) gives the lease up, so that another node can try.
         """
         try:
-            return await self._lead()
+            ended = await self._lead()
+            if ended.how is Ending.OVER and self.leaving.is_set() and not self.lost.is_set():
+                return TermEnd(Ending.HANDED_OVER, self.epoch, successor=self._successor)
+            return ended
         finally:
             self._standing.failing = (0, "")
             await self._inbox.close()
@@ -185,7 +200,7 @@ class LeaderTerm:
             **({"accepted_loss": progress.accepted_loss} if progress.accepted_loss else {}),
         )
         while not self._over():
-            if not await self._until_may_step():
+            if not await self._until_unpaused() or not await self._until_may_step():
                 break
             seq = progress.seq + 1
             # An abandoned sync step may run on in its thread: it starts no more effects.
@@ -209,8 +224,11 @@ class LeaderTerm:
                 mailbox=StepInbox(self._inbox, await self._inbox.unconsumed()),
             )
             self._standing.effects = effects.shown
+            step_began = self._clock.monotonic()
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
             ended = await self._until_done_or_lost(step)
+            if ended is _StepEnd.DONE:  # returned or raised: its time, for the metrics
+                self._sink.measured("step", self._clock.monotonic() - step_began)
             self._journal.keep(effects)
             if effects.reused:
                 emit("effect.replayed", step_seq=seq, reused=effects.reused)
@@ -237,7 +255,7 @@ class LeaderTerm:
                 if self._failures.hand_over():
                     return self._hand_over()
                 waited = await pause_for(
-                    pause, self._clock, tick_s, self.lost, self._signals.stopping
+                    pause, self._clock, tick_s, self.lost, self._signals.stopping, self.leaving
                 )
                 if not waited:  # the term ended meanwhile
                     break
@@ -309,6 +327,20 @@ class LeaderTerm:
             and self._keeper.may_step()
         )
 
+    async def _until_unpaused(self) -> bool:
+        """Wait while an operator has the agent paused; False if the term ends meanwhile."""
+        changed = self._signals.control_changed
+        while self._standing.paused:
+            if self._over():
+                return False
+            changed.clear()
+            waiters = [asyncio.ensure_future(event.wait())
+                       for event in (self.lost, self._signals.stopping, self.leaving, changed)]  # fmt: skip
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+        return not self._over()
+
     async def _until_may_step(self) -> bool:
         """Wait until a renewal within the deadline lets us step; False if the term ends."""
         stopping, renewed = self._signals.stopping, self._signals.renewed
@@ -317,7 +349,8 @@ class LeaderTerm:
                 return False
             renewed.clear()
             waiters = [
-                asyncio.ensure_future(event.wait()) for event in (self.lost, stopping, renewed)
+                asyncio.ensure_future(event.wait())
+                for event in (self.lost, stopping, self.leaving, renewed)
             ]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             for waiter in waiters:
@@ -331,7 +364,8 @@ class LeaderTerm:
         that it is published and not repeated by the next leader (DESIGN.md invariant 6).
         """
         lost = asyncio.ensure_future(self.lost.wait())
-        stopping = asyncio.ensure_future(self._signals.stopping.wait())
+        # A stop, or a switchover: the step in flight may finish within the grace.
+        stopping = asyncio.ensure_future(_first(self._signals.stopping, self.leaving))
         hurry = asyncio.ensure_future(self._signals.hurry.wait())  # a second stop signal
         finish_by: float | None = None  # once stopping: when the grace runs out
         try:
@@ -434,3 +468,13 @@ class LeaderTerm:
         self._inbox.committed(consumed, marks)
         self._inbox.gave_up(gaps)
         return Progress(state, info.seq, epoch=info.epoch, marks=marks)
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Return once any of events is set."""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()

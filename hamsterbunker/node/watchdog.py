@@ -64,11 +64,13 @@ def status_text(standing: Standing, keeper: LeaseKeeper) -> str:
     held, observed = keeper.held, keeper.observed
     if held is not None:
         step = f"step {standing.seq}" if standing.restored else "restoring"
-        return f"active · epoch {held.epoch} · {step}"
+        paused = " · paused" if standing.paused else ""
+        return f"active · epoch {held.epoch}{paused} · {step}"
     if standing.role in ("starting", "stopping"):
         return standing.role
     if observed is not None and observed.holder is not None:
         leader = f"leader {observed.holder} ({observed.region})"
     else:
         leader = "no leader"
-    return f"{standing.role} · {leader} · epoch {standing.epoch_seen}"
+    paused = " · paused" if standing.paused else ""
+    return f"{standing.role} · {leader} · epoch {standing.epoch_seen}{paused}"
