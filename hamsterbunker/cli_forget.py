@@ -158,8 +158,8 @@ def _lease_of(store: Store, agent: str, node: str) -> tuple[str | None, float]:
     try:
         lease = store.read_lease(agent)
     except CorruptRecord as exc:
-        return f"the lease record of agent {agent} is unreadable ({exc}): cannot tell "\
-            f"whether node {node} holds it (nothing changed)", 0.0  # fmt: skip
+        return f"the lease record of agent {agent} is unreadable ({_shown(str(exc))}): "\
+            f"cannot tell whether node {node} holds it (nothing changed)", 0.0  # fmt: skip
     if lease is None:
         return None, DEFAULT_LEASE_TTL_MS / 1000
     if lease.holder == node:
