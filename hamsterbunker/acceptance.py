@@ -207,6 +207,9 @@ def accept_loss(store: Store, sealer: Sealer, plan: LossPlan) -> Acceptance:
                 ttl_ms=DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms,
                 seq=resume.seq,
                 seq_epoch=resume.epoch,
+                # An operator's pause, and the takeovers so far, hold on.
+                control="" if lease is None else lease.control,
+                history=() if lease is None else lease.history,
             ),
         )
     except LeaseConflict as exc:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 
-__all__ = ["positive_int", "whole_number"]
+__all__ = ["positive_int", "seconds", "whole_number"]
 
 
 def _int(text: str) -> int:
@@ -27,4 +28,15 @@ def positive_int(text: str) -> int:
     value = _int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds above 0")
     return value

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from .cli_args import seconds
 from .client import Admission, Client
 from .errors import ConfigError, HamsterbunkerError, InboxError, Tampered
 from .limits import MAX_SUBMISSION_BYTES
@@ -55,16 +55,6 @@ exit status: 0 admitted (or already admitted), and with --wait replied;
       same --request-id)."""
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds above 0")
-    return value
-
-
 def add_submit_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
     """Add ``hb submit`` to the subcommands ``sub`` (argparse's subparsers action)."""
     submit: argparse.ArgumentParser = sub.add_parser(
@@ -97,7 +87,7 @@ def add_submit_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
     )
     submit.add_argument(
         "--timeout",
-        type=_seconds,
+        type=seconds,
         metavar="S",
         help=f"with --wait: give up after S seconds (exit {EXIT_TIMEOUT}; default: no limit)",
     )

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from .errors import CorruptRecord, HamsterbunkerError, LeaseConflict, Tampered
+from .errors import ControlRefused, CorruptRecord, LeaseConflict, Tampered
 from .records import Heartbeat, LeaseRecord, check_name, parse_json
 from .sealing import Sealer
 from .stores import Store
@@ -47,10 +47,6 @@ _KIND = "control"
 MAX_WRITE_TRIES = 50
 # How often the request's liveness checks read the store.
 POLL_S = 0.05
-
-
-class ControlRefused(HamsterbunkerError):
-    """An operator request that cannot be carried out now; nothing was changed."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "ControlRefused",
     "CorruptRecord",
     "EffectError",
     "EffectFailed",
@@ -175,3 +176,8 @@ class InboxError(HamsterbunkerError):
 
 class UnknownRequest(HamsterbunkerError):
     """No admission of this request id is known: never submitted, or compacted long ago."""
+
+
+class ControlRefused(HamsterbunkerError):
+    """An operator request (hb switchover, pause, forget) that cannot be carried out now;
+    nothing was changed."""

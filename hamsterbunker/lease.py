@@ -192,7 +192,7 @@ class LeaseKeeper:
             to=self.node,
             via=via,
             # Since the record last changed, as seen here: a TTL when it expired.
-            gap_ms=round((now - self._observed_at) * 1000),
+            gap_ms=0 if record is None else round((now - self._observed_at) * 1000),
             time=time.time(),
             from_=_previous_holder(record),
         )

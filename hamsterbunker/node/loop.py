@@ -245,10 +245,7 @@ class NodeLoop:
                 self._end_term()  # a previous term still publishing must end first
                 self._term = term = self._new_term(epoch)
                 self._set_role("active")
-                taken = result.record.history[-1] if result.record.history else None
-                emit("lease.acquired", via=result.reason,
-                     **({"from": taken.from_, "gap_ms": taken.gap_ms}
-                        if taken is not None and taken.epoch == epoch else {}))  # fmt: skip
+                emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
                 if self._standing.paused:
                     emit("agent.paused", reason="paused before this term")
                 self._leader = asyncio.create_task(
@@ -444,3 +441,11 @@ class NodeLoop:
         emit("node.offline")
         await self._sink.flush(budget())
         writer.cancel()
+
+
+def _takeover_detail(record: LeaseRecord) -> dict[str, Any]:
+    """The previous holder and the gap, from the takeover the record names last (ours)."""
+    taken = record.history[-1] if record.history else None
+    if taken is None or taken.epoch != record.epoch:
+        return {}
+    return {"gap_ms": taken.gap_ms, **({"from": taken.from_} if taken.from_ else {})}
