@@ -63,6 +63,7 @@ class NodeStatus:
     # The steps failing in a row on this (active) node, and the last one's error.
     failing: int = 0
     failing_error: str = ""
+    paused: bool = False  # as this node last saw the agent (hb pause)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,7 @@ class ClusterStatus:
     # The inbox as the active node (the lease holder) last told it; None without one.
     inbox_depth: int | None = None
     inbox_oldest_age_s: float | None = None
+    paused: bool = False  # the active node says an operator paused the agent (hb pause)
     # The lease as watched from here (None: not watched), refusals, and the verdict.
     liveness: Liveness | None = None
     refusals: list[Refusal] = field(default_factory=list)
@@ -133,6 +135,7 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
             # Heartbeats of nodes older than the failing-step count have neither.
             failing=getattr(b, "failing", 0),
             failing_error=getattr(b, "failing_error", ""),
+            paused=b.paused,
         )
         for b in beats
     ]
@@ -150,6 +153,7 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
         lease_error=lease_error,
         inbox_depth=active.inbox_depth if active else None,
         inbox_oldest_age_s=active.inbox_oldest_age_s if active and active.inbox_depth else None,
+        paused=active.paused if active else False,
         liveness=liveness,
         refusals=_refusals(store.read_events(agent), now) if observer is not None else [],
     )
@@ -237,6 +241,8 @@ def render(status: ClusterStatus) -> str:
             f" · {cp.size} B"
         )
     lines.append(_inbox_line(status))
+    if status.paused:
+        lines.append("paused: the leader keeps the lease and does not step (hb resume ends it)")
     lines.extend(
         f"refusing: {_shown(r.node)} ({_shown(r.event)}, {_duration(r.age_s)} ago): "
         f"{_shown(r.reason)}"
@@ -250,7 +256,7 @@ def render(status: ClusterStatus) -> str:
         (
             _shown(n.node),
             _shown(n.region),
-            _shown(n.role),
+            _shown(n.role) + (" (paused)" if n.paused and n.role == "active" else ""),
             str(n.epoch),
             str(n.seq),
             f"{n.age_s:.1f} s ago",

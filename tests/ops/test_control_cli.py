@@ -131,6 +131,9 @@ def test_a_paused_leader_killed_is_replaced_by_one_that_starts_paused(
     # Many renewals of the new term later, still not one step.
     wait_until(lambda: lease_of(store).renewals >= taken.renewals + 20, "20 renewals", 20)
     assert seq(store) == stood
+    code, out, _ = hb(running, "status", secret=False)
+    assert "paused: the leader keeps the lease and does not step" in out, out
+    assert f"{taken.holder}  " in out and "active (paused)" in out, out
     code, out, err = hb(running, "resume")
     assert code == 0 and "resumed" in out, err
     wait_until(lambda: seq(store) >= stood + 3, "the new leader to step again")
