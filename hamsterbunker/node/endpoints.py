@@ -46,8 +46,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
+    server: _Server  # HTTP/1.0: a connection per request, so none outlives a stopped node
 
     def do_GET(self) -> None:
         self.server.endpoints.answer(self)
@@ -87,7 +86,7 @@ class Endpoints:
             self._server = _Server(self.address, self)
         except OSError as exc:  # in use, not an address of this machine, a name that resolves not
             reason = exc.strerror or str(exc)
-            raise ConfigError(f"--http {self.address}: cannot listen there: {reason}") from None
+            raise ConfigError(f"http {self.address}: cannot listen there: {reason}") from None
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="hb-http",
             daemon=True,

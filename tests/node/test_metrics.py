@@ -25,6 +25,7 @@ from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError
 from hamsterbunker.http_address import HttpAddress, parse_http_address
 from hamsterbunker.lease import LeaseKeeper
+from hamsterbunker.node.endpoints import Endpoints
 from hamsterbunker.node.metrics import NodeMetrics
 from hamsterbunker.node.probes import NodeProbes
 from hamsterbunker.node.state import Identity, Standing
@@ -157,7 +158,7 @@ def test_an_address_in_use_is_a_config_error_before_the_node_touches_the_store(
                        timing=TIMING, http=f"127.0.0.1:{port}")  # fmt: skip
         node.start()
         assert node.ready.wait(15) and node.stopped.wait(15)
-        with pytest.raises(ConfigError, match=rf"--http 127.0.0.1:{port}: cannot listen there"):
+        with pytest.raises(ConfigError, match=rf"http 127.0.0.1:{port}: cannot listen there"):
             node.stop(timeout=10)
     assert store.read_lease(AGENT) is None and store.list_heartbeats(AGENT) == []
 
@@ -271,3 +272,26 @@ def test_http_addresses_that_parse(text: str, host: str, port: int) -> None:
 def test_http_addresses_that_do_not(text: str) -> None:
     with pytest.raises(ConfigError):
         parse_http_address(text)
+
+
+def test_an_ipv6_address_is_served_on_an_ipv6_socket() -> None:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    clock, store = FakeClock(), MemoryStore()
+    metrics, standing = metrics_on(clock)
+    keeper = LeaseKeeper(store, AGENT, "a", "eu", timing=TIMING, clock=clock)
+    probes = NodeProbes(Identity("a", "eu", "host", AGENT), standing, keeper, store, clock)
+    endpoints = Endpoints(HttpAddress("::1", 0), metrics, probes)
+    endpoints.start()
+    try:
+        url = f"http://[::1]:{endpoints.port}"
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+            assert value(parsed(answer.read().decode()), "is_leader") == 0
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/health", timeout=10)
+        assert refused.value.code == 503 and refused.value.read() == b"starting\n"
+    finally:
+        endpoints.stop()

@@ -136,7 +136,7 @@ def test_a_bad_http_address_is_one_line_and_exit_2(tmp_path: Path) -> None:
         result = run_hb(["run", *store, "--http", f"127.0.0.1:{port}"], env=env)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"hb run: error: --http 127.0.0.1:{port}: cannot listen there: Address already in use"
+        f"hb run: error: http 127.0.0.1:{port}: cannot listen there: Address already in use"
     ]
     assert not list((tmp_path / "store").glob("agents/*/*"))  # refused before it joined
 
