@@ -171,3 +171,36 @@ def test_a_node_without_http_listens_nowhere(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=15)
+
+
+def test_pause_and_switchover_show_in_the_numbers(local_cluster: MakeCluster) -> None:
+    """hb pause: the leader's paused gauge is 1 and /health stays 200 saying so; hb resume: 0.
+    hb switchover --to: the target's takeovers_total{via="switchover"} rises and /leader moves."""
+    cluster = local_cluster(timing=LeaseTiming(100, 800))
+    ports = {spec.node: free_port() for spec in NODES}
+    cluster.start(NODES[0], command_prefix=serving_on(ports["node-a"]))
+    wait_until(lambda: leaders(ports) == ["node-a"], "node-a to lead")
+    for spec in NODES[1:]:
+        cluster.start(spec, command_prefix=serving_on(ports[spec.node]))
+    wait_until(
+        lambda: all((get(p, "/health") or (0,))[0] == 200 for p in ports.values()),
+        "/health 200 on all three nodes",
+    )
+    env = hb_env(HB_STORE=cluster.store_url, HB_SECRET=cluster.secret)
+
+    def hb(*args: str) -> None:
+        done = run_hb([*args, "--agent-id", "journal"], env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+
+    hb("pause")
+    wait_until(lambda: metrics(ports["node-a"])["paused"] == 1, "node-a's paused gauge")
+    assert get(ports["node-a"], "/health") == (200, "leader · epoch 1 · paused\n")
+    hb("resume")
+    wait_until(lambda: metrics(ports["node-a"])["paused"] == 0, "node-a to resume")
+
+    before = metrics(ports["node-c"])["takeovers_switchover"]
+    hb("switchover", "--to", "node-c", "--wait", "--timeout", "20")
+    wait_until(lambda: leaders(ports) == ["node-c"], "/leader 200 on node-c alone")
+    after = metrics(ports["node-c"])
+    assert after["takeovers_switchover"] == before + 1 and after["is_leader"] == 1
+    assert metrics(ports["node-a"])["is_leader"] == 0
