@@ -1,5 +1,6 @@
 """``hb``: run a node, set one up, run the local survival demo, show a cluster's status,
-hand work to an agent (``hb submit``, in ``hamsterbunker.cli_submit``).
+hand work to an agent (``hb submit``, in ``hamsterbunker.cli_submit``), move or hold the
+lease (``hb switchover``, ``pause``, ``resume``, ``history``: ``hamsterbunker.cli_control``).
 
 User mistakes (a bad flag, URL, agent path or secret) print one line naming
 the problem and exit 2, with no traceback; so does a bare ``hb``, with the help
@@ -16,14 +17,17 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__
+from . import __version__, cli_control
 from .agent import load_agent
 from .cli_args import positive_int, whole_number
+from .cli_control import add_control_parsers
+from .cli_forget import add_forget_parser, forget
 from .cli_status import add_status_parser
 from .cli_submit import EXIT_TIMEOUT, add_submit_parser, submit
 from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from .errors import (
     ConfigError,
+    ControlRefused,
     HamsterbunkerError,
     NoUsableCheckpoint,
     SealError,
@@ -31,6 +35,7 @@ from .errors import (
     StoreError,
     StoreUnsafe,
 )
+from .http_address import http_address_arg
 from .logs import LOG_LEVELS, configure_logging, log_level, stderr_is_journal
 from .notify import Notifier
 from .provision import STATE_DIRECTORY  # where the unit lets a node write
@@ -168,6 +173,8 @@ def _build_parser() -> argparse.ArgumentParser:
     add_status_parser(sub)
 
     add_submit_parser(sub, SECRET_HELP)
+    add_forget_parser(sub, SECRET_HELP)
+    add_control_parsers(sub, SECRET_HELP)
     return parser
 
 
@@ -184,6 +191,7 @@ _NODE_FLAGS = (
     "step_retry_ms",
     "step_retry_max_ms",
     "max_step_failures",
+    "http",
 )
 
 
@@ -227,6 +235,13 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="after N failed steps in a row, hand the lease to another node and hold off "
         f"taking it back for --step-retry-max-ms; 0: never (default: {DEFAULT_MAX_STEP_FAILURES})",
+    )
+    parser.add_argument(
+        "--http",
+        type=http_address_arg,
+        metavar="HOST:PORT",
+        help="serve /metrics (Prometheus), /health, /leader and /status there, e.g. "
+        "127.0.0.1:9100 (default: off)",
     )
 
 
@@ -297,6 +312,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir or _systemd_state_directory(),
         stop_grace_ms=config.stop_grace_ms,
         step_retry=step_retry,
+        http=config.http,
     )
     node.run()
     return 0
@@ -385,6 +401,18 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return submit(args, lambda: read_secret(args.secret_file))
 
 
+def _cmd_forget(args: argparse.Namespace) -> int:
+    return forget(args, lambda: read_secret(args.secret_file))
+
+
+def _cmd_switchover(args: argparse.Namespace) -> int:
+    return cli_control.switchover(args, lambda: read_secret(args.secret_file))
+
+
+def _cmd_pause(args: argparse.Namespace) -> int:
+    return cli_control.pause(args, lambda: read_secret(args.secret_file))
+
+
 def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .acceptance import accept_loss, plan_loss
     from .records import check_name
@@ -447,6 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         "status": _cmd_status,
         "accept-loss": _cmd_accept_loss,
         "submit": _cmd_submit,
+        "forget": _cmd_forget,
+        "switchover": _cmd_switchover,
+        "pause": _cmd_pause,
+        "resume": _cmd_pause,
+        "history": cli_control.history,
     }
     try:
         return commands[args.command](args)
@@ -454,6 +487,9 @@ def main(argv: list[str] | None = None) -> int:
         # A user mistake: a bad URL, agent, secret or store location.
         _print_error(f"hb {args.command}: error: {exc}")
         return EXIT_USAGE
+    except ControlRefused as exc:  # asked at the wrong time: nothing was changed
+        _print_error(f"hb {args.command}: refused: {exc}")
+        return EXIT_FAILURE
     except NoUsableCheckpoint as exc:
         _print_error(f"hb {args.command}: refused: {exc}")
         return EXIT_REFUSED

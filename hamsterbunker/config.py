@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .http_address import parse_http_address
 from .logs import log_level
 from .records import check_name
 from .timing import (
@@ -51,6 +52,8 @@ class NodeConfig:
     max_step_failures: int | None = None  # 0: never hand the lease over
     # debug, info, warning or error (default: info); hb run --log-level overrides it.
     log_level: str | None = None
+    # HOST:PORT of /metrics, /health, /leader and /status (default: none served).
+    http: str | None = None
 
     @property
     def timing(self) -> LeaseTiming:
@@ -83,6 +86,7 @@ _TYPES: dict[str, type] = {
     "step_retry_max_ms": int,
     "max_step_failures": int,
     "log_level": str,
+    "http": str,
 }
 _MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}
 assert set(_TYPES) == {f.name for f in fields(NodeConfig)}
@@ -152,6 +156,8 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
         config.step_retry  # noqa: B018 (made to be checked: the retry keys together)
         if config.log_level is not None:
             log_level(config.log_level)
+        if config.http is not None:
+            parse_http_address(config.http)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return config
