@@ -3,7 +3,7 @@
 ``/metrics`` (Prometheus text, or OpenMetrics if asked, by ``prometheus_client``),
 ``/health``, ``/leader`` and ``/status`` (``node.probes``). The server never
 touches the event loop, so a slow or stuck client cannot hold up lease keeping
-(DESIGN.md invariant 3); ``/status`` reads the store in a worker of its own,
+(DESIGN.md invariant 3); ``/status`` reads the store in a thread of its own,
 bounded by ``STATUS_TIMEOUT_S``. It binds when the node starts, so an address in
 use is a ConfigError (one line, exit 2), and closes when the node stops.
 """
@@ -13,8 +13,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -73,7 +71,6 @@ class Endpoints:
         self.address, self._metrics, self._probes = address, metrics, probes
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._status_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hb-http-status")
 
     @property
     def port(self) -> int:
@@ -99,7 +96,6 @@ class Endpoints:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
-        self._status_pool.shutdown(wait=False, cancel_futures=True)
 
     def answer(self, request: _Handler) -> None:
         """One request, in the server's thread for it."""
@@ -121,15 +117,27 @@ class Endpoints:
         self._send(request, answer, "text/plain; charset=utf-8")
 
     def _send_status(self, request: _Handler) -> None:
-        future = self._status_pool.submit(self._probes.status)
-        try:
-            answer = future.result(timeout=STATUS_TIMEOUT_S)
-        except FutureTimeout:
-            answer = Answer(False, f"the store did not answer within {STATUS_TIMEOUT_S:.0f} s")
-        except Exception as exc:  # a store error: said, never a traceback to the client
-            answer = Answer(False, f"the store could not be read: {exc}")
+        # In a daemon thread of its own: a store call that hangs neither holds this answer
+        # past the timeout nor keeps the process from exiting.
+        found: list[Answer] = []
+        worker = threading.Thread(
+            target=lambda: found.append(self._status()), name="hb-http-status", daemon=True
+        )
+        worker.start()
+        worker.join(STATUS_TIMEOUT_S)
+        answer = (
+            found[0]
+            if found
+            else Answer(False, f"the store did not answer within {STATUS_TIMEOUT_S:g} s")
+        )
         json_doc = answer.text.startswith("{")
         self._send(request, answer, "application/json" if json_doc else "text/plain; charset=utf-8")
+
+    def _status(self) -> Answer:
+        try:
+            return self._probes.status()
+        except Exception as exc:  # a store error: said, never a traceback to the client
+            return Answer(False, f"the store could not be read: {exc}")
 
     @staticmethod
     def _send(request: _Handler, answer: Answer, content_type: str) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import math
 import socket
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -25,10 +26,12 @@ from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError
 from hamsterbunker.http_address import HttpAddress, parse_http_address
 from hamsterbunker.lease import LeaseKeeper
+from hamsterbunker.node import endpoints as endpoints_module
 from hamsterbunker.node.endpoints import Endpoints
 from hamsterbunker.node.metrics import NodeMetrics
 from hamsterbunker.node.probes import NodeProbes
 from hamsterbunker.node.state import Identity, Standing
+from hamsterbunker.records import LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
@@ -294,4 +297,29 @@ def test_an_ipv6_address_is_served_on_an_ipv6_socket() -> None:
             urllib.request.urlopen(f"{url}/health", timeout=10)
         assert refused.value.code == 503 and refused.value.read() == b"starting\n"
     finally:
+        endpoints.stop()
+
+
+def test_status_of_a_store_that_does_not_answer_is_503_within_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(endpoints_module, "STATUS_TIMEOUT_S", 0.2)
+    release = threading.Event()
+
+    class Hanging(MemoryStore):
+        def read_lease(self, agent: str) -> LeaseRecord | None:
+            release.wait(30)
+            return super().read_lease(agent)
+
+    clock, store = FakeClock(), Hanging()
+    metrics, standing = metrics_on(clock)
+    keeper = LeaseKeeper(MemoryStore(), AGENT, "a", "eu", timing=TIMING, clock=clock)
+    probes = NodeProbes(Identity("a", "eu", "host", AGENT), standing, keeper, store, clock)
+    endpoints = Endpoints(LOOPBACK, metrics, probes)
+    endpoints.start()
+    try:
+        assert get(endpoints.port, "/status") == (503, "the store did not answer within 0.2 s\n")
+        assert get(endpoints.port, "/metrics")[0] == 200  # the rest answers meanwhile
+    finally:
+        release.set()
         endpoints.stop()
