@@ -179,7 +179,7 @@ class LeaseKeeper:
             expected, via = record.version, "switchover"  # handed to us: take it at once
         elif record.holder is None and (record.successor is None or stood_still):
             # Handed to another node, which has not taken it for a full TTL: anyone may.
-            expected, via = record.version, "released" if record.successor is None else "expired"
+            expected, via = record.version, _released_via(record)
         elif record.holder is not None and stood_still:
             expected, via = record.version, "expired"
         else:
@@ -219,15 +219,16 @@ class LeaseKeeper:
         self._note(acquired, sent)
         return TickResult(Outcome.ACQUIRED, acquired, via)
 
-    def release(self, successor: str | None = None) -> bool:
-        """Give the lease up at once (graceful stop; to successor on a switchover).
-
-        True if the store took the release.
+    def release(self, successor: str | None = None, *, handoff: bool = False) -> bool:
+        """Give the lease up at once (graceful stop; to successor on a switchover; handoff
+        after failing steps). True if the store took the release.
         """
         held, self.held = self.held, None
         if held is None:
             return False
-        released = replace(self._next_write(held), holder=None, successor=successor)
+        released = replace(
+            self._next_write(held), holder=None, successor=successor, handoff=handoff
+        )
         try:
             record = self.store.cas_lease(self.agent, held.version, released)
         except LeaseConflict:
@@ -352,6 +353,13 @@ class LeaseKeeper:
 
     def _since_renewal(self) -> float:
         return self.clock.monotonic() - self._renew_sent_at
+
+
+def _released_via(record: LeaseRecord) -> str:
+    """How a released record came to be free for anyone."""
+    if record.successor is not None:
+        return "expired"  # handed to a node that did not take it within a TTL
+    return "handoff" if record.handoff else "released"
 
 
 def _previous_holder(record: LeaseRecord | None) -> str | None:

@@ -268,6 +268,7 @@ class LeaseRecord:
     seq_epoch: int = 0
     control: str = ""
     successor: str | None = None
+    handoff: bool = False  # released after failing steps (history says via=handoff)
     history: tuple[Takeover, ...] = ()
 
     def to_json(self) -> bytes:
@@ -309,6 +310,7 @@ class LeaseRecord:
             seq_epoch=_count(doc, "seq_epoch", "lease", MAX_EPOCH) if "seq_epoch" in doc else 0,
             control=control,
             successor=successor,
+            handoff=_field({"handoff": False, **doc}, "handoff", bool, "lease"),
             history=tuple(Takeover.from_doc(entry) for entry in history),
         )
 

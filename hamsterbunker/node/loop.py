@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -391,7 +392,8 @@ class NodeLoop:
         via = {"via": ended.via} if ended.via else {}
         emit("lease.given_up", reason=ended.reason, **via)
         try:
-            if await self._calls.keeper(self._keeper.release):
+            release = functools.partial(self._keeper.release, handoff=ended.via == "handoff")
+            if await self._calls.keeper(release):
                 emit("lease.released", **via)
         except StoreError as exc:  # not released: it expires a TTL after the last renewal
             emit("store.error", error=f"release: {exc}")

@@ -24,7 +24,8 @@ from hamsterbunker.control import (
     set_paused,
     sign_control,
 )
-from hamsterbunker.errors import Tampered
+from hamsterbunker.errors import CorruptRecord, Tampered
+from hamsterbunker.records import MAX_CONTROL_CHARS, MAX_HISTORY, LeaseRecord, Takeover
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import open_store
@@ -296,3 +297,45 @@ def test_open_control_refuses_what_is_not_signed_for_the_agent() -> None:
         open_control(sealer, text, "y")
     with pytest.raises(Tampered):
         open_control(sealer, text.replace('"paused":true', '"paused":false'), "x")
+
+
+def _lease_doc(**fields: Any) -> bytes:
+    doc = json.loads(LeaseRecord("a", "r", "s", 3, 2000).to_json())
+    doc.update(fields)
+    return json.dumps(doc).encode()
+
+
+GOOD_TAKEOVER = {"epoch": 3, "from": "b", "to": "a", "via": "expired", "gap_ms": 2000, "time": 1.5}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"history": [GOOD_TAKEOVER] * (MAX_HISTORY + 1)},
+        {"history": [{**GOOD_TAKEOVER, "via": "magic"}]},
+        {"history": [{**GOOD_TAKEOVER, "from": "../etc"}]},
+        {"history": [{**GOOD_TAKEOVER, "to": "a b"}]},
+        {"history": [{**GOOD_TAKEOVER, "gap_ms": -1}]},
+        {"history": [{**GOOD_TAKEOVER, "time": 1e999}]},
+        {"history": ["not an object"]},
+        {"history": {"not": "a list"}},
+        {"control": "x" * (MAX_CONTROL_CHARS + 1)},
+        {"control": 7},
+        {"successor": "../../b"},
+        {"handoff": "yes"},
+    ],
+    ids=lambda fields: f"{next(iter(fields))}",
+)
+def test_a_lease_record_with_hostile_new_fields_is_corrupt(fields: dict[str, Any]) -> None:
+    """What a store writer without the secret can put in the fields switchover, pause and
+    history added is refused as a damaged record (a standby reads it as unreadable)."""
+    assert LeaseRecord.from_json(_lease_doc()).history == ()
+    with pytest.raises(CorruptRecord):
+        LeaseRecord.from_json(_lease_doc(**fields))
+
+
+def test_a_lease_record_keeps_its_history_and_requests_through_json() -> None:
+    takeover = Takeover(epoch=3, to="a", via="switchover", gap_ms=12, time=1.5, from_="b")
+    record = LeaseRecord("a", "r", "s", 3, 2000, control="c", successor=None, history=(takeover,))
+    assert LeaseRecord.from_json(record.to_json()) == record
+    assert LeaseRecord.from_json(_lease_doc(history=[GOOD_TAKEOVER])).history[0].from_ == "b"

@@ -145,7 +145,7 @@ def test_after_max_failures_the_lease_is_handed_over_and_not_taken_back_at_once(
     nodes: Nodes,
 ) -> None:
     """After three failures in a row node a releases the lease (via=handoff); node b takes
-    the released lease and steps; a takes it back only after its hold-off (the backoff cap)."""
+    the released lease (via=handoff) and steps; a takes it back only after its hold-off (the backoff cap)."""
     retry = StepRetry(first_ms=50, max_ms=1_500, max_failures=3)
     agent = Flaky(failing_on=("a",))
     nodes.start("a", agent, retry)
@@ -161,7 +161,8 @@ def test_after_max_failures_the_lease_is_handed_over_and_not_taken_back_at_once(
     released_at, released = nodes.events.timed("lease.released", "a")[0]
     assert released.detail["via"] == "handoff"
     taken = nodes.events.wait("lease.acquired", "b", timeout=WAIT_S)
-    assert taken.detail["via"] == "released"
+    assert taken.detail["via"] == "handoff"  # the released record says why: hb history too
+    assert taken.detail["from"] == "a"
     nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
 
     # b leaves at once: the lease is free, but a holds off for the backoff cap.
