@@ -9,8 +9,8 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from hamsterbunker.control import request_switchover
 from hamsterbunker.history import Op
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores import Store
 
 from .backends import _server
 from .common import (
@@ -48,6 +49,7 @@ STEP_S = 0.005  # the agent's step: the step in flight the old leader finishes
 REPO = Path(__file__).resolve().parent.parent
 CLOCK = MonotonicClock()  # CLOCK_BOOTTIME: the nodes' history and the agent's step log use it
 AGENT = "benchmarks.switchover:ShortStepAgent"
+EVENTS = ("lease.switchover_asked", "lease.released", "lease.acquired")  # split the parts
 STEP_LOG_ENV = "HB_BENCH_STEP_LOG"  # where the agent notes the start of each term's first step
 
 METHOD = f"""\
@@ -99,6 +101,94 @@ ANALYSIS = """\
 """
 
 
+# -- the probe: where a switchover's time goes, inside the nodes (HB_BENCH_PROBE=1) --------
+#
+# Wraps a few methods of the node loop and the lease keeper in the node processes (the
+# library is unchanged) and appends one line per call to a file on CLOCK_BOOTTIME:
+# when the store's watch woke the loop, each lease tick and release, the leader's
+# check that someone else wrote the record, when the loop tells the term to hand over
+# and when the term has ended. Installed when the node imports this module for its agent.
+
+PROBE_ENV = "HB_BENCH_PROBE"  # set to 1 in this process: the analysis run
+PROBE_LOG_ENV = "HB_BENCH_PROBE_LOG"  # the nodes' probe file
+
+
+def _install_probe(path: str) -> None:
+    import sys
+
+    from hamsterbunker.lease import LeaseKeeper
+    from hamsterbunker.node.loop import NodeLoop
+
+    argv = sys.argv
+    node = argv[argv.index("--node-id") + 1] if "--node-id" in argv else "?"
+
+    def note(what: str, start: float, **detail: Any) -> None:
+        line = {"node": node, "what": what, "start": start, "end": CLOCK.monotonic(), **detail}
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    tick, release = LeaseKeeper.tick, LeaseKeeper.release
+    changed = NodeLoop._changed_under_us
+    switch_over, hand_over = NodeLoop._switch_over_if_asked, NodeLoop._hand_over
+
+    def probed_tick(self: LeaseKeeper) -> Any:
+        start = CLOCK.monotonic()
+        result = tick(self)
+        epoch = result.record.epoch if result.record is not None else 0
+        note("tick", start, outcome=result.outcome.name, epoch=epoch)
+        return result
+
+    def probed_release(self: LeaseKeeper, successor: str | None = None) -> bool:
+        start = CLOCK.monotonic()
+        done = release(self, successor)
+        note("release", start, successor=successor, ok=done)
+        return done
+
+    async def probed_changed(self: NodeLoop) -> bool:
+        start = CLOCK.monotonic()
+        found = await changed(self)
+        note("changed_under_us", start, changed=found)
+        return found
+
+    def probed_switch_over(self: NodeLoop, record: Any) -> None:
+        start = CLOCK.monotonic()
+        leaving = self._term is not None and self._term.leaving.is_set()
+        switch_over(self, record)
+        if not leaving and self._term is not None and self._term.leaving.is_set():
+            note("hand_over_asked", start)
+
+    async def probed_hand_over(self: NodeLoop, ended: Any) -> None:
+        note("term_handed_over", CLOCK.monotonic())
+        await hand_over(self, ended)
+
+    async def probed_watch(self: NodeLoop) -> None:  # NodeLoop._watch, noting each wake-up
+        try:
+            async for _ in self._store.watch(self._id.agent, lease_only=True):
+                note("wake", CLOCK.monotonic())
+                self._signals.wake.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # as the library's: the watch is only a hint
+            note("watch_stopped", CLOCK.monotonic(), error=str(exc))
+
+    for cls, name, wrapper in (
+        (LeaseKeeper, "tick", probed_tick),
+        (LeaseKeeper, "release", probed_release),
+        (NodeLoop, "_changed_under_us", probed_changed),
+        (NodeLoop, "_watch", probed_watch),
+        (NodeLoop, "_switch_over_if_asked", probed_switch_over),
+        (NodeLoop, "_hand_over", probed_hand_over),
+    ):
+        setattr(cls, name, wrapper)
+
+
+if os.environ.get(PROBE_LOG_ENV):
+    _install_probe(os.environ[PROBE_LOG_ENV])
+
+
 class ShortStepAgent:
     """Counts up once per step of STEP_S seconds; notes when each term's first step starts."""
 
@@ -138,6 +228,8 @@ class _ShortStepCluster(LocalCluster):
             "PYTHONPATH": str(REPO),  # the nodes import this module's agent
             STEP_LOG_ENV: str(self.log_dir.parent / "steps.jsonl"),
         }
+        if os.environ.get(PROBE_ENV) == "1":
+            self.env[PROBE_LOG_ENV] = str(self.log_dir.parent / "probe.jsonl")
 
 
 class _Lines:
@@ -158,6 +250,24 @@ class _Lines:
         return [json.loads(line) for line in lines if line.strip()]
 
 
+class _TimedStore:
+    """The benchmark's store, noting when its last lease compare-and-set was sent and returned
+    (request_switchover's last store call is the compare-and-set of the request)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.cas_sent = self.cas_returned = 0.0
+
+    def cas_lease(self, *args: Any) -> Any:
+        self.cas_sent = CLOCK.monotonic()
+        result = self._store.cas_lease(*args)
+        self.cas_returned = CLOCK.monotonic()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
 @dataclass(frozen=True)
 class Sample:
     """One switchover; times in seconds after the request was written (its CAS returned)."""
@@ -169,13 +279,18 @@ class Sample:
     via: str  # lease.history[-1].via
     history_to: str  # lease.history[-1].to
     call: float  # request_switchover called (negative: before the write)
+    cas_sent: float  # the request's compare-and-set was sent (negative)
     last_published: float | None  # the old leader's last accepted publish of its epoch
+    seen: float | None  # the old leader saw the request: its lease.switchover_asked event
     released: float | None  # its lease.released event
+    acquired_event: float | None  # the new leader's lease.acquired event
     acquired: float
+    restore_start: float
     restored: float
     first_step: float  # the agent's first step of the new epoch started
     publish_start: float
     published: float
+    probe: dict[str, float] = field(default_factory=dict)  # PROBE_PARTS, if probed
 
     @property
     def published_without_step(self) -> float:
@@ -183,51 +298,65 @@ class Sample:
 
 
 class _Watcher:
-    """What the nodes wrote to their history and step log, and the store's events, read on."""
+    """What the nodes wrote to their history and step log, and the store's events, read on.
+
+    Only what the figures need is kept, so that a poll stays cheap however long the
+    history grows (a leader publishes some hundred steps a second).
+    """
 
     def __init__(self, cluster: BenchCluster) -> None:
         self.cluster = cluster
         self._history = _Lines(cluster.history)
         self._steps = _Lines(cluster.workdir / "steps.jsonl")
-        self.ops: list[Op] = []
-        self.first_steps: dict[tuple[str, int], float] = {}
+        self._probe = _Lines(cluster.workdir / "probe.jsonl")
+        self.probe: list[dict[str, Any]] = []  # the nodes' probe lines, if probed
+        self.acquires: list[Op] = []
+        self.restores: dict[tuple[str, int], Op] = {}  # (node, epoch) → its first restore
+        self.first_publish: dict[tuple[str, int], Op] = {}  # ... its first accepted publish
+        self.last_published: dict[tuple[str, int], float] = {}  # ... the end of its last
+        self.first_steps: dict[tuple[str, int], float] = {}  # ... its agent's first step
         self._after: dict[str, int] = {}
-        self.released: dict[tuple[str, int], float] = {}  # (node, epoch) → event time.time()
+        # (type, node, epoch) → the event's time.time(), the first of each
+        self.events: dict[tuple[str, str, int], float] = {}
 
     def read(self) -> None:
-        self.ops += [Op(**doc) for doc in self._history.new()]
+        for doc in self._history.new():
+            op = Op(**doc)
+            key = (op.node, op.epoch)
+            if op.op == "acquire" and op.outcome == "ok":
+                self.acquires.append(op)
+            elif op.op == "restore":
+                self.restores.setdefault(key, op)
+            elif op.op == "publish" and op.outcome == "ok":
+                first = self.first_publish.get(key)
+                if first is None or op.seq < first.seq:
+                    self.first_publish[key] = op
+                self.last_published[key] = max(self.last_published.get(key, op.end), op.end)
         for doc in self._steps.new():
             self.first_steps.setdefault((doc["node"], doc["epoch"]), doc["start"])
+        self.probe += self._probe.new()
 
-    def released_by(self, node: str, epoch: int) -> float | None:
-        """The time of node's lease.released event of epoch (a switchover), reading on."""
+    def event_time(self, kind: str, node: str, epoch: int) -> float | None:
+        """The time of node's first event of kind in epoch, reading on from the store."""
         for event in self.cluster.store.read_events(AGENT_ID, self._after):
             self._after[event.node] = max(self._after.get(event.node, 0), event.n)
-            if event.type == "lease.released" and event.detail.get("via") == "switchover":
-                self.released[(event.node, event.epoch)] = event.time
-        return self.released.get((node, epoch))
+            if event.type in EVENTS:
+                self.events.setdefault((event.type, event.node, event.epoch), event.time)
+        return self.events.get((kind, node, epoch))
 
     def first_checkpoint(self, epoch: int) -> tuple[Op, Op, Op, float] | None:
         """(acquire, restore, first publish, first step start) of the term after epoch."""
         self.read()
-        acquires = [
-            o for o in self.ops if o.op == "acquire" and o.outcome == "ok" and o.epoch > epoch
-        ]
+        acquires = [op for op in self.acquires if op.epoch > epoch]
         if not acquires:
             return None
-        acquire = min(acquires, key=lambda o: o.epoch)
-        term = [o for o in self.ops if o.node == acquire.node and o.epoch == acquire.epoch]
-        restores = [o for o in term if o.op == "restore"]
-        publishes = [o for o in term if o.op == "publish" and o.outcome == "ok"]
-        step = self.first_steps.get((acquire.node, acquire.epoch))
-        if not restores or not publishes or step is None:
+        acquire = min(acquires, key=lambda op: op.epoch)
+        key = (acquire.node, acquire.epoch)
+        restore, publish = self.restores.get(key), self.first_publish.get(key)
+        step = self.first_steps.get(key)
+        if restore is None or publish is None or step is None:
             return None
-        return acquire, restores[0], min(publishes, key=lambda o: o.seq), step
-
-    def last_published(self, node: str, epoch: int) -> float | None:
-        ends = [o.end for o in self.ops if o.node == node and o.epoch == epoch
-                and o.op == "publish" and o.outcome == "ok"]  # fmt: skip
-        return max(ends, default=None)
+        return acquire, restore, publish, step
 
 
 def _switchovers(
@@ -240,6 +369,7 @@ def _switchovers(
     if record is None:
         raise BenchmarkError("the store has no cluster record although a node leads")
     sealer = Sealer(SECRET, record)
+    timed = _TimedStore(cluster.store)
     samples: list[Sample] = []
     notes: list[str] = []
     deadline = time.monotonic() + budget_s
@@ -253,8 +383,10 @@ def _switchovers(
         target = sorted(spec.node for spec in NODES if spec.node != leader.node)[i % 2]
         time.sleep(rng.uniform(0, cluster.tick_s))  # a random phase against the ticks
         called = CLOCK.monotonic()
-        asked = request_switchover(cluster.store, sealer, AGENT_ID, to=target)
-        written, written_wall = CLOCK.monotonic(), time.time()
+        asked = request_switchover(timed, sealer, AGENT_ID, to=target)
+        now, now_wall = CLOCK.monotonic(), time.time()
+        written = timed.cas_returned  # the call returns right after it
+        written_wall = now_wall - (now - written)
         if asked != target:
             raise BenchmarkError(f"asked for {target}, request_switchover chose {asked}")
         acquire, restore, publish, step = wait_for(
@@ -267,15 +399,15 @@ def _switchovers(
         last = lease.history[-1] if lease is not None and lease.history else None
         if last is None or last.epoch != acquire.epoch:
             raise BenchmarkError(f"the lease record names no takeover of epoch {acquire.epoch}")
-        released = None
-        with contextlib.suppress(BenchmarkError):  # reported as missing, not fatal
-            released = wait_for(
-                lambda: watcher.released_by(leader.node, leader.epoch),  # noqa: B023
-                "the old leader's lease.released event",
-                timeout=5,
-                every=0.05,
+        seen, released, acquired_event = (
+            _event(watcher, kind, node, epoch, written_wall)
+            for kind, node, epoch in (
+                ("lease.switchover_asked", leader.node, leader.epoch),
+                ("lease.released", leader.node, leader.epoch),
+                ("lease.acquired", acquire.node, acquire.epoch),
             )
-        last_published = watcher.last_published(leader.node, leader.epoch)
+        )
+        last_published = watcher.last_published.get((leader.node, leader.epoch))
         samples.append(
             Sample(
                 old=leader.node,
@@ -286,17 +418,125 @@ def _switchovers(
                 history_to=last.to,
                 call=called - written,
                 last_published=None if last_published is None else last_published - written,
-                released=None if released is None else released - written_wall,
+                seen=seen,
+                released=released,
+                acquired_event=acquired_event,
                 acquired=acquire.end - written,
+                restore_start=restore.start - written,
                 restored=restore.end - written,
                 first_step=step - written,
                 publish_start=publish.start - written,
                 published=publish.end - written,
+                cas_sent=timed.cas_sent - written,
+                probe=_probed(
+                    watcher.probe, leader.node, acquire.node, acquire.epoch, timed.cas_sent
+                ),
             )
         )
     if not samples:
         raise BenchmarkError("no switchover measured")
     return samples, notes
+
+
+PROBE_PARTS = (
+    "the request's compare-and-set sent → the old leader's watch wakes it",
+    "its wake-up → its check of the record starts",
+    "its check (a lease read)",
+    "its check → its renewal starts",
+    "its renewal (compare-and-set refused, read, request adopted)",
+    "its renewal returned → the loop tells the term to hand over",
+    "→ the term has ended (step in flight finished, published)",
+    "→ its release starts",
+    "its release (one compare-and-set)",
+    "its release returned → the new leader's acquiring tick starts",
+    "  of which: release returned → the new leader's watch wakes it",
+    "  of which: that wake-up → the tick starts",
+    "its acquiring tick (lease read, compare-and-set)",
+)
+BY_WATCH = "by watch"  # 1.0: the old leader saw the request through its watch, 0.0: at a tick
+
+
+def _probed(
+    lines: list[dict[str, Any]], old: str, new: str, epoch: int, sent: float
+) -> dict[str, float]:
+    """The PROBE_PARTS of one switchover found in the nodes' probe lines (seconds).
+
+    sent: when the request's compare-and-set was sent; a node may see the request
+    before this process sees the compare-and-set return.
+    """
+
+    def first(node: str, what: str, after: float, **match: Any) -> dict[str, Any] | None:
+        return next(
+            (
+                line
+                for line in lines
+                if line["node"] == node
+                and line["what"] == what
+                and line["start"] > after
+                and all(line.get(k) == v for k, v in match.items())
+            ),
+            None,
+        )
+
+    def last(node: str, what: str, before: float) -> dict[str, Any] | None:
+        found = [
+            line for line in lines
+            if line["node"] == node and line["what"] == what and line["end"] <= before
+        ]  # fmt: skip
+        return found[-1] if found else None
+
+    woke = first(old, "wake", sent)
+    asked = first(old, "hand_over_asked", sent)
+    ended = first(old, "term_handed_over", sent)
+    release = first(old, "release", sent)
+    acquired = first(new, "tick", sent, outcome="ACQUIRED", epoch=epoch)
+    if None in (woke, asked, ended, release, acquired):
+        return {}
+    assert woke and asked and ended and release and acquired
+    renewal = last(old, "tick", asked["start"])  # the renewal that adopted the request
+    check = last(old, "changed_under_us", asked["start"])
+    if renewal is None or renewal["start"] < sent:
+        return {}
+    if check is None or check["start"] < sent or not check["changed"]:
+        check = None  # the request was seen at a tick of the leader's own, not by the watch
+    # The wake-up that led to the acquiring tick, if the release caused it.
+    new_woke = last(new, "wake", acquired["start"])
+    if new_woke is not None and new_woke["start"] < release["start"]:
+        new_woke = None
+    found = dict(
+        zip(
+            PROBE_PARTS,
+            (
+                woke["start"] - sent,
+                None if check is None else check["start"] - woke["start"],
+                None if check is None else check["end"] - check["start"],
+                None if check is None else renewal["start"] - check["end"],
+                renewal["end"] - renewal["start"],
+                asked["start"] - renewal["end"],
+                ended["start"] - asked["start"],
+                release["start"] - ended["start"],
+                release["end"] - release["start"],
+                acquired["start"] - release["end"],
+                None if new_woke is None else new_woke["start"] - release["end"],
+                None if new_woke is None else acquired["start"] - new_woke["start"],
+                acquired["end"] - acquired["start"],
+            ),
+            strict=True,
+        )
+    )
+    found[BY_WATCH] = float(check is not None)
+    return {part: value for part, value in found.items() if value is not None}
+
+
+def _event(watcher: _Watcher, kind: str, node: str, epoch: int, origin: float) -> float | None:
+    """Seconds from origin (time.time()) to the node's event; None if it did not come."""
+    try:
+        found = wait_for(
+            lambda: watcher.event_time(kind, node, epoch), f"{node}'s {kind}", 5, every=0.05
+        )
+    except BenchmarkError:
+        return None
+    return found - origin
 
 
 @contextlib.contextmanager
@@ -344,26 +584,29 @@ def _backend_result(backend: str, samples: list[Sample], notes: list[str],
         "request_switchover called → request written (liveness watch, CAS)": [
             -s.call for s in samples
         ],
+        "the request's compare-and-set (sent → returned)": [-s.cas_sent for s in samples],
     }
-    with_release = [s for s in samples if s.released is not None]
-    with_last = [s for s in samples if s.last_published is not None and s.last_published > 0]
     parts = {
-        f"{written} → old leader's last publish (step in flight finished)": [
-            s.last_published for s in with_last if s.last_published is not None
-        ],
-        f"(c) {written} → old leader's release (its event)": [
-            s.released for s in with_release if s.released is not None
-        ],
-        "old leader's last publish → its release": [
-            s.released - s.last_published
-            for s in with_last
-            if s.released is not None and s.last_published is not None
-        ],
-        "(c) release → new leader's acquisition": [
-            s.acquired - s.released for s in with_release if s.released is not None
-        ],
-        "acquisition → restore done": [s.restored - s.acquired for s in samples],
-        "restore done → first step starts": [s.first_step - s.restored for s in samples],
+        f"{written} → old leader sees it (its lease.switchover_asked event)": _diffs(
+            samples, lambda s: s.seen
+        ),
+        "→ its last publish (the step in flight finished and published)": _diffs(
+            samples, lambda s: _minus(s.last_published, s.seen)
+        ),
+        "→ its release (its lease.released event)": _diffs(
+            samples, lambda s: _minus(s.released, s.last_published)
+        ),
+        f"(c) {written} → old leader's release": _diffs(samples, lambda s: s.released),
+        "(c) release → new leader's acquisition (its acquire op ends)": _diffs(
+            samples, lambda s: _minus(s.acquired, s.released)
+        ),
+        "acquisition → its term starts restoring": _diffs(
+            samples, lambda s: s.restore_start - s.acquired
+        ),
+        "the restore (reading the newest checkpoint)": _diffs(
+            samples, lambda s: s.restored - s.restore_start
+        ),
+        "restore done → first step starts": _diffs(samples, lambda s: s.first_step - s.restored),
     }
     tables = [
         Table(
@@ -377,6 +620,24 @@ def _backend_result(backend: str, samples: list[Sample], notes: list[str],
             [_spread(label, values) for label, values in parts.items()],
         ),
     ]
+    probed = [s for s in samples if s.probe]
+    if probed:
+        tables.append(
+            Table(
+                f"Inside the nodes on {backend} (probe: HB_BENCH_PROBE=1)",
+                SPREAD_HEADERS,
+                [
+                    _spread(part, [s.probe[part] for s in probed if part in s.probe])
+                    for part in PROBE_PARTS
+                ],
+            )
+        )
+        by_watch = sum(s.probe[BY_WATCH] == 1.0 for s in probed)
+        notes.append(
+            f"probe: {len(probed)} of {len(samples)} switchovers found in the probe lines; the "
+            f"old leader saw the request through its watch's check in {by_watch}, at a tick of "
+            f"its own in {len(probed) - by_watch}"
+        )
     headline = figures[f"(a) {written} → new leader's first step starts"]
     wrong = [s for s in samples if (s.new, s.history_to, s.via) != (s.asked, s.asked, "switchover")]
     checks = [
@@ -425,19 +686,31 @@ def _backend_result(backend: str, samples: list[Sample], notes: list[str],
         ],
         *[f"checker: {v}" for v in violations],
     ]
-    if len(with_release) < len(samples):
-        notes.append(f"{len(samples) - len(with_release)} releases without a lease.released event")
+    missing = sum(s.seen is None or s.released is None for s in samples)
+    if missing:
+        notes.append(f"{missing} switchovers without the old leader's events (left out of parts)")
     if len(samples) < 100:
         notes.append(f"with n = {len(samples)}, p99 interpolates between the two largest samples")
     return tables, checks, [f"{backend}: {n}" for n in notes]
 
 
+def _minus(value: float | None, origin: float | None) -> float | None:
+    return None if value is None or origin is None else value - origin
+
+
+def _diffs(samples: list[Sample], figure: Callable[[Sample], float | None]) -> list[float]:
+    """figure of every sample that has it."""
+    return [value for value in map(figure, samples) if value is not None]
+
+
 def _split(s: Sample) -> str:
-    released = "?" if s.released is None else ms(s.released)
-    last = "?" if s.last_published is None else ms(s.last_published)
+    def at(value: float | None) -> str:
+        return "?" if value is None else ms(value)
+
     return (
-        f"{ms(s.first_step)} ms ({s.old} → {s.new}: last publish {last}, released {released}, "
-        f"acquired {ms(s.acquired)}, restored {ms(s.restored)})"
+        f"{ms(s.first_step)} ms ({s.old} → {s.new}: seen {at(s.seen)}, last publish "
+        f"{at(s.last_published)}, released {at(s.released)}, acquired {ms(s.acquired)}, "
+        f"restored {ms(s.restored)})"
     )
 
 
