@@ -247,6 +247,8 @@ class NodeLoop:
                 self._term = term = self._new_term(epoch)
                 self._set_role("active")
                 emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
+                if result.reason == "switchover":
+                    failpoint("switchover.after_acquire")
                 if self._standing.paused:
                     emit("agent.paused", reason="paused before this term")
                 self._leader = asyncio.create_task(
@@ -285,6 +287,7 @@ class NodeLoop:
             return
         target = self._control.switchover_for(record.epoch)
         if target is not None and target != self._id.node and not term.leaving.is_set():
+            failpoint("switchover.asked")
             self._sink.emit("lease.switchover_asked", to=target)
             term.hand_over(target)
 
@@ -365,8 +368,10 @@ class NodeLoop:
         held = self._keeper.held
         if held is None or held.epoch != ended.epoch:
             return  # lost meanwhile: nothing of ours to hand over
+        failpoint("switchover.before_release")
         try:
             if await self._calls.keeper(self._keeper.release, ended.successor):
+                failpoint("switchover.after_release")
                 emit("lease.released", via="switchover", to=ended.successor)
         except StoreError as exc:  # not released: it expires a TTL after the last renewal
             emit("store.error", error=f"release: {exc}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -339,3 +340,29 @@ def test_a_lease_record_keeps_its_history_and_requests_through_json() -> None:
     record = LeaseRecord("a", "r", "s", 3, 2000, control="c", successor=None, history=(takeover,))
     assert LeaseRecord.from_json(record.to_json()) == record
     assert LeaseRecord.from_json(_lease_doc(history=[GOOD_TAKEOVER])).history[0].from_ == "b"
+
+
+def test_a_lease_handed_to_a_node_that_never_takes_it_is_taken_after_a_ttl(
+    cluster: Cluster,
+) -> None:
+    """A released record naming a successor (hostile, or a target that died) is left to it
+    for one TTL as seen by the others, then taken as expired: it stalls, never blocks."""
+    cluster.start("a")
+    wait_until(lambda: cluster.leader() == "a" and cluster.seq() >= 2, "a to lead and step")
+    cluster.start("b")
+    wait_until(lambda: len(cluster.store.list_heartbeats(AGENT)) == 2, "two heartbeats")
+    for _ in range(50):
+        lease = cluster.store.read_lease(AGENT)
+        assert lease is not None
+        with contextlib.suppress(Exception):
+            written = cluster.store.cas_lease(
+                AGENT, lease.version, replace(lease, holder=None, successor="ghost")
+            )
+            break
+    written_at = time.monotonic()
+    taken = cluster.events.wait(
+        "lease.acquired", where=lambda e: e.epoch > written.epoch, timeout=20
+    )
+    taken_at = next(t for t, e in cluster.events.timed("lease.acquired") if e is taken)
+    assert taken.detail["via"] == "expired"
+    assert taken_at - written_at >= TIMING.lease_ttl_s - 0.05
