@@ -34,11 +34,21 @@ let
     "step_retry_ms"
     "step_retry_max_ms"
     "max_step_failures"
+    "http"
   ];
 
   # hb's rule for instance names (hamsterbunker/records.py). It also makes the
   # name safe to write into ExecStart= and unit and file names as it is.
   validName = name: builtins.match "[A-Za-z0-9][A-Za-z0-9._-]{0,63}" name != null;
+
+  # HOST:PORT as `hb run --http` takes it (hamsterbunker/http_address.py): an IPv6
+  # address in brackets, an empty host for every address, a port from 1 to 65535.
+  validHttp =
+    text:
+    let
+      parts = builtins.match "(\\[[0-9A-Fa-f:.]+]|[^]/ :[]*):([1-9][0-9]{0,4})" text;
+    in
+    parts != null && builtins.fromJSON (builtins.elemAt parts 1) <= 65535;
 
   # Everything in systemd/hamsterbunker@.service that does not depend on the
   # agent. Each becomes a default (mkDefault), so a host overrides any of them
@@ -198,6 +208,10 @@ let
         message = "${option}.settings.log_level must be debug, info, warning or error (hb run would refuse it), not '${toString agent.settings.log_level}'.";
       }
       {
+        assertion = agent.settings.http == null || validHttp agent.settings.http;
+        message = "${option}.settings.http must be HOST:PORT with a port from 1 to 65535, e.g. \"127.0.0.1:9100\" or \"[::1]:9100\" (hb run would refuse it), not '${toString agent.settings.http}'.";
+      }
+      {
         assertion = unknown == [ ];
         message = "${option}.settings: unknown key '${builtins.head unknown}' (hb run would refuse it); the keys are: ${lib.concatStringsSep ", " settingsKeys}.";
       }
@@ -290,6 +304,12 @@ let
                 type = types.nullOr types.ints.unsigned;
                 default = null;
                 description = "After this many failed steps in a row the node hands the lease to another node and holds off taking it back; 0: never (default: 10).";
+              };
+              http = mkOption {
+                type = types.nullOr types.str;
+                default = null;
+                example = "127.0.0.1:9100";
+                description = "HOST:PORT where the node serves /metrics (Prometheus), /health, /leader and /status (default: none). Open the port in networking.firewall only if something off this machine scrapes it.";
               };
             };
           };

@@ -56,6 +56,7 @@ python3Packages.buildPythonApplication {
       watchfiles
       sdnotify
       tomli-w
+      prometheus-client
     ]
     ++ lib.optionals withTui extras.tui
     ++ lib.optionals withRedis extras.redis

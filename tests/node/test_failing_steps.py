@@ -158,6 +158,7 @@ def test_after_max_failures_the_lease_is_handed_over_and_not_taken_back_at_once(
     assert "3 steps failed in a row" in given_up.detail["reason"]
     assert "RuntimeError: the API said 500" in given_up.detail["reason"]
     assert [e.detail["failures"] for e in nodes.events.of("agent.failing", "a")] == [1, 2, 3]
+    nodes.events.wait("lease.released", "a", timeout=WAIT_S)  # emitted after given_up
     released_at, released = nodes.events.timed("lease.released", "a")[0]
     assert released.detail["via"] == "handoff"
     taken = nodes.events.wait("lease.acquired", "b", timeout=WAIT_S)

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 
 from hamsterbunker.config import _TYPES, DEFAULT_CONFIG_DIR, parse_config
+from hamsterbunker.errors import ConfigError
+from hamsterbunker.http_address import parse_http_address
 
 ROOT = Path(__file__).resolve().parents[2]
 NIX_TESTS = Path(__file__).parent / "nix"
@@ -454,6 +456,7 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
         "step_retry_ms": 500,
         "step_retry_max_ms": 30000,
         "max_step_failures": 0,
+        "http": "127.0.0.1:9100",
     }
     assert set(values) == set(_TYPES), "config.py has a key this test does not know"
     settings = " ".join(f"{key} = {json.dumps(value)};" for key, value in values.items())
@@ -474,6 +477,22 @@ def test_log_level_outside_hbs_choices_fails_an_assertion(run_host):
     result = run_host(with_summariser(f"{SETTINGS}.log_level = {json.dumps('loud')};"))
     assert [a for a in result["failedAssertions"] if "log_level" in a and "loud" in a]
     assert run_host(with_summariser(f'{SETTINGS}.log_level = "debug";'))["failedAssertions"] == []
+
+
+@pytest.mark.parametrize("http", ["9100", "host:0", "host:65536", "::1:9100", "a b:1"])
+def test_http_that_hb_run_refuses_fails_an_assertion(run_host, http):
+    """settings.http is checked at build time as hb run checks --http (http_address.py)."""
+    with pytest.raises(ConfigError):
+        parse_http_address(http)
+    result = run_host(with_summariser(f"{SETTINGS}.http = {json.dumps(http)};"))
+    assert [a for a in result["failedAssertions"] if "settings.http" in a and http in a]
+
+
+@pytest.mark.parametrize("http", ["127.0.0.1:9100", "[::1]:9100", ":9100", "localhost:65535"])
+def test_http_that_hb_run_takes_passes(run_host, http):
+    parse_http_address(http)
+    result = run_host(with_summariser(f"{SETTINGS}.http = {json.dumps(http)};"))
+    assert result["failedAssertions"] == []
 
 
 def test_unknown_setting_bad_name_and_store_password_fail_assertions(run_host):
