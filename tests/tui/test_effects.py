@@ -84,15 +84,17 @@ def test_the_active_row_shows_the_effects_of_its_step_in_flight(tmp_path: Path) 
             assert row("n2") == ""
             await until(pilot, "the row on screen", lambda: "llm running" in screen_text(app))
             line = next(x for x in screen_text(app).splitlines() if x.startswith("│ n1 "))
-            assert line.split()[1:9] == [
+            assert line.split()[1:11] == [
                 "n1",
-                "eu",
-                "elsewhere.example",
-                "4242",
                 "active",
+                "1",  # epoch
+                "7",  # seq
                 "<",
                 "1",
                 "s",
+                "eu",
+                "elsewhere.example",
+                "4242",
             ]
             assert line.rstrip(" │").endswith("search done · llm running"), line
             assert "step in flight" in screen_text(app)

@@ -241,7 +241,7 @@ def test_lease_expiry_counts_down_from_the_ttl_since_the_record_last_changed() -
     m = model()
     assert m.lease_view() is None  # no lease yet
     update(m, now=10.0, lease_record=lease("a", epoch=3, renewals=1, version=4))
-    assert m.lease_view() == LeaseView("a", "eu", 3, 2.0)
+    assert m.lease_view() == LeaseView("a", "eu", 3, 2.0, 0.0)
     update(m, now=10.5, lease_record=lease("a", epoch=3, renewals=1, version=4))
     view = m.lease_view()
     assert view is not None and view.expires_in_s == pytest.approx(1.5)
@@ -249,7 +249,7 @@ def test_lease_expiry_counts_down_from_the_ttl_since_the_record_last_changed() -
     view = m.lease_view()
     assert view is not None and view.expires_in_s == pytest.approx(0.8)
     update(m, now=11.3, lease_record=lease("a", epoch=3, renewals=2, version=5))  # renewed
-    assert m.lease_view() == LeaseView("a", "eu", 3, 2.0)
+    assert m.lease_view() == LeaseView("a", "eu", 3, 2.0, 0.0)
     update(m, now=11.9, lease_record=lease("a", epoch=3, renewals=2, version=5))
     view = m.lease_view()
     assert view is not None and view.expires_in_s == pytest.approx(1.4)
@@ -258,16 +258,46 @@ def test_lease_expiry_counts_down_from_the_ttl_since_the_record_last_changed() -
     assert m.lease_view() == LeaseView(None, "eu", 3, None)
     # Taken by another node, with its own TTL.
     update(m, now=13.0, lease_record=lease("b", epoch=4, version=7, ttl_ms=5000))
-    assert m.lease_view() == LeaseView("b", "eu", 4, 5.0)
+    assert m.lease_view() == LeaseView("b", "eu", 4, 5.0, 0.0, 5.0)
 
 
 def test_lease_expiry_ignores_the_wall_clock() -> None:
     m = model()
     update(m, now=10.0, wall=T0 + 3600, lease_record=lease("a"))
-    assert m.lease_view() == LeaseView("a", "eu", 1, 2.0)
+    assert m.lease_view() == LeaseView("a", "eu", 1, 2.0, 0.0)
     update(m, now=11.0, wall=T0 - 3600, lease_record=lease("a"))
     view = m.lease_view()
     assert view is not None and view.expires_in_s == pytest.approx(1.0)
+
+
+def test_a_lease_first_seen_is_aged_by_its_holders_heartbeat_not_by_the_monitors_start() -> None:
+    """A monitor started long after the holder died says the lease expired long ago."""
+    m = model()
+    wall = T0 + 100.0  # the holder's last heartbeat (and renewal) was 35 s ago
+    update(m, now=10.0, wall=wall, lease_record=lease("a", epoch=3),
+           beats=[beat("a", time=wall - 35.0, role="active", epoch=3)])  # fmt: skip
+    view = m.lease_view()
+    assert view is not None and view.renewed_s == pytest.approx(35.0)
+    assert view.expires_in_s == pytest.approx(2.0 - 35.0)
+    # Then on the monitor's own clock: two seconds later it is 37 s.
+    update(m, now=12.0, wall=wall + 2.0, lease_record=lease("a", epoch=3),
+           beats=[beat("a", time=wall - 35.0, role="active", epoch=3)])  # fmt: skip
+    view = m.lease_view()
+    assert view is not None and view.renewed_s == pytest.approx(37.0)
+
+
+def test_a_lease_first_seen_without_a_heartbeat_is_aged_by_its_acquisition_event() -> None:
+    m = model()
+    acquired = Event("b", 1, "lease.acquired", T0 + 4.0, epoch=2, detail={"via": "expired"})
+    update(m, now=10.0, wall=T0 + 10.0, lease_record=lease("b", epoch=2), events=[acquired])
+    view = m.lease_view()
+    assert view is not None and view.renewed_s == pytest.approx(6.0)
+    # A heartbeat of an older epoch (the node before it won) says nothing of this lease.
+    m2 = model()
+    update(m2, now=10.0, wall=T0 + 10.0, lease_record=lease("b", epoch=2),
+           beats=[beat("b", time=T0, role="standby", epoch=1)])  # fmt: skip
+    view = m2.lease_view()
+    assert view is not None and view.renewed_s == pytest.approx(0.0)
 
 
 # -- the takeover timeline ----------------------------------------------------------

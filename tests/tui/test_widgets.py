@@ -20,7 +20,7 @@ def node(role: str = "standby", health: str = "fresh", age: float = 0.4) -> Node
 def test_heartbeat_age_is_coloured_by_health() -> None:
     assert node_cells(node(health="fresh"))["heartbeat"].style == "green"
     late = node_cells(node(health="late", age=1.2))["heartbeat"]
-    assert (late.plain, late.style) == ("1.2 s", "yellow")
+    assert (late.plain, late.style) == ("1 s", "yellow")
     assert node_cells(node(role="offline", health="dead"))["heartbeat"].style == "bold red"
     assert node_cells(node(role="active"))["role"].style == "bold green"
 
@@ -29,13 +29,17 @@ def test_a_healthy_heartbeat_age_does_not_change_its_cell_between_polls() -> Non
     """Ages under a second read the same, so a table of healthy nodes repaints nothing."""
     cells = {node_cells(node(age=age))["heartbeat"].plain for age in (0.0, 0.4, 0.99)}
     assert cells == {"< 1 s"}
-    assert node_cells(node(health="late", age=1.0))["heartbeat"].plain == "1.0 s"
+    assert node_cells(node(health="late", age=1.0))["heartbeat"].plain == "1 s"
+    assert node_cells(node(health="dead", age=75.0))["heartbeat"].plain == "1 m 15 s"
 
 
 def test_lease_text() -> None:
-    held = lease_text(LeaseView("hbnk-2", "us-east", 3, 1.25), "a").plain
-    assert held == "holder  hbnk-2 (us-east)\nepoch 3\nexpires in 1.2 s"
-    assert "expired 0.5 s ago" in lease_text(LeaseView("hbnk-2", "us-east", 3, -0.5), "a").plain
+    held = lease_text(LeaseView("hbnk-2", "us-east", 3, 1.75, 0.25), "a").plain
+    assert held == "holder  hbnk-2 (us-east)\nepoch 3\nrenewed < 1 s ago"
+    late = lease_text(LeaseView("hbnk-2", "us-east", 3, 0.75, 1.25), "a").plain
+    assert late.endswith("expires in 0.8 s")  # past half the TTL: every tenth counts
+    expired = lease_text(LeaseView("hbnk-2", "us-east", 3, -35.5, 37.5), "a").plain
+    assert expired.endswith("expired 35 s ago")
     released = lease_text(LeaseView(None, "", 4, None), "a").plain
     assert released == "holder  none (released)\nepoch 4"
     assert lease_text(None, "a").plain == "no lease record for agent 'a' yet"
@@ -55,7 +59,9 @@ def test_event_line_of_odd_values_from_the_store() -> None:
 
 def test_progress_text_shows_seq_age_and_size_only() -> None:
     text = progress_text(ProgressView(seq=42, epoch=2, age_s=0.3, size=2048)).plain
-    assert text == "checkpoint seq 42 (epoch 2)\nage 0.3 s\nsize 2.0 KiB"
+    assert text == "checkpoint seq 42 (epoch 2)\nage < 1 s · 2.0 KiB"
+    demo = progress_text(ProgressView(seq=42, epoch=2, age_s=3.4, size=20), counter=41).plain
+    assert demo == "counter 41\ncheckpoint seq 42 (epoch 2)\nage 3 s · 20 B"
 
 
 def test_timeline_has_one_line_per_epoch_with_the_gap_once_known() -> None:
@@ -80,9 +86,11 @@ def test_event_log_writes_at_most_a_screenful_per_poll() -> None:
         app = LogApp()
         async with app.run_test(size=(120, 30)) as pilot:
             log = app.query_one(EventLog)
-            log.show_new(events[:3], seen=3)
-            log.show_new(events, seen=500)  # 497 new: the newest are written
+            log.show_new(events[:3], seen=3)  # the first lines: written at once
+            log.show_new(events, seen=500)  # 497 new routine lines: they wait
+            assert len(log.lines) == 3
             log.show_new(events, seen=500)  # nothing new: nothing written
+            log.flush()  # what ROUTINE_FLUSH_S later does: the newest are written
             await pilot.pause()
             lines = [strip.text.rstrip() for strip in log.lines]
             written = log.screenful

@@ -2,9 +2,13 @@
 
 One worker loops: wait for the store's watch hint or the poll interval,
 read the store in a thread, feed the model, show its views. The watch only
-hints (it may miss changes, or be absent), and the timer keeps heartbeat ages
-ticking. Hints that arrive while a poll runs become one more poll, never a
-queue of them, and the screen never waits on the store.
+hints (it may miss changes, or be absent), and the slow timer keeps heartbeat
+ages ticking. Hints that arrive while a poll runs become one more poll, never a
+queue of them, and a poll comes at most every ``min_poll_interval``: a stepping
+leader changes the store a dozen times a second, and a poll with its repaint
+for each change was what kept the monitor busy while nobody looked (see
+benchmarks/tui_idle.py). The screen never waits on the store, and a widget is
+repainted only when what it shows changed.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from typing import ClassVar
 
 from textual import on, work
@@ -27,9 +32,11 @@ from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
 
 from .confirm import ConfirmKill
-from .demo import DemoNodes
+from .demo import DemoCounter, DemoNodes
 from .eventlog import EventLog
-from .model import ClusterModel, KillTarget, kill_target
+from .filters import next_filter
+from .killing import KillTarget, kill_target
+from .model import ClusterModel
 from .nodes import NodesTable
 from .panels import KillPanel, LeasePanel, ProgressPanel, StoreBanner, Timeline
 from .polling import Reading, read_store
@@ -37,6 +44,8 @@ from .polling import Reading, read_store
 __all__ = ["MonitorApp"]
 
 WATCH_RETRY_S = 1.0
+POLL_S = 1.0  # the slow timer: ages shown in whole seconds need no more
+MIN_POLL_S = 0.5  # the store's wake-ups are taken at most this often
 
 
 class MonitorApp(App[None]):
@@ -44,26 +53,35 @@ class MonitorApp(App[None]):
     TITLE = "hb-tui"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "kill active node"),
+        Binding("f", "filter", "filter events"),
         Binding("q", "quit", "quit"),
     ]
+    # Under 120 columns the takeovers go above the events, not beside them (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012 (Textual's type)
+    AUTO_FOCUS = "#events"  # the arrow and page keys scroll the event log at once
 
     def __init__(
         self,
         store: Store,
         agent_id: str,
         demo: LocalCluster | None = None,
-        poll_interval: float = 0.5,
+        poll_interval: float = POLL_S,
+        min_poll_interval: float = MIN_POLL_S,
     ) -> None:
         super().__init__()
         self.store = store
         self.agent_id = agent_id
         self.demo = DemoNodes(demo) if demo is not None else None
+        self.counter = DemoCounter(store, demo.secret) if demo is not None else None
         self.poll_interval = poll_interval
+        self.min_poll_interval = min(min_poll_interval, poll_interval)
+        self._count: int | None = None  # the demo's counter, once a checkpoint is opened
         self.model = ClusterModel(agent_id)
         self.polls = 0  # completed polls, failed ones included
         self.store_error: str | None = None  # why the last poll failed; None if it worked
         self._tail = store.tail(agent_id)
         self._hint = asyncio.Event()
+        self._poll_now = False
         self._target = KillTarget(None, None, "no active node")
         self._watcher: Worker[None] | None = None
         self._sigterm_handled = False
@@ -91,22 +109,79 @@ class MonitorApp(App[None]):
             self._sigterm_handled = True
         for warning in self.store.warnings:
             self.notify(warning, severity="warning", timeout=15)
-        self._poll_loop()
+        self._show()  # what is known at once, before the store is read
+        if self.demo is not None:
+            self._start_demo()
+        else:
+            self._poll_loop()
 
     def on_unmount(self) -> None:
         if self._sigterm_handled:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGTERM)
+
+    @work(group="demo", exclusive=True)
+    async def _start_demo(self) -> None:
+        """Start the demo's nodes once the screen is up, and show them at once as starting."""
+        assert self.demo is not None
+        self.query_one(EventLog).note("starting the three demo nodes…")
+        try:
+            await asyncio.to_thread(self.demo.start_missing)
+        except OSError as exc:
+            self.query_one(EventLog).note(f"could not start a demo node: {exc}")
+        if not self.is_running:
+            return
+        started = []
+        for node, region, pid in self.demo.running():
+            self.model.expect(node, region, pid)
+            started.append(f"{node} (pid {pid})")
+        self.query_one(EventLog).note(f"demo nodes running: {', '.join(started)}")
+        self._show()
+        self._poll_loop()
 
     # -- polling -----------------------------------------------------------------
 
     @work(exclusive=True, group="poll")
     async def _poll_loop(self) -> None:
         while True:
-            # Cleared before the poll: a hint arriving during it means one more poll.
+            # Cleared before the poll: a hint arriving during it is looked at after it.
             self._hint.clear()
+            started = time.monotonic()
             await self._poll_once()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._hint.wait(), self.poll_interval)
+            await self._wait_for_news(started + self.poll_interval)
+            # A burst of changes (a takeover writes several records) is one poll.
+            await asyncio.sleep(max(0.0, started + self.min_poll_interval - time.monotonic()))
+
+    async def _wait_for_news(self, deadline: float) -> None:
+        """Until the slow timer is due, or the lease changed hands, or a key asked.
+
+        The watch covers the lease record only, and wakes on every renewal; a
+        renewal changes nothing on screen, so a wake-up costs one lease read, and
+        the whole store is read only when the holder or the epoch moved.
+        """
+        while (rest := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(self._hint.wait(), rest)
+            except TimeoutError:
+                return
+            self._hint.clear()
+            if self._poll_now or await self._lease_moved():
+                self._poll_now = False
+                return
+
+    async def _lease_moved(self) -> bool:
+        try:
+            lease = await asyncio.to_thread(self.store.read_lease, self.agent_id)
+        except Exception:
+            return True  # let the poll find out, and say so
+        shown = self.model.lease
+        if lease is None or shown is None:
+            return lease is not shown
+        return (lease.holder, lease.epoch) != (shown.holder, shown.epoch)
+
+    def _nudge(self) -> None:
+        """Poll now (after a kill, say): the store changed because of us."""
+        self._poll_now = True
+        self._hint.set()
 
     async def _poll_once(self) -> None:
         try:
@@ -114,6 +189,9 @@ class MonitorApp(App[None]):
                 await self._restart_demo_nodes()
             try:
                 reading = await asyncio.to_thread(read_store, self.store, self._tail, self.agent_id)
+                if self.counter is not None:
+                    newest = reading.checkpoints[0] if reading.checkpoints else None
+                    self._count = await asyncio.to_thread(self.counter.read, newest)
             except (HamsterbunkerError, OSError) as exc:
                 if self.is_running:
                     self._store_lost(str(exc))
@@ -155,7 +233,7 @@ class MonitorApp(App[None]):
         model = self.model
         self.query_one(NodesTable).show(model.nodes())
         self.query_one(LeasePanel).show(model.lease_view(), model.lease_error)
-        self.query_one(ProgressPanel).show(model.progress())
+        self.query_one(ProgressPanel).show(model.progress(), self._count)
         self.query_one(Timeline).show(model.timeline())
         self.query_one(EventLog).show_new(model.events, model.events_seen)
         target = kill_target(model)
@@ -163,6 +241,10 @@ class MonitorApp(App[None]):
         if target != self._target:
             self._target = target
             self.refresh_bindings()
+
+    def action_filter(self) -> None:
+        log = self.query_one(EventLog)
+        log.set_filter(next_filter(log.filter, [view.node for view in self.model.nodes()]))
 
     # -- the watch hint ----------------------------------------------------------
 
@@ -178,7 +260,7 @@ class MonitorApp(App[None]):
     async def _watch(self) -> None:
         while True:
             try:
-                async for _ in self.store.watch(self.agent_id):
+                async for _ in self.store.watch(self.agent_id, lease_only=True):
                     self._hint.set()
             except Exception as exc:
                 # Only a hint: without it the timer still polls, so note and go on.
@@ -222,7 +304,7 @@ class MonitorApp(App[None]):
             self.notify(f"not allowed to kill pid {target.pid}", severity="error")
             return
         self.query_one(EventLog).note(f"SIGKILL {target.node} (pid {target.pid})")
-        self._hint.set()
+        self._nudge()
 
     @work(group="kill", exclusive=True)
     async def _kill_demo_node(self, target: KillTarget) -> None:
@@ -238,7 +320,7 @@ class MonitorApp(App[None]):
             f"SIGKILL {target.node} (pid {target.pid}); "
             f"it restarts in {self.demo.restart_after_s:.0f} s and rejoins as a standby"
         )
-        self._hint.set()
+        self._nudge()
 
     async def _restart_demo_nodes(self) -> None:
         assert self.demo is not None

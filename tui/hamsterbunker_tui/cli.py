@@ -102,9 +102,9 @@ def _run(args: argparse.Namespace) -> int:
         app.run()
         return app.return_code or 0
 
-    from .demo import DEMO_AGENT_ID, start_demo
+    from .demo import DEMO_AGENT_ID, prepare_demo
 
-    run = start_demo()
+    run = prepare_demo()  # the nodes are started by the app, once its screen is up
     try:
         app = monitor_app(open_store(run.store_url), DEMO_AGENT_ID, demo=run.cluster)
         app.run()

@@ -17,10 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hamsterbunker.demo import NODES, CounterAgent
+from hamsterbunker.errors import HamsterbunkerError
 from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.records import CheckpointInfo
+from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores import Store
 from hamsterbunker.timing import DEFAULT_TIMING, LeaseTiming
 
-__all__ = ["DEMO_AGENT", "RESTART_AFTER_S", "DemoNodes", "DemoRun", "start_demo"]
+__all__ = [
+    "DEMO_AGENT",
+    "RESTART_AFTER_S",
+    "DemoCounter",
+    "DemoNodes",
+    "DemoRun",
+    "prepare_demo",
+    "start_demo",
+]
 
 DEMO_AGENT = "hamsterbunker.demo:CounterAgent"
 DEMO_AGENT_ID = CounterAgent.id
@@ -48,8 +60,9 @@ class DemoRun:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def start_demo(timing: LeaseTiming = DEFAULT_TIMING) -> DemoRun:
-    """Start the three demo nodes on a new temporary file store."""
+def prepare_demo(timing: LeaseTiming = DEFAULT_TIMING) -> DemoRun:
+    """The demo's temporary store and cluster, no node started yet: the monitor starts
+    them once its screen is up (``DemoNodes.start_missing``), so it is never blank."""
     workdir = Path(tempfile.mkdtemp(prefix="hb-tui-demo-"))
     cluster = LocalCluster(
         store_url=(workdir / "store").as_uri(),
@@ -58,10 +71,15 @@ def start_demo(timing: LeaseTiming = DEFAULT_TIMING) -> DemoRun:
         log_dir=workdir / "logs",
         timing=timing,
     )
-    run = DemoRun(cluster, workdir)
+    return DemoRun(cluster, workdir)
+
+
+def start_demo(timing: LeaseTiming = DEFAULT_TIMING) -> DemoRun:
+    """Start the three demo nodes on a new temporary file store."""
+    run = prepare_demo(timing)
     try:
         for spec in NODES:
-            cluster.start(spec)
+            run.cluster.start(spec)
     except BaseException:
         run.stop()
         raise
@@ -91,6 +109,22 @@ class DemoNodes:
         with self._lock:
             self._due[node] = (time.monotonic() + self.restart_after_s, NodeSpec(node, region))
 
+    def start_missing(self) -> list[tuple[str, int]]:
+        """Start the demo's nodes that are not running; (node, pid) of each started."""
+        started = []
+        for spec in NODES:
+            if not self.cluster.alive(spec.node):
+                started.append((spec.node, self.cluster.start(spec).pid))
+        return started
+
+    def running(self) -> list[tuple[str, str, int]]:
+        """(node, region, pid) of each running demo node."""
+        return [
+            (spec.node, spec.region, self.cluster.pid(spec.node))
+            for spec in NODES
+            if self.cluster.alive(spec.node)
+        ]
+
     def restart_due(self) -> list[tuple[str, int]]:
         """Start the killed nodes whose pause is over; (node, new pid) of each."""
         now = time.monotonic()
@@ -103,3 +137,38 @@ class DemoNodes:
     def pending(self) -> bool:
         with self._lock:
             return bool(self._due)
+
+
+@dataclass
+class DemoCounter:
+    """The counter in the newest checkpoint, opened with the demo's own secret.
+
+    Only the demo does this: it made the secret. Blocking (the key derivation, a
+    store read): called from a thread. None until the first checkpoint can be opened.
+    """
+
+    store: Store
+    secret: str
+    agent: str = DEMO_AGENT_ID
+    _sealer: Sealer | None = None
+    _last: tuple[int, int, int | None] = (-1, -1, None)  # epoch, seq, count
+
+    def read(self, info: CheckpointInfo | None) -> int | None:
+        if info is None:
+            return None
+        epoch, seq, count = self._last
+        if (info.epoch, info.seq) == (epoch, seq):
+            return count
+        try:
+            if self._sealer is None:
+                cluster = self.store.read_cluster()
+                if cluster is None:
+                    return None
+                self._sealer = Sealer(self.secret, cluster)
+            blob = self.store.read_checkpoint(self.agent, info)
+            state = self._sealer.open(blob, self.agent, info.epoch, info.seq)
+            count = int(state["count"])
+        except (HamsterbunkerError, OSError, KeyError, TypeError, ValueError):
+            return self._last[2]  # pruned meanwhile, say: keep the last one shown
+        self._last = (info.epoch, info.seq, count)
+        return count

@@ -1,28 +1,51 @@
-"""The live event log: every node's events merged, newest at the bottom, bounded in memory."""
+"""The live event log: every node's events merged, newest at the bottom, bounded in memory.
+
+It keeps its own bounded list of what it was given (events and the monitor's
+notes), so that a new filter (the ``f`` key) or a new width redraws it from
+there. It follows the newest line only while scrolled to the bottom: an
+operator reading older lines is not thrown back down by every poll.
+"""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.text import Text
+from textual.events import MouseScrollUp, Resize
+from textual.geometry import Size
+from textual.reactive import Reactive
 from textual.widgets import RichLog
 
 from hamsterbunker.records import Event
 
-from .model import wall_clock
+from .filters import ALL, EventFilter, is_important
+from .formatting import wall_clock
+from .nodes import ROUTINE_S
 
-__all__ = ["EventLog", "event_line"]
+__all__ = ["EventLog", "Note", "event_line", "event_lines"]
 
 MAX_LINES = 1000
 # Lines written per poll at most: a screenful, the newest; the rest are counted.
 WRITE_PER_POLL = 50
 MIN_WRITE = 20
+REDRAW_LINES = 300  # lines written again on a new filter or width
+# Routine lines (steps, checkpoints) are written at most this often, together: each
+# write scrolls, and a scroll repaints the whole log (see benchmarks/tui_idle.py).
+ROUTINE_FLUSH_S = ROUTINE_S
 MAX_DETAIL = 300  # characters of an event's detail shown on its line
+FOLDED = "agent.step+published"  # the type shown for a step and its checkpoint, folded
 # The routine events (one per step) stay quiet so the takeovers stand out.
 TYPE_STYLES = {
+    FOLDED: "dim",
     "lease.acquired": "bold yellow",
+    "lease.switchover_asked": "bold yellow",
+    "lease.given_up": "yellow",
+    "agent.paused": "bold yellow",
+    "agent.unpaused": "bold green",
     "lease.released": "yellow",
     "lease.lost": "bold red",
     "lease.renew_failed": "red",
@@ -63,35 +86,181 @@ def event_line(event: Event) -> Text:
     return text
 
 
+def event_lines(events: Sequence[Event]) -> list[Text]:
+    """One line per event, but a step and the checkpoint it published make one line:
+    half as many routine lines to read past (and to write)."""
+    lines: list[Text] = []
+    previous: Event | None = None
+    for event in events:
+        if (
+            previous is not None
+            and previous.type == "agent.step"
+            and event.type == "checkpoint.published"
+            and (previous.node, previous.epoch, previous.seq)
+            == (event.node, event.epoch, event.seq)
+        ):
+            detail = {**previous.detail, **event.detail}
+            lines[-1] = event_line(Event(event.node, event.n, FOLDED, event.time,
+                                         epoch=event.epoch, seq=event.seq, detail=detail))  # fmt: skip
+            previous = None
+            continue
+        lines.append(event_line(event))
+        previous = event
+    return lines
+
+
 def _cut(detail: str) -> str:
     # A detail may hold up to 64 KiB from the store; nobody reads that in a log line.
     return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…"
 
 
+@dataclass(frozen=True)
+class Note:
+    """A line from the monitor itself (a kill, a restart), not from a node."""
+
+    time: float
+    message: str
+
+
+def note_line(note: Note) -> Text:
+    return Text(f"{stamp(note.time)} {'hb-tui':<10}{note.message}", style="bold magenta")
+
+
 class EventLog(RichLog):
-    """Writes only the events it has not written yet; the oldest lines fall off."""
+    """Writes only the events it has not written yet; the oldest lines fall off.
+
+    Its scrollbars are always there (overflow-y: scroll, and no sideways scrolling:
+    lines wrap), so that a write, which makes the log longer, needs no new layout of
+    the screen: RichLog asks for one on every write, and a layout of the whole screen
+    twice a second was most of what the monitor cost while nobody looked at it.
+    """
+
+    DEFAULT_CSS = """
+    EventLog {
+        overflow-y: scroll;
+        overflow-x: hidden;
+    }
+    """
+
+    # As Widget's, but a longer log repaints the log and its scrollbar, not the screen.
+    virtual_size: Reactive[Size] = Reactive(Size(0, 0), layout=False)
 
     def __init__(self, *, id: str | None = None, max_lines: int = MAX_LINES) -> None:
-        super().__init__(id=id, max_lines=max_lines, wrap=False, markup=False, classes="panel")
-        self.border_title = "events"
+        # Wrapped, not cut: a long line (a kill's note, an error) reads whole at 80 columns.
+        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False, classes="panel")
         self._written = 0  # how many of the model's events (ever seen) are written or counted
+        self._kept: collections.deque[Event | Note] = collections.deque(maxlen=max_lines)
+        self._width = 0  # the width the lines were wrapped at
+        self._pending: list[Event] = []  # shown by the filter, not written yet
+        self._last_write = -ROUTINE_FLUSH_S
+        self.filter = ALL
+        self.following = True  # scrolled to the newest line, and kept there
+        self._title()
+
+    def _title(self) -> None:
+        self.border_title = f"events · {self.filter.label}"
+        self.border_subtitle = "f filter · ↑↓ PgUp PgDn End scroll"
+
+    def _shown(self, entry: Event | Note) -> bool:
+        if isinstance(entry, Note):
+            return self.filter.shows_notes()
+        return self.filter.matches(entry)
+
+    def _write(self, lines: list[Text]) -> None:
+        # Follow the newest line unless scrolled up: someone up there is reading. (Not
+        # is_vertical_scroll_end alone: the scroll of the last write may still be pending.)
+        if not self.following and self.is_vertical_scroll_end:
+            self.following = True  # scrolled back down, by the mouse say
+        if lines:
+            # One write of all the lines: each write measures, renders and scrolls.
+            self.write(Text("\n").join(lines), scroll_end=self.following)
+
+    def watch_virtual_size(self, size: Size) -> None:
+        self._scroll_update(size)  # the scrollbar's thumb, and scroll_y kept in range
+
+    # The keys and the wheel that scroll up stop the following; End resumes it.
+    def action_scroll_up(self) -> None:
+        self.following = False
+        super().action_scroll_up()
+
+    def action_page_up(self) -> None:
+        self.following = False
+        super().action_page_up()
+
+    def action_scroll_home(self) -> None:
+        self.following = False
+        super().action_scroll_home()
+
+    def action_scroll_end(self) -> None:
+        self.following = True
+        super().action_scroll_end()
+
+    def _on_mouse_scroll_up(self, event: MouseScrollUp) -> None:
+        self.following = False
 
     def show_new(self, events: Sequence[Event], seen: int) -> None:
         """events: the model's newest events; seen: how many it has taken in all.
 
-        At most a screenful of lines per call, the newest: writing a line costs
-        a render, and a burst of a thousand events must not hold up the screen
-        (nobody reads a thousand lines a second). The rest are counted.
+        A warning or a takeover is written at once; the routine lines (steps,
+        checkpoints) wait up to ROUTINE_FLUSH_S and go in one write: a write scrolls
+        the log, and a scroll repaints every line of it, which twice a second was
+        much of what the monitor cost while the cluster just stepped.
         """
         new = seen - self._written
         self._written = seen
-        shown = min(new, len(events), self.screenful)
-        if new > shown:
-            self.write(Text(f"… {new - shown} more events, not shown", style="dim italic"))
-        newest = list(itertools.islice(reversed(events), shown))
-        if newest:
-            # One write of all the lines: each write measures, renders and scrolls.
-            self.write(Text("\n").join(event_line(event) for event in reversed(newest)))
+        urgent = False
+        if new > 0:
+            newest = list(itertools.islice(reversed(events), min(new, len(events))))
+            newest.reverse()
+            self._kept.extend(newest)
+            shown = [event for event in newest if self._shown(event)]
+            self._pending.extend(shown)
+            urgent = any(is_important(event.type) for event in shown)
+        due = time.monotonic() - self._last_write >= ROUTINE_FLUSH_S
+        if self._pending and (urgent or due):
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the pending lines: at most a screenful, the newest; the rest are counted.
+
+        Writing a line costs a render, and a burst of a thousand events must not
+        hold up the screen (nobody reads a thousand lines a second).
+        """
+        pending, self._pending = self._pending, []
+        lines = event_lines(pending[-self.screenful :])
+        if len(pending) > len(lines):
+            more = Text(f"… {len(pending) - len(lines)} more events, not shown", "dim italic")
+            lines.insert(0, more)
+        self._write(lines)
+        self._last_write = time.monotonic()
+
+    def set_filter(self, new: EventFilter) -> None:
+        self.filter = new
+        self._title()
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Write again what is kept and passes the filter, at the current width."""
+        self.clear()
+        self._pending = []  # they are in _kept: written below if they pass
+        self.following = True
+        self._width = self.scrollable_content_region.width
+        entries = [entry for entry in self._kept if self._shown(entry)][-REDRAW_LINES:]
+        lines: list[Text] = []
+        run: list[Event] = []  # events in a row, between notes: folded as they are written
+        for entry in entries:
+            if isinstance(entry, Note):
+                lines += [*event_lines(run), note_line(entry)]
+                run = []
+            else:
+                run.append(entry)
+        self._write(lines + event_lines(run))
+
+    def on_resize(self, event: Resize) -> None:
+        # (Textual calls RichLog's own on_resize as well: it writes what waited for a size.)
+        # Lines are wrapped when written: a new width wraps them again.
+        if self._kept and self.scrollable_content_region.width != self._width:
+            self.redraw()
 
     @property
     def screenful(self) -> int:
@@ -100,4 +269,13 @@ class EventLog(RichLog):
 
     def note(self, message: str) -> None:
         """A line from the monitor itself (a kill, a restart), set apart from the nodes'."""
-        self.write(Text(f"{stamp(time.time())} {'hb-tui':<10}{message}", style="bold magenta"))
+        entry = Note(time.time(), message)
+        self._kept.append(entry)
+        if self._shown(entry):
+            if self._pending:
+                self.flush()  # the lines before it go before it
+            self._write([note_line(entry)])
+
+    def lines_text(self) -> str:
+        """Every line the log holds, as plain text (for tests and scripts)."""
+        return "\n".join(strip.text for strip in self.lines)

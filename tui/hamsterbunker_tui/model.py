@@ -6,20 +6,27 @@ the views (nodes, lease, timeline, progress, event log) are derived from it.
 
 Ages are measured the way the nodes measure a lease: from when *this* monitor
 saw a record change, on its own monotonic clock, so a monitor whose wall clock
-is off still shows the truth after one look. Only a record seen for the first
-time is aged by the writer's wall-clock time (there is nothing better yet).
+is off still shows the truth after one look. A record seen for the first time
+is aged by what the store says of it: a heartbeat's and a checkpoint's own
+``time``, and for the lease record (which holds no time) its holder's heartbeat
+in that epoch, else the epoch's ``lease.acquired`` event. Those times are the
+writers' wall clocks compared with this monitor's: acceptable for display only
+(nodes never compare clocks to decide anything), and clamped at zero.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import socket
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
+
+# Re-exported: they were defined here before the split, and tests and scripts import them.
+from .formatting import format_age, wall_clock
+from .killing import KillTarget, kill_target
 
 __all__ = [
     "ClusterModel",
@@ -68,6 +75,8 @@ class LeaseView:
     region: str
     epoch: int
     expires_in_s: float | None  # None: released, or no lease yet
+    renewed_s: float | None = None  # since the record last changed (or was written, first seen)
+    ttl_s: float = DEFAULT_TTL_S
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ class ClusterModel:
     _lease_seen: _Seen | None = None
     _checkpoint_seen: _Seen | None = None
     _takeovers: dict[int, Takeover] = field(default_factory=dict)
+    _acquired: dict[int, float] = field(default_factory=dict)  # epoch -> lease.acquired time
     _resumed: dict[int, float] = field(default_factory=dict)  # epoch -> resume time
     _last_publish: dict[int, float] = field(default_factory=dict)  # epoch -> last publish time
     # node -> its heartbeat (beats, time) when it said node.offline; any later
@@ -122,6 +132,9 @@ class ClusterModel:
     _offline_marks: dict[str, object] = field(default_factory=dict)
     _said_offline: list[Event] = field(default_factory=list)  # to mark once beats are read
     _vanished: set[str] = field(default_factory=set)  # heartbeat removed (graceful stop)
+    # Nodes known to exist before any heartbeat (the demo's, just started): shown as
+    # starting until their first heartbeat, so the table is not empty meanwhile.
+    expected: dict[str, NodeView] = field(default_factory=dict)
     _now: float = 0.0
 
     def __post_init__(self) -> None:
@@ -160,7 +173,10 @@ class ClusterModel:
         self.heartbeats = current
         if lease is not None:
             self._lease_seen = _observe(
-                self._lease_seen, (lease.version, lease.renewals, lease.holder), now, 0.0
+                self._lease_seen,
+                (lease.version, lease.renewals, lease.holder),
+                now,
+                self._lease_first_age(lease, wall),
             )
         self.lease = lease
         self.lease_error = lease_error
@@ -170,6 +186,17 @@ class ClusterModel:
                 self._checkpoint_seen, newest.seq, now, wall - newest.written
             )
         self.checkpoint = newest
+
+    def _lease_first_age(self, lease: LeaseRecord, wall: float) -> float:
+        """How long ago a lease record seen for the first time was last written, as far as
+        the store tells: the holder's heartbeat in that epoch (it renews the lease on the
+        same tick), else the epoch's lease.acquired event; 0 (just now) if neither is known.
+        """
+        beat = self.heartbeats.get(lease.holder) if lease.holder is not None else None
+        if beat is not None and beat.epoch == lease.epoch and beat.role == "active":
+            return wall - beat.time
+        acquired = self._acquired.get(lease.epoch)
+        return 0.0 if acquired is None else wall - acquired
 
     def _see_inbox(self, node: str, oldest: float | None, now: float, wall: float) -> None:
         """Age a heartbeat's oldest submission time from when it was first seen: each new
@@ -196,6 +223,8 @@ class ClusterModel:
                     time=event.time,
                 )
                 _trim(self._takeovers, MAX_TAKEOVERS)
+                self._acquired[event.epoch] = event.time
+                _trim(self._acquired, MAX_TAKEOVERS)
             case "agent.resumed" | "agent.started":
                 self._resumed.setdefault(event.epoch, event.time)
                 _trim(self._resumed, MAX_EPOCH_MARKS)
@@ -225,8 +254,14 @@ class ClusterModel:
     def ttl_s(self) -> float:
         return self.lease.ttl_ms / 1000 if self.lease else DEFAULT_TTL_S
 
+    def expect(self, node: str, region: str, pid: int) -> None:
+        """A node started here that has not written a heartbeat yet."""
+        self.expected[node] = NodeView(
+            node, region, self.hostname, pid, "starting", 0.0, 0, 0, "fresh"
+        )
+
     def nodes(self) -> list[NodeView]:
-        views = []
+        views = [view for node, view in self.expected.items() if node not in self.heartbeats]
         for node, beat in sorted(self.heartbeats.items()):
             age = self._now - self._beat_seen[node].since
             health = "fresh" if age <= self.ttl_s / 2 else "late" if age <= self.ttl_s else "dead"
@@ -252,15 +287,17 @@ class ClusterModel:
                     failing_error=beat.failing_error if active else "",
                 )
             )
-        return views
+        return sorted(views, key=lambda view: view.node)
 
     def lease_view(self) -> LeaseView | None:
         if self.lease is None:
             return None
-        expires_in = None
+        expires_in = renewed = None
         if self.lease.holder is not None and self._lease_seen is not None:
-            expires_in = self.ttl_s - (self._now - self._lease_seen.since)
-        return LeaseView(self.lease.holder, self.lease.region, self.lease.epoch, expires_in)
+            renewed = self._now - self._lease_seen.since
+            expires_in = self.ttl_s - renewed
+        lease = self.lease
+        return LeaseView(lease.holder, lease.region, lease.epoch, expires_in, renewed, self.ttl_s)
 
     def timeline(self) -> list[Takeover]:
         """One line per epoch, oldest first; the gap filled in once both ends are known.
@@ -313,93 +350,3 @@ def _observe(seen: _Seen | None, key: object, now: float, first_age: float) -> _
 def _trim(marks: dict[int, Any], limit: int) -> None:
     while len(marks) > limit:
         del marks[min(marks)]
-
-
-# -- the kill button -------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KillTarget:
-    node: str | None
-    pid: int | None
-    reason: str  # why the button is disabled, or what it will do
-
-
-def kill_target(model: ClusterModel) -> KillTarget:
-    """The active node if its process runs on this machine, else why it cannot be killed."""
-    if model.lease_error is not None:
-        return KillTarget(None, None, "the lease record is unreadable")
-    active = model.active_node()
-    if active is None:
-        return KillTarget(None, None, "no active node")
-    if active.host != model.hostname:
-        return KillTarget(None, None, f"{active.node} runs on {active.host}, not on this machine")
-    if not _is_node_process(active.pid):
-        return KillTarget(None, None, f"{active.node}'s process {active.pid} is not running here")
-    return KillTarget(active.node, active.pid, f"kill {active.node} (pid {active.pid})")
-
-
-def _is_node_process(pid: int) -> bool:
-    """Whether pid is alive and still a node (the number may have been reused since)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # it exists, owned by someone else
-    try:
-        command = _read_proc(pid, "cmdline")
-    except FileNotFoundError:
-        return False  # it ended meanwhile
-    except OSError:
-        return True  # no /proc here: trust the heartbeat
-    # Between fork and exec a child still shows its parent's command line (and
-    # during exec, none): a reused pid caught there must not pass for a node.
-    if command == _parent_command(pid):
-        return False
-    argv = command.split(b"\0")
-    return any(b"hamsterbunker" in arg or os.path.basename(arg) == b"hb" for arg in argv)
-
-
-def _parent_command(pid: int) -> bytes | None:
-    """The command line of pid's parent process, or None if it cannot be read."""
-    try:
-        parent = int(_read_proc(pid, "stat").rsplit(b")", 1)[1].split()[1])
-        return _read_proc(parent, "cmdline")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _read_proc(pid: int, name: str) -> bytes:
-    with open(f"/proc/{pid}/{name}", "rb") as file:
-        return file.read()
-
-
-def wall_clock(wall: float) -> str:
-    """HH:MM:SS of a writer's wall-clock time; dashes for one no calendar holds.
-
-    The times come from the store, unauthenticated: 1e300 is a valid one there.
-    """
-    try:
-        return time.strftime("%H:%M:%S", time.localtime(wall))
-    except (OverflowError, OSError, ValueError):
-        return "--:--:--"
-
-
-def format_age(seconds: float | None) -> str:
-    """1.2 s, 45 s, 3 m 05 s, 2 h 10 m, 12 d; a dash for unknown."""
-    if seconds is None:
-        return "—"
-    seconds = max(0.0, seconds)
-    if seconds < 10:
-        return f"{seconds:.1f} s"
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} m {secs:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 100:
-        return f"{hours} h {minutes:02d} m"
-    # Days, capped: a writer's clock (unauthenticated) may put a time 1e300 s away.
-    return f"{hours // 24} d" if hours < 24 * 10_000 else "> 9999 d"

@@ -6,11 +6,14 @@ column widths stay put while ages tick twice a second.
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from .model import NodeView, format_age
+from .formatting import coarse_age, format_age
+from .model import NodeView
 
 __all__ = [
     "COLUMNS",
@@ -22,15 +25,18 @@ __all__ = [
     "step_cell",
 ]
 
-# (key, label): the keys address cells in update_cell.
+# (key, label): the keys address cells in update_cell. What tells the state of a node
+# comes first, so that it is on screen however narrow the terminal (the table scrolls
+# sideways for the rest).
 COLUMNS = (
     ("node", "node"),
+    ("role", "role"),
+    ("epoch", "epoch"),
+    ("seq", "seq"),
+    ("heartbeat", "heartbeat"),
     ("region", "region"),
     ("host", "host"),
     ("pid", "pid"),
-    ("role", "role"),
-    ("heartbeat", "heartbeat"),
-    ("epoch", "epoch seen"),
     ("inbox", "inbox"),
     ("effects", "step in flight"),
 )
@@ -55,6 +61,11 @@ EFFECT_STYLES = {
 EFFECTS_SHOWN = 3
 # A failing step's error is cut to this many characters in its cell.
 FAILING_ERROR_SHOWN = 48
+# Cells that change with every step, brought up to date at most this often (the
+# progress panel and the event log's routine lines too): any change of a cell repaints
+# every row, and with a step a second or more that was much of the monitor's idle cost.
+ROUTINE_COLUMNS = frozenset({"seq", "effects", "inbox"})
+ROUTINE_S = 4.0
 # A submission that waited longer than this for the agent is shown as waiting long.
 INBOX_LATE_S = 60.0
 
@@ -65,7 +76,7 @@ def heartbeat_age(seconds: float) -> str:
     A healthy node's cell then stays the same between polls, so fifty nodes
     beating every tick do not repaint the table twice a second.
     """
-    return "< 1 s" if seconds < 1 else format_age(seconds)
+    return coarse_age(seconds)
 
 
 def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
@@ -118,12 +129,13 @@ def node_cells(view: NodeView) -> dict[str, Text]:
     dim = "dim" if view.role == "offline" else ""
     return {
         "node": Text(view.node, style="bold" if view.role == "active" else dim),
+        "role": Text(view.role, style=ROLE_STYLES.get(view.role, "")),
+        "epoch": Text(str(view.epoch), style=dim, justify="right"),
+        "seq": Text(str(view.seq), style=dim, justify="right"),
+        "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
         "region": Text(view.region, style=dim),
         "host": Text(view.host, style=dim),
         "pid": Text(str(view.pid), style=dim, justify="right"),
-        "role": Text(view.role, style=ROLE_STYLES.get(view.role, "")),
-        "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
-        "epoch": Text(str(view.epoch), style=dim, justify="right"),
         "inbox": inbox_cell(view),
         "effects": step_cell(view),
     }
@@ -141,6 +153,7 @@ class NodesTable(DataTable[Text]):
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self.border_title = "nodes"
         self._shown: dict[str, dict[str, Text]] = {}
+        self._routine_at = -ROUTINE_S  # when routine cells were last brought up to date
         for key, label in COLUMNS:
             self.add_column(label, key=key)
 
@@ -150,9 +163,25 @@ class NodesTable(DataTable[Text]):
         A column is widened only when a cell outgrows it, never narrowed: asking
         for a width update on every changed cell makes the table measure the
         whole column again for each one, which a ticking age does every poll.
+
+        The cells that change with every step (seq, the step in flight, the inbox)
+        are brought up to date at most every ROUTINE_S, unless something else in
+        the table changed anyway: any change repaints every row.
         """
-        for view in nodes:
-            cells = node_cells(view)
+        rows = [(view, node_cells(view)) for view in nodes]
+        changed = {
+            column
+            for view, cells in rows
+            if (shown := self._shown.get(view.node)) is not None
+            for column, cell in cells.items()
+            if shown[column] != cell
+        }
+        now = time.monotonic()
+        known = all(view.node in self._shown for view, _ in rows)
+        if known and changed <= ROUTINE_COLUMNS and now - self._routine_at < ROUTINE_S:
+            return
+        self._routine_at = now
+        for view, cells in rows:
             shown = self._shown.get(view.node)
             if shown is None:
                 self.add_row(*cells.values(), key=view.node)
@@ -162,6 +191,10 @@ class NodesTable(DataTable[Text]):
                         wider = cell.cell_len > self.columns[ColumnKey(column)].content_width
                         self.update_cell(view.node, column, cell, update_width=wider)
             self._shown[view.node] = cells
+
+    def row_text(self, node: str) -> dict[str, str]:
+        """Column key → the plain text of node's row as shown (for tests and scripts)."""
+        return {key: self.get_cell(node, key).plain for key, _ in COLUMNS}
 
     def roles(self) -> dict[str, str]:
         """Node id → the role its row shows, read back from the table (for tests and scripts)."""

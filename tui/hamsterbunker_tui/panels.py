@@ -6,12 +6,17 @@ pure ``*_text`` function, so what is on screen can be checked without an app.
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Button, Static
 
-from .model import KillTarget, LeaseView, ProgressView, Takeover, format_age, wall_clock
+from .formatting import coarse_age, format_size, wall_clock
+from .killing import KillTarget
+from .model import LeaseView, ProgressView, Takeover
+from .nodes import ROUTINE_S
 
 __all__ = [
     "KillPanel",
@@ -27,14 +32,6 @@ __all__ = [
 
 # How the new holder got the lease (the lease.acquired event's "via").
 VIA = {"expired": "expired", "released": "released", "empty": "first lease"}
-
-
-def format_size(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    if size < 1024 * 1024:
-        return f"{size / 1024:.1f} KiB"
-    return f"{size / (1024 * 1024):.1f} MiB"
 
 
 class StoreBanner(Static):
@@ -95,11 +92,16 @@ def lease_text(view: LeaseView | None, agent: str, error: str | None = None) -> 
         text.append("holder  ").append(view.holder, style="bold green")
         text.append(f" ({view.region})")
     text.append("\n").append(f"epoch {view.epoch}", style="bold")
-    if view.expires_in_s is not None:
-        style = "red" if view.expires_in_s <= 0 else ""
-        label = "expires in " if view.expires_in_s > 0 else "expired "
-        age = format_age(abs(view.expires_in_s))
-        text.append("\n").append(label + (age if view.expires_in_s > 0 else f"{age} ago"), style)
+    if view.expires_in_s is None or view.renewed_s is None:
+        return text
+    # Whole seconds while healthy ("renewed < 1 s ago"): the text then stays the same
+    # from one renewal to the next, and the panel is not repainted for nothing.
+    if view.expires_in_s <= 0:
+        text.append("\n").append(f"expired {coarse_age(-view.expires_in_s)} ago", "bold red")
+    elif view.renewed_s <= view.ttl_s / 2:
+        text.append("\n").append(f"renewed {coarse_age(view.renewed_s)} ago")
+    else:  # late: every tenth of a second counts now
+        text.append("\n").append(f"expires in {view.expires_in_s:.1f} s", "yellow")
     return text
 
 
@@ -115,13 +117,15 @@ class LeasePanel(TextPanel):
         self.show_text(lease_text(view, self.agent, error))
 
 
-def progress_text(view: ProgressView | None) -> Text:
+def progress_text(view: ProgressView | None, counter: int | None = None) -> Text:
     if view is None:
         return Text("no checkpoint yet", style="dim")
     text = Text()
+    if counter is not None:  # the demo: the agent's state, opened with the demo's secret
+        text.append("counter ").append(str(counter), style="bold green").append("\n")
     text.append("checkpoint ").append(f"seq {view.seq}", style="bold")
     text.append(f" (epoch {view.epoch})")
-    text.append(f"\nage {format_age(view.age_s)}\nsize {format_size(view.size)}")
+    text.append(f"\nage {coarse_age(view.age_s)} · {format_size(view.size)}")
     return text
 
 
@@ -131,9 +135,18 @@ class ProgressPanel(TextPanel):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(progress_text(None), id=id, classes="panel")
         self.border_title = "agent progress"
+        self._epoch: int | None = None
+        self._shown_at = -ROUTINE_S
 
-    def show(self, view: ProgressView | None) -> None:
-        self.show_text(progress_text(view))
+    def show(self, view: ProgressView | None, counter: int | None = None) -> None:
+        # A new checkpoint every step: within one epoch, shown at most every ROUTINE_S.
+        now = time.monotonic()
+        same_epoch = view is not None and self._epoch == view.epoch
+        if same_epoch and now - self._shown_at < ROUTINE_S:
+            return
+        self._epoch = view.epoch if view is not None else None
+        self._shown_at = now
+        self.show_text(progress_text(view, counter))
 
 
 def timeline_line(takeover: Takeover) -> Text:
@@ -161,7 +174,7 @@ class Timeline(VerticalScroll):
 
     DEFAULT_CSS = """
     Timeline > Static {
-        width: auto;
+        width: 100%;
     }
     """
 
@@ -222,4 +235,5 @@ class KillPanel(Vertical):
         why = target.reason if enabled else f"cannot kill: {target.reason}"
         self.button.label = Text(f"k: kill {target.node}" if enabled else "kill: unavailable")
         self.button.tooltip = Text(why)
-        self.reason.update(Text(why))
+        # "k: ..." as well: on a narrow terminal the button is hidden and this line is all.
+        self.reason.update(Text(f"k: {why}" if enabled else why))
