@@ -131,7 +131,7 @@ def test_the_active_row_shows_its_inbox_and_the_log_its_events(tmp_path: Path) -
             await until(pilot, "the inbox on screen", lambda: "3 waiting" in screen_text(app))
             text = screen_text(app)
             header = next(x for x in text.splitlines() if "step in flight" in x)
-            assert header.split()[8:12] == ["seen", "inbox", "step", "in"], header
+            assert header.split()[8:12] == ["pid", "inbox", "step", "in"], header
             row = next(x for x in text.splitlines() if x.startswith("│ n1 "))
             assert "3 waiting · 1" in row, row
             await until(pilot, "the event in the log", lambda: "q-3" in screen_text(app))

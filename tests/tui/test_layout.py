@@ -144,9 +144,9 @@ def test_the_event_log_scrolls_and_stays_where_the_reader_is(tmp_path: Path) -> 
     async def check(app: MonitorApp, pilot: Pilot[None]) -> None:
         log = app.query_one(EventLog)
         await until(pilot, "a log taller than its pane", lambda: log.max_scroll_y > 10)
-        await until(pilot, "the log at its end", lambda: log.scroll_y == log.max_scroll_y)
+        await until(pilot, "the log at its end", lambda: log.is_vertical_scroll_end)
         await pilot.press("pageup")
-        await until(pilot, "scrolled up", lambda: log.scroll_y < log.max_scroll_y)
+        await until(pilot, "scrolled up", lambda: not log.is_vertical_scroll_end)
         assert not log.following
         reading = log.scroll_y
         # A warning arrives (written at once): the reader is not thrown to the bottom.
@@ -155,7 +155,7 @@ def test_the_event_log_scrolls_and_stays_where_the_reader_is(tmp_path: Path) -> 
         await pilot.pause(0.2)
         assert log.scroll_y == reading
         await pilot.press("end")
-        await until(pilot, "back at the end", lambda: log.scroll_y == log.max_scroll_y)
+        await until(pilot, "back at the end", lambda: log.is_vertical_scroll_end)
         assert log.following
 
     run(tmp_path / "store", (100, 30), check)

@@ -143,7 +143,9 @@ def test_demo_kill_key_shows_the_takeover_and_the_node_rejoins(
                 lambda: (
                     not kill.button.disabled
                     and "epoch 1" in screen_text(app)
-                    and re.search(r"checkpoint\.published +epoch 1 ", screen_text(app))
+                    and re.search(
+                        r"(checkpoint\.|agent\.step\+)published +epoch 1 ", screen_text(app)
+                    )
                 ),
             )
             old = app.model.active_node()
@@ -282,7 +284,11 @@ def test_removed_store_shows_a_banner_until_it_is_readable_again(
             else:
                 root.mkdir()
             await until(pilot, "the banner to go", lambda: not banner.shown)
-            assert "store unreachable" not in screen_text(app)
+            await until(
+                pilot,
+                "the banner off the screen",
+                lambda: "store unreachable" not in screen_text(app),
+            )
             assert app.store_error is None
 
     asyncio.run(scenario())
@@ -327,7 +333,11 @@ class GatedStore:
                 yield None
 
 
-def test_a_burst_of_hints_during_a_slow_read_becomes_one_more_poll(tmp_path: Path) -> None:
+def test_a_burst_of_hints_is_one_lease_read_and_a_poll_only_when_the_lease_moved(
+    tmp_path: Path,
+) -> None:
+    """The watch wakes the monitor on every renewal: that costs a lease read, not a poll of
+    the whole store; hints arriving while that read waits are not queued behind it."""
     inner = FileStore(tmp_path / "store")
     write_active_node(inner, host="elsewhere.example", pid=4242)
     store = GatedStore(inner)
@@ -340,20 +350,31 @@ def test_a_burst_of_hints_during_a_slow_read_becomes_one_more_poll(tmp_path: Pat
             await pilot.pause(0.2)
             polls = app.polls
 
+            # 50 hints, the lease unchanged (renewals, say): no poll.
+            store.burst.set()
+            await pilot.pause(0.5)
+            assert app.polls == polls
+
             store.gate.clear()
             store.burst.set()
-            await until(pilot, "a poll waiting on the store", lambda: store.in_flight == 1)
-            store.burst.set()  # 50 more hints while that poll waits
+            await until(pilot, "a lease read waiting on the store", lambda: store.in_flight == 1)
+            store.burst.set()  # 50 more hints while that read waits
             started = time.monotonic()
             for _ in range(5):
                 await pilot.pause(0.05)  # the screen's loop runs on meanwhile
             assert time.monotonic() - started < 2
             assert app.polls == polls
 
+            # The lease moves while the read waits: one poll, for all the hints.
+            lease = inner.read_lease(AGENT)
+            assert lease is not None
+            moved = LeaseRecord("far-2", "us-west", "s2", epoch=2, ttl_ms=60_000)
+            inner.cas_lease(AGENT, lease.version, moved)
             store.gate.set()
-            await until(pilot, "two polls", lambda: app.polls >= polls + 2)
+            await until(pilot, "one poll", lambda: app.polls >= polls + 1)
             await pilot.pause(0.5)
-            assert app.polls == polls + 2  # the waiting one, and one for all the hints
+            assert app.polls == polls + 1
             assert store.most_in_flight == 1
+            assert app.model.lease is not None and app.model.lease.holder == "far-2"
 
     asyncio.run(scenario())

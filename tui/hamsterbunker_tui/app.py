@@ -75,7 +75,7 @@ class MonitorApp(App[None]):
         self.counter = DemoCounter(store, demo.secret) if demo is not None else None
         self.poll_interval = poll_interval
         self.min_poll_interval = min(min_poll_interval, poll_interval)
-        self._count: int | None = None  # the demo's counter, once a checkpoint is opened
+        self.count: int | None = None  # the demo's counter, once a checkpoint is opened
         self.model = ClusterModel(agent_id)
         self.polls = 0  # completed polls, failed ones included
         self.store_error: str | None = None  # why the last poll failed; None if it worked
@@ -191,7 +191,7 @@ class MonitorApp(App[None]):
                 reading = await asyncio.to_thread(read_store, self.store, self._tail, self.agent_id)
                 if self.counter is not None:
                     newest = reading.checkpoints[0] if reading.checkpoints else None
-                    self._count = await asyncio.to_thread(self.counter.read, newest)
+                    self.count = await asyncio.to_thread(self.counter.read, newest)
             except (HamsterbunkerError, OSError) as exc:
                 if self.is_running:
                     self._store_lost(str(exc))
@@ -233,7 +233,7 @@ class MonitorApp(App[None]):
         model = self.model
         self.query_one(NodesTable).show(model.nodes())
         self.query_one(LeasePanel).show(model.lease_view(), model.lease_error)
-        self.query_one(ProgressPanel).show(model.progress(), self._count)
+        self.query_one(ProgressPanel).show(model.progress(), self.count)
         self.query_one(Timeline).show(model.timeline())
         self.query_one(EventLog).show_new(model.events, model.events_seen)
         target = kill_target(model)

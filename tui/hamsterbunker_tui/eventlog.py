@@ -100,6 +100,8 @@ def event_lines(events: Sequence[Event]) -> list[Text]:
             == (event.node, event.epoch, event.seq)
         ):
             detail = {**previous.detail, **event.detail}
+            if detail.get("step_seq") == event.seq:
+                del detail["step_seq"]  # the seq already says it
             lines[-1] = event_line(Event(event.node, event.n, FOLDED, event.time,
                                          epoch=event.epoch, seq=event.seq, detail=detail))  # fmt: skip
             previous = None
@@ -257,10 +259,13 @@ class EventLog(RichLog):
         self._write(lines + event_lines(run))
 
     def on_resize(self, event: Resize) -> None:
-        # (Textual calls RichLog's own on_resize as well: it writes what waited for a size.)
-        # Lines are wrapped when written: a new width wraps them again.
-        if self._kept and self.scrollable_content_region.width != self._width:
-            self.redraw()
+        # (Textual calls RichLog's own on_resize after this one: the first time the size
+        # is known, it writes what waited for it, at this width.)
+        width = self.scrollable_content_region.width
+        if not self._size_known:
+            self._width = width
+        elif self._kept and width != self._width:
+            self.redraw()  # lines are wrapped when written: a new width wraps them again
 
     @property
     def screenful(self) -> int:
