@@ -89,15 +89,108 @@ files while a switchover is under way (incrementally), so it puts no load on the
   called: includes the call's liveness watch (it polls every 50 ms until the leader
   has renewed and the target has beaten once while watched, so up to about a tick).
   Reported, no target.
-* **(c) parts**: request written → the old leader's last publish of its epoch (the
-  step in flight finished; from its history) → its `lease.released` event (emitted as
-  the release's compare-and-set returns; the event's time is the node's
-  `time.time()`, compared with this process's `time.time()` at the write) → the new
-  leader's acquisition (the end of its `acquire` op) → its restore → its first step.
+* **(c) parts**: request written → the old leader sees it (its
+  `lease.switchover_asked` event) → its last publish of its epoch (the step in flight
+  finished; its history) → its `lease.released` event (emitted as the release's
+  compare-and-set returns) → the new leader's acquisition (the end of its `acquire`
+  op) → its restore → its first step. Event times are the nodes' `time.time()`,
+  compared with this process's `time.time()` at the write (one machine, one clock).
+* **The probe** (`HB_BENCH_PROBE=1 python -m benchmarks --only switchover`, for the
+  analysis; off in `make bench`): the node processes, which import this module for
+  the agent, wrap a few methods of the node loop and the lease keeper (the library is
+  unchanged) and note each call on CLOCK_BOOTTIME: the store watch's wake-ups, each
+  lease tick and release, the leader's check that someone else wrote the record,
+  when the loop tells the term to hand over and when the term has ended, and each
+  entry to the loop's sleep. A table per store then splits the switchover further.
 """
 
 ANALYSIS = """\
-(Filled in from the run: see the notes of each store.)
+Measured on 2026-12-01 on this shared 2-core machine, busy with other work (load
+average 4–6 during the runs), 30 switchovers per store, once as `make bench` runs it
+and once with the probe. p50 / p99 (ms) of the switchover, request written → the new
+leader's first step, and of its parts as the probe splits them (probe run):
+
+| part (probe run, p50 / p99 ms) | file | etcd | Redis |
+| --- | --- | --- | --- |
+| request written → first step, plain run | 87 / 178 | 96 / 451 | 31 / 355 |
+| request written → first step, probe run | 102 / 117 | 123 / 228 | 30 / 309 |
+| request's compare-and-set sent → the old leader's watch wakes it | 37 / 55 | 11 / 23 | 1.3 / 4.4 |
+| its check that the record changed (a lease read) | 2.1 / 13 | 12 / 33 | 3.0 / 7.3 |
+| its renewal (compare-and-set refused, read again, request adopted) | 5.4 / 13 | 18 / 34 | 2.4 / 7.6 |
+| the term ends (the 5 ms step in flight finishes, is published) | 7.3 / 16 | 14 / 35 | 6.6 / 13 |
+| its release (one compare-and-set) | 5.2 / 11 | 11 / 23 | 2.0 / 5.9 |
+| release returned → the new leader's acquiring tick starts | 32 / 41 | 0.5 / 9.4 | 0.7 / 2.8 |
+| its acquiring tick (lease read, compare-and-set) | 4.5 / 15 | 19 / 44 | 4.0 / 12 |
+| its restore (three reads: checkpoint names, accepted loss, the newest blob) | 3.2 / 6.7 | 23 / 73 | 4.0 / 10 |
+| restore done → first step starts (`read_inbox` before each step) | 1.2 / 5.0 | 7.3 / 22 | 1.5 / 3.1 |
+
+Three causes, each with what in the library would remove it:
+
+1. **A lost wake-up (the Redis and etcd p99).** In each of the two runs, one Redis
+   switchover of 30 took 355–413 ms (the old leader saw the request 395–410 ms after
+   it was written), and one etcd switchover 431 ms (seen after 362 ms); with n = 30,
+   p99 is that sample. Reproduced with the probe on Redis with two CPU-bound
+   processes running (1 of 80; 0 of 140 without them): the old leader renewed
+   (−11.5 → −3.6 ms), its watch woke it at +4.7 ms for the request while the pass
+   that renewed was still running (the heartbeat), and the loop entered
+   `NodeLoop._sleep_until` at +8.5 ms with that wake-up pending, which the sleep
+   clears (`wake.clear()` at the top of its loop) before it waits: the request was
+   seen at the next tick, +409.8 ms. The window is narrow, but `request_switchover`
+   writes just after it sees the leader renew (it polls every 50 ms), so the request
+   lands in it whenever the leader's pass is slow, as under CPU contention. **Fix**
+   (`hamsterbunker/node/loop.py`): clear `wake` right before the store read that a
+   wake-up asks for, never at the top of a wait: at the start of each pass before
+   `keeper.tick` (the tick reads the record, so whatever came before the clear is
+   seen), and in `_sleep_until` just before `_changed_under_us` reads it, not at
+   the top of each iteration. A wake-up that arrives during a tick, a heartbeat or
+   the check's own read then ends the next wait at once. The same race can delay a
+   standby taking a released or handed-over lease by a tick. Cost: a leader on etcd or
+   Redis, notified of its own renewal during its pass, makes one more lease read per
+   tick (it already does when the notification comes while it sleeps).
+2. **Round trips in series (etcd).** Without that outlier, etcd's switchover is a
+   chain of about ten store round trips at 6–20 ms each on this machine (the
+   publish benchmark's in-process etcd write: 5.7 ms p50): the old leader's check
+   (read), its renewal (refused compare-and-set, read), the publish of the step in
+   flight, the release; the new leader's tick (read, compare-and-set), its restore
+   (three reads), `read_inbox`. No tuning of one brings p99 to 50 ms; the chain has to
+   shrink. In `hamsterbunker`: (a) `NodeLoop._sleep_until` / `LeaseKeeper`: when the
+   record `_changed_under_us` read is still ours (holder, session, epoch) and only
+   its `control` changed, adopt it as held (as `_renew` already does after a
+   refused compare-and-set) and act on it, instead of renewing against the stale
+   version: −2 round trips (the renewal row, 18 ms p50); better still, the etcd
+   watch event carries the new value (`event["kv"]`) and the Redis store could
+   publish the record in its pub/sub message, so the check needs no read: −3;
+   (b) a standby woken with the released record in hand (same source) could
+   compare-and-set at once: −1 of the acquiring tick's 2; (c) `Restorer.restore`
+   reads the checkpoint names, then the accepted-loss record, then the blob, one
+   after the other: the lease record names the newest checkpoint (`seq`,
+   `seq_epoch`), so read that key and the accepted-loss record at once, and list
+   only when the named one is missing or does not open: −2 of 3; (d) the first
+   `read_inbox` of a term alongside the restore instead of after it: −1. With
+   (a)–(d) the chain is four or five round trips (the old leader's publish and
+   release, the new leader's compare-and-set, one concurrent read to restore and
+   read the inbox), an estimate of 30–50 ms here, not measured. The file store and
+   Redis gain the same steps, each worth less.
+3. **The file store's watch.** Two of the file store's wake-ups are in series (the old
+   leader sees the request, the new leader sees the release), each 20–58 ms after the
+   rename: 68 ms of its 102 ms p50. That is `watchfiles` as the store configures it
+   (`step=20`: it yields only after 20 ms without a further change, then from its
+   Rust thread to the event loop), as the handover analysis found. **Fix**
+   (`hamsterbunker/stores/file/store.py`, `watch(lease_only=True)`): an inotify
+   descriptor on the agent directory read on the event loop (`IN_MOVED_TO` of
+   `lease.json`), which the handover analysis measured at 0.6–0.7 ms per wake-up;
+   failing that, a `step` of a few milliseconds for the lease-only watch. With it the
+   file switchover would be about 35 ms p50 (an estimate: 102 − 68 ms), well within
+   100 ms.
+
+(b), the whole `request_switchover` call → first step (p50 320–475 ms), is mostly the
+call's liveness watch: it waits until the leader renews and the target beats while
+watched (up to a tick, 400 ms) and polls the store every 50 ms. If the issue's
+"command → new leader's first step" means the whole command, no change above meets
+100 ms: liveness would have to come from what is already known (for example the
+request written at once and refused by the target's node, or judged from the
+heartbeats' own change since the last look of a long-running client), which is a
+change of the design, for the lead to decide.
 """
 
 
@@ -107,7 +200,9 @@ ANALYSIS = """\
 # library is unchanged) and appends one line per call to a file on CLOCK_BOOTTIME:
 # when the store's watch woke the loop, each lease tick and release, the leader's
 # check that someone else wrote the record, when the loop tells the term to hand over
-# and when the term has ended. Installed when the node imports this module for its agent.
+# and when the term has ended, and each entry to the loop's sleep (with whether a
+# wake-up was pending then, which that sleep clears before it waits). Installed when
+# the node imports this module for its agent.
 
 PROBE_ENV = "HB_BENCH_PROBE"  # set to 1 in this process: the analysis run
 PROBE_LOG_ENV = "HB_BENCH_PROBE_LOG"  # the nodes' probe file
@@ -131,7 +226,7 @@ def _install_probe(path: str) -> None:
             os.close(fd)
 
     tick, release = LeaseKeeper.tick, LeaseKeeper.release
-    changed = NodeLoop._changed_under_us
+    changed, sleep_until = NodeLoop._changed_under_us, NodeLoop._sleep_until
     switch_over, hand_over = NodeLoop._switch_over_if_asked, NodeLoop._hand_over
 
     def probed_tick(self: LeaseKeeper) -> Any:
@@ -164,6 +259,11 @@ def _install_probe(path: str) -> None:
         note("term_handed_over", CLOCK.monotonic())
         await hand_over(self, ended)
 
+    async def probed_sleep(self: NodeLoop, deadline: float) -> None:
+        # A wake-up pending here is cleared by the sleep before it waits.
+        note("sleep", CLOCK.monotonic(), wake_pending=self._signals.wake.is_set())
+        await sleep_until(self, deadline)
+
     async def probed_watch(self: NodeLoop) -> None:  # NodeLoop._watch, noting each wake-up
         try:
             async for _ in self._store.watch(self._id.agent, lease_only=True):
@@ -179,6 +279,7 @@ def _install_probe(path: str) -> None:
         (LeaseKeeper, "release", probed_release),
         (NodeLoop, "_changed_under_us", probed_changed),
         (NodeLoop, "_watch", probed_watch),
+        (NodeLoop, "_sleep_until", probed_sleep),
         (NodeLoop, "_switch_over_if_asked", probed_switch_over),
         (NodeLoop, "_hand_over", probed_hand_over),
     ):
