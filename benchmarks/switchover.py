@@ -121,7 +121,7 @@ leader's first step, and of its parts as the probe splits them (probe run):
 | its release (one compare-and-set) | 5.2 / 11 | 11 / 23 | 2.0 / 5.9 |
 | release returned → the new leader's acquiring tick starts | 32 / 41 | 0.5 / 9.4 | 0.7 / 2.8 |
 | its acquiring tick (lease read, compare-and-set) | 4.5 / 15 | 19 / 44 | 4.0 / 12 |
-| its restore (three reads: checkpoint names, accepted loss, the newest blob) | 3.2 / 6.7 | 23 / 73 | 4.0 / 10 |
+| its restore (three reads: names, accepted loss, newest blob) | 3.2 / 6.7 | 23 / 73 | 4.0 / 10 |
 | restore done → first step starts (`read_inbox` before each step) | 1.2 / 5.0 | 7.3 / 22 | 1.5 / 3.1 |
 
 Three causes, each with what in the library would remove it:
