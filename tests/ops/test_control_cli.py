@@ -123,6 +123,9 @@ def test_a_paused_leader_killed_is_replaced_by_one_that_starts_paused(
     code, out, err = hb(running, "pause")
     assert code == 0 and "paused" in out, err
     wait_until(lambda: all(h.paused for h in store.list_heartbeats(AGENT)), "paused heartbeats")
+    # The step in flight at the pause may still publish: a few renewals later it has.
+    renewals = lease_of(store).renewals
+    wait_until(lambda: lease_of(store).renewals >= renewals + 3, "3 renewals")
     stood = seq(store)
     running.signal("node-a", signal.SIGKILL)
     wait_until(lambda: holder(store) in ("node-b", "node-c"), "a standby to take over", 20)
