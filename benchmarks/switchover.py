@@ -130,13 +130,15 @@ Three causes, each with what in the library would remove it:
 1. **A lost wake-up (the Redis and etcd p99 under load).** In the two runs at load
    4–6, one Redis switchover of 30 took 355–413 ms (the old leader saw the request
    395–410 ms after it was written), and in the first one etcd switchover 432 ms
-   (seen after 362 ms; the other slow one there, 459 ms, was the new leader's part:
+   (seen after 362 ms, about a tick: consistent with the same cause, not probed; the
+   other slow one there, 459 ms, was the new leader's part:
    acquired 197 ms after the release, then a 112 ms restore, not probed, so not
    attributed); with n = 30, p99 is nearly the slowest sample. None in the run at
    load 2.7, where Redis met its target (36 ms). Reproduced with the probe on Redis with two CPU-bound
    processes running (1 of 80; 0 of 140 without them): the old leader renewed
    (−11.5 → −3.6 ms), its watch woke it at +4.7 ms for the request while the pass
-   that renewed was still running (the heartbeat), and the loop entered
+   that renewed was still running (after its tick: the heartbeat write and the rest
+   of the pass), and the loop entered
    `NodeLoop._sleep_until` at +8.5 ms with that wake-up pending, which the sleep
    clears (`wake.clear()` at the top of its loop) before it waits: the request was
    seen at the next tick, +409.8 ms. The window is narrow, but `request_switchover`
