@@ -24,14 +24,16 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
+from textual.notifications import SeverityLevel
 from textual.widgets import Button, Footer, Header
 from textual.worker import Worker
 
-from hamsterbunker.errors import HamsterbunkerError
+from hamsterbunker.errors import ControlRefused, HamsterbunkerError
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
 
 from .confirm import ConfirmKill
+from .controls import ANY_STANDBY, NO_SECRET, ChooseTarget, Confirm, Controller, live_standbys
 from .demo import DemoCounter, DemoNodes
 from .eventlog import EventLog
 from .filters import next_filter
@@ -53,6 +55,8 @@ class MonitorApp(App[None]):
     TITLE = "hb-tui"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "kill", "kill active node"),
+        Binding("s", "switchover", "switchover"),
+        Binding("p", "pause", "pause/resume"),
         Binding("f", "filter", "filter events"),
         Binding("q", "quit", "quit"),
     ]
@@ -67,12 +71,16 @@ class MonitorApp(App[None]):
         demo: LocalCluster | None = None,
         poll_interval: float = POLL_S,
         min_poll_interval: float = MIN_POLL_S,
+        secret: str | None = None,
     ) -> None:
         super().__init__()
         self.store = store
         self.agent_id = agent_id
         self.demo = DemoNodes(demo) if demo is not None else None
         self.counter = DemoCounter(store, demo.secret) if demo is not None else None
+        if secret is None and demo is not None:
+            secret = demo.secret  # the demo made it
+        self.controller = Controller(store, agent_id, secret)
         self.poll_interval = poll_interval
         self.min_poll_interval = min(min_poll_interval, poll_interval)
         self.count: int | None = None  # the demo's counter, once a checkpoint is opened
@@ -245,6 +253,71 @@ class MonitorApp(App[None]):
     def action_filter(self) -> None:
         log = self.query_one(EventLog)
         log.set_filter(next_filter(log.filter, [view.node for view in self.model.nodes()]))
+
+    # -- switchover and pause (controls.py) ----------------------------------------
+
+    def action_switchover(self) -> None:
+        if not self.controller.enabled:
+            self._say(f"switchover {NO_SECRET}")
+            return
+        active = self.model.active_node()
+        standbys = live_standbys(self.model)
+        if active is None or not standbys:
+            why = "no active node" if active is None else "no live standby"
+            self._say(f"cannot switch over: {why}")
+            return
+        self.push_screen(ChooseTarget(active.node, standbys), self._switchover_chosen)
+
+    def _say(self, message: str, severity: SeverityLevel = "warning") -> None:
+        """In the log (it stays) and as a notification (it is seen)."""
+        self.query_one(EventLog).note(message)
+        self.notify(message, severity=severity, timeout=10)
+
+    def _switchover_chosen(self, target: str | None) -> None:
+        if target is not None:
+            to = None if target == ANY_STANDBY else target
+            self._request(f"switchover to {to or 'the freshest live standby'}", to)
+
+    def action_pause(self) -> None:
+        if not self.controller.enabled:
+            self._say(f"pause and resume {NO_SECRET}")
+            return
+        view = self.model.lease_view()
+        paused = view is not None and view.paused
+        if paused:
+            question = f"Resume agent {self.agent_id}?"
+            detail = "Its leader steps again."
+        else:
+            question = f"Pause agent {self.agent_id}?"
+            detail = "The leader keeps its lease and heartbeats but does not step."
+        yes = "resume" if paused else "pause"
+
+        def answered(answer: bool | None) -> None:
+            if answer:
+                self._request(yes, None, paused=not paused)
+
+        self.push_screen(Confirm(question, detail, yes), answered)
+
+    @work(group="control", exclusive=True, exit_on_error=False)
+    async def _request(self, what: str, target: str | None, paused: bool | None = None) -> None:
+        """Ask the library in a thread; say what came of it in the log and a notification."""
+        log = self.query_one(EventLog)
+        log.note(f"asked: {what}")
+        try:
+            if paused is None:
+                to = await asyncio.to_thread(self.controller.switchover, target)
+                done = f"switchover asked: the lease goes to {to}"
+            else:
+                await asyncio.to_thread(self.controller.set_paused, paused)
+                done = "pause asked" if paused else "resume asked"
+        except ControlRefused as exc:
+            self._say(f"refused: {exc}")
+            return
+        except (HamsterbunkerError, OSError) as exc:
+            self._say(f"{what} failed: {exc}", "error")
+            return
+        self._say(done, "information")
+        self._nudge()
 
     # -- the watch hint ----------------------------------------------------------
 

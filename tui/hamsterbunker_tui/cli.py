@@ -8,8 +8,10 @@ monitor only reads the store, and never needs the secret.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from hamsterbunker.agent import load_agent
@@ -36,7 +38,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="hb-tui",
         description="Live monitor of a HamsterBunker cluster: nodes, lease, takeovers, events.",
-        epilog="Keys: k kills the active node (if it runs on this machine), q quits.",
+        epilog="Keys: k kills the active node (if it runs on this machine), s switches over, "
+        "p pauses or resumes (these two need the secret), f filters the events, q quits.",
     )
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", metavar="URL", help="store URL, e.g. file:///srv/hamsterbunker")
@@ -52,6 +55,13 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--agent-id", help="the agent to watch (required with --store; overrides --instance's)"
+    )
+    parser.add_argument(
+        "--secret-file",
+        type=Path,
+        metavar="PATH",
+        help="the cluster secret, for the s (switchover) and p (pause) keys; or HB_SECRET. "
+        "Watching needs no secret",
     )
     return parser
 
@@ -79,6 +89,19 @@ def _target(args: argparse.Namespace) -> _Target:
     return _Target(config.store, check_name("agent id", agent_id))
 
 
+def _secret(secret_file: Path | None) -> str | None:
+    """The secret as hb reads it; None if none is given (a given one that fails is an error)."""
+    from hamsterbunker.cli import read_secret
+
+    given = secret_file is not None or bool(os.environ.get("HB_SECRET"))
+    try:
+        return read_secret(secret_file)
+    except ConfigError:
+        if given:
+            raise  # given, and unusable: the user's mistake, said in one line
+        return None
+
+
 def _import_app() -> type[MonitorApp]:
     try:
         from .app import MonitorApp
@@ -97,8 +120,9 @@ def _run(args: argparse.Namespace) -> int:
     monitor_app = _import_app()  # before anything starts: no demo nodes for nothing
     if not args.demo:
         target = _target(args)
+        secret = _secret(args.secret_file)
         store: Store = open_store(target.store_url, create=False)
-        app = monitor_app(store, target.agent_id)
+        app = monitor_app(store, target.agent_id, secret=secret)
         app.run()
         return app.return_code or 0
 

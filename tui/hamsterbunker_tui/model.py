@@ -67,6 +67,7 @@ class NodeView:
     # The steps failing in a row on an active node, and the last one's error (short).
     failing: int = 0
     failing_error: str = ""
+    paused: bool = False  # the node's heartbeat says the agent is paused (hb pause)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class LeaseView:
     expires_in_s: float | None  # None: released, or no lease yet
     renewed_s: float | None = None  # since the record last changed (or was written, first seen)
     ttl_s: float = DEFAULT_TTL_S
+    # The holder's heartbeat says the agent is paused. Display only: the request itself
+    # is signed in the lease record, which the monitor cannot check without the secret.
+    paused: bool = False
 
 
 @dataclass(frozen=True)
@@ -285,6 +289,7 @@ class ClusterModel:
                     inbox_age_s=None if oldest is None else self._now - oldest.since,
                     failing=beat.failing if active else 0,
                     failing_error=beat.failing_error if active else "",
+                    paused=beat.paused and not gone,
                 )
             )
         return sorted(views, key=lambda view: view.node)
@@ -297,7 +302,11 @@ class ClusterModel:
             renewed = self._now - self._lease_seen.since
             expires_in = self.ttl_s - renewed
         lease = self.lease
-        return LeaseView(lease.holder, lease.region, lease.epoch, expires_in, renewed, self.ttl_s)
+        holder = self.heartbeats.get(lease.holder) if lease.holder is not None else None
+        paused = holder is not None and holder.paused and holder.epoch == lease.epoch
+        return LeaseView(
+            lease.holder, lease.region, lease.epoch, expires_in, renewed, self.ttl_s, paused
+        )
 
     def timeline(self) -> list[Takeover]:
         """One line per epoch, oldest first; the gap filled in once both ends are known.

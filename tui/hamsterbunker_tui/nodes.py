@@ -124,12 +124,20 @@ def inbox_cell(view: NodeView) -> Text:
     return text
 
 
+def role_cell(view: NodeView) -> Text:
+    """``active``, or ``active · paused`` when the node says the agent is paused."""
+    text = Text(view.role, style=ROLE_STYLES.get(view.role, ""))
+    if view.paused:
+        text.append(" · ").append("paused", style="bold yellow")
+    return text
+
+
 def node_cells(view: NodeView) -> dict[str, Text]:
     """The cells of one node's row, by column key, styled by role and heartbeat health."""
     dim = "dim" if view.role == "offline" else ""
     return {
         "node": Text(view.node, style="bold" if view.role == "active" else dim),
-        "role": Text(view.role, style=ROLE_STYLES.get(view.role, "")),
+        "role": role_cell(view),
         "epoch": Text(str(view.epoch), style=dim, justify="right"),
         "seq": Text(str(view.seq), style=dim, justify="right"),
         "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),

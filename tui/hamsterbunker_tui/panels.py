@@ -31,7 +31,13 @@ __all__ = [
 ]
 
 # How the new holder got the lease (the lease.acquired event's "via").
-VIA = {"expired": "expired", "released": "released", "empty": "first lease"}
+VIA = {
+    "expired": "expired",
+    "released": "released",
+    "empty": "first lease",
+    "switchover": "switchover",
+    "handoff": "handed off",
+}
 
 
 class StoreBanner(Static):
@@ -92,6 +98,8 @@ def lease_text(view: LeaseView | None, agent: str, error: str | None = None) -> 
         text.append("holder  ").append(view.holder, style="bold green")
         text.append(f" ({view.region})")
     text.append("\n").append(f"epoch {view.epoch}", style="bold")
+    if view.paused:
+        text.append(" · ").append("paused", style="bold yellow")
     if view.expires_in_s is None or view.renewed_s is None:
         return text
     # Whole seconds while healthy ("renewed < 1 s ago"): the text then stays the same
