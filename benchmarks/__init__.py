@@ -6,12 +6,36 @@ runs them, prints each as tables and writes ``docs/benchmarks.md``.
 
 from __future__ import annotations
 
-from . import backends, effects, failover, handover, inbox, publish, standby, steps, tui
+from . import (
+    backends,
+    effects,
+    failover,
+    handover,
+    inbox,
+    publish,
+    standby,
+    steps,
+    switchover,
+    tui,
+    tui_idle,
+)
 
 __all__ = ["BENCHMARKS"]
 
 # In the order of docs/benchmarks.md; the key is the name for --only.
 BENCHMARKS = {
     module.NAME: module
-    for module in (failover, handover, backends, publish, effects, inbox, steps, standby, tui)
+    for module in (
+        failover,
+        handover,
+        switchover,
+        backends,
+        publish,
+        effects,
+        inbox,
+        steps,
+        standby,
+        tui,
+        tui_idle,
+    )
 }
