@@ -239,13 +239,21 @@ class LeaseKeeper:
     def changed_under_us(self) -> LeaseRecord | None:
         """The lease record if another writer changed it since our last write, else None.
 
-        For a leader woken by the store's watch: its own renewals wake it too.
+        For a leader woken by the store's watch (its own renewals wake it too). A
+        record still of our term (an operator's request written into it) is
+        adopted, as a renewal that finds it would: the next renewal builds on it.
+        If another node took over, the next renewal finds out and loses the lease.
         """
         held = self.held
         if held is None:
             return None
         record = self.store.read_lease(self.agent)
-        return None if record is not None and record.version == held.version else record
+        if record is not None and record.version == held.version:
+            return None
+        if record is not None and self._is_ours(record) and record.epoch == held.epoch:
+            self._note(record, self.clock.monotonic())
+            self.held = record
+        return record
 
     def abandon(self, reason: str) -> TickResult:
         """Stop leading without touching the store (for example after being fenced)."""

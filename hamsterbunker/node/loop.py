@@ -185,6 +185,7 @@ class NodeLoop:
         store_ok = True
         next_heartbeat = 0.0
         while not self._signals.stopping.is_set() or self._finishing():
+            self._signals.wake.clear()  # this pass reads the lease: later changes wake us
             tick_start = self._watchdog.pass_began()
             result: TickResult | None = None
             failure: str | None = None
@@ -303,7 +304,20 @@ class NodeLoop:
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 return
-            wake.clear()
+            if wake.is_set():  # never cleared unseen: a change during the pass counts
+                if self._keeper.held is None or stopping.is_set():
+                    return  # a standby looks at once: a released lease is taken now
+                # Cleared before the read, so a change after it wakes us again.
+                wake.clear()
+                changed = await self._changed_under_us()
+                if changed is None:
+                    continue  # our own renewal woke us
+                held = self._keeper.held
+                if held is None or held.version != changed.version:
+                    return  # not our term any more: renew now, and find out
+                self._follow_control(changed)  # an operator's request, adopted
+                self._switch_over_if_asked(changed)
+                continue
             waiters: list[asyncio.Future[Any]] = []
             if self._leader is not None and stopping.is_set():
                 # Wake when the term has published its last step (the task is not ours to
@@ -319,17 +333,16 @@ class NodeLoop:
             )
             for waiter in pending:
                 waiter.cancel()
-            if done and (self._keeper.held is None or stopping.is_set()):
-                return
-            if wake.is_set() and await self._changed_under_us():
-                return  # renew now: the renewal adopts the changed record
+            if done and not wake.is_set():
+                return  # stopping, or (stopping) the term published its last step
 
-    async def _changed_under_us(self) -> bool:
-        """Whether someone else wrote the lease record we hold (a leader's own renewals wake it too)."""
+    async def _changed_under_us(self) -> LeaseRecord | None:
+        """The lease record if someone else wrote it since our last write, adopted if it is
+        still our term (a leader's own renewals wake it too: None then)."""
         try:
-            return await self._calls.keeper(self._keeper.changed_under_us) is not None
+            return await self._calls.keeper(self._keeper.changed_under_us)
         except StoreError:
-            return False  # the next renewal finds out
+            return None  # the next renewal finds out
 
     async def _watch(self) -> None:
         try:
