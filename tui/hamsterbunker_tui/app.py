@@ -31,6 +31,7 @@ from textual.worker import Worker
 from hamsterbunker.errors import ControlRefused, HamsterbunkerError
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
+from hamsterbunker.stores.file import FileStore
 
 from .confirm import ConfirmKill
 from .controls import ANY_STANDBY, NO_SECRET, ChooseTarget, Confirm, Controller, live_standbys
@@ -47,6 +48,8 @@ __all__ = ["MonitorApp"]
 
 WATCH_RETRY_S = 1.0
 POLL_S = 1.0  # the slow timer: ages shown in whole seconds need no more
+LEASE_CHECK_S = 0.5  # an unwatched store's lease is read this often, for takeovers
+CALM_POLL_S = 2.0  # the slow timer while the cluster is calm (see _calm)
 MIN_POLL_S = 0.5  # the store's wake-ups are taken at most this often
 
 
@@ -72,6 +75,7 @@ class MonitorApp(App[None]):
         poll_interval: float = POLL_S,
         min_poll_interval: float = MIN_POLL_S,
         secret: str | None = None,
+        watch: bool | None = None,  # use the store's watch; default: all but a file store
     ) -> None:
         super().__init__()
         self.store = store
@@ -83,6 +87,11 @@ class MonitorApp(App[None]):
         self.controller = Controller(store, agent_id, secret)
         self.poll_interval = poll_interval
         self.min_poll_interval = min(min_poll_interval, poll_interval)
+        # A file store's watch is a watchfiles thread that wakes on every write in the
+        # agent's directory: measured, it cost more (about 1.3 % of a core on the cluster
+        # of benchmarks/tui_idle.py) than reading the lease every LEASE_CHECK_S does.
+        self.watched = not isinstance(store, FileStore) if watch is None else watch
+        self.calm_poll_interval = max(poll_interval, min(CALM_POLL_S, 2 * poll_interval))
         self.count: int | None = None  # the demo's counter, once a checkpoint is opened
         self.model = ClusterModel(agent_id)
         self.polls = 0  # completed polls, failed ones included
@@ -155,9 +164,25 @@ class MonitorApp(App[None]):
             self._hint.clear()
             started = time.monotonic()
             await self._poll_once()
-            await self._wait_for_news(started + self.poll_interval)
+            calm = self.calm_poll_interval if self._calm() else self.poll_interval
+            await self._wait_for_news(started + calm)
             # A burst of changes (a takeover writes several records) is one poll.
             await asyncio.sleep(max(0.0, started + self.min_poll_interval - time.monotonic()))
+
+    def _calm(self) -> bool:
+        """A held lease renewed in time and every node fresh: the slow timer may be slower.
+
+        Nothing on screen then changes but the routine lines and cells, which are shown
+        every ROUTINE_S anyway, and a takeover wakes the monitor through the watch.
+        """
+        view = self.model.lease_view()
+        return (
+            self.store_error is None
+            and view is not None
+            and view.renewed_s is not None
+            and view.renewed_s <= view.ttl_s / 2
+            and all(node.health == "fresh" for node in self.model.nodes())
+        )
 
     async def _wait_for_news(self, deadline: float) -> None:
         """Until the slow timer is due, or the lease changed hands, or a key asked.
@@ -168,9 +193,13 @@ class MonitorApp(App[None]):
         """
         while (rest := deadline - time.monotonic()) > 0:
             try:
-                await asyncio.wait_for(self._hint.wait(), rest)
+                await asyncio.wait_for(
+                    self._hint.wait(), rest if self.watched else min(rest, LEASE_CHECK_S)
+                )
             except TimeoutError:
-                return
+                if self.watched or deadline <= time.monotonic():
+                    return
+                # Unwatched: look at the lease now and then instead.
             self._hint.clear()
             if self._poll_now or await self._lease_moved():
                 self._poll_now = False
@@ -322,6 +351,8 @@ class MonitorApp(App[None]):
     # -- the watch hint ----------------------------------------------------------
 
     def _ensure_watch(self) -> None:
+        if not self.watched:
+            return
         if self._watcher is None or self._watcher.is_finished:
             self._watcher = self.run_worker(self._watch(), group="watch", exclusive=True)
 
