@@ -51,6 +51,7 @@ Measured on 2026-12-01 on this machine, each change in turn (CPU % of a core at 
 | the watch on the lease record only; a renewal costs a lease read, not a poll | 3.6 | 5.0 |
 | routine cells, progress and log lines every 4 s; a step and its checkpoint: one line | 2.2–2.9 | 3.2–3.7 |
 | file store: no watchfiles thread, the lease read every 0.5 s; 2 s timer while calm | 1.35 | 2.15 |
+| then routine lines and cells every 2 s again, the progress panel at every poll | 1.55 | 2.20 |
 
 What burnt the CPU, in order (cProfile of the event loop; `/proc/PID/task/*` per thread):
 
@@ -64,8 +65,8 @@ What burnt the CPU, in order (cProfile of the event loop; `/proc/PID/task/*` per
    and a longer log repaints the log alone.
 3. **Repaints of things that change with every step.** The log scrolls (a scroll
    repaints every visible line: the cost grows with the terminal), the seq and step
-   cells change (any changed cell makes the table render every row again), the
-   progress panel's seq. These are now brought up to date every `ROUTINE_S` (4 s);
+   cells change (any changed cell makes the table render every row again). These are
+   now brought up to date every `ROUTINE_S` (2 s; `tui/hamsterbunker_tui/nodes.py`);
    warnings, takeovers, roles, health and the lease are shown at once.
 4. **The file store's watch itself.** A watchfiles thread (20 ms step) and notify's
    inotify thread woke about 300 times a second on the agent directory's writes: 1.3 %
@@ -73,7 +74,7 @@ What burnt the CPU, in order (cProfile of the event loop; `/proc/PID/task/*` per
    watched; its lease is read every 0.5 s instead (a takeover still shows within half a
    second). Stores whose watch is a push (etcd, Redis) keep it.
 
-What is left at 200×60: the log's scroll every 4 s (most of the terminal output), one
+What is left at 200×60: the log's scroll every 2 s (most of the terminal output), one
 poll of the store every 2 s while calm (1 s otherwise), two lease reads a second.
 """
 

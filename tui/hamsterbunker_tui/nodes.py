@@ -65,7 +65,7 @@ FAILING_ERROR_SHOWN = 48
 # progress panel and the event log's routine lines too): any change of a cell repaints
 # every row, and with a step a second or more that was much of the monitor's idle cost.
 ROUTINE_COLUMNS = frozenset({"seq", "effects", "inbox"})
-ROUTINE_S = 4.0
+ROUTINE_S = 2.0
 # A submission that waited longer than this for the agent is shown as waiting long.
 INBOX_LATE_S = 60.0
 

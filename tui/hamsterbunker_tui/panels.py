@@ -6,8 +6,6 @@ pure ``*_text`` function, so what is on screen can be checked without an app.
 
 from __future__ import annotations
 
-import time
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -16,7 +14,6 @@ from textual.widgets import Button, Static
 from .formatting import coarse_age, format_size, wall_clock
 from .killing import KillTarget
 from .model import LeaseView, ProgressView, Takeover
-from .nodes import ROUTINE_S
 
 __all__ = [
     "KillPanel",
@@ -143,17 +140,8 @@ class ProgressPanel(TextPanel):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(progress_text(None), id=id, classes="panel")
         self.border_title = "agent progress"
-        self._epoch: int | None = None
-        self._shown_at = -ROUTINE_S
 
     def show(self, view: ProgressView | None, counter: int | None = None) -> None:
-        # A new checkpoint every step: within one epoch, shown at most every ROUTINE_S.
-        now = time.monotonic()
-        same_epoch = view is not None and self._epoch == view.epoch
-        if same_epoch and now - self._shown_at < ROUTINE_S:
-            return
-        self._epoch = view.epoch if view is not None else None
-        self._shown_at = now
         self.show_text(progress_text(view, counter))
 
 
