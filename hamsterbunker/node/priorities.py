@@ -34,6 +34,9 @@ EVENT_PRIORITIES: dict[str, int] = {
     "lease.released": INFO,
     "effect.replayed": INFO,
     "store.recovered": INFO,
+    "agent.paused": INFO,
+    "agent.unpaused": INFO,
+    "lease.switchover_asked": INFO,
     # Needs a look: the node goes on, but something was lost or refused.
     "lease.renew_failed": WARNING,
     "lease.lost": WARNING,
@@ -45,6 +48,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "inbox.rejected": WARNING,
     "inbox.gave_up": WARNING,
     "store.loss_accepted": WARNING,
+    "control.ignored": WARNING,
     # Going wrong now: the store does not answer, a publish failed, the agent keeps failing.
     "store.error": ERROR,
     "checkpoint.failed": ERROR,
