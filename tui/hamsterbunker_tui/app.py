@@ -50,6 +50,7 @@ WATCH_RETRY_S = 1.0
 POLL_S = 1.0  # the slow timer: ages shown in whole seconds need no more
 LEASE_CHECK_S = 0.5  # an unwatched store's lease is read this often, for takeovers
 CALM_POLL_S = 2.0  # the slow timer while the cluster is calm (see _calm)
+BUSY_EVENTS = 100  # a poll that took in this many events is followed by another soon
 MIN_POLL_S = 0.5  # the store's wake-ups are taken at most this often
 
 
@@ -99,6 +100,7 @@ class MonitorApp(App[None]):
         self._tail = store.tail(agent_id)
         self._hint = asyncio.Event()
         self._poll_now = False
+        self._last_events = 0  # how many events the last poll took in
         self._target = KillTarget(None, None, "no active node")
         self._watcher: Worker[None] | None = None
         self._sigterm_handled = False
@@ -164,10 +166,15 @@ class MonitorApp(App[None]):
             self._hint.clear()
             started = time.monotonic()
             await self._poll_once()
-            calm = self.calm_poll_interval if self._calm() else self.poll_interval
-            await self._wait_for_news(started + calm)
+            await self._wait_for_news(started + self._next_poll_in())
             # A burst of changes (a takeover writes several records) is one poll.
             await asyncio.sleep(max(0.0, started + self.min_poll_interval - time.monotonic()))
+
+    def _next_poll_in(self) -> float:
+        """Seconds from one poll's start to the next, the store's news aside."""
+        if self._last_events >= BUSY_EVENTS:
+            return self.min_poll_interval  # a flood of events: keep up with it
+        return self.calm_poll_interval if self._calm() else self.poll_interval
 
     def _calm(self) -> bool:
         """A held lease renewed in time and every node fresh: the slow timer may be slower.
@@ -240,6 +247,7 @@ class MonitorApp(App[None]):
             self.polls += 1
 
     def _store_read(self, reading: Reading) -> None:
+        self._last_events = len(reading.events)
         self.model.update(
             reading.events,
             reading.heartbeats,
