@@ -55,6 +55,10 @@ def assert_one_line(code: int, err: str, *fragments: str) -> None:
         (("--store", "file:///tmp", "--agent-id", "no/slash"), ("invalid agent id 'no/slash'",)),
         (("--demo", "--agent-id", "a"), ("--agent-id cannot be combined with --demo",)),
         (("--instance", "nowhere"), ("nowhere.toml does not exist", "hb init nowhere")),
+        (
+            ("--store", "file:///tmp", "--agent-id", "a", "--secret-file", "/nonexistent/s"),
+            ("secret file /nonexistent/s does not exist",),
+        ),
     ],
     ids=[
         "nothing",
@@ -66,6 +70,7 @@ def assert_one_line(code: int, err: str, *fragments: str) -> None:
         "bad-agent-id",
         "demo-with-agent-id",
         "missing-instance",
+        "missing-secret-file",
     ],
 )
 def test_user_mistakes_print_one_line_and_exit_2(
