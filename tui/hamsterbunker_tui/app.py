@@ -21,20 +21,20 @@ import time
 from typing import ClassVar
 
 from textual import on, work
-from textual.app import App, ComposeResult
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
-from textual.notifications import SeverityLevel
 from textual.widgets import Button, Footer, Header
 from textual.worker import Worker
 
-from hamsterbunker.errors import ControlRefused, HamsterbunkerError
+from hamsterbunker.errors import HamsterbunkerError
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
 from hamsterbunker.stores.file import FileStore
 
 from .confirm import ConfirmKill
-from .controls import ANY_STANDBY, NO_SECRET, ChooseTarget, Confirm, Controller, live_standbys
+from .control_keys import ControlKeys
+from .controls import Controller
 from .demo import DemoCounter, DemoNodes
 from .eventlog import EventLog
 from .filters import next_filter
@@ -54,7 +54,7 @@ BUSY_EVENTS = 100  # a poll that took in this many events is followed by another
 MIN_POLL_S = 0.5  # the store's wake-ups are taken at most this often
 
 
-class MonitorApp(App[None]):
+class MonitorApp(ControlKeys):
     CSS_PATH = "app.tcss"
     TITLE = "hb-tui"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -290,71 +290,6 @@ class MonitorApp(App[None]):
     def action_filter(self) -> None:
         log = self.query_one(EventLog)
         log.set_filter(next_filter(log.filter, [view.node for view in self.model.nodes()]))
-
-    # -- switchover and pause (controls.py) ----------------------------------------
-
-    def action_switchover(self) -> None:
-        if not self.controller.enabled:
-            self._say(f"switchover {NO_SECRET}")
-            return
-        active = self.model.active_node()
-        standbys = live_standbys(self.model)
-        if active is None or not standbys:
-            why = "no active node" if active is None else "no live standby"
-            self._say(f"cannot switch over: {why}")
-            return
-        self.push_screen(ChooseTarget(active.node, standbys), self._switchover_chosen)
-
-    def _say(self, message: str, severity: SeverityLevel = "warning") -> None:
-        """In the log (it stays) and as a notification (it is seen)."""
-        self.query_one(EventLog).note(message)
-        self.notify(message, severity=severity, timeout=10)
-
-    def _switchover_chosen(self, target: str | None) -> None:
-        if target is not None:
-            to = None if target == ANY_STANDBY else target
-            self._request(f"switchover to {to or 'the freshest live standby'}", to)
-
-    def action_pause(self) -> None:
-        if not self.controller.enabled:
-            self._say(f"pause and resume {NO_SECRET}")
-            return
-        view = self.model.lease_view()
-        paused = view is not None and view.paused
-        if paused:
-            question = f"Resume agent {self.agent_id}?"
-            detail = "Its leader steps again."
-        else:
-            question = f"Pause agent {self.agent_id}?"
-            detail = "The leader keeps its lease and heartbeats but does not step."
-        yes = "resume" if paused else "pause"
-
-        def answered(answer: bool | None) -> None:
-            if answer:
-                self._request(yes, None, paused=not paused)
-
-        self.push_screen(Confirm(question, detail, yes), answered)
-
-    @work(group="control", exclusive=True, exit_on_error=False)
-    async def _request(self, what: str, target: str | None, paused: bool | None = None) -> None:
-        """Ask the library in a thread; say what came of it in the log and a notification."""
-        log = self.query_one(EventLog)
-        log.note(f"asked: {what}")
-        try:
-            if paused is None:
-                to = await asyncio.to_thread(self.controller.switchover, target)
-                done = f"switchover asked: the lease goes to {to}"
-            else:
-                await asyncio.to_thread(self.controller.set_paused, paused)
-                done = "pause asked" if paused else "resume asked"
-        except ControlRefused as exc:
-            self._say(f"refused: {exc}")
-            return
-        except (HamsterbunkerError, OSError) as exc:
-            self._say(f"{what} failed: {exc}", "error")
-            return
-        self._say(done, "information")
-        self._nudge()
 
     # -- the watch hint ----------------------------------------------------------
 
