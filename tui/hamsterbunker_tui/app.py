@@ -1,14 +1,15 @@
 """The monitor app: composition, the polling worker, the kill switch.
 
-One worker loops: wait for the store's watch hint or the poll interval,
-read the store in a thread, feed the model, show its views. The watch only
-hints (it may miss changes, or be absent), and the slow timer keeps heartbeat
-ages ticking. Hints that arrive while a poll runs become one more poll, never a
-queue of them, and a poll comes at most every ``min_poll_interval``: a stepping
-leader changes the store a dozen times a second, and a poll with its repaint
-for each change was what kept the monitor busy while nobody looked (see
-benchmarks/tui_idle.py). The screen never waits on the store, and a widget is
-repainted only when what it shows changed.
+One worker loops: read the store in a thread, feed the model, show its views,
+then wait. A poll is due after the slow timer (1 s; 2 s while the cluster is
+calm; 0.5 s after a flood of events), or at once when the lease changed hands
+(a takeover, a switchover). The lease is looked at on the store's watch hint,
+which covers the lease record only (a renewal costs one lease read, not a poll),
+or every LEASE_CHECK_S for a file store, whose watch costs more than that. Hints
+that arrive while a read runs are not queued behind it. A poll for every change
+of the store, with its repaint, was what kept the monitor busy while nobody
+looked (see benchmarks/tui_idle.py). The screen never waits on the store, and a
+widget is repainted only when what it shows changed.
 """
 
 from __future__ import annotations
