@@ -9,6 +9,7 @@ answer was lost landed after all.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,9 +87,11 @@ class Restorer:
         (StoreError): skipping what could not be read could resume behind.
         """
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-        infos = await self._calls.io(self._store.list_checkpoints, self._agent_id)
-        # The loss acceptance, while it forgives what this restore finds; None once it does not.
-        forgiving = await self._acceptance()
+        # Both reads at once (a round trip less for a takeover). The loss acceptance,
+        # while it forgives what this restore finds; None once it does not.
+        infos, forgiving = await asyncio.gather(
+            self._calls.io(self._store.list_checkpoints, self._agent_id), self._acceptance()
+        )
         reach = self._keeper.reach()
         if forgiving is not None and not forgiving.forgives(reach):
             forgiving = None
