@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from . import __version__, cli_control
 from .agent import load_agent
-from .cli_args import positive_int, whole_number
+from .cli_args import positive_int, store_url, whole_number
 from .cli_control import add_control_parsers
 from .cli_forget import add_forget_parser, forget
 from .cli_status import add_status_parser
@@ -419,9 +419,7 @@ def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .sealing import Sealer
 
     agent_id = check_name("agent id", args.agent_id)
-    url = args.store or os.environ.get("HB_STORE")
-    if not url:
-        raise ConfigError("--store is required (or set HB_STORE)")
+    url = store_url(args)
     secret = read_secret(args.secret_file)
     store = open_store(url, create=False)
     try:

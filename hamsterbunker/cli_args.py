@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
-__all__ = ["positive_int", "seconds", "whole_number"]
+from .errors import ConfigError
+
+__all__ = ["positive_int", "seconds", "store_url", "whole_number"]
 
 
 def _int(text: str) -> int:
@@ -40,3 +43,11 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds above 0")
     return value
+
+
+def store_url(args: argparse.Namespace) -> str:
+    """The store URL from --store, else $HB_STORE (which keeps a password off the command line)."""
+    url: str | None = args.store or os.environ.get("HB_STORE")
+    if not url:
+        raise ConfigError("--store is required (or set HB_STORE)")
+    return url

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from .cli_args import seconds
+from .cli_args import seconds, store_url
 from .control import request_switchover, set_paused
 from .errors import ConfigError
 from .records import LeaseRecord, check_name
@@ -88,9 +87,7 @@ def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
 
 def _open(args: argparse.Namespace) -> tuple[Store, str]:
     agent = check_name("agent id", args.agent_id)
-    url = args.store or os.environ.get("HB_STORE")
-    if not url:
-        raise ConfigError("--store is required (or set HB_STORE)")
+    url = store_url(args)
     return open_store(url, create=False), agent
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cli_args import store_url
 from .errors import ConfigError, CorruptRecord
 from .observe import MAX_WATCH_S, POLL_S
 from .records import Event, Heartbeat, check_name
@@ -93,9 +93,7 @@ def forget(
     """Run ``hb forget``; the exit status (usage mistakes and store errors raise)."""
     agent = check_name("agent id", args.agent_id)
     node = check_name("node id", args.node)
-    url = args.store or os.environ.get("HB_STORE")
-    if not url:
-        raise ConfigError("--store is required (or set HB_STORE)")
+    url = store_url(args)
     secret = read_secret()
     # An existing store only: a mistyped URL must not make an empty one.
     store = open_store(url, create=False)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cli_args import seconds
+from .cli_args import seconds, store_url
 from .client import Admission, Client
 from .errors import ConfigError, HamsterbunkerError, InboxError, Tampered
 from .limits import MAX_SUBMISSION_BYTES
@@ -164,9 +163,7 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], str]) -> int:
     agent_id = check_name("agent id", args.agent_id)
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout needs --wait")
-    url = args.store or os.environ.get("HB_STORE")
-    if not url:
-        raise ConfigError("--store is required (or set HB_STORE)")
+    url = store_url(args)
     payload = read_payload(args)
     secret = read_secret()
     # An existing store only: a mistyped URL must not admit into a new, empty store.
