@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from hamsterbunker_tui.killing import KillTarget, kill_target
 from hamsterbunker_tui.model import (
     MAX_EPOCH_MARKS,
     MAX_EVENTS,
     MAX_TAKEOVERS,
     ClusterModel,
-    KillTarget,
     LeaseView,
     ProgressView,
     format_age,
-    kill_target,
 )
 
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord

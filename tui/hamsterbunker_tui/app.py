@@ -28,10 +28,10 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Footer, Header
 from textual.worker import Worker
 
+from hamsterbunker import FileStore
 from hamsterbunker.errors import HamsterbunkerError
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
-from hamsterbunker.stores.file import FileStore
 
 from .confirm import ConfirmKill
 from .control_keys import ControlKeys

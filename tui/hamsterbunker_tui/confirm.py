@@ -11,7 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from .model import KillTarget
+from .killing import KillTarget
 
 __all__ = ["ConfirmKill"]
 

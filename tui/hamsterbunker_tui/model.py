@@ -26,17 +26,14 @@ from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 
 # Re-exported: they were defined here before the split, and tests and scripts import them.
 from .formatting import format_age, wall_clock
-from .killing import KillTarget, kill_target
 
 __all__ = [
     "ClusterModel",
-    "KillTarget",
     "LeaseView",
     "NodeView",
     "ProgressView",
     "Takeover",
     "format_age",
-    "kill_target",
     "wall_clock",
 ]
 
