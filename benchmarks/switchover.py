@@ -105,16 +105,14 @@ files while a switchover is under way (incrementally), so it puts no load on the
 """
 
 ANALYSIS = """\
-Measured on 2026-12-01 on this shared 2-core machine, busy with other work, 30
-switchovers per store: twice as `make bench` runs it (load average 5–6, then 2.7) and
-once with the probe (load average 4–6). p50 / p99 (ms) of the switchover, request
-written → the new leader's first step, and of its parts as the probe splits them:
+First measured on 2026-12-01 at a load average of 2.7 to 6 on this shared 2-core
+machine (30 switchovers per store; the probe splits them). p50 / p99 (ms) of request
+written → the new leader's first step, and the parts as the probe found them then:
 
 | part (probe run, p50 / p99 ms) | file | etcd | Redis |
 | --- | --- | --- | --- |
 | request written → first step, plain run, load 5–6 | 87 / 178 | 96 / 451 | 31 / 355 |
 | request written → first step, plain run, load 2.7 | 86 / 122 | 97 / 155 | 26 / 36 |
-| request written → first step, probe run | 102 / 117 | 123 / 228 | 30 / 309 |
 | request's compare-and-set sent → the old leader's watch wakes it | 37 / 55 | 11 / 23 | 1.3 / 4.4 |
 | its check that the record changed (a lease read) | 2.1 / 13 | 12 / 33 | 3.0 / 7.3 |
 | its renewal (compare-and-set refused, read again, request adopted) | 5.4 / 13 | 18 / 34 | 2.4 / 7.6 |
@@ -125,78 +123,47 @@ written → the new leader's first step, and of its parts as the probe splits th
 | its restore (three reads: names, accepted loss, newest blob) | 3.2 / 6.7 | 23 / 73 | 4.0 / 10 |
 | restore done → first step starts (`read_inbox` before each step) | 1.2 / 5.0 | 7.3 / 22 | 1.5 / 3.1 |
 
-Three causes, each with what in the library would remove it:
+Changed in the library since (commits 7ab95bd, 9a76829):
 
-1. **A lost wake-up (the Redis and etcd p99 under load).** In the two runs at load
-   4–6, one Redis switchover of 30 took 355–413 ms (the old leader saw the request
-   395–410 ms after it was written), and in the first one etcd switchover 432 ms
-   (seen after 362 ms, about a tick: consistent with the same cause, not probed; the
-   other slow one there, 459 ms, was the new leader's part:
-   acquired 197 ms after the release, then a 112 ms restore, not probed, so not
-   attributed); with n = 30, p99 is nearly the slowest sample. None in the run at
-   load 2.7, where Redis met its target (36 ms). Reproduced with the probe on Redis with two CPU-bound
-   processes running (1 of 80; 0 of 140 without them): the old leader renewed
-   (−11.5 → −3.6 ms), its watch woke it at +4.7 ms for the request while the pass
-   that renewed was still running (after its tick: the heartbeat write and the rest
-   of the pass), and the loop entered
-   `NodeLoop._sleep_until` at +8.5 ms with that wake-up pending, which the sleep
-   clears (`wake.clear()` at the top of its loop) before it waits: the request was
-   seen at the next tick, +409.8 ms. The window is narrow, but `request_switchover`
-   writes just after it sees the leader renew (it polls every 50 ms), so the request
-   lands in it whenever the leader's pass is slow, as under CPU contention. **Fix**
-   (`hamsterbunker/node/loop.py`): clear `wake` right before the store read that a
-   wake-up asks for, never at the top of a wait: at the start of each pass before
-   `keeper.tick` (the tick reads the record, so whatever came before the clear is
-   seen), and in `_sleep_until` just before `_changed_under_us` reads it, not at
-   the top of each iteration. A wake-up that arrives during a tick, a heartbeat or
-   the check's own read then ends the next wait at once. The same race can delay a
-   standby taking a released or handed-over lease by a tick. Cost: a leader on etcd or
-   Redis, notified of its own renewal during its pass, makes one more lease read per
-   tick (it already does when the notification comes while it sleeps).
-2. **Round trips in series (etcd).** Without that outlier, etcd's switchover is a
-   chain of about ten store round trips at 6–20 ms each on this machine (the
-   publish benchmark's in-process etcd write: 5.7 ms p50): the old leader's check
-   (read), its renewal (refused compare-and-set, read), the publish of the step in
-   flight, the release; the new leader's tick (read, compare-and-set), its restore
-   (three reads), `read_inbox`. No tuning of one brings p99 to 50 ms; the chain has to
-   shrink. In `hamsterbunker`: (a) `NodeLoop._sleep_until` / `LeaseKeeper`: when the
-   record `_changed_under_us` read is still ours (holder, session, epoch) and only
-   its `control` changed, adopt it as held (as `_renew` already does after a
-   refused compare-and-set) and act on it, instead of renewing against the stale
-   version: −2 round trips (the renewal row, 18 ms p50); better still, the etcd
-   watch event carries the new value (`event["kv"]`) and the Redis store could
-   publish the record in its pub/sub message, so the check needs no read: −3;
-   (b) a standby woken with the released record in hand (same source) could
-   compare-and-set at once: −1 of the acquiring tick's 2; (c) `Restorer.restore`
-   reads the checkpoint names, then the accepted-loss record, then the blob, one
-   after the other: the lease record names the newest checkpoint (`seq`,
-   `seq_epoch`), so read that key and the accepted-loss record at once, and list
-   only when the named one is missing or does not open: −2 of 3; (d) the first
-   `read_inbox` of a term alongside the restore instead of after it: −1. With
-   (a)–(d) the chain is four or five round trips (the old leader's publish and
-   release, the new leader's compare-and-set, one concurrent read to restore and
-   read the inbox), an estimate of 30–50 ms here, not measured. The file store and
-   Redis gain the same steps, each worth less.
-3. **The file store's watch.** Two of the file store's wake-ups are in series (the old
-   leader sees the request, the new leader sees the release), each 20–58 ms after the
-   rename: 68 ms of its 102 ms p50. That is `watchfiles` as the store configures it
-   (`step=20`: it yields only after 20 ms without a further change, then from its
-   Rust thread to the event loop), as the handover analysis found. **Fix**
-   (`hamsterbunker/stores/file/store.py`, `watch(lease_only=True)`): an inotify
-   descriptor on the agent directory read on the event loop (`IN_MOVED_TO` of
-   `lease.json`), which the handover analysis measured at 0.6–0.7 ms per wake-up;
-   failing that, a `step` of a few milliseconds for the lease-only watch. With it the
-   file switchover would be about 35 ms p50 (an estimate: 102 − 68 ms), well within
-   100 ms.
+1. **A lost wake-up, fixed.** The Redis and etcd outliers of 355–451 ms were the old
+   leader seeing the request a tick late: its watch woke it during the pass that had
+   just renewed, and `NodeLoop._sleep_until` cleared that wake-up at the top of its
+   wait. `wake` is now cleared only before a store read (at the start of each pass,
+   and before the leader's check): a change during a pass ends the next wait at once.
+2. **The check adopts, no renewal first.** A leader woken by its watch reads the
+   record; if it is still its term (holder, session, epoch) it adopts it and acts on
+   the request at once: two round trips less (the refused compare-and-set and its
+   read).
+3. **The restore reads the checkpoint names and the accepted-loss record at once:**
+   one round trip less for every takeover.
 
-(b), the whole `request_switchover` call → first step (p50 320–475 ms), is mostly the
-call's liveness watch: it waits until the leader renews and the target beats while
-watched (up to a tick, 400 ms) and polls the store every 50 ms. If the issue's
-"command → new leader's first step" means the whole command, no change above meets
-100 ms: liveness would have to come from what is already known (for example the
-request written at once and refused by the target's node, or judged from the
-heartbeats' own change since the last look of a long-running client), which is a
-change of the design, for the lead to decide.
+What is left (this run's figures are above):
+
+* **etcd (p99 target 50 ms).** About six round trips remain in series, each 5–11 ms
+  here because the single etcd member fsyncs its Raft log on every write: the old
+  leader's check (read), its publish of the step in flight and its release (two
+  writes); the new leader's read and compare-and-set (a write) after its watch wakes
+  it; its restore (two reads), and `read_inbox` before the first step. p50 is now
+  about 75 ms. What would shorten the chain, not done: the new value the etcd watch
+  event already carries (`event["kv"]`) given to the leader and the standby, so that
+  neither reads the record again (−2); the restore reading the checkpoint the lease
+  record names, with the accepted-loss record, instead of listing first (−1); the
+  first `read_inbox` alongside the restore (−1).
+* **file (p99 target 100 ms): met only at a cost.** Two `watchfiles` wake-ups are in
+  series (the old leader sees the request, the new leader sees the release), each
+  20–40 ms after the rename: watchfiles yields only after `step` ms without a further
+  change, from its Rust thread. With `step=5` for the lease watch, p99 was 53.4 ms in
+  a full `make bench` run (p50 35 ms), but the idle standby's CPU rose from 1.85 % to
+  3.05 % of a core (its Rust thread wakes every `step`), against the 0.5 % target of
+  the standby benchmark. The store keeps `step=20`. The fix that serves both is an
+  inotify descriptor read on the event loop for the lease watch (`IN_MOVED_TO` of
+  `lease.json`: 0.6–0.7 ms per wake-up, no thread waking while idle), with watchfiles
+  kept for NFS, where it polls.
+* **(b), the whole call.** `request_switchover` first watches the leader's lease
+  record and the target's heartbeat until both change (they are seen live, as a
+  standby sees a lease: never by comparing clocks), which takes up to a tick (400
+  ms); then it writes. No change above shortens that part; it is the price of
+  refusing a switchover to a dead node before anything is written.
 """
 
 

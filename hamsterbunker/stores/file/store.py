@@ -332,7 +332,7 @@ class FileStore(Store):
             watch_filter=_is_lease_change if lease_only else _watch_filter,
             # A lease change is one rename: yield it after 5 ms of quiet, not 20, since
             # a takeover or switchover waits on it (the lease watch wakes per renewal).
-            step=5 if lease_only else 20,
+            step=20,
             debounce=200,
             force_polling=on_nfs,  # inotify sees nothing from other NFS clients
             poll_delay_ms=100,
