@@ -153,8 +153,11 @@ def set_paused(store: Store, sealer: Sealer, agent: str, paused: bool) -> LeaseR
     leader starts paused.
     """
     check_name("agent id", agent)
-    return _write(store, sealer, agent, lambda lease, current: replace(
-        current, paused=paused, switchover_to=None, switchover_epoch=0))  # fmt: skip
+
+    def pausing(current: Control) -> Control:
+        return replace(current, paused=paused, switchover_to=None, switchover_epoch=0)
+
+    return _write(store, sealer, agent, pausing)
 
 
 def request_switchover(
@@ -196,10 +199,11 @@ def request_switchover(
     if not standbys:
         raise ControlRefused(f"agent {agent!r} has no live standby to switch over to")
     target = to or standbys[0]
-    epoch = lease.epoch
-    written = _write(store, sealer, agent, lambda lease, current: replace(
-        current, switchover_to=target, switchover_epoch=epoch), holder=lease.holder, epoch=epoch)  # fmt: skip
-    del written
+
+    def switching(current: Control) -> Control:
+        return replace(current, switchover_to=target, switchover_epoch=lease.epoch)
+
+    _write(store, sealer, agent, switching, holder=lease.holder, epoch=lease.epoch)
     return target
 
 
@@ -253,7 +257,7 @@ def _write(
     store: Store,
     sealer: Sealer,
     agent: str,
-    change: Callable[[LeaseRecord | None, Control], Control],
+    change: Callable[[Control], Control],
     *,
     holder: str | None = None,
     epoch: int | None = None,
@@ -270,7 +274,7 @@ def _write(
                                  "nothing was changed: ask again")  # fmt: skip
         current = _current_control(sealer, lease, agent)
         control = replace(
-            change(lease, current),
+            change(current),
             agent=agent,
             # Above every revision written before, whatever the clocks say.
             revision=max(current.revision + 1, time.time_ns() // 1000),
