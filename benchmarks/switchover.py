@@ -215,10 +215,10 @@ def _install_probe(path: str) -> None:
         note("release", start, successor=successor, ok=done)
         return done
 
-    async def probed_changed(self: NodeLoop) -> bool:
+    async def probed_changed(self: NodeLoop) -> Any:  # the record someone else wrote, or None
         start = CLOCK.monotonic()
         found = await changed(self)
-        note("changed_under_us", start, changed=found)
+        note("changed_under_us", start, changed=found is not None)
         return found
 
     def probed_switch_over(self: NodeLoop, record: Any) -> None:

@@ -54,6 +54,7 @@ python3Packages.buildPythonApplication {
     [
       cryptography
       watchfiles
+      asyncinotify
       sdnotify
       tomli-w
       prometheus-client

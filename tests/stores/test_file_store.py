@@ -12,6 +12,7 @@ import fcntl
 import multiprocessing
 import os
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from multiprocessing.synchronize import Event as EventType
@@ -30,6 +31,7 @@ from hamsterbunker.errors import (
 from hamsterbunker.limits import MAX_RECORD_BYTES
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.file import store as file_store_module
 from hamsterbunker.stores.file.lease import lease_locked
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
 
@@ -303,7 +305,15 @@ def test_a_reader_does_not_create_a_missing_store(tmp_path: Path) -> None:
     assert not (tmp_path / "missing").exists()
 
 
-def test_a_lease_only_watch_sleeps_through_other_writes(root: Path) -> None:
+@pytest.fixture(params=["inotify", "polling"])
+def lease_watch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The lease-only watch as on a local disk (inotify), or where inotify cannot be had."""
+    if request.param == "polling":
+        monkeypatch.setattr(file_store_module, "open_lease_watch", lambda _directory: None)
+    return str(request.param)
+
+
+def test_a_lease_only_watch_sleeps_through_other_writes(root: Path, lease_watch: str) -> None:
     """A lease-only watcher is not woken by heartbeats, events or checkpoints, only by the lease."""
     store = FileStore(root)
     held = store.cas_lease("a", None, lease("n1", 1))
@@ -329,6 +339,63 @@ def test_a_lease_only_watch_sleeps_through_other_writes(root: Path) -> None:
             assert not woke.done(), "woken by a write that was not the lease"
             store.cas_lease("a", current.version, lease(None, 1))
             await asyncio.wait_for(woke, timeout=10)
+        finally:
+            woke.cancel()
+            await asyncio.gather(woke, return_exceptions=True)
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_a_lease_only_watch_on_a_local_disk_runs_no_polling_thread(root: Path) -> None:
+    """inotify on the event loop: an idle lease watch costs no thread waking every few ms."""
+    store = FileStore(root)
+    held = store.cas_lease("a", None, lease("n1", 1))
+
+    async def main() -> None:
+        watcher = store.watch("a", lease_only=True)
+        woke = asyncio.ensure_future(watcher.__anext__())
+        threads = threading.active_count()
+        try:
+            await asyncio.sleep(0.3)  # a polling watch would have started its thread by now
+            assert threading.active_count() == threads
+            await asyncio.to_thread(store.cas_lease, "a", held.version, lease("n1", 1))
+            await asyncio.wait_for(woke, timeout=10)
+        finally:
+            woke.cancel()
+            await asyncio.gather(woke, return_exceptions=True)
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+def test_a_lease_only_watch_outlives_its_directory_being_replaced(root: Path) -> None:
+    """The agent directory moved away and made again (a restore from backup): the inotify
+    watch follows the new directory (where it falls back to watchfiles, ticks do)."""
+    store = FileStore(root)
+    store.cas_lease("a", None, lease("n1", 1))
+    agent_dir = root / "agents" / "a"
+
+    async def main() -> None:
+        watcher = store.watch("a", lease_only=True)
+        woke = asyncio.ensure_future(watcher.__anext__())
+        try:
+            await asyncio.sleep(0.3)  # the watch is set up on the first directory
+            os.rename(agent_dir, root / "old-a")
+            store.cas_lease("a", None, lease("n2", 2))  # a new directory, a new record
+            # Woken by the new directory's record (bounded: renewed until it wakes).
+            current, deadline = store.read_lease("a"), time.monotonic() + 10
+            while not woke.done():
+                assert time.monotonic() < deadline, "the watch never woke after the replacement"
+                assert current is not None
+                current = store.cas_lease("a", current.version, lease("n2", 2))
+                await asyncio.wait({woke}, timeout=0.25)
+            woke = asyncio.ensure_future(watcher.__anext__())
+            await asyncio.sleep(0.3)
+            while not woke.done():  # and again after that: it watches the new directory
+                assert time.monotonic() < deadline, "the watch stopped after the replacement"
+                current = store.cas_lease("a", current.version, lease("n2", 2))
+                await asyncio.wait({woke}, timeout=0.25)
         finally:
             woke.cancel()
             await asyncio.gather(woke, return_exceptions=True)

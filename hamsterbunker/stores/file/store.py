@@ -66,6 +66,7 @@ from .fileio import TMP_PREFIX, atomic_write, dir_entries, discard, read_file, w
 from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
 from .lease import cas_lease_in, lease_in
+from .lease_watch import lease_changes, open_lease_watch
 from .location import check_location, mount_of, open_root
 from .logs import EventLogs, HeartbeatFiles
 from .tail import FileTail
@@ -321,9 +322,21 @@ class FileStore(Store):
         # making it, so a monitor with a mistyped agent id creates nothing. A symlink
         # planted there is not a directory to watch (and readers refuse it).
         directory = self._tree.agent_dir(agent)
-        while not _is_plain_dir(directory):
-            await asyncio.sleep(0.5)
         on_nfs = mount_of(self.root).fstype.startswith("nfs")
+        while True:
+            while not _is_plain_dir(directory):
+                await asyncio.sleep(0.5)
+            # inotify sees nothing from other NFS clients: there the watch polls.
+            inotify = None if on_nfs or not lease_only else open_lease_watch(directory)
+            if inotify is None:
+                break
+            async for _ in lease_changes(inotify):
+                yield None
+            # The directory went away (or was replaced): watch it again once it is back,
+            # and look then, for the lease may have changed meanwhile.
+            while not _is_plain_dir(directory):
+                await asyncio.sleep(0.5)
+            yield None
         # The lease record lives in the agent directory itself; watching only that
         # directory (not its checkpoints, heartbeats and events) keeps a standby
         # from waking on every write of every node.
@@ -331,11 +344,10 @@ class FileStore(Store):
             directory,
             watch_filter=_is_lease_change if lease_only else _watch_filter,
             # Changes are yielded after `step` ms of quiet; watchfiles' thread also wakes
-            # every `step` while idle: 5 would halve a switchover's wake-ups and cost an
-            # idle standby about 1 % of a core more (benchmarks: switchover, standby).
+            # every `step` while idle (the lease watch uses inotify where it can).
             step=20,
             debounce=200,
-            force_polling=on_nfs,  # inotify sees nothing from other NFS clients
+            force_polling=on_nfs,
             poll_delay_ms=100,
             recursive=not lease_only,
         ):
