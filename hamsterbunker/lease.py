@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .clock import Clock, MonotonicClock
@@ -83,6 +84,11 @@ class LeaseKeeper:
         self._observed_at = 0.0
         self._renew_sent_at = 0.0
         self._hold_off_until = float("-inf")
+        # Told the version of a released record this keeper is about to take, before
+        # its compare-and-set (called in the keeper's thread): see released_taken.
+        self.on_taking_released: Callable[[int], None] | None = None
+        # The version of the record the last acquisition replaced, if it was released.
+        self.released_taken: int | None = None
 
     # -- what the runtime asks -------------------------------------------
 
@@ -210,10 +216,17 @@ class LeaseKeeper:
             control="" if record is None else record.control,
             history=_with_takeover(record, takeover),
         )
+        # Once a released record is seen, no checkpoint of its epoch can be accepted
+        # (the store's fence names no holder), and no later one before someone takes
+        # it: reads begun now see all a restore needs, if this compare-and-set wins.
+        released = record is not None and record.holder is None
+        if released and self.on_taking_released is not None:
+            self.on_taking_released(expected or 0)
         try:
             acquired = self.store.cas_lease(self.agent, expected, new)
         except LeaseConflict:
             return TickResult(Outcome.STANDBY, record, "another node acquired it first")
+        self.released_taken = expected if released else None
         self.held = acquired
         self._renew_sent_at = sent
         self._note(acquired, sent)

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 
 from ..acceptance import Acceptance, open_acceptance
 from ..agent import Agent, State, StepContext
-from ..errors import CorruptRecord, HamsterbunkerError, NoUsableCheckpoint, StoreRegressed, Tampered
+from ..errors import (
+    CorruptRecord,
+    HamsterbunkerError,
+    NoUsableCheckpoint,
+    StoreRegressed,
+    Tampered,
+)
 from ..inbox import ConsumedMarks
 from ..lease import LeaseKeeper
 from ..notify import Notifier
@@ -50,6 +56,13 @@ class Progress:
 Opened = tuple[State, ConsumedMarks]
 
 
+@dataclass(frozen=True)
+class _Read:
+    infos: list[CheckpointInfo]  # newest first
+    forgiving: Acceptance | None
+    newest: tuple[CheckpointInfo, bytes] | None  # the first of infos, read
+
+
 class LeaseBehind(HamsterbunkerError):
     """The lease record is behind an authenticated checkpoint: take the lease again, above it."""
 
@@ -74,6 +87,55 @@ class Restorer:
         self._keeper, self._calls, self._standing = keeper, calls, standing
         self._emit = emit
         self._notifier = notifier
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # made outside the loop: set at the first restore
+        self._prefetch: tuple[int, asyncio.Task[_Read]] | None = None
+        keeper.on_taking_released = self._prefetch_soon
+
+    # -- reading ahead of a takeover of a released lease --------------------------
+
+    def _prefetch_soon(self, version: int) -> None:
+        """The keeper is about to take the released record of version (its thread): read now.
+
+        A switchover's successor thus reads the checkpoints while its
+        compare-and-set is under way instead of after it; the restore uses the
+        reads only if that compare-and-set replaced this very record.
+        """
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._start_prefetch, version)
+
+    def _start_prefetch(self, version: int) -> None:
+        if self._prefetch is not None:
+            self._prefetch[1].cancel()
+        task = asyncio.create_task(self._read(), name="hb-prefetch")
+        # Read ahead for a compare-and-set that lost, its failure is nobody's to see.
+        task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._prefetch = (version, task)
+
+    def _take_prefetch(self) -> asyncio.Task[_Read] | None:
+        """The reads begun when this term's acquisition replaced a released record, if any."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is None:
+            return None
+        version, task = prefetch
+        if version != self._keeper.released_taken:
+            task.cancel()
+            return None
+        return task
+
+    async def _read(self) -> _Read:
+        """The checkpoints listed, the loss acceptance, and the newest checkpoint's blob."""
+        infos, forgiving = await asyncio.gather(
+            self._calls.io(self._store.list_checkpoints, self._agent_id), self._acceptance()
+        )
+        infos = sorted(infos, key=lambda i: (i.epoch, i.seq), reverse=True)
+        newest = None
+        if infos:
+            blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, infos[0])
+            newest = (infos[0], blob)
+        return _Read(infos, forgiving, newest)
 
     async def restore(self, epoch: int) -> Progress:
         """The newest checkpoint that authenticates, or init() on a store that never had one.
@@ -87,11 +149,9 @@ class Restorer:
         (StoreError): skipping what could not be read could resume behind.
         """
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-        # Both reads at once (a round trip less for a takeover). The loss acceptance,
-        # while it forgives what this restore finds; None once it does not.
-        infos, forgiving = await asyncio.gather(
-            self._calls.io(self._store.list_checkpoints, self._agent_id), self._acceptance()
-        )
+        read = await self._read_for_restore()
+        # The loss acceptance, while it forgives what this restore finds; None once it does not.
+        infos, forgiving = read.infos, read.forgiving
         reach = self._keeper.reach()
         if forgiving is not None and not forgiving.forgives(reach):
             forgiving = None
@@ -99,8 +159,9 @@ class Restorer:
         damaged: list[CheckpointInfo] = []
         # Newest first by epoch, then seq: after an accepted loss the new line numbers
         # on from below the given-up one, under higher epochs.
-        for info in sorted(infos, key=lambda i: (i.epoch, i.seq), reverse=True):
-            opened = await self._open_stored(info)
+        for info in infos:
+            blob = read.newest[1] if read.newest is not None and read.newest[0] == info else None
+            opened = await self._open_stored(info, blob)
             if opened is None:
                 damaged.append(info)
                 continue
@@ -182,11 +243,21 @@ class Restorer:
         state, inbox = self._sealer.open_checkpoint(blob, self._agent_id, info.epoch, info.seq)
         return state, ConsumedMarks.from_json(inbox)
 
-    async def _open_stored(self, info: CheckpointInfo) -> Opened | None:
-        """One stored checkpoint opened, or None (reported) if it does not authenticate."""
+    async def _read_for_restore(self) -> _Read:
+        """What the restore needs: read ahead during the acquisition, or now."""
+        self._loop = asyncio.get_running_loop()  # for the next takeover's read ahead
+        prefetched = self._take_prefetch()
+        if prefetched is not None:
+            return await prefetched  # a store error is the restore's, as if read now
+        return await self._read()
+
+    async def _open_stored(self, info: CheckpointInfo, blob: bytes | None = None) -> Opened | None:
+        """One stored checkpoint (read already: blob) opened, or None (reported) if it does
+        not authenticate."""
         try:
             self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-            blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, info)
+            if blob is None:
+                blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, info)
             return await self._calls.work(self._open, blob, info)
         except (Tampered, CorruptRecord) as exc:
             self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))

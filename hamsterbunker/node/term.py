@@ -166,6 +166,7 @@ class LeaderTerm:
         self._standing.restored = False
         stall = _Stall(self._clock, self._timing.lease_ttl_s)
         progress = None
+        self._inbox.read_ahead()
         while progress is None:
             started = self._clock.monotonic()
             try:

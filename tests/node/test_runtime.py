@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from hamsterbunker.agent import current_step
 from hamsterbunker.errors import (
     ConfigError,
+    LeaseConflict,
     NoUsableCheckpoint,
     SecretTooShort,
     StoreRegressed,
@@ -367,6 +369,97 @@ def test_restore_retries_a_checkpoint_it_could_not_read_instead_of_falling_back(
     assert resumed.detail["from_seq"] == 3
     assert hb.events.of("checkpoint.rejected", "node-b") == []
     assert any("restore" in e.detail["error"] for e in hb.events.of("store.error", "node-b"))
+
+
+class OrderedStore(FaultyStore):
+    """Notes whether node-b listed the checkpoints before its acquisition's compare-and-set
+    returned (it waits, bounded, for the listing); or makes node-b lose that race."""
+
+    def __init__(self, inner: FileStore, *, lose_first_take: bool = False) -> None:
+        super().__init__(inner)
+        self.listed = threading.Event()
+        self.listed_before_taken: bool | None = None
+        self.lose_first_take = lose_first_take
+
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        self.listed.set()
+        return self._inner.list_checkpoints(agent)
+
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        current = self._inner.read_lease(agent)
+        taking = new.holder == "node-b" and current is not None and current.holder is None
+        if taking and self.lose_first_take:
+            self.lose_first_take = False
+            self.listed.wait(5)  # node-b reads ahead meanwhile
+            # node-c takes the lease first and publishes checkpoint 4, then goes silent:
+            # node-b takes it once it expires, and must resume from 4, not what it read.
+            cluster = self._inner.read_cluster()
+            assert cluster is not None
+            self._inner.cas_lease(agent, expected_version, replace(new, holder="node-c"))
+            fence = Fence("node-c", new.session, new.epoch)
+            blob = Sealer(SECRET, cluster).seal(agent, new.epoch, 4, {"n": 4, "effects": [4]})
+            self._inner.put_checkpoint(agent, fence, 4, blob)
+            raise LeaseConflict("injected: node-c took the lease first")
+        if taking and self.listed_before_taken is None:
+            self.listed_before_taken = self.listed.wait(5)
+        return self._inner.cas_lease(agent, expected_version, new)
+
+
+def test_a_successor_reads_the_checkpoints_while_it_takes_a_released_lease(
+    hb: Harness,
+) -> None:
+    """A released lease (a stop, a switchover) is taken and restored in one go: the
+    checkpoints are listed before the acquisition's compare-and-set returns."""
+    _publish_three_and_stop(hb)
+    store = OrderedStore(hb.store())
+    hb.node("node-b", AsyncAgent(park_from=4), store=store)
+    resumed = hb.events.wait("agent.resumed", "node-b")
+    assert resumed.detail["from_seq"] == 3
+    assert store.listed_before_taken is True
+
+
+class InboxFirstStore(FaultyStore):
+    """Notes whether the inbox was being read while the newest checkpoint was (bounded wait)."""
+
+    def __init__(self, inner: FileStore) -> None:
+        super().__init__(inner)
+        self.inbox_read = threading.Event()
+        self.inbox_read_during_restore: bool | None = None
+
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        self.inbox_read.set()
+        return self._inner.read_inbox(agent, after)
+
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        if self.inbox_read_during_restore is None:
+            self.inbox_read_during_restore = self.inbox_read.wait(5)
+        return self._inner.read_checkpoint(agent, info)
+
+
+def test_a_new_leader_reads_its_inbox_while_it_restores(hb: Harness) -> None:
+    """The term's first inbox read does not wait for the restore: a round trip less before
+    the first step (the inbox tests show that what the checkpoint consumed stays hidden)."""
+    _publish_three_and_stop(hb)
+    store = InboxFirstStore(hb.store())
+    agent_b = AsyncAgent(park_from=4)
+    hb.node("node-b", agent_b, store=store)
+    hb.events.wait("agent.resumed", "node-b")
+    wait_until(lambda: agent_b.entered, "node-b to start a step")
+    assert store.inbox_read_during_restore is True
+
+
+def test_what_was_read_ahead_of_a_lost_race_is_not_restored_from(hb: Harness) -> None:
+    """Another node took the released lease first and published: the node that read ahead
+    for it and took the lease later restores from what is stored then, not what it read."""
+    _publish_three_and_stop(hb)
+    store = OrderedStore(hb.store(), lose_first_take=True)
+    agent_b = AsyncAgent(park_from=5)
+    hb.node("node-b", agent_b, store=store)
+    resumed = hb.events.wait("agent.resumed", "node-b")
+    assert store.listed.is_set()  # it did read ahead of the race it lost
+    assert resumed.detail["from_seq"] == 4
+    wait_until(lambda: agent_b.entered, "node-b to start a step")
+    assert agent_b.entered[0][1] == {"n": 4, "effects": [4]}
 
 
 def test_restore_skips_a_tampered_newest_checkpoint_that_no_node_saw_accepted(
