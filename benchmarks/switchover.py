@@ -46,6 +46,8 @@ TARGET_MS = {"file": 100, "etcd": 50, "redis": 50}  # issue 17
 SWITCHOVERS, QUICK_SWITCHOVERS = 30, 5
 BUDGET_S, QUICK_BUDGET_S = 180.0, 60.0  # per store
 STEP_S = 0.005  # the agent's step: the step in flight the old leader finishes
+WAIT_S = 0.3  # the waiting workload: each step waits this long for work that never comes
+WAIT_ENV = "HB_BENCH_WAIT_S"  # set for the nodes of the waiting workload
 REPO = Path(__file__).resolve().parent.parent
 CLOCK = MonotonicClock()  # CLOCK_BOOTTIME: the nodes' history and the agent's step log use it
 AGENT = "benchmarks.switchover:ShortStepAgent"
@@ -63,6 +65,15 @@ lease is released, so the old leader's part of the switchover includes up to one
 step, which is the agent's time, not the library's; CounterAgent's 0.25 s steps (the
 other node benchmarks) would swamp the figure. The agent writes, on CLOCK_BOOTTIME
 (the clock of the nodes' history), the moment its first step of each term starts.
+
+Two workloads per store, each with fresh nodes and a fresh server:
+* **busy**: the step sleeps {STEP_S * 1000:.0f} ms and the next begins at once, a checkpoint
+  after each: the leader publishes as fast as the store takes it (on etcd about 60
+  checkpoints a second, each a read and a txn), so the switchover's own store calls
+  queue behind them. The store at its busiest.
+* **waiting**: the step waits in `ctx.wait_for_inbox({WAIT_S})` for work that never comes,
+  as an agent idle between requests does; a checkpoint every {WAIT_S * 1000:.0f} ms. A
+  switchover tells the waiting step that the term ends, and it returns at once.
 
 For each switchover ({SWITCHOVERS} per store, {QUICK_SWITCHOVERS} with `--quick`):
 wait until the three nodes heartbeat and the leader has published in its epoch;
@@ -287,7 +298,11 @@ class ShortStepAgent:
                 os.write(fd, (json.dumps(line) + "\n").encode())
             finally:
                 os.close(fd)
-        await asyncio.sleep(STEP_S)
+        wait_s = os.environ.get(WAIT_ENV)
+        if wait_s and context is not None:
+            await context.wait_for_inbox(float(wait_s))
+        else:
+            await asyncio.sleep(STEP_S)
         return {"count": state["count"] + 1}
 
 
@@ -304,6 +319,21 @@ class _ShortStepCluster(LocalCluster):
         }
         if os.environ.get(PROBE_ENV) == "1":
             self.env[PROBE_LOG_ENV] = str(self.log_dir.parent / "probe.jsonl")
+
+
+@dataclass
+class _WaitingCluster(_ShortStepCluster):
+    """The same nodes, whose agent waits for work in each step (the waiting workload)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.env[WAIT_ENV] = str(WAIT_S)
+
+
+WORKLOADS: dict[str, type[_ShortStepCluster]] = {
+    "busy": _ShortStepCluster,
+    "waiting": _WaitingCluster,
+}
 
 
 class _Lines:
@@ -622,13 +652,16 @@ def _store_url(backend: str) -> Iterator[str | None]:
             yield url
 
 
-def _measure(backend: str, quick: bool) -> tuple[list[Sample], list[str], list[str]]:
+def _measure(backend: str, workload: str, quick: bool) -> tuple[list[Sample], list[str], list[str]]:
     count = QUICK_SWITCHOVERS if quick else SWITCHOVERS
     budget = QUICK_BUDGET_S if quick else BUDGET_S
     with (
         _store_url(backend) as url,
         bench_cluster(
-            f"{NAME}-{backend}", timing=TIMING, cluster_class=_ShortStepCluster, store_url=url
+            f"{NAME}-{backend}-{workload}",
+            timing=TIMING,
+            cluster_class=WORKLOADS[workload],
+            store_url=url,
         ) as cluster,
     ):
         samples, notes = _switchovers(cluster, count, budget, seed=17)
@@ -640,18 +673,18 @@ def _spread(label: str, values: list[float]) -> list[str]:
     return spread_row(label, values) if values else [label, "0", "–", "–", "–", "–"]
 
 
-def _backend_result(backend: str, samples: list[Sample], notes: list[str],
+def _backend_result(backend: str, workload: str, samples: list[Sample], notes: list[str],
                     violations: list[str]) -> tuple[list[Table], list[Check], list[str]]:  # fmt: skip
     target_ms = TARGET_MS[backend]
+    step = f"the {STEP_S * 1000:.0f} ms step" if workload == "busy" else "the step's wait"
+    backend = f"{backend}, {workload}"
     written = "request written"
     figures = {
         f"(a) {written} → new leader's first step starts": [s.first_step for s in samples],
         f"{written} → first checkpoint, agent step excluded": [
             s.published_without_step for s in samples
         ],
-        f"{written} → first checkpoint (with the {STEP_S * 1000:.0f} ms step)": [
-            s.published for s in samples
-        ],
+        f"{written} → first checkpoint (with {step})": [s.published for s in samples],
         "(b) request_switchover called → first step starts": [
             s.first_step - s.call for s in samples
         ],
@@ -793,9 +826,10 @@ def run(quick: bool) -> Result:
     checks: list[Check] = []
     notes: list[str] = []
     for backend in BACKENDS:
-        samples, backend_notes, violations = _measure(backend, quick)
-        part = _backend_result(backend, samples, backend_notes, violations)
-        tables += part[0]
-        checks += part[1]
-        notes += part[2]
+        for workload in WORKLOADS:
+            samples, backend_notes, violations = _measure(backend, workload, quick)
+            part = _backend_result(backend, workload, samples, backend_notes, violations)
+            tables += part[0]
+            checks += part[1]
+            notes += part[2]
     return Result(NAME, TITLE, METHOD, tables, checks, notes, ANALYSIS)

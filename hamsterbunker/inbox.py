@@ -201,6 +201,10 @@ class StepInbox:
             if self.shown() or left <= 0 or self._io.closing():
                 return self.shown()
             await self._io.woken(mark, left)
+            if self._io.closing():
+                # The term ends: return at once. What came meanwhile stays unconsumed,
+                # for the next leader.
+                return self.shown()
 
 
 def _check_json(value: Any) -> None:

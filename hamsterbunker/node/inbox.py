@@ -148,13 +148,18 @@ class TermInbox:
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch(), name="hb-inbox-watch")
         deadline = asyncio.get_running_loop().time() + min(timeout, self._tick_s)
-        while self._wakes <= since:
+        while self._wakes <= since and not self.closing():
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 return
             self._woke.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._woke.wait(), left)
+
+    def interrupt(self) -> None:
+        """The term is ending (closing() is true now): a step waiting for work returns at
+        once, so that a stop or a switchover publishes it without waiting out a tick."""
+        self._woke.set()
 
     async def _watch(self) -> None:
         while True:

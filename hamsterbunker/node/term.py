@@ -375,6 +375,7 @@ class LeaderTerm:
                 remaining = self._keeper.seconds_until_deadline()
                 if stopping.done() and finish_by is None:
                     finish_by = now + self._grace()
+                    self._inbox.interrupt()  # a step waiting for work finishes now
                 if lost.done() or hurry.done() or (finish_by is not None and now >= finish_by):
                     step.cancel()
                     return _StepEnd.LOST

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -375,6 +375,36 @@ def test_a_planned_stop_ends_a_wait_for_inbox_and_publishes_the_step(nodes: Node
     assert not stopping.is_alive(), "stop() waited for the stop grace"
     assert len(nodes.events.of("checkpoint.published")) > published
     assert not nodes.events.of("agent.yielded")
+
+
+def test_a_planned_stop_ends_a_wait_for_inbox_at_once_not_at_the_next_tick(
+    nodes: Nodes,
+) -> None:
+    """With a 20 s tick and a store watch that never fires (it is only a hint: the stop's
+    own event writes would otherwise wake the wait), a step waiting for work is told the
+    term is ending (a stop, as a switchover does): stop() returns long before the tick."""
+
+    class Unwatched(MemoryStore):
+        async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+            await asyncio.Event().wait()
+            yield None
+
+    nodes.store = Unwatched()
+    slow = LeaseTiming(tick_ms=20_000, lease_ttl_ms=60_000)
+    agent = Answerer(wait_s=600.0)
+    node = Runtime(node_id="a", region="r", store=nodes.store, agent=agent, secret=SECRET,
+                   timing=slow, on_event=nodes.events, stop_grace_ms=60_000)  # fmt: skip
+    nodes.made.append(node)
+    node.start()
+    with nodes.client() as client:
+        client.submit(AGENT, 1, request_id="first")
+        client.result(AGENT, "first", timeout=WAIT_S)  # the next step now waits, idle
+    published = len(nodes.events.of("checkpoint.published"))
+    stopping = threading.Thread(target=node.stop)
+    stopping.start()
+    stopping.join(5.0)
+    assert not stopping.is_alive(), "stop() waited for the wait's tick"
+    assert len(nodes.events.of("checkpoint.published")) > published
 
 
 def test_junk_planted_ahead_of_the_counter_hides_no_later_submission(nodes: Nodes) -> None:
