@@ -148,33 +148,44 @@ Changed in the library since (commits 7ab95bd, 9a76829):
 3. **The restore reads the checkpoint names and the accepted-loss record at once:**
    one round trip less for every takeover.
 
-What is left (this run's figures are above):
+Changed since (2026-12-01, later; commits ec446f5, 2ea92e5, 77d95ab):
 
-* **etcd (p99 target 50 ms).** About six round trips remain in series, each 5–11 ms
-  here because the single etcd member fsyncs its Raft log on every write: the old
-  leader's check (read), its publish of the step in flight and its release (two
-  writes); the new leader's read and compare-and-set (a write) after its watch wakes
-  it; its restore (two reads), and `read_inbox` before the first step. p50 is now
-  about 75 ms. What would shorten the chain, not done: the new value the etcd watch
-  event already carries (`event["kv"]`) given to the leader and the standby, so that
-  neither reads the record again (−2); the restore reading the checkpoint the lease
-  record names, with the accepted-loss record, instead of listing first (−1); the
-  first `read_inbox` alongside the restore (−1).
-* **file (p99 target 100 ms): met only at a cost.** Two `watchfiles` wake-ups are in
-  series (the old leader sees the request, the new leader sees the release), each
-  20–40 ms after the rename: watchfiles yields only after `step` ms without a further
-  change, from its Rust thread. With `step=5` for the lease watch, p99 was 53.4 ms in
-  a full `make bench` run (p50 35 ms), but the idle standby's CPU rose from 1.85 % to
-  3.05 % of a core (its Rust thread wakes every `step`), against the 0.5 % target of
-  the standby benchmark. The store keeps `step=20`. The fix that serves both is an
-  inotify descriptor read on the event loop for the lease watch (`IN_MOVED_TO` of
-  `lease.json`: 0.6–0.7 ms per wake-up, no thread waking while idle), with watchfiles
-  kept for NFS, where it polls.
+4. **The file store's lease watch is inotify on the event loop** (asyncinotify), not
+   watchfiles' thread: a change is read as it lands, and nothing wakes while idle.
+   File p99 fell from 112 to 42–48 ms (busy workload), and the idle standby's CPU from
+   1.85 % to 1.30 % of a core (the standby benchmark). watchfiles is kept for NFS.
+5. **A released lease is taken and restored in one go.** Once a node has read a
+   released record, no checkpoint of that epoch can be accepted any more (the fence
+   names no holder), so the restorer lists the checkpoints, reads the loss acceptance
+   and the newest checkpoint while the acquiring compare-and-set is under way; the
+   term uses them only if that compare-and-set replaced that very record. The term's
+   first inbox read runs beside the restore. etcd's restore went from 16 to 10–12 ms
+   (p50).
+6. **A step waiting for work returns at once when its term ends** (a stop, a
+   switchover), without waiting for the watch or a tick and without reading the inbox
+   again: the waiting workload.
+
+What is left:
+
+* **etcd (p99 target 50 ms): missed**, in both workloads (the tables above). The
+  chain holds five store calls in series after the request: the old leader's read
+  of the record, its publish (a read and a txn), its release (a txn), the new
+  leader's read and compare-and-set (a txn), with the restore's reads beside the last.
+  A txn took 2.7 ms p50 from one idle client on this machine, but 4–10 ms inside the
+  running cluster (three node processes, their heartbeats and events, etcd and this
+  benchmark on two cores: a timing inside the old leader's release). What would
+  shorten it, not done: the old leader publishing its last checkpoint and handing
+  the lease to the target in one txn (the target's session is in its heartbeat; the
+  target adopts the record without a compare-and-set of its own, stepping until a
+  renew deadline counted from its last read of the record before: two writes less),
+  and the new value that etcd's watch event carries handed to the leader and the
+  standby instead of a read (two reads less).
 * **(b), the whole call.** `request_switchover` first watches the leader's lease
   record and the target's heartbeat until both change (they are seen live, as a
   standby sees a lease: never by comparing clocks), which takes up to a tick (400
-  ms); then it writes. No change above shortens that part; it is the price of
-  refusing a switchover to a dead node before anything is written.
+  ms); then it writes. The way to make the command itself fast is to write at once
+  and let the target acknowledge (a fresh write of its own, seen by the leader before
+  it hands over, and withdrawn by the command if none comes within a TTL): not done.
 """
 
 
