@@ -188,6 +188,23 @@ def test_a_node_whose_heartbeat_vanished_stays_listed_as_offline_until_it_beats_
     assert row(m, "a") == ("starting", "fresh", 0.0)
 
 
+def test_a_dead_node_whose_heartbeat_is_dropped_leaves_the_view_with_its_events() -> None:
+    """hb forget drops a dead node's heartbeat (it refuses a live one): the monitor drops
+    the node and its events, and tells the event log once."""
+    m, ev = model(), Events()
+    update(m, now=10.0, wall=T0 + 5, beats=[beat("a", 5, role="active"), beat("b", 5)],
+           events=[ev("a", "agent.step", T0 + 4), ev("b", "node.standby", T0 + 4.5)])  # fmt: skip
+    update(m, now=13.0, beats=[beat("a", 5, role="active"), beat("b", 9)])  # a: dead (TTL 2 s)
+    assert row(m, "a")[:2] == ("offline", "dead")
+    update(m, now=13.5, beats=[beat("b", 10)])  # forgotten
+    assert [v.node for v in m.nodes()] == ["b"]
+    assert [e.node for e in m.events] == ["b"]
+    assert m.drain_forgotten() == ["a"]
+    assert m.drain_forgotten() == []
+    update(m, now=14.0, beats=[beat("b", 11)])
+    assert [v.node for v in m.nodes()] == ["b"]
+
+
 def test_a_node_offline_older_than_the_current_heartbeat_does_not_mark_it_offline() -> None:
     m, ev = model(), Events()
     # The monitor's first poll reads the whole history: a stopped at T0 + 5, restarted,

@@ -27,7 +27,7 @@ from hamsterbunker_tui.panels import KillPanel, StoreBanner
 from hamsterbunker import FileStore
 from hamsterbunker.demo import NODES
 from hamsterbunker.local import LocalCluster
-from hamsterbunker.records import Heartbeat, LeaseRecord
+from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import Store
 from hamsterbunker.timing import LeaseTiming
 from tests.support import store_of
@@ -291,6 +291,37 @@ def test_removed_store_shows_a_banner_until_it_is_readable_again(
             )
             assert app.store_error is None
 
+    asyncio.run(scenario())
+
+
+def test_a_forgotten_dead_node_leaves_the_table_and_the_event_log(tmp_path: Path) -> None:
+    """hb forget (Store.forget_node) of a dead node, while the monitor runs: its row and its
+    event lines go; the other dead node stays listed, as offline."""
+    store = FileStore(tmp_path / "store")
+    lease = LeaseRecord(holder="far-1", region="us-west", session="s1", epoch=1, ttl_ms=1000)
+    store.cas_lease(AGENT, None, lease)
+    for n, node in enumerate(("far-1", "far-2"), start=1):
+        role = "active" if node == "far-1" else "standby"
+        beat = Heartbeat(node=node, region="us-west", host="elsewhere.example", pid=4000 + n,
+                         role=role, epoch=1, seq=0, leader="far-1", time=time.time(), beats=1)  # fmt: skip
+        store.put_heartbeat(AGENT, beat)
+        said = Event(node=node, n=1, type="lease.renew_failed", time=time.time(), epoch=1,
+                     detail={"error": f"said by {node}"})  # fmt: skip
+        store.append_event(AGENT, said)
+
+    def rows() -> str:
+        return widget_text(app.query_one(NodesTable))
+
+    async def scenario() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, "both nodes dead", lambda: rows().count("offline") == 2)
+            await until(pilot, "far-2's event", lambda: "said by far-2" in screen_text(app))
+            store.forget_node(AGENT, "far-2")
+            await until(pilot, "far-2 gone", lambda: "far-2" not in screen_text(app))
+            assert "far-1" in rows() and "offline" in rows()
+            assert "said by far-1" in screen_text(app)
+
+    app = MonitorApp(FileStore(tmp_path / "store", create=False), AGENT)
     asyncio.run(scenario())
 
 

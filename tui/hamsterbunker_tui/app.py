@@ -281,7 +281,10 @@ class MonitorApp(ControlKeys):
         self.query_one(LeasePanel).show(model.lease_view(), model.lease_error)
         self.query_one(ProgressPanel).show(model.progress(), self.count)
         self.query_one(Timeline).show(model.timeline())
-        self.query_one(EventLog).show_new(model.events, model.events_seen)
+        log = self.query_one(EventLog)
+        for node in model.drain_forgotten():
+            log.forget(node)
+        log.show_new(model.events, model.events_seen)
         target = kill_target(model)
         self.query_one(KillPanel).show(target)
         if target != self._target:

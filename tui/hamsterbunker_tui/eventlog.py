@@ -236,6 +236,12 @@ class EventLog(RichLog):
         self._write(lines)
         self._last_write = time.monotonic()
 
+    def forget(self, node: str) -> None:
+        """Drop node's events (``hb forget``), and show what is left."""
+        kept = [e for e in self._kept if not (isinstance(e, Event) and e.node == node)]
+        self._kept = collections.deque(kept, maxlen=self._kept.maxlen)
+        self.redraw()
+
     def set_filter(self, new: EventFilter) -> None:
         self.filter = new
         self._title()

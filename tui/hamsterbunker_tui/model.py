@@ -133,6 +133,8 @@ class ClusterModel:
     _offline_marks: dict[str, object] = field(default_factory=dict)
     _said_offline: list[Event] = field(default_factory=list)  # to mark once beats are read
     _vanished: set[str] = field(default_factory=set)  # heartbeat removed (graceful stop)
+    # Nodes dropped from the view since the app last asked (drain_forgotten).
+    _forgotten: list[str] = field(default_factory=list)
     # Nodes known to exist before any heartbeat (the demo's, just started): shown as
     # starting until their first heartbeat, so the table is not empty meanwhile.
     expected: dict[str, NodeView] = field(default_factory=dict)
@@ -167,8 +169,12 @@ class ClusterModel:
             self._vanished.discard(node)
             self._see_inbox(node, beat.inbox_oldest, now, wall)
         self._mark_offline(current)
-        # A node whose heartbeat vanished (graceful stop) stays listed, as offline.
+        # A node whose heartbeat vanished (graceful stop) stays listed, as offline; a
+        # dead one's was dropped by `hb forget` (it refuses a live node): so is the node.
         for node in self.heartbeats.keys() - current.keys():
+            if node not in self._vanished and self._health(node) == "dead":
+                self._forget(node)
+                continue
             self._vanished.add(node)
             current[node] = self.heartbeats[node]
         self.heartbeats = current
@@ -237,6 +243,25 @@ class ClusterModel:
             case "node.offline":
                 self._said_offline.append(event)
 
+    def _forget(self, node: str) -> None:
+        """Drop node and its events from the view (``hb forget``)."""
+        for seen in (self._beat_seen, self._inbox_seen, self._offline_marks):
+            seen.pop(node, None)
+        self._vanished.discard(node)
+        kept = [event for event in self.events if event.node != node]
+        self.events = collections.deque(kept, maxlen=self.max_events)
+        self._forgotten.append(node)
+
+    def drain_forgotten(self) -> list[str]:
+        """The nodes dropped from the view since the last call, for the event log."""
+        forgotten, self._forgotten = self._forgotten, []
+        return forgotten
+
+    def _health(self, node: str) -> str:
+        """fresh, late or dead: how long since node's heartbeat last changed, as seen here."""
+        age = self._now - self._beat_seen[node].since
+        return "fresh" if age <= self.ttl_s / 2 else "late" if age <= self.ttl_s else "dead"
+
     def _mark_offline(self, beats: dict[str, Heartbeat]) -> None:
         for event in self._said_offline:
             beat = beats.get(event.node) or self.heartbeats.get(event.node)
@@ -265,7 +290,7 @@ class ClusterModel:
         views = [view for node, view in self.expected.items() if node not in self.heartbeats]
         for node, beat in sorted(self.heartbeats.items()):
             age = self._now - self._beat_seen[node].since
-            health = "fresh" if age <= self.ttl_s / 2 else "late" if age <= self.ttl_s else "dead"
+            health = self._health(node)
             gone = health == "dead" or node in self._vanished or node in self._offline_marks
             role = "offline" if gone else beat.role
             active = role == "active"

@@ -186,9 +186,13 @@ class NodesTable(DataTable[Text]):
         }
         now = time.monotonic()
         known = all(view.node in self._shown for view, _ in rows)
-        if known and changed <= ROUTINE_COLUMNS and now - self._routine_at < ROUTINE_S:
+        gone = self._shown.keys() - {view.node for view in nodes}  # forgotten (hb forget)
+        if known and not gone and changed <= ROUTINE_COLUMNS and now - self._routine_at < ROUTINE_S:
             return
         self._routine_at = now
+        for node in gone:
+            self.remove_row(node)
+            del self._shown[node]
         for view, cells in rows:
             shown = self._shown.get(view.node)
             if shown is None:
