@@ -15,13 +15,7 @@ from dataclasses import dataclass, field
 
 from ..acceptance import Acceptance, open_acceptance
 from ..agent import Agent, State, StepContext
-from ..errors import (
-    CorruptRecord,
-    HamsterbunkerError,
-    NoUsableCheckpoint,
-    StoreRegressed,
-    Tampered,
-)
+from ..errors import CorruptRecord, HamsterbunkerError, NoUsableCheckpoint, StoreRegressed, Tampered
 from ..inbox import ConsumedMarks
 from ..lease import LeaseKeeper
 from ..notify import Notifier
