@@ -357,12 +357,13 @@ def test_a_submission_compares_by_number_request_and_payload() -> None:
     assert Submission(1, "r", 2, 10.0) == Submission(1, "r", 2, 99.0)
 
 
-def test_a_planned_stop_ends_a_wait_for_inbox_and_publishes_the_step(nodes: Nodes) -> None:
-    """A node whose step waits in wait_for_inbox(600) with a 60 s stop grace: stop() ends
-    the wait, publishes the step and hands over, instead of cancelling it at the grace."""
+def _stop_while_a_step_waits(nodes: Nodes, timing: LeaseTiming, within_s: float) -> bool:
+    """Start a node whose step waits in wait_for_inbox(600) with a 60 s stop grace, give it
+    a first submission, then stop it while its next step waits: whether stop() returned
+    within within_s having published the waiting step."""
     agent = Answerer(wait_s=600.0)
     node = Runtime(node_id="a", region="r", store=nodes.store, agent=agent, secret=SECRET,
-                   timing=TIMING, on_event=nodes.events, stop_grace_ms=60_000)  # fmt: skip
+                   timing=timing, on_event=nodes.events, stop_grace_ms=60_000)  # fmt: skip
     nodes.made.append(node)
     node.start()
     with nodes.client() as client:
@@ -371,9 +372,14 @@ def test_a_planned_stop_ends_a_wait_for_inbox_and_publishes_the_step(nodes: Node
     published = len(nodes.events.of("checkpoint.published"))
     stopping = threading.Thread(target=node.stop)
     stopping.start()
-    stopping.join(WAIT_S)
-    assert not stopping.is_alive(), "stop() waited for the stop grace"
-    assert len(nodes.events.of("checkpoint.published")) > published
+    stopping.join(within_s)
+    return not stopping.is_alive() and len(nodes.events.of("checkpoint.published")) > published
+
+
+def test_a_planned_stop_ends_a_wait_for_inbox_and_publishes_the_step(nodes: Nodes) -> None:
+    """stop() ends the wait, publishes the step and hands over, instead of cancelling it
+    at the stop grace."""
+    assert _stop_while_a_step_waits(nodes, TIMING, within_s=WAIT_S)
     assert not nodes.events.of("agent.yielded")
 
 
@@ -391,20 +397,7 @@ def test_a_planned_stop_ends_a_wait_for_inbox_at_once_not_at_the_next_tick(
 
     nodes.store = Unwatched()
     slow = LeaseTiming(tick_ms=20_000, lease_ttl_ms=60_000)
-    agent = Answerer(wait_s=600.0)
-    node = Runtime(node_id="a", region="r", store=nodes.store, agent=agent, secret=SECRET,
-                   timing=slow, on_event=nodes.events, stop_grace_ms=60_000)  # fmt: skip
-    nodes.made.append(node)
-    node.start()
-    with nodes.client() as client:
-        client.submit(AGENT, 1, request_id="first")
-        client.result(AGENT, "first", timeout=WAIT_S)  # the next step now waits, idle
-    published = len(nodes.events.of("checkpoint.published"))
-    stopping = threading.Thread(target=node.stop)
-    stopping.start()
-    stopping.join(5.0)
-    assert not stopping.is_alive(), "stop() waited for the wait's tick"
-    assert len(nodes.events.of("checkpoint.published")) > published
+    assert _stop_while_a_step_waits(nodes, slow, within_s=5.0)
 
 
 def test_junk_planted_ahead_of_the_counter_hides_no_later_submission(nodes: Nodes) -> None:
