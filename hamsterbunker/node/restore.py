@@ -10,6 +10,7 @@ answer was lost landed after all.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -98,7 +99,8 @@ class Restorer:
         reads only if that compare-and-set replaced this very record.
         """
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._start_prefetch, version)
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody will restore
+                self._loop.call_soon_threadsafe(self._start_prefetch, version)
 
     def _start_prefetch(self, version: int) -> None:
         if self._prefetch is not None:
