@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import multiprocessing
 import os
@@ -33,6 +34,7 @@ from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.file import store as file_store_module
 from hamsterbunker.stores.file.lease import lease_locked
+from hamsterbunker.stores.file.lease_watch import open_lease_watch
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
 
 WAIT_S = 30.0
@@ -367,6 +369,21 @@ def test_a_lease_only_watch_on_a_local_disk_runs_no_polling_thread(root: Path) -
             await watcher.aclose()  # type: ignore[attr-defined]
 
     asyncio.run(main())
+
+
+def test_without_an_inotify_instance_the_lease_watch_falls_back_to_polling(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """inotify_init1 refused (EMFILE: the per-user instance limit): no watch is opened,
+    so the store polls (through watchfiles) instead of failing."""
+    import asyncinotify
+
+    def refused(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(asyncinotify, "Inotify", refused)
+    (root / "agents" / "a").mkdir(parents=True)
+    assert open_lease_watch(root / "agents" / "a") is None
 
 
 def test_a_lease_only_watch_outlives_its_directory_being_replaced(root: Path) -> None:

@@ -32,7 +32,9 @@ def open_lease_watch(directory: Path) -> Inotify | None:
         from asyncinotify import Inotify, Mask
 
         inotify = Inotify()
-    except (ImportError, OSError, AttributeError) as exc:  # no inotify on this system
+    # No inotify on this system (RuntimeError: asyncinotify found no libc that has it), or
+    # EMFILE: the user's instance limit (fs.inotify.max_user_instances, 128 by default).
+    except (ImportError, RuntimeError, OSError, AttributeError) as exc:
         log.debug("no inotify (%s): the lease watch polls", exc)
         return None
     # The record is replaced by a rename (MOVED_TO) or removed; a planted symlink
