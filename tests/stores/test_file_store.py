@@ -16,6 +16,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from hamsterbunker.errors import (
     StoreUnsafe,
 )
 from hamsterbunker.limits import MAX_RECORD_BYTES
+from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.file import store as file_store_module
@@ -315,23 +317,32 @@ def lease_watch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     return str(request.param)
 
 
+async def _renew_until_woken(
+    store: FileStore, woke: asyncio.Future[None], current: LeaseRecord, what: str
+) -> LeaseRecord:
+    """Renew agent a's lease until the watch wakes (bounded): a watch set up after the first
+    renewal still wakes, and a woken watch is known to be live. The last record written."""
+    deadline = time.monotonic() + 10
+    while not woke.done():
+        assert time.monotonic() < deadline, f"the watch never woke {what}"
+        current = store.cas_lease(
+            "a", current.version, replace(current, renewals=current.renewals + 1)
+        )
+        await asyncio.wait({woke}, timeout=0.25)
+    return current
+
+
 def test_a_lease_only_watch_sleeps_through_other_writes(root: Path, lease_watch: str) -> None:
     """A lease-only watcher is not woken by heartbeats, events or checkpoints, only by the lease."""
     store = FileStore(root)
     held = store.cas_lease("a", None, lease("n1", 1))
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
         watcher = store.watch("a", lease_only=True)
         woke = asyncio.ensure_future(watcher.__anext__())
         try:
-            # First prove the watch is live: renew until it wakes (bounded), so that
-            # "not woken" below means something.
-            current, deadline = held, loop.time() + 10
-            while not woke.done():
-                assert loop.time() < deadline, "the watch never woke on a lease change"
-                current = store.cas_lease("a", current.version, lease("n1", 1))
-                await asyncio.wait({woke}, timeout=0.25)
+            # First prove the watch is live, so that "not woken" below means something.
+            current = await _renew_until_woken(store, woke, held, "on a lease change")
             woke = asyncio.ensure_future(watcher.__anext__())
             for n in range(1, 21):  # other records change, many times over 0.5 s
                 store.put_heartbeat("a", heartbeat("n1"))
@@ -359,10 +370,9 @@ def test_a_lease_only_watch_on_a_local_disk_runs_no_polling_thread(root: Path) -
         woke = asyncio.ensure_future(watcher.__anext__())
         threads = threading.active_count()
         try:
-            await asyncio.sleep(0.3)  # a polling watch would have started its thread by now
+            # Live once it woke (a polling watch has its thread running by then).
+            await _renew_until_woken(store, woke, held, "on a lease change")
             assert threading.active_count() == threads
-            await asyncio.to_thread(store.cas_lease, "a", held.version, lease("n1", 1))
-            await asyncio.wait_for(woke, timeout=10)
         finally:
             woke.cancel()
             await asyncio.gather(woke, return_exceptions=True)
@@ -390,29 +400,21 @@ def test_a_lease_only_watch_outlives_its_directory_being_replaced(root: Path) ->
     """The agent directory moved away and made again (a restore from backup): the inotify
     watch follows the new directory (where it falls back to watchfiles, ticks do)."""
     store = FileStore(root)
-    store.cas_lease("a", None, lease("n1", 1))
+    held = store.cas_lease("a", None, lease("n1", 1))
     agent_dir = root / "agents" / "a"
 
     async def main() -> None:
         watcher = store.watch("a", lease_only=True)
         woke = asyncio.ensure_future(watcher.__anext__())
         try:
-            await asyncio.sleep(0.3)  # the watch is set up on the first directory
-            os.rename(agent_dir, root / "old-a")
-            store.cas_lease("a", None, lease("n2", 2))  # a new directory, a new record
-            # Woken by the new directory's record (bounded: renewed until it wakes).
-            current, deadline = store.read_lease("a"), time.monotonic() + 10
-            while not woke.done():
-                assert time.monotonic() < deadline, "the watch never woke after the replacement"
-                assert current is not None
-                current = store.cas_lease("a", current.version, lease("n2", 2))
-                await asyncio.wait({woke}, timeout=0.25)
+            await _renew_until_woken(store, woke, held, "on the first directory")
             woke = asyncio.ensure_future(watcher.__anext__())
-            await asyncio.sleep(0.3)
-            while not woke.done():  # and again after that: it watches the new directory
-                assert time.monotonic() < deadline, "the watch stopped after the replacement"
-                current = store.cas_lease("a", current.version, lease("n2", 2))
-                await asyncio.wait({woke}, timeout=0.25)
+            os.rename(agent_dir, root / "old-a")
+            current = store.cas_lease("a", None, lease("n2", 2))  # a new directory, a new record
+            current = await _renew_until_woken(store, woke, current, "after the replacement")
+            woke = asyncio.ensure_future(watcher.__anext__())
+            # And again after that: it watches the new directory.
+            await _renew_until_woken(store, woke, current, "again after the replacement")
         finally:
             woke.cancel()
             await asyncio.gather(woke, return_exceptions=True)
