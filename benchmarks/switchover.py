@@ -152,8 +152,8 @@ Changed since (2026-12-01, later; commits ec446f5, 2ea92e5, 77d95ab):
 
 4. **The file store's lease watch is inotify on the event loop** (asyncinotify), not
    watchfiles' thread: a change is read as it lands, and nothing wakes while idle.
-   File p99 fell from 112 to 42–48 ms (busy workload), and the idle standby's CPU from
-   1.85 % to 1.30 % of a core (the standby benchmark). watchfiles is kept for NFS.
+   File p99 fell from 112 to 31–48 ms (busy workload), and the idle standby's CPU from
+   1.85 % to 1.20–1.30 % of a core (the standby benchmark). watchfiles is kept for NFS.
 5. **A released lease is taken and restored in one go.** Once a node has read a
    released record, no checkpoint of that epoch can be accepted any more (the fence
    names no holder), so the restorer lists the checkpoints, reads the loss acceptance
