@@ -358,16 +358,19 @@ def test_a_submission_compares_by_number_request_and_payload() -> None:
 
 
 def _stop_while_a_step_waits(nodes: Nodes, timing: LeaseTiming, within_s: float) -> bool:
-    """Start a node whose step waits in wait_for_inbox(600) with a 60 s stop grace, give it
-    a first submission, then stop it while its next step waits: whether stop() returned
-    within within_s having published the waiting step."""
+    """Start a node whose step waits in wait_for_inbox(600) with a 60 s stop grace, with a
+    first submission waiting for it, then stop it while its next step waits: whether
+    stop() returned within within_s having published the waiting step.
+
+    The submission comes first: a step already waiting when it came would see it only
+    at its next look, a tick later (and the tick may be long)."""
     agent = Answerer(wait_s=600.0)
     node = Runtime(node_id="a", region="r", store=nodes.store, agent=agent, secret=SECRET,
                    timing=timing, on_event=nodes.events, stop_grace_ms=60_000)  # fmt: skip
     nodes.made.append(node)
-    node.start()
     with nodes.client() as client:
         client.submit(AGENT, 1, request_id="first")
+        node.start()
         client.result(AGENT, "first", timeout=WAIT_S)  # the next step now waits, idle
     published = len(nodes.events.of("checkpoint.published"))
     stopping = threading.Thread(target=node.stop)
