@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: demo test bench venv clean install-systemd
 
@@ -20,8 +21,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The benchmarks' own extra (matplotlib, for docs/growth.png), apart: demo and test skip it.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[test,tui,redis,etcd,bench]'
+	touch $(BENCH_STAMP)
+
 # Measured figures are printed and written to docs/benchmarks.md.
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks
 
 # Install a node for systemd (as root): a virtual environment in $(PREFIX) with
