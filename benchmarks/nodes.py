@@ -14,7 +14,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +87,11 @@ class BenchCluster:
         timing: LeaseTiming,
         cluster_class: type[LocalCluster] = LocalCluster,
         store_url: str | None = None,
+        command_prefix: Callable[[str], list[str]] | None = None,
     ) -> None:
         self.workdir = workdir
+        # Per node, a wrapper that execs it (e.g. `ip netns exec NS`), restarts included.
+        self.command_prefix = command_prefix
         self.history = workdir / "history.jsonl"
         self.cluster = cluster_class(
             store_url=store_url or (workdir / "store").as_uri(),
@@ -105,7 +108,8 @@ class BenchCluster:
     # -- processes ----------------------------------------------------------------
 
     def start(self, node: str) -> None:
-        self.cluster.start(next(spec for spec in NODES if spec.node == node))
+        prefix = self.command_prefix(node) if self.command_prefix else None
+        self.cluster.start(next(spec for spec in NODES if spec.node == node), command_prefix=prefix)
 
     def process(self, node: str) -> subprocess.Popen[bytes]:
         return self.cluster.processes[node]
@@ -242,13 +246,15 @@ def bench_cluster(
     timing: LeaseTiming = TIMING,
     cluster_class: type[LocalCluster] = LocalCluster,
     store_url: str | None = None,
+    command_prefix: Callable[[str], list[str]] | None = None,
 ) -> Iterator[BenchCluster]:
     """Start the three nodes; stop (SIGTERM, then SIGKILL) and reap them and remove all files after.
 
-    The nodes share a file store in the temporary directory, or the store at store_url.
+    The nodes share a file store in the temporary directory, or the store at store_url;
+    command_prefix(node), if given, is the wrapper each node's command runs under.
     """
     with temp_dir(name) as workdir:
-        cluster = BenchCluster(workdir, timing, cluster_class, store_url)
+        cluster = BenchCluster(workdir, timing, cluster_class, store_url, command_prefix)
         try:
             for spec in NODES:
                 cluster.start(spec.node)

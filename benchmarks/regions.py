@@ -1,0 +1,631 @@
+"""Far regions: failover, handover and quiet standbys with every node behind a netem delay.
+
+Each node process runs in a network namespace of its own, linked to the root namespace
+by a veth pair that delays each direction by netem; the store server (etcd, Redis) runs
+in the root namespace on a test address of a dummy link. Namespaces, links and the
+address are this benchmark's own (names starting ``hbrg``, addresses in 10.201.0.0/16)
+and are removed afterwards, and any left by an interrupted run at the start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hamsterbunker.timing import DEFAULT_TIMING, LeaseTiming
+
+from .common import (
+    SPREAD_TTL_HEADERS,
+    BenchmarkError,
+    Check,
+    Result,
+    Table,
+    median,
+    ms,
+    percentile,
+)
+from .nodes import (
+    AGENT_ID,
+    NODE_CLOCK,
+    NODES,
+    BenchCluster,
+    Sample,
+    bench_cluster,
+    takeover_result,
+    takeovers,
+)
+
+NAME = "regions"
+TITLE = "Far regions: nodes behind netem delays (etcd, Redis)"
+ONE_WAY_MS = (25, 75, 150)  # netem delay each way between a node and the store
+STORES = ("etcd", "redis")
+SOAK_S, QUICK_SOAK_S = 600, 20  # three nodes left alone, per store and delay, all at once
+KILLS, QUICK_KILLS = 10, 3
+HANDOVERS, QUICK_HANDOVERS = 10, 3
+FAILOVER_RTTS = 2  # target: failover p99 ≤ TTL + 2 round trips
+HANDOVER_RTTS, HANDOVER_SLACK_MS = 3, 50  # target: handover p99 ≤ 3 round trips + 50 ms
+EVENT_KINDS = ("lease.renew_failed", "lease.lost", "node.fenced")
+POLL_S = 0.1  # how often the soak reads each lease record (from the root namespace)
+
+PREFIX = "hbrg"  # every namespace and link of this benchmark
+DELAY_LINE = Path(__file__).with_name("delayline.py")  # a userspace netem: no sch_netem here
+STORE_DEV, STORE_IP = f"{PREFIX}-store", "10.201.0.1"  # the store's address, on a portless bridge
+
+
+def timing_for(one_way_ms: int) -> LeaseTiming:
+    """The tick and TTL a node behind this delay runs with (the rule the benchmark checks).
+
+    TTL: the default 2000 ms, or 10 round trips if that is more, rounded up to 500 ms;
+    tick: the default 400 ms.
+    """
+    rtt = 2 * one_way_ms
+    ttl = max(DEFAULT_TIMING.lease_ttl_ms, math.ceil(10 * rtt / 500) * 500)
+    return LeaseTiming(tick_ms=DEFAULT_TIMING.tick_ms, lease_ttl_ms=ttl)
+
+
+METHOD = f"""\
+The three `python -m hamsterbunker run` processes of the failover benchmark
+(`hamsterbunker.demo:CounterAgent`, `--history`), each in a **network namespace of its
+own**: a veth pair links it to the root namespace (10.201.*n*.2/30 in the namespace,
+10.201.*n*.1/30 outside), and `tc qdisc ... netem delay D` on **both** ends delays every
+packet D each way, so a node's round trip to the store is 2·D. The store server runs in the
+root namespace, listening on 127.0.0.1 and on {STORE_IP} (a bridge without ports; each namespace
+has a route to it through its veth and nothing else): one etcd member or one
+`redis-server` as in the backends benchmark, started by the benchmark. The benchmark reads
+the store and the nodes' history from the root namespace, without delay; all times are
+the nodes' own (history file, one clock for every process of the machine). Delays D =
+{", ".join(map(str, ONE_WAY_MS))} ms (round trips {", ".join(str(2 * d) for d in ONE_WAY_MS)}
+ms); the store round trip a node sees (`read_lease` p50, from its namespace) is measured too.
+
+Timing per delay (`--tick-ms`, `--lease-ttl-ms`): tick {DEFAULT_TIMING.tick_ms} ms and a TTL of
+{", ".join(f"{timing_for(d).lease_ttl_ms} ms" for d in ONE_WAY_MS)} (the default 2000 ms,
+or 10 round trips if more, rounded up to 500 ms).
+
+* **Soak** ({SOAK_S // 60} minutes, {QUICK_SOAK_S} s with `--quick`): all
+  {len(ONE_WAY_MS) * len(STORES)} clusters (each store × each delay) at once, left alone once
+  a leader has published; counted: takeovers (epochs acquired after the start), the
+  nodes' `lease.renew_failed`, `lease.lost` and `node.fenced` events, and the longest gap
+  between two changes of the lease record (renewals), read every {POLL_S * 1000:.0f} ms at
+  the store. Target: no takeover.
+* **Crash failover** ({KILLS} kills per store and delay, {QUICK_KILLS} with `--quick`): as the
+  failover benchmark, SIGKILL of the leader at a random phase of its tick. Target: p99 of
+  kill → agent resumed and of kill → first checkpoint without the agent's step ≤ TTL + 2 RTT.
+* **Graceful handover** ({HANDOVERS} per store and delay, {QUICK_HANDOVERS} with `--quick`): as
+  the handover benchmark, SIGTERM, measured from the old leader's last publish. Target:
+  p99 of last publish → agent resumed and → first checkpoint without the step ≤ 3 RTT + 50 ms.
+
+The clusters of the failover and handover runs run one at a time, each on fresh
+namespaces and a fresh key prefix of the store.
+"""
+
+ANALYSIS = ""  # filled in from the measurements: see docs/benchmarks.md
+
+
+# -- the network ------------------------------------------------------------------------
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=15, check=check)
+
+
+@dataclass(frozen=True)
+class Link:
+    """One node's namespace and its delayed point-to-point link to the root namespace."""
+
+    index: int  # 1..250: the third octet of its /30
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-n{self.index}"
+
+    @property
+    def host_dev(self) -> str:
+        return f"{PREFIX}h{self.index}"
+
+    @property
+    def node_dev(self) -> str:
+        return f"{PREFIX}n{self.index}"
+
+    @property
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.netns]
+
+    def up(self) -> None:
+        """Move the node's end (made by the delay line) into a new namespace; address both."""
+        host_ip, node_ip = f"10.201.{self.index}.1", f"10.201.{self.index}.2"
+        _ip("netns", "add", self.netns)
+        _ip("link", "set", self.node_dev, "netns", self.netns)
+        _ip("addr", "add", f"{host_ip}/30", "dev", self.host_dev)
+        _ip("link", "set", self.host_dev, "up")
+        _ip("-n", self.netns, "link", "set", "lo", "up")
+        _ip("-n", self.netns, "addr", "add", f"{node_ip}/30", "dev", self.node_dev)
+        _ip("-n", self.netns, "link", "set", self.node_dev, "up")
+        # The store's address and nothing else: no default route out of the namespace.
+        _ip("-n", self.netns, "route", "add", f"{STORE_IP}/32", "via", host_ip)
+
+    def down(self) -> None:
+        _ip("netns", "del", self.netns, check=False)
+
+
+@contextmanager
+def delay_line(links: list[Link], one_way_ms: int) -> Iterator[None]:
+    """The process that carries the links' packets, one_way_ms late each way (delayline.py)."""
+    pairs = [f"{link.host_dev}:{link.node_dev}" for link in links]
+    process = subprocess.Popen(
+        [sys.executable, str(DELAY_LINE), str(one_way_ms), *pairs],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], 15)
+        if not ready or process.stdout.readline().strip() != b"ready":
+            process.kill()
+            _, err = process.communicate(timeout=10)
+            raise BenchmarkError(f"the delay line did not start: {err.decode()[-500:]}")
+        yield
+    finally:
+        if process.poll() is None:
+            assert process.stdin is not None
+            process.stdin.close()  # its signal to end; its devices go with it
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)
+
+
+def _remove_leftovers() -> None:
+    """Namespaces and links of an earlier run that was interrupted before its cleanup."""
+    for line in _ip("netns", "list", check=False).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith(f"{PREFIX}-n"):
+            _ip("netns", "del", name, check=False)
+    for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+        parts = line.split(":")
+        name = parts[1].strip().split("@")[0] if len(parts) > 1 else ""
+        if name.startswith(PREFIX):
+            _ip("link", "del", name, check=False)
+
+
+@contextmanager
+def store_address() -> Iterator[None]:
+    """The store's test address on a portless bridge of the root namespace (after a cleanup)."""
+    _remove_leftovers()
+    try:
+        _ip("link", "add", STORE_DEV, "type", "bridge")  # no ports: an address holder
+        _ip("addr", "add", f"{STORE_IP}/32", "dev", STORE_DEV)
+        _ip("link", "set", STORE_DEV, "up")
+        yield
+    finally:
+        _ip("link", "del", STORE_DEV, check=False)
+        _remove_leftovers()
+
+
+class LinkPool:
+    """Hands out fresh link indices, so that no two clusters ever share a namespace."""
+
+    def __init__(self) -> None:
+        self.next = 1
+
+    @contextmanager
+    def links(self, one_way_ms: int) -> Iterator[dict[str, Link]]:
+        """One link per node of NODES, delayed and up; all removed afterwards whatever happens."""
+        if self.next + len(NODES) > 250:
+            raise BenchmarkError("out of link indices")
+        made = {spec.node: Link(self.next + i) for i, spec in enumerate(NODES)}
+        self.next += len(NODES)
+        try:
+            with delay_line(list(made.values()), one_way_ms):
+                for link in made.values():
+                    link.up()
+                yield made
+        finally:
+            for link in made.values():
+                link.down()
+
+
+# -- the store servers -------------------------------------------------------------------
+
+
+@contextmanager
+def store_server(backend: str) -> Iterator[Callable[[], str]]:
+    """A private server on 127.0.0.1 and STORE_IP; yields a maker of fresh store URLs."""
+    from _pytest.outcomes import OutcomeException  # the test helpers fail or skip with these
+
+    from tests.support.etcd_server import EtcdServer
+    from tests.support.redis_server import RedisServer
+
+    # The last --bind wins; only loopback and the test address, so no protected mode.
+    redis_bind = ("--bind", "127.0.0.1", STORE_IP, "--protected-mode", "no")
+    try:
+        server = _start_etcd() if backend == "etcd" else RedisServer.start(*redis_bind)
+    except OutcomeException as exc:
+        raise BenchmarkError(f"could not start {backend}: {exc.msg}") from None
+    assert isinstance(server, EtcdServer | RedisServer)
+    try:
+        # The helpers name 127.0.0.1; the nodes reach the same port on the test address.
+        yield lambda: server.url().replace("127.0.0.1", STORE_IP, 1)
+    finally:
+        server.stop()
+
+
+def _start_etcd() -> object:
+    """One etcd member as tests/support/etcd_server.py starts it, also listening on STORE_IP."""
+    from tests.support.etcd_server import EtcdServer, require_etcd
+    from tests.support.server_process import free_port
+
+    workdir = Path(tempfile.mkdtemp(prefix="hb-etcd-"))
+    client, peer = free_port(), free_port()
+    peer_url = f"http://127.0.0.1:{peer}"
+    command = [
+        require_etcd(), "--name", "hb-bench", "--data-dir", str(workdir / "data"),
+        "--listen-client-urls", f"http://127.0.0.1:{client},http://{STORE_IP}:{client}",
+        "--advertise-client-urls", f"http://{STORE_IP}:{client}",
+        "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+        "--initial-cluster", f"hb-bench={peer_url}", "--log-level", "warn",
+    ]  # fmt: skip
+    server = EtcdServer(command, client, workdir, "etcd", None)
+    if not server._wait_healthy():  # the helper's own bounded wait
+        server.stop()
+        raise BenchmarkError("etcd was not healthy")
+    return server
+
+
+# -- one cluster behind a delay -----------------------------------------------------------
+
+
+@dataclass
+class Far:
+    """One store and delay: its cluster, and what was measured of it."""
+
+    backend: str
+    one_way_ms: int
+    timing: LeaseTiming
+    rtt_measured_s: float = float("nan")
+
+    @property
+    def rtt_ms(self) -> int:
+        return 2 * self.one_way_ms
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}, RTT {self.rtt_ms} ms"
+
+
+@contextmanager
+def far_cluster(
+    pool: LinkPool, far: Far, url: str, name: str
+) -> Iterator[tuple[BenchCluster, dict[str, Link]]]:
+    """Three nodes, each in its own delayed namespace, on the store at url."""
+    with ExitStack() as stack:
+        links = stack.enter_context(pool.links(far.one_way_ms))
+        cluster = stack.enter_context(
+            bench_cluster(
+                name, timing=far.timing, store_url=url,
+                command_prefix=lambda node: links[node].exec_prefix,
+            )
+        )  # fmt: skip
+        yield cluster, links
+
+
+# Run inside a node's namespace: the store round trip it sees (read_lease, after warm-up).
+_RTT_PROBE = """\
+import os, statistics, time
+from hamsterbunker.stores import open_store
+store = open_store(os.environ["HB_STORE"])
+times = []
+for _ in range(8):
+    started = time.perf_counter()
+    store.read_lease("counter")
+    times.append(time.perf_counter() - started)
+store.close()
+print(statistics.median(times[2:]))
+"""
+
+
+def measured_rtt(link: Link, url: str) -> float:
+    """The median read_lease round trip from inside the link's namespace, in seconds."""
+    done = subprocess.run(
+        [*link.exec_prefix, sys.executable, "-c", _RTT_PROBE],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HB_STORE": url},
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise BenchmarkError(f"round-trip probe in {link.netns} failed: {done.stderr[-500:]}")
+    return float(done.stdout.strip())
+
+
+# -- the soak ------------------------------------------------------------------------
+
+
+@dataclass
+class Soak:
+    """What one cluster did while left alone."""
+
+    far: Far
+    cluster: BenchCluster
+    start_epoch: int = 0
+    started_wall: float = 0.0
+    started: float = 0.0  # the nodes' clock
+    key: tuple[int, int, str | None] | None = None
+    changed_at: float = 0.0
+    gaps: list[float] = field(default_factory=list)  # between two changes of the lease record
+    dead: str = ""
+    # Counted at the end, before the cluster and its files are gone:
+    took: list[str] = field(default_factory=list)  # the takeovers
+    counts: dict[str, int] = field(default_factory=dict)  # events of EVENT_KINDS
+    steps_per_s: float = 0.0  # checkpoints the leader published per second
+    logs: dict[str, str] = field(default_factory=dict)  # node log tails, if anything happened
+
+    def poll(self) -> None:
+        """Read the lease once; note when it changed (a renewal, or a new term)."""
+        lease = self.cluster.store.read_lease(AGENT_ID)
+        now = time.monotonic()
+        key = None if lease is None else (lease.epoch, lease.renewals, lease.holder)
+        if key != self.key:
+            if self.key is not None:
+                self.gaps.append(now - self.changed_at)
+            self.key, self.changed_at = key, now
+
+    def finish(self, seconds: float) -> None:
+        ops = self.cluster.ops()
+        self.took = [
+            f"{op.node} epoch {op.epoch}"
+            for op in ops
+            if op.op == "acquire" and op.outcome == "ok" and op.epoch > self.start_epoch
+        ]
+        events = [
+            e for e in self.cluster.store.read_events(AGENT_ID) if e.time >= self.started_wall
+        ]
+        self.counts = {kind: sum(1 for e in events if e.type == kind) for kind in EVENT_KINDS}
+        published = [
+            op
+            for op in ops
+            if op.op == "publish" and op.outcome == "ok" and op.start >= self.started
+        ]
+        self.steps_per_s = len(published) / seconds
+        if self.took or any(self.counts.values()):
+            self.logs = {s.node: self.cluster.log_tail(s.node, 40) for s in NODES}
+
+
+def run_soaks(
+    pool: LinkPool, fars: list[Far], urls: dict[str, Callable[[], str]], seconds: float
+) -> list[Soak]:
+    """Every cluster at once, left alone for seconds; their counts afterwards."""
+    with ExitStack() as stack:
+        soaks = []
+        for far in fars:
+            cluster, links = stack.enter_context(
+                far_cluster(pool, far, urls[far.backend](), f"{NAME}-soak")
+            )
+            soaks.append(Soak(far, cluster))
+            far.rtt_measured_s = measured_rtt(next(iter(links.values())), cluster.cluster.store_url)
+        for soak in soaks:
+            leader = soak.cluster.ready_leader(timeout=60)
+            soak.start_epoch = leader.epoch
+        for soak in soaks:
+            soak.started_wall, soak.started = time.time(), NODE_CLOCK.monotonic()
+        _watch(soaks, seconds)
+        for soak in soaks:
+            soak.finish(seconds)  # while its store and history are still there
+        return soaks
+
+
+def _watch(soaks: list[Soak], seconds: float) -> None:
+    """Poll every lease every POLL_S until seconds have passed (bounded), noting dead nodes."""
+    deadline = time.monotonic() + seconds
+    for n in range(int(seconds / POLL_S) + 1):
+        if time.monotonic() >= deadline:
+            break
+        for soak in soaks:
+            soak.poll()
+            if n % 50 == 0 and not soak.dead:
+                gone = [s.node for s in NODES if not soak.cluster.cluster.alive(s.node)]
+                soak.dead = ", ".join(gone)
+        time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
+
+
+# -- failover and handover ------------------------------------------------------------
+
+
+@dataclass
+class Runs:
+    far: Far
+    kills: list[Sample]
+    handovers: list[Sample]
+    violations: list[str]
+    notes: list[str]
+
+
+def run_takeovers(pool: LinkPool, far: Far, url_of: Callable[[], str], quick: bool) -> Runs:
+    """The kills, then the handovers, each on a fresh cluster behind far's delay."""
+    runs = Runs(far, [], [], [], [])
+    plan = (
+        (signal.SIGKILL, QUICK_KILLS if quick else KILLS, "failover", 1),
+        (signal.SIGTERM, QUICK_HANDOVERS if quick else HANDOVERS, "handover", 2),
+    )
+    for signum, count, kind, seed in plan:
+        budget = count * (far.timing.lease_ttl_s + 20)
+        with far_cluster(pool, far, url_of(), f"{NAME}-{kind}") as (cluster, _links):
+            samples, notes = takeovers(cluster, signum, count, budget, seed=seed)
+            runs.violations += cluster.safety_violations()
+        runs.notes += [f"{far.label}, {kind}: {note}" for note in notes]
+        if signum == signal.SIGKILL:
+            runs.kills = samples
+        else:
+            runs.handovers = samples
+    return runs
+
+
+def failover_target_s(far: Far) -> float:
+    return far.timing.lease_ttl_s + FAILOVER_RTTS * far.rtt_ms / 1000
+
+
+def handover_target_s(far: Far) -> float:
+    return (HANDOVER_RTTS * far.rtt_ms + HANDOVER_SLACK_MS) / 1000
+
+
+def _judged(samples: list[Sample], graceful: bool) -> tuple[list[float], list[float]]:
+    """resumed and first checkpoint (the agent's step excluded), from where they are judged."""
+    origin = [s.handover_start if graceful else 0.0 for s in samples]
+    resumed = [s.restored - o for s, o in zip(samples, origin, strict=True)]
+    first = [s.published_without_step - o for s, o in zip(samples, origin, strict=True)]
+    return resumed, first
+
+
+def _takeover_tables(runs: list[Runs], graceful: bool) -> tuple[Table, Table, list[str]]:
+    """The spread and parts tables of takeover_result, one row set per store and delay."""
+    spread_rows: list[list[str]] = []
+    parts_rows: list[list[str]] = []
+    notes: list[str] = []
+    for run in runs:
+        far = run.far
+        samples = run.handovers if graceful else run.kills
+        part = takeover_result(
+            name=NAME, title="", method="", analysis="",
+            signal_word="SIGTERM" if graceful else "kill",
+            samples=samples, notes=[], violations=[], ttl_s=far.timing.lease_ttl_s,
+            tick_ms=far.timing.tick_ms, target_s=0, target_text="",
+            from_last_publish=graceful,
+        )  # fmt: skip
+        spread_rows += [[f"{far.label}: {row[0]}", *row[1:]] for row in part.tables[0].rows]
+        parts_rows += [[f"{far.label}: {row[0]}", *row[1:]] for row in part.tables[1].rows]
+        notes += [f"{far.label}: {note}" for note in part.notes[-4:-1]]
+    kind = "Graceful handover (SIGTERM)" if graceful else "Crash failover (SIGKILL)"
+    return (
+        Table(f"{kind}: spread per store and round trip", SPREAD_TTL_HEADERS, spread_rows),
+        Table(f"{kind}: parts", ["part", "p50 ms", "p99 ms", "max ms"], parts_rows),
+        notes,
+    )
+
+
+# -- the result ----------------------------------------------------------------------
+
+
+def _p(values: list[float], q: float) -> str:
+    return ms(percentile(values, q))
+
+
+def _summary(runs: list[Runs], soaks: dict[tuple[str, int], Soak], soak_s: float) -> Table:
+    rows = []
+    for run in runs:
+        far = run.far
+        soak = soaks[(far.backend, far.one_way_ms)]
+        fail_r, fail_c = _judged(run.kills, graceful=False)
+        hand_r, hand_c = _judged(run.handovers, graceful=True)
+        rows.append([
+            far.backend, str(far.rtt_ms), ms(far.rtt_measured_s), str(far.timing.tick_ms),
+            str(far.timing.lease_ttl_ms),
+            f"{_p(fail_r, 50)} / {_p(fail_r, 99)}", f"{_p(fail_c, 99)}",
+            ms(failover_target_s(far)),
+            f"{_p(hand_r, 50)} / {_p(hand_r, 99)}", f"{_p(hand_c, 99)}",
+            ms(handover_target_s(far)),
+            str(len(soak.took)), ms(max(soak.gaps, default=float("nan"))),
+        ])  # fmt: skip
+    return Table(
+        f"Per store and round trip (ms; soak {soak_s:.0f} s)",
+        ["store", "RTT", "RTT seen", "tick", "TTL", "failover resumed p50 / p99",
+         "failover 1st ckpt p99", "target", "handover resumed p50 / p99",
+         "handover 1st ckpt p99", "target", "soak takeovers", "longest renewal gap"],
+        rows,
+    )  # fmt: skip
+
+
+def _soak_table(soaks: list[Soak], seconds: float) -> Table:
+    rows = []
+    for soak in soaks:
+        far, gaps = soak.far, soak.gaps
+        rows.append([
+            far.label, str(far.timing.lease_ttl_ms), str(len(soak.took)),
+            *[str(soak.counts[kind]) for kind in EVENT_KINDS], str(len(gaps)), ms(median(gaps)),
+            _p(gaps, 99), ms(max(gaps, default=float("nan"))),
+            f"{max(gaps, default=0) / far.timing.lease_ttl_s:.2f}",
+            f"{soak.steps_per_s:.2f}", soak.dead or "—",
+        ])  # fmt: skip
+    return Table(
+        f"Soak: three nodes left alone for {seconds:.0f} s, every cluster at once",
+        ["store, round trip", "TTL ms", "takeovers", "renew_failed", "lost", "fenced",
+         "renewals", "gap p50 ms", "gap p99 ms", "gap max ms", "max gap / TTL",
+         "checkpoints/s", "nodes dead"],
+        rows,
+    )  # fmt: skip
+
+
+def _checks(runs: list[Runs], soaks: dict[tuple[str, int], Soak]) -> list[Check]:
+    checks = []
+    for run in runs:
+        far = run.far
+        for graceful, samples in ((False, run.kills), (True, run.handovers)):
+            resumed, first = _judged(samples, graceful)
+            target = handover_target_s(far) if graceful else failover_target_s(far)
+            worst = max(percentile(resumed, 99), percentile(first, 99))
+            what = "handover p99 (last publish →" if graceful else "failover p99 (kill →"
+            rule = f"3 RTT + {HANDOVER_SLACK_MS} ms" if graceful else f"TTL + {FAILOVER_RTTS} RTT"
+            checks.append(
+                Check(
+                    f"{far.label}: {what} resumed / first checkpoint)",
+                    f"{_p(resumed, 99)} / {_p(first, 99)} ms",
+                    f"≤ {rule} = {ms(target)} ms",
+                    worst <= target,
+                )
+            )
+        soak = soaks[(far.backend, far.one_way_ms)]
+        took = soak.took
+        checks.append(
+            Check(
+                f"{far.label}: takeovers in the soak (TTL {far.timing.lease_ttl_ms} ms)",
+                str(len(took)) + (f" ({', '.join(took)})" if took else ""),
+                "0",
+                not took and not soak.dead,
+            )
+        )
+    violations = [v for run in runs for v in run.violations]
+    checks.append(
+        Check("safety violations in the histories (checker)", str(len(violations)), "0",
+              not violations)
+    )  # fmt: skip
+    return checks
+
+
+def run(quick: bool) -> Result:
+    if os.geteuid() != 0:
+        raise BenchmarkError("network namespaces and netem need root")
+    soak_s = QUICK_SOAK_S if quick else SOAK_S
+    fars = [Far(b, d, timing_for(d)) for b in STORES for d in ONE_WAY_MS]
+    pool = LinkPool()
+    with ExitStack() as stack:
+        stack.enter_context(store_address())
+        urls = {b: stack.enter_context(store_server(b)) for b in STORES}
+        soak_list = run_soaks(pool, fars, urls, soak_s)
+        soaks = {(s.far.backend, s.far.one_way_ms): s for s in soak_list}
+        # The soak's clusters are stopped now: the takeover runs have the machine alone.
+        runs = [run_takeovers(pool, far, urls[far.backend], quick) for far in fars]
+    spread_f, parts_f, notes_f = _takeover_tables(runs, graceful=False)
+    spread_h, parts_h, notes_h = _takeover_tables(runs, graceful=True)
+    notes = [n for r in runs for n in r.notes] + notes_f + notes_h
+    notes += [f"checker: {v}" for r in runs for v in r.violations]
+    return Result(
+        NAME,
+        TITLE,
+        METHOD,
+        tables=[
+            _summary(runs, soaks, soak_s),
+            _soak_table(soak_list, soak_s),
+            spread_f,
+            parts_f,
+            spread_h,
+            parts_h,
+        ],
+        checks=_checks(runs, soaks),
+        notes=notes,
+        analysis=ANALYSIS,
+    )
