@@ -14,6 +14,7 @@ from . import (
     handover,
     inbox,
     publish,
+    regions,
     standby,
     steps,
     switchover,
@@ -39,5 +40,6 @@ BENCHMARKS = {
         standby,
         tui,
         tui_idle,
+        regions,
     )
 }

@@ -54,7 +54,11 @@ KILLS, QUICK_KILLS = 10, 3
 HANDOVERS, QUICK_HANDOVERS = 10, 3
 FAILOVER_RTTS = 2  # target: failover p99 ≤ TTL + 2 round trips
 HANDOVER_RTTS, HANDOVER_SLACK_MS = 3, 50  # target: handover p99 ≤ 3 round trips + 50 ms
-EVENT_KINDS = ("lease.renew_failed", "lease.lost", "node.fenced")
+GAP_RTTS, GAP_FACTOR = 2.5, 2.5  # the renewal gap taken as tick + 2.5 RTT; TTL = 2.5 × that
+# Soaked beside the others, reported only: shorter TTLs at the longest round trip.
+EDGE_ONE_WAY_MS, EDGE_TTLS_MS = 150, (2000, 1500)
+# agent.yielded: a step cut short at the renew deadline (renewals too slow to keep stepping).
+EVENT_KINDS = ("lease.renew_failed", "lease.lost", "node.fenced", "agent.yielded")
 POLL_S = 0.1  # how often the soak reads each lease record (from the root namespace)
 
 PREFIX = "hbrg"  # every namespace and link of this benchmark
@@ -62,14 +66,21 @@ DELAY_LINE = Path(__file__).with_name("delayline.py")  # a userspace netem: no s
 STORE_DEV, STORE_IP = f"{PREFIX}-store", "10.201.0.1"  # the store's address, on a portless bridge
 
 
-def timing_for(one_way_ms: int) -> LeaseTiming:
-    """The tick and TTL a node behind this delay runs with (the rule the benchmark checks).
+def advised_ttl_ms(rtt_ms: float, tick_ms: int = DEFAULT_TIMING.tick_ms) -> int:
+    """The TTL for a round trip: GAP_FACTOR × the expected renewal gap, never below the default.
 
-    TTL: the default 2000 ms, or 10 round trips if that is more, rounded up to 500 ms;
-    tick: the default 400 ms.
+    A leader renews every tick plus the renewal's own round trip (and, behind a busy
+    store connection, up to about 2.5 round trips: the soak's longest gaps); it steps only
+    within 0.6 × TTL of its last renewal, so 2.5 × the gap leaves that deadline 1.5 × the
+    gap. Rounded up to 500 ms.
     """
-    rtt = 2 * one_way_ms
-    ttl = max(DEFAULT_TIMING.lease_ttl_ms, math.ceil(10 * rtt / 500) * 500)
+    gap = tick_ms + GAP_RTTS * rtt_ms
+    return max(DEFAULT_TIMING.lease_ttl_ms, math.ceil(GAP_FACTOR * gap / 500) * 500)
+
+
+def timing_for(one_way_ms: int) -> LeaseTiming:
+    """The tick (the default) and TTL (advised_ttl_ms) a node behind this delay runs with."""
+    ttl = advised_ttl_ms(2 * one_way_ms)
     return LeaseTiming(tick_ms=DEFAULT_TIMING.tick_ms, lease_ttl_ms=ttl)
 
 
@@ -291,6 +302,7 @@ class Far:
     backend: str
     one_way_ms: int
     timing: LeaseTiming
+    edge: bool = False  # a shorter TTL than advised, soaked only
     rtt_measured_s: float = float("nan")
 
     @property
@@ -299,7 +311,8 @@ class Far:
 
     @property
     def label(self) -> str:
-        return f"{self.backend}, RTT {self.rtt_ms} ms"
+        edge = f", TTL {self.timing.lease_ttl_ms} ms" if self.edge else ""
+        return f"{self.backend}, RTT {self.rtt_ms} ms{edge}"
 
 
 @contextmanager
@@ -554,8 +567,36 @@ def _soak_table(soaks: list[Soak], seconds: float) -> Table:
     return Table(
         f"Soak: three nodes left alone for {seconds:.0f} s, every cluster at once",
         ["store, round trip", "TTL ms", "takeovers", "renew_failed", "lost", "fenced",
-         "renewals", "gap p50 ms", "gap p99 ms", "gap max ms", "max gap / TTL",
+         "yielded", "renewals", "gap p50 ms", "gap p99 ms", "gap max ms", "max gap / TTL",
          "checkpoints/s", "nodes dead"],
+        rows,
+    )  # fmt: skip
+
+
+def _advice_table(soaks: list[Soak]) -> Table:
+    """Per round trip: the renewal gaps the soak saw, and the TTL they advise."""
+    rows = []
+    for rtt in sorted({s.far.rtt_ms for s in soaks}):
+        main = [s for s in soaks if s.far.rtt_ms == rtt and not s.far.edge]
+        gaps = [g for s in main for g in s.gaps]
+        tick = main[0].far.timing.tick_ms
+        worst = max(gaps, default=float("nan"))
+        at_ttl = "; ".join(
+            f"TTL {ttl}: {sum(len(s.took) for s in at)} takeovers, "
+            f"{sum(s.counts['agent.yielded'] for s in at)} yielded"
+            for ttl in sorted({s.far.timing.lease_ttl_ms for s in soaks if s.far.rtt_ms == rtt})
+            for at in [
+                [s for s in soaks if s.far.rtt_ms == rtt and s.far.timing.lease_ttl_ms == ttl]
+            ]
+        )
+        rows.append([
+            str(rtt), str(tick), ms(worst), f"{(worst * 1000 - tick) / rtt:.1f}",
+            str(round(tick + GAP_RTTS * rtt)), str(advised_ttl_ms(rtt)), at_ttl,
+        ])  # fmt: skip
+    return Table(
+        f"TTL advice: TTL = max(2000, {GAP_FACTOR} × (tick + {GAP_RTTS} RTT)), rounded up to 500 ms",
+        ["RTT ms", "tick ms", "longest renewal gap seen ms", "(gap − tick) / RTT",
+         f"tick + {GAP_RTTS} RTT ms", "advised TTL ms", "soak (both stores)"],
         rows,
     )  # fmt: skip
 
@@ -601,12 +642,17 @@ def run(quick: bool) -> Result:
         raise BenchmarkError("network namespaces and netem need root")
     soak_s = QUICK_SOAK_S if quick else SOAK_S
     fars = [Far(b, d, timing_for(d)) for b in STORES for d in ONE_WAY_MS]
+    edges = [
+        Far(b, EDGE_ONE_WAY_MS, LeaseTiming(DEFAULT_TIMING.tick_ms, ttl), edge=True)
+        for b in STORES
+        for ttl in EDGE_TTLS_MS
+    ]
     pool = LinkPool()
     with ExitStack() as stack:
         stack.enter_context(store_address())
         urls = {b: stack.enter_context(store_server(b)) for b in STORES}
-        soak_list = run_soaks(pool, fars, urls, soak_s)
-        soaks = {(s.far.backend, s.far.one_way_ms): s for s in soak_list}
+        soak_list = run_soaks(pool, fars + edges, urls, soak_s)
+        soaks = {(s.far.backend, s.far.one_way_ms): s for s in soak_list if not s.far.edge}
         # The soak's clusters are stopped now: the takeover runs have the machine alone.
         runs = [run_takeovers(pool, far, urls[far.backend], quick) for far in fars]
     spread_f, parts_f, notes_f = _takeover_tables(runs, graceful=False)
@@ -620,6 +666,7 @@ def run(quick: bool) -> Result:
         tables=[
             _summary(runs, soaks, soak_s),
             _soak_table(soak_list, soak_s),
+            _advice_table(soak_list),
             spread_f,
             parts_f,
             spread_h,
