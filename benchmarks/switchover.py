@@ -261,7 +261,7 @@ def _install_probe(path: str) -> None:
 
     async def probed_watch(self: NodeLoop) -> None:  # NodeLoop._watch, noting each wake-up
         try:
-            async for _ in self._store.watch(self._id.agent, lease_only=True):
+            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=True):
                 note("wake", CLOCK.monotonic())
                 self._signals.wake.set()
         except asyncio.CancelledError:

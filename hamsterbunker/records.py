@@ -271,6 +271,14 @@ class LeaseRecord:
     handoff: bool = False  # released after failing steps (history says via=handoff)
     history: tuple[Takeover, ...] = ()
 
+    def term(self) -> str:
+        """What a renewal leaves as it was: the holder, its term, and what it was asked.
+
+        A watch of terms alone wakes on a change of this, not on every renewal.
+        """
+        parts = [self.holder, self.session, self.epoch, self.control, self.successor, self.handoff]
+        return json.dumps(parts, separators=(",", ":"))
+
     def to_json(self) -> bytes:
         doc = asdict(self)
         doc["history"] = [t.to_doc() for t in self.history]

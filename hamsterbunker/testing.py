@@ -44,6 +44,7 @@ from .limits import (
 )
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
+from .stores._terms import TermChanges
 from .stores.base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
@@ -446,8 +447,22 @@ class MemoryStore(Store):
         with self._lock:
             return self._agent(agent).changes
 
-    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
-        """Yield whenever the agent's records changed since the last yield (polled every 20 ms)."""
+    def _lease_bytes(self, agent: str) -> bytes | None:
+        with self._lock:
+            return self._agent(agent).lease
+
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
+        """Yield whenever the agent's records changed since the last yield (polled every 20 ms);
+        with terms_only, only when the lease record's term did (not on renewals)."""
+        if terms_only:
+            terms = TermChanges()
+            terms.changed(self._lease_bytes(agent))  # the term as the watch begins
+            while True:
+                await asyncio.sleep(_WATCH_POLL_S)
+                if terms.changed(self._lease_bytes(agent)):
+                    yield None
         seen = self._changes(agent)
         while True:
             await asyncio.sleep(_WATCH_POLL_S)

@@ -346,7 +346,8 @@ class NodeLoop:
 
     async def _watch(self) -> None:
         try:
-            async for _ in self._store.watch(self._id.agent, lease_only=True):
+            # Renewals wake nobody: a standby's ticks see them, and a leader made them.
+            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=True):
                 self._signals.wake.set()
         except asyncio.CancelledError:
             raise

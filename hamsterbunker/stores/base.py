@@ -359,7 +359,9 @@ class Store(Protocol):
         path (ConfigError). It is a change that ``watch`` reports.
         """
 
-    def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+    def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
         """Yield whenever the agent's records may have changed: a hint, never proof.
 
         An admission and a checkpoint that consumes submissions are changes: a
@@ -368,6 +370,9 @@ class Store(Protocol):
 
         With lease_only, only changes of the lease record matter (a standby
         waiting for a release); a backend may then stay quiet about the rest.
+        With terms_only as well, only a change of ``LeaseRecord.term()`` (a
+        release, a takeover, an operator's request) or of a record that cannot
+        be read matters: the backend stays quiet through renewals.
         """
 
     def tail(self, agent: str) -> Tail:

@@ -394,7 +394,9 @@ def test_a_planned_stop_ends_a_wait_for_inbox_at_once_not_at_the_next_tick(
     term is ending (a stop, as a switchover does): stop() returns long before the tick."""
 
     class Unwatched(MemoryStore):
-        async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+        async def watch(
+            self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+        ) -> AsyncIterator[None]:
             await asyncio.Event().wait()
             yield None
 

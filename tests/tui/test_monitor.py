@@ -355,7 +355,9 @@ class GatedStore:
             with self._lock:
                 self.in_flight -= 1
 
-    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
         self.watching = True
         while True:
             await self.burst.wait()

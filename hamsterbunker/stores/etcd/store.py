@@ -112,7 +112,7 @@ from .kv import (
     revision,
     unb64,
 )
-from .watch import Follower
+from .watch import Follower, term_changes
 
 __all__ = ["GUARANTEES", "EtcdStore"]
 
@@ -469,8 +469,11 @@ class EtcdStore(Store):
 
     # -- watch -------------------------------------------------------------
 
-    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
-        """Yield after etcd reports a change of the lease key (lease_only) or of any agent key."""
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
+        """Yield after etcd reports a change of the lease key (lease_only: of its term, with
+        terms_only, judged from the value the event carries) or of any agent key."""
         prefix = self._agent_prefix(agent)
         key, end = (prefix + "lease", None) if lease_only else (prefix, range_end(prefix))
         loop = asyncio.get_running_loop()
@@ -480,7 +483,8 @@ class EtcdStore(Store):
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(changed.set)
 
-        follower = Follower(self._connection, key, end, hint, renew_s=_WATCH_RENEW_S)
+        wanted = term_changes() if lease_only and terms_only else None
+        follower = Follower(self._connection, key, end, hint, renew_s=_WATCH_RENEW_S, wanted=wanted)
         self._followers.add(follower)
         follower.start()
         try:

@@ -16,9 +16,10 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.types import Event as WatchEvent
 from etcd3gw.watch import Watcher
 
+from .._terms import TermChanges
 from .connection import EtcdConnection
 
-__all__ = ["Follower"]
+__all__ = ["Follower", "term_changes"]
 
 log = logging.getLogger("hamsterbunker.stores.etcd")
 
@@ -31,7 +32,9 @@ class Follower(threading.Thread):
     etcd3gw's watcher is a blocking HTTP stream read in a thread; this thread
     sets it up, renews it every renew_s (from the last revision seen, so
     nothing is missed between two streams), and backs off while etcd cannot be
-    reached. A watch is a hint: failures are logged, never raised.
+    reached. A watch is a hint: failures are logged, never raised. wanted, if
+    given, picks the events worth a hint (a change unseen between two streams
+    is hinted all the same).
     """
 
     def __init__(
@@ -42,6 +45,7 @@ class Follower(threading.Thread):
         hint: Callable[[], None],
         *,
         renew_s: float,
+        wanted: Callable[[WatchEvent], bool] | None = None,
     ) -> None:
         super().__init__(name=f"hb-etcd-watch {key}", daemon=True)
         self._connection = connection
@@ -49,6 +53,7 @@ class Follower(threading.Thread):
         self._key = key
         self._range_end = range_end
         self._hint = hint
+        self._wanted = wanted  # which changes to hint (default: all)
         self._stopping = threading.Event()
         self._seen = 0  # the highest revision whose changes were hinted
 
@@ -105,4 +110,17 @@ class Follower(threading.Thread):
 
     def _on_event(self, event: WatchEvent) -> None:
         self._seen = max(self._seen, int(event["kv"]["mod_revision"]))
-        self._hint()
+        if self._wanted is None or self._wanted(event):
+            self._hint()
+
+
+def term_changes() -> Callable[[WatchEvent], bool]:
+    """Whether an event of the lease key changes its term (see TermChanges), judged from
+    the value the event carries: a renewal wakes nobody, and nothing is read."""
+    terms = TermChanges()
+
+    def changed(event: WatchEvent) -> bool:
+        value = None if event.get("type") == "DELETE" else event["kv"].get("value")
+        return terms.changed(value)
+
+    return changed

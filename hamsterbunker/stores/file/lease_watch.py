@@ -9,14 +9,24 @@ event loop costs nothing while idle and reads a change as it lands.
 inotify sees the writes of this machine only (NFS: the store uses polling);
 where it cannot be had (not Linux, the watch limit reached) this returns None
 and the store falls back to watchfiles.
+
+A watch of terms alone (``terms_only``) reads the record at each change and
+stays quiet through renewals; that read is of one small file on a local disk,
+so it runs on the event loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ...errors import CorruptRecord
+from ...limits import MAX_RECORD_BYTES
+from .._terms import TermChanges
+from .fileio import closing_fd, read_file
 
 if TYPE_CHECKING:
     from asyncinotify import Inotify
@@ -51,8 +61,29 @@ def open_lease_watch(directory: Path) -> Inotify | None:
     return inotify
 
 
-async def lease_changes(inotify: Inotify) -> AsyncIterator[None]:
-    """Yield after each change of the lease record; end when the directory goes away.
+def term_changes(directory: Path) -> Callable[[], bool]:
+    """Whether the lease record in directory is of another term than when last asked
+    (asked once here: the term as the watch begins)."""
+    terms = TermChanges()
+
+    def changed() -> bool:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            with closing_fd(os.open(directory, flags)) as fd:
+                data = read_file(fd, LEASE_NAME, directory / LEASE_NAME, MAX_RECORD_BYTES)
+        except (OSError, CorruptRecord):  # gone, or not a file we read: look
+            return True
+        return terms.changed(data)
+
+    changed()
+    return changed
+
+
+async def lease_changes(
+    inotify: Inotify, term_changed: Callable[[], bool] | None = None
+) -> AsyncIterator[None]:
+    """Yield after each change of the lease record (of its term, if term_changed is given);
+    end when the directory goes away.
 
     Takes ownership of inotify and closes it.
     """
@@ -63,7 +94,10 @@ async def lease_changes(inotify: Inotify) -> AsyncIterator[None]:
             if event.mask & (Mask.IGNORED | Mask.MOVE_SELF | Mask.DELETE_SELF):
                 return  # the directory was moved or removed: this watch sees no more
             # An overflowed queue lost events: the record may have changed.
-            if Mask.Q_OVERFLOW in event.mask or (
-                event.name is not None and event.name.name == LEASE_NAME
-            ):
+            if Mask.Q_OVERFLOW in event.mask:
+                yield None
+                continue
+            if event.name is None or event.name.name != LEASE_NAME:
+                continue
+            if term_changed is None or term_changed():
                 yield None

@@ -66,7 +66,7 @@ from .fileio import TMP_PREFIX, atomic_write, dir_entries, discard, read_file, w
 from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
 from .lease import cas_lease_in, lease_in
-from .lease_watch import lease_changes, open_lease_watch
+from .lease_watch import lease_changes, open_lease_watch, term_changes
 from .location import check_location, mount_of, open_root
 from .logs import EventLogs, HeartbeatFiles
 from .tail import FileTail
@@ -315,9 +315,9 @@ class FileStore(Store):
 
     # -- watch and tail ----------------------------------------------------
 
-    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
-        import watchfiles
-
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
         # A watch only reads: it waits for a node to make the directory rather than
         # making it, so a monitor with a mistyped agent id creates nothing. A symlink
         # planted there is not a directory to watch (and readers refuse it).
@@ -330,7 +330,9 @@ class FileStore(Store):
             inotify = None if on_nfs or not lease_only else open_lease_watch(directory)
             if inotify is None:
                 break
-            async for _ in lease_changes(inotify):
+            # Read after the watch is set: no change slips between the two.
+            term_changed = term_changes(directory) if terms_only else None
+            async for _ in lease_changes(inotify, term_changed):
                 yield None
             # The directory went away (or was replaced): watch it again once it is back,
             # and look then, for the lease may have changed meanwhile.
@@ -339,7 +341,10 @@ class FileStore(Store):
             yield None
         # The lease record lives in the agent directory itself; watching only that
         # directory (not its checkpoints, heartbeats and events) keeps a standby
-        # from waking on every write of every node.
+        # from waking on every write of every node. Renewals wake it here even with
+        # terms_only (a hint may be spurious): reading NFS on the event loop could hang.
+        import watchfiles  # only here: a standby on a local disk never loads it
+
         async for _changes in watchfiles.awatch(
             directory,
             watch_filter=_is_lease_change if lease_only else _watch_filter,

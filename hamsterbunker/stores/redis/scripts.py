@@ -29,7 +29,9 @@ __all__ = [
 ]
 
 # KEYS: lease hash. ARGV: expected version ('' for none), record JSON, fence,
-# new version, channels to publish on. Returns {'ok'} or {'conflict', version},
+# new version, the record's term (LeaseRecord.term), the channel told only when
+# the term changes (a watch of terms sleeps through renewals), channels to
+# publish on. Returns {'ok'} or {'conflict', version},
 # the version cut to 24 bytes: ours have at most 19 digits, and one a store
 # writer made huge is not shipped whole on every attempt.
 CAS_LEASE = """
@@ -40,8 +42,13 @@ end
 if current ~= ARGV[1] then
   return {'conflict', string.sub(current, 1, 24)}
 end
-redis.call('HSET', KEYS[1], 'record', ARGV[2], 'fence', ARGV[3], 'version', ARGV[4])
-for i = 5, #ARGV do
+local term = redis.call('HGET', KEYS[1], 'term')
+redis.call('HSET', KEYS[1], 'record', ARGV[2], 'fence', ARGV[3], 'version', ARGV[4],
+  'term', ARGV[5])
+if term ~= ARGV[5] then
+  redis.call('PUBLISH', ARGV[6], 'term')
+end
+for i = 7, #ARGV do
   redis.call('PUBLISH', ARGV[i], 'lease')
 end
 return {'ok'}

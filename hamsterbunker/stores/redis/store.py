@@ -6,7 +6,7 @@ in, and Redis Cluster is not supported, since a script touches several keys of
 one agent). Every key starts with the prefix (default ``hamsterbunker``)::
 
     P:cluster                          the cluster record (SET NX)
-    P:agent:A:lease                    hash: record (JSON), version, fence
+    P:agent:A:lease                    hash: record (JSON), version, fence, term
     P:agent:A:checkpoints              hash: seq -> {epoch, size, written}
     P:agent:A:blobs                    hash: seq -> sealed bytes
     P:agent:A:effects:SEQ              hash: "<index>:<kind>" -> sealed effect-journal record
@@ -45,10 +45,12 @@ Redis does not promise (replication is asynchronous; durability is whatever
 where the server lets us, at open.
 
 The wake-up hint is pub/sub: every write publishes on ``P:agent:A:changed``
-(and a lease write also on ``P:agent:A:lease-changed``) in the same script or
-transaction. Keyspace notifications would need ``notify-keyspace-events`` in
-the server's configuration, which managed Redis often forbids; our own
-messages need nothing, and a lost one costs only a tick.
+(and a lease write also on ``P:agent:A:lease-changed``, and on
+``P:agent:A:term-changed`` if it changes the record's term, kept beside it in
+the lease hash) in the same script or transaction. Keyspace notifications
+would need ``notify-keyspace-events`` in the server's configuration, which
+managed Redis often forbids; our own messages need nothing, and a lost one
+costs only a tick.
 
 Query options other than ``prefix`` go to redis-py as they are
 (``socket_timeout``, ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
@@ -274,6 +276,8 @@ class RedisStore(Store):
                 stored.to_json(),
                 fence_text(stored.holder, stored.session, stored.epoch),
                 str(stored.version),
+                stored.term(),
+                self._key(agent, "term-changed"),
                 self._changed(agent),
                 self._key(agent, "lease-changed"),
             ],
@@ -480,14 +484,17 @@ class RedisStore(Store):
 
     # -- watch and tail ----------------------------------------------------
 
-    async def watch(self, agent: str, *, lease_only: bool = False) -> AsyncIterator[None]:
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
         """Yield on every message on the agent's channel; reconnect when the link drops.
 
         A watch outlives a Redis restart: it reconnects with a bounded backoff
         and then yields once, since changes made meanwhile were announced to
         nobody. A PING after a quiet spell finds a link that died silently.
         """
-        channel = self._key(agent, "lease-changed" if lease_only else "changed")
+        name = "changed" if not lease_only else "term-changed" if terms_only else "lease-changed"
+        channel = self._key(agent, name)
         delay, reconnected = _WATCH_RETRY_S[0], False
         while True:
             client = self._connection.async_client()

@@ -834,6 +834,52 @@ def test_watch_yields_after_another_client_changes_the_lease(
     asyncio.run(main())
 
 
+def test_a_watch_of_terms_sleeps_through_renewals_and_wakes_on_a_release(
+    store: Store, open_second: Opener
+) -> None:
+    """With terms_only, the holder's renewals wake nobody; a release does.
+
+    A standby that woke for each renewal would read the lease twice a tick for
+    nothing (its ticks see renewals anyway).
+    """
+    other = open_second()
+    version = other.cas_lease("a", None, lease("n1", 1)).version
+
+    async def write(record: LeaseRecord) -> None:
+        nonlocal version
+        version = (await asyncio.to_thread(other.cas_lease, "a", version, record)).version
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        watcher = store.watch("a", lease_only=True, terms_only=True)
+        woke = asyncio.ensure_future(anext(watcher))
+        try:
+            # New terms until the watch wakes: then it is surely set up.
+            epoch, deadline = 1, loop.time() + 10.0
+            while not woke.done():
+                assert loop.time() < deadline, "watch did not yield within 10 s of new terms"
+                epoch += 1
+                await write(lease("n1", epoch))
+                await asyncio.wait({woke}, timeout=0.25)
+            for _ in range(40):  # the wakes of the other new terms, if any are still due
+                woke = asyncio.ensure_future(anext(watcher))
+                if not (await asyncio.wait({woke}, timeout=0.5))[0]:
+                    break
+            for renewals in range(1, 6):
+                await write(lease("n1", epoch, renewals=renewals))
+            await asyncio.wait({woke}, timeout=1.0)
+            assert not woke.done(), "a renewal woke a watch of terms"
+            await write(lease(None, epoch, renewals=6))
+            await asyncio.wait({woke}, timeout=10.0)
+            assert woke.done(), "a release did not wake a watch of terms within 10 s"
+        finally:
+            woke.cancel()
+            await asyncio.gather(woke, return_exceptions=True)
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
 def test_a_watch_ends_when_cancelled_at_any_moment(store: Store) -> None:
     """Cancelling the task that waits on a watch ends it, whenever the cancel lands.
 

@@ -1,0 +1,36 @@
+"""Telling a lease record's change of term from a mere renewal, for ``watch(terms_only=True)``.
+
+A leader renews every tick, and a standby that woke for each renewal would
+read the lease twice a tick for nothing: its ticks see renewals anyway. What
+must wake it at once is a release, a takeover or an operator's request.
+"""
+
+from __future__ import annotations
+
+from ..errors import CorruptRecord
+from ..records import LeaseRecord
+
+__all__ = ["TermChanges"]
+
+
+class TermChanges:
+    """Remembers the last term seen; says whether a new lease value changes it.
+
+    A record that is gone or cannot be read is a term of its own: a change to
+    it, or from one unreadable value to another, wakes the watcher (a hint: the
+    reader in the node judges what it finds).
+    """
+
+    def __init__(self) -> None:
+        self._last: str | bytes | None = b""  # never a term: the first value is a change
+
+    def changed(self, data: bytes | None) -> bool:
+        """Whether data (the lease record's bytes, None when it is gone) is another term."""
+        term: str | bytes | None
+        try:
+            term = None if data is None else LeaseRecord.from_json(data).term()
+        except CorruptRecord:
+            term = b"?" + (data or b"")
+        changed = term != self._last
+        self._last = term
+        return changed
