@@ -53,8 +53,9 @@ PLOT = Path(__file__).resolve().parent.parent / "docs" / "growth.png"
 # Operations in the tables and fits, in order; publish = seal + put, restore = list + read + open.
 OPERATIONS = ("publish", "seal", "put", "restore", "list", "read", "open")
 PLOTTED = ("publish", "restore")
-# Below glibc's largest mmap threshold (32 MiB): the range where buffers are reused.
-SMALLER_RANGE = 16 * MIB
+# Publish and restore are fitted over the sizes up to this too: the range where every
+# store's line held in the runs of 2026-12-02 (above it, big buffers cost page faults).
+SMALLER_RANGE = 4 * MIB
 _SIZE_LABELS = [f"{s // KIB} KiB" if s < MIB else f"{s // MIB} MiB" for s in SIZES]
 
 METHOD = f"""\
@@ -101,38 +102,41 @@ the lines fitted over every size.
 
 
 ANALYSIS = """\
-Measured on 2026-12-02 on this machine, the library unchanged. Where the line
-bends is memory, not the stores. Up to 16 MiB publish and restore grow in
-proportion to the size on every store (the rows "up to 16 MiB" of the fit table);
-from 16 to 64 MiB the time per MiB rises, in the parts that allocate buffers of the
+Measured on 2026-12-02 on this machine, the library unchanged. Up to 4 MiB, publish
+and restore grow in proportion to the size on every store (the fit table's rows "up
+to 4 MiB"); above, the time per MiB rises, in the parts that make buffers of the
 state's size: seal (the JSON text, its UTF-8 bytes, the ciphertext, the blob), open
-(the same, backwards), the file store's read, Redis' put and read.
+(the same, backwards), the file store's read, Redis' put and read. etcd holds no
+checkpoint above its request limit, so never reaches these sizes.
 
-The cause is glibc's malloc. A request above its mmap threshold gets fresh memory
-from `mmap`, returned by `munmap` when freed; the threshold rises to the size of
-what was freed, but never above 32 MiB (`DEFAULT_MMAP_THRESHOLD_MAX`, 64-bit). So the
-16 MiB buffers are reused from the heap, while each 64 MiB buffer is new memory whose
-16,384 pages the kernel faults in and zeroes one by one. `os.pread` of a 64 MiB file
-from the page cache took 43 ms (16,385 minor faults) against 2.3 ms for 16 MiB (none);
-with the threshold raised (`MALLOC_MMAP_THRESHOLD_=268435456`,
-`MALLOC_TRIM_THRESHOLD_=1073741824`) 8 ms, no faults. This whole benchmark run with
-those two variables, minutes after a run without them (load average 3.5 to 5 on the
-two cores, both): the file store's publish and restore were linear within the
-target (farthest median +15 % and +17 %, at 64 MiB; at 64 MiB open took 158 ms
-instead of 512 ms, read 21 ms instead of 144 ms, seal 383 ms instead of 804 ms).
-Redis stayed outside it (+56 % and +43 %): redis-py's reply buffer grows by
-reallocation, a `GET` of 64 MiB cost the client 291 ms of CPU and 65,532 minor faults
-by default and 56 ms with the variables; what remains is in the server (the store
-reads a checkpoint through a Lua script, which copies the blob once more). etcd
-holds no checkpoint above its request limit, so never reaches these sizes.
+For the file store the cause is glibc's malloc, not the store. A request above its
+mmap threshold (128 KiB at first; it rises to the size of a mapped buffer freed, but
+never above 32 MiB) gets fresh memory from `mmap`, given back by `munmap` when freed,
+and a large free block at the top of the heap is given back too: the next buffer is
+then new memory, whose pages the kernel faults in and zeroes one by one (some 3 µs a
+4 KiB page in this VM). In a probe, `os.pread` of a 64 MiB file from the page cache
+took 43 ms (16,385 minor faults), of 16 MiB 2.3 ms (none); of 64 MiB with the
+threshold raised (`MALLOC_MMAP_THRESHOLD_=268435456`, `MALLOC_TRIM_THRESHOLD_=1073741824`)
+8 ms, no faults. The whole benchmark run with those two variables, minutes after one
+without them (load average 3.5 to 5 on the two cores during both): the file store's
+publish and restore were linear over every size within the target (farthest median
++15 % and +17 %, at 64 MiB), with at 64 MiB open 158 ms instead of 512 ms, read 21 ms
+instead of 144 ms, seal 383 ms instead of 804 ms.
+
+Redis stayed outside the target with the variables (+56 % and +43 %). Its client's
+part became linear: a plain `GET` of 64 MiB cost redis-py 291 ms of CPU and 65,532
+minor faults by default (its reply buffer grows by reallocation), 56 ms and none
+with them (14.5 ms at 16 MiB). The wall time of that `GET` did not (5.4 ms at 4 MiB,
+59 ms at 16 MiB, 276 ms at 64 MiB), nor through a Lua script like the one the store
+reads with: that rest is on the server's side or in the scheduling of two processes
+on two busy cores, not analysed further.
 
 What could fix it (not done here): for a node with big states, the two malloc
-variables in its unit's environment, a trade of memory for time (the freed buffers
-stay in the heap, so the node keeps the RSS of its largest checkpoint's few copies);
+variables in its unit's environment, a trade of memory for time (freed buffers stay
+in the heap, so the node keeps the memory of its largest checkpoint's few copies);
 fewer copies in `seal` and `open` (the publish benchmark's analysis: orjson,
-`AESGCM.encrypt_into`), which lowers the constant and the page faults together; for
-Redis, reading the blob without the script's copy. Below 32 MiB, none of this
-applies: the constants of the fit table hold.
+`AESGCM.encrypt_into`), which lowers both the constant and the page faults. Up to
+4 MiB the constants of the fit table hold as they are.
 """
 
 
@@ -290,7 +294,7 @@ def _fit(sizes: Sequence[int], times_s: Sequence[float]) -> _Fit:
 
 def _fits(results: dict[str, list[_Agent]]) -> dict[tuple[str, str], _Fit]:
     """A line per store and operation over every size; and for publish and restore
-    also over the sizes up to SMALLER_RANGE, where the line holds best (see ANALYSIS)."""
+    also over the sizes up to SMALLER_RANGE (see ANALYSIS)."""
     fits = {}
     for backend, agents in results.items():
         for operation in OPERATIONS:
