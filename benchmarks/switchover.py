@@ -259,9 +259,9 @@ def _install_probe(path: str) -> None:
         note("sleep", CLOCK.monotonic(), wake_pending=self._signals.wake.is_set())
         await sleep_until(self, deadline)
 
-    async def probed_watch(self: NodeLoop) -> None:  # NodeLoop._watch, noting each wake-up
+    async def probed_watch(self: NodeLoop, leading: bool) -> None:  # NodeLoop._watch, noted
         try:
-            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=True):
+            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=leading):
                 note("wake", CLOCK.monotonic())
                 self._signals.wake.set()
         except asyncio.CancelledError:

@@ -117,12 +117,14 @@ class NodeLoop:
         self._timing, self._clock = timing, clock
         self._term: LeaderTerm | None = None  # the newest term, ended or not
         self._leader: asyncio.Task[None] | None = None  # runs a term while we hold the lease
+        self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
+        self._watch_works = True  # until the watch ends: then a standby reads every tick
 
     async def run(self, ready: threading.Event) -> None:
         """Go online, keep the lease until a stop, then shut down; ready is set once online."""
         emit = self._sink.emit
         writer = asyncio.create_task(self._sink.write(), name="hb-events")
-        watcher = asyncio.create_task(self._watch(), name="hb-watch")
+        self._watch_as(leading=False)
         for warning in self._store.warnings:
             emit("store.warning", message=warning)
         emit("node.online", region=self._id.region, host=self._id.host, pid=os.getpid())
@@ -131,13 +133,16 @@ class NodeLoop:
         try:
             await self._keep_lease_until_stopped()
         finally:
-            watcher.cancel()
+            if self._watcher is not None:
+                self._watcher.cancel()
             if self._memory is not None:
                 await self._memory.save(self._cluster_record, force=True)  # all it saw, at last
             await self._shutdown(writer)
 
     def _set_role(self, role: str) -> None:
         if role != self._standing.role:
+            if "active" in (role, self._standing.role):
+                self._watch_as(leading=role == "active")
             self._standing.role = role
             if role == "standby":
                 self._sink.emit("node.standby")
@@ -183,10 +188,17 @@ class NodeLoop:
         """A pass per tick (or earlier, when the store hints at a change) until a stop."""
         keeper, emit = self._keeper, self._sink.emit
         store_ok = True
-        next_heartbeat = 0.0
+        next_heartbeat, last_read = 0.0, float("-inf")
         while not self._signals.stopping.is_set() or self._finishing():
+            woken = self._signals.wake.is_set()
             self._signals.wake.clear()  # this pass reads the lease: later changes wake us
             tick_start = self._watchdog.pass_began()
+            if not self._reads_now(woken, last_read):
+                next_heartbeat = await self._beat_if_due(next_heartbeat)
+                self._watchdog.pass_ended()
+                await self._sleep_until(self._wake_at(next_heartbeat))
+                continue
+            last_read = tick_start
             result: TickResult | None = None
             failure: str | None = None
             try:
@@ -217,22 +229,55 @@ class NodeLoop:
                 self._leader = None
                 if error is not None:
                     raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
-            # Heartbeats keep to the tick even when a store change woke us early,
-            # or every write would wake every other node into writing again.
-            if self._clock.monotonic() >= next_heartbeat:
-                next_heartbeat = self._clock.monotonic() + self._timing.tick_s
-                await self._sink.beat()
+            next_heartbeat = await self._beat_if_due(next_heartbeat)
             self._notifier.status(
                 "stopping · finishing the step in flight"
                 if self._finishing()
                 else status_text(self._standing, keeper)
             )
             self._watchdog.pass_ended()
-            wake_at = next_heartbeat
-            expiry = keeper.seconds_until_expiry()
-            if expiry:  # 0: expired already, and this tick could not take it: keep to the ticks
-                wake_at = min(wake_at, self._clock.monotonic() + expiry + 0.001)
-            await self._sleep_until(wake_at)
+            await self._sleep_until(self._wake_at(next_heartbeat))
+
+    def _reads_now(self, woken: bool, last_read: float) -> bool:
+        """Whether this pass reads the lease (a leader's: renews it).
+
+        A leader renews every pass. A standby whose watch works is woken by every
+        change of the record and by the lease's expiry, so between those it reads
+        only every half TTL, in case a change went unhinted: a change seen late
+        only delays a takeover (the record must stand still for a TTL of this
+        node's clock, and it reads before it takes), it never hastens one. A
+        standby without a working watch, or facing a free lease, reads every tick.
+        """
+        keeper = self._keeper
+        if keeper.held is not None or woken or not self._watch_works:
+            return True
+        record = keeper.observed
+        if record is None or record.holder is None:
+            return True  # free, or handed over: taken the moment it may be
+        expiry = keeper.seconds_until_expiry()
+        if expiry is not None and expiry <= 0:
+            return True
+        since = self._clock.monotonic() - last_read
+        return since >= max(self._timing.tick_s, self._timing.lease_ttl_s / 2)
+
+    async def _beat_if_due(self, next_heartbeat: float) -> float:
+        """Write the heartbeat if it is due; returns when the next one is.
+
+        Heartbeats keep to the tick even when a store change woke us early,
+        or every write would wake every other node into writing again.
+        """
+        now = self._clock.monotonic()
+        if now < next_heartbeat:
+            return next_heartbeat
+        await self._sink.beat()
+        return now + self._timing.tick_s
+
+    def _wake_at(self, next_heartbeat: float) -> float:
+        """When the next pass is due: the next heartbeat, or the lease's expiry if sooner."""
+        expiry = self._keeper.seconds_until_expiry()
+        if expiry:  # 0: expired already, and this tick could not take it: keep to the ticks
+            return min(next_heartbeat, self._clock.monotonic() + expiry + 0.001)
+        return next_heartbeat
 
     def _act_on(self, result: TickResult, tick_start: float) -> None:
         """What one tick of the lease keeper means for the node: a term begins or ends."""
@@ -344,15 +389,29 @@ class NodeLoop:
         except StoreError:
             return None  # the next renewal finds out
 
-    async def _watch(self) -> None:
+    def _watch_as(self, *, leading: bool) -> None:
+        """(Re)start the store watch for the role: see _watch."""
+        if self._watcher is not None:
+            self._watcher.cancel()  # a change while the next one starts is seen at a tick
+        self._watch_works = True
+        self._watcher = asyncio.create_task(self._watch(leading), name="hb-watch")
+
+    async def _watch(self, leading: bool) -> None:
+        """Wake the loop when the lease record changes.
+
+        A standby wakes for every renewal: it times the lease's expiry from the
+        last change it saw, so seeing each renewal at once keeps a failover
+        within a TTL of the holder's death. A leader made its renewals itself:
+        it wakes only for another term or an operator's request (terms_only).
+        """
         try:
-            # Renewals wake nobody: a standby's ticks see them, and a leader made them.
-            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=True):
+            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=leading):
                 self._signals.wake.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the watch is only a hint: fall back to ticks
             log.warning("%s: store watch stopped (%s); relying on ticks", self._id.node, exc)
+        self._watch_works = False
 
     # -- terms -------------------------------------------------------------------
 

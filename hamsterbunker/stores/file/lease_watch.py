@@ -48,8 +48,10 @@ def open_lease_watch(directory: Path) -> Inotify | None:
         log.debug("no inotify (%s): the lease watch polls", exc)
         return None
     # The record is replaced by a rename (MOVED_TO) or removed; a planted symlink
-    # in place of the directory is not followed.
-    mask = Mask.MOVED_TO | Mask.MOVED_FROM | Mask.CLOSE_WRITE | Mask.DELETE
+    # in place of the directory is not followed. Nothing else is asked for: every
+    # lease write and checkpoint here also closes a temp or lock file and moves a
+    # temp file away, and each such event would wake the loop for nothing.
+    mask = Mask.MOVED_TO | Mask.DELETE
     # The directory itself moved away or removed: the records are elsewhere now.
     mask |= Mask.MOVE_SELF | Mask.DELETE_SELF
     try:

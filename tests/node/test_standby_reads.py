@@ -1,0 +1,98 @@
+"""How often a standby reads the lease (issue 18: an idle standby nearly free).
+
+A standby whose store watch works is woken by every change of the lease
+record and by the lease's expiry, so it need not poll: it reads only then, and
+every half TTL in case a change went unhinted. Without a working watch it
+reads every tick, as before. Either way a lease that stands still is taken
+one TTL after it last changed, as seen on the standby's clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from hamsterbunker.records import LeaseRecord
+from hamsterbunker.runtime import Runtime
+from hamsterbunker.stores.file import FileStore
+from hamsterbunker.timing import LeaseTiming
+from tests.support import wait_until
+from tests.support.agents import AGENT, SECRET, CountingAgent
+
+TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=3000)
+TICKS_PER_TTL = TIMING.lease_ttl_ms // TIMING.tick_ms  # 60
+
+
+class CountedStore:
+    """Delegates to a FileStore, counting lease reads; its watch can be made to fail."""
+
+    def __init__(self, inner: FileStore, *, watch_fails: bool = False) -> None:
+        self._inner = inner
+        self._watch_fails = watch_fails
+        self._lock = threading.Lock()
+        self.reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        with self._lock:
+            self.reads += 1
+        return self._inner.read_lease(agent)
+
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
+        if self._watch_fails:
+            raise RuntimeError("injected: this store cannot watch")
+        async for _ in self._inner.watch(agent, lease_only=lease_only, terms_only=terms_only):
+            yield None
+
+
+def _standby_facing_a_dead_holder(tmp_path: Path, *, watch_fails: bool) -> tuple[int, float]:
+    """(lease reads, seconds) from a standby's start until it took a lease whose holder
+    never renews."""
+    store = FileStore(tmp_path / "store")
+    store.cas_lease(
+        AGENT, None, LeaseRecord(holder="gone", region="r0", session="s0", epoch=1, ttl_ms=3000)
+    )
+    counted = CountedStore(store, watch_fails=watch_fails)
+    node = Runtime(
+        node_id="standby",
+        region="r1",
+        store=counted,  # type: ignore[arg-type]  # a Store in all but name
+        agent=CountingAgent(),  # type: ignore[arg-type]  # a subclass defines step()
+        secret=SECRET,
+        timing=TIMING,
+        stop_grace_ms=0,
+    )
+    started = time.monotonic()
+    node.start()
+    try:
+
+        def taken() -> tuple[int, float] | None:
+            lease = store.read_lease(AGENT)
+            if lease is None or lease.holder != "standby":
+                return None
+            return counted.reads, time.monotonic() - started
+
+        return wait_until(taken, "the standby to take the dead holder's lease", timeout=30)
+    finally:
+        node.stop(timeout=20)
+
+
+def test_a_watching_standby_reads_a_still_lease_only_every_half_ttl(tmp_path: Path) -> None:
+    reads, took = _standby_facing_a_dead_holder(tmp_path, watch_fails=False)
+    # Its first read, one at half the TTL, one at expiry and the take's own: not one a tick.
+    assert reads <= 10, f"a watching standby read the lease {reads} times in one TTL"
+    assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
+
+
+def test_a_standby_without_a_working_watch_reads_every_tick(tmp_path: Path) -> None:
+    reads, took = _standby_facing_a_dead_holder(tmp_path, watch_fails=True)
+    assert reads >= TICKS_PER_TTL // 2, f"only {reads} reads in one TTL of {TICKS_PER_TTL} ticks"
+    assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
+
