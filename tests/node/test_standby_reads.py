@@ -95,4 +95,3 @@ def test_a_standby_without_a_working_watch_reads_every_tick(tmp_path: Path) -> N
     reads, took = _standby_facing_a_dead_holder(tmp_path, watch_fails=True)
     assert reads >= TICKS_PER_TTL // 2, f"only {reads} reads in one TTL of {TICKS_PER_TTL} ticks"
     assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
-
