@@ -14,7 +14,7 @@ NAME = "standby"
 TITLE = "Standby idle cost"
 TICK_MS, TTL_MS = TIMING.tick_ms, TIMING.lease_ttl_ms  # the defaults of `hb run`
 CPU_TARGET = 0.5  # % of one core
-RSS_TARGET_MB = 60  # MB = 10^6 bytes
+RSS_TARGET_MB = 40  # MB = 10^6 bytes (issue 18)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 METHOD = f"""\

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError, StoreUnavailable
 from ..history import HistoryWriter
@@ -25,9 +25,11 @@ from ..lease import LeaseKeeper
 from ..records import MAX_SHOWN_EFFECTS, MAX_SHOWN_NAME, Event, Heartbeat
 from ..stores import Store
 from .calls import NodeCalls
-from .metrics import NodeMetrics
 from .priorities import event_priority
 from .state import Identity, Standing
+
+if TYPE_CHECKING:  # loads prometheus_client, which a node without metrics never needs
+    from .metrics import NodeMetrics
 
 __all__ = ["EventHandler", "EventSink"]
 

@@ -13,6 +13,8 @@ import contextlib
 import json
 import math
 import socket
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
@@ -132,6 +134,38 @@ def test_leader_and_standby_each_serve_their_own_numbers_and_a_handover_moves_th
     assert get(pb, "/leader") == (200, "leader b · epoch 2\n")
     with pytest.raises(OSError):  # closed with its node
         socket.create_connection(("127.0.0.1", pa), timeout=5).close()
+
+
+def test_metrics_count_without_http_when_asked_and_are_not_loaded_otherwise(
+    nodes: list[Runtime],
+) -> None:
+    """Runtime(metrics=True) counts into node.metrics.registry with nothing served; a node
+    with neither metrics nor http has none and never loads prometheus_client (some 5 MB of
+    every standby's memory)."""
+    store = MemoryStore()
+    counted = Runtime(node_id="a", region="eu", store=store, agent=AsyncAgent(), secret=SECRET,
+                      timing=TIMING, metrics=True)  # type: ignore[arg-type]  # fmt: skip
+    nodes.append(counted)
+    counted.start()
+    assert counted.endpoints is None and counted.metrics is not None
+    registry = counted.metrics.registry
+    wait_until(
+        lambda: value(parsed(generate_latest(registry).decode()), "steps_total") >= 2,
+        "two steps counted",
+    )
+    bare = Runtime(node_id="b", region="eu", store=store, agent=AsyncAgent(), secret=SECRET,
+                   timing=TIMING)  # type: ignore[arg-type]  # fmt: skip
+    assert bare.metrics is None
+    probe = (
+        "import sys; from hamsterbunker.runtime import Runtime; "
+        "from hamsterbunker.testing import MemoryStore; from tests.support.agents import "
+        "AsyncAgent, SECRET; Runtime(node_id='c', region='eu', store=MemoryStore(), "
+        "agent=AsyncAgent(), secret=SECRET); print('prometheus_client' in sys.modules)"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert answer.stdout.strip() == "False", answer.stderr
 
 
 def test_status_is_hb_status_json_with_this_nodes_view_of_the_lease(
