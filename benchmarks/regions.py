@@ -131,7 +131,46 @@ The failover and handover runs come after the soak, one cluster at a time, each 
 namespaces and a fresh key prefix of the store.
 """
 
-ANALYSIS = ""  # filled in from the measurements: see docs/benchmarks.md
+ANALYSIS = """\
+Measured on 2026-12-02 (full run; 10 kills and 10 handovers per store and round trip). In
+round trips (RTT), from the parts tables:
+
+* **Failover.** Kill → lease acquired alone is TTL + 2–4 RTT at p99 (etcd 3.2 / 4.0 / 3.7,
+  Redis 11.5 / 3.7 / 3.4 at RTT 50 / 150 / 300 ms; the 11.5 is one slow kill on the
+  loaded machine, 576 ms): the standby times the TTL from when it *saw* the last renewal
+  (about ½ RTT after it landed), then reads the lease once more (1 RTT) and
+  compare-and-sets it (1 RTT). The restore after it costs 3 RTT on etcd (180 / 479 / 933
+  ms) and 7 RTT on Redis (381 / 1081 / 2135 ms), the first publish 2 RTT on etcd and 1 on
+  Redis. So TTL + 2 RTT is spent before the agent resumes.
+* **Why 7 RTT for a Redis restore.** The restore reads the checkpoint list and the loss
+  acceptance at once, on two of the node's store threads; the second needs a new
+  connection from the pool. Measured from a namespace at RTT 300 ms: a fresh redis-py
+  client's first PING takes 1818 ms (6 RTT: the TCP handshake and redis-py's
+  on-connect commands, one round trip each), the next 301 ms; the same two reads in two
+  threads take 1816 ms the first time, 304 ms after. etcd (HTTP keep-alive) pays one
+  TCP handshake for its new connection.
+* **Handover.** Last publish → released (the old leader's release compare-and-set) 1.3–2.7
+  RTT, released → acquired 2.0–2.4 RTT (the watch wakes the standby about when the old
+  leader hears its answer; then a read and a compare-and-set), the restore 1.4–2.1 RTT
+  on etcd (its reads start at the release) and 6–6.5 RTT on Redis (the new connection
+  again), the first publish 1–2 RTT: last publish → first checkpoint took 8–11 RTT at
+  p50 (up to 13 at p99), against 3 RTT + 50 ms.
+
+What it would take: acquire by compare-and-set on the version the watch or the expiry
+wake-up already saw, without the extra read (−1 RTT in both); start the restore reads at
+the expiry wake-up as a handover does at the release (−2 RTT after a kill); read list and
+blob in one round trip (one Lua script / one etcd txn); and keep the pooled connections
+warm (or open them at start-up), which alone takes Redis's restore from 7 RTT to 2. Even
+then a failover costs TTL + about 3 RTT and a handover about 5 RTT, so the targets of
+TTL + 2 RTT and 3 RTT + 50 ms need fewer round trips than the lease protocol now has.
+
+The soak met its target everywhere: no takeover, no failed renewal, no fencing, with ten
+clusters (30 node processes) on two cores. What a short TTL costs first is the leader's
+stepping, not a takeover: at RTT 300 ms and TTL 1500 ms the leaders never published (1647
+steps cut at the renew deadline in 10 minutes, yet no takeover: the longest renewal gap
+was 0.82 × TTL); at TTL 2000 ms 25 steps were cut (0.73 against 0.74 checkpoints/s at
+TTL 3000 ms).
+"""
 
 
 # -- the network ------------------------------------------------------------------------
@@ -633,6 +672,21 @@ def _advice_table(soaks: list[Soak]) -> Table:
     )  # fmt: skip
 
 
+def _choice_table(soaks: list[Soak]) -> Table:
+    """The short form of the advice: which TTL to choose for a round trip."""
+    rows = []
+    for rtt in sorted({s.far.rtt_ms for s in soaks}):
+        gaps = [g for s in soaks if s.far.rtt_ms == rtt and not s.far.edge for g in s.gaps]
+        least = (max(gaps, default=float("nan")) + rtt / 1000) / RENEW_SHARE
+        rows.append([str(rtt), str(advised_ttl_ms(rtt)), ms(least)])
+    rows.append(["other", f"max(2000, {GAP_FACTOR} × (tick + {GAP_RTTS} RTT)), up to 500 ms", "—"])
+    return Table(
+        "TTL to choose for a round trip (tick 400 ms)",
+        ["RTT ms", "TTL ms", "least TTL that kept the leader stepping here ms"],
+        rows,
+    )
+
+
 def _checks(runs: list[Runs], soaks: dict[tuple[str, int], Soak]) -> list[Check]:
     checks = []
     for run in runs:
@@ -698,6 +752,7 @@ def run(quick: bool) -> Result:
         tables=[
             _summary(runs, soaks, soak_s),
             _soak_table(soak_list, soak_s),
+            _choice_table(soak_list),
             _advice_table(soak_list),
             spread_f,
             parts_f,
