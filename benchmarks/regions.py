@@ -169,7 +169,13 @@ clusters (30 node processes) on two cores. What a short TTL costs first is the l
 stepping, not a takeover: at RTT 300 ms and TTL 1500 ms the leaders never published (1647
 steps cut at the renew deadline in 10 minutes, yet no takeover: the longest renewal gap
 was 0.82 × TTL); at TTL 2000 ms 25 steps were cut (0.73 against 0.74 checkpoints/s at
-TTL 3000 ms).
+TTL 3000 ms). The advised TTL cut no step at any round trip, but with little to spare on
+this loaded machine: the leader's worst time since a renewal was sent (longest gap + RTT)
+asks for a TTL of at least 1.91 s at RTT 50 and 150 ms and 2.75 s at 300 ms (TTL table),
+5–9 % below the advice; the longest gaps, 1.0–1.35 s at every round trip against
+tick + 2.5 RTT = 0.53–1.15 s, are CPU stalls of 30 node processes on two cores. On a
+host that busy, 2500 ms up to RTT 150 ms and 3500 ms at 300 ms leave a quarter or more
+to spare.
 """
 
 
