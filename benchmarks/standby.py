@@ -30,61 +30,44 @@ nodes, but the window is kept clean). Context switches (voluntary + involuntary,
 over `/proc/PID/task/*/status`) show how often a process wakes. CPU is given as a share
 of one core; memory in MB of 10⁶ bytes. Every change of the lease record (each of the
 leader's renewals) wakes a standby through the watch, and a stepping leader keeps the
-store busy, so this is a standby's busiest idle.
+store busy, so this is a standby's busiest idle. The nodes run as `hb run` does by
+default: without `--http`, so without metrics.
 """
 
 ANALYSIS = """\
-Profiled on 2026-11-30 on this machine, a standby of the cluster above:
+Profiled on 2026-11-30 and 2026-12-02 on this machine, a standby of the cluster above
+(per thread from `/proc/PID/task/*/stat`; system calls with `strace -c -f` for 10 s).
+Each change was measured in its own run beside the others, under the load other work
+put on the machine then, so the steps are roughly, not exactly, comparable (each
+lock or temp file closed or moved in the agent's directory woke the loop: 3 wake-ups
+per renewal and 1 per checkpoint, for nothing):
 
-* `perf stat -p PID` for 15 s: 242 ms of task-clock (1.6 % of a core) and 288 context
-  switches a second; `perf record -g`: 51 % of the samples in the interpreter, 38 % in
-  the kernel, 21 % in `finish_task_switch` alone, i.e. in waking threads up.
-* Per thread (`/proc/PID/task/*/stat` over 20 s): the event loop 0.85 %, watchfiles'
-  worker thread 0.45 % (65 switches/s), notify's inotify thread 0.10 % (100
-  switches/s), the two store threads 0.5 %.
-* the experiment `whatif standby`: the third node replaced by the library's own
-  `Runtime` over a `FileStore` subclass whose `watch` is varied, 20 s each beside an
-  unchanged leader (stepping CounterAgent) and standby:
+| the standby | CPU % of a core | RSS MB |
+| --- | --- | --- |
+| watchfiles, the agent's whole directory, recursive (2026-11-30) | 1.25–1.65 | 41 |
+| watchfiles, the lease record alone | 0.85–1.20 | 41 |
+| inotify on the event loop, the lease record alone (ec446f5) | 1.15–1.35 | 40.5–41.5 |
+| inotify: only `lease.json` arriving or going (not each temp or lock file) | 0.80–0.85 | 39.5 |
+| reads the lease when woken, at expiry, every half TTL (not every tick) | 0.65–0.85 | 39.5 |
+| without watchfiles (polling only) and prometheus_client (`--http` only) | 0.65–0.70 | 37.6 |
+| its heartbeat every half TTL, not every tick (`LeaseTiming.standby_period_s`) | 0.45–0.50 | 36.7 |
 
-| the standby's watch | CPU % of a core | ctx switches/s | wakes/s | lease reads/s |
-| --- | --- | --- | --- | --- |
-| as is: watchfiles, recursive, 20 ms step | 1.25–1.65 | 294–325 | 5.9–7.9 | 8.4–10.3 |
-| inotify on the event loop, lease.json only | 0.60–0.75 | 71–90 | 2.5 | 4.9–5.0 |
-| the same, waking only when the lease is *released* | 0.40 | 56 | 0 | 2.5 |
-| no watch at all (ticks only) | 0.30–0.40 | 46–56 | 0 | 2.5 |
-| an idle `watchfiles.awatch` alone, step 20 ms, nothing changing | 0.15–0.25 | 50 | | |
+What one idle second of the standby did before the last step (`strace`): 2.5 wake-ups
+by the leader's renewals, each followed by a read of the lease on the store's thread
+pool, and 2.5 heartbeat writes on the same pool; 107 futex calls, 36 passes of the
+event loop and 5 self-pipe writes, i.e. the hand-offs to the pool and back. The
+wake-ups were not what cost the most: a standby whose watch slept through renewals (as
+a leader's does) used 0.60–0.70 % as well, and one writing its heartbeat every third
+tick 0.40–0.45 %: each heartbeat costs about 0.1 % of a core. The read after each
+renewal stays: it is what keeps a failover within a TTL of the holder's death (the
+standby times the expiry from the last change it saw). A standby's liveness is judged
+over a whole TTL (`hb switchover`, `hb forget`, a duplicate node id), which still sees
+two heartbeats; a leader beats every tick, and a change of role is written at once.
 
-What costs the time, in order:
-
-1. **Waking on every store change.** The watch covers the agent's whole directory,
-   recursively, so every checkpoint, event line and heartbeat of every node (its own
-   heartbeats included) wakes the standby: 6–8 wakes a second, each followed by a tick
-   (a lease read through the store thread pool), 8–10 lease reads a second where the
-   ticks need 2.5. watchfiles applies `watch_filter` in Python *after* its Rust thread
-   has returned, so even a change that is filtered out costs the whole round trip
-   (worker thread → event loop → anyio task group → back into Rust).
-2. **Polling inside watchfiles.** Its Rust loop wakes every `step` (20 ms) and takes
-   the GIL to look at its stop event, 50 wake-ups a second with nothing changing.
-3. **Waking for renewals.** Even a watch of `lease.json` alone wakes the standby on
-   each of the leader's 2.5 renewals a second, which its ticks see anyway.
-
-Done since: the runtime watches the lease record alone (`watch(agent, lease_only=True)`:
-the agent directory, not recursive, only `lease.json`), so checkpoints, heartbeats and
-events of other nodes no longer wake a standby: 1.25–1.65 % → 0.85 % of a core in the
-run above, at the same handover latency. What remains is the second and third item
-below the watch: watchfiles' 20 ms polling (0.15–0.25 %; a longer step would add its
-length to every graceful handover) and one wake-up per renewal, plus the ticks.
-
-What could fix the rest (measured above): read an inotify file
-descriptor on the event loop itself (`loop.add_reader`: no thread, no polling),
-watching the agent directory alone (not recursive) for `IN_MOVED_TO`/`IN_DELETE` of
-`lease.json` (the store replaces it by rename, so temp files and the lock file wake
-nothing), and wake the runtime only when the record read there has no holder. That
-standby used 0.40 % of a core, as little as one with no watch at all, while a released
-lease still wakes it at once. Keep polling for NFS, where inotify sees nothing. The
-leader need not watch at all (it never waits on a wake), which would save it about
-1 %. What remains, 2.5 ticks a second (lease read and heartbeat write through the
-store thread pool), costs about 1.5 ms of CPU per tick, mostly thread hand-offs.
+What is left, 2.5 reads and 1 heartbeat a second, is hand-offs to the store's thread
+pool; fewer would need the store calls on the event loop itself (a loop-native client
+for Redis and etcd, the file store's local writes inline), which is where the many
+agents of one node process (issue 18) will have to go.
 """
 
 

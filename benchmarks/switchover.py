@@ -81,8 +81,9 @@ choose the target, alternating between the two standbys (sorted by name); sleep 
 random 0–{TICK_MS} ms; call `hamsterbunker.control.request_switchover(store, sealer,
 agent, to=target)` in this process, as `hb switchover --to TARGET` does. The call
 first watches the lease record and the heartbeats until the leader and the target
-are seen live (their records change: up to about one tick), then writes the signed
-request into the lease record by compare-and-set and returns. Then wait until the
+are seen live (their records change: up to half a TTL, an idle standby's heartbeat
+period), then writes the signed request into the lease record by compare-and-set
+and returns. Then wait until the
 nodes' history shows the next epoch's first checkpoint, and check that the target
 took it and that the lease record's last takeover (`lease.history[-1]`) names the
 target with via `switchover`. The benchmark reads only the local history and step-log
@@ -98,7 +99,7 @@ files while a switchover is under way (incrementally), so it puts no load on the
   it; this adds the seal and `put_checkpoint`), and to that checkpoint with the step.
 * **(b) the whole call → first step**, from just before `request_switchover` was
   called: includes the call's liveness watch (it polls every 50 ms until the leader
-  has renewed and the target has beaten once while watched, so up to about a tick).
+  has renewed and the target has beaten once while watched, so up to half a TTL).
   Reported, no target.
 * **(c) parts**: request written → the old leader sees it (its
   `lease.switchover_asked` event) → its last publish of its epoch (the step in flight
@@ -182,10 +183,11 @@ What is left:
   standby instead of a read (two reads less).
 * **(b), the whole call.** `request_switchover` first watches the leader's lease
   record and the target's heartbeat until both change (they are seen live, as a
-  standby sees a lease: never by comparing clocks), which takes up to a tick (400
-  ms); then it writes. The way to make the command itself fast is to write at once
-  and let the target acknowledge (a fresh write of its own, seen by the leader before
-  it hands over, and withdrawn by the command if none comes within a TTL): not done.
+  standby sees a lease: never by comparing clocks), which takes up to an idle
+  standby's heartbeat period (half a TTL, 1 s); then it writes. The way to make the
+  command itself fast is to write at once and let the target acknowledge (a fresh
+  write of its own, seen by the leader before it hands over, and withdrawn by the
+  command if none comes within a TTL): not done.
 """
 
 
@@ -774,7 +776,7 @@ def _backend_result(backend: str, workload: str, samples: list[Sample], notes: l
         Check(
             f"{backend}: p99, request_switchover called → first step starts",
             f"{ms(percentile(figures['(b) request_switchover called → first step starts'], 99))} ms",
-            "— (includes the call's liveness watch, up to about a tick)",
+            "— (includes the call's liveness watch, up to half a TTL)",
             None,
         ),
         Check(

@@ -119,6 +119,7 @@ class NodeLoop:
         self._leader: asyncio.Task[None] | None = None  # runs a term while we hold the lease
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
         self._watch_works = True  # until the watch ends: then a standby reads every tick
+        self._beat_role = ""  # the role the last heartbeat told
 
     async def run(self, ready: threading.Event) -> None:
         """Go online, keep the lease until a stop, then shut down; ready is set once online."""
@@ -141,8 +142,9 @@ class NodeLoop:
 
     def _set_role(self, role: str) -> None:
         if role != self._standing.role:
-            if "active" in (role, self._standing.role):
-                self._watch_as(leading=role == "active")
+            leading, led = role == "active", self._standing.role == "active"
+            if leading != led and role != "stopping":
+                self._watch_as(leading=leading)
             self._standing.role = role
             if role == "standby":
                 self._sink.emit("node.standby")
@@ -193,10 +195,10 @@ class NodeLoop:
             woken = self._signals.wake.is_set()
             self._signals.wake.clear()  # this pass reads the lease: later changes wake us
             tick_start = self._watchdog.pass_began()
-            if not self._reads_now(woken, last_read):
+            if not woken and self._clock.monotonic() < self._read_at(last_read):
                 next_heartbeat = await self._beat_if_due(next_heartbeat)
                 self._watchdog.pass_ended()
-                await self._sleep_until(self._wake_at(next_heartbeat))
+                await self._sleep_until(min(next_heartbeat, self._read_at(last_read)))
                 continue
             last_read = tick_start
             result: TickResult | None = None
@@ -236,48 +238,48 @@ class NodeLoop:
                 else status_text(self._standing, keeper)
             )
             self._watchdog.pass_ended()
-            await self._sleep_until(self._wake_at(next_heartbeat))
+            await self._sleep_until(min(next_heartbeat, self._read_at(last_read)))
 
-    def _reads_now(self, woken: bool, last_read: float) -> bool:
-        """Whether this pass reads the lease (a leader's: renews it).
+    def _read_at(self, last_read: float) -> float:
+        """When the next read of the lease (a leader's: renewal) is due, short of a wake-up.
 
-        A leader renews every pass. A standby whose watch works is woken by every
-        change of the record and by the lease's expiry, so between those it reads
-        only every half TTL, in case a change went unhinted: a change seen late
-        only delays a takeover (the record must stand still for a TTL of this
-        node's clock, and it reads before it takes), it never hastens one. A
-        standby without a working watch, or facing a free lease, reads every tick.
+        A leader renews every tick. A standby whose watch works is woken by every
+        change of the record, and it wakes at the lease's expiry; between those it
+        reads only every ``standby_period_s``, in case a change went unhinted: a
+        change seen late only delays a takeover (the record must stand still for a
+        TTL of this node's clock, and it reads before it takes), it never hastens
+        one. A standby without a working watch, or facing a free lease or one
+        expired that it could not take, reads every tick.
         """
-        keeper = self._keeper
-        if keeper.held is not None or woken or not self._watch_works:
-            return True
-        record = keeper.observed
-        if record is None or record.holder is None:
-            return True  # free, or handed over: taken the moment it may be
-        expiry = keeper.seconds_until_expiry()
-        if expiry is not None and expiry <= 0:
-            return True
-        since = self._clock.monotonic() - last_read
-        return since >= max(self._timing.tick_s, self._timing.lease_ttl_s / 2)
+        keeper, timing = self._keeper, self._timing
+        record, expiry = keeper.observed, keeper.seconds_until_expiry()
+        every_tick = (
+            keeper.held is not None
+            or not self._watch_works
+            or record is None
+            or record.holder is None  # free, or handed over: taken the moment it may be
+            or expiry == 0
+        )
+        due = last_read + (timing.tick_s if every_tick else timing.standby_period_s)
+        if expiry:
+            due = min(due, self._clock.monotonic() + expiry + 0.001)
+        return due
 
     async def _beat_if_due(self, next_heartbeat: float) -> float:
-        """Write the heartbeat if it is due; returns when the next one is.
+        """Write the heartbeat if it is due, or at once if the role changed since the
+        last; returns when the next one is due.
 
-        Heartbeats keep to the tick even when a store change woke us early,
-        or every write would wake every other node into writing again.
+        Heartbeats keep to their period even when a store change woke us early, or
+        every write would wake every other node into writing again. A leader's period
+        is the tick, an idle standby's ``standby_period_s``.
         """
-        now = self._clock.monotonic()
-        if now < next_heartbeat:
+        now, role = self._clock.monotonic(), self._standing.role
+        if now < next_heartbeat and role == self._beat_role:
             return next_heartbeat
+        self._beat_role = role
         await self._sink.beat()
-        return now + self._timing.tick_s
-
-    def _wake_at(self, next_heartbeat: float) -> float:
-        """When the next pass is due: the next heartbeat, or the lease's expiry if sooner."""
-        expiry = self._keeper.seconds_until_expiry()
-        if expiry:  # 0: expired already, and this tick could not take it: keep to the ticks
-            return min(next_heartbeat, self._clock.monotonic() + expiry + 0.001)
-        return next_heartbeat
+        leading = self._keeper.held is not None
+        return now + (self._timing.tick_s if leading else self._timing.standby_period_s)
 
     def _act_on(self, result: TickResult, tick_start: float) -> None:
         """What one tick of the lease keeper means for the node: a term begins or ends."""

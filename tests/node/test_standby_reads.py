@@ -1,21 +1,23 @@
-"""How often a standby reads the lease (issue 18: an idle standby nearly free).
+"""How often a standby reads the lease and beats (issue 18: an idle standby nearly free).
 
 A standby whose store watch works is woken by every change of the lease
 record and by the lease's expiry, so it need not poll: it reads only then, and
 every half TTL in case a change went unhinted. Without a working watch it
 reads every tick, as before. Either way a lease that stands still is taken
-one TTL after it last changed, as seen on the standby's clock.
+one TTL after it last changed, as seen on the standby's clock. A standby
+writes its heartbeat every half TTL; a leader every tick.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from hamsterbunker.records import LeaseRecord
+from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.timing import LeaseTiming
@@ -34,6 +36,12 @@ class CountedStore:
         self._watch_fails = watch_fails
         self._lock = threading.Lock()
         self.reads = 0
+        self.beats: dict[str, int] = {}  # by the role they told
+
+    def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
+        with self._lock:
+            self.beats[heartbeat.role] = self.beats.get(heartbeat.role, 0) + 1
+        self._inner.put_heartbeat(agent, heartbeat)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -52,9 +60,12 @@ class CountedStore:
             yield None
 
 
-def _standby_facing_a_dead_holder(tmp_path: Path, *, watch_fails: bool) -> tuple[int, float]:
-    """(lease reads, seconds) from a standby's start until it took a lease whose holder
-    never renews."""
+@contextlib.contextmanager
+def _standby_facing_a_dead_holder(
+    tmp_path: Path, *, watch_fails: bool
+) -> Iterator[tuple[int, float, CountedStore]]:
+    """(lease reads, seconds, the store) from a standby's start until it took a lease whose
+    holder never renews; the node runs on, as the leader, until the block ends."""
     store = FileStore(tmp_path / "store")
     store.cas_lease(
         AGENT, None, LeaseRecord(holder="gone", region="r0", session="s0", epoch=1, ttl_ms=3000)
@@ -73,25 +84,35 @@ def _standby_facing_a_dead_holder(tmp_path: Path, *, watch_fails: bool) -> tuple
     node.start()
     try:
 
-        def taken() -> tuple[int, float] | None:
+        def taken() -> tuple[int, float, CountedStore] | None:
             lease = store.read_lease(AGENT)
             if lease is None or lease.holder != "standby":
                 return None
-            return counted.reads, time.monotonic() - started
+            return counted.reads, time.monotonic() - started, counted
 
-        return wait_until(taken, "the standby to take the dead holder's lease", timeout=30)
+        yield wait_until(taken, "the standby to take the dead holder's lease", timeout=30)
     finally:
         node.stop(timeout=20)
 
 
 def test_a_watching_standby_reads_a_still_lease_only_every_half_ttl(tmp_path: Path) -> None:
-    reads, took = _standby_facing_a_dead_holder(tmp_path, watch_fails=False)
-    # Its first read, one at half the TTL, one at expiry and the take's own: not one a tick.
-    assert reads <= 10, f"a watching standby read the lease {reads} times in one TTL"
-    assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
+    with _standby_facing_a_dead_holder(tmp_path, watch_fails=False) as (reads, took, _):
+        # Its first read, one at half the TTL, one at expiry and the take's own: not one a tick.
+        assert reads <= 10, f"a watching standby read the lease {reads} times in one TTL"
+        assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
+
+
+def test_a_standby_beats_every_half_ttl_and_a_leader_every_tick(tmp_path: Path) -> None:
+    with _standby_facing_a_dead_holder(tmp_path, watch_fails=False) as (_, _, counted):
+        # One TTL as a standby: a beat at start and about two more; not one a tick (60).
+        assert 1 <= counted.beats.get("standby", 0) <= 4, counted.beats
+        # As the leader, a beat a tick: twenty within 3 s (a standby's would take 30 s).
+        wait_until(lambda: counted.beats.get("active", 0) >= 20, "twenty beats", timeout=3.0)
 
 
 def test_a_standby_without_a_working_watch_reads_every_tick(tmp_path: Path) -> None:
-    reads, took = _standby_facing_a_dead_holder(tmp_path, watch_fails=True)
-    assert reads >= TICKS_PER_TTL // 2, f"only {reads} reads in one TTL of {TICKS_PER_TTL} ticks"
-    assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
+    with _standby_facing_a_dead_holder(tmp_path, watch_fails=True) as (reads, took, _):
+        assert reads >= TICKS_PER_TTL // 2, (
+            f"only {reads} reads in one TTL of {TICKS_PER_TTL} ticks"
+        )
+        assert TIMING.lease_ttl_s <= took <= TIMING.lease_ttl_s + 2.0
