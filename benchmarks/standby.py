@@ -48,7 +48,7 @@ per renewal and 1 per checkpoint, for nothing):
 | watchfiles, the lease record alone | 0.85–1.20 | 41 |
 | inotify on the event loop, the lease record alone (ec446f5) | 1.15–1.35 | 40.5–41.5 |
 | inotify: only `lease.json` arriving or going (not each temp or lock file) | 0.80–0.85 | 39.5 |
-| reads the lease when woken, at expiry, every half TTL (not every tick) | 0.65–0.85 | 39.5 |
+| reads the lease when woken, else after 2 ticks without (not also each tick) | 0.65–0.85 | 39.5 |
 | without watchfiles (polling only) and prometheus_client (`--http` only) | 0.65–0.70 | 37.6 |
 | its heartbeat every half TTL, not every tick (`LeaseTiming.standby_period_s`) | 0.45–0.50 | 36.7 |
 

@@ -92,12 +92,11 @@ class LeaseTiming:
 
     @property
     def standby_period_s(self) -> float:
-        """How often an idle standby writes its heartbeat, and reads the lease while its
-        store watch works: every half TTL, at least every tick.
+        """How often an idle standby writes its heartbeat: every half TTL, at least every tick.
 
-        The watch wakes it for every change of the lease record, and its liveness is
-        judged over a whole TTL (``hb switchover``, ``hb forget``, a duplicate node id),
-        which sees two heartbeats; each write more costs it about 0.1 % of a core.
+        Its liveness is judged over a whole TTL (``hb switchover``, ``hb forget``, a
+        duplicate node id), which sees two heartbeats; each write more a second costs
+        it about 0.1 % of a core.
         """
         return max(self.tick_s, self.lease_ttl_s / 2)
 

@@ -196,7 +196,7 @@ class NodeLoop:
             self._signals.wake.clear()  # this pass reads the lease: later changes wake us
             tick_start = self._watchdog.pass_began()
             if not woken and self._clock.monotonic() < self._read_at(last_read):
-                next_heartbeat = await self._beat_if_due(next_heartbeat)
+                next_heartbeat = await self._beat_if_due(next_heartbeat, tick_start)
                 self._watchdog.pass_ended()
                 await self._sleep_until(min(next_heartbeat, self._read_at(last_read)))
                 continue
@@ -231,7 +231,7 @@ class NodeLoop:
                 self._leader = None
                 if error is not None:
                     raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
-            next_heartbeat = await self._beat_if_due(next_heartbeat)
+            next_heartbeat = await self._beat_if_due(next_heartbeat, tick_start)
             self._notifier.status(
                 "stopping · finishing the step in flight"
                 if self._finishing()
@@ -244,14 +244,13 @@ class NodeLoop:
         """When the next read of the lease (a leader's: renewal) is due, short of a wake-up.
 
         A leader renews every tick. A standby whose watch works is woken by every
-        change of the record, and it wakes at the lease's expiry; between those it
-        reads only every ``standby_period_s``, in case a change went unhinted: a
-        change seen late only delays a takeover (the record must stand still for a
-        TTL of this node's clock, and it reads before it takes), it never hastens
-        one. A standby without a working watch, or facing a free lease or one
+        change of the record (a live leader's renewal each tick) and at the lease's
+        expiry, and reads then; between those it reads only once two ticks passed
+        without one, so a leader, store or watch in trouble is still noticed within
+        two ticks. A standby without a working watch, or facing a free lease or one
         expired that it could not take, reads every tick.
         """
-        keeper, timing = self._keeper, self._timing
+        keeper, tick = self._keeper, self._timing.tick_s
         record, expiry = keeper.observed, keeper.seconds_until_expiry()
         every_tick = (
             keeper.held is not None
@@ -260,26 +259,27 @@ class NodeLoop:
             or record.holder is None  # free, or handed over: taken the moment it may be
             or expiry == 0
         )
-        due = last_read + (timing.tick_s if every_tick else timing.standby_period_s)
+        due = last_read + (tick if every_tick else 2 * tick)
         if expiry:
             due = min(due, self._clock.monotonic() + expiry + 0.001)
         return due
 
-    async def _beat_if_due(self, next_heartbeat: float) -> float:
+    async def _beat_if_due(self, next_heartbeat: float, pass_start: float) -> float:
         """Write the heartbeat if it is due, or at once if the role changed since the
         last; returns when the next one is due.
 
         Heartbeats keep to their period even when a store change woke us early, or
         every write would wake every other node into writing again. A leader's period
-        is the tick, an idle standby's ``standby_period_s``.
+        is the tick, an idle standby's ``standby_period_s``; counted, as reads are,
+        from the pass's start, so that one pass a period does both.
         """
-        now, role = self._clock.monotonic(), self._standing.role
-        if now < next_heartbeat and role == self._beat_role:
+        role = self._standing.role
+        if pass_start < next_heartbeat and role == self._beat_role:
             return next_heartbeat
         self._beat_role = role
         await self._sink.beat()
         leading = self._keeper.held is not None
-        return now + (self._timing.tick_s if leading else self._timing.standby_period_s)
+        return pass_start + (self._timing.tick_s if leading else self._timing.standby_period_s)
 
     def _act_on(self, result: TickResult, tick_start: float) -> None:
         """What one tick of the lease keeper means for the node: a term begins or ends."""

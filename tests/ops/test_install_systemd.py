@@ -103,13 +103,15 @@ def pip_calls(places: dict[str, Path]) -> list[str]:
 
 
 def node_extras() -> list[str]:
-    """pyproject's extras but `test`: what a node may need (hb-tui, the Redis and etcd clients)."""
+    """pyproject's extras but the developers' (`test`, `bench`): what a node may need (hb-tui,
+    the Redis and etcd clients)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return sorted(set(project["optional-dependencies"]) - {"test"})
+    return sorted(set(project["optional-dependencies"]) - {"test", "bench"})
 
 
 def test_install_systemd_installs_the_extras_and_links_hb_and_hb_tui(make, tmp_path):
-    """pip installs `.[tui,redis,etcd]` (every extra but test); hb and hb-tui are linked."""
+    """pip installs `.[tui,redis,etcd]` (every extra but test and bench); hb and hb-tui are
+    linked."""
     places = install(make, tmp_path)
     (call,) = pip_calls(places)
     found = re.fullmatch(r"install --quiet \.\[([a-z,]+)\]", call)

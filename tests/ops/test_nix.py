@@ -620,7 +620,7 @@ def test_package_and_flake_match_pyproject(nix_instantiate, lib_path):
         ],
     )
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
-    assert set(project["optional-dependencies"]) - {"test"} == set(PACKAGED_EXTRAS)
+    assert set(project["optional-dependencies"]) - {"test", "bench"} == set(PACKAGED_EXTRAS)
     names = sorted(requirement_name(r) for r in project["dependencies"])
     extras = {
         extra: [requirement_name(r) for r in project["optional-dependencies"][extra]]
