@@ -36,7 +36,7 @@ from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
 from hamsterbunker.stores.etcd import store as etcd_module
-from tests.support import each_ended
+from tests.support import each_ended, process_state, wait_until
 from tests.support.etcd_server import EtcdServer, etcd_url, shared_etcd
 from tests.support.records import lease
 from tests.support.records import network_event as event
@@ -154,6 +154,8 @@ def test_frozen_server_is_store_unavailable_within_the_timeout(
     store = opened(server.url(query="timeout=0.5"))
     held = store.cas_lease("a", None, lease("n1", 1))
     server.process.send_signal(signal.SIGSTOP)
+    # Stopping every thread of the member takes a moment: a call before that is answered.
+    wait_until(lambda: process_state(server.process.pid) == "T", "the member to stop")
     calls: list[Callable[[], object]] = [
         lambda: store.read_lease("a"),
         lambda: store.cas_lease("a", held.version, lease("n1", 1)),

@@ -28,7 +28,7 @@ from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
 from hamsterbunker.stores import open_store  # noqa: E402
 from hamsterbunker.stores.base import Fence  # noqa: E402
 from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
-from tests.support import each_ended  # noqa: E402
+from tests.support import each_ended, process_state, wait_until  # noqa: E402
 from tests.support.records import lease  # noqa: E402
 from tests.support.records import network_event as event  # noqa: E402
 from tests.support.records import network_heartbeat as heartbeat  # noqa: E402
@@ -126,6 +126,8 @@ def test_frozen_server_is_store_unavailable_within_the_socket_timeout(
     store = opened(server.url(query="socket_timeout=0.3&socket_connect_timeout=0.3"))
     store.cas_lease("a", None, lease("n1", 1))
     server.process.send_signal(signal.SIGSTOP)
+    # Stopping the server takes a moment: a call before that is answered.
+    wait_until(lambda: process_state(server.process.pid) == "T", "the server to stop")
     started = time.monotonic()
     with pytest.raises(StoreUnavailable):
         store.read_lease("a")
