@@ -50,7 +50,7 @@ per renewal and 1 per checkpoint, for nothing):
 | inotify: only `lease.json` arriving or going (not each temp or lock file) | 0.80–0.85 | 39.5 |
 | reads the lease when woken, else after 2 ticks without (not also each tick) | 0.65–0.85 | 39.5 |
 | without watchfiles (polling only) and prometheus_client (`--http` only) | 0.65–0.70 | 37.6 |
-| its heartbeat every half TTL, not every tick (`LeaseTiming.standby_period_s`) | 0.45–0.50 | 36.7 |
+| its heartbeat every half TTL, not every tick (`LeaseTiming.standby_period_s`) | 0.45–0.60 | 36.7–37.5 |
 
 What one idle second of the standby did before the last step (`strace`): 2.5 wake-ups
 by the leader's renewals, each followed by a read of the lease on the store's thread
