@@ -32,6 +32,7 @@ from ..timing import DEFAULT_STOP_GRACE_MS, LeaseTiming
 from .calls import NodeCalls, bounded
 from .cluster import Cluster, NodeMemory
 from .events import EventSink
+from .pacing import Pacing
 from .state import Identity, Signals, Standing
 from .term import Ending, LeaderTerm, TermEnd
 from .watchdog import Watchdog, status_text
@@ -118,8 +119,7 @@ class NodeLoop:
         self._term: LeaderTerm | None = None  # the newest term, ended or not
         self._leader: asyncio.Task[None] | None = None  # runs a term while we hold the lease
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
-        self._watch_works = True  # until the watch ends: then a standby reads every tick
-        self._beat_role = ""  # the role the last heartbeat told
+        self._pacing = Pacing(keeper, standing, timing, clock)
 
     async def run(self, ready: threading.Event) -> None:
         """Go online, keep the lease until a stop, then shut down; ready is set once online."""
@@ -190,17 +190,18 @@ class NodeLoop:
         """A pass per tick (or earlier, when the store hints at a change) until a stop."""
         keeper, emit = self._keeper, self._sink.emit
         store_ok = True
-        next_heartbeat, last_read = 0.0, float("-inf")
+        pacing = self._pacing
         while not self._signals.stopping.is_set() or self._finishing():
             woken = self._signals.wake.is_set()
             self._signals.wake.clear()  # this pass reads the lease: later changes wake us
             tick_start = self._watchdog.pass_began()
-            if not woken and self._clock.monotonic() < self._read_at(last_read):
-                next_heartbeat = await self._beat_if_due(next_heartbeat, tick_start)
+            if not woken and self._clock.monotonic() < pacing.read_at():
+                if pacing.beat_due(tick_start):
+                    await self._sink.beat()
                 self._watchdog.pass_ended()
-                await self._sleep_until(min(next_heartbeat, self._read_at(last_read)))
+                await self._sleep_until(pacing.wake_at())
                 continue
-            last_read = tick_start
+            pacing.last_read = tick_start
             result: TickResult | None = None
             failure: str | None = None
             try:
@@ -231,55 +232,15 @@ class NodeLoop:
                 self._leader = None
                 if error is not None:
                     raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
-            next_heartbeat = await self._beat_if_due(next_heartbeat, tick_start)
+            if pacing.beat_due(tick_start):
+                await self._sink.beat()
             self._notifier.status(
                 "stopping · finishing the step in flight"
                 if self._finishing()
                 else status_text(self._standing, keeper)
             )
             self._watchdog.pass_ended()
-            await self._sleep_until(min(next_heartbeat, self._read_at(last_read)))
-
-    def _read_at(self, last_read: float) -> float:
-        """When the next read of the lease (a leader's: renewal) is due, short of a wake-up.
-
-        A leader renews every tick. A standby whose watch works is woken by every
-        change of the record (a live leader's renewal each tick) and at the lease's
-        expiry, and reads then; between those it reads only once two ticks passed
-        without one, so a leader, store or watch in trouble is still noticed within
-        two ticks. A standby without a working watch, or facing a free lease or one
-        expired that it could not take, reads every tick.
-        """
-        keeper, tick = self._keeper, self._timing.tick_s
-        record, expiry = keeper.observed, keeper.seconds_until_expiry()
-        every_tick = (
-            keeper.held is not None
-            or not self._watch_works
-            or record is None
-            or record.holder is None  # free, or handed over: taken the moment it may be
-            or expiry == 0
-        )
-        due = last_read + (tick if every_tick else 2 * tick)
-        if expiry:
-            due = min(due, self._clock.monotonic() + expiry + 0.001)
-        return due
-
-    async def _beat_if_due(self, next_heartbeat: float, pass_start: float) -> float:
-        """Write the heartbeat if it is due, or at once if the role changed since the
-        last; returns when the next one is due.
-
-        Heartbeats keep to their period even when a store change woke us early, or
-        every write would wake every other node into writing again. A leader's period
-        is the tick, an idle standby's ``standby_period_s``; counted, as reads are,
-        from the pass's start, so that one pass a period does both.
-        """
-        role = self._standing.role
-        if pass_start < next_heartbeat and role == self._beat_role:
-            return next_heartbeat
-        self._beat_role = role
-        await self._sink.beat()
-        leading = self._keeper.held is not None
-        return pass_start + (self._timing.tick_s if leading else self._timing.standby_period_s)
+            await self._sleep_until(pacing.wake_at())
 
     def _act_on(self, result: TickResult, tick_start: float) -> None:
         """What one tick of the lease keeper means for the node: a term begins or ends."""
@@ -395,7 +356,7 @@ class NodeLoop:
         """(Re)start the store watch for the role: see _watch."""
         if self._watcher is not None:
             self._watcher.cancel()  # a change while the next one starts is seen at a tick
-        self._watch_works = True
+        self._pacing.watch_works = True
         self._watcher = asyncio.create_task(self._watch(leading), name="hb-watch")
 
     async def _watch(self, leading: bool) -> None:
@@ -413,7 +374,7 @@ class NodeLoop:
             raise
         except Exception as exc:  # the watch is only a hint: fall back to ticks
             log.warning("%s: store watch stopped (%s); relying on ticks", self._id.node, exc)
-        self._watch_works = False
+        self._pacing.watch_works = False
 
     # -- terms -------------------------------------------------------------------
 
