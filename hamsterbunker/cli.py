@@ -22,6 +22,7 @@ from .agent import load_agent
 from .cli_args import positive_int, store_url, whole_number
 from .cli_control import add_control_parsers
 from .cli_forget import add_forget_parser, forget
+from .cli_rotate import add_rotate_parser, rotate_secret
 from .cli_status import add_status_parser
 from .cli_submit import EXIT_TIMEOUT, add_submit_parser, submit
 from .config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
@@ -31,15 +32,14 @@ from .errors import (
     HamsterbunkerError,
     NoUsableCheckpoint,
     SealError,
-    SecretTooShort,
     StoreError,
     StoreUnsafe,
 )
 from .http_address import http_address_arg
+from .keyring import Keyring, read_keyring
 from .logs import LOG_LEVELS, configure_logging, log_level, stderr_is_journal
 from .notify import Notifier
 from .provision import STATE_DIRECTORY  # where the unit lets a node write
-from .sealing import check_secret
 from .stores import check_store_url, open_store
 from .timing import (
     DEFAULT_LEASE_TTL_MS,
@@ -64,9 +64,10 @@ EXIT_REFUSED = 3
 
 SECRET_HELP = """\
 the network secret (at least 8 characters) is taken from, in this order:
-  1. the environment variable HB_SECRET
-  2. the file named by --secret-file
-  3. $CREDENTIALS_DIRECTORY/secret (systemd LoadCredential=secret:...)
+  1. the environment variable HB_SECRET (and HB_SECRET_PREVIOUS while the secret
+     is rotated: see hb rotate-secret)
+  2. the file named by --secret-file (one secret a line, newest first)
+  3. $CREDENTIALS_DIRECTORY/secret (systemd LoadCredential=secret:...), the same
 Never pass it on the command line: every user can read that."""
 
 
@@ -175,6 +176,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_submit_parser(sub, SECRET_HELP)
     add_forget_parser(sub, SECRET_HELP)
     add_control_parsers(sub, SECRET_HELP)
+    add_rotate_parser(sub, "file holding the secrets, one a line, newest first")
     return parser
 
 
@@ -257,27 +259,10 @@ def _node_config(args: argparse.Namespace, **defaults: str) -> NodeConfig:
     return NodeConfig(**given)
 
 
-def read_secret(secret_file: Path | None) -> str:
-    """The secret from HB_SECRET, --secret-file, or the systemd credential, in that order."""
-    if os.environ.get("HB_SECRET"):
-        return check_secret(os.environ["HB_SECRET"])
-    candidates = [secret_file] if secret_file else []
-    if os.environ.get("CREDENTIALS_DIRECTORY"):
-        candidates.append(Path(os.environ["CREDENTIALS_DIRECTORY"]) / "secret")
-    for path in candidates:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            if path is secret_file:
-                raise ConfigError(f"secret file {path} does not exist") from None
-            continue
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"secret file {path} cannot be read: {exc}") from exc
-        try:
-            return check_secret(text.rstrip("\r\n"))
-        except SecretTooShort as exc:
-            raise SecretTooShort(f"secret file {path}: {exc}") from None
-    raise ConfigError("no secret given: set HB_SECRET, pass --secret-file, or use LoadCredential")
+def read_secret(secret_file: Path | None) -> Keyring:
+    """The secrets from HB_SECRET (+ HB_SECRET_PREVIOUS), --secret-file, or the systemd
+    credential, in that order: one, or several while the secret rotates (newest first)."""
+    return read_keyring(secret_file)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -413,6 +398,11 @@ def _cmd_pause(args: argparse.Namespace) -> int:
     return cli_control.pause(args, lambda: read_secret(args.secret_file))
 
 
+def _cmd_rotate_secret(args: argparse.Namespace) -> int:
+    secret_file = None if args.secret_file is None else Path(args.secret_file)
+    return rotate_secret(args, lambda: read_secret(secret_file))
+
+
 def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .acceptance import accept_loss, plan_loss
     from .records import check_name
@@ -478,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "pause": _cmd_pause,
         "resume": _cmd_pause,
         "history": cli_control.history,
+        "rotate-secret": _cmd_rotate_secret,
     }
     try:
         return commands[args.command](args)

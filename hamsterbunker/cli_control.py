@@ -21,6 +21,7 @@ from pathlib import Path
 from .cli_args import seconds, store_url
 from .control import request_switchover, set_paused
 from .errors import ConfigError
+from .keyring import Secret
 from .records import LeaseRecord, check_name
 from .sealing import Sealer
 from .stores import Store, open_store
@@ -91,14 +92,14 @@ def _open(args: argparse.Namespace) -> tuple[Store, str]:
     return open_store(url, create=False), agent
 
 
-def _sealer(store: Store, secret: str) -> Sealer:
+def _sealer(store: Store, secret: Secret) -> Sealer:
     cluster = store.read_cluster()
     if cluster is None:
         raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
     return Sealer(secret, cluster)
 
 
-def switchover(args: argparse.Namespace, read_secret: Callable[[], str]) -> int:
+def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     if args.to is not None:
         check_name("node id", args.to)
     store, agent = _open(args)
@@ -137,7 +138,7 @@ def _wait_for(
     return None
 
 
-def pause(args: argparse.Namespace, read_secret: Callable[[], str]) -> int:
+def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     paused = args.command == "pause"
     store, agent = _open(args)
     try:

@@ -34,6 +34,7 @@ from typing import Any
 
 from .cli_args import store_url
 from .errors import ConfigError, CorruptRecord
+from .keyring import Secret
 from .observe import MAX_WATCH_S, POLL_S
 from .records import Event, Heartbeat, check_name
 from .sealing import Sealer
@@ -85,7 +86,7 @@ class _Seen:
 
 def forget(
     args: argparse.Namespace,
-    read_secret: Callable[[], str],
+    read_secret: Callable[[], Secret],
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,

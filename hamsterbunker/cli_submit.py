@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from .cli_args import seconds, store_url
 from .client import Admission, Client
 from .errors import ConfigError, HamsterbunkerError, InboxError, Tampered
+from .keyring import Secret
 from .limits import MAX_SUBMISSION_BYTES
 from .records import check_name
 from .stores import open_store
@@ -158,7 +159,7 @@ def _parse(text: str | bytes, where: str) -> Any:
         raise ConfigError(f"{where} is not JSON: {exc}") from None
 
 
-def submit(args: argparse.Namespace, read_secret: Callable[[], str]) -> int:
+def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     """Run ``hb submit``; the exit status (errors raise). read_secret: after the checks."""
     agent_id = check_name("agent id", args.agent_id)
     if args.timeout is not None and not args.wait:

@@ -24,6 +24,7 @@ from typing import Any
 from .errors import InboxError, NotNextNumber, StoreError, UnknownRequest
 from .failpoints import failpoint
 from .inbox import Admission
+from .keyring import Secret
 from .limits import MAX_SUBMISSION_BYTES, check_request_id
 from .records import check_name
 from .sealing import Sealer, new_cluster_record
@@ -44,7 +45,7 @@ SUBSCRIBED_S = (0.05, 0.25)
 class Client:
     """Submits work to agents in one store and waits for their replies."""
 
-    def __init__(self, store: Store | str, secret: str) -> None:
+    def __init__(self, store: Store | str, secret: Secret) -> None:
         self._owned = isinstance(store, str)
         self.store: Store = open_store(store) if isinstance(store, str) else store
         try:
@@ -186,5 +187,5 @@ class Client:
         self.close()
 
 
-async def _next_wake(watcher: AsyncIterator[None]) -> None:
+async def _next_wake(watcher: AsyncIterator[object]) -> None:
     await anext(watcher)

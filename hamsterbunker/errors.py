@@ -8,6 +8,7 @@
     │   ├── StoreUnsafe        the location cannot give mutual exclusion (a synced folder)
     │   ├── CorruptRecord      a lease, cluster or event record that does not parse
     │   ├── LeaseConflict      compare-and-set lost: the record changed since it was read
+    │   ├── ClusterChanged     the cluster record changed since it was read (a rotation's CAS)
     │   ├── InboxFull          an admission over the inbox's count or byte limit
     │   ├── NotNextNumber      an admission raced another: its number was taken
     │   └── Fenced             a write under an epoch that is no longer the lease's
@@ -29,6 +30,7 @@ Backend errors are translated at the store boundary with ``raise ... from exc``.
 from __future__ import annotations
 
 __all__ = [
+    "ClusterChanged",
     "ConfigError",
     "ControlRefused",
     "CorruptRecord",
@@ -98,6 +100,10 @@ class NotNextNumber(StoreError):
 
 class LeaseConflict(StoreError):
     """A compare-and-set of the lease lost: the record changed since it was read."""
+
+
+class ClusterChanged(StoreError):
+    """The cluster record is no longer the one a compare-and-set expected (nothing written)."""
 
 
 class Fenced(StoreError):

@@ -32,6 +32,7 @@ __all__ = [
     "ClusterRecord",
     "Event",
     "Heartbeat",
+    "KeyEntry",
     "LeaseRecord",
     "Takeover",
     "check_name",
@@ -155,9 +156,48 @@ def _dump(obj: Any) -> bytes:
     return json.dumps(asdict(obj), separators=(",", ":"), sort_keys=True).encode()
 
 
+# Keys a cluster record names besides its current one (accepted while a rotation
+# is under way, retired ones kept to name them to a node that still holds one).
+MAX_CLUSTER_KEYS = 4
+_KEY_ID = re.compile(r"[0-9a-f]{16}")
+_ROTATIONS = frozenset({"", "begun", "committed"})
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """One key of the cluster: its id (as sealed headers name it) and key-check value."""
+
+    kid: str
+    check: str  # base64; proves a secret is this key's without revealing the key
+
+    def to_doc(self) -> dict[str, str]:
+        return {"kid": self.kid, "check": self.check}
+
+    @classmethod
+    def from_doc(cls, doc: Any, what: str) -> KeyEntry:
+        if not isinstance(doc, dict):
+            raise CorruptRecord(f"cluster record field {what!r} has an entry that is not an object")
+        kid, check = doc.get("kid"), doc.get("check")
+        if not (isinstance(kid, str) and _KEY_ID.fullmatch(kid)):
+            raise CorruptRecord(f"cluster record field {what!r} has an entry with a bad key id")
+        if not (isinstance(check, str) and len(check) <= 64):
+            raise CorruptRecord(f"cluster record field {what!r} has an entry with a bad check")
+        return cls(kid, check)
+
+
 @dataclass(frozen=True)
 class ClusterRecord:
-    """Key material every node needs to derive the sealing key: never the key itself."""
+    """Key material every node needs to derive the sealing key: never the key itself.
+
+    ``key_id`` and ``key_check`` name the *current* key, the one that seals.
+    A record as first written (``generation`` 0) has no more than that; every
+    change of keys (``hb rotate-secret``) raises the generation by one, lists
+    the other keys still ``accepted`` for opening and the ``retired`` ones, and
+    says how far a rotation has come (``rotation``: "", "begun", "committed").
+    From generation 1 on the record carries ``macs``: an HMAC of all the rest
+    under every key it lists as current or accepted (``hamsterbunker.sealing``
+    checks them), so a writer without the secrets cannot change the key list.
+    """
 
     format: int
     kdf: str
@@ -168,13 +208,58 @@ class ClusterRecord:
     key_id: str
     key_check: str  # base64; tells a wrong secret apart from a tampered checkpoint
     created: float
+    generation: int = 0
+    accepted: tuple[KeyEntry, ...] = ()
+    retired: tuple[KeyEntry, ...] = ()
+    rotation: str = ""
+    macs: tuple[tuple[str, str], ...] = ()  # (key id, hex HMAC), sorted by key id
+
+    @property
+    def current(self) -> KeyEntry:
+        return KeyEntry(self.key_id, self.key_check)
+
+    @property
+    def listed(self) -> tuple[KeyEntry, ...]:
+        """The keys that open sealed records: the current one first, then the accepted ones."""
+        return (self.current, *self.accepted)
+
+    def signed_body(self) -> bytes:
+        """What ``macs`` authenticate: the whole record but the macs, canonically."""
+        return json.dumps(self._doc(), separators=(",", ":"), sort_keys=True).encode()
+
+    def _doc(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "format": self.format, "kdf": self.kdf, "n": self.n, "r": self.r, "p": self.p,
+            "salt": self.salt, "key_id": self.key_id, "key_check": self.key_check,
+            "created": self.created,
+        }  # fmt: skip
+        if self.generation:  # a first record is written as before rotation existed
+            doc["generation"] = self.generation
+            doc["accepted"] = [entry.to_doc() for entry in self.accepted]
+            doc["retired"] = [entry.to_doc() for entry in self.retired]
+            doc["rotation"] = self.rotation
+        return doc
 
     def to_json(self) -> bytes:
-        return _dump(self)
+        doc = self._doc()
+        if self.generation:
+            doc["macs"] = dict(self.macs)
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> ClusterRecord:
         doc = _load(data, "cluster")
+        generation = _count({"generation": 0, **doc}, "generation", "cluster")
+        rotation = _field({"rotation": "", **doc}, "rotation", str, "cluster")
+        if rotation not in _ROTATIONS:
+            raise CorruptRecord("cluster record field 'rotation' is not a known step")
+        macs = doc.get("macs", {})
+        if (
+            not isinstance(macs, dict)
+            or len(macs) > 2 * MAX_CLUSTER_KEYS
+            or not all(isinstance(tag, str) and len(tag) <= 64 for tag in macs.values())
+        ):
+            raise CorruptRecord("cluster record field 'macs' is not a short map of tags")
         return cls(
             format=_field(doc, "format", int, "cluster"),
             kdf=_field(doc, "kdf", str, "cluster"),
@@ -185,7 +270,20 @@ class ClusterRecord:
             key_id=_field(doc, "key_id", str, "cluster"),
             key_check=_field(doc, "key_check", str, "cluster"),
             created=float(_field(doc, "created", (int, float), "cluster")),
+            generation=generation,
+            accepted=_key_entries(doc, "accepted"),
+            retired=_key_entries(doc, "retired"),
+            rotation=rotation,
+            macs=tuple(sorted((str(kid), tag) for kid, tag in macs.items())),
         )
+
+
+def _key_entries(doc: dict[str, Any], name: str) -> tuple[KeyEntry, ...]:
+    value = doc.get(name, [])
+    if not isinstance(value, list) or len(value) > MAX_CLUSTER_KEYS:
+        raise CorruptRecord(f"cluster record field {name!r} is not a list of at most "
+                            f"{MAX_CLUSTER_KEYS}")  # fmt: skip
+    return tuple(KeyEntry.from_doc(entry, name) for entry in value)
 
 
 # The lease record keeps this many of the newest takeovers (``hb history``).
@@ -385,6 +483,10 @@ class Heartbeat:
     failing_error: str = ""
     session: str = PROCESS_SESSION  # the writing process's nonce ("" from older nodes)
     paused: bool = False  # the agent is paused (hb pause), as this node last saw
+    # The key ids of the secrets this node holds, and the one it seals with now
+    # (hb rotate-secret begin waits for every live node to hold, then use, the new one).
+    keys: tuple[str, ...] = ()
+    sealing: str = ""
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -413,7 +515,17 @@ class Heartbeat:
             failing_error=_failing_error(doc.get("failing_error", "")),
             session=_field({"session": "", **doc}, "session", str, "heartbeat")[:64],
             paused=_field({"paused": False, **doc}, "paused", bool, "heartbeat"),
+            keys=_key_ids(doc.get("keys", [])),
+            sealing=_field({"sealing": "", **doc}, "sealing", str, "heartbeat")[:16],
         )
+
+
+def _key_ids(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > 2 * MAX_CLUSTER_KEYS:
+        raise CorruptRecord("heartbeat record field 'keys' is not a short list")
+    if not all(isinstance(kid, str) and _KEY_ID.fullmatch(kid) for kid in value):
+        raise CorruptRecord("heartbeat record field 'keys' has an entry that is not a key id")
+    return tuple(value)
 
 
 def _optional_time(value: Any, name: str, what: str) -> float | None:

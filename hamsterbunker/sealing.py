@@ -19,7 +19,6 @@ in the cluster record tells a wrong secret apart from a tampered checkpoint.
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import json
 import os
@@ -29,17 +28,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
 
-from .errors import CorruptRecord, SealError, SecretTooShort, Tampered, WrongSecret
+from .cluster_keys import (
+    SCRYPT_MAX_MEMORY,
+    SCRYPT_MAX_WORK,
+    SCRYPT_N,
+    SCRYPT_P,
+    SCRYPT_R,
+    ClusterKeys,
+    check_scrypt_parameters,
+    key_check,
+    legacy_key_id,
+    master_key,
+    subkey,
+)
+from .errors import CorruptRecord, SealError, StoreRegressed, Tampered
+from .keyring import MIN_SECRET_LENGTH, Keyring, check_secret
 from .limits import MAX_EPOCH, MAX_SEQ
 from .records import ClusterRecord, parse_json
 
 __all__ = [
     "MIN_SECRET_LENGTH",
+    "SCRYPT_MAX_MEMORY",
+    "SCRYPT_MAX_WORK",
     "EffectAt",
     "OpenedEffect",
     "OpenedSubmission",
@@ -50,7 +62,6 @@ __all__ = [
     "new_cluster_record",
 ]
 
-MIN_SECRET_LENGTH = 8
 FORMAT_VERSION = 1
 _MAGIC = b"HBCP"
 _EFFECT_MAGIC = b"HBEF"
@@ -59,71 +70,44 @@ _REPLY_MAGIC = b"HBRP"
 _PREFIX = struct.Struct(">4sBH")  # magic, version, header length
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
-# scrypt cost: 32 MiB and about 0.1 s once per node start. Kept in the cluster
-# record so that a later release can raise it without breaking old clusters.
-_SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 2**15, 8, 1
-# The parameters come from the unauthenticated cluster record: bounded, so that a
-# hostile record can neither hang a node at start (up to 8 times the default
-# work, 256 MiB) nor weaken the key below the default.
-SCRYPT_MAX_MEMORY = 256 * 2**20  # 128 * n * r bytes
-SCRYPT_MAX_WORK = 8 * _SCRYPT_N * _SCRYPT_R * _SCRYPT_P  # n * r * p
 
 
-def check_scrypt_parameters(n: int, r: int, p: int) -> None:
-    """Raise SealError unless n, r, p are within the bounds a node accepts."""
-    problem = None
-    if n < _SCRYPT_N or n & (n - 1):
-        problem = f"n={n} is not a power of two of at least {_SCRYPT_N}"
-    elif not (r >= 1 and p >= 1):
-        problem = f"r={r} and p={p} must be at least 1"
-    elif 128 * n * r > SCRYPT_MAX_MEMORY:
-        problem = f"n={n}, r={r} would take {128 * n * r} bytes, above {SCRYPT_MAX_MEMORY}"
-    elif n * r * p > SCRYPT_MAX_WORK:
-        problem = f"n*r*p={n * r * p} is above {SCRYPT_MAX_WORK} (8 times the default)"
-    if problem is not None:
-        raise SealError(f"cluster record has key parameters outside the bounds: {problem}")
-
-
-def check_secret(secret: str) -> str:
-    """Refuse a secret that is too short before anything else happens."""
-    if not isinstance(secret, str) or len(secret) < MIN_SECRET_LENGTH:
-        got = len(secret) if isinstance(secret, str) else 0
-        raise SecretTooShort(
-            f"the network secret must be at least {MIN_SECRET_LENGTH} characters (it has {got})"
-        )
-    return secret
-
-
-def _subkey(master: bytes, purpose: bytes, length: int) -> bytes:
-    return HKDF(hashes.SHA256(), length, salt=None, info=b"hamsterbunker/v1/" + purpose).derive(
-        master
-    )
-
-
-def _master_key(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
-    return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(secret.encode("utf-8"))
-
-
-def _key_id(salt: bytes) -> str:
-    return hashlib.sha256(salt).hexdigest()[:16]
-
-
-def new_cluster_record(secret: str) -> ClusterRecord:
-    """Make the key material for a new cluster (a fresh random salt)."""
-    check_secret(secret)
+def new_cluster_record(secret: str | Keyring) -> ClusterRecord:
+    """Make the key material for a new cluster (a fresh random salt), for its newest secret."""
+    newest = Keyring.of(secret).newest
     salt = os.urandom(16)
-    master = _master_key(secret, salt, _SCRYPT_N, _SCRYPT_R, _SCRYPT_P)
+    master = master_key(newest, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
     return ClusterRecord(
         format=FORMAT_VERSION,
         kdf="scrypt",
-        n=_SCRYPT_N,
-        r=_SCRYPT_R,
-        p=_SCRYPT_P,
+        n=SCRYPT_N,
+        r=SCRYPT_R,
+        p=SCRYPT_P,
         salt=base64.b64encode(salt).decode(),
-        key_id=_key_id(salt),
-        key_check=base64.b64encode(_subkey(master, b"key-check", 16)).decode(),
+        key_id=legacy_key_id(salt),
+        key_check=key_check(master),
         created=time.time(),
     )
+
+
+class _Key:
+    """One key's per-purpose subkeys."""
+
+    def __init__(self, kid: str, master: bytes) -> None:
+        self.kid = kid
+        self.checkpoint = AESGCM(subkey(master, b"checkpoint", 32))
+        self.effect = AESGCM(subkey(master, b"effect", 32))
+        self.inbox = AESGCM(subkey(master, b"inbox", 32))
+        self.record = subkey(master, b"record", 32)
+
+
+@dataclass(frozen=True)
+class _InUse:
+    """The record a sealer follows and its keys; replaced whole (adopt), never changed."""
+
+    cluster: ClusterRecord
+    current: _Key
+    by_kid: dict[str, _Key]
 
 
 @dataclass(frozen=True)
@@ -138,52 +122,86 @@ class SealedHeader:
 
 
 class Sealer:
-    """Seals and opens checkpoints with the key of one cluster."""
+    """Seals with the cluster's current key and opens with any key it accepts.
 
-    def __init__(self, secret: str, cluster: ClusterRecord) -> None:
-        check_secret(secret)
-        if cluster.format != FORMAT_VERSION or cluster.kdf != "scrypt":
-            raise SealError(
-                f"cluster record uses format {cluster.format} / {cluster.kdf!r}, "
-                f"which this version does not know"
+    ``secret`` is one secret or a keyring (``hamsterbunker.keyring``); it must
+    hold every key the cluster record lists (WrongSecret says which it lacks).
+    A running node follows changes of the record with ``adopt``.
+    """
+
+    def __init__(self, secret: str | Keyring, cluster: ClusterRecord) -> None:
+        self._keys = ClusterKeys(Keyring.of(secret), cluster)
+        self._in_use = self._opened(cluster)
+
+    def _opened(self, cluster: ClusterRecord) -> _InUse:
+        masters = self._keys.open(cluster)
+        by_kid = {kid: _Key(kid, master) for kid, master in masters.items()}
+        return _InUse(cluster, by_kid[cluster.key_id], by_kid)
+
+    @property
+    def cluster(self) -> ClusterRecord:
+        """The cluster record this sealer follows (authenticated)."""
+        return self._in_use.cluster
+
+    @property
+    def key_id(self) -> str:
+        """The id of the key that seals now: the cluster's current one."""
+        return self._in_use.current.kid
+
+    @property
+    def keys(self) -> ClusterKeys:
+        """The keyring's secrets as this cluster's keys."""
+        return self._keys
+
+    def held_key_ids(self) -> tuple[str, ...]:
+        """The ids of the secrets this sealer holds, newest first (for heartbeats)."""
+        return self._keys.held_ids(self._in_use.cluster)
+
+    def adopt(self, cluster: ClusterRecord) -> bool:
+        """Follow a newer cluster record (a rotation's step): True if it changed the keys.
+
+        The record must authenticate and list only keys this sealer holds
+        (WrongSecret, Tampered otherwise, and nothing changes). One of a lower
+        generation than the one followed is a rollback of the store: StoreRegressed.
+        """
+        ours = self._in_use.cluster
+        if cluster == ours:
+            return False
+        if cluster.generation < ours.generation:
+            raise StoreRegressed(
+                f"the store's cluster record went back from key generation {ours.generation} "
+                f"to {cluster.generation}: refusing the older key list"
             )
-        try:
-            salt = base64.b64decode(cluster.salt, validate=True)
-            expected_check = base64.b64decode(cluster.key_check, validate=True)
-        except ValueError as exc:
-            raise SealError(f"cluster record is damaged: {exc}") from exc
-        if cluster.key_id != _key_id(salt):
-            raise SealError("cluster record is damaged: its key id does not match its salt")
-        check_scrypt_parameters(cluster.n, cluster.r, cluster.p)
-        try:
-            master = _master_key(secret, salt, cluster.n, cluster.r, cluster.p)
-        except (ValueError, MemoryError) as exc:
-            raise SealError(f"cluster record has unusable key parameters: {exc}") from exc
-        if not hmac.compare_digest(_subkey(master, b"key-check", 16), expected_check):
-            raise WrongSecret(
-                f"the secret does not match this cluster (key id {cluster.key_id}): "
-                "check that every node has the same secret"
-            )
-        self.cluster = cluster
-        self.key_id = cluster.key_id
-        self._aead = AESGCM(_subkey(master, b"checkpoint", 32))
-        self._effect_aead = AESGCM(_subkey(master, b"effect", 32))
-        self._inbox_aead = AESGCM(_subkey(master, b"inbox", 32))
-        self._record_key = _subkey(master, b"record", 32)
+        if cluster.generation == ours.generation:
+            return False  # the same keys; another copy's unauthenticated bytes differ
+        self._in_use = self._opened(cluster)
+        return True
 
     def sign_record(self, kind: str, payload: bytes) -> bytes:
         """payload with an HMAC-SHA256 tag bound to kind, for records that need no secrecy."""
-        tag = hmac.new(self._record_key, kind.encode() + b"\0" + payload, "sha256").hexdigest()
+        key = self._in_use.current.record
+        tag = hmac.new(key, kind.encode() + b"\0" + payload, "sha256").hexdigest()
         return payload + b"\n" + tag.encode()
 
     def open_record(self, kind: str, signed: bytes) -> bytes:
-        """The payload of a record sign_record made for kind; Tampered if it is not one."""
+        """The payload of a record sign_record made for kind under any accepted key; Tampered
+        if it is not one."""
         payload, _, tag = signed.rpartition(b"\n")
-        expected = hmac.new(self._record_key, kind.encode() + b"\0" + payload, "sha256")
-        if not hmac.compare_digest(expected.hexdigest().encode(), tag):
-            raise Tampered(f"{kind} record failed to authenticate (edited, or written without "
-                           "the secret)")  # fmt: skip
-        return payload
+        for key in self._in_use.by_kid.values():
+            expected = hmac.new(key.record, kind.encode() + b"\0" + payload, "sha256")
+            if hmac.compare_digest(expected.hexdigest().encode(), tag):
+                return payload
+        raise Tampered(f"{kind} record failed to authenticate (edited, or written without "
+                       "the secret)")  # fmt: skip
+
+    def _key_named(self, kid: str, what: str) -> _Key:
+        """The accepted key a sealed header names (the name is authenticated by the tag)."""
+        key = self._in_use.by_kid.get(kid)
+        if key is None:
+            accepted = ", ".join(self._in_use.by_kid)
+            raise Tampered(f"{what} names key id {kid[:32]!r}, which the cluster does not "
+                           f"accept (it accepts {accepted})")  # fmt: skip
+        return key
 
     def seal(
         self,
@@ -193,26 +211,30 @@ class Sealer:
         state: dict[str, Any],
         *,
         inbox: dict[str, Any] | None = None,
+        sealed_at: float | None = None,
     ) -> bytes:
-        """Seal a JSON-serialisable state under a fresh random nonce.
+        """Seal a JSON-serialisable state under a fresh random nonce, with the current key.
 
         inbox: which of the agent's submissions are consumed as of this state
         (``hamsterbunker.inbox.ConsumedMarks``), sealed with it, so that they
-        commit together; the header says a checkpoint carries it.
+        commit together; the header says a checkpoint carries it. sealed_at:
+        the time the header gives (now; a re-seal keeps the first one's).
         """
+        key = self._in_use.current
         body: dict[str, Any] = state if inbox is None else {"state": state, "inbox": inbox}
         try:
             plaintext = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
         except (TypeError, ValueError) as exc:
             raise SealError(f"agent state is not JSON-serialisable: {exc}") from exc
-        fields = {"kid": self.key_id, "agent": agent, "epoch": epoch, "seq": seq}
+        fields = {"kid": key.kid, "agent": agent, "epoch": epoch, "seq": seq}
+        when = time.time() if sealed_at is None else sealed_at
         header = json.dumps(
-            {**fields, "time": time.time(), **({"inbox": 1} if inbox is not None else {})},
+            {**fields, "time": when, **({"inbox": 1} if inbox is not None else {})},
             separators=(",", ":"),
         ).encode()
         prefix = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header
         nonce = os.urandom(_NONCE_BYTES)
-        return prefix + nonce + self._aead.encrypt(nonce, plaintext, prefix)
+        return prefix + nonce + key.checkpoint.encrypt(nonce, plaintext, prefix)
 
     def open(self, blob: bytes, agent: str, epoch: int, seq: int) -> dict[str, Any]:
         """Open a checkpoint found under (agent, epoch, seq); raise Tampered if it is not that."""
@@ -223,14 +245,11 @@ class Sealer:
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """open(), and the inbox marks sealed with the state (None if it carries none)."""
         header = read_header(blob)
-        if header.key_id != self.key_id:
-            raise Tampered(
-                f"checkpoint names key id {header.key_id}, the cluster's is {self.key_id}"
-            )
+        key = self._key_named(header.key_id, "checkpoint")
         prefix_len = _PREFIX.size + struct.unpack_from(">H", blob, 5)[0]
         prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
         try:
-            plaintext = self._aead.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
+            plaintext = key.checkpoint.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
         except InvalidTag as exc:
             raise Tampered("checkpoint failed to authenticate (edited or truncated)") from exc
         if header.agent != agent:
@@ -253,6 +272,16 @@ class Sealer:
         if not isinstance(state, dict):
             raise Tampered("checkpoint state is not a JSON object")
         return state, inbox
+
+    def reseal_checkpoint(self, blob: bytes, agent: str, epoch: int, seq: int) -> bytes:
+        """The checkpoint found under (agent, epoch, seq), sealed again with the current key.
+
+        The same state, inbox marks and time: as long as the blob it replaces, so a
+        store can swap one for the other in place (``Store.reseal_checkpoint``).
+        """
+        header = read_header(blob)
+        state, inbox = self.open_checkpoint(blob, agent, epoch, seq)
+        return self.seal(agent, epoch, seq, state, inbox=inbox, sealed_at=header.time)
 
     def seal_submission(
         self, agent: str, number: int, request_id: str, payload: Any, submitted: float
@@ -304,10 +333,11 @@ class Sealer:
             plaintext = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise SealError(f"the {what} is not JSON-serialisable: {exc}") from exc
-        prefix_header = json.dumps({"kid": self.key_id, **header}, separators=(",", ":")).encode()
+        key = self._in_use.current
+        prefix_header = json.dumps({"kid": key.kid, **header}, separators=(",", ":")).encode()
         prefix = _PREFIX.pack(magic, FORMAT_VERSION, len(prefix_header)) + prefix_header
         nonce = os.urandom(_NONCE_BYTES)
-        return prefix + nonce + self._inbox_aead.encrypt(nonce, plaintext, prefix)
+        return prefix + nonce + key.inbox.encrypt(nonce, plaintext, prefix)
 
     def _open_inbox(self, magic: bytes, blob: bytes, what: str) -> tuple[dict[str, Any], Any]:
         """The authenticated header and body of an inbox record; Tampered for anything else."""
@@ -318,16 +348,14 @@ class Sealer:
         if len(blob) < prefix_len + _NONCE_BYTES + _TAG_BYTES:
             raise Tampered(f"{what} is truncated")
         prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
+        key = self._key_named(_named_key_id(prefix[_PREFIX.size :], what), what)
         try:
-            plaintext = self._inbox_aead.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
+            plaintext = key.inbox.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
         except InvalidTag as exc:
             raise Tampered(f"{what} failed to authenticate (edited, or sealed without the "
                            "secret)") from exc  # fmt: skip
         # Authentic from here on: sealed by a holder of the secret.
-        header = json.loads(prefix[_PREFIX.size :])
-        if header.get("kid") != self.key_id:
-            raise Tampered(f"{what} names key id {header.get('kid')}, not {self.key_id}")
-        return header, json.loads(plaintext)
+        return json.loads(prefix[_PREFIX.size :]), json.loads(plaintext)
 
     def seal_effect(self, at: EffectAt, epoch: int, payload: dict[str, Any]) -> bytes:
         """Seal one effect-journal record (an intent or an outcome) written under epoch.
@@ -340,12 +368,13 @@ class Sealer:
             plaintext = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
         except (TypeError, ValueError) as exc:
             raise SealError(f"effect record is not JSON-serialisable: {exc}") from exc
+        key = self._in_use.current
         header = json.dumps(
-            {"kid": self.key_id, **at.header(), "epoch": epoch}, separators=(",", ":")
+            {"kid": key.kid, **at.header(), "epoch": epoch}, separators=(",", ":")
         ).encode()
         prefix = _PREFIX.pack(_EFFECT_MAGIC, FORMAT_VERSION, len(header)) + header
         nonce = os.urandom(_NONCE_BYTES)
-        return prefix + nonce + self._effect_aead.encrypt(nonce, plaintext, prefix)
+        return prefix + nonce + key.effect.encrypt(nonce, plaintext, prefix)
 
     def open_effect(self, blob: bytes, at: EffectAt) -> OpenedEffect:
         """The record found as `at` (its name aside); Tampered if it is not that record.
@@ -361,17 +390,32 @@ class Sealer:
         if len(blob) < prefix_len + _NONCE_BYTES + _TAG_BYTES:
             raise Tampered("effect record is truncated")
         prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + _NONCE_BYTES]
+        key = self._key_named(
+            _named_key_id(prefix[_PREFIX.size :], "effect record"), "effect record"
+        )
         try:
-            plaintext = self._effect_aead.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
+            plaintext = key.effect.decrypt(nonce, blob[prefix_len + _NONCE_BYTES :], prefix)
         except InvalidTag as exc:
             raise Tampered("effect record failed to authenticate (edited or truncated)") from exc
         # Authentic from here on: written by a node that holds the secret.
         header = json.loads(prefix[_PREFIX.size :])
         sealed_as = {field: header.get(field) for field in ("agent", "seq", "index", "kind")}
         found_as = {field: at.header()[field] for field in sealed_as}
-        if header.get("kid") != self.key_id or sealed_as != found_as:
+        if sealed_as != found_as:
             raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
         return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
+
+
+def _named_key_id(header: bytes, what: str) -> str:
+    """The key id an (as yet unauthenticated) sealed header names; Tampered if none."""
+    try:
+        doc = parse_json(header, f"{what} header")
+    except CorruptRecord as exc:
+        raise Tampered(str(exc)) from exc
+    kid = doc.get("kid") if isinstance(doc, dict) else None
+    if not isinstance(kid, str):
+        raise Tampered(f"{what} header names no key id")
+    return kid
 
 
 def _carries_inbox(header: bytes) -> bool:

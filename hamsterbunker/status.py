@@ -64,6 +64,17 @@ class NodeStatus:
     failing: int = 0
     failing_error: str = ""
     paused: bool = False  # as this node last saw the agent (hb pause)
+    sealing: str = ""  # the key id this node seals with ("" from older nodes)
+
+
+@dataclass(frozen=True)
+class KeysShown:
+    """The cluster's keys as its record says (not authenticated here: display only)."""
+
+    key_id: str  # the current key, which seals
+    generation: int
+    rotation: str  # "", "begun", "committed"
+    accepted: tuple[str, ...]  # the other keys still accepted (a rotation under way)
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class ClusterStatus:
     # The lease as watched from here (None: not watched), refusals, and the verdict.
     liveness: Liveness | None = None
     refusals: list[Refusal] = field(default_factory=list)
+    keys: KeysShown | None = None  # None: no cluster record, or one that does not parse
     problems: list[str] = field(default_factory=list)  # why it is degraded; empty: healthy
     health: str = "healthy"
     exit_code: int = 0  # 0 healthy, 1 degraded
@@ -136,6 +148,7 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
             failing=getattr(b, "failing", 0),
             failing_error=getattr(b, "failing_error", ""),
             paused=b.paused,
+            sealing=b.sealing,
         )
         for b in beats
     ]
@@ -156,8 +169,37 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
         paused=active.paused if active else False,
         liveness=liveness,
         refusals=_refusals(store.read_events(agent), now) if observer is not None else [],
+        keys=_keys(store),
     )
     return _judged(status) if observer is not None else status
+
+
+def _keys(store: Store) -> KeysShown | None:
+    try:
+        record = store.read_cluster()
+    except CorruptRecord:
+        return None
+    if record is None:
+        return None
+    accepted = tuple(entry.kid for entry in record.accepted)
+    return KeysShown(record.key_id, record.generation, record.rotation, accepted)
+
+
+def _keys_line(status: ClusterStatus) -> str | None:
+    keys = status.keys
+    if keys is None:
+        return None
+    line = f"key: {keys.key_id} (generation {keys.generation})"
+    if keys.rotation:
+        step = "commit" if keys.rotation == "begun" else "finish"
+        line += (
+            f" · rotation {keys.rotation}: {', '.join(keys.accepted)} still accepted "
+            f"(next: hb rotate-secret {step})"
+        )
+    other = [_shown(n.node) for n in status.nodes if n.sealing and n.sealing != keys.key_id]
+    if other:
+        line += f" · sealing with another key: {', '.join(other)}"
+    return line
 
 
 def _refusals(events: list[Event], now: float) -> list[Refusal]:
@@ -241,6 +283,9 @@ def render(status: ClusterStatus) -> str:
             f" · {cp.size} B"
         )
     lines.append(_inbox_line(status))
+    keys_line = _keys_line(status)
+    if keys_line is not None:
+        lines.append(keys_line)
     if status.paused:
         lines.append("paused: the leader keeps the lease and does not step (hb resume ends it)")
     lines.extend(

@@ -28,7 +28,15 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError, CorruptRecord, InboxFull, LeaseConflict, NotNextNumber, StoreError
+from .errors import (
+    ClusterChanged,
+    ConfigError,
+    CorruptRecord,
+    InboxFull,
+    LeaseConflict,
+    NotNextNumber,
+    StoreError,
+)
 from .limits import (
     INBOX_REPLIES_KEPT,
     MAX_CHECKPOINT_BYTES,
@@ -55,6 +63,7 @@ from .stores.base import (
     check_consumed,
     check_fence,
     check_own_epoch,
+    check_reseal,
     inbox_full,
 )
 
@@ -162,6 +171,26 @@ class MemoryStore(Store):
                 self._cluster = record.to_json()
             data = self._cluster
         return ClusterRecord.from_json(data)
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        """Replace the cluster record with new only if it is still expected."""
+        with self._lock:
+            if self._cluster != expected.to_json():
+                raise ClusterChanged("the cluster record changed since it was read")
+            self._cluster = new.to_json()
+        return new
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        """Replace a retained checkpoint's bytes with new, only if they are still old."""
+        check_reseal(info, old, new)
+        with self._lock:
+            state = self._agent(agent)
+            found = state.checkpoints.get(info.seq)
+            if found is None or found[0].epoch != info.epoch or found[1] != old:
+                return False
+            state.checkpoints[info.seq] = (found[0], bytes(new))
+            state.changes += 1
+        return True
 
     def list_agents(self) -> list[str]:
         """The agents anything was written for, sorted (a read makes an empty entry: not one)."""

@@ -1,11 +1,15 @@
-"""The cluster record as this node knows it: opened with the secret, kept against the store.
+"""The cluster record as this node knows it: opened with the secrets, kept against the store.
 
-The record holds the salt and key check of the cluster's key. A node opens
-it with the secret before writing anything but a new record, so a node with
-the wrong secret touches nothing. A node that remembers the record (its
-state directory, see ``hamsterbunker.memory``) puts a lost one back and
-refuses a different one: without the record no node started later could open
-the checkpoints this cluster sealed, and a different record means another key.
+The record holds the salt and the key list of the cluster (the current key,
+and while the secret rotates the others still accepted: see
+``hamsterbunker.cluster_keys``). A node opens it with its secrets before
+writing anything but a new record, so a node with the wrong secret touches
+nothing. A node that remembers the record (its state directory, see
+``hamsterbunker.memory``) puts a lost one back and refuses another cluster's
+(another salt) or an older key list (a lower generation): without the record
+no node started later could open the checkpoints this cluster sealed, and an
+older one would bring back a key the cluster dropped. A running node follows
+the record (``follow``), so a rotation's new key seals from its next publish.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CorruptRecord, StoreError, StoreRegressed
+from ..keyring import Secret
 from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
 from ..records import ClusterRecord
@@ -29,13 +34,14 @@ Emit = Callable[..., None]
 
 
 class Cluster:
-    """Opens and checks the cluster record of one agent; every method blocks on the store."""
+    """Opens, checks and follows the cluster record of one agent; every method blocks on
+    the store."""
 
     def __init__(
         self,
         store: Store,
         agent_id: str,
-        secret: str,
+        secret: Secret,
         *,
         remembered: ClusterRecord | None,
         memory_path: Path | None,
@@ -44,20 +50,29 @@ class Cluster:
         self._store, self._agent_id, self._secret = store, agent_id, secret
         self._remembered, self._memory_path = remembered, memory_path
         self._emit = emit
+        self._sealer: Sealer | None = None
+
+    @property
+    def record(self) -> ClusterRecord | None:
+        """The newest authenticated record this node follows (None before open)."""
+        return None if self._sealer is None else self._sealer.cluster
 
     def open(self) -> Sealer:
         """The sealer of this cluster; a new cluster record if the store has none (and we
-        remember none). WrongSecret if the secret does not open it."""
+        remember none). WrongSecret if the secrets do not open it, or lack a key it lists."""
         if self._remembered is not None:
             cluster = self.reconcile(self._remembered)
         else:
             cluster = self._store.read_cluster() or self._store.create_cluster(
                 new_cluster_record(self._secret)
             )
-        return Sealer(self._secret, cluster)
+        self._sealer = Sealer(self._secret, cluster)
+        return self._sealer
 
     def reconcile(self, ours: ClusterRecord) -> ClusterRecord:
-        """Put a lost cluster record back from what this node knows; refuse a different one."""
+        """Put a lost cluster record back from what this node knows; refuse another cluster's
+        or an older one. The record to go on with: ours, or a newer one the store holds (the
+        sealer authenticates it)."""
         try:
             stored = self._store.read_cluster()
         except CorruptRecord as exc:
@@ -67,7 +82,7 @@ class Cluster:
         if stored is None:
             stored = self._store.create_cluster(ours)  # the record that won, if another did
             self._emit("store.regressed", reason="the cluster record was gone: put it back")
-        if stored.key_id != ours.key_id:
+        if stored.salt != ours.salt:
             forget = (
                 f" (or remove {self._memory_path} if the store was replaced deliberately)"
                 if self._memory_path is not None
@@ -78,6 +93,15 @@ class Cluster:
                 f"{ours.key_id} to {stored.key_id}: the store was replaced or re-created; "
                 f"refusing to go on with another key{forget}"
             )
+        if stored.generation < ours.generation:
+            raise StoreRegressed(
+                f"agent {self._agent_id}: the store's cluster record went back from key "
+                f"generation {ours.generation} (key id {ours.key_id}) to {stored.generation} "
+                f"(key id {stored.key_id}): a secret rotation was undone in the store; refusing "
+                "the older key list"
+            )
+        if stored.generation > ours.generation:
+            return stored  # a rotation went on while this node was down
         if stored != ours:
             # Same key id, other key parameters (n, r, p): not the record this node
             # verified. Unauthenticated, so ours is kept, and the change reported.
@@ -90,11 +114,26 @@ class Cluster:
         return ours
 
     def check(self, ours: ClusterRecord, node_id: str) -> None:
-        """After the store went back: see that the cluster record is still ours."""
+        """After the store went back: see that the cluster record is still ours (the newest
+        this node follows, if it followed a rotation since ``ours``)."""
         try:
-            self.reconcile(ours)
+            self.reconcile(self.record or ours)
         except StoreError as exc:
             log.warning("%s: could not check the cluster record: %s", node_id, exc)
+
+    def follow(self) -> bool:
+        """Read the record and follow a rotation's step: True if the keys changed.
+
+        A record below the generation followed is refused (StoreRegressed); one
+        that does not authenticate or names a key this node lacks raises
+        (Tampered, WrongSecret) and changes nothing.
+        """
+        if self._sealer is None:
+            return False
+        stored = self._store.read_cluster()
+        if stored is None:
+            return False  # put back by reconcile at the next regression check, or a restart
+        return self._sealer.adopt(stored)
 
 
 class NodeMemory:
@@ -104,12 +143,22 @@ class NodeMemory:
     is logged (once until it works again), and the agent goes on.
     """
 
-    def __init__(self, file: MemoryFile, keeper: LeaseKeeper, calls: NodeCalls, node_id: str):
+    def __init__(
+        self,
+        file: MemoryFile,
+        keeper: LeaseKeeper,
+        calls: NodeCalls,
+        node_id: str,
+        following: Cluster | None = None,
+    ) -> None:
         self._file, self._keeper, self._calls, self._node_id = file, keeper, calls, node_id
+        self._following = following
         self._failed = False
 
     async def save(self, cluster: ClusterRecord, *, force: bool = False) -> None:
-        seen = Memory(self._keeper.highest_epoch, self._keeper.reach(), cluster)
+        """Save what was seen; ``cluster`` unless the node followed a newer record since."""
+        newest = self._following.record if self._following is not None else None
+        seen = Memory(self._keeper.highest_epoch, self._keeper.reach(), newest or cluster)
         if not self._file.due(seen, force=force):
             return  # most passes: no thread hand-off for nothing
         try:

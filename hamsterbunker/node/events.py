@@ -37,6 +37,8 @@ log = logging.getLogger("hamsterbunker")
 EventHandler = Callable[[Event], None]
 # In a long outage the oldest unsent events give way, so memory stays bounded.
 MAX_PENDING_EVENTS = 10_000
+# The longest a hush holds the node's event and heartbeat writes (see EventSink.hush).
+HUSH_MAX_S = 0.25
 
 
 class EventSink:
@@ -67,6 +69,9 @@ class EventSink:
         self._pending: asyncio.Queue[Event] = asyncio.Queue(MAX_PENDING_EVENTS)
         self._n = 0
         self._beats = 0
+        self._quiet = asyncio.Event()  # cleared while hushed
+        self._quiet.set()
+        self._hush_ends: asyncio.TimerHandle | None = None
 
     # -- events ----------------------------------------------------------------
 
@@ -128,6 +133,7 @@ class EventSink:
         holding = False  # said so once per outage
         while True:
             event = await self._pending.get()
+            await self._quiet.wait()
             try:
                 while True:
                     try:
@@ -145,6 +151,28 @@ class EventSink:
                     break
             finally:
                 self._pending.task_done()
+
+    def hush(self) -> None:
+        """Hold event and heartbeat writes while the lease changes hands: until unhush(),
+        for HUSH_MAX_S at most.
+
+        Their store calls would run beside the handover's own (the last publish,
+        the release; the acquisition, the restore's reads) and, on a busy machine
+        and a network store, slow each of them down.
+        """
+        self._quiet.clear()
+        if self._hush_ends is not None:
+            self._hush_ends.cancel()
+        self._hush_ends = self._loop.call_later(HUSH_MAX_S, self.unhush)
+
+    def unhush(self) -> None:
+        if self._hush_ends is not None:
+            self._hush_ends.cancel()
+            self._hush_ends = None
+        self._quiet.set()
+
+    def hushed(self) -> bool:
+        return not self._quiet.is_set()
 
     async def flush(self, timeout: float) -> None:
         """Wait up to timeout for the writer to store every event; say how many it could not."""
@@ -180,6 +208,8 @@ class EventSink:
             failing=self._standing.failing[0],
             failing_error=self._standing.failing[1],
             paused=self._standing.paused,
+            keys=self._standing.keys,
+            sealing=self._standing.sealing,
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)

@@ -35,6 +35,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "effect.replayed": INFO,
     "store.recovered": INFO,
     "agent.paused": INFO,
+    "cluster.keys_changed": INFO,
     "agent.unpaused": INFO,
     "lease.switchover_asked": INFO,
     # Needs a look: the node goes on, but something was lost or refused.
@@ -55,6 +56,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "node.fenced": ERROR,
     "agent.failing": ERROR,
     "acceptance.rejected": ERROR,
+    "node.refused": ERROR,
     # No restart fixes it: the store went back in time and the node refuses to resume behind.
     "store.regressed": CRITICAL,
 }

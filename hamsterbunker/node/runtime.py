@@ -29,11 +29,11 @@ from ..clock import Clock, MonotonicClock
 from ..control import ControlView
 from ..history import HistoryWriter
 from ..http_address import HttpAddress, parse_http_address
+from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import check_name
-from ..sealing import check_secret
 from ..stores import Store, open_store
 from ..timing import (
     DEFAULT_STEP_RETRY,
@@ -47,6 +47,7 @@ from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
 from .identity_check import check_node_id_free
+from .keys import KeyFollower, show_keys
 from .loop import NodeLoop, StopRequest
 from .probes import NodeProbes
 from .restore import Restorer
@@ -79,7 +80,7 @@ class Runtime:
         region: str,
         store: Store | str,
         agent: Agent,
-        secret: str,
+        secret: Secret,
         agent_id: str | None = None,
         timing: LeaseTiming = DEFAULT_TIMING,
         on_event: EventHandler | None = None,
@@ -103,7 +104,7 @@ class Runtime:
         the node runs. ``metrics``: count them without serving them (``self.metrics``
         holds the numbers whenever either is given; None otherwise, and
         prometheus_client is not even loaded: a standby costs some 5 MB less)."""
-        check_secret(secret)  # before the store is touched
+        secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
         self.region = region
@@ -262,6 +263,7 @@ class Runtime:
             sealer = await wait.until_answered(functools.partial(calls.io, cluster.open))
             if sealer is None:
                 return  # stopped while waiting for the store
+            show_keys(self.standing, sealer)
             # Before this node beats or emits: refuse an id another live process uses.
             await check_node_id_free(
                 self.store, self.agent_id, self.node_id,
@@ -302,8 +304,13 @@ class Runtime:
             memory = (
                 None
                 if self._memory_file is None
-                else NodeMemory(self._memory_file, self.keeper, calls, self.node_id)
+                else NodeMemory(self._memory_file, self.keeper, calls, self.node_id, cluster)
             )
+            follower = KeyFollower(
+                cluster, sealer, self.standing, calls,
+                emit=sink.emit, stop=self.request_stop, period_s=self.timing.lease_ttl_s,
+            )  # fmt: skip
+            following = asyncio.create_task(follower.run(), name="hb-keys")
             node = NodeLoop(
                 identity=identity,
                 store=self.store,
@@ -323,7 +330,10 @@ class Runtime:
                 timing=self.timing,
                 clock=self.clock,
             )
-            await node.run(self.ready)
+            try:
+                await node.run(self.ready)
+            finally:
+                following.cancel()
         finally:
             pinging.cancel()
             if endpoints is not None:

@@ -38,6 +38,9 @@ class Standing:
     failing: tuple[int, str] = (0, "")
     # Paused by an operator (hb pause): the leader keeps its lease but does not step.
     paused: bool = False
+    # The key ids of the secrets this node holds, and the one it seals with (node.keys).
+    keys: tuple[str, ...] = ()
+    sealing: str = ""
 
 
 @dataclass

@@ -37,6 +37,7 @@ __all__ = [
     "check_consumed",
     "check_fence",
     "check_own_epoch",
+    "check_reseal",
     "describe_fence_text",
     "fence_text",
     "inbox_full",
@@ -168,6 +169,15 @@ def inbox_full(count: int, size: int) -> str | None:
     return None
 
 
+def check_reseal(info: CheckpointInfo, old: bytes, new: bytes) -> None:
+    """StoreError unless new can replace old as checkpoint info's bytes (reseal_checkpoint)."""
+    if len(new) != len(old):
+        raise StoreError(
+            f"a re-sealed checkpoint {info.seq} must be as long as the one it replaces "
+            f"({len(new)} bytes, not {len(old)})"
+        )
+
+
 # The most agents list_agents returns: a listing stops there however many were planted.
 MAX_LISTED_AGENTS = 1000
 
@@ -194,6 +204,26 @@ class Store(Protocol):
 
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
         """Store record unless one exists (atomically); return the record that is stored."""
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        """Replace the cluster record with new only if it is still expected (compare-and-set).
+
+        The stored bytes are compared with ``expected.to_json()`` and new written
+        in one atomic step, durably; ClusterChanged, storing nothing, if the
+        stored record is another one or gone. Returns new. (``hb rotate-secret``:
+        nodes agree on the keys because each change is made against the last.)
+        """
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        """Replace the sealed bytes of retained checkpoint info with new, only if they are
+        still old, in one atomic step against put_checkpoint and its retention; durable as
+        a checkpoint is. False, changing nothing, if it is gone or holds other bytes.
+
+        The compare with old is the fence: a re-seal (``hb rotate-secret commit``)
+        never brings back a checkpoint retention removed, nor overwrites one a
+        leader wrote meanwhile. new must be as long as old (the same checkpoint
+        sealed under another key), else StoreError and nothing changes.
+        """
 
     def list_agents(self) -> list[str]:
         """The ids of the agents the store holds records of, sorted (for ``hb status``).

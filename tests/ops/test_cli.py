@@ -278,14 +278,14 @@ def test_secret_env_wins_over_file_and_credentials(secret_sources, monkeypatch):
     secret_file, creds = secret_sources
     monkeypatch.setenv("HB_SECRET", "from-the-environment")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
-    assert read_secret(secret_file) == "from-the-environment"
+    assert read_secret(secret_file).secrets == ("from-the-environment",)
 
 
 def test_secret_file_wins_over_credentials(secret_sources, monkeypatch):
     """Without HB_SECRET, --secret-file wins over the credentials directory, newline stripped."""
     secret_file, creds = secret_sources
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
-    assert read_secret(secret_file) == "from-the-file"
+    assert read_secret(secret_file).secrets == ("from-the-file",)
 
 
 def test_secret_from_credentials_directory_alone(secret_sources, monkeypatch):
@@ -293,7 +293,7 @@ def test_secret_from_credentials_directory_alone(secret_sources, monkeypatch):
     _, creds = secret_sources
     (creds / "secret").write_text("from-the-credentials\r\n", encoding="utf-8")
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
-    assert read_secret(None) == "from-the-credentials"
+    assert read_secret(None).secrets == ("from-the-credentials",)
 
 
 # -- 3. wrong secret joining a running cluster ---------------------------------------

@@ -30,6 +30,7 @@ from textual.worker import Worker
 
 from hamsterbunker import FileStore
 from hamsterbunker.errors import HamsterbunkerError
+from hamsterbunker.keyring import Secret
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
 
@@ -76,7 +77,7 @@ class MonitorApp(ControlKeys):
         demo: LocalCluster | None = None,
         poll_interval: float = POLL_S,
         min_poll_interval: float = MIN_POLL_S,
-        secret: str | None = None,
+        secret: Secret | None = None,
         watch: bool | None = None,  # use the store's watch; default: all but a file store
     ) -> None:
         super().__init__()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NoReturn
 from hamsterbunker.agent import load_agent
 from hamsterbunker.config import load_instance
 from hamsterbunker.errors import ConfigError, HamsterbunkerError, StoreUnsafe
+from hamsterbunker.keyring import Secret
 from hamsterbunker.records import check_name
 from hamsterbunker.stores import Store, open_store
 
@@ -89,7 +90,7 @@ def _target(args: argparse.Namespace) -> _Target:
     return _Target(config.store, check_name("agent id", agent_id))
 
 
-def _secret(secret_file: Path | None) -> str | None:
+def _secret(secret_file: Path | None) -> Secret | None:
     """The secret as hb reads it; None if none is given (a given one that fails is an error)."""
     from hamsterbunker.cli import read_secret
 

@@ -22,6 +22,7 @@ from textual.widgets.option_list import Option
 
 from hamsterbunker import control
 from hamsterbunker.errors import HamsterbunkerError
+from hamsterbunker.keyring import Secret
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store
 
@@ -133,7 +134,7 @@ class ChooseTarget(ModalScreen[str | None]):
 class Controller:
     """The library's operator requests for one agent, with the secret the monitor was given."""
 
-    def __init__(self, store: Store, agent: str, secret: str | None) -> None:
+    def __init__(self, store: Store, agent: str, secret: Secret | None) -> None:
         self.store, self.agent, self.secret = store, agent, secret
         self._sealer: Sealer | None = None
         self._lock = threading.Lock()

@@ -112,6 +112,7 @@ from .kv import (
     revision,
     unb64,
 )
+from .rewrites import EtcdRewrites
 from .watch import Follower, term_changes
 
 __all__ = ["GUARANTEES", "EtcdStore"]
@@ -187,6 +188,7 @@ class EtcdStore(Store):
         )
         self._effects = EtcdEffects(self._connection, self._agent_prefix, self._reported)
         self._inbox = EtcdInbox(self._connection, self._agent_prefix, self._reported, keep_replies)
+        self._rewrites = EtcdRewrites(self._connection, self.target.prefix, self._agent_prefix)
         if not create and not self._exists():
             where = self._connection.all_endpoints()
             raise ConfigError(f"no HamsterBunker store under {self.target.prefix} in etcd {where}")
@@ -246,6 +248,14 @@ class EtcdStore(Store):
         if not kvs:
             raise StoreError(f"cluster record under {self.target.prefix} vanished")
         return ClusterRecord.from_json(unb64(kvs[0].get("value", "")))
+
+    @_translated
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        return self._rewrites.replace_cluster(expected, new)
+
+    @_translated
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_checkpoint(agent, info, old, new)
 
     # -- lease -------------------------------------------------------------
 

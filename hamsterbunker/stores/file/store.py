@@ -69,6 +69,7 @@ from .lease import cas_lease_in, lease_in
 from .lease_watch import lease_changes, open_lease_watch, term_changes
 from .location import check_location, mount_of, open_root
 from .logs import EventLogs, HeartbeatFiles
+from .rewrites import FileRewrites
 from .tail import FileTail
 from .tree import StoreTree
 
@@ -142,6 +143,7 @@ class FileStore(Store):
             self._tree, self._inbox, keep=keep_checkpoints, lock_timeout=lock_timeout
         )
         self._effects = EffectFiles(self._tree, lock_timeout=lock_timeout)
+        self._rewrites = FileRewrites(self._tree, lock_timeout=lock_timeout)
         self._heartbeats = HeartbeatFiles(self._tree)
         self._events = EventLogs(
             self._tree, events_per_segment=events_per_segment, segment_cap=self.segment_cap
@@ -194,6 +196,14 @@ class FileStore(Store):
         if stored is None:
             raise StoreError(f"cluster record vanished from {self.root}")
         return stored
+
+    @_os_errors_as_store_errors
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        return self._rewrites.replace_cluster(expected, new)
+
+    @_os_errors_as_store_errors
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_checkpoint(agent, info, old, new)
 
     @_os_errors_as_store_errors
     def list_agents(self) -> list[str]:

@@ -115,6 +115,7 @@ from .replies import (
     reporter,
     text,
 )
+from .rewrites import RedisRewrites
 from .tail import RedisTail
 
 __all__ = ["GUARANTEES", "RedisStore"]
@@ -188,6 +189,7 @@ class RedisStore(Store):
         self.keep_checkpoints, self.keep_replies = keep_checkpoints, keep_replies
         self.events_per_node = events_per_node
         self._redis = self._connection.client()
+        self._rewrites = RedisRewrites(self._redis, self.prefix, self._key)
         self._cas_lease = self._redis.register_script(_scripts.CAS_LEASE)
         self._put_checkpoint = self._redis.register_script(_scripts.PUT_CHECKPOINT)
         self._list_checkpoints = self._redis.register_script(_scripts.LIST_CHECKPOINTS)
@@ -235,6 +237,14 @@ class RedisStore(Store):
         if stored is None:
             raise StoreError(f"cluster record under {self.prefix} vanished")
         return ClusterRecord.from_json(raw(stored))
+
+    @_translated
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        return self._rewrites.replace_cluster(expected, new)
+
+    @_translated
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_checkpoint(agent, info, old, new)
 
     @_translated
     def list_agents(self) -> list[str]:

@@ -1,0 +1,90 @@
+"""Following the cluster's keys while the node runs: a rotation's new key seals from the
+next publish.
+
+``hb rotate-secret begin`` makes a new key current in the cluster record;
+every node reads the record every ``period_s`` and, once it authenticates,
+seals with that key (``Sealer.adopt``). Its heartbeat says which key that is,
+so ``begin`` can wait for every live node to have moved. A node asked to
+follow a key it does not hold (a node that slipped past begin's check) stops:
+it would seal with a key the cluster no longer seals with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from ..errors import SealError, StoreError, StoreRegressed
+from ..sealing import Sealer
+from .calls import NodeCalls
+from .cluster import Cluster
+from .state import Standing
+
+__all__ = ["KeyFollower", "show_keys"]
+
+log = logging.getLogger("hamsterbunker")
+Emit = Callable[..., None]
+
+
+def show_keys(standing: Standing, sealer: Sealer) -> None:
+    """What the heartbeat says of this node's keys: those it holds, the one it seals with."""
+    standing.keys = sealer.held_key_ids()
+    standing.sealing = sealer.key_id
+
+
+class KeyFollower:
+    """Reads the cluster record now and then and follows a rotation's steps."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        sealer: Sealer,
+        standing: Standing,
+        calls: NodeCalls,
+        *,
+        emit: Emit,
+        stop: Callable[[], None],
+        period_s: float,
+    ) -> None:
+        self._cluster, self._sealer, self._standing = cluster, sealer, standing
+        self._calls, self._emit, self._stop = calls, emit, stop
+        self._period_s = period_s
+        self._regressed = False  # said once until the store holds the newer record again
+
+    async def run(self) -> None:
+        """Follow until cancelled (or until a key this node lacks is made current)."""
+        while True:
+            await asyncio.sleep(self._period_s)
+            if not await self.once():
+                return
+
+    async def once(self) -> bool:
+        """One read of the record; False if the node must stop."""
+        try:
+            changed = await self._calls.io(self._cluster.follow)
+        except StoreRegressed as exc:
+            if not self._regressed:
+                self._emit("store.regressed", reason=str(exc))
+            self._regressed = True
+            return True
+        except SealError as exc:
+            # It cannot seal with the cluster's key: it must not step or publish any more.
+            self._emit("node.refused", reason=str(exc))
+            log.error("%s", exc)
+            self._stop()
+            return False
+        except StoreError as exc:
+            log.debug("cluster record not read: %s", exc)  # the next period reads again
+            return True
+        self._regressed = False
+        if changed:
+            show_keys(self._standing, self._sealer)
+            record = self._sealer.cluster
+            self._emit(
+                "cluster.keys_changed",
+                key_id=record.key_id,
+                generation=record.generation,
+                rotation=record.rotation or "none",
+            )
+        return True

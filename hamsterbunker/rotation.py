@@ -1,0 +1,269 @@
+"""Rotating the cluster's secret online: ``hb rotate-secret begin | commit | finish``.
+
+1. begin: every live node already holds the new secret (its heartbeat names
+   the new key id); the record is changed to seal with the new key, the old
+   one still accepted; then every live node is waited for until it seals
+   with the new key, so every checkpoint published after begin is under it.
+2. commit: every retained checkpoint of every agent that is still under an
+   old key is sealed again under the new one (``Store.reseal_checkpoint``,
+   compared with the bytes opened: never over a newer checkpoint, never
+   bringing back one retention removed); then the record says committed.
+3. finish: nothing retained is under an old key; the old key is dropped from
+   the accepted ones (kept as retired, to name it to a node that still holds
+   only that one).
+
+Each step is a compare-and-set of the cluster record against the one read,
+raising its generation (``hamsterbunker.cluster_keys``), and refuses with a
+ControlRefused naming what is missing until it is safe; each can be run
+again after a crash at any point and goes on from where the store is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from .errors import ClusterChanged, ConfigError, ControlRefused, SealError, StoreError
+from .keyring import Keyring
+from .records import MAX_CLUSTER_KEYS, ClusterRecord
+from .rotation_nodes import LiveNode, live_nodes, wait_until_sealing
+from .sealing import Sealer, read_header
+from .stores import Store
+
+__all__ = ["Resealed", "Rotation"]
+
+Say = Callable[[str], None]
+# How many times commit re-reads a checkpoint that changed under it before it gives up.
+RESEAL_TRIES = 3
+
+
+@dataclass
+class Resealed:
+    """What commit did to one agent's retained checkpoints."""
+
+    agent: str
+    resealed: int = 0
+    current: int = 0  # already under the current key
+    gone: int = 0  # removed by retention (or replaced) before it could be re-sealed
+    unopened: int = 0  # did not authenticate: junk, left as it is
+
+    def describe(self, key_id: str) -> str:
+        text = (
+            f"agent {self.agent}: {self.resealed} checkpoints re-sealed, {self.current} "
+            f"already under key id {key_id}"
+        )
+        if self.gone:
+            text += f", {self.gone} gone meanwhile"
+        if self.unopened:
+            text += f", {self.unopened} that do not authenticate left as they are"
+        return text
+
+
+class Rotation:
+    """One operator's rotation steps against a store, with the secrets given."""
+
+    def __init__(
+        self,
+        store: Store,
+        agent: str,
+        keyring: Keyring,
+        *,
+        say: Say = print,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._store, self._agent, self._keyring = store, agent, keyring
+        self._say, self._clock, self._sleep = say, clock, sleep
+        record = store.read_cluster()
+        if record is None:
+            raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
+        # Authenticates the key list, and needs every key it lists (WrongSecret names it).
+        self._sealer = Sealer(keyring, record)
+
+    @property
+    def record(self) -> ClusterRecord:
+        return self._sealer.cluster
+
+    # -- begin ---------------------------------------------------------------------
+
+    def begin(self, timeout_s: float) -> None:
+        record, keys = self.record, self._sealer.keys
+        newest = keys.held[0]
+        new_id = keys.key_id(newest, record)
+        if record.rotation:
+            if record.key_id != new_id:
+                raise ControlRefused(
+                    f"a rotation to key id {record.key_id} is under way ({record.rotation}): "
+                    "finish it first (hb rotate-secret commit, then finish)"
+                )
+            self._say(f"the rotation to key id {new_id} was begun already")
+        else:
+            if keys.find(record.current) is newest:
+                raise ControlRefused(
+                    f"the newest secret given (HB_SECRET, or the first line of the secret file) "
+                    f"is the cluster's current one (key id {record.key_id}): give the new secret "
+                    "first and the current one after it (HB_SECRET_PREVIOUS, or the next line)"
+                )
+            nodes = self._live()
+            lacking = [node for node in nodes if new_id not in node.heartbeat.keys]
+            if lacking:
+                raise ControlRefused(
+                    f"not every live node holds the new secret (key id {new_id}): "
+                    + "; ".join(
+                        f"{node.name} holds {', '.join(node.heartbeat.keys) or 'no key id'}"
+                        for node in lacking
+                    )
+                    + ". Restart each with the new secret added first (see the README, "
+                    "Rotating the secret); nothing was changed"
+                )
+            begun = replace(
+                record,
+                key_id=new_id,
+                key_check=newest.check,
+                accepted=(record.current, *record.accepted),
+                generation=record.generation + 1,
+                rotation="begun",
+                macs=(),
+            )
+            self._replace(begun)
+            self._say(
+                f"begun: the cluster seals with key id {new_id} now (generation "
+                f"{begun.generation}); key id {record.key_id} is still accepted"
+            )
+        self._wait_sealing(self._live(), timeout_s)
+
+    # -- commit --------------------------------------------------------------------
+
+    def commit(self, timeout_s: float) -> list[Resealed]:
+        record = self.record
+        if not record.rotation:
+            raise ControlRefused(
+                f"no rotation is under way (key id {record.key_id} is current): run "
+                "hb rotate-secret begin first"
+            )
+        # A node that still seals with an old key would publish under it after commit.
+        self._wait_sealing(self._live(), timeout_s)
+        done = [self._reseal(agent) for agent in self._agents()]
+        for each in done:
+            self._say(each.describe(record.key_id))
+        if record.rotation == "begun":
+            committed = replace(
+                record, generation=record.generation + 1, rotation="committed", macs=()
+            )
+            self._replace(committed)
+        self._say(
+            f"committed: every retained checkpoint is under key id {record.key_id}; "
+            "run hb rotate-secret finish to drop the old key"
+        )
+        return done
+
+    def _reseal(self, agent: str) -> Resealed:
+        """Seal every retained checkpoint of agent under an old key again, with the current."""
+        done = Resealed(agent)
+        current = self._sealer.key_id
+        for info in self._store.list_checkpoints(agent):
+            for _try in range(RESEAL_TRIES):
+                try:
+                    blob = self._store.read_checkpoint(agent, info)
+                except StoreError:
+                    done.gone += 1  # removed by retention since it was listed
+                    break
+                try:
+                    if read_header(blob).key_id == current:
+                        done.current += 1
+                        break
+                    new = self._sealer.reseal_checkpoint(blob, agent, info.epoch, info.seq)
+                except SealError:
+                    done.unopened += 1
+                    break
+                if self._store.reseal_checkpoint(agent, info, blob, new):
+                    done.resealed += 1
+                    break
+            else:
+                done.gone += 1
+        return done
+
+    # -- finish --------------------------------------------------------------------
+
+    def finish(self) -> None:
+        record = self.record
+        if record.rotation != "committed":
+            raise ControlRefused(
+                "no rotation is under way: nothing to finish"
+                if not record.rotation
+                else f"the rotation to key id {record.key_id} is begun but not committed: "
+                "run hb rotate-secret commit first"
+            )
+        old = [self._old_checkpoints(agent) for agent in self._agents()]
+        left = [(agent, count) for agent, count in old if count]
+        if left:
+            raise ControlRefused(
+                "checkpoints under an old key are still retained ("
+                + ", ".join(f"{count} of agent {agent}" for agent, count in left)
+                + "): run hb rotate-secret commit again; nothing was changed"
+            )
+        retired = (*record.accepted, *record.retired)[:MAX_CLUSTER_KEYS]
+        finished = replace(
+            record,
+            accepted=(),
+            retired=retired,
+            generation=record.generation + 1,
+            rotation="",
+            macs=(),
+        )
+        self._replace(finished)
+        self._say(
+            f"finished: key id {record.key_id} is the cluster's only key; "
+            f"{', '.join(entry.kid for entry in record.accepted)} retired. Nodes holding only "
+            "the old secret are refused from now on: remove it from every node"
+        )
+
+    def _old_checkpoints(self, agent: str) -> tuple[str, int]:
+        count = 0
+        for info in self._store.list_checkpoints(agent):
+            try:
+                kid = read_header(self._store.read_checkpoint(agent, info)).key_id
+            except (StoreError, SealError):
+                continue  # gone, or junk that no key opens
+            if kid != self._sealer.key_id and kid in {e.kid for e in self.record.accepted}:
+                count += 1
+        return agent, count
+
+    # -- shared --------------------------------------------------------------------
+
+    def _agents(self) -> list[str]:
+        """Every agent of the store (they share its cluster record), the one named first."""
+        others = [agent for agent in self._store.list_agents() if agent != self._agent]
+        return [self._agent, *others]
+
+    def _live(self) -> list[LiveNode]:
+        self._say("watching the heartbeats for live nodes...")
+        return live_nodes(self._store, self._agents(), clock=self._clock, sleep=self._sleep)
+
+    def _wait_sealing(self, nodes: list[LiveNode], timeout_s: float) -> None:
+        key_id = self._sealer.key_id
+        waiting = wait_until_sealing(
+            self._store, nodes, key_id, timeout_s, clock=self._clock, sleep=self._sleep
+        )
+        if waiting:
+            late = ", ".join(
+                f"{node.name} seals with {node.heartbeat.sealing or 'an unknown key'}"
+                for node in waiting
+            )
+            raise ControlRefused(
+                f"not every live node seals with key id {key_id} yet after {timeout_s:g} s: "
+                f"{late}. Run the same command again to wait on"
+            )
+        if nodes:
+            self._say(f"every live node ({len(nodes)}) seals with key id {key_id}")
+
+    def _replace(self, new: ClusterRecord) -> None:
+        signed = self._sealer.keys.sign(new)
+        try:
+            self._store.replace_cluster(self.record, signed)
+        except ClusterChanged as exc:
+            raise ControlRefused(
+                f"{exc}: another rotate-secret ran meanwhile? nothing was changed; run it again"
+            ) from exc
+        self._sealer.adopt(signed)

@@ -1,0 +1,98 @@
+"""Which nodes are live, and which keys they hold and seal with: what a rotation waits on.
+
+A node is live once its heartbeat changes while watched (nodes never compare
+each other's clocks; neither does this): a dead node's heartbeat stays as it
+was, and a stopped node drops it. Every heartbeat names the key ids of the
+secrets its node holds and the one it seals with (``Heartbeat.keys``,
+``Heartbeat.sealing``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .records import Heartbeat
+from .stores import Store
+
+__all__ = ["LiveNode", "live_nodes", "wait_until_sealing"]
+
+# How often the watch reads the heartbeats: a few reads a second, for a second or two.
+POLL_S = 0.1
+# A node writes its heartbeat every half TTL at least: watched 1.5 TTLs, a live one shows.
+WATCH_TTLS = 1.5
+DEFAULT_TTL_S = 2.0
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    agent: str
+    heartbeat: Heartbeat
+
+    @property
+    def name(self) -> str:
+        return f"{self.heartbeat.node} (agent {self.agent})"
+
+
+def _ttl_s(store: Store, agents: list[str]) -> float:
+    ttls = [lease.ttl_ms / 1000 for agent in agents if (lease := store.read_lease(agent))]
+    return max(ttls, default=DEFAULT_TTL_S)
+
+
+def live_nodes(
+    store: Store,
+    agents: list[str],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[LiveNode]:
+    """The nodes of agents whose heartbeat changes while watched (1.5 lease TTLs at most),
+    each with its newest heartbeat."""
+    window = WATCH_TTLS * _ttl_s(store, agents)
+    first = {(agent, hb.node): _key(hb) for agent in agents for hb in store.list_heartbeats(agent)}
+    live: dict[tuple[str, str], Heartbeat] = {}
+    started = clock()
+    while clock() - started < window:
+        sleep(POLL_S)
+        for agent in agents:
+            for hb in store.list_heartbeats(agent):
+                if first.get((agent, hb.node)) != _key(hb):
+                    live[(agent, hb.node)] = hb
+        if len(live) == len(first) and set(live) >= set(first):
+            break  # every node seen beating: no need to watch on
+    return [LiveNode(agent, hb) for (agent, _node), hb in sorted(live.items())]
+
+
+def wait_until_sealing(
+    store: Store,
+    nodes: list[LiveNode],
+    key_id: str,
+    timeout_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[LiveNode]:
+    """Wait until each of nodes seals with key_id, or is gone; the ones that do not yet."""
+    deadline = clock() + timeout_s
+    waiting = list(nodes)
+    while waiting:
+        beats = {
+            (agent, hb.node): hb
+            for agent in {node.agent for node in waiting}
+            for hb in store.list_heartbeats(agent)
+        }
+        still = []
+        for node in waiting:
+            hb = beats.get((node.agent, node.heartbeat.node))
+            if hb is not None and hb.sealing != key_id and hb.session == node.heartbeat.session:
+                still.append(LiveNode(node.agent, hb))
+        waiting = still
+        if not waiting or clock() >= deadline:
+            break
+        sleep(POLL_S)
+    return waiting
+
+
+def _key(heartbeat: Heartbeat) -> tuple[object, ...]:
+    return (heartbeat.session, heartbeat.beats, heartbeat.time)

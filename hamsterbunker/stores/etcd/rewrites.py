@@ -1,0 +1,52 @@
+"""The etcd store's compare-and-set rewrites: the cluster record, and a re-sealed checkpoint.
+
+The cluster record is replaced by a txn that compares its value. A re-sealed
+checkpoint is read with its mod revision, compared with the expected bytes
+here, and replaced by a txn that compares the revision: one request carries
+the checkpoint once, not twice (etcd's request limit), and a checkpoint
+written or removed since (``put_checkpoint``, its retention) fails it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ...errors import ClusterChanged
+from ...failpoints import failpoint
+from ...records import CheckpointInfo, ClusterRecord
+from ..base import check_reseal
+from .connection import EtcdConnection
+from .kv import b64, checkpoint_key, get_op, put_op, ranges, revision, unb64
+
+__all__ = ["EtcdRewrites"]
+
+
+class EtcdRewrites:
+    """Store.replace_cluster and reseal_checkpoint of one etcd store."""
+
+    def __init__(
+        self, connection: EtcdConnection, prefix: str, agent_prefix: Callable[[str], str]
+    ) -> None:
+        self._connection, self._cluster_key = connection, f"{prefix}/cluster"
+        self._agent_prefix = agent_prefix
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        key = self._cluster_key
+        compare = {"key": b64(key), "target": "VALUE", "result": "EQUAL",
+                   "value": b64(expected.to_json())}  # fmt: skip
+        response = self._connection.txn([compare], [put_op(key, new.to_json())])
+        if not response.get("succeeded"):
+            raise ClusterChanged(f"the cluster record {key} changed since it was read")
+        return new
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        check_reseal(info, old, new)
+        key = checkpoint_key(self._agent_prefix(agent), info.seq, info.epoch)
+        [found] = ranges(self._connection.txn([], [get_op(key)]))
+        if not found or unb64(found[0].get("value", "")) != old:
+            return False
+        compare = {"key": b64(key), "target": "MOD", "result": "EQUAL",
+                   "mod_revision": revision(found[0])}  # fmt: skip
+        failpoint("reseal.before_commit")
+        response = self._connection.txn([compare], [put_op(key, new)])
+        return bool(response.get("succeeded"))

@@ -1,0 +1,106 @@
+"""The file store's compare-and-set rewrites: the cluster record, and a re-sealed checkpoint.
+
+The cluster record is replaced under a lock of its own (``cluster.lock`` in the
+store root, an OFD lock like the lease's), read, compared and renamed over
+while it is held. A re-sealed checkpoint is written and synced under a
+temporary name first; the agent's lease lock (the one ``put_checkpoint`` and
+its retention hold) is held only to compare the stored bytes and rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from ...errors import ClusterChanged, StoreUnavailable
+from ...failpoints import failpoint
+from ...limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
+from ...records import CheckpointInfo, ClusterRecord
+from ..base import check_reseal
+from .fileio import discard, open_regular, read_file, write_temp
+from .layout import agent_parts, checkpoint_name
+from .lease import lease_locked
+from .tree import StoreTree
+
+__all__ = ["FileRewrites"]
+
+# struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t).
+_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class FileRewrites:
+    """Store.replace_cluster and reseal_checkpoint in a store's tree."""
+
+    def __init__(self, tree: StoreTree, *, lock_timeout: float) -> None:
+        self._tree, self._lock_timeout = tree, lock_timeout
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        path = self._tree.root / "cluster.json"
+        with self._tree.writing() as root_fd:
+            tmp = write_temp(root_fd, new.to_json(), durable=True)
+            try:
+                with self._cluster_locked(root_fd):
+                    if read_file(root_fd, "cluster.json", path, MAX_RECORD_BYTES) != (
+                        expected.to_json()
+                    ):
+                        raise ClusterChanged(f"the cluster record in {path} changed since it "
+                                             "was read")  # fmt: skip
+                    os.replace(tmp, "cluster.json", src_dir_fd=root_fd, dst_dir_fd=root_fd)
+                    os.fsync(root_fd)
+            finally:
+                discard(root_fd, tmp)
+        return new
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        check_reseal(info, old, new)
+        name = checkpoint_name(info.seq, info.epoch)
+        agent_dir = self._tree.agent_dir(agent)
+        with (
+            self._tree.reading(*agent_parts(agent)) as agent_fd,
+            self._tree.reading(*agent_parts(agent, "checkpoints")) as directory,
+        ):
+            if agent_fd is None or directory is None:
+                return False
+            tmp = write_temp(directory, new, durable=True, points="reseal")
+            try:
+                failpoint("reseal.before_commit")
+                with lease_locked(agent_fd, agent_dir, agent, self._lock_timeout):
+                    path = agent_dir / "checkpoints" / name
+                    if read_file(directory, name, path, MAX_CHECKPOINT_BYTES) != old:
+                        return False  # removed by retention, or another checkpoint now
+                    os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+                    failpoint("reseal.after_rename")
+                    os.fsync(directory)
+                    return True
+            finally:
+                discard(directory, tmp)
+
+    @contextlib.contextmanager
+    def _cluster_locked(self, root_fd: int) -> Iterator[None]:
+        """Hold the cluster record's lock, waiting at most the lock timeout."""
+        path = Path(self._tree.root) / "cluster.lock"
+        fd = open_regular(root_fd, "cluster.lock", path, _LOCK_FLAGS)
+        try:
+            deadline = time.monotonic() + self._lock_timeout
+            while True:
+                try:
+                    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise StoreUnavailable(f"cannot lock {path}: {exc.strerror}") from exc
+                    if time.monotonic() > deadline:
+                        raise StoreUnavailable(
+                            f"{path} held elsewhere for {self._lock_timeout} s"
+                        ) from exc
+                    time.sleep(0.002)
+            yield
+        finally:
+            os.close(fd)  # closing the description releases its lock

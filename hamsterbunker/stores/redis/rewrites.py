@@ -1,0 +1,67 @@
+"""The Redis store's compare-and-set rewrites: the cluster record, and a re-sealed checkpoint.
+
+Each is one Lua script, which Redis runs with nothing interleaved: the
+stored bytes are compared with the expected ones and replaced in that step
+(a checkpoint's against ``put_checkpoint``'s script and its retention). A
+value that is not a string is taken as changed, never a Lua error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+
+from ...errors import ClusterChanged
+from ...failpoints import failpoint
+from ...records import CheckpointInfo, ClusterRecord
+from ..base import check_reseal
+
+__all__ = ["RedisRewrites"]
+
+# KEYS: the cluster key. ARGV: expected bytes, new bytes. Returns 1 if replaced, else 0.
+_REPLACE_CLUSTER = """
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) ~= 'string' or stored ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: the agent's blobs hash. ARGV: seq, expected bytes, new bytes. 1 if replaced, else 0.
+_RESEAL_CHECKPOINT = """
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
+  return 0
+end
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if type(stored) ~= 'string' or stored ~= ARGV[2] then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
+
+class RedisRewrites:
+    """Store.replace_cluster and reseal_checkpoint of one Redis store."""
+
+    def __init__(self, client: redis.Redis, prefix: str, key: Callable[..., str]) -> None:
+        self._cluster_key, self._key = f"{prefix}:cluster", key
+        self._replace_cluster = client.register_script(_REPLACE_CLUSTER)
+        self._reseal = client.register_script(_RESEAL_CHECKPOINT)
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        done = self._replace_cluster(
+            keys=[self._cluster_key], args=[expected.to_json(), new.to_json()]
+        )
+        if done != 1:
+            raise ClusterChanged(f"the cluster record {self._cluster_key} changed since it "
+                                 "was read")  # fmt: skip
+        return new
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        check_reseal(info, old, new)
+        failpoint("reseal.before_commit")
+        done = self._reseal(keys=[self._key(agent, "blobs")], args=[str(info.seq), old, new])
+        return bool(done == 1)

@@ -1,0 +1,279 @@
+"""Keyrings and the cluster's key list (issue 19): several secrets, one current key.
+
+A record as today's code writes it keeps opening; a rotation's records are
+authenticated under every key they list; a node is told exactly which secret
+it lacks. Records are built with ``hamsterbunker.rotation.Rotation`` on a
+memory store with no live nodes (the waits for nodes are tested with real
+processes in tests/faults/test_rotation_faults.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hamsterbunker.cluster_keys import legacy_key_id
+from hamsterbunker.errors import (
+    ConfigError,
+    ControlRefused,
+    SecretTooShort,
+    StoreRegressed,
+    Tampered,
+    WrongSecret,
+)
+from hamsterbunker.keyring import Keyring, read_keyring
+from hamsterbunker.records import ClusterRecord, KeyEntry
+from hamsterbunker.rotation import Rotation
+from hamsterbunker.sealing import Sealer, new_cluster_record, read_header
+from hamsterbunker.testing import MemoryStore
+
+OLD, NEW = "the old secret of the cluster", "the new secret of the cluster"
+AGENT = "rotating"
+BOTH = Keyring((NEW, OLD))
+
+
+def quiet(_line: str) -> None:
+    """Rotation's say: nothing printed in unit tests."""
+
+
+@pytest.fixture(scope="module")
+def first() -> ClusterRecord:
+    return new_cluster_record(OLD)
+
+
+def rotated(first: ClusterRecord, *steps: str) -> tuple[MemoryStore, ClusterRecord]:
+    """A memory store holding first, then the record after each of steps."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    for step in steps:
+        rotation = Rotation(store, AGENT, BOTH, say=quiet)
+        if step == "begin":
+            rotation.begin(timeout_s=1)
+        elif step == "commit":
+            rotation.commit(timeout_s=1)
+        else:
+            rotation.finish()
+    record = store.read_cluster()
+    assert record is not None
+    return store, record
+
+
+# -- the keyring -------------------------------------------------------------------
+
+
+def test_a_secret_file_holds_one_secret_a_line_newest_first(tmp_path: Path, monkeypatch) -> None:
+    """Lines of a secret file are the keyring's secrets in order; blank lines are skipped."""
+    monkeypatch.delenv("HB_SECRET", raising=False)
+    monkeypatch.delenv("HB_SECRET_PREVIOUS", raising=False)
+    path = tmp_path / "secret"
+    path.write_text(f"{NEW}\r\n\n{OLD}\n")
+    assert read_keyring(path).secrets == (NEW, OLD)
+
+
+def test_hb_secret_previous_follows_hb_secret(monkeypatch) -> None:
+    """HB_SECRET is the newest secret, HB_SECRET_PREVIOUS the one after it."""
+    monkeypatch.setenv("HB_SECRET", NEW)
+    monkeypatch.setenv("HB_SECRET_PREVIOUS", OLD)
+    assert read_keyring(None).secrets == (NEW, OLD)
+    monkeypatch.delenv("HB_SECRET")
+    with pytest.raises(ConfigError, match="HB_SECRET_PREVIOUS is set but HB_SECRET is not"):
+        read_keyring(None)
+
+
+def test_a_short_or_repeated_secret_in_a_file_is_refused(tmp_path: Path, monkeypatch) -> None:
+    """Every line is checked; the same secret twice is a mistake, named with the file."""
+    monkeypatch.delenv("HB_SECRET", raising=False)
+    path = tmp_path / "secret"
+    path.write_text(f"{NEW}\nshort\n")
+    with pytest.raises(SecretTooShort, match=f"secret file {path}"):
+        read_keyring(path)
+    path.write_text(f"{NEW}\n{NEW}\n")
+    with pytest.raises(ConfigError, match="the same secret is given twice"):
+        read_keyring(path)
+
+
+def test_a_keyring_never_shows_its_secrets() -> None:
+    """repr (logs, tracebacks) names how many secrets, not what they are."""
+    assert NEW not in repr(BOTH) and "2 secrets" in repr(BOTH)
+
+
+# -- upgrade: today's records ------------------------------------------------------
+
+
+def test_a_record_written_before_rotation_existed_opens_with_its_key_id(
+    first: ClusterRecord,
+) -> None:
+    """A generation-0 record is written byte for byte as before, and its key id stays the
+    hash of the salt, so checkpoints sealed before the upgrade open."""
+    legacy = {
+        "format": 1, "kdf": "scrypt", "n": first.n, "r": first.r, "p": first.p,
+        "salt": first.salt, "key_id": first.key_id, "key_check": first.key_check,
+        "created": first.created,
+    }  # fmt: skip
+    assert first.to_json() == json.dumps(legacy, separators=(",", ":"), sort_keys=True).encode()
+    assert first.key_id == legacy_key_id(base64.b64decode(first.salt))
+    sealer = Sealer(OLD, ClusterRecord.from_json(first.to_json()))
+    blob = sealer.seal(AGENT, 1, 1, {"n": 1})
+    assert read_header(blob).key_id == first.key_id
+    # An extra secret the record does not know is held, not needed.
+    assert Sealer(BOTH, first).open(blob, AGENT, 1, 1) == {"n": 1}
+
+
+# -- begin, commit, finish: the records --------------------------------------------
+
+
+def test_begin_makes_the_new_key_current_and_keeps_the_old_one_accepted(
+    first: ClusterRecord,
+) -> None:
+    """After begin, checkpoints seal under the new key id and the old ones still open."""
+    old_blob = Sealer(OLD, first).seal(AGENT, 1, 1, {"n": 1})
+    _store, begun = rotated(first, "begin")
+    assert (begun.generation, begun.rotation) == (1, "begun")
+    assert begun.accepted == (first.current,)
+    sealer = Sealer(BOTH, begun)
+    assert sealer.key_id == begun.key_id != first.key_id
+    assert read_header(sealer.seal(AGENT, 1, 2, {"n": 2})).key_id == begun.key_id
+    assert sealer.open(old_blob, AGENT, 1, 1) == {"n": 1}
+
+
+def test_begin_refuses_when_the_newest_secret_is_the_current_one(first: ClusterRecord) -> None:
+    """Secrets given in the wrong order (the current one first) change nothing."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    with pytest.raises(ControlRefused, match="is the cluster's current one"):
+        Rotation(store, AGENT, Keyring((OLD, NEW)), say=quiet).begin(timeout_s=1)
+    assert store.read_cluster() == first
+
+
+def test_commit_reseals_every_retained_checkpoint_under_the_new_key(
+    first: ClusterRecord,
+) -> None:
+    """Checkpoints sealed under the old key are replaced, in place, by the same states
+    sealed under the new one; finish then drops the old key."""
+    store, begun = rotated(first, "begin")
+    old = Sealer(OLD, first)
+    lease = store_lease(store)
+    for seq in (1, 2, 3):
+        store.put_checkpoint(AGENT, lease, seq, old.seal(AGENT, 1, seq, {"n": seq}))
+    with pytest.raises(ControlRefused, match="begun but not committed"):
+        Rotation(store, AGENT, BOTH, say=quiet).finish()
+    done = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert done[0].resealed == 3
+    sealer = Sealer(BOTH, store.read_cluster())  # type: ignore[arg-type]
+    for info in store.list_checkpoints(AGENT):
+        blob = store.read_checkpoint(AGENT, info)
+        assert read_header(blob).key_id == begun.key_id
+        assert sealer.open(blob, AGENT, info.epoch, info.seq) == {"n": info.seq}
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    finished = store.read_cluster()
+    assert finished is not None
+    assert (finished.generation, finished.rotation, finished.accepted) == (3, "", ())
+    assert Sealer(NEW, finished).key_id == begun.key_id  # the new secret alone will do
+
+
+def store_lease(store: MemoryStore):  # type: ignore[no-untyped-def]
+    """A lease of the agent held by epoch 1, and its fence."""
+    from hamsterbunker.records import LeaseRecord
+    from hamsterbunker.stores import Fence
+
+    store.cas_lease(AGENT, None, LeaseRecord("n1", "r", "s1", 1, 2000))
+    return Fence("n1", "s1", 1)
+
+
+# -- what a node is told it lacks --------------------------------------------------
+
+
+def test_a_node_with_only_the_new_secret_before_begin_is_told_to_keep_the_current_one(
+    first: ClusterRecord,
+) -> None:
+    """Before begin, the new secret alone does not open the cluster: the message says the
+    current one is needed too."""
+    with pytest.raises(WrongSecret, match="needs the current one too, as HB_SECRET_PREVIOUS"):
+        Sealer(NEW, first)
+
+
+def test_a_node_with_only_the_old_secret_mid_rotation_is_told_it_lacks_the_new_one(
+    first: ClusterRecord,
+) -> None:
+    """After begin, the old secret alone is refused with the rotation named."""
+    _store, begun = rotated(first, "begin")
+    with pytest.raises(WrongSecret, match=r"rotation is under way.*holds only key id"):
+        Sealer(OLD, begun)
+
+
+def test_a_node_with_only_the_new_secret_mid_rotation_is_told_it_lacks_the_old_one(
+    first: ClusterRecord,
+) -> None:
+    """Until finish, the previous secret is needed too: the message names its key id."""
+    _store, begun = rotated(first, "begin")
+    with pytest.raises(WrongSecret, match=f"lacks the previous secret \\(key id {first.key_id}"):
+        Sealer(NEW, begun)
+
+
+def test_a_node_with_only_the_old_secret_after_finish_is_told_it_was_retired(
+    first: ClusterRecord,
+) -> None:
+    """After finish, the old secret is named as retired by the rotation."""
+    _store, finished = rotated(first, "begin", "commit", "finish")
+    with pytest.raises(
+        WrongSecret, match=f"key id {first.key_id}, which this node holds, was retired"
+    ):
+        Sealer(OLD, finished)
+
+
+# -- a key list edited without the secrets -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        "drop the accepted key",
+        "swap current and accepted",
+        "raise the generation",
+        "change the step",
+        "drop a tag",
+        "retire nothing",
+    ],
+)
+def test_a_key_list_edited_without_the_secrets_is_refused(first: ClusterRecord, edit: str) -> None:
+    """Any change of a rotated record that its tags do not cover fails to authenticate."""
+    _store, begun = rotated(first, "begin")
+    edited = {
+        "drop the accepted key": replace(begun, accepted=()),
+        "swap current and accepted": replace(
+            begun,
+            key_id=first.key_id,
+            key_check=first.key_check,
+            accepted=(KeyEntry(begun.key_id, begun.key_check),),
+        ),
+        "raise the generation": replace(begun, generation=begun.generation + 5),
+        "change the step": replace(begun, rotation="committed"),
+        "drop a tag": replace(begun, macs=begun.macs[:1]),
+        "retire nothing": replace(begun, retired=(first.current,)),
+    }[edit]
+    with pytest.raises((Tampered, WrongSecret)):
+        Sealer(BOTH, ClusterRecord.from_json(edited.to_json()))
+
+
+def test_a_record_that_claims_generation_zero_with_a_rotation_is_refused(
+    first: ClusterRecord,
+) -> None:
+    """Generation 0 carries no tags: it may name no other key."""
+    forged = replace(first, accepted=(KeyEntry("0" * 16, first.key_check),))
+    with pytest.raises(Tampered, match="generation 0 names a rotation"):
+        Sealer(BOTH, forged)
+
+
+def test_a_running_node_refuses_a_record_rolled_back_to_an_older_generation(
+    first: ClusterRecord,
+) -> None:
+    """adopt never goes back: the record before begin, replayed after finish, is refused."""
+    _store, finished = rotated(first, "begin", "commit", "finish")
+    sealer = Sealer(BOTH, finished)
+    with pytest.raises(StoreRegressed, match="went back from key generation 3 to 0"):
+        sealer.adopt(first)
+    assert sealer.cluster == finished
