@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .errors import ClusterChanged, ConfigError, ControlRefused, SealError, StoreError
+from .failpoints import failpoint
 from .keyring import Keyring
 from .records import MAX_CLUSTER_KEYS, ClusterRecord
 from .rotation_nodes import LiveNode, live_nodes, wait_until_sealing
@@ -151,7 +152,9 @@ class Rotation:
             committed = replace(
                 record, generation=record.generation + 1, rotation="committed", macs=()
             )
+            failpoint("rotation.before_record")
             self._replace(committed)
+            failpoint("rotation.after_record")
         self._say(
             f"committed: every retained checkpoint is under key id {record.key_id}; "
             "run hb rotate-secret finish to drop the old key"
