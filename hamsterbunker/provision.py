@@ -23,8 +23,8 @@ from pathlib import Path
 import tomli_w
 
 from .config import NodeConfig, instance_path, parse_config
-from .errors import ConfigError, SecretTooShort
-from .sealing import check_secret
+from .errors import ConfigError
+from .keyring import Keyring
 
 __all__ = ["Provisioned", "choose_store", "local_store", "provision"]
 
@@ -101,11 +101,10 @@ def _check_secret_file(path: Path) -> None:
             f"run: chmod 600 {path}"
         )
     try:
-        check_secret(path.read_text(encoding="utf-8").rstrip("\r\n"))
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"secret file {path} cannot be read: {exc}") from exc
-    except SecretTooShort as exc:
-        raise SecretTooShort(f"secret file {path}: {exc}") from None
+    Keyring.parse(text, f"secret file {path}")  # one secret a line, newest first
 
 
 def _write_new(path: Path, text: str, *, mode: int, replace: bool) -> None:

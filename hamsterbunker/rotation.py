@@ -7,10 +7,14 @@
 2. commit: every retained checkpoint of every agent that is still under an
    old key is sealed again under the new one (``Store.reseal_checkpoint``,
    compared with the bytes opened: never over a newer checkpoint, never
-   bringing back one retention removed); then the record says committed.
-3. finish: nothing retained is under an old key; the old key is dropped from
-   the accepted ones (kept as retired, to name it to a node that still holds
-   only that one).
+   bringing back one retention removed), and so is the effect journal of
+   the step in flight (``Store.reseal_effect``); then the record says
+   committed.
+3. finish: nothing retained is under an old key, and no submission sealed
+   under one waits unconsumed (a submitter's, sealed before begin: finish
+   waits for the agent to consume it rather than re-seal what a client
+   wrote); the old key is dropped from the accepted ones (kept as retired,
+   to name it to a node that still holds only that one).
 
 Each step is a compare-and-set of the cluster record against the one read,
 raising its generation (``hamsterbunker.cluster_keys``), and refuses with a
@@ -29,7 +33,7 @@ from .failpoints import failpoint
 from .keyring import Keyring
 from .records import MAX_CLUSTER_KEYS, ClusterRecord
 from .rotation_nodes import LiveNode, live_nodes, wait_until_sealing
-from .sealing import Sealer, read_header
+from .sealing import EffectAt, Sealer, read_header, sealed_key_id
 from .stores import Store
 
 __all__ = ["Resealed", "Rotation"]
@@ -48,6 +52,7 @@ class Resealed:
     current: int = 0  # already under the current key
     gone: int = 0  # removed by retention (or replaced) before it could be re-sealed
     unopened: int = 0  # did not authenticate: junk, left as it is
+    effects: int = 0  # effect-journal records of the step in flight re-sealed
 
     def describe(self, key_id: str) -> str:
         text = (
@@ -58,6 +63,8 @@ class Resealed:
             text += f", {self.gone} gone meanwhile"
         if self.unopened:
             text += f", {self.unopened} that do not authenticate left as they are"
+        if self.effects:
+            text += f"; {self.effects} effect-journal records re-sealed"
         return text
 
 
@@ -185,7 +192,26 @@ class Rotation:
                     break
             else:
                 done.gone += 1
+        self._reseal_journal(agent, done)
         return done
+
+    def _reseal_journal(self, agent: str, done: Resealed) -> None:
+        """Seal the effect journal of the step after the newest checkpoint (the only one a
+        replay reads) again with the current key, where it is under an old one."""
+        step = self._next_step(agent)
+        for (index, kind), blob in self._store.read_effects(agent, step).items():
+            if sealed_key_id(blob) in (None, self._sealer.key_id):
+                continue
+            try:
+                new = self._sealer.reseal_effect(blob, EffectAt(agent, step, index, kind))
+            except SealError:
+                continue  # junk: no key opens it, and no replay will take it
+            if self._store.reseal_effect(agent, step, index, kind, blob, new):
+                done.effects += 1
+
+    def _next_step(self, agent: str) -> int:
+        newest = self._store.list_checkpoints(agent)
+        return (newest[0].seq if newest else 0) + 1
 
     # -- finish --------------------------------------------------------------------
 
@@ -206,6 +232,8 @@ class Rotation:
                 + ", ".join(f"{count} of agent {agent}" for agent, count in left)
                 + "): run hb rotate-secret commit again; nothing was changed"
             )
+        for agent in self._agents():
+            self._refuse_old_records(agent)
         retired = (*record.accepted, *record.retired)[:MAX_CLUSTER_KEYS]
         finished = replace(
             record,
@@ -221,6 +249,27 @@ class Rotation:
             f"{', '.join(entry.kid for entry in record.accepted)} retired. Nodes holding only "
             "the old secret are refused from now on: remove it from every node"
         )
+
+    def _refuse_old_records(self, agent: str) -> None:
+        """ControlRefused while a record a node still needs is under an old key: the effect
+        journal of the step in flight, or a submission not yet consumed."""
+        old = {entry.kid for entry in self.record.accepted}
+        step = self._next_step(agent)
+        journal = [b for b in self._store.read_effects(agent, step).values()
+                   if sealed_key_id(b) in old]  # fmt: skip
+        if journal:
+            raise ControlRefused(
+                f"the effect journal of step {step} of agent {agent} holds {len(journal)} "
+                "records under an old key: run hb rotate-secret commit again (or wait for the "
+                "step's checkpoint); nothing was changed"
+            )
+        pending = [n for n, b in self._store.read_inbox(agent) if sealed_key_id(b) in old]
+        if pending:
+            raise ControlRefused(
+                f"{len(pending)} submissions to agent {agent} sealed under an old key are not "
+                f"yet consumed (numbers {pending[0]}..{pending[-1]}): wait until the agent "
+                "has consumed them (hb status shows its inbox), then finish; nothing was changed"
+            )
 
     def _old_checkpoints(self, agent: str) -> tuple[str, int]:
         count = 0

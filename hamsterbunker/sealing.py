@@ -24,7 +24,7 @@ import json
 import os
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
@@ -60,6 +60,7 @@ __all__ = [
     "check_scrypt_parameters",
     "check_secret",
     "new_cluster_record",
+    "sealed_key_id",
 ]
 
 FORMAT_VERSION = 1
@@ -283,6 +284,12 @@ class Sealer:
         state, inbox = self.open_checkpoint(blob, agent, epoch, seq)
         return self.seal(agent, epoch, seq, state, inbox=inbox, sealed_at=header.time)
 
+    def reseal_effect(self, blob: bytes, at: EffectAt) -> bytes:
+        """The effect-journal record found as ``at`` (its name aside), sealed again with the
+        current key: the same epoch, name and payload."""
+        opened = self.open_effect(blob, at)
+        return self.seal_effect(replace(at, name=opened.name), opened.epoch, opened.payload)
+
     def seal_submission(
         self, agent: str, number: int, request_id: str, payload: Any, submitted: float
     ) -> bytes:
@@ -404,6 +411,18 @@ class Sealer:
         if sealed_as != found_as:
             raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
         return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
+
+
+def sealed_key_id(blob: bytes) -> str | None:
+    """The key id a sealed record of any kind names in its header (not authenticated: for
+    finding what a rotation must re-seal); None if it names none or is not one of ours."""
+    if len(blob) < _PREFIX.size:
+        return None
+    _magic, _version, header_len = _PREFIX.unpack_from(blob)
+    try:
+        return _named_key_id(blob[_PREFIX.size : _PREFIX.size + header_len], "record")
+    except Tampered:
+        return None
 
 
 def _named_key_id(header: bytes, what: str) -> str:

@@ -192,6 +192,21 @@ class MemoryStore(Store):
             state.changes += 1
         return True
 
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        """Replace an effect-journal record with new, only if it is still old."""
+        problem = check_effect_bounds(seq, index, kind, len(new))
+        if problem is not None:
+            raise StoreError(problem)
+        with self._lock:
+            state = self._agent(agent)
+            if state.effects.get((seq, index, kind)) != old:
+                return False
+            state.effects[(seq, index, kind)] = bytes(new)
+            state.changes += 1
+        return True
+
     def list_agents(self) -> list[str]:
         """The agents anything was written for, sorted (a read makes an empty entry: not one)."""
         with self._lock:

@@ -225,6 +225,15 @@ class Store(Protocol):
         sealed under another key), else StoreError and nothing changes.
         """
 
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        """Replace the effect-journal record (seq, index, kind) with new, only if it is
+        still old, in one atomic step against put_effect and the removal of the journal;
+        durable as put_effect is. False, changing nothing, if it is gone or another.
+        StoreError for numbers or a size outside ``check_effect_bounds``.
+        """
+
     def list_agents(self) -> list[str]:
         """The ids of the agents the store holds records of, sorted (for ``hb status``).
 

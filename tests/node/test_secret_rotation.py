@@ -26,9 +26,10 @@ from hamsterbunker.errors import (
     WrongSecret,
 )
 from hamsterbunker.keyring import Keyring, read_keyring
-from hamsterbunker.records import ClusterRecord, KeyEntry
+from hamsterbunker.records import ClusterRecord, KeyEntry, LeaseRecord
 from hamsterbunker.rotation import Rotation
-from hamsterbunker.sealing import Sealer, new_cluster_record, read_header
+from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record, read_header, sealed_key_id
+from hamsterbunker.stores import Consumed, Fence
 from hamsterbunker.testing import MemoryStore
 
 OLD, NEW = "the old secret of the cluster", "the new secret of the cluster"
@@ -175,11 +176,8 @@ def test_commit_reseals_every_retained_checkpoint_under_the_new_key(
     assert Sealer(NEW, finished).key_id == begun.key_id  # the new secret alone will do
 
 
-def store_lease(store: MemoryStore):  # type: ignore[no-untyped-def]
+def store_lease(store: MemoryStore) -> Fence:
     """A lease of the agent held by epoch 1, and its fence."""
-    from hamsterbunker.records import LeaseRecord
-    from hamsterbunker.stores import Fence
-
     store.cas_lease(AGENT, None, LeaseRecord("n1", "r", "s1", 1, 2000))
     return Fence("n1", "s1", 1)
 
@@ -277,3 +275,44 @@ def test_a_running_node_refuses_a_record_rolled_back_to_an_older_generation(
     with pytest.raises(StoreRegressed, match="went back from key generation 3 to 0"):
         sealer.adopt(first)
     assert sealer.cluster == finished
+
+
+# -- the effect journal and the inbox ----------------------------------------------
+
+
+def test_commit_reseals_the_effect_journal_of_the_step_in_flight(first: ClusterRecord) -> None:
+    """The journal a replay would read (the step after the newest checkpoint) is sealed
+    again under the new key, and opens as the same record."""
+    store, begun = rotated(first, "begin")
+    old = Sealer(OLD, first)
+    fence = store_lease(store)
+    store.put_checkpoint(AGENT, fence, 1, old.seal(AGENT, 1, 1, {"n": 1}))
+    at = EffectAt(AGENT, 2, 0, "outcome", "call-llm")
+    store.put_effect(AGENT, fence, 2, 0, "outcome", old.seal_effect(at, 1, {"reply": "hi"}))
+    done = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert done[0].effects == 1
+    [blob] = store.read_effects(AGENT, 2).values()
+    assert sealed_key_id(blob) == begun.key_id
+    opened = Sealer(BOTH, store.read_cluster()).open_effect(blob, at)  # type: ignore[arg-type]
+    assert (opened.epoch, opened.name, opened.payload) == (1, "call-llm", {"reply": "hi"})
+
+
+def test_finish_waits_for_submissions_sealed_under_the_old_key_to_be_consumed(
+    first: ClusterRecord,
+) -> None:
+    """A submission sealed before begin and not yet consumed keeps the old key: finish is
+    refused, naming it, until the agent has consumed it."""
+    store, _begun = rotated(first, "begin")
+    old = Sealer(OLD, first)
+    store.admit(AGENT, "req-1", 1, old.seal_submission(AGENT, 1, "req-1", {"q": 1}, 0.0))
+    Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    with pytest.raises(ControlRefused, match="1 submissions to agent rotating sealed under an old"):
+        Rotation(store, AGENT, BOTH, say=quiet).finish()
+    assert store.read_cluster().rotation == "committed"  # type: ignore[union-attr]
+    fence = store_lease(store)
+    new = Sealer(BOTH, store.read_cluster())  # type: ignore[arg-type]
+    store.put_checkpoint(
+        AGENT, fence, 1, new.seal(AGENT, 1, 1, {"n": 1}), [Consumed(1, "req-1", None)]
+    )
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    assert store.read_cluster().rotation == ""  # type: ignore[union-attr]

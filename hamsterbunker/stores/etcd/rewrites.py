@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ...errors import ClusterChanged
+from ...errors import ClusterChanged, StoreError
 from ...failpoints import failpoint
+from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
 from .connection import EtcdConnection
-from .kv import b64, checkpoint_key, get_op, put_op, ranges, revision, unb64
+from .kv import b64, checkpoint_key, effect_key, get_op, put_op, ranges, revision, unb64
 
 __all__ = ["EtcdRewrites"]
 
@@ -41,7 +42,18 @@ class EtcdRewrites:
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
         check_reseal(info, old, new)
-        key = checkpoint_key(self._agent_prefix(agent), info.seq, info.epoch)
+        return self._swap(checkpoint_key(self._agent_prefix(agent), info.seq, info.epoch), old, new)
+
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        problem = check_effect_bounds(seq, index, kind, len(new))
+        if problem is not None:
+            raise StoreError(problem)
+        return self._swap(effect_key(self._agent_prefix(agent), seq, index, kind), old, new)
+
+    def _swap(self, key: str, old: bytes, new: bytes) -> bool:
+        """Put new under key if it holds old: compared here, then by its mod revision."""
         [found] = ranges(self._connection.txn([], [get_op(key)]))
         if not found or unb64(found[0].get("value", "")) != old:
             return False

@@ -257,6 +257,12 @@ class EtcdStore(Store):
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
         return self._rewrites.reseal_checkpoint(agent, info, old, new)
 
+    @_translated
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        return self._rewrites.reseal_effect(agent, seq, index, kind, old, new)
+
     # -- lease -------------------------------------------------------------
 
     @_translated

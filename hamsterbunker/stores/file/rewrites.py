@@ -18,13 +18,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...errors import ClusterChanged, StoreUnavailable
+from ...errors import ClusterChanged, StoreError, StoreUnavailable
 from ...failpoints import failpoint
-from ...limits import MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
+from ...limits import (
+    MAX_CHECKPOINT_BYTES,
+    MAX_EFFECT_BYTES,
+    MAX_RECORD_BYTES,
+    check_effect_bounds,
+)
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
 from .fileio import discard, open_regular, read_file, write_temp
-from .layout import agent_parts, checkpoint_name
+from .layout import agent_parts, checkpoint_name, effect_name, step_name
 from .lease import lease_locked
 from .tree import StoreTree
 
@@ -36,7 +41,7 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOE
 
 
 class FileRewrites:
-    """Store.replace_cluster and reseal_checkpoint in a store's tree."""
+    """Store.replace_cluster, reseal_checkpoint and reseal_effect in a store's tree."""
 
     def __init__(self, tree: StoreTree, *, lock_timeout: float) -> None:
         self._tree, self._lock_timeout = tree, lock_timeout
@@ -77,6 +82,33 @@ class FileRewrites:
                         return False  # removed by retention, or another checkpoint now
                     os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
                     failpoint("reseal.after_rename")
+                    os.fsync(directory)
+                    return True
+            finally:
+                discard(directory, tmp)
+
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        problem = check_effect_bounds(seq, index, kind, len(new))
+        if problem is not None:
+            raise StoreError(problem)
+        name, step = effect_name(index, kind), step_name(seq)
+        agent_dir = self._tree.agent_dir(agent)
+        with (
+            self._tree.reading(*agent_parts(agent)) as agent_fd,
+            self._tree.reading(*agent_parts(agent, "effects", step)) as directory,
+        ):
+            if agent_fd is None or directory is None:
+                return False
+            tmp = write_temp(directory, new, durable=True)
+            try:
+                failpoint("reseal.before_commit")
+                with lease_locked(agent_fd, agent_dir, agent, self._lock_timeout):
+                    path = agent_dir / "effects" / step / name
+                    if read_file(directory, name, path, MAX_EFFECT_BYTES) != old:
+                        return False  # removed with its step, or rewritten by the leader
+                    os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
                     os.fsync(directory)
                     return True
             finally:

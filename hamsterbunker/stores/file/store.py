@@ -206,6 +206,12 @@ class FileStore(Store):
         return self._rewrites.reseal_checkpoint(agent, info, old, new)
 
     @_os_errors_as_store_errors
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        return self._rewrites.reseal_effect(agent, seq, index, kind, old, new)
+
+    @_os_errors_as_store_errors
     def list_agents(self) -> list[str]:
         # A bounded read of agents/: a name that is no agent id, or no plain directory, is skipped.
         with self._tree.reading("agents") as agents_fd:

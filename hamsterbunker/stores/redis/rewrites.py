@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import redis
 
-from ...errors import ClusterChanged
+from ...errors import ClusterChanged, StoreError
 from ...failpoints import failpoint
+from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
 
@@ -29,7 +30,8 @@ redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS: the agent's blobs hash. ARGV: seq, expected bytes, new bytes. 1 if replaced, else 0.
+# KEYS: a hash (the agent's blobs, or one step's effect journal). ARGV: field (a seq, or
+# "<index>:<kind>"), expected bytes, new bytes. 1 if replaced, else 0.
 _RESEAL_CHECKPOINT = """
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
   return 0
@@ -59,6 +61,17 @@ class RedisRewrites:
             raise ClusterChanged(f"the cluster record {self._cluster_key} changed since it "
                                  "was read")  # fmt: skip
         return new
+
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        problem = check_effect_bounds(seq, index, kind, len(new))
+        if problem is not None:
+            raise StoreError(problem)
+        failpoint("reseal.before_commit")
+        key = self._key(agent, "effects", str(seq))
+        done = self._reseal(keys=[key], args=[f"{index}:{kind}", old, new])
+        return bool(done == 1)
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
         check_reseal(info, old, new)

@@ -247,6 +247,12 @@ class RedisStore(Store):
         return self._rewrites.reseal_checkpoint(agent, info, old, new)
 
     @_translated
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        return self._rewrites.reseal_effect(agent, seq, index, kind, old, new)
+
+    @_translated
     def list_agents(self) -> list[str]:
         # SCAN by pattern: each call looks at about _SCAN_COUNT keys, and at most
         # _SCAN_CALLS calls are made, however many keys were planted.

@@ -116,3 +116,25 @@ def test_a_reseal_of_another_length_is_refused(store: Store) -> None:
     with pytest.raises(StoreError, match="must be as long"):
         store.reseal_checkpoint(AGENT, info, b"old-bytes-1", b"longer-new-bytes-1")
     assert store.read_checkpoint(AGENT, info) == b"old-bytes-1"
+
+
+def test_an_effect_record_is_resealed_in_place_while_it_holds_the_bytes_read(
+    store: Store, open_second: Opener
+) -> None:
+    """The new bytes replace the old record of (seq, index, kind), for every client."""
+    fence = leased(store)
+    store.put_effect(AGENT, fence, 2, 0, "outcome", b"old-outcome")
+    assert store.reseal_effect(AGENT, 2, 0, "outcome", b"old-outcome", b"new-outcome!")
+    assert open_second().read_effects(AGENT, 2) == {(0, "outcome"): b"new-outcome!"}
+
+
+def test_a_reseal_of_another_or_a_removed_effect_record_changes_nothing(store: Store) -> None:
+    """A record the leader rewrote, or one its step's checkpoint removed, stays as it is."""
+    fence = leased(store)
+    store.put_effect(AGENT, fence, 2, 0, "outcome", b"old-outcome")
+    assert not store.reseal_effect(AGENT, 2, 0, "outcome", b"not-this-one", b"new-outcome")
+    assert not store.reseal_effect(AGENT, 2, 1, "intent", b"old-outcome", b"new-outcome")
+    assert store.read_effects(AGENT, 2) == {(0, "outcome"): b"old-outcome"}
+    store.put_checkpoint(AGENT, fence, 2, b"checkpoint-2")  # removes the step's journal
+    assert not store.reseal_effect(AGENT, 2, 0, "outcome", b"old-outcome", b"new-outcome")
+    assert store.read_effects(AGENT, 2) == {}
