@@ -336,6 +336,8 @@ let
             File holding the cluster's secret (the same on every node), readable
             by root only. It must lie outside the Nix store: systemd reads it
             and hands the node a private copy (LoadCredential=secret:...).
+            While the secret is rotated (hb rotate-secret), one secret a line,
+            the newest first.
           '';
         };
       };
