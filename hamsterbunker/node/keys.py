@@ -5,8 +5,10 @@ next publish.
 every node reads the record every ``period_s`` and, once it authenticates,
 seals with that key (``Sealer.adopt``). Its heartbeat says which key that is,
 so ``begin`` can wait for every live node to have moved. A node asked to
-follow a key it does not hold (a node that slipped past begin's check) stops:
-it would seal with a key the cluster no longer seals with.
+follow a key it does not hold (a node that slipped past begin's check) stops
+and says why (``refusal``): it would seal with a key the cluster no longer
+seals with. The record is read every few lease TTLs: a rotation is rare, and
+``begin`` waits for every node to follow it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class KeyFollower:
         self._calls, self._emit, self._stop = calls, emit, stop
         self._period_s = period_s
         self._regressed = False  # said once until the store holds the newer record again
+        # Why the node stopped, if a rotation's key it lacks was made current: re-raised
+        # once the node has stopped, so that ``hb run`` exits as a refused start does.
+        self.refusal: SealError | None = None
 
     async def run(self) -> None:
         """Follow until cancelled (or until a key this node lacks is made current)."""
@@ -71,7 +76,7 @@ class KeyFollower:
         except SealError as exc:
             # It cannot seal with the cluster's key: it must not step or publish any more.
             self._emit("node.refused", reason=str(exc))
-            log.error("%s", exc)
+            self.refusal = exc
             self._stop()
             return False
         except StoreError as exc:

@@ -62,6 +62,9 @@ if TYPE_CHECKING:  # both load prometheus_client, which a node without metrics n
 
 __all__ = ["Runtime"]
 
+# How often a node reads the cluster record to follow a secret rotation, in lease TTLs.
+KEYS_READ_TTLS = 4
+
 
 def _on_stop_signal(signals: Signals) -> None:
     """The first SIGTERM or SIGINT stops the node gracefully; a second cuts the grace short."""
@@ -308,7 +311,7 @@ class Runtime:
             )
             follower = KeyFollower(
                 cluster, sealer, self.standing, calls,
-                emit=sink.emit, stop=self.request_stop, period_s=self.timing.lease_ttl_s,
+                emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
             )  # fmt: skip
             following = asyncio.create_task(follower.run(), name="hb-keys")
             node = NodeLoop(
@@ -334,6 +337,8 @@ class Runtime:
                 await node.run(self.ready)
             finally:
                 following.cancel()
+            if follower.refusal is not None:
+                raise follower.refusal  # stopped: a key it lacks was made current
         finally:
             pinging.cancel()
             if endpoints is not None:

@@ -9,6 +9,7 @@ processes in tests/faults/test_rotation_faults.py).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from dataclasses import replace
@@ -25,7 +26,11 @@ from hamsterbunker.errors import (
     Tampered,
     WrongSecret,
 )
-from hamsterbunker.keyring import Keyring, read_keyring
+from hamsterbunker.keyring import Keyring, Secret, read_keyring
+from hamsterbunker.node.calls import NodeCalls
+from hamsterbunker.node.cluster import Cluster
+from hamsterbunker.node.keys import KeyFollower, show_keys
+from hamsterbunker.node.state import Standing
 from hamsterbunker.records import ClusterRecord, KeyEntry, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record, read_header, sealed_key_id
@@ -316,3 +321,49 @@ def test_finish_waits_for_submissions_sealed_under_the_old_key_to_be_consumed(
     )
     Rotation(store, AGENT, BOTH, say=quiet).finish()
     assert store.read_cluster().rotation == ""  # type: ignore[union-attr]
+
+
+# -- a running node follows the record ---------------------------------------------
+
+
+def follower_of(store: MemoryStore, secret: Secret) -> tuple[KeyFollower, Standing, list[str]]:
+    """A node's KeyFollower on store (its cluster opened with secret), and what it emits."""
+    emitted: list[str] = []
+    cluster = Cluster(store, AGENT, secret, remembered=None, memory_path=None,
+                      emit=lambda kind, **_detail: emitted.append(kind))  # fmt: skip
+    sealer, standing = cluster.open(), Standing()
+    show_keys(standing, sealer)
+    follower = KeyFollower(
+        cluster, sealer, standing, NodeCalls(),
+        emit=lambda kind, **_detail: emitted.append(kind),
+        stop=lambda: emitted.append("stop"), period_s=0.01,
+    )  # fmt: skip
+    return follower, standing, emitted
+
+
+def test_a_running_node_seals_with_the_new_key_once_it_reads_begins_record(
+    first: ClusterRecord,
+) -> None:
+    """The follower adopts the begun record: the heartbeat's sealing key id moves to it."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    follower, standing, emitted = follower_of(store, BOTH)
+    assert standing.sealing == first.key_id
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    assert asyncio.run(follower.once())
+    begun = store.read_cluster()
+    assert begun is not None and standing.sealing == begun.key_id != first.key_id
+    assert emitted == ["cluster.keys_changed"]
+
+
+def test_a_running_node_without_the_new_secret_stops_and_says_why(first: ClusterRecord) -> None:
+    """A node holding only the old secret when begin's record appears stops, and keeps the
+    refusal to raise once stopped (hb run then exits 2)."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    follower, standing, emitted = follower_of(store, OLD)
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    assert not asyncio.run(follower.once())
+    assert emitted == ["node.refused", "stop"]
+    assert isinstance(follower.refusal, WrongSecret)
+    assert standing.sealing == first.key_id  # it never sealed with a key it lacks

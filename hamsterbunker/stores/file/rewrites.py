@@ -80,6 +80,9 @@ class FileRewrites:
                     path = agent_dir / "checkpoints" / name
                     if read_file(directory, name, path, MAX_CHECKPOINT_BYTES) != old:
                         return False  # removed by retention, or another checkpoint now
+                    # Its time is the checkpoint's (the listing reads it), not the re-seal's.
+                    was = os.stat(name, dir_fd=directory, follow_symlinks=False)
+                    os.utime(tmp, ns=(was.st_atime_ns, was.st_mtime_ns), dir_fd=directory)
                     os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
                     failpoint("reseal.after_rename")
                     os.fsync(directory)
