@@ -226,16 +226,18 @@ def _install_probe(path: str) -> None:
     changed, sleep_until = NodeLoop._changed_under_us, NodeLoop._sleep_until
     switch_over, hand_over = NodeLoop._switch_over_if_asked, NodeLoop._hand_over
 
-    def probed_tick(self: LeaseKeeper) -> Any:
+    def probed_tick(self: LeaseKeeper, heard: Any = None) -> Any:
         start = CLOCK.monotonic()
-        result = tick(self)
+        result = tick(self, heard)
         epoch = result.record.epoch if result.record is not None else 0
         note("tick", start, outcome=result.outcome.name, epoch=epoch)
         return result
 
-    def probed_release(self: LeaseKeeper, successor: str | None = None) -> bool:
+    def probed_release(
+        self: LeaseKeeper, successor: str | None = None, *, handoff: bool = False
+    ) -> bool:
         start = CLOCK.monotonic()
-        done = release(self, successor)
+        done = release(self, successor, handoff=handoff)
         note("release", start, successor=successor, ok=done)
         return done
 
@@ -263,13 +265,32 @@ def _install_probe(path: str) -> None:
 
     async def probed_watch(self: NodeLoop, leading: bool) -> None:  # NodeLoop._watch, noted
         try:
-            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=leading):
+            watch = self._store.watch(self._id.agent, lease_only=True, terms_only=leading)
+            async for record in watch:
                 note("wake", CLOCK.monotonic())
+                self._heard.add(record)
                 self._signals.wake.set()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # as the library's: the watch is only a hint
             note("watch_stopped", CLOCK.monotonic(), error=str(exc))
+
+    from hamsterbunker.stores.etcd.store import EtcdStore
+
+    def probed_store(method: Any) -> Any:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = CLOCK.monotonic()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                note("store." + method.__name__, start)
+
+        return call
+
+    for name in ("cas_lease", "read_lease", "put_checkpoint", "list_checkpoints",
+                 "read_checkpoint", "read_acceptance", "read_inbox", "read_effects",
+                 "put_heartbeat", "append_event"):  # fmt: skip
+        setattr(EtcdStore, name, probed_store(getattr(EtcdStore, name)))
 
     for cls, name, wrapper in (
         (LeaseKeeper, "tick", probed_tick),

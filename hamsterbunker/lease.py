@@ -22,7 +22,6 @@ from __future__ import annotations
 import enum
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .clock import Clock, MonotonicClock
@@ -30,7 +29,7 @@ from .errors import LeaseConflict, StoreError
 from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import MAX_HISTORY, LeaseRecord, Takeover
-from .stores.base import Fence, Store
+from .stores.base import Fence, RestoreRead, Store
 from .timing import DEFAULT_TIMING, LeaseTiming
 
 __all__ = ["LeaseKeeper", "Outcome", "TickResult"]
@@ -84,11 +83,9 @@ class LeaseKeeper:
         self._observed_at = 0.0
         self._renew_sent_at = 0.0
         self._hold_off_until = float("-inf")
-        # Told the version of a released record this keeper is about to take, before
-        # its compare-and-set (called in the keeper's thread): see released_taken.
-        self.on_taking_released: Callable[[int], None] | None = None
-        # The version of the record the last acquisition replaced, if it was released.
-        self.released_taken: int | None = None
+        # What a restore reads first, as the store was when this keeper took the lease
+        # (Store.take_lease), kept for that term's restore: see read_at_taking.
+        self._taken_read: tuple[int, RestoreRead] | None = None
 
     # -- what the runtime asks -------------------------------------------
 
@@ -127,11 +124,15 @@ class LeaseKeeper:
 
     # -- one tick ----------------------------------------------------------
 
-    def tick(self) -> TickResult:
-        """Renew if leading, else observe the record and acquire it when free or expired."""
+    def tick(self, heard: LeaseRecord | None = None) -> TickResult:
+        """Renew if leading, else observe the record and acquire it when free or expired.
+
+        heard: the record the store's watch carried, if any: a standby takes it for
+        the read it would make, if it is newer than any record seen here.
+        """
         if self.held is not None:
             return self._renew()
-        return self._observe_or_acquire()
+        return self._observe_or_acquire(heard)
 
     def _renew(self) -> TickResult:
         """Renew by compare-and-set, even past the renew deadline.
@@ -172,8 +173,8 @@ class LeaseKeeper:
         self._note(renewed, sent)
         return TickResult(Outcome.RENEWED, renewed)
 
-    def _observe_or_acquire(self) -> TickResult:
-        record = self.store.read_lease(self.agent)
+    def _observe_or_acquire(self, heard: LeaseRecord | None) -> TickResult:
+        record = heard if self._is_news(heard) else self.store.read_lease(self.agent)
         now = self.clock.monotonic()
         self._note(record, now)
         stood_still = record is not None and (
@@ -216,21 +217,25 @@ class LeaseKeeper:
             control="" if record is None else record.control,
             history=_with_takeover(record, takeover),
         )
-        # Once a released record is seen, no checkpoint of its epoch can be accepted
-        # (the store's fence names no holder), and no later one before someone takes
-        # it: reads begun now see all a restore needs, if this compare-and-set wins.
-        released = record is not None and record.holder is None
-        if released and self.on_taking_released is not None:
-            self.on_taking_released(expected or 0)
         try:
-            acquired = self.store.cas_lease(self.agent, expected, new)
+            acquired, read = self.store.take_lease(self.agent, expected, new)
         except LeaseConflict:
             return TickResult(Outcome.STANDBY, record, "another node acquired it first")
-        self.released_taken = expected if released else None
+        self._taken_read = None if read is None else (acquired.epoch, read)
         self.held = acquired
         self._renew_sent_at = sent
         self._note(acquired, sent)
         return TickResult(Outcome.ACQUIRED, acquired, via)
+
+    def read_at_taking(self, epoch: int) -> RestoreRead | None:
+        """What the store held as this keeper took the lease for epoch (once; None if it
+        was not read then): the term's first restore needs no read of its own.
+
+        Nothing can be written between the acquisition and that read but by the
+        new holder: older terms are fenced off by the same write.
+        """
+        taken, self._taken_read = self._taken_read, None
+        return taken[1] if taken is not None and taken[0] == epoch else None
 
     def release(self, successor: str | None = None, *, handoff: bool = False) -> bool:
         """Give the lease up at once (graceful stop; to successor on a switchover; handoff
@@ -249,18 +254,19 @@ class LeaseKeeper:
         self._note(record, self.clock.monotonic())
         return True
 
-    def changed_under_us(self) -> LeaseRecord | None:
+    def changed_under_us(self, heard: LeaseRecord | None = None) -> LeaseRecord | None:
         """The lease record if another writer changed it since our last write, else None.
 
-        For a leader woken by the store's watch (its own renewals wake it too). A
-        record still of our term (an operator's request written into it) is
-        adopted, as a renewal that finds it would: the next renewal builds on it.
-        If another node took over, the next renewal finds out and loses the lease.
+        For a leader woken by the store's watch (heard: the record it carried, if
+        any, read otherwise). A record still of our term (an operator's request
+        written into it) is adopted, as a renewal that finds it would: the next
+        renewal builds on it. If another node took over, the next renewal finds
+        out and loses the lease.
         """
         held = self.held
-        if held is None:
-            return None
-        record = self.store.read_lease(self.agent)
+        if held is None or (heard is not None and heard.version <= held.version):
+            return None  # our own write, or one before it
+        record = heard if heard is not None else self.store.read_lease(self.agent)
         if record is not None and record.version == held.version:
             return None
         if record is not None and self._is_ours(record) and record.epoch == held.epoch:
@@ -334,6 +340,12 @@ class LeaseKeeper:
         """record renewed once more, naming how far the checkpoints are known to reach."""
         reach = self.reach()
         return replace(record, renewals=record.renewals + 1, seq=reach.seq, seq_epoch=reach.epoch)
+
+    def _is_news(self, heard: LeaseRecord | None) -> bool:
+        """Whether a record the watch carried is the newest seen here (else read: an
+        older one would look like the store going back)."""
+        last = self._last_seen
+        return heard is not None and (last is None or heard.version >= last.version)
 
     def _is_ours(self, record: LeaseRecord) -> bool:
         return record.holder == self.node and record.session == self.session

@@ -7,14 +7,15 @@
 2. commit: every retained checkpoint of every agent that is still under an
    old key is sealed again under the new one (``Store.reseal_checkpoint``,
    compared with the bytes opened: never over a newer checkpoint, never
-   bringing back one retention removed), and so is the effect journal of
-   the step in flight (``Store.reseal_effect``); then the record says
-   committed.
+   bringing back one retention removed), and so are the effect journal of
+   the step in flight (``Store.reseal_effect``) and the unconsumed
+   submissions (``Store.reseal_submission``); then the record says committed.
 3. finish: nothing retained is under an old key, and no submission sealed
-   under one waits unconsumed (a submitter's, sealed before begin: finish
-   waits for the agent to consume it rather than re-seal what a client
-   wrote); the old key is dropped from the accepted ones (kept as retired,
-   to name it to a node that still holds only that one).
+   under one waits unconsumed (one that commit could not re-seal: finish
+   waits for the agent to consume it); the old key is dropped from the
+   accepted ones (kept as retired, to name it to a node that still holds
+   only that one). Replies of consumed submissions are not re-sealed: a
+   reply sealed before begin cannot be read once finish dropped its key.
 
 Each step is a compare-and-set of the cluster record against the one read,
 raising its generation (``hamsterbunker.cluster_keys``), and refuses with a
@@ -53,6 +54,7 @@ class Resealed:
     gone: int = 0  # removed by retention (or replaced) before it could be re-sealed
     unopened: int = 0  # did not authenticate: junk, left as it is
     effects: int = 0  # effect-journal records of the step in flight re-sealed
+    submissions: int = 0  # unconsumed submissions re-sealed
 
     def describe(self, key_id: str) -> str:
         text = (
@@ -65,6 +67,8 @@ class Resealed:
             text += f", {self.unopened} that do not authenticate left as they are"
         if self.effects:
             text += f"; {self.effects} effect-journal records re-sealed"
+        if self.submissions:
+            text += f"; {self.submissions} unconsumed submissions re-sealed"
         return text
 
 
@@ -193,7 +197,20 @@ class Rotation:
             else:
                 done.gone += 1
         self._reseal_journal(agent, done)
+        self._reseal_inbox(agent, done)
         return done
+
+    def _reseal_inbox(self, agent: str, done: Resealed) -> None:
+        """Seal the unconsumed submissions under an old key again, with the current one."""
+        for number, blob in self._store.read_inbox(agent):
+            if sealed_key_id(blob) in (None, self._sealer.key_id):
+                continue
+            try:
+                new = self._sealer.reseal_submission(blob, agent, number)
+            except SealError:
+                continue  # junk: no key opens it, and the leader skips it too
+            if len(new) == len(blob) and self._store.reseal_submission(agent, number, blob, new):
+                done.submissions += 1
 
     def _reseal_journal(self, agent: str, done: Resealed) -> None:
         """Seal the effect journal of the step after the newest checkpoint (the only one a

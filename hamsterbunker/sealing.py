@@ -290,6 +290,12 @@ class Sealer:
         opened = self.open_effect(blob, at)
         return self.seal_effect(replace(at, name=opened.name), opened.epoch, opened.payload)
 
+    def reseal_submission(self, blob: bytes, agent: str, number: int) -> bytes:
+        """The submission found as number of agent, sealed again with the current key: the
+        same request id, payload and time."""
+        found = self.open_submission(blob, agent, number)
+        return self.seal_submission(agent, number, found.request_id, found.payload, found.submitted)
+
     def seal_submission(
         self, agent: str, number: int, request_id: str, payload: Any, submitted: float
     ) -> bytes:

@@ -66,6 +66,7 @@ from .stores.base import (
     check_reseal,
     inbox_full,
 )
+from .stores.reseal import check_resealed_submission
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
 
@@ -204,6 +205,18 @@ class MemoryStore(Store):
             if state.effects.get((seq, index, kind)) != old:
                 return False
             state.effects[(seq, index, kind)] = bytes(new)
+            state.changes += 1
+        return True
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        """Replace an unconsumed submission's sealed bytes with new, only if still old."""
+        check_resealed_submission(number, old, new)
+        with self._lock:
+            state = self._agent(agent)
+            found = state.pending.get(number)
+            if found is None or found[1] != old:
+                return False
+            state.pending[number] = (found[0], bytes(new))
             state.changes += 1
         return True
 

@@ -174,6 +174,9 @@ class EventSink:
     def hushed(self) -> bool:
         return not self._quiet.is_set()
 
+    async def until_quiet(self) -> None:
+        await self._quiet.wait()
+
     async def flush(self, timeout: float) -> None:
         """Wait up to timeout for the writer to store every event; say how many it could not."""
         try:

@@ -27,7 +27,7 @@ from ..failpoints import failpoint
 from ..lease import LeaseKeeper, Outcome, TickResult
 from ..notify import Notifier
 from ..records import ClusterRecord, LeaseRecord
-from ..stores import Store
+from ..stores import HeardLease, Store
 from ..timing import DEFAULT_STOP_GRACE_MS, LeaseTiming
 from .calls import NodeCalls, bounded
 from .cluster import Cluster, NodeMemory
@@ -119,6 +119,8 @@ class NodeLoop:
         self._term: LeaderTerm | None = None  # the newest term, ended or not
         self._leader: asyncio.Task[None] | None = None  # runs a term while we hold the lease
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
+        self._heard = HeardLease()  # the records the watch carried, until the next look
+        self._beat_owed = False  # a heartbeat held by a hush: written as it ends
         self._pacing = Pacing(keeper, standing, timing, clock)
 
     async def run(self, ready: threading.Event) -> None:
@@ -196,8 +198,7 @@ class NodeLoop:
             self._signals.wake.clear()  # this pass reads the lease: later changes wake us
             tick_start = self._watchdog.pass_began()
             if not woken and self._clock.monotonic() < pacing.read_at():
-                if pacing.beat_due(tick_start):
-                    await self._sink.beat()
+                await self._beat_if_due(tick_start)
                 self._watchdog.pass_ended()
                 await self._sleep_until(pacing.wake_at())
                 continue
@@ -205,7 +206,7 @@ class NodeLoop:
             result: TickResult | None = None
             failure: str | None = None
             try:
-                result = await self._calls.keeper(keeper.tick)
+                result = await self._calls.keeper(keeper.tick, self._heard.take())
             except StoreError as exc:
                 failure = str(exc)
             if result is not None and result.outcome is Outcome.RENEWED:  # for the metrics
@@ -232,8 +233,7 @@ class NodeLoop:
                 self._leader = None
                 if error is not None:
                     raise error  # NoUsableCheckpoint, or a bug: stop the node loudly
-            if pacing.beat_due(tick_start):
-                await self._sink.beat()
+            await self._beat_if_due(tick_start)
             self._notifier.status(
                 "stopping · finishing the step in flight"
                 if self._finishing()
@@ -241,6 +241,16 @@ class NodeLoop:
             )
             self._watchdog.pass_ended()
             await self._sleep_until(pacing.wake_at())
+
+    async def _beat_if_due(self, pass_start: float) -> None:
+        self._beat_owed = False
+        if self._pacing.beat_due(pass_start):
+            if self._sink.hushed():
+                # The lease is changing hands: the pass after the hush tells the role.
+                self._pacing.beat_held()
+                self._beat_owed = True
+            else:
+                await self._sink.beat()
 
     def _act_on(self, result: TickResult, tick_start: float) -> None:
         """What one tick of the lease keeper means for the node: a term begins or ends."""
@@ -253,6 +263,7 @@ class NodeLoop:
                 epoch = result.record.epoch
                 self._sink.record("acquire", epoch, self._standing.seq, tick_start, "ok")
                 self._end_term()  # a previous term still publishing must end first
+                self._sink.hush()  # until the term has restored (LeaderTerm)
                 self._term = term = self._new_term(epoch)
                 self._set_role("active")
                 emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
@@ -298,6 +309,7 @@ class NodeLoop:
         if target is not None and target != self._id.node and not term.leaving.is_set():
             failpoint("switchover.asked")
             self._sink.emit("lease.switchover_asked", to=target)
+            self._sink.hush()  # until the release (_hand_over)
             term.hand_over(target)
 
     def _finishing(self) -> bool:
@@ -336,6 +348,8 @@ class NodeLoop:
             # A store change wakes a standby, so a released lease is taken at once;
             # and a leader, so an operator's request is seen at once.
             waiters.append(asyncio.ensure_future(wake.wait()))
+            if self._beat_owed:
+                waiters.append(asyncio.ensure_future(self._sink.until_quiet()))  # then beat
             done, pending = await asyncio.wait(
                 waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
             )
@@ -348,7 +362,7 @@ class NodeLoop:
         """The lease record if someone else wrote it since our last write, adopted if it is
         still our term (a leader's own renewals wake it too: None then)."""
         try:
-            return await self._calls.keeper(self._keeper.changed_under_us)
+            return await self._calls.keeper(self._keeper.changed_under_us, self._heard.take())
         except StoreError:
             return None  # the next renewal finds out
 
@@ -366,9 +380,12 @@ class NodeLoop:
         last change it saw, so seeing each renewal at once keeps a failover
         within a TTL of the holder's death. A leader made its renewals itself:
         it wakes only for another term or an operator's request (terms_only).
+        A record the watch carries spares the read that would follow.
         """
         try:
-            async for _ in self._store.watch(self._id.agent, lease_only=True, terms_only=leading):
+            watch = self._store.watch(self._id.agent, lease_only=True, terms_only=leading)
+            async for record in watch:
+                self._heard.add(record)
                 self._signals.wake.set()
         except asyncio.CancelledError:
             raise
@@ -411,6 +428,8 @@ class NodeLoop:
                 emit("lease.released", via="switchover", to=ended.successor)
         except StoreError as exc:  # not released: it expires a TTL after the last renewal
             emit("store.error", error=f"release: {exc}")
+        finally:
+            self._sink.unhush()
         self._set_role("standby")
 
     async def _fenced(self, ended: TermEnd) -> None:

@@ -64,6 +64,10 @@ class Pacing:
         self._next_heartbeat = pass_start + period
         return True
 
+    def beat_held(self) -> None:
+        """The heartbeat beat_due asked for was not written: the role is told when next due."""
+        self._beat_role = ""
+
     def wake_at(self) -> float:
         """When the next pass is due: the next read or heartbeat, whichever is first."""
         return min(self._next_heartbeat, self.read_at())

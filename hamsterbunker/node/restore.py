@@ -9,8 +9,6 @@ answer was lost landed after all.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,7 +21,7 @@ from ..notify import Notifier
 from ..reach import Reach
 from ..records import CheckpointInfo
 from ..sealing import Sealer
-from ..stores import Store
+from ..stores import RestoreRead, Store
 from .calls import NodeCalls
 from .state import Standing
 
@@ -82,56 +80,15 @@ class Restorer:
         self._keeper, self._calls, self._standing = keeper, calls, standing
         self._emit = emit
         self._notifier = notifier
-        try:
-            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None  # made outside the loop: set at the first restore
-        self._prefetch: tuple[int, asyncio.Task[_Read]] | None = None
-        keeper.on_taking_released = self._prefetch_soon
 
-    # -- reading ahead of a takeover of a released lease --------------------------
-
-    def _prefetch_soon(self, version: int) -> None:
-        """The keeper is about to take the released record of version (its thread): read now.
-
-        A switchover's successor thus reads the checkpoints while its
-        compare-and-set is under way instead of after it; the restore uses the
-        reads only if that compare-and-set replaced this very record.
-        """
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed: nobody will restore
-                self._loop.call_soon_threadsafe(self._start_prefetch, version)
-
-    def _start_prefetch(self, version: int) -> None:
-        if self._prefetch is not None:
-            self._prefetch[1].cancel()
-        task = asyncio.create_task(self._read(), name="hb-prefetch")
-        # Read ahead for a compare-and-set that lost, its failure is nobody's to see.
-        task.add_done_callback(lambda done: done.cancelled() or done.exception())
-        self._prefetch = (version, task)
-
-    def _take_prefetch(self) -> asyncio.Task[_Read] | None:
-        """The reads begun when this term's acquisition replaced a released record, if any."""
-        prefetch, self._prefetch = self._prefetch, None
-        if prefetch is None:
-            return None
-        version, task = prefetch
-        if version != self._keeper.released_taken:
-            task.cancel()
-            return None
-        return task
-
-    async def _read(self) -> _Read:
-        """The checkpoints listed, the loss acceptance, and the newest checkpoint's blob."""
-        infos, forgiving = await asyncio.gather(
-            self._calls.io(self._store.list_checkpoints, self._agent_id), self._acceptance()
-        )
-        infos = sorted(infos, key=lambda i: (i.epoch, i.seq), reverse=True)
-        newest = None
-        if infos:
-            blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, infos[0])
-            newest = (infos[0], blob)
-        return _Read(infos, forgiving, newest)
+    async def _read(self, epoch: int) -> _Read:
+        """The checkpoints listed, the loss acceptance, and the newest checkpoint's blob: as
+        the store held them when the lease was taken for epoch, or read now."""
+        read = self._keeper.read_at_taking(epoch)
+        if read is None:
+            read = await self._calls.io(self._store.read_for_restore, self._agent_id)
+        newest = None if read.newest is None else (read.infos[0], read.newest)
+        return _Read(read.infos, self._acceptance(read), newest)
 
     async def restore(self, epoch: int) -> Progress:
         """The newest checkpoint that authenticates, or init() on a store that never had one.
@@ -145,7 +102,7 @@ class Restorer:
         (StoreError): skipping what could not be read could resume behind.
         """
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-        read = await self._read_for_restore()
+        read = await self._read(epoch)
         # The loss acceptance, while it forgives what this restore finds; None once it does not.
         infos, forgiving = read.infos, read.forgiving
         reach = self._keeper.reach()
@@ -239,14 +196,6 @@ class Restorer:
         state, inbox = self._sealer.open_checkpoint(blob, self._agent_id, info.epoch, info.seq)
         return state, ConsumedMarks.from_json(inbox)
 
-    async def _read_for_restore(self) -> _Read:
-        """What the restore needs: read ahead during the acquisition, or now."""
-        self._loop = asyncio.get_running_loop()  # for the next takeover's read ahead
-        prefetched = self._take_prefetch()
-        if prefetched is not None:
-            return await prefetched  # a store error is the restore's, as if read now
-        return await self._read()
-
     async def _open_stored(self, info: CheckpointInfo, blob: bytes | None = None) -> Opened | None:
         """One stored checkpoint (read already: blob) opened, or None (reported) if it does
         not authenticate."""
@@ -259,10 +208,12 @@ class Restorer:
             self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
             return None
 
-    async def _acceptance(self) -> Acceptance | None:
+    def _acceptance(self, read: RestoreRead) -> Acceptance | None:
         """The authenticated loss acceptance of this agent, if the store holds one."""
         try:
-            data = await self._calls.io(self._store.read_acceptance, self._agent_id)
+            if read.acceptance_problem:
+                raise CorruptRecord(read.acceptance_problem)
+            data = read.acceptance
             return None if data is None else open_acceptance(self._sealer, data, self._agent_id)
         except (Tampered, CorruptRecord) as exc:
             self._emit("acceptance.rejected", error=str(exc))

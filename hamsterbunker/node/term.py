@@ -186,6 +186,7 @@ class LeaderTerm:
                     return TermEnd(Ending.OVER, self.epoch)
         stall.reset()
         self._standing.restored = True
+        self._sink.unhush()  # hushed as the lease was acquired (NodeLoop)
         self._inbox.resume(progress.marks)
         first_seq = progress.seq + 1  # may replay a step a previous leader had started
         failed_seq = 0  # the step that last raised: its retry calls failed effects again

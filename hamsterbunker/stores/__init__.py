@@ -7,13 +7,23 @@ from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigError
-from .base import AdmissionState, Consumed, Fence, Store, StoreGuarantees
+from .base import (
+    AdmissionState,
+    Consumed,
+    Fence,
+    HeardLease,
+    RestoreRead,
+    Store,
+    StoreGuarantees,
+)
 from .tail import Tail, TailRead
 
 __all__ = [
     "AdmissionState",
     "Consumed",
     "Fence",
+    "HeardLease",
+    "RestoreRead",
     "Store",
     "StoreGuarantees",
     "Tail",

@@ -32,6 +32,8 @@ __all__ = [
     "AdmissionState",
     "Consumed",
     "Fence",
+    "HeardLease",
+    "RestoreRead",
     "Store",
     "StoreGuarantees",
     "check_consumed",
@@ -41,6 +43,7 @@ __all__ = [
     "describe_fence_text",
     "fence_text",
     "inbox_full",
+    "newest_first",
     "parse_fence_text",
 ]
 
@@ -183,6 +186,41 @@ MAX_LISTED_AGENTS = 1000
 
 
 @dataclass(frozen=True)
+class RestoreRead:
+    """What ``Store.read_for_restore`` found."""
+
+    infos: list[CheckpointInfo]  # newest first: by epoch, then seq (newest_first)
+    acceptance: bytes | None  # the loss-acceptance record, unopened
+    newest: bytes | None  # the sealed bytes of infos[0]; None when nothing is listed
+    acceptance_problem: str = ""  # why the acceptance record could not be taken (CorruptRecord)
+
+
+def newest_first(infos: list[CheckpointInfo]) -> list[CheckpointInfo]:
+    """Checkpoints in the order a restore tries them: by epoch, then seq, descending."""
+    return sorted(infos, key=lambda info: (info.epoch, info.seq), reverse=True)
+
+
+class HeardLease:
+    """What a lease watch yielded since it was last asked: the newest record, or None once
+    a change came without one (a read must tell then)."""
+
+    def __init__(self) -> None:
+        self._newest: LeaseRecord | None = None
+        self._bare = False  # a change without a record since the last take
+
+    def add(self, record: LeaseRecord | None) -> None:
+        if record is None:
+            self._bare = True
+        elif self._newest is None or record.version > self._newest.version:
+            self._newest = record
+
+    def take(self) -> LeaseRecord | None:
+        newest = None if self._bare else self._newest
+        self._newest, self._bare = None, False
+        return newest
+
+
+@dataclass(frozen=True)
 class StoreGuarantees:
     """What a backend promises, stated so users can judge it."""
 
@@ -223,6 +261,14 @@ class Store(Protocol):
         never brings back a checkpoint retention removed, nor overwrites one a
         leader wrote meanwhile. new must be as long as old (the same checkpoint
         sealed under another key), else StoreError and nothing changes.
+        """
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        """Replace the sealed bytes of unconsumed submission number with new, only if they
+        are still old, in one atomic step against admit and the consumption a checkpoint
+        commits; durable as an admission is. False, changing nothing, if it is consumed,
+        gone or another. new must be as long as old (the inbox's byte totals count it),
+        else StoreError and nothing changes.
         """
 
     def reseal_effect(
@@ -306,6 +352,34 @@ class Store(Protocol):
         Raises CorruptRecord, reading no more than that, for stored bytes over
         ``hamsterbunker.limits.MAX_CHECKPOINT_BYTES``.
         """
+
+    def take_lease(
+        self, agent: str, expected_version: int | None, new: LeaseRecord
+    ) -> tuple[LeaseRecord, RestoreRead | None]:
+        """cas_lease for a new term, and, where the backend can make both in one atomic
+        step of bounded size (etcd: one txn), read_for_restore as of that write: the new
+        holder's restore then costs no round trip of its own. None otherwise, or if
+        that read failed: the term's restore reads for itself.
+
+        A default that read after the write would hold up the keeper's first
+        renewal for the read of a checkpoint of any size: this one does not read.
+        """
+        return self.cas_lease(agent, expected_version, new), None
+
+    def read_for_restore(self, agent: str) -> RestoreRead:
+        """What a restore reads first: the checkpoints listed, the loss-acceptance record,
+        and the newest checkpoint's bytes (errors as those calls raise them).
+
+        This default makes those reads one after another; a backend that can
+        make them in one round trip offers its own.
+        """
+        infos = newest_first(self.list_checkpoints(agent))
+        try:
+            acceptance, problem = self.read_acceptance(agent), ""
+        except CorruptRecord as exc:
+            acceptance, problem = None, str(exc)
+        newest = self.read_checkpoint(agent, infos[0]) if infos else None
+        return RestoreRead(infos, acceptance, newest, problem)
 
     def put_effect(
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
@@ -400,7 +474,7 @@ class Store(Protocol):
 
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[LeaseRecord | None]:
         """Yield whenever the agent's records may have changed: a hint, never proof.
 
         An admission and a checkpoint that consumes submissions are changes: a
@@ -412,6 +486,14 @@ class Store(Protocol):
         With terms_only as well, only a change of ``LeaseRecord.term()`` (a
         release, a takeover, an operator's request) or of a record that cannot
         be read matters: the backend stays quiet through renewals.
+
+        A lease_only watch of a backend whose change notices carry the record
+        (etcd's watch events, Redis' messages) yields the record, its version
+        set: what a read would have returned at that change, so a node spares
+        that read's round trip. It may already be replaced (a compare-and-set
+        on its version then fails), and a writer without the secret can forge
+        it as it can the stored one. Otherwise, and after a gap in the notices,
+        it yields None: read to know.
         """
 
     def tail(self, agent: str) -> Tail:

@@ -302,15 +302,29 @@ def test_commit_reseals_the_effect_journal_of_the_step_in_flight(first: ClusterR
     assert (opened.epoch, opened.name, opened.payload) == (1, "call-llm", {"reply": "hi"})
 
 
+def test_commit_reseals_the_unconsumed_submissions(first: ClusterRecord) -> None:
+    """A submission admitted before begin and not yet consumed is sealed again under the
+    new key, with its request id, payload and time."""
+    store, begun = rotated(first, "begin")
+    old = Sealer(OLD, first)
+    store.admit(AGENT, "req-1", 1, old.seal_submission(AGENT, 1, "req-1", {"q": 1}, 5.0))
+    done = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert done[0].submissions == 1
+    [(number, blob)] = store.read_inbox(AGENT)
+    assert number == 1 and sealed_key_id(blob) == begun.key_id
+    opened = Sealer(BOTH, store.read_cluster()).open_submission(blob, AGENT, 1)  # type: ignore[arg-type]
+    assert (opened.request_id, opened.payload, opened.submitted) == ("req-1", {"q": 1}, 5.0)
+
+
 def test_finish_waits_for_submissions_sealed_under_the_old_key_to_be_consumed(
     first: ClusterRecord,
 ) -> None:
-    """A submission sealed before begin and not yet consumed keeps the old key: finish is
-    refused, naming it, until the agent has consumed it."""
-    store, _begun = rotated(first, "begin")
+    """A submission sealed under the old key after commit's pass (a client that read the
+    record before begin) keeps the old key: finish is refused, naming it, until the agent
+    has consumed it."""
+    store, _begun = rotated(first, "begin", "commit")
     old = Sealer(OLD, first)
     store.admit(AGENT, "req-1", 1, old.seal_submission(AGENT, 1, "req-1", {"q": 1}, 0.0))
-    Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
     with pytest.raises(ControlRefused, match="1 submissions to agent rotating sealed under an old"):
         Rotation(store, AGENT, BOTH, say=quiet).finish()
     assert store.read_cluster().rotation == "committed"  # type: ignore[union-attr]

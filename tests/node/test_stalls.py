@@ -25,7 +25,7 @@ from hamsterbunker.clock import FakeClock, MonotonicClock
 from hamsterbunker.errors import StepLost, StoreUnavailable
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.runtime import Runtime
-from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
@@ -66,6 +66,10 @@ class SteerableStore:
 
     def cas_lease(self, agent: str, expected: int | None, new: LeaseRecord) -> LeaseRecord:
         return self.__getattr__("cas_lease")(agent, expected, new)  # type: ignore[no-any-return]
+
+    # Made of the steered calls, so that a takeover's and a restore's are steered too.
+    take_lease = Store.take_lease
+    read_for_restore = Store.read_for_restore
 
 
 class Cluster:

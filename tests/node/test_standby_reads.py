@@ -17,21 +17,26 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.runtime import Runtime
+from hamsterbunker.stores import Store, open_store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, CountingAgent
+from tests.support.etcd_server import etcd_url
+from tests.support.redis_server import redis_url
 
 TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=3000)
 TICKS_PER_TTL = TIMING.lease_ttl_ms // TIMING.tick_ms  # 60
 
 
 class CountedStore:
-    """Delegates to a FileStore, counting lease reads; its watch can be made to fail."""
+    """Delegates to a store, counting lease reads; its watch can be made to fail."""
 
-    def __init__(self, inner: FileStore, *, watch_fails: bool = False) -> None:
+    def __init__(self, inner: Store, *, watch_fails: bool = False) -> None:
         self._inner = inner
         self._watch_fails = watch_fails
         self._lock = threading.Lock()
@@ -53,11 +58,11 @@ class CountedStore:
 
     async def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[LeaseRecord | None]:
         if self._watch_fails:
             raise RuntimeError("injected: this store cannot watch")
-        async for _ in self._inner.watch(agent, lease_only=lease_only, terms_only=terms_only):
-            yield None
+        async for heard in self._inner.watch(agent, lease_only=lease_only, terms_only=terms_only):
+            yield heard
 
 
 @contextlib.contextmanager
@@ -125,6 +130,49 @@ def test_a_watching_standby_reads_once_a_renewal_not_once_more_a_tick(tmp_path: 
     finally:
         for node in nodes:
             node.stop(timeout=20)
+
+
+@pytest.mark.parametrize("backend", ["etcd", "redis"])
+def test_a_standby_takes_the_records_its_watch_carries_for_reads(backend: str) -> None:
+    """On etcd and Redis each renewal's watch notice carries the record: beside a live
+    leader the standby reads the lease only when a notice came without one (the
+    read it made for each renewal before)."""
+    url = etcd_url() if backend == "etcd" else redis_url()
+    timing = LeaseTiming(tick_ms=100, lease_ttl_ms=3000)
+    store = open_store(url)
+    counted = CountedStore(open_store(url))
+    nodes = [
+        Runtime(node_id=node_id, region="r1", store=node_store,  # type: ignore[arg-type]
+                agent=CountingAgent(), secret=SECRET, timing=timing,  # type: ignore[arg-type]
+                stop_grace_ms=0)
+        for node_id, node_store in (("leader", store), ("standby", counted))
+    ]  # fmt: skip
+    nodes[0].start()
+    try:
+        wait_until(lambda: (lease := store.read_lease(AGENT)) and lease.holder, "a leader")
+        nodes[1].start()
+        wait_until(lambda: counted.beats.get("standby"), "the standby to stand by")
+
+        def renewals() -> int:
+            lease = store.read_lease(AGENT)
+            assert lease is not None and lease.holder == "leader"
+            return lease.renewals
+
+        first, reads_before = renewals(), counted.reads
+        wait_until(lambda: renewals() >= first + 30, "thirty more renewals")
+        reads = counted.reads - reads_before
+        assert reads <= 3, f"the standby read the lease {reads} times in 30 renewals"
+        # It still follows the lease: stopping the leader hands it over at once.
+        nodes[0].stop(timeout=20)
+        wait_until(
+            lambda: (lease := store.read_lease(AGENT)) and lease.holder == "standby",
+            "the standby to take the released lease",
+            timeout=timing.lease_ttl_s,
+        )
+    finally:
+        for node in nodes:
+            node.stop(timeout=20)
+        store.close()
 
 
 def test_a_standby_beats_every_half_ttl_and_a_leader_every_tick(tmp_path: Path) -> None:

@@ -693,9 +693,16 @@ def test_etcd_oversize_checkpoint_and_acceptance_are_corrupt(
     [info] = store.list_checkpoints("a")
     with pytest.raises(CorruptRecord, match="1001 bytes"):
         store.read_checkpoint("a", info)
+    with pytest.raises(CorruptRecord, match="1001 bytes"):
+        store.read_for_restore("a")
+    put(f"checkpoints/{pad(1, 1)}", b"small")
     put("acceptance", b"z" * (MAX_RECORD_BYTES + 1))
     with pytest.raises(CorruptRecord, match=f"{MAX_RECORD_BYTES + 1} bytes"):
         store.read_acceptance("a")
+    # A restore's one read says so of the acceptance alone, and reads the rest.
+    read = store.read_for_restore("a")
+    assert (read.newest, read.acceptance) == (b"small", None)
+    assert f"{MAX_RECORD_BYTES + 1} bytes" in read.acceptance_problem
 
 
 def test_etcd_hostile_heartbeat_and_event_keys_are_skipped(

@@ -45,6 +45,8 @@ from .kv import (
 __all__ = ["EtcdCheckpoints", "Raced", "TxnExtra"]
 
 Ops = list[dict[str, Any]]
+Kvs = list[dict[str, Any]]  # what a range request found
+Infos = list[CheckpointInfo]
 
 
 class TxnExtra(Protocol):
@@ -198,8 +200,23 @@ class EtcdCheckpoints:
 
     def list(self, agent: str) -> list[CheckpointInfo]:
         """Store.list_checkpoints: every description that parses, newest first."""
+        [found] = ranges(self._connection.txn([], [self.list_op(agent)]))
+        return self.listed(agent, found)
+
+    def list_op(self, agent: str) -> dict[str, Any]:
+        """The range request that reads every description (for listed)."""
         infos = self._agent_prefix(agent) + "checkpoint-info/"
-        [found] = ranges(self._connection.txn([], [get_op(infos, range_end(infos))]))
+        return get_op(infos, range_end(infos))
+
+    def newest_op(self, agent: str) -> dict[str, Any]:
+        """The range request that reads the checkpoint under the highest key: the highest
+        seq, of the highest epoch stored under it."""
+        data = self._agent_prefix(agent) + "checkpoints/"
+        return get_op(data, range_end(data), sort_order="DESCEND", sort_target="KEY", limit=1)
+
+    def listed(self, agent: str, found: Kvs) -> Infos:
+        """The descriptions list_op found that parse, newest first (by seq, then epoch)."""
+        infos = self._agent_prefix(agent) + "checkpoint-info/"
         listed = []
         for kv in found:
             seq = info_name(kv_key(kv).removeprefix(infos.encode()))

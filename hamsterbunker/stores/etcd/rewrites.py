@@ -16,8 +16,9 @@ from ...failpoints import failpoint
 from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
+from ..reseal import check_resealed_submission
 from .connection import EtcdConnection
-from .kv import b64, checkpoint_key, effect_key, get_op, put_op, ranges, revision, unb64
+from .kv import b64, checkpoint_key, effect_key, get_op, pad, put_op, ranges, revision, unb64
 
 __all__ = ["EtcdRewrites"]
 
@@ -51,6 +52,10 @@ class EtcdRewrites:
         if problem is not None:
             raise StoreError(problem)
         return self._swap(effect_key(self._agent_prefix(agent), seq, index, kind), old, new)
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        check_resealed_submission(number, old, new)
+        return self._swap(f"{self._agent_prefix(agent)}inbox/pending/{pad(number)}", old, new)
 
     def _swap(self, key: str, old: bytes, new: bytes) -> bool:
         """Put new under key if it holds old: compared here, then by its mod revision."""

@@ -78,6 +78,7 @@ from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from etcd3gw.client import Etcd3Client
+from etcd3gw.types import Event as WatchEvent
 
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ...limits import INBOX_REPLIES_KEPT, MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
@@ -88,10 +89,13 @@ from ..base import (
     AdmissionState,
     Consumed,
     Fence,
+    HeardLease,
+    RestoreRead,
     Store,
     StoreGuarantees,
     check_consumed,
     fence_text,
+    newest_first,
 )
 from .checkpoints import EtcdCheckpoints
 from .connection import EtcdConnection, parse_etcd_url
@@ -113,7 +117,7 @@ from .kv import (
     unb64,
 )
 from .rewrites import EtcdRewrites
-from .watch import Follower, term_changes
+from .watch import Follower, lease_in, term_changes
 
 __all__ = ["GUARANTEES", "EtcdStore"]
 
@@ -263,6 +267,10 @@ class EtcdStore(Store):
     ) -> bool:
         return self._rewrites.reseal_effect(agent, seq, index, kind, old, new)
 
+    @_translated
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_submission(agent, number, old, new)
+
     # -- lease -------------------------------------------------------------
 
     @_translated
@@ -275,6 +283,24 @@ class EtcdStore(Store):
 
     @_translated
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        return self._cas_lease(agent, expected_version, new, [])[0]
+
+    @_translated
+    def take_lease(
+        self, agent: str, expected_version: int | None, new: LeaseRecord
+    ) -> tuple[LeaseRecord, RestoreRead | None]:
+        """One txn: the compare-and-set, and read_for_restore's reads as of it."""
+        taken, found = self._cas_lease(agent, expected_version, new, self._restore_ops(agent))
+        try:
+            return taken, self._restore_read(agent, found)
+        except StoreError:  # the lease is taken all the same: the restore reads again
+            return taken, None
+
+    def _cas_lease(
+        self, agent: str, expected_version: int | None, new: LeaseRecord, reads: list[Any]
+    ) -> tuple[LeaseRecord, list[list[dict[str, Any]]]]:
+        """The compare-and-set, with more range requests in its txn: (the record written,
+        what those found)."""
         prefix = self._agent_prefix(agent)
         key = prefix + "lease"
         if expected_version is None:
@@ -289,6 +315,7 @@ class EtcdStore(Store):
                 # The version lives in etcd (mod_revision), not in the stored JSON.
                 put_op(key, replace(new, version=0).to_json()),
                 put_op(prefix + "fence", fence_text(new.holder, new.session, new.epoch)),
+                *reads,
             ],
             [get_op(key, keys_only=True)],
         )
@@ -298,7 +325,8 @@ class EtcdStore(Store):
             raise LeaseConflict(
                 f"lease of {agent!r} is at version {current}, not {expected_version}"
             )
-        return replace(new, version=revision(response.get("header", {}), "revision"))
+        written = replace(new, version=revision(response.get("header", {}), "revision"))
+        return written, ranges(response)[2:]
 
     # -- checkpoints -------------------------------------------------------
 
@@ -323,13 +351,40 @@ class EtcdStore(Store):
         found = self._kv.get(checkpoint_key(self._agent_prefix(agent), info.seq, info.epoch))
         if not found:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
-        # etcd's request limit bounds what this fetched; its own limit may be raised.
-        if len(found[0]) > MAX_CHECKPOINT_BYTES:
-            raise CorruptRecord(
-                f"checkpoint {info.seq} of {agent!r} is {len(found[0])} bytes, above the limit "
-                f"of {MAX_CHECKPOINT_BYTES} bytes"
-            )
-        return found[0]
+        return _checkpoint_within_bounds(agent, info, found[0])
+
+    @_translated
+    def read_for_restore(self, agent: str) -> RestoreRead:
+        """One txn reads the descriptions, the acceptance record and the checkpoint under
+        the highest key: the newest one, unless planted keys say otherwise (it is read
+        on its own then)."""
+        return self._restore_read(agent, ranges(self._connection.txn([], self._restore_ops(agent))))
+
+    def _restore_ops(self, agent: str) -> list[dict[str, Any]]:
+        """The range requests of read_for_restore (their findings: _restore_read)."""
+        return [
+            self._checkpoints.list_op(agent),
+            get_op(self._agent_prefix(agent) + "acceptance"),
+            self._checkpoints.newest_op(agent),
+        ]
+
+    def _restore_read(self, agent: str, found: list[list[dict[str, Any]]]) -> RestoreRead:
+        prefix = self._agent_prefix(agent)
+        listing, acceptance, top = found
+        infos = newest_first(self._checkpoints.listed(agent, listing))
+        try:
+            data = unb64(acceptance[0].get("value", "")) if acceptance else None
+            read = RestoreRead(infos, data and _acceptance_within_bounds(agent, data), None)
+        except CorruptRecord as exc:
+            read = RestoreRead(infos, None, None, str(exc))
+        if not infos:
+            return read
+        newest = infos[0]
+        if top and kv_key(top[0]) == checkpoint_key(prefix, newest.seq, newest.epoch).encode():
+            blob = _checkpoint_within_bounds(agent, newest, unb64(top[0].get("value", "")))
+        else:
+            blob = self.read_checkpoint(agent, newest)
+        return replace(read, newest=blob)
 
     # -- effect journal ----------------------------------------------------
 
@@ -362,14 +417,7 @@ class EtcdStore(Store):
     @_translated
     def read_acceptance(self, agent: str) -> bytes | None:
         found = self._kv.get(self._agent_prefix(agent) + "acceptance")
-        if not found:
-            return None
-        if len(found[0]) > MAX_RECORD_BYTES:
-            raise CorruptRecord(
-                f"loss-acceptance record of {agent!r} is {len(found[0])} bytes, above the limit "
-                f"of {MAX_RECORD_BYTES} bytes"
-            )
-        return found[0]
+        return _acceptance_within_bounds(agent, found[0]) if found else None
 
     @_translated
     def put_acceptance(self, agent: str, data: bytes) -> None:
@@ -487,17 +535,25 @@ class EtcdStore(Store):
 
     async def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[LeaseRecord | None]:
         """Yield after etcd reports a change of the lease key (lease_only: of its term, with
-        terms_only, judged from the value the event carries) or of any agent key."""
+        terms_only, judged from the value the event carries) or of any agent key.
+
+        With lease_only, the newest record the events since the last yield carried."""
         prefix = self._agent_prefix(agent)
         key, end = (prefix + "lease", None) if lease_only else (prefix, range_end(prefix))
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
+        heard = HeardLease()
 
-        def hint() -> None:
+        def hint(event: WatchEvent | None) -> None:
+            record = lease_in(event) if lease_only else None
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(changed.set)
+                loop.call_soon_threadsafe(heard_now, record)
+
+        def heard_now(record: LeaseRecord | None) -> None:
+            heard.add(record)
+            changed.set()
 
         wanted = term_changes() if lease_only and terms_only else None
         follower = Follower(self._connection, key, end, hint, renew_s=_WATCH_RENEW_S, wanted=wanted)
@@ -507,7 +563,7 @@ class EtcdStore(Store):
             while True:
                 await changed.wait()
                 changed.clear()
-                yield None
+                yield heard.take()
         finally:
             follower.stop()
             self._followers.discard(follower)
@@ -522,3 +578,22 @@ class EtcdStore(Store):
         for follower in list(self._followers):
             follower.stop()
         self._connection.close()
+
+
+def _checkpoint_within_bounds(agent: str, info: CheckpointInfo, blob: bytes) -> bytes:
+    # etcd's request limit bounds what a read fetched; its own limit may be raised.
+    if len(blob) > MAX_CHECKPOINT_BYTES:
+        raise CorruptRecord(
+            f"checkpoint {info.seq} of {agent!r} is {len(blob)} bytes, above the limit "
+            f"of {MAX_CHECKPOINT_BYTES} bytes"
+        )
+    return blob
+
+
+def _acceptance_within_bounds(agent: str, data: bytes) -> bytes:
+    if len(data) > MAX_RECORD_BYTES:
+        raise CorruptRecord(
+            f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit "
+            f"of {MAX_RECORD_BYTES} bytes"
+        )
+    return data

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 
 import requests
 from etcd3gw.client import Etcd3Client
@@ -16,10 +17,13 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.types import Event as WatchEvent
 from etcd3gw.watch import Watcher
 
+from ...errors import CorruptRecord
+from ...records import LeaseRecord
 from .._terms import TermChanges
 from .connection import EtcdConnection
+from .kv import revision
 
-__all__ = ["Follower", "term_changes"]
+__all__ = ["Follower", "lease_in", "term_changes"]
 
 log = logging.getLogger("hamsterbunker.stores.etcd")
 
@@ -34,7 +38,8 @@ class Follower(threading.Thread):
     nothing is missed between two streams), and backs off while etcd cannot be
     reached. A watch is a hint: failures are logged, never raised. wanted, if
     given, picks the events worth a hint (a change unseen between two streams
-    is hinted all the same).
+    is hinted all the same). hint is given the event, or None for a change
+    found unwatched (between two streams).
     """
 
     def __init__(
@@ -42,7 +47,7 @@ class Follower(threading.Thread):
         connection: EtcdConnection,
         key: str,
         range_end: str | None,
-        hint: Callable[[], None],
+        hint: Callable[[WatchEvent | None], None],
         *,
         renew_s: float,
         wanted: Callable[[WatchEvent], bool] | None = None,
@@ -105,13 +110,13 @@ class Follower(threading.Thread):
                 keys_only=True,
             )
             if newest and int(newest[0][1]["mod_revision"]) > self._seen:
-                self._hint()
+                self._hint(None)
         self._seen = max(self._seen, now)
 
     def _on_event(self, event: WatchEvent) -> None:
         self._seen = max(self._seen, int(event["kv"]["mod_revision"]))
         if self._wanted is None or self._wanted(event):
-            self._hint()
+            self._hint(event)
 
 
 def term_changes() -> Callable[[WatchEvent], bool]:
@@ -124,3 +129,15 @@ def term_changes() -> Callable[[WatchEvent], bool]:
         return terms.changed(value)
 
     return changed
+
+
+def lease_in(event: WatchEvent | None) -> LeaseRecord | None:
+    """The lease record a watch event of the lease key carries, its version set (None if
+    the key was deleted, the record does not parse, or there is no event: read then)."""
+    if event is None or event.get("type") == "DELETE":
+        return None
+    kv = event["kv"]
+    try:
+        return replace(LeaseRecord.from_json(kv.get("value") or b""), version=revision(kv))
+    except CorruptRecord:
+        return None  # the node's read reports it

@@ -28,7 +28,9 @@ from ...limits import (
 )
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
+from ..reseal import check_resealed_submission
 from .fileio import discard, open_regular, read_file, write_temp
+from .inbox_records import HEADER_BYTES, PENDING_CAP, pending_name
 from .layout import agent_parts, checkpoint_name, effect_name, step_name
 from .lease import lease_locked
 from .tree import StoreTree
@@ -41,7 +43,7 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOE
 
 
 class FileRewrites:
-    """Store.replace_cluster, reseal_checkpoint and reseal_effect in a store's tree."""
+    """Store.replace_cluster and the re-seals (checkpoint, effect, submission) in a store's tree."""
 
     def __init__(self, tree: StoreTree, *, lock_timeout: float) -> None:
         self._tree, self._lock_timeout = tree, lock_timeout
@@ -111,6 +113,33 @@ class FileRewrites:
                     path = agent_dir / "effects" / step / name
                     if read_file(directory, name, path, MAX_EFFECT_BYTES) != old:
                         return False  # removed with its step, or rewritten by the leader
+                    os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
+                    os.fsync(directory)
+                    return True
+            finally:
+                discard(directory, tmp)
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        check_resealed_submission(number, old, new)
+        name = pending_name(number)
+        agent_dir = self._tree.agent_dir(agent)
+        path = agent_dir / "inbox" / "pending" / name
+        with (
+            self._tree.reading(*agent_parts(agent)) as agent_fd,
+            self._tree.reading(*agent_parts(agent, "inbox", "pending")) as directory,
+        ):
+            if agent_fd is None or directory is None:
+                return False
+            # The entry is its header (which names the request id), then the sealed bytes.
+            seen = read_file(directory, name, path, PENDING_CAP)
+            if seen is None or seen[HEADER_BYTES:] != old:
+                return False
+            tmp = write_temp(directory, seen[:HEADER_BYTES] + new, durable=True)
+            try:
+                failpoint("reseal.before_commit")
+                with lease_locked(agent_fd, agent_dir, agent, self._lock_timeout):
+                    if read_file(directory, name, path, PENDING_CAP) != seen:
+                        return False  # consumed, or another entry now
                     os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
                     os.fsync(directory)
                     return True

@@ -212,6 +212,10 @@ class FileStore(Store):
         return self._rewrites.reseal_effect(agent, seq, index, kind, old, new)
 
     @_os_errors_as_store_errors
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_submission(agent, number, old, new)
+
+    @_os_errors_as_store_errors
     def list_agents(self) -> list[str]:
         # A bounded read of agents/: a name that is no agent id, or no plain directory, is skipped.
         with self._tree.reading("agents") as agents_fd:

@@ -17,6 +17,7 @@ from ...failpoints import failpoint
 from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
+from ..reseal import check_resealed_submission
 
 __all__ = ["RedisRewrites"]
 
@@ -30,8 +31,9 @@ redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS: a hash (the agent's blobs, or one step's effect journal). ARGV: field (a seq, or
-# "<index>:<kind>"), expected bytes, new bytes. 1 if replaced, else 0.
+# KEYS: a hash (the agent's blobs, one step's effect journal, the pending submissions).
+# ARGV: field (a seq, "<index>:<kind>", a number), expected bytes, new bytes. 1 if
+# replaced, else 0. The same length (checked by the caller): no byte total changes.
 _RESEAL_CHECKPOINT = """
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
   return 0
@@ -72,6 +74,12 @@ class RedisRewrites:
         key = self._key(agent, "effects", str(seq))
         done = self._reseal(keys=[key], args=[f"{index}:{kind}", old, new])
         return bool(done == 1)
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        check_resealed_submission(number, old, new)
+        failpoint("reseal.before_commit")
+        key = self._key(agent, "inbox", "pending")
+        return bool(self._reseal(keys=[key], args=[str(number), old, new]) == 1)
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
         check_reseal(info, old, new)

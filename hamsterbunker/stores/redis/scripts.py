@@ -31,7 +31,7 @@ __all__ = [
 # KEYS: lease hash. ARGV: expected version ('' for none), record JSON, fence,
 # new version, the record's term (LeaseRecord.term), the channel told only when
 # the term changes (a watch of terms sleeps through renewals), channels to
-# publish on. Returns {'ok'} or {'conflict', version},
+# publish on. The message is the record (a watcher spares a read). Returns {'ok'} or {'conflict', version},
 # the version cut to 24 bytes: ours have at most 19 digits, and one a store
 # writer made huge is not shipped whole on every attempt.
 CAS_LEASE = """
@@ -46,10 +46,10 @@ local term = redis.call('HGET', KEYS[1], 'term')
 redis.call('HSET', KEYS[1], 'record', ARGV[2], 'fence', ARGV[3], 'version', ARGV[4],
   'term', ARGV[5])
 if term ~= ARGV[5] then
-  redis.call('PUBLISH', ARGV[6], 'term')
+  redis.call('PUBLISH', ARGV[6], ARGV[2])
 end
 for i = 7, #ARGV do
-  redis.call('PUBLISH', ARGV[i], 'lease')
+  redis.call('PUBLISH', ARGV[i], ARGV[2])
 end
 return {'ok'}
 """

@@ -47,7 +47,8 @@ where the server lets us, at open.
 The wake-up hint is pub/sub: every write publishes on ``P:agent:A:changed``
 (and a lease write also on ``P:agent:A:lease-changed``, and on
 ``P:agent:A:term-changed`` if it changes the record's term, kept beside it in
-the lease hash) in the same script or transaction. Keyspace notifications
+the lease hash) in the same script or transaction; a lease write's message is
+the record itself, which a watch of the lease yields. Keyspace notifications
 would need ``notify-keyspace-events`` in the server's configuration, which
 managed Redis often forbids; our own messages need nothing, and a lost one
 costs only a tick.
@@ -251,6 +252,10 @@ class RedisStore(Store):
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
         return self._rewrites.reseal_effect(agent, seq, index, kind, old, new)
+
+    @_translated
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_submission(agent, number, old, new)
 
     @_translated
     def list_agents(self) -> list[str]:
@@ -502,12 +507,14 @@ class RedisStore(Store):
 
     async def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
-    ) -> AsyncIterator[None]:
+    ) -> AsyncIterator[LeaseRecord | None]:
         """Yield on every message on the agent's channel; reconnect when the link drops.
 
-        A watch outlives a Redis restart: it reconnects with a bounded backoff
-        and then yields once, since changes made meanwhile were announced to
-        nobody. A PING after a quiet spell finds a link that died silently.
+        A watch of the lease yields the record each message carries (None if it
+        does not parse). A watch outlives a Redis restart: it reconnects with a
+        bounded backoff and then yields once, since changes made meanwhile were
+        announced to nobody. A PING after a quiet spell finds a link that died
+        silently.
         """
         name = "changed" if not lease_only else "term-changed" if terms_only else "lease-changed"
         channel = self._key(agent, name)
@@ -528,7 +535,7 @@ class RedisStore(Store):
                             await pubsub.ping()
                             _honour_swallowed_cancel()
                         elif message["type"] == "message":
-                            yield None
+                            yield _lease_in(message["data"]) if lease_only else None
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.debug("redis watch of %s: %s; reconnecting in %.1f s", agent, exc, delay)
             finally:
@@ -569,3 +576,13 @@ def _honour_swallowed_cancel() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+def _lease_in(data: Any) -> LeaseRecord | None:
+    """The lease record a message of a lease channel carries (None if it does not parse)."""
+    if not isinstance(data, bytes) or len(data) > MAX_RECORD_BYTES:
+        return None
+    try:
+        return LeaseRecord.from_json(data)
+    except CorruptRecord:
+        return None  # the node's read reports it

@@ -121,6 +121,20 @@ def open_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
         client.close()
 
 
+# The backends whose lease watch yields the record each change carries (etcd's watch
+# events, Redis' messages); the others yield None, a hint to read.
+CARRIES_LEASE = {"redis", "etcd"}
+# The backends whose take_lease reads for the restore in the same atomic step.
+READS_AS_IT_TAKES = {"etcd"}
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest, open_client: Opener) -> str:
+    """The name of this test's backend (a key of BACKENDS)."""
+    name: str = request.node.callspec.params["open_client"]
+    return name
+
+
 @pytest.fixture
 def store(open_client: Opener) -> Store:
     """The first client on this test's (empty) store."""

@@ -15,7 +15,7 @@ import pytest
 
 from hamsterbunker.errors import ClusterChanged, StoreError
 from hamsterbunker.records import ClusterRecord, LeaseRecord
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Consumed, Fence, Store
 
 from .conftest import KEEP_CHECKPOINTS, Opener
 
@@ -138,3 +138,26 @@ def test_a_reseal_of_another_or_a_removed_effect_record_changes_nothing(store: S
     store.put_checkpoint(AGENT, fence, 2, b"checkpoint-2")  # removes the step's journal
     assert not store.reseal_effect(AGENT, 2, 0, "outcome", b"old-outcome", b"new-outcome")
     assert store.read_effects(AGENT, 2) == {}
+
+
+def test_an_unconsumed_submission_is_resealed_in_place(store: Store, open_second: Opener) -> None:
+    """The new bytes replace a pending submission's, for every client; its admission stays."""
+    store.admit(AGENT, "req-1", 1, b"old-submission")
+    assert store.reseal_submission(AGENT, 1, b"old-submission", b"new-submission")
+    second = open_second()
+    assert second.read_inbox(AGENT) == [(1, b"new-submission")]
+    assert second.admit(AGENT, "req-1", 2, b"again") == (1, True)  # still a duplicate
+
+
+def test_a_reseal_of_another_or_a_consumed_submission_changes_nothing(store: Store) -> None:
+    """Other bytes, or a submission a checkpoint consumed: nothing changes; a new length
+    is refused."""
+    store.admit(AGENT, "req-1", 1, b"old-submission")
+    assert not store.reseal_submission(AGENT, 1, b"not-this-entry", b"new-submission")
+    with pytest.raises(StoreError, match="must be as long"):
+        store.reseal_submission(AGENT, 1, b"old-submission", b"a-longer-new-submission")
+    assert store.read_inbox(AGENT) == [(1, b"old-submission")]
+    fence = leased(store)
+    store.put_checkpoint(AGENT, fence, 1, b"checkpoint-1", [Consumed(1, "req-1", None)])
+    assert not store.reseal_submission(AGENT, 1, b"old-submission", b"new-submission")
+    assert store.read_inbox(AGENT) == []

@@ -23,13 +23,15 @@ from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError,
 from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import open_store
-from hamsterbunker.stores.base import Fence, Store, StoreGuarantees
+from hamsterbunker.stores.base import Fence, RestoreRead, Store, StoreGuarantees, newest_first
 from hamsterbunker.stores.tail import TailRead
 
 from .conftest import (
     BAD_URLS,
+    CARRIES_LEASE,
     EVENT_BOUND,
     KEEP_CHECKPOINTS,
+    READS_AS_IT_TAKES,
     WITH_PASSWORD,
     Gone,
     Opener,
@@ -532,6 +534,51 @@ def test_read_checkpoint_returns_the_exact_bytes(store: Store, open_second: Open
     assert by_seq == {1: blobs[0], 2: blobs[1], 3: blobs[2]}
 
 
+def test_read_for_restore_finds_what_the_single_reads_find(
+    store: Store, open_second: Opener
+) -> None:
+    """A restore's first read: the checkpoints listed newest first by epoch then seq, the
+    acceptance record, and the bytes of the newest (below another epoch's higher seq)."""
+    other = open_second()
+    assert other.read_for_restore("a") == RestoreRead([], None, None)
+    old = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", fence_of(old), 9, b"nine")
+    new = store.cas_lease("a", old.version, lease("n2", 2, session="s2"))
+    store.put_checkpoint("a", fence_of(new), 3, b"three")
+    read = other.read_for_restore("a")
+    assert [(i.seq, i.epoch) for i in read.infos] == [(3, 2), (9, 1)]
+    assert (read.newest, read.acceptance, read.acceptance_problem) == (b"three", None, "")
+    store.put_acceptance("a", b"accepted")
+    store.put_checkpoint("a", fence_of(new), 10, b"ten")
+    read = other.read_for_restore("a")
+    assert read.infos == newest_first(other.list_checkpoints("a"))
+    assert [(i.seq, i.epoch) for i in read.infos][:2] == [(10, 2), (3, 2)]
+    assert (read.newest, read.acceptance) == (b"ten", b"accepted")
+
+
+def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
+    store: Store, open_second: Opener, backend: str
+) -> None:
+    """take_lease is cas_lease, with read_for_restore as of the write where the backend
+    reads as it takes; on a conflict it writes nothing."""
+    old = store.cas_lease("a", None, lease("n1", 1))
+    store.put_checkpoint("a", fence_of(old), 7, b"seven")
+    store.put_acceptance("a", b"accepted")
+    other = open_second()
+    with pytest.raises(LeaseConflict):
+        other.take_lease("a", old.version + 1000, lease("n2", 2, session="s2"))
+    assert other.read_lease("a") == old
+    taken, read = other.take_lease("a", old.version, lease("n2", 2, session="s2"))
+    assert taken == store.read_lease("a") and (taken.holder, taken.epoch) == ("n2", 2)
+    if backend in READS_AS_IT_TAKES:
+        assert read == store.read_for_restore("a")
+        assert read is not None and read.newest == b"seven" and read.acceptance == b"accepted"
+    else:
+        assert read is None
+    with pytest.raises(Fenced):  # the old term is fenced off by the same write
+        store.put_checkpoint("a", fence_of(old), 8, b"eight")
+
+
 def test_reading_a_pruned_checkpoint_raises(store: Store) -> None:
     """Reading a checkpoint that retention removed raises StoreError."""
     held = store.cas_lease("a", None, lease("n1", 1))
@@ -825,7 +872,57 @@ def test_watch_yields_after_another_client_changes_the_lease(
                 )
                 version = renewed.version
                 await asyncio.wait({woke}, timeout=0.25)
-            assert woke.result() is None
+            assert woke.result() is None or lease_only
+        finally:
+            woke.cancel()
+            await asyncio.gather(woke, return_exceptions=True)
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("terms_only", [False, True], ids=["lease", "terms"])
+def test_a_lease_watch_carries_the_record_written_with_its_version(
+    store: Store, open_second: Opener, backend: str, terms_only: bool
+) -> None:
+    """A lease watch yields exactly a record another client wrote, version and all (or
+    None, on a backend whose notices carry nothing): a node takes it for a read."""
+    other = open_second()
+    written: dict[int, LeaseRecord] = {}
+    version = None
+
+    async def main() -> None:
+        nonlocal version
+        loop = asyncio.get_running_loop()
+        watcher = store.watch("a", lease_only=True, terms_only=terms_only)
+        woke = asyncio.ensure_future(anext(watcher))
+        try:
+            epoch, deadline = 0, loop.time() + 10.0
+            while not woke.done():  # new terms until the watch wakes: then it is set up
+                assert loop.time() < deadline, "watch did not yield within 10 s of new terms"
+                epoch += 1
+                record = lease("n1", epoch, renewals=epoch)
+                stored = await asyncio.to_thread(other.cas_lease, "a", version, record)
+                version = stored.version
+                written[stored.version] = stored
+                await asyncio.wait({woke}, timeout=0.25)
+            heard = woke.result()
+            if backend not in CARRIES_LEASE:
+                assert heard is None
+                return
+            assert heard is not None, "the watch carried no record"
+            assert heard == written.get(heard.version), "not a record written, or another version"
+            # Then the release comes as written, with the version the store gave it
+            # (after the wakes of the writes above still due, each a record written).
+            stored = await asyncio.to_thread(other.cas_lease, "a", version, lease(None, epoch))
+            written[stored.version] = stored
+            deadline = loop.time() + 10.0
+            while heard != stored:
+                assert loop.time() < deadline, "the release did not come within 10 s"
+                woke = asyncio.ensure_future(anext(watcher))
+                await asyncio.wait({woke}, timeout=deadline - loop.time())
+                heard = woke.result() if woke.done() else heard
+                assert heard is not None and heard == written.get(heard.version)
         finally:
             woke.cancel()
             await asyncio.gather(woke, return_exceptions=True)
