@@ -74,6 +74,7 @@ class Client:
             raise InboxError(problem)
         with self._lock:
             number = self._next.get(agent_id, 1)
+        self._follow_keys()
         for _ in range(MAX_ADMIT_TRIES):
             blob = self._seal(agent_id, number, request_id, payload)
             try:
@@ -90,6 +91,13 @@ class Client:
             f"could not admit {request_id!r} in {MAX_ADMIT_TRIES} tries: other submitters "
             "kept taking the next number"
         )
+
+    def _follow_keys(self) -> None:
+        """Seal with the cluster's current key: follow a secret rotation (hb rotate-secret)
+        begun since this client opened. WrongSecret if this client lacks the new key."""
+        stored = self.store.read_cluster()
+        if stored is not None:
+            self._sealer.adopt(stored)
 
     def _seal(self, agent_id: str, number: int, request_id: str, payload: Any) -> bytes:
         try:

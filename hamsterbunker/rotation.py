@@ -233,7 +233,12 @@ class Rotation:
     # -- finish --------------------------------------------------------------------
 
     def finish(self) -> None:
-        record = self.record
+        record, keys = self.record, self._sealer.keys
+        retired = [entry.kid for entry in record.retired if keys.find(entry)]
+        if not record.rotation and retired:  # run again after it finished (or crashed after)
+            self._say(f"finished already: key id {record.key_id} is the cluster's only key; "
+                      f"{', '.join(retired)} retired")  # fmt: skip
+            return
         if record.rotation != "committed":
             raise ControlRefused(
                 "no rotation is under way: nothing to finish"
@@ -251,11 +256,10 @@ class Rotation:
             )
         for agent in self._agents():
             self._refuse_old_records(agent)
-        retired = (*record.accepted, *record.retired)[:MAX_CLUSTER_KEYS]
         finished = replace(
             record,
             accepted=(),
-            retired=retired,
+            retired=(*record.accepted, *record.retired)[:MAX_CLUSTER_KEYS],
             generation=record.generation + 1,
             rotation="",
             macs=(),

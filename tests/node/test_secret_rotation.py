@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker.client import Client
 from hamsterbunker.cluster_keys import legacy_key_id
 from hamsterbunker.errors import (
     ConfigError,
@@ -179,6 +180,8 @@ def test_commit_reseals_every_retained_checkpoint_under_the_new_key(
     assert finished is not None
     assert (finished.generation, finished.rotation, finished.accepted) == (3, "", ())
     assert Sealer(NEW, finished).key_id == begun.key_id  # the new secret alone will do
+    Rotation(store, AGENT, BOTH, say=quiet).finish()  # run again (a crash after): done
+    assert store.read_cluster() == finished
 
 
 def store_lease(store: MemoryStore) -> Fence:
@@ -381,3 +384,15 @@ def test_a_running_node_without_the_new_secret_stops_and_says_why(first: Cluster
     assert emitted == ["node.refused", "stop"]
     assert isinstance(follower.refusal, WrongSecret)
     assert standing.sealing == first.key_id  # it never sealed with a key it lacks
+
+
+def test_a_client_opened_before_begin_submits_under_the_new_key(first: ClusterRecord) -> None:
+    """A long-lived Client follows the record: its submissions after begin are sealed with
+    the new key (none left under the old one for finish to wait on)."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    client = Client(store, BOTH)
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    client.submit(AGENT, {"q": 1}, request_id="req-1")
+    [(_number, blob)] = store.read_inbox(AGENT)
+    assert sealed_key_id(blob) == store.read_cluster().key_id != first.key_id  # type: ignore[union-attr]
