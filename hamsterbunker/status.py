@@ -33,6 +33,7 @@ from .timing import DEFAULT_LEASE_TTL_MS
 __all__ = [
     "REFUSAL_EVENTS",
     "ClusterStatus",
+    "KeysShown",
     "NodeStatus",
     "Refusal",
     "render",

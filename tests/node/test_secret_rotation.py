@@ -396,3 +396,21 @@ def test_a_client_opened_before_begin_submits_under_the_new_key(first: ClusterRe
     client.submit(AGENT, {"q": 1}, request_id="req-1")
     [(_number, blob)] = store.read_inbox(AGENT)
     assert sealed_key_id(blob) == store.read_cluster().key_id != first.key_id  # type: ignore[union-attr]
+
+
+def test_a_restarted_node_refuses_a_record_older_than_the_one_it_remembers(
+    first: ClusterRecord,
+) -> None:
+    """The store's record rolled back to before begin while a node was down: the node that
+    remembers the finished rotation (its state directory) refuses at start."""
+    store, finished = rotated(first, "begin", "commit", "finish")
+    rolled_back = MemoryStore()
+    rolled_back.create_cluster(first)
+    cluster = Cluster(rolled_back, AGENT, BOTH, remembered=finished, memory_path=None,
+                      emit=lambda *_a, **_k: None)  # fmt: skip
+    with pytest.raises(StoreRegressed, match="went back from key generation 3"):
+        cluster.open()
+    # The newer record (a rotation while it was down) is taken, once it authenticates.
+    newer = Cluster(store, AGENT, BOTH, remembered=first, memory_path=None,
+                    emit=lambda *_a, **_k: None)  # fmt: skip
+    assert newer.open().cluster == finished
