@@ -200,8 +200,8 @@ class Sealer:
         key = self._in_use.by_kid.get(kid)
         if key is None:
             accepted = ", ".join(self._in_use.by_kid)
-            raise Tampered(f"{what} names key id {kid[:32]!r}, which the cluster does not "
-                           f"accept (it accepts {accepted})")  # fmt: skip
+            raise Tampered(f"{what} failed to authenticate: it names key id {kid[:32]!r}, "
+                           f"which the cluster does not accept (it accepts {accepted})")  # fmt: skip
         return key
 
     def seal(
