@@ -117,6 +117,11 @@ class Rotation:
                     f"is the cluster's current one (key id {record.key_id}): give the new secret "
                     "first and the current one after it (HB_SECRET_PREVIOUS, or the next line)"
                 )
+            if any(keys.find(entry) is newest for entry in record.retired):
+                raise ControlRefused(
+                    f"the newest secret given was retired by an earlier rotation (key id "
+                    f"{new_id}): rotate to a fresh secret; nothing was changed"
+                )
             nodes = self._live()
             lacking = [node for node in nodes if new_id not in node.heartbeat.keys]
             if lacking:

@@ -414,3 +414,11 @@ def test_a_restarted_node_refuses_a_record_older_than_the_one_it_remembers(
     newer = Cluster(store, AGENT, BOTH, remembered=first, memory_path=None,
                     emit=lambda *_a, **_k: None)  # fmt: skip
     assert newer.open().cluster == finished
+
+
+def test_begin_refuses_to_rotate_back_to_a_retired_secret(first: ClusterRecord) -> None:
+    """A secret a rotation retired is not made current again."""
+    store, finished = rotated(first, "begin", "commit", "finish")
+    with pytest.raises(ControlRefused, match="retired by an earlier rotation"):
+        Rotation(store, AGENT, Keyring((OLD, NEW)), say=quiet).begin(timeout_s=1)
+    assert store.read_cluster() == finished
