@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -412,3 +413,29 @@ def test_monitor_follows_an_etcd_store(opened: Callable[..., EtcdStore]) -> None
             monitored.close()
 
     asyncio.run(scenario())
+
+
+def test_a_terms_checkpoints_after_its_first_are_one_txn_each(
+    opened: Callable[..., EtcdStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put reads what is stored first; this client's next puts under the same fence do
+    not (nobody else writes under it): one txn each, and retention keeps the newest."""
+    store = opened(etcd_url(), keep_checkpoints=3)
+    store.cas_lease("a", None, lease("n1", 1))
+    txns: list[int] = []
+    real = store._connection.txn  # counted, not changed
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        txns.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store._connection, "txn", counted)
+    fence = Fence("n1", "s1", 1)
+    store.put_checkpoint("a", fence, 1, b"one")
+    assert len(txns) == 2  # the read, the write
+    for seq in range(2, 8):
+        store.put_checkpoint("a", fence, seq, f"cp{seq}".encode())
+    assert len(txns) == 2 + 6
+    assert [(i.seq, i.epoch) for i in store.list_checkpoints("a")] == [(7, 1), (6, 1), (5, 1)]
+    with pytest.raises(StoreError, match="must increase"):  # below what it wrote: read again
+        store.put_checkpoint("a", fence, 6, b"again")

@@ -80,11 +80,17 @@ class EtcdCheckpoints:
         self._agent_prefix = agent_prefix
         self._reported = reported
         self._keep = keep
+        # By agent: the fence this client last wrote a checkpoint under, the seq, and the
+        # seqs retention kept then (see put).
+        self._written: dict[str, tuple[str, int, list[int]]] = {}
 
     def put(
         self, agent: str, fence: Fence, seq: int, blob: bytes, extra: TxnExtra | None = None
     ) -> CheckpointInfo:
-        """Store.put_checkpoint: one read of the names stored, then one fenced txn.
+        """Store.put_checkpoint: one read of the names stored, then one fenced txn; the
+        read is left out after a put of this client under the same fence (a term's
+        second checkpoint on), as the first put's read and what was written since tell
+        what retention keeps, and nobody else writes under that fence.
 
         Raises Raced (nothing written) if only one of extra's compares failed.
         """
@@ -94,37 +100,14 @@ class EtcdCheckpoints:
         fence_text = fence.to_text()
         key = checkpoint_key(prefix, seq, fence.epoch)
         info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
-        # One read of what is stored: the names of the checkpoints at or above seq
-        # (they say seq and epoch), of every description (for retention), and the fence.
-        reads = [
-            get_op(data + pad(seq), range_end(data), keys_only=True),
-            get_op(infos, range_end(infos), keys_only=True),
-            get_op(prefix + "fence"),
-        ]
-        read = ranges(self._connection.txn([], reads + (extra.reads() if extra else [])))
-        above, described, fence_kvs = read[:3]
+        written = self._written.pop(agent, None)  # set again only if this put succeeds
+        read: list[Kvs] = []
         replaced = False  # another epoch's checkpoint under this seq, to delete
-        for kv in above:
-            name = kv_key(kv).removeprefix(data.encode())
-            found = checkpoint_name(name)
-            if found is None:
-                self._warn_key(agent, kv, "checkpoint key")
-                continue
-            if found[1] == fence.epoch:  # this term's own: it numbers upwards, never overwrites
-                if fence_value(fence_kvs) != fence_text.encode():
-                    raise fence.refused(seq, describe_fence_text(fence_value(fence_kvs)))
-                raise StoreError(
-                    f"checkpoint sequence must increase: {seq} is not above {found[0]}, "
-                    f"stored under this epoch ({fence.epoch})"
-                )
-            replaced = replaced or found[0] == seq
-        kept = {seq}
-        for kv in described:
-            stored = info_name(kv_key(kv).removeprefix(infos.encode()))
-            if stored is None:
-                self._warn_key(agent, kv, "checkpoint description key")
-            elif stored < seq:  # retention never reaches above the new seq
-                kept.add(stored)
+        if extra is None and written is not None and written[0] == fence_text and seq > written[1]:
+            kept = {seq, *written[2]}
+        else:
+            read = self._read_around(prefix, seq, extra)
+            replaced, kept = self._judge_around(agent, prefix, fence, seq, read)
         journal = prefix + "effects/"
         success = [
             put_op(key, bytes(blob)),
@@ -169,6 +152,7 @@ class EtcdCheckpoints:
                 ) from exc
             raise
         if response.get("succeeded"):
+            self._written[agent] = (fence_text, seq, newest[: self._keep])
             return info
         fence_kvs, own = ranges(response)
         if fence_value(fence_kvs) != fence_text.encode():
@@ -179,6 +163,49 @@ class EtcdCheckpoints:
             f"checkpoint sequence must increase: {seq} is already stored under this epoch "
             f"({fence.epoch})"
         )
+
+    def _read_around(self, prefix: str, seq: int, extra: TxnExtra | None) -> list[Kvs]:
+        """One read of what is stored: the names of the checkpoints at or above seq (they
+        say seq and epoch), of every description (for retention), the fence, and what
+        extra reads."""
+        data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
+        reads = [
+            get_op(data + pad(seq), range_end(data), keys_only=True),
+            get_op(infos, range_end(infos), keys_only=True),
+            get_op(prefix + "fence"),
+        ]
+        return ranges(self._connection.txn([], reads + (extra.reads() if extra else [])))
+
+    def _judge_around(
+        self, agent: str, prefix: str, fence: Fence, seq: int, read: list[Kvs]
+    ) -> tuple[bool, set[int]]:
+        """From _read_around: whether another epoch's checkpoint is under seq (to replace),
+        and the seqs described up to seq; StoreError if this epoch has one at or above."""
+        data, infos = prefix + "checkpoints/", prefix + "checkpoint-info/"
+        above, described, fence_kvs = read[:3]
+        replaced = False
+        for kv in above:
+            name = kv_key(kv).removeprefix(data.encode())
+            found = checkpoint_name(name)
+            if found is None:
+                self._warn_key(agent, kv, "checkpoint key")
+                continue
+            if found[1] == fence.epoch:  # this term's own: it numbers upwards, never overwrites
+                if fence_value(fence_kvs) != fence.to_text().encode():
+                    raise fence.refused(seq, describe_fence_text(fence_value(fence_kvs)))
+                raise StoreError(
+                    f"checkpoint sequence must increase: {seq} is not above {found[0]}, "
+                    f"stored under this epoch ({fence.epoch})"
+                )
+            replaced = replaced or found[0] == seq
+        kept = {seq}
+        for kv in described:
+            stored = info_name(kv_key(kv).removeprefix(infos.encode()))
+            if stored is None:
+                self._warn_key(agent, kv, "checkpoint description key")
+            elif stored < seq:  # retention never reaches above the new seq
+                kept.add(stored)
+        return replaced, kept
 
     @staticmethod
     def check_bounds(fence: Fence, seq: int, blob: bytes) -> None:

@@ -17,10 +17,12 @@ writers; no local flag is ever the guard. Keys under the prefix P::
     P/agents/A/events/<node>/<n>                one event; the oldest are deleted past the bound
 
 ``cas_lease`` compares the lease key's mod_revision (create_revision 0 for "no
-record yet") and writes lease and fence in one txn. ``put_checkpoint`` reads
+record yet") and writes lease and fence in one txn (``take_lease`` reads what
+a restore needs in that txn too). ``put_checkpoint`` reads
 the names of the checkpoints at or above the new seq, and refuses the write if
 one of them is of the writer's own epoch (only the fenced leader writes under
-its epoch, so that read cannot go stale); then one txn compares the fence key's
+its epoch, so that read cannot go stale; a client's later puts under the same
+fence skip it, knowing what they wrote); then one txn compares the fence key's
 value with the writer's fence and the new key's create_revision with 0 (nothing
 is overwritten), writes bytes and info and deletes what retention drops (only
 below the new seq) and another epoch's bytes under the same seq, and the effect
