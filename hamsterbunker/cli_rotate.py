@@ -55,7 +55,8 @@ def add_rotate_parser(sub: argparse._SubParsersAction, secret_help: str) -> None
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
         help="how long begin and commit wait for every live node to seal with the new key "
-        f"(default: {DEFAULT_TIMEOUT_S:g})",
+        f"(default: {DEFAULT_TIMEOUT_S:g}; at least 9 lease TTLs: a node reads the cluster "
+        "record every 4)",
     )
 
 

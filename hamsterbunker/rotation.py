@@ -330,7 +330,7 @@ class Rotation:
                 for node in waiting
             )
             raise ControlRefused(
-                f"not every live node seals with key id {key_id} yet after {timeout_s:g} s: "
+                f"not every live node seals with key id {key_id} yet: "
                 f"{late}. Run the same command again to wait on"
             )
         if nodes:

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from .records import Heartbeat
 from .stores import Store
 
-__all__ = ["LiveNode", "live_nodes", "wait_until_sealing"]
+__all__ = ["KEYS_READ_TTLS", "LiveNode", "lease_ttl_s", "live_nodes", "wait_until_sealing"]
+
+# How often a running node reads the cluster record to follow a rotation, in lease TTLs
+# (hamsterbunker.node.keys); a wait for every node to follow allows for this and more.
+KEYS_READ_TTLS = 4
 
 # How often the watch reads the heartbeats: a few reads a second, for a second or two.
 POLL_S = 0.1
@@ -35,7 +39,8 @@ class LiveNode:
         return f"{self.heartbeat.node} (agent {self.agent})"
 
 
-def _ttl_s(store: Store, agents: list[str]) -> float:
+def lease_ttl_s(store: Store, agents: list[str]) -> float:
+    """The longest lease TTL of agents (their lease records say), or the default."""
     ttls = [lease.ttl_ms / 1000 for agent in agents if (lease := store.read_lease(agent))]
     return max(ttls, default=DEFAULT_TTL_S)
 
@@ -49,7 +54,7 @@ def live_nodes(
 ) -> list[LiveNode]:
     """The nodes of agents whose heartbeat changes while watched (1.5 lease TTLs at most),
     each with its newest heartbeat."""
-    window = WATCH_TTLS * _ttl_s(store, agents)
+    window = WATCH_TTLS * lease_ttl_s(store, agents)
     first = {(agent, hb.node): _key(hb) for agent in agents for hb in store.list_heartbeats(agent)}
     live: dict[tuple[str, str], Heartbeat] = {}
     started = clock()
@@ -73,8 +78,13 @@ def wait_until_sealing(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[LiveNode]:
-    """Wait until each of nodes seals with key_id, or is gone; the ones that do not yet."""
-    deadline = clock() + timeout_s
+    """Wait until each of nodes seals with key_id, or is gone; the ones that do not yet.
+
+    Waits at least long enough for a node to read the record twice, whatever timeout_s.
+    """
+    agents = sorted({node.agent for node in nodes})
+    follow_s = (2 * KEYS_READ_TTLS + 1) * lease_ttl_s(store, agents) if nodes else 0.0
+    deadline = clock() + max(timeout_s, follow_s)
     waiting = list(nodes)
     while waiting:
         beats = {

@@ -21,9 +21,11 @@ from __future__ import annotations
 import base64
 import hmac
 import json
+import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,7 +45,7 @@ from .cluster_keys import (
     master_key,
     subkey,
 )
-from .errors import CorruptRecord, SealError, StoreRegressed, Tampered
+from .errors import CorruptRecord, HamsterbunkerError, SealError, StoreRegressed, Tampered
 from .keyring import MIN_SECRET_LENGTH, Keyring, check_secret
 from .limits import MAX_EPOCH, MAX_SEQ
 from .records import ClusterRecord, parse_json
@@ -71,6 +73,9 @@ _REPLY_MAGIC = b"HBRP"
 _PREFIX = struct.Struct(">4sBH")  # magic, version, header length
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
+# The least time between two reads of the cluster record for a key not known yet.
+REFRESH_EVERY_S = 1.0
+log = logging.getLogger("hamsterbunker")
 
 
 def new_cluster_record(secret: str | Keyring) -> ClusterRecord:
@@ -130,9 +135,20 @@ class Sealer:
     A running node follows changes of the record with ``adopt``.
     """
 
-    def __init__(self, secret: str | Keyring, cluster: ClusterRecord) -> None:
+    def __init__(
+        self,
+        secret: str | Keyring,
+        cluster: ClusterRecord,
+        *,
+        refresh: Callable[[], ClusterRecord | None] | None = None,
+    ) -> None:
+        """``refresh`` reads the cluster record again (a running node's store): a record
+        naming a key this sealer does not know yet makes it follow the store's record
+        first (at most once a second), so a standby that has not yet read begin's record
+        still opens what the leader sealed with the new key."""
         self._keys = ClusterKeys(Keyring.of(secret), cluster)
         self._in_use = self._opened(cluster)
+        self._refresh, self._refreshed_at = refresh, -REFRESH_EVERY_S
 
     def _opened(self, cluster: ClusterRecord) -> _InUse:
         masters = self._keys.open(cluster)
@@ -198,11 +214,28 @@ class Sealer:
     def _key_named(self, kid: str, what: str) -> _Key:
         """The accepted key a sealed header names (the name is authenticated by the tag)."""
         key = self._in_use.by_kid.get(kid)
+        if key is None and self._refresh is not None:
+            self._follow_store()
+            key = self._in_use.by_kid.get(kid)
         if key is None:
             accepted = ", ".join(self._in_use.by_kid)
             raise Tampered(f"{what} failed to authenticate: it names key id {kid[:32]!r}, "
                            f"which the cluster does not accept (it accepts {accepted})")  # fmt: skip
         return key
+
+    def _follow_store(self) -> None:
+        """Adopt the store's record now, if it is authentic and newer (never more than once
+        a second: junk naming unknown keys must not cost a store read each)."""
+        now = time.monotonic()
+        if self._refresh is None or now - self._refreshed_at < REFRESH_EVERY_S:
+            return
+        self._refreshed_at = now
+        try:
+            stored = self._refresh()
+            if stored is not None:
+                self.adopt(stored)
+        except HamsterbunkerError as exc:  # the node's key follower reports and acts on it
+            log.debug("cluster record not followed: %s", exc)
 
     def seal(
         self,

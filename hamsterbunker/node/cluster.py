@@ -66,7 +66,7 @@ class Cluster:
             cluster = self._store.read_cluster() or self._store.create_cluster(
                 new_cluster_record(self._secret)
             )
-        self._sealer = Sealer(self._secret, cluster)
+        self._sealer = Sealer(self._secret, cluster, refresh=self._store.read_cluster)
         return self._sealer
 
     def reconcile(self, ours: ClusterRecord) -> ClusterRecord:

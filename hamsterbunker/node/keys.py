@@ -53,6 +53,7 @@ class KeyFollower:
         self._calls, self._emit, self._stop = calls, emit, stop
         self._period_s = period_s
         self._regressed = False  # said once until the store holds the newer record again
+        self._shown = sealer.cluster.generation  # the generation the heartbeat shows
         # Why the node stopped, if a rotation's key it lacks was made current: re-raised
         # once the node has stopped, so that ``hb run`` exits as a refused start does.
         self.refusal: SealError | None = None
@@ -67,7 +68,7 @@ class KeyFollower:
     async def once(self) -> bool:
         """One read of the record; False if the node must stop."""
         try:
-            changed = await self._calls.io(self._cluster.follow)
+            await self._calls.io(self._cluster.follow)
         except StoreRegressed as exc:
             if not self._regressed:
                 self._emit("store.regressed", reason=str(exc))
@@ -83,9 +84,10 @@ class KeyFollower:
             log.debug("cluster record not read: %s", exc)  # the next period reads again
             return True
         self._regressed = False
-        if changed:
+        record = self._sealer.cluster
+        if record.generation != self._shown:  # followed here, or by the sealer on its own
+            self._shown = record.generation
             show_keys(self._standing, self._sealer)
-            record = self._sealer.cluster
             self._emit(
                 "cluster.keys_changed",
                 key_id=record.key_id,

@@ -34,6 +34,7 @@ from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import check_name
+from ..rotation_nodes import KEYS_READ_TTLS
 from ..stores import Store, open_store
 from ..timing import (
     DEFAULT_STEP_RETRY,
@@ -61,9 +62,6 @@ if TYPE_CHECKING:  # both load prometheus_client, which a node without metrics n
     from .metrics import NodeMetrics
 
 __all__ = ["Runtime"]
-
-# How often a node reads the cluster record to follow a secret rotation, in lease TTLs.
-KEYS_READ_TTLS = 4
 
 
 def _on_stop_signal(signals: Signals) -> None:

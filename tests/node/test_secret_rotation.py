@@ -422,3 +422,22 @@ def test_begin_refuses_to_rotate_back_to_a_retired_secret(first: ClusterRecord) 
     with pytest.raises(ControlRefused, match="retired by an earlier rotation"):
         Rotation(store, AGENT, Keyring((OLD, NEW)), say=quiet).begin(timeout_s=1)
     assert store.read_cluster() == finished
+
+
+def test_a_standby_that_has_not_read_begins_record_yet_opens_the_new_keys_checkpoint(
+    first: ClusterRecord,
+) -> None:
+    """A node's sealer meets a checkpoint under a key it does not know yet (begin's record
+    not followed yet, and the leader died): it reads the record then and opens it."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    standby = Cluster(store, AGENT, BOTH, remembered=None, memory_path=None,
+                      emit=lambda *_a, **_k: None).open()  # fmt: skip
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    leader = Sealer(BOTH, store.read_cluster())  # type: ignore[arg-type]
+    blob = leader.seal(AGENT, 2, 7, {"n": 7})
+    assert Sealer(BOTH, first).key_id == standby.key_id == first.key_id
+    with pytest.raises(Tampered, match="does not accept"):
+        Sealer(BOTH, first).open(blob, AGENT, 2, 7)  # without a store to read: refused
+    assert standby.open(blob, AGENT, 2, 7) == {"n": 7}
+    assert standby.key_id == leader.key_id  # and it seals with the new key from now on
