@@ -81,16 +81,16 @@ class Restorer:
         self._emit = emit
         self._notifier = notifier
 
-    async def _read(self, epoch: int) -> _Read:
+    async def _read(self, taken: RestoreRead | None) -> _Read:
         """The checkpoints listed, the loss acceptance, and the newest checkpoint's blob: as
-        the store held them when the lease was taken for epoch, or read now."""
-        read = self._keeper.read_at_taking(epoch)
+        the store held them when the lease was taken (taken), or read now."""
+        read = taken
         if read is None:
             read = await self._calls.io(self._store.read_for_restore, self._agent_id)
         newest = None if read.newest is None else (read.infos[0], read.newest)
         return _Read(read.infos, self._acceptance(read), newest)
 
-    async def restore(self, epoch: int) -> Progress:
+    async def restore(self, epoch: int, taken: RestoreRead | None = None) -> Progress:
         """The newest checkpoint that authenticates, or init() on a store that never had one.
 
         Only authenticated checkpoints count: one that fails to authenticate is
@@ -99,10 +99,11 @@ class Restorer:
         newest that authenticates is behind what it knows the store accepted,
         whether the newer ones are gone or damaged, unless that loss was
         accepted with ``hb accept-loss``. A store error ends the attempt
-        (StoreError): skipping what could not be read could resume behind.
+        (StoreError): skipping what could not be read could resume behind. taken:
+        what the acquisition of the lease for epoch read, if the store read with it.
         """
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-        read = await self._read(epoch)
+        read = await self._read(taken)
         # The loss acceptance, while it forgives what this restore finds; None once it does not.
         infos, forgiving = read.infos, read.forgiving
         reach = self._keeper.reach()

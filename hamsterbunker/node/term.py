@@ -166,11 +166,13 @@ class LeaderTerm:
         self._standing.restored = False
         stall = _Stall(self._clock, self._timing.lease_ttl_s)
         progress = None
-        self._inbox.read_ahead()
+        # What the acquisition read for this term, if the store read with it (etcd).
+        taken = self._keeper.read_at_taking(self.epoch)
+        self._inbox.read_ahead(None if taken is None else taken.inbox)
         while progress is None:
             started = self._clock.monotonic()
             try:
-                progress = await self._restorer.restore(self.epoch)
+                progress = await self._restorer.restore(self.epoch, taken)
             except NoUsableCheckpoint:
                 self._sink.record("restore", self.epoch, 0, started, "refused")
                 raise
@@ -178,6 +180,7 @@ class LeaderTerm:
                 return self._give_up(str(exc), hold_off=False)  # and take it again above
             except StoreError as exc:
                 # Never fall back past a checkpoint we merely failed to read: try again.
+                taken = None  # and read afresh
                 emit("store.error", error=f"restore: {exc}")
                 if stall.for_a_ttl():
                     return self._give_up(f"could not restore for a full TTL: {exc}")

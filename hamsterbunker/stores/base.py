@@ -193,6 +193,9 @@ class RestoreRead:
     acceptance: bytes | None  # the loss-acceptance record, unopened
     newest: bytes | None  # the sealed bytes of infos[0]; None when nothing is listed
     acceptance_problem: str = ""  # why the acceptance record could not be taken (CorruptRecord)
+    # What read_inbox(agent, 0) returns, where the backend read it with the rest
+    # (take_lease on etcd); None: not read.
+    inbox: list[tuple[int, bytes]] | None = None
 
 
 def newest_first(infos: list[CheckpointInfo]) -> list[CheckpointInfo]:

@@ -270,13 +270,28 @@ class EtcdInbox:
         """Store.read_inbox: pages of pending entries, in key (number) order, bounded."""
         if after >= MAX_SEQ:
             return []
+        return self.read_on(agent, after, None)
+
+    def first_page_op(self, agent: str) -> dict[str, Any]:
+        """The range request of read(agent, 0)'s first page (for read_on)."""
+        pending = self._inbox(agent) + "pending/"
+        return get_op(pending + pad(1), range_end(pending), limit=_PAGE)
+
+    def read_on(
+        self, agent: str, after: int, first: list[dict[str, Any]] | None
+    ) -> list[tuple[int, bytes]]:
+        """read(agent, after), its first page found already (first_page_op's, after 0) or
+        read here (None)."""
         pending = self._inbox(agent) + "pending/"
         start: bytes = (pending + pad(max(after, 0) + 1)).encode()
         end = range_end(pending)
         found: list[tuple[int, bytes]] = []
         scanned = 0
         while len(found) < MAX_INBOX_COUNT and scanned < _SCANNED:
-            [kvs] = ranges(self._connection.txn([], [get_op(start, end, limit=_PAGE)]))
+            if first is None:
+                [kvs] = ranges(self._connection.txn([], [get_op(start, end, limit=_PAGE)]))
+            else:
+                kvs, first = first, None
             for kv in kvs:
                 scanned += 1
                 entry = self._entry(agent, pending.encode(), kv)

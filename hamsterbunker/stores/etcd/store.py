@@ -291,8 +291,10 @@ class EtcdStore(Store):
     def take_lease(
         self, agent: str, expected_version: int | None, new: LeaseRecord
     ) -> tuple[LeaseRecord, RestoreRead | None]:
-        """One txn: the compare-and-set, and read_for_restore's reads as of it."""
-        taken, found = self._cas_lease(agent, expected_version, new, self._restore_ops(agent))
+        """One txn: the compare-and-set, and read_for_restore's reads as of it (and the
+        inbox's first page: the new term's first look at its inbox)."""
+        reads = self._restore_ops(agent, inbox=True)
+        taken, found = self._cas_lease(agent, expected_version, new, reads)
         try:
             return taken, self._restore_read(agent, found)
         except StoreError:  # the lease is taken all the same: the restore reads again
@@ -362,23 +364,27 @@ class EtcdStore(Store):
         on its own then)."""
         return self._restore_read(agent, ranges(self._connection.txn([], self._restore_ops(agent))))
 
-    def _restore_ops(self, agent: str) -> list[dict[str, Any]]:
-        """The range requests of read_for_restore (their findings: _restore_read)."""
+    def _restore_ops(self, agent: str, *, inbox: bool = False) -> list[dict[str, Any]]:
+        """The range requests of read_for_restore, and of the inbox's first page if asked
+        (what they found: _restore_read)."""
         return [
             self._checkpoints.list_op(agent),
             get_op(self._agent_prefix(agent) + "acceptance"),
             self._checkpoints.newest_op(agent),
+            *([self._inbox.first_page_op(agent)] if inbox else []),
         ]
 
     def _restore_read(self, agent: str, found: list[list[dict[str, Any]]]) -> RestoreRead:
         prefix = self._agent_prefix(agent)
-        listing, acceptance, top = found
+        listing, acceptance, top = found[:3]
+        pending = self._inbox.read_on(agent, 0, found[3]) if len(found) > 3 else None
         infos = newest_first(self._checkpoints.listed(agent, listing))
         try:
             data = unb64(acceptance[0].get("value", "")) if acceptance else None
-            read = RestoreRead(infos, data and _acceptance_within_bounds(agent, data), None)
+            accepted = data and _acceptance_within_bounds(agent, data)
+            read = RestoreRead(infos, accepted, None, inbox=pending)
         except CorruptRecord as exc:
-            read = RestoreRead(infos, None, None, str(exc))
+            read = RestoreRead(infos, None, None, str(exc), pending)
         if not infos:
             return read
         newest = infos[0]

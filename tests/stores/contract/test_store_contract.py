@@ -559,11 +559,12 @@ def test_read_for_restore_finds_what_the_single_reads_find(
 def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
     store: Store, open_second: Opener, backend: str
 ) -> None:
-    """take_lease is cas_lease, with read_for_restore as of the write where the backend
-    reads as it takes; on a conflict it writes nothing."""
+    """take_lease is cas_lease, with read_for_restore (and the inbox) as of the write where
+    the backend reads as it takes; on a conflict it writes nothing."""
     old = store.cas_lease("a", None, lease("n1", 1))
     store.put_checkpoint("a", fence_of(old), 7, b"seven")
     store.put_acceptance("a", b"accepted")
+    store.admit("a", "r1", 1, b"sealed submission")
     other = open_second()
     with pytest.raises(LeaseConflict):
         other.take_lease("a", old.version + 1000, lease("n2", 2, session="s2"))
@@ -571,8 +572,9 @@ def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
     taken, read = other.take_lease("a", old.version, lease("n2", 2, session="s2"))
     assert taken == store.read_lease("a") and (taken.holder, taken.epoch) == ("n2", 2)
     if backend in READS_AS_IT_TAKES:
-        assert read == store.read_for_restore("a")
+        assert read == replace(store.read_for_restore("a"), inbox=store.read_inbox("a", 0))
         assert read is not None and read.newest == b"seven" and read.acceptance == b"accepted"
+        assert read.inbox == [(1, b"sealed submission")]
     else:
         assert read is None
     with pytest.raises(Fenced):  # the old term is fenced off by the same write
