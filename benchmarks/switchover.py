@@ -111,9 +111,9 @@ files while a switchover is under way (incrementally), so it puts no load on the
   analysis; off in `make bench`): the node processes, which import this module for
   the agent, wrap a few methods of the node loop and the lease keeper (the library is
   unchanged) and note each call on CLOCK_BOOTTIME: the store watch's wake-ups, each
-  lease tick and release, the leader's check that someone else wrote the record,
-  when the loop tells the term to hand over and when the term has ended, and each
-  entry to the loop's sleep. A table per store then splits the switchover further.
+  lease tick and release, when the loop tells the term to hand over and when the
+  term has ended, and each entry to the loop's sleep. A table per store then splits
+  the switchover further.
 """
 
 ANALYSIS = """\
@@ -195,9 +195,9 @@ What is left:
 #
 # Wraps a few methods of the node loop and the lease keeper in the node processes (the
 # library is unchanged) and appends one line per call to a file on CLOCK_BOOTTIME:
-# when the store's watch woke the loop, each lease tick and release, the leader's
-# check that someone else wrote the record, when the loop tells the term to hand over
-# and when the term has ended, and each entry to the loop's sleep (with whether a
+# when the store's watch woke the loop, each lease tick and release, when the loop
+# tells the term to hand over and when the term has ended, and each entry to the
+# loop's sleep (with whether a
 # wake-up was pending then, which that sleep clears before it waits). Installed when
 # the node imports this module for its agent.
 
@@ -223,7 +223,7 @@ def _install_probe(path: str) -> None:
             os.close(fd)
 
     tick, release = LeaseKeeper.tick, LeaseKeeper.release
-    changed, sleep_until = NodeLoop._changed_under_us, NodeLoop._sleep_until
+    sleep_until = NodeLoop._sleep_until
     switch_over, hand_over = NodeLoop._switch_over_if_asked, NodeLoop._hand_over
 
     def probed_tick(self: LeaseKeeper, heard: Any = None) -> Any:
@@ -240,12 +240,6 @@ def _install_probe(path: str) -> None:
         done = release(self, successor, handoff=handoff)
         note("release", start, successor=successor, ok=done)
         return done
-
-    async def probed_changed(self: NodeLoop) -> Any:  # the record someone else wrote, or None
-        start = CLOCK.monotonic()
-        found = await changed(self)
-        note("changed_under_us", start, changed=found is not None)
-        return found
 
     def probed_switch_over(self: NodeLoop, record: Any) -> None:
         start = CLOCK.monotonic()
@@ -275,27 +269,9 @@ def _install_probe(path: str) -> None:
         except Exception as exc:  # as the library's: the watch is only a hint
             note("watch_stopped", CLOCK.monotonic(), error=str(exc))
 
-    from hamsterbunker.stores.etcd.store import EtcdStore
-
-    def probed_store(method: Any) -> Any:
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            start = CLOCK.monotonic()
-            try:
-                return method(self, *args, **kwargs)
-            finally:
-                note("store." + method.__name__, start)
-
-        return call
-
-    for name in ("cas_lease", "read_lease", "put_checkpoint", "list_checkpoints",
-                 "read_checkpoint", "read_acceptance", "read_inbox", "read_effects",
-                 "put_heartbeat", "append_event"):  # fmt: skip
-        setattr(EtcdStore, name, probed_store(getattr(EtcdStore, name)))
-
     for cls, name, wrapper in (
         (LeaseKeeper, "tick", probed_tick),
         (LeaseKeeper, "release", probed_release),
-        (NodeLoop, "_changed_under_us", probed_changed),
         (NodeLoop, "_watch", probed_watch),
         (NodeLoop, "_sleep_until", probed_sleep),
         (NodeLoop, "_switch_over_if_asked", probed_switch_over),
@@ -578,18 +554,13 @@ def _switchovers(
 
 PROBE_PARTS = (
     "the request's compare-and-set sent → the old leader's watch wakes it",
-    "its wake-up → its check of the record starts",
-    "its check (a lease read)",
-    "its check → its renewal starts",
-    "its renewal (compare-and-set refused, read, request adopted)",
-    "its renewal returned → the loop tells the term to hand over",
+    "its wake-up → the loop tells the term to hand over (the record the watch carried)",
     "→ the term has ended (step in flight finished, published)",
     "→ its release starts",
     "its release (one compare-and-set)",
-    "its release returned → the new leader's acquiring tick starts",
-    "  of which: release returned → the new leader's watch wakes it",
-    "  of which: that wake-up → the tick starts",
-    "its acquiring tick (lease read, compare-and-set)",
+    "its release returned → the new leader's watch wakes it",
+    "that wake-up → its acquiring tick starts",
+    "its acquiring tick (take_lease: the compare-and-set; on etcd with the restore's reads)",
 )
 BY_WATCH = "by watch"  # 1.0: the old leader saw the request through its watch, 0.0: at a tick
 
@@ -623,20 +594,16 @@ def _probed(
         ]  # fmt: skip
         return found[-1] if found else None
 
-    woke = first(old, "wake", sent)
     asked = first(old, "hand_over_asked", sent)
     ended = first(old, "term_handed_over", sent)
     release = first(old, "release", sent)
     acquired = first(new, "tick", sent, outcome="ACQUIRED", epoch=epoch)
-    if None in (woke, asked, ended, release, acquired):
+    if None in (asked, ended, release, acquired):
         return {}
-    assert woke and asked and ended and release and acquired
-    renewal = last(old, "tick", asked["start"])  # the renewal that adopted the request
-    check = last(old, "changed_under_us", asked["start"])
-    if renewal is None or renewal["start"] < sent:
-        return {}
-    if check is None or check["start"] < sent or not check["changed"]:
-        check = None  # the request was seen at a tick of the leader's own, not by the watch
+    assert asked and ended and release and acquired
+    woke = last(old, "wake", asked["start"])
+    if woke is not None and woke["start"] < sent:
+        woke = None  # the request was seen at a tick of the leader's own, not by the watch
     # The wake-up that led to the acquiring tick, if the release caused it.
     new_woke = last(new, "wake", acquired["start"])
     if new_woke is not None and new_woke["start"] < release["start"]:
@@ -645,16 +612,11 @@ def _probed(
         zip(
             PROBE_PARTS,
             (
-                woke["start"] - sent,
-                None if check is None else check["start"] - woke["start"],
-                None if check is None else check["end"] - check["start"],
-                None if check is None else renewal["start"] - check["end"],
-                renewal["end"] - renewal["start"],
-                asked["start"] - renewal["end"],
+                None if woke is None else woke["start"] - sent,
+                None if woke is None else asked["start"] - woke["start"],
                 ended["start"] - asked["start"],
                 release["start"] - ended["start"],
                 release["end"] - release["start"],
-                acquired["start"] - release["end"],
                 None if new_woke is None else new_woke["start"] - release["end"],
                 None if new_woke is None else acquired["start"] - new_woke["start"],
                 acquired["end"] - acquired["start"],
@@ -662,7 +624,7 @@ def _probed(
             strict=True,
         )
     )
-    found[BY_WATCH] = float(check is not None)
+    found[BY_WATCH] = float(woke is not None)
     return {part: value for part, value in found.items() if value is not None}
 
 

@@ -383,6 +383,10 @@ class NodeLoop:
         A record the watch carries spares the read that would follow.
         """
         try:
+            if leading:
+                # A new term restores first: setting a watch up (etcd: a thread, HTTP
+                # requests) would slow it, and the term's renewals see any change.
+                await self._sink.until_quiet()
             watch = self._store.watch(self._id.agent, lease_only=True, terms_only=leading)
             async for record in watch:
                 self._heard.add(record)
