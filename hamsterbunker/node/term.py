@@ -189,7 +189,6 @@ class LeaderTerm:
                     return TermEnd(Ending.OVER, self.epoch)
         stall.reset()
         self._standing.restored = True
-        self._sink.unhush()  # hushed as the lease was acquired (NodeLoop)
         self._inbox.resume(progress.marks)
         first_seq = progress.seq + 1  # may replay a step a previous leader had started
         failed_seq = 0  # the step that last raised: its retry calls failed effects again
@@ -231,6 +230,9 @@ class LeaderTerm:
             self._standing.effects = effects.shown
             step_began = self._clock.monotonic()
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
+            if self._sink.hushed():  # as the lease was acquired (NodeLoop): until the
+                await asyncio.sleep(0)  # first step has begun, its writes held back
+                self._sink.unhush()
             ended = await self._until_done_or_lost(step)
             if ended is _StepEnd.DONE:  # returned or raised: its time, for the metrics
                 self._sink.measured("step", self._clock.monotonic() - step_began)

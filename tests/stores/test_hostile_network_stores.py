@@ -265,6 +265,10 @@ def test_redis_oversize_records_are_corrupt(
     ):
         with pytest.raises(CorruptRecord, match=f"{MAX_RECORD_BYTES + 1} bytes"):
             read()
+    # A restore's first read says so of the acceptance alone.
+    restore_read = store.read_for_restore("a")
+    assert restore_read.acceptance is None and restore_read.infos == []
+    assert f"{MAX_RECORD_BYTES + 1} bytes" in restore_read.acceptance_problem
 
 
 def test_redis_oversize_checkpoint_is_corrupt(

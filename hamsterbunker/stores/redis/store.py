@@ -95,11 +95,13 @@ from ..base import (
     AdmissionState,
     Consumed,
     Fence,
+    RestoreRead,
     Store,
     StoreGuarantees,
     check_consumed,
     describe_fence_text,
     fence_text,
+    newest_first,
 )
 from . import scripts as _scripts
 from .connection import RedisConnection
@@ -357,6 +359,33 @@ class RedisStore(Store):
         flat = self._list_checkpoints(
             keys=[self._key(agent, "checkpoints")], args=[MAX_RECORD_BYTES]
         )
+        return self._listed(agent, flat)
+
+    @_translated
+    def read_for_restore(self, agent: str) -> RestoreRead:
+        """The listing and the acceptance record in one round trip (a pipeline of their
+        scripts), then the newest checkpoint's bytes."""
+        pipe = self._redis.pipeline(transaction=False)
+        self._list_checkpoints(
+            keys=[self._key(agent, "checkpoints")], args=[MAX_RECORD_BYTES], client=pipe
+        )
+        self._bounded_get(
+            keys=[self._key(agent, "acceptance")], args=[MAX_RECORD_BYTES], client=pipe
+        )
+        flat, answer = pipe.execute()
+        infos = newest_first(self._listed(agent, flat))
+        try:
+            read = RestoreRead(
+                infos,
+                bounded(answer, f"loss-acceptance record of {agent!r}", MAX_RECORD_BYTES),
+                None,
+            )
+        except CorruptRecord as exc:
+            read = RestoreRead(infos, None, None, str(exc))
+        return replace(read, newest=self.read_checkpoint(agent, infos[0])) if infos else read
+
+    def _listed(self, agent: str, flat: Any) -> list[CheckpointInfo]:
+        """What the listing script found that parses, newest first (by seq, then epoch)."""
         if flat is None:  # not a hash: nothing listable (the next publish replaces it)
             self._reported.warn(
                 (agent, "checkpoints-type"),
