@@ -166,21 +166,43 @@ Changed since (2026-12-01, later; commits ec446f5, 2ea92e5, 77d95ab):
    switchover), without waiting for the watch or a tick and without reading the inbox
    again: the waiting workload.
 
+Changed since (2026-12-02; commits d5dc0cf to bdb3006):
+
+7. **The watch carries the record** (etcd: the watch event's value; Redis: the
+   message the compare-and-set script publishes is the record itself). The old
+   leader acts on the request without reading the lease (its wake-up → the term told
+   to hand over: 2.1 ms p50 on etcd, where the check was a 12 ms read), and a standby
+   takes each renewal's record for the read it made.
+8. **The acquisition reads what the restore needs** (`Store.take_lease`): on etcd the
+   compare-and-set, the checkpoint listing, the acceptance record, the newest
+   checkpoint and the inbox's first page are one txn, so the new term's restore and
+   its first look at its inbox cost no round trip. The read-ahead beside the
+   acquisition is gone; on the file store and Redis the restore reads after the
+   acquisition (Redis: the listing and the acceptance record in one pipeline, then
+   the blob).
+9. **etcd: a term's checkpoints after its first are one txn**, without the read
+   before it (the client knows what it wrote under its fence).
+10. **A hush while the lease changes hands**: the node's own event and heartbeat
+    writes wait (250 ms at most) from the request until the release on the old
+    leader, and from the acquisition until the first step has begun on the new one,
+    which also sets its watch up only then. Unhushed at the restore instead, their
+    threads took the GIL from the first step (3.5 ms p50 on Redis).
+
+Graceful handover (SIGTERM) gained too: last publish → agent resumed 29 ms p99 (was 57).
+
 What is left:
 
-* **etcd (p99 target 50 ms): missed**, in both workloads (the tables above). The
-  chain holds five store calls in series after the request: the old leader's read
-  of the record, its publish (a read and a txn), its release (a txn), the new
-  leader's read and compare-and-set (a txn), with the restore's reads beside the last.
-  A txn took 2.7 ms p50 from one idle client on this machine, but 4–10 ms inside the
-  running cluster (three node processes, their heartbeats and events, etcd and this
-  benchmark on two cores: a timing inside the old leader's release). What would
-  shorten it, not done: the old leader publishing its last checkpoint and handing
-  the lease to the target in one txn (the target's session is in its heartbeat; the
-  target adopts the record without a compare-and-set of its own, stepping until a
-  renew deadline counted from its last read of the record before: two writes less),
-  and the new value that etcd's watch event carries handed to the leader and the
-  standby instead of a read (two reads less).
+* **etcd (p99 target 50 ms): missed**, 74 ms busy and 59 ms waiting (p50 41 and 34
+  ms, from 69 and 68). Three etcd writes remain in series after the request: the old
+  leader's last publish, its release, the new leader's `take_lease`. Each is a Raft
+  commit with a WAL fsync on this machine's disk; inside the running cluster each
+  took 8 to 13 ms p50 and 20 to 26 ms p99 (probe), against 3.6 ms for a read from an
+  idle client. What would close it, not done: the old leader's last publish and the
+  hand-over in one txn that makes the target the holder of the next epoch (its
+  session is in its heartbeat), the target adopting the record its watch carries and
+  stepping until a renew deadline counted from its last read before: one write on the
+  chain instead of three. It changes how an epoch is acquired (a holder that did not
+  write its own lease) and needs its own failpoints and fault tests on every backend.
 * **(b), the whole call.** `request_switchover` first watches the leader's lease
   record and the target's heartbeat until both change (they are seen live, as a
   standby sees a lease: never by comparing clocks), which takes up to an idle
