@@ -197,12 +197,14 @@ What is left:
   leader's last publish, its release, the new leader's `take_lease`. Each is a Raft
   commit with a WAL fsync on this machine's disk; inside the running cluster each
   took 8 to 13 ms p50 and 20 to 26 ms p99 (probe), against 3.6 ms for a read from an
-  idle client. What would close it, not done: the old leader's last publish and the
-  hand-over in one txn that makes the target the holder of the next epoch (its
-  session is in its heartbeat), the target adopting the record its watch carries and
-  stepping until a renew deadline counted from its last read before: one write on the
-  chain instead of three. It changes how an epoch is acquired (a holder that did not
-  write its own lease) and needs its own failpoints and fault tests on every backend.
+  idle client. What would shorten it, not done: the old leader's last publish and its
+  release in one txn (one write less); a target that adopts a lease written for it
+  would spare one more, but it may step only within a lease counted from a moment
+  before that write, and a record heard through a watch gives no such moment (the
+  notice may come late): it needs a read sent before the hand-over, or its own
+  write. Either changes how an epoch changes hands and needs its own failpoints and
+  fault tests on every backend. Two writes at this machine's p99 are about 45 ms
+  before the watch deliveries and the restore: the target looks out of reach here.
 * **(b), the whole call.** `request_switchover` first watches the leader's lease
   record and the target's heartbeat until both change (they are seen live, as a
   standby sees a lease: never by comparing clocks), which takes up to an idle
