@@ -263,7 +263,7 @@ class NodeLoop:
                 epoch = result.record.epoch
                 self._sink.record("acquire", epoch, self._standing.seq, tick_start, "ok")
                 self._end_term()  # a previous term still publishing must end first
-                self._sink.hush()  # until the term has restored (LeaderTerm)
+                self._sink.hush()  # until the term's first step has begun (LeaderTerm)
                 self._term = term = self._new_term(epoch)
                 self._set_role("active")
                 emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
