@@ -100,15 +100,16 @@ def _standby_facing_a_dead_holder(
         node.stop(timeout=20)
 
 
-def test_a_watching_standby_reads_once_a_renewal_not_once_more_a_tick(tmp_path: Path) -> None:
-    """Beside a live leader renewing every tick, the standby reads about once per renewal
-    (woken by each); before, it also read on every tick of its own: twice as often."""
-    timing = LeaseTiming(tick_ms=100, lease_ttl_ms=3000)
-    store = FileStore(tmp_path / "store")
-    counted = CountedStore(FileStore(tmp_path / "store"))
+TIMING_BESIDE = LeaseTiming(tick_ms=100, lease_ttl_ms=3000)
+
+
+@contextlib.contextmanager
+def _standby_beside_a_leader(store: Store, counted: CountedStore) -> Iterator[list[Runtime]]:
+    """A leader on store and a standby on counted, both running until the block ends;
+    yields (leader, standby) once the standby stands by."""
     nodes = [
         Runtime(node_id=node_id, region="r1", store=node_store,  # type: ignore[arg-type]
-                agent=CountingAgent(), secret=SECRET, timing=timing,  # type: ignore[arg-type]
+                agent=CountingAgent(), secret=SECRET, timing=TIMING_BESIDE,  # type: ignore[arg-type]
                 stop_grace_ms=0)
         for node_id, node_store in (("leader", store), ("standby", counted))
     ]  # fmt: skip
@@ -117,19 +118,33 @@ def test_a_watching_standby_reads_once_a_renewal_not_once_more_a_tick(tmp_path: 
         wait_until(lambda: (lease := store.read_lease(AGENT)) and lease.holder, "a leader")
         nodes[1].start()
         wait_until(lambda: counted.beats.get("standby"), "the standby to stand by")
-
-        def renewals() -> int:
-            lease = store.read_lease(AGENT)
-            assert lease is not None and lease.holder == "leader"
-            return lease.renewals
-
-        first, reads_before = renewals(), counted.reads
-        wait_until(lambda: renewals() >= first + 30, "thirty more renewals")
-        reads = counted.reads - reads_before
-        assert reads <= 1.4 * 30, f"the standby read the lease {reads} times in 30 renewals"
+        yield nodes
     finally:
         for node in nodes:
             node.stop(timeout=20)
+
+
+def _reads_in_thirty_renewals(store: Store, counted: CountedStore) -> int:
+    """The standby's lease reads while the leader renews thirty more times."""
+
+    def renewals() -> int:
+        lease = store.read_lease(AGENT)
+        assert lease is not None and lease.holder == "leader"
+        return lease.renewals
+
+    first, reads_before = renewals(), counted.reads
+    wait_until(lambda: renewals() >= first + 30, "thirty more renewals")
+    return counted.reads - reads_before
+
+
+def test_a_watching_standby_reads_once_a_renewal_not_once_more_a_tick(tmp_path: Path) -> None:
+    """Beside a live leader renewing every tick, the standby reads about once per renewal
+    (woken by each); before, it also read on every tick of its own: twice as often."""
+    store = FileStore(tmp_path / "store")
+    counted = CountedStore(FileStore(tmp_path / "store"))
+    with _standby_beside_a_leader(store, counted):
+        reads = _reads_in_thirty_renewals(store, counted)
+        assert reads <= 1.4 * 30, f"the standby read the lease {reads} times in 30 renewals"
 
 
 @pytest.mark.parametrize("backend", ["etcd", "redis"])
@@ -138,40 +153,20 @@ def test_a_standby_takes_the_records_its_watch_carries_for_reads(backend: str) -
     leader the standby reads the lease only when a notice came without one (the
     read it made for each renewal before)."""
     url = etcd_url() if backend == "etcd" else redis_url()
-    timing = LeaseTiming(tick_ms=100, lease_ttl_ms=3000)
     store = open_store(url)
     counted = CountedStore(open_store(url))
-    nodes = [
-        Runtime(node_id=node_id, region="r1", store=node_store,  # type: ignore[arg-type]
-                agent=CountingAgent(), secret=SECRET, timing=timing,  # type: ignore[arg-type]
-                stop_grace_ms=0)
-        for node_id, node_store in (("leader", store), ("standby", counted))
-    ]  # fmt: skip
-    nodes[0].start()
     try:
-        wait_until(lambda: (lease := store.read_lease(AGENT)) and lease.holder, "a leader")
-        nodes[1].start()
-        wait_until(lambda: counted.beats.get("standby"), "the standby to stand by")
-
-        def renewals() -> int:
-            lease = store.read_lease(AGENT)
-            assert lease is not None and lease.holder == "leader"
-            return lease.renewals
-
-        first, reads_before = renewals(), counted.reads
-        wait_until(lambda: renewals() >= first + 30, "thirty more renewals")
-        reads = counted.reads - reads_before
-        assert reads <= 3, f"the standby read the lease {reads} times in 30 renewals"
-        # It still follows the lease: stopping the leader hands it over at once.
-        nodes[0].stop(timeout=20)
-        wait_until(
-            lambda: (lease := store.read_lease(AGENT)) and lease.holder == "standby",
-            "the standby to take the released lease",
-            timeout=timing.lease_ttl_s,
-        )
+        with _standby_beside_a_leader(store, counted) as (leader, _standby):
+            reads = _reads_in_thirty_renewals(store, counted)
+            assert reads <= 3, f"the standby read the lease {reads} times in 30 renewals"
+            # It still follows the lease: stopping the leader hands it over at once.
+            leader.stop(timeout=20)
+            wait_until(
+                lambda: (lease := store.read_lease(AGENT)) and lease.holder == "standby",
+                "the standby to take the released lease",
+                timeout=TIMING_BESIDE.lease_ttl_s,
+            )
     finally:
-        for node in nodes:
-            node.stop(timeout=20)
         store.close()
 
 
