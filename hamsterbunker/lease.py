@@ -20,6 +20,7 @@ anywhere at any time, even while a store call hangs.
 from __future__ import annotations
 
 import enum
+import math
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -86,6 +87,10 @@ class LeaseKeeper:
         # What a restore reads first, as the store was when this keeper took the lease
         # (Store.take_lease), kept for that term's restore: see read_at_taking.
         self._taken_read: tuple[int, RestoreRead] | None = None
+        # A lease handed to this node (a switchover) starts no later than the send time
+        # of a read that still found the record before it: (that record's version, sent).
+        self._read_before: tuple[int, float] | None = None
+        self._held_epoch = 0  # the highest epoch this keeper has held
 
     # -- what the runtime asks -------------------------------------------
 
@@ -174,8 +179,16 @@ class LeaseKeeper:
         return TickResult(Outcome.RENEWED, renewed)
 
     def _observe_or_acquire(self, heard: LeaseRecord | None) -> TickResult:
-        record = heard if self._is_news(heard) else self.store.read_lease(self.agent)
+        if heard is not None and self._is_news(heard) and not self._asks_anew(heard):
+            record: LeaseRecord | None = heard
+        else:
+            sent = self.clock.monotonic()
+            record = self.store.read_lease(self.agent)
+            if record is not None and not self._is_ours(record):
+                self._read_before = (record.version, sent)
         now = self.clock.monotonic()
+        if record is not None and self._handed_to_us(record):
+            return self._adopt_handed(record, now)
         self._note(record, now)
         stood_still = record is not None and (
             now - self._observed_at >= max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000
@@ -222,7 +235,7 @@ class LeaseKeeper:
         except LeaseConflict:
             return TickResult(Outcome.STANDBY, record, "another node acquired it first")
         self._taken_read = None if read is None else (acquired.epoch, read)
-        self.held = acquired
+        self._hold(acquired)
         self._renew_sent_at = sent
         self._note(acquired, sent)
         return TickResult(Outcome.ACQUIRED, acquired, via)
@@ -236,6 +249,67 @@ class LeaseKeeper:
         """
         taken, self._taken_read = self._taken_read, None
         return taken[1] if taken is not None and taken[0] == epoch else None
+
+    def _handed_to_us(self, record: LeaseRecord) -> bool:
+        """Whether record is a term of ours that this keeper did not take itself: the
+        previous holder wrote it for us (hand_over)."""
+        return self.held is None and self._is_ours(record) and record.epoch > self._held_epoch
+
+    def _adopt_handed(self, record: LeaseRecord, now: float) -> TickResult:
+        """Lead under a lease handed to this node, with no write of its own.
+
+        The lease counts from the send time of the newest read that still found the
+        record before it (the hand-over was written after that read was answered),
+        so may_step ends no later than for a lease this node had written then. With
+        no such read (or one too old to step on, or another TTL in the record), a
+        renewal comes first, as after any acquisition.
+        """
+        self._note(record, now)
+        self._hold(record)
+        self._taken_read = None
+        before = self._read_before
+        start = before[1] if before is not None and before[0] < record.version else -math.inf
+        stepping_left = self.timing.renew_deadline_s - (now - start)
+        if stepping_left < self.timing.tick_s or record.ttl_ms != self.timing.lease_ttl_ms:
+            renewed = self._renew()
+            if renewed.outcome is not Outcome.RENEWED or renewed.record is None:
+                self.held = None
+                reason = f"handed the lease, could not renew it: {renewed.reason}"
+                return TickResult(Outcome.STANDBY, record, reason)
+            record = renewed.record
+        else:
+            self._renew_sent_at = start
+        return TickResult(Outcome.ACQUIRED, record, "switchover")
+
+    def hand_over(self, successor: str, session: str, region: str) -> bool:
+        """Give the lease to successor, its next term already written in its name (the
+        session its heartbeat names): it leads without a write of its own (a switchover).
+        True if the store took it; the fence moves with the record.
+        """
+        held, self.held = self.held, None
+        if held is None:
+            return False
+        epoch = self._next_epoch(held)
+        takeover = Takeover(
+            epoch=epoch, to=successor, via="switchover", gap_ms=0, time=time.time(), from_=self.node
+        )
+        handed = replace(
+            self._next_write(held),
+            holder=successor,
+            session=session,
+            region=region,
+            epoch=epoch,
+            renewals=0,
+            successor=None,
+            handoff=False,
+            history=_with_takeover(held, takeover),
+        )
+        try:
+            record = self.store.cas_lease(self.agent, held.version, handed)
+        except LeaseConflict:
+            return False
+        self._note(record, self.clock.monotonic())
+        return True
 
     def release(self, successor: str | None = None, *, handoff: bool = False) -> bool:
         """Give the lease up at once (graceful stop; to successor on a switchover; handoff
@@ -339,13 +413,29 @@ class LeaseKeeper:
     def _next_write(self, record: LeaseRecord) -> LeaseRecord:
         """record renewed once more, naming how far the checkpoints are known to reach."""
         reach = self.reach()
-        return replace(record, renewals=record.renewals + 1, seq=reach.seq, seq_epoch=reach.epoch)
+        return replace(
+            record,
+            renewals=record.renewals + 1,
+            seq=reach.seq,
+            seq_epoch=reach.epoch,
+            ttl_ms=self.timing.lease_ttl_ms,  # ours, also in a term handed to us
+        )
+
+    def _hold(self, record: LeaseRecord) -> None:
+        self.held = record
+        self._held_epoch = max(self._held_epoch, record.epoch)
 
     def _is_news(self, heard: LeaseRecord | None) -> bool:
         """Whether a record the watch carried is the newest seen here (else read: an
         older one would look like the store going back)."""
         last = self._last_seen
         return heard is not None and (last is None or heard.version >= last.version)
+
+    def _asks_anew(self, heard: LeaseRecord) -> bool:
+        """Whether heard carries an operator's request not seen before: read instead, so
+        that a switchover's target has a read from before the hand-over to count from."""
+        last = self._last_seen
+        return last is not None and heard.control != last.control
 
     def _is_ours(self, record: LeaseRecord) -> bool:
         return record.holder == self.node and record.session == self.session

@@ -160,6 +160,7 @@ def _dump(obj: Any) -> bytes:
 # is under way, retired ones kept to name them to a node that still holds one).
 MAX_CLUSTER_KEYS = 4
 _KEY_ID = re.compile(r"[0-9a-f]{16}")
+_SESSION = re.compile(r"[0-9a-f]{0,32}")  # a lease keeper's session ("" from older nodes)
 _ROTATIONS = frozenset({"", "begun", "committed"})
 
 
@@ -487,6 +488,9 @@ class Heartbeat:
     # (hb rotate-secret begin waits for every live node to hold, then use, the new one).
     keys: tuple[str, ...] = ()
     sealing: str = ""
+    # The session this node's lease keeper writes into a lease it holds: a leader handing
+    # the lease over (a switchover) writes the target's next term in it.
+    lease_session: str = ""
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -517,7 +521,14 @@ class Heartbeat:
             paused=_field({"paused": False, **doc}, "paused", bool, "heartbeat"),
             keys=_key_ids(doc.get("keys", [])),
             sealing=_field({"sealing": "", **doc}, "sealing", str, "heartbeat")[:16],
+            lease_session=_lease_session(doc.get("lease_session", "")),
         )
+
+
+def _lease_session(value: Any) -> str:
+    if not isinstance(value, str) or not _SESSION.fullmatch(value):
+        raise CorruptRecord("heartbeat record field 'lease_session' is not a session")
+    return value
 
 
 def _key_ids(value: Any) -> tuple[str, ...]:

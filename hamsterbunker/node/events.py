@@ -213,6 +213,7 @@ class EventSink:
             paused=self._standing.paused,
             keys=self._standing.keys,
             sealing=self._standing.sealing,
+            lease_session=self._keeper.session,
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)

@@ -26,7 +26,7 @@ from ..errors import HamsterbunkerError, StoreError
 from ..failpoints import failpoint
 from ..lease import LeaseKeeper, Outcome, TickResult
 from ..notify import Notifier
-from ..records import ClusterRecord, LeaseRecord
+from ..records import ClusterRecord, Heartbeat, LeaseRecord
 from ..stores import HeardLease, Store
 from ..timing import DEFAULT_STOP_GRACE_MS, LeaseTiming
 from .calls import NodeCalls, bounded
@@ -121,6 +121,8 @@ class NodeLoop:
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
         self._heard = HeardLease()  # the records the watch carried, until the next look
         self._beat_owed = False  # a heartbeat held by a hush: written as it ends
+        # A switchover's target's heartbeat, read while the term finishes (_hand_over).
+        self._target_beats: asyncio.Future[list[Heartbeat]] | None = None
         self._pacing = Pacing(keeper, standing, timing, clock)
 
     async def run(self, ready: threading.Event) -> None:
@@ -311,6 +313,9 @@ class NodeLoop:
             self._sink.emit("lease.switchover_asked", to=target)
             self._sink.hush()  # until the release (_hand_over)
             term.hand_over(target)
+            self._target_beats = asyncio.ensure_future(
+                self._calls.io(self._store.list_heartbeats, self._id.agent)
+            )
 
     def _finishing(self) -> bool:
         """Whether a stop waits for the term, which finishes and publishes its step in flight."""
@@ -420,14 +425,21 @@ class NodeLoop:
                 await self._hand_over(ended)
 
     async def _hand_over(self, ended: TermEnd) -> None:
-        """Release the lease naming the successor an operator chose, which takes it at once."""
+        """Hand the lease to the successor an operator chose: its next term written in its
+        name, so it leads at once with no write of its own; or, when its heartbeat names
+        no session (an older node), released naming it, for it to take at once."""
         emit = self._sink.emit
         held = self._keeper.held
+        target = await self._target(ended.successor)
         if held is None or held.epoch != ended.epoch:
             return  # lost meanwhile: nothing of ours to hand over
         failpoint("switchover.before_release")
+        if target is not None:
+            hand = functools.partial(self._keeper.hand_over, ended.successor, *target)
+        else:
+            hand = functools.partial(self._keeper.release, ended.successor)
         try:
-            if await self._calls.keeper(self._keeper.release, ended.successor):
+            if await self._calls.keeper(hand):
                 failpoint("switchover.after_release")
                 emit("lease.released", via="switchover", to=ended.successor)
         except StoreError as exc:  # not released: it expires a TTL after the last renewal
@@ -435,6 +447,18 @@ class NodeLoop:
         finally:
             self._sink.unhush()
         self._set_role("standby")
+
+    async def _target(self, node: str) -> tuple[str, str] | None:
+        """The session and region the switchover target's heartbeat names, if usable."""
+        reading, self._target_beats = self._target_beats, None
+        try:
+            beats = [] if reading is None else await reading
+        except StoreError:
+            return None
+        for beat in beats:
+            if beat.node == node and beat.lease_session:
+                return beat.lease_session, beat.region[:64]  # display only; keeps the record small
+        return None
 
     async def _fenced(self, ended: TermEnd) -> None:
         """The store refused a publish of the term: the lease is lost if still held for it."""

@@ -29,7 +29,7 @@ from hamsterbunker.errors import CorruptRecord, Tampered
 from hamsterbunker.records import MAX_CONTROL_CHARS, MAX_HISTORY, LeaseRecord, Takeover
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer, new_cluster_record
-from hamsterbunker.stores import open_store
+from hamsterbunker.stores import Store, open_store
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, CountingAgent, Recorder, SyncAgent
@@ -48,10 +48,10 @@ class Cluster:
         self.agents: dict[str, CountingAgent] = {}
         self.store = open_store(url)
 
-    def start(self, node_id: str, **kwargs: Any) -> Runtime:
+    def start(self, node_id: str, store: Store | None = None, **kwargs: Any) -> Runtime:
         agent = self.agents[node_id] = SyncAgent()
         node = self.nodes[node_id] = Runtime(
-            node_id=node_id, region="r1", store=open_store(self.url), agent=agent,
+            node_id=node_id, region="r1", store=store or open_store(self.url), agent=agent,
             on_event=self.events, secret=SECRET, timing=TIMING, **kwargs,
         )  # fmt: skip
         node.start()
@@ -151,6 +151,42 @@ def test_switchover_hands_the_lease_to_the_named_standby_at_once(cluster: Cluste
     last = lease.history[-1]
     assert (last.epoch, last.from_, last.to, last.via) == (before.epoch + 1, "a", "c", "switchover")
     assert last.gap_ms < TIMING.lease_ttl_ms
+
+
+def test_the_target_leads_the_term_handed_to_it_before_it_writes_the_lease(
+    cluster: Cluster,
+) -> None:
+    """The leader writes the target's next term (LeaseKeeper.hand_over): the target's
+    first step comes before any lease write of its own (its first renewal, a tick on)."""
+    cluster.start("a")
+    wait_until(lambda: cluster.leader() == "a" and cluster.seq() >= 2, "a to lead and step")
+    # a's steps take a while, so the hand-over comes well after c's read of the request
+    # (the read its lease counts from).
+    cluster.agents["a"].slow.update({seq: 0.1 for seq in range(1, 1000)})
+    store = open_store(cluster.url)
+    steps_at_write: list[int] = []  # how many steps c had entered at each of its lease writes
+
+    def counted(write: Any) -> Any:
+        def call(*args: Any) -> Any:
+            steps_at_write.append(len(cluster.agents["c"].entered_seqs()))
+            return write(*args)
+
+        return call
+
+    store.cas_lease = counted(store.cas_lease)  # type: ignore[method-assign]
+    store.take_lease = counted(store.take_lease)  # type: ignore[method-assign]
+    cluster.start("c", store=store)
+    beats = lambda: {hb.node for hb in cluster.store.list_heartbeats(AGENT)}  # noqa: E731
+    wait_until(lambda: beats() >= {"a", "c"}, "two heartbeats")
+
+    request_switchover(cluster.store, cluster.sealer(), AGENT, to="c")
+
+    acquired = cluster.events.wait("lease.acquired", node="c")
+    assert acquired.detail["via"] == "switchover"
+    wait_until(lambda: steps_at_write, "c to renew the lease it was handed")
+    assert steps_at_write[0] >= 1, "c wrote the lease before its first step"
+    lease = cluster.store.read_lease(AGENT)
+    assert lease is not None and lease.holder == "c"
 
 
 def test_switchover_without_a_target_picks_a_live_standby(cluster: Cluster) -> None:
