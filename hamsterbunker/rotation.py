@@ -8,14 +8,16 @@
    old key is sealed again under the new one (``Store.reseal_checkpoint``,
    compared with the bytes opened: never over a newer checkpoint, never
    bringing back one retention removed), and so are the effect journal of
-   the step in flight (``Store.reseal_effect``) and the unconsumed
-   submissions (``Store.reseal_submission``); then the record says committed.
-3. finish: nothing retained is under an old key, and no submission sealed
+   the step in flight (``Store.reseal_effect``), the unconsumed
+   submissions (``Store.reseal_submission``) and the kept replies of the
+   consumed ones (``Store.read_replies``, page by page, and
+   ``Store.reseal_reply``); then the record says committed.
+3. finish: nothing retained is under an old key, no submission sealed
    under one waits unconsumed (one that commit could not re-seal: finish
-   waits for the agent to consume it); the old key is dropped from the
-   accepted ones (kept as retired, to name it to a node that still holds
-   only that one). Replies of consumed submissions are not re-sealed: a
-   reply sealed before begin cannot be read once finish dropped its key.
+   waits for the agent to consume it), and no kept reply that authenticates
+   is under one (commit again); the old key is dropped from the accepted
+   ones (kept as retired, to name it to a node that still holds only that
+   one). A client holding only the new secret then reads every kept reply.
 
 Each step is a compare-and-set of the cluster record against the one read,
 raising its generation (``hamsterbunker.cluster_keys``), and refuses with a
@@ -26,7 +28,7 @@ again after a crash at any point and goes on from where the store is.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from .errors import ClusterChanged, ConfigError, ControlRefused, SealError, StoreError
@@ -36,6 +38,7 @@ from .records import MAX_CLUSTER_KEYS, ClusterRecord
 from .rotation_nodes import LiveNode, live_nodes, wait_until_sealing
 from .sealing import EffectAt, Sealer, read_header, sealed_key_id
 from .stores import Store
+from .stores.reseal import REPLY_PAGE
 
 __all__ = ["Resealed", "Rotation"]
 
@@ -55,6 +58,8 @@ class Resealed:
     unopened: int = 0  # did not authenticate: junk, left as it is
     effects: int = 0  # effect-journal records of the step in flight re-sealed
     submissions: int = 0  # unconsumed submissions re-sealed
+    replies: int = 0  # replies of consumed submissions re-sealed
+    replies_unopened: int = 0  # replies under an old key that did not authenticate: left
 
     def describe(self, key_id: str) -> str:
         text = (
@@ -69,6 +74,10 @@ class Resealed:
             text += f"; {self.effects} effect-journal records re-sealed"
         if self.submissions:
             text += f"; {self.submissions} unconsumed submissions re-sealed"
+        if self.replies:
+            text += f"; {self.replies} replies to consumed submissions re-sealed"
+        if self.replies_unopened:
+            text += f"; {self.replies_unopened} replies that do not authenticate left as they are"
         return text
 
 
@@ -203,6 +212,7 @@ class Rotation:
                 done.gone += 1
         self._reseal_journal(agent, done)
         self._reseal_inbox(agent, done)
+        self._reseal_replies(agent, done)
         return done
 
     def _reseal_inbox(self, agent: str, done: Resealed) -> None:
@@ -216,6 +226,29 @@ class Rotation:
                 continue  # junk: no key opens it, and the leader skips it too
             if len(new) == len(blob) and self._store.reseal_submission(agent, number, blob, new):
                 done.submissions += 1
+
+    def _reseal_replies(self, agent: str, done: Resealed) -> None:
+        """Seal the kept replies of consumed submissions under an old key again, with the
+        current one: a client holding only the new secret reads them after finish."""
+        for number, blob in self._old_replies(agent):
+            try:
+                new = self._sealer.reseal_reply(blob, agent, number)
+            except SealError:
+                done.replies_unopened += 1  # junk: no key opens it, and no client takes it
+                continue
+            if self._store.reseal_reply(agent, number, blob, new):
+                done.replies += 1
+
+    def _old_replies(self, agent: str) -> Iterator[tuple[int, bytes]]:
+        """The kept replies of agent whose header names a key other than the current one."""
+        after: int | None = 0
+        while after is not None:
+            page, following = self._store.read_replies(agent, after, REPLY_PAGE)
+            for number, blob in page:
+                if sealed_key_id(blob) not in (None, self._sealer.key_id):
+                    yield number, blob
+            # A page always moves on: a store that says otherwise is not followed round.
+            after = following if following is not None and following > after else None
 
     def _reseal_journal(self, agent: str, done: Resealed) -> None:
         """Seal the effect journal of the step after the newest checkpoint (the only one a
@@ -296,6 +329,22 @@ class Rotation:
                 f"yet consumed (numbers {pending[0]}..{pending[-1]}): wait until the agent "
                 "has consumed them (hb status shows its inbox), then finish; nothing was changed"
             )
+        replies = [n for n, blob in self._old_replies(agent) if self._opens(blob, agent, n)]
+        if replies:
+            raise ControlRefused(
+                f"{len(replies)} replies to consumed submissions of agent {agent} are still "
+                f"under an old key (numbers {replies[0]}..{replies[-1]}): run hb rotate-secret "
+                "commit again; nothing was changed"
+            )
+
+    def _opens(self, blob: bytes, agent: str, number: int) -> bool:
+        """Whether blob authenticates as the reply to number under a key the cluster accepts
+        (junk that none opens never keeps finish back)."""
+        try:
+            self._sealer.reseal_reply(blob, agent, number)
+        except SealError:
+            return False
+        return True
 
     def _old_checkpoints(self, agent: str) -> tuple[str, int]:
         count = 0

@@ -329,6 +329,22 @@ class Sealer:
         found = self.open_submission(blob, agent, number)
         return self.seal_submission(agent, number, found.request_id, found.payload, found.submitted)
 
+    def reseal_reply(self, blob: bytes, agent: str, number: int) -> bytes:
+        """The reply found as that to submission number of agent, sealed again with the
+        current key: the same request id and reply. Tampered if it is not that one's."""
+        header, body = self._open_inbox(_REPLY_MAGIC, blob, "reply")
+        request_id = header.get("rid")
+        if (header.get("agent"), header.get("number")) != (agent, number) or not isinstance(
+            request_id, str
+        ):
+            raise Tampered(
+                f"reply sealed for submission {header.get('number')!r} of "
+                f"{header.get('agent')!r} was found as the reply to {number} of {agent!r}"
+            )
+        if not isinstance(body, dict) or "reply" not in body:
+            raise Tampered("reply is damaged: no reply in it")
+        return self.seal_reply(agent, number, request_id, body["reply"])
+
     def seal_submission(
         self, agent: str, number: int, request_id: str, payload: Any, submitted: float
     ) -> bytes:

@@ -66,7 +66,7 @@ from .stores.base import (
     check_reseal,
     inbox_full,
 )
-from .stores.reseal import check_resealed_submission
+from .stores.reseal import check_resealed_reply, check_resealed_submission, reply_page_bounds
 
 __all__ = ["MEMORY_GUARANTEES", "MemoryStore"]
 
@@ -217,6 +217,41 @@ class MemoryStore(Store):
             if found is None or found[1] != old:
                 return False
             state.pending[number] = (found[0], bytes(new))
+            state.changes += 1
+        return True
+
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        """One page of the kept consumed submissions' replies above after (see Store)."""
+        count, scan = reply_page_bounds(limit)
+        with self._lock:
+            done = self._agent(agent).done
+            numbers = sorted(number for number in done if number > after)
+            looked = numbers[:scan]
+            kept = [(number, done[number][1]) for number in looked]
+        replies: list[tuple[int, bytes]] = []
+        for index, (number, reply) in enumerate(kept):
+            if reply is None:
+                continue
+            if len(reply) > MAX_REPLY_BYTES:
+                log.warning("memory store: leaving out the reply to %d of %s", number, agent)
+                continue
+            replies.append((number, reply))
+            if len(replies) == count:
+                more = index + 1 < len(numbers)
+                return replies, number if more else None
+        return replies, looked[-1] if len(numbers) > len(looked) else None
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        """Replace a kept consumed submission's sealed reply with new, only if still old."""
+        check_resealed_reply(number, new)
+        with self._lock:
+            state = self._agent(agent)
+            found = state.done.get(number)
+            if found is None or found[1] != old:
+                return False
+            state.done[number] = (found[0], bytes(new))
             state.changes += 1
         return True
 

@@ -283,6 +283,29 @@ class Store(Protocol):
         StoreError for numbers or a size outside ``check_effect_bounds``.
         """
 
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        """One page of the sealed replies of the kept consumed submissions numbered above
+        after, oldest first, and where the next page starts: (replies, the after to read
+        on from, or None once nothing is left). For ``hb rotate-secret commit``.
+
+        A page holds at most limit replies (1 to ``stores.reseal.REPLY_PAGE``) and
+        looks at no more than ``REPLY_SCAN_FACTOR`` times as many consumed records
+        (one consumed without a reply, or junk, counts): it may be empty and still
+        not the last. The replies are those ``read_admission`` gives. Not
+        authenticated: a record that does not parse, or a reply over
+        ``MAX_REPLY_BYTES``, is logged and left out, reading no more than that.
+        """
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        """Replace the sealed reply of kept consumed submission number with new, only if it
+        is still old, in one atomic step against the consumption a checkpoint commits and
+        its retention; durable as that consumption is. False, changing nothing, if it is
+        gone, another, or consumed without a reply. StoreError, changing nothing, for a
+        number or a size of new outside ``check_reply_bounds``.
+        """
+
     def list_agents(self) -> list[str]:
         """The ids of the agents the store holds records of, sorted (for ``hb status``).
 

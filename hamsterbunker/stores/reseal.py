@@ -1,11 +1,30 @@
-"""What every backend's re-seal checks before it writes (``hb rotate-secret commit``)."""
+"""What every backend's re-seal checks before it writes (``hb rotate-secret commit``), and
+how much one page of ``Store.read_replies`` holds."""
 
 from __future__ import annotations
 
 from ..errors import StoreError
-from ..limits import check_submission_bounds
+from ..limits import check_reply_bounds, check_submission_bounds
 
-__all__ = ["check_resealed_submission"]
+__all__ = [
+    "REPLY_PAGE",
+    "REPLY_SCAN_FACTOR",
+    "check_resealed_reply",
+    "check_resealed_submission",
+    "reply_page_bounds",
+]
+
+# The most replies one page of Store.read_replies holds: with each at most
+# MAX_REPLY_BYTES (256 KiB), 4 MiB a page. The most consumed records one page looks
+# at is REPLY_SCAN_FACTOR times the page's limit (consumed without a reply, or junk).
+REPLY_PAGE = 16
+REPLY_SCAN_FACTOR = 4
+
+
+def reply_page_bounds(limit: int) -> tuple[int, int]:
+    """(replies, consumed records looked at) of one page asked for with limit."""
+    replies = min(max(int(limit), 1), REPLY_PAGE)
+    return replies, REPLY_SCAN_FACTOR * replies
 
 
 def check_resealed_submission(number: int, old: bytes, new: bytes) -> None:
@@ -17,5 +36,13 @@ def check_resealed_submission(number: int, old: bytes, new: bytes) -> None:
             f"a re-sealed submission {number} must be as long as the one it replaces "
             f"({len(new)} bytes, not {len(old)})"
         )
+    if problem is not None:
+        raise StoreError(problem)
+
+
+def check_resealed_reply(number: int, new: bytes) -> None:
+    """StoreError unless new can be stored as the sealed reply of consumed submission number
+    (``check_reply_bounds``; no total counts a reply's length, so it may change)."""
+    problem = check_reply_bounds(number, "r", len(new))
     if problem is not None:
         raise StoreError(problem)

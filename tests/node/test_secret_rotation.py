@@ -28,6 +28,7 @@ from hamsterbunker.errors import (
     WrongSecret,
 )
 from hamsterbunker.keyring import Keyring, Secret, read_keyring
+from hamsterbunker.limits import MAX_CONSUMED_PER_STEP
 from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.cluster import Cluster
 from hamsterbunker.node.keys import KeyFollower, show_keys
@@ -36,6 +37,7 @@ from hamsterbunker.records import ClusterRecord, KeyEntry, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record, read_header, sealed_key_id
 from hamsterbunker.stores import Consumed, Fence
+from hamsterbunker.stores.reseal import REPLY_PAGE
 from hamsterbunker.testing import MemoryStore
 
 OLD, NEW = "the old secret of the cluster", "the new secret of the cluster"
@@ -336,6 +338,64 @@ def test_finish_waits_for_submissions_sealed_under_the_old_key_to_be_consumed(
     store.put_checkpoint(
         AGENT, fence, 1, new.seal(AGENT, 1, 1, {"n": 1}), [Consumed(1, "req-1", None)]
     )
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    assert store.read_cluster().rotation == ""  # type: ignore[union-attr]
+
+
+def consume_with_old_replies(
+    store: MemoryStore, old: Sealer, count: int, states: Sealer | None = None
+) -> None:
+    """Admit count submissions (req-1, ...) and consume them in checkpoints 1, 2, ...
+    (sealed by states, else by old), each odd one with a reply sealed by old
+    ({"answer": its number}), each even one without."""
+    fence = store_lease(store)
+    consumed = []
+    for number in range(1, count + 1):
+        request_id = f"req-{number}"
+        blob = old.seal_submission(AGENT, number, request_id, {"q": number}, 0.0)
+        store.admit(AGENT, request_id, number, blob)
+        reply = old.seal_reply(AGENT, number, request_id, {"answer": number})
+        consumed.append(Consumed(number, request_id, reply if number % 2 else None))
+    for seq, start in enumerate(range(0, count, MAX_CONSUMED_PER_STEP), start=1):
+        blob = (states or old).seal(AGENT, 1, seq, {"n": seq})
+        batch = consumed[start : start + MAX_CONSUMED_PER_STEP]
+        store.put_checkpoint(AGENT, fence, seq, blob, batch)
+
+
+def test_a_reply_sealed_before_begin_is_read_with_the_new_secret_alone_after_finish(
+    first: ClusterRecord,
+) -> None:
+    """Replies of submissions consumed before begin (more than one page of them) are
+    sealed again under the new key by commit: after finish, a client holding only the
+    new secret reads each, and one consumed without a reply still reads as None."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    consume_with_old_replies(store, Sealer(OLD, first), 2 * REPLY_PAGE + 5)
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    [done] = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert (done.replies, done.replies_unopened) == (REPLY_PAGE + 3, 0)
+    assert f"{REPLY_PAGE + 3} replies to consumed submissions re-sealed" in done.describe("k")
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    with Client(store, NEW) as client:
+        for number in (1, 2, REPLY_PAGE + 1, 2 * REPLY_PAGE + 5):
+            expected = {"answer": number} if number % 2 else None
+            assert client.result(AGENT, f"req-{number}", timeout=10) == expected
+
+
+def test_finish_refuses_while_a_reply_under_the_old_key_is_kept(first: ClusterRecord) -> None:
+    """A reply under the old key that commit did not re-seal keeps finish back, naming it,
+    until commit runs again; a reply that no key opens (junk) keeps nothing back."""
+    store, _begun = rotated(first, "begin", "commit")
+    new = Sealer(BOTH, store.read_cluster())  # type: ignore[arg-type]
+    consume_with_old_replies(store, Sealer(OLD, first), 1, states=new)
+    with pytest.raises(ControlRefused, match="1 replies to consumed submissions of agent"):
+        Rotation(store, AGENT, BOTH, say=quiet).finish()
+    assert store.read_cluster().rotation == "committed"  # type: ignore[union-attr]
+    [(number, sealed)], _following = store.read_replies(AGENT, 0, REPLY_PAGE)
+    junk = sealed[:-1] + bytes([sealed[-1] ^ 1])  # names the old key, fails to authenticate
+    assert store.reseal_reply(AGENT, number, sealed, junk)
+    [done] = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert (done.replies, done.replies_unopened) == (0, 1)
     Rotation(store, AGENT, BOTH, say=quiet).finish()
     assert store.read_cluster().rotation == ""  # type: ignore[union-attr]
 

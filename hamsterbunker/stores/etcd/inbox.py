@@ -58,7 +58,9 @@ most ``_FORGOTTEN_PER_TXN`` per txn and two txns per checkpoint.
 ``read_inbox`` reads the pending entries above ``after`` in pages of ``_PAGE``
 (values included: etcd's request limit bounds each), and looks at no more than
 ``2 * MAX_INBOX_COUNT`` keys, junk included; ``read_admission`` reads the ids
-record, then the reply it names. Every inbox key is under the agent's prefix,
+record, then the reply it names; ``replies`` (``Store.read_replies``) reads a
+page of ``done`` records, then their ids records, then the replies those name
+(three reads a page). Every inbox key is under the agent's prefix,
 which ``watch`` follows: an admission and a consuming checkpoint wake it.
 
 Nothing stored is trusted: a pending entry whose name does not parse or whose
@@ -91,6 +93,7 @@ from ...limits import (
 from ...records import CheckpointInfo, parse_json
 from .._reported import ReportedOnce
 from ..base import AdmissionState, Consumed, Fence, describe_fence_text, inbox_full
+from ..reseal import reply_page_bounds
 from .checkpoints import Raced, TxnExtra
 from .connection import EtcdConnection, grpc_error, too_large
 from .kv import (
@@ -362,6 +365,77 @@ class EtcdInbox:
             reply = None
         return AdmissionState(number, consumed=True, reply=reply)
 
+    def replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        """Store.read_replies: the done records above after (one range), their ids records
+        (one txn), then the replies those name (one txn)."""
+        count, scan = reply_page_bounds(limit)
+        if after >= MAX_SEQ:
+            return [], None
+        inbox = self._inbox(agent)
+        done = inbox + "done/"
+        start = done + pad(max(after, 0) + 1)
+        [kvs] = ranges(self._connection.txn([], [get_op(start, range_end(done), limit=scan)]))
+        named = [entry for kv in kvs if (entry := self._done(agent, done.encode(), kv))]
+        following = _listed_to(kvs, done.encode(), after) if len(kvs) >= scan else None
+        keys: list[tuple[int, str]] = []
+        if named:
+            ids = [get_op(f"{inbox}ids/{request_id}") for _n, request_id in named]
+            for (number, request_id), id_kvs in zip(
+                named, ranges(self._connection.txn([], ids)), strict=True
+            ):
+                ref = self._reply_ref(agent, number, request_id, id_kvs)
+                if ref is not None:
+                    keys.append((number, f"{inbox}replies/{pad(number)}/{ref}"))
+        if len(keys) > count:
+            keys, following = keys[:count], keys[count - 1][0]
+        if not keys:
+            return [], following
+        found: list[tuple[int, bytes]] = []
+        stored = ranges(self._connection.txn([], [get_op(key) for _n, key in keys]))
+        for (number, _key), reply_kvs in zip(keys, stored, strict=True):
+            reply, rev = _value(reply_kvs)
+            if reply is not None and len(reply) > MAX_REPLY_BYTES:
+                self._warn(
+                    agent, ("reply", number, rev), "leaving out the reply to %d: %d bytes, "
+                    "above the limit of %d", number, len(reply), MAX_REPLY_BYTES,
+                )  # fmt: skip
+            elif reply is not None:
+                found.append((number, reply))
+        return found, following
+
+    def _done(self, agent: str, done: bytes, kv: Mapping[str, Any]) -> tuple[int, str] | None:
+        """(number, request id) of a done record, or None (logged) for junk."""
+        key = kv_key(kv)
+        name = key.removeprefix(done)
+        number = int(name) if _NUMBER_NAME.fullmatch(name) else 0
+        try:
+            request_id = unb64(kv.get("value", "")).decode("ascii")
+        except (ValueError, UnicodeDecodeError):
+            request_id = ""
+        if not 0 < number <= MAX_SEQ or check_request_id(request_id) is not None:
+            self._warn(agent, (key, kv.get("mod_revision")), "skipping done record %r", name[:80])
+            return None
+        return number, request_id
+
+    def _reply_ref(
+        self, agent: str, number: int, request_id: str, kvs: list[dict[str, Any]]
+    ) -> str | None:
+        """The reply a consumed submission's ids record names, or None (none, or junk)."""
+        data, rev = _value(kvs)
+        if data is None:
+            return None
+        try:
+            doc = _id_record(data, f"inbox record of request id {request_id}")
+        except CorruptRecord as exc:
+            self._warn(agent, (request_id, rev), "%s: its reply left out", exc)
+            return None
+        if doc["n"] != number or doc.get("consumed") is not True:
+            return None  # the id names another number: that one's reply is the readable one
+        reply = doc.get("reply")
+        return reply if isinstance(reply, str) else None
+
     # -- consumption -----------------------------------------------------------
 
     def checkpoint(
@@ -476,6 +550,15 @@ class EtcdInbox:
                 ops.append(delete_op(key, key + "\0"))
         response = self._connection.txn(compare, ops)
         return bool(response.get("succeeded")) and excess == _FORGOTTEN_PER_TXN
+
+
+def _listed_to(kvs: list[dict[str, Any]], done: bytes, after: int) -> int | None:
+    """Where a page that looked at as many done keys as it may goes on: after the number
+    its last key starts with (past after, so junk cannot hold it); None if no number."""
+    name = kv_key(kvs[-1]).removeprefix(done)[:20]
+    if not _NUMBER_NAME.fullmatch(name):
+        return None
+    return min(max(int(name), after + 1), MAX_SEQ)
 
 
 class _Consumption:

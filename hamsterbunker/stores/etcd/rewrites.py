@@ -1,4 +1,4 @@
-"""The etcd store's compare-and-set rewrites: the cluster record, and a re-sealed checkpoint.
+"""The etcd store's compare-and-set rewrites: the cluster record, and the re-seals.
 
 The cluster record is replaced by a txn that compares its value. A re-sealed
 checkpoint is read with its mod revision, compared with the expected bytes
@@ -16,15 +16,31 @@ from ...failpoints import failpoint
 from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
-from ..reseal import check_resealed_submission
+from ..reseal import check_resealed_reply, check_resealed_submission
 from .connection import EtcdConnection
-from .kv import b64, checkpoint_key, effect_key, get_op, pad, put_op, ranges, revision, unb64
+from .kv import (
+    b64,
+    checkpoint_key,
+    effect_key,
+    get_op,
+    kv_key,
+    pad,
+    put_op,
+    range_end,
+    ranges,
+    revision,
+    unb64,
+)
 
 __all__ = ["EtcdRewrites"]
 
+# The most reply keys read under one number: a committed one, and those a checkpoint
+# that was never committed staged (retention removes them with it).
+_REPLY_KEYS = 8
+
 
 class EtcdRewrites:
-    """Store.replace_cluster and reseal_checkpoint of one etcd store."""
+    """Store.replace_cluster and the re-seals of one etcd store."""
 
     def __init__(
         self, connection: EtcdConnection, prefix: str, agent_prefix: Callable[[str], str]
@@ -56,6 +72,18 @@ class EtcdRewrites:
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
         check_resealed_submission(number, old, new)
         return self._swap(f"{self._agent_prefix(agent)}inbox/pending/{pad(number)}", old, new)
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        check_resealed_reply(number, new)
+        # A reply is kept under the checkpoint that staged it (stores.etcd.inbox): the
+        # key under the number that holds old is the one its ids record names.
+        replies = f"{self._agent_prefix(agent)}inbox/replies/{pad(number)}/"
+        get = get_op(replies, range_end(replies), limit=_REPLY_KEYS)
+        [found] = ranges(self._connection.txn([], [get]))
+        for kv in found:
+            if unb64(kv.get("value", "")) == old:
+                return self._swap(kv_key(kv).decode("utf-8", "replace"), old, new)
+        return False
 
     def _swap(self, key: str, old: bytes, new: bytes) -> bool:
         """Put new under key if it holds old: compared here, then by its mod revision."""

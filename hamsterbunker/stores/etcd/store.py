@@ -273,6 +273,16 @@ class EtcdStore(Store):
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
         return self._rewrites.reseal_submission(agent, number, old, new)
 
+    @_translated
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        return self._inbox.replies(agent, after, limit)
+
+    @_translated
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_reply(agent, number, old, new)
+
     # -- lease -------------------------------------------------------------
 
     @_translated

@@ -28,6 +28,12 @@ take a staged record whose checkpoint exists as applied, so replies are
 readable as soon as the checkpoint is accepted. Failpoints
 ``inbox.commit.after_staged`` and ``inbox.commit.after_checkpoint``.
 
+``reseal_reply`` (``hb rotate-secret commit``) writes the consumed record
+with the new reply under a temporary name, then, under the lock, applies what
+a crash left staged under a stored checkpoint (as ``put_checkpoint`` would
+first: a reader takes such a reply as applied), compares the record's reply
+with the one read and renames over it.
+
 Reading, shared with readers, is in ``inbox_view``. Nothing read is trusted
 (DESIGN.md invariant 10): directories are opened without following links,
 files only if regular and within a cap, names and contents that do not parse
@@ -50,9 +56,11 @@ from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
 from ...failpoints import failpoint
 from ...limits import check_submission_bounds
 from ..base import Consumed, inbox_full
+from ..reseal import check_resealed_reply
 from .fileio import closing_fd, discard, make_subdir, write_temp
 from .inbox_records import (
     COUNTER_NAME,
+    DONE_CAP,
     DONE_NAME,
     HEADER_BYTES,
     PENDING_CAP,
@@ -63,6 +71,7 @@ from .inbox_records import (
     head_request_id,
     index_bytes,
     index_name,
+    parse_done,
     pending_bytes,
     pending_name,
     staged_bytes,
@@ -110,6 +119,44 @@ class InboxFiles(InboxView):
             stack.callback(discard, dirs.pending, tmp)
             with lease_locked(agent_fd, agent_dir, agent, self._lock_timeout):
                 return self._admit_locked(dirs, request_id, number, tmp, len(blob))
+        raise AssertionError("unreachable")  # pragma: no cover (mypy: ExitStack may swallow)
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        """Store.reseal_reply: the consumed record rewritten with new under the lock, after
+        what a crash left staged under a stored checkpoint is applied (as a reader takes it)."""
+        check_resealed_reply(number, new)
+        agent_dir = self._tree.agent_dir(agent)
+        name = done_name(number)
+        with contextlib.ExitStack() as stack:
+            agent_fd = stack.enter_context(self._tree.reading(*agent_parts(agent)))
+            dirs = self._opened(stack, agent_fd, agent)
+            if agent_fd is None or dirs.done is None:
+                return False
+            path = dirs.path / "done" / name
+            seen = self._read(dirs.done, name, path, DONE_CAP)
+            parsed = None if seen is None else parse_done(seen)
+            # Written and synced before the lock where it can be: the lock is held only to
+            # compare and rename.
+            tmp = None
+            if parsed is not None and parsed[1] == old:
+                tmp = write_temp(dirs.done, done_bytes(parsed[0], new), durable=True)
+                stack.callback(discard, dirs.done, tmp)
+            elif number not in self._overlay(dirs):
+                return False
+            failpoint("reseal.before_commit")
+            with lease_locked(agent_fd, agent_dir, agent, self._lock_timeout):
+                if None not in (dirs.pending, dirs.ids, dirs.staged) and self._overlay(dirs):
+                    self.settle(Staging(dirs, None, []))  # what put_checkpoint does first
+                now = self._read(dirs.done, name, path, DONE_CAP)
+                parsed = None if now is None else parse_done(now)
+                if parsed is None or parsed[1] != old:
+                    return False  # removed by retention, or another record now
+                if tmp is None or now != seen:
+                    tmp = write_temp(dirs.done, done_bytes(parsed[0], new), durable=True)
+                    stack.callback(discard, dirs.done, tmp)
+                os.replace(tmp, name, src_dir_fd=dirs.done, dst_dir_fd=dirs.done)
+                os.fsync(dirs.done)
+                return True
         raise AssertionError("unreachable")  # pragma: no cover (mypy: ExitStack may swallow)
 
     # -- put_checkpoint's part, in its order -------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from ...errors import CorruptRecord
 from ...limits import MAX_INBOX_COUNT, check_request_id
 from ..base import AdmissionState, Consumed
+from ..reseal import reply_page_bounds
 from .fileio import (
     TMP_PREFIX,
     closing_fd,
@@ -38,6 +39,7 @@ from .fileio import (
 from .inbox_records import (
     COUNTER_NAME,
     DONE_CAP,
+    DONE_NAME,
     HEADER_BYTES,
     INDEX_CAP,
     PENDING_CAP,
@@ -114,24 +116,37 @@ class InboxView:
             self._tree.report(f"inbox left out: {exc}")
             return None
 
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        count, scan = reply_page_bounds(limit)
+        try:
+            with self._reading(agent) as dirs:
+                return self._replies(dirs, after, count, scan)
+        except CorruptRecord as exc:
+            self._tree.report(f"inbox left out: {exc}")
+            return [], None
+
     # -- opening ---------------------------------------------------------------
 
     @contextlib.contextmanager
     def _reading(self, agent: str) -> Iterator[InboxDirs]:
         """The inbox's directories for reading: none is made; junk is reported and left out."""
-        agent_dir = self._tree.agent_dir(agent)
-        dirs = InboxDirs(agent_dir / "inbox")
         with contextlib.ExitStack() as stack:
             agent_fd = stack.enter_context(self._tree.reading(*agent_parts(agent)))
-            if agent_fd is not None:
-                dirs.inbox = self._open(stack, agent_fd, "inbox", dirs.path)
-                dirs.checkpoints = self._open(
-                    stack, agent_fd, "checkpoints", agent_dir / "checkpoints"
-                )
-            if dirs.inbox is not None:
-                for sub in SUBDIRS:
-                    setattr(dirs, sub, self._open(stack, dirs.inbox, sub, dirs.path / sub))
-            yield dirs
+            yield self._opened(stack, agent_fd, agent)
+
+    def _opened(self, stack: contextlib.ExitStack, agent_fd: int | None, agent: str) -> InboxDirs:
+        """The inbox's directories in agent_fd, open until stack closes; none is made."""
+        agent_dir = self._tree.agent_dir(agent)
+        dirs = InboxDirs(agent_dir / "inbox")
+        if agent_fd is not None:
+            dirs.inbox = self._open(stack, agent_fd, "inbox", dirs.path)
+            dirs.checkpoints = self._open(stack, agent_fd, "checkpoints", agent_dir / "checkpoints")
+        if dirs.inbox is not None:
+            for sub in SUBDIRS:
+                setattr(dirs, sub, self._open(stack, dirs.inbox, sub, dirs.path / sub))
+        return dirs
 
     def _open(self, stack: contextlib.ExitStack, parent: int, name: str, path: Path) -> int | None:
         try:
@@ -270,6 +285,34 @@ class InboxView:
             elif data is not None:
                 self._tree.report(f"inbox: left out: {path / name} does not parse")
         return found
+
+    def _replies(
+        self, dirs: InboxDirs, after: int, count: int, scan: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        """read_replies' page: the consumed records above after (a staged one as applied)."""
+        overlay = self._overlay(dirs)
+        names = dict(self._numbered(dirs.done, DONE_NAME, dirs.path / "done"))
+        numbers = sorted(number for number in {*names, *overlay} if number > after)
+        looked = numbers[:scan]
+        found: list[tuple[int, bytes]] = []
+        for index, number in enumerate(looked):
+            staged = overlay.get(number)
+            reply = staged.reply if staged is not None else self._reply(dirs, names[number])
+            if reply is None:
+                continue
+            found.append((number, reply))
+            if len(found) == count:
+                return found, number if index + 1 < len(numbers) else None
+        return found, looked[-1] if len(numbers) > len(looked) else None
+
+    def _reply(self, dirs: InboxDirs, name: str) -> bytes | None:
+        """The sealed reply of the consumed record name; None if it has none, or is junk."""
+        path = dirs.path / "done" / name
+        data = self._read(dirs.done, name, path, DONE_CAP)
+        parsed = None if data is None else parse_done(data)
+        if data is not None and parsed is None:
+            self._tree.report(f"inbox: left out: {path} does not parse")
+        return None if parsed is None else parsed[1]
 
     def _counter(self, dirs: InboxDirs) -> int | None:
         """The last admitted number as stored; None if absent or junk (reported)."""

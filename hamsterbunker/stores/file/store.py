@@ -216,6 +216,16 @@ class FileStore(Store):
         return self._rewrites.reseal_submission(agent, number, old, new)
 
     @_os_errors_as_store_errors
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        return self._inbox.read_replies(agent, after, limit)
+
+    @_os_errors_as_store_errors
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return self._inbox.reseal_reply(agent, number, old, new)
+
+    @_os_errors_as_store_errors
     def list_agents(self) -> list[str]:
         # A bounded read of agents/: a name that is no agent id, or no plain directory, is skipped.
         with self._tree.reading("agents") as agents_fd:

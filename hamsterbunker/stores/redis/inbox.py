@@ -35,6 +35,7 @@ another type holds nothing readable and is replaced by the next write.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -54,6 +55,7 @@ from ...limits import (
 )
 from .._reported import ReportedOnce
 from ..base import AdmissionState, Consumed
+from ..reseal import reply_page_bounds
 from . import inbox_scripts as _scripts
 from .replies import text
 
@@ -83,6 +85,20 @@ def _number(value: Any) -> int | None:
     return number if number <= MAX_SEQ else None
 
 
+def _following(score: Any, after: int) -> int | None:
+    """Where READ_REPLIES says the next page starts; at least after + 1, so a listing
+    moves on past kept members planted with scores that are not whole numbers."""
+    if not isinstance(score, bytes) or not score:
+        return None
+    try:
+        value = float(score)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value >= MAX_SEQ:
+        return None
+    return max(math.floor(value), after + 1)
+
+
 class RedisInbox:
     """The inboxes of every agent of one Redis store.
 
@@ -107,6 +123,7 @@ class RedisInbox:
         self._admit = client.register_script(_scripts.ADMIT)
         self._read = client.register_script(_scripts.READ_INBOX)
         self._admission = client.register_script(_scripts.READ_ADMISSION)
+        self._read_replies = client.register_script(_scripts.READ_REPLIES)
 
     def keys(self, agent: str) -> list[str]:
         """The agent's inbox keys, in the order every inbox script takes them."""
@@ -261,6 +278,42 @@ class RedisInbox:
             )
             reply = None
         return AdmissionState(number, consumed=True, reply=reply)
+
+    def replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        """Store.read_replies: one script; what it sent checked again, the rest reported once."""
+        count, scan = reply_page_bounds(limit)
+        answer = self._read_replies(
+            keys=self.keys(agent),
+            args=[max(int(after), 0), scan, count, MAX_REPLY_BYTES, MAX_SEQ],
+        )
+        if not isinstance(answer, list) or len(answer) < 2:
+            return [], None
+        if answer[0] == b"type":
+            kind = text(answer[2]) if len(answer) > 2 else "?"
+            self._warn(agent, ("type", answer[1]), "%s is a Redis %s", text(answer[1]), kind)
+            return [], None
+        left_out, following = answer[0], answer[1]
+        if isinstance(left_out, int) and left_out > 0:
+            self._warn(agent, ("kept", left_out), "left out %d kept numbers not ours", left_out)
+        found: list[tuple[int, bytes]] = []
+        for field, value in zip(answer[2::2], answer[3::2], strict=False):
+            number = _number(field)
+            if number is None or number <= after:  # the script sends only ours; checked again
+                continue
+            if not isinstance(value, bytes):
+                self._warn(
+                    agent,
+                    ("reply-size", number, value),
+                    "left out the reply to %d: %s bytes, above the limit of %d bytes",
+                    number,
+                    value,
+                    MAX_REPLY_BYTES,
+                )
+                continue
+            found.append((number, value))
+        return found[:count], _following(following, after)
 
     def _warn(self, agent: str, key: object, why: str, *args: object) -> None:
         """Log once what was left out of agent's inbox."""

@@ -15,7 +15,15 @@ in the same atomic step.
 
 from __future__ import annotations
 
-__all__ = ["ADMIT", "CONSUME", "INBOX_HELPERS", "INBOX_KEYS", "READ_ADMISSION", "READ_INBOX"]
+__all__ = [
+    "ADMIT",
+    "CONSUME",
+    "INBOX_HELPERS",
+    "INBOX_KEYS",
+    "READ_ADMISSION",
+    "READ_INBOX",
+    "READ_REPLIES",
+]
 
 # The inbox's keys (under P:agent:A:), in the order every script takes them.
 INBOX_KEYS = (
@@ -302,6 +310,56 @@ if redis.call('HEXISTS', replies, n) == 1 then
   else
     table.insert(out, redis.call('HGET', replies, n))
   end
+end
+return out
+"""
+
+# KEYS: INBOX_KEYS. ARGV: after, how many kept numbers to look at, how many replies
+# to send, MAX_REPLY_BYTES, MAX_SEQ. Returns {'type', key name, its type} if the
+# replies hash or the kept set is of another type, else {left out, next, then
+# number, sealed reply pairs}: the kept numbers above after, ascending, with a
+# reply, a reply over MAX_REPLY_BYTES sent as its length (an integer), unread. A
+# member that is not a number as we write it is counted in "left out". next is
+# the score to read on after ('' once no kept number is left past the page).
+READ_REPLIES = """
+local replies, kept = KEYS[6], KEYS[7]
+for _, pair in ipairs({{replies, 'hash', 'inbox:replies'}, {kept, 'zset', 'inbox:kept'}}) do
+  local found = redis.call('TYPE', pair[1])['ok']
+  if found ~= pair[2] and found ~= 'none' then
+    return {'type', pair[3], found}
+  end
+end
+local scan, count, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_seq = tonumber(ARGV[5])
+local members = redis.call(
+  'ZRANGEBYSCORE', kept, '(' .. ARGV[1], '+inf', 'WITHSCORES', 'LIMIT', 0, scan)
+local out = {0, ''}
+local sent, last = 0, nil
+for i = 1, #members, 2 do
+  local n, score = members[i], members[i + 1]
+  last = score
+  local good = #n <= 16 and string.match(n, '^[1-9]%d*$') ~= nil
+  if good then
+    good = tonumber(n) == tonumber(score) and tonumber(score) <= max_seq
+  end
+  if not good then
+    out[1] = out[1] + 1
+  elseif redis.call('HEXISTS', replies, n) == 1 then
+    local size = redis.call('HSTRLEN', replies, n)
+    table.insert(out, n)
+    if size > cap then
+      table.insert(out, size)
+    else
+      table.insert(out, redis.call('HGET', replies, n))
+    end
+    sent = sent + 1
+    if sent == count then
+      break
+    end
+  end
+end
+if last ~= nil and redis.call('ZCOUNT', kept, '(' .. last, '+inf') > 0 then
+  out[2] = last
 end
 return out
 """

@@ -1,8 +1,9 @@
-"""The Redis store's compare-and-set rewrites: the cluster record, and a re-sealed checkpoint.
+"""The Redis store's compare-and-set rewrites: the cluster record, and the re-seals.
 
 Each is one Lua script, which Redis runs with nothing interleaved: the
 stored bytes are compared with the expected ones and replaced in that step
-(a checkpoint's against ``put_checkpoint``'s script and its retention). A
+(a checkpoint's or a reply's against ``put_checkpoint``'s script and its
+retention: a reply retention removed is gone from its hash, and stays gone). A
 value that is not a string is taken as changed, never a Lua error.
 """
 
@@ -17,7 +18,7 @@ from ...failpoints import failpoint
 from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
 from ..base import check_reseal
-from ..reseal import check_resealed_submission
+from ..reseal import check_resealed_reply, check_resealed_submission
 
 __all__ = ["RedisRewrites"]
 
@@ -31,9 +32,10 @@ redis.call('SET', KEYS[1], ARGV[2])
 return 1
 """
 
-# KEYS: a hash (the agent's blobs, one step's effect journal, the pending submissions).
-# ARGV: field (a seq, "<index>:<kind>", a number), expected bytes, new bytes. 1 if
-# replaced, else 0. The same length (checked by the caller): no byte total changes.
+# KEYS: a hash (the agent's blobs, one step's effect journal, the pending submissions,
+# the kept replies). ARGV: field (a seq, "<index>:<kind>", a number), expected bytes,
+# new bytes. 1 if replaced, else 0. A checkpoint or submission keeps its length (checked
+# by the caller): no byte total changes; no total counts a reply's.
 _RESEAL_CHECKPOINT = """
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then
   return 0
@@ -48,7 +50,7 @@ return 1
 
 
 class RedisRewrites:
-    """Store.replace_cluster and reseal_checkpoint of one Redis store."""
+    """Store.replace_cluster and the re-seals of one Redis store."""
 
     def __init__(self, client: redis.Redis, prefix: str, key: Callable[..., str]) -> None:
         self._cluster_key, self._key = f"{prefix}:cluster", key
@@ -79,6 +81,12 @@ class RedisRewrites:
         check_resealed_submission(number, old, new)
         failpoint("reseal.before_commit")
         key = self._key(agent, "inbox", "pending")
+        return bool(self._reseal(keys=[key], args=[str(number), old, new]) == 1)
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        check_resealed_reply(number, new)
+        failpoint("reseal.before_commit")
+        key = self._key(agent, "inbox", "replies")
         return bool(self._reseal(keys=[key], args=[str(number), old, new]) == 1)
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:

@@ -260,6 +260,16 @@ class RedisStore(Store):
         return self._rewrites.reseal_submission(agent, number, old, new)
 
     @_translated
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        return self._inbox.replies(agent, after, limit)
+
+    @_translated
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return self._rewrites.reseal_reply(agent, number, old, new)
+
+    @_translated
     def list_agents(self) -> list[str]:
         # SCAN by pattern: each call looks at about _SCAN_COUNT keys, and at most
         # _SCAN_CALLS calls are made, however many keys were planted.

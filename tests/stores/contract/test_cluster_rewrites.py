@@ -1,23 +1,30 @@
-"""Store.replace_cluster and reseal_checkpoint, on every backend (``hb rotate-secret``).
+"""Store.replace_cluster, the re-seals and the reply listing, on every backend
+(``hb rotate-secret``).
 
 The cluster record is changed only against the record the writer read, so two
 rotations racing cannot both win; a checkpoint is re-sealed in place only while
 it still holds the bytes the re-sealer opened, so a re-seal never brings back a
-checkpoint retention removed, nor overwrites one a leader wrote meanwhile.
+checkpoint retention removed, nor overwrites one a leader wrote meanwhile. The
+same holds for a consumed submission's reply, listed page by page for commit.
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from hamsterbunker.errors import ClusterChanged, StoreError
+from hamsterbunker.limits import MAX_REPLY_BYTES
 from hamsterbunker.records import ClusterRecord, LeaseRecord
-from hamsterbunker.stores.base import Consumed, Fence, Store
+from hamsterbunker.stores.base import AdmissionState, Consumed, Fence, Store
+from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.file.inbox_records import staged_bytes, staged_name
+from hamsterbunker.stores.file.layout import checkpoint_name
 
-from .conftest import KEEP_CHECKPOINTS, Opener
+from .conftest import KEEP_CHECKPOINTS, KEEP_REPLIES, Opener
 
 AGENT = "rewritten"
 RECORD = ClusterRecord(
@@ -160,4 +167,122 @@ def test_a_reseal_of_another_or_a_consumed_submission_changes_nothing(store: Sto
     fence = leased(store)
     store.put_checkpoint(AGENT, fence, 1, b"checkpoint-1", [Consumed(1, "req-1", None)])
     assert not store.reseal_submission(AGENT, 1, b"old-submission", b"new-submission")
+    assert store.read_inbox(AGENT) == []
+
+
+def consumed_with_replies(store: Store, replies: dict[int, bytes | None]) -> Fence:
+    """Admit a submission per number (request id req-<number>) and consume them all in
+    one checkpoint, each with its reply (None: without one)."""
+    for number in sorted(replies):
+        store.admit(AGENT, f"req-{number}", number, b"submission-%d" % number)
+    fence = leased(store)
+    consumed = [Consumed(n, f"req-{n}", reply) for n, reply in sorted(replies.items())]
+    store.put_checkpoint(AGENT, fence, 1, b"checkpoint-1", consumed)
+    return fence
+
+
+def test_the_kept_replies_are_listed_page_by_page(store: Store, open_second: Opener) -> None:
+    """Replies come oldest first, a page at a time, each page saying where the next
+    starts; a submission consumed without a reply is passed over."""
+    consumed_with_replies(store, {1: b"reply-1", 2: None, 3: b"reply-3", 4: b"reply-4"})
+    second = open_second()
+    assert second.read_replies(AGENT, 0, 2) == ([(1, b"reply-1"), (3, b"reply-3")], 3)
+    assert second.read_replies(AGENT, 3, 2) == ([(4, b"reply-4")], None)
+    assert second.read_replies(AGENT, 0, 16) == (
+        [(1, b"reply-1"), (3, b"reply-3"), (4, b"reply-4")],
+        None,
+    )
+    assert second.read_replies(AGENT, 4, 16) == ([], None)
+    assert second.read_replies("nobody", 0, 16) == ([], None)
+
+
+def test_a_page_passed_over_by_retention_lists_only_the_kept(store: Store) -> None:
+    """A reply retention removed is listed no more; one pending is not listed."""
+    fence = consumed_with_replies(store, {1: b"reply-1", 2: b"reply-2"})
+    for number in range(3, 6):
+        store.admit(AGENT, f"req-{number}", number, b"submission")
+    consumed = [Consumed(n, f"req-{n}", b"reply-%d" % n) for n in (3, 4, 5)]
+    store.put_checkpoint(AGENT, fence, 2, b"checkpoint-2", consumed)  # keeps the newest 4
+    store.admit(AGENT, "req-6", 6, b"pending")
+    replies, following = store.read_replies(AGENT, 0, 16)
+    assert (replies, following) == ([(n, b"reply-%d" % n) for n in (2, 3, 4, 5)], None)
+
+
+def test_a_reply_is_resealed_in_place_while_it_holds_the_bytes_read(
+    store: Store, open_second: Opener
+) -> None:
+    """The new bytes (of any length within bounds) replace the reply, for every client;
+    the request id stays a duplicate."""
+    consumed_with_replies(store, {1: b"old-reply", 2: b"other-reply"})
+    assert store.reseal_reply(AGENT, 1, b"old-reply", b"a-new-and-longer-reply")
+    second = open_second()
+    state = second.read_admission(AGENT, "req-1")
+    assert state is not None and (state.number, state.consumed) == (1, True)
+    assert state.reply == b"a-new-and-longer-reply"
+    assert second.read_replies(AGENT, 0, 16) == (
+        [(1, b"a-new-and-longer-reply"), (2, b"other-reply")],
+        None,
+    )
+    assert second.admit(AGENT, "req-1", 3, b"again") == (1, True)
+
+
+def test_a_reseal_of_another_reply_or_of_none_changes_nothing(store: Store) -> None:
+    """Other bytes, a submission consumed without a reply, one still pending, one never
+    admitted: False, and nothing changes."""
+    consumed_with_replies(store, {1: b"old-reply", 2: None})
+    store.admit(AGENT, "req-3", 3, b"pending")
+    assert not store.reseal_reply(AGENT, 1, b"not-this-reply", b"new-reply")
+    assert not store.reseal_reply(AGENT, 2, b"", b"new-reply")
+    assert not store.reseal_reply(AGENT, 3, b"pending", b"new-reply")
+    assert not store.reseal_reply(AGENT, 9, b"old-reply", b"new-reply")
+    assert store.read_replies(AGENT, 0, 16) == ([(1, b"old-reply")], None)
+    assert store.read_inbox(AGENT) == [(3, b"pending")]
+    state = store.read_admission(AGENT, "req-2")
+    assert state is not None and state.consumed and state.reply is None
+
+
+def test_a_reseal_out_of_bounds_is_refused(store: Store) -> None:
+    """A reply over MAX_REPLY_BYTES, or a number out of bounds: StoreError, nothing changes."""
+    consumed_with_replies(store, {1: b"old-reply"})
+    with pytest.raises(StoreError, match="above the limit"):
+        store.reseal_reply(AGENT, 1, b"old-reply", b"x" * (MAX_REPLY_BYTES + 1))
+    with pytest.raises(StoreError, match="outside"):
+        store.reseal_reply(AGENT, 0, b"old-reply", b"new-reply")
+    assert store.read_replies(AGENT, 0, 16) == ([(1, b"old-reply")], None)
+
+
+def test_a_reseal_of_a_reply_retention_removed_changes_nothing(store: Store) -> None:
+    """A reply removed by retention since it was read is not brought back."""
+    fence = consumed_with_replies(store, {1: b"old-reply"})
+    for number in range(2, 2 + KEEP_REPLIES):
+        store.admit(AGENT, f"req-{number}", number, b"submission")
+        consumed = [Consumed(number, f"req-{number}", b"reply")]
+        store.put_checkpoint(AGENT, fence, number, b"checkpoint", consumed)
+    assert not store.reseal_reply(AGENT, 1, b"old-reply", b"new-reply")
+    assert store.read_admission(AGENT, "req-1") is None
+    replies, _following = store.read_replies(AGENT, 0, 16)
+    assert 1 not in [number for number, _reply in replies]
+
+
+def test_a_reply_a_crash_left_staged_is_listed_and_resealed_once_applied(
+    tmp_path: Path,
+) -> None:
+    """The file store: a consumption whose checkpoint is stored but not yet applied (a
+    crash between them) is read as applied; its re-seal applies it first, then replaces
+    the reply."""
+    root = tmp_path / "store"
+    store = FileStore(root, keep_replies=KEEP_REPLIES)
+    store.admit(AGENT, "req-1", 1, b"submission")
+    leased(store)
+    agent_dir = root / "agents" / AGENT
+    (agent_dir / "checkpoints").mkdir(exist_ok=True)
+    (agent_dir / "checkpoints" / checkpoint_name(1, 1)).write_bytes(b"checkpoint-1")
+    staged = agent_dir / "inbox" / "staged"
+    record = staged_bytes([Consumed(1, "req-1", b"old-reply")])
+    (staged / staged_name(1, 1)).write_bytes(record)
+    assert store.read_replies(AGENT, 0, 16) == ([(1, b"old-reply")], None)
+    assert store.reseal_reply(AGENT, 1, b"old-reply", b"new-reply")
+    assert [path.name for path in staged.iterdir()] == []  # applied, and removed
+    assert store.read_replies(AGENT, 0, 16) == ([(1, b"new-reply")], None)
+    assert store.read_admission(AGENT, "req-1") == AdmissionState(1, True, b"new-reply")
     assert store.read_inbox(AGENT) == []
