@@ -246,7 +246,7 @@ def _install_probe(path: str) -> None:
         finally:
             os.close(fd)
 
-    tick, release = LeaseKeeper.tick, LeaseKeeper.release
+    tick, release, hand = LeaseKeeper.tick, LeaseKeeper.release, LeaseKeeper.hand_over
     sleep_until = NodeLoop._sleep_until
     switch_over, hand_over = NodeLoop._switch_over_if_asked, NodeLoop._hand_over
 
@@ -263,6 +263,12 @@ def _install_probe(path: str) -> None:
         start = CLOCK.monotonic()
         done = release(self, successor, handoff=handoff)
         note("release", start, successor=successor, ok=done)
+        return done
+
+    def probed_hand(self: LeaseKeeper, successor: str, session: str, region: str) -> bool:
+        start = CLOCK.monotonic()
+        done = hand(self, successor, session, region)
+        note("release", start, successor=successor, ok=done, handed=True)
         return done
 
     def probed_switch_over(self: NodeLoop, record: Any) -> None:
@@ -296,6 +302,7 @@ def _install_probe(path: str) -> None:
     for cls, name, wrapper in (
         (LeaseKeeper, "tick", probed_tick),
         (LeaseKeeper, "release", probed_release),
+        (LeaseKeeper, "hand_over", probed_hand),
         (NodeLoop, "_watch", probed_watch),
         (NodeLoop, "_sleep_until", probed_sleep),
         (NodeLoop, "_switch_over_if_asked", probed_switch_over),
@@ -580,11 +587,11 @@ PROBE_PARTS = (
     "the request's compare-and-set sent → the old leader's watch wakes it",
     "its wake-up → the loop tells the term to hand over (the record the watch carried)",
     "→ the term has ended (step in flight finished, published)",
-    "→ its release starts",
-    "its release (one compare-and-set)",
-    "its release returned → the new leader's watch wakes it",
-    "that wake-up → its acquiring tick starts",
-    "its acquiring tick (take_lease: the compare-and-set; on etcd with the restore's reads)",
+    "→ its hand-over starts (the target's heartbeat read meanwhile)",
+    "its hand-over (one compare-and-set writing the target's term)",
+    "its hand-over returned → the new leader's watch wakes it",
+    "that wake-up → its adopting tick starts",
+    "its adopting tick (no write: the record the watch carried, or one read)",
 )
 BY_WATCH = "by watch"  # 1.0: the old leader saw the request through its watch, 0.0: at a tick
 

@@ -10,10 +10,10 @@ holder or an epoch: the fencing rules are untouched.
 * ``paused`` holds from term to term: every acquisition carries the field on,
   so a paused leader that dies is replaced by one that starts paused.
 * ``switchover_to`` holds for one term only (``switchover_epoch``): the
-  leader of that epoch finishes its step in flight, publishes and releases
-  the lease naming the target as its successor, which takes it at once; the
-  other nodes leave it to the target for a TTL. A request kept or put back
-  for a later term asks nothing.
+  leader of that epoch finishes its step in flight, publishes and writes the
+  target's next term into the lease record (``LeaseKeeper.hand_over``), which
+  the target leads at once. A request kept or put back for a later term asks
+  nothing.
 * ``revision`` only grows: a node ignores a request older than one it has
   seen, so an old signed request put back by someone else undoes nothing.
 """

@@ -1,9 +1,9 @@
 """A switchover with a node killed at each step of its protocol (failpoints), on every backend.
 
 The steps: the leader sees the request (``switchover.asked``), has published its
-last step and not yet released (``switchover.before_release``), has released to
-the target (``switchover.after_release``); the target has taken the lease and
-not yet stepped (``switchover.after_acquire``). Whoever dies, the agent goes on
+last step and not yet handed the lease over (``switchover.before_release``), has
+written the target's term (``switchover.after_release``); the target leads it and
+has not yet stepped (``switchover.after_acquire``). Whoever dies, the agent goes on
 under one leader: the target at once, or a standby a TTL after the dead node's
 last write. The ``local_cluster`` fixture holds every history to the checker
 (one writer per epoch, nothing published twice, no resume behind).
