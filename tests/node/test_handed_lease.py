@@ -8,14 +8,15 @@ its own FakeClock, so nothing depends on two nodes' clocks agreeing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
 from hamsterbunker.clock import FakeClock
-from hamsterbunker.errors import StoreUnavailable
+from hamsterbunker.errors import CorruptRecord, StoreUnavailable
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.records import LeaseRecord
+from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.timing import LeaseTiming
@@ -189,3 +190,14 @@ def test_a_heard_record_with_a_new_request_is_read_not_taken(store):
     asked = store.cas_lease(AGENT, renewed.version, replace(renewed, control="asked"))
     target.tick(asked)
     assert counted.reads == 2
+
+
+@pytest.mark.parametrize("session", ["x" * 33, "not hex!", 7])
+def test_a_heartbeat_naming_no_usable_lease_session_is_refused(session: object) -> None:
+    """Store contents: a session that is not one is not written into anyone's lease."""
+    beat = Heartbeat("b", "r", "h", 1, "standby", 1, 1, "a", 0.0, lease_session="0123abcd")
+    assert Heartbeat.from_json(beat.to_json()).lease_session == "0123abcd"
+    doc = json.loads(beat.to_json())
+    doc["lease_session"] = session
+    with pytest.raises(CorruptRecord, match="lease_session"):
+        Heartbeat.from_json(json.dumps(doc).encode())
