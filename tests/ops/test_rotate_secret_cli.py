@@ -3,7 +3,8 @@
 Each refusal is one line naming what is missing, with no traceback, and
 changes nothing: begin while a live node lacks the new secret; a node that
 starts with only the new secret before begin, or only the old one after;
-a key list edited in the store. ``hb status`` shows the key and the step.
+a key list edited in the store. ``hb status`` shows the key and the step. A
+reply consumed before begin is read with the new secret alone after finish.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import pytest
 
 from hamsterbunker.keyring import Keyring
 from hamsterbunker.local import LocalCluster, NodeSpec
-from hamsterbunker.records import ClusterRecord
+from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import Sealer, new_cluster_record
+from hamsterbunker.stores import Consumed, Fence
 from hamsterbunker.stores.file import FileStore
 from tests.support import wait_until
 from tests.support.cli import AGENT, AGENT_ID, FAST, hb_env, run_hb
@@ -160,3 +162,34 @@ def test_status_shows_the_key_and_the_rotation_under_way(local_cluster: MakeClus
         shown.stdout
     )
     assert Sealer(Keyring((NEW, OLD)), record).key_id == record.key_id
+
+
+def test_a_reply_consumed_before_begin_is_read_with_the_new_secret_after_finish(
+    tmp_path: Path,
+) -> None:
+    """hb rotate-secret commit says it re-sealed the reply of a submission consumed before
+    begin; after finish, hb submit --wait with the same request id and only the new secret
+    prints that reply."""
+    store, first = store_with(tmp_path)
+    old = Sealer(OLD, first)
+    store.admit(AGENT_ID, "req-1", 1, old.seal_submission(AGENT_ID, 1, "req-1", {"q": 1}, 0.0))
+    store.cas_lease(AGENT_ID, None, LeaseRecord("n1", "eu", "s1", 1, 2000))
+    reply = old.seal_reply(AGENT_ID, 1, "req-1", {"answer": 42})
+    checkpoint = old.seal(AGENT_ID, 1, 1, {"n": 1})
+    store.put_checkpoint(
+        AGENT_ID, Fence("n1", "s1", 1), 1, checkpoint, [Consumed(1, "req-1", reply)]
+    )
+    env = hb_env(HB_SECRET=NEW, HB_SECRET_PREVIOUS=OLD, HB_STORE=store.root.as_uri())
+    for step in ("begin", "commit", "finish"):
+        done = run_hb(["rotate-secret", step, "--agent-id", AGENT_ID, "--timeout", "5"], env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+        if step == "commit":
+            assert "1 replies to consumed submissions re-sealed" in done.stdout, done.stdout
+    submit = ["submit", "--agent-id", AGENT_ID, "--request-id", "req-1", "--data", "{}"]
+    done = run_hb([*submit, "--wait", "--timeout", "30"],
+                  env=hb_env(HB_SECRET=NEW, HB_STORE=store.root.as_uri()))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "already admitted as #1 (request id req-1)",
+        '{"answer": 42}',
+    ]
