@@ -11,13 +11,22 @@
    the step in flight (``Store.reseal_effect``), the unconsumed
    submissions (``Store.reseal_submission``) and the kept replies of the
    consumed ones (``Store.read_replies``, page by page, and
-   ``Store.reseal_reply``); then the record says committed.
+   ``Store.reseal_reply``); the lease record's control request (``hb pause``,
+   a switchover) signed under an old key is signed again with the current
+   one, the same request and revision, by compare-and-set of the lease
+   record as ``hb pause`` writes it; then the record says committed.
 3. finish: nothing retained is under an old key, no submission sealed
    under one waits unconsumed (one that commit could not re-seal: finish
-   waits for the agent to consume it), and no kept reply that authenticates
-   is under one (commit again); the old key is dropped from the accepted
+   waits for the agent to consume it), no kept reply that authenticates and
+   no control request is under one (commit again), and no loss acceptance
+   signed under one may still be needed: until a checkpoint that
+   authenticates is published above its epoch (a restore then finds that
+   one first, and the acceptance forgives nothing), finish refuses and says
+   to wait. The store has no compare-and-set for the acceptance record, so
+   it is never rewritten here. Then the old key is dropped from the accepted
    ones (kept as retired, to name it to a node that still holds only that
-   one). A client holding only the new secret then reads every kept reply.
+   one). A client holding only the new secret then reads every kept reply,
+   and a node holding only it honours the control request.
 
 Each step is a compare-and-set of the cluster record against the one read,
 raising its generation (``hamsterbunker.cluster_keys``), and refuses with a
@@ -31,10 +40,21 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-from .errors import ClusterChanged, ConfigError, ControlRefused, SealError, StoreError
+from .acceptance import Acceptance, open_acceptance, seal_acceptance
+from .control import Control, open_control, sign_control
+from .errors import (
+    ClusterChanged,
+    ConfigError,
+    ControlRefused,
+    CorruptRecord,
+    LeaseConflict,
+    SealError,
+    StoreError,
+    Tampered,
+)
 from .failpoints import failpoint
 from .keyring import Keyring
-from .records import MAX_CLUSTER_KEYS, ClusterRecord
+from .records import MAX_CLUSTER_KEYS, ClusterRecord, LeaseRecord
 from .rotation_nodes import LiveNode, live_nodes, wait_until_sealing
 from .sealing import EffectAt, Sealer, read_header, sealed_key_id
 from .stores import Store
@@ -45,6 +65,9 @@ __all__ = ["Resealed", "Rotation"]
 Say = Callable[[str], None]
 # How many times commit re-reads a checkpoint that changed under it before it gives up.
 RESEAL_TRIES = 3
+# How many times commit writes a control request signed again when renewals keep
+# changing the lease record under it (as hb pause does).
+MAX_CONTROL_TRIES = 50
 
 
 @dataclass
@@ -60,6 +83,7 @@ class Resealed:
     submissions: int = 0  # unconsumed submissions re-sealed
     replies: int = 0  # replies of consumed submissions re-sealed
     replies_unopened: int = 0  # replies under an old key that did not authenticate: left
+    control: bool = False  # the lease record's control request signed again
 
     def describe(self, key_id: str) -> str:
         text = (
@@ -78,6 +102,8 @@ class Resealed:
             text += f"; {self.replies} replies to consumed submissions re-sealed"
         if self.replies_unopened:
             text += f"; {self.replies_unopened} replies that do not authenticate left as they are"
+        if self.control:
+            text += "; the control request (hb pause, switchover) signed again"
         return text
 
 
@@ -213,7 +239,46 @@ class Rotation:
         self._reseal_journal(agent, done)
         self._reseal_inbox(agent, done)
         self._reseal_replies(agent, done)
+        done.control = self._resign_control(agent)
         return done
+
+    def _resign_control(self, agent: str) -> bool:
+        """Sign the lease record's control request (``hb pause``, a switchover) again with the
+        current key where an old one signed it: the same request and revision, written by
+        compare-and-set as ``hb pause`` writes it (a renewal in between: read again). True
+        once written; False if there is nothing to sign again, or the lease kept changing
+        (finish then refuses)."""
+        for _try in range(MAX_CONTROL_TRIES):
+            lease = self._lease(agent)
+            control = self._old_control(agent, lease)
+            if lease is None or control is None:
+                return False
+            signed = replace(lease, control=sign_control(self._sealer, control))
+            try:
+                self._store.cas_lease(agent, lease.version, signed)
+            except LeaseConflict:
+                continue
+            return True
+        return False
+
+    def _lease(self, agent: str) -> LeaseRecord | None:
+        """The agent's lease record; None if there is none, or it does not parse (no node
+        takes a request from it then)."""
+        try:
+            return self._store.read_lease(agent)
+        except CorruptRecord:
+            return None
+
+    def _old_control(self, agent: str, lease: LeaseRecord | None) -> Control | None:
+        """The control request in lease if it authenticates but not under the current key
+        (junk that no key opens: None, the nodes ignore it already)."""
+        if lease is None or not lease.control:
+            return None
+        try:
+            control = open_control(self._sealer, lease.control, agent)
+        except Tampered:
+            return None
+        return None if sign_control(self._sealer, control) == lease.control else control
 
     def _reseal_inbox(self, agent: str, done: Resealed) -> None:
         """Seal the unconsumed submissions under an old key again, with the current one."""
@@ -336,6 +401,42 @@ class Rotation:
                 f"under an old key (numbers {replies[0]}..{replies[-1]}): run hb rotate-secret "
                 "commit again; nothing was changed"
             )
+        if self._old_control(agent, self._lease(agent)) is not None:
+            raise ControlRefused(
+                f"the control request of agent {agent} (hb pause, switchover) is signed under "
+                "an old key: run hb rotate-secret commit again; nothing was changed"
+            )
+        acceptance = self._pending_acceptance(agent)
+        if acceptance is not None:
+            raise ControlRefused(
+                f"the loss acceptance {acceptance.id} of agent {agent} is signed under an old "
+                f"key and no checkpoint was published after it (above epoch {acceptance.epoch}): "
+                "wait until a node has resumed the agent and published, then finish; nothing "
+                "was changed"
+            )
+
+    def _pending_acceptance(self, agent: str) -> Acceptance | None:
+        """The agent's loss acceptance if an old key signed it and a restore may still need it:
+        no checkpoint that authenticates was published after it (an epoch above its own).
+        Once one was, a restore finds that one first and the acceptance forgives nothing."""
+        try:
+            data = self._store.read_acceptance(agent)
+            acceptance = None if data is None else open_acceptance(self._sealer, data, agent)
+        except (CorruptRecord, Tampered):
+            return None  # junk: no node takes it either
+        if acceptance is None or seal_acceptance(self._sealer, acceptance) == data:
+            return None
+        infos = self._store.list_checkpoints(agent)
+        for info in sorted(infos, key=lambda info: (info.epoch, info.seq), reverse=True):
+            if info.epoch <= acceptance.epoch:
+                break
+            try:
+                blob = self._store.read_checkpoint(agent, info)
+                self._sealer.open_checkpoint(blob, agent, info.epoch, info.seq)
+            except (StoreError, SealError):
+                continue  # gone, or junk
+            return None
+        return acceptance
 
     def _opens(self, blob: bytes, agent: str, number: int) -> bool:
         """Whether blob authenticates as the reply to number under a key the cluster accepts

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker.acceptance import new_acceptance, seal_acceptance
 from hamsterbunker.client import Client
 from hamsterbunker.cluster_keys import legacy_key_id
+from hamsterbunker.control import Control, ControlView, open_control, set_paused, sign_control
 from hamsterbunker.errors import (
     ConfigError,
     ControlRefused,
@@ -33,6 +35,7 @@ from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.cluster import Cluster
 from hamsterbunker.node.keys import KeyFollower, show_keys
 from hamsterbunker.node.state import Standing
+from hamsterbunker.reach import Reach
 from hamsterbunker.records import ClusterRecord, KeyEntry, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record, read_header, sealed_key_id
@@ -58,6 +61,11 @@ def rotated(first: ClusterRecord, *steps: str) -> tuple[MemoryStore, ClusterReco
     """A memory store holding first, then the record after each of steps."""
     store = MemoryStore()
     store.create_cluster(first)
+    return rotated_on(store, *steps)
+
+
+def rotated_on(store: MemoryStore, *steps: str) -> tuple[MemoryStore, ClusterRecord]:
+    """store, then its record after each of steps."""
     for step in steps:
         rotation = Rotation(store, AGENT, BOTH, say=quiet)
         if step == "begin":
@@ -396,6 +404,68 @@ def test_finish_refuses_while_a_reply_under_the_old_key_is_kept(first: ClusterRe
     assert store.reseal_reply(AGENT, number, sealed, junk)
     [done] = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
     assert (done.replies, done.replies_unopened) == (0, 1)
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    assert store.read_cluster().rotation == ""  # type: ignore[union-attr]
+
+
+# -- signed records: a control request, a loss acceptance ---------------------------
+
+
+def test_commit_signs_a_control_request_made_before_begin_again(first: ClusterRecord) -> None:
+    """An agent paused before begin stays paused for a node holding only the new secret
+    after finish: commit signs the same request (same revision) with the new key."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    paused = set_paused(store, Sealer(OLD, first), AGENT, True)
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    [done] = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert done.control and "control request" in done.describe("k")
+    [again] = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    assert not again.control  # under the new key already: nothing written
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    finished = store.read_cluster()
+    assert finished is not None
+    view = ControlView(Sealer(NEW, finished), AGENT)
+    control = view.read(store.read_lease(AGENT))
+    assert view.paused and view.drain_problems() == []
+    assert control == open_control(Sealer(OLD, first), paused.control, AGENT)
+
+
+def test_finish_refuses_while_a_control_request_is_signed_under_the_old_key(
+    first: ClusterRecord,
+) -> None:
+    """A control request under the old key that commit did not sign again keeps finish
+    back, naming it, until commit runs again."""
+    store, _begun = rotated(first, "begin", "commit")
+    signed = sign_control(Sealer(OLD, first), Control(agent=AGENT, revision=7, paused=True))
+    store.cas_lease(AGENT, None, LeaseRecord(None, "", "", 0, 2000, control=signed))
+    with pytest.raises(ControlRefused, match=r"control request of agent rotating .* old key"):
+        Rotation(store, AGENT, BOTH, say=quiet).finish()
+    Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
+    Rotation(store, AGENT, BOTH, say=quiet).finish()
+    assert store.read_cluster().rotation == ""  # type: ignore[union-attr]
+
+
+def test_finish_waits_for_a_checkpoint_after_a_loss_acceptance_signed_under_the_old_key(
+    first: ClusterRecord,
+) -> None:
+    """A loss acceptance signed before begin is needed by a restore until a checkpoint is
+    published after it: finish is refused, naming it, until one that authenticates is."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    accepted = new_acceptance(AGENT, 5, Reach(1, 1), None, [(2, 1)])
+    store.put_acceptance(AGENT, seal_acceptance(Sealer(OLD, first), accepted))
+    store, begun = rotated_on(store, "begin", "commit")
+    refused = f"loss acceptance {accepted.id} of agent rotating is signed under an old key"
+    with pytest.raises(ControlRefused, match=refused):
+        Rotation(store, AGENT, BOTH, say=quiet).finish()
+    store.cas_lease(AGENT, None, LeaseRecord("n1", "r", "s6", 6, 2000))
+    fence = Fence("n1", "s6", 6)
+    store.put_checkpoint(AGENT, fence, 2, b"junk that names no key" * 4)
+    with pytest.raises(ControlRefused, match=refused):
+        Rotation(store, AGENT, BOTH, say=quiet).finish()  # junk publishes nothing
+    new = Sealer(BOTH, begun)
+    store.put_checkpoint(AGENT, fence, 3, new.seal(AGENT, 6, 3, {"n": 3}))
     Rotation(store, AGENT, BOTH, say=quiet).finish()
     assert store.read_cluster().rotation == ""  # type: ignore[union-attr]
 
