@@ -10,6 +10,7 @@ same holds for a consumed submission's reply, listed page by page for commit.
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +22,9 @@ from hamsterbunker.limits import MAX_REPLY_BYTES
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.stores.base import AdmissionState, Consumed, Fence, Store
 from hamsterbunker.stores.file import FileStore
-from hamsterbunker.stores.file.inbox_records import staged_bytes, staged_name
+from hamsterbunker.stores.file.inbox_records import done_bytes, done_name, staged_bytes, staged_name
 from hamsterbunker.stores.file.layout import checkpoint_name
+from hamsterbunker.testing import MemoryStore
 
 from .conftest import KEEP_CHECKPOINTS, KEEP_REPLIES, Opener
 
@@ -286,3 +288,49 @@ def test_a_reply_a_crash_left_staged_is_listed_and_resealed_once_applied(
     assert store.read_replies(AGENT, 0, 16) == ([(1, b"new-reply")], None)
     assert store.read_admission(AGENT, "req-1") == AdmissionState(1, True, b"new-reply")
     assert store.read_inbox(AGENT) == []
+
+
+def plant_reply_junk(store: Store, backend: str) -> None:
+    """Put what a store writer without the secret might beside the kept replies: names
+    that do not parse, a record that does not, a reply over MAX_REPLY_BYTES (number 6)."""
+    huge = b"x" * (MAX_REPLY_BYTES + 1)
+    if isinstance(store, MemoryStore):
+        with store._lock:
+            store._agents[AGENT].done[6] = ("req-6", huge)
+    elif isinstance(store, FileStore):
+        done = store.root / "agents" / AGENT / "inbox" / "done"
+        (done / "junk.hbr").write_bytes(b"junk")
+        (done / done_name(5)).write_bytes(b"not a consumed record")
+        (done / done_name(6)).write_bytes(done_bytes("req-6", huge))
+    elif backend == "redis":
+        raw, key = store._redis, store._key  # type: ignore[attr-defined]
+        raw.zadd(key(AGENT, "inbox", "kept"), {"junk": 3.5, "007": 7, "6": 6})
+        raw.hset(key(AGENT, "inbox", "replies"), "6", huge)
+    else:
+        kv, inbox = store._kv, store._agent_prefix(AGENT) + "inbox/"  # type: ignore[attr-defined]
+        kv.put(f"{inbox}done/junk", "req-junk")
+        kv.put(f"{inbox}done/{5:020d}", "not a request id!")
+        kv.put(f"{inbox}done/{6:020d}", "req-6")
+        ref = f"{1:010d}-{9:020d}"
+        kv.put(f"{inbox}ids/req-6", json.dumps({"n": 6, "consumed": True, "reply": ref}))
+        kv.put(f"{inbox}replies/{6:020d}/{ref}", huge)
+
+
+def test_planted_junk_beside_the_replies_is_left_out_and_ends_the_listing(
+    store: Store, backend: str
+) -> None:
+    """Junk among the kept replies is left out, never raised, and a listing a page at a
+    time still reaches its end past it."""
+    consumed_with_replies(store, {1: b"reply-1", 2: b"reply-2"})
+    plant_reply_junk(store, backend)
+    assert store.read_replies(AGENT, 0, 16) == ([(1, b"reply-1"), (2, b"reply-2")], None)
+    listed: list[tuple[int, bytes]] = []
+    after: int | None = 0
+    for _page in range(20):
+        if after is None:
+            break
+        page, following = store.read_replies(AGENT, after, 1)
+        listed += page
+        assert following is None or following > after
+        after = following
+    assert after is None and listed == [(1, b"reply-1"), (2, b"reply-2")]
