@@ -114,7 +114,8 @@ def _build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="append a JSON line per lease and checkpoint operation (for fault analysis; "
-        "check it with python -m hamsterbunker.checker FILE)",
+        "check it with python -m hamsterbunker.checker FILE); with several [[agents]], "
+        "one file per agent, FILE.AGENT_ID",
     )
     run.add_argument(
         "--log-level",
@@ -281,6 +282,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if level is not None:
         configure_logging(log_level(level))
     secret = read_secret(args.secret_file)
+    if config.agents:
+        from .cli_host import run_host
+
+        run_host(config, secret, notifier, history=args.history,
+                 state_dir=args.state_dir or _systemd_state_directory())  # fmt: skip
+        return 0
     timing, step_retry = config.timing, config.step_retry
     agent = load_agent(config.agent)
     # Runtime checks ids before it opens (and may create) the store.

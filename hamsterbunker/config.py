@@ -28,9 +28,19 @@ from .timing import (
     check_stop_grace,
 )
 
-__all__ = ["DEFAULT_CONFIG_DIR", "NodeConfig", "config_dir", "load_instance"]
+__all__ = ["DEFAULT_CONFIG_DIR", "HostedAgent", "NodeConfig", "config_dir", "load_instance"]
 
 DEFAULT_CONFIG_DIR = Path("/etc/hamsterbunker")
+# The most agents one node process keeps ([[agents]]).
+MAX_HOSTED_AGENTS = 1000
+
+
+@dataclass(frozen=True)
+class HostedAgent:
+    """One agent a node process keeps: an entry of ``[[agents]]`` (or the top-level keys)."""
+
+    agent: str  # module:attribute
+    agent_id: str | None = None  # default: the agent object's id
 
 
 @dataclass(frozen=True)
@@ -38,7 +48,7 @@ class NodeConfig:
     """What one node runs: the keys of the TOML file, with their defaults."""
 
     store: str
-    agent: str  # module:attribute
+    agent: str = ""  # module:attribute ("" when [[agents]] names several)
     agent_id: str | None = None  # default: the agent object's id
     node_id: str = field(default_factory=socket.gethostname)
     region: str = "local"
@@ -54,6 +64,12 @@ class NodeConfig:
     log_level: str | None = None
     # HOST:PORT of /metrics, /health, /leader and /status (default: none served).
     http: str | None = None
+    # Several agents kept by this one process ([[agents]]), in place of agent and agent_id.
+    agents: tuple[HostedAgent, ...] = ()
+
+    def hosted(self) -> tuple[HostedAgent, ...]:
+        """The agents this node process keeps: [[agents]], or the one of agent and agent_id."""
+        return self.agents or (HostedAgent(self.agent, self.agent_id),)
 
     @property
     def timing(self) -> LeaseTiming:
@@ -69,7 +85,15 @@ class NodeConfig:
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The keys to write (TOML has no null: an unset agent_id is left out)."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
+        written = {key: value for key, value in asdict(self).items() if value not in (None, "")}
+        if self.agents:
+            written["agents"] = [
+                {key: value for key, value in asdict(entry).items() if value is not None}
+                for entry in self.agents
+            ]
+        else:
+            del written["agents"]
+        return written
 
 
 _REQUIRED = ("store", "agent")
@@ -87,6 +111,7 @@ _TYPES: dict[str, type] = {
     "max_step_failures": int,
     "log_level": str,
     "http": str,
+    "agents": list,
 }
 _MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}
 assert set(_TYPES) == {f.name for f in fields(NodeConfig)}
@@ -132,7 +157,7 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
     if unknown:
         raise ConfigError(f"{path}: unknown key {unknown[0]!r}; the keys are: {', '.join(_TYPES)}")
     for key in _REQUIRED:
-        if key not in document:
+        if key not in document and not (key == "agent" and "agents" in document):
             raise ConfigError(f"{path}: key {key!r} is missing")
     for key, value in document.items():
         expected = _TYPES[key]
@@ -143,6 +168,8 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
             )
         if isinstance(value, int) and (value < 0 or (value == 0 and key not in _MAY_BE_ZERO)):
             raise ConfigError(f"{path}: key {key!r} must be above 0, not {value}")
+    if "agents" in document:
+        document = {**document, "agents": _hosted_agents(document, path)}
     config = NodeConfig(**document)
     for kind, value in (("agent_id", config.agent_id), ("node_id", config.node_id)):
         if value is not None:
@@ -163,8 +190,44 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
     return config
 
 
+def _hosted_agents(document: dict[str, Any], path: Path) -> tuple[HostedAgent, ...]:
+    """The [[agents]] tables, checked: each an agent and, optionally, its agent_id."""
+    for key in ("agent", "agent_id"):
+        if key in document:
+            raise ConfigError(f"{path}: key {key!r} cannot be given beside [[agents]]: "
+                              "name each agent in its own [[agents]] table")  # fmt: skip
+    entries = document["agents"]
+    if not entries or len(entries) > MAX_HOSTED_AGENTS:
+        raise ConfigError(f"{path}: [[agents]] must name 1 to {MAX_HOSTED_AGENTS} agents")
+    hosted = []
+    for number, entry in enumerate(entries, 1):
+        where = f"{path}: [[agents]] entry {number}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where} must be a table, not {_toml_type(entry)}")
+        unknown = sorted(set(entry) - {"agent", "agent_id"})
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; the keys are: agent, agent_id")
+        for key in ("agent", "agent_id"):
+            if key in entry and not isinstance(entry[key], str):
+                raise ConfigError(f"{where}: key {key!r} must be a string, not "
+                                  f"{_toml_type(entry[key])}")  # fmt: skip
+        if "agent" not in entry:
+            raise ConfigError(f"{where}: key 'agent' is missing")
+        if "agent_id" in entry:
+            try:
+                check_name("agent_id", entry["agent_id"])
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: key 'agent_id': {exc}") from None
+        hosted.append(HostedAgent(**entry))
+    ids = [entry.agent_id for entry in hosted if entry.agent_id is not None]
+    twice = next((agent_id for agent_id in ids if ids.count(agent_id) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"{path}: agent id {twice!r} is in [[agents]] twice")
+    return tuple(hosted)
+
+
 def _describe(kind: type) -> str:
-    return "a string" if kind is str else "a whole number"
+    return "a string" if kind is str else ("an array" if kind is list else "a whole number")
 
 
 def _toml_type(value: Any) -> str:

@@ -59,8 +59,11 @@ class EventSink:
         on_event: EventHandler | None = None,
         history: HistoryWriter | None = None,
         metrics: NodeMetrics | None = None,
+        log_agent: bool = False,
     ) -> None:
         self._id, self._store, self._calls = identity, store, calls
+        # Who the log lines name: the node, and the agent where a process keeps several.
+        self._log_name = f"{identity.node}/{identity.agent}" if log_agent else identity.node
         self._keeper, self._standing = keeper, standing
         self._retry_s = retry_s  # how often the writer tries a store that does not answer
         self._on_event, self._history, self._metrics = on_event, history, metrics
@@ -110,7 +113,7 @@ class EventSink:
         log.log(
             event_priority(kind),
             "%s %s epoch=%d seq=%d %s",
-            self._id.node,
+            self._log_name,
             kind,
             event.epoch,
             event.seq,

@@ -93,6 +93,7 @@ class Runtime:
         step_retry: StepRetry = DEFAULT_STEP_RETRY,
         http: HttpAddress | str | None = None,
         metrics: bool = False,
+        log_agent: bool = False,
     ) -> None:
         """``state_dir``: where this node keeps its memory of the store across restarts
         (see ``hamsterbunker.memory``); without one it remembers only while it runs.
@@ -104,7 +105,9 @@ class Runtime:
         ``http``: HOST:PORT to serve /metrics, /health, /leader and /status on while
         the node runs. ``metrics``: count them without serving them (``self.metrics``
         holds the numbers whenever either is given; None otherwise, and
-        prometheus_client is not even loaded: a standby costs some 5 MB less)."""
+        prometheus_client is not even loaded: a standby costs some 5 MB less).
+        ``log_agent``: name the agent beside the node in each event's log line (for a
+        process that keeps several agents)."""
         secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
@@ -141,9 +144,11 @@ class Runtime:
             self.metrics = NodeMetrics(self._identity, self.standing, self.keeper, self.clock)
         self.endpoints: Endpoints | None = None  # while serving http
         self._secret = secret
+        self._log_agent = log_agent
         self._stop = StopRequest(self.clock, stop_grace_ms / 1000)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._signals: Signals | None = None  # of the run under way
         self.ready = threading.Event()  # set once the node is online (or failed to start)
         self.stopped = threading.Event()  # set once the node loop has ended, for any reason
 
@@ -199,6 +204,14 @@ class Runtime:
         """Ask the node to stop; safe from any thread or a signal handler."""
         self._stop.ask()
 
+    def signal_stop(self) -> None:
+        """What SIGTERM does to a running node (from its event loop): the first stops it
+        gracefully, a second cuts the grace short."""
+        if self._signals is None:
+            self.request_stop()
+        else:
+            _on_stop_signal(self._signals)
+
     def _run_in_thread(self) -> None:
         try:
             asyncio.run(self.serve())
@@ -222,7 +235,7 @@ class Runtime:
 
     async def serve(self, install_signal_handlers: bool = False) -> None:
         """The node's main coroutine: returns after a graceful stop."""
-        signals = Signals(stopping=self._stop.bind())
+        signals = self._signals = Signals(stopping=self._stop.bind())
         if install_signal_handlers:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -244,6 +257,7 @@ class Runtime:
                 on_event=self.on_event,
                 history=self._history,
                 metrics=self.metrics,
+                log_agent=self._log_agent,
             )
             cluster = Cluster(
                 self.store,
