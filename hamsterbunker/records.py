@@ -160,6 +160,7 @@ def _dump(obj: Any) -> bytes:
 # is under way, retired ones kept to name them to a node that still holds one).
 MAX_CLUSTER_KEYS = 4
 _KEY_ID = re.compile(r"[0-9a-f]{16}")
+MAX_HOSTED = 100_000  # the most agents a heartbeat may say its node process keeps
 _SESSION = re.compile(r"[0-9a-f]{0,32}")  # a lease keeper's session ("" from older nodes)
 _ROTATIONS = frozenset({"", "begun", "committed"})
 
@@ -491,6 +492,10 @@ class Heartbeat:
     # The session this node's lease keeper writes into a lease it holds: a leader handing
     # the lease over (a switchover) writes the target's next term in it.
     lease_session: str = ""
+    # The node process's load: how many of the agents it keeps it leads, and how many it
+    # keeps (hosts spread their leases by these: hamsterbunker.node.balance).
+    host_leads: int = 0
+    host_agents: int = 0
 
     def to_json(self) -> bytes:
         return _dump(self)
@@ -522,6 +527,8 @@ class Heartbeat:
             keys=_key_ids(doc.get("keys", [])),
             sealing=_field({"sealing": "", **doc}, "sealing", str, "heartbeat")[:16],
             lease_session=_lease_session(doc.get("lease_session", "")),
+            host_leads=_count({"host_leads": 0, **doc}, "host_leads", "heartbeat", MAX_HOSTED),
+            host_agents=_count({"host_agents": 0, **doc}, "host_agents", "heartbeat", MAX_HOSTED),
         )
 
 

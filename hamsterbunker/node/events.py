@@ -60,10 +60,14 @@ class EventSink:
         history: HistoryWriter | None = None,
         metrics: NodeMetrics | None = None,
         log_agent: bool = False,
+        load: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self._id, self._store, self._calls = identity, store, calls
         # Who the log lines name: the node, and the agent where a process keeps several.
         self._log_name = f"{identity.node}/{identity.agent}" if log_agent else identity.node
+        # The node process's (agents led, agents kept), told in each heartbeat: a node of
+        # one agent tells its own.
+        self._load = load or (lambda: (int(keeper.held is not None), 1))
         self._keeper, self._standing = keeper, standing
         self._retry_s = retry_s  # how often the writer tries a store that does not answer
         self._on_event, self._history, self._metrics = on_event, history, metrics
@@ -197,6 +201,7 @@ class EventSink:
         """Write this node's heartbeat (a failure is only logged: the next tick writes again)."""
         self._beats += 1
         held, observed = self._keeper.held, self._keeper.observed
+        leads, agents = self._load()
         heartbeat = Heartbeat(
             node=self._id.node,
             region=self._id.region,
@@ -217,6 +222,8 @@ class EventSink:
             keys=self._standing.keys,
             sealing=self._standing.sealing,
             lease_session=self._keeper.session,
+            host_leads=leads,
+            host_agents=agents,
         )
         try:
             await self._calls.io(self._store.put_heartbeat, self._id.agent, heartbeat)

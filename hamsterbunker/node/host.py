@@ -6,7 +6,8 @@ events and heartbeat); they share the process's event loop and its store
 client. Each lease is independent: a fenced or failing agent does not disturb
 the others, and an agent whose node stops with an error is reported at once
 while the others go on. A stop signal stops every agent gracefully (a second
-one cuts the grace short, as for one agent).
+one cuts the grace short, as for one agent). The hosts that keep the same
+agents spread their leases evenly among them (``balance``).
 
 Towards systemd the host is one service: READY=1 once every agent is online,
 the watchdog pinged only while every running agent's lease loop makes progress,
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 
 from ..errors import ConfigError
 from ..notify import Notifier
+from .balance import Balancer
 from .runtime import Runtime
 
 __all__ = ["AgentNotifier", "Host", "HostNotifier", "check_distinct"]
@@ -137,6 +139,10 @@ class Host:
         check_distinct([runtime.agent_id for runtime in runtimes])
         self.runtimes = list(runtimes)
         self._notifier = notifier
+        first = self.runtimes[0]
+        self.balancer = Balancer(self.runtimes, first.store, first.clock, first.timing.lease_ttl_s)
+        for runtime in self.runtimes:
+            runtime.load = self.balancer.load
 
     def run(self) -> None:
         """Run every agent's node in the foreground until SIGTERM or SIGINT; the first
@@ -159,7 +165,11 @@ class Host:
         }
         for task in tasks:
             task.add_done_callback(lambda done: self._ended(tasks[done], done))
-        await asyncio.wait(tasks)
+        balancing = asyncio.create_task(self.balancer.run(), name="hb-balance")
+        try:
+            await asyncio.wait(tasks)
+        finally:
+            balancing.cancel()
         errors = [task.exception() for task in tasks if not task.cancelled()]
         first = next((error for error in errors if error is not None), None)
         if first is not None:

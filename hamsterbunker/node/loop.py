@@ -309,13 +309,41 @@ class NodeLoop:
             return
         target = self._control.switchover_for(record.epoch)
         if target is not None and target != self._id.node and not term.leaving.is_set():
-            failpoint("switchover.asked")
-            self._sink.emit("lease.switchover_asked", to=target)
-            self._sink.hush()  # until the release (_hand_over)
-            term.hand_over(target)
-            self._target_beats = asyncio.ensure_future(
+            beats = asyncio.ensure_future(
                 self._calls.io(self._store.list_heartbeats, self._id.agent)
-            )
+            )  # read while the term finishes: _hand_over needs the target's session
+            self._start_hand_over(term, target, beats)
+
+    def hand_over_to(self, target: str, beats: list[Heartbeat]) -> bool:
+        """Hand the lease to target as a switchover does, unasked (a host spreading its
+        agents' leases: hamsterbunker.node.balance); beats: the agent's heartbeats, just
+        read. False if this node does not lead now, or is handing over or stopping."""
+        term, held = self._term, self._keeper.held
+        if (
+            term is None
+            or held is None
+            or term.epoch != held.epoch
+            or term.leaving.is_set()
+            or self._signals.stopping.is_set()
+        ):
+            return False
+        read: asyncio.Future[list[Heartbeat]] = asyncio.get_running_loop().create_future()
+        read.set_result(beats)
+        self._start_hand_over(term, target, read, by="balance")
+        return True
+
+    def _start_hand_over(
+        self,
+        term: LeaderTerm,
+        target: str,
+        beats: asyncio.Future[list[Heartbeat]],
+        **why: str,
+    ) -> None:
+        failpoint("switchover.asked")
+        self._sink.emit("lease.switchover_asked", to=target, **why)
+        self._sink.hush()  # until the hand-over (_hand_over)
+        term.hand_over(target)
+        self._target_beats = beats
 
     def _finishing(self) -> bool:
         """Whether a stop waits for the term, which finishes and publishes its step in flight."""

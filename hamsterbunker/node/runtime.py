@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,7 +34,7 @@ from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
-from ..records import check_name
+from ..records import Heartbeat, check_name
 from ..rotation_nodes import KEYS_READ_TTLS
 from ..stores import Store, open_store
 from ..timing import (
@@ -149,6 +150,9 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._signals: Signals | None = None  # of the run under way
+        self._node: NodeLoop | None = None  # of the run under way, once online
+        # The node process's (agents led, agents kept), for its heartbeats: set by a Host.
+        self.load: Callable[[], tuple[int, int]] | None = None
         self.ready = threading.Event()  # set once the node is online (or failed to start)
         self.stopped = threading.Event()  # set once the node loop has ended, for any reason
 
@@ -204,6 +208,16 @@ class Runtime:
         """Ask the node to stop; safe from any thread or a signal handler."""
         self._stop.ask()
 
+    @property
+    def leading(self) -> bool:
+        """Whether this node leads its agent now (holds the lease, its term under way)."""
+        return self.keeper.held is not None and self.standing.role == "active"
+
+    def hand_over_to(self, target: str, beats: list[Heartbeat]) -> bool:
+        """Hand the lease to target as a switchover does (see NodeLoop.hand_over_to); from
+        the node's event loop. False if there is nothing of ours to hand over now."""
+        return self._node is not None and self._node.hand_over_to(target, beats)
+
     def signal_stop(self) -> None:
         """What SIGTERM does to a running node (from its event loop): the first stops it
         gracefully, a second cuts the grace short."""
@@ -258,6 +272,7 @@ class Runtime:
                 history=self._history,
                 metrics=self.metrics,
                 log_agent=self._log_agent,
+                load=self.load,
             )
             cluster = Cluster(
                 self.store,
@@ -345,9 +360,11 @@ class Runtime:
                 timing=self.timing,
                 clock=self.clock,
             )
+            self._node = node
             try:
                 await node.run(self.ready)
             finally:
+                self._node = None
                 following.cancel()
             if follower.refusal is not None:
                 raise follower.refusal  # stopped: a key it lacks was made current

@@ -21,13 +21,17 @@ import pytest
 import tomli_w
 
 from hamsterbunker.checker import check
+from hamsterbunker.clock import FakeClock
 from hamsterbunker.config import HostedAgent, parse_config
 from hamsterbunker.errors import ConfigError
 from hamsterbunker.history import read_history
+from hamsterbunker.node.balance import Balancer
 from hamsterbunker.node.host import Host, HostNotifier
 from hamsterbunker.notify import Notifier
+from hamsterbunker.records import Heartbeat
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, SyncAgent
@@ -187,7 +191,8 @@ def test_one_process_keeps_several_agents_and_its_death_fails_them_all_over(flee
     for node in NODES:
         fleet.start(node)
     wait_until(lambda: led_by_live_nodes(fleet, set(NODES)), "every agent to have a leader", 60)
-    assert "host-a/fleet-1 node.online" in fleet.log("host-a")  # which agent a line is of
+    # Each log line names the agent beside the node.
+    wait_until(lambda: "host-a/fleet-1 node.online" in fleet.log("host-a"), "host-a's log")
     wait_until(lambda: all(fleet.seq(a) >= 2 for a in AGENTS), "every agent to step", 30)
     # Exactly one node is active for each agent, whichever process it runs in.
     wait_until(lambda: all(len(fleet.active_heartbeats(a)) == 1 for a in AGENTS),
@@ -219,6 +224,29 @@ def test_one_process_keeps_several_agents_and_its_death_fails_them_all_over(flee
     for agent in handed:
         lease = fleet.store.read_lease(agent)
         assert lease is not None and lease.history[-1].via == "released", lease
+
+
+@pytest.mark.multiprocess
+def test_hosts_spread_the_leases_evenly_by_switchover(fleet: Fleet) -> None:
+    """One host takes every lease; the two that join get theirs handed over (via=switchover,
+    no TTL waited), until no host leads two more than another."""
+    fleet.start("host-a")
+    wait_until(lambda: led_by_live_nodes(fleet, {"host-a"}), "host-a to lead every agent", 60)
+    fleet.start("host-b")
+    fleet.start("host-c")
+
+    def spread() -> list[int]:
+        holders = list(fleet.leaders().values())
+        return sorted(holders.count(node) for node in NODES)
+
+    wait_until(lambda: spread() == [1, 2, 2], "the leases to spread", 60)
+    for agent, holder in fleet.leaders().items():
+        lease = fleet.store.read_lease(agent)
+        assert lease is not None
+        if holder != "host-a":
+            assert lease.history[-1].via == "switchover", lease.history
+            assert lease.history[-1].from_ == "host-a"
+    assert "by=balance" in fleet.log("host-a")
 
 
 # -- a failing agent beside a healthy one, in one host (in this process) --------------
@@ -300,3 +328,51 @@ def test_the_host_tells_systemd_ready_and_pings_only_when_every_agent_did() -> N
     gathered.ended("b")  # b's node stopped: a alone is waited for now
     a.watchdog()
     assert sent.count("WATCHDOG=1") == 2
+
+
+# -- the balancer's choices, against a memory store --------------------------------------
+
+
+class LeadingRuntime:
+    """What the Balancer asks of a Runtime: whether it leads, and to hand over."""
+
+    def __init__(self, agent_id: str) -> None:
+        self.agent_id = agent_id
+        self.leading = True
+        self.handed_to: list[str] = []
+
+    def hand_over_to(self, target: str, beats: list[Heartbeat]) -> bool:
+        self.handed_to.append(target)
+        self.leading = False
+        return True
+
+
+def beat(node: str, beats: int, leads: int, role: str = "standby") -> Heartbeat:
+    return Heartbeat(node, "r", "h", 1, role, 1, 1, "a", 0.0, beats=beats,
+                     lease_session="00ff", host_leads=leads, host_agents=4)  # fmt: skip
+
+
+def test_the_balancer_hands_over_only_to_live_standbys_that_lead_two_fewer() -> None:
+    store = MemoryStore()
+    clock = FakeClock()
+    runtimes = [LeadingRuntime(f"agent-{n}") for n in range(4)]
+    balancer = Balancer(runtimes, store, clock, period_s=1.0)  # type: ignore[arg-type]
+
+    def beats(n: int, b_leads: int, c_beats: int) -> None:
+        for runtime in runtimes:
+            store.put_heartbeat(runtime.agent_id, beat("b", n, b_leads))
+            store.put_heartbeat(runtime.agent_id, beat("c", c_beats, 0))  # stands still
+
+    beats(1, 0, 1)
+    assert asyncio.run(balancer.round()) == 0  # first sight: nobody known to be live yet
+    clock.advance(1.0)
+    beats(2, 0, 1)
+    assert asyncio.run(balancer.round()) == 2  # b leads 0: two agents go to it (4 → 2, 0 → 2)
+    assert [r.handed_to for r in runtimes] == [["b"], ["b"], [], []]
+    assert balancer.load() == (2, 4)
+    clock.advance(1.0)
+    beats(3, 2, 1)
+    assert asyncio.run(balancer.round()) == 0  # even now; c never moved: never a target
+    clock.advance(3.0)
+    beats(4, 0, 1)
+    assert asyncio.run(balancer.round()) == 0  # b's last sight is too old to call it live
