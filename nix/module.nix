@@ -35,6 +35,7 @@ let
     "step_retry_max_ms"
     "max_step_failures"
     "http"
+    "agents"
   ];
 
   # hb's rule for instance names (hamsterbunker/records.py). It also makes the
@@ -115,7 +116,14 @@ let
   # its own default.
   renderedSettings =
     name: agent:
-    lib.filterAttrs (_: value: value != null) agent.settings // { store = storeOf name agent; };
+    let
+      present = lib.filterAttrs (_: value: value != null);
+    in
+    present agent.settings
+    // { store = storeOf name agent; }
+    // lib.optionalAttrs (agent.settings.agents != null) {
+      agents = map present agent.settings.agents;
+    };
   configFiles = lib.mapAttrs (
     name: agent: settingsFormat.generate "hamsterbunker-${name}.toml" (renderedSettings name agent)
   ) enabledAgents;
@@ -212,6 +220,15 @@ let
         message = "${option}.settings.http must be HOST:PORT with a port from 1 to 65535, e.g. \"127.0.0.1:9100\" or \"[::1]:9100\" (hb run would refuse it), not '${toString agent.settings.http}'.";
       }
       {
+        # hb run keeps one agent (agent, agent_id) or several ([[agents]]), never both.
+        assertion = (agent.settings.agent != null) != (agent.settings.agents != null);
+        message = "${option}.settings: set agent (one agent) or agents (several in one process, each { agent = \"module:attribute\"; agent_id = \"...\"; }), not both and not neither.";
+      }
+      {
+        assertion = agent.settings.agents == null || agent.settings.agent_id == null;
+        message = "${option}.settings: agent_id goes into each entry of agents, not beside it.";
+      }
+      {
         assertion = unknown == [ ];
         message = "${option}.settings: unknown key '${builtins.head unknown}' (hb run would refuse it); the keys are: ${lib.concatStringsSep ", " settingsKeys}.";
       }
@@ -251,9 +268,42 @@ let
                 '';
               };
               agent = mkOption {
-                type = types.str;
+                type = types.nullOr types.str;
+                default = null;
                 example = "mypkg.agents:Summariser";
-                description = "The agent, as module:attribute, importable by the package's Python.";
+                description = "The agent, as module:attribute, importable by the package's Python (or agents, for several).";
+              };
+              agents = mkOption {
+                type = types.nullOr (
+                  types.listOf (
+                    types.submodule {
+                      options = {
+                        agent = mkOption {
+                          type = types.str;
+                          description = "The agent, as module:attribute.";
+                        };
+                        agent_id = mkOption {
+                          type = types.nullOr types.str;
+                          default = null;
+                          description = "Its agent id (default: the agent object's id).";
+                        };
+                      };
+                    }
+                  )
+                );
+                default = null;
+                example = lib.literalExpression ''
+                  [
+                    { agent = "mypkg.agents:Support"; agent_id = "support-acme"; }
+                    { agent = "mypkg.agents:Support"; agent_id = "support-globex"; }
+                  ]
+                '';
+                description = ''
+                  Several agents kept by this one node process ([[agents]] in the
+                  config file), in place of agent and agent_id: one event loop and one
+                  store connection for all, each agent with its own lease. Nodes that
+                  keep the same agents spread their leases evenly among them.
+                '';
               };
               agent_id = mkOption {
                 type = types.nullOr types.str;

@@ -458,7 +458,8 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
         "max_step_failures": 0,
         "http": "127.0.0.1:9100",
     }
-    assert set(values) == set(_TYPES), "config.py has a key this test does not know"
+    # agents (several agents) stands in for agent and agent_id: the next test renders it.
+    assert set(values) | {"agents"} == set(_TYPES), "config.py has a key this test does not know"
     settings = " ".join(f"{key} = {json.dumps(value)};" for key, value in values.items())
     result = run_host(
         f"{{ services.hamsterbunker.agents.all = {{ enable = true; settings = {{ {settings} }}; }}; }}"
@@ -467,6 +468,40 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
     document = tomllib.loads(result["etc"]["hamsterbunker/all.toml"]["text"])
     assert document == values
     parse_config(document, DEFAULT_CONFIG_DIR / "all.toml")
+
+
+def test_several_agents_render_to_what_hb_run_reads(run_host):
+    """settings.agents renders to [[agents]] tables (an unset agent_id left out) that
+    parse_config reads as the agents of one node process."""
+    result = run_host(
+        "{ services.hamsterbunker.agents.fleet = { enable = true; settings = {"
+        ' store = "etcd://10.0.0.5:2379/hb"; agents = ['
+        ' { agent = "mypkg.agents:Support"; agent_id = "support-acme"; }'
+        ' { agent = "mypkg.agents:Triage"; } ]; }; }; }'
+    )
+    assert result["failedAssertions"] == []
+    document = tomllib.loads(result["etc"]["hamsterbunker/fleet.toml"]["text"])
+    assert document["agents"] == [
+        {"agent": "mypkg.agents:Support", "agent_id": "support-acme"},
+        {"agent": "mypkg.agents:Triage"},
+    ]
+    config = parse_config(document, DEFAULT_CONFIG_DIR / "fleet.toml")
+    assert [a.agent_id for a in config.hosted()] == ["support-acme", None]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        'store = "etcd://h:1/p";',  # neither agent nor agents
+        'store = "etcd://h:1/p"; agent = "m:A"; agents = [ { agent = "m:B"; } ];',
+        'store = "etcd://h:1/p"; agent_id = "x"; agents = [ { agent = "m:B"; } ];',
+    ],
+)
+def test_agent_and_agents_exclude_each_other(run_host, settings):
+    result = run_host(
+        f"{{ services.hamsterbunker.agents.fleet = {{ enable = true; settings = {{ {settings} }}; }}; }}"
+    )
+    assert any("agents" in message for message in result["failedAssertions"]), result
 
 
 SETTINGS = "services.hamsterbunker.agents.summariser.settings"

@@ -1,6 +1,6 @@
 # A stand-in for nixpkgs' `pkgs`: callPackage, python3Packages with a
 # buildPythonApplication that returns its arguments, and formats.toml whose
-# `generate` renders the TOML text itself (flat tables, as hb's config is).
+# `generate` renders the TOML text itself (flat tables and arrays of them, as hb's config has).
 # Derivations are attribute sets with a made-up store path; nothing is built.
 {
   lib,
@@ -24,10 +24,20 @@ let
       builtins.toJSON value # JSON's strings, numbers and booleans are TOML's
     else
       throw "the stand-in formats.toml renders strings, integers and booleans only, not ${key}";
-  toTOML =
+  keysOf =
     value:
     builtins.concatStringsSep "" (
       map (key: "${tomlKey key} = ${tomlValue key value.${key}}\n") (builtins.attrNames value)
+    );
+  # A list of flat tables is an array of tables ([[agents]]), after the plain keys.
+  isTables = value: builtins.isList value && builtins.all builtins.isAttrs value;
+  toTOML =
+    value:
+    keysOf (lib.filterAttrs (_: v: !isTables v) value)
+    + builtins.concatStringsSep "" (
+      lib.mapAttrsToList (
+        key: entries: builtins.concatStringsSep "" (map (entry: "\n[[${tomlKey key}]]\n${keysOf entry}") entries)
+      ) (lib.filterAttrs (_: isTables) value)
     );
 
   self = {
