@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import BENCHMARKS
 from .common import Check, Result, loadavg, machine_info, render_text, verdict
+from .merge import merge
 from .report import markdown
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,6 +41,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         type=Path,
         help=f"write the report here (default: {DOC.relative_to(REPO)} after a full run "
         "of every benchmark; a quick or partial run writes nothing unless given)",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help=f"merge this run's benchmarks into {DOC.relative_to(REPO)} in place of theirs "
+        "(the others stay as they are; the machine table says which sections come from "
+        "which run)",
     )
     return parser.parse_args(argv)
 
@@ -100,16 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output
     if output is None and not args.quick and not args.only:
         output = DOC
+    command = "python -m benchmarks" + (" --quick" if args.quick else "")
+    command += "".join(f" --only {name}" for name in args.only or [])
+    report = markdown(results, machine, quick=args.quick, total_s=total, command=command)
     if output is not None:
-        command = "python -m benchmarks" + (" --quick" if args.quick else "")
-        command += "".join(f" --only {name}" for name in args.only or [])
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(
-            markdown(results, machine, quick=args.quick, total_s=total, command=command)
-        )
+        output.write_text(report)
         print(f"  report written to {output}")
-    else:
-        print(f"  {DOC.relative_to(REPO)} not written (quick or partial run; --output FILE writes)")
+    if args.merge:
+        facts = dict(machine)
+        note = (f"{', '.join(r.title for r in results)} at {facts.get('date', '?')} on "
+                f"{facts.get('revision', '?')}, `{command}`")  # fmt: skip
+        titles = [module.TITLE for module in BENCHMARKS.values()]
+        DOC.write_text(merge(DOC.read_text(), report, titles, note))
+        print(f"  merged into {DOC.relative_to(REPO)}")
+    elif not args.merge:
+        print(f"  {DOC.relative_to(REPO)} not written (quick or partial run; --output FILE "
+              "writes, --merge merges)")  # fmt: skip
     return 1 if failed else 0
 
 
