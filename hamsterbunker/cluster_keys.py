@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import threading
 from dataclasses import dataclass, replace
 
 from cryptography.hazmat.primitives import hashes
@@ -67,7 +68,24 @@ def subkey(master: bytes, purpose: bytes, length: int) -> bytes:
 
 
 def master_key(secret: str, salt: bytes, n: int, r: int, p: int) -> bytes:
-    return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(secret.encode("utf-8"))
+    """The secret's key for a cluster's salt: derived once per process, as a process that
+    keeps many agents opens their one cluster record once per agent (each derivation
+    costs 32 MiB and some 0.1 s)."""
+    given = (hashlib.sha256(secret.encode("utf-8")).digest(), salt, n, r, p)
+    with _DERIVING:  # one at a time: the others then find it derived
+        derived = _DERIVED.get(given)
+        if derived is None:
+            derived = Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(secret.encode("utf-8"))
+            if len(_DERIVED) >= _DERIVED_KEPT:
+                del _DERIVED[next(iter(_DERIVED))]  # the oldest
+            _DERIVED[given] = derived
+        return derived
+
+
+# The keys master_key derived lately, by (the secret's SHA-256, salt, n, r, p).
+_DERIVED: dict[tuple[bytes, bytes, int, int, int], bytes] = {}
+_DERIVED_KEPT = 16
+_DERIVING = threading.Lock()
 
 
 def legacy_key_id(salt: bytes) -> str:

@@ -34,6 +34,7 @@ from hamsterbunker.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.file import lease_watch as lease_watch_module
 from hamsterbunker.stores.file import store as file_store_module
 from hamsterbunker.stores.file.lease import lease_locked
 from hamsterbunker.stores.file.lease_watch import open_lease_watch
@@ -318,15 +319,15 @@ def lease_watch(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 
 async def _renew_until_woken(
-    store: FileStore, woke: asyncio.Future[None], current: LeaseRecord, what: str
+    store: FileStore, woke: asyncio.Future[None], current: LeaseRecord, what: str, agent: str = "a"
 ) -> LeaseRecord:
-    """Renew agent a's lease until the watch wakes (bounded): a watch set up after the first
+    """Renew the agent's lease until the watch wakes (bounded): a watch set up after the first
     renewal still wakes, and a woken watch is known to be live. The last record written."""
     deadline = time.monotonic() + 10
     while not woke.done():
         assert time.monotonic() < deadline, f"the watch never woke {what}"
         current = store.cas_lease(
-            "a", current.version, replace(current, renewals=current.renewals + 1)
+            agent, current.version, replace(current, renewals=current.renewals + 1)
         )
         await asyncio.wait({woke}, timeout=0.25)
     return current
@@ -393,7 +394,54 @@ def test_without_an_inotify_instance_the_lease_watch_falls_back_to_polling(
 
     monkeypatch.setattr(asyncinotify, "Inotify", refused)
     (root / "agents" / "a").mkdir(parents=True)
-    assert open_lease_watch(root / "agents" / "a") is None
+
+    async def main() -> None:
+        assert open_lease_watch(root / "agents" / "a") is None
+
+    asyncio.run(main())
+
+
+def test_every_lease_watch_of_an_event_loop_shares_one_inotify_instance(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process keeping many agents watches many leases: on one instance (the user's
+    limit is 128 instances), each watch still woken by its own lease record only."""
+    import asyncinotify
+
+    made: list[object] = []
+    real = asyncinotify.Inotify
+
+    def counted() -> object:
+        made.append(real())
+        return made[-1]
+
+    monkeypatch.setattr(asyncinotify, "Inotify", counted)
+    store = FileStore(root)
+    held = {agent: store.cas_lease(agent, None, lease("n1", 1)) for agent in ("a", "b", "c")}
+
+    async def main() -> None:
+        watchers = {agent: store.watch(agent, lease_only=True) for agent in held}
+        woke = {agent: asyncio.ensure_future(w.__anext__()) for agent, w in watchers.items()}
+        try:
+            current = await _renew_until_woken(store, woke["a"], held["a"], "a on its lease")
+            assert not woke["b"].done() and not woke["c"].done()
+            await _renew_until_woken(store, woke["c"], held["c"], "c on its lease", "c")
+            assert not woke["b"].done()
+            assert len(made) == 1  # one instance for the three watches
+            store.cas_lease("a", current.version, lease(None, 1))
+            await asyncio.sleep(0.05)
+            assert not woke["b"].done()
+        finally:
+            for future in woke.values():
+                future.cancel()
+            await asyncio.gather(*woke.values(), return_exceptions=True)
+            for watcher in watchers.values():
+                await watcher.aclose()  # type: ignore[attr-defined]
+        # Closed with its last watch: a loop that watches nothing holds no descriptor.
+        left = lease_watch_module._SHARED.get(asyncio.get_running_loop())
+        assert left is None, left._by_dir  # type: ignore[attr-defined]
+
+    asyncio.run(main())
 
 
 def test_a_lease_only_watch_outlives_its_directory_being_replaced(root: Path) -> None:

@@ -8,7 +8,8 @@ event loop costs nothing while idle and reads a change as it lands.
 
 inotify sees the writes of this machine only (NFS: the store uses polling);
 where it cannot be had (not Linux, the watch limit reached) this returns None
-and the store falls back to watchfiles.
+and the store falls back to watchfiles. Every lease watch of an event loop
+shares one inotify instance (a process keeping many agents watches many).
 
 A watch of terms alone (``terms_only``) reads the record at each change and
 stays quiet through renewals; that read is of one small file on a local disk,
@@ -17,9 +18,12 @@ so it runs on the event loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,38 +33,127 @@ from .._terms import TermChanges
 from .fileio import closing_fd, read_file
 
 if TYPE_CHECKING:
-    from asyncinotify import Inotify
+    from asyncinotify import Inotify, Watch
 
 log = logging.getLogger(__name__)
 
 LEASE_NAME = "lease.json"
 
 
-def open_lease_watch(directory: Path) -> Inotify | None:
-    """An inotify watch of the lease record in directory, or None where inotify cannot be had."""
-    try:
-        from asyncinotify import Inotify, Mask
+class LeaseWatch:
+    """One directory's lease watch: woken for its lease record, or when it goes away."""
 
-        inotify = Inotify()
-    # No inotify on this system (RuntimeError: asyncinotify found no libc that has it), or
-    # EMFILE: the user's instance limit (fs.inotify.max_user_instances, 128 by default).
-    except (ImportError, RuntimeError, OSError, AttributeError) as exc:
-        log.debug("no inotify (%s): the lease watch polls", exc)
-        return None
-    # The record is replaced by a rename (MOVED_TO) or removed; a planted symlink
-    # in place of the directory is not followed. Nothing else is asked for: every
-    # lease write and checkpoint here also closes a temp or lock file and moves a
-    # temp file away, and each such event would wake the loop for nothing.
-    mask = Mask.MOVED_TO | Mask.DELETE
-    # The directory itself moved away or removed: the records are elsewhere now.
-    mask |= Mask.MOVE_SELF | Mask.DELETE_SELF
-    try:
-        inotify.add_watch(directory, mask | Mask.ONLYDIR | Mask.DONT_FOLLOW)
-    except OSError as exc:  # ENOSPC: the user's watch limit; ENOTDIR, ENOENT: raced away
-        log.debug("inotify watch of %s refused (%s): the lease watch polls", directory, exc)
-        inotify.close()
-        return None
-    return inotify
+    def __init__(self, shared: _LoopWatches, directory: str) -> None:
+        self._shared, self.directory = shared, directory
+        self.woken = asyncio.Event()
+        self.changed = False  # the lease record arrived or went (or events were lost)
+        self.gone = False  # the directory was moved or removed: this watch sees no more
+
+    def close(self) -> None:
+        self._shared.leave(self)
+
+
+class _LoopWatches:
+    """Every lease watch of one event loop on one inotify instance: a process that keeps
+    many agents would otherwise spend an instance on each, and the user's limit
+    (fs.inotify.max_user_instances) is 128 for all their processes together."""
+
+    def __init__(self, inotify: Inotify) -> None:
+        self._inotify = inotify
+        self._by_dir: dict[str, tuple[Watch, set[LeaseWatch]]] = {}
+        self._by_wd: dict[int, str] = {}
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="hb-inotify")
+
+    def join(self, directory: str) -> LeaseWatch | None:
+        from asyncinotify import Mask
+
+        if directory not in self._by_dir:
+            # The record is replaced by a rename (MOVED_TO) or removed; a planted symlink
+            # in place of the directory is not followed. Nothing else is asked for: every
+            # lease write and checkpoint here also closes a temp or lock file and moves a
+            # temp file away, and each such event would wake the loop for nothing. The
+            # directory itself moved away or removed: the records are elsewhere now.
+            mask = Mask.MOVED_TO | Mask.DELETE | Mask.MOVE_SELF | Mask.DELETE_SELF
+            try:
+                watch = self._inotify.add_watch(directory, mask | Mask.ONLYDIR | Mask.DONT_FOLLOW)
+            except OSError as exc:  # ENOSPC: the user's watch limit; ENOTDIR, ENOENT: raced
+                log.debug("inotify watch of %s refused (%s): the lease watch polls", directory, exc)
+                self._close_if_unused()
+                return None
+            self._by_dir[directory] = (watch, set())
+            self._by_wd[watch.wd] = directory
+        joined = LeaseWatch(self, directory)
+        self._by_dir[directory][1].add(joined)
+        return joined
+
+    def leave(self, member: LeaseWatch) -> None:
+        entry = self._by_dir.get(member.directory)
+        if entry is not None and member in entry[1]:
+            entry[1].discard(member)
+            if not entry[1]:
+                self._drop(member.directory)
+        self._close_if_unused()
+
+    def _drop(self, directory: str) -> None:
+        watch, _members = self._by_dir.pop(directory)
+        del self._by_wd[watch.wd]
+        with contextlib.suppress(OSError):  # gone already, with its directory
+            self._inotify.rm_watch(watch)
+
+    def _close_if_unused(self) -> None:
+        if not self._by_dir and _SHARED.get(asyncio.get_running_loop()) is self:
+            del _SHARED[asyncio.get_running_loop()]
+            self._reader.cancel()
+            self._inotify.close()
+
+    async def _read(self) -> None:
+        from asyncinotify import Mask
+
+        async for event in self._inotify:
+            if Mask.Q_OVERFLOW in event.mask:  # events were lost: any record may have changed
+                members = [m for _watch, ms in self._by_dir.values() for m in ms]
+                for member in members:
+                    member.changed = True
+                    member.woken.set()
+                continue
+            directory = None if event.watch is None else self._by_wd.get(event.watch.wd)
+            if directory is None:
+                continue
+            members = list(self._by_dir[directory][1])
+            if event.mask & (Mask.IGNORED | Mask.MOVE_SELF | Mask.DELETE_SELF):
+                self._drop(directory)  # the records are elsewhere now
+                for member in members:
+                    member.gone = True
+                    member.woken.set()
+            elif event.name is not None and event.name.name == LEASE_NAME:
+                for member in members:
+                    member.changed = True
+                    member.woken.set()
+
+
+# The inotify instance of each running event loop, while it watches anything.
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWatches] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def open_lease_watch(directory: Path) -> LeaseWatch | None:
+    """An inotify watch of the lease record in directory (on the running event loop's one
+    instance), or None where inotify cannot be had."""
+    loop = asyncio.get_running_loop()
+    shared = _SHARED.get(loop)
+    if shared is None:
+        try:
+            from asyncinotify import Inotify
+
+            inotify = Inotify()
+        # No inotify on this system (RuntimeError: asyncinotify found no libc that has it),
+        # or EMFILE: the user's instance limit (fs.inotify.max_user_instances, 128 by default).
+        except (ImportError, RuntimeError, OSError, AttributeError) as exc:
+            log.debug("no inotify (%s): the lease watch polls", exc)
+            return None
+        shared = _SHARED[loop] = _LoopWatches(inotify)
+    return shared.join(str(directory))
 
 
 def term_changes(directory: Path) -> Callable[[], bool]:
@@ -82,24 +175,22 @@ def term_changes(directory: Path) -> Callable[[], bool]:
 
 
 async def lease_changes(
-    inotify: Inotify, term_changed: Callable[[], bool] | None = None
-) -> AsyncIterator[None]:
+    watch: LeaseWatch, term_changed: Callable[[], bool] | None = None
+) -> AsyncGenerator[None, None]:
     """Yield after each change of the lease record (of its term, if term_changed is given);
     end when the directory goes away.
 
-    Takes ownership of inotify and closes it.
+    Takes ownership of watch and closes it.
     """
-    from asyncinotify import Mask
-
-    with inotify:
-        async for event in inotify:
-            if event.mask & (Mask.IGNORED | Mask.MOVE_SELF | Mask.DELETE_SELF):
-                return  # the directory was moved or removed: this watch sees no more
-            # An overflowed queue lost events: the record may have changed.
-            if Mask.Q_OVERFLOW in event.mask:
-                yield None
-                continue
-            if event.name is None or event.name.name != LEASE_NAME:
-                continue
-            if term_changed is None or term_changed():
-                yield None
+    try:
+        while True:
+            await watch.woken.wait()
+            watch.woken.clear()
+            if watch.gone:
+                return
+            if watch.changed:
+                watch.changed = False
+                if term_changed is None or term_changed():
+                    yield None
+    finally:
+        watch.close()

@@ -46,6 +46,7 @@ its lock), ``checkpoints``, ``effects`` (the effect journal), ``inbox`` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import os
@@ -357,13 +358,14 @@ class FileStore(Store):
             while not _is_plain_dir(directory):
                 await asyncio.sleep(0.5)
             # inotify sees nothing from other NFS clients: there the watch polls.
-            inotify = None if on_nfs or not lease_only else open_lease_watch(directory)
-            if inotify is None:
+            lease_watch = None if on_nfs or not lease_only else open_lease_watch(directory)
+            if lease_watch is None:
                 break
             # Read after the watch is set: no change slips between the two.
             term_changed = term_changes(directory) if terms_only else None
-            async for _ in lease_changes(inotify, term_changed):
-                yield None
+            async with contextlib.aclosing(lease_changes(lease_watch, term_changed)) as changes:
+                async for _ in changes:  # closed with this watch: its inotify watch too
+                    yield None
             # The directory went away (or was replaced): watch it again once it is back,
             # and look then, for the lease may have changed meanwhile.
             while not _is_plain_dir(directory):
