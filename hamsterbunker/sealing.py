@@ -32,6 +32,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from . import state_json
 from .cluster_keys import (
     SCRYPT_MAX_MEMORY,
     SCRYPT_MAX_WORK,
@@ -249,6 +250,11 @@ class Sealer:
     ) -> bytes:
         """Seal a JSON-serialisable state under a fresh random nonce, with the current key.
 
+        The plaintext is the state's compact JSON (``hamsterbunker.state_json``:
+        orjson's bytes where they read back as the standard library's would, else
+        the standard library's), so ``open`` gives back what json.loads of
+        json.dumps(state) gives, and refuses what json.dumps refuses.
+
         inbox: which of the agent's submissions are consumed as of this state
         (``hamsterbunker.inbox.ConsumedMarks``), sealed with it, so that they
         commit together; the header says a checkpoint carries it. sealed_at:
@@ -257,7 +263,7 @@ class Sealer:
         key = self._in_use.current
         body: dict[str, Any] = state if inbox is None else {"state": state, "inbox": inbox}
         try:
-            plaintext = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+            plaintext = state_json.encode(body)
         except (TypeError, ValueError) as exc:
             raise SealError(f"agent state is not JSON-serialisable: {exc}") from exc
         fields = {"kid": key.kid, "agent": agent, "epoch": epoch, "seq": seq}

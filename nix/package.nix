@@ -58,6 +58,7 @@ python3Packages.buildPythonApplication {
       sdnotify
       tomli-w
       prometheus-client
+      orjson
     ]
     ++ lib.optionals withTui extras.tui
     ++ lib.optionals withRedis extras.redis
