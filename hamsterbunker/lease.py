@@ -91,6 +91,8 @@ class LeaseKeeper:
         # of a read that still found the record before it: (that record's version, sent).
         self._read_before: tuple[int, float] | None = None
         self._held_epoch = 0  # the highest epoch this keeper has held
+        # Held since a read before its hand-over, not since a write of ours: renew at once.
+        self.unconfirmed = False
 
     # -- what the runtime asks -------------------------------------------
 
@@ -175,6 +177,7 @@ class LeaseKeeper:
             return TickResult(Outcome.RENEW_FAILED, self.held, str(exc), store_error=str(exc))
         self.held = renewed
         self._renew_sent_at = sent
+        self.unconfirmed = False
         self._note(renewed, sent)
         return TickResult(Outcome.RENEWED, renewed)
 
@@ -261,8 +264,9 @@ class LeaseKeeper:
         The lease counts from the send time of the newest read that still found the
         record before it (the hand-over was written after that read was answered),
         so may_step ends no later than for a lease this node had written then. With
-        no such read (or one too old to step on, or another TTL in the record), a
-        renewal comes first, as after any acquisition.
+        no such read (or one older than half the renew deadline, or another TTL in
+        the record), a renewal comes first, as after any acquisition; with one,
+        ``unconfirmed`` asks the loop to renew at once, beside the restore.
         """
         self._note(record, now)
         self._hold(record)
@@ -270,7 +274,10 @@ class LeaseKeeper:
         before = self._read_before
         start = before[1] if before is not None and before[0] < record.version else -math.inf
         stepping_left = self.timing.renew_deadline_s - (now - start)
-        if stepping_left < self.timing.tick_s or record.ttl_ms != self.timing.lease_ttl_ms:
+        if (
+            stepping_left < self.timing.renew_deadline_s / 2
+            or record.ttl_ms != self.timing.lease_ttl_ms
+        ):
             renewed = self._renew()
             if renewed.outcome is not Outcome.RENEWED or renewed.record is None:
                 self.held = None
@@ -279,6 +286,7 @@ class LeaseKeeper:
             record = renewed.record
         else:
             self._renew_sent_at = start
+            self.unconfirmed = True
         return TickResult(Outcome.ACQUIRED, record, "switchover")
 
     def hand_over(self, successor: str, session: str, region: str) -> bool:
@@ -423,6 +431,7 @@ class LeaseKeeper:
 
     def _hold(self, record: LeaseRecord) -> None:
         self.held = record
+        self.unconfirmed = False
         self._held_epoch = max(self._held_epoch, record.epoch)
 
     def _is_news(self, heard: LeaseRecord | None) -> bool:

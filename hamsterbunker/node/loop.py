@@ -271,6 +271,8 @@ class NodeLoop:
                 emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
                 if result.reason == "switchover":
                     failpoint("switchover.after_acquire")
+                if self._keeper.unconfirmed:
+                    self._pacing.last_read = float("-inf")  # renew now, beside the restore
                 if self._standing.paused:
                     emit("agent.paused", reason="paused before this term")
                 self._leader = asyncio.create_task(

@@ -80,11 +80,13 @@ def test_a_handed_lease_counts_from_the_read_that_found_the_record_before_it(sto
     assert counted.writes == 0  # led without a write of its own
     assert target.may_step()
     assert target.seconds_since_renewal() == pytest.approx(0.3)  # from the read before
+    assert target.unconfirmed  # the loop renews at once
     assert target.fence().epoch == 2
     lease = store.read_lease(AGENT)
     assert lease is not None and (lease.holder, lease.session) == ("node-b", target.session)
     taken = lease.history[-1]
     assert (taken.epoch, taken.from_, taken.to, taken.via) == (2, "node-a", "node-b", "switchover")
+    assert target.tick().outcome is Outcome.RENEWED and not target.unconfirmed
 
 
 def test_a_handed_lease_with_no_read_before_it_is_renewed_before_any_step(store):
@@ -98,6 +100,7 @@ def test_a_handed_lease_with_no_read_before_it_is_renewed_before_any_step(store)
     assert result.outcome is Outcome.ACQUIRED
     assert counted.writes == 1  # its own renewal: the lease counts from that
     assert target.may_step() and target.seconds_since_renewal() == 0.0
+    assert not target.unconfirmed
 
 
 def test_a_read_too_long_before_the_hand_over_is_not_stepped_on(store):
@@ -106,7 +109,7 @@ def test_a_read_too_long_before_the_hand_over_is_not_stepped_on(store):
     clock = FakeClock(start=1000.0)
     target = keeper(counted, "node-b", clock)
     target.tick()
-    clock.advance(TIMING.renew_deadline_s - TIMING.tick_s / 2)  # under a tick of stepping left
+    clock.advance(TIMING.renew_deadline_s * 0.6)  # under half the renew deadline left
     assert leader.hand_over("node-b", target.session, "region-b")
 
     assert target.tick().outcome is Outcome.ACQUIRED
