@@ -459,8 +459,8 @@ class NodeLoop:
         name, so it leads at once with no write of its own; or, when its heartbeat names
         no session (an older node), released naming it, for it to take at once."""
         emit = self._sink.emit
-        held = self._keeper.held
         target = await self._target(ended.successor)
+        held = self._keeper.held
         if held is None or held.epoch != ended.epoch:
             return  # lost meanwhile: nothing of ours to hand over
         failpoint("switchover.before_release")
