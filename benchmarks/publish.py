@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hamsterbunker import FileStore
+from hamsterbunker import FileStore, state_json
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.sealing import Sealer, new_cluster_record
 
@@ -41,10 +41,10 @@ ROUNDS = "/".join(str(n) for n in ITERATIONS.values())
 METHOD = f"""\
 In one process, on a `FileStore` in a temporary directory: a cluster record is
 created, a `LeaseKeeper` acquires the agent's lease (epoch 1), and for each state
-size (the compact JSON of the state dict, as `Sealer.seal` writes it) four
-operations run in turn, interleaved (raw and publish alternate which goes first),
-{ROUNDS} times per size (fewer with `--quick`), after {WARMUP_ROUNDS} untimed rounds of raw and
-publish; the table gives medians:
+size (the compact JSON of the state dict, as `Sealer.seal` writes it: one long
+base64 string) four operations run in turn, interleaved (raw and publish alternate
+which goes first), {ROUNDS} times per size (fewer with `--quick`), after
+{WARMUP_ROUNDS} untimed rounds of raw and publish; the tables give medians:
 
 * **raw**: the least a durable atomic write can do with the same sealed bytes, written
   by the benchmark itself into the store's own checkpoint directory: write a temp
@@ -53,57 +53,93 @@ publish; the table gives medians:
   both pay the same filesystem costs (on a filesystem mounted with `discard`, as this
   one is, trimming the blocks of a removed 8 MiB file costs some 20 ms at the next
   journal commit; without the same lifecycle the baseline would be skewed);
-* **seal**: `Sealer.seal` alone (JSON encoding, AES-256-GCM with a fresh nonce, header);
+* **seal**: `Sealer.seal` alone: the state's JSON (`hamsterbunker.state_json.encode`:
+  orjson's bytes, once a walk over the state in C loops has found nothing but plain
+  JSON types in it, else the standard library's `json.dumps` as before), AES-256-GCM
+  with a fresh nonce, the header, and the blob (prefix + nonce + ciphertext);
 * **put_checkpoint**: `FileStore.put_checkpoint` alone with already sealed bytes
   (temp write, fsync, OFD lock, fence check against the stored lease, scan of the
   retained checkpoints, rename, directory fsync, pruning beyond the newest five);
 * **publish**: the full path a leader takes per step, `seal` then `put_checkpoint`.
 
+After those four, each round also times the seal's JSON alone, as it encodes now
+(`state_json.encode`) and as the standard library alone encodes it
+(`state_json.encode_with_stdlib`, what the seal did before); the second table splits
+the seal with them (*rest* is seal − JSON: AES-GCM, the header, the blob, and what the
+JSON costs more inside the seal, right after a write, than warm on its own), and
+estimates publish / raw with the standard library's JSON as
+(publish − JSON + standard library's JSON) / raw.
+
 Target: publish ≤ {RATIO_TARGET} × raw at 1 MiB and above.
 """
 
 ANALYSIS = """\
-Profiled on 2026-11-30 on this machine (the experiment `whatif seal`: cProfile of
-`Sealer.seal`, and the medians of the seal alone). The store's own write path costs
-what the raw write costs (*put / raw* ≈ 1.0–1.1 at 1 and 8 MiB in the table above):
-the whole miss is **sealing**, and within sealing, **JSON encoding**:
+Measured on 2026-12-02 on this machine (2 vCPUs of an AMD EPYC, AES-NI without VAES;
+a shared machine, load average 4–14 during the runs; ratios are taken within one
+run). The seal's JSON used to be the whole miss: the standard library's `json.dumps`
+took 2.4–3.3 ms of a 1 MiB seal and 20–34 ms of an 8 MiB one. It is now
+`hamsterbunker.state_json.encode`: orjson writes the JSON, and a walk over the state
+(a level at a time, in C loops: next to nothing for a state of a few long strings)
+makes sure it holds only dicts with `str` keys, lists, tuples, `str`, 64-bit `int`,
+finite `float`, `bool` and `None`, for which orjson's JSON reads back exactly as the
+standard library's; for anything else (NaN and ±Infinity, which orjson writes as
+`null`; `uuid.UUID`, enums, `orjson.Fragment`, which orjson writes where the standard
+library raises; big ints, non-`str` keys, subclasses, which orjson refuses) the seal
+takes `json.dumps` as before, so a state comes back, or is refused, exactly as before,
+and checkpoints open across versions in both directions (the plaintext stays JSON
+read by `json.loads`). In these runs:
 
-| state | `Sealer.seal` | `json.dumps` | AES-256-GCM | copies (`encode`, prefix + nonce + ciphertext) |
-| --- | --- | --- | --- | --- |
-| 1 MiB | 1.6–2.5 ms | ≈ 75 % | ≈ 4 % (VAES, ≈ 9 GB/s) | ≈ 20 % |
-| 8 MiB | 16–19 ms | ≈ 80 % | ≈ 8 % | ≈ 10 % |
+| state | seal before (est.) | seal now | its JSON | the rest | publish / raw before (est.) | now |
+| --- | --- | --- | --- | --- | --- | --- |
+| 1 MiB | 3.0–4.0 ms | 0.67–0.77 ms | 0.08–0.09 ms | 0.59–0.68 ms | 2.31–2.35 | 1.34–1.45 |
+| 8 MiB | 25–43 ms | 8.2–14 ms | 3.8–5.2 ms | 4.5–9.0 ms | 2.59–3.69 | 1.55–2.08 |
 
-The standard library's encoder manages about 0.5 GB/s even on one long ASCII string
-(the easy case: a state of many small objects encodes slower still), while this disk
-makes 1 MiB durable in about 1.5 ms (≈ 0.7 GB/s: a virtio disk with a write-back cache,
-an fsync costs about 0.5 ms). JSON alone so costs about 1 × raw at 1 MiB, where the
-target leaves sealing 0.3 × raw (≈ 0.45 ms per MiB here). On a disk whose fsync takes
-milliseconds the same code would pass; on this one it cannot.
+(*before*: the standard library's JSON + the rest, timed in the same runs; *the rest*:
+AES-256-GCM, the header and the blob.)
 
-What could fix it (each measured in a throw-away experiment, library unchanged):
+What is left is no longer JSON, and none of it is the store's (*put / raw* is
+1.03–1.11):
 
-* **Encode with orjson** (bytes out, so no `str.encode` copy; byte-identical output for
-  this state): the seal took 0.24 ms instead of 2.46 ms at 1 MiB and 5.3 ms instead of
-  16.4 ms at 8 MiB, in one run (orjson installed into a scratch directory; it is not a
-  dependency). That brings 1 MiB to about (1.6 + 0.25) / 1.5 ≈ 1.25 × raw, and 8 MiB
-  to about (8.4 + 5.3) / 8.3 ≈ 1.65 ×.
-* **Stop copying the ciphertext**: build the blob in one preallocated buffer with
-  `AESGCM.encrypt_into` (in the installed cryptography 50): with orjson,
-  8 MiB sealed in 3.6 ms instead of 5.2 ms, ≈ 1.45 × raw.
-* **Overlap the CPU with the disk** to reach 1.3 × at 8 MiB: seal in chunks (AES-GCM
-  streaming through `Cipher(AES(key), GCM(nonce)).encryptor()`, the header as
-  associated data: the format, one nonce and one tag, stays the same) and write each
-  chunk to the temp file as it comes, so writeback runs while the next chunk is
-  encrypted; `put_checkpoint` would take the chunks rather than one `bytes`.
+* **AES-256-GCM itself**: 0.29 ms a MiB on this CPU (≈ 3.4 GB/s: AES-NI and
+  PCLMULQDQ, no VAES), measured alone. At 1 MiB the target leaves the seal
+  1.3 − put/raw ≈ 0.2 × raw ≈ 0.5 ms when raw is 2.4 ms: AES alone takes 0.29, orjson
+  0.07–0.09, the blob's one copy 0.04 warm; right after a write (cold caches) the seal
+  costs 0.67 ms. So 1 MiB misses by 0.04–0.15 × raw on this disk, and would pass on a
+  disk whose durable write of 1 MiB takes 3.5 ms or more.
+* **Fresh memory at 8 MiB**: orjson's 8 MiB output is new to the process each time
+  (2,050 minor page faults a call, about 1.6 µs each in this VM: 3.3 ms of orjson's
+  3.8), then AES-GCM reads it and writes 8 MiB (2.4 ms), and the blob is one more 8 MiB
+  copy. The seal so costs 0.5 × raw where 0.25 × is left to it.
 
-What was decided, and why the miss stands for now: the store's own write path is at
-raw cost, so what remains is the price of JSON. orjson would fix 1 MiB but silently
-turns `NaN` and `Infinity` into `null` (the standard library round-trips them), so a
-state could come back different after a failover; taking it means first deciding
-what the state format allows (refusing non-finite floats, say) and saying so in the
-agent API. At 1 MiB the miss is 1.8 ms per step, against agent steps that are LLM
-calls of seconds; at 8 MiB, only chunked sealing written as it goes would reach the
-target. Both are recorded as work to do, not done here.
+Tried and not taken:
+
+* **`AESGCM.encrypt_into` into one buffer**: the blob must be `bytes` (the stores and
+  redis-py take `bytes`; a `bytearray` is not one), so a buffer filled in place is
+  copied once into `bytes`, the same one copy as `prefix + nonce + ciphertext`.
+  Measured side by side (60 interleaved rounds): 0.44 against 0.44 ms at 1 MiB, 8.1
+  against 8.3 ms at 8 MiB. Only a buffer kept between seals saves anything (7.3 ms at
+  8 MiB: no ciphertext allocation), at the price of holding the largest checkpoint's
+  size per sealing thread for good; and `encrypt_into` needs cryptography ≥ 47 (the
+  floor is 42). Not worth it for 1 ms that does not reach the target either.
+* **Checking orjson's output with `orjson.loads(out) == state`** (exact, too): it
+  costs a decode, 0.6 ms a MiB of string (7.6–12 ms at 8 MiB), more than the
+  encoding it checks; the type walk costs next to nothing on this state.
+* **orjson on `open`**: not exact. `orjson.loads` reads an integer beyond 64 bits as a
+  float, and the standard library writes such integers (checkpoints sealed before,
+  and the fallback's), with no cheap way to tell; nor faster for one long string
+  (7.6 against 6.6 ms at 8 MiB). Restore keeps `json.loads`.
+
+What would reach 1.3 × at 8 MiB (and give 1 MiB a margin): overlapping the seal with
+the write. `AESGCM` releases the GIL (two threads encrypt 8 MiB each in the time of
+one), so the ciphertext could be made in chunks by a streaming
+`Cipher(AES(key), GCM(nonce)).encryptor()` (the prefix as associated data: one nonce,
+one tag, the same format) on a worker thread while the store writes the previous
+chunk to the temp file, into one reused chunk buffer (no fresh 8 MiB allocations but
+orjson's). That means `put_checkpoint` taking an iterable of chunks rather than one
+`bytes`, on every backend (etcd and Redis would join them), and the fence and
+durability steps of the file store unchanged after the last chunk. orjson's own
+3.8 ms would remain before the first chunk. Not done here: it changes the store
+interface, owned elsewhere.
 """
 
 
@@ -149,10 +185,13 @@ def _timed(fn: Callable[[T], object], arg: T) -> float:
 def _measure(
     publisher: _Publisher, size: int, rounds: int, budget_s: float
 ) -> tuple[dict[str, list[float]], int]:
-    """Median-ready times (seconds) of raw, seal, put and publish at one state size."""
+    """Median-ready times (seconds) of raw, seal, put and publish at one state size, and of
+    the seal's JSON: as it encodes now, and as the standard library alone would."""
     state = json_state_of_size(size)
     blob = publisher.seal(state)
-    times: dict[str, list[float]] = {"raw": [], "seal": [], "put": [], "publish": []}
+    times: dict[str, list[float]] = {
+        "raw": [], "seal": [], "put": [], "publish": [], "json": [], "stdlib json": []
+    }  # fmt: skip
     for _ in range(WARMUP_ROUNDS):  # untimed: the first writes of a size run slow here
         publisher.raw(blob)
         publisher.publish(state)
@@ -171,6 +210,8 @@ def _measure(
                 times[kind].append(_timed(publisher.put, blob))
             else:
                 times[kind].append(_timed(publisher.seal, state))
+        times["json"].append(_timed(state_json.encode, state))
+        times["stdlib json"].append(_timed(state_json.encode_with_stdlib, state))
     return times, len(blob)
 
 
@@ -178,6 +219,7 @@ def run(quick: bool) -> Result:
     iterations = QUICK_ITERATIONS if quick else ITERATIONS
     budget_s = 10.0 if quick else 60.0
     rows: list[list[str]] = []
+    seal_rows: list[list[str]] = []
     checks: list[Check] = []
     notes: list[str] = []
     with temp_dir(NAME) as root:
@@ -206,6 +248,17 @@ def run(quick: bool) -> Result:
                     f"{ratio:.2f}",
                 ]
             )
+            json_s, stdlib_s = median(times["json"]), median(times["stdlib json"])
+            seal_rows.append(
+                [
+                    _size_label(size),
+                    ms(seal_s),
+                    ms(json_s),
+                    ms(seal_s - json_s),
+                    ms(stdlib_s),
+                    f"{(publish_s - json_s + stdlib_s) / raw_s:.2f}",
+                ]
+            )
             if size >= MIB:
                 checks.append(
                     Check(
@@ -222,4 +275,11 @@ def run(quick: bool) -> Result:
          "put / raw", "publish / raw"],
         rows,
     )  # fmt: skip
-    return Result(NAME, TITLE, METHOD, [table], checks, notes, ANALYSIS)
+    seal_table = Table(
+        "Inside the seal (medians of the same run)",
+        ["state", "seal ms", "JSON ms (orjson, checked)", "rest ms (AES-GCM, header, blob)",
+         "JSON ms (standard library alone)",
+         "publish / raw with the standard library's JSON (estimated)"],
+        seal_rows,
+    )  # fmt: skip
+    return Result(NAME, TITLE, METHOD, [table, seal_table], checks, notes, ANALYSIS)
