@@ -74,10 +74,10 @@ Target: publish ≤ {RATIO_TARGET} × raw at 1 MiB and above.
 """
 
 ANALYSIS = """\
-Measured on 2026-12-02 on this machine (2 vCPUs of an AMD EPYC, AES-NI without VAES;
-a shared machine, load average 4–14 during the runs; ratios are taken within one
-run). The seal's JSON used to be the whole miss: the standard library's `json.dumps`
-took 2.4–3.3 ms of a 1 MiB seal and 20–34 ms of an 8 MiB one. It is now
+Measured on 2026-12-02 on this machine (2 vCPUs of an AMD EPYC, AES-NI without VAES),
+while other work ran on it (load average 3–17 at the start of a run), ratios taken
+within each run. The seal's JSON used to be the whole miss: the standard library's
+`json.dumps` took 2.4–3.9 ms of a 1 MiB seal and 20–40 ms of an 8 MiB one. It is now
 `hamsterbunker.state_json.encode`: orjson writes the JSON, and a walk over the state
 (a level at a time, in C loops: next to nothing for a state of a few long strings)
 makes sure it holds only dicts with `str` keys, lists, tuples, `str`, 64-bit `int`,
@@ -87,35 +87,39 @@ standard library's; for anything else (NaN and ±Infinity, which orjson writes a
 library raises; big ints, non-`str` keys, subclasses, which orjson refuses) the seal
 takes `json.dumps` as before, so a state comes back, or is refused, exactly as before,
 and checkpoints open across versions in both directions (the plaintext stays JSON
-read by `json.loads`). In these runs:
+read by `json.loads`). Medians of eighteen earlier runs (ranges in
+brackets):
 
 | state | seal before (est.) | seal now | its JSON | the rest | publish / raw before (est.) | now |
 | --- | --- | --- | --- | --- | --- | --- |
-| 1 MiB | 3.0–4.0 ms | 0.67–0.77 ms | 0.08–0.09 ms | 0.59–0.68 ms | 2.31–2.35 | 1.34–1.45 |
-| 8 MiB | 25–43 ms | 8.2–14 ms | 3.8–5.2 ms | 4.5–9.0 ms | 2.59–3.69 | 1.55–2.08 |
+| 1 MiB | 3.2 ms | 0.72 ms | 0.08 ms | 0.63 ms | 2.29 (1.88–2.70) | 1.38 (1.28–1.75) |
+| 8 MiB | 27 ms | 9.0 ms | 4.0 ms | 4.8 ms | 2.63 (2.46–4.01) | 1.57 (1.52–2.33) |
 
 (*before*: the standard library's JSON + the rest, timed in the same runs; *the rest*:
-AES-256-GCM, the header and the blob.)
+AES-256-GCM, the header and the blob.) 1 MiB passed in two runs (1.28, 1.29); the
+steadiest runs gave 1.29–1.39 at 1 MiB and 1.52–1.58 at 8 MiB.
 
-What is left is no longer JSON, and none of it is the store's (*put / raw* is
-1.03–1.11):
+What is left is no longer JSON (the store's own share, *put / raw*, is 1.10, 0.99–1.36):
 
 * **AES-256-GCM itself**: 0.29 ms a MiB on this CPU (≈ 3.4 GB/s: AES-NI and
   PCLMULQDQ, no VAES), measured alone. At 1 MiB the target leaves the seal
-  1.3 − put/raw ≈ 0.2 × raw ≈ 0.5 ms when raw is 2.4 ms: AES alone takes 0.29, orjson
-  0.07–0.09, the blob's one copy 0.04 warm; right after a write (cold caches) the seal
-  costs 0.67 ms. So 1 MiB misses by 0.04–0.15 × raw on this disk, and would pass on a
-  disk whose durable write of 1 MiB takes 3.5 ms or more.
+  1.3 − put/raw ≈ 0.2 × raw ≈ 0.57 ms (raw 2.86 ms, put / raw 1.10, medians): AES
+  alone takes 0.29 ms, orjson 0.07–0.09, the blob's one copy 0.04, 0.43 ms in all warm;
+  right after a write, as here, the seal costs 0.72 ms (0.58–0.81). 1 MiB so misses by
+  about 0.05–0.1 × raw: it would pass were `put_checkpoint` at raw cost (its lock,
+  fence check and listing cost 0.1 × raw), or on a disk whose durable 1 MiB write
+  takes 3.6 ms or more.
 * **Fresh memory at 8 MiB**: orjson's 8 MiB output is new to the process each time
   (2,050 minor page faults a call, about 1.6 µs each in this VM: 3.3 ms of orjson's
-  3.8), then AES-GCM reads it and writes 8 MiB (2.4 ms), and the blob is one more 8 MiB
-  copy. The seal so costs 0.5 × raw where 0.25 × is left to it.
+  4.0), then AES-GCM reads it and writes 8 MiB (2.4 ms), and the blob is one more 8 MiB
+  copy. The seal so costs 0.5 × raw (9 of 17 ms) where 0.27 × is left to it.
 
 Tried and not taken:
 
-* **`AESGCM.encrypt_into` into one buffer**: the blob must be `bytes` (the stores and
-  redis-py take `bytes`; a `bytearray` is not one), so a buffer filled in place is
-  copied once into `bytes`, the same one copy as `prefix + nonce + ciphertext`.
+* **`AESGCM.encrypt_into` into one buffer**: `Sealer.seal` returns `bytes`, what the
+  store interface and its callers take (immutable: a blob handed on cannot change
+  under whoever holds it), so a buffer filled in place is copied once into `bytes`,
+  the same one copy as `prefix + nonce + ciphertext`.
   Measured side by side (60 interleaved rounds): 0.44 against 0.44 ms at 1 MiB, 8.1
   against 8.3 ms at 8 MiB. Only a buffer kept between seals saves anything (7.3 ms at
   8 MiB: no ciphertext allocation), at the price of holding the largest checkpoint's
@@ -123,13 +127,14 @@ Tried and not taken:
   floor is 42). Not worth it for 1 ms that does not reach the target either.
 * **Checking orjson's output with `orjson.loads(out) == state`** (exact, too): it
   costs a decode, 0.6 ms a MiB of string (7.6–12 ms at 8 MiB), more than the
-  encoding it checks; the type walk costs next to nothing on this state.
+  encoding it checks; the type walk costs next to nothing on this state (on a state
+  of many small objects the two cost about the same, 12–13 ms a MiB).
 * **orjson on `open`**: not exact. `orjson.loads` reads an integer beyond 64 bits as a
   float, and the standard library writes such integers (checkpoints sealed before,
   and the fallback's), with no cheap way to tell; nor faster for one long string
   (7.6 against 6.6 ms at 8 MiB). Restore keeps `json.loads`.
 
-What would reach 1.3 × at 8 MiB (and give 1 MiB a margin): overlapping the seal with
+What could reach 1.3 × at 8 MiB (and give 1 MiB a margin): overlapping the seal with
 the write. `AESGCM` releases the GIL (two threads encrypt 8 MiB each in the time of
 one), so the ciphertext could be made in chunks by a streaming
 `Cipher(AES(key), GCM(nonce)).encryptor()` (the prefix as associated data: one nonce,
@@ -138,8 +143,8 @@ chunk to the temp file, into one reused chunk buffer (no fresh 8 MiB allocations
 orjson's). That means `put_checkpoint` taking an iterable of chunks rather than one
 `bytes`, on every backend (etcd and Redis would join them), and the fence and
 durability steps of the file store unchanged after the last chunk. orjson's own
-3.8 ms would remain before the first chunk. Not done here: it changes the store
-interface, owned elsewhere.
+4 ms would remain before the first chunk (≈ 0.25 × raw: at the line again). Not done
+here: it changes the store interface, owned elsewhere.
 """
 
 
