@@ -48,8 +48,10 @@ import orjson
 
 __all__ = ["encode", "encode_with_stdlib"]
 
-# Types orjson would otherwise write by its own rules go to `default`; there is none,
-# so orjson raises and the standard library decides.
+# Subclasses of str, int, dict and list, datetimes and dataclasses, which orjson would
+# write by its own rules, go to `default` instead; there is none, so orjson raises and
+# the standard library decides. (UUIDs, enums and fragments have no such option: the
+# walk finds them.)
 _OPTIONS = (
     orjson.OPT_PASSTHROUGH_SUBCLASS
     | orjson.OPT_PASSTHROUGH_DATETIME
@@ -81,8 +83,9 @@ def encode_with_stdlib(obj: Any) -> bytes:
 def _plain(obj: Any) -> bool:
     """Whether obj holds nothing but the plain JSON types, and no NaN or infinity.
 
-    For a value orjson has encoded (so no cycles, and only str keys): a level of
-    containers at a time, the values of the next level gathered in C loops.
+    Only for a value orjson has encoded (so no cycles, which would never end the walk,
+    and only str keys): a level of containers at a time, the values of the next level
+    gathered in C loops.
     """
     level: list[Any] = [obj]
     while level:
