@@ -216,13 +216,23 @@ and (2) together remove the 3.5 store calls per standby agent per second that no
 cost most; (3) and (4) the hand-offs that each call and wake-up costs.
 
 **Spreading at N = 200** did not finish within the 80 s waited: on the file store the
-node that led 199 handed none over in that time (the standbys' heartbeats, which the
-balancer's liveness test needs to see move between two of its reads, come late from
-processes this loaded); on etcd 198 → 84. At most 8 agents a round (a TTL) per host,
-evening 199 out to 67 would take 17 rounds (≥ 34 s) even unloaded. Meeting the
-N = 200 targets on two cores needs the leader's per-agent work cut as the standby's
-(a heartbeat per host, the inbox re-read only when the watch fails, the shared pool),
-since at 0.5 % of a core per agent led three processes cannot keep 200 agents in time.
+node that led 199 handed none over; on etcd 198 → 84. A separate look (the same three
+file-store processes, the leases read every 10 s for 90 s) saw 0 / 49 / 151 stay put:
+one agent moved (`lease.switchover_asked ... by=balance`, from the node leading 49),
+the node leading 151 asked for no switchover at all. From the code
+(`hamsterbunker/node/balance.py`), the likely cause: while no taker is known live, a
+round reads the heartbeats of *every* led agent in turn (151 `list_heartbeats` calls on
+one thread), and a standby counts as live only if its heartbeat for *that* agent moved
+between two of the host's reads at most two rounds (4 s) apart. A round of 151 reads
+that takes more than 2 s on a loaded machine puts the reads of one agent more than
+4 s apart, so no standby is ever live and nothing is handed over; at N = 50 the
+rounds are short enough. Judging liveness per node (any of its heartbeats moving), or
+reading one agent's heartbeats a round as the module's docstring says, would let it
+start; then at most 8 agents a round (a TTL) per host, evening 199 out to 67 takes 17
+rounds (≥ 34 s) even unloaded. Meeting the N = 200 timing targets on two cores also
+needs the leader's per-agent work cut as the standby's (a heartbeat per host, the inbox
+re-read only when the watch fails, the shared pool), since at 0.5 % of a core per
+agent led three processes cannot keep 200 agents in time.
 """
 
 
