@@ -219,18 +219,24 @@ cost most; (3) and (4) the hand-offs that each call and wake-up costs.
 node that led 199 handed none over; on etcd 198 → 84. A separate look (the same three
 file-store processes, the leases read every 10 s for 90 s) saw 0 / 49 / 151 stay put:
 one agent moved (`lease.switchover_asked ... by=balance`, from the node leading 49),
-the node leading 151 asked for no switchover at all. From the code
-(`hamsterbunker/node/balance.py`), the likely cause: while no taker is known live, a
-round reads the heartbeats of *every* led agent in turn (151 `list_heartbeats` calls on
-one thread), and a standby counts as live only if its heartbeat for *that* agent moved
-between two of the host's reads at most two rounds (4 s) apart. A round of 151 reads
-that takes more than 2 s on a loaded machine puts the reads of one agent more than
-4 s apart, so no standby is ever live and nothing is handed over; at N = 50 the
-rounds are short enough. Judging liveness per node (any of its heartbeats moving), or
-reading one agent's heartbeats a round as the module's docstring says, would let it
-start; then at most 8 agents a round (a TTL) per host, evening 199 out to 67 takes 17
-rounds (≥ 34 s) even unloaded. Meeting the N = 200 timing targets on two cores also
-needs the leader's per-agent work cut as the standby's (a heartbeat per host, the inbox
+the node leading 151 asked for no switchover at all. Why is not settled. One candidate
+from the code (`hamsterbunker/node/balance.py`): while no taker is known live, a round
+reads the heartbeats of *every* led agent in turn (151 `list_heartbeats` calls, each a
+hop to the balancer's thread and back through the host's busy event loop), and a
+standby counts as live only if its heartbeat for *that* agent moved between two of
+the host's reads at most two rounds (4 s) apart; rounds longer than 2 s would keep
+every standby from counting as live. The reads themselves are cheap (151 in 0.1 s
+from an idle process), so if this is it, the time is in the hops through the loaded
+loop; a check needs the round's duration logged. Judging liveness per node (any of its
+heartbeats moving) or reading one agent's heartbeats a round, as the module's
+docstring says, would not depend on it. Once it starts, at most 8 agents a round (a
+TTL) per host: evening 199 out to 67 takes 17 rounds (≥ 34 s) even unloaded. A
+`py-spy dump` of a host leading 188 (20 dumps, 0.5 s apart) found its main thread in
+`Balancer.load` 4 times: every heartbeat of every agent sums `leading` over all the
+host's runtimes (`EventSink.beat` calls it), O(N) per heartbeat and O(N²) a second (a
+small sample, but not a cost that should grow with N²); the host could keep that count
+as leads change instead. Meeting the N = 200 timing targets on two cores also needs
+the leader's per-agent work cut as the standby's (a heartbeat per host, the inbox
 re-read only when the watch fails, the shared pool), since at 0.5 % of a core per
 agent led three processes cannot keep 200 agents in time.
 """
