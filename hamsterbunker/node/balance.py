@@ -9,9 +9,11 @@ at once: no TTL passes, and the fencing rules are those of any switchover), at
 most ``MAX_PER_ROUND`` a round, so that the loads the heartbeats tell catch up
 before the next. Each host does the same, so the leads even out to within one.
 
-A node counts as live once its heartbeat for the agent changed between two of
-this host's reads, the second at most two rounds ago, on this host's clock (a
-standby beats every half TTL): its wall-clock times are never compared with ours.
+A node counts as live once one of its heartbeats changed between two of this
+host's reads of it, the earlier at most two rounds ago (plus the last round's own
+reads), on this host's clock (a standby beats every half TTL): its wall-clock
+times are never compared with ours. A round reads at most ``MAX_READS_PER_ROUND``
+agents' heartbeats, and one when the leads are even.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = ["Balancer"]
 log = logging.getLogger("hamsterbunker")
 
 MAX_PER_ROUND = 8  # agents a host hands over in one round
+MAX_READS_PER_ROUND = 2 * MAX_PER_ROUND + 1  # heartbeat reads a round makes at most
 
 
 class Balancer:
@@ -42,14 +45,21 @@ class Balancer:
     ) -> None:
         self._runtimes, self._store, self._clock = list(runtimes), store, clock
         self._period_s = period_s
-        # (agent, node) -> (the beat count last read, when this host first read it)
-        self._seen: dict[tuple[str, str], tuple[int, float]] = {}
+        # agent -> (when this host last read its heartbeats, each node's beat count then)
+        self._read_at: dict[str, tuple[float, dict[str, int]]] = {}
+        self._round_s = 0.0  # how long the last round took (its reads)
+        self._load: tuple[float, tuple[int, int]] | None = None  # (when counted, load)
         # Its own thread, not asyncio's default pool, which the end of asyncio.run waits for.
         self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hb-balance")
 
     def load(self) -> tuple[int, int]:
-        """(agents this host leads, agents it keeps): what its heartbeats tell."""
-        return sum(runtime.leading for runtime in self._runtimes), len(self._runtimes)
+        """(agents this host leads, agents it keeps): what its heartbeats tell (counted at
+        most every tenth of a round: every agent's heartbeat asks)."""
+        now = self._clock.monotonic()
+        if self._load is None or now - self._load[0] > self._period_s / 10:
+            leads = sum(runtime.leading for runtime in self._runtimes)
+            self._load = (now, (leads, len(self._runtimes)))
+        return self._load[1]
 
     async def run(self) -> None:
         """A round every period until cancelled; a store error skips a round."""
@@ -65,44 +75,53 @@ class Balancer:
 
     async def round(self) -> int:
         """Hand over what this host leads beyond its share; the number handed over."""
+        started = self._clock.monotonic()
+        try:
+            return await self._round()
+        finally:
+            self._round_s = self._clock.monotonic() - started
+
+    async def _round(self) -> int:
         led = [runtime for runtime in self._runtimes if runtime.leading]
         ours = len(led)
+        live: dict[str, int] = {}  # node -> the agents it leads, for the nodes seen live
         given: dict[str, int] = {}  # what this round hands to each node, not yet in its beats
         handed = 0
-        for runtime in led:
-            if handed == MAX_PER_ROUND or ours < 2:
+        for reads, runtime in enumerate(led):
+            if handed == MAX_PER_ROUND or ours < 2 or reads == MAX_READS_PER_ROUND:
                 break
             beats = await asyncio.get_running_loop().run_in_executor(
                 self._reads, self._store.list_heartbeats, runtime.agent_id
             )
+            live.update(self._moved(runtime.agent_id, beats))
+            if live and all(leads + given.get(n, 0) > ours - 2 for n, leads in live.items()):
+                break  # no live node leads two fewer than this host: even already
             takers = [
-                beat
-                for beat in self._live(runtime.agent_id, beats)
-                if beat.role == "standby" and beat.lease_session and beat.host_agents > 0
+                beat.node
+                for beat in beats
+                if beat.node in live and beat.role == "standby" and beat.lease_session
             ]
             if not takers:
                 continue
-            target = min(takers, key=lambda b: (b.host_leads + given.get(b.node, 0), b.node))
-            if ours - (target.host_leads + given.get(target.node, 0)) < 2:
-                if handed == 0 and runtime is led[0]:
-                    return 0  # even already: one read a round is all it costs
+            target = min(takers, key=lambda node: (live[node] + given.get(node, 0), node))
+            if ours - (live[target] + given.get(target, 0)) < 2:
                 continue
-            if runtime.hand_over_to(target.node, beats):
+            if runtime.hand_over_to(target, beats):
                 ours -= 1
                 handed += 1
-                given[target.node] = given.get(target.node, 0) + 1
+                given[target] = given.get(target, 0) + 1
         return handed
 
-    def _live(self, agent: str, beats: list[Heartbeat]) -> list[Heartbeat]:
-        """The beats of nodes whose heartbeat for agent moved since this host's last read
-        of it, if that read is at most two rounds old."""
+    def _moved(self, agent: str, beats: list[Heartbeat]) -> dict[str, int]:
+        """The nodes (of hosts) whose heartbeat for agent moved since this host's previous
+        read of it, if that read was at most two rounds ago: each with the agents it leads."""
         now = self._clock.monotonic()
-        live = []
-        for beat in beats:
-            key = (agent, beat.node)
-            before = self._seen.get(key)
-            if before is None or before[0] != beat.beats:
-                if before is not None and now - before[1] <= 2 * self._period_s:
-                    live.append(beat)
-                self._seen[key] = (beat.beats, now)
-        return live
+        previous = self._read_at.get(agent)
+        self._read_at[agent] = (now, {beat.node: beat.beats for beat in beats})
+        if previous is None or now - previous[0] > 2 * self._period_s + self._round_s:
+            return {}
+        return {
+            beat.node: beat.host_leads
+            for beat in beats
+            if beat.host_agents > 0 and previous[1].get(beat.node, beat.beats) != beat.beats
+        }

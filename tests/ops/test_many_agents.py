@@ -25,7 +25,7 @@ from hamsterbunker.clock import FakeClock
 from hamsterbunker.config import HostedAgent, parse_config
 from hamsterbunker.errors import ConfigError
 from hamsterbunker.history import read_history
-from hamsterbunker.node.balance import Balancer
+from hamsterbunker.node.balance import MAX_READS_PER_ROUND, Balancer
 from hamsterbunker.node.host import Host, HostNotifier
 from hamsterbunker.notify import Notifier
 from hamsterbunker.records import Heartbeat
@@ -376,3 +376,28 @@ def test_the_balancer_hands_over_only_to_live_standbys_that_lead_two_fewer() -> 
     clock.advance(3.0)
     beats(4, 0, 1)
     assert asyncio.run(balancer.round()) == 0  # b's last sight is too old to call it live
+
+
+def test_a_balancing_round_reads_a_bounded_number_of_heartbeat_lists() -> None:
+    """A host leading many agents: a round reads at most MAX_READS_PER_ROUND lists (a list
+    a round once even), so rounds stay short however many agents it keeps."""
+    store = MemoryStore()
+    reads: list[str] = []
+    listing = store.list_heartbeats
+
+    def counted(agent: str) -> list[Heartbeat]:
+        reads.append(agent)
+        return listing(agent)
+
+    store.list_heartbeats = counted  # type: ignore[method-assign]
+    clock = FakeClock()
+    runtimes = [LeadingRuntime(f"agent-{n}") for n in range(60)]
+    balancer = Balancer(runtimes, store, clock, period_s=1.0)  # type: ignore[arg-type]
+    for n in (1, 2):
+        for runtime in runtimes:  # b is live and leads all it can take; c stands still
+            store.put_heartbeat(runtime.agent_id, beat("b", n, 0, role="active"))
+            store.put_heartbeat(runtime.agent_id, beat("c", 1, 0))
+        reads.clear()
+        assert asyncio.run(balancer.round()) == 0
+        assert len(reads) == MAX_READS_PER_ROUND
+        clock.advance(1.0)
