@@ -86,7 +86,8 @@ benchmark above) and per number of agents *N* (`{SIZES_ENV}`, default
 {", ".join(map(str, SIZES))}; {", ".join(map(str, QUICK_SIZES))} with `--quick`): three
 `python -m hamsterbunker run --instance fleet --history H` processes (`bench-1..3`),
 each configured (`$CONFIGURATION_DIRECTORY/fleet.toml`) with the same *N* `[[agents]]`
-(`many-000`…), default timing (tick {TICK_MS} ms, TTL {TTL_MS} ms), started together.
+(`many-000`…), default timing (tick {TICK_MS} ms, TTL {TTL_MS} ms), started together
+(`HB_BENCH_MANY_STORES=file,redis` measures fewer stores).
 The agent (`IdleAgent`) idles in `await ctx.wait_for_inbox(timeout={STEP_WAIT_S:.0f})`
 and publishes a small checkpoint when that returns, so each leader renews every lease
 once a tick and publishes each agent's checkpoint every {STEP_WAIT_S:.0f} s: many
@@ -102,7 +103,7 @@ Each store and *N* is measured in two fleets, each on a fresh store:
   bounded), against ⌈N/3⌉ + {SPREAD_SLACK}. **One leader per agent**: each lease record
   has a holder, and each agent has exactly one `active` heartbeat, the holder's
   (waited for, bounded).
-* **Crash failover**: once spread, SIGKILL of the process that
+* **Crash failover**: once spread (or its wait ended), SIGKILL of the process that
   leads the most agents; per agent it led, kill → the first successful `acquire` of
   a later epoch by another node (its history). Target: p99 of all ≤ TTL +
   {FAILOVER_SLACK_MS} ms = {TTL_MS + FAILOVER_SLACK_MS} ms.
@@ -150,6 +151,14 @@ and RSS per agent.
 | file, 200 | 3.3 | 199 → 199 (none moved in 80 s) | 2306 | 1495 | 0.16 | 0.11 |
 | Redis, 200 | 48.5 | 113 → 68 in 25 s | 2656 | 1092 | not measured | |
 | etcd, 200 | 11.9 | 198 → 84 (not even in 80 s) | 9776 | 11046 | not measured | |
+
+A second full run (N = 50 and 200, 09:46–10:04 UTC) agreed: standby CPU per agent
+0.20 / 0.17 / 0.34 % (file / Redis / etcd, N = 50) and 0.19 % (file, N = 200); failover
+p99 at N = 50 1995 / 1995 / 2076 ms, handover p99 164 / 151 / 756 ms; at N = 200 on the
+file store failover 2527 ms and handover 1460 ms, spreading again not in time (109 / 91
+/ 0); on Redis at N = 200 the first fleet never had one node lead every agent within
+160 s after the SIGTERM, and in the standby window the probe led 64 (leases changing
+hands under the connection limit below), so that figure is not a standby's.
 
 Every agent's history was clean (checker) in every run, and every lease had one
 holder; at N = 200 on etcd 40 agents had not exactly one active heartbeat within
@@ -525,6 +534,12 @@ def _await_acquires(fleet: Fleet, epochs: dict[str, int], old: str) -> None:
         wait_for(probe, "the acquires in the histories", HISTORY_WAIT_S, every=0.2)
 
 
+def _moved_before(ops: list[Op], epoch: int, old: str, sent: float) -> bool:
+    """Whether another node acquired the agent after epoch before the signal was sent."""
+    early = _first_acquire(ops, epoch, not_node=old)
+    return early is not None and early.end < sent
+
+
 def _every_first_acquire(fleet: Fleet) -> list[Op] | None:
     found = [_first_acquire(fleet.ops(agent), 0) for agent in fleet.agents]
     return None if any(op is None for op in found) else [op for op in found if op is not None]
@@ -598,9 +613,13 @@ def _takeovers(backend: str, n: int, quick: bool, notes: list[str]) -> Takeovers
         _await_acquires(fleet, orphaned, victim)
         failover: list[float] = []
         vias: Counter[str] = Counter()
-        missing = 0
+        missing = moved = 0
         for agent, epoch in orphaned.items():
-            op = _first_acquire(fleet.ops(agent), epoch, not_node=victim)
+            ops = fleet.ops(agent)
+            if _moved_before(ops, epoch, victim, sent):
+                moved += 1  # it changed hands between the read of the leases and the kill
+                continue
+            op = _first_acquire(ops, epoch, not_node=victim)
             if op is None:
                 missing += 1
                 continue
@@ -627,6 +646,9 @@ def _takeovers(backend: str, n: int, quick: bool, notes: list[str]) -> Takeovers
         published = handover_missing = 0
         for agent, epoch in handed.items():
             ops = fleet.ops(agent)
+            if _moved_before(ops, epoch, stopping, sent):
+                moved += 1
+                continue
             op = _first_acquire(ops, epoch, not_node=stopping)
             if op is None:
                 handover_missing += 1
@@ -648,6 +670,11 @@ def _takeovers(backend: str, n: int, quick: bool, notes: list[str]) -> Takeovers
         # -- the checker, once every history is complete -----------------------------------
         fleet.stop_all()
         violations = [f"{a}: {v}" for a in fleet.agents for v in check(fleet.ops(a))]
+    if moved:
+        notes.append(
+            f"{moved} agents changed hands between the read of the leases and the signal "
+            "(churn or spreading): left out of the failover and handover figures"
+        )
     if missing:
         notes.append(f"failover: {missing} orphaned agents have no later acquire in the history")
     if handover_missing:
@@ -851,11 +878,15 @@ def _result(runs: list[Run]) -> Result:
                     for node in [*NODES, PROBE, SOLO]
                 ],
             ]  # fmt: skip
+            led_probe = s.leads[PROBE] + s.leads[SOLO]
+            spoilt = f" (the probe led {s.leads[PROBE]}: not a standby's cost)" if led_probe else ""
             checks += [
-                Check(f"{name(r)}: standby CPU per agent", f"{cpu:.4f} % of a core",
-                      f"≤ {CPU_TARGET_PER_AGENT} %", cpu <= CPU_TARGET_PER_AGENT),
-                Check(f"{name(r)}: standby RSS per agent", f"{rss / 1e6:.3f} MB",
-                      f"≤ {RSS_TARGET_PER_AGENT_MB:.0f} MB", rss <= RSS_TARGET_PER_AGENT_MB * 1e6),
+                Check(f"{name(r)}: standby CPU per agent", f"{cpu:.4f} % of a core{spoilt}",
+                      f"≤ {CPU_TARGET_PER_AGENT} %",
+                      None if led_probe else cpu <= CPU_TARGET_PER_AGENT),
+                Check(f"{name(r)}: standby RSS per agent", f"{rss / 1e6:.3f} MB{spoilt}",
+                      f"≤ {RSS_TARGET_PER_AGENT_MB:.0f} MB",
+                      None if led_probe else rss <= RSS_TARGET_PER_AGENT_MB * 1e6),
             ]  # fmt: skip
         for error in r.errors:
             checks.append(Check(f"{name(r)}: {error.split(':')[0]} measured", f"no: {error}",
