@@ -244,7 +244,12 @@ TTL) per host: evening 199 out to 67 takes 17 rounds (≥ 34 s) even unloaded. A
 `Balancer.load` 4 times: every heartbeat of every agent sums `leading` over all the
 host's runtimes (`EventSink.beat` calls it), O(N) per heartbeat and O(N²) a second (a
 small sample, but not a cost that should grow with N²); the host could keep that count
-as leads change instead. Meeting the N = 200 timing targets on two cores also needs
+as leads change instead. Commit 8bfb011 (made while this was written) judges liveness per node and bounds a
+round's reads; the same look after it: 0 / 0 / 200 at first, the first switchover
+after about 25 s, then 24 / 24 / 152 after 80 s (72 switchovers: 0.9 a second, against
+the 8 a round, 4 a second, the balancer allows), so spreading now starts at N = 200 but
+would still take minutes to even out on this loaded machine; the figures above
+predate it. Meeting the N = 200 timing targets on two cores also needs
 the leader's per-agent work cut as the standby's (a heartbeat per host, the inbox
 re-read only when the watch fails, the shared pool), since at 0.5 % of a core per
 agent led three processes cannot keep 200 agents in time.
