@@ -306,3 +306,35 @@ def test_monitor_follows_a_redis_store(opened: Callable[..., RedisStore]) -> Non
             await until(pilot, "the new event", lambda: "lease.renew_failed" in screen_text(app))
 
     asyncio.run(scenario())
+
+
+def test_more_concurrent_calls_than_connections_wait_for_one_instead_of_failing(
+    monkeypatch: pytest.MonkeyPatch, private_server: Callable[..., RedisServer]
+) -> None:
+    """A process keeping many agents calls one client from many threads: the client keeps
+    at most MAX_CONNECTIONS open, and past that a call waits for one. Against a server
+    that takes 4 clients, a client opening one per thread would be refused."""
+    import threading
+
+    from hamsterbunker.stores.redis import connection
+
+    monkeypatch.setattr(connection, "MAX_CONNECTIONS", 2)
+    server = private_server("--maxclients", "4")
+    store = open_store(f"redis://127.0.0.1:{server.port}/0")
+    store.cas_lease("a", None, lease("n1", 1))
+    failures: list[BaseException] = []
+
+    def read_many() -> None:
+        try:
+            for _ in range(30):
+                assert store.read_lease("a") is not None
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=read_many) for _ in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    store.close()
+    assert failures == []

@@ -101,6 +101,10 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+# Connections one blocking client keeps open at most (its calls wait for one past that).
+MAX_CONNECTIONS = 64
+
+
 class RedisConnection:
     """What a store URL names: the server, the key prefix and the options of every client."""
 
@@ -123,7 +127,16 @@ class RedisConnection:
     def client(self) -> redis.Redis:
         """A blocking client; ConfigError for options redis-py does not take."""
         try:
-            client = redis.Redis.from_url(self.client_url, **self.options)
+            # One client serves every agent of a process (and each agent's store threads):
+            # past the pool's size a call waits for a connection, as long as a reply may
+            # take, rather than fail (redis-py's own pool refuses past 100).
+            pool = redis.BlockingConnectionPool.from_url(
+                self.client_url,
+                **{"max_connections": MAX_CONNECTIONS, **self.options},
+                timeout=self.options.get("socket_timeout", DEFAULT_TIMEOUT_S),
+            )
+            client = redis.Redis(connection_pool=pool)
+            client.auto_close_connection_pool = True
             # Connections are made lazily; making one object (no I/O) checks the
             # options now, so a misspelt one is a ConfigError at start, not later.
             client.connection_pool.make_connection()
