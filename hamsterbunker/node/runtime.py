@@ -50,11 +50,12 @@ from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
 from .identity_check import check_node_id_free
 from .keys import KeyFollower, show_keys
-from .loop import NodeLoop, StopRequest
+from .loop import NodeLoop
 from .probes import NodeProbes
 from .restore import Restorer
 from .startup import StoreWait
 from .state import Identity, Signals, Standing
+from .stopping import StopRequest
 from .term import LeaderTerm
 from .watchdog import Watchdog, status_text
 
