@@ -1,0 +1,134 @@
+"""Which checkpoints carry an agent on, and which are kept aside: the lineage of terms.
+
+A store with one compare-and-set lease has one chain of checkpoints. A synced
+folder (``docs/syncdir.md``) cannot stop two nodes leading at once, so each
+term writes its own chain and says where it started: its *base*, the
+checkpoint it restored from. This module decides, from those facts alone,
+the same answer on every node:
+
+* the **winning term** is the newest by (epoch, node id);
+* the **lineage** runs from it back through the bases: each term gives its
+  checkpoints up to the seq its successor restored from (the winning term
+  gives all of its own);
+* every other checkpoint is **kept aside**: steps taken on a branch that the
+  lineage does not continue (a partition's other leader, or a checkpoint that
+  reached the next leader only after it had restored). Nothing here deletes
+  them; the caller reports them (``store.diverged``).
+
+The inputs must already be authenticated (term records signed, checkpoints
+opened or at least listed under a chain whose records authenticate): this
+module only orders them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["Aside", "CheckpointRef", "Lineage", "TermId", "TermStart", "lineage"]
+
+
+@dataclass(frozen=True, order=True)
+class TermId:
+    """A term: an epoch and the node that led it. Ordered as the winner is chosen."""
+
+    epoch: int
+    node: str
+
+    def __str__(self) -> str:
+        return f"{self.epoch}@{self.node}"
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointRef:
+    """One checkpoint: the term whose chain holds it, and its seq."""
+
+    term: TermId
+    seq: int
+
+
+@dataclass(frozen=True)
+class TermStart:
+    """What a term's record says: the term, and the checkpoint it restored from (None:
+    it began with the agent's initial state)."""
+
+    term: TermId
+    base: CheckpointRef | None
+
+
+@dataclass(frozen=True)
+class Aside:
+    """A run of one term's checkpoints that the lineage does not continue."""
+
+    term: TermId
+    seqs: tuple[int, ...]  # ascending
+    # The last checkpoint the branch shares with the lineage, as far as is known: the
+    # seq the successor restored from (a lineage term), else the term's own base.
+    forked_at: CheckpointRef | None
+
+    def describe(self) -> str:
+        span = f"{self.seqs[0]}" if len(self.seqs) == 1 else f"{self.seqs[0]}..{self.seqs[-1]}"
+        return f"term {self.term}: seq {span} ({len(self.seqs)} checkpoints)"
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The answer: the winning term, the checkpoints that carry the agent on, newest
+    first (restore takes the first that opens), and those kept aside."""
+
+    winner: TermId | None
+    carried: tuple[CheckpointRef, ...] = ()
+    aside: tuple[Aside, ...] = ()
+    # Checkpoints of terms whose record is not here (yet): a sync tool may bring a
+    # term's checkpoints before its record. Neither carried nor, yet, aside.
+    unplaced: tuple[Aside, ...] = ()
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.aside)
+
+
+def lineage(starts: Iterable[TermStart], chains: Mapping[TermId, Iterable[int]]) -> Lineage:
+    """The lineage of the terms that starts describes, over the checkpoints chains holds.
+
+    A term with checkpoints but no record (not yet synced, or its record did not
+    authenticate) can be neither winner nor ancestor: its checkpoints are
+    unplaced until its record arrives. A base that names a checkpoint its chain no
+    longer holds (pruned) still marks where the branch left. Cycles in the bases
+    (only a forger could make one) end the walk.
+    """
+    by_term: dict[TermId, TermStart] = {}
+    # One record per term is all a node writes; of two (a forger's), the same one on every node.
+    for record in sorted(starts, key=lambda s: (s.term, s.base is None, s.base)):
+        by_term.setdefault(record.term, record)
+    held = {term: sorted(set(seqs)) for term, seqs in chains.items()}
+    if not by_term:
+        alone = (Aside(term, tuple(seqs), None) for term, seqs in sorted(held.items()) if seqs)
+        return Lineage(None, unplaced=tuple(alone))
+    winner = max(by_term)
+    carried: list[CheckpointRef] = []
+    reach: dict[TermId, int | None] = {}  # how far each lineage term is carried (None: all)
+    term: TermId | None = winner
+    upto: int | None = None
+    while term is not None and term not in reach:
+        reach[term] = upto
+        carried.extend(
+            CheckpointRef(term, seq) for seq in held.get(term, ()) if upto is None or seq <= upto
+        )
+        start = by_term.get(term)
+        base = start.base if start is not None else None
+        term, upto = (base.term, base.seq) if base is not None else (None, None)
+    carried.sort(key=lambda ref: (ref.seq, ref.term), reverse=True)
+    aside: list[Aside] = []
+    unplaced: list[Aside] = []
+    for term, seqs in sorted(held.items()):
+        if term in reach:  # a lineage term: what is past the seq its successor restored from
+            limit = reach[term]
+            if limit is not None and seqs and seqs[-1] > limit:
+                left = tuple(seq for seq in seqs if seq > limit)
+                aside.append(Aside(term, left, CheckpointRef(term, limit)))
+        elif term in by_term and seqs:  # a branch the lineage does not continue
+            aside.append(Aside(term, tuple(seqs), by_term[term].base))
+        elif seqs:
+            unplaced.append(Aside(term, tuple(seqs), None))
+    return Lineage(winner, tuple(carried), tuple(aside), tuple(unplaced))
