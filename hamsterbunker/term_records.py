@@ -1,0 +1,71 @@
+"""A term's record on a synced folder: where the term started, signed with the cluster key.
+
+Each term writes one before its first checkpoint (``docs/syncdir.md``): its
+epoch, its node and its base, the checkpoint it restored from. The lineage
+(``hamsterbunker.lineage``) is worked out from these records alone, so one that
+a writer without the secret made, edited or moved to another agent or term
+must not count: it is signed like a loss acceptance, and opened only as the
+record of the agent and term its place in the store names.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .errors import CorruptRecord, Tampered
+from .limits import MAX_EPOCH, MAX_SEQ
+from .lineage import CheckpointRef, TermId, TermStart
+from .records import check_record_name, parse_json
+from .sealing import Sealer
+
+__all__ = ["open_term_start", "seal_term_start"]
+
+_KIND = "term-start"
+
+
+def seal_term_start(sealer: Sealer, agent: str, start: TermStart) -> bytes:
+    base = start.base
+    doc = {
+        "agent": agent,
+        "epoch": start.term.epoch,
+        "node": start.term.node,
+        "base": None if base is None else [base.term.epoch, base.term.node, base.seq],
+    }
+    return sealer.sign_record(_KIND, json.dumps(doc, separators=(",", ":")).encode())
+
+
+def open_term_start(sealer: Sealer, data: bytes, agent: str, term: TermId) -> TermStart:
+    """The record in data, authenticated, for agent and term; Tampered otherwise."""
+    payload = sealer.open_record(_KIND, data)
+    try:
+        doc = parse_json(payload, "term record")
+        found = TermStart(
+            TermId(_count(doc["epoch"], MAX_EPOCH), check_record_name(doc["node"])),
+            _base(doc["base"]),
+        )
+        named = doc["agent"]
+    except (CorruptRecord, KeyError, TypeError, ValueError) as exc:
+        # Signed with our key, so written by our own code: a newer format, or a bug.
+        raise Tampered(f"term record does not parse: {exc}") from exc
+    if named != agent or found.term != term:
+        raise Tampered(
+            f"term record for agent {named!r}, term {found.term} found as the record of "
+            f"agent {agent!r}, term {term}"
+        )
+    return found
+
+
+def _base(value: Any) -> CheckpointRef | None:
+    if value is None:
+        return None
+    epoch, node, seq = value
+    return CheckpointRef(
+        TermId(_count(epoch, MAX_EPOCH), check_record_name(node)), _count(seq, MAX_SEQ)
+    )
+
+
+def _count(value: Any, most: int) -> int:
+    if type(value) is not int or not 0 <= value <= most:
+        raise ValueError(f"{value!r} is not a number in 0..{most}")
+    return value
