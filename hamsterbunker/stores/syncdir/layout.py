@@ -1,0 +1,74 @@
+"""The syncdir store's names: its marker, the cluster record, node subtrees, sync-tool files.
+
+Only names we write are ever taken as ours. A sync tool's own files (its
+conflict copies, its temporary files, its folder markers and version archive)
+are never read as records nor taken as node ids; ``sync_files`` finds them for
+reporting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from ..file.layout import is_sync_copy
+
+__all__ = [
+    "CLUSTER",
+    "MARKER",
+    "MARKER_TEXT",
+    "MAX_NODE_ENTRIES",
+    "MAX_WALKED",
+    "NODES",
+    "is_cluster_copy",
+    "is_sync_file",
+    "log",
+    "sync_files",
+]
+
+log = logging.getLogger("hamsterbunker.stores.syncdir")
+
+MARKER = ".hamsterbunker-syncdir"  # marks the mode: a synced folder of node subtrees
+MARKER_TEXT = b"hamsterbunker syncdir 1\n"
+CLUSTER = "cluster.json"  # written once, by the first node on an empty folder
+NODES = "nodes"  # nodes/NODE/ is a plain file store that NODE alone writes
+
+# The most entries of nodes/ read per listing, whatever was planted there.
+MAX_NODE_ENTRIES = 1024
+# The most entries sync_files looks at in the whole tree.
+MAX_WALKED = 100_000
+
+_SYNC_DIRS = (".stfolder", ".stversions")  # Syncthing's folder marker and version archive
+
+
+def is_sync_file(name: str) -> bool:
+    """A sync tool's own file: a conflict copy, a temporary file, a marker or an archive."""
+    return (
+        is_sync_copy(name)  # *.sync-conflict-*, * (conflicted copy*, Nextcloud's (conflict
+        or name in _SYNC_DIRS
+        or (name.startswith(".syncthing.") and name.endswith(".tmp"))
+        or (name.startswith("~syncthing~") and name.endswith(".tmp"))
+    )
+
+
+def is_cluster_copy(name: str) -> bool:
+    """A sync tool's conflict copy of the cluster record (two first starts, unsynced)."""
+    return name.startswith("cluster") and is_sync_copy(name)
+
+
+def sync_files(root: Path) -> list[str]:
+    """The sync tool's files under root (paths relative to it), sorted; a bounded walk
+    that follows no symlink and does not look into a sync tool's own directories."""
+    found: list[str] = []
+    budget = MAX_WALKED
+    for folder, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            if is_sync_file(name):
+                found.append(os.path.relpath(os.path.join(folder, name), root))
+        budget -= len(dirs) + len(files)
+        if budget <= 0:
+            log.warning("stopped looking for sync-tool files after %d entries", MAX_WALKED)
+            break
+        dirs[:] = sorted(d for d in dirs if not is_sync_file(d))
+    return sorted(found)

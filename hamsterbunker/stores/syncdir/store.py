@@ -1,0 +1,593 @@
+"""The syncdir store: a folder kept in step by a sync tool, each node writing only its own files.
+
+Part 1 of ``docs/syncdir.md`` (not yet reachable from ``hb``). Layout::
+
+    ROOT/.hamsterbunker-syncdir      marks the mode (written once, if absent)
+    ROOT/cluster.json                the cluster record (created once, never rewritten)
+    ROOT/nodes/NODE/                 a plain FileStore that only NODE writes
+
+The store composes file stores: its own node's subtree (``_mine``, the only
+one it writes) and every other node's, opened to read (``create=False``) as
+they appear under ``nodes/`` (listed on each read, the objects cached). Nothing
+outside ``nodes/<own node>/`` is ever written but the marker and the cluster
+record, each created at most once and never replaced.
+
+**Lease.** ``read_lease`` is the winning claim among every node's
+``lease.json``, with the merged version (``claims``: the order and why the
+version is a sum). ``cas_lease`` reads every claim, compares the merged
+version, and writes the own claim through the own file store's compare-and-set
+against the own claim's version *as read in that same snapshot*. That
+compare-and-set is what makes the check and the write one step among this
+node's writers (threads, processes, store objects): any of them that wrote the
+own claim in between makes it fail. No lock of ours is needed beyond the file
+store's: other nodes' claims arrive whenever the sync tool brings them, and
+one arriving between the read and the write is the same as one arriving just
+after it. It returns the merged record as of that snapshot with the new
+claim in it (the written claim itself whenever it wins, as a renewal's does).
+
+**Fences.** A fenced write (``put_checkpoint``, ``put_effect``) is checked
+against the winning claim first (Fenced if the lease moved on), then handed
+to the own file store, which checks it against the own claim under its lease
+lock. A node handed the lease (a switchover) has no own claim of that term
+until its first renewal: the first fenced write *confirms* the hand-over by
+writing the winning claim as its own claim (the merged version moves on: the
+keeper's next renewal finds the record its own and adopts it). A large
+checkpoint is written with no lock of ours held: renewals are never held up.
+The check cannot be atomic with other machines' writes (docs/syncdir.md).
+
+**Chains.** Each node's checkpoints are its own chain. ``list_chains`` and
+``read_chain_checkpoint`` name the chain. The protocol's ``list_checkpoints``,
+``read_checkpoint`` and ``read_for_restore`` see every chain merged, newest
+first by (seq, epoch); a (seq, epoch) that several chains hold is listed once,
+from the chain of the highest node id (the claim order's tie-break, so every
+node reads the same bytes). This keeps ``CheckpointInfo`` as it is;
+part 2 (the lineage, ``hamsterbunker.lineage``) replaces this merge.
+
+**Other records.** Heartbeats, events, effects, the inbox and the loss
+acceptance are written to the own subtree. ``list_heartbeats``,
+``read_events`` (``after`` maps each node to the last n read of its log) and
+``list_agents`` read every subtree: a node's heartbeat and event log are
+taken from its own subtree if it has one, else from ours (where a test or a
+tool wrote them for it), else from the first subtree by name. Effects, inbox,
+replies and the acceptance record are read from the own subtree only (part 3
+brings drop folders and the base chain's journal). ``tail`` is the generic
+one over these merged reads.
+
+**Refused.** ``replace_cluster`` and every ``reseal_*`` (key rotation rewrites
+a shared record); ``forget_node`` of a node that has its own subtree (it would
+delete its files: of this node itself, or of a node with no subtree, it drops
+what is in ours).
+
+**Untrusted.** A claim, chain or log of another node that does not parse, is
+too big, or is a symlink, a FIFO or a directory is skipped and reported
+(logged once, and listed by ``problems()``), never raised; a name under
+``nodes/`` that is not a node id, or is a sync tool's, is never a node.
+``sync_files()`` lists the sync tool's files for reporting. A sync-conflict
+copy of the cluster record stops every node until one is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import stat
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
+from ...limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
+from ...records import (
+    CheckpointInfo,
+    ClusterRecord,
+    Event,
+    Heartbeat,
+    LeaseRecord,
+    check_name,
+    check_record_name,
+)
+from .._reported import ReportedOnce
+from ..base import (
+    MAX_LISTED_AGENTS,
+    AdmissionState,
+    Consumed,
+    Fence,
+    Store,
+    StoreGuarantees,
+    check_fence,
+)
+from ..file import FileStore
+from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ..file.location import open_root
+from .claims import merged_lease
+from .layout import (
+    CLUSTER,
+    MARKER,
+    MARKER_TEXT,
+    MAX_NODE_ENTRIES,
+    NODES,
+    is_cluster_copy,
+    is_sync_file,
+    log,
+    sync_files,
+)
+from .watch import merged_watch
+
+if TYPE_CHECKING:
+    from ...blob import Blob
+
+__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay"]
+
+GUARANTEES = StoreGuarantees(
+    mutual_exclusion="none: each node writes only its own files, and the lease is the winning "
+    "claim among the copies a node holds; while the sync is cut, or slower than sync_delay_ms, "
+    "two nodes can both lead (each on its own chain: docs/syncdir.md)",
+    durability="as the file store on each machine's copy (file and directory fsync before a "
+    "write is acknowledged); on the other machines once the sync tool has copied it",
+    across_hosts="through the sync tool (Syncthing, Dropbox, rsync), within its sync delay",
+)
+
+MAX_SYNC_DELAY_MS = 3_600_000  # an hour: beyond it a failover would take longer still
+_MAX_PROBLEMS = 1024
+_ROTATION_REFUSED = (
+    "{what} is refused on a syncdir store: key rotation rewrites a record every node shares "
+    "(the cluster record, or records sealed under the old key), and a synced folder cannot "
+    "rewrite a shared file without the sync tool keeping one copy and renaming the other"
+)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def check_sync_delay(sync_delay_ms: int) -> int:
+    """sync_delay_ms if it is a whole number of ms in 1..MAX_SYNC_DELAY_MS, else ConfigError."""
+    if type(sync_delay_ms) is not int or not 0 < sync_delay_ms <= MAX_SYNC_DELAY_MS:
+        raise ConfigError(
+            f"sync_delay_ms must be a whole number of milliseconds in 1..{MAX_SYNC_DELAY_MS} "
+            f"(the longest the sync tool takes to bring a file), not {sync_delay_ms!r}"
+        )
+    return sync_delay_ms
+
+
+def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """OSError of the store's own root-level reads and writes, as a StoreError."""
+
+    @functools.wraps(method)
+    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except OSError as exc:
+            where = f" ({exc.filename})" if exc.filename else ""
+            raise StoreError(
+                f"syncdir store {method.__name__}: {exc.strerror or exc}{where}"
+            ) from exc
+
+    return translated
+
+
+class _Problems:
+    """What was skipped as unreadable: logged once each, and kept (bounded) for reports."""
+
+    def __init__(self) -> None:
+        self._report = ReportedOnce(log)
+        self._kept: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, message: str) -> None:
+        with self._lock:
+            if len(self._kept) < _MAX_PROBLEMS:
+                self._kept.setdefault(message, None)
+        self._report(message)
+
+    def listed(self) -> list[str]:
+        with self._lock:
+            return list(self._kept)
+
+
+class SyncDirStore(Store):
+    """A store in a synced folder: node subtrees, claims, per-node chains (see the module)."""
+
+    guarantees = GUARANTEES
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        node: str,
+        *,
+        sync_delay_ms: int,
+        create: bool = True,
+        keep_checkpoints: int = 5,
+        events_per_segment: int = 1000,
+        keep_replies: int = INBOX_REPLIES_KEPT,
+        lock_timeout: float = 2.0,
+    ) -> None:
+        self.node = check_name("node id", node)
+        self.sync_delay_ms = check_sync_delay(sync_delay_ms)
+        self.root = Path(root).absolute()
+        self.url = "syncdir" + self.root.as_uri().removeprefix("file")
+        # Every subtree is a file store opened with these.
+        self._open_subtree = functools.partial(
+            FileStore,
+            keep_checkpoints=keep_checkpoints,
+            events_per_segment=events_per_segment,
+            keep_replies=keep_replies,
+            lock_timeout=lock_timeout,
+        )
+        self._problems = _Problems()
+        self._peers: dict[str, FileStore] = {}  # other nodes' subtrees, opened to read
+        self._peers_lock = threading.Lock()
+        open_root(self.root, create=create)
+        self._check_mode(create)
+        own = self.root / NODES / self.node
+        if create:
+            with opened_dir(self.root, (NODES,), create=True):
+                pass
+        self._mine: FileStore | None = None
+        if create or own.is_dir():
+            self._mine = self._open_subtree(own, create=create)
+        self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
+
+    @_os_errors_as_store_errors
+    def _check_mode(self, create: bool) -> None:
+        """Mark the folder as a syncdir store (once), or refuse one that is something else."""
+        with opened_dir(self.root, ()) as root_fd:
+            if root_fd is None:
+                raise StoreError(f"syncdir store directory {self.root} does not exist")
+            marked = read_file(root_fd, MARKER, self.root / MARKER, MAX_RECORD_BYTES) is not None
+            if marked:
+                return
+            if any(e.name in ("agents", CLUSTER) for e in dir_entries(root_fd, MAX_NODE_ENTRIES)):
+                raise StoreError(
+                    f"{self.root} holds a file:// store (no {MARKER}): a syncdir store needs a "
+                    "folder of its own"
+                )
+            if not create:
+                raise StoreError(f"{self.root} is not a syncdir store: {MARKER} is missing")
+            _create_once(root_fd, MARKER, MARKER_TEXT)
+
+    # -- subtrees ------------------------------------------------------------
+
+    def _writer(self) -> FileStore:
+        if self._mine is None:
+            raise StoreError(
+                f"node {self.node} has no subtree in {self.root}: this store was opened to read"
+            )
+        return self._mine
+
+    def subtrees(self) -> dict[str, FileStore]:
+        """Every node's subtree, this node's included (if it has one), by node id."""
+        found = dict(self._peer_subtrees())
+        if self._mine is not None:
+            found[self.node] = self._mine
+        return dict(sorted(found.items()))
+
+    @_os_errors_as_store_errors
+    def _peer_subtrees(self) -> dict[str, FileStore]:
+        with opened_dir(self.root, (NODES,)) as nodes_fd:
+            entries = [] if nodes_fd is None else dir_entries(nodes_fd, limit=MAX_NODE_ENTRIES)
+            names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
+        found: dict[str, FileStore] = {}
+        for name, is_dir in sorted(names.items()):
+            if name == self.node or is_sync_file(name):
+                continue
+            where = self.root / NODES / name
+            try:
+                check_record_name(name)
+            except CorruptRecord:
+                self._problems(f"{where} is not named by a node id: skipped")
+                continue
+            if not is_dir:
+                self._problems(f"{where} is not a directory (a symlink or a file): skipped")
+                continue
+            with self._peers_lock:
+                store = self._peers.get(name)
+            if store is None:
+                try:
+                    store = self._open_subtree(where, create=False)
+                except ConfigError as exc:  # gone since the listing, or made unreadable
+                    self._problems(f"subtree of node {name} skipped: {exc}")
+                    continue
+                with self._peers_lock:
+                    store = self._peers.setdefault(name, store)
+            found[name] = store
+        return found
+
+    def _each(
+        self, what: str, read: Callable[[FileStore], R], subtrees: Mapping[str, FileStore] | None
+    ) -> dict[str, R]:
+        """read of each subtree (node -> result); one that is junk is reported and left out."""
+        results: dict[str, R] = {}
+        for node, store in (self.subtrees() if subtrees is None else subtrees).items():
+            try:
+                results[node] = read(store)
+            except CorruptRecord as exc:
+                self._problems(f"{what} of node {node} skipped: {exc}")
+        return results
+
+    def _by_node(
+        self, found: Mapping[str, Sequence[R]], node_of: Callable[[R], str], subtrees: set[str]
+    ) -> dict[str, list[R]]:
+        """Each node's records (heartbeats, events) from one subtree: its own if it has one,
+        else ours, else the first by name that holds any."""
+        chosen: dict[str, tuple[int, list[R]]] = {}
+        for subtree, records in found.items():
+            grouped: dict[str, list[R]] = {}
+            for record in records:
+                grouped.setdefault(node_of(record), []).append(record)
+            for node, own in grouped.items():
+                rank = 0 if subtree == node else 1 if subtree == self.node else 2
+                if node in subtrees and rank != 0:
+                    continue  # that node has its own subtree: only what it wrote counts
+                if node not in chosen or rank < chosen[node][0]:
+                    chosen[node] = (rank, own)
+        return {node: records for node, (_rank, records) in sorted(chosen.items())}
+
+    def problems(self) -> list[str]:
+        """What was skipped as unreadable (each once, the first 1024), for a report."""
+        return self._problems.listed()
+
+    def sync_files(self) -> list[str]:
+        """The sync tool's own files in the folder (conflict copies, temporary files, its
+        markers), relative to the root: never read as ours, listed for a report."""
+        return sync_files(self.root)
+
+    def check(self) -> None:
+        try:
+            mode = os.stat(self.root).st_mode
+        except OSError as exc:
+            raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
+        if not stat.S_ISDIR(mode):
+            raise StoreUnavailable(f"store path {self.root} is not a directory")
+        if self._mine is not None:
+            self._mine.check()
+
+    # -- cluster -------------------------------------------------------------
+
+    @_os_errors_as_store_errors
+    def read_cluster(self) -> ClusterRecord | None:
+        with opened_dir(self.root, ()) as root_fd:
+            if root_fd is None:
+                return None
+            copies = [
+                e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES) if is_cluster_copy(e.name)
+            ]
+            if copies:
+                raise StoreError(
+                    f"{self.root / sorted(copies)[0]} is a sync-conflict copy of the cluster "
+                    "record: two nodes each created one on folders that were not yet synced. "
+                    f"Keep one (remove the copy, or replace {CLUSTER} with it) on every "
+                    "machine, then start the nodes again"
+                )
+            data = read_file(root_fd, CLUSTER, self.root / CLUSTER, MAX_RECORD_BYTES)
+        return None if data is None else ClusterRecord.from_json(data)
+
+    @_os_errors_as_store_errors
+    def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
+        self._writer()  # a reader creates nothing
+        stored = self.read_cluster()
+        if stored is not None:
+            return stored
+        others = sorted(self._peer_subtrees())
+        if others:
+            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+            raise StoreError(
+                f"{self.root} holds the subtrees of other nodes ({shown}) but no cluster "
+                "record yet: wait for the sync tool to bring their cluster record rather than "
+                "create a second one (which would leave a conflict copy), then start again"
+            )
+        with opened_dir(self.root, ()) as root_fd:
+            if root_fd is None:
+                raise StoreError(f"syncdir store directory {self.root} does not exist")
+            _create_once(root_fd, CLUSTER, record.to_json())
+        stored = self.read_cluster()
+        if stored is None:
+            raise StoreError(f"cluster record vanished from {self.root}")
+        return stored
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        raise StoreError(_ROTATION_REFUSED.format(what="replacing the cluster record"))
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a checkpoint"))
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a submission"))
+
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing an effect record"))
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a reply"))
+
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        return self._writer().read_replies(agent, after, limit)
+
+    def list_agents(self) -> list[str]:
+        listed = self._each("agent list", lambda store: store.list_agents(), None)
+        agents = {agent for names in listed.values() for agent in names}
+        return sorted(agents)[:MAX_LISTED_AGENTS]
+
+    # -- lease: claims ---------------------------------------------------------
+
+    def claims(self, agent: str) -> dict[str, LeaseRecord]:
+        """Every node's claim on the agent's lease that parses (node -> claim)."""
+        check_name("agent id", agent)
+        found = self._each(f"claim on {agent}", lambda store: store.read_lease(agent), None)
+        return {node: claim for node, claim in found.items() if claim is not None}
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        return merged_lease(self.claims(agent))
+
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        mine = self._writer()
+        claims = self.claims(agent)
+        current = merged_lease(claims)
+        version = None if current is None else current.version
+        if version != expected_version:
+            raise LeaseConflict(
+                f"lease of {agent!r} is at merged version {version}, not {expected_version}"
+            )
+        own = claims.get(self.node)
+        # Against the own claim as read above: fails if another writer of this node wrote since.
+        claims[self.node] = mine.cas_lease(agent, None if own is None else own.version, new)
+        result = merged_lease(claims)
+        assert result is not None  # it holds the claim just written
+        return result
+
+    def _check_fence(self, agent: str, fence: Fence, seq: int) -> None:
+        """Fenced unless fence is the winning claim's; a hand-over to this node confirmed."""
+        claims = self.claims(agent)
+        winner = merged_lease(claims)
+        check_fence(winner, fence, seq)
+        assert winner is not None
+        own = claims.get(self.node)
+        if own is not None and (own.holder, own.session, own.epoch) == (
+            fence.holder,
+            fence.session,
+            fence.epoch,
+        ):
+            return
+        # The lease was handed to this node by another's claim: make it this node's own
+        # claim, which the own file store fences by. Lost to another writer of this node:
+        # the own file store's fence check below says whether it still matches.
+        with contextlib.suppress(LeaseConflict):
+            self._writer().cas_lease(agent, None if own is None else own.version, winner)
+
+    # -- checkpoints: one chain per node -----------------------------------------
+
+    def list_chains(self, agent: str) -> dict[str, list[CheckpointInfo]]:
+        """Each node's chain of the agent's checkpoints (node -> newest first), by node id."""
+        check_name("agent id", agent)
+        return self._each(
+            f"checkpoints of {agent}", lambda store: store.list_checkpoints(agent), None
+        )
+
+    def read_chain_checkpoint(self, agent: str, node: str, info: CheckpointInfo) -> bytes:
+        """The sealed bytes of checkpoint info in node's chain (StoreError if it is gone)."""
+        store = self.subtrees().get(check_name("node id", node))
+        if store is None:
+            raise StoreError(f"no chain of node {node} for {agent!r} in {self.root}")
+        return store.read_checkpoint(agent, info)
+
+    def _merged_chains(self, agent: str) -> list[tuple[str, CheckpointInfo]]:
+        """(node, checkpoint) of every chain, newest first by (seq, epoch); a (seq, epoch)
+        that several chains hold, once: the highest node id's."""
+        kept: dict[tuple[int, int], tuple[str, CheckpointInfo]] = {}
+        for node, chain in sorted(self.list_chains(agent).items(), reverse=True):
+            for info in chain:
+                kept.setdefault((info.seq, info.epoch), (node, info))
+        return sorted(kept.values(), key=lambda kept: (kept[1].seq, kept[1].epoch), reverse=True)
+
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
+        mine = self._writer()
+        self._check_fence(agent, fence, seq)
+        return mine.put_checkpoint(agent, fence, seq, blob, consumed)
+
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        """Every chain's checkpoints merged (see the module; part 2's lineage replaces this)."""
+        return [info for _node, info in self._merged_chains(agent)]
+
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        for node, listed in self._merged_chains(agent):
+            if (listed.seq, listed.epoch) == (info.seq, info.epoch):
+                return self.read_chain_checkpoint(agent, node, listed)
+        raise StoreError(f"checkpoint {info.seq} of epoch {info.epoch} of {agent!r} is gone")
+
+    # -- effect journal, inbox, acceptance: the own subtree ----------------------
+
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        mine = self._writer()
+        self._check_fence(agent, fence, seq)
+        mine.put_effect(agent, fence, seq, index, kind, blob)
+
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        return self._writer().read_effects(agent, seq)
+
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        return self._writer().admit(agent, request_id, number, blob)
+
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        return self._writer().read_inbox(agent, after)
+
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        return self._writer().read_admission(agent, request_id)
+
+    def read_acceptance(self, agent: str) -> bytes | None:
+        return self._writer().read_acceptance(agent)
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        self._writer().put_acceptance(agent, data)
+
+    # -- heartbeats and events: written to the own subtree, read from every one ----
+
+    def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
+        self._writer().put_heartbeat(agent, heartbeat)
+
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        subtrees = self.subtrees()
+        found = self._each(
+            f"heartbeats of {agent}", lambda store: store.list_heartbeats(agent), subtrees
+        )
+        chosen = self._by_node(found, lambda beat: beat.node, set(subtrees))
+        return [beat for beats in chosen.values() for beat in beats[:1]]
+
+    def remove_heartbeat(self, agent: str, node: str) -> None:
+        self._writer().remove_heartbeat(agent, node)
+
+    def append_event(self, agent: str, event: Event) -> None:
+        self._writer().append_event(agent, event)
+
+    def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
+        subtrees = self.subtrees()
+        found = self._each(
+            f"events of {agent}", lambda store: store.read_events(agent, after), subtrees
+        )
+        chosen = self._by_node(found, lambda event: event.node, set(subtrees))
+        return [event for events in chosen.values() for event in events]
+
+    def forget_node(self, agent: str, node: str) -> None:
+        check_name("node id", node)
+        if node != self.node and node in self._peer_subtrees():
+            raise StoreError(
+                f"node {node} has its own subtree in {self.root}: forgetting it would delete "
+                "files only that node writes, which a synced folder would bring back or turn "
+                f"into conflicts. Remove {self.root / NODES / node} on every machine once the "
+                "node is gone for good"
+            )
+        self._writer().forget_node(agent, node)
+
+    # -- watch ---------------------------------------------------------------
+
+    def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[None]:
+        """Every subtree's file-store watch, merged; new subtrees picked up each second."""
+        check_name("agent id", agent)
+        return merged_watch(self.subtrees, agent, lease_only=lease_only, terms_only=terms_only)
+
+    def close(self) -> None:
+        for store in self.subtrees().values():
+            store.close()
+
+
+def _create_once(root_fd: int, name: str, data: bytes) -> None:
+    """Write name in root_fd durably unless it exists: left as it is if it does."""
+    tmp = write_temp(root_fd, data, durable=True)
+    try:
+        # Fails if the name exists: atomic create-if-absent (as the file store's cluster record).
+        os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
+        os.fsync(root_fd)
+    except FileExistsError:
+        pass
+    finally:
+        discard(root_fd, tmp)
