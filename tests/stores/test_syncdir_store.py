@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
+from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.file import FileStore
@@ -170,6 +172,10 @@ def test_a_reader_creates_nothing_and_refuses_writes(sync: Sync) -> None:
     assert record is not None and record.holder == "n1"
     with pytest.raises(StoreError, match="opened to read"):
         reader.put_heartbeat(AGENT, heartbeat("monitor"))
+    with pytest.raises(StoreError, match="opened to read"):
+        reader.create_cluster(cluster(1))
+    assert reader.read_inbox(AGENT) == [] and reader.read_acceptance(AGENT) is None
+    assert reader.read_effects(AGENT, 1) == {} and reader.read_admission(AGENT, "r") is None
     after = sorted(p.relative_to(sync.root("n1")) for p in sync.root("n1").rglob("*"))
     assert after == before
 
@@ -318,6 +324,64 @@ def test_a_claim_written_for_a_node_that_is_not_this_one_does_not_let_it_write(
         one.put_checkpoint(AGENT, Fence("n1", "other-session", 1), 1, b"x")
     with pytest.raises(Fenced):
         one.put_checkpoint(AGENT, Fence("n3", "s1", 1), 1, b"x")
+
+
+# -- the lease keeper, unchanged, over claims ------------------------------------------------
+
+
+def _keeper(store: SyncDirStore, clock: FakeClock) -> LeaseKeeper:
+    return LeaseKeeper(store, AGENT, store.node, "eu", clock=clock)
+
+
+def test_keepers_on_both_sides_of_a_partition_end_with_one_leader(sync: Sync) -> None:
+    """The lease keeper as every store uses it: after a partition, the loser loses, the
+    winner renews on, and each side's standby judges the one winner."""
+    clock = FakeClock()
+    one, two = sync.open("n1"), sync.open("n2")
+    k1, k2 = _keeper(one, clock), _keeper(two, clock)
+    assert k1.tick().outcome is Outcome.ACQUIRED
+    sync.both_ways("n1", "n2")
+    assert k2.tick().outcome is Outcome.STANDBY
+    # The sync is cut: n2 sees n1's claim stand still for a TTL and takes over.
+    clock.advance(k2.timing.lease_ttl_s)
+    assert k1.tick().outcome is Outcome.RENEWED
+    took = k2.tick()
+    assert took.outcome is Outcome.ACQUIRED and took.record is not None
+    assert took.record.epoch == 2
+    assert k1.tick().outcome is Outcome.RENEWED  # both lead, each on its side
+    sync.both_ways("n1", "n2")
+    lost = k1.tick()
+    assert lost.outcome is Outcome.LOST
+    renewed = k2.tick()
+    assert renewed.outcome is Outcome.RENEWED  # the arrived claim moved the version: adopted
+    assert k2.tick().outcome is Outcome.RENEWED
+    sync.both_ways("n1", "n2")
+    assert one.read_lease(AGENT) == two.read_lease(AGENT)
+    assert k1.tick().outcome is Outcome.STANDBY  # n1 now watches n2's renewals
+    with pytest.raises(Fenced):
+        one.put_checkpoint(AGENT, Fence("n1", k1.session, 1), 5, b"late")
+    two.put_checkpoint(AGENT, k2.fence(), 1, b"sealed-1")
+
+
+def test_a_keepers_switchover_is_led_by_the_successor_on_its_own_machine(sync: Sync) -> None:
+    """hand_over writes the successor's term in the leader's claim; once synced, the
+    successor's keeper leads without a write, publishes, and renews into its own claim."""
+    clock = FakeClock()
+    one, two = sync.open("n1"), sync.open("n2")
+    k1, k2 = _keeper(one, clock), _keeper(two, clock)
+    assert k1.tick().outcome is Outcome.ACQUIRED
+    sync.copy("n1", "n2")
+    assert k2.tick().outcome is Outcome.STANDBY
+    assert k1.hand_over("n2", k2.session, "eu")
+    sync.copy("n1", "n2")
+    adopted = k2.tick()
+    assert adopted.outcome is Outcome.ACQUIRED and adopted.reason == "switchover"
+    two.put_checkpoint(AGENT, k2.fence(), 1, b"sealed-1")
+    assert k2.tick().outcome is Outcome.RENEWED
+    sync.copy("n2", "n1")
+    seen = one.read_lease(AGENT)
+    assert seen is not None and (seen.holder, seen.epoch) == ("n2", 2)
+    assert one.claims(AGENT)["n2"].holder == "n2"
 
 
 # -- chains, heartbeats, events -----------------------------------------------------------

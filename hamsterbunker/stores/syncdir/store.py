@@ -50,7 +50,8 @@ acceptance are written to the own subtree. ``list_heartbeats``,
 taken from its own subtree if it has one, else from ours (where a test or a
 tool wrote them for it), else from the first subtree by name. Effects, inbox,
 replies and the acceptance record are read from the own subtree only (part 3
-brings drop folders and the base chain's journal). ``tail`` is the generic
+brings drop folders and the base chain's journal); a store opened to read on a
+machine where the node has no subtree reads them as empty. ``tail`` is the generic
 one over these merged reads.
 
 **Refused.** ``replace_cluster`` and every ``reseal_*`` (key rotation rewrites
@@ -78,7 +79,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
-from ...limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
+from ...limits import (
+    INBOX_REPLIES_KEPT,
+    MAX_RECORD_BYTES,
+    check_checkpoint_bounds,
+    check_effect_bounds,
+)
 from ...records import (
     CheckpointInfo,
     ClusterRecord,
@@ -96,6 +102,7 @@ from ..base import (
     Fence,
     Store,
     StoreGuarantees,
+    check_consumed,
     check_fence,
 )
 from ..file import FileStore
@@ -406,7 +413,7 @@ class SyncDirStore(Store):
     def read_replies(
         self, agent: str, after: int, limit: int
     ) -> tuple[list[tuple[int, bytes]], int | None]:
-        return self._writer().read_replies(agent, after, limit)
+        return ([], None) if self._mine is None else self._mine.read_replies(agent, after, limit)
 
     def list_agents(self) -> list[str]:
         listed = self._each("agent list", lambda store: store.list_agents(), None)
@@ -488,6 +495,10 @@ class SyncDirStore(Store):
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         mine = self._writer()
+        # Bounds before the fence, as every store: nothing is read or written for them.
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
+        if problem is not None:
+            raise StoreError(problem)
         self._check_fence(agent, fence, seq)
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
@@ -507,23 +518,26 @@ class SyncDirStore(Store):
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
     ) -> None:
         mine = self._writer()
+        problem = check_effect_bounds(seq, index, kind, len(blob))
+        if problem is not None:
+            raise StoreError(problem)
         self._check_fence(agent, fence, seq)
         mine.put_effect(agent, fence, seq, index, kind, blob)
 
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
-        return self._writer().read_effects(agent, seq)
+        return {} if self._mine is None else self._mine.read_effects(agent, seq)
 
     def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
         return self._writer().admit(agent, request_id, number, blob)
 
     def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
-        return self._writer().read_inbox(agent, after)
+        return [] if self._mine is None else self._mine.read_inbox(agent, after)
 
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
-        return self._writer().read_admission(agent, request_id)
+        return None if self._mine is None else self._mine.read_admission(agent, request_id)
 
     def read_acceptance(self, agent: str) -> bytes | None:
-        return self._writer().read_acceptance(agent)
+        return None if self._mine is None else self._mine.read_acceptance(agent)
 
     def put_acceptance(self, agent: str, data: bytes) -> None:
         self._writer().put_acceptance(agent, data)
