@@ -48,11 +48,12 @@ acceptance are written to the own subtree. ``list_heartbeats``,
 ``read_events`` (``after`` maps each node to the last n read of its log) and
 ``list_agents`` read every subtree: a node's heartbeat and event log are
 taken from its own subtree if it has one, else from ours (where a test or a
-tool wrote them for it), else from the first subtree by name. Effects, inbox,
-replies and the acceptance record are read from the own subtree only (part 3
-brings drop folders and the base chain's journal); a store opened to read on a
-machine where the node has no subtree reads them as empty. ``tail`` is the generic
-one over these merged reads.
+tool wrote them for it), else from the first subtree by name; ``tail`` is
+the generic one over these merged reads (the file store's own tail reads one
+subtree). Effects, inbox, replies and the acceptance record are read from the
+own subtree only (part 3 brings drop folders and the base chain's journal); a
+store opened to read, on a machine where its node has no subtree, reads them
+as empty.
 
 **Refused.** ``replace_cluster`` and every ``reseal_*`` (key rotation rewrites
 a shared record); ``forget_node`` of a node that has its own subtree (it would
