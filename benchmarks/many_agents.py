@@ -133,54 +133,45 @@ much); every figure of one store and *N* comes from one run, side by side.
 """
 
 ANALYSIS = """\
-Measured on 2026-12-02 on this two-core machine while other work ran beside it (load
-averages 4–45 during the runs: the figures are indicative, not precise). N = 20
-(`--quick`, 5 s window), 50 and 200 (full); with the default timing. Led: start → all
-led; spread: most leases on one node when all were led → after spreading; failover
-p99: kill → acquired; handover p99: last publish → acquired; standby CPU % of a core
-and RSS per agent.
+The tables above are of the run at 11:56 UTC on 2026-12-02 (f312b39), N = 20, 50 and
+200 side by side, with other work beside it on this two-core machine (the load average
+rose to 21 by its end: the N = 200 figures are pessimistic, not precise). Earlier runs
+the same day (load averages 4–45) agree: p99 in ms, kill → acquired / last publish →
+acquired; standby CPU % of a core per agent.
 
-| store, N | led s | spread | failover p99 ms | handover p99 ms | standby CPU % | RSS MB |
-| --- | ---: | --- | ---: | ---: | ---: | ---: |
-| file, 20 | 1.3 | 14 → 7 in 7.6 s | 1801 | 109 | 0.24 | 0.10 |
-| Redis, 20 | 3.6 | 15 → 7 in 5.2 s | 1971 | 58 | 0.23 | 0.17 |
-| etcd, 20 | 1.6 | 19 → 7 in 11 s | 1963 | 298 | 0.30 | 0.23 |
-| file, 50 | 10.5 | 45 → 17 in 16 s | 1892 | 150 | 0.22 | 0.09 |
-| Redis, 50 | 3.1 | 47 → 17 in 21 s | 1916 | 222 | 0.18–0.23 | 0.16–0.19 |
-| etcd, 50 | 3.1 | 50 → 17 in 43 s | 2088 | 572 | 0.39 | 0.35 |
-| file, 200 | 3.3 | 199 → 199 (none moved in 80 s) | 2306 | 1495 | 0.16 | 0.11 |
-| Redis, 200 | 48.5 | 113 → 68 in 25 s | 2656 | 1092 | not measured | |
-| etcd, 200 | 11.9 | 198 → 84 (not even in 80 s) | 9776 | 11046 | not measured | |
+| store, N | this run | earlier runs | standby CPU %, this run / earlier |
+| --- | --- | --- | --- |
+| file, 20 / 50 | 1984 / 60; 1809 / 158 | 1801 / 109; 1892–1995 / 150–164 | 0.28, 0.23 / 0.20–0.24 |
+| Redis, 20 / 50 | 1739 / 85; 1995 / 146 | 1971 / 58; 1916–1995 / 151–222 | 0.16, 0.25 / 0.17–0.23 |
+| etcd, 20 / 50 | 1938 / 185; 2251 / 753 | 1963 / 298; 2076–2088 / 572–756 | 0.34, — (led 21) / 0.30–0.39 |
+| file, 200 | 2684 / 2449 | 2306–2527 / 1460–1495 | 0.18 / 0.16–0.19 |
+| Redis, 200 | 2658 / 1077 | 2656 / 1092 | 0.14 / not measured |
+| etcd, 200 | 10689 / 11664 | 9776 / 11046 | not measured (the probe never stood by for all 200) / — |
 
-A second full run (N = 50 and 200, 09:46–10:04 UTC) agreed: standby CPU per agent
-0.20 / 0.17 / 0.34 % (file / Redis / etcd, N = 50) and 0.19 % (file, N = 200); failover
-p99 at N = 50 1995 / 1995 / 2076 ms, handover p99 164 / 151 / 756 ms; at N = 200 on the
-file store failover 2527 ms and handover 1460 ms, spreading again not in time (109 / 91
-/ 0); on Redis at N = 200 the first fleet never had one node lead every agent within
-160 s after the SIGTERM, and in the standby window the probe led 64 (leases changing
-hands under the connection limit below), so that figure is not a standby's.
+At N = 200 spreading did not even out in the time waited on any store (most leases on
+one node 136, 133 and 109 of 200 against ⌈N/3⌉ + 3 = 70), and on etcd 30 agents had
+not exactly one active heartbeat when the wait ended.
 
 Every agent's history was clean (checker) in every run, and every lease had one
-holder; at N = 200 on etcd 40 agents had not exactly one active heartbeat within
-the wait.
+holder.
 
 **Up to N = 50 the process model holds**: failover p99 within TTL + 250 ms on every
-store, graceful handover within 250 ms on the file store and Redis, the spread evened
-to ⌈N/3⌉ by switchover, memory far below 1 MB per agent. Handover already grows
-with N, though (Redis: 58 ms p99 at N = 20, 222 ms at 50; etcd 298 → 572 ms, a miss):
-the successor takes each released lease in turn, an acquire, a restore and a first
-publish per agent on one event loop, so the last of the N/2 agents waits for the
-others. **At N = 200 this machine does
-not cope**: the three leaders between them renew 200 leases, write 200 active
+store (etcd at N = 50 was 0.8 ms over in this run, under load), graceful handover
+within 250 ms on the file store and Redis, the spread evened to ⌈N/3⌉ by switchover,
+memory far below 1 MB per agent. Handover already grows with N, though (Redis: 58–85
+ms p99 at N = 20, 146–222 ms at 50; etcd 185–298 → 572–753 ms, a miss): the successor
+takes each released lease in turn, an acquire, a restore and a first publish per agent
+on one event loop, so the last of the N/2 agents waits for the others. **At N = 200
+this machine does not cope**: the three leaders between them renew 200 leases, write 200 active
 heartbeats and re-read 200 inboxes every tick (about 7.5 store calls per agent led per
 second: 1,500 a second), which took 0.5–0.9 % of a core per agent led (the
 "leaders' CPU" column), i.e. most of both cores. Leaders then miss renew deadlines
 (`agent.yielded ... renew deadline passed`), passes run late, and every timing target
-misses: failover p99 2.3 s (file, 56 ms over), 2.7 s (Redis), 9.8 s (etcd); handover
-p99 1.1–1.5 s (file, Redis: the successor takes 100–140 released leases one pass and
-one acquire, restore and first publish each, on one saturated event loop) and 11 s on
-etcd (the stopping process took 8 s to exit and 22 of its agents expired instead of
-being released).
+misses: failover p99 2.3–2.7 s (file), 2.7 s (Redis), 9.8–10.7 s (etcd); handover
+p99 1.1–2.4 s (file, Redis: the successor takes 100–140 released leases one pass and
+one acquire, restore and first publish each, on one saturated event loop) and 11–12 s
+on etcd (the stopping process took 8 s to exit, and 22–25 of its agents expired instead
+of being released).
 
 **Redis at N = 200: a connection limit.** redis-py 8.1's `ConnectionPool` defaults to
 `max_connections = 100`, and a host shares one client among its N agents, each of
