@@ -27,6 +27,7 @@ __all__ = [
     "LeaseTiming",
     "StepRetry",
     "check_stop_grace",
+    "check_sync_delay",
 ]
 
 DEFAULT_TICK_MS = 400
@@ -122,6 +123,34 @@ class LeaseTiming:
 
 
 DEFAULT_TIMING = LeaseTiming()  # what `hb run` uses when given no timing
+
+
+def check_sync_delay(timing: LeaseTiming, sync_delay_ms: int) -> int:
+    """The sync delay the user of a synced folder states, if timing allows for it;
+    ConfigError naming the TTL it needs if not.
+
+    A standby there sees each renewal up to the sync delay late, so between two it
+    sees up to a tick plus the whole delay can pass (one synced at once, the next
+    late): lease_ttl ≥ 2 × (tick + sync_delay) leaves it that twice over before it
+    takes a live leader's lease (docs/syncdir.md).
+    """
+    if isinstance(sync_delay_ms, bool) or not isinstance(sync_delay_ms, int) or sync_delay_ms < 1:
+        raise ConfigError(
+            f"sync_delay_ms must be a whole number of ms above 0, not {sync_delay_ms!r}"
+        )
+    needed = 2 * (timing.tick_ms + sync_delay_ms)
+    if timing.lease_ttl_ms < needed:
+        raise ConfigError(
+            f"lease_ttl={timing.lease_ttl_ms} ms is too short for a folder that syncs within "
+            f"{sync_delay_ms} ms: a synced folder needs lease_ttl ≥ 2 × (tick + sync delay) = "
+            f"{needed} ms"
+            + (
+                f" (at most {MAX_LEASE_TTL_MS} ms: a shorter tick or sync delay)"
+                if needed > MAX_LEASE_TTL_MS
+                else ""
+            )
+        )
+    return sync_delay_ms
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
-from hamsterbunker.timing import LeaseTiming
+from hamsterbunker.timing import LeaseTiming, check_sync_delay
 
 AGENT = "agent-1"
 TTL = 2.0  # seconds: the default lease_ttl_ms of 2000
@@ -731,3 +731,30 @@ def test_a_standby_knows_when_the_observed_lease_will_count_as_expired(store):
     standby_clock.advance(0.01)
     assert standby.tick().outcome is Outcome.ACQUIRED  # released: taken at once
     assert standby.seconds_until_expiry() is None
+
+
+@pytest.mark.parametrize(
+    ("tick_ms", "ttl_ms", "delay_ms", "ok"),
+    [
+        (1000, 8000, 3000, True),  # 2 × (1000 + 3000) = 8000: just enough
+        (1000, 7999, 3000, False),
+        (400, 2000, 600, True),
+        (400, 2000, 601, False),
+        (1000, 600_000, 300_000, False),  # needs 602,000 ms: more than a lease may hold
+    ],
+)
+def test_a_synced_folder_needs_a_ttl_of_twice_tick_plus_sync_delay(
+    tick_ms: int, ttl_ms: int, delay_ms: int, ok: bool
+) -> None:
+    timing = LeaseTiming(tick_ms=tick_ms, lease_ttl_ms=ttl_ms)
+    if ok:
+        assert check_sync_delay(timing, delay_ms) == delay_ms
+    else:
+        with pytest.raises(ConfigError, match=r"lease_ttl ≥ 2 × \(tick \+ sync delay\) = \d+ ms"):
+            check_sync_delay(timing, delay_ms)
+
+
+@pytest.mark.parametrize("delay", [0, -5, True, 1.5, "3000"])
+def test_a_sync_delay_that_is_not_a_positive_whole_number_of_ms_is_refused(delay: object) -> None:
+    with pytest.raises(ConfigError, match="sync_delay_ms must be"):
+        check_sync_delay(LeaseTiming(), delay)  # type: ignore[arg-type]
