@@ -145,7 +145,8 @@ def check_sync_delay(timing: LeaseTiming, sync_delay_ms: int) -> int:
             f"{sync_delay_ms} ms: a synced folder needs lease_ttl ≥ 2 × (tick + sync delay) = "
             f"{needed} ms"
             + (
-                f" (at most {MAX_LEASE_TTL_MS} ms: a shorter tick or sync delay)"
+                f", more than a lease may hold ({MAX_LEASE_TTL_MS} ms): shorten the tick or "
+                "the sync delay"
                 if needed > MAX_LEASE_TTL_MS
                 else ""
             )
