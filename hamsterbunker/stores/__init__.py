@@ -16,10 +16,12 @@ from .base import (
     Store,
     StoreGuarantees,
 )
+from .chains import ChainedStore
 from .tail import Tail, TailRead
 
 __all__ = [
     "AdmissionState",
+    "ChainedStore",
     "Consumed",
     "Fence",
     "HeardLease",

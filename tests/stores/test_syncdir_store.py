@@ -1,10 +1,9 @@
 """The syncdir store (docs/syncdir.md, part 1) on plain local folders.
 
 Each node has a folder of its own (a machine's copy of the synced folder);
-``Sync.copy`` plays the sync tool: it copies one node's subtree (and the
-root's records, once) from that node's folder to another, file by file,
-through a temporary name and a rename, and remembers what it copied, so a
-test can check that nothing of another node was ever written but by the copy.
+``Sync.copy`` (``tests.support.syncdir``) plays the sync tool: it copies one
+node's subtree (and the root's records, once) from that node's folder to
+another, and remembers what it copied.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -24,85 +22,19 @@ from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
+from hamsterbunker.stores import ChainedStore
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
 from hamsterbunker.stores.syncdir.layout import MARKER
+from hamsterbunker.stores.syncdir.terms import MAX_TERM_RECORD_BYTES
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
+from tests.support.syncdir import Sync
 
 AGENT = "a"
 DELAY_MS = 1000
 WAIT_S = 10.0
-
-
-class Sync:
-    """The sync tool between the folders of this test: each node's folder by node id."""
-
-    def __init__(self, base: Path) -> None:
-        self.base = base
-        self.copied: dict[Path, bytes] = {}  # every file a copy wrote, as it wrote it
-
-    def root(self, node: str) -> Path:
-        return self.base / f"machine-{node}"
-
-    def open(self, node: str, **options: object) -> SyncDirStore:
-        return SyncDirStore(self.root(node), node, sync_delay_ms=DELAY_MS, **options)  # type: ignore[arg-type]
-
-    def copy(self, node: str, to: str) -> None:
-        """Bring node's subtree (as on node's machine) and the root's records to machine to."""
-        src, dst = self.root(node), self.root(to)
-        for name in (MARKER, "cluster.json"):
-            if (src / name).is_file():
-                if not (dst / name).exists():
-                    self._copy_file(src / name, dst / name)
-                elif (dst / name).read_bytes() != (src / name).read_bytes():
-                    # Two first starts: Syncthing keeps one and renames the other.
-                    self._copy_file(src / name, dst / f"cluster.sync-conflict-20260101-{node}.json")
-        mine, theirs = src / "nodes" / node, dst / "nodes" / node
-        wanted = set()
-        for folder, _dirs, names in os.walk(mine):
-            for name in names:
-                if name.startswith("tmp-hb-"):
-                    continue  # a write in flight: the tool waits for it to settle
-                path = Path(folder, name)
-                if path.is_symlink() or not path.is_file():
-                    continue
-                target = theirs / path.relative_to(mine)
-                wanted.add(target)
-                if not target.exists() or target.read_bytes() != path.read_bytes():
-                    self._copy_file(path, target)
-        for folder, _dirs, names in os.walk(theirs):  # removed at the source: removed here
-            for name in names:
-                path = Path(folder, name)
-                if path not in wanted:
-                    path.unlink()
-
-    def _copy_file(self, src: Path, dst: Path) -> None:
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.parent / f".syncthing.{dst.name}.tmp"
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-        self.copied[dst] = dst.read_bytes()
-
-    def both_ways(self, one: str, other: str) -> None:
-        self.copy(one, other)
-        self.copy(other, one)
-
-    def assert_only_copies_of_others(self, node: str) -> None:
-        """Every file under another node's subtree in node's folder is one the sync copied,
-        as it copied it; nothing at the root but the marker, the cluster record and nodes/."""
-        root = self.root(node)
-        for path in sorted(root.rglob("*")):
-            rel = path.relative_to(root)
-            if len(rel.parts) == 1:
-                assert rel.name in {MARKER, "cluster.json", "nodes"} or "sync-conflict" in rel.name
-            if len(rel.parts) < 3 or rel.parts[0] != "nodes" or rel.parts[1] == node:
-                continue
-            if path.is_dir() and not path.is_symlink():
-                continue
-            assert path in self.copied, f"{rel} in {node}'s folder was not copied by the sync"
-            assert path.read_bytes() == self.copied[path], f"{rel} was changed after the copy"
 
 
 @pytest.fixture
@@ -680,3 +612,65 @@ def test_one_node_is_a_store(sync: Sync) -> None:
     store.check()
     with pytest.raises(StoreError, match="gone"):
         store.read_checkpoint(AGENT, CheckpointInfo(epoch=1, seq=9, size=1, written=0.0))
+
+
+# -- term records ---------------------------------------------------------------------
+
+
+def test_a_term_record_is_written_once_and_read_by_every_node_from_its_place(
+    sync: Sync,
+) -> None:
+    """put_term_start writes the own subtree once (the same bytes again are a no-op);
+    every node reads each record as (epoch, node) of the subtree and file it is in."""
+    one, two = sync.open("n1"), sync.open("n2")
+    assert isinstance(one, ChainedStore)
+    one.put_term_start(AGENT, 3, b"record-3")
+    one.put_term_start(AGENT, 3, b"record-3")  # a retry whose answer was lost
+    with pytest.raises(StoreError, match="never rewritten"):
+        one.put_term_start(AGENT, 3, b"other")
+    with pytest.raises(StoreError, match="over the limit"):
+        one.put_term_start(AGENT, 4, b"x" * (MAX_TERM_RECORD_BYTES + 1))
+    with pytest.raises(StoreError, match="outside"):
+        one.put_term_start(AGENT, 0, b"x")
+    two.put_term_start(AGENT, 5, b"record-5")
+    assert two.read_term_starts(AGENT) == {(5, "n2"): b"record-5"}
+    sync.both_ways("n1", "n2")
+    both = {(3, "n1"): b"record-3", (5, "n2"): b"record-5"}
+    assert one.read_term_starts(AGENT) == both
+    assert two.read_term_starts(AGENT) == both
+    sync.assert_only_copies_of_others("n2")
+    reader = SyncDirStore(sync.root("n1"), "monitor", sync_delay_ms=DELAY_MS, create=False)
+    assert reader.read_term_starts(AGENT) == both
+    with pytest.raises(StoreError, match="opened to read"):
+        reader.put_term_start(AGENT, 6, b"record-6")
+
+
+@pytest.mark.parametrize("what", ["huge", "devzero", "fifo", "directory", "digits", "zero"])
+def test_a_hostile_term_record_is_skipped_and_reported(sync: Sync, what: str) -> None:
+    """A term record that is huge, a link, a FIFO, a directory or named with numbers we
+    never write is left out and reported; the others are read."""
+    one = sync.open("n1")
+    one.put_term_start(AGENT, 2, b"record-2")
+    terms = sync.root("n1") / "nodes" / "n6" / "agents" / AGENT / "terms"
+    terms.mkdir(parents=True)
+    (terms / "0000000001.rec").write_bytes(b"good")
+    bad = terms / "0000000007.rec"
+    if what == "huge":
+        with open(bad, "wb") as f:
+            f.truncate(1 << 30)
+    elif what == "devzero":
+        bad.symlink_to("/dev/zero")
+    elif what == "fifo":
+        os.mkfifo(bad)
+    elif what == "directory":
+        bad.mkdir()
+    elif what == "digits":
+        (terms / "07.rec").write_bytes(b"short name")
+    else:
+        (terms / "0000000000.rec").write_bytes(b"epoch zero")
+    (terms / "0000000009.rec.sync-conflict-20260101-n6").write_bytes(b"a sync copy")
+    started = time.monotonic()
+    found = one.read_term_starts(AGENT)
+    assert time.monotonic() - started < 5
+    assert found == {(2, "n1"): b"record-2", (1, "n6"): b"good"}
+    assert any("term record" in problem for problem in one.problems())

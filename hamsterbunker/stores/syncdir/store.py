@@ -40,8 +40,13 @@ The check cannot be atomic with other machines' writes (docs/syncdir.md).
 ``read_checkpoint`` and ``read_for_restore`` see every chain merged, newest
 first by (seq, epoch); a (seq, epoch) that several chains hold is listed once,
 from the chain of the highest node id (the claim order's tie-break, so every
-node reads the same bytes). This keeps ``CheckpointInfo`` as it is;
-part 2 (the lineage, ``hamsterbunker.lineage``) replaces this merge.
+node reads the same bytes). This keeps ``CheckpointInfo`` as it is; a
+node's restore does not use this merge but the lineage
+(``hamsterbunker.node.lineage_view``), through ``ChainedStore``.
+
+**Term records.** ``put_term_start`` writes the own node's record of a term
+once (``agents/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
+node's, placed by the subtree and the file name (``terms``).
 
 **Other records.** Heartbeats, events, effects, the inbox and the loss
 acceptance are written to the own subtree. ``list_heartbeats``,
@@ -121,6 +126,7 @@ from .layout import (
     log,
     sync_files,
 )
+from .terms import read_term_records, write_term_record
 from .watch import merged_watch
 
 if TYPE_CHECKING:
@@ -482,6 +488,34 @@ class SyncDirStore(Store):
         if store is None:
             raise StoreError(f"no chain of node {node} for {agent!r} in {self.root}")
         return store.read_checkpoint(agent, info)
+
+    # -- term records: where each term started (hamsterbunker.term_records) -------
+
+    @_os_errors_as_store_errors
+    def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:
+        """Write this node's record of its term at epoch, once (``terms``: a retry of the
+        same bytes is a no-op; other bytes, StoreError)."""
+        check_name("agent id", agent)
+        self._writer()  # a reader writes nothing
+        write_term_record(self.root, (NODES, self.node), agent, epoch, data)
+
+    def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
+        """Every node's term records of the agent, unopened: (epoch, node) -> bytes, the
+        epoch from the file's name and the node from its subtree. Junk is reported."""
+        check_name("agent id", agent)
+        found: dict[tuple[int, str], bytes] = {}
+        for node in self.subtrees():
+            try:
+                records = self._term_records_of(node, agent)
+            except CorruptRecord as exc:
+                self._problems(f"term records of node {node} skipped: {exc}")
+                continue
+            found.update(((epoch, node), data) for epoch, data in records.items())
+        return found
+
+    @_os_errors_as_store_errors
+    def _term_records_of(self, node: str, agent: str) -> dict[int, bytes]:
+        return read_term_records(self.root, (NODES, node), agent, self._problems)
 
     def _merged_chains(self, agent: str) -> list[tuple[str, CheckpointInfo]]:
         """(node, checkpoint) of every chain, newest first by (seq, epoch); a (seq, epoch)

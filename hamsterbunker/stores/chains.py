@@ -1,0 +1,39 @@
+"""Stores that keep one chain of checkpoints per node, and a record of where each term began.
+
+On a synced folder (``docs/syncdir.md``) two nodes can lead at once; each
+writes its own chain and a signed record of its term's start, and a node
+restores from the winning lineage (``hamsterbunker.lineage``) rather than from
+the newest checkpoint of any chain. A node asks ``isinstance(store,
+ChainedStore)`` and needs to know nothing of the backend that keeps them.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..records import CheckpointInfo
+
+__all__ = ["ChainedStore"]
+
+
+@runtime_checkable
+class ChainedStore(Protocol):
+    """A store whose checkpoints are kept per node, with term records beside them."""
+
+    def list_chains(self, agent: str) -> dict[str, list[CheckpointInfo]]:
+        """Each node's chain of the agent's checkpoints (node -> newest first)."""
+        ...
+
+    def read_chain_checkpoint(self, agent: str, node: str, info: CheckpointInfo) -> bytes:
+        """The sealed bytes of checkpoint info in node's chain (StoreError if it is gone)."""
+        ...
+
+    def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:
+        """Write this node's (signed) record of its term at epoch, once: the same bytes
+        again are a no-op, other bytes a StoreError."""
+        ...
+
+    def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
+        """Every node's term records, unopened: (epoch, node) -> bytes, taken from where
+        each record is kept (never from its bytes); unreadable ones skipped and reported."""
+        ...

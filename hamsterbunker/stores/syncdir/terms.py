@@ -1,0 +1,124 @@
+"""Term records in a node's subtree: ``agents/AGENT/terms/EPOCH.rec``, one per term.
+
+A term's record (``hamsterbunker.term_records``) says where the term started.
+Its node writes it once, before the term's first checkpoint, and never
+rewrites it: a second write of the same bytes (a retry whose first answer was
+lost) is a no-op, of other bytes a StoreError. The (epoch, node) a record is
+read as comes from its place (the subtree and the file name), never from its
+bytes: the signature binds them, so a record moved elsewhere does not open.
+
+Reading is bounded: at most ``MAX_TERM_ENTRIES`` names of a terms directory are
+looked at, the newest ``MAX_TERMS_READ`` epochs are read, each at most
+``MAX_TERM_RECORD_BYTES``; a file that is not a regular file, is too big, or
+is named like a record with numbers we never write is skipped and reported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from ...errors import CorruptRecord, StoreError
+from ...limits import MAX_EPOCH
+from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ..file.layout import agent_parts, is_sync_copy
+
+__all__ = [
+    "MAX_TERMS_READ",
+    "MAX_TERM_ENTRIES",
+    "MAX_TERM_RECORD_BYTES",
+    "read_term_records",
+    "term_record_name",
+    "write_term_record",
+]
+
+TERMS = "terms"
+TERM_NAME = re.compile(r"(\d+)\.rec")
+# A record is a short JSON document and a 64-digit tag: a few hundred bytes.
+MAX_TERM_RECORD_BYTES = 4096
+# The most names of one terms directory looked at, and the most (newest) records read:
+# the lineage needs the newest terms; an older one unread leaves its checkpoints unplaced.
+MAX_TERM_ENTRIES = 65_536
+MAX_TERMS_READ = 256
+
+
+def term_record_name(epoch: int) -> str:
+    return f"{epoch:010d}.rec"
+
+
+def _epoch_of(name: str) -> int | str | None:
+    """The epoch a record's name gives; None if it is not a record's name; a string saying
+    why if it is named like one with numbers we never write."""
+    match = TERM_NAME.fullmatch(name)
+    if match is None or is_sync_copy(name):
+        return None
+    digits = match[1]
+    if not digits.isascii() or len(digits) != 10:
+        return "a term record name with other than 10 epoch digits 0-9"
+    epoch = int(digits)
+    if not 0 < epoch <= MAX_EPOCH:
+        return f"a term record of epoch {epoch}, outside 1..{MAX_EPOCH}"
+    return epoch
+
+
+def write_term_record(
+    root: Path, subtree: tuple[str, ...], agent: str, epoch: int, data: bytes
+) -> None:
+    """Create root/subtree/agents/agent/terms/EPOCH.rec durably, once (see the module);
+    nothing below root is followed if it is a symlink."""
+    if not 0 < epoch <= MAX_EPOCH:
+        raise StoreError(f"term record epoch {epoch} is outside 1..{MAX_EPOCH}")
+    if len(data) > MAX_TERM_RECORD_BYTES:
+        raise StoreError(
+            f"term record of {len(data)} bytes is over the limit of {MAX_TERM_RECORD_BYTES}"
+        )
+    name = term_record_name(epoch)
+    parts = (*subtree, *agent_parts(agent, TERMS))
+    path = root.joinpath(*parts, name)
+    with opened_dir(root, parts, create=True) as terms_fd:
+        assert terms_fd is not None  # made
+        tmp = write_temp(terms_fd, data, durable=True)
+        try:
+            # Fails if the name exists: create-if-absent in one step, never a rewrite.
+            os.link(tmp, name, src_dir_fd=terms_fd, dst_dir_fd=terms_fd, follow_symlinks=False)
+            os.fsync(terms_fd)
+            return
+        except FileExistsError:
+            pass
+        finally:
+            discard(terms_fd, tmp)
+        stored = read_file(terms_fd, name, path, MAX_TERM_RECORD_BYTES)
+    if stored != data:
+        raise StoreError(f"{path} exists with other contents: a term record is never rewritten")
+
+
+def read_term_records(
+    root: Path, subtree: tuple[str, ...], agent: str, report: Callable[[str], None]
+) -> dict[int, bytes]:
+    """The term records in root/subtree for agent (epoch -> bytes), the newest
+    MAX_TERMS_READ; junk skipped and reported; nothing below root followed."""
+    found: dict[int, bytes] = {}
+    parts = (*subtree, *agent_parts(agent, TERMS))
+    where = root.joinpath(*parts)
+    with opened_dir(root, parts) as terms_fd:
+        if terms_fd is None:
+            return found
+        epochs: dict[int, str] = {}
+        for entry in dir_entries(terms_fd, MAX_TERM_ENTRIES):
+            epoch = _epoch_of(entry.name)
+            if isinstance(epoch, str):
+                report(f"{where / entry.name} skipped: {epoch}")
+            elif epoch is not None:
+                epochs[epoch] = entry.name
+        for epoch in sorted(epochs, reverse=True)[:MAX_TERMS_READ]:
+            name = epochs[epoch]
+            try:
+                data = read_file(terms_fd, name, where / name, MAX_TERM_RECORD_BYTES)
+            except CorruptRecord as exc:
+                report(f"term record skipped: {exc}")
+                continue
+            if data is not None:
+                found[epoch] = data
+    return found
