@@ -10,6 +10,9 @@ prefix up to the nonce is the GCM associated data, so an edited header fails to
 authenticate. The opener passes the agent, epoch and sequence under which it
 found the blob, so a checkpoint moved to another agent or replayed under
 another number is rejected even though it authenticates on its own.
+A publish seals with ``seal_pieces``: the same format, encrypted a piece at a
+time (one GCM stream: one nonce, one tag) while the store writes the pieces
+(``hamsterbunker.blob``).
 
 The key is derived from the network secret with scrypt and a random salt kept
 in the cluster record; HKDF gives one subkey per purpose. The key-check value
@@ -25,14 +28,16 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from . import state_json
+from .blob import BlobPieces
 from .cluster_keys import (
     SCRYPT_MAX_MEMORY,
     SCRYPT_MAX_WORK,
@@ -62,6 +67,7 @@ __all__ = [
     "Sealer",
     "check_scrypt_parameters",
     "check_secret",
+    "gcm_pieces",
     "new_cluster_record",
     "sealed_key_id",
 ]
@@ -74,6 +80,10 @@ _REPLY_MAGIC = b"HBRP"
 _PREFIX = struct.Struct(">4sBH")  # magic, version, header length
 _NONCE_BYTES = 12
 _TAG_BYTES = 16
+# seal_pieces encrypts a state above _ONE_SHOT_BYTES of JSON a piece of _PIECE_BYTES at a
+# time (the file store writes each while the next is encrypted), a smaller one at once.
+_PIECE_BYTES = 1024 * 1024
+_ONE_SHOT_BYTES = 64 * 1024
 # The least time between two reads of the cluster record for a key not known yet.
 REFRESH_EVERY_S = 1.0
 log = logging.getLogger("hamsterbunker")
@@ -102,7 +112,8 @@ class _Key:
 
     def __init__(self, kid: str, master: bytes) -> None:
         self.kid = kid
-        self.checkpoint = AESGCM(subkey(master, b"checkpoint", 32))
+        self.checkpoint_key = subkey(master, b"checkpoint", 32)
+        self.checkpoint = AESGCM(self.checkpoint_key)
         self.effect = AESGCM(subkey(master, b"effect", 32))
         self.inbox = AESGCM(subkey(master, b"inbox", 32))
         self.record = subkey(master, b"record", 32)
@@ -260,6 +271,40 @@ class Sealer:
         commit together; the header says a checkpoint carries it. sealed_at:
         the time the header gives (now; a re-seal keeps the first one's).
         """
+        key, prefix, plaintext = self._checkpoint_parts(agent, epoch, seq, state, inbox, sealed_at)
+        nonce = os.urandom(_NONCE_BYTES)
+        return prefix + nonce + key.checkpoint.encrypt(nonce, plaintext, prefix)
+
+    def seal_pieces(
+        self,
+        agent: str,
+        epoch: int,
+        seq: int,
+        state: dict[str, Any],
+        *,
+        inbox: dict[str, Any] | None = None,
+    ) -> BlobPieces:
+        """seal(), encrypted piece by piece as a store takes the pieces (``hamsterbunker.blob``).
+
+        The same format, opened by ``open``; for a publish, whose store writes each
+        piece while the next is encrypted. The state's JSON is made here, so a
+        state that is not JSON-serialisable raises SealError before a store is
+        handed anything; the nonce and the encryption come as the pieces are taken.
+        """
+        key, prefix, plaintext = self._checkpoint_parts(agent, epoch, seq, state, inbox, None)
+        length = len(prefix) + _NONCE_BYTES + len(plaintext) + _TAG_BYTES
+        return BlobPieces(length, _checkpoint_pieces(key, prefix, plaintext))
+
+    def _checkpoint_parts(
+        self,
+        agent: str,
+        epoch: int,
+        seq: int,
+        state: dict[str, Any],
+        inbox: dict[str, Any] | None,
+        sealed_at: float | None,
+    ) -> tuple[_Key, bytes, bytes]:
+        """What a seal encrypts: the current key, the prefix (associated data), the plaintext."""
         key = self._in_use.current
         body: dict[str, Any] = state if inbox is None else {"state": state, "inbox": inbox}
         try:
@@ -273,8 +318,7 @@ class Sealer:
             separators=(",", ":"),
         ).encode()
         prefix = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header
-        nonce = os.urandom(_NONCE_BYTES)
-        return prefix + nonce + key.checkpoint.encrypt(nonce, plaintext, prefix)
+        return key, prefix, plaintext
 
     def open(self, blob: bytes, agent: str, epoch: int, seq: int) -> dict[str, Any]:
         """Open a checkpoint found under (agent, epoch, seq); raise Tampered if it is not that."""
@@ -472,6 +516,31 @@ class Sealer:
         if sealed_as != found_as:
             raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
         return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
+
+
+def _checkpoint_pieces(key: _Key, prefix: bytes, plaintext: bytes) -> Iterator[bytes]:
+    """A sealed checkpoint's pieces under a fresh nonce: one, if the state is small."""
+    nonce = os.urandom(_NONCE_BYTES)
+    if len(plaintext) <= _ONE_SHOT_BYTES:  # one call costs less than a cipher's set-up (10 µs)
+        yield prefix + nonce + key.checkpoint.encrypt(nonce, plaintext, prefix)
+        return
+    yield prefix + nonce
+    yield from gcm_pieces(key.checkpoint_key, nonce, plaintext, prefix)
+
+
+def gcm_pieces(
+    key: bytes, nonce: bytes, plaintext: bytes, associated: bytes, piece: int = _PIECE_BYTES
+) -> Iterator[bytes]:
+    """AESGCM(key).encrypt(nonce, plaintext, associated), in pieces of about piece bytes.
+
+    The ciphertext piece by piece, then the 16-byte tag: joined, the same bytes.
+    """
+    encryptor = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+    encryptor.authenticate_additional_data(associated)
+    view = memoryview(plaintext)
+    for start in range(0, len(view), piece):
+        yield encryptor.update(view[start : start + piece])
+    yield encryptor.finalize() + encryptor.tag
 
 
 def sealed_key_id(blob: bytes) -> str | None:

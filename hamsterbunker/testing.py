@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from .blob import Blob
 from .errors import (
     ClusterChanged,
     ConfigError,
@@ -287,7 +288,7 @@ class MemoryStore(Store):
     # -- checkpoints -------------------------------------------------------
 
     def put_checkpoint(
-        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         """Store a sealed checkpoint, only if fence matches the current lease.
 

@@ -429,8 +429,10 @@ class LeaderTerm:
         also = (consumed,) if consumed else ()
         started = self._clock.monotonic()
         try:
+            # The state's JSON here (SealError before the store is touched); its
+            # encryption inside the put, piece by piece as the store writes them.
             blob = await self._calls.work(
-                functools.partial(self._sealer.seal, inbox=marks.to_json()),
+                functools.partial(self._sealer.seal_pieces, inbox=marks.to_json()),
                 agent_id,
                 context.epoch,
                 context.seq,

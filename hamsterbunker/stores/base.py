@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ..blob import Blob
 from ..errors import CorruptRecord, Fenced, StoreError
 from ..limits import (
     MAX_CONSUMED_PER_STEP,
@@ -326,7 +327,7 @@ class Store(Protocol):
         """
 
     def put_checkpoint(
-        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         """Store a sealed checkpoint durably, only if fence matches the current lease.
 
@@ -336,6 +337,10 @@ class Store(Protocol):
         at or above seq is stored (a term numbers upwards and never overwrites
         its own), or if seq, the epoch or the size is outside the bounds of
         ``hamsterbunker.limits.check_checkpoint_bounds`` (with its message).
+        ``blob`` is bytes, or pieces made as they are taken (``hamsterbunker.blob``;
+        a publish's, encrypted while they are written): their length is checked
+        before anything is written; if making them raises, nothing is stored and
+        that is raised.
 
         Only the runtime can tell an authentic checkpoint from junk written by
         someone without the secret, so nothing stored under *another* epoch,

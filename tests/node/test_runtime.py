@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from hamsterbunker.agent import current_step
+from hamsterbunker.blob import Blob
 from hamsterbunker.errors import (
     ConfigError,
     LeaseConflict,
@@ -94,7 +95,7 @@ class FaultyStore:
             raise StoreUnavailable("injected: the checkpoint read failed")
         return self._inner.read_checkpoint(agent, info)
 
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: Blob) -> CheckpointInfo:
         if seq in self.fail_put_once:
             self.fail_put_once.discard(seq)
             raise StoreUnavailable("injected: the checkpoint write failed")

@@ -21,6 +21,7 @@ import pytest
 
 from hamsterbunker import clock as clock_module
 from hamsterbunker.agent import current_step
+from hamsterbunker.blob import Blob
 from hamsterbunker.clock import FakeClock, MonotonicClock
 from hamsterbunker.errors import StepLost, StoreUnavailable
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
@@ -61,7 +62,7 @@ class SteerableStore:
         return steered
 
     # Named so that the Store protocol's attribute checks see them.
-    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: bytes) -> CheckpointInfo:
+    def put_checkpoint(self, agent: str, fence: Fence, seq: int, blob: Blob) -> CheckpointInfo:
         return self.__getattr__("put_checkpoint")(agent, fence, seq, blob)  # type: ignore[no-any-return]
 
     def cas_lease(self, agent: str, expected: int | None, new: LeaseRecord) -> LeaseRecord:

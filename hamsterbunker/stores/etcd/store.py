@@ -82,8 +82,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from etcd3gw.client import Etcd3Client
 from etcd3gw.types import Event as WatchEvent
 
+from ...blob import Blob
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
-from ...limits import INBOX_REPLIES_KEPT, MAX_CHECKPOINT_BYTES, MAX_RECORD_BYTES
+from ...limits import (
+    INBOX_REPLIES_KEPT,
+    MAX_CHECKPOINT_BYTES,
+    MAX_RECORD_BYTES,
+    check_checkpoint_bounds,
+)
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
 from ..base import (
@@ -346,15 +352,16 @@ class EtcdStore(Store):
 
     @_translated
     def put_checkpoint(
-        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
-        self._checkpoints.check_bounds(fence, seq, blob)  # before the replies are staged
-        problem = check_consumed(consumed)
+        # Before the replies are staged, and before a blob in pieces is made.
+        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
         if problem is not None:  # refused before anything is sent
             raise StoreError(problem)
+        data = bytes(blob)  # one value in one txn: its pieces (if it has them) joined
         if not consumed:
-            return self._checkpoints.put(agent, fence, seq, blob)
-        return self._inbox.checkpoint(agent, fence, seq, blob, consumed, self._checkpoints.put)
+            return self._checkpoints.put(agent, fence, seq, data)
+        return self._inbox.checkpoint(agent, fence, seq, data, consumed, self._checkpoints.put)
 
     @_translated
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from ...blob import Blob
 from ...errors import StoreError
 from ...failpoints import failpoint
 from ...limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds
@@ -42,11 +43,12 @@ class CheckpointFiles:
         self._lock_timeout = lock_timeout
 
     def put(
-        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         """Store.put_checkpoint; the inbox's part is in ``stores.file.inbox``.
 
-        Under the lock, in this order: the fence checked, what an earlier
+        The blob is written (as its pieces are made, if it comes in pieces) and
+        synced under a temporary name first. Under the lock, in this order: the fence checked, what an earlier
         write cut short settled, the consumption staged, the checkpoint
         renamed (the commit point) and made durable, the staging applied.
         """

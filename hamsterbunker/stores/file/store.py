@@ -56,6 +56,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
+from ...blob import Blob
 from ...errors import ConfigError, StoreError, StoreUnavailable
 from ...limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
@@ -256,7 +257,7 @@ class FileStore(Store):
 
     @_os_errors_as_store_errors
     def put_checkpoint(
-        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         info = self._checkpoints.put(agent, fence, seq, blob, consumed)
         # Only now that the checkpoint is durable, and outside the lease lock; never raises.

@@ -79,6 +79,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import redis
 
+from ...blob import Blob
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ...failpoints import failpoint
 from ...limits import (
@@ -324,7 +325,7 @@ class RedisStore(Store):
 
     @_translated
     def put_checkpoint(
-        self, agent: str, fence: Fence, seq: int, blob: bytes, consumed: Sequence[Consumed] = ()
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
         if problem is not None:  # refused before anything is sent
