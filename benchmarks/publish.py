@@ -158,7 +158,9 @@ fence and durability steps are unchanged after the last piece. Two full runs on
 | 1 MiB | 2.85, 2.78 ms | 0.75, 0.73 ms | 3.13, 3.03 ms | 4.01, 3.91 ms | 1.41, 1.41 |
 | 8 MiB | 18.9, 18.2 ms | 9.22, 8.59 ms | 20.4, 18.9 ms | 25.3, 24.3 ms | 1.34, 1.34 |
 
-Side by side in one process (interleaved, 40 rounds at 8 MiB, 150 at 1 MiB), the
+A third run (12:30 UTC, load average 0.37; the tables above) gave 1.35 at 1 MiB and
+1.30 at 8 MiB (24.9 against 19.1 ms: on the line, and a miss by a hair). Side by side
+in one process (interleaved, 40 rounds at 8 MiB, 150 at 1 MiB), the
 one-shot seal + put against the streamed publish: 1.50 against 1.35 × raw at 8 MiB
 (1.47 without the write-back hint), 1.42 against 1.42 at 1 MiB. So 8 MiB gains
 0.15 × raw and still misses; 1 MiB gains nothing:
