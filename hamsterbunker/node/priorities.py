@@ -44,6 +44,8 @@ EVENT_PRIORITIES: dict[str, int] = {
     "lease.given_up": WARNING,
     "store.warning": WARNING,
     "checkpoint.rejected": WARNING,
+    "term_record.rejected": WARNING,
+    "store.diverged": WARNING,
     "effect.rejected": WARNING,
     "effect.interrupted": WARNING,
     "inbox.rejected": WARNING,

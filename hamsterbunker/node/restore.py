@@ -5,6 +5,13 @@ first one the secret opens; it refuses to resume behind what this node knows
 the store accepted (DESIGN.md invariant 10), unless that loss was accepted
 with ``hb accept-loss``. The same reading decides whether a publish whose
 answer was lost landed after all.
+
+On a store that keeps a chain per node (``ChainedStore``, given as a
+``LineageView``) the checkpoints read are those the winning lineage carries
+(``lineage_view``), newest first, never a higher seq of a chain kept aside;
+what this node saw accepted on a branch now kept aside is no loss (it is still
+there, reported as ``store.diverged``). The term then writes its own term
+record, naming the checkpoint it restored from, before its first checkpoint.
 """
 
 from __future__ import annotations
@@ -14,15 +21,25 @@ from dataclasses import dataclass, field
 
 from ..acceptance import Acceptance, open_acceptance
 from ..agent import Agent, State, StepContext
-from ..errors import CorruptRecord, HamsterbunkerError, NoUsableCheckpoint, StoreRegressed, Tampered
+from ..errors import (
+    CorruptRecord,
+    HamsterbunkerError,
+    NoUsableCheckpoint,
+    StoreError,
+    StoreRegressed,
+    Tampered,
+)
 from ..inbox import ConsumedMarks
 from ..lease import LeaseKeeper
+from ..lineage import CheckpointRef, TermId
 from ..notify import Notifier
 from ..reach import Reach
 from ..records import CheckpointInfo
 from ..sealing import Sealer
 from ..stores import RestoreRead, Store
+from ..stores.base import newest_first
 from .calls import NodeCalls
+from .lineage_view import LineageRead, LineageView
 from .state import Standing
 
 __all__ = ["LeaseBehind", "Progress", "Restorer"]
@@ -54,6 +71,14 @@ class _Read:
     infos: list[CheckpointInfo]  # newest first
     forgiving: Acceptance | None
     newest: tuple[CheckpointInfo, bytes] | None  # the first of infos, read
+    # On a ChainedStore: the lineage read, and the node whose chain holds each of infos.
+    lineage: LineageRead | None = None
+    chain_of: dict[tuple[int, int], str] = field(default_factory=dict)
+
+
+# The most kept-aside segments a restore opens to tell that what this node saw
+# accepted is still held (aside) rather than lost.
+_ASIDE_TRIES = 4
 
 
 class LeaseBehind(HamsterbunkerError):
@@ -75,20 +100,52 @@ class Restorer:
         *,
         emit: Callable[..., None],
         notifier: Notifier,
+        lineage: LineageView | None = None,
     ) -> None:
+        """lineage: given for a store that keeps chains (restore from the winning lineage)."""
         self._agent, self._agent_id, self._store, self._sealer = agent, agent_id, store, sealer
         self._keeper, self._calls, self._standing = keeper, calls, standing
         self._emit = emit
         self._notifier = notifier
+        self._lineage = lineage
 
     async def _read(self, taken: RestoreRead | None) -> _Read:
         """The checkpoints listed, the loss acceptance, and the newest checkpoint's blob: as
         the store held them when the lease was taken (taken), or read now."""
+        if self._lineage is not None:
+            return await self._read_lineage(self._lineage)
         read = taken
         if read is None:
             read = await self._calls.io(self._store.read_for_restore, self._agent_id)
         newest = None if read.newest is None else (read.infos[0], read.newest)
         return _Read(read.infos, self._acceptance(read), newest)
+
+    async def _read_lineage(self, view: LineageView) -> _Read:
+        """The checkpoints the winning lineage carries, newest first, and the acceptance.
+
+        Checkpoints of a term whose record is not here (yet) place nowhere: with
+        nothing carried, restoring from init() could start a second history
+        beside them, so the restore waits for their record (a StoreError: the
+        term tries again, and gives the lease up after a TTL).
+        """
+        found = await self._calls.io(view.read)
+        view.report(found)
+        carried = found.carried()
+        if not carried and found.lineage.unplaced:
+            waiting = ", ".join(segment.describe() for segment in found.lineage.unplaced[:3])
+            raise StoreError(
+                f"checkpoints are stored but no term record that authenticates places them "
+                f"({waiting}): waiting for the sync to bring their records"
+            )
+        problem = ""
+        try:
+            acceptance = await self._calls.io(self._store.read_acceptance, self._agent_id)
+        except CorruptRecord as exc:
+            acceptance, problem = None, str(exc)
+        infos = newest_first([info for _node, info in carried])
+        forgiving = self._acceptance(RestoreRead(infos, acceptance, None, problem))
+        chain_of = {(info.seq, info.epoch): node for node, info in carried}
+        return _Read(infos, forgiving, None, found, chain_of)
 
     async def restore(self, epoch: int, taken: RestoreRead | None = None) -> Progress:
         """The newest checkpoint that authenticates, or init() on a store that never had one.
@@ -115,7 +172,7 @@ class Restorer:
         # on from below the given-up one, under higher epochs.
         for info in infos:
             blob = read.newest[1] if read.newest is not None and read.newest[0] == info else None
-            opened = await self._open_stored(info, blob)
+            opened = await self._open_stored(info, blob, read.chain_of.get((info.seq, info.epoch)))
             if opened is None:
                 damaged.append(info)
                 continue
@@ -129,8 +186,9 @@ class Restorer:
         if forgiving is not None:
             reach = forgiving.resume
         if found is None:
-            if not infos and reach == Reach():
+            if not infos and (reach == Reach() or await self._held_aside(read, Reach(), reach)):
                 state = await self._calls.work(self._agent.init)
+                await self._write_term_start(epoch, None)
                 self._emit("agent.started")
                 return Progress(state, 0, resumed=False)
             if reach == Reach():
@@ -153,7 +211,14 @@ class Restorer:
             raise LeaseBehind(reason)
         newest = Reach(info.seq, info.epoch)
         if newest.seq < reach.seq or newest.epoch < reach.epoch:
-            raise self._regressed(newest, reach, damaged)
+            if not await self._held_aside(read, newest, reach):
+                raise self._regressed(newest, reach, damaged)
+            # Seen accepted on a branch the lineage does not continue: still stored, kept
+            # aside (store.diverged said so). From here the store needs reach only newest.
+            self._keeper.accept_loss(newest)
+        node = read.chain_of.get((info.seq, info.epoch))
+        if node is not None:
+            await self._write_term_start(epoch, CheckpointRef(TermId(info.epoch, node), info.seq))
         if forgiving is not None:
             self._keeper.accept_loss(newest)
             self._emit(
@@ -197,17 +262,47 @@ class Restorer:
         state, inbox = self._sealer.open_checkpoint(blob, self._agent_id, info.epoch, info.seq)
         return state, ConsumedMarks.from_json(inbox)
 
-    async def _open_stored(self, info: CheckpointInfo, blob: bytes | None = None) -> Opened | None:
-        """One stored checkpoint (read already: blob) opened, or None (reported) if it does
-        not authenticate."""
+    async def _open_stored(
+        self, info: CheckpointInfo, blob: bytes | None = None, node: str | None = None
+    ) -> Opened | None:
+        """One stored checkpoint (read already: blob; else from node's chain, if named)
+        opened, or None (reported) if it does not authenticate."""
         try:
             self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
-            if blob is None:
+            if blob is None and node is not None and self._lineage is not None:
+                blob = await self._calls.io(self._lineage.read_checkpoint, node, info)
+            elif blob is None:
                 blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, info)
             return await self._calls.work(self._open, blob, info)
         except (Tampered, CorruptRecord) as exc:
             self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
             return None
+
+    async def _held_aside(self, read: _Read, newest: Reach, reach: Reach) -> bool:
+        """Whether a kept-aside checkpoint that authenticates takes newest as far as reach:
+        what this node saw accepted is then on a branch the lineage does not continue,
+        still stored, not lost. Opens at most _ASIDE_TRIES of them, the highest first."""
+        found = read.lineage
+        if found is None:
+            return False
+        tops = sorted(
+            (CheckpointRef(segment.term, segment.seqs[-1]) for segment in found.lineage.aside),
+            key=lambda ref: (ref.seq, ref.term),
+            reverse=True,
+        )
+        for ref in tops[:_ASIDE_TRIES]:
+            held = newest.union(Reach(ref.seq, ref.term.epoch))
+            if held.seq < reach.seq or held.epoch < reach.epoch or ref not in found.where:
+                continue
+            node, info = found.where[ref]
+            if await self._open_stored(info, None, node) is not None:
+                return True
+        return False
+
+    async def _write_term_start(self, epoch: int, base: CheckpointRef | None) -> None:
+        """On a ChainedStore: this term's record, naming where it began, before it publishes."""
+        if self._lineage is not None:
+            await self._calls.io(self._lineage.write_start, epoch, base)
 
     def _acceptance(self, read: RestoreRead) -> Acceptance | None:
         """The authenticated loss acceptance of this agent, if the store holds one."""

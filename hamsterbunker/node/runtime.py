@@ -36,7 +36,7 @@ from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name
 from ..rotation_nodes import KEYS_READ_TTLS
-from ..stores import Store, open_store
+from ..stores import ChainedStore, Store, open_store
 from ..timing import (
     DEFAULT_STEP_RETRY,
     DEFAULT_STOP_GRACE_MS,
@@ -50,6 +50,7 @@ from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
 from .identity_check import check_node_id_free
 from .keys import KeyFollower, show_keys
+from .lineage_view import DivergenceCheck, LineageView
 from .loop import NodeLoop
 from .probes import NodeProbes
 from .restore import Restorer
@@ -64,6 +65,9 @@ if TYPE_CHECKING:  # both load prometheus_client, which a node without metrics n
     from .metrics import NodeMetrics
 
 __all__ = ["Runtime"]
+
+# How often a node on a store that keeps chains looks for checkpoints kept aside.
+DIVERGENCE_CHECK_TTLS = 3
 
 
 def _on_stop_signal(signals: Signals) -> None:
@@ -304,6 +308,11 @@ class Runtime:
             if wait.gave_up:
                 return
             wait.report(sink.emit)
+            lineage = (
+                LineageView(self.store, sealer, self.agent_id, self.node_id, emit=sink.emit)
+                if isinstance(self.store, ChainedStore)
+                else None
+            )
             restorer = Restorer(
                 self.agent,
                 self.agent_id,
@@ -314,6 +323,7 @@ class Runtime:
                 self.standing,
                 emit=sink.emit,
                 notifier=self._notifier,
+                lineage=lineage,
             )
             new_term = functools.partial(
                 LeaderTerm,
@@ -342,6 +352,16 @@ class Runtime:
                 emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
             )  # fmt: skip
             following = asyncio.create_task(follower.run(), name="hb-keys")
+            checking = (
+                None
+                if lineage is None
+                else asyncio.create_task(
+                    DivergenceCheck(
+                        lineage, calls, period_s=DIVERGENCE_CHECK_TTLS * self.timing.lease_ttl_s
+                    ).run(),
+                    name="hb-divergence",
+                )
+            )
             node = NodeLoop(
                 identity=identity,
                 store=self.store,
@@ -367,6 +387,8 @@ class Runtime:
             finally:
                 self._node = None
                 following.cancel()
+                if checking is not None:
+                    checking.cancel()
             if follower.refusal is not None:
                 raise follower.refusal  # stopped: a key it lacks was made current
         finally:

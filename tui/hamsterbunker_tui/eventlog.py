@@ -66,6 +66,8 @@ TYPE_STYLES = {
     "store.warning": "yellow",
     "checkpoint.failed": "red",
     "checkpoint.rejected": "red",
+    "term_record.rejected": "red",
+    "store.diverged": "bold red",
     "agent.failing": "red",
     "agent.step": "dim",
     "checkpoint.published": "dim",

@@ -40,6 +40,8 @@ WARNING_TYPES = frozenset(
         "store.warning",
         "checkpoint.failed",
         "checkpoint.rejected",
+        "term_record.rejected",
+        "store.diverged",
         "agent.failing",
         "agent.paused",
         "agent.unpaused",

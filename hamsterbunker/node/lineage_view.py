@@ -1,0 +1,169 @@
+"""The lineage as this node sees it, on a store that keeps chains (``ChainedStore``).
+
+A node reads every term record, keeps those that authenticate (one that does
+not is reported, ``term_record.rejected``, and counts for nothing: it cannot
+pick a restore base), lists every chain, and works out the lineage
+(``hamsterbunker.lineage``): which checkpoints carry the agent on, which are
+kept aside. Each kept-aside segment is reported once per node process
+(``store.diverged``), whether a restore or the periodic ``DivergenceCheck``
+found it: so a leader that kept leading after a partition healed still says
+so once the loser's chain has synced in.
+
+Reading runs in a thread (``read``); reporting on the node's event loop
+(``report``), where events are emitted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import CorruptRecord, StoreError, Tampered
+from ..lineage import Aside, CheckpointRef, Lineage, TermId, TermStart, lineage
+from ..records import CheckpointInfo
+from ..sealing import Sealer
+from ..stores.chains import ChainedStore
+from ..term_records import open_term_start, seal_term_start
+from .calls import NodeCalls
+
+__all__ = ["DivergenceCheck", "LineageRead", "LineageView"]
+
+# How many kept-aside segments and rejected records one process remembers having
+# reported: beyond that (only a forger could make so many) each is reported again.
+_MAX_REMEMBERED = 4096
+
+
+@dataclass(frozen=True)
+class LineageRead:
+    """One reading of the lineage, and where each listed checkpoint is kept."""
+
+    lineage: Lineage
+    # Every listed checkpoint: its place in the lineage's terms -> (node, as listed).
+    where: dict[CheckpointRef, tuple[str, CheckpointInfo]]
+    rejected: tuple[tuple[TermId, str, str], ...] = ()  # (term, error, digest of its bytes)
+
+    def carried(self) -> list[tuple[str, CheckpointInfo]]:
+        """The checkpoints that carry the agent on, as (node, info), newest first."""
+        return [self.where[ref] for ref in self.lineage.carried if ref in self.where]
+
+
+def describe_ref(ref: CheckpointRef | None) -> str | None:
+    """A checkpoint as events name it: ``seq S of term E@N``; None for none."""
+    return None if ref is None else f"seq {ref.seq} of term {ref.term}"
+
+
+class LineageView:
+    """Reads and reports one agent's lineage for this node (see the module)."""
+
+    def __init__(
+        self,
+        store: ChainedStore,
+        sealer: Sealer,
+        agent_id: str,
+        node_id: str,
+        *,
+        emit: Callable[..., None],
+    ) -> None:
+        self._store, self._sealer = store, sealer
+        self._agent_id, self._node_id = agent_id, node_id
+        self._emit = emit
+        self._reported: set[tuple[TermId, object]] = set()  # (term, forked_at)
+        self._rejected: set[tuple[TermId, object]] = set()  # (term, digest of its bytes)
+
+    @property
+    def store(self) -> ChainedStore:
+        return self._store
+
+    # -- in a thread ------------------------------------------------------------------
+
+    def read(self) -> LineageRead:
+        """Every term record (authenticated) and every chain, and the lineage they make."""
+        starts: list[TermStart] = []
+        rejected: list[tuple[TermId, str, str]] = []
+        for (epoch, node), data in sorted(self._store.read_term_starts(self._agent_id).items()):
+            term = TermId(epoch, node)
+            try:
+                starts.append(open_term_start(self._sealer, data, self._agent_id, term))
+            except (Tampered, CorruptRecord) as exc:
+                rejected.append((term, str(exc), hashlib.sha256(data).hexdigest()))
+        where: dict[CheckpointRef, tuple[str, CheckpointInfo]] = {}
+        held: dict[TermId, list[int]] = {}
+        for node, chain in self._store.list_chains(self._agent_id).items():
+            for info in chain:
+                term = TermId(info.epoch, node)
+                where[CheckpointRef(term, info.seq)] = (node, info)
+                held.setdefault(term, []).append(info.seq)
+        return LineageRead(lineage(starts, held), where, tuple(rejected))
+
+    def write_start(self, epoch: int, base: CheckpointRef | None) -> None:
+        """This node's record of its term at epoch, which began from base (None: init())."""
+        start = TermStart(TermId(epoch, self._node_id), base)
+        self._store.put_term_start(
+            self._agent_id, epoch, seal_term_start(self._sealer, self._agent_id, start)
+        )
+
+    def read_checkpoint(self, node: str, info: CheckpointInfo) -> bytes:
+        return self._store.read_chain_checkpoint(self._agent_id, node, info)
+
+    # -- on the event loop ------------------------------------------------------------
+
+    def report(self, read: LineageRead) -> None:
+        """Emit term_record.rejected and store.diverged for what was not reported yet."""
+        for term, error, digest in read.rejected:
+            if self._first_time(self._rejected, (term, digest)):
+                self._emit("term_record.rejected", term=str(term), error=error)
+        found = read.lineage
+        for segment in found.aside:
+            if self._first_time(self._reported, (segment.term, segment.forked_at)):
+                self._emit("store.diverged", **diverged_fields(found.winner, segment))
+
+    @staticmethod
+    def _first_time(seen: set[tuple[TermId, object]], key: tuple[TermId, object]) -> bool:
+        if key in seen:
+            return False
+        if len(seen) >= _MAX_REMEMBERED:
+            seen.clear()
+        seen.add(key)
+        return True
+
+
+def diverged_fields(winner: TermId | None, segment: Aside) -> dict[str, object]:
+    """The fields of a store.diverged event for one kept-aside segment."""
+    return {
+        "winner": None if winner is None else str(winner),
+        "term": str(segment.term),
+        "node": segment.term.node,
+        "from_seq": segment.seqs[0],
+        "to_seq": segment.seqs[-1],
+        "count": len(segment.seqs),
+        "forked_at": describe_ref(segment.forked_at),
+        "aside": segment.describe(),
+    }
+
+
+class DivergenceCheck:
+    """Reads the lineage every period_s and reports what it has not reported yet.
+
+    Runs on leaders and standbys alike, so that whichever node sees both
+    chains says so. One read of the term records and the chains per round;
+    a store error skips the round.
+    """
+
+    def __init__(self, view: LineageView, calls: NodeCalls, *, period_s: float) -> None:
+        self._view, self._calls, self._period_s = view, calls, period_s
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._period_s)
+            await self.check()
+
+    async def check(self) -> LineageRead | None:
+        """One round: the lineage read and reported, or None if the store failed."""
+        try:
+            read = await self._calls.io(self._view.read)
+        except StoreError:
+            return None  # the next round tries again; the node loop reports store errors
+        self._view.report(read)
+        return read

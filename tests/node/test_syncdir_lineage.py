@@ -1,0 +1,261 @@
+"""Nodes on a synced folder restore from the winning lineage and report divergence
+(docs/syncdir.md, part 2: the node side).
+
+Every node is a real ``Runtime`` with a ``SyncDirStore`` on a folder of its own
+(a machine's copy); ``tests.support.syncdir`` plays the sync tool, a copy at a
+time or (``SyncPump``) continuously. Timing is short (tick 100 ms, TTL 600 ms,
+a stated sync delay of 100 ms) and every wait is bounded: tests wait on
+conditions, never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hamsterbunker.lineage import CheckpointRef, TermId, TermStart
+from hamsterbunker.records import Event
+from hamsterbunker.runtime import Runtime
+from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores.syncdir import SyncDirStore
+from hamsterbunker.term_records import open_term_start
+from hamsterbunker.timing import LeaseTiming
+from tests.support import wait_until
+from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
+from tests.support.syncdir import Sync, SyncPump
+
+TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
+SYNC_DELAY_MS = 100  # TTL 600 ms >= 2 x (tick 100 ms + 100 ms)
+WAIT_S = 30.0
+
+
+class PacedAgent(AsyncAgent):
+    """A CountingAgent whose every step takes pace_s (20 ms): chains grow at a pace a test
+    can follow."""
+
+    def __init__(self, pace_s: float = 0.02) -> None:
+        super().__init__()
+        self.pace_s = pace_s
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(self.pace_s)
+        return await super().step(state)
+
+
+class Nodes:
+    """Runtimes on a Sync's folders, one folder per node; all stopped at the end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.sync = Sync(tmp_path, delay_ms=SYNC_DELAY_MS)
+        self.events = Recorder()
+        self.agents: dict[str, PacedAgent] = {}
+        self.runtimes: dict[str, Runtime] = {}
+
+    def start(self, node: str, pace_s: float = 0.02) -> Runtime:
+        agent = self.agents[node] = PacedAgent(pace_s)
+        runtime = Runtime(
+            node_id=node,
+            region="r1",
+            store=self.sync.open(node),
+            agent=agent,  # type: ignore[arg-type]  # a subclass defines step()
+            secret=SECRET,
+            timing=TIMING,
+            on_event=self.events,
+            stop_grace_ms=0,
+        )
+        self.runtimes[node] = runtime
+        runtime.start()
+        wait_until(runtime.ready.is_set, f"{node} online", WAIT_S)
+        return runtime
+
+    def store(self, node: str) -> SyncDirStore:
+        """A reader of node's folder (as node's machine holds it)."""
+        return SyncDirStore(
+            self.sync.root(node), "reader", sync_delay_ms=SYNC_DELAY_MS, create=False
+        )
+
+    def sealer(self) -> Sealer:
+        cluster = self.store(next(iter(self.runtimes))).read_cluster()
+        assert cluster is not None
+        return Sealer(SECRET, cluster)
+
+    def term_start(self, folder: str, epoch: int, node: str) -> TermStart:
+        data = self.store(folder).read_term_starts(AGENT)[(epoch, node)]
+        return open_term_start(self.sealer(), data, AGENT, TermId(epoch, node))
+
+    def chain_files(self, folder: str, node: str) -> set[str]:
+        chain = self.sync.root(folder) / "nodes" / node / "agents" / AGENT / "checkpoints"
+        return {path.name for path in chain.glob("ckpt-*.hbc")}
+
+    def published(self, node: str, past: int) -> bool:
+        runtime = self.runtimes[node]
+        return runtime.leading and runtime.seq > past
+
+    def close(self) -> None:
+        for agent in self.agents.values():
+            agent.release.set()
+        for runtime in self.runtimes.values():
+            with contextlib.suppress(BaseException):
+                runtime.stop(timeout=20)
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    made = Nodes(tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def _diverged(events: Recorder, node: str | None = None) -> list[Event]:
+    return events.of("store.diverged", node)
+
+
+def test_a_clean_failover_resumes_from_the_newest_checkpoint_and_records_its_base(
+    nodes: Nodes,
+) -> None:
+    """With the sync working, B takes over from A's newest checkpoint, writes its term
+    record naming it as its base, and nothing is reported as diverged."""
+    a = nodes.start("A")
+    epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
+    wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
+    nodes.sync.copy("A", "B")  # the cluster record first: B joins the folder
+    with SyncPump(nodes.sync, "A", "B"):
+        b = nodes.start("B")
+        nodes.events.wait("node.standby", "B", timeout=WAIT_S)
+        a.stop(timeout=20)
+        last = a.seq
+        resumed = nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
+        assert resumed.detail["from_seq"] == last
+        wait_until(lambda: nodes.published("B", last + 3), "B publishing", WAIT_S)
+        entered = nodes.agents["B"].entered_ctx()
+        assert entered[0].seq == last + 1
+        epoch_b = entered[0].epoch
+        start = nodes.term_start("B", epoch_b, "B")
+        assert start.base == CheckpointRef(TermId(resumed.detail["from_epoch"], "A"), last)
+        assert nodes.term_start("B", epoch_a, "A").base is None  # A began from init()
+        # Both folders agree, and see one lineage with nothing aside.
+        wait_until(
+            lambda: (epoch_b, "B") in nodes.store("A").read_term_starts(AGENT),
+            "B's term record synced to A's folder",
+            WAIT_S,
+        )
+    assert nodes.events.of("term_record.rejected") == []
+    assert _diverged(nodes.events) == []
+    assert b.leading
+
+
+def test_a_partition_keeps_the_losers_steps_aside_and_reports_them(nodes: Nodes) -> None:
+    """Two leaders at once (the sync cut): once it heals, A steps down, B goes on from its
+    own chain, every node that sees both chains says store.diverged, and nothing of A's
+    chain is deleted."""
+    a = nodes.start("A")
+    epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
+    wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
+    nodes.sync.copy("A", "B")  # the last sync before the cut
+    fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
+    b = nodes.start("B")  # sees A's claim never change: takes the lease after a TTL
+    epoch_b = nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch
+    resumed = nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
+    assert resumed.detail["from_seq"] == fork
+    assert epoch_b == epoch_a + 1
+    wait_until(lambda: nodes.published("B", fork + 3), "B publishing", WAIT_S)
+    wait_until(lambda: nodes.published("A", fork + 8), "A publishing on", WAIT_S)
+    assert a.leading and b.leading  # both lead: what a synced folder cannot prevent
+    with SyncPump(nodes.sync, "A", "B"):
+        nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
+        aside_b = nodes.events.wait("store.diverged", "B", timeout=WAIT_S)
+        aside_a = nodes.events.wait("store.diverged", "A", timeout=WAIT_S)
+        for seen in (aside_a, aside_b):
+            assert seen.detail["winner"] == f"{epoch_b}@B"
+            assert seen.detail["term"] == f"{epoch_a}@A"
+            assert seen.detail["forked_at"] == f"seq {fork} of term {epoch_a}@A"
+            assert seen.detail["from_seq"] > fork
+            assert seen.detail["to_seq"] >= seen.detail["from_seq"]
+            assert seen.detail["count"] >= 1
+        kept = nodes.chain_files("A", "A")
+        assert kept and all(int(name[5:25]) > fork for name in kept)
+        # B goes on, from its own chain; A stands by and publishes nothing more.
+        past = b.seq
+        wait_until(lambda: nodes.published("B", past + 5), "B publishing after the heal", WAIT_S)
+        wait_until(lambda: nodes.chain_files("B", "A") == kept, "A's chain synced", WAIT_S)
+        assert not a.leading
+    assert b.leading
+    assert nodes.chain_files("A", "A") == kept  # nothing kept aside is deleted
+    for context, state in nodes.agents["B"].entered:
+        # Each step of B builds on A's steps up to the fork, then B's own: never on A's after.
+        assert state["effects"] == list(range(1, context.seq))
+    # Reported once per segment per node.
+    assert len(_diverged(nodes.events, "A")) == len(_diverged(nodes.events, "B")) == 1
+
+
+def test_a_forged_term_record_is_rejected_and_cannot_pick_the_restore_base(
+    nodes: Nodes,
+) -> None:
+    """A term record written without the secret (a real one with its bytes changed, made
+    to name a newer term whose base would roll the agent back) is reported
+    (term_record.rejected) and ignored: B resumes from A's newest checkpoint."""
+    a = nodes.start("A")
+    epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
+    wait_until(lambda: nodes.published("A", 5), "A publishing", WAIT_S)
+    real = nodes.store("A").read_term_starts(AGENT)[(epoch_a, "A")]
+    payload, _, tag = real.rpartition(b"\n")
+    doc = json.loads(payload)
+    doc.update(epoch=99, node="Z", base=[epoch_a, "A", 1])
+    forged = json.dumps(doc, separators=(",", ":")).encode() + b"\n" + tag
+    a.stop(timeout=20)
+    last = a.seq
+    nodes.sync.copy("A", "B")
+    # As the sync would bring it from a machine of a writer without the secret.
+    terms = nodes.sync.root("B") / "nodes" / "Z" / "agents" / AGENT / "terms"
+    terms.mkdir(parents=True)
+    (terms / "0000000099.rec").write_bytes(forged)
+    nodes.start("B")
+    rejected = nodes.events.wait("term_record.rejected", "B", timeout=WAIT_S)
+    assert rejected.detail["term"] == "99@Z"
+    resumed = nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
+    assert resumed.detail["from_seq"] == last
+    assert _diverged(nodes.events) == []
+
+
+def test_a_loser_that_leads_again_resumes_from_the_lineage_behind_its_own_steps(
+    nodes: Nodes,
+) -> None:
+    """A, whose steps were kept aside, takes over from B later: it resumes from B's newest
+    checkpoint, behind what A itself published, without refusing (those steps are still
+    stored, kept aside, not lost), and its term record names B's checkpoint as its base."""
+    a = nodes.start("A")
+    epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
+    wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
+    nodes.sync.copy("A", "B")
+    fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
+    b = nodes.start("B", pace_s=0.2)  # slower: A stays far ahead of B
+    epoch_b = nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch
+    wait_until(lambda: nodes.published("B", fork + 1), "B publishing", WAIT_S)
+    with SyncPump(nodes.sync, "A", "B"):
+        nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
+        top_a = a.seq
+        b.stop(timeout=20)
+        last_b = b.seq
+        assert last_b < top_a
+        resumed = nodes.events.wait(
+            "agent.resumed", "A", where=lambda e: e.epoch > epoch_b, timeout=WAIT_S
+        )
+        assert resumed.detail["from_seq"] == last_b
+        assert resumed.detail["from_epoch"] == epoch_b
+        epoch_again = resumed.epoch
+        wait_until(lambda: nodes.published("A", last_b + 2), "A publishing again", WAIT_S)
+    start = nodes.term_start("A", epoch_again, "A")
+    assert start.base == CheckpointRef(TermId(epoch_b, "B"), last_b)
+    assert nodes.events.of("store.regressed") == []
+    entered = [(c, st) for c, st in nodes.agents["A"].entered if c.epoch == epoch_again]
+    assert entered[0][0].seq == last_b + 1
+    assert entered[0][1]["effects"] == list(range(1, last_b + 1))
+    assert epoch_again > epoch_b > epoch_a
