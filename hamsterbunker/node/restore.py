@@ -16,6 +16,7 @@ record, naming the checkpoint it restored from, before its first checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,6 +80,10 @@ class _Read:
 # The most kept-aside segments a restore opens to tell that what this node saw
 # accepted is still held (aside) rather than lost.
 _ASIDE_TRIES = 4
+
+
+class _NotSyncedYet(Exception):
+    """The lineage is behind what this node saw accepted: the sync may still bring it."""
 
 
 class LeaseBehind(HamsterbunkerError):
@@ -158,7 +163,25 @@ class Restorer:
         accepted with ``hb accept-loss``. A store error ends the attempt
         (StoreError): skipping what could not be read could resume behind. taken:
         what the acquisition of the lease for epoch read, if the store read with it.
+
+        On a store that keeps chains, a checkpoint the previous leader's claim
+        announced may reach this machine after the claim (the sync tool copies
+        files in any order): before refusing, the restore reads again for up to
+        the store's sync delay.
         """
+        if self._lineage is None:
+            return await self._restore(epoch, taken, may_wait=False)
+        loop = asyncio.get_running_loop()
+        delay_s = self._lineage.store.sync_delay_ms / 1000
+        until = loop.time() + delay_s
+        while True:
+            try:
+                return await self._restore(epoch, None, may_wait=loop.time() < until)
+            except _NotSyncedYet:
+                await asyncio.sleep(min(max(delay_s / 10, 0.01), 1.0))
+
+    async def _restore(self, epoch: int, taken: RestoreRead | None, *, may_wait: bool) -> Progress:
+        """restore, once; may_wait: _NotSyncedYet rather than a refusal to resume behind."""
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         read = await self._read(taken)
         # The loss acceptance, while it forgives what this restore finds; None once it does not.
@@ -191,6 +214,8 @@ class Restorer:
                 await self._write_term_start(epoch, None)
                 self._emit("agent.started")
                 return Progress(state, 0, resumed=False)
+            if may_wait:
+                raise _NotSyncedYet
             if reach == Reach():
                 raise NoUsableCheckpoint(
                     f"agent {self._agent_id}: {len(infos)} checkpoints are stored but none "
@@ -210,12 +235,14 @@ class Restorer:
             self._emit("store.regressed", reason=reason)
             raise LeaseBehind(reason)
         newest = Reach(info.seq, info.epoch)
-        if newest.seq < reach.seq or newest.epoch < reach.epoch:
-            if not await self._held_aside(read, newest, reach):
-                raise self._regressed(newest, reach, damaged)
-            # Seen accepted on a branch the lineage does not continue: still stored, kept
-            # aside (store.diverged said so). From here the store needs reach only newest.
-            self._keeper.accept_loss(newest)
+        # What was seen accepted on a branch the lineage does not continue is still stored,
+        # kept aside (store.diverged said so), not lost. The keeper's reach is left as it
+        # is then: lowering it would make this term's own lease record go back in seq.
+        behind = newest.seq < reach.seq or newest.epoch < reach.epoch
+        if behind and not await self._held_aside(read, newest, reach):
+            if may_wait:
+                raise _NotSyncedYet
+            raise self._regressed(newest, reach, damaged)
         node = read.chain_of.get((info.seq, info.epoch))
         if node is not None:
             await self._write_term_start(epoch, CheckpointRef(TermId(info.epoch, node), info.seq))

@@ -20,6 +20,9 @@ __all__ = ["ChainedStore"]
 class ChainedStore(Protocol):
     """A store whose checkpoints are kept per node, with term records beside them."""
 
+    # The longest the sync takes to bring a file from another machine, as stated.
+    sync_delay_ms: int
+
     def list_chains(self, agent: str) -> dict[str, list[CheckpointInfo]]:
         """Each node's chain of the agent's checkpoints (node -> newest first)."""
         ...

@@ -259,3 +259,29 @@ def test_a_loser_that_leads_again_resumes_from_the_lineage_behind_its_own_steps(
     assert entered[0][0].seq == last_b + 1
     assert entered[0][1]["effects"] == list(range(1, last_b + 1))
     assert epoch_again > epoch_b > epoch_a
+
+
+def test_a_checkpoint_announced_by_a_claim_that_synced_first_is_waited_for(
+    nodes: Nodes,
+) -> None:
+    """The sync brings A's release (naming its last checkpoint) before that checkpoint:
+    B, taking over, reads again within the sync delay rather than refusing to resume
+    behind, and resumes from it once it arrives."""
+    a = nodes.start("A")
+    wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
+    nodes.sync.copy("A", "B")
+    nodes.sync.delay_ms = 5000  # B's store: the sync may take up to 5 s
+    with SyncPump(nodes.sync, "A", "B"):
+        nodes.start("B")
+        nodes.events.wait("node.standby", "B", timeout=WAIT_S)
+        nodes.sync.held_back.add(".hbc")  # claims go on syncing, checkpoints wait
+        past = a.seq
+        wait_until(lambda: nodes.published("A", past), "A publishing, held back", WAIT_S)
+        a.stop(timeout=20)
+        last = a.seq
+        nodes.events.wait("lease.acquired", "B", timeout=WAIT_S)
+        assert nodes.events.of("agent.resumed", "B") == []
+        nodes.sync.held_back.clear()
+        resumed = nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
+    assert resumed.detail["from_seq"] == last
+    assert nodes.events.of("store.regressed") == []

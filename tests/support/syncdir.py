@@ -31,6 +31,9 @@ class Sync:
         self.base = base
         self.delay_ms = delay_ms  # what the stores it opens are told the sync delay is
         self.copied: dict[Path, bytes] = {}  # every file a copy wrote, as it wrote it
+        # Files whose names end so are held back: not copied until taken out of here (as a
+        # sync tool may bring a small file before a large one written earlier).
+        self.held_back: set[str] = set()
         self._lock = threading.Lock()  # one copy at a time (a pump's thread and the test's)
 
     def root(self, node: str) -> Path:
@@ -64,6 +67,8 @@ class Sync:
                     continue
                 target = theirs / path.relative_to(mine)
                 wanted.add(target)
+                if name.endswith(tuple(self.held_back)):
+                    continue
                 if not target.exists() or target.read_bytes() != path.read_bytes():
                     self._copy_file(path, target)
         for folder, _dirs, names in os.walk(theirs):  # removed at the source: removed here
