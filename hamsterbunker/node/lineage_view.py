@@ -43,6 +43,8 @@ class LineageRead:
     # Every listed checkpoint: its place in the lineage's terms -> (node, as listed).
     where: dict[CheckpointRef, tuple[str, CheckpointInfo]]
     rejected: tuple[tuple[TermId, str, str], ...] = ()  # (term, error, digest of its bytes)
+    # Whether the winning term began from a checkpoint (its record's base), not init().
+    winner_based: bool = False
 
     def carried(self) -> list[tuple[str, CheckpointInfo]]:
         """The checkpoints that carry the agent on, as (node, info), newest first."""
@@ -95,7 +97,9 @@ class LineageView:
                 term = TermId(info.epoch, node)
                 where[CheckpointRef(term, info.seq)] = (node, info)
                 held.setdefault(term, []).append(info.seq)
-        return LineageRead(lineage(starts, held), where, tuple(rejected))
+        found = lineage(starts, held)
+        based = any(start.term == found.winner and start.base is not None for start in starts)
+        return LineageRead(found, where, tuple(rejected), based)
 
     def write_start(self, epoch: int, base: CheckpointRef | None) -> None:
         """This node's record of its term at epoch, which began from base (None: init())."""

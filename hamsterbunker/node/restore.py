@@ -209,7 +209,12 @@ class Restorer:
         if forgiving is not None:
             reach = forgiving.resume
         if found is None:
-            if not infos and (reach == Reach() or await self._held_aside(read, Reach(), reach)):
+            # A lineage whose winning term began from a checkpoint never starts over.
+            if (
+                not infos
+                and not (read.lineage is not None and read.lineage.winner_based)
+                and (reach == Reach() or await self._held_aside(read, Reach(), reach))
+            ):
                 state = await self._calls.work(self._agent.init)
                 await self._write_term_start(epoch, None)
                 self._emit("agent.started")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from hamsterbunker.errors import StoreRegressed
 from hamsterbunker.lineage import CheckpointRef, TermId, TermStart
 from hamsterbunker.records import Event
 from hamsterbunker.runtime import Runtime
@@ -39,8 +40,8 @@ class PacedAgent(AsyncAgent):
     """A CountingAgent whose every step takes pace_s (20 ms): chains grow at a pace a test
     can follow."""
 
-    def __init__(self, pace_s: float = 0.02) -> None:
-        super().__init__()
+    def __init__(self, pace_s: float = 0.02, park_from: int | None = None) -> None:
+        super().__init__(park_from=park_from)
         self.pace_s = pace_s
 
     async def step(self, state: dict[str, Any]) -> dict[str, Any]:
@@ -57,8 +58,8 @@ class Nodes:
         self.agents: dict[str, PacedAgent] = {}
         self.runtimes: dict[str, Runtime] = {}
 
-    def start(self, node: str, pace_s: float = 0.02) -> Runtime:
-        agent = self.agents[node] = PacedAgent(pace_s)
+    def start(self, node: str, pace_s: float = 0.02, park_from: int | None = None) -> Runtime:
+        agent = self.agents[node] = PacedAgent(pace_s, park_from)
         runtime = Runtime(
             node_id=node,
             region="r1",
@@ -285,3 +286,29 @@ def test_a_checkpoint_announced_by_a_claim_that_synced_first_is_waited_for(
         resumed = nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
     assert resumed.detail["from_seq"] == last
     assert nodes.events.of("store.regressed") == []
+
+
+def test_a_lineage_whose_base_is_gone_is_refused_never_restarted_from_init(
+    nodes: Nodes,
+) -> None:
+    """B took over from A's checkpoint at the fork and stopped before publishing; A,
+    partitioned, stepped on and pruned that checkpoint from its chain. A, taking the
+    lease afterwards, finds the lineage's base gone and only its own kept-aside steps:
+    it refuses (StoreRegressed) rather than start the agent over from init()."""
+    a = nodes.start("A")
+    wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
+    nodes.sync.copy("A", "B")
+    fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
+    b = nodes.start("B", park_from=1)  # its first step never ends: it publishes nothing
+    epoch_b = nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch
+    nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
+    assert nodes.term_start("B", epoch_b, "B").base is not None
+    wait_until(lambda: nodes.published("A", fork + 8), "A pruning the fork", WAIT_S)
+    b.stop(timeout=20)  # released: nothing published in its term
+    assert all(int(name[5:25]) > fork for name in nodes.chain_files("A", "A"))
+    with SyncPump(nodes.sync, "A", "B"):
+        wait_until(a.stopped.is_set, "A refusing to resume", WAIT_S)
+    with pytest.raises(StoreRegressed):
+        a.stop(timeout=20)
+    assert nodes.agents["A"].init_calls == 1
+    assert nodes.events.of("store.regressed", "A")
