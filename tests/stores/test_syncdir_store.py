@@ -441,19 +441,37 @@ def test_sync_tool_files_are_never_nodes_or_claims_and_are_reported(sync: Sync) 
     assert (agent_dir / "lease.json").is_file()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StoreUnsafe,
-    reason="the file store refuses a folder with .stfolder in it or above (stores/file/"
-    "location.py check_location), so no subtree opens in a Syncthing folder: the file store "
-    "needs a way to open a syncdir subtree (not in this part's files)",
-)
 def test_a_syncthing_folder_marker_at_the_root_is_passed_over(sync: Sync) -> None:
     """Syncthing's .stfolder at the root of the synced folder keeps no node from opening."""
     sync.root("n1").mkdir()
     (sync.root("n1") / ".stfolder").mkdir()
     one = sync.open("n1")
     assert one.sync_files() == [".stfolder"]
+
+
+def test_a_plain_file_store_in_a_syncdir_folder_is_refused(sync: Sync) -> None:
+    """A file:// store in or under a syncdir folder would take claims for the lease: refused,
+    naming the URL to use instead."""
+    sync.open("n1")
+    for inside in (sync.root("n1"), sync.root("n1") / "nodes" / "n1"):
+        with pytest.raises(StoreUnsafe, match="open it as syncdir://"):
+            FileStore(inside)
+
+
+def test_retention_in_a_subtree_spares_the_checkpoints_of_another_epoch(sync: Sync) -> None:
+    """What an earlier term of this node left may be a branch kept aside: only the newest
+    checkpoints of the epoch being published are pruned."""
+    one = sync.open("n1")
+    first = take(one, "n1", 1)
+    for seq in range(1, 9):
+        one.put_checkpoint(AGENT, fence_of(first), seq, b"first term")
+    # Another node's term 2 (synced in), then this node leads again at 3 from seq 2.
+    second = one.cas_lease(AGENT, one.read_lease(AGENT).version, replace(first, epoch=3))
+    for seq in range(3, 12):
+        one.put_checkpoint(AGENT, fence_of(second), seq, b"third term")
+    kept = {(info.epoch, info.seq) for info in one.list_chains(AGENT)["n1"]}
+    assert {(1, seq) for seq in range(4, 9)} <= kept  # epoch 1's newest five, all still there
+    assert {(3, seq) for seq in range(3, 12)} & kept == {(3, seq) for seq in range(7, 12)}
 
 
 @pytest.mark.parametrize("what", ["garbage", "huge", "devzero", "fifo", "directory", "deep"])

@@ -35,12 +35,19 @@ class CheckpointFiles:
     """Store.put_checkpoint, list_checkpoints and read_checkpoint in a store's tree."""
 
     def __init__(
-        self, tree: StoreTree, inbox: InboxFiles, *, keep: int, lock_timeout: float
+        self,
+        tree: StoreTree,
+        inbox: InboxFiles,
+        *,
+        keep: int,
+        lock_timeout: float,
+        per_epoch: bool = False,
     ) -> None:
         self._tree = tree
         self._inbox = inbox
         self._keep = keep
         self._lock_timeout = lock_timeout
+        self._per_epoch = per_epoch  # retention within the new checkpoint's epoch only
 
     def put(
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
@@ -81,7 +88,7 @@ class CheckpointFiles:
                     os.fsync(directory)
                     failpoint("checkpoint.after_dir_fsync")
                     self._inbox.apply(staging, seq, fence.epoch)
-                    self._prune(directory, existing, seq)
+                    self._prune(directory, existing, seq, fence.epoch)
                     return CheckpointInfo(
                         epoch=fence.epoch, seq=seq, size=len(blob), written=time.time()
                     )
@@ -105,13 +112,18 @@ class CheckpointFiles:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
         return data
 
-    def _prune(self, directory: int, existing: list[CheckpointInfo], seq: int) -> None:
-        """Keep the new checkpoint and the newest keep - 1 others at or below seq.
+    def _prune(self, directory: int, existing: list[CheckpointInfo], seq: int, epoch: int) -> None:
+        """Keep the new checkpoint and the newest keep - 1 others at or below seq (with
+        per_epoch, of its epoch: another epoch's are left as they are).
 
         Nothing above seq is removed: it is junk, or a damaged checkpoint the
         caller skipped, and either is the runtime's to judge and report.
         """
-        below = [info for info in existing if info.seq <= seq]
+        below = [
+            info
+            for info in existing
+            if info.seq <= seq and (not self._per_epoch or info.epoch == epoch)
+        ]
         for old in below[self._keep - 1 :]:
             discard(directory, checkpoint_name(old.seq, old.epoch))
 

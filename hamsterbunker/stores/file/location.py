@@ -3,8 +3,11 @@ refused in one line naming the path and the fix when it is a file, or this node 
 not read (or, to run a node, write) it.
 
 Sync tools (Syncthing, Dropbox, Nextcloud) give no mutual exclusion, so two
-nodes could both lead: a store inside a synced folder is refused. NFS works,
-but only mounted so that attribute caching cannot hide lease renewals.
+nodes could both lead: a store inside a synced folder is refused, unless it is
+one node's subtree of a ``syncdir://`` store (``in_synced_folder``), which no
+other node writes. A folder marked as a syncdir store is refused to a plain
+file store: its nodes' leases are their claims, which only syncdir reads. NFS
+works, but only mounted so that attribute caching cannot hide lease renewals.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from pathlib import Path
 
 from ...errors import ConfigError, StoreUnavailable, StoreUnsafe
 
-__all__ = ["Mount", "check_location", "mount_of", "open_root"]
+__all__ = ["SYNCDIR_MARKER", "Mount", "check_location", "mount_of", "open_root"]
 
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 
 _SYNC_MARKERS = (".stfolder", ".dropbox", ".dropbox.cache", ".sync", ".nextcloudsync.log")
+SYNCDIR_MARKER = ".hamsterbunker-syncdir"  # at the root of a syncdir store's folder
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,21 @@ def mount_of(path: Path) -> Mount:
     return best
 
 
-def check_location(root: Path) -> list[str]:
-    """Raise StoreUnsafe for a store directory in a synced folder; warnings about its mount."""
+def check_location(root: Path, *, in_synced_folder: bool = False) -> list[str]:
+    """Raise StoreUnsafe for a store directory in a synced folder (unless in_synced_folder:
+    a syncdir store's node subtree); warnings about its mount."""
     for folder in (root, *root.parents):
-        for marker in _SYNC_MARKERS:
+        if not in_synced_folder:
+            try:
+                marked = (folder / SYNCDIR_MARKER).exists()
+            except OSError as exc:
+                raise _refused(root, "read", exc) from exc
+            if marked:
+                raise StoreUnsafe(
+                    f"store directory {root} is inside a syncdir store ({folder / SYNCDIR_MARKER} "
+                    f"found): open it as syncdir://{folder}, not as a file store"
+                )
+        for marker in () if in_synced_folder else _SYNC_MARKERS:
             try:
                 found = (folder / marker).exists()
             except OSError as exc:  # a directory this node may not look into

@@ -126,7 +126,12 @@ class FileStore(Store):
         keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
         create: bool = True,
+        in_synced_folder: bool = False,
     ) -> None:
+        """in_synced_folder: this store is one node's subtree of a syncdir store (only that
+        node writes it): the synced folder around it is expected, and retention keeps
+        the newest checkpoints of each epoch rather than of all (what another term of
+        this node left behind may be a branch kept aside, for the operator)."""
         if keep_checkpoints < 1 or events_per_segment < 1 or keep_replies < 1:
             raise ConfigError(
                 "keep_checkpoints, events_per_segment and keep_replies must be at least 1"
@@ -142,7 +147,11 @@ class FileStore(Store):
         self._tree = StoreTree(self.root, ReportedOnce(log))  # its report is the tail's too
         self._inbox = InboxFiles(self._tree, keep_replies=keep_replies, lock_timeout=lock_timeout)
         self._checkpoints = CheckpointFiles(
-            self._tree, self._inbox, keep=keep_checkpoints, lock_timeout=lock_timeout
+            self._tree,
+            self._inbox,
+            keep=keep_checkpoints,
+            lock_timeout=lock_timeout,
+            per_epoch=in_synced_folder,
         )
         self._effects = EffectFiles(self._tree, lock_timeout=lock_timeout)
         self._rewrites = FileRewrites(self._tree, lock_timeout=lock_timeout)
@@ -152,7 +161,7 @@ class FileStore(Store):
         )
         # Made if need be, and usable by this node: else one line naming the path and fix.
         open_root(self.root, create=create)
-        self.warnings: list[str] = check_location(self.root)
+        self.warnings: list[str] = check_location(self.root, in_synced_folder=in_synced_folder)
         if create:  # sweep the root's old temp files; a reader (hb status) removes nothing
             try:
                 with self._tree.writing():

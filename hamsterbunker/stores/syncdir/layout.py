@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..file.layout import is_sync_copy
+from ..file.location import SYNCDIR_MARKER
 
 __all__ = [
     "CLUSTER",
@@ -29,7 +30,9 @@ __all__ = [
 
 log = logging.getLogger("hamsterbunker.stores.syncdir")
 
-MARKER = ".hamsterbunker-syncdir"  # marks the mode: a synced folder of node subtrees
+MARKER = (
+    SYNCDIR_MARKER  # marks the mode: a synced folder of node subtrees (a file store refuses it)
+)
 MARKER_TEXT = b"hamsterbunker syncdir 1\n"
 CLUSTER = "cluster.json"  # written once, by the first node on an empty folder
 NODES = "nodes"  # nodes/NODE/ is a plain file store that NODE alone writes

@@ -228,6 +228,7 @@ class SyncDirStore(Store):
             events_per_segment=events_per_segment,
             keep_replies=keep_replies,
             lock_timeout=lock_timeout,
+            in_synced_folder=True,
         )
         self._problems = _Problems()
         self._peers: dict[str, FileStore] = {}  # other nodes' subtrees, opened to read
