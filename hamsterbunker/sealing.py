@@ -10,6 +10,34 @@ prefix up to the nonce is the GCM associated data, so an edited header fails to
 authenticate. The opener passes the agent, epoch and sequence under which it
 found the blob, so a checkpoint moved to another agent or replayed under
 another number is rejected even though it authenticates on its own.
+
+On a store that keeps one chain of checkpoints per node (``ChainedStore``,
+``docs/syncdir.md``) the header also names the node whose chain it was
+published into (``"node"``), and the opener passes the node of the chain it
+read the blob from: a checkpoint copied into another node's chain does not
+open there, though two nodes that led one epoch at once both hold a
+checkpoint of that (agent, epoch, seq). The field is written only when a node
+is given, so a checkpoint of any other store is byte for byte what it was
+before, and the format version stays 1:
+
+- an older version-1 reader checks a header's known fields and ignores
+  others (``read_header``), and the whole header is associated data however
+  it is parsed: it opens a node-bound checkpoint to the same state and inbox
+  marks, and misses only the node check it does not know of. Only a chained
+  store holds node-bound checkpoints, and no release has one (the ``syncdir``
+  store is new, in the same unreleased line of work as this check), so no
+  deployed reader mis-reads one or loses a check it relied on;
+- bumping the version for every checkpoint would have made those of every
+  store unreadable to older nodes of a rolling upgrade (and, shared through
+  ``FORMAT_VERSION``, cluster, inbox and effect records too), for nothing on
+  the stores they can open; bumping it for node-bound ones only would buy a
+  refusal from readers that cannot open a chained store anyway.
+
+This reader is strict both ways: a checkpoint that names a node is refused
+where none is expected (copied out of a chain into a store without chains),
+and one that names none is refused in a chain (sealed for another kind of
+store, or before checkpoints were bound to their node).
+
 A publish seals with ``seal_pieces``: the same format, encrypted a piece at a
 time (one GCM stream: one nonce, one tag) while the store writes the pieces
 (``hamsterbunker.blob``).
@@ -137,6 +165,7 @@ class SealedHeader:
     epoch: int
     seq: int
     time: float
+    node: str | None = None  # the node whose chain it was published into (ChainedStore)
 
 
 class Sealer:
@@ -258,6 +287,7 @@ class Sealer:
         *,
         inbox: dict[str, Any] | None = None,
         sealed_at: float | None = None,
+        node: str | None = None,
     ) -> bytes:
         """Seal a JSON-serialisable state under a fresh random nonce, with the current key.
 
@@ -270,8 +300,13 @@ class Sealer:
         (``hamsterbunker.inbox.ConsumedMarks``), sealed with it, so that they
         commit together; the header says a checkpoint carries it. sealed_at:
         the time the header gives (now; a re-seal keeps the first one's).
+        node: the node whose chain the checkpoint goes into, on a store that
+        keeps a chain per node (``ChainedStore``); None on any other store,
+        whose checkpoints name no node (see the module).
         """
-        key, prefix, plaintext = self._checkpoint_parts(agent, epoch, seq, state, inbox, sealed_at)
+        key, prefix, plaintext = self._checkpoint_parts(
+            agent, epoch, seq, state, inbox, sealed_at, node
+        )
         nonce = os.urandom(_NONCE_BYTES)
         return prefix + nonce + key.checkpoint.encrypt(nonce, plaintext, prefix)
 
@@ -283,6 +318,7 @@ class Sealer:
         state: dict[str, Any],
         *,
         inbox: dict[str, Any] | None = None,
+        node: str | None = None,
     ) -> BlobPieces:
         """seal(), encrypted piece by piece as a store takes the pieces (``hamsterbunker.blob``).
 
@@ -290,8 +326,9 @@ class Sealer:
         piece while the next is encrypted. The state's JSON is made here, so a
         state that is not JSON-serialisable raises SealError before a store is
         handed anything; the nonce and the encryption come as the pieces are taken.
+        node: as for seal().
         """
-        key, prefix, plaintext = self._checkpoint_parts(agent, epoch, seq, state, inbox, None)
+        key, prefix, plaintext = self._checkpoint_parts(agent, epoch, seq, state, inbox, None, node)
         length = len(prefix) + _NONCE_BYTES + len(plaintext) + _TAG_BYTES
         return BlobPieces(length, _checkpoint_pieces(key, prefix, plaintext))
 
@@ -303,15 +340,20 @@ class Sealer:
         state: dict[str, Any],
         inbox: dict[str, Any] | None,
         sealed_at: float | None,
+        node: str | None,
     ) -> tuple[_Key, bytes, bytes]:
         """What a seal encrypts: the current key, the prefix (associated data), the plaintext."""
+        if node is not None and (not isinstance(node, str) or not node):
+            raise SealError(f"a checkpoint's node must be a non-empty string, not {node!r}")
         key = self._in_use.current
         body: dict[str, Any] = state if inbox is None else {"state": state, "inbox": inbox}
         try:
             plaintext = state_json.encode(body)
         except (TypeError, ValueError) as exc:
             raise SealError(f"agent state is not JSON-serialisable: {exc}") from exc
-        fields = {"kid": key.kid, "agent": agent, "epoch": epoch, "seq": seq}
+        fields: dict[str, Any] = {"kid": key.kid, "agent": agent, "epoch": epoch, "seq": seq}
+        if node is not None:  # only then: other stores' headers are as they always were
+            fields["node"] = node
         when = time.time() if sealed_at is None else sealed_at
         header = json.dumps(
             {**fields, "time": when, **({"inbox": 1} if inbox is not None else {})},
@@ -320,14 +362,22 @@ class Sealer:
         prefix = _PREFIX.pack(_MAGIC, FORMAT_VERSION, len(header)) + header
         return key, prefix, plaintext
 
-    def open(self, blob: bytes, agent: str, epoch: int, seq: int) -> dict[str, Any]:
-        """Open a checkpoint found under (agent, epoch, seq); raise Tampered if it is not that."""
-        return self.open_checkpoint(blob, agent, epoch, seq)[0]
+    def open(
+        self, blob: bytes, agent: str, epoch: int, seq: int, node: str | None = None
+    ) -> dict[str, Any]:
+        """Open a checkpoint found under (agent, epoch, seq), in node's chain if the store
+        keeps chains (else None); raise Tampered if it is not that."""
+        return self.open_checkpoint(blob, agent, epoch, seq, node)[0]
 
     def open_checkpoint(
-        self, blob: bytes, agent: str, epoch: int, seq: int
+        self, blob: bytes, agent: str, epoch: int, seq: int, node: str | None = None
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """open(), and the inbox marks sealed with the state (None if it carries none)."""
+        """open(), and the inbox marks sealed with the state (None if it carries none).
+
+        node: the node whose chain the blob was read from, on a store that keeps a
+        chain per node; None on any other store. A checkpoint naming another node,
+        naming one where none is expected, or naming none where one is, is Tampered.
+        """
         header = read_header(blob)
         key = self._key_named(header.key_id, "checkpoint")
         prefix_len = _PREFIX.size + struct.unpack_from(">H", blob, 5)[0]
@@ -343,6 +393,7 @@ class Sealer:
                 f"checkpoint was sealed as epoch {header.epoch} seq {header.seq} but is stored "
                 f"as epoch {epoch} seq {seq} (replayed)"
             )
+        _check_node(header.node, node)
         try:
             state = json.loads(plaintext.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -360,12 +411,17 @@ class Sealer:
     def reseal_checkpoint(self, blob: bytes, agent: str, epoch: int, seq: int) -> bytes:
         """The checkpoint found under (agent, epoch, seq), sealed again with the current key.
 
-        The same state, inbox marks and time: as long as the blob it replaces, so a
+        The same state, inbox marks, time and node (if it names one: it stays bound
+        to the chain it was published into): as long as the blob it replaces, so a
         store can swap one for the other in place (``Store.reseal_checkpoint``).
         """
         header = read_header(blob)
-        state, inbox = self.open_checkpoint(blob, agent, epoch, seq)
-        return self.seal(agent, epoch, seq, state, inbox=inbox, sealed_at=header.time)
+        # The node is taken from the header and authenticated by the open: kept, not checked
+        # (the store that reads it back checks it against the chain it is found in).
+        state, inbox = self.open_checkpoint(blob, agent, epoch, seq, header.node)
+        return self.seal(
+            agent, epoch, seq, state, inbox=inbox, sealed_at=header.time, node=header.node
+        )
 
     def reseal_effect(self, blob: bytes, at: EffectAt) -> bytes:
         """The effect-journal record found as ``at`` (its name aside), sealed again with the
@@ -567,6 +623,27 @@ def _named_key_id(header: bytes, what: str) -> str:
     return kid
 
 
+def _check_node(sealed: str | None, expected: str | None) -> None:
+    """Tampered unless an authenticated checkpoint names the node expected (or none, both)."""
+    if sealed == expected:
+        return
+    if expected is None:
+        raise Tampered(
+            f"checkpoint was sealed into node {sealed!r}'s chain of a store that keeps one per "
+            "node, but was found in a store without chains (copied)"
+        )
+    if sealed is None:
+        raise Tampered(
+            f"checkpoint names no node but was found in node {expected!r}'s chain: it was "
+            "sealed for a store without chains (copied), or before checkpoints were bound to "
+            "their node"
+        )
+    raise Tampered(
+        f"checkpoint was sealed into node {sealed!r}'s chain but was found in node "
+        f"{expected!r}'s chain (copied)"
+    )
+
+
 def _carries_inbox(header: bytes) -> bool:
     """Whether an authenticated checkpoint header says the state carries inbox marks."""
     doc = json.loads(header)
@@ -641,6 +718,14 @@ def read_header(blob: bytes) -> SealedHeader:
             raise Tampered(f"checkpoint header is damaged: field {name!r} is missing or mistyped")
     if not (0 <= doc["epoch"] <= MAX_EPOCH and 0 <= doc["seq"] <= MAX_SEQ):
         raise Tampered("checkpoint header is damaged: epoch or seq out of range")
+    node = doc.get("node")
+    if "node" in doc and (not isinstance(node, str) or not node):
+        raise Tampered("checkpoint header is damaged: field 'node' is mistyped or empty")
     return SealedHeader(
-        key_id=doc["kid"], agent=doc["agent"], epoch=doc["epoch"], seq=doc["seq"], time=doc["time"]
+        key_id=doc["kid"],
+        agent=doc["agent"],
+        epoch=doc["epoch"],
+        seq=doc["seq"],
+        time=doc["time"],
+        node=node,
     )

@@ -78,6 +78,11 @@ class LineageView:
     def store(self) -> ChainedStore:
         return self._store
 
+    @property
+    def node_id(self) -> str:
+        """This node: the node whose chain its own checkpoints are in (and sealed for)."""
+        return self._node_id
+
     # -- in a thread ------------------------------------------------------------------
 
     def read(self) -> LineageRead:
@@ -109,7 +114,13 @@ class LineageView:
         )
 
     def read_checkpoint(self, node: str, info: CheckpointInfo) -> bytes:
+        """The bytes of info in node's chain: open them as node's (``Sealer.open_checkpoint``'s
+        node), so that one copied there from another node's chain does not authenticate."""
         return self._store.read_chain_checkpoint(self._agent_id, node, info)
+
+    def own_chain(self) -> list[CheckpointInfo]:
+        """This node's own chain of the agent's checkpoints, newest first."""
+        return self._store.list_chains(self._agent_id).get(self._node_id, [])
 
     # -- on the event loop ------------------------------------------------------------
 

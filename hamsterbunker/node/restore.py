@@ -276,36 +276,50 @@ class Restorer:
         answer was lost. What the store holds is adopted, read back and opened
         (an earlier attempt may have stored another state for the same seq), so
         that the next step builds on the store's state and numbers on from it
-        instead of offering the same seq again forever.
+        instead of offering the same seq again forever. On a store that keeps a chain
+        per node, this node's own chain is read, and what it holds is opened as its.
         """
+        view = self._lineage
         try:
-            infos = await self._calls.io(self._store.list_checkpoints, self._agent_id)
+            if view is None:
+                infos = await self._calls.io(self._store.list_checkpoints, self._agent_id)
+            else:
+                infos = await self._calls.io(view.own_chain)
             ours = next((i for i in infos if i.epoch == context.epoch), None)
             if ours is None or ours.seq < context.seq:
                 return None
-            blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, ours)
-            state, marks = await self._calls.work(self._open, blob, ours)
+            if view is None:
+                blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, ours)
+            else:
+                blob = await self._calls.io(view.read_checkpoint, view.node_id, ours)
+            node = None if view is None else view.node_id
+            state, marks = await self._calls.work(self._open, blob, ours, node)
         except HamsterbunkerError:
             return None  # cannot tell now: retried as unpublished, and asked again then
         return Progress(state, ours.seq, epoch=ours.epoch, marks=marks)
 
-    def _open(self, blob: bytes, info: CheckpointInfo) -> Opened:
-        """The state and consumed marks of a checkpoint found as info; Tampered if not that."""
-        state, inbox = self._sealer.open_checkpoint(blob, self._agent_id, info.epoch, info.seq)
+    def _open(self, blob: bytes, info: CheckpointInfo, node: str | None) -> Opened:
+        """The state and consumed marks of a checkpoint found as info (in node's chain, on a
+        store that keeps chains; else None); Tampered if not that."""
+        state, inbox = self._sealer.open_checkpoint(
+            blob, self._agent_id, info.epoch, info.seq, node
+        )
         return state, ConsumedMarks.from_json(inbox)
 
     async def _open_stored(
         self, info: CheckpointInfo, blob: bytes | None = None, node: str | None = None
     ) -> Opened | None:
         """One stored checkpoint (read already: blob; else from node's chain, if named)
-        opened, or None (reported) if it does not authenticate."""
+        opened, or None (reported) if it does not authenticate. On a store that keeps
+        chains it must name node, the node of the chain it was read from."""
         try:
             self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
             if blob is None and node is not None and self._lineage is not None:
                 blob = await self._calls.io(self._lineage.read_checkpoint, node, info)
             elif blob is None:
                 blob = await self._calls.io(self._store.read_checkpoint, self._agent_id, info)
-            return await self._calls.work(self._open, blob, info)
+            chain = node if self._lineage is not None else None
+            return await self._calls.work(self._open, blob, info, chain)
         except (Tampered, CorruptRecord) as exc:
             self._emit("checkpoint.rejected", checkpoint_seq=info.seq, error=str(exc))
             return None

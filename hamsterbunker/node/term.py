@@ -29,7 +29,7 @@ from ..inbox import ConsumedMarks, StepInbox
 from ..lease import LeaseKeeper
 from ..reach import Reach
 from ..sealing import Sealer
-from ..stores import Fence, Store
+from ..stores import ChainedStore, Fence, Store
 from ..timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
 from .backoff import StepFailures, pause_for
 from .calls import NodeCalls
@@ -431,8 +431,10 @@ class LeaderTerm:
         try:
             # The state's JSON here (SealError before the store is touched); its
             # encryption inside the put, piece by piece as the store writes them.
+            # Into this node's own chain on a store that keeps one per node: bound to it.
+            chain = self._id.node if isinstance(self._store, ChainedStore) else None
             blob = await self._calls.work(
-                functools.partial(self._sealer.seal_pieces, inbox=marks.to_json()),
+                functools.partial(self._sealer.seal_pieces, inbox=marks.to_json(), node=chain),
                 agent_id,
                 context.epoch,
                 context.seq,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -312,3 +313,60 @@ def test_a_lineage_whose_base_is_gone_is_refused_never_restarted_from_init(
         a.stop(timeout=20)
     assert nodes.agents["A"].init_calls == 1
     assert nodes.events.of("store.regressed", "A")
+
+
+def test_a_checkpoint_copied_into_another_nodes_chain_does_not_authenticate_there(
+    nodes: Nodes,
+) -> None:
+    """A and B lead one epoch at once (both took over from C's release, cut off from each
+    other), and A gets further. An authentic checkpoint of A's chain, copied by anyone who
+    can write the folder into B's chain under the same name, would carry B's winning term
+    past B's own steps: it names node A in its sealed header, so in B's chain it does not
+    authenticate (checkpoint.rejected), and B resumes from its own newest checkpoint."""
+    c = nodes.start("C")
+    wait_until(lambda: nodes.published("C", 2), "C publishing", WAIT_S)
+    c.stop(timeout=20)
+    base = c.seq
+    nodes.sync.copy("C", "A")
+    nodes.sync.copy("C", "B")
+    a = nodes.start("A")
+    b = nodes.start("B", pace_s=0.2)  # slower: A gets past B's seqs
+    epoch = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
+    assert nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch == epoch
+    wait_until(lambda: nodes.published("B", base), "B publishing", WAIT_S)
+    wait_until(lambda: a.seq > b.seq + 3, "A ahead of B", WAIT_S)
+    b.stop(timeout=20)
+    a.stop(timeout=20)
+    last_a, last_b = a.seq, b.seq
+    assert last_a > last_b > base
+    nodes.sync.copy("A", "B")  # the partition heals: B's folder holds both chains
+    name = next(n for n in nodes.chain_files("B", "A") if int(n[5:25]) == last_a)
+    chains = nodes.sync.root("B") / "nodes"
+    source = chains / "A" / "agents" / AGENT / "checkpoints" / name
+    copied = chains / "B" / "agents" / AGENT / "checkpoints" / name
+    assert not copied.exists()
+    shutil.copyfile(source, copied)  # a writer of the folder, not the sync tool
+    # Authentic: it opens as what it is, a checkpoint of A's chain at (epoch, last_a).
+    assert nodes.sealer().open(source.read_bytes(), AGENT, epoch, last_a, node="A")
+    nodes.start("B")
+    rejected = nodes.events.wait(
+        "checkpoint.rejected",
+        "B",
+        where=lambda e: e.detail["checkpoint_seq"] == last_a,
+        timeout=WAIT_S,
+    )
+    assert "sealed into node 'A'" in rejected.detail["error"]
+    assert "node 'B'" in rejected.detail["error"]
+    resumed = nodes.events.wait(
+        "agent.resumed", "B", where=lambda e: e.epoch > epoch, timeout=WAIT_S
+    )
+    assert (resumed.detail["from_seq"], resumed.detail["from_epoch"]) == (last_b, epoch)
+    wait_until(
+        lambda: any(ctx.epoch > epoch for ctx, _st in nodes.agents["B"].entered),
+        "B stepping",
+        WAIT_S,
+    )
+    entered = [(ctx, st) for ctx, st in nodes.agents["B"].entered if ctx.epoch > epoch]
+    assert entered[0][0].seq == last_b + 1
+    assert entered[0][1]["effects"] == list(range(1, last_b + 1))  # B's own line, not A's
+    assert nodes.events.of("store.regressed") == []
