@@ -692,3 +692,30 @@ def test_a_hostile_term_record_is_skipped_and_reported(sync: Sync, what: str) ->
     assert time.monotonic() - started < 5
     assert found == {(2, "n1"): b"record-2", (1, "n6"): b"good"}
     assert any("term record" in problem for problem in one.problems())
+
+
+def test_a_folder_whose_marker_has_not_synced_yet_opens(sync: Sync) -> None:
+    """The sync tool brought the cluster record and a node's subtree before the marker: the
+    folder is a syncdir store still syncing, not a file store (found by Syncthing)."""
+    one = sync.open("n1")
+    one.create_cluster(cluster(1))
+    take(one, "n1", 1)
+    sync.copy("n1", "n2")
+    (sync.root("n2") / MARKER).unlink()
+    assert (sync.root("n2") / "cluster.json").is_file()
+    reading = SyncDirStore(sync.root("n2"), "reader", sync_delay_ms=100, create=False)
+    assert reading.read_lease(AGENT) is not None
+    assert not (sync.root("n2") / MARKER).exists()  # a reader writes nothing
+    sync.open("n2")
+    assert (sync.root("n2") / MARKER).read_bytes() == (sync.root("n1") / MARKER).read_bytes()
+
+
+def test_hb_accept_loss_refuses_a_syncdir_store_with_a_reason(sync: Sync) -> None:
+    """A loss there is a chain kept aside, not a store gone back: accept-loss, which writes one
+    lease record and trusts one list of checkpoints, says so rather than misjudge it."""
+    from hamsterbunker.acceptance import plan_loss
+    from hamsterbunker.errors import HamsterbunkerError
+
+    one = sync.open("n1")
+    with pytest.raises(HamsterbunkerError, match="does not work on a syncdir store"):
+        plan_loss(one, None, AGENT, None)  # type: ignore[arg-type]  # refused before it is used

@@ -253,14 +253,21 @@ class SyncDirStore(Store):
             marked = read_file(root_fd, MARKER, self.root / MARKER, MAX_RECORD_BYTES) is not None
             if marked:
                 return
-            if any(e.name in ("agents", CLUSTER) for e in dir_entries(root_fd, MAX_NODE_ENTRIES)):
+            # A sync tool brings files in any order: other nodes' subtrees (nodes/) may
+            # arrive before the marker. The marker's bytes are the same on every node, so
+            # a second copy of it is no conflict. A cluster record without either is a
+            # file store's (it keeps agents/ beside it), or a sync not far enough yet.
+            names = {e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES)}
+            if NODES not in names and names & {"agents", CLUSTER}:
                 raise StoreError(
-                    f"{self.root} holds a file:// store (no {MARKER}): a syncdir store needs a "
+                    f"{self.root} holds a file:// store (no {MARKER}, no {NODES}/), or a "
+                    "syncdir folder the sync has not brought yet: a syncdir store needs a "
                     "folder of its own"
                 )
-            if not create:
+            if not create and NODES not in names:
                 raise StoreError(f"{self.root} is not a syncdir store: {MARKER} is missing")
-            _create_once(root_fd, MARKER, MARKER_TEXT)
+            if create:
+                _create_once(root_fd, MARKER, MARKER_TEXT)
 
     # -- subtrees ------------------------------------------------------------
 

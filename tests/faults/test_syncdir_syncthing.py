@@ -1,0 +1,238 @@
+"""The syncdir store on folders kept in step by real Syncthing (issue 20's scenarios).
+
+Each node is a process of its own (``tests.support.syncdir_node``: the library's
+``Runtime`` on a ``SyncDirStore``, stepping the demo's ``CounterAgent``) on a
+folder of its own, and Syncthing instances on loopback keep the folders in step
+(``tests.support.syncthing``; a partition pauses the links of one instance).
+The timing is what a user of such a folder would choose: a stated sync delay of
+3 s (the harness measures about 1 s), tick 500 ms, TTL 8 s ≥ 2 × (tick + sync
+delay). Every wait is on a condition, bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hamsterbunker.history import Op, read_history
+from hamsterbunker.records import Event
+from hamsterbunker.stores.syncdir import SyncDirStore
+from tests.support import wait_until
+from tests.support.syncthing import SyncthingInstance, SyncthingMesh, syncthing_mesh
+
+pytestmark = [pytest.mark.syncthing, pytest.mark.multiprocess, pytest.mark.fault]
+
+AGENT = "counter"  # CounterAgent.id
+SYNC_DELAY_MS, TICK_MS, TTL_MS = 3_000, 500, 8_000
+TTL_S = TTL_MS / 1000
+WAIT_S = 90.0
+STORE_ROOT = (
+    ".hamsterbunker-syncdir",
+    "cluster.json",
+    "nodes",
+)  # what the first node made  # a generous bound for anything that takes a TTL or two and a sync
+
+
+class Fleet:
+    """Node processes, each on one Syncthing instance's folder; all stopped at the end."""
+
+    def __init__(self, mesh: SyncthingMesh, workdir: Path) -> None:
+        self.mesh, self.workdir = mesh, workdir
+        self.history = workdir / "history.jsonl"
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, instance: SyncthingInstance) -> None:
+        log = open(self.workdir / f"{node}.log", "ab")  # noqa: SIM115 - closed with the process
+        self.processes[node] = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.syncdir_node", "--root", str(instance.folder),
+             "--node", node, "--history", str(self.history),
+             "--sync-delay-ms", str(SYNC_DELAY_MS), "--tick-ms", str(TICK_MS),
+             "--lease-ttl-ms", str(TTL_MS)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        )  # fmt: skip
+        log.close()
+
+    def start_first(self, node: str, instance: SyncthingInstance) -> None:
+        """The node that makes the store: leading once it has published."""
+        self.start(node, instance)
+        wait_until(lambda: self.published(node), f"{node} to lead and publish", WAIT_S)
+
+    def start_beside(self, node: str, instance: SyncthingInstance) -> None:
+        """A node on a folder the store's cluster record has reached (a node that saw other
+        nodes but no cluster record would refuse to make a second one)."""
+        folder = instance.folder
+        wait_until(
+            lambda: all((folder / name).exists() for name in STORE_ROOT), "the store", WAIT_S
+        )
+        self.start(node, instance)
+        wait_until(lambda: self.beats(instance, node), f"{node} to stand by", WAIT_S)
+
+    def ops(self, node: str, op: str, outcome: str | None = None) -> list[Op]:
+        found = read_history(self.history) if self.history.exists() else []
+        return [o for o in found if o.node == node and o.op == op
+                and (outcome is None or o.outcome == outcome)]  # fmt: skip
+
+    def published(self, node: str) -> list[Op]:
+        return self.ops(node, "publish", "ok")
+
+    def acquired(self, node: str, above: int = 0) -> list[Op]:
+        return [o for o in self.ops(node, "acquire", "ok") if o.epoch > above]
+
+    def beats(self, instance: SyncthingInstance, node: str) -> bool:
+        return any(b.node == node for b in reader(instance).list_heartbeats(AGENT))
+
+    def stop(self, node: str, signum: signal.Signals) -> None:
+        process = self.processes[node]
+        process.send_signal(signum)
+        process.wait(timeout=WAIT_S)
+
+    def log_tails(self) -> str:
+        tails = []
+        for node in self.processes:
+            lines = (self.workdir / f"{node}.log").read_text().splitlines()
+            tails.append(f"--- {node} ---\n" + "\n".join(lines[-20:]))
+        return "\n".join(tails)
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=WAIT_S)
+
+
+def reader(instance: SyncthingInstance) -> SyncDirStore:
+    """What the store holds on this instance's machine, read without writing anything."""
+    return SyncDirStore(instance.folder, "reader", sync_delay_ms=SYNC_DELAY_MS, create=False)
+
+
+def events(instance: SyncthingInstance, kind: str) -> list[Event]:
+    return [e for e in reader(instance).read_events(AGENT) if e.type == kind]
+
+
+def chain(instance: SyncthingInstance, node: str) -> set[str]:
+    """The checkpoint files of node's chain as this instance's folder holds them."""
+    folder = instance.folder / "nodes" / node / "agents" / AGENT / "checkpoints"
+    return {path.name for path in folder.glob("ckpt-*")}
+
+
+@contextlib.contextmanager
+def fleet_on(tmp_path: Path, n: int) -> Iterator[Fleet]:
+    with syncthing_mesh(tmp_path / "sync", n=n) as mesh:
+        fleet = Fleet(mesh, tmp_path)
+        try:
+            yield fleet
+        except BaseException:
+            print(fleet.log_tails())
+            print(mesh.logs())
+            raise
+        finally:
+            fleet.close()
+
+
+def test_the_leader_killed_is_taken_over_after_ttl_and_sync_delay_with_nothing_lost(
+    tmp_path: Path,
+) -> None:
+    """Three machines: the leader is SIGKILLed; one of the others resumes from the last
+    checkpoint the dead leader published, within TTL + sync delay, and nothing diverged."""
+    with fleet_on(tmp_path, 3) as fleet:
+        a, b, c = fleet.mesh
+        fleet.start_first("n1", a)
+        fleet.start_beside("n2", b)
+        fleet.start_beside("n3", c)
+        wait_until(lambda: len(fleet.published("n1")) >= 4, "a few steps", WAIT_S)
+        fleet.stop("n1", signal.SIGKILL)
+        killed = time.monotonic()
+        last = max(op.seq for op in fleet.published("n1"))
+        taker = wait_until(
+            lambda: next((n for n in ("n2", "n3") if fleet.acquired(n, above=1)), None),
+            "a standby to take over",
+            WAIT_S,
+        )
+        took_s = time.monotonic() - killed
+        print(f"taken over by {taker} {took_s:.1f} s after the kill")
+        assert took_s < TTL_S + 2 * SYNC_DELAY_MS / 1000 + 5  # TTL + the sync, with slack
+        restored = wait_until(lambda: fleet.ops(taker, "restore", "resumed"), "restore", WAIT_S)
+        assert restored[0].detail["from_seq"] == last  # the dead leader's last checkpoint
+        wait_until(lambda: max((o.seq for o in fleet.published(taker)), default=0) > last,
+                   "the agent to step on", WAIT_S)  # fmt: skip
+        for instance in fleet.mesh:
+            assert events(instance, "store.diverged") == []
+
+
+def test_a_partition_lets_both_lead_then_one_chain_wins_and_the_other_is_kept_aside(
+    tmp_path: Path,
+) -> None:
+    """Syncthing paused on the leader's side for 3 × TTL: the other side takes over and
+    both step; after the sync resumes, divergence is reported, the higher epoch's chain
+    goes on, the old leader steps down, and its branch is kept (as its retention left it)."""
+    with fleet_on(tmp_path, 2) as fleet:
+        a, b = fleet.mesh
+        fleet.start_first("n1", a)
+        fleet.start_beside("n2", b)
+        wait_until(lambda: len(fleet.published("n1")) >= 3, "a few steps", WAIT_S)
+        a.pause()
+        cut = time.monotonic()
+        wait_until(lambda: fleet.acquired("n2", above=1), "n2 to take over", WAIT_S)
+        # Both lead, each on its own side: both publish during the partition.
+        wait_until(lambda: [o for o in fleet.published("n2") if o.epoch > 1], "n2 steps", WAIT_S)
+        assert [o for o in fleet.published("n1") if o.start > cut - 1], "n1 stepped on"
+        wait_until(lambda: time.monotonic() - cut >= 3 * TTL_S or None, "3 × TTL", WAIT_S)
+        aside = chain(a, "n1")
+        a.resume()
+        healed = time.monotonic()
+        # Divergence reported within a bound: a sync, then at most one check (every 3 TTLs).
+        reported = wait_until(
+            lambda: events(a, "store.diverged") or events(b, "store.diverged"),
+            "store.diverged",
+            WAIT_S,
+        )
+        print(f"divergence reported {time.monotonic() - healed:.1f} s after the sync resumed: "
+              f"{reported[0].detail}")  # fmt: skip
+        assert reported[0].detail["winner"].endswith("@n2")
+        assert reported[0].detail["node"] == "n1"
+        # n1 steps down; n2's chain goes on; nothing of n1's chain is gone, on either side.
+        wait_until(lambda: events(a, "lease.lost") or events(b, "lease.lost"), "n1 lost", WAIT_S)
+        n2_before = max(o.seq for o in fleet.published("n2"))
+        wait_until(lambda: max(o.seq for o in fleet.published("n2")) > n2_before,
+                   "n2 to step on", WAIT_S)  # fmt: skip
+        after = max(o.end for o in fleet.published("n2"))
+        assert not [o for o in fleet.published("n1") if o.start > after]
+        # n1's branch is kept whole, as retention left it (each term keeps its newest few):
+        # its newest checkpoint is there, on both machines, and nothing more is removed.
+        tip = max(o.seq for o in fleet.published("n1"))
+        kept = chain(a, "n1")
+        assert any(name.startswith(f"ckpt-{tip:020d}-") for name in kept), (tip, kept)
+        wait_until(lambda: chain(b, "n1") == kept or None, "n1's chain on both sides", WAIT_S)
+        assert len(kept) >= min(len(aside), 5)
+        assert chain(a, "n1") == kept
+
+
+def test_a_graceful_stop_hands_over_without_divergence(tmp_path: Path) -> None:
+    """SIGTERM of the leader: the other node takes the released lease once it syncs,
+    resumes from the last checkpoint, and nothing diverges."""
+    with fleet_on(tmp_path, 2) as fleet:
+        a, b = fleet.mesh
+        fleet.start_first("n1", a)
+        fleet.start_beside("n2", b)
+        wait_until(lambda: len(fleet.published("n1")) >= 3, "a few steps", WAIT_S)
+        fleet.stop("n1", signal.SIGTERM)
+        stopped = time.monotonic()
+        last = max(op.seq for op in fleet.published("n1"))
+        wait_until(lambda: fleet.acquired("n2", above=1), "n2 to take over", WAIT_S)
+        took_s = time.monotonic() - stopped
+        print(f"handed over {took_s:.1f} s after the stop")
+        assert took_s < TTL_S  # released: taken once synced, not after a TTL
+        restored = wait_until(lambda: fleet.ops("n2", "restore", "resumed"), "restore", WAIT_S)
+        assert restored[0].detail["from_seq"] == last
+        taken = wait_until(lambda: [e for e in events(b, "lease.acquired") if e.node == "n2"],
+                           "n2's lease.acquired", WAIT_S)  # fmt: skip
+        assert taken[0].detail["via"] == "released", taken[0].detail
+        for instance in fleet.mesh:
+            assert events(instance, "store.diverged") == []
