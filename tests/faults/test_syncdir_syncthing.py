@@ -193,8 +193,12 @@ def test_a_partition_lets_both_lead_then_one_chain_wins_and_the_other_is_kept_as
             "store.diverged",
             WAIT_S,
         )
-        print(f"divergence reported {time.monotonic() - healed:.1f} s after the sync resumed: "
+        detected_s = time.monotonic() - healed
+        print(f"divergence reported {detected_s:.1f} s after the sync resumed: "
               f"{reported[0].detail}")  # fmt: skip
+        # The bound the design states: the claims and chains sync, then the next check (every
+        # 3 TTLs) sees them; with slack for this shared machine.
+        assert detected_s < 3 * TTL_S + 2 * SYNC_DELAY_MS / 1000 + 10
         assert reported[0].detail["winner"].endswith("@n2")
         assert reported[0].detail["node"] == "n1"
         # n1 steps down; n2's chain goes on; nothing of n1's chain is gone, on either side.
