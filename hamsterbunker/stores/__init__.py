@@ -32,17 +32,48 @@ __all__ = [
     "TailRead",
     "check_store_url",
     "file_store_path",
+    "is_syncdir_url",
     "open_store",
+    "syncdir_store_path",
 ]
 
 
-def open_store(url: str, *, create: bool = True) -> Store:
+def open_store(
+    url: str,
+    *,
+    create: bool = True,
+    node: str | None = None,
+    sync_delay_ms: int | None = None,
+) -> Store:
     """Open the store a URL names, e.g. ``file:///var/lib/hamsterbunker/store``.
 
     With create=False (readers such as ``hb status``) a store that does not
     exist is an error rather than something to make.
+
+    ``node`` and ``sync_delay_ms`` are for ``syncdir:///path`` only (the node
+    writes only its own subtree, and its restore waits up to the sync delay):
+    a writer (create=True) must give both, a reader may give neither (it then
+    writes nothing). Other stores ignore ``node``; ``sync_delay_ms`` given for
+    one is a ConfigError.
     """
     scheme = urlsplit(url).scheme
+    if scheme == "syncdir":
+        from .syncdir import SyncDirStore
+
+        path = syncdir_store_path(url)
+        if create and (node is None or sync_delay_ms is None):
+            missing = " and ".join(
+                what
+                for what, value in (("the node id", node), ("sync_delay_ms", sync_delay_ms))
+                if value is None
+            )
+            raise ConfigError(
+                f"store URL {url!r}: a node writing a syncdir store needs {missing} "
+                "(set sync_delay_ms in the instance config, or pass --sync-delay-ms)"
+            )
+        return SyncDirStore(path, node, sync_delay_ms=sync_delay_ms, create=create)
+    if sync_delay_ms is not None:
+        raise ConfigError(f"sync_delay_ms only applies to a syncdir:// store, not {url!r}")
     store: Store
     if scheme in ("redis", "rediss"):
         store = _redis().RedisStore(url, create=create)
@@ -57,7 +88,8 @@ def open_store(url: str, *, create: bool = True) -> Store:
 
 
 def check_store_url(url: str) -> str | None:
-    """Check a store URL without connecting: ConfigError if bad; a file:// URL's directory."""
+    """Check a store URL without connecting: ConfigError if bad; a file:// or syncdir://
+    URL's directory."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
         _redis().parse_redis_url(url)
@@ -65,7 +97,30 @@ def check_store_url(url: str) -> str | None:
     if scheme in ("etcd", "etcds"):
         _etcd().parse_etcd_url(url)
         return None
+    if scheme == "syncdir":
+        return syncdir_store_path(url)
     return file_store_path(url)
+
+
+def is_syncdir_url(url: str) -> bool:
+    """Whether url names a syncdir store (a folder kept in step by a sync tool)."""
+    return urlsplit(url).scheme == "syncdir"
+
+
+def syncdir_store_path(url: str) -> str:
+    """The folder of a ``syncdir://`` store URL (absolute, as a file:// URL's)."""
+    parts = urlsplit(url)
+    path = unquote(parts.path)
+    if parts.netloc not in ("", "localhost") or not path.startswith("/"):
+        raise ConfigError(
+            f"store URL {url!r}: a syncdir URL needs an absolute path (syncdir:///dir)"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(
+            f"store URL {url!r}: a syncdir URL takes no query or fragment (the node id and "
+            "sync_delay_ms come from the node's config)"
+        )
+    return path
 
 
 def file_store_path(url: str) -> str:
@@ -74,7 +129,7 @@ def file_store_path(url: str) -> str:
     if parts.scheme != "file":
         raise ConfigError(
             f"store URL {url!r}: unknown scheme {parts.scheme or '(none)'!r}; use file:///path, "
-            "etcd://host:port/prefix or redis://host:port/db"
+            "syncdir:///path, etcd://host:port/prefix or redis://host:port/db"
         )
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not path.startswith("/"):

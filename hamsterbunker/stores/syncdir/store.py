@@ -208,17 +208,26 @@ class SyncDirStore(Store):
     def __init__(
         self,
         root: str | os.PathLike[str],
-        node: str,
+        node: str | None = None,
         *,
-        sync_delay_ms: int,
+        sync_delay_ms: int | None = None,
         create: bool = True,
         keep_checkpoints: int = 5,
         events_per_segment: int = 1000,
         keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
     ) -> None:
-        self.node = check_name("node id", node)
-        self.sync_delay_ms = check_sync_delay(sync_delay_ms)
+        # A node writes only its own subtree, so a writer needs its node id; and its restore
+        # waits up to the sync delay. A reader (create=False) needs neither: without a node
+        # it has no subtree of its own ("" names none) and writes nothing; without a delay
+        # it holds 0 (not stated).
+        if create and (node is None or sync_delay_ms is None):
+            raise ConfigError(
+                "a syncdir store opened to write needs this node's id and the folder's "
+                "sync_delay_ms (both from the node's config)"
+            )
+        self.node = "" if node is None else check_name("node id", node)
+        self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay(sync_delay_ms)
         self.root = Path(root).absolute()
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
         # Every subtree is a file store opened with these.
@@ -240,7 +249,7 @@ class SyncDirStore(Store):
             with opened_dir(self.root, (NODES,), create=True):
                 pass
         self._mine: FileStore | None = None
-        if create or own.is_dir():
+        if create or (self.node and own.is_dir()):
             self._mine = self._open_subtree(own, create=create)
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
 
