@@ -19,7 +19,7 @@ from typing import NoReturn
 
 from . import __version__, cli_control
 from .agent import load_agent
-from .cli_args import positive_int, store_url, whole_number
+from .cli_args import not_on_syncdir, positive_int, store_url, whole_number
 from .cli_control import add_control_parsers
 from .cli_forget import add_forget_parser, forget
 from .cli_rotate import add_rotate_parser, rotate_secret
@@ -190,6 +190,7 @@ _NODE_FLAGS = (
     "region",
     "tick_ms",
     "lease_ttl_ms",
+    "sync_delay_ms",
     "stop_grace_ms",
     "step_retry_ms",
     "step_retry_max_ms",
@@ -212,6 +213,13 @@ def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick-ms", type=positive_int, help=f"default: {DEFAULT_TICK_MS}")
     parser.add_argument(
         "--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}"
+    )
+    parser.add_argument(
+        "--sync-delay-ms",
+        type=positive_int,
+        help="with a syncdir:// store (and required there): the longest the sync tool takes "
+        "to bring a file to the other machines; the lease TTL must be at least "
+        "2 × (tick + this)",
     )
     parser.add_argument(
         "--stop-grace-ms",
@@ -278,6 +286,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         config = load_instance(args.instance)
     else:
         config = _node_config(args)
+        config.check_sync_delay()  # a config file's is checked as it is read
     level = args.log_level or config.log_level
     if level is not None:
         configure_logging(log_level(level))
@@ -305,6 +314,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stop_grace_ms=config.stop_grace_ms,
         step_retry=step_retry,
         http=config.http,
+        sync_delay_ms=config.sync_delay_ms,
     )
     node.run()
     return 0
@@ -416,7 +426,7 @@ def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .sealing import Sealer
 
     agent_id = check_name("agent id", args.agent_id)
-    url = store_url(args)
+    url = not_on_syncdir(store_url(args), "accepting a loss")
     secret = read_secret(args.secret_file)
     store = open_store(url, create=False)
     try:

@@ -32,7 +32,8 @@ def run_host(
             "node; run the agents that need them as nodes of their own"
         )
     agents = [load_agent(hosted.agent) for hosted in config.hosted()]
-    store = open_store(config.store)
+    # On a syncdir:// store this process writes its node's own subtree, for every agent.
+    store = open_store(config.store, node=config.node_id, sync_delay_ms=config.sync_delay_ms)
     try:
         ids = [
             hosted.agent_id or agent.id

@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .http_address import parse_http_address
 from .logs import log_level
 from .records import check_name
+from .stores import is_syncdir_url, syncdir_store_path
 from .timing import (
     DEFAULT_LEASE_TTL_MS,
     DEFAULT_STOP_GRACE_MS,
@@ -26,6 +27,7 @@ from .timing import (
     LeaseTiming,
     StepRetry,
     check_stop_grace,
+    check_sync_delay,
 )
 
 __all__ = ["DEFAULT_CONFIG_DIR", "HostedAgent", "NodeConfig", "config_dir", "load_instance"]
@@ -66,6 +68,10 @@ class NodeConfig:
     http: str | None = None
     # Several agents kept by this one process ([[agents]]), in place of agent and agent_id.
     agents: tuple[HostedAgent, ...] = ()
+    # The longest the sync tool takes to bring a file to the other machines: required for
+    # a syncdir:// store (the TTL must be at least 2 × (tick + it)), refused for any other.
+    # (Last, so that NodeConfig's positional fields stay as they were.)
+    sync_delay_ms: int | None = None
 
     def hosted(self) -> tuple[HostedAgent, ...]:
         """The agents this node process keeps: [[agents]], or the one of agent and agent_id."""
@@ -82,6 +88,26 @@ class NodeConfig:
         given = {"first_ms": self.step_retry_ms, "max_ms": self.step_retry_max_ms,
                  "max_failures": self.max_step_failures}  # fmt: skip
         return StepRetry(**{key: value for key, value in given.items() if value is not None})
+
+    def check_sync_delay(self) -> int | None:
+        """sync_delay_ms checked against the store and the timing: None for a store that
+        is not syncdir://; ConfigError if missing, misplaced or too long for the TTL."""
+        if not is_syncdir_url(self.store):
+            if self.sync_delay_ms is not None:
+                raise ConfigError(
+                    f"sync_delay_ms only applies to a syncdir:// store (the store is "
+                    f"{self.store!r}): remove it"
+                )
+            return None
+        syncdir_store_path(self.store)  # an absolute path, no query: before anything else
+        if self.sync_delay_ms is None:
+            raise ConfigError(
+                "a syncdir:// store needs sync_delay_ms, the longest the sync tool takes to "
+                "bring a file to the other machines: set it (sync_delay_ms = 10000 in the "
+                "config file, or hb run --sync-delay-ms 10000), with lease_ttl_ms at least "
+                "2 × (tick_ms + sync_delay_ms)"
+            )
+        return check_sync_delay(self.timing, self.sync_delay_ms)
 
     def to_toml_dict(self) -> dict[str, Any]:
         """The keys to write (TOML has no null: an unset agent_id is left out)."""
@@ -105,6 +131,7 @@ _TYPES: dict[str, type] = {
     "region": str,
     "tick_ms": int,
     "lease_ttl_ms": int,
+    "sync_delay_ms": int,
     "stop_grace_ms": int,
     "step_retry_ms": int,
     "step_retry_max_ms": int,
@@ -179,6 +206,7 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
                 raise ConfigError(f"{path}: key {kind!r}: {exc}") from None
     try:
         config.timing  # noqa: B018 (made to be checked: tick_ms and lease_ttl_ms together)
+        config.check_sync_delay()
         check_stop_grace(config.stop_grace_ms)
         config.step_retry  # noqa: B018 (made to be checked: the retry keys together)
         if config.log_level is not None:

@@ -29,6 +29,7 @@ let
     "region"
     "tick_ms"
     "lease_ttl_ms"
+    "sync_delay_ms"
     "stop_grace_ms"
     "log_level"
     "step_retry_ms"
@@ -329,6 +330,11 @@ let
                 type = types.nullOr types.ints.positive;
                 default = null;
                 description = "Lease TTL in milliseconds (default: 2000).";
+              };
+              sync_delay_ms = mkOption {
+                type = types.nullOr types.ints.positive;
+                default = null;
+                description = "With a syncdir:// store (required there, refused with any other): the longest the sync tool takes to bring a file to the other machines, in milliseconds; lease_ttl_ms must be at least 2 × (tick_ms + sync_delay_ms). The unit must also be allowed to write the folder (ReadWritePaths=).";
               };
               stop_grace_ms = mkOption {
                 type = types.nullOr types.ints.unsigned;

@@ -44,6 +44,7 @@ from ..timing import (
     LeaseTiming,
     StepRetry,
     check_stop_grace,
+    check_sync_delay,
 )
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
@@ -100,6 +101,7 @@ class Runtime:
         http: HttpAddress | str | None = None,
         metrics: bool = False,
         log_agent: bool = False,
+        sync_delay_ms: int | None = None,
     ) -> None:
         """``state_dir``: where this node keeps its memory of the store across restarts
         (see ``hamsterbunker.memory``); without one it remembers only while it runs.
@@ -113,7 +115,8 @@ class Runtime:
         holds the numbers whenever either is given; None otherwise, and
         prometheus_client is not even loaded: a standby costs some 5 MB less).
         ``log_agent``: name the agent beside the node in each event's log line (for a
-        process that keeps several agents)."""
+        process that keeps several agents). ``sync_delay_ms``: for a store given by a
+        ``syncdir://`` URL (and required there), the longest the sync tool takes."""
         secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
@@ -123,7 +126,13 @@ class Runtime:
         self.timing = timing
         self.step_retry = step_retry
         self.clock: Clock = clock or MonotonicClock()
-        self.store: Store = open_store(store) if isinstance(store, str) else store
+        if sync_delay_ms is not None:
+            check_sync_delay(timing, sync_delay_ms)  # the TTL a synced folder needs
+        self.store: Store = (
+            open_store(store, node=self.node_id, sync_delay_ms=sync_delay_ms)
+            if isinstance(store, str)
+            else store
+        )
         self.keeper = LeaseKeeper(
             self.store, self.agent_id, self.node_id, region, timing=timing, clock=self.clock
         )

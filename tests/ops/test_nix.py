@@ -444,13 +444,15 @@ def test_rendered_config_is_what_hb_run_reads(summariser):
 def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
     """Settings with every key of hamsterbunker/config.py render to a file parse_config reads back equal."""
     values: dict[str, Any] = {
-        "store": "file:///var/lib/hamsterbunker/all",
+        # syncdir: the one store sync_delay_ms applies to (2 × (500 + 1000) ≤ 3000).
+        "store": "syncdir:///var/lib/hamsterbunker/all",
         "agent": "mypkg.agents:All",
         "agent_id": "all",
         "node_id": "hbnk-1",
         "region": "eu-central",
         "tick_ms": 500,
         "lease_ttl_ms": 3000,
+        "sync_delay_ms": 1000,
         "stop_grace_ms": 5000,
         "log_level": "warning",
         "step_retry_ms": 500,
