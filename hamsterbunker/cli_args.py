@@ -7,8 +7,9 @@ import math
 import os
 
 from .errors import ConfigError
+from .stores import is_syncdir_url
 
-__all__ = ["positive_int", "seconds", "store_url", "whole_number"]
+__all__ = ["not_on_syncdir", "positive_int", "seconds", "store_url", "whole_number"]
 
 
 def _int(text: str) -> int:
@@ -50,4 +51,16 @@ def store_url(args: argparse.Namespace) -> str:
     url: str | None = args.store or os.environ.get("HB_STORE")
     if not url:
         raise ConfigError("--store is required (or set HB_STORE)")
+    return url
+
+
+def not_on_syncdir(url: str, what: str) -> str:
+    """url, unless it names a syncdir:// store, which takes no records from outside a
+    running node yet (ConfigError saying so)."""
+    if is_syncdir_url(url):
+        raise ConfigError(
+            f"{what} is not possible on a syncdir:// store yet: only a running node writes "
+            "there, into its own subtree (drop folders for requests from other machines are "
+            "part 3 of docs/syncdir.md, not built)"
+        )
     return url

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from .cli_args import seconds, store_url
+from .cli_args import not_on_syncdir, seconds, store_url
 from .control import request_switchover, set_paused
 from .errors import ConfigError
 from .keyring import Secret
@@ -86,9 +86,13 @@ def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help=secret_help)
 
 
-def _open(args: argparse.Namespace) -> tuple[Store, str]:
+def _open(args: argparse.Namespace, writes: str | None = None) -> tuple[Store, str]:
+    """The store (to read) and the agent id; writes: what the command writes, refused on a
+    syncdir:// store (nothing but a node writes there yet)."""
     agent = check_name("agent id", args.agent_id)
     url = store_url(args)
+    if writes is not None:
+        not_on_syncdir(url, writes)
     return open_store(url, create=False), agent
 
 
@@ -102,7 +106,7 @@ def _sealer(store: Store, secret: Secret) -> Sealer:
 def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     if args.to is not None:
         check_name("node id", args.to)
-    store, agent = _open(args)
+    store, agent = _open(args, writes="a switchover")
     try:
         sealer = _sealer(store, read_secret())
         before = store.read_lease(agent)
@@ -140,7 +144,7 @@ def _wait_for(
 
 def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     paused = args.command == "pause"
-    store, agent = _open(args)
+    store, agent = _open(args, writes=f"hb {args.command}")
     try:
         lease = set_paused(store, _sealer(store, read_secret()), agent, paused)
     finally:

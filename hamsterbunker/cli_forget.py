@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .cli_args import store_url
+from .cli_args import not_on_syncdir, store_url
 from .errors import ConfigError, CorruptRecord
 from .keyring import Secret
 from .observe import MAX_WATCH_S, POLL_S
@@ -94,7 +94,7 @@ def forget(
     """Run ``hb forget``; the exit status (usage mistakes and store errors raise)."""
     agent = check_name("agent id", args.agent_id)
     node = check_name("node id", args.node)
-    url = store_url(args)
+    url = not_on_syncdir(store_url(args), "forgetting a node")
     secret = read_secret()
     # An existing store only: a mistyped URL must not make an empty one.
     store = open_store(url, create=False)

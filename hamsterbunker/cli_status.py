@@ -31,7 +31,7 @@ from .config import NodeConfig, load_instance
 from .errors import ConfigError, StoreError, StoreUnsafe
 from .observe import LIVE, MAX_WATCH_S, NOT_WATCHED, UNKNOWN, LeaseObserver, Observed
 from .records import check_name
-from .status import _duration, _shown, render, snapshot
+from .status import _duration, _shown, render, snapshot, syncdir_lines, syncdir_shown
 from .stores import Store, open_store
 from .stores.base import MAX_LISTED_AGENTS
 from .timing import DEFAULT_TICK_MS
@@ -89,7 +89,10 @@ def status(args: argparse.Namespace) -> int:
     tick_s = (config.tick_ms if config else DEFAULT_TICK_MS) / 1000
     limit_s = MAX_WATCH_S if args.observe_ms is None else args.observe_ms / 1000
     try:
-        store = open_store(url, create=False)
+        # A reader: on a syncdir:// store it writes nothing and needs no node id; the sync
+        # delay is shown if the instance config states it.
+        sync_delay_ms = config.sync_delay_ms if config else None
+        store = open_store(url, create=False, sync_delay_ms=sync_delay_ms)
         try:
             return _looks(args, store, agent, LeaseObserver(store, limit_s=limit_s), tick_s)
         finally:
@@ -159,8 +162,11 @@ def _one(
     observed = observer.observe(agents)
     rows = [_row(store, agent, observed[agent]) for agent in agents]
     code = EXIT_DEGRADED if any(row["problems"] for row in rows) else EXIT_HEALTHY
+    syncdir = syncdir_shown(store, None)  # a syncdir:// store's own report; None otherwise
     if as_json:
         doc = {"store": store.url, "agents": rows, "exit_code": code}
+        if syncdir is not None:
+            doc["syncdir"] = asdict(syncdir)
         return code, json.dumps(doc, indent=2, sort_keys=True)
     table = [("AGENT", "LEADER", "LEASE", "HEALTH")] + [
         (row["agent"], row["leader"] or "-", row["lease"], "; ".join(row["problems"]) or "healthy")
@@ -170,6 +176,8 @@ def _one(
     lines = [f"store {store.url} · {len(agents)} agents"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
               for r in table]  # fmt: skip
+    if syncdir is not None:
+        lines += syncdir_lines(syncdir, agent=False)
     return code, "\n".join(lines)
 
 

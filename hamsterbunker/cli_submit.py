@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from .cli_args import seconds, store_url
+from .cli_args import not_on_syncdir, seconds, store_url
 from .client import Admission, Client
 from .errors import ConfigError, HamsterbunkerError, InboxError, Tampered
 from .keyring import Secret
@@ -164,7 +164,7 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     agent_id = check_name("agent id", args.agent_id)
     if args.timeout is not None and not args.wait:
         raise ConfigError("--timeout needs --wait")
-    url = store_url(args)
+    url = not_on_syncdir(store_url(args), "submitting")
     payload = read_payload(args)
     secret = read_secret()
     # An existing store only: a mistyped URL must not admit into a new, empty store.

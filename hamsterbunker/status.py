@@ -28,6 +28,7 @@ from .errors import CorruptRecord
 from .observe import LIVE, NOT_WATCHED, UNKNOWN, LeaseObserver, Liveness
 from .records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 from .stores import Store
+from .stores.syncdir import SyncDirStore
 from .timing import DEFAULT_LEASE_TTL_MS
 
 __all__ = [
@@ -36,8 +37,11 @@ __all__ = [
     "KeysShown",
     "NodeStatus",
     "Refusal",
+    "SyncDirShown",
     "render",
     "snapshot",
+    "syncdir_lines",
+    "syncdir_shown",
 ]
 
 # A node whose newest event is one of these refuses to go on until a person looks.
@@ -86,6 +90,42 @@ class Refusal:
     age_s: float  # by the writer's clock against ours: display only
 
 
+# How many kept-aside segments, as nodes reported them, status shows (the newest).
+MAX_DIVERGED_SHOWN = 20
+SYNCDIR_MODE = "no mutual exclusion: divergence is detected and kept aside"
+
+
+@dataclass(frozen=True)
+class ChainShown:
+    """One term's checkpoints in one node's chain, as listed (not authenticated)."""
+
+    node: str
+    epoch: int
+    from_seq: int
+    to_seq: int
+    count: int
+
+
+@dataclass(frozen=True)
+class SyncDirShown:
+    """A syncdir:// store's own report (docs/syncdir.md): what ``hb status`` adds for it.
+
+    Status has no secret: the chains are listed as the store holds them, not
+    authenticated, and what is kept aside is what the nodes (which do
+    authenticate) reported in ``store.diverged`` events.
+    """
+
+    mode: str  # "syncdir"
+    mutual_exclusion: str
+    sync_delay_ms: int | None  # None: not known here (no instance config given)
+    nodes: list[str]  # the node subtrees this machine's copy holds
+    sync_files: list[str]  # the sync tool's own files, relative to the root
+    problems: list[str]  # what the store skipped as unreadable
+    chains: list[ChainShown] = field(default_factory=list)  # empty without an agent
+    # store.diverged as reported: each a dict of the event's fields plus reported_by.
+    diverged: list[dict[str, object]] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class ClusterStatus:
     store: str
@@ -103,6 +143,7 @@ class ClusterStatus:
     liveness: Liveness | None = None
     refusals: list[Refusal] = field(default_factory=list)
     keys: KeysShown | None = None  # None: no cluster record, or one that does not parse
+    syncdir: SyncDirShown | None = None  # a syncdir:// store's own report; None: another store
     problems: list[str] = field(default_factory=list)  # why it is degraded; empty: healthy
     health: str = "healthy"
     exit_code: int = 0  # 0 healthy, 1 degraded
@@ -171,8 +212,95 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
         liveness=liveness,
         refusals=_refusals(store.read_events(agent), now) if observer is not None else [],
         keys=_keys(store),
+        syncdir=syncdir_shown(store, agent),
     )
     return _judged(status) if observer is not None else status
+
+
+def syncdir_shown(store: Store, agent: str | None) -> SyncDirShown | None:
+    """A syncdir store's report (None for any other store): its subtrees and sync-tool
+    files, what it skipped, and with an agent its chains and what nodes reported aside."""
+    if not isinstance(store, SyncDirStore):
+        return None
+    nodes = list(store.subtrees())
+    chains: list[ChainShown] = []
+    diverged: list[dict[str, object]] = []
+    if agent is not None:
+        for node, listed in store.list_chains(agent).items():
+            by_epoch: dict[int, list[int]] = {}
+            for info in listed:
+                by_epoch.setdefault(info.epoch, []).append(info.seq)
+            chains.extend(
+                ChainShown(node, epoch, min(seqs), max(seqs), len(seqs))
+                for epoch, seqs in sorted(by_epoch.items())
+            )
+        diverged = _diverged(store.read_events(agent))
+    return SyncDirShown(
+        mode="syncdir",
+        mutual_exclusion=SYNCDIR_MODE,
+        sync_delay_ms=store.sync_delay_ms or None,
+        nodes=nodes,
+        sync_files=store.sync_files(),
+        problems=store.problems(),  # last: the reads above report into it
+        chains=chains,
+        diverged=diverged,
+    )
+
+
+def _diverged(events: list[Event]) -> list[dict[str, object]]:
+    """Each kept-aside segment nodes reported (store.diverged), once, the newest last."""
+    seen: dict[tuple[object, object], dict[str, object]] = {}
+    for event in sorted((e for e in events if e.type == "store.diverged"), key=lambda e: e.time):
+        detail = event.detail
+        key = (detail.get("term"), detail.get("forked_at"))
+        fields_ = {name: detail.get(name) for name in (
+            "winner", "term", "node", "from_seq", "to_seq", "count", "forked_at", "aside")}  # fmt: skip
+        first = seen.pop(key, None)
+        reported = [] if first is None else list(first["reported_by"])  # type: ignore[call-overload]
+        if event.node not in reported:
+            reported.append(event.node)
+        seen[key] = fields_ | {"reported_by": reported}
+    return list(seen.values())[-MAX_DIVERGED_SHOWN:]
+
+
+def syncdir_lines(shown: SyncDirShown, *, agent: bool = True) -> list[str]:
+    """The syncdir section of ``hb status``: a few lines, indented under one heading."""
+    lines = [f"store mode: syncdir ({shown.mutual_exclusion}; docs/syncdir.md)"]
+    if shown.sync_delay_ms is not None:
+        lines.append(f"  sync delay: {shown.sync_delay_ms} ms (as configured)")
+    else:
+        lines.append("  sync delay: not known here (hb status --instance NAME reads it)")
+    lines.append("  node subtrees: " + (", ".join(_shown(n) for n in shown.nodes) or "none"))
+    files = shown.sync_files
+    lines.append(
+        "  sync-tool files: "
+        + ("none" if not files else ", ".join(_shown(f) for f in files[:10])
+           + (f" and {len(files) - 10} more" if len(files) > 10 else "") + " (never read as ours)")
+    )  # fmt: skip
+    lines.append(f"  problems: {'none' if not shown.problems else len(shown.problems)}")
+    lines.extend(f"    {_shown(problem)}" for problem in shown.problems[:10])
+    if not agent:
+        return lines
+    if shown.chains:
+        lines.append("  chains (as listed; not authenticated, status has no secret):")
+        lines.extend(
+            f"    {_shown(c.node)}: epoch {c.epoch}, seq {c.from_seq}..{c.to_seq} "
+            f"({c.count} checkpoint{'' if c.count == 1 else 's'})"
+            for c in shown.chains
+        )
+    else:
+        lines.append("  chains: none")
+    if shown.diverged:
+        lines.append("  kept aside (store.diverged, as nodes reported it):")
+        lines.extend(
+            f"    {_shown(str(d['aside']))} · winner {_shown(str(d['winner']))} · forked at "
+            f"{_shown(str(d['forked_at'] or 'the start'))} · reported by "
+            f"{', '.join(_shown(str(n)) for n in d['reported_by'])}"  # type: ignore[attr-defined]
+            for d in shown.diverged
+        )
+    else:
+        lines.append("  kept aside: none reported")
+    return lines
 
 
 def _keys(store: Store) -> KeysShown | None:
@@ -282,11 +410,15 @@ def render(status: ClusterStatus) -> str:
         lines.append(
             f"last checkpoint: seq {cp.seq} (epoch {cp.epoch}) · {status.checkpoint_age_s:.1f} s ago"
             f" · {cp.size} B"
+            # On a syncdir store: the newest of every chain, which may be one kept aside.
+            + (" · the newest of any chain (syncdir: see below)" if status.syncdir else "")
         )
     lines.append(_inbox_line(status))
     keys_line = _keys_line(status)
     if keys_line is not None:
         lines.append(keys_line)
+    if status.syncdir is not None:
+        lines.extend(syncdir_lines(status.syncdir))
     if status.paused:
         lines.append("paused: the leader keeps the lease and does not step (hb resume ends it)")
     lines.extend(
