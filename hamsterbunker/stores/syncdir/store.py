@@ -282,9 +282,8 @@ class SyncDirStore(Store):
 
     def _writer(self) -> FileStore:
         if self._mine is None:
-            raise StoreError(
-                f"node {self.node} has no subtree in {self.root}: this store was opened to read"
-            )
+            who = f"node {self.node} has no subtree" if self.node else "no node id was given"
+            raise StoreError(f"{who} in {self.root}: this store was opened to read")
         return self._mine
 
     def subtrees(self) -> dict[str, FileStore]:
