@@ -6,10 +6,20 @@ name), writes it with ``Store.put_effect`` under the term's fence, and reads
 a step's journal back for a replay, keeping only what authenticates as that
 step's record and was written no earlier than the checkpoint the step builds
 on (an older record belongs to a history that was given up).
+
+On a store that keeps a chain per node (``ChainedStore``) each node journals
+into its own subtree, so the replay of the step after a restored checkpoint
+reads the journals of the terms that built on that checkpoint
+(``Progress.journals``: the term that published it, and those whose records
+name it as their base), each from its node's subtree and only what that term
+wrote (by epoch), and this term's own records from its own subtree. A term that ran the step
+from another checkpoint (a branch kept aside) is never read: its outcomes
+belong to another state.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +28,9 @@ from ..clock import Clock
 from ..effects import Entry, StepEffects, effect_key
 from ..errors import EffectError, Fenced, Tampered
 from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES
-from ..sealing import EffectAt, Sealer
-from ..stores import Fence, Store
+from ..lineage import TermId
+from ..sealing import EffectAt, OpenedEffect, Sealer
+from ..stores import ChainedStore, Fence, Store
 from .calls import NodeCalls
 from .events import EventSink
 from .state import Identity
@@ -49,13 +60,19 @@ class TermJournal:
         self._seq = 0
         self._entries: dict[int, Entry] | None = None
         self._base_epoch = 0  # the epoch of the checkpoint the first step builds on
+        # On a ChainedStore: the terms whose journals of the first step are read.
+        self._journals: tuple[TermId, ...] = ()
 
-    def for_step(self, seq: int, base_epoch: int, *, first: bool) -> dict[int, Entry] | None:
+    def for_step(
+        self, seq: int, base_epoch: int, *, first: bool, journals: tuple[TermId, ...] = ()
+    ) -> dict[int, Entry] | None:
         """The journal of step seq as this term knows it: None (read it from the store when
         first needed) for the term's first step, which may be a replay; empty for the later
-        ones, whose records only this term can have written."""
+        ones, whose records only this term can have written. journals: on a store that
+        keeps chains, the terms that built on the checkpoint the step builds on (the
+        restore's ``Progress.journals``), whose records of the step a replay reads."""
         if seq != self._seq:
-            self._seq, self._base_epoch = seq, base_epoch
+            self._seq, self._base_epoch, self._journals = seq, base_epoch, journals
             self._entries = None if first else {}
         return self._entries
 
@@ -67,6 +84,8 @@ class TermJournal:
     # -- JournalIO --------------------------------------------------------------
 
     async def load(self, seq: int) -> dict[int, Entry]:
+        if isinstance(self._store, ChainedStore):
+            return await self._load_chains(self._store, seq)
         stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
         entries: dict[int, Entry] = {}
         for (index, kind), blob in sorted(stored.items()):
@@ -81,14 +100,38 @@ class TermJournal:
             except Tampered as exc:
                 self.emit("effect.rejected", step_seq=seq, index=index, record=kind, error=str(exc))
                 continue
-            payload = opened.payload
-            entry = entries.get(index)
-            if entry is None or entry.name != opened.name:
-                entry = entries[index] = Entry(opened.name, str(payload.get("replay", "safe")))
-            if kind == "intent":
-                entry.intent = True
-            else:
-                entry.outcome = payload.get("outcome")
+            _apply(entries, index, kind, opened)
+        return entries
+
+    async def _load_chains(self, store: ChainedStore, seq: int) -> dict[int, Entry]:
+        """The journal of step seq from the subtrees of the terms that built on the checkpoint
+        it builds on, and this term's own records: the older term's first, a newer term's
+        record of the same effect taking its place."""
+        epochs: dict[str, set[int]] = {}
+        for term in (*self._journals, TermId(self._fence.epoch, self._id.node)):
+            epochs.setdefault(term.node, set()).add(term.epoch)
+        read = functools.partial(store.read_chain_effects, self._id.agent)
+        found: list[tuple[TermId, int, str, OpenedEffect]] = []
+        for node in sorted(epochs):
+            stored = await self._calls.io(read, node, seq)
+            for (index, kind), blob in sorted(stored.items()):
+                at = EffectAt(self._id.agent, seq, index, kind)
+                try:
+                    opened = await self._calls.work(self._sealer.open_effect, blob, at)
+                    if opened.epoch not in epochs[node]:
+                        raise Tampered(
+                            f"written under epoch {opened.epoch} in the chain of node {node}, "
+                            "by no term that built on the checkpoint this step builds on: a "
+                            "record of a history given up"
+                        )
+                except Tampered as exc:
+                    self.emit("effect.rejected", step_seq=seq, index=index, record=kind,
+                              node=node, error=str(exc))  # fmt: skip
+                    continue
+                found.append((TermId(opened.epoch, node), index, kind, opened))
+        entries: dict[int, Entry] = {}
+        for _term, index, kind, opened in sorted(found, key=lambda record: record[:3]):
+            _apply(entries, index, kind, opened)
         return entries
 
     async def write(self, seq: int, index: int, kind: str, entry: Entry) -> None:
@@ -129,3 +172,16 @@ class TermJournal:
 
     async def call_blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await self._calls.detached(fn, *args, **kwargs)
+
+
+def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> None:
+    """Add one authentic record to the step's journal (a record of another name at the
+    same number, from a path taken since, takes the place of what was there)."""
+    payload = opened.payload
+    entry = entries.get(index)
+    if entry is None or entry.name != opened.name:
+        entry = entries[index] = Entry(opened.name, str(payload.get("replay", "safe")))
+    if kind == "intent":
+        entry.intent = True
+    else:
+        entry.outcome = payload.get("outcome")

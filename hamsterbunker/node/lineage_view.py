@@ -45,10 +45,22 @@ class LineageRead:
     rejected: tuple[tuple[TermId, str, str], ...] = ()  # (term, error, digest of its bytes)
     # Whether the winning term began from a checkpoint (its record's base), not init().
     winner_based: bool = False
+    # Every term record that authenticates.
+    starts: tuple[TermStart, ...] = ()
 
     def carried(self) -> list[tuple[str, CheckpointInfo]]:
         """The checkpoints that carry the agent on, as (node, info), newest first."""
         return [self.where[ref] for ref in self.lineage.carried if ref in self.where]
+
+    def built_on(self, base: CheckpointRef | None) -> tuple[TermId, ...]:
+        """The terms that may have run the step after base (None: after init()), oldest
+        first: base's own term, and every term whose record names base as where it began.
+        Their effect journals of that step are the ones a replay from base reads; a term
+        that built that step on another checkpoint (a branch kept aside) is not one."""
+        terms = {start.term for start in self.starts if start.base == base}
+        if base is not None:
+            terms.add(base.term)
+        return tuple(sorted(terms))
 
 
 def describe_ref(ref: CheckpointRef | None) -> str | None:
@@ -104,7 +116,7 @@ class LineageView:
                 held.setdefault(term, []).append(info.seq)
         found = lineage(starts, held)
         based = any(start.term == found.winner and start.base is not None for start in starts)
-        return LineageRead(found, where, tuple(rejected), based)
+        return LineageRead(found, where, tuple(rejected), based, tuple(starts))
 
     def write_start(self, epoch: int, base: CheckpointRef | None) -> None:
         """This node's record of its term at epoch, which began from base (None: init())."""

@@ -62,6 +62,10 @@ class Progress:
     accepted_loss: str = ""  # the id of a loss acceptance honoured by this restore
     # The agent's consumed submissions as of that checkpoint (sealed in it).
     marks: ConsumedMarks = field(default_factory=ConsumedMarks)
+    # On a store that keeps chains, after a restore: the terms that may have run step
+    # seq + 1 from this checkpoint, whose effect journals its replay reads (in their
+    # nodes' chains: ``LineageRead.built_on``). Empty on any other store.
+    journals: tuple[TermId, ...] = ()
 
 
 Opened = tuple[State, ConsumedMarks]
@@ -218,7 +222,8 @@ class Restorer:
                 state = await self._calls.work(self._agent.init)
                 await self._write_term_start(epoch, None)
                 self._emit("agent.started")
-                return Progress(state, 0, resumed=False)
+                roots = () if read.lineage is None else read.lineage.built_on(None)
+                return Progress(state, 0, resumed=False, journals=roots)
             if may_wait:
                 raise _NotSyncedYet
             if reach == Reach():
@@ -249,8 +254,12 @@ class Restorer:
                 raise _NotSyncedYet
             raise self._regressed(newest, reach, damaged)
         node = read.chain_of.get((info.seq, info.epoch))
+        journals: tuple[TermId, ...] = ()
         if node is not None:
-            await self._write_term_start(epoch, CheckpointRef(TermId(info.epoch, node), info.seq))
+            base = CheckpointRef(TermId(info.epoch, node), info.seq)
+            await self._write_term_start(epoch, base)
+            assert read.lineage is not None  # chain_of is only filled from a lineage read
+            journals = read.lineage.built_on(base)
         if forgiving is not None:
             self._keeper.accept_loss(newest)
             self._emit(
@@ -266,7 +275,10 @@ class Restorer:
         # Number on from the checkpoint resumed from: a damaged or junk one above it
         # keeps nothing out (the store refuses only our own epoch's seqs).
         accepted = "" if forgiving is None else forgiving.id
-        return Progress(state, info.seq, epoch=info.epoch, accepted_loss=accepted, marks=marks)
+        return Progress(
+            state, info.seq, epoch=info.epoch, accepted_loss=accepted, marks=marks,
+            journals=journals,
+        )  # fmt: skip
 
     async def landed(self, context: StepContext) -> Progress | None:
         """The checkpoint of this term at or past context.seq, if a failed write landed after all.

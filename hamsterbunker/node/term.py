@@ -212,7 +212,9 @@ class LeaderTerm:
             effects = StepEffects(
                 seq,
                 self._journal,
-                self._journal.for_step(seq, progress.epoch, first=seq == first_seq),
+                self._journal.for_step(
+                    seq, progress.epoch, first=seq == first_seq, journals=progress.journals
+                ),
                 may_start=functools.partial(self._may_start_effects, abandoned),
                 rerun_failures=failed_seq == seq,
             )

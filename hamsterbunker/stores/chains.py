@@ -31,6 +31,12 @@ class ChainedStore(Protocol):
         """The sealed bytes of checkpoint info in node's chain (StoreError if it is gone)."""
         ...
 
+    def read_chain_effects(self, agent: str, node: str, seq: int) -> dict[tuple[int, str], bytes]:
+        """The effect journal of step seq as node's subtree keeps it, unopened: (index, kind)
+        -> bytes ({} if node has none here); unreadable records skipped and reported. A
+        replay reads the journals of the terms that built on the checkpoint it restored."""
+        ...
+
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:
         """Write this node's (signed) record of its term at epoch, once: the same bytes
         again are a no-op, other bytes a StoreError."""

@@ -56,7 +56,8 @@ taken from its own subtree if it has one, else from ours (where a test or a
 tool wrote them for it), else from the first subtree by name; ``tail`` is
 the generic one over these merged reads (the file store's own tail reads one
 subtree). Effects, inbox, replies and the acceptance record are read from the
-own subtree only (part 3 brings drop folders and the base chain's journal); a
+own subtree only (part 3 brings drop folders), but for ``read_chain_effects``,
+which reads any node's effect journal of a step for a replay; a
 store opened to read, on a machine where its node has no subtree, reads them
 as empty.
 
@@ -577,6 +578,21 @@ class SyncDirStore(Store):
 
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
         return {} if self._mine is None else self._mine.read_effects(agent, seq)
+
+    def read_chain_effects(self, agent: str, node: str, seq: int) -> dict[tuple[int, str], bytes]:
+        """The effect journal of step seq in node's subtree (this node's included), unopened:
+        (index, kind) -> bytes; {} if node has no subtree here. Read by that subtree's file
+        store: bounded, and a record that is junk (too big, not a regular file) is left
+        out and reported."""
+        check_name("agent id", agent)
+        store = self.subtrees().get(check_name("node id", node))
+        if store is None:
+            return {}
+        try:
+            return store.read_effects(agent, seq)
+        except CorruptRecord as exc:
+            self._problems(f"effect journal of step {seq} of node {node} skipped: {exc}")
+            return {}
 
     def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
         return self._writer().admit(agent, request_id, number, blob)
