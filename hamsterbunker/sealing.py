@@ -529,8 +529,9 @@ class Sealer:
         """Seal one effect-journal record (an intent or an outcome) written under epoch.
 
         The header, all associated data, names the agent, step, index, kind,
-        effect name and epoch, so a record moved to another effect, step or
-        agent fails to open as that one.
+        effect name and epoch (and on a chained store the node whose journal
+        holds it), so a record moved to another effect, step, agent or node's
+        journal fails to open as that one.
         """
         try:
             plaintext = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
@@ -567,8 +568,9 @@ class Sealer:
             raise Tampered("effect record failed to authenticate (edited or truncated)") from exc
         # Authentic from here on: written by a node that holds the secret.
         header = json.loads(prefix[_PREFIX.size :])
-        sealed_as = {field: header.get(field) for field in ("agent", "seq", "index", "kind")}
-        found_as = {field: at.header()[field] for field in sealed_as}
+        fields = ("agent", "seq", "index", "kind", "node")  # no node: None on both sides
+        sealed_as = {field: header.get(field) for field in fields}
+        found_as = {field: at.header().get(field) for field in fields}
         if sealed_as != found_as:
             raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
         return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
@@ -671,22 +673,28 @@ class OpenedEffect:
 
 @dataclass(frozen=True)
 class EffectAt:
-    """Where an effect-journal record belongs: agent, step, index, kind and the effect's name."""
+    """Where an effect-journal record belongs: agent, step, index, kind and the effect's name;
+    on a store that keeps a chain per node (``ChainedStore``), the node whose journal it is
+    in (None elsewhere: the header then names none, as before)."""
 
     agent: str
     seq: int
     index: int
     kind: str
     name: str = ""
+    node: str | None = None
 
     def header(self) -> dict[str, Any]:
-        return {
+        header: dict[str, Any] = {
             "agent": self.agent,
             "seq": self.seq,
             "index": self.index,
             "kind": self.kind,
             "name": self.name,
         }
+        if self.node is not None:
+            header["node"] = self.node
+        return header
 
 
 def read_header(blob: bytes) -> SealedHeader:

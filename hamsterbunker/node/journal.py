@@ -115,7 +115,7 @@ class TermJournal:
         for node in sorted(epochs):
             stored = await self._calls.io(read, node, seq)
             for (index, kind), blob in sorted(stored.items()):
-                at = EffectAt(self._id.agent, seq, index, kind)
+                at = EffectAt(self._id.agent, seq, index, kind, node=node)
                 try:
                     opened = await self._calls.work(self._sealer.open_effect, blob, at)
                     if opened.epoch not in epochs[node]:
@@ -139,7 +139,10 @@ class TermJournal:
         payload: dict[str, Any] = {"replay": entry.replay}
         if kind == "outcome":
             payload["outcome"] = entry.outcome
-        at = EffectAt(self._id.agent, seq, index, kind, entry.name)
+        # On a chained store the record names its node: a copy into another node's journal
+        # does not open there (as a checkpoint copied into another chain).
+        node = self._id.node if isinstance(self._store, ChainedStore) else None
+        at = EffectAt(self._id.agent, seq, index, kind, entry.name, node)
         blob = await self._calls.work(self._sealer.seal_effect, at, self._fence.epoch, payload)
         if len(blob) > MAX_EFFECT_BYTES:
             raise EffectError(

@@ -216,3 +216,34 @@ def test_a_reseal_of_a_checkpoint_without_node_names_none(sealer: Sealer) -> Non
     again = sealer.reseal_checkpoint(blob, AGENT, EPOCH, SEQ)
     assert read_header(again).node is None and "node" not in header_doc(again)
     assert sealer.open(again, AGENT, EPOCH, SEQ) == STATE
+
+
+# -- effect-journal records ---------------------------------------------------------------
+
+
+def _effect_header(blob: bytes) -> dict[str, Any]:
+    return json.loads(blob[5 + 2 : 5 + 2 + struct.unpack_from(">H", blob, 5)[0]])
+
+
+def test_an_effect_record_sealed_for_a_node_opens_only_in_that_nodes_journal(
+    sealer: Sealer,
+) -> None:
+    """A record copied from one node's journal into another's (same agent, step, index,
+    kind, epoch) does not open there, nor where no node is expected, nor the reverse."""
+    at = sealing.EffectAt("agent-a", 3, 0, "outcome", "search", node="laptop")
+    blob = sealer.seal_effect(at, 7, {"replay": "safe", "outcome": 42})
+    opened = sealer.open_effect(blob, sealing.EffectAt("agent-a", 3, 0, "outcome", node="laptop"))
+    assert (opened.epoch, opened.name, opened.payload["outcome"]) == (7, "search", 42)
+    for where in ("server", None):
+        with pytest.raises(Tampered, match="sealed as"):
+            sealer.open_effect(blob, sealing.EffectAt("agent-a", 3, 0, "outcome", node=where))
+    plain = sealer.seal_effect(sealing.EffectAt("agent-a", 3, 0, "outcome", "search"), 7, {})
+    with pytest.raises(Tampered, match="sealed as"):
+        sealer.open_effect(plain, sealing.EffectAt("agent-a", 3, 0, "outcome", node="laptop"))
+
+
+def test_an_effect_record_without_a_node_has_the_header_it_always_had(sealer: Sealer) -> None:
+    blob = sealer.seal_effect(sealing.EffectAt("agent-a", 3, 0, "intent", "search"), 7, {})
+    assert set(_effect_header(blob)) == {"kid", "agent", "seq", "index", "kind", "name", "epoch"}
+    with_node = sealing.EffectAt("agent-a", 3, 0, "intent", "search", node="laptop")
+    assert _effect_header(sealer.seal_effect(with_node, 7, {}))["node"] == "laptop"
