@@ -11,129 +11,16 @@ delay). Every wait is on a condition, bounded.
 
 from __future__ import annotations
 
-import contextlib
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.records import Event
-from hamsterbunker.stores.syncdir import SyncDirStore
 from tests.support import wait_until
-from tests.support.syncthing import SyncthingInstance, SyncthingMesh, syncthing_mesh
+from tests.support.syncdir_fleet import SYNC_DELAY_MS, TTL_S, WAIT_S, chain, events, fleet_on
 
 pytestmark = [pytest.mark.syncthing, pytest.mark.multiprocess, pytest.mark.fault]
-
-AGENT = "counter"  # CounterAgent.id
-SYNC_DELAY_MS, TICK_MS, TTL_MS = 3_000, 500, 8_000
-TTL_S = TTL_MS / 1000
-WAIT_S = 90.0
-STORE_ROOT = (
-    ".hamsterbunker-syncdir",
-    "cluster.json",
-    "nodes",
-)  # what the first node made  # a generous bound for anything that takes a TTL or two and a sync
-
-
-class Fleet:
-    """Node processes, each on one Syncthing instance's folder; all stopped at the end."""
-
-    def __init__(self, mesh: SyncthingMesh, workdir: Path) -> None:
-        self.mesh, self.workdir = mesh, workdir
-        self.history = workdir / "history.jsonl"
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, node: str, instance: SyncthingInstance) -> None:
-        log = open(self.workdir / f"{node}.log", "ab")  # noqa: SIM115 - closed with the process
-        self.processes[node] = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.syncdir_node", "--root", str(instance.folder),
-             "--node", node, "--history", str(self.history),
-             "--sync-delay-ms", str(SYNC_DELAY_MS), "--tick-ms", str(TICK_MS),
-             "--lease-ttl-ms", str(TTL_MS)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-        )  # fmt: skip
-        log.close()
-
-    def start_first(self, node: str, instance: SyncthingInstance) -> None:
-        """The node that makes the store: leading once it has published."""
-        self.start(node, instance)
-        wait_until(lambda: self.published(node), f"{node} to lead and publish", WAIT_S)
-
-    def start_beside(self, node: str, instance: SyncthingInstance) -> None:
-        """A node on a folder the store's cluster record has reached (a node that saw other
-        nodes but no cluster record would refuse to make a second one)."""
-        folder = instance.folder
-        wait_until(
-            lambda: all((folder / name).exists() for name in STORE_ROOT), "the store", WAIT_S
-        )
-        self.start(node, instance)
-        wait_until(lambda: self.beats(instance, node), f"{node} to stand by", WAIT_S)
-
-    def ops(self, node: str, op: str, outcome: str | None = None) -> list[Op]:
-        found = read_history(self.history) if self.history.exists() else []
-        return [o for o in found if o.node == node and o.op == op
-                and (outcome is None or o.outcome == outcome)]  # fmt: skip
-
-    def published(self, node: str) -> list[Op]:
-        return self.ops(node, "publish", "ok")
-
-    def acquired(self, node: str, above: int = 0) -> list[Op]:
-        return [o for o in self.ops(node, "acquire", "ok") if o.epoch > above]
-
-    def beats(self, instance: SyncthingInstance, node: str) -> bool:
-        return any(b.node == node for b in reader(instance).list_heartbeats(AGENT))
-
-    def stop(self, node: str, signum: signal.Signals) -> None:
-        process = self.processes[node]
-        process.send_signal(signum)
-        process.wait(timeout=WAIT_S)
-
-    def log_tails(self) -> str:
-        tails = []
-        for node in self.processes:
-            lines = (self.workdir / f"{node}.log").read_text().splitlines()
-            tails.append(f"--- {node} ---\n" + "\n".join(lines[-20:]))
-        return "\n".join(tails)
-
-    def close(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.kill()
-            process.wait(timeout=WAIT_S)
-
-
-def reader(instance: SyncthingInstance) -> SyncDirStore:
-    """What the store holds on this instance's machine, read without writing anything."""
-    return SyncDirStore(instance.folder, "reader", sync_delay_ms=SYNC_DELAY_MS, create=False)
-
-
-def events(instance: SyncthingInstance, kind: str) -> list[Event]:
-    return [e for e in reader(instance).read_events(AGENT) if e.type == kind]
-
-
-def chain(instance: SyncthingInstance, node: str) -> set[str]:
-    """The checkpoint files of node's chain as this instance's folder holds them."""
-    folder = instance.folder / "nodes" / node / "agents" / AGENT / "checkpoints"
-    return {path.name for path in folder.glob("ckpt-*")}
-
-
-@contextlib.contextmanager
-def fleet_on(tmp_path: Path, n: int) -> Iterator[Fleet]:
-    with syncthing_mesh(tmp_path / "sync", n=n) as mesh:
-        fleet = Fleet(mesh, tmp_path)
-        try:
-            yield fleet
-        except BaseException:
-            print(fleet.log_tails())
-            print(mesh.logs())
-            raise
-        finally:
-            fleet.close()
 
 
 def test_the_leader_killed_is_taken_over_after_ttl_and_sync_delay_with_nothing_lost(
