@@ -19,6 +19,7 @@ from . import (
     standby,
     steps,
     switchover,
+    syncdir,
     tui,
     tui_idle,
 )
@@ -43,5 +44,6 @@ BENCHMARKS = {
         tui,
         tui_idle,
         regions,
+        syncdir,
     )
 }
