@@ -61,7 +61,7 @@ class NodeLoop:
         cluster_record: ClusterRecord,
         control: ControlView,
         memory: NodeMemory | None,
-        new_term: Callable[[int], LeaderTerm],
+        new_term: Callable[..., LeaderTerm],  # (epoch, contested=...)
         notifier: Notifier,
         watchdog: Watchdog,
         timing: LeaseTiming,
@@ -223,7 +223,7 @@ class NodeLoop:
                 self._sink.record("acquire", epoch, self._standing.seq, tick_start, "ok")
                 self._end_term()  # a previous term still publishing must end first
                 self._sink.hush()  # until the term's first step has begun (LeaderTerm)
-                self._term = term = self._new_term(epoch)
+                self._term = term = self._new_term(epoch, contested=result.reason != "switchover")
                 self._set_role("active")
                 emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
                 if result.reason == "switchover":

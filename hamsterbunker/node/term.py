@@ -11,6 +11,7 @@ and its result is never published (DESIGN.md invariant 3).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import enum
 import functools
@@ -115,12 +116,17 @@ class LeaderTerm:
         clock: Clock,
         grace: Callable[[], float],
         retry: StepRetry = DEFAULT_STEP_RETRY,
+        contested: bool = True,
     ) -> None:
+        """contested: the lease was taken (free or expired), not handed to this node: on a
+        synced folder another node may have taken the same epoch at the same moment
+        (``_uncontested``)."""
         self.epoch = epoch
         self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
         self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
         self._standing, self._signals, self._timing, self._clock = standing, signals, timing, clock
         self._grace = grace  # how long a stop lets the step in flight finish
+        self._began, self._contested = clock.monotonic(), contested
         self._retry, self._failures = retry, StepFailures(retry)
         self.lost = asyncio.Event()  # this term's own end: a later term has its own
         # A switchover: finish the step in flight as on a stop, publish, then end.
@@ -145,6 +151,25 @@ class LeaderTerm:
 
     def _over(self) -> bool:
         return self.lost.is_set() or self._signals.stopping.is_set() or self.leaving.is_set()
+
+    async def _uncontested(self) -> bool:
+        """On a synced folder (a ChainedStore), wait before the first step until this term's
+        claim has had the sync delay to reach the other nodes and theirs to reach this one,
+        and two ticks more for a renewal to look: standbys that saw the same last renewal
+        take an expired lease at the same moment, each with the same epoch, and the claim
+        that loses is found by the lease loop (the term ends, nothing stepped) instead of
+        after steps that would be kept aside. False if the term ended meanwhile. A lease
+        handed to this node (a switchover) was taken by nobody else: no wait."""
+        store = self._store
+        if not (self._contested and isinstance(store, ChainedStore) and store.sync_delay_ms):
+            return not self._over()
+        settle_s = store.sync_delay_ms / 1000 + 2 * self._timing.tick_s
+        left = self._began + settle_s - self._clock.monotonic()
+        if left > 0:
+            waiting = _first(self.lost, self._signals.stopping, self.leaving)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiting, left)
+        return not self._over()
 
     async def lead(self) -> TermEnd:
         """Restore, then step and publish until the lease is lost or the node stops.
@@ -203,6 +228,8 @@ class LeaderTerm:
             next_seq=progress.seq + 1,
             **({"accepted_loss": progress.accepted_loss} if progress.accepted_loss else {}),
         )
+        if not await self._uncontested():
+            return TermEnd(Ending.OVER, self.epoch)
         while not self._over():
             if not await self._until_unpaused() or not await self._until_may_step():
                 break

@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from tests.support import wait_until
-from tests.support.syncdir_fleet import SYNC_DELAY_MS, TTL_S, WAIT_S, chain, events, fleet_on
+from tests.support.syncdir_fleet import (
+    SYNC_DELAY_MS,
+    TTL_S,
+    WAIT_S,
+    Fleet,
+    chain,
+    events,
+    fleet_on,
+)
 
 pytestmark = [pytest.mark.syncthing, pytest.mark.multiprocess, pytest.mark.fault]
 
@@ -27,7 +35,9 @@ def test_the_leader_killed_is_taken_over_after_ttl_and_sync_delay_with_nothing_l
     tmp_path: Path,
 ) -> None:
     """Three machines: the leader is SIGKILLed; one of the others resumes from the last
-    checkpoint the dead leader published, within TTL + sync delay, and nothing diverged."""
+    checkpoint the dead leader published, within TTL + sync delay. The two standbys may
+    take the lease at once: the one whose claim loses steps down before its first step
+    if the sync keeps to its stated delay, and is reported as diverged if it did not."""
     with fleet_on(tmp_path, 3) as fleet:
         a, b, c = fleet.mesh
         fleet.start_first("n1", a)
@@ -35,22 +45,42 @@ def test_the_leader_killed_is_taken_over_after_ttl_and_sync_delay_with_nothing_l
         fleet.start_beside("n3", c)
         wait_until(lambda: len(fleet.published("n1")) >= 4, "a few steps", WAIT_S)
         fleet.stop("n1", signal.SIGKILL)
-        killed = time.monotonic()
+        killed = time.clock_gettime(time.CLOCK_BOOTTIME)  # the histories' clock
         last = max(op.seq for op in fleet.published("n1"))
+        # Both standbys saw the same last renewal: both may take the next epoch at once.
+        # The one whose claim loses finds it before its first step and steps down.
         taker = wait_until(
-            lambda: next((n for n in ("n2", "n3") if fleet.acquired(n, above=1)), None),
-            "a standby to take over",
+            lambda: next((n for n in ("n2", "n3") if stepped(fleet, n)), None),
+            "a standby to take over and step",
             WAIT_S,
         )
-        took_s = time.monotonic() - killed
+        took_s = fleet.acquired(taker, above=1)[0].end - killed
         print(f"taken over by {taker} {took_s:.1f} s after the kill")
         assert took_s < TTL_S + 2 * SYNC_DELAY_MS / 1000 + 5  # TTL + the sync, with slack
-        restored = wait_until(lambda: fleet.ops(taker, "restore", "resumed"), "restore", WAIT_S)
+        restored = fleet.ops(taker, "restore", "resumed")
         assert restored[0].detail["from_seq"] == last  # the dead leader's last checkpoint
-        wait_until(lambda: max((o.seq for o in fleet.published(taker)), default=0) > last,
+        wait_until(lambda: max((o.seq for o in fleet.published(taker)), default=0) > last + 3,
                    "the agent to step on", WAIT_S)  # fmt: skip
-        for instance in fleet.mesh:
-            assert events(instance, "store.diverged") == []
+        other = "n3" if taker == "n2" else "n2"
+        if not stepped(fleet, other):
+            for instance in fleet.mesh:
+                assert events(instance, "store.diverged") == []
+            return
+        # Both stepped: the sync took longer than the term's wait for the other claim (the
+        # stated delay and two ticks). What the design promises then: it is reported, one
+        # of the two steps down, the agent goes on from one chain.
+        print(f"both {taker} and {other} stepped: the sync was slower than stated")
+        reported = wait_until(lambda: events(a, "store.diverged"), "store.diverged", WAIT_S)
+        loser = reported[0].detail["node"]
+        assert loser in (taker, other) and reported[0].detail["winner"].endswith(
+            "@" + ({taker, other} - {loser}).pop()
+        )
+        wait_until(lambda: events(a, "lease.lost"), "the loser to step down", WAIT_S)
+
+
+def stepped(fleet: Fleet, node: str) -> bool:
+    """Whether node published under an epoch after the first (it took over and stepped)."""
+    return any(op.epoch > 1 for op in fleet.published(node))
 
 
 def test_a_partition_lets_both_lead_then_one_chain_wins_and_the_other_is_kept_aside(

@@ -370,3 +370,30 @@ def test_a_checkpoint_copied_into_another_nodes_chain_does_not_authenticate_ther
     assert entered[0][0].seq == last_b + 1
     assert entered[0][1]["effects"] == list(range(1, last_b + 1))  # B's own line, not A's
     assert nodes.events.of("store.regressed") == []
+
+
+def test_standbys_that_take_a_released_lease_at_once_settle_it_before_either_steps(
+    nodes: Nodes,
+) -> None:
+    """B and C see A's release in the same sync and both take the next epoch, each before
+    the other's claim arrives. Neither steps until its claim has had the sync delay to
+    reach the other: the loser finds the winning claim and ends its term, so no step is
+    taken twice and nothing diverges."""
+    a = nodes.start("A")
+    wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
+    for node in ("B", "C"):
+        nodes.sync.copy("A", node)
+    with SyncPump(nodes.sync, "A", "B", "C"):
+        for node in ("B", "C"):
+            nodes.start(node)
+            nodes.events.wait("node.standby", node, timeout=WAIT_S)
+        a.stop(timeout=20)
+        last = a.seq
+        wait_until(
+            lambda: [n for n in ("B", "C") if nodes.published(n, last + 5)], "a new leader", WAIT_S
+        )
+        takers = {e.node for e in nodes.events.of("lease.acquired") if e.node in ("B", "C")}
+        print(f"took the released lease: {sorted(takers)}")
+        stepped = {n for n in ("B", "C") if nodes.agents[n].entered}
+        assert len(stepped) == 1, f"both stepped: {stepped} (took the lease: {takers})"
+    assert _diverged(nodes.events) == []

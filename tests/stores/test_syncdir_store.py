@@ -719,3 +719,24 @@ def test_hb_accept_loss_refuses_a_syncdir_store_with_a_reason(sync: Sync) -> Non
     one = sync.open("n1")
     with pytest.raises(HamsterbunkerError, match="does not work on a syncdir store"):
         plan_loss(one, None, AGENT, None)  # type: ignore[arg-type]  # refused before it is used
+
+
+def test_a_claim_that_goes_missing_for_a_moment_is_kept_as_last_read(sync: Sync) -> None:
+    """Under Syncthing a standby once read no claim at all and took a live leader's lease as
+    free: a claim once seen stays as last read until a new reading replaces it."""
+    one = sync.open("n1")
+    one.create_cluster(cluster(1))
+    held = take(one, "n1", 1)
+    sync.copy("n1", "n2")
+    two = sync.open("n2")
+    seen = two.read_lease(AGENT)
+    assert seen is not None and seen.holder == "n1"
+    claim = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT / "lease.json"
+    claim.unlink()  # gone for a moment (or removed by someone without the secret)
+    assert two.read_lease(AGENT) == seen  # the same record, the same version: no change
+    claim.write_bytes(b"{torn")
+    assert two.read_lease(AGENT) == seen
+    renew(one, held)
+    sync.copy("n1", "n2")
+    renewed = two.read_lease(AGENT)
+    assert renewed is not None and renewed.version > seen.version

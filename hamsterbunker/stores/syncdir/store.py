@@ -243,6 +243,8 @@ class SyncDirStore(Store):
         self._problems = _Problems()
         self._peers: dict[str, FileStore] = {}  # other nodes' subtrees, opened to read
         self._peers_lock = threading.Lock()
+        # The newest claim read of each node, by agent: see claims().
+        self._claims_seen: dict[str, dict[str, LeaseRecord]] = {}
         open_root(self.root, create=create)
         self._check_mode(create)
         own = self.root / NODES / self.node
@@ -447,10 +449,23 @@ class SyncDirStore(Store):
     # -- lease: claims ---------------------------------------------------------
 
     def claims(self, agent: str) -> dict[str, LeaseRecord]:
-        """Every node's claim on the agent's lease that parses (node -> claim)."""
+        """Every node's claim on the agent's lease (node -> claim).
+
+        A node never removes its claim, but a sync tool may leave it missing or
+        unreadable for a moment (seen under Syncthing), and a writer without the
+        secret may remove it: a claim seen once stays as it was last read until
+        another reading of it replaces it. A standby then times the lease from the
+        last change it saw, as on any store, instead of taking a live leader's lease
+        for a free one.
+        """
         check_name("agent id", agent)
         found = self._each(f"claim on {agent}", lambda store: store.read_lease(agent), None)
-        return {node: claim for node, claim in found.items() if claim is not None}
+        with self._peers_lock:
+            seen = self._claims_seen.setdefault(agent, {})
+            for node, claim in found.items():
+                if claim is not None:
+                    seen[node] = claim
+            return dict(seen)
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         return merged_lease(self.claims(agent))
