@@ -708,10 +708,10 @@ together, and each writes its own claim of epoch + 1 before the other's can reac
 (a sync delay later). Both lead one epoch until the claims cross: the lower node id's
 steps are kept aside and `store.diverged` is reported, as for any divergence, but
 with the sync working, which the design's crash bound does not count on. In this run
-{len(raced)} of {len(crashes)} kills went so. What would settle it: a new leader that,
-after writing its claim, waits one sync delay and reads the claims again before its
-first step (failover then TTL + 2 × sync delay), or standbys that stagger their expiry
-by rank, one sync delay apart.{partition_text}
+{len(raced)} of {len(crashes)} kills went so (both took the lease; since 4755381 a term that
+took the lease waits the stated sync delay and two ticks before its first step, so the
+one whose claim loses steps down before stepping, unless the sync was slower than
+stated: the per-takeover table shows who stepped).{partition_text}
 
 **What a partition keeps aside.** Kept aside / the old leader's steps in the partition:
 {aside}. The old leader pruned its own chain at each publish, keeping its newest few
