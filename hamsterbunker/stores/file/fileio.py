@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -22,9 +23,10 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 from ...blob import Blob, BlobPieces
-from ...errors import CorruptRecord
+from ...errors import CorruptRecord, StoreError, StoreUnavailable
 from ...failpoints import failpoint
 from ...limits import STALE_TEMP_AGE_S
 
@@ -336,3 +338,29 @@ def sweep_temps(dir_fd: int, path: Path) -> None:
                 log.info("removed %s, a temporary file left by a crash", path / entry.name)
         except FileNotFoundError:
             continue  # removed by another node's sweep
+
+
+_UNAVAILABLE = {errno.ETIMEDOUT, errno.ESTALE, errno.EIO, errno.ENOTCONN, errno.EHOSTDOWN}
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def os_errors_as_store_errors(store: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """A decorator translating OSError (disk full, permissions, a stale NFS handle) at a
+    folder store's boundary: StoreUnavailable for what may pass, StoreError for the rest;
+    store names the store in the message ("file store", "syncdir store")."""
+
+    def decorate(method: Callable[_P, _R]) -> Callable[_P, _R]:
+        @functools.wraps(method)
+        def translated(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return method(*args, **kwargs)
+            except OSError as exc:
+                where = f" ({exc.filename})" if exc.filename else ""
+                message = f"{store} {method.__name__}: {exc.strerror or exc}{where}"
+                error = StoreUnavailable if exc.errno in _UNAVAILABLE else StoreError
+                raise error(message) from exc
+
+        return translated
+
+    return decorate

@@ -47,14 +47,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import functools
 import os
 import re
 import stat
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import ParamSpec, TypeVar
 
 from ...blob import Blob
 from ...errors import ConfigError, StoreError, StoreUnavailable
@@ -64,7 +61,15 @@ from .._reported import ReportedOnce
 from ..base import MAX_LISTED_AGENTS, AdmissionState, Consumed, Fence, Store, StoreGuarantees
 from .checkpoints import CheckpointFiles
 from .effects import EffectFiles
-from .fileio import TMP_PREFIX, atomic_write, dir_entries, discard, read_file, write_temp
+from .fileio import (
+    TMP_PREFIX,
+    atomic_write,
+    dir_entries,
+    discard,
+    os_errors_as_store_errors,
+    read_file,
+    write_temp,
+)
 from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
 from .lease import cas_lease_in, lease_in
@@ -91,25 +96,8 @@ GUARANTEES = StoreGuarantees(
 )
 
 
-_UNAVAILABLE = {errno.ETIMEDOUT, errno.ESTALE, errno.EIO, errno.ENOTCONN, errno.EHOSTDOWN}
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """Translate OSError (disk full, permissions, a stale NFS handle) at the store boundary."""
-
-    @functools.wraps(method)
-    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except OSError as exc:
-            where = f" ({exc.filename})" if exc.filename else ""
-            message = f"file store {method.__name__}: {exc.strerror or exc}{where}"
-            error = StoreUnavailable if exc.errno in _UNAVAILABLE else StoreError
-            raise error(message) from exc
-
-    return translated
+# OSError (disk full, permissions, a stale NFS handle) at the store boundary.
+_os_errors_as_store_errors = os_errors_as_store_errors("file store")
 
 
 class FileStore(Store):

@@ -113,7 +113,14 @@ from ..base import (
     check_fence,
 )
 from ..file import FileStore
-from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ..file.fileio import (
+    dir_entries,
+    discard,
+    opened_dir,
+    os_errors_as_store_errors,
+    read_file,
+    write_temp,
+)
 from ..file.location import open_root
 from .claims import merged_lease
 from .layout import (
@@ -166,20 +173,8 @@ def check_sync_delay(sync_delay_ms: int) -> int:
     return sync_delay_ms
 
 
-def _os_errors_as_store_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """OSError of the store's own root-level reads and writes, as a StoreError."""
-
-    @functools.wraps(method)
-    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return method(*args, **kwargs)
-        except OSError as exc:
-            where = f" ({exc.filename})" if exc.filename else ""
-            raise StoreError(
-                f"syncdir store {method.__name__}: {exc.strerror or exc}{where}"
-            ) from exc
-
-    return translated
+# OSError of the store's own root-level reads and writes, as a StoreError.
+_os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
 
 
 class _Problems:
