@@ -88,7 +88,6 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
 from ...limits import (
     INBOX_REPLIES_KEPT,
-    MAX_RECORD_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
 )
@@ -115,25 +114,20 @@ from ..base import (
 from ..file import FileStore
 from ..file.fileio import (
     dir_entries,
-    discard,
     opened_dir,
     os_errors_as_store_errors,
-    read_file,
-    write_temp,
 )
 from ..file.location import open_root
 from .claims import merged_lease
 from .layout import (
     CLUSTER,
-    MARKER,
-    MARKER_TEXT,
     MAX_NODE_ENTRIES,
     NODES,
-    is_cluster_copy,
     is_sync_file,
     log,
     sync_files,
 )
+from .root import check_mode, create_once, read_cluster_record
 from .terms import read_term_records, write_term_record
 from .watch import merged_watch
 
@@ -241,7 +235,7 @@ class SyncDirStore(Store):
         # The newest claim read of each node, by agent: see claims().
         self._claims_seen: dict[str, dict[str, LeaseRecord]] = {}
         open_root(self.root, create=create)
-        self._check_mode(create)
+        _os_errors_as_store_errors(check_mode)(self.root, create)
         own = self.root / NODES / self.node
         if create:
             with opened_dir(self.root, (NODES,), create=True):
@@ -250,31 +244,6 @@ class SyncDirStore(Store):
         if create or (self.node and own.is_dir()):
             self._mine = self._open_subtree(own, create=create)
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
-
-    @_os_errors_as_store_errors
-    def _check_mode(self, create: bool) -> None:
-        """Mark the folder as a syncdir store (once), or refuse one that is something else."""
-        with opened_dir(self.root, ()) as root_fd:
-            if root_fd is None:
-                raise StoreError(f"syncdir store directory {self.root} does not exist")
-            marked = read_file(root_fd, MARKER, self.root / MARKER, MAX_RECORD_BYTES) is not None
-            if marked:
-                return
-            # A sync tool brings files in any order: other nodes' subtrees (nodes/) may
-            # arrive before the marker. The marker's bytes are the same on every node, so
-            # a second copy of it is no conflict. A cluster record without either is a
-            # file store's (it keeps agents/ beside it), or a sync not far enough yet.
-            names = {e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES)}
-            if NODES not in names and names & {"agents", CLUSTER}:
-                raise StoreError(
-                    f"{self.root} holds a file:// store (no {MARKER}, no {NODES}/), or a "
-                    "syncdir folder the sync has not brought yet: a syncdir store needs a "
-                    "folder of its own"
-                )
-            if not create and NODES not in names:
-                raise StoreError(f"{self.root} is not a syncdir store: {MARKER} is missing")
-            if create:
-                _create_once(root_fd, MARKER, MARKER_TEXT)
 
     # -- subtrees ------------------------------------------------------------
 
@@ -375,21 +344,7 @@ class SyncDirStore(Store):
 
     @_os_errors_as_store_errors
     def read_cluster(self) -> ClusterRecord | None:
-        with opened_dir(self.root, ()) as root_fd:
-            if root_fd is None:
-                return None
-            copies = [
-                e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES) if is_cluster_copy(e.name)
-            ]
-            if copies:
-                raise StoreError(
-                    f"{self.root / sorted(copies)[0]} is a sync-conflict copy of the cluster "
-                    "record: two nodes each created one on folders that were not yet synced. "
-                    f"Keep one (remove the copy, or replace {CLUSTER} with it) on every "
-                    "machine, then start the nodes again"
-                )
-            data = read_file(root_fd, CLUSTER, self.root / CLUSTER, MAX_RECORD_BYTES)
-        return None if data is None else ClusterRecord.from_json(data)
+        return read_cluster_record(self.root)
 
     @_os_errors_as_store_errors
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
@@ -405,10 +360,7 @@ class SyncDirStore(Store):
                 "record yet: wait for the sync tool to bring their cluster record rather than "
                 "create a second one (which would leave a conflict copy), then start again"
             )
-        with opened_dir(self.root, ()) as root_fd:
-            if root_fd is None:
-                raise StoreError(f"syncdir store directory {self.root} does not exist")
-            _create_once(root_fd, CLUSTER, record.to_json())
+        create_once(self.root, CLUSTER, record.to_json())
         stored = self.read_cluster()
         if stored is None:
             raise StoreError(f"cluster record vanished from {self.root}")
@@ -669,16 +621,3 @@ class SyncDirStore(Store):
     def close(self) -> None:
         for store in self.subtrees().values():
             store.close()
-
-
-def _create_once(root_fd: int, name: str, data: bytes) -> None:
-    """Write name in root_fd durably unless it exists: left as it is if it does."""
-    tmp = write_temp(root_fd, data, durable=True)
-    try:
-        # Fails if the name exists: atomic create-if-absent (as the file store's cluster record).
-        os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
-        os.fsync(root_fd)
-    except FileExistsError:
-        pass
-    finally:
-        discard(root_fd, tmp)

@@ -1,0 +1,81 @@
+"""The root of a syncdir folder: its marker and the cluster record, each written once.
+
+Nothing at the root is ever rewritten: a synced folder would keep one of two
+copies and rename the other. The marker's bytes are the same on every node, so
+two nodes that each write it make no conflict; the cluster record is made by
+the first node only (``SyncDirStore.create_cluster``), and a sync-conflict copy
+of it stops every node until one is removed.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ...errors import StoreError
+from ...limits import MAX_RECORD_BYTES
+from ...records import ClusterRecord
+from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from .layout import CLUSTER, MARKER, MARKER_TEXT, MAX_NODE_ENTRIES, NODES, is_cluster_copy
+
+__all__ = ["check_mode", "create_once", "read_cluster_record"]
+
+
+def check_mode(root: Path, create: bool) -> None:
+    """Mark the folder as a syncdir store (once, with create), or refuse one that is
+    something else: StoreError naming what was found."""
+    with opened_dir(root, ()) as root_fd:
+        if root_fd is None:
+            raise StoreError(f"syncdir store directory {root} does not exist")
+        if read_file(root_fd, MARKER, root / MARKER, MAX_RECORD_BYTES) is not None:
+            return
+        # A sync tool brings files in any order: other nodes' subtrees (nodes/) may
+        # arrive before the marker. A cluster record without either is a file
+        # store's (it keeps agents/ beside it), or a sync not far enough yet.
+        names = {e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES)}
+        if NODES not in names and names & {"agents", CLUSTER}:
+            raise StoreError(
+                f"{root} holds a file:// store (no {MARKER}, no {NODES}/), or a syncdir folder "
+                "the sync has not brought yet: a syncdir store needs a folder of its own"
+            )
+        if not create and NODES not in names:
+            raise StoreError(f"{root} is not a syncdir store: {MARKER} is missing")
+        if create:
+            _create_once(root_fd, MARKER, MARKER_TEXT)
+
+
+def read_cluster_record(root: Path) -> ClusterRecord | None:
+    """The cluster record, or None; StoreError if the sync left a conflict copy of it."""
+    with opened_dir(root, ()) as root_fd:
+        if root_fd is None:
+            return None
+        copies = [e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES) if is_cluster_copy(e.name)]
+        if copies:
+            raise StoreError(
+                f"{root / sorted(copies)[0]} is a sync-conflict copy of the cluster record: two "
+                "nodes each created one on folders that were not yet synced. Keep one (remove "
+                f"the copy, or replace {CLUSTER} with it) on every machine, then start the "
+                "nodes again"
+            )
+        data = read_file(root_fd, CLUSTER, root / CLUSTER, MAX_RECORD_BYTES)
+    return None if data is None else ClusterRecord.from_json(data)
+
+
+def create_once(root: Path, name: str, data: bytes) -> None:
+    """Write name at the root durably unless it exists: left as it is if it does."""
+    with opened_dir(root, ()) as root_fd:
+        if root_fd is None:
+            raise StoreError(f"syncdir store directory {root} does not exist")
+        _create_once(root_fd, name, data)
+
+
+def _create_once(root_fd: int, name: str, data: bytes) -> None:
+    tmp = write_temp(root_fd, data, durable=True)
+    try:
+        # Fails if the name exists: atomic create-if-absent (as the file store's cluster record).
+        os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
+        os.fsync(root_fd)
+    except FileExistsError:
+        pass
+    finally:
+        discard(root_fd, tmp)
