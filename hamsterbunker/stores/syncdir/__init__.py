@@ -1,5 +1,5 @@
 """The syncdir store: a synced folder in which each node writes only its own subtree."""
 
-from .store import GUARANTEES, MAX_SYNC_DELAY_MS, SyncDirStore, check_sync_delay
+from .store import GUARANTEES, MAX_SYNC_DELAY_MS, SyncDirStore, check_sync_delay_bounds
 
-__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay"]
+__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay_bounds"]

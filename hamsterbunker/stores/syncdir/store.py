@@ -134,7 +134,7 @@ from .watch import merged_watch
 if TYPE_CHECKING:
     from ...blob import Blob
 
-__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay"]
+__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay_bounds"]
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="none: each node writes only its own files, and the lease is the winning "
@@ -157,7 +157,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def check_sync_delay(sync_delay_ms: int) -> int:
+def check_sync_delay_bounds(sync_delay_ms: int) -> int:
     """sync_delay_ms if it is a whole number of ms in 1..MAX_SYNC_DELAY_MS, else ConfigError."""
     if type(sync_delay_ms) is not int or not 0 < sync_delay_ms <= MAX_SYNC_DELAY_MS:
         raise ConfigError(
@@ -217,7 +217,7 @@ class SyncDirStore(Store):
                 "sync_delay_ms (both from the node's config)"
             )
         self.node = "" if node is None else check_name("node id", node)
-        self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay(sync_delay_ms)
+        self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay_bounds(sync_delay_ms)
         self.root = Path(root).absolute()
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
         # Every subtree is a file store opened with these.
