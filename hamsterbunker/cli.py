@@ -19,7 +19,8 @@ from typing import NoReturn
 
 from . import __version__, cli_control
 from .agent import load_agent
-from .cli_args import not_on_syncdir, positive_int, store_url, whole_number
+from .cli_args import confirmed, not_on_syncdir, positive_int, store_url, whole_number
+from .cli_chain import add_choose_chain_parser, choose_chain
 from .cli_control import add_control_parsers
 from .cli_forget import add_forget_parser, forget
 from .cli_rotate import add_rotate_parser, rotate_secret
@@ -178,6 +179,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_forget_parser(sub, SECRET_HELP)
     add_control_parsers(sub, SECRET_HELP)
     add_rotate_parser(sub, "file holding the secrets, one a line, newest first")
+    add_choose_chain_parser(sub, SECRET_HELP)
     return parser
 
 
@@ -420,6 +422,10 @@ def _cmd_rotate_secret(args: argparse.Namespace) -> int:
     return rotate_secret(args, lambda: read_secret(secret_file))
 
 
+def _cmd_choose_chain(args: argparse.Namespace) -> int:
+    return choose_chain(args, lambda: read_secret(args.secret_file))
+
+
 def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .acceptance import accept_loss, plan_loss
     from .records import check_name
@@ -436,7 +442,7 @@ def _cmd_accept_loss(args: argparse.Namespace) -> int:
         sealer = Sealer(secret, cluster)
         plan = plan_loss(store, sealer, agent_id, args.to_seq)
         print(plan.describe())
-        if not args.yes and not _confirmed("Give these up? Type yes to go on: "):
+        if not args.yes and not confirmed("Give these up? Type yes to go on: "):
             print("nothing changed", file=sys.stderr)
             return EXIT_FAILURE
         acceptance = accept_loss(store, sealer, plan)
@@ -447,14 +453,6 @@ def _cmd_accept_loss(args: argparse.Namespace) -> int:
         "start them again"
     )
     return 0
-
-
-def _confirmed(question: str) -> bool:
-    try:
-        return input(question).strip().lower() == "yes"
-    except EOFError:  # no terminal: only --yes says yes
-        print("\n(no answer: use --yes to go on without asking)", file=sys.stderr)
-        return False
 
 
 def _print_error(line: str) -> None:
@@ -486,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         "resume": _cmd_pause,
         "history": cli_control.history,
         "rotate-secret": _cmd_rotate_secret,
+        "choose-chain": _cmd_choose_chain,
     }
     try:
         return commands[args.command](args)

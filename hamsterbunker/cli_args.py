@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 from .errors import ConfigError
 from .stores import is_syncdir_url
 
-__all__ = ["not_on_syncdir", "positive_int", "seconds", "store_url", "whole_number"]
+__all__ = ["confirmed", "not_on_syncdir", "positive_int", "seconds", "store_url", "whole_number"]
 
 
 def _int(text: str) -> int:
@@ -64,3 +65,12 @@ def not_on_syncdir(url: str, what: str) -> str:
             "part 3 of docs/syncdir.md, not built)"
         )
     return url
+
+
+def confirmed(question: str) -> bool:
+    """Whether the operator answers yes to question (no terminal: no; --yes skips asking)."""
+    try:
+        return input(question).strip().lower() == "yes"
+    except EOFError:
+        print("\n(no answer: use --yes to go on without asking)", file=sys.stderr)
+        return False

@@ -15,6 +15,12 @@ the same answer on every node:
   reached the next leader only after it had restored). Nothing here deletes
   them; the caller reports them (``store.diverged``).
 
+An operator may choose otherwise (``hb choose-chain``): a ``ChainChoice`` made
+while a term wins names the checkpoint the next term goes on from. A restore
+applies it (``chosen``): the lineage then runs back from that checkpoint, and
+what the winning term did past it is kept aside like any other branch. Once
+the next term has begun from it, that term wins and the choice is spent.
+
 The inputs must already be authenticated (term records signed, checkpoints
 opened or at least listed under a chain whose records authenticate): this
 module only orders them.
@@ -25,7 +31,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["Aside", "CheckpointRef", "Lineage", "TermId", "TermStart", "lineage"]
+__all__ = [
+    "Aside",
+    "ChainChoice",
+    "CheckpointRef",
+    "Lineage",
+    "TermId",
+    "TermStart",
+    "applicable_choice",
+    "lineage",
+]
 
 
 @dataclass(frozen=True, order=True)
@@ -56,6 +71,14 @@ class TermStart:
     base: CheckpointRef | None
 
 
+@dataclass(frozen=True, order=True)
+class ChainChoice:
+    """An operator's choice, made while the term after won: the next term goes on from base."""
+
+    after: TermId
+    base: CheckpointRef
+
+
 @dataclass(frozen=True)
 class Aside:
     """A run of one term's checkpoints that the lineage does not continue."""
@@ -82,14 +105,28 @@ class Lineage:
     # Checkpoints of terms whose record is not here (yet): a sync tool may bring a
     # term's checkpoints before its record. Neither carried nor, yet, aside.
     unplaced: tuple[Aside, ...] = ()
+    # The checkpoint an operator chose to go on from, if a choice was applied.
+    chosen: CheckpointRef | None = None
 
     @property
     def diverged(self) -> bool:
         return bool(self.aside)
 
 
-def lineage(starts: Iterable[TermStart], chains: Mapping[TermId, Iterable[int]]) -> Lineage:
-    """The lineage of the terms that starts describes, over the checkpoints chains holds.
+def applicable_choice(choices: Iterable[ChainChoice], winner: TermId | None) -> ChainChoice | None:
+    """The choice that applies while winner wins: one made after it (an older one was
+    spent or overtaken). Of several (made on different machines), the one naming the
+    newest checkpoint, the same on every node."""
+    return max((choice for choice in choices if choice.after == winner), default=None)
+
+
+def lineage(
+    starts: Iterable[TermStart],
+    chains: Mapping[TermId, Iterable[int]],
+    chosen: CheckpointRef | None = None,
+) -> Lineage:
+    """The lineage of the terms that starts describes, over the checkpoints chains holds;
+    with chosen, the lineage that goes on from that checkpoint instead (a choice).
 
     A term with checkpoints but no record (not yet synced, or its record did not
     authenticate) can be neither winner nor ancestor: its checkpoints are
@@ -108,8 +145,8 @@ def lineage(starts: Iterable[TermStart], chains: Mapping[TermId, Iterable[int]])
     winner = max(by_term)
     carried: list[CheckpointRef] = []
     reach: dict[TermId, int | None] = {}  # how far each lineage term is carried (None: all)
-    term: TermId | None = winner
-    upto: int | None = None
+    term: TermId | None = winner if chosen is None else chosen.term
+    upto: int | None = None if chosen is None else chosen.seq
     while term is not None and term not in reach:
         reach[term] = upto
         carried.extend(
@@ -131,4 +168,4 @@ def lineage(starts: Iterable[TermStart], chains: Mapping[TermId, Iterable[int]])
             aside.append(Aside(term, tuple(seqs), by_term[term].base))
         elif seqs:
             unplaced.append(Aside(term, tuple(seqs), None))
-    return Lineage(winner, tuple(carried), tuple(aside), tuple(unplaced))
+    return Lineage(winner, tuple(carried), tuple(aside), tuple(unplaced), chosen)

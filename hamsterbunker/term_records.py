@@ -1,5 +1,9 @@
 """A term's record on a synced folder: where the term started, signed with the cluster key.
 
+Beside it, the operator's chain choice (``hb choose-chain``): while a given
+term wins, the next term goes on from another checkpoint (a chain kept aside,
+or one behind what was announced). Signed and placed the same way.
+
 Each term writes one before its first checkpoint (``docs/syncdir.md``): its
 epoch, its node and its base, the checkpoint it restored from. The lineage
 (``hamsterbunker.lineage``) is worked out from these records alone, so one that
@@ -15,22 +19,22 @@ from typing import Any
 
 from .errors import CorruptRecord, Tampered
 from .limits import MAX_EPOCH, MAX_SEQ
-from .lineage import CheckpointRef, TermId, TermStart
+from .lineage import ChainChoice, CheckpointRef, TermId, TermStart
 from .records import check_record_name, parse_json
 from .sealing import Sealer
 
-__all__ = ["open_term_start", "seal_term_start"]
+__all__ = ["open_chain_choice", "open_term_start", "seal_chain_choice", "seal_term_start"]
 
 _KIND = "term-start"
+_CHOICE = "chain-choice"
 
 
 def seal_term_start(sealer: Sealer, agent: str, start: TermStart) -> bytes:
-    base = start.base
     doc = {
         "agent": agent,
         "epoch": start.term.epoch,
         "node": start.term.node,
-        "base": None if base is None else [base.term.epoch, base.term.node, base.seq],
+        "base": _ref(start.base),
     }
     return sealer.sign_record(_KIND, json.dumps(doc, separators=(",", ":")).encode())
 
@@ -54,6 +58,39 @@ def open_term_start(sealer: Sealer, data: bytes, agent: str, term: TermId) -> Te
             f"agent {agent!r}, term {term}"
         )
     return found
+
+
+def seal_chain_choice(sealer: Sealer, agent: str, choice: ChainChoice) -> bytes:
+    doc = {
+        "agent": agent,
+        "after": [choice.after.epoch, choice.after.node],
+        "base": _ref(choice.base),
+    }
+    return sealer.sign_record(_CHOICE, json.dumps(doc, separators=(",", ":")).encode())
+
+
+def open_chain_choice(sealer: Sealer, data: bytes, agent: str, epoch: int) -> ChainChoice:
+    """The choice in data, authenticated, for agent, made while the term of epoch won
+    (the epoch its place names); Tampered otherwise."""
+    payload = sealer.open_record(_CHOICE, data)
+    try:
+        doc = parse_json(payload, "chain choice")
+        after_epoch, after_node = doc["after"]
+        after = TermId(_count(after_epoch, MAX_EPOCH), check_record_name(after_node))
+        base = _base(doc["base"])
+        named = doc["agent"]
+    except (CorruptRecord, KeyError, TypeError, ValueError) as exc:
+        raise Tampered(f"chain choice does not parse: {exc}") from exc
+    if base is None or named != agent or after.epoch != epoch:
+        raise Tampered(
+            f"chain choice for agent {named!r} after term {after} found as agent {agent!r}'s "
+            f"choice after a term of epoch {epoch}"
+        )
+    return ChainChoice(after, base)
+
+
+def _ref(ref: CheckpointRef | None) -> list[Any] | None:
+    return None if ref is None else [ref.term.epoch, ref.term.node, ref.seq]
 
 
 def _base(value: Any) -> CheckpointRef | None:

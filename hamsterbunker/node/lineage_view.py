@@ -9,6 +9,11 @@ kept aside. Each kept-aside segment is reported once per node process
 found it: so a leader that kept leading after a partition healed still says
 so once the loser's chain has synced in.
 
+It also reads the operator's chain choices (``hb choose-chain``, signed like
+term records; one that does not authenticate is reported the same way): the
+one that applies while the winning term wins is in each read (``choice``), and
+a restore's read goes on from it (``read(apply_choice=True)``).
+
 Reading runs in a thread (``read``); reporting on the node's event loop
 (``report``), where events are emitted.
 """
@@ -21,11 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import CorruptRecord, StoreError, Tampered
-from ..lineage import Aside, CheckpointRef, Lineage, TermId, TermStart, lineage
+from ..lineage import (
+    Aside,
+    ChainChoice,
+    CheckpointRef,
+    Lineage,
+    TermId,
+    TermStart,
+    applicable_choice,
+    lineage,
+)
 from ..records import CheckpointInfo
 from ..sealing import Sealer
 from ..stores.chains import ChainedStore
-from ..term_records import open_term_start, seal_term_start
+from ..term_records import open_chain_choice, open_term_start, seal_term_start
 from .calls import NodeCalls
 
 __all__ = ["DivergenceCheck", "LineageRead", "LineageView"]
@@ -47,6 +61,9 @@ class LineageRead:
     winner_based: bool = False
     # Every term record that authenticates.
     starts: tuple[TermStart, ...] = ()
+    # The operator's choice that applies while the winning term wins (applied to lineage
+    # if the read was asked to: then lineage.chosen is its base).
+    choice: ChainChoice | None = None
 
     def carried(self) -> list[tuple[str, CheckpointInfo]]:
         """The checkpoints that carry the agent on, as (node, info), newest first."""
@@ -97,8 +114,9 @@ class LineageView:
 
     # -- in a thread ------------------------------------------------------------------
 
-    def read(self) -> LineageRead:
-        """Every term record (authenticated) and every chain, and the lineage they make."""
+    def read(self, *, apply_choice: bool = False) -> LineageRead:
+        """Every term record (authenticated) and every chain, and the lineage they make;
+        apply_choice: the lineage an applicable chain choice goes on from, if there is one."""
         starts: list[TermStart] = []
         rejected: list[tuple[TermId, str, str]] = []
         for (epoch, node), data in sorted(self._store.read_term_starts(self._agent_id).items()):
@@ -107,6 +125,13 @@ class LineageView:
                 starts.append(open_term_start(self._sealer, data, self._agent_id, term))
             except (Tampered, CorruptRecord) as exc:
                 rejected.append((term, str(exc), hashlib.sha256(data).hexdigest()))
+        choices: list[ChainChoice] = []
+        for (epoch, node), data in sorted(self._store.read_chain_choices(self._agent_id).items()):
+            try:
+                choices.append(open_chain_choice(self._sealer, data, self._agent_id, epoch))
+            except (Tampered, CorruptRecord) as exc:
+                error = f"chain choice: {exc}"
+                rejected.append((TermId(epoch, node), error, hashlib.sha256(data).hexdigest()))
         where: dict[CheckpointRef, tuple[str, CheckpointInfo]] = {}
         held: dict[TermId, list[int]] = {}
         for node, chain in self._store.list_chains(self._agent_id).items():
@@ -115,8 +140,11 @@ class LineageView:
                 where[CheckpointRef(term, info.seq)] = (node, info)
                 held.setdefault(term, []).append(info.seq)
         found = lineage(starts, held)
+        choice = applicable_choice(choices, found.winner)
+        if apply_choice and choice is not None:
+            found = lineage(starts, held, choice.base)
         based = any(start.term == found.winner and start.base is not None for start in starts)
-        return LineageRead(found, where, tuple(rejected), based, tuple(starts))
+        return LineageRead(found, where, tuple(rejected), based, tuple(starts), choice)
 
     def write_start(self, epoch: int, base: CheckpointRef | None) -> None:
         """This node's record of its term at epoch, which began from base (None: init())."""
@@ -142,6 +170,8 @@ class LineageView:
             if self._first_time(self._rejected, (term, digest)):
                 self._emit("term_record.rejected", term=str(term), error=error)
         found = read.lineage
+        if found.chosen is not None:
+            return  # as it will be once the chosen term begins: reported by the next read
         for segment in found.aside:
             if self._first_time(self._reported, (segment.term, segment.forked_at)):
                 self._emit("store.diverged", **diverged_fields(found.winner, segment))
@@ -175,11 +205,20 @@ class DivergenceCheck:
 
     Runs on leaders and standbys alike, so that whichever node sees both
     chains says so. One read of the term records and the chains per round;
-    a store error skips the round.
+    a store error skips the round. A chain choice that applies is handed to
+    on_choice (a leader of the term it was made after ends that term).
     """
 
-    def __init__(self, view: LineageView, calls: NodeCalls, *, period_s: float) -> None:
+    def __init__(
+        self,
+        view: LineageView,
+        calls: NodeCalls,
+        *,
+        period_s: float,
+        on_choice: Callable[[ChainChoice], None] | None = None,
+    ) -> None:
         self._view, self._calls, self._period_s = view, calls, period_s
+        self._on_choice = on_choice
 
     async def run(self) -> None:
         while True:
@@ -193,4 +232,6 @@ class DivergenceCheck:
         except StoreError:
             return None  # the next round tries again; the node loop reports store errors
         self._view.report(read)
+        if read.choice is not None and self._on_choice is not None:
+            self._on_choice(read.choice)
         return read

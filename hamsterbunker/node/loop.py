@@ -273,6 +273,17 @@ class NodeLoop:
             )  # read while the term finishes: _hand_over needs the target's session
             self._start_hand_over(term, target, beats)
 
+    def rebase(self, epoch: int, reason: str) -> bool:
+        """End this node's term at epoch for a new one that restores afresh (a chain choice
+        made while it led); False if this node does not lead at epoch now."""
+        term, held = self._term, self._keeper.held
+        if term is None or held is None or term.epoch != epoch or held.epoch != epoch:
+            return False
+        if term.leaving.is_set() or self._signals.stopping.is_set():
+            return False
+        term.rebase(reason)
+        return True
+
     def hand_over_to(self, target: str, beats: list[Heartbeat]) -> bool:
         """Hand the lease to target as a switchover does, unasked (a host spreading its
         agents' leases: hamsterbunker.node.balance); beats: the agent's heartbeats, just

@@ -12,11 +12,16 @@ On a store that keeps a chain per node (``ChainedStore``, given as a
 what this node saw accepted on a branch now kept aside is no loss (it is still
 there, reported as ``store.diverged``). The term then writes its own term
 record, naming the checkpoint it restored from, before its first checkpoint.
+There, what this node saw accepted and cannot find is not refused for good
+(the sync may bring it: ``BehindTheSync``, and the term tries again), and an
+operator's chain choice (``hb choose-chain``) is where a restore goes on from,
+behind what was seen or not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -40,10 +45,10 @@ from ..sealing import Sealer
 from ..stores import RestoreRead, Store
 from ..stores.base import newest_first
 from .calls import NodeCalls
-from .lineage_view import LineageRead, LineageView
+from .lineage_view import LineageRead, LineageView, describe_ref
 from .state import Standing
 
-__all__ = ["LeaseBehind", "Progress", "Restorer"]
+__all__ = ["BehindTheSync", "LeaseBehind", "Progress", "Restorer"]
 
 # How much longer systemd should wait for a stop, granted before each
 # checkpoint a restore reads: a restore that makes progress is never cut
@@ -88,6 +93,11 @@ _ASIDE_TRIES = 4
 
 class _NotSyncedYet(Exception):
     """The lineage is behind what this node saw accepted: the sync may still bring it."""
+
+
+class BehindTheSync(StoreError):
+    """On a synced folder: a checkpoint this node saw announced is not here. The sync may
+    still bring it (a partition), so the term tries again rather than stop the node."""
 
 
 class LeaseBehind(HamsterbunkerError):
@@ -137,7 +147,7 @@ class Restorer:
         beside them, so the restore waits for their record (a StoreError: the
         term tries again, and gives the lease up after a TTL).
         """
-        found = await self._calls.io(view.read)
+        found = await self._calls.io(functools.partial(view.read, apply_choice=True))
         view.report(found)
         carried = found.carried()
         if not carried and found.lineage.unplaced:
@@ -226,13 +236,15 @@ class Restorer:
                 return Progress(state, 0, resumed=False, journals=roots)
             if may_wait:
                 raise _NotSyncedYet
-            if reach == Reach():
+            # On a synced folder, a lineage with nothing here may be one the sync has
+            # not brought yet (BehindTheSync below).
+            if reach == Reach() and (read.lineage is None or infos):
                 raise NoUsableCheckpoint(
                     f"agent {self._agent_id}: {len(infos)} checkpoints are stored but none "
                     "authenticates; refusing to start over from init(). Restore the store from a "
                     "backup or remove the agent's checkpoints deliberately."
                 )
-            raise self._regressed(Reach(), reach, damaged)
+            raise self._regressed(Reach(), reach, damaged, read)
         info, (state, marks) = found
         if info.epoch >= epoch:
             # The lease record went back behind an authenticated checkpoint: this term's
@@ -245,18 +257,28 @@ class Restorer:
             self._emit("store.regressed", reason=reason)
             raise LeaseBehind(reason)
         newest = Reach(info.seq, info.epoch)
+        node = read.chain_of.get((info.seq, info.epoch))
+        base = None if node is None else CheckpointRef(TermId(info.epoch, node), info.seq)
+        chosen = read.lineage is not None and base == read.lineage.lineage.chosen
         # What was seen accepted on a branch the lineage does not continue is still stored,
-        # kept aside (store.diverged said so), not lost. The keeper's reach is left as it
-        # is then: lowering it would make this term's own lease record go back in seq.
+        # kept aside (store.diverged said so), not lost; a checkpoint an operator chose
+        # is where to go on from. The keeper's reach is left as it is then: lowering it
+        # would make this term's own lease record go back in seq.
         behind = newest.seq < reach.seq or newest.epoch < reach.epoch
-        if behind and not await self._held_aside(read, newest, reach):
+        if behind and not chosen and not await self._held_aside(read, newest, reach):
             if may_wait:
                 raise _NotSyncedYet
-            raise self._regressed(newest, reach, damaged)
-        node = read.chain_of.get((info.seq, info.epoch))
+            raise self._regressed(newest, reach, damaged, read)
         journals: tuple[TermId, ...] = ()
-        if node is not None:
-            base = CheckpointRef(TermId(info.epoch, node), info.seq)
+        if base is not None:
+            if chosen:
+                assert read.lineage is not None and read.lineage.choice is not None
+                self._emit(
+                    "chain.chosen",
+                    after=str(read.lineage.choice.after),
+                    base=describe_ref(base),
+                    behind_seen=behind,
+                )
             await self._write_term_start(epoch, base)
             assert read.lineage is not None  # chain_of is only filled from a lineage read
             journals = read.lineage.built_on(base)
@@ -374,9 +396,10 @@ class Restorer:
             return None
 
     def _regressed(
-        self, newest: Reach, reach: Reach, damaged: list[CheckpointInfo]
-    ) -> StoreRegressed:
-        """Report (store.regressed) and make the refusal to resume behind reach."""
+        self, newest: Reach, reach: Reach, damaged: list[CheckpointInfo], read: _Read
+    ) -> HamsterbunkerError:
+        """Report (store.regressed) and make the refusal to resume behind reach: on a synced
+        folder one to try again after (BehindTheSync), elsewhere one that stops the node."""
         which = "that authenticates " if damaged else ""
         unreadable = (
             f" Checkpoints at seq {', '.join(str(i.seq) for i in damaged)} did not authenticate "
@@ -384,6 +407,20 @@ class Restorer:
             if damaged
             else ""
         )
+        if read.lineage is not None:
+            here = "none" if newest == Reach() else f"seq {newest.seq} of epoch {newest.epoch}"
+            seen = (
+                f"behind seq {reach.seq} of epoch {reach.epoch}, seen announced"
+                if reach != Reach()
+                else "while the winning term began from a checkpoint"
+            )
+            return BehindTheSync(
+                f"agent {self._agent_id}: the lineage's newest checkpoint {which}here is "
+                f"{here}, {seen}: the sync has not brought it yet (a partition?), or it was "
+                f"removed.{unreadable} Not leading from behind it; trying again. If it is "
+                "gone for good, choose where to go on from: hb choose-chain --agent-id "
+                f"{self._agent_id}."
+            )
         self._emit(
             "store.regressed",
             reason=f"newest checkpoint {which}seq {newest.seq} of epoch {newest.epoch} < seen "

@@ -32,6 +32,7 @@ from ..history import HistoryWriter
 from ..http_address import HttpAddress, parse_http_address
 from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
+from ..lineage import ChainChoice
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name
@@ -51,7 +52,7 @@ from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
 from .identity_check import check_node_id_free
 from .keys import KeyFollower, show_keys
-from .lineage_view import DivergenceCheck, LineageView
+from .lineage_view import DivergenceCheck, LineageView, describe_ref
 from .loop import NodeLoop
 from .probes import NodeProbes
 from .restore import Restorer
@@ -218,6 +219,13 @@ class Runtime:
         """Run in the foreground until SIGTERM or SIGINT, then stop gracefully."""
         asyncio.run(self.serve(install_signal_handlers=True))
 
+    def _rebase_for(self, choice: ChainChoice) -> None:
+        """An operator chose a chain to go on from while this node's term won: end that
+        term, so that the next one restores from the choice (``hb choose-chain``)."""
+        node = self._node
+        if node is not None and choice.after.node == self.node_id:
+            node.rebase(choice.after.epoch, f"chain chosen: go on from {describe_ref(choice.base)}")
+
     def request_stop(self) -> None:
         """Ask the node to stop; safe from any thread or a signal handler."""
         self._stop.ask()
@@ -366,7 +374,10 @@ class Runtime:
                 if lineage is None
                 else asyncio.create_task(
                     DivergenceCheck(
-                        lineage, calls, period_s=DIVERGENCE_CHECK_TTLS * self.timing.lease_ttl_s
+                        lineage,
+                        calls,
+                        period_s=DIVERGENCE_CHECK_TTLS * self.timing.lease_ttl_s,
+                        on_choice=self._rebase_for,
                     ).run(),
                     name="hb-divergence",
                 )

@@ -132,6 +132,7 @@ class LeaderTerm:
         # A switchover: finish the step in flight as on a stop, publish, then end.
         self.leaving = asyncio.Event()
         self._successor = ""
+        self._rebase = ""  # why the term leaves for a new one of its own (rebase)
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
         self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
         self._inbox = TermInbox(
@@ -147,6 +148,14 @@ class LeaderTerm:
         for the loop to release the lease to successor."""
         if not self.leaving.is_set():
             self._successor = successor
+            self.leaving.set()
+
+    def rebase(self, reason: str) -> None:
+        """End the term as a stop would and give the lease up with no hold-off, so that the
+        next term (this node's, most likely) restores afresh: an operator chose another
+        chain to go on from (``hb choose-chain``)."""
+        if not self.leaving.is_set():
+            self._rebase = reason
             self.leaving.set()
 
     def _over(self) -> bool:
@@ -180,6 +189,8 @@ class LeaderTerm:
         try:
             ended = await self._lead()
             if ended.how is Ending.OVER and self.leaving.is_set() and not self.lost.is_set():
+                if self._rebase:
+                    return self._give_up(self._rebase, hold_off=False)
                 return TermEnd(Ending.HANDED_OVER, self.epoch, successor=self._successor)
             return ended
         finally:

@@ -46,3 +46,13 @@ class ChainedStore(Protocol):
         """Every node's term records, unopened: (epoch, node) -> bytes, taken from where
         each record is kept (never from its bytes); unreadable ones skipped and reported."""
         ...
+
+    def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
+        """Write this node's (signed) choice of the chain to go on from, made while the
+        term of epoch won (``hb choose-chain``), once: other bytes, a StoreError."""
+        ...
+
+    def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
+        """Every node's chain choices, unopened: (epoch, node) -> bytes, placed as term
+        records are; unreadable ones skipped and reported."""
+        ...

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import StoreRegressed
+from hamsterbunker.agent import current_step
 from hamsterbunker.lineage import CheckpointRef, TermId, TermStart
 from hamsterbunker.records import Event
 from hamsterbunker.runtime import Runtime
@@ -30,6 +30,7 @@ from hamsterbunker.term_records import open_term_start
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
+from tests.support.cli import hb_env, run_hb
 from tests.support.syncdir import Sync, SyncPump
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
@@ -47,7 +48,11 @@ class PacedAgent(AsyncAgent):
 
     async def step(self, state: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(self.pace_s)
-        return await super().step(state)
+        context = current_step()
+        assert context is not None
+        state = await super().step(state)
+        state.setdefault("epochs", []).append(context.epoch)  # whose line each step is on
+        return state
 
 
 class Nodes:
@@ -154,10 +159,9 @@ def test_a_clean_failover_resumes_from_the_newest_checkpoint_and_records_its_bas
     assert b.leading
 
 
-def test_a_partition_keeps_the_losers_steps_aside_and_reports_them(nodes: Nodes) -> None:
-    """Two leaders at once (the sync cut): once it heals, A steps down, B goes on from its
-    own chain, every node that sees both chains says store.diverged, and nothing of A's
-    chain is deleted."""
+def _two_leaders(nodes: Nodes) -> tuple[Runtime, Runtime, int, int, int]:
+    """A leads, the sync is cut, B takes over from A's checkpoint at the fork and both
+    lead on: (A, B, A's epoch, B's epoch, the fork's seq)."""
     a = nodes.start("A")
     epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
     wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
@@ -171,6 +175,14 @@ def test_a_partition_keeps_the_losers_steps_aside_and_reports_them(nodes: Nodes)
     wait_until(lambda: nodes.published("B", fork + 3), "B publishing", WAIT_S)
     wait_until(lambda: nodes.published("A", fork + 8), "A publishing on", WAIT_S)
     assert a.leading and b.leading  # both lead: what a synced folder cannot prevent
+    return a, b, epoch_a, epoch_b, fork
+
+
+def test_a_partition_keeps_the_losers_steps_aside_and_reports_them(nodes: Nodes) -> None:
+    """Two leaders at once (the sync cut): once it heals, A steps down, B goes on from its
+    own chain, every node that sees both chains says store.diverged, and nothing of A's
+    chain is deleted."""
+    a, b, epoch_a, epoch_b, fork = _two_leaders(nodes)
     with SyncPump(nodes.sync, "A", "B"):
         nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
         aside_b = nodes.events.wait("store.diverged", "B", timeout=WAIT_S)
@@ -196,6 +208,50 @@ def test_a_partition_keeps_the_losers_steps_aside_and_reports_them(nodes: Nodes)
         assert state["effects"] == list(range(1, context.seq))
     # Reported once per segment per node.
     assert len(_diverged(nodes.events, "A")) == len(_diverged(nodes.events, "B")) == 1
+
+
+def test_an_operator_chooses_the_chain_kept_aside_and_the_leader_goes_on_from_it(
+    nodes: Nodes,
+) -> None:
+    """After a partition, B's chain wins and A's is kept aside. The operator chooses A's
+    chain (hb choose-chain on B's machine): B, leading the winning term, ends it at its
+    next divergence check, a new term goes on from A's newest checkpoint, and B's steps
+    past the fork are kept aside in their turn and reported; nothing is deleted."""
+    a, b, epoch_a, epoch_b, fork = _two_leaders(nodes)
+    with SyncPump(nodes.sync, "A", "B"):
+        nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
+        nodes.events.wait("store.diverged", "B", timeout=WAIT_S)
+        top_a = max(int(name[5:25]) for name in nodes.chain_files("A", "A"))
+        wait_until(lambda: nodes.chain_files("B", "A") == nodes.chain_files("A", "A"),
+                   "A's chain synced", WAIT_S)  # fmt: skip
+        chosen = run_hb(
+            ["choose-chain", *_chain_args(nodes, "B"), "--term", f"{epoch_a}@A", "--yes"],
+            env=hb_env(HB_SECRET=SECRET),
+        )
+        assert chosen.returncode == 0, chosen.stdout + chosen.stderr
+        given_up = nodes.events.wait(
+            "lease.given_up", "B", where=lambda e: e.epoch == epoch_b, timeout=WAIT_S
+        )
+        assert "chain chosen" in given_up.detail["reason"]
+        taken = nodes.events.wait("chain.chosen", timeout=WAIT_S)
+        assert taken.detail["after"] == f"{epoch_b}@B"
+        assert taken.detail["base"] == f"seq {top_a} of term {epoch_a}@A"
+        resumed = nodes.events.wait(
+            "agent.resumed", taken.node, where=lambda e: e.epoch > epoch_b, timeout=WAIT_S
+        )
+        assert (resumed.detail["from_seq"], resumed.detail["from_epoch"]) == (top_a, epoch_a)
+        leader = nodes.runtimes[taken.node]
+        wait_until(lambda: nodes.published(taken.node, top_a + 2), "going on", WAIT_S)
+        aside = nodes.events.wait(
+            "store.diverged", where=lambda e: e.detail["term"] == f"{epoch_b}@B", timeout=WAIT_S
+        )
+        assert aside.detail["forked_at"] == f"seq {fork} of term {epoch_a}@A"
+        assert leader.leading
+    new_term = [(c, st) for c, st in nodes.agents[taken.node].entered if c.epoch > epoch_b]
+    assert new_term[0][0].seq == top_a + 1
+    assert new_term[0][1]["effects"] == list(range(1, top_a + 1))
+    assert set(new_term[0][1]["epochs"]) == {epoch_a}  # A's line, no step of B's
+    assert nodes.chain_files("B", "B")  # B's own chain is kept, aside
 
 
 def test_a_forged_term_record_is_rejected_and_cannot_pick_the_restore_base(
@@ -289,14 +345,18 @@ def test_a_checkpoint_announced_by_a_claim_that_synced_first_is_waited_for(
     assert nodes.events.of("store.regressed") == []
 
 
-def test_a_lineage_whose_base_is_gone_is_refused_never_restarted_from_init(
+def test_a_lineage_whose_base_is_gone_is_not_led_from_behind_until_a_chain_is_chosen(
     nodes: Nodes,
 ) -> None:
     """B took over from A's checkpoint at the fork and stopped before publishing; A,
     partitioned, stepped on and pruned that checkpoint from its chain. A, taking the
-    lease afterwards, finds the lineage's base gone and only its own kept-aside steps:
-    it refuses (StoreRegressed) rather than start the agent over from init()."""
+    lease afterwards, finds the lineage's base gone and only its own kept-aside steps: it
+    neither starts the agent over from init() nor leads from behind; it keeps trying (the
+    sync may still bring the base), naming hb choose-chain. The operator chooses A's own
+    chain (hb choose-chain, through the command line): A goes on from its newest
+    checkpoint, and its term record names that checkpoint as its base."""
     a = nodes.start("A")
+    epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
     wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
     nodes.sync.copy("A", "B")
     fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
@@ -308,11 +368,42 @@ def test_a_lineage_whose_base_is_gone_is_refused_never_restarted_from_init(
     b.stop(timeout=20)  # released: nothing published in its term
     assert all(int(name[5:25]) > fork for name in nodes.chain_files("A", "A"))
     with SyncPump(nodes.sync, "A", "B"):
-        wait_until(a.stopped.is_set, "A refusing to resume", WAIT_S)
-    with pytest.raises(StoreRegressed):
-        a.stop(timeout=20)
+        behind = nodes.events.wait(
+            "lease.given_up", "A", where=lambda e: e.epoch > epoch_b, timeout=WAIT_S
+        )
+    assert "hb choose-chain" in behind.detail["reason"]
+    assert not a.stopped.is_set()
     assert nodes.agents["A"].init_calls == 1
-    assert nodes.events.of("store.regressed", "A")
+    assert [e for e in nodes.events.of("agent.resumed", "A") if e.epoch > epoch_b] == []
+    top = max(int(name[5:25]) for name in nodes.chain_files("A", "A"))
+    listed = run_hb(["choose-chain", *_chain_args(nodes, "A")], env=hb_env(HB_SECRET=SECRET))
+    assert listed.returncode == 0, listed.stderr
+    assert f"winning term: {epoch_b}@B" in listed.stdout
+    assert f"kept aside: term {epoch_a}@A" in listed.stdout
+    chosen = run_hb(
+        ["choose-chain", *_chain_args(nodes, "A"), "--term", f"{epoch_a}@A", "--yes", "--wait"],
+        env=hb_env(HB_SECRET=SECRET),
+        timeout=WAIT_S + 10,
+    )
+    assert chosen.returncode == 0, chosen.stdout + chosen.stderr
+    resumed = nodes.events.wait(
+        "agent.resumed", "A", where=lambda e: e.epoch > epoch_b, timeout=WAIT_S
+    )
+    assert (resumed.detail["from_seq"], resumed.detail["from_epoch"]) == (top, epoch_a)
+    taken = nodes.events.wait("chain.chosen", "A", timeout=WAIT_S)
+    assert taken.detail["after"] == f"{epoch_b}@B"
+    assert nodes.term_start("A", resumed.epoch, "A").base == CheckpointRef(
+        TermId(epoch_a, "A"), top
+    )
+    wait_until(lambda: nodes.published("A", top + 2), "A stepping on from its chain", WAIT_S)
+    assert nodes.agents["A"].init_calls == 1
+    assert nodes.events.of("store.regressed") == []
+
+
+def _chain_args(nodes: Nodes, node: str) -> list[str]:
+    """hb choose-chain's flags for node's machine (its folder, as that machine holds it)."""
+    url = f"syncdir://{nodes.sync.root(node)}"
+    return ["--store", url, "--node-id", node, "--agent-id", AGENT, "--timeout", str(WAIT_S)]
 
 
 def test_a_checkpoint_copied_into_another_nodes_chain_does_not_authenticate_there(

@@ -46,7 +46,8 @@ node's restore does not use this merge but the lineage
 
 **Term records.** ``put_term_start`` writes the own node's record of a term
 once (``agents/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
-node's, placed by the subtree and the file name (``terms``).
+node's, placed by the subtree and the file name (``terms``). Chain choices
+(``hb choose-chain``) are kept the same way under ``choices/``.
 
 **Other records.** Heartbeats, events, effects, the inbox and the loss
 acceptance are written to the own subtree. ``list_heartbeats``,
@@ -128,7 +129,7 @@ from .layout import (
     sync_files,
 )
 from .root import check_mode, create_once, read_cluster_record
-from .terms import read_term_records, write_term_record
+from .terms import CHOICES, TERMS, read_term_records, write_term_record
 from .watch import merged_watch
 
 if TYPE_CHECKING:
@@ -481,20 +482,35 @@ class SyncDirStore(Store):
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's term records of the agent, unopened: (epoch, node) -> bytes, the
         epoch from the file's name and the node from its subtree. Junk is reported."""
+        return self._records_of_every_node(agent, TERMS)
+
+    @_os_errors_as_store_errors
+    def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
+        """Write this node's (signed) chain choice made while the term of epoch won, once."""
+        check_name("agent id", agent)
+        self._writer()
+        write_term_record(self.root, (NODES, self.node), agent, epoch, data, CHOICES)
+
+    def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
+        """Every node's chain choices, unopened: (epoch of the term they follow, node) ->
+        bytes, placed as term records are. Junk is reported."""
+        return self._records_of_every_node(agent, CHOICES)
+
+    def _records_of_every_node(self, agent: str, kind: str) -> dict[tuple[int, str], bytes]:
         check_name("agent id", agent)
         found: dict[tuple[int, str], bytes] = {}
         for node in self.subtrees():
             try:
-                records = self._term_records_of(node, agent)
+                records = self._records_of(node, agent, kind)
             except CorruptRecord as exc:
-                self._problems(f"term records of node {node} skipped: {exc}")
+                self._problems(f"{kind} records of node {node} skipped: {exc}")
                 continue
             found.update(((epoch, node), data) for epoch, data in records.items())
         return found
 
     @_os_errors_as_store_errors
-    def _term_records_of(self, node: str, agent: str) -> dict[int, bytes]:
-        return read_term_records(self.root, (NODES, node), agent, self._problems)
+    def _records_of(self, node: str, agent: str, kind: str) -> dict[int, bytes]:
+        return read_term_records(self.root, (NODES, node), agent, self._problems, kind)
 
     def _merged_chains(self, agent: str) -> list[tuple[str, CheckpointInfo]]:
         """(node, checkpoint) of every chain, newest first by (seq, epoch); a (seq, epoch)

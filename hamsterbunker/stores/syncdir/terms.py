@@ -1,5 +1,9 @@
 """Term records in a node's subtree: ``agents/AGENT/terms/EPOCH.rec``, one per term.
 
+The same files, written once and named by an epoch, keep the operator's chain
+choices (``agents/AGENT/choices/EPOCH.rec``: the choice made while the term of
+that epoch won, ``hb choose-chain``): ``kind`` names the directory.
+
 A term's record (``hamsterbunker.term_records``) says where the term started.
 Its node writes it once, before the term's first checkpoint, and never
 rewrites it: a second write of the same bytes (a retry whose first answer was
@@ -26,6 +30,7 @@ from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_tem
 from ..file.layout import agent_parts, is_sync_copy
 
 __all__ = [
+    "CHOICES",
     "MAX_TERMS_READ",
     "MAX_TERM_ENTRIES",
     "MAX_TERM_RECORD_BYTES",
@@ -35,6 +40,7 @@ __all__ = [
 ]
 
 TERMS = "terms"
+CHOICES = "choices"
 TERM_NAME = re.compile(r"(\d+)\.rec")
 # A record is a short JSON document and a 64-digit tag: a few hundred bytes.
 MAX_TERM_RECORD_BYTES = 4096
@@ -64,9 +70,9 @@ def _epoch_of(name: str) -> int | str | None:
 
 
 def write_term_record(
-    root: Path, subtree: tuple[str, ...], agent: str, epoch: int, data: bytes
+    root: Path, subtree: tuple[str, ...], agent: str, epoch: int, data: bytes, kind: str = TERMS
 ) -> None:
-    """Create root/subtree/agents/agent/terms/EPOCH.rec durably, once (see the module);
+    """Create root/subtree/agents/agent/KIND/EPOCH.rec durably, once (see the module);
     nothing below root is followed if it is a symlink."""
     if not 0 < epoch <= MAX_EPOCH:
         raise StoreError(f"term record epoch {epoch} is outside 1..{MAX_EPOCH}")
@@ -75,7 +81,7 @@ def write_term_record(
             f"term record of {len(data)} bytes is over the limit of {MAX_TERM_RECORD_BYTES}"
         )
     name = term_record_name(epoch)
-    parts = (*subtree, *agent_parts(agent, TERMS))
+    parts = (*subtree, *agent_parts(agent, kind))
     path = root.joinpath(*parts, name)
     with opened_dir(root, parts, create=True) as terms_fd:
         assert terms_fd is not None  # made
@@ -91,16 +97,20 @@ def write_term_record(
             discard(terms_fd, tmp)
         stored = read_file(terms_fd, name, path, MAX_TERM_RECORD_BYTES)
     if stored != data:
-        raise StoreError(f"{path} exists with other contents: a term record is never rewritten")
+        raise StoreError(f"{path} exists with other contents: it is written once, never rewritten")
 
 
 def read_term_records(
-    root: Path, subtree: tuple[str, ...], agent: str, report: Callable[[str], None]
+    root: Path,
+    subtree: tuple[str, ...],
+    agent: str,
+    report: Callable[[str], None],
+    kind: str = TERMS,
 ) -> dict[int, bytes]:
-    """The term records in root/subtree for agent (epoch -> bytes), the newest
+    """The records in root/subtree for agent of kind (epoch -> bytes), the newest
     MAX_TERMS_READ; junk skipped and reported; nothing below root followed."""
     found: dict[int, bytes] = {}
-    parts = (*subtree, *agent_parts(agent, TERMS))
+    parts = (*subtree, *agent_parts(agent, kind))
     where = root.joinpath(*parts)
     with opened_dir(root, parts) as terms_fd:
         if terms_fd is None:
@@ -117,7 +127,7 @@ def read_term_records(
             try:
                 data = read_file(terms_fd, name, where / name, MAX_TERM_RECORD_BYTES)
             except CorruptRecord as exc:
-                report(f"term record skipped: {exc}")
+                report(f"{kind} record skipped: {exc}")
                 continue
             if data is not None:
                 found[epoch] = data
