@@ -217,7 +217,7 @@ def test_an_operator_chooses_the_chain_kept_aside_and_the_leader_goes_on_from_it
     chain (hb choose-chain on B's machine): B, leading the winning term, ends it at its
     next divergence check, a new term goes on from A's newest checkpoint, and B's steps
     past the fork are kept aside in their turn and reported; nothing is deleted."""
-    a, b, epoch_a, epoch_b, fork = _two_leaders(nodes)
+    _a, _b, epoch_a, epoch_b, fork = _two_leaders(nodes)
     with SyncPump(nodes.sync, "A", "B"):
         nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
         nodes.events.wait("store.diverged", "B", timeout=WAIT_S)
