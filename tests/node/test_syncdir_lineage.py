@@ -21,12 +21,13 @@ from typing import Any
 import pytest
 
 from hamsterbunker.agent import current_step
-from hamsterbunker.lineage import CheckpointRef, TermId, TermStart
+from hamsterbunker.lineage import ChainChoice, CheckpointRef, TermId, TermStart
+from hamsterbunker.node.lineage_view import LineageView
 from hamsterbunker.records import Event
 from hamsterbunker.runtime import Runtime
-from hamsterbunker.sealing import Sealer
+from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores.syncdir import SyncDirStore
-from hamsterbunker.term_records import open_term_start
+from hamsterbunker.term_records import open_term_start, seal_chain_choice, seal_term_start
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
@@ -488,3 +489,31 @@ def test_standbys_that_take_a_released_lease_at_once_settle_it_before_either_ste
         stepped = {n for n in ("B", "C") if nodes.agents[n].entered}
         assert len(stepped) == 1, f"both stepped: {stepped} (took the lease: {takers})"
     assert _diverged(nodes.events) == []
+
+
+def test_a_chain_choice_without_the_secret_is_rejected_and_never_applies(tmp_path: Path) -> None:
+    """A choice a writer without the secret put in a node's subtree (or a real one moved
+    to follow another term) is reported as rejected and picks nothing; a signed one made
+    after the winning term is the read's choice, and a restore's read goes on from it."""
+    sync = Sync(tmp_path, delay_ms=SYNC_DELAY_MS)
+    store = sync.open("n1")
+    cluster = store.create_cluster(new_cluster_record(SECRET))
+    sealer = Sealer(SECRET, cluster)
+    stranger = Sealer("not-the-secret", new_cluster_record("not-the-secret"))
+    winner, aside = TermId(2, "n1"), CheckpointRef(TermId(1, "n1"), 4)
+    store.put_term_start(AGENT, 1, seal_term_start(sealer, AGENT, TermStart(TermId(1, "n1"), None)))
+    store.put_term_start(AGENT, 2, seal_term_start(sealer, AGENT, TermStart(winner, None)))
+    view = LineageView(store, sealer, AGENT, "n1", emit=lambda *a, **k: None)
+    forged = seal_chain_choice(stranger, AGENT, ChainChoice(winner, aside))
+    store.put_chain_choice(AGENT, 2, forged)
+    moved = seal_chain_choice(sealer, AGENT, ChainChoice(TermId(1, "n1"), aside))
+    sync.open("n2").put_chain_choice(AGENT, 2, moved)  # says it follows term 1, kept as 2's
+    sync.copy("n2", "n1")
+    read = view.read(apply_choice=True)
+    assert read.choice is None and read.lineage.chosen is None
+    assert sorted(error.split(":")[0] for _t, error, _d in read.rejected) == ["chain choice"] * 2
+    genuine = ChainChoice(winner, aside)
+    sync.open("n3").put_chain_choice(AGENT, 2, seal_chain_choice(sealer, AGENT, genuine))
+    sync.copy("n3", "n1")
+    assert view.read().choice == genuine and view.read().lineage.chosen is None
+    assert view.read(apply_choice=True).lineage.chosen == aside

@@ -8,7 +8,15 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.lineage import Aside, CheckpointRef, TermId, TermStart, lineage
+from hamsterbunker.lineage import (
+    Aside,
+    ChainChoice,
+    CheckpointRef,
+    TermId,
+    TermStart,
+    applicable_choice,
+    lineage,
+)
 
 
 def t(text: str) -> TermId:
@@ -135,3 +143,33 @@ def test_every_checkpoint_is_carried_aside_or_unplaced_once_whatever_the_order(
     rng.shuffle(shuffled)
     reordered = {term: list(reversed(seqs)) for term, seqs in reversed(list(chains.items()))}
     assert lineage(shuffled, reordered) == found
+
+
+def test_a_chosen_checkpoint_carries_the_agent_on_and_the_winners_steps_past_it_go_aside() -> None:
+    # A partition: b's term 3 won over a's term 2 (both began from 1@a's seq 5); the
+    # operator chose a's chain, its newest checkpoint 9.
+    starts = [start("1@a"), start("2@a", ref("1@a", 5)), start("3@b", ref("1@a", 5))]
+    chains = {t("1@a"): range(1, 6), t("2@a"): range(6, 10), t("3@b"): range(6, 8)}
+    natural = lineage(starts, chains)
+    assert natural.carried[0] == ref("3@b", 7)
+    assert natural.aside == (Aside(t("2@a"), (6, 7, 8, 9), ref("1@a", 5)),)
+    chosen = lineage(starts, chains, ref("2@a", 9))
+    assert chosen.chosen == ref("2@a", 9)
+    assert [r.seq for r in chosen.carried] == list(range(9, 0, -1))
+    assert chosen.aside == (Aside(t("3@b"), (6, 7), ref("1@a", 5)),)
+    # Behind the winner's own newest (a checkpoint that never arrives): the rest aside.
+    back = lineage(starts, chains, ref("3@b", 6))
+    assert back.carried[0] == ref("3@b", 6)
+    assert Aside(t("3@b"), (7,), ref("3@b", 6)) in back.aside
+
+
+def test_only_a_choice_made_after_the_winning_term_applies() -> None:
+    made_after_2 = ChainChoice(t("2@a"), ref("1@a", 3))
+    made_after_3 = ChainChoice(t("3@b"), ref("2@a", 9))
+    other_machine = ChainChoice(t("3@b"), ref("2@a", 8))
+    assert applicable_choice([made_after_2], t("3@b")) is None  # spent: a term began since
+    assert applicable_choice([made_after_2, made_after_3], t("3@b")) == made_after_3
+    # Two machines chose differently: every node takes the same one.
+    assert applicable_choice([other_machine, made_after_3], t("3@b")) == made_after_3
+    assert applicable_choice([made_after_3, other_machine], t("3@b")) == made_after_3
+    assert applicable_choice([], None) is None

@@ -694,6 +694,31 @@ def test_a_hostile_term_record_is_skipped_and_reported(sync: Sync, what: str) ->
     assert any("term record" in problem for problem in one.problems())
 
 
+def test_a_chain_choice_is_written_once_apart_from_term_records_and_read_by_every_node(
+    sync: Sync,
+) -> None:
+    """put_chain_choice writes the own subtree once per winning term, beside (never as) a
+    term record of the same epoch; every node reads each from its place; junk is skipped."""
+    one, two = sync.open("n1"), sync.open("n2")
+    one.put_term_start(AGENT, 3, b"record-3")
+    one.put_chain_choice(AGENT, 3, b"choice-3")
+    one.put_chain_choice(AGENT, 3, b"choice-3")
+    with pytest.raises(StoreError, match="never rewritten"):
+        one.put_chain_choice(AGENT, 3, b"another choice")
+    sync.both_ways("n1", "n2")
+    assert two.read_chain_choices(AGENT) == {(3, "n1"): b"choice-3"}
+    assert two.read_term_starts(AGENT) == {(3, "n1"): b"record-3"}
+    choices = sync.root("n2") / "nodes" / "n6" / "agents" / AGENT / "choices"
+    choices.mkdir(parents=True)
+    (choices / "0000000004.rec").symlink_to("/dev/zero")
+    (choices / "4.rec").write_bytes(b"short name")
+    assert two.read_chain_choices(AGENT) == {(3, "n1"): b"choice-3"}
+    assert any("chain choice" in problem for problem in two.problems())
+    reader = SyncDirStore(sync.root("n1"), "monitor", sync_delay_ms=DELAY_MS, create=False)
+    with pytest.raises(StoreError, match="opened to read"):
+        reader.put_chain_choice(AGENT, 6, b"choice")
+
+
 def test_a_folder_whose_marker_has_not_synced_yet_opens(sync: Sync) -> None:
     """The sync tool brought the cluster record and a node's subtree before the marker: the
     folder is a syncdir store still syncing, not a file store (found by Syncthing)."""

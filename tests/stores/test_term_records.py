@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 
 from hamsterbunker.errors import Tampered
-from hamsterbunker.lineage import CheckpointRef, TermId, TermStart
+from hamsterbunker.lineage import ChainChoice, CheckpointRef, TermId, TermStart
 from hamsterbunker.sealing import Sealer, new_cluster_record
-from hamsterbunker.term_records import open_term_start, seal_term_start
+from hamsterbunker.term_records import (
+    open_chain_choice,
+    open_term_start,
+    seal_chain_choice,
+    seal_term_start,
+)
 
 SECRET = "term-record-secret"
 
@@ -74,3 +79,26 @@ def test_a_signed_record_that_does_not_parse_is_refused_not_raised(
 ) -> None:
     with pytest.raises(Tampered):
         open_term_start(sealer, sealer.sign_record("term-start", payload), "a", TermId(1, "n"))
+
+
+CHOICE = ChainChoice(TermId(9, "server"), CheckpointRef(TermId(8, "laptop"), 57))
+
+
+def test_a_signed_chain_choice_opens_as_written_only_where_it_was_made(sealer: Sealer) -> None:
+    data = seal_chain_choice(sealer, "agent-a", CHOICE)
+    assert open_chain_choice(sealer, data, "agent-a", 9) == CHOICE
+    for agent, epoch in (("agent-b", 9), ("agent-a", 10)):  # moved to another agent or term
+        with pytest.raises(Tampered):
+            open_chain_choice(sealer, data, agent, epoch)
+
+
+def test_an_edited_unsigned_or_term_record_chain_choice_is_refused(sealer: Sealer) -> None:
+    data = seal_chain_choice(sealer, "agent-a", CHOICE)
+    payload, _, tag = data.rpartition(b"\n")
+    edited = payload.replace(b"57", b"12") + b"\n" + tag
+    as_term_record = seal_term_start(sealer, "agent-a", START)
+    for bad in (edited, payload, b"", as_term_record, data[:-1]):
+        with pytest.raises(Tampered):
+            open_chain_choice(sealer, bad, "agent-a", 9)
+    with pytest.raises(Tampered):  # a choice is no term record either
+        open_term_start(sealer, data, "agent-a", START.term)

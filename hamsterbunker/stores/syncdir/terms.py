@@ -41,6 +41,7 @@ __all__ = [
 
 TERMS = "terms"
 CHOICES = "choices"
+_WHAT = {TERMS: "term record", CHOICES: "chain choice"}  # as problems name them
 TERM_NAME = re.compile(r"(\d+)\.rec")
 # A record is a short JSON document and a 64-digit tag: a few hundred bytes.
 MAX_TERM_RECORD_BYTES = 4096
@@ -127,7 +128,7 @@ def read_term_records(
             try:
                 data = read_file(terms_fd, name, where / name, MAX_TERM_RECORD_BYTES)
             except CorruptRecord as exc:
-                report(f"{kind} record skipped: {exc}")
+                report(f"{_WHAT[kind]} skipped: {exc}")
                 continue
             if data is not None:
                 found[epoch] = data
