@@ -432,7 +432,11 @@ def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from .sealing import Sealer
 
     agent_id = check_name("agent id", args.agent_id)
-    url = not_on_syncdir(store_url(args), "accepting a loss")
+    url = not_on_syncdir(
+        store_url(args),
+        "accepting a loss",
+        "; to go on from a checkpoint behind a lost one there, use hb choose-chain",
+    )
     secret = read_secret(args.secret_file)
     store = open_store(url, create=False)
     try:

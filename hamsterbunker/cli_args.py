@@ -55,14 +55,14 @@ def store_url(args: argparse.Namespace) -> str:
     return url
 
 
-def not_on_syncdir(url: str, what: str) -> str:
+def not_on_syncdir(url: str, what: str, instead: str = "") -> str:
     """url, unless it names a syncdir:// store, which takes no records from outside a
-    running node yet (ConfigError saying so)."""
+    running node yet (ConfigError saying so, and what to use instead if there is one)."""
     if is_syncdir_url(url):
         raise ConfigError(
             f"{what} is not possible on a syncdir:// store yet: only a running node writes "
             "there, into its own subtree (drop folders for requests from other machines are "
-            "part 3 of docs/syncdir.md, not built)"
+            f"part 3 of docs/syncdir.md, not built){instead}"
         )
     return url
 

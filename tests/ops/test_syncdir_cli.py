@@ -21,6 +21,7 @@ import pytest
 from hamsterbunker.config import load_instance, parse_config
 from hamsterbunker.errors import ConfigError, StoreError
 from hamsterbunker.records import Event
+from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores import check_store_url, open_store
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.layout import MARKER
@@ -369,6 +370,36 @@ def test_requests_from_outside_a_node_are_refused_on_syncdir_for_now(tmp_path: P
         assert result.returncode == 2, (args, result.stderr)
         assert f"{what} is not possible on a syncdir:// store yet" in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_hb_choose_chain_mistakes_are_one_line_and_write_nothing(tmp_path: Path) -> None:
+    """hb choose-chain (the choice itself: tests/node/test_syncdir_lineage.py) refuses a
+    store other than syncdir, a bad or unknown term, a choice with no node to hold it, and
+    a folder whose records do not authenticate, each in one line, with nothing written."""
+    sync = Sync(tmp_path)
+    sync.open("n2").create_cluster(new_cluster_record(SECRET))
+    root = sync.root("n2")
+    before = tree(root)
+    url = f"syncdir://{root}"
+    env = hb_env(HB_SECRET=SECRET)
+    base = ["choose-chain", "--store", url, "--agent-id", AGENT_ID]
+    file_store = (tmp_path / "file").as_uri()
+    for args, words in (
+        (["choose-chain", "--store", file_store, "--agent-id", AGENT_ID], ["hb accept-loss"]),
+        ([*base, "--node-id", "n2", "--term", "two@n1"], ["EPOCH@NODE"]),
+        ([*base, "--node-id", "n2", "--term", "2@bad name"], ["node id"]),
+        ([*base, "--term", "2@n1"], ["--node-id is required"]),
+        ([*base, "--node-id", "n2", "--term", "2@n1"], ["no term record authenticates"]),
+        (["choose-chain", "--store", url], ["--agent-id is required"]),
+    ):
+        assert_one_line_error(run_hb(args, env=env), *words)
+    assert_one_line_error(run_hb([*base, "--node-id", "n2"], env=hb_env()), "secret")
+    listed = run_hb([*base, "--node-id", "n2"], env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "no term record authenticates here yet" in listed.stdout
+    refused = run_hb(["accept-loss", "--store", url, "--agent-id", AGENT_ID, "--yes"], env=env)
+    assert "use hb choose-chain" in assert_one_line_error(refused)
+    assert tree(root) == before, "a refused hb choose-chain wrote into the folder"
 
 
 # -- 4. two real nodes on two synced folders ---------------------------------------------
