@@ -8,7 +8,7 @@ each leaves both units running again.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -42,10 +42,10 @@ def running(box: Container, instance: str) -> dict[str, str] | None:
     return props if ok else None
 
 
-def roles(box: Container) -> dict[str, str]:
-    """instance -> StatusText, once both units are running with a role to show."""
+def roles(box: Container, nodes: Mapping[str, tuple[str, str]] = NODES) -> dict[str, str]:
+    """instance -> StatusText, once every unit of nodes is running with a role to show."""
     found = {}
-    for instance in NODES:
+    for instance in nodes:
         props = running(box, instance)
         if props is None:
             return {}
@@ -53,14 +53,20 @@ def roles(box: Container) -> dict[str, str]:
     return found
 
 
-def active_and_standby(box: Container) -> tuple[str, str] | None:
-    """(active instance, standby instance) once one steps and the other names it as leader."""
-    status = roles(box)
-    for active, standby in (("a", "b"), ("b", "a")):
+def active_and_standby(
+    box: Container, nodes: Mapping[str, tuple[str, str]] = NODES
+) -> tuple[str, str] | None:
+    """(active instance, standby instance) once one steps and the other names it as leader.
+
+    nodes: instance -> (node id, region), two of them.
+    """
+    status = roles(box, nodes)
+    first, second = nodes
+    for active, standby in ((first, second), (second, first)):
         if (
             status.get(active, "").startswith("active · epoch ")
             and " · step " in status[active]
-            and status[standby].startswith(f"standby · leader {NODES[active][0]} ")
+            and status[standby].startswith(f"standby · leader {nodes[active][0]} ")
         ):
             return active, standby
     return None
