@@ -33,6 +33,7 @@ from hamsterbunker.errors import HamsterbunkerError
 from hamsterbunker.keyring import Secret
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
+from hamsterbunker.stores.syncdir import SyncDirStore
 
 from .confirm import ConfirmKill
 from .control_keys import ControlKeys
@@ -44,7 +45,8 @@ from .killing import KillTarget, kill_target
 from .model import ClusterModel
 from .nodes import NodesTable
 from .panels import KillPanel, LeasePanel, ProgressPanel, StoreBanner, Timeline
-from .polling import Reading, read_store
+from .polling import Reading, SyncDirPoll, read_store
+from .syncdir import show_syncdir
 
 __all__ = ["MonitorApp"]
 
@@ -92,14 +94,17 @@ class MonitorApp(ControlKeys):
         self.min_poll_interval = min(min_poll_interval, poll_interval)
         # A file store's watch is a watchfiles thread that wakes on every write in the
         # agent's directory: measured, it cost more (about 1.3 % of a core on the cluster
-        # of benchmarks/tui_idle.py) than reading the lease every LEASE_CHECK_S does.
-        self.watched = not isinstance(store, FileStore) if watch is None else watch
+        # of benchmarks/tui_idle.py) than reading the lease every LEASE_CHECK_S does. A
+        # syncdir store's watch is one such thread per node subtree.
+        unwatched = isinstance(store, (FileStore, SyncDirStore))
+        self.watched = not unwatched if watch is None else watch
         self.calm_poll_interval = max(poll_interval, min(CALM_POLL_S, 2 * poll_interval))
         self.count: int | None = None  # the demo's counter, once a checkpoint is opened
         self.model = ClusterModel(agent_id)
         self.polls = 0  # completed polls, failed ones included
         self.store_error: str | None = None  # why the last poll failed; None if it worked
         self._tail = store.tail(agent_id)
+        self._syncdir = SyncDirPoll()  # a syncdir store's own report, now and then
         self._hint = asyncio.Event()
         self._poll_now = False
         self._last_events = 0  # how many events the last poll took in
@@ -234,7 +239,9 @@ class MonitorApp(ControlKeys):
             if self.demo is not None and self.demo.pending():
                 await self._restart_demo_nodes()
             try:
-                reading = await asyncio.to_thread(read_store, self.store, self._tail, self.agent_id)
+                reading = await asyncio.to_thread(
+                    read_store, self.store, self._tail, self.agent_id, self._syncdir
+                )
                 if self.counter is not None:
                     newest = reading.checkpoints[0] if reading.checkpoints else None
                     self.count = await asyncio.to_thread(self.counter.read, newest)
@@ -265,6 +272,8 @@ class MonitorApp(ControlKeys):
             self.query_one(EventLog).note("the store is readable again")
         self._ensure_watch()
         self._show()
+        if reading.syncdir is not None:
+            show_syncdir(self, reading.syncdir)
 
     def _store_lost(self, reason: str) -> None:
         """Say so and keep the last data on screen; the loop keeps retrying on its timer."""

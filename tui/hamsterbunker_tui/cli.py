@@ -71,6 +71,7 @@ def _build_parser() -> argparse.ArgumentParser:
 class _Target:
     store_url: str
     agent_id: str
+    sync_delay_ms: int | None = None  # a syncdir store's, as the instance config states it
 
 
 def _target(args: argparse.Namespace) -> _Target:
@@ -87,7 +88,7 @@ def _target(args: argparse.Namespace) -> _Target:
             agent_id = load_agent(config.agent).id
         except ConfigError as exc:
             raise ConfigError(f"{exc}; or pass --agent-id") from None
-    return _Target(config.store, check_name("agent id", agent_id))
+    return _Target(config.store, check_name("agent id", agent_id), config.sync_delay_ms)
 
 
 def _secret(secret_file: Path | None) -> Secret | None:
@@ -122,7 +123,11 @@ def _run(args: argparse.Namespace) -> int:
     if not args.demo:
         target = _target(args)
         secret = _secret(args.secret_file)
-        store: Store = open_store(target.store_url, create=False)
+        # A reader: on a syncdir:// store it needs no node id and writes nothing, as hb
+        # status; the sync delay is only shown, and known only from an instance config.
+        store: Store = open_store(
+            target.store_url, create=False, sync_delay_ms=target.sync_delay_ms
+        )
         app = monitor_app(store, target.agent_id, secret=secret)
         app.run()
         return app.return_code or 0
