@@ -28,6 +28,7 @@ from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
 from hamsterbunker.stores.syncdir.layout import MARKER
+from hamsterbunker.stores.syncdir.published import ClaimPublisher
 from hamsterbunker.stores.syncdir.terms import MAX_TERM_RECORD_BYTES
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
 from tests.support.syncdir import Sync
@@ -756,12 +757,126 @@ def test_a_claim_that_goes_missing_for_a_moment_is_kept_as_last_read(sync: Sync)
     two = sync.open("n2")
     seen = two.read_lease(AGENT)
     assert seen is not None and seen.holder == "n1"
-    claim = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT / "lease.json"
-    claim.unlink()  # gone for a moment (or removed by someone without the secret)
+    agent_dir = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT
+    claim = agent_dir / "lease.json"
+    published = list(agent_dir.glob("claim.*.json"))
+    assert published
+    for path in [claim, *published]:
+        path.unlink()  # gone for a moment (or removed by someone without the secret)
     assert two.read_lease(AGENT) == seen  # the same record, the same version: no change
     claim.write_bytes(b"{torn")
+    published[0].write_bytes(b"{torn")
     assert two.read_lease(AGENT) == seen
     renew(one, held)
     sync.copy("n1", "n2")
     renewed = two.read_lease(AGENT)
     assert renewed is not None and renewed.version > seen.version
+
+
+# -- published claims: a new file per claim, for the sync tool ----------------------------
+
+
+def claim_files(sync: Sync, folder: str, node: str) -> list[str]:
+    agent_dir = sync.root(folder) / "nodes" / node / "agents" / AGENT
+    return sorted(path.name for path in agent_dir.glob("claim.*.json"))
+
+
+def test_each_claim_is_published_once_and_others_read_the_newest_not_lease_json(
+    sync: Sync,
+) -> None:
+    """Every claim written is also created as claim.VERSION.json, never rewritten; another
+    node reads the newest of those, even when the lease.json its sync brought is older (a
+    file rewritten every tick is what Syncthing brings last)."""
+    one = sync.open("n1")
+    one.create_cluster(cluster(1))
+    held = take(one, "n1", 1)
+    renewed = renew(one, renew(one, held))
+    own = one.claims(AGENT)["n1"]
+    assert claim_files(sync, "n1", "n1") == [f"claim.{v:020d}.json" for v in (1, 2, 3)]
+    sync.held_back.add("lease.json")  # the claims sync, lease.json lags behind
+    sync.copy("n1", "n2")
+    two = sync.open("n2")
+    assert two.claims(AGENT)["n1"] == own == replace(renewed, version=3)
+    stale = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT / "lease.json"
+    assert not stale.exists()
+    sync.held_back.clear()
+    sync.copy("n1", "n2")
+    stale.write_bytes(replace(held, version=1).to_json())  # an older lease.json: not read
+    assert two.read_lease(AGENT) == one.read_lease(AGENT)
+
+
+def test_a_node_that_published_no_claim_is_read_from_its_lease_json(sync: Sync) -> None:
+    """A subtree with a lease.json and no published claim (written by an earlier version)
+    is read as before."""
+    one = sync.open("n1")
+    take(one, "n1", 1)
+    agent_dir = sync.root("n1") / "nodes" / "n1" / "agents" / AGENT
+    for path in agent_dir.glob("claim.*.json"):
+        path.unlink()
+    sync.copy("n1", "n2")
+    assert sync.open("n2").claims(AGENT)["n1"].holder == "n1"
+
+
+def test_published_claims_are_removed_once_synced_and_never_above_the_one_written(
+    tmp_path: Path,
+) -> None:
+    """The publisher keeps the newest two and its own younger than keep_s; an earlier
+    process's are removed at its first publish; claims above the version written (a
+    lease.json that went back) are removed at once."""
+    root = tmp_path / "folder"
+    root.mkdir()
+    agent_dir = root / "nodes" / "n1" / "agents" / AGENT
+
+    def names() -> list[int]:
+        return sorted(int(path.name[6:26]) for path in agent_dir.glob("claim.*.json"))
+
+    slow = ClaimPublisher(root, ("nodes", "n1"), keep_s=3600)
+    for version in range(1, 6):
+        slow.publish(AGENT, replace(lease("n1", 1), version=version))
+    assert names() == [1, 2, 3, 4, 5]  # all still young: kept to sync
+    slow.publish(AGENT, replace(lease("n1", 1), version=5))  # the same again: a no-op
+    with pytest.raises(StoreError, match="went back"):
+        slow.publish(AGENT, replace(lease("n1", 2), version=5))
+    quick = ClaimPublisher(root, ("nodes", "n1"), keep_s=0)
+    quick.publish(AGENT, replace(lease("n1", 1), version=6))
+    assert names() == [5, 6]  # an earlier process's: gone but the newest two
+    quick.publish(AGENT, replace(lease("n1", 1), version=7))
+    assert names() == [6, 7]
+    quick.publish(AGENT, replace(lease("n1", 1), version=2))  # lease.json went back
+    assert names() == [2]
+
+
+@pytest.mark.parametrize("what", ["garbage", "devzero", "fifo", "directory", "version", "copy"])
+def test_a_hostile_published_claim_is_skipped_and_the_next_older_read(
+    sync: Sync, what: str
+) -> None:
+    """A newest published claim that is junk, a link, a FIFO, a directory, holds another
+    version than its name, or is a sync tool's copy is passed over, quickly, and reported;
+    the next older one is read."""
+    one = sync.open("n1")
+    one.create_cluster(cluster(1))
+    renew(one, take(one, "n1", 1))
+    sync.copy("n1", "n2")
+    two = sync.open("n2")
+    expected = two.claims(AGENT)["n1"]
+    agent_dir = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT
+    bad = agent_dir / f"claim.{99:020d}.json"
+    if what == "garbage":
+        bad.write_bytes(b"\x00{not json")
+    elif what == "devzero":
+        bad.symlink_to("/dev/zero")
+    elif what == "fifo":
+        os.mkfifo(bad)
+    elif what == "directory":
+        bad.mkdir()
+    elif what == "version":
+        bad.write_bytes(replace(lease("n6", 50), version=7).to_json())
+    else:
+        bad = agent_dir / f"claim.{99:020d}.sync-conflict-20260101-n6.json"
+        bad.write_bytes(replace(lease("n6", 50), version=99).to_json())
+    started = time.monotonic()
+    fresh = SyncDirStore(sync.root("n2"), "n2", sync_delay_ms=DELAY_MS)  # nothing seen before
+    assert fresh.claims(AGENT)["n1"] == expected
+    assert time.monotonic() - started < 5
+    if what != "copy":
+        assert any("claim" in problem for problem in fresh.problems())

@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 LEASE_NAME = "lease.json"
 
 
+def is_lease_name(name: str) -> bool:
+    """The lease record's name, or a claim a syncdir node published beside it (a node's
+    subtree there is a file store: ``stores/syncdir/published.py``)."""
+    return name == LEASE_NAME or (name.startswith("claim.") and name.endswith(".json"))
+
+
 class LeaseWatch:
     """One directory's lease watch: woken for its lease record, or when it goes away."""
 
@@ -125,7 +131,7 @@ class _LoopWatches:
                 for member in members:
                     member.gone = True
                     member.woken.set()
-            elif event.name is not None and event.name.name == LEASE_NAME:
+            elif event.name is not None and is_lease_name(event.name.name):
                 for member in members:
                     member.changed = True
                     member.woken.set()

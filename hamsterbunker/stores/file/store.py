@@ -73,7 +73,7 @@ from .fileio import (
 from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
 from .lease import cas_lease_in, lease_in
-from .lease_watch import lease_changes, open_lease_watch, term_changes
+from .lease_watch import is_lease_name, lease_changes, open_lease_watch, term_changes
 from .location import check_location, mount_of, open_root
 from .logs import EventLogs, HeartbeatFiles
 from .rewrites import FileRewrites
@@ -404,7 +404,7 @@ def _is_plain_dir(path: Path) -> bool:
 
 
 def _is_lease_change(_change: object, path: str) -> bool:
-    return os.path.basename(path) == "lease.json"
+    return is_lease_name(os.path.basename(path))
 
 
 def _watch_filter(_change: object, path: str) -> bool:

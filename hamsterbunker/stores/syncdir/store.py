@@ -128,6 +128,7 @@ from .layout import (
     log,
     sync_files,
 )
+from .published import ClaimPublisher, read_published
 from .root import check_mode, create_once, read_cluster_record
 from .terms import CHOICES, TERMS, read_term_records, write_term_record
 from .watch import merged_watch
@@ -170,6 +171,12 @@ def check_sync_delay_bounds(sync_delay_ms: int) -> int:
 
 # OSError of the store's own root-level reads and writes, as a StoreError.
 _os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
+
+
+# A published claim is kept this many stated sync delays (at least MIN_CLAIMS_KEPT_S)
+# before its node removes it: long enough to have synced.
+CLAIMS_KEPT_DELAYS = 3
+MIN_CLAIMS_KEPT_S = 5.0
 
 
 class _Problems:
@@ -245,6 +252,9 @@ class SyncDirStore(Store):
         if create or (self.node and own.is_dir()):
             self._mine = self._open_subtree(own, create=create)
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
+        # Each claim written is published under a new name for the other machines.
+        keep_s = max(CLAIMS_KEPT_DELAYS * self.sync_delay_ms / 1000, MIN_CLAIMS_KEPT_S)
+        self._publisher = ClaimPublisher(self.root, (NODES, self.node), keep_s)
 
     # -- subtrees ------------------------------------------------------------
 
@@ -407,13 +417,28 @@ class SyncDirStore(Store):
         for a free one.
         """
         check_name("agent id", agent)
-        found = self._each(f"claim on {agent}", lambda store: store.read_lease(agent), None)
+        found: dict[str, LeaseRecord | None] = {}
+        for node, store in self.subtrees().items():
+            try:
+                found[node] = self._claim_of(node, store, agent)
+            except CorruptRecord as exc:
+                self._problems(f"claim on {agent} of node {node} skipped: {exc}")
         with self._peers_lock:
             seen = self._claims_seen.setdefault(agent, {})
             for node, claim in found.items():
                 if claim is not None:
                     seen[node] = claim
             return dict(seen)
+
+    @_os_errors_as_store_errors
+    def _claim_of(self, node: str, store: FileStore, agent: str) -> LeaseRecord | None:
+        """node's claim: its own lease.json for this node; another's newest published claim,
+        else its lease.json (``published``)."""
+        if node != self.node:
+            claim = read_published(self.root, (NODES, node), agent, self._problems)
+            if claim is not None:
+                return claim
+        return store.read_lease(agent)
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         return merged_lease(self.claims(agent))
@@ -429,7 +454,10 @@ class SyncDirStore(Store):
             )
         own = claims.get(self.node)
         # Against the own claim as read above: fails if another writer of this node wrote since.
-        claims[self.node] = mine.cas_lease(agent, None if own is None else own.version, new)
+        claims[self.node] = written = mine.cas_lease(
+            agent, None if own is None else own.version, new
+        )
+        self._publish(agent, written)
         result = merged_lease(claims)
         assert result is not None  # it holds the claim just written
         return result
@@ -451,7 +479,12 @@ class SyncDirStore(Store):
         # claim, which the own file store fences by. Lost to another writer of this node:
         # the own file store's fence check below says whether it still matches.
         with contextlib.suppress(LeaseConflict):
-            self._writer().cas_lease(agent, None if own is None else own.version, winner)
+            written = self._writer().cas_lease(agent, None if own is None else own.version, winner)
+            self._publish(agent, written)
+
+    @_os_errors_as_store_errors
+    def _publish(self, agent: str, claim: LeaseRecord) -> None:
+        self._publisher.publish(agent, claim)
 
     # -- checkpoints: one chain per node -----------------------------------------
 
@@ -632,7 +665,9 @@ class SyncDirStore(Store):
     ) -> AsyncIterator[None]:
         """Every subtree's file-store watch, merged; new subtrees picked up each second."""
         check_name("agent id", agent)
-        return merged_watch(self.subtrees, agent, lease_only=lease_only, terms_only=terms_only)
+        return merged_watch(
+            self.subtrees, agent, lease_only=lease_only, terms_only=terms_only, own=self.node
+        )
 
     def close(self) -> None:
         for store in self.subtrees().values():

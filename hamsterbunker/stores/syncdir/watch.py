@@ -28,14 +28,18 @@ async def merged_watch(
     *,
     lease_only: bool,
     terms_only: bool,
+    own: str = "",
     relist_s: float = RELIST_S,
 ) -> AsyncIterator[None]:
-    """Yield None whenever any subtree's watch yields, or a new subtree appears."""
+    """Yield None whenever any subtree's watch yields, or a new subtree appears; own: this
+    node's subtree, the one whose watch keeps terms_only."""
     woken = asyncio.Event()
     following: dict[str, asyncio.Task[None]] = {}
 
     async def follow(node: str, store: Store) -> None:
-        changes = store.watch(agent, lease_only=lease_only, terms_only=terms_only)
+        # Only the own subtree's lease.json is current here: another node's claim is read
+        # from what it published (``published``), so any change of its is a hint to look.
+        changes = store.watch(agent, lease_only=lease_only, terms_only=terms_only and node == own)
         try:
             async for _ in changes:
                 woken.set()

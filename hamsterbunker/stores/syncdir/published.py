@@ -1,0 +1,151 @@
+"""A node's claim as the other machines read it: a new file at each write, never rewritten.
+
+A node's own claim is its subtree's ``lease.json``, which its file store
+compares and sets under its lock: the authority for this node's own writers.
+But a file rewritten every tick is the one thing a sync tool is slow at:
+Syncthing holds back a path that keeps changing (its watcher delays it again
+at each change), and measured on loopback a claim renewed every 500 ms reached
+the other machine up to 7 s late, against 1.5 s for a file written once under
+a new name. So each claim written is also *published* as
+``agents/AGENT/claim.VERSION.json`` (the claim's own version, 20 digits),
+created once and never rewritten, and the other nodes read the newest of
+these (``read_published``), falling back to ``lease.json`` where a node has
+published none.
+
+A node removes its own older claims once they have had ``keep_s`` to sync
+(the newest ``KEEP_NEWEST`` are always kept), timed on this process's
+monotonic clock; claims left by an earlier process of the node, and any
+above the version just written (a ``lease.json`` that went back), are removed
+at once. Reading is bounded (``MAX_CLAIM_ENTRIES`` names looked at, the newest
+``MAX_CLAIMS_TRIED`` read): a claim that does not parse is skipped, reported,
+and the next older one read.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ...errors import CorruptRecord, StoreError
+from ...limits import MAX_RECORD_BYTES
+from ...records import LeaseRecord
+from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ..file.layout import agent_parts, is_sync_copy
+
+__all__ = [
+    "KEEP_NEWEST",
+    "MAX_CLAIMS_TRIED",
+    "MAX_CLAIM_ENTRIES",
+    "ClaimPublisher",
+    "is_claim_name",
+    "read_published",
+]
+
+CLAIM_NAME = re.compile(r"claim\.(\d{20})\.json")
+KEEP_NEWEST = 2
+MAX_CLAIM_ENTRIES = 65_536
+MAX_CLAIMS_TRIED = 3
+
+
+def claim_name(version: int) -> str:
+    return f"claim.{version:020d}.json"
+
+
+def is_claim_name(name: str) -> bool:
+    """A published claim's name (a sync tool's copy of one is not)."""
+    return CLAIM_NAME.fullmatch(name) is not None and not is_sync_copy(name)
+
+
+def _versions(agent_fd: int) -> dict[int, str]:
+    found: dict[int, str] = {}
+    for entry in dir_entries(agent_fd, MAX_CLAIM_ENTRIES):
+        match = CLAIM_NAME.fullmatch(entry.name)
+        if match is not None and match[1].isascii() and not is_sync_copy(entry.name):
+            found[int(match[1])] = entry.name
+    return found
+
+
+def read_published(
+    root: Path, subtree: tuple[str, ...], agent: str, report: Callable[[str], None]
+) -> LeaseRecord | None:
+    """The newest published claim in root/subtree for agent that parses; None if there is
+    none (the caller reads ``lease.json`` then). Nothing below root is followed."""
+    parts = (*subtree, *agent_parts(agent))
+    where = root.joinpath(*parts)
+    with opened_dir(root, parts) as agent_fd:
+        if agent_fd is None:
+            return None
+        versions = _versions(agent_fd)
+        for version in sorted(versions, reverse=True)[:MAX_CLAIMS_TRIED]:
+            name = versions[version]
+            try:
+                data = read_file(agent_fd, name, where / name, MAX_RECORD_BYTES)
+                if data is None:
+                    continue  # removed as it was listed: an older one is there
+                claim = LeaseRecord.from_json(data)
+            except (CorruptRecord, ValueError) as exc:
+                report(f"claim {where / name} skipped: {exc}")
+                continue
+            if claim.version != version:
+                report(f"claim {where / name} skipped: it holds version {claim.version}")
+                continue
+            return claim
+    return None
+
+
+class ClaimPublisher:
+    """Publishes one node's claims in its subtree and removes those that have synced."""
+
+    def __init__(self, root: Path, subtree: tuple[str, ...], keep_s: float) -> None:
+        self._root, self._subtree, self._keep_s = root, subtree, keep_s
+        self._lock = threading.Lock()
+        # By agent: (when written, version) of the claims this process published.
+        self._written: dict[str, collections.deque[tuple[float, int]]] = {}
+
+    def publish(self, agent: str, claim: LeaseRecord) -> None:
+        """Create claim.VERSION.json for claim (the same bytes again: a no-op), then remove
+        what has had its time to sync (see the module)."""
+        parts = (*self._subtree, *agent_parts(agent))
+        name = claim_name(claim.version)
+        data = claim.to_json()
+        with self._lock, opened_dir(self._root, parts, create=True) as agent_fd:
+            assert agent_fd is not None  # made
+            tmp = write_temp(agent_fd, data, durable=True)
+            try:
+                # Never replaces: a claim of this version written before stays as it was.
+                os.link(tmp, name, src_dir_fd=agent_fd, dst_dir_fd=agent_fd, follow_symlinks=False)
+                os.fsync(agent_fd)
+            except FileExistsError:
+                path = self._root.joinpath(*parts, name)
+                stored = read_file(agent_fd, name, path, MAX_RECORD_BYTES)
+                if stored != data:
+                    raise StoreError(
+                        f"claim {name} of {agent!r} exists with other contents: "
+                        "the lease record went back in version"
+                    ) from None
+            finally:
+                discard(agent_fd, tmp)
+            self._prune(agent, agent_fd, claim.version)
+
+    def _prune(self, agent: str, agent_fd: int, version: int) -> None:
+        now = time.monotonic()
+        written = self._written.setdefault(agent, collections.deque())
+        written.append((now, version))
+        on_disk = _versions(agent_fd)
+        newest = sorted((v for v in on_disk if v <= version), reverse=True)[:KEEP_NEWEST]
+        young = {v for when, v in written if now - when < self._keep_s}
+        while written and now - written[0][0] >= self._keep_s:
+            written.popleft()
+        for old, old_name in on_disk.items():
+            # Kept: the newest, and this process's own older ones still syncing; gone: an
+            # earlier process's, and any above version (a lease.json that went back).
+            if old in newest or (old in young and old < version):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(old_name, dir_fd=agent_fd)
