@@ -880,3 +880,23 @@ def test_a_hostile_published_claim_is_skipped_and_the_next_older_read(
     assert time.monotonic() - started < 5
     if what != "copy":
         assert any("claim" in problem for problem in fresh.problems())
+
+
+def test_a_claim_whose_publish_a_crash_cut_off_is_published_at_the_next_start(
+    sync: Sync,
+) -> None:
+    """A node wrote its claim (lease.json) and died before publishing it: the next process
+    of that node publishes it at its first reading, so the other machines see the claim
+    the node itself goes by."""
+    one = sync.open("n1")
+    renew(one, take(one, "n1", 1))
+    newest = one.claims(AGENT)["n1"]
+    agent_dir = sync.root("n1") / "nodes" / "n1" / "agents" / AGENT
+    (agent_dir / f"claim.{newest.version:020d}.json").unlink()  # the publish never happened
+    sync.copy("n1", "n2")
+    stale = SyncDirStore(sync.root("n2"), "n2", sync_delay_ms=DELAY_MS).claims(AGENT)["n1"]
+    assert stale.version == newest.version - 1
+    again = sync.open("n1")  # the node's next process
+    assert again.claims(AGENT)["n1"] == newest
+    sync.copy("n1", "n2")
+    assert SyncDirStore(sync.root("n2"), "n2", sync_delay_ms=DELAY_MS).claims(AGENT)["n1"] == newest

@@ -108,6 +108,11 @@ class ClaimPublisher:
         # By agent: (when written, version) of the claims this process published.
         self._written: dict[str, collections.deque[tuple[float, int]]] = {}
 
+    def has_published(self, agent: str) -> bool:
+        """Whether this process published a claim of agent yet."""
+        with self._lock:
+            return agent in self._written
+
     def publish(self, agent: str, claim: LeaseRecord) -> None:
         """Create claim.VERSION.json for claim (the same bytes again: a no-op), then remove
         what has had its time to sync (see the module)."""

@@ -433,12 +433,16 @@ class SyncDirStore(Store):
     @_os_errors_as_store_errors
     def _claim_of(self, node: str, store: FileStore, agent: str) -> LeaseRecord | None:
         """node's claim: its own lease.json for this node; another's newest published claim,
-        else its lease.json (``published``)."""
+        else its lease.json (``published``). This node's own claim is published again at
+        its first reading by this process: a crash may have cut its publish off."""
         if node != self.node:
             claim = read_published(self.root, (NODES, node), agent, self._problems)
             if claim is not None:
                 return claim
-        return store.read_lease(agent)
+        claim = store.read_lease(agent)
+        if node == self.node and claim is not None and not self._publisher.has_published(agent):
+            self._publisher.publish(agent, claim)
+        return claim
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         return merged_lease(self.claims(agent))
