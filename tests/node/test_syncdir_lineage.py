@@ -255,6 +255,39 @@ def test_an_operator_chooses_the_chain_kept_aside_and_the_leader_goes_on_from_it
     assert nodes.chain_files("B", "B")  # B's own chain is kept, aside
 
 
+def test_a_chain_chosen_while_no_node_runs_is_where_the_next_node_to_start_goes_on(
+    nodes: Nodes,
+) -> None:
+    """Both nodes stopped after a partition healed (B's chain won); the operator chooses A's
+    chain on B's machine; the sync brings the choice to A, the first to start again: A
+    goes on from its own newest checkpoint, not B's, whose steps are then kept aside."""
+    a, b, epoch_a, epoch_b, _fork = _two_leaders(nodes)
+    with SyncPump(nodes.sync, "A", "B"):
+        nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
+        a.stop(timeout=20)
+        wait_until(lambda: nodes.chain_files("B", "A") == nodes.chain_files("A", "A"),
+                   "A's chain synced", WAIT_S)  # fmt: skip
+        b.stop(timeout=20)
+    top_a = max(int(name[5:25]) for name in nodes.chain_files("A", "A"))
+    chosen = run_hb(
+        ["choose-chain", *_chain_args(nodes, "B"), "--term", f"{epoch_a}@A", "--yes"],
+        env=hb_env(HB_SECRET=SECRET),
+    )
+    assert chosen.returncode == 0, chosen.stdout + chosen.stderr
+    nodes.sync.copy("B", "A")
+    nodes.start("A")
+    resumed = nodes.events.wait(
+        "agent.resumed", "A", where=lambda e: e.epoch > epoch_b, timeout=WAIT_S
+    )
+    assert (resumed.detail["from_seq"], resumed.detail["from_epoch"]) == (top_a, epoch_a)
+    taken = nodes.events.wait("chain.chosen", "A", timeout=WAIT_S)
+    assert taken.detail["base"] == f"seq {top_a} of term {epoch_a}@A"
+    aside = nodes.events.wait(
+        "store.diverged", "A", where=lambda e: e.detail["term"] == f"{epoch_b}@B", timeout=WAIT_S
+    )
+    assert aside.detail["winner"] == f"{resumed.epoch}@A"
+
+
 def test_a_forged_term_record_is_rejected_and_cannot_pick_the_restore_base(
     nodes: Nodes,
 ) -> None:
