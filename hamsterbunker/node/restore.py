@@ -398,8 +398,8 @@ class Restorer:
     def _regressed(
         self, newest: Reach, reach: Reach, damaged: list[CheckpointInfo], read: _Read
     ) -> HamsterbunkerError:
-        """Report (store.regressed) and make the refusal to resume behind reach: on a synced
-        folder one to try again after (BehindTheSync), elsewhere one that stops the node."""
+        """The refusal to resume behind reach: on a synced folder one to try again after
+        (BehindTheSync), elsewhere one that stops the node, reported (store.regressed)."""
         which = "that authenticates " if damaged else ""
         unreadable = (
             f" Checkpoints at seq {', '.join(str(i.seq) for i in damaged)} did not authenticate "
