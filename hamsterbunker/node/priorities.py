@@ -51,6 +51,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "inbox.rejected": WARNING,
     "inbox.gave_up": WARNING,
     "store.loss_accepted": WARNING,
+    "chain.chosen": WARNING,
     "control.ignored": WARNING,
     # Going wrong now: the store does not answer, a publish failed, the agent keeps failing.
     "store.error": ERROR,
