@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from tests.support import wait_until
+from tests.support.cli import hb_env, run_hb
 from tests.support.syncdir_fleet import (
+    AGENT,
     SYNC_DELAY_MS,
     TTL_S,
     WAIT_S,
@@ -27,6 +29,7 @@ from tests.support.syncdir_fleet import (
     events,
     fleet_on,
 )
+from tests.support.syncdir_node import SECRET
 
 pytestmark = [pytest.mark.syncthing, pytest.mark.multiprocess, pytest.mark.fault]
 
@@ -138,6 +141,22 @@ def test_a_partition_lets_both_lead_then_one_chain_wins_and_the_other_is_kept_as
         wait_until(lambda: chain(b, "n1") == kept or None, "n1's chain on both sides", WAIT_S)
         assert len(kept) >= min(len(aside), 5)
         assert chain(a, "n1") == kept
+        # The operator takes n1's branch after all (hb choose-chain on n2's machine): n2 ends
+        # its term at its next check and the agent goes on from n1's tip.
+        term = f"{max(o.epoch for o in fleet.published('n1'))}@n1"
+        args = ["--store", f"syncdir://{b.folder}", "--node-id", "n2", "--agent-id", AGENT]
+        chosen = run_hb(
+            ["choose-chain", *args, "--term", term, "--yes", "--wait", "--timeout", str(WAIT_S)],
+            env=hb_env(HB_SECRET=SECRET),
+            timeout=WAIT_S + 10,
+        )
+        assert chosen.returncode == 0, chosen.stdout + chosen.stderr
+        taken = wait_until(lambda: events(b, "chain.chosen"), "chain.chosen", WAIT_S)
+        assert taken[0].detail["base"] == f"seq {tip} of term {term}"
+        went_on = taken[0]  # the new term, which restored from n1's tip
+        wait_until(lambda: [o for o in fleet.published(went_on.node)
+                            if (o.epoch, o.seq) == (went_on.epoch, tip + 1)],
+                   "a step on from n1's tip", WAIT_S)  # fmt: skip
 
 
 def test_a_graceful_stop_hands_over_without_divergence(tmp_path: Path) -> None:
