@@ -1,6 +1,6 @@
 """The syncdir store: a folder kept in step by a sync tool, each node writing only its own files.
 
-Part 1 of ``docs/syncdir.md`` (not yet reachable from ``hb``). Layout::
+Its design is ``docs/syncdir.md``. Layout::
 
     ROOT/.hamsterbunker-syncdir      marks the mode (written once, if absent)
     ROOT/cluster.json                the cluster record (created once, never rewritten)
@@ -12,28 +12,10 @@ they appear under ``nodes/`` (listed on each read, the objects cached). Nothing
 outside ``nodes/<own node>/`` is ever written but the marker and the cluster
 record, each created at most once and never replaced.
 
-**Lease.** ``read_lease`` is the winning claim among every node's
-``lease.json``, with the merged version (``claims``: the order and why the
-version is a sum). ``cas_lease`` reads every claim, compares the merged
-version, and writes the own claim through the own file store's compare-and-set
-against the own claim's version *as read in that same snapshot*. That
-compare-and-set is what makes the check and the write one step among this
-node's writers (threads, processes, store objects): any of them that wrote the
-own claim in between makes it fail. No lock of ours is needed beyond the file
-store's: other nodes' claims arrive whenever the sync tool brings them, and
-one arriving between the read and the write is the same as one arriving just
-after it. It returns the merged record as of that snapshot with the new
-claim in it (the written claim itself whenever it wins, as a renewal's does).
-
-**Fences.** A fenced write (``put_checkpoint``, ``put_effect``) is checked
-against the winning claim first (Fenced if the lease moved on), then handed
-to the own file store, which checks it against the own claim under its lease
-lock. A node handed the lease (a switchover) has no own claim of that term
-until its first renewal: the first fenced write *confirms* the hand-over by
-writing the winning claim as its own claim (the merged version moves on: the
-keeper's next renewal finds the record its own and adopts it). A large
-checkpoint is written with no lock of ours held: renewals are never held up.
-The check cannot be atomic with other machines' writes (docs/syncdir.md).
+**Lease and fences** (``lease``): the lease is the winning claim among every
+node's, each written only by its node, published under a new name at each
+write (``published``); a fenced write is checked against the winning claim
+first, then by the own file store against the own claim under its lock.
 
 **Chains.** Each node's checkpoints are its own chain. ``list_chains`` and
 ``read_chain_checkpoint`` name the chain. The protocol's ``list_checkpoints``,
@@ -77,7 +59,6 @@ copy of the cluster record stops every node until one is removed.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import stat
@@ -86,7 +67,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
+from ...errors import ConfigError, CorruptRecord, StoreError, StoreUnavailable
 from ...limits import (
     INBOX_REPLIES_KEPT,
     check_checkpoint_bounds,
@@ -110,7 +91,6 @@ from ..base import (
     Store,
     StoreGuarantees,
     check_consumed,
-    check_fence,
 )
 from ..file import FileStore
 from ..file.fileio import (
@@ -119,7 +99,6 @@ from ..file.fileio import (
     os_errors_as_store_errors,
 )
 from ..file.location import open_root
-from .claims import merged_lease
 from .layout import (
     CLUSTER,
     MAX_NODE_ENTRIES,
@@ -128,7 +107,7 @@ from .layout import (
     log,
     sync_files,
 )
-from .published import ClaimPublisher, read_published
+from .lease import ClaimsLease
 from .root import check_mode, create_once, read_cluster_record
 from .terms import CHOICES, TERMS, read_term_records, write_term_record
 from .watch import merged_watch
@@ -171,12 +150,6 @@ def check_sync_delay_bounds(sync_delay_ms: int) -> int:
 
 # OSError of the store's own root-level reads and writes, as a StoreError.
 _os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
-
-
-# A published claim is kept this many stated sync delays (at least MIN_CLAIMS_KEPT_S)
-# before its node removes it: long enough to have synced.
-CLAIMS_KEPT_DELAYS = 3
-MIN_CLAIMS_KEPT_S = 5.0
 
 
 class _Problems:
@@ -240,8 +213,6 @@ class SyncDirStore(Store):
         self._problems = _Problems()
         self._peers: dict[str, FileStore] = {}  # other nodes' subtrees, opened to read
         self._peers_lock = threading.Lock()
-        # The newest claim read of each node, by agent: see claims().
-        self._claims_seen: dict[str, dict[str, LeaseRecord]] = {}
         open_root(self.root, create=create)
         _os_errors_as_store_errors(check_mode)(self.root, create)
         own = self.root / NODES / self.node
@@ -252,9 +223,9 @@ class SyncDirStore(Store):
         if create or (self.node and own.is_dir()):
             self._mine = self._open_subtree(own, create=create)
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
-        # Each claim written is published under a new name for the other machines.
-        keep_s = max(CLAIMS_KEPT_DELAYS * self.sync_delay_ms / 1000, MIN_CLAIMS_KEPT_S)
-        self._publisher = ClaimPublisher(self.root, (NODES, self.node), keep_s)
+        self._lease = ClaimsLease(
+            self.root, self.node, self.subtrees, self._writer, self._problems, self.sync_delay_ms
+        )
 
     # -- subtrees ------------------------------------------------------------
 
@@ -404,91 +375,17 @@ class SyncDirStore(Store):
         agents = {agent for names in listed.values() for agent in names}
         return sorted(agents)[:MAX_LISTED_AGENTS]
 
-    # -- lease: claims ---------------------------------------------------------
+    # -- lease: claims (``lease``) --------------------------------------------------
 
     def claims(self, agent: str) -> dict[str, LeaseRecord]:
-        """Every node's claim on the agent's lease (node -> claim).
-
-        A node never removes its claim, but a sync tool may leave it missing or
-        unreadable for a moment (seen under Syncthing), and a writer without the
-        secret may remove it: a claim seen once stays as it was last read until
-        another reading of it replaces it. A standby then times the lease from the
-        last change it saw, as on any store, instead of taking a live leader's lease
-        for a free one.
-        """
-        check_name("agent id", agent)
-        found: dict[str, LeaseRecord | None] = {}
-        for node, store in self.subtrees().items():
-            try:
-                found[node] = self._claim_of(node, store, agent)
-            except CorruptRecord as exc:
-                self._problems(f"claim on {agent} of node {node} skipped: {exc}")
-        with self._peers_lock:
-            seen = self._claims_seen.setdefault(agent, {})
-            for node, claim in found.items():
-                if claim is not None:
-                    seen[node] = claim
-            return dict(seen)
-
-    @_os_errors_as_store_errors
-    def _claim_of(self, node: str, store: FileStore, agent: str) -> LeaseRecord | None:
-        """node's claim: its own lease.json for this node; another's newest published claim,
-        else its lease.json (``published``). This node's own claim is published again at
-        its first reading by this process: a crash may have cut its publish off."""
-        if node != self.node:
-            claim = read_published(self.root, (NODES, node), agent, self._problems)
-            if claim is not None:
-                return claim
-        claim = store.read_lease(agent)
-        if node == self.node and claim is not None and not self._publisher.has_published(agent):
-            self._publisher.publish(agent, claim)
-        return claim
+        """Every node's claim on the agent's lease (node -> claim), as ``ClaimsLease``."""
+        return self._lease.claims(agent)
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
-        return merged_lease(self.claims(agent))
+        return self._lease.read(agent)
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
-        mine = self._writer()
-        claims = self.claims(agent)
-        current = merged_lease(claims)
-        version = None if current is None else current.version
-        if version != expected_version:
-            raise LeaseConflict(
-                f"lease of {agent!r} is at merged version {version}, not {expected_version}"
-            )
-        own = claims.get(self.node)
-        # Against the own claim as read above: fails if another writer of this node wrote since.
-        claims[self.node] = written = mine.cas_lease(
-            agent, None if own is None else own.version, new
-        )
-        self._publish(agent, written)
-        result = merged_lease(claims)
-        assert result is not None  # it holds the claim just written
-        return result
-
-    def _check_fence(self, agent: str, fence: Fence, seq: int) -> None:
-        """Fenced unless fence is the winning claim's; a hand-over to this node confirmed."""
-        claims = self.claims(agent)
-        winner = merged_lease(claims)
-        check_fence(winner, fence, seq)
-        assert winner is not None
-        own = claims.get(self.node)
-        if own is not None and (own.holder, own.session, own.epoch) == (
-            fence.holder,
-            fence.session,
-            fence.epoch,
-        ):
-            return
-        # The lease was handed to this node by another's claim: make it this node's own
-        # claim, which the own file store fences by. Lost to another writer of this node:
-        # the own file store's fence check below says whether it still matches.
-        with contextlib.suppress(LeaseConflict):
-            written = self._writer().cas_lease(agent, None if own is None else own.version, winner)
-            self._publish(agent, written)
-
-    @_os_errors_as_store_errors
-    def _publish(self, agent: str, claim: LeaseRecord) -> None:
-        self._publisher.publish(agent, claim)
+        return self._lease.cas(agent, expected_version, new)
 
     # -- checkpoints: one chain per node -----------------------------------------
 
@@ -566,7 +463,7 @@ class SyncDirStore(Store):
         problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
         if problem is not None:
             raise StoreError(problem)
-        self._check_fence(agent, fence, seq)
+        self._lease.check_fence(agent, fence, seq)
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -588,7 +485,7 @@ class SyncDirStore(Store):
         problem = check_effect_bounds(seq, index, kind, len(blob))
         if problem is not None:
             raise StoreError(problem)
-        self._check_fence(agent, fence, seq)
+        self._lease.check_fence(agent, fence, seq)
         mine.put_effect(agent, fence, seq, index, kind, blob)
 
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:

@@ -1,0 +1,161 @@
+"""The syncdir store's lease: every node's claim, the winning one, and this node's writes.
+
+**Lease.** ``read`` is the winning claim among every node's claim, with the
+merged version (``claims``: the order and why the version is a sum). A node's
+claim is its subtree's ``lease.json``, and what it publishes of it for the
+other machines (``published``): this node reads its own ``lease.json``, the
+others' newest published claims. ``cas`` reads every claim, compares the merged
+version, and writes the own claim through the own file store's compare-and-set
+against the own claim's version *as read in that same snapshot*. That
+compare-and-set is what makes the check and the write one step among this
+node's writers (threads, processes, store objects): any of them that wrote the
+own claim in between makes it fail. No lock of ours is needed beyond the file
+store's: other nodes' claims arrive whenever the sync tool brings them, and
+one arriving between the read and the write is the same as one arriving just
+after it. It returns the merged record as of that snapshot with the new
+claim in it (the written claim itself whenever it wins, as a renewal's does).
+Every claim written is then published.
+
+**Fences.** A fenced write (``put_checkpoint``, ``put_effect``) is checked
+against the winning claim first (``check_fence``: Fenced if the lease moved
+on), then handed to the own file store, which checks it against the own claim
+under its lease lock. A node handed the lease (a switchover) has no own claim
+of that term until its first renewal: the first fenced write *confirms* the
+hand-over by writing the winning claim as its own claim (the merged version
+moves on: the keeper's next renewal finds the record its own and adopts it). A
+large checkpoint is written with no lock of ours held: renewals are never held
+up. The check cannot be atomic with other machines' writes (docs/syncdir.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from ...errors import CorruptRecord, LeaseConflict
+from ...records import LeaseRecord, check_name
+from ..base import Fence, check_fence
+from ..file import FileStore
+from ..file.fileio import os_errors_as_store_errors
+from .claims import merged_lease
+from .layout import NODES
+from .published import ClaimPublisher, read_published
+
+__all__ = ["CLAIMS_KEPT_DELAYS", "MIN_CLAIMS_KEPT_S", "ClaimsLease"]
+
+# A published claim is kept this many stated sync delays (at least MIN_CLAIMS_KEPT_S)
+# before its node removes it: long enough to have synced.
+CLAIMS_KEPT_DELAYS = 3
+MIN_CLAIMS_KEPT_S = 5.0
+
+_os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
+
+
+class ClaimsLease:
+    """One syncdir store's view of the lease (see the module)."""
+
+    def __init__(
+        self,
+        root: Path,
+        node: str,
+        subtrees: Callable[[], Mapping[str, FileStore]],
+        writer: Callable[[], FileStore],
+        problems: Callable[[str], None],
+        sync_delay_ms: int,
+    ) -> None:
+        """node: this node ("" for a reader); writer: its own subtree (StoreError if none)."""
+        self._root, self._node = root, node
+        self._subtrees, self._writer, self._problems = subtrees, writer, problems
+        keep_s = max(CLAIMS_KEPT_DELAYS * sync_delay_ms / 1000, MIN_CLAIMS_KEPT_S)
+        self._publisher = ClaimPublisher(root, (NODES, node), keep_s)
+        # The newest claim read of each node, by agent: see claims().
+        self._seen: dict[str, dict[str, LeaseRecord]] = {}
+        self._lock = threading.Lock()
+
+    def claims(self, agent: str) -> dict[str, LeaseRecord]:
+        """Every node's claim on the agent's lease (node -> claim).
+
+        A node never removes its claim, but a sync tool may leave it missing or
+        unreadable for a moment (seen under Syncthing), and a writer without the
+        secret may remove it: a claim seen once stays as it was last read until
+        another reading of it replaces it. A standby then times the lease from the
+        last change it saw, as on any store, instead of taking a live leader's lease
+        for a free one.
+        """
+        check_name("agent id", agent)
+        found: dict[str, LeaseRecord | None] = {}
+        for node, store in self._subtrees().items():
+            try:
+                found[node] = self._claim_of(node, store, agent)
+            except CorruptRecord as exc:
+                self._problems(f"claim on {agent} of node {node} skipped: {exc}")
+        with self._lock:
+            seen = self._seen.setdefault(agent, {})
+            for node, claim in found.items():
+                if claim is not None:
+                    seen[node] = claim
+            return dict(seen)
+
+    @_os_errors_as_store_errors
+    def _claim_of(self, node: str, store: FileStore, agent: str) -> LeaseRecord | None:
+        """node's claim: its own lease.json for this node; another's newest published claim,
+        else its lease.json (``published``). This node's own claim is published again at
+        its first reading by this process: a crash may have cut its publish off."""
+        if node != self._node:
+            claim = read_published(self._root, (NODES, node), agent, self._problems)
+            if claim is not None:
+                return claim
+        claim = store.read_lease(agent)
+        if node == self._node and claim is not None and not self._publisher.has_published(agent):
+            self._publisher.publish(agent, claim)
+        return claim
+
+    def read(self, agent: str) -> LeaseRecord | None:
+        """The winning claim, with the merged version."""
+        return merged_lease(self.claims(agent))
+
+    def cas(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        """Store.cas_lease: against the merged version, by the own claim's compare-and-set."""
+        mine = self._writer()
+        claims = self.claims(agent)
+        current = merged_lease(claims)
+        version = None if current is None else current.version
+        if version != expected_version:
+            raise LeaseConflict(
+                f"lease of {agent!r} is at merged version {version}, not {expected_version}"
+            )
+        own = claims.get(self._node)
+        # Against the own claim as read above: fails if another writer of this node wrote since.
+        claims[self._node] = written = mine.cas_lease(
+            agent, None if own is None else own.version, new
+        )
+        self._publish(agent, written)
+        result = merged_lease(claims)
+        assert result is not None  # it holds the claim just written
+        return result
+
+    def check_fence(self, agent: str, fence: Fence, seq: int) -> None:
+        """Fenced unless fence is the winning claim's; a hand-over to this node confirmed."""
+        claims = self.claims(agent)
+        winner = merged_lease(claims)
+        check_fence(winner, fence, seq)
+        assert winner is not None
+        own = claims.get(self._node)
+        if own is not None and (own.holder, own.session, own.epoch) == (
+            fence.holder,
+            fence.session,
+            fence.epoch,
+        ):
+            return
+        # The lease was handed to this node by another's claim: make it this node's own
+        # claim, which the own file store fences by. Lost to another writer of this node:
+        # the own file store's fence check below says whether it still matches.
+        with contextlib.suppress(LeaseConflict):
+            written = self._writer().cas_lease(agent, None if own is None else own.version, winner)
+            self._publish(agent, written)
+
+    @_os_errors_as_store_errors
+    def _publish(self, agent: str, claim: LeaseRecord) -> None:
+        self._publisher.publish(agent, claim)
