@@ -609,6 +609,41 @@ def test_the_watch_of_a_subtree_that_arrives_with_a_claim_wakes_without_further_
     asyncio.run(main())
 
 
+def test_a_watch_on_one_shared_folder_wakes_for_the_published_claim_itself(
+    tmp_path: Path,
+) -> None:
+    """Two nodes on one folder (no sync tool between them: a systemd host running both): a
+    renewal replaces lease.json, then publishes the claim the other node reads. The other's
+    watch must wake for the published claim, not only for lease.json (woken by that alone
+    it reads the claim before it is published, and would sleep until its next tick)."""
+    one = SyncDirStore(tmp_path, "n1", sync_delay_ms=DELAY_MS)
+    two = SyncDirStore(tmp_path, "n2", sync_delay_ms=DELAY_MS)
+    held = take(one, "n1", 1)
+    publisher = one._lease._publisher
+    publish = publisher.publish
+
+    def late(agent: str, claim: LeaseRecord) -> None:  # the other reads in between, surely
+        time.sleep(0.5)
+        publish(agent, claim)
+
+    publisher.publish = late  # type: ignore[method-assign]
+
+    async def main() -> None:
+        watcher = two.watch(AGENT, lease_only=True)
+        try:
+            first = asyncio.ensure_future(anext(watcher))
+            await asyncio.sleep(0.3)  # the watch is set before the renewal
+            renewed = await asyncio.to_thread(renew, one, held)
+            await asyncio.wait_for(first, WAIT_S)
+            while two.claims(AGENT)["n1"].renewals != renewed.renewals:
+                # Woken by the publish itself (0.5 s after lease.json), not by anything later.
+                await asyncio.wait_for(anext(watcher), 2.5)
+        finally:
+            await watcher.aclose()  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
 # -- the store contract's basics with one node ------------------------------------------------
 
 

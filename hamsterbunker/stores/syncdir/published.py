@@ -8,7 +8,8 @@ at each change), and measured on loopback a claim renewed every 500 ms reached
 the other machine up to 7 s late, against 1.5 s for a file written once under
 a new name. So each claim written is also *published* as
 ``agents/AGENT/claim.VERSION.json`` (the claim's own version, 20 digits),
-created once and never rewritten, and the other nodes read the newest of
+created once (renamed into place, so that a lease watch wakes) and never
+rewritten, and the other nodes read the newest of
 these (``read_published``), falling back to ``lease.json`` where a node has
 published none.
 
@@ -123,17 +124,20 @@ class ClaimPublisher:
             assert agent_fd is not None  # made
             tmp = write_temp(agent_fd, data, durable=True)
             try:
-                # Never replaces: a claim of this version written before stays as it was.
-                os.link(tmp, name, src_dir_fd=agent_fd, dst_dir_fd=agent_fd, follow_symlinks=False)
-                os.fsync(agent_fd)
-            except FileExistsError:
-                path = self._root.joinpath(*parts, name)
-                stored = read_file(agent_fd, name, path, MAX_RECORD_BYTES)
-                if stored != data:
+                stored = read_file(
+                    agent_fd, name, self._root.joinpath(*parts, name), MAX_RECORD_BYTES
+                )
+                if stored is None:
+                    # Renamed into place, as the sync tool does: a lease watch wakes on it
+                    # (a link would not). Only this node writes its versions, each from its
+                    # own compare-and-set, so nothing else renames this name meanwhile.
+                    os.rename(tmp, name, src_dir_fd=agent_fd, dst_dir_fd=agent_fd)
+                    os.fsync(agent_fd)
+                elif stored != data:  # never replaced
                     raise StoreError(
                         f"claim {name} of {agent!r} exists with other contents: "
                         "the lease record went back in version"
-                    ) from None
+                    )
             finally:
                 discard(agent_fd, tmp)
             self._prune(agent, agent_fd, claim.version)
