@@ -25,6 +25,7 @@ from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores import ChainedStore
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.file.lease_watch import open_lease_watch
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
 from hamsterbunker.stores.syncdir.layout import MARKER
@@ -609,37 +610,25 @@ def test_the_watch_of_a_subtree_that_arrives_with_a_claim_wakes_without_further_
     asyncio.run(main())
 
 
-def test_a_watch_on_one_shared_folder_wakes_for_the_published_claim_itself(
-    tmp_path: Path,
-) -> None:
-    """Two nodes on one folder (no sync tool between them: a systemd host running both): a
-    renewal replaces lease.json, then publishes the claim the other node reads. The other's
-    watch must wake for the published claim, not only for lease.json (woken by that alone
-    it reads the claim before it is published, and would sleep until its next tick)."""
-    one = SyncDirStore(tmp_path, "n1", sync_delay_ms=DELAY_MS)
-    two = SyncDirStore(tmp_path, "n2", sync_delay_ms=DELAY_MS)
-    held = take(one, "n1", 1)
-    publisher = one._lease._publisher
-    publish = publisher.publish
-
-    def late(agent: str, claim: LeaseRecord) -> None:  # the other reads in between, surely
-        time.sleep(0.5)
-        publish(agent, claim)
-
-    publisher.publish = late  # type: ignore[method-assign]
+def test_a_published_claim_wakes_a_lease_watch_of_its_directory(tmp_path: Path) -> None:
+    """Publishing a claim alone (no lease.json written) wakes an inotify lease watch of the
+    agent's directory: on one folder shared by two nodes (a host running both), a standby
+    woken only by lease.json would read the claim before it is published and take a
+    released lease a tick late (found by tests/system/test_systemd_syncdir.py). A claim
+    linked into place makes no event the watch asks for; renamed, it does."""
+    agent_dir = tmp_path / "nodes" / "n1" / "agents" / AGENT
+    publisher = ClaimPublisher(tmp_path, ("nodes", "n1"), keep_s=3600)
+    publisher.publish(AGENT, replace(lease("n1", 1), version=1))  # makes the directory
 
     async def main() -> None:
-        watcher = two.watch(AGENT, lease_only=True)
+        watch = open_lease_watch(agent_dir)
+        assert watch is not None, "no inotify here"
         try:
-            first = asyncio.ensure_future(anext(watcher))
-            await asyncio.sleep(0.3)  # the watch is set before the renewal
-            renewed = await asyncio.to_thread(renew, one, held)
-            await asyncio.wait_for(first, WAIT_S)
-            while two.claims(AGENT)["n1"].renewals != renewed.renewals:
-                # Woken by the publish itself (0.5 s after lease.json), not by anything later.
-                await asyncio.wait_for(anext(watcher), 2.5)
+            await asyncio.to_thread(publisher.publish, AGENT, replace(lease("n1", 1), version=2))
+            await asyncio.wait_for(watch.woken.wait(), WAIT_S)
+            assert watch.changed
         finally:
-            await watcher.aclose()  # type: ignore[attr-defined]
+            watch.close()
 
     asyncio.run(main())
 
