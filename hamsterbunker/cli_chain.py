@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli_args import confirmed, positive_int, seconds, store_url
+from .cli_control import store_sealer
 from .config import load_instance
 from .errors import ConfigError, ControlRefused, CorruptRecord, StoreError, Tampered
 from .keyring import Secret
@@ -149,10 +150,7 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
     store = open_store(url, create=False, node=node, sync_delay_ms=delay)
     try:
         assert isinstance(store, ChainedStore)
-        cluster = store.read_cluster()
-        if cluster is None:
-            raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
-        sealer = Sealer(read_secret(), cluster)
+        sealer = store_sealer(store, read_secret())
         view = LineageView(store, sealer, agent, node or "", emit=lambda *a, **k: None)
         read = view.read()
         if term is None:

@@ -26,7 +26,14 @@ from .records import LeaseRecord, check_name
 from .sealing import Sealer
 from .stores import Store, open_store
 
-__all__ = ["EXIT_TIMEOUT", "add_control_parsers", "history", "pause", "switchover"]
+__all__ = [
+    "EXIT_TIMEOUT",
+    "add_control_parsers",
+    "history",
+    "pause",
+    "store_sealer",
+    "switchover",
+]
 
 EXIT_TIMEOUT = 124  # switchover --wait ran out (as timeout(1) exits)
 DEFAULT_WAIT_S = 30.0
@@ -96,7 +103,8 @@ def _open(args: argparse.Namespace, writes: str | None = None) -> tuple[Store, s
     return open_store(url, create=False), agent
 
 
-def _sealer(store: Store, secret: Secret) -> Sealer:
+def store_sealer(store: Store, secret: Secret) -> Sealer:
+    """The store's sealer for secret; ConfigError if no node has made its cluster record."""
     cluster = store.read_cluster()
     if cluster is None:
         raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
@@ -108,7 +116,7 @@ def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> i
         check_name("node id", args.to)
     store, agent = _open(args, writes="a switchover")
     try:
-        sealer = _sealer(store, read_secret())
+        sealer = store_sealer(store, read_secret())
         before = store.read_lease(agent)
         target = request_switchover(store, sealer, agent, args.to)
         epoch = 0 if before is None else before.epoch
@@ -146,7 +154,7 @@ def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     paused = args.command == "pause"
     store, agent = _open(args, writes=f"hb {args.command}")
     try:
-        lease = set_paused(store, _sealer(store, read_secret()), agent, paused)
+        lease = set_paused(store, store_sealer(store, read_secret()), agent, paused)
     finally:
         store.close()
     if paused:
