@@ -35,6 +35,7 @@ from .node.lineage_view import LineageRead, LineageView, describe_ref
 from .records import check_name
 from .sealing import Sealer
 from .stores import ChainedStore, is_syncdir_url, open_store
+from .stores.syncdir import SyncDirStore
 from .term_records import open_term_start, seal_chain_choice
 
 __all__ = ["add_choose_chain_parser", "choose_chain", "plan_choice"]
@@ -149,13 +150,18 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
     delay = None if config is None else config.sync_delay_ms
     store = open_store(url, create=False, node=node, sync_delay_ms=delay)
     try:
-        assert isinstance(store, ChainedStore)
+        assert isinstance(store, SyncDirStore)  # a syncdir:// URL, checked above
         sealer = store_sealer(store, read_secret())
         view = LineageView(store, sealer, agent, node or "", emit=lambda *a, **k: None)
         read = view.read()
         if term is None:
             print("\n".join(f"agent {agent}: {line}" for line in describe_lineage(read)))
             return 0
+        if node not in store.subtrees():
+            raise ConfigError(
+                f"node {node} has no subtree in {url}: run hb choose-chain on a machine where "
+                "that node runs (the choice goes in its subtree)"
+            )
         choice = plan_choice(read, term, args.seq)
         node_of, info = read.where[choice.base]
         try:

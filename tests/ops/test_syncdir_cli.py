@@ -389,6 +389,7 @@ def test_hb_choose_chain_mistakes_are_one_line_and_write_nothing(tmp_path: Path)
         ([*base, "--node-id", "n2", "--term", "two@n1"], ["EPOCH@NODE"]),
         ([*base, "--node-id", "n2", "--term", "2@bad name"], ["node id"]),
         ([*base, "--term", "2@n1"], ["--node-id is required"]),
+        ([*base, "--node-id", "n9", "--term", "2@n1"], ["node n9 has no subtree"]),
         ([*base, "--node-id", "n2", "--term", "2@n1"], ["no term record authenticates"]),
         (["choose-chain", "--store", url], ["--agent-id is required"]),
     ):
