@@ -15,7 +15,10 @@ holder or an epoch: the fencing rules are untouched.
   the target leads at once. A request kept or put back for a later term asks
   nothing.
 * ``revision`` only grows: a node ignores a request older than one it has
-  seen, so an old signed request put back by someone else undoes nothing.
+  seen, so an old signed request put back by someone else undoes nothing. A
+  node writes the newest request it has seen into every lease record it writes
+  and keeps it in its memory (``ControlView``), so neither its renewals nor a
+  process of it started later pass the older one on or obey it.
 """
 
 from __future__ import annotations
