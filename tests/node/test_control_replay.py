@@ -116,6 +116,19 @@ def test_a_newer_request_in_the_record_is_carried_as_it_is() -> None:
     assert view.paused
 
 
+def test_a_remembered_request_that_no_longer_authenticates_is_reported_and_not_obeyed() -> None:
+    """A memory whose request no key of the cluster opens (its key retired while the node was
+    down) starts the node from the lease record, and says why."""
+    store, sealer = MemoryStore(), Sealer(SECRET, new_cluster_record(SECRET))
+    other = Sealer(SECRET, new_cluster_record(SECRET))  # another salt: another key
+    _, resumed_elsewhere = paused_then_resumed(MemoryStore(), other)
+    paused = set_paused(store, sealer, AGENT, True).control
+    _, view = carrying_keeper(store, sealer)
+    view.remember(resumed_elsewhere)
+    assert any("remembered" in problem for problem in view.drain_problems())
+    assert view.carried(paused) == paused and view.paused
+
+
 # -- real nodes, every backend ---------------------------------------------------------
 
 
