@@ -15,7 +15,10 @@ holder or an epoch: the fencing rules are untouched.
   the target leads at once. A request kept or put back for a later term asks
   nothing.
 * ``revision`` only grows: a node ignores a request older than one it has
-  seen, so an old signed request put back by someone else undoes nothing.
+  seen, so an old signed request put back by someone else undoes nothing. A
+  node writes the newest request it has seen into every lease record it writes
+  and keeps it in its memory (``ControlView``), so neither its renewals nor a
+  process of it started later pass the older one on or obey it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -98,34 +102,61 @@ class ControlView:
 
     Remembers the newest revision it authenticated, and holds to it: a field
     that does not authenticate, or an older request, changes nothing (each is
-    reported once through ``problems``).
+    reported once through ``problems``). The newest request outlives the
+    process in the node's memory (``text``, ``remember``), and every lease
+    record the node writes carries it (``carried``), so an older request put
+    back, or the field emptied, is neither obeyed by a node started later nor
+    passed on. Safe from any thread: the lease keeper calls ``carried`` from
+    its own.
     """
 
     def __init__(self, sealer: Sealer, agent: str) -> None:
         self._sealer, self._agent = sealer, agent
         self.current: Control | None = None
+        self.text = ""  # the signed request current came in ("" while there is none)
         self._last_text: str | None = None
         self.problems: list[str] = []
+        self._lock = threading.Lock()
+
+    def remember(self, text: str) -> None:
+        """Start from the request this node saw last before a restart (hamsterbunker.memory)."""
+        if text:
+            with self._lock:
+                self._take(text, "the remembered control request")
 
     def read(self, record: LeaseRecord | None) -> Control | None:
         """The request in force after seeing record."""
-        text = "" if record is None else record.control
-        if text == self._last_text or not text:
+        with self._lock:
+            self._see("" if record is None else record.control)
             return self.current
-        self._last_text = text
+
+    def carried(self, found: str) -> str:
+        """The control field for a lease record written over one whose field was found: found
+        if it holds the newest request seen here, else that newest request ("" if none)."""
+        with self._lock:
+            self._see(found)
+            return self.text
+
+    def _see(self, text: str) -> None:
+        # A field seen just before is not opened (or reported) again at every renewal.
+        if text and text != self._last_text:
+            self._last_text = text
+            self._take(text, "a control request")
+
+    def _take(self, text: str, what: str) -> None:
+        """Make the request in text current if it authenticates and is not older."""
         try:
             found = open_control(self._sealer, text, self._agent)
         except Tampered as exc:
-            self.problems.append(f"ignored a control request: {exc}")
-            return self.current
+            self.problems.append(f"ignored {what}: {exc}")
+            return
         if self.current is not None and found.revision < self.current.revision:
             self.problems.append(
-                f"ignored a control request of revision {found.revision}, older than "
+                f"ignored {what} of revision {found.revision}, older than "
                 f"{self.current.revision} (put back by someone else?)"
             )
-            return self.current
-        self.current = found
-        return found
+            return
+        self.current, self.text = found, text
 
     @property
     def paused(self) -> bool:
@@ -139,7 +170,8 @@ class ControlView:
         return control.switchover_to
 
     def drain_problems(self) -> list[str]:
-        found, self.problems = self.problems, []
+        with self._lock:
+            found, self.problems = self.problems, []
         return found
 
 

@@ -23,6 +23,7 @@ import enum
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .clock import Clock, MonotonicClock
@@ -93,6 +94,13 @@ class LeaseKeeper:
         self._held_epoch = 0  # the highest epoch this keeper has held
         # Held since a read before its hand-over, not since a write of ours: renew at once.
         self.unconfirmed = False
+        self._carry_control: Callable[[str], str] = _as_found
+
+    def carry_control_by(self, carry: Callable[[str], str]) -> None:
+        """Write carry(the control field found) into every lease record this keeper writes
+        over another (``ControlView.carried``: an operator's request older than one this
+        node saw is not passed on). By default the field found is carried as it is."""
+        self._carry_control = carry
 
     # -- what the runtime asks -------------------------------------------
 
@@ -230,7 +238,7 @@ class LeaseKeeper:
             seq=reach.seq,
             seq_epoch=reach.epoch,
             # An operator's request (a pause) holds from term to term.
-            control="" if record is None else record.control,
+            control=self._carry_control("" if record is None else record.control),
             history=_with_takeover(record, takeover),
         )
         try:
@@ -427,6 +435,7 @@ class LeaseKeeper:
             seq=reach.seq,
             seq_epoch=reach.epoch,
             ttl_ms=self.timing.lease_ttl_ms,  # ours, also in a term handed to us
+            control=self._carry_control(record.control),
         )
 
     def _hold(self, record: LeaseRecord) -> None:
@@ -485,6 +494,10 @@ class LeaseKeeper:
 
     def _since_renewal(self) -> float:
         return self.clock.monotonic() - self._renew_sent_at
+
+
+def _as_found(control: str) -> str:
+    return control
 
 
 def _released_via(record: LeaseRecord) -> str:

@@ -1,10 +1,12 @@
 """What a node remembers of a store across its own restarts.
 
-A running node remembers the highest epoch and checkpoint seq it has seen and
-the cluster record, and so notices a store that went back in time. A node
-with a state directory (``--state-dir``, or systemd's ``$STATE_DIRECTORY``)
-also keeps them in a small file there, so that after a restart it still
-notices a store that went back, or was emptied, while it was down.
+A running node remembers the highest epoch and checkpoint seq it has seen, the
+cluster record and the newest operator's request (``hamsterbunker.control``),
+and so notices a store that went back in time. A node with a state directory
+(``--state-dir``, or systemd's ``$STATE_DIRECTORY``) also keeps them in a small
+file there, so that after a restart it still notices a store that went back,
+or was emptied, while it was down, and obeys no older request put back in the
+lease record meanwhile.
 
 One file per store URL and agent id: pointing a node at another store starts
 a new memory instead of refusing that store.
@@ -27,7 +29,7 @@ from .clock import Clock, MonotonicClock
 from .errors import ConfigError, CorruptRecord
 from .limits import STALE_TEMP_AGE_S
 from .reach import Reach
-from .records import ClusterRecord, parse_json
+from .records import MAX_CONTROL_CHARS, ClusterRecord, parse_json
 
 __all__ = ["Memory", "MemoryFile"]
 
@@ -35,7 +37,7 @@ FORMAT = 1
 # A standby sees the reach move with every renewal of a busy leader; an fsynced
 # write per tick on every node is not worth it, since a reach a few seconds old
 # still catches a store emptied, or rolled back further than that. A new epoch
-# or cluster record is kept at once.
+# or cluster record, or an operator's request, is kept at once.
 REACH_SAVE_INTERVAL_S = 5.0
 # Temporary files of save; those older than STALE_TEMP_AGE_S are swept on load.
 _TEMP_PREFIX = ".memory-"
@@ -48,6 +50,7 @@ class Memory:
     epoch: int = 0  # the highest epoch seen
     reach: Reach = field(default_factory=Reach)  # how far the checkpoints were seen to reach
     cluster: ClusterRecord | None = None
+    control: str = ""  # the newest operator's request seen, as signed ("" if none)
 
 
 class MemoryFile:
@@ -86,6 +89,7 @@ class MemoryFile:
                 epoch=_count(doc["epoch"]),
                 reach=Reach(_count(doc["seq"]), _count(doc["seq_epoch"])),
                 cluster=None if cluster is None else ClusterRecord.from_json(cluster.encode()),
+                control=_text(doc.get("control", "")),  # absent from files saved before it was kept
             )
         except KeyError as exc:
             raise self._damaged(f"no field {exc}") from exc
@@ -109,7 +113,8 @@ class MemoryFile:
         return (
             force
             or saved is None
-            or (memory.epoch, memory.cluster) != (saved.epoch, saved.cluster)
+            or (memory.epoch, memory.cluster, memory.control)
+            != (saved.epoch, saved.cluster, saved.control)
             or self._clock.monotonic() - self._saved_at >= REACH_SAVE_INTERVAL_S
         )
 
@@ -125,6 +130,7 @@ class MemoryFile:
             "seq": memory.reach.seq,
             "seq_epoch": memory.reach.epoch,
             "cluster": None if memory.cluster is None else memory.cluster.to_json().decode(),
+            "control": memory.control,
         }
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=_TEMP_PREFIX)
@@ -163,6 +169,12 @@ def _sweep_temps(directory: Path) -> None:
                     temp.unlink()
     except OSError as exc:
         log.warning("could not remove old temporary files in %s: %s", directory, exc)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str) or len(value) > MAX_CONTROL_CHARS:
+        raise ValueError(f"field 'control' is not a string of at most {MAX_CONTROL_CHARS}")
+    return value
 
 
 def _count(value: object) -> int:

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from ..control import ControlView
 from ..errors import CorruptRecord, StoreError, StoreRegressed
 from ..keyring import Secret
 from ..lease import LeaseKeeper
@@ -150,15 +151,17 @@ class NodeMemory:
         calls: NodeCalls,
         node_id: str,
         following: Cluster | None = None,
+        control: ControlView | None = None,
     ) -> None:
         self._file, self._keeper, self._calls, self._node_id = file, keeper, calls, node_id
-        self._following = following
+        self._following, self._control = following, control
         self._failed = False
 
     async def save(self, cluster: ClusterRecord, *, force: bool = False) -> None:
         """Save what was seen; ``cluster`` unless the node followed a newer record since."""
         newest = self._following.record if self._following is not None else None
-        seen = Memory(self._keeper.highest_epoch, self._keeper.reach(), newest or cluster)
+        control = self._control.text if self._control is not None else ""
+        seen = Memory(self._keeper.highest_epoch, self._keeper.reach(), newest or cluster, control)
         if not self._file.due(seen, force=force):
             return  # most passes: no thread hand-off for nothing
         try:

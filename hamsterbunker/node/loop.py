@@ -182,6 +182,9 @@ class NodeLoop:
                 emit("store.regressed", reason=regression)
             if regressions:
                 await self._calls.io(self._cluster.check, self._cluster_record, self._id.node)
+            if result is not None:
+                # Before the memory is saved: a newer operator's request is kept at once.
+                self._follow_control(result.record)
             if self._memory is not None:
                 await self._memory.save(self._cluster_record)
             if result is not None:
@@ -216,7 +219,6 @@ class NodeLoop:
         emit = self._sink.emit
         if result.record is not None:
             self._standing.epoch_seen = max(self._standing.epoch_seen, result.record.epoch)
-        self._follow_control(result.record)
         match result.outcome:
             case Outcome.ACQUIRED if result.record is not None:
                 epoch = result.record.epoch

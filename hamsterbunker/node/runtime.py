@@ -37,6 +37,7 @@ from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name
 from ..rotation_nodes import KEYS_READ_TTLS
+from ..sealing import Sealer
 from ..stores import ChainedStore, Store, open_store
 from ..timing import (
     DEFAULT_STEP_RETRY,
@@ -146,6 +147,7 @@ class Runtime:
             remembered = self._memory_file.load()
             self.keeper.remember(remembered.epoch, remembered.reach)
         self._remembered_cluster = remembered.cluster
+        self._remembered_control = remembered.control
         self.on_event = on_event
         self._history = HistoryWriter(history, clock=self.clock) if history is not None else None
         self._notifier = notifier or Notifier(None)
@@ -269,6 +271,14 @@ class Runtime:
         self.endpoints.start()
         return self.endpoints
 
+    def _control_view(self, sealer: Sealer) -> ControlView:
+        """The operator's requests as this node reads them, from the newest it remembers;
+        every lease record the keeper writes carries the newest one seen."""
+        control = ControlView(sealer, self.agent_id)
+        control.remember(self._remembered_control)
+        self.keeper.carry_control_by(control.carried)
+        return control
+
     async def serve(self, install_signal_handlers: bool = False) -> None:
         """The node's main coroutine: returns after a graceful stop."""
         signals = self._signals = Signals(stopping=self._stop.bind())
@@ -359,10 +369,13 @@ class Runtime:
                 grace=self._stop.grace,
                 retry=self.step_retry,
             )
+            control = self._control_view(sealer)
             memory = (
                 None
                 if self._memory_file is None
-                else NodeMemory(self._memory_file, self.keeper, calls, self.node_id, cluster)
+                else NodeMemory(
+                    self._memory_file, self.keeper, calls, self.node_id, cluster, control
+                )
             )
             follower = KeyFollower(
                 cluster, sealer, self.standing, calls,
@@ -393,7 +406,7 @@ class Runtime:
                 stop=self._stop,
                 cluster=cluster,
                 cluster_record=sealer.cluster,
-                control=ControlView(sealer, self.agent_id),
+                control=control,
                 memory=memory,
                 new_term=new_term,
                 notifier=self._notifier,

@@ -13,6 +13,7 @@ from hamsterbunker.errors import ConfigError
 from hamsterbunker.limits import STALE_TEMP_AGE_S
 from hamsterbunker.memory import Memory, MemoryFile
 from hamsterbunker.reach import Reach
+from hamsterbunker.records import MAX_CONTROL_CHARS
 from hamsterbunker.sealing import new_cluster_record
 from tests.support.io_probes import record_fsyncs
 
@@ -50,6 +51,30 @@ def test_only_a_new_epoch_or_a_forced_save_is_written_at_once(tmp_path: Path) ->
     assert MemoryFile(tmp_path, URL, "journal").load() == Memory(2, Reach(3, 2))
 
 
+def test_an_operators_request_is_kept_at_once_and_loaded_by_the_next_process(
+    tmp_path: Path,
+) -> None:
+    """A new control request seen is written at once (like a new epoch), not when the reach
+    would be, and the next process loads it as it was signed."""
+    memory = MemoryFile(tmp_path, URL, "journal")
+    memory.save(Memory(epoch=1, reach=Reach(1, 1)))
+    inode = memory.path.stat().st_ino
+    memory.save(Memory(epoch=1, reach=Reach(1, 1), control="the signed resume"))
+    assert memory.path.stat().st_ino != inode
+    loaded = MemoryFile(tmp_path, URL, "journal").load()
+    assert loaded == Memory(1, Reach(1, 1), control="the signed resume")
+
+
+def test_a_memory_saved_before_requests_were_kept_loads_with_none(tmp_path: Path) -> None:
+    """A memory file without the control field (saved by an older version) still loads."""
+    memory = MemoryFile(tmp_path, URL, "journal")
+    memory.save(Memory(epoch=4, reach=Reach(8, 4)))
+    doc = json.loads(memory.path.read_text())
+    del doc["control"]
+    memory.path.write_text(json.dumps(doc))
+    assert MemoryFile(tmp_path, URL, "journal").load() == Memory(4, Reach(8, 4))
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -59,8 +84,10 @@ def test_only_a_new_epoch_or_a_forced_save_is_written_at_once(tmp_path: Path) ->
         lambda doc: json.dumps({**doc, "epoch": True}),
         lambda doc: json.dumps({**doc, "cluster": '{"format": 1}'}),
         lambda doc: json.dumps({k: v for k, v in doc.items() if k != "epoch"}),
+        lambda doc: json.dumps({**doc, "control": {"paused": True}}),
+        lambda doc: json.dumps({**doc, "control": "x" * (MAX_CONTROL_CHARS + 1)}),
     ],
-    ids=["not-json", "format", "negative", "bool", "cluster", "missing"],
+    ids=["not-json", "format", "negative", "bool", "cluster", "missing", "control", "long"],
 )
 def test_a_damaged_memory_is_a_clear_error_naming_the_file(tmp_path: Path, damage) -> None:
     memory = MemoryFile(tmp_path, URL, "journal")
