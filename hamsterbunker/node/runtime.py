@@ -317,7 +317,9 @@ class Runtime:
             if sealer is None:
                 return  # stopped while waiting for the store
             show_keys(self.standing, sealer)
-            self.keeper.proof = LeaseProof(sealer, self.agent_id)  # before any lease write
+            self.keeper.proof = proof = LeaseProof(sealer, self.agent_id)  # before any write
+            if isinstance(self.store, ChainedStore):
+                self.store.check_claims_with(self.agent_id, proof.problem)
             # Before this node beats or emits: refuse an id another live process uses.
             await check_node_id_free(
                 self.store, self.agent_id, self.node_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,9 @@ from hamsterbunker.stores import open_store
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.node.test_hostile_store import AGENT, TTL_MS, Nodes
+from tests.node.test_syncdir_lineage import WAIT_S
+from tests.node.test_syncdir_lineage import Nodes as SyncNodes
+from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent
 from tests.support.raw_store import RawStore, backend_store
 
@@ -197,3 +201,26 @@ def test_one_forged_lease_record_does_not_stop_the_agent(
     assert not node.stopped.is_set()
     if "epoch" not in changes:  # else a node that knew nothing finds the epoch at restore
         assert nodes.events.of("store.regressed", "node-b") == []
+
+
+def test_a_forged_claim_on_a_synced_folder_never_wins(tmp_path: Path) -> None:
+    """On a syncdir folder, a claim planted in a subtree of its own at the last epoch (it
+    would win the claim order for good) is left out and reported: the leader goes on."""
+    nodes = SyncNodes(tmp_path)
+    try:
+        leader = nodes.start("A")
+        wait_until(lambda: nodes.published("A", 2), "A publishing", WAIT_S)
+        agent_dir = nodes.sync.root("A") / "nodes" / "A" / "agents" / AGENT
+        own = LeaseRecord.from_json((agent_dir / "lease.json").read_bytes())
+        planted = nodes.sync.root("A") / "nodes" / "evil" / "agents" / AGENT / "lease.json"
+        planted.parent.mkdir(parents=True)
+        planted.write_bytes(forged(own, holder="evil", epoch=MAX_EPOCH).to_json())
+        past = leader.seq
+        wait_until(lambda: nodes.published("A", past + 3), "A publishing on", WAIT_S)
+        problems = nodes.store("A")
+        problems.check_claims_with(AGENT, LeaseProof(nodes.sealer(), AGENT).problem)
+        assert problems.read_lease(AGENT).holder == "A"
+        assert any("of node evil left out" in found for found in problems.problems())
+        assert nodes.events.of("lease.lost", "A") == []
+    finally:
+        nodes.close()
