@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from .errors import CorruptRecord, HamsterbunkerError, LeaseConflict, Tampered
+from .lease_proof import LeaseProof
 from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import CheckpointInfo, Event, LeaseRecord, parse_json
@@ -206,17 +207,19 @@ def accept_loss(store: Store, sealer: Sealer, plan: LossPlan) -> Acceptance:
         store.cas_lease(
             plan.agent,
             None if lease is None else lease.version,
-            LeaseRecord(
-                holder=None,
-                region="",
-                session=f"accept-loss-{acceptance.id}",
-                epoch=plan.epoch,
-                ttl_ms=DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms,
-                seq=resume.seq,
-                seq_epoch=resume.epoch,
-                # An operator's pause, and the takeovers so far, hold on.
-                control="" if lease is None else lease.control,
-                history=() if lease is None else lease.history,
+            LeaseProof(sealer, plan.agent).signed(
+                LeaseRecord(
+                    holder=None,
+                    region="",
+                    session=f"accept-loss-{acceptance.id}",
+                    epoch=plan.epoch,
+                    ttl_ms=DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms,
+                    seq=resume.seq,
+                    seq_epoch=resume.epoch,
+                    # An operator's pause, and the takeovers so far, hold on.
+                    control="" if lease is None else lease.control,
+                    history=() if lease is None else lease.history,
+                )
             ),
         )
     except LeaseConflict as exc:

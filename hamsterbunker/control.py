@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from .errors import ControlRefused, CorruptRecord, LeaseConflict, Tampered
+from .lease_proof import LeaseProof
 from .records import Heartbeat, LeaseRecord, check_name, parse_json
 from .sealing import Sealer
 from .stores import Store
@@ -315,8 +316,8 @@ def _write(
             by=socket.gethostname(),
         )
         text = sign_control(sealer, control)
-        base = lease or LeaseRecord(
-            holder=None, region="", session="", epoch=0, ttl_ms=DEFAULT_LEASE_TTL_MS
+        base = lease or LeaseProof(sealer, agent).signed(
+            LeaseRecord(holder=None, region="", session="", epoch=0, ttl_ms=DEFAULT_LEASE_TTL_MS)
         )
         try:
             return store.cas_lease(

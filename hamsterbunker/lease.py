@@ -11,6 +11,10 @@ This is the elector of Kubernetes' leaderelection, over the store contract:
   it, or when a full TTL passed without a renewal.
 * Every acquisition writes epoch + 1 by compare-and-set, so every epoch has
   exactly one holder; the store fences checkpoint writes by that epoch.
+* Epochs and reach are learned only from records whose proof opens
+  (``hamsterbunker.lease_proof``, once the runtime sets ``proof``); a record
+  whose proof does not open counts as held by nobody known: it is taken over
+  once it stood still for this node's own TTL, above every epoch known.
 
 Every method is blocking (it calls the store); the runtime runs them in a
 thread, one at a time. ``may_step`` reads only the clock and may be called from
@@ -28,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from .clock import Clock, MonotonicClock
 from .errors import LeaseConflict, StoreError
+from .lease_proof import LeaseProof
 from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import MAX_HISTORY, LeaseRecord, Takeover
@@ -95,6 +100,12 @@ class LeaseKeeper:
         # Held since a read before its hand-over, not since a write of ours: renew at once.
         self.unconfirmed = False
         self._carry_control: Callable[[str], str] = _as_found
+        # Signs every record written, and tells which records read to learn from: set
+        # by the runtime once the secret opened the cluster record (None: trust all).
+        self.proof: LeaseProof | None = None
+        self._checked: tuple[LeaseRecord, str | None] | None = None  # the last record checked
+        self._unproven: list[str] = []  # records whose proof did not open, for lease.unproven
+        self._unproven_version = -1  # the version of the last one reported
 
     def carry_control_by(self, carry: Callable[[str], str]) -> None:
         """Write carry(the control field found) into every lease record this keeper writes
@@ -121,10 +132,11 @@ class LeaseKeeper:
         takeover comes one TTL after the last change it saw, not up to a tick later.
         """
         record = self.observed
-        if self.held is not None or record is None or record.holder is None:
+        if self.held is not None or record is None:
             return None
-        ttl = max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000
-        return max(0.0, ttl - (self.clock.monotonic() - self._observed_at))
+        if record.holder is None and self._proven(record):
+            return None
+        return max(0.0, self._ttl_of(record) - (self.clock.monotonic() - self._observed_at))
 
     def reach(self) -> Reach:
         """How far the store's checkpoints are known to have reached: never less, if intact."""
@@ -162,7 +174,7 @@ class LeaseKeeper:
             renewed = self.store.cas_lease(
                 self.agent,
                 self.held.version,
-                self._next_write(self.held),
+                self._signed(self._next_write(self.held)),
             )
         except LeaseConflict:
             current = self.store.read_lease(self.agent)
@@ -201,11 +213,14 @@ class LeaseKeeper:
         if record is not None and self._handed_to_us(record):
             return self._adopt_handed(record, now)
         self._note(record, now)
-        stood_still = record is not None and (
-            now - self._observed_at >= max(self.timing.lease_ttl_ms, record.ttl_ms) / 1000
-        )
+        stood_still = record is not None and now - self._observed_at >= self._ttl_of(record)
         if record is None:
             expected, via = None, "empty"  # a new cluster, or a lease record that was lost
+        elif not self._proven(record):
+            # Nobody known holds it: taken once it stood still for our own TTL.
+            if not stood_still:
+                return TickResult(Outcome.STANDBY, record, "the lease record is unproven")
+            expected, via = record.version, "expired"
         elif record.holder is None and record.successor == self.node:
             expected, via = record.version, "switchover"  # handed to us: take it at once
         elif record.holder is None and (record.successor is None or stood_still):
@@ -242,7 +257,7 @@ class LeaseKeeper:
             history=_with_takeover(record, takeover),
         )
         try:
-            acquired, read = self.store.take_lease(self.agent, expected, new)
+            acquired, read = self.store.take_lease(self.agent, expected, self._signed(new))
         except LeaseConflict:
             return TickResult(Outcome.STANDBY, record, "another node acquired it first")
         self._taken_read = None if read is None else (acquired.epoch, read)
@@ -264,7 +279,12 @@ class LeaseKeeper:
     def _handed_to_us(self, record: LeaseRecord) -> bool:
         """Whether record is a term of ours that this keeper did not take itself: the
         previous holder wrote it for us (hand_over)."""
-        return self.held is None and self._is_ours(record) and record.epoch > self._held_epoch
+        return (
+            self.held is None
+            and self._is_ours(record)
+            and record.epoch > self._held_epoch
+            and self._proven(record)  # a session is no secret: heartbeats name it
+        )
 
     def _adopt_handed(self, record: LeaseRecord, now: float) -> TickResult:
         """Lead under a lease handed to this node, with no write of its own.
@@ -321,7 +341,7 @@ class LeaseKeeper:
             history=_with_takeover(held, takeover),
         )
         try:
-            record = self.store.cas_lease(self.agent, held.version, handed)
+            record = self.store.cas_lease(self.agent, held.version, self._signed(handed))
         except LeaseConflict:
             return False
         self._note(record, self.clock.monotonic())
@@ -338,7 +358,7 @@ class LeaseKeeper:
             self._next_write(held), holder=None, successor=successor, handoff=handoff
         )
         try:
-            record = self.store.cas_lease(self.agent, held.version, released)
+            record = self.store.cas_lease(self.agent, held.version, self._signed(released))
         except LeaseConflict:
             return False
         self._note(record, self.clock.monotonic())
@@ -377,6 +397,11 @@ class LeaseKeeper:
         self._note(self.observed, self.clock.monotonic())
         return TickResult(Outcome.LOST, lost, reason)
 
+    def drain_unproven(self) -> list[str]:
+        """Lease records whose proof did not open since the last call (for lease.unproven)."""
+        found, self._unproven = self._unproven, []
+        return found
+
     def drain_regressions(self) -> list[str]:
         """What this keeper saw go back in time since the last call (for store.regressed)."""
         found, self._regressions = self._regressions, []
@@ -389,8 +414,12 @@ class LeaseKeeper:
         show a lease record behind what nodes have seen; taking record.epoch + 1
         then would reuse an epoch. Checkpoint *names* are not counted: anyone can
         write one, so only epochs the runtime authenticated (``learn_epoch``) are.
+        An unproven record's epoch is gone above only while half the epochs stay
+        free, so that no write without the secret leaves no epoch to take.
         """
-        current = record.epoch if record is not None else 0
+        current = 0 if record is None else record.epoch
+        if record is not None and not self._proven(record) and current > MAX_EPOCH // 2:
+            current = 0
         epoch = max(current, self.highest_epoch, self.reach().epoch) + 1
         if epoch > MAX_EPOCH:
             raise StoreError(
@@ -438,6 +467,30 @@ class LeaseKeeper:
             control=self._carry_control(record.control),
         )
 
+    def _signed(self, record: LeaseRecord) -> LeaseRecord:
+        return record if self.proof is None else self.proof.signed(record)
+
+    def _proven(self, record: LeaseRecord) -> bool:
+        """Whether record's proof opens (each record checked once; a failure reported once)."""
+        if self.proof is None:
+            return True
+        if self._checked is None or self._checked[0] != record:
+            problem = self.proof.problem(record)
+            if problem is not None and record.version != self._unproven_version:
+                self._unproven_version = record.version  # once per record, not per tick
+                self._unproven.append(
+                    f"epoch {record.epoch}, holder {record.holder!r}, version {record.version}: "
+                    f"{problem}"
+                )
+            self._checked = (record, problem)
+        return self._checked[1] is None
+
+    def _ttl_of(self, record: LeaseRecord) -> float:
+        """How long record must stand still to count as expired here, in seconds: the longer
+        of our TTL and its holder's, but only ours for a record without a proof."""
+        ttl_ms = self.timing.lease_ttl_ms
+        return max(ttl_ms, record.ttl_ms) / 1000 if self._proven(record) else ttl_ms / 1000
+
     def _hold(self, record: LeaseRecord) -> None:
         self.held = record
         self.unconfirmed = False
@@ -461,6 +514,12 @@ class LeaseKeeper:
     def _note(self, record: LeaseRecord | None, now: float) -> None:
         """Remember when the record last changed, as seen on our own clock."""
         self.observed = record
+        if record is not None and not self._proven(record):
+            # Nothing is learned from it; any change of it still counts as a change.
+            key = (record.version, 0, "", -1)
+            if key != self._observed_key:
+                self._observed_key, self._observed_at = key, now
+            return
         if record is None and self.highest_epoch > 0:
             self._regressed(f"the lease record is gone (epoch {self.highest_epoch} was seen)")
         elif record is not None and record.epoch < self.highest_epoch:

@@ -292,6 +292,8 @@ def _key_entries(doc: dict[str, Any], name: str) -> tuple[KeyEntry, ...]:
 MAX_HISTORY = 32
 # A signed operator request (hamsterbunker.control) in a lease record: at most this long.
 MAX_CONTROL_CHARS = 2048
+# A lease record's proof (hamsterbunker.lease_proof): a key id and an HMAC, well below this.
+MAX_PROOF_CHARS = 256
 _VIAS = frozenset({"empty", "released", "expired", "switchover", "handoff"})
 
 
@@ -354,7 +356,9 @@ class LeaseRecord:
     ``control`` is an operator's signed request (pause, switchover: see
     hamsterbunker.control), carried from term to term; ``successor`` names the
     node a released lease was handed to (the others leave it to that node for
-    a TTL); ``history`` the newest takeovers, oldest first.
+    a TTL); ``history`` the newest takeovers, oldest first. ``proof`` is its
+    writer's signature over the fields that steer a node beyond one TTL
+    (``hamsterbunker.lease_proof``); the store never looks at it.
     """
 
     holder: str | None
@@ -370,6 +374,7 @@ class LeaseRecord:
     successor: str | None = None
     handoff: bool = False  # released after failing steps (history says via=handoff)
     history: tuple[Takeover, ...] = ()
+    proof: str = ""
 
     def term(self) -> str:
         """What a renewal leaves as it was: the holder, its term, and what it was asked.
@@ -399,6 +404,9 @@ class LeaseRecord:
         control = _field({"control": "", **doc}, "control", str, "lease")
         if len(control) > MAX_CONTROL_CHARS:
             raise CorruptRecord(f"lease record field 'control' is over {MAX_CONTROL_CHARS} chars")
+        proof = _field({"proof": "", **doc}, "proof", str, "lease")
+        if len(proof) > MAX_PROOF_CHARS:
+            raise CorruptRecord(f"lease record field 'proof' is over {MAX_PROOF_CHARS} chars")
         successor = doc.get("successor")
         if successor is not None:
             successor = check_record_name(_field(doc, "successor", str, "lease"))
@@ -420,6 +428,7 @@ class LeaseRecord:
             successor=successor,
             handoff=_field({"handoff": False, **doc}, "handoff", bool, "lease"),
             history=tuple(Takeover.from_doc(entry) for entry in history),
+            proof=proof,
         )
 
 

@@ -237,20 +237,32 @@ class Sealer:
 
     def sign_record(self, kind: str, payload: bytes) -> bytes:
         """payload with an HMAC-SHA256 tag bound to kind, for records that need no secrecy."""
-        key = self._in_use.current.record
-        tag = hmac.new(key, kind.encode() + b"\0" + payload, "sha256").hexdigest()
-        return payload + b"\n" + tag.encode()
+        return payload + b"\n" + _record_mac(self._in_use.current, kind, payload).encode()
 
     def open_record(self, kind: str, signed: bytes) -> bytes:
         """The payload of a record sign_record made for kind under any accepted key; Tampered
         if it is not one."""
         payload, _, tag = signed.rpartition(b"\n")
         for key in self._in_use.by_kid.values():
-            expected = hmac.new(key.record, kind.encode() + b"\0" + payload, "sha256")
-            if hmac.compare_digest(expected.hexdigest().encode(), tag):
+            if hmac.compare_digest(_record_mac(key, kind, payload).encode(), tag):
                 return payload
         raise Tampered(f"{kind} record failed to authenticate (edited, or written without "
                        "the secret)")  # fmt: skip
+
+    def tag_record(self, kind: str, payload: bytes) -> str:
+        """An HMAC-SHA256 tag of payload bound to kind, naming the key that made it: for a
+        record whose signed fields stay in place (a lease record's proof)."""
+        key = self._in_use.current
+        return f"{key.kid}:{_record_mac(key, kind, payload)}"
+
+    def check_tag(self, kind: str, payload: bytes, tag: str) -> None:
+        """Tampered unless tag is tag_record's for kind and payload under an accepted key
+        (one the store's newer cluster record names is followed, as for a sealed blob)."""
+        kid, _, mac = tag.rpartition(":")
+        key = self._key_named(kid, f"{kind} record")
+        if not hmac.compare_digest(_record_mac(key, kind, payload), mac):
+            raise Tampered(f"{kind} record failed to authenticate (edited, or written without "
+                           "the secret)")  # fmt: skip
 
     def _key_named(self, kid: str, what: str) -> _Key:
         """The accepted key a sealed header names (the name is authenticated by the tag)."""
@@ -574,6 +586,10 @@ class Sealer:
         if sealed_as != found_as:
             raise Tampered(f"effect record sealed as {sealed_as} was found as {found_as}")
         return OpenedEffect(header["epoch"], header["name"], json.loads(plaintext))
+
+
+def _record_mac(key: _Key, kind: str, payload: bytes) -> str:
+    return hmac.new(key.record, kind.encode() + b"\0" + payload, "sha256").hexdigest()
 
 
 def _checkpoint_pieces(key: _Key, prefix: bytes, plaintext: bytes) -> Iterator[bytes]:

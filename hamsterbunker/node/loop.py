@@ -177,6 +177,8 @@ class NodeLoop:
             elif failure is None and not store_ok:
                 emit("store.recovered")
             store_ok = failure is None
+            for unproven in keeper.drain_unproven():
+                emit("lease.unproven", reason=unproven)
             regressions = keeper.drain_regressions()
             for regression in regressions:
                 emit("store.regressed", reason=regression)

@@ -42,6 +42,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "lease.renew_failed": WARNING,
     "lease.lost": WARNING,
     "lease.given_up": WARNING,
+    "lease.unproven": WARNING,
     "store.warning": WARNING,
     "checkpoint.rejected": WARNING,
     "term_record.rejected": WARNING,

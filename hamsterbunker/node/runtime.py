@@ -32,6 +32,7 @@ from ..history import HistoryWriter
 from ..http_address import HttpAddress, parse_http_address
 from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
+from ..lease_proof import LeaseProof
 from ..lineage import ChainChoice
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
@@ -326,6 +327,9 @@ class Runtime:
             if sealer is None:
                 return  # stopped while waiting for the store
             show_keys(self.standing, sealer)
+            self.keeper.proof = proof = LeaseProof(sealer, self.agent_id)  # before any write
+            if isinstance(self.store, ChainedStore):
+                self.store.check_claims_with(self.agent_id, proof.problem)
             # Before this node beats or emits: refuse an id another live process uses.
             await check_node_id_free(
                 self.store, self.agent_id, self.node_id,

@@ -9,9 +9,10 @@ ChainedStore)`` and needs to know nothing of the backend that keeps them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from ..records import CheckpointInfo
+from ..records import CheckpointInfo, LeaseRecord
 
 __all__ = ["ChainedStore"]
 
@@ -35,6 +36,12 @@ class ChainedStore(Protocol):
         """The effect journal of step seq as node's subtree keeps it, unopened: (index, kind)
         -> bytes ({} if node has none here); unreadable records skipped and reported. A
         replay reads the journals of the terms that built on the checkpoint it restored."""
+        ...
+
+    def check_claims_with(self, agent: str, problem: Callable[[LeaseRecord], str | None]) -> None:
+        """Leave out of agent's lease, from now on, every node's claim that problem names
+        a problem of (its proof does not open): each node writes its own claim, and the
+        highest epoch wins, so one claim written without the secret would win for good."""
         ...
 
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:

@@ -72,7 +72,13 @@ class ClaimsLease:
         self._publisher = ClaimPublisher(root, (NODES, node), keep_s)
         # The newest claim read of each node, by agent: see claims().
         self._seen: dict[str, dict[str, LeaseRecord]] = {}
+        # By agent, why a claim cannot count (check_claims_with), or None if it can.
+        self._checks: dict[str, Callable[[LeaseRecord], str | None]] = {}
         self._lock = threading.Lock()
+
+    def check_claims_with(self, agent: str, problem: Callable[[LeaseRecord], str | None]) -> None:
+        """From now on, leave out of agent's lease every claim problem names a problem of."""
+        self._checks[agent] = problem
 
     def claims(self, agent: str) -> dict[str, LeaseRecord]:
         """Every node's claim on the agent's lease (node -> claim).
@@ -91,6 +97,13 @@ class ClaimsLease:
                 found[node] = self._claim_of(node, store, agent)
             except CorruptRecord as exc:
                 self._problems(f"claim on {agent} of node {node} skipped: {exc}")
+        check = self._checks.get(agent)
+        for node, claim in list(found.items()):
+            problem = None if check is None or claim is None else check(claim)
+            if problem is not None:
+                # Written without the secret: it must not win (its epoch would, for good).
+                self._problems(f"claim on {agent} of node {node} left out: {problem}")
+                del found[node]
         with self._lock:
             seen = self._seen.setdefault(agent, {})
             for node, claim in found.items():

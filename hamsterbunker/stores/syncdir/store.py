@@ -384,6 +384,9 @@ class SyncDirStore(Store):
     def read_lease(self, agent: str) -> LeaseRecord | None:
         return self._lease.read(agent)
 
+    def check_claims_with(self, agent: str, problem: Callable[[LeaseRecord], str | None]) -> None:
+        self._lease.check_claims_with(agent, problem)
+
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         return self._lease.cas(agent, expected_version, new)
 
