@@ -233,10 +233,10 @@ class Client:
                     return self._sealer.open_reply(state.reply, agent_id, state.number, request_id)
                 left = until - loop.time()
                 if left <= 0:
-                    unproven = " (marked consumed, but with no sealed reply)" * state.consumed
                     raise TimeoutError(
                         f"no reply to request {request_id!r} (#{state.number}) of agent "
-                        f"{agent_id!r} within {timeout} s{unproven}"
+                        f"{agent_id!r} within {timeout} s"
+                        + (" (marked consumed, but with no sealed reply)" if state.consumed else "")
                     )
                 wake = wake or asyncio.ensure_future(_next_wake(watcher))
                 reread = rereads.pop(0) if rereads else RESULT_REREAD_S
