@@ -49,7 +49,8 @@ With --json, one object instead: {"number", "request_id", "duplicate", "reply"}
 ("reply" only once there is one: not after a timeout).
 
 exit status: 0 admitted (or already admitted), and with --wait replied;
-  1 the store refused or failed (a full inbox, an unreachable store);
+  1 the store refused or failed (a full inbox, an unreachable store, a reply or an
+    earlier admission that does not authenticate);
   2 a usage mistake (a payload that is not JSON, a bad request id, a wrong secret);
   124 --wait --timeout ran out (the submission stays admitted: wait again with the
       same --request-id)."""
@@ -175,6 +176,8 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
                 admission = client.submit(agent_id, payload, request_id=args.request_id)
             except InboxError as exc:  # a bad request id, a payload too big: nothing admitted
                 raise ConfigError(str(exc)) from None
+            except Tampered as exc:  # not the user's mistake: the store's contents
+                raise _ReplyUnreadable(f"not admitted: {exc}") from None
             if not args.json:
                 print(_admitted_line(admission), flush=True)
             if not args.wait:
@@ -182,7 +185,9 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
                     print(_json(admission))
                 return 0
             try:
-                reply = client.result(agent_id, admission.request_id, timeout=args.timeout)
+                reply = client.result(
+                    agent_id, admission.request_id, timeout=args.timeout, number=admission.number
+                )
             except TimeoutError:
                 if args.json:
                     print(_json(admission))
@@ -204,7 +209,8 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
 
 
 class _ReplyUnreadable(HamsterbunkerError):
-    """A stored reply that does not authenticate: reported as a failure (exit 1)."""
+    """A stored reply, or a duplicate's record, that does not authenticate: reported as a
+    failure (exit 1)."""
 
 
 def _admitted_line(admission: Admission) -> str:

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .errors import InboxError, NotNextNumber, StoreError, UnknownRequest
+from .errors import InboxError, NotNextNumber, StoreError, Tampered, UnknownRequest
 from .failpoints import failpoint
 from .inbox import Admission
 from .keyring import Secret
@@ -34,6 +34,9 @@ __all__ = ["Admission", "Client"]
 
 # Racing submitters each take the next number in turn; one that keeps losing gives up.
 MAX_ADMIT_TRIES = 1000
+# How often submit reads a duplicate's admission for a sealed record of it: a pending
+# submission consumed between two reads is proved by its reply at the next.
+PROOF_READS = 3
 # A watch is only a hint: result() reads again at least this often without one.
 RESULT_REREAD_S = 5.0
 # A watch subscribes some time after it is started (a connection, an inotify watch):
@@ -64,8 +67,11 @@ class Client:
         """Admit payload (JSON) to agent_id's inbox once per request_id (a new UUID if None).
 
         A second submit with the same request id admits nothing and returns the
-        first admission with duplicate=True. InboxError for a request id or
-        payload that cannot be sent; InboxFull when the inbox is at its limit.
+        first admission with duplicate=True, once a sealed record proves that
+        admission (its submission, or its reply). InboxError for a request id or
+        payload that cannot be sent; InboxFull when the inbox is at its limit;
+        Tampered, admitting nothing, when the store calls the request id known
+        but holds no sealed record of it (the store refuses to admit it again).
         """
         check_name("agent id", agent_id)
         request_id = str(uuid.uuid4()) if request_id is None else request_id
@@ -83,6 +89,8 @@ class Client:
                 number = exc.next_number
                 continue
             failpoint("inbox.submit.after_admit")
+            if duplicate and not self._admitted_before(agent_id, request_id, got):
+                continue  # forgotten (compacted) since admit answered: admit it anew
             if not duplicate:
                 with self._lock:
                     self._next[agent_id] = got + 1
@@ -91,6 +99,43 @@ class Client:
             f"could not admit {request_id!r} in {MAX_ADMIT_TRIES} tries: other submitters "
             "kept taking the next number"
         )
+
+    def _admitted_before(self, agent_id: str, request_id: str, number: int) -> bool:
+        """Whether a sealed record proves request_id admitted as number: its submission still
+        pending, or its reply. False if the store no longer knows it as number (forgotten
+        meanwhile). Tampered if the store keeps calling it known without such a record.
+
+        The store's answer "duplicate" comes from an index anyone who can write the
+        store can plant: taken alone, it would report as submitted (and, once marked
+        consumed, as done) work that was never handed in.
+        """
+        for _ in range(PROOF_READS):
+            state = self.store.read_admission(agent_id, request_id)
+            if state is None or state.number != number:
+                return False
+            if state.consumed and state.reply is not None:
+                self._sealer.open_reply(state.reply, agent_id, number, request_id)
+                return True
+            if self._pending_as(agent_id, number, request_id):
+                return True
+            # Consumed between the two reads (a genuine reply is readable now), or unproven.
+        raise Tampered(
+            f"the store holds request {request_id!r} of agent {agent_id!r} as admitted "
+            f"(#{number}) but no sealed submission or reply of it: written without the "
+            "secret, so nothing was admitted (the store refuses that request id until "
+            "the record is removed)"
+        )
+
+    def _pending_as(self, agent_id: str, number: int, request_id: str) -> bool:
+        """Whether submission number is pending, sealed with request_id."""
+        listed = self.store.read_inbox(agent_id, after=number - 1)
+        if not listed or listed[0][0] != number:
+            return False
+        try:
+            found = self._sealer.open_submission(listed[0][1], agent_id, number)
+        except Tampered:
+            return False  # junk in its place proves nothing
+        return found.request_id == request_id
 
     def _follow_keys(self) -> None:
         """Seal with the cluster's current key: follow a secret rotation (hb rotate-secret)
@@ -111,14 +156,26 @@ class Client:
             )
         return blob
 
-    def result(self, agent_id: str, request_id: str, timeout: float | None = None) -> Any:
+    def result(
+        self,
+        agent_id: str,
+        request_id: str,
+        timeout: float | None = None,
+        *,
+        number: int | None = None,
+    ) -> Any:
         """Wait for the reply to request_id (None if it was consumed without one).
 
-        Woken by the store's watch, not by polling. TimeoutError after timeout
-        seconds; UnknownRequest if the store knows no such admission; Tampered
-        if the stored reply does not authenticate as this request's.
+        Done means a sealed reply that opens as this agent's, request id's and
+        number's: a "consumed" mark without one is not done (a writer without
+        the secret can plant it), and the wait goes on. number (``Admission.number``)
+        pins the admission waited for: once the request id is known under another
+        number, UnknownRequest. Woken by the store's watch, not by polling.
+        TimeoutError after timeout seconds; UnknownRequest if the store knows no
+        such admission; Tampered if the stored reply does not authenticate as
+        this submission's.
         """
-        work = self.result_async(agent_id, request_id, timeout)
+        work = self.result_async(agent_id, request_id, timeout, number=number)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -141,7 +198,12 @@ class Client:
         return value
 
     async def result_async(
-        self, agent_id: str, request_id: str, timeout: float | None = None
+        self,
+        agent_id: str,
+        request_id: str,
+        timeout: float | None = None,
+        *,
+        number: int | None = None,
     ) -> Any:
         """result() for async callers."""
         check_name("agent id", agent_id)
@@ -161,15 +223,20 @@ class Client:
                         f"agent {agent_id!r} has no admission of request {request_id!r} (never "
                         "submitted, or consumed so long ago that its reply was compacted)"
                     )
-                if state.consumed:
-                    if state.reply is None:
-                        return None
-                    return self._sealer.open_reply(state.reply, agent_id, request_id)
+                if number is not None and state.number != number:
+                    raise UnknownRequest(
+                        f"agent {agent_id!r} holds request {request_id!r} as #{state.number}, "
+                        f"not as the #{number} waited for (its reply was compacted and the "
+                        "request id admitted again, or the store was written without the secret)"
+                    )
+                if state.consumed and state.reply is not None:
+                    return self._sealer.open_reply(state.reply, agent_id, state.number, request_id)
                 left = until - loop.time()
                 if left <= 0:
                     raise TimeoutError(
                         f"no reply to request {request_id!r} (#{state.number}) of agent "
                         f"{agent_id!r} within {timeout} s"
+                        + (" (marked consumed, but with no sealed reply)" if state.consumed else "")
                     )
                 wake = wake or asyncio.ensure_future(_next_wake(watcher))
                 reread = rereads.pop(0) if rereads else RESULT_REREAD_S

@@ -5,7 +5,9 @@ each admitted once per request id under the inbox's next number. A step reads
 ``current_step().inbox`` (unconsumed, oldest first), and ``consume(number,
 reply)`` marks one consumed. What a step consumed commits with its checkpoint
 (DESIGN.md invariant 9): the numbers as ``ConsumedMarks`` sealed inside the
-checkpoint, the replies in the same atomic store write. A step that is never
+checkpoint, the replies in the same atomic store write. Every consumption
+writes a sealed reply (``None`` included), bound to agent, number and request
+id: a client takes a submission as done only when that record opens. A step that is never
 published consumed nothing, so its replay sees the same submissions.
 
 This module holds the rules; how a node reads its inbox and seals replies is an
@@ -172,15 +174,16 @@ class StepInbox:
                 f"a step may consume at most {MAX_CONSUMED_PER_STEP} submissions: consume "
                 "the rest in the next step"
             )
-        sealed = None
-        if reply is not None:
-            _check_json(reply)
-            sealed = self._io.seal_reply(number, found.request_id, reply)
-            if len(sealed) > MAX_REPLY_BYTES:
-                raise InboxError(
-                    f"reply to #{number} is {len(sealed)} bytes sealed, above the limit of "
-                    f"{MAX_REPLY_BYTES} bytes"
-                )
+        _check_json(reply)
+        # A reply of None is sealed too: the sealed reply is what proves to a client that
+        # this submission was consumed (a bare "consumed" mark can be written without
+        # the secret, and must never read as done).
+        sealed = self._io.seal_reply(number, found.request_id, reply)
+        if len(sealed) > MAX_REPLY_BYTES:
+            raise InboxError(
+                f"reply to #{number} is {len(sealed)} bytes sealed, above the limit of "
+                f"{MAX_REPLY_BYTES} bytes"
+            )
         self.consumed.append(Consumed(number, found.request_id, sealed))
 
     async def wait(self, timeout: float | None) -> list[Submission]:

@@ -496,13 +496,21 @@ class Sealer:
         header = {"agent": agent, "number": number, "rid": request_id}
         return self._seal_inbox(_REPLY_MAGIC, header, {"reply": reply}, "reply")
 
-    def open_reply(self, blob: bytes, agent: str, request_id: str) -> Any:
-        """The reply found for request_id of agent; Tampered if it is not that one's."""
+    def open_reply(self, blob: bytes, agent: str, number: int, request_id: str) -> Any:
+        """The reply found for submission number (request_id) of agent; Tampered if it is not
+        that one's.
+
+        The number counts as much as the request id: a request id forgotten (its
+        consumed record compacted) and submitted again is a new submission under a
+        new number, and the first one's genuine reply, planted again, must not
+        answer it.
+        """
         header, body = self._open_inbox(_REPLY_MAGIC, blob, "reply")
-        if (header.get("agent"), header.get("rid")) != (agent, request_id):
+        found = (header.get("agent"), header.get("number"), header.get("rid"))
+        if found != (agent, number, request_id):
             raise Tampered(
-                f"reply sealed for request {header.get('rid')!r} of {header.get('agent')!r} was "
-                f"found as the reply to {request_id!r} of {agent!r}"
+                f"reply sealed for request {found[2]!r} (#{found[1]!r}) of {found[0]!r} was "
+                f"found as the reply to {request_id!r} (#{number}) of {agent!r}"
             )
         if not isinstance(body, dict) or "reply" not in body:
             raise Tampered("reply is damaged: no reply in it")

@@ -93,7 +93,6 @@ class TermInbox:
                 "inbox.consumed",
                 numbers=[c.number for c in consumed],
                 request_ids=[c.request_id for c in consumed],
-                replied=sum(c.reply is not None for c in consumed),
             )
 
     def gave_up(self, gaps: list[tuple[int, int]]) -> None:

@@ -134,16 +134,22 @@ class Consumed:
 
     number: int
     request_id: str
-    reply: bytes | None  # the sealed reply, or None: consumed without one
+    # The sealed reply (a node seals one for every consumption, None included). None is
+    # still stored as before; a client never takes it as proof that anything was done.
+    reply: bytes | None
 
 
 @dataclass(frozen=True)
 class AdmissionState:
-    """What the store knows of one request id's admission (``read_admission``)."""
+    """What the store knows of one request id's admission (``read_admission``).
+
+    Not authenticated: a writer without the secret can plant any of it. Only a
+    sealed reply that opens as this number's and request id's proves it done.
+    """
 
     number: int
     consumed: bool
-    reply: bytes | None  # the sealed reply once consumed with one
+    reply: bytes | None  # the sealed reply once consumed (None: none readable)
 
 
 def check_consumed(consumed: Sequence[Consumed]) -> str | None:

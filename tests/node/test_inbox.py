@@ -117,6 +117,34 @@ def test_a_submission_is_answered_and_its_reply_read_back(nodes: Nodes) -> None:
     assert admitted == [1, 2]
 
 
+class SilentConsumer:
+    """Consumes every submission without a reply."""
+
+    id = AGENT
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        for submission in await ctx.wait_for_inbox(60):
+            ctx.consume(submission.number)
+        return state
+
+
+def test_a_submission_consumed_without_a_reply_reads_as_done_with_none(nodes: Nodes) -> None:
+    """consume() with no reply still stores a sealed reply (of None), which is what result()
+    takes as done: it returns None, and a resubmit is a proven duplicate."""
+    nodes.start("a", SilentConsumer())
+    with nodes.client() as client:
+        admission = client.submit(AGENT, 1, request_id="quiet")
+        assert client.result(AGENT, "quiet", timeout=WAIT_S, number=admission.number) is None
+        state = nodes.store.read_admission(AGENT, "quiet")
+        assert state is not None and state.consumed and state.reply is not None
+        assert client.submit(AGENT, 1, request_id="quiet").duplicate
+
+
 def test_an_idle_agent_is_woken_by_a_submission(nodes: Nodes) -> None:
     """A step waiting in wait_for_inbox with a long timeout returns when a submission arrives,
     not when the timeout runs out: the reply comes long before it."""
@@ -293,13 +321,18 @@ def test_a_submission_opens_only_as_its_own_number_and_agent(sealer: Sealer) -> 
         sealer.open_submission(blob[:-1] + bytes([blob[-1] ^ 1]), AGENT, 7)
 
 
-def test_a_reply_opens_only_as_its_own_request(sealer: Sealer) -> None:
+def test_a_reply_opens_only_as_its_own_request_and_number(sealer: Sealer) -> None:
+    """A sealed reply opens only for its agent, number and request id together."""
     blob = sealer.seal_reply(AGENT, 7, "r", [1, 2])
-    assert sealer.open_reply(blob, AGENT, "r") == [1, 2]
+    assert sealer.open_reply(blob, AGENT, 7, "r") == [1, 2]
     with pytest.raises(Tampered):
-        sealer.open_reply(blob, AGENT, "s")
+        sealer.open_reply(blob, AGENT, 7, "s")
+    with pytest.raises(Tampered, match="#8"):
+        sealer.open_reply(blob, AGENT, 8, "r")  # the request id, submitted again as #8
     with pytest.raises(Tampered):
-        sealer.open_reply(sealer.seal_submission(AGENT, 7, "r", 1, 0.0), AGENT, "r")
+        sealer.open_reply(blob, "other", 7, "r")
+    with pytest.raises(Tampered):
+        sealer.open_reply(sealer.seal_submission(AGENT, 7, "r", 1, 0.0), AGENT, 7, "r")
 
 
 def test_consumed_marks_are_sealed_with_the_state(sealer: Sealer) -> None:

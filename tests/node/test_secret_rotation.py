@@ -354,16 +354,17 @@ def consume_with_old_replies(
     store: MemoryStore, old: Sealer, count: int, states: Sealer | None = None
 ) -> None:
     """Admit count submissions (req-1, ...) and consume them in checkpoints 1, 2, ...
-    (sealed by states, else by old), each odd one with a reply sealed by old
-    ({"answer": its number}), each even one without."""
+    (sealed by states, else by old), each with a reply sealed by old: {"answer": its
+    number} for an odd one, None (consumed without a reply) for an even one."""
     fence = store_lease(store)
     consumed = []
     for number in range(1, count + 1):
         request_id = f"req-{number}"
         blob = old.seal_submission(AGENT, number, request_id, {"q": number}, 0.0)
         store.admit(AGENT, request_id, number, blob)
-        reply = old.seal_reply(AGENT, number, request_id, {"answer": number})
-        consumed.append(Consumed(number, request_id, reply if number % 2 else None))
+        answer = {"answer": number} if number % 2 else None
+        reply = old.seal_reply(AGENT, number, request_id, answer)
+        consumed.append(Consumed(number, request_id, reply))
     for seq, start in enumerate(range(0, count, MAX_CONSUMED_PER_STEP), start=1):
         blob = (states or old).seal(AGENT, 1, seq, {"n": seq})
         batch = consumed[start : start + MAX_CONSUMED_PER_STEP]
@@ -381,8 +382,8 @@ def test_a_reply_sealed_before_begin_is_read_with_the_new_secret_alone_after_fin
     consume_with_old_replies(store, Sealer(OLD, first), 2 * REPLY_PAGE + 5)
     Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
     [done] = Rotation(store, AGENT, BOTH, say=quiet).commit(timeout_s=1)
-    assert (done.replies, done.replies_unopened) == (REPLY_PAGE + 3, 0)
-    assert f"{REPLY_PAGE + 3} replies to consumed submissions re-sealed" in done.describe("k")
+    assert (done.replies, done.replies_unopened) == (2 * REPLY_PAGE + 5, 0)
+    assert f"{2 * REPLY_PAGE + 5} replies to consumed submissions re-sealed" in done.describe("k")
     Rotation(store, AGENT, BOTH, say=quiet).finish()
     with Client(store, NEW) as client:
         for number in (1, 2, REPLY_PAGE + 1, 2 * REPLY_PAGE + 5):

@@ -26,7 +26,9 @@ from hamsterbunker import FileStore
 from hamsterbunker.cli_submit import EXIT_TIMEOUT
 from hamsterbunker.client import Client
 from hamsterbunker.errors import InboxFull
+from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores.base import Consumed, Fence
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.cli import HB, SECRET, hb_env
 
@@ -305,6 +307,33 @@ def test_wait_with_no_node_times_out_with_exit_124(store: Path) -> None:
     one_error_line(as_json, EXIT_TIMEOUT)
     assert json.loads(as_json.stdout) == {"number": 1, "request_id": "q-9", "duplicate": True}
     assert admitted(store) == [(1, "q-9", 1)]
+
+
+def plant_consumed(store: Path, request_ids: dict[str, int]) -> None:
+    """Mark each request id consumed as its number, with no reply, as anyone who can write the
+    store can: a checkpoint write under a lease of their own."""
+    fs = FileStore(store, create=False)
+    record = fs.cas_lease(AGENT_ID, None, LeaseRecord(holder="intruder", region="x", session="s", epoch=1, ttl_ms=2000))
+    fence = Fence(record.holder or "", record.session, record.epoch)
+    consumed = [Consumed(number, rid, None) for rid, number in request_ids.items()]
+    fs.put_checkpoint(AGENT_ID, fence, 1, b"junk", consumed)
+    fs.close()
+
+
+def test_a_planted_consumed_mark_is_neither_a_reply_nor_an_admission(store: Path) -> None:
+    """hb submit --wait of a request id marked consumed without a sealed reply, one submitted
+    (the mark took its pending entry) or one nobody submitted, exits 1 saying it is not
+    admitted: never "already admitted", never a reply of null."""
+    for number, request_id in ((1, "q-1"), (2, "q-2")):
+        done = hb(submit_args(store, "--request-id", request_id, "--data", "1"))
+        assert done.stdout == f"admitted as #{number} (request id {request_id})\n", done.stderr
+    plant_consumed(store, {"q-1": 1, "ghost": 2})
+    for request_id in ("q-1", "ghost"):
+        waited = hb(submit_args(store, "--wait", "--timeout", "1", "--request-id", request_id,
+                                "--data", "1"))  # fmt: skip
+        line = one_error_line(waited, 1)
+        assert "not admitted" in line and "no sealed submission or reply" in line, line
+        assert waited.stdout == ""
 
 
 def test_help_documents_the_exit_codes() -> None:
