@@ -4,8 +4,9 @@
 ``/health``, ``/leader`` and ``/status`` (``node.probes``). The server never
 touches the event loop, so a slow or stuck client cannot hold up lease keeping
 (DESIGN.md invariant 3); ``/status`` reads the store in a thread of its own,
-bounded by ``STATUS_TIMEOUT_S``. It binds when the node starts, so an address in
-use is a ConfigError (one line, exit 2), and closes when the node stops.
+bounded by ``STATUS_TIMEOUT_S`` and shared by the requests that come meanwhile.
+It binds when the node starts, so an address in use is a ConfigError (one line,
+exit 2), and closes when the node stops.
 
 Anyone who can reach the port is a client, so a client costs little and briefly:
 a connection silent for ``READ_TIMEOUT_S`` (sending its request or taking its
@@ -20,6 +21,7 @@ import logging
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -120,6 +122,22 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
 
+class _StatusRead:
+    """One read of the store for /status, in a daemon thread of its own: a store call that
+    hangs neither holds an answer past STATUS_TIMEOUT_S nor keeps the process from exiting."""
+
+    def __init__(self, read: Callable[[], Answer]) -> None:
+        self.answer: Answer | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(read,), name="hb-http-status", daemon=True).start()
+
+    def _run(self, read: Callable[[], Answer]) -> None:
+        try:
+            self.answer = read()
+        finally:
+            self.done.set()
+
+
 class Endpoints:
     """The HTTP endpoints of one node: ``start()`` binds and serves, ``stop()`` closes.
 
@@ -139,6 +157,8 @@ class Endpoints:
         self._read_timeout_s, self._max_connections = read_timeout_s, max_connections
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._status_lock = threading.Lock()
+        self._status_in_flight: _StatusRead | None = None
 
     @property
     def port(self) -> int:
@@ -185,21 +205,22 @@ class Endpoints:
         self._send(request, answer, "text/plain; charset=utf-8")
 
     def _send_status(self, request: _Handler) -> None:
-        # In a daemon thread of its own: a store call that hangs neither holds this answer
-        # past the timeout nor keeps the process from exiting.
-        found: list[Answer] = []
-        worker = threading.Thread(
-            target=lambda: found.append(self._status()), name="hb-http-status", daemon=True
-        )
-        worker.start()
-        worker.join(STATUS_TIMEOUT_S)
+        read = self._status_read()
         answer = (
-            found[0]
-            if found
+            read.answer
+            if read.done.wait(STATUS_TIMEOUT_S) and read.answer is not None
             else Answer(False, f"the store did not answer within {STATUS_TIMEOUT_S:g} s")
         )
         json_doc = answer.text.startswith("{")
         self._send(request, answer, "application/json" if json_doc else "text/plain; charset=utf-8")
+
+    def _status_read(self) -> _StatusRead:
+        """The read in flight, else a new one: a store that hangs holds one thread, not one
+        per request."""
+        with self._status_lock:
+            if self._status_in_flight is None or self._status_in_flight.done.is_set():
+                self._status_in_flight = _StatusRead(self._status)
+            return self._status_in_flight
 
     def _status(self) -> Answer:
         try:

@@ -24,10 +24,12 @@ import pytest
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.http_address import HttpAddress
 from hamsterbunker.lease import LeaseKeeper
+from hamsterbunker.node import endpoints as endpoints_module
 from hamsterbunker.node.endpoints import Endpoints
 from hamsterbunker.node.metrics import NodeMetrics
 from hamsterbunker.node.probes import NodeProbes
 from hamsterbunker.node.state import Identity, Standing
+from hamsterbunker.records import LeaseRecord
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
@@ -46,9 +48,11 @@ def serve() -> Iterator[Serve]:
     """Start Endpoints of a node that is starting, with the limits given; stopped at the end."""
     started: list[Endpoints] = []
 
-    def start(**limits: float) -> Endpoints:
-        clock, store, standing = FakeClock(), MemoryStore(), Standing()
-        keeper = LeaseKeeper(store, AGENT, "a", "eu", timing=TIMING, clock=clock)
+    def start(store: MemoryStore | None = None, **limits: float) -> Endpoints:
+        """``store``: the one /status reads (a MemoryStore of its own unless given)."""
+        clock, standing = FakeClock(), Standing()
+        store = store or MemoryStore()
+        keeper = LeaseKeeper(MemoryStore(), AGENT, "a", "eu", timing=TIMING, clock=clock)
         identity = Identity("a", "eu", "host", AGENT)
         metrics = NodeMetrics(identity, standing, keeper, clock)
         probes = NodeProbes(identity, standing, keeper, store, clock)
@@ -65,6 +69,11 @@ def serve() -> Iterator[Serve]:
 def serving_threads() -> int:
     """Threads serving a connection now (socketserver names them after their target)."""
     return sum("process_request_thread" in t.name for t in threading.enumerate())
+
+
+def status_reads() -> int:
+    """Threads reading the store for /status now."""
+    return sum(t.name == "hb-http-status" for t in threading.enumerate())
 
 
 def connect(port: int) -> socket.socket:
@@ -164,3 +173,30 @@ def test_a_client_that_aborts_mid_request_is_one_debug_line_and_no_traceback(
     assert "Traceback" not in stderr and "Exception occurred" not in stderr, stderr
     logged = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert len(logged) <= 1 and all(level == logging.DEBUG for level, _ in logged), logged
+
+
+def test_status_requests_while_the_store_hangs_share_one_read_of_it(
+    serve: Serve, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the store hangs, each /status answers 503 within its bound, and all of them
+    together leave one thread waiting on the store, not one each."""
+    monkeypatch.setattr(endpoints_module, "STATUS_TIMEOUT_S", 0.2)
+    release = threading.Event()
+
+    class Hanging(MemoryStore):
+        def read_lease(self, agent: str) -> LeaseRecord | None:
+            release.wait(BOUND_S)
+            return super().read_lease(agent)
+
+    endpoints = serve(Hanging())
+    before = status_reads()
+    try:
+        for _ in range(5):
+            answer = get(endpoints.port, "/status")
+            assert answer == (503, b"the store did not answer within 0.2 s\n")
+        assert status_reads() - before == 1
+    finally:
+        release.set()
+    wait_until(lambda: status_reads() == before, "the read of the store to end", BOUND_S)
+    # A request after that read ended starts a new one, which answers: hb status's JSON.
+    assert get(endpoints.port, "/status")[1].startswith(b"{")
