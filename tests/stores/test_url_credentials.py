@@ -4,13 +4,14 @@
 Every credential below holds CREDENTIAL (or, for a password whose "/", "?" or
 "#" was not percent-encoded, HEAD and CREDENTIAL on either side of it), so one
 substring test finds any part of one that leaks. Servers listen on 127.0.0.1
-only; a URL that must not connect names a port nothing listens on.
+only; a URL that must not connect names a port bound here but not listening.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,7 +36,10 @@ from tests.support.tls_certs import make_certificates
 CREDENTIAL = "Cr3dential"
 HEAD = "Hd7"  # the start of a password cut short by a "/", "?" or "#" not percent-encoded
 LEAKS = (CREDENTIAL, HEAD)
-CLOSED = free_port()  # nothing listens there: a store on it fails at once
+# Bound and never listening, for as long as the tests run: a store on it is refused at once.
+_NOT_LISTENING = socket.socket()
+_NOT_LISTENING.bind(("127.0.0.1", 0))
+CLOSED = _NOT_LISTENING.getsockname()[1]
 HOST = f"127.0.0.1:{CLOSED}"
 
 # name -> a store URL with a credential in it, on every backend and in every place a URL
