@@ -97,7 +97,7 @@ def _peer(client_address: Any) -> str:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server  # HTTP/1.0: a connection per request, none kept open after its answer
+    server: _Server  # HTTP/1.0: a connection per request, so none outlives a stopped node
 
     def setup(self) -> None:
         super().setup()
