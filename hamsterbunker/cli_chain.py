@@ -159,7 +159,7 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
             return 0
         if node not in store.subtrees():
             raise ConfigError(
-                f"node {node} has no subtree in {url}: run hb choose-chain on a machine where "
+                f"node {node} has no subtree in {store.url}: run hb choose-chain on a machine where "
                 "that node runs (the choice goes in its subtree)"
             )
         choice = plan_choice(read, term, args.seq)

@@ -19,7 +19,7 @@ from .errors import ConfigError
 from .http_address import parse_http_address
 from .logs import log_level
 from .records import check_name
-from .stores import is_syncdir_url, syncdir_store_path
+from .stores import is_syncdir_url, redacted_url, syncdir_store_path
 from .timing import (
     DEFAULT_LEASE_TTL_MS,
     DEFAULT_STOP_GRACE_MS,
@@ -96,7 +96,7 @@ class NodeConfig:
             if self.sync_delay_ms is not None:
                 raise ConfigError(
                     f"sync_delay_ms only applies to a syncdir:// store (the store is "
-                    f"{self.store!r}): remove it"
+                    f"{redacted_url(self.store)!r}): remove it"
                 )
             return None
         syncdir_store_path(self.store)  # an absolute path, no query: before anything else

@@ -4,15 +4,24 @@
 ``/health``, ``/leader`` and ``/status`` (``node.probes``). The server never
 touches the event loop, so a slow or stuck client cannot hold up lease keeping
 (DESIGN.md invariant 3); ``/status`` reads the store in a thread of its own,
-bounded by ``STATUS_TIMEOUT_S``. It binds when the node starts, so an address in
-use is a ConfigError (one line, exit 2), and closes when the node stops.
+bounded by ``STATUS_TIMEOUT_S`` and shared by the requests that come meanwhile.
+It binds when the node starts, so an address in use is a ConfigError (one line,
+exit 2), and closes when the node stops.
+
+Anyone who can reach the port is a client, so a client costs little and briefly:
+a connection silent for ``READ_TIMEOUT_S`` (sending its request or taking its
+answer) is closed, at most ``MAX_CONNECTIONS`` are served at once (one more is
+closed at once, with no thread started for it), and a client that aborts is one
+debug log line, never a traceback on stderr.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -28,6 +37,11 @@ __all__ = ["Endpoints"]
 log = logging.getLogger("hamsterbunker")
 # The most /status waits for the store before it answers 503.
 STATUS_TIMEOUT_S = 5.0
+# How long a connection may stay silent while it sends its request or takes its answer.
+READ_TIMEOUT_S = 5.0
+# Connections served at once: scrapers, probes and hb status need a handful, and each one
+# holds a thread.
+MAX_CONNECTIONS = 16
 PATHS = ("/metrics", "/health", "/leader", "/status")
 
 
@@ -35,16 +49,60 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a client that never finishes its request does not hold up a stop
     allow_reuse_address = True
 
-    def __init__(self, address: HttpAddress, endpoints: Endpoints) -> None:
+    def __init__(
+        self, address: HttpAddress, endpoints: Endpoints, read_timeout_s: float, connections: int
+    ) -> None:
         # A literal IPv6 address needs an IPv6 socket; "" and names take the first IPv4 one.
         if ":" in address.host:
             self.address_family = socket.AF_INET6
-        self.endpoints = endpoints
+        self.endpoints, self.read_timeout_s = endpoints, read_timeout_s
+        self.connections = connections
+        self._slots = threading.BoundedSemaphore(connections)
         super().__init__((address.host, address.port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Closed at once rather than queued for a thread: a flood of connections then costs
+        # no more threads than the limit, and those it holds end within the read timeout.
+        if not self._slots.acquire(blocking=False):
+            log.debug("http: %s: closed, %d open already", _peer(client_address), self.connections)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Not socketserver's traceback on stderr: anyone who can reach the port could fill
+        # the journal with them, one per request aborted.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, OSError):  # the client went away, or stalled past the timeout
+            log.debug("http: %s: %s", _peer(client_address), exc)
+            return
+        log.warning("http: %s: the request failed: %r", _peer(client_address), exc)
+        log.debug("http: the failure in full", exc_info=True)
+
+
+def _peer(client_address: Any) -> str:
+    """``host:port`` of a client (its address tuple as the socket family gives it)."""
+    host, port = client_address[:2]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server  # HTTP/1.0: a connection per request, so none outlives a stopped node
+
+    def setup(self) -> None:
+        super().setup()
+        # On the socket: each read of the request and each write of the answer is bounded.
+        self.connection.settimeout(self.server.read_timeout_s)
 
     def do_GET(self) -> None:
         self.server.endpoints.answer(self)
@@ -64,13 +122,43 @@ class _Handler(BaseHTTPRequestHandler):
     do_HEAD = do_GET
 
 
-class Endpoints:
-    """The HTTP endpoints of one node: ``start()`` binds and serves, ``stop()`` closes."""
+class _StatusRead:
+    """One read of the store for /status, in a daemon thread of its own: a store call that
+    hangs neither holds an answer past STATUS_TIMEOUT_S nor keeps the process from exiting."""
 
-    def __init__(self, address: HttpAddress, metrics: NodeMetrics, probes: NodeProbes) -> None:
+    def __init__(self, read: Callable[[], Answer]) -> None:
+        self.answer: Answer | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(read,), name="hb-http-status", daemon=True).start()
+
+    def _run(self, read: Callable[[], Answer]) -> None:
+        try:
+            self.answer = read()
+        finally:
+            self.done.set()
+
+
+class Endpoints:
+    """The HTTP endpoints of one node: ``start()`` binds and serves, ``stop()`` closes.
+
+    ``read_timeout_s`` and ``max_connections``: see READ_TIMEOUT_S and MAX_CONNECTIONS.
+    """
+
+    def __init__(
+        self,
+        address: HttpAddress,
+        metrics: NodeMetrics,
+        probes: NodeProbes,
+        *,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.address, self._metrics, self._probes = address, metrics, probes
+        self._read_timeout_s, self._max_connections = read_timeout_s, max_connections
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._status_lock = threading.Lock()
+        self._status_in_flight: _StatusRead | None = None
 
     @property
     def port(self) -> int:
@@ -80,7 +168,7 @@ class Endpoints:
 
     def start(self) -> None:
         try:
-            self._server = _Server(self.address, self)
+            self._server = _Server(self.address, self, self._read_timeout_s, self._max_connections)
         except OSError as exc:  # in use, not an address of this machine, a name that resolves not
             reason = exc.strerror or str(exc)
             raise ConfigError(f"http {self.address}: cannot listen there: {reason}") from None
@@ -117,21 +205,22 @@ class Endpoints:
         self._send(request, answer, "text/plain; charset=utf-8")
 
     def _send_status(self, request: _Handler) -> None:
-        # In a daemon thread of its own: a store call that hangs neither holds this answer
-        # past the timeout nor keeps the process from exiting.
-        found: list[Answer] = []
-        worker = threading.Thread(
-            target=lambda: found.append(self._status()), name="hb-http-status", daemon=True
-        )
-        worker.start()
-        worker.join(STATUS_TIMEOUT_S)
+        read = self._status_read()
         answer = (
-            found[0]
-            if found
+            read.answer
+            if read.done.wait(STATUS_TIMEOUT_S) and read.answer is not None
             else Answer(False, f"the store did not answer within {STATUS_TIMEOUT_S:g} s")
         )
         json_doc = answer.text.startswith("{")
         self._send(request, answer, "application/json" if json_doc else "text/plain; charset=utf-8")
+
+    def _status_read(self) -> _StatusRead:
+        """The read in flight, else a new one: a store that hangs holds one thread, not one
+        per request."""
+        with self._status_lock:
+            if self._status_in_flight is None or self._status_in_flight.done.is_set():
+                self._status_in_flight = _StatusRead(self._status)
+            return self._status_in_flight
 
     def _status(self) -> Answer:
         try:

@@ -18,6 +18,7 @@ from .base import (
 )
 from .chains import ChainedStore
 from .tail import Tail, TailRead
+from .urls import redacted_url
 
 __all__ = [
     "AdmissionState",
@@ -34,6 +35,7 @@ __all__ = [
     "file_store_path",
     "is_syncdir_url",
     "open_store",
+    "redacted_url",
     "syncdir_store_path",
 ]
 
@@ -68,12 +70,14 @@ def open_store(
                 if value is None
             )
             raise ConfigError(
-                f"store URL {url!r}: a node writing a syncdir store needs {missing} "
+                f"store URL {redacted_url(url)!r}: a node writing a syncdir store needs {missing} "
                 "(set sync_delay_ms in the instance config, or pass --sync-delay-ms)"
             )
         return SyncDirStore(path, node, sync_delay_ms=sync_delay_ms, create=create)
     if sync_delay_ms is not None:
-        raise ConfigError(f"sync_delay_ms only applies to a syncdir:// store, not {url!r}")
+        raise ConfigError(
+            f"sync_delay_ms only applies to a syncdir:// store, not {redacted_url(url)!r}"
+        )
     store: Store
     if scheme in ("redis", "rediss"):
         store = _redis().RedisStore(url, create=create)
@@ -113,11 +117,11 @@ def syncdir_store_path(url: str) -> str:
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not path.startswith("/"):
         raise ConfigError(
-            f"store URL {url!r}: a syncdir URL needs an absolute path (syncdir:///dir)"
+            f"store URL {redacted_url(url)!r}: a syncdir URL needs an absolute path (syncdir:///dir)"
         )
     if parts.query or parts.fragment:
         raise ConfigError(
-            f"store URL {url!r}: a syncdir URL takes no query or fragment (the node id and "
+            f"store URL {redacted_url(url)!r}: a syncdir URL takes no query or fragment (the node id and "
             "sync_delay_ms come from the node's config)"
         )
     return path
@@ -128,12 +132,14 @@ def file_store_path(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme != "file":
         raise ConfigError(
-            f"store URL {url!r}: unknown scheme {parts.scheme or '(none)'!r}; use file:///path, "
-            "syncdir:///path, etcd://host:port/prefix or redis://host:port/db"
+            f"store URL {redacted_url(url)!r}: unknown scheme {parts.scheme or '(none)'!r}; "
+            "use file:///path, syncdir:///path, etcd://host:port/prefix or redis://host:port/db"
         )
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-        raise ConfigError(f"store URL {url!r}: a file URL needs an absolute path (file:///dir)")
+        raise ConfigError(
+            f"store URL {redacted_url(url)!r}: a file URL needs an absolute path (file:///dir)"
+        )
     return path
 
 

@@ -243,7 +243,7 @@ class StoreGuarantees:
 class Store(Protocol):
     """A shared store. Every method is blocking; the runtime calls them from threads."""
 
-    url: str
+    url: str  # as it may be shown: no credential (urls.redacted_url)
     guarantees: StoreGuarantees
     warnings: list[str]
 

@@ -23,6 +23,7 @@ from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Et
 
 from ...errors import ConfigError, StoreError, StoreUnavailable
 from .._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
+from ..urls import redacted_url
 
 __all__ = [
     "DEFAULT_PORT",
@@ -58,15 +59,16 @@ def parse_etcd_url(url: str) -> EtcdTarget:
     """Parse ``etcd[s]://host:port[,host:port...]/prefix[?options]``; ConfigError if bad."""
 
     def bad(why: str) -> ConfigError:
-        return ConfigError(f"store URL {url!r}: {why}")
+        return ConfigError(f"store URL {redacted_url(url)!r}: {why}")
 
     try:
         parts = urlsplit(url)
-    except ValueError as exc:
-        raise bad(str(exc)) from exc
+    except ValueError:  # not quoted: its words can hold the URL's authority
+        raise bad("not a URL (an unmatched [ or ], or characters a host cannot hold)") from None
     if parts.scheme not in ("etcd", "etcds"):
         raise bad("not an etcd:// or etcds:// URL")
-    if "@" in parts.netloc:
+    # Also in the path: a password whose "/" is not percent-encoded ends the authority early.
+    if "@" in parts.netloc + parts.path:
         raise bad("etcd user names and passwords are not supported; use etcds:// with a "
                   "client certificate")  # fmt: skip
     endpoints = tuple(_endpoint(url, item) for item in parts.netloc.split(","))
@@ -110,11 +112,11 @@ def _endpoint(url: str, item: str) -> tuple[str, int]:
         host, _, port = item.partition(":")
         well_formed = ":" not in port  # a bare IPv6 address needs brackets
     if not host or not well_formed:
-        raise ConfigError(f"store URL {url!r}: endpoint {item!r} is not host:port")
+        raise ConfigError(f"store URL {redacted_url(url)!r}: endpoint {item!r} is not host:port")
     if not port:
         return host, DEFAULT_PORT
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"store URL {url!r}: endpoint {item!r} has a bad port")
+        raise ConfigError(f"store URL {redacted_url(url)!r}: endpoint {item!r} has a bad port")
     return host, int(port)
 
 

@@ -105,6 +105,7 @@ from ..base import (
     fence_text,
     newest_first,
 )
+from ..urls import redacted_url
 from .checkpoints import EtcdCheckpoints
 from .connection import EtcdConnection, parse_etcd_url
 from .effects import EtcdEffects
@@ -187,7 +188,7 @@ class EtcdStore(Store):
             raise ConfigError("keep_replies must be at least 1")
         if events_per_node < 1:
             raise ConfigError("events_per_node must be at least 1")
-        self.url = url
+        self.url = redacted_url(url)
         self.target = parse_etcd_url(url)
         self.keep_checkpoints = keep_checkpoints
         self.events_per_node = events_per_node

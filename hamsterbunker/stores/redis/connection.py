@@ -25,9 +25,10 @@ from redis.retry import Retry
 from ...errors import ConfigError, StoreError, StoreUnavailable
 from ...records import check_name
 from .._tls import describe_tls_failure, tls_error_in, tls_files_problem
+from ..urls import redacted_url
 from .replies import text
 
-__all__ = ["DEFAULT_PREFIX", "DEFAULT_TIMEOUT_S", "RedisConnection", "parse_redis_url", "redacted"]
+__all__ = ["DEFAULT_PREFIX", "DEFAULT_TIMEOUT_S", "RedisConnection", "parse_redis_url"]
 
 log = logging.getLogger("hamsterbunker.stores.redis")
 
@@ -46,20 +47,25 @@ _TLS_FILES = {
 
 def parse_redis_url(url: str) -> tuple[str, str]:
     """Split a store URL into the URL redis-py gets and our key prefix; ConfigError if bad."""
-    shown = redacted(url)
+    shown = redacted_url(url)
+    # A "/", "?" or "#" of a password not percent-encoded ends the authority early and puts
+    # the rest of the password in the path, query or fragment: never quoted back.
+    unencoded = 'a "/", "?", "#" or "@" in a user name or password must be percent-encoded'
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
-    except ValueError as exc:
-        raise ConfigError(f"store URL {shown!r}: {exc}") from exc
+    except ValueError:
+        raise ConfigError(f"store URL {shown!r}: no valid host and port ({unencoded})") from None
     if parts.scheme not in ("redis", "rediss"):
         raise ConfigError(f"store URL {shown!r}: not a redis:// or rediss:// URL")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if "@" in parts.path + parts.fragment or any("@" in key for key, _value in query):
+        raise ConfigError(f"store URL {shown!r}: an @ after the host ({unencoded})")
     if not parts.hostname:
         raise ConfigError(f"store URL {shown!r}: a Redis URL needs a host (redis://host:6379/0)")
     db = parts.path.strip("/")
     if db and not db.isdigit():
         raise ConfigError(f"store URL {shown!r}: the path is the database number, not {db!r}")
-    query = parse_qsl(parts.query, keep_blank_values=True)
     tls_options = sorted({key for key, _value in query if key.startswith("ssl_")})
     if parts.scheme == "redis" and tls_options:
         raise ConfigError(
@@ -88,19 +94,6 @@ def parse_redis_url(url: str) -> tuple[str, str]:
     return urlunsplit(parts._replace(query=rest)), prefix
 
 
-def redacted(url: str) -> str:
-    """The URL without its password, for display."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(a URL that does not parse)"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-
-
 # Connections one blocking client keeps open at most (its calls wait for one past that).
 MAX_CONNECTIONS = 64
 
@@ -110,7 +103,7 @@ class RedisConnection:
 
     def __init__(self, url: str) -> None:
         self.client_url, self.prefix = parse_redis_url(url)
-        self.url = redacted(url)
+        self.url = redacted_url(url)
         parts = urlsplit(self.client_url)
         host = parts.hostname or ""
         self.server = (
