@@ -3,10 +3,11 @@
 Work reaches a running agent as submissions (``hamsterbunker.client.Client``),
 each admitted once per request id under the inbox's next number. A step reads
 ``current_step().inbox`` (unconsumed, oldest first, never more than it may
-consume), and ``consume(number, reply)`` marks one consumed. What a step consumed commits with its checkpoint
-(DESIGN.md invariant 9): the numbers as ``ConsumedMarks`` sealed inside the
-checkpoint, the replies in the same atomic store write. A step that is never
-published consumed nothing, so its replay sees the same submissions.
+consume), and ``consume(number, reply)`` marks one consumed. What a step
+consumed commits with its checkpoint (DESIGN.md invariant 9): the numbers as
+``ConsumedMarks`` sealed inside the checkpoint, the replies in the same atomic
+store write. A step that is never published consumed nothing, so its replay
+sees the same submissions.
 
 This module holds the rules; how a node reads its inbox and seals replies is an
 ``InboxIO`` (``hamsterbunker.node.inbox``).

@@ -2,10 +2,13 @@
 
 Whatever a store holds, one read hands back at most ``count`` entries, none of
 more than ``entry_bytes``, and no more than ``total_bytes`` in all (DESIGN.md
-invariant 10): planted junk can make a read stop early, never read on. Every
-backend's read of a kind below takes its entries through a ``BoundedRead`` of
-that kind's bound (Redis hands the three numbers to its script as well, so that
-no more than that leaves the server). The numbers come from ``limits``.
+invariant 10): planted junk can make a read stop early, never read on. The
+numbers come from ``limits``.
+
+Every backend's ``read_inbox`` takes its entries through a ``BoundedRead`` of
+``INBOX_READ`` (Redis hands the three numbers to its script as well, so that no
+more than that leaves the server). The effect journal and checkpoint reads keep
+to the bounds stated here their own way (a bounded set of names, a size cap).
 """
 
 from __future__ import annotations

@@ -426,10 +426,7 @@ class MemoryStore(Store):
             elif not found.offer(number, blob):
                 break
         if found.stopped:
-            log.warning(
-                "memory store: inbox of %s: stopped reading at %d bytes, the bound", agent,
-                found.total,
-            )
+            log.warning("memory store: inbox of %s: stopped reading at the bound", agent)
         return found.entries
 
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:

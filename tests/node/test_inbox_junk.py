@@ -60,7 +60,8 @@ class Term:
     def __init__(
         self, store: CountingStore, sealer: Sealer, inbox: TermInbox, sink: Sink, clock: FakeClock
     ) -> None:
-        self.store, self.sealer, self.inbox, self.sink, self.clock = store, sealer, inbox, sink, clock
+        self.store, self.sealer, self.inbox = store, sealer, inbox
+        self.sink, self.clock = sink, clock
 
     def admit(self, number: int) -> None:
         """Admit a genuine submission as number, whatever is stored there (junk included)
