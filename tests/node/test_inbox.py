@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -43,9 +44,9 @@ class Nodes:
         self.events = Recorder()
         self.made: list[Runtime] = []
 
-    def start(self, node_id: str, agent: Any) -> Runtime:
+    def start(self, node_id: str, agent: Any, timing: LeaseTiming = TIMING) -> Runtime:
         node = Runtime(node_id=node_id, region="r", store=self.store, agent=agent, secret=SECRET,
-                       timing=TIMING, on_event=self.events, stop_grace_ms=0)  # fmt: skip
+                       timing=timing, on_event=self.events, stop_grace_ms=0)  # fmt: skip
         self.made.append(node)
         node.start()
         return node
@@ -448,16 +449,22 @@ class ReadmeLoop:
 
 def test_the_readme_inbox_loop_drains_more_than_a_step_may_consume(nodes: Nodes) -> None:
     """With 100 submissions waiting, the README's loop answers all of them over several steps,
-    each handed at most MAX_CONSUMED_PER_STEP, and no step fails."""
+    each handed at most MAX_CONSUMED_PER_STEP, one step right after another (not a tick
+    apart), and no step fails."""
     burst = 100
     with nodes.client() as client:
         for n in range(burst):
             client.submit(AGENT, n, request_id=f"burst-{n}")
     agent = ReadmeLoop()
-    nodes.start("a", agent)
+    slow = LeaseTiming(tick_ms=5_000, lease_ttl_ms=20_000)
+    nodes.start("a", agent, slow)
     with nodes.client() as client:
+        assert client.result(AGENT, "burst-0", timeout=WAIT_S) == {"answer": 0}
+        first = time.monotonic()
         for n in range(burst):
             assert client.result(AGENT, f"burst-{n}", timeout=WAIT_S) == {"answer": n}
+        # Three more steps: a tick between steps would take three ticks.
+        assert time.monotonic() - first < slow.tick_s
     assert not nodes.events.of("agent.failing")
     handed = [count for count in agent.handed if count]
     assert max(handed) == MAX_CONSUMED_PER_STEP and sum(handed) >= burst
