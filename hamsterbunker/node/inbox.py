@@ -11,7 +11,7 @@ Junk is read once, not before every step. A store's read returns a bounded
 window (``read_bounds.INBOX_READ``); junk above the highest number that
 authenticated can fill it. The term reads on past such junk, window after
 window, so that a submission admitted behind it is seen; and it looks at the
-junk again only every ``_RESCAN_TICKS`` ticks, since an admission may have
+junk again only every ``RESCAN_TICKS`` ticks, since an admission may have
 replaced planted junk ahead of the inbox's counter with a genuine submission.
 """
 
@@ -34,13 +34,13 @@ from .calls import NodeCalls
 from .events import EventSink
 from .state import Identity, Standing
 
-__all__ = ["TermInbox"]
+__all__ = ["RESCAN_TICKS", "TermInbox"]
 
 log = logging.getLogger("hamsterbunker")
 
 # How often, in ticks, a term reads again the junk it read past: a genuine submission
 # admitted where junk was planted ahead of the counter waits at most this long.
-_RESCAN_TICKS = 5
+RESCAN_TICKS = 5
 
 
 class TermInbox:
@@ -178,7 +178,7 @@ class TermInbox:
         now = self._clock.monotonic()
         if self._scan <= self._after:
             self._scan = self._after
-            self._rescan_at = now + _RESCAN_TICKS * self._tick_s
+            self._rescan_at = now + RESCAN_TICKS * self._tick_s
         if top is not None and top > self._scan:
             self._scan = top
         elif top is None and now >= self._rescan_at:

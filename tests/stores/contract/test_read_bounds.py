@@ -2,16 +2,24 @@
 
 An inbox filled past what ``admit`` allows (more entries, bigger ones, more
 bytes in all) is read within ``INBOX_READ``: a read stops at the bound, and the
-next read, from the last number taken, goes on from there.
+next read, from the last number taken, goes on from there. A leader's term
+(``node.inbox.TermInbox``, on a FakeClock) reads on past such junk, reports it
+once, and does not read it again before every step, only every few ticks.
 """
 
 from __future__ import annotations
 
+import asyncio
+
+from hamsterbunker.node.inbox import RESCAN_TICKS
 from hamsterbunker.read_bounds import INBOX_READ
 from hamsterbunker.stores.base import Store
+from tests.support.agents import AGENT
 from tests.support.raw_inbox import plant_submissions
+from tests.support.term_inbox import TICK_S, leading
 
-AGENT = "bounded"
+JUNK = 200  # entries of the biggest size: more than one read takes
+LOOKS = 20  # steps beginning one after another (each reads the inbox first)
 
 
 def test_a_read_of_the_inbox_stops_at_its_byte_total(store: Store) -> None:
@@ -45,3 +53,55 @@ def test_an_inbox_entry_over_its_bound_is_left_out_and_the_rest_is_read(store: S
     )
     assert store.read_inbox(AGENT) == [(1, b"one"), (3, b"three")]
     assert store.read_inbox(AGENT, after=1) == [(3, b"three")]
+
+
+def _junk(numbers: range) -> list[tuple[int, bytes]]:
+    return [(n, b"j" * INBOX_READ.entry_bytes) for n in numbers]
+
+
+def test_a_term_reads_past_junk_and_not_again_before_every_step(store: Store) -> None:
+    """Junk over submissions below the counter, more than one read takes: a submission
+    admitted after it is shown, each junk entry is reported once, and over many steps the
+    junk is read once, not at every step."""
+
+    async def scenario() -> None:
+        async with leading(store) as term:
+            term.admit(1)
+            plant_submissions(store, AGENT, _junk(range(2, 2 + JUNK)))
+            behind = 2 + JUNK
+            term.admit(behind)
+            seen = []
+            for _look in range(LOOKS):
+                seen = await term.shown()
+            assert seen == [1, behind]
+            junk_bytes = JUNK * INBOX_READ.entry_bytes
+            assert term.reads.bytes_read < junk_bytes + INBOX_READ.total_bytes
+            assert len(term.sink.of("inbox.rejected")) == JUNK
+
+    asyncio.run(scenario())
+
+
+def test_junk_a_term_read_past_is_looked_at_again_every_few_ticks(store: Store) -> None:
+    """Junk planted ahead of the counter, more than one read takes: it is not read again at
+    every step, and a submission admitted in its place is shown once the term looks at
+    the junk again, a few ticks later."""
+
+    async def scenario() -> None:
+        async with leading(store) as term:
+            term.admit(1)
+            plant_submissions(store, AGENT, _junk(range(2, 2 + JUNK)))  # ahead of the counter
+            for _look in range(LOOKS):
+                assert await term.shown() == [1]
+            read_once = term.reads.bytes_read
+            term.admit(2)  # in place of the junk planted as #2
+            for _look in range(LOOKS):
+                await term.shown()
+            assert term.reads.bytes_read == read_once  # not read again at every step
+            term.clock.advance(RESCAN_TICKS * TICK_S)
+            seen = []
+            for _look in range(LOOKS):
+                seen = await term.shown()
+            assert seen == [1, 2]
+            assert len(term.sink.of("inbox.rejected")) == JUNK  # each reported once
+
+    asyncio.run(scenario())
