@@ -75,8 +75,9 @@ READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
 class BoundedRead(Generic[K]):
     """The entries one read takes, in the order offered, within a ReadBound.
 
-    The reader offers each entry it found; one over ``entry_bytes`` is left out
-    (counted, for the reader to report once); the first that would pass
+    The reader offers each entry it found, and reports what is not taken: one
+    over ``entry_bytes`` is left out (a reader that can measure an entry before
+    fetching it asks ``too_big`` first); the first that would pass
     ``total_bytes``, and any after it, is not taken, and ``stopped`` says so:
     the reader stops there, and the next read goes on from the last key taken.
     """
@@ -84,7 +85,6 @@ class BoundedRead(Generic[K]):
     bound: ReadBound
     entries: list[tuple[K, bytes]] = field(default_factory=list)
     total: int = 0
-    oversized: int = 0  # entries left out for their size
     stopped: bool = False  # an entry would have passed total_bytes
 
     @property
@@ -106,7 +106,6 @@ class BoundedRead(Generic[K]):
         if self.full:
             return False
         if self.too_big(len(data)):
-            self.oversized += 1
             return False
         if len(data) > self.room:
             self.stopped = True

@@ -58,12 +58,12 @@ most ``_FORGOTTEN_PER_TXN`` per txn and two txns per checkpoint.
 ``read_inbox`` reads the pending entries above ``after`` in pages of ``_PAGE``
 (values included: etcd's request limit bounds each), looks at no more than
 ``2 * MAX_INBOX_COUNT`` keys, junk included, and takes no more than
-``read_bounds.INBOX_READ`` (stopping at the page that would pass its byte total);
-``read_admission`` reads the ids
-record, then the reply it names; ``replies`` (``Store.read_replies``) reads a
-page of ``done`` records, then their ids records, then the replies those name
-(three reads a page). Every inbox key is under the agent's prefix,
-which ``watch`` follows: an admission and a consuming checkpoint wake it.
+``read_bounds.INBOX_READ`` (stopping in the page that would pass its byte
+total); ``read_admission`` reads the ids record, then the reply it names;
+``replies`` (``Store.read_replies``) reads a page of ``done`` records, then
+their ids records, then the replies those name (three reads a page). Every
+inbox key is under the agent's prefix, which ``watch`` follows: an admission
+and a consuming checkpoint wake it.
 
 Nothing stored is trusted: a pending entry whose name does not parse or whose
 bytes are over ``MAX_SUBMISSION_BYTES``, an ids record that does not parse, a
@@ -313,7 +313,7 @@ class EtcdInbox:
         if found.stopped:
             self._warn(
                 agent, ("stopped", after), "stopped reading at %d bytes, the most one read "
-                "takes: the rest is read after what was read is consumed", found.total,
+                "takes: a read from the last number read goes on", found.total,
             )  # fmt: skip
         return found.entries
 

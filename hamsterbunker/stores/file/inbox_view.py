@@ -288,7 +288,7 @@ class InboxView:
         if found.stopped:
             self._tree.report(
                 f"inbox: {path}: stopped reading at {found.total} bytes, the most one read "
-                "takes: the rest is read after what was read is consumed"
+                "takes: a read from the last number read goes on"
             )
         return found.entries
 

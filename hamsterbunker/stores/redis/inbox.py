@@ -230,7 +230,7 @@ class RedisInbox:
         if stopped == 1 or found.stopped:
             self._warn(
                 agent, ("stopped", after), "stopped reading at %d bytes, the most one read "
-                "takes: the rest is read after what was read is consumed", INBOX_READ.total_bytes,
+                "takes: a read from the last number read goes on", INBOX_READ.total_bytes,
             )  # fmt: skip
         return found.entries
 
