@@ -10,6 +10,9 @@ once, and does not read it again before every step, only every few ticks.
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from hamsterbunker.node.inbox import RESCAN_TICKS
 from hamsterbunker.read_bounds import INBOX_READ
@@ -22,13 +25,18 @@ JUNK = 200  # entries of the biggest size: more than one read takes
 LOOKS = 20  # steps beginning one after another (each reads the inbox first)
 
 
-def test_a_read_of_the_inbox_stops_at_its_byte_total(store: Store) -> None:
+def test_a_read_of_the_inbox_stops_at_its_byte_total(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
     """Entries of the biggest size, past the byte total of a read: a read takes as many as
-    fit in the total, and the next read, from the last number taken, takes the rest."""
+    fit in the total, says it stopped, and the next read, from the last number taken, takes
+    the rest."""
     size = INBOX_READ.entry_bytes
     fitting = INBOX_READ.total_bytes // size
     plant_submissions(store, AGENT, [(n, bytes([n % 256]) * size) for n in range(1, fitting + 3)])
-    first = store.read_inbox(AGENT)
+    with caplog.at_level(logging.WARNING):
+        first = store.read_inbox(AGENT)
+    assert any("stopped reading" in record.getMessage() for record in caplog.records)
     assert [number for number, _blob in first] == list(range(1, fitting + 1))
     assert sum(len(blob) for _number, blob in first) <= INBOX_READ.total_bytes
     assert first[-1][1] == bytes([fitting % 256]) * size
