@@ -97,7 +97,9 @@ class StepContext:
     @property
     def inbox(self) -> list[Submission]:
         """The admitted submissions not yet consumed, oldest first (.number, .request_id,
-        .payload), as of the step's start or its last wait_for_inbox."""
+        .payload), as of the step's start or its last wait_for_inbox: at most as many as
+        the step may still consume (32 in all), so a step may consume every one; the rest
+        are the next step's."""
         return [] if self.mailbox is None else self.mailbox.shown()
 
     def consume(self, number: int, reply: Any = None) -> None:

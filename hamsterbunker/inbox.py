@@ -2,13 +2,14 @@
 
 Work reaches a running agent as submissions (``hamsterbunker.client.Client``),
 each admitted once per request id under the inbox's next number. A step reads
-``current_step().inbox`` (unconsumed, oldest first), and ``consume(number,
-reply)`` marks one consumed. What a step consumed commits with its checkpoint
-(DESIGN.md invariant 9): the numbers as ``ConsumedMarks`` sealed inside the
-checkpoint, the replies in the same atomic store write. Every consumption
-writes a sealed reply (``None`` included), bound to agent, number and request
-id: a client takes a submission as done only when that record opens. A step that is never
-published consumed nothing, so its replay sees the same submissions.
+``current_step().inbox`` (unconsumed, oldest first, never more than it may
+consume), and ``consume(number, reply)`` marks one consumed. What a step
+consumed commits with its checkpoint (DESIGN.md invariant 9): the numbers as
+``ConsumedMarks`` sealed inside the checkpoint, the replies in the same atomic
+store write. Every consumption writes a sealed reply (``None`` included), bound
+to agent, number and request id: a client takes a submission as done only when
+that record opens. A step that is never published consumed nothing, so its
+replay sees the same submissions.
 
 This module holds the rules; how a node reads its inbox and seals replies is an
 ``InboxIO`` (``hamsterbunker.node.inbox``).
@@ -160,9 +161,12 @@ class StepInbox:
         self.consumed: list[Consumed] = []
 
     def shown(self) -> list[Submission]:
-        """The submissions this step may consume, oldest first."""
+        """The submissions this step may consume, oldest first: no more than it may still
+        consume (MAX_CONSUMED_PER_STEP in all), so that consuming every one shown is always
+        allowed; the rest are shown to the next step."""
+        room = MAX_CONSUMED_PER_STEP - len(self.consumed)
         taken = {c.number for c in self.consumed}
-        return [s for n, s in sorted(self._shown.items()) if n not in taken]
+        return [s for n, s in sorted(self._shown.items()) if n not in taken][: max(room, 0)]
 
     def consume(self, number: int, reply: Any = None) -> None:
         """Mark submission number consumed, with an optional reply (JSON), at this step's commit."""
@@ -190,10 +194,15 @@ class StepInbox:
         """Return the step's inbox once it holds anything, or after timeout seconds (maybe []).
 
         Returns early too when the node stops, so that a planned stop publishes
-        the waiting step and hands over at once instead of after its grace.
+        the waiting step and hands over at once instead of after its grace; and
+        at once (with []) once the step consumed all it may: what waits is the
+        next step's.
         """
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise InboxError(f"wait_for_inbox timeout must be a number of seconds, not {timeout!r}")
+        if len(self.consumed) >= MAX_CONSUMED_PER_STEP:
+            await asyncio.sleep(0)  # a step that calls again in a loop still lets the node run
+            return []
         loop = asyncio.get_running_loop()
         until = loop.time() + (math.inf if timeout is None else float(timeout))
         while True:

@@ -42,15 +42,14 @@ from .limits import (
     INBOX_REPLIES_KEPT,
     MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
-    MAX_INBOX_COUNT,
     MAX_RECORD_BYTES,
     MAX_REPLY_BYTES,
     MAX_SEQ,
-    MAX_SUBMISSION_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
     check_submission_bounds,
 )
+from .read_bounds import INBOX_READ, BoundedRead
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
 from .stores._terms import TermChanges
@@ -418,15 +417,17 @@ class MemoryStore(Store):
         """Unconsumed submissions above after, oldest first (planted junk is left out)."""
         with self._lock:
             pending = sorted(self._agent(agent).pending.items())
-        found = []
+        found: BoundedRead[int] = BoundedRead(INBOX_READ)
         for number, (_request_id, blob) in pending:
             if number <= after:
                 continue
-            if not 0 < number <= MAX_SEQ or len(blob) > MAX_SUBMISSION_BYTES:
+            if not 0 < number <= MAX_SEQ or found.too_big(len(blob)):
                 log.warning("memory store: leaving out submission %d of %s", number, agent)
-                continue
-            found.append((number, blob))
-        return found[:MAX_INBOX_COUNT]
+            elif not found.offer(number, blob):
+                break
+        if found.stopped:
+            log.warning("memory store: inbox of %s: stopped reading at the bound", agent)
+        return found.entries
 
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
         """What is known of request_id's admission, or None."""

@@ -6,6 +6,13 @@ shows is exactly what the store's newest accepted checkpoint left unconsumed
 (DESIGN.md invariant 9). A submission is shown only once it authenticates as
 the number it is stored under; anything else is reported (``inbox.rejected``)
 and skipped. The store's watch wakes a step waiting in ``wait_for_inbox``.
+
+Junk is read once, not before every step. A store's read returns a bounded
+window (``read_bounds.INBOX_READ``); junk above the highest number that
+authenticated can fill it. The term reads on past such junk, window after
+window, so that a submission admitted behind it is seen; and it looks at the
+junk again only every ``RESCAN_TICKS`` ticks, since an admission may have
+replaced planted junk ahead of the inbox's counter with a genuine submission.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..clock import Clock
 from ..errors import StoreError, Tampered
 from ..inbox import ConsumedMarks, Submission
 from ..limits import MAX_INBOX_COUNT
@@ -26,9 +34,13 @@ from .calls import NodeCalls
 from .events import EventSink
 from .state import Identity, Standing
 
-__all__ = ["TermInbox"]
+__all__ = ["RESCAN_TICKS", "TermInbox"]
 
 log = logging.getLogger("hamsterbunker")
+
+# How often, in ticks, a term reads again the junk it read past: a genuine submission
+# admitted where junk was planted ahead of the counter waits at most this long.
+RESCAN_TICKS = 5
 
 
 class TermInbox:
@@ -45,9 +57,10 @@ class TermInbox:
         *,
         tick_s: float,
         closing: Callable[[], bool],
+        clock: Clock,
     ) -> None:
         self._id, self._store, self._sealer, self._calls = identity, store, sealer, calls
-        self._sink, self._standing, self._tick_s = sink, standing, tick_s
+        self._sink, self._standing, self._tick_s, self._clock = sink, standing, tick_s, clock
         self.closing = closing  # the node is stopping, or the term is over
         self.marks = ConsumedMarks()
         self._pending: dict[int, Submission] = {}
@@ -55,6 +68,10 @@ class TermInbox:
         # did not: a number planted ahead of the inbox's counter must not hide the
         # genuine submissions admitted below it later.
         self._after = 0
+        # Where the next read starts: past _after while reading on past junk; back to
+        # _after (to look at the junk again) once the clock passes _rescan_at.
+        self._scan = 0
+        self._rescan_at = 0.0
         # Numbers that failed to authenticate, with a digest of what was stored: reported
         # once, not opened again unless something else is stored there (an admission
         # replaces what was planted above the counter).
@@ -116,33 +133,55 @@ class TermInbox:
             if ahead is not None:
                 entries = await ahead
             else:
-                entries = await self._calls.io(self._store.read_inbox, self._id.agent, self._after)
+                entries = await self._calls.io(self._store.read_inbox, self._id.agent, self._scan)
         except StoreError as exc:
             self._sink.emit("store.error", error=f"inbox: {exc}")
-            entries = []
-        for number, blob in entries:
-            if number in self.marks or number in self._pending:
-                continue
-            digest = hashlib.sha256(blob).digest()
-            if self._rejected.get(number) == digest:
-                continue
-            try:
-                opened = await self._calls.work(
-                    self._sealer.open_submission, blob, self._id.agent, number
-                )
-            except Tampered as exc:
-                if len(self._rejected) >= MAX_INBOX_COUNT:
-                    self._rejected.clear()  # bounded: at worst some are reported again
-                self._rejected[number] = digest
-                self._sink.emit("inbox.rejected", number=number, error=str(exc))
-                continue
-            self._after = max(self._after, number)
-            self._pending[number] = Submission(
-                number, opened.request_id, opened.payload, opened.submitted
-            )
-            self._sink.emit("inbox.admitted", number=number, request_id=opened.request_id)
+            entries = None
+        for number, blob in entries or ():
+            await self._take(number, blob)
+        if entries is not None:
+            self._read_on(max((number for number, _blob in entries), default=None))
         self._show_depth()
         return [self._pending[n] for n in sorted(self._pending)]
+
+    async def _take(self, number: int, blob: bytes) -> None:
+        """Show a submission read from the store if it authenticates; report it if not."""
+        if number in self.marks or number in self._pending:
+            return
+        digest = hashlib.sha256(blob).digest()
+        if self._rejected.get(number) == digest:
+            return
+        try:
+            opened = await self._calls.work(
+                self._sealer.open_submission, blob, self._id.agent, number
+            )
+        except Tampered as exc:
+            if len(self._rejected) >= MAX_INBOX_COUNT:
+                self._rejected.clear()  # bounded: at worst some are reported again
+            self._rejected[number] = digest
+            self._sink.emit("inbox.rejected", number=number, error=str(exc))
+            return
+        self._after = max(self._after, number)
+        self._pending[number] = Submission(
+            number, opened.request_id, opened.payload, opened.submitted
+        )
+        self._sink.emit("inbox.admitted", number=number, request_id=opened.request_id)
+
+    def _read_on(self, top: int | None) -> None:
+        """Move where the next read starts, after a read whose highest number was top.
+
+        Anything read above _after did not authenticate: the next read starts past
+        it. A read that finds nothing more goes back to _after once _rescan_at has
+        passed, and at no other time, so junk is not read again before every step.
+        """
+        now = self._clock.monotonic()
+        if self._scan <= self._after:
+            self._scan = self._after
+            self._rescan_at = now + RESCAN_TICKS * self._tick_s
+        if top is not None and top > self._scan:
+            self._scan = top
+        elif top is None and now >= self._rescan_at:
+            self._scan = self._after
 
     def wakes(self) -> int:
         return self._wakes

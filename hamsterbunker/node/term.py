@@ -136,8 +136,9 @@ class LeaderTerm:
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
         self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
         self._inbox = TermInbox(
-            identity, store, sealer, calls, sink, standing, tick_s=timing.tick_s, closing=self._over
-        )
+            identity, store, sealer, calls, sink, standing,
+            tick_s=timing.tick_s, closing=self._over, clock=clock,
+        )  # fmt: skip
 
     def end(self) -> None:
         """Tell the term to stop: the step in flight is cancelled, nothing more is published."""

@@ -459,10 +459,13 @@ class Store(Protocol):
     def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
         """Unconsumed submissions numbered above after, oldest first: (number, sealed bytes).
 
-        At most ``MAX_INBOX_COUNT`` of them. Not authenticated: an entry whose
-        name does not parse, whose number is out of bounds or whose bytes are
-        over ``MAX_SUBMISSION_BYTES`` is logged and left out, reading no more
-        than that limit of it.
+        Within ``read_bounds.INBOX_READ``: at most ``MAX_INBOX_COUNT`` of them and
+        ``MAX_INBOX_BYTES`` in all, which a genuine inbox never passes; where
+        planted entries would pass it the read stops, and a read after the last
+        number returned goes on. Not authenticated: an entry whose name does not
+        parse, whose number is out of bounds or whose bytes are over
+        ``MAX_SUBMISSION_BYTES`` is logged and left out, reading no more than
+        that limit of it.
         """
 
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -26,7 +27,7 @@ from hamsterbunker import (
     current_step,
 )
 from hamsterbunker.errors import Tampered
-from hamsterbunker.inbox import ConsumedMarks
+from hamsterbunker.inbox import ConsumedMarks, StepInbox
 from hamsterbunker.limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_SUBMISSION_BYTES
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.testing import MemoryStore
@@ -43,9 +44,9 @@ class Nodes:
         self.events = Recorder()
         self.made: list[Runtime] = []
 
-    def start(self, node_id: str, agent: Any) -> Runtime:
+    def start(self, node_id: str, agent: Any, timing: LeaseTiming = TIMING) -> Runtime:
         node = Runtime(node_id=node_id, region="r", store=self.store, agent=agent, secret=SECRET,
-                       timing=TIMING, on_event=self.events, stop_grace_ms=0)  # fmt: skip
+                       timing=timing, on_event=self.events, stop_grace_ms=0)  # fmt: skip
         self.made.append(node)
         node.start()
         return node
@@ -218,13 +219,14 @@ class Misuser:
         ctx = current_step()
         assert ctx is not None
         shown = await ctx.wait_for_inbox(60)
-        if len(shown) < MAX_CONSUMED_PER_STEP + 1 or self.done.is_set():
+        if len(shown) < MAX_CONSUMED_PER_STEP or self.done.is_set():
             return state
         tries: dict[str, Callable[[], None]] = {
             "unknown number": lambda: ctx.consume(10_000),
             "not json": lambda: ctx.consume(shown[0].number, reply={1, 2}),
             "twice": lambda: (ctx.consume(shown[0].number), ctx.consume(shown[0].number)),
-            "too many": lambda: [ctx.consume(s.number) for s in shown[1:]],
+            # Read by the node but not shown: the step has consumed all it may.
+            "too many": lambda: [ctx.consume(s.number) for s in [*shown[1:], _after(shown)]],
         }
         for name, attempt in tries.items():
             try:
@@ -233,6 +235,10 @@ class Misuser:
                 self.errors[name] = str(exc)
         self.done.set()
         return state
+
+
+def _after(shown: list[Submission]) -> Submission:
+    return Submission(shown[-1].number + 1, "", None)
 
 
 def test_wrong_uses_of_the_inbox_raise_inbox_errors(nodes: Nodes) -> None:
@@ -450,3 +456,89 @@ def test_junk_planted_ahead_of_the_counter_hides_no_later_submission(nodes: Node
             client.submit(AGENT, n, request_id=f"after-junk-{n}")
             assert client.result(AGENT, f"after-junk-{n}", timeout=WAIT_S) == {"doubled": 2 * n}
     assert len(nodes.events.of("inbox.rejected")) == 1  # reported once, not at every look
+
+
+class ReadmeLoop:
+    """The README's inbox loop as written there; records how many each step was handed."""
+
+    id = AGENT
+
+    def __init__(self) -> None:
+        self.handed: list[int] = []
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        handed = 0
+        for question in await ctx.wait_for_inbox(timeout=30):
+            ctx.consume(question.number, reply={"answer": question.payload})
+            handed += 1
+        self.handed.append(handed)
+        return state
+
+
+def test_the_readme_inbox_loop_drains_more_than_a_step_may_consume(nodes: Nodes) -> None:
+    """With 100 submissions waiting, the README's loop answers all of them over several steps,
+    each handed at most MAX_CONSUMED_PER_STEP, one step right after another (not a tick
+    apart), and no step fails."""
+    burst = 100
+    with nodes.client() as client:
+        for n in range(burst):
+            client.submit(AGENT, n, request_id=f"burst-{n}")
+    agent = ReadmeLoop()
+    slow = LeaseTiming(tick_ms=5_000, lease_ttl_ms=20_000)
+    nodes.start("a", agent, slow)
+    with nodes.client() as client:
+        assert client.result(AGENT, "burst-0", timeout=WAIT_S) == {"answer": 0}
+        first = time.monotonic()
+        for n in range(burst):
+            assert client.result(AGENT, f"burst-{n}", timeout=WAIT_S) == {"answer": n}
+        # Three more steps: a tick between steps would take three ticks.
+        assert time.monotonic() - first < slow.tick_s
+    assert not nodes.events.of("agent.failing")
+    handed = [count for count in agent.handed if count]
+    assert max(handed) == MAX_CONSUMED_PER_STEP and sum(handed) >= burst
+
+
+class _Waiting:
+    """An InboxIO whose inbox holds submissions 1..count and never changes."""
+
+    def __init__(self, count: int) -> None:
+        self.held = [Submission(n, f"r{n}", n) for n in range(1, count + 1)]
+
+    def seal_reply(self, number: int, request_id: str, reply: Any) -> bytes:
+        return b"sealed"
+
+    async def unconsumed(self) -> list[Submission]:
+        return list(self.held)
+
+    def wakes(self) -> int:
+        return 0
+
+    def closing(self) -> bool:
+        return False
+
+    async def woken(self, since: int, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+
+
+def test_a_step_that_consumed_all_it_may_is_handed_nothing_more_and_does_not_wait() -> None:
+    """A step's view never holds more than it may still consume; once it consumed that
+    many, the view is empty and wait_for_inbox returns [] at once, not after its timeout."""
+
+    async def scenario() -> None:
+        io = _Waiting(MAX_CONSUMED_PER_STEP + 5)
+        inbox = StepInbox(io, await io.unconsumed())
+        assert [s.number for s in inbox.shown()] == list(range(1, MAX_CONSUMED_PER_STEP + 1))
+        for submission in (await inbox.wait(600))[:3]:
+            inbox.consume(submission.number)
+        assert [s.number for s in inbox.shown()] == list(range(4, MAX_CONSUMED_PER_STEP + 1))
+        for submission in inbox.shown():
+            inbox.consume(submission.number)
+        assert inbox.shown() == []
+        assert await asyncio.wait_for(inbox.wait(600), 5.0) == []
+
+    asyncio.run(scenario())

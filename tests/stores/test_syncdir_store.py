@@ -21,6 +21,7 @@ import pytest
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
 from hamsterbunker.lease import LeaseKeeper, Outcome
+from hamsterbunker.read_bounds import INBOX_READ
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores import ChainedStore
 from hamsterbunker.stores.base import Fence, Store
@@ -31,6 +32,7 @@ from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
 from hamsterbunker.stores.syncdir.layout import MARKER
 from hamsterbunker.stores.syncdir.published import ClaimPublisher
 from hamsterbunker.stores.syncdir.terms import MAX_TERM_RECORD_BYTES
+from tests.support.raw_inbox import plant_submissions
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
 from tests.support.syncdir import Sync
 
@@ -924,3 +926,14 @@ def test_a_claim_whose_publish_a_crash_cut_off_is_published_at_the_next_start(
     assert again.claims(AGENT)["n1"] == newest
     sync.copy("n1", "n2")
     assert SyncDirStore(sync.root("n2"), "n2", sync_delay_ms=DELAY_MS).claims(AGENT)["n1"] == newest
+
+
+def test_a_read_of_the_inbox_stops_at_its_byte_total(sync: Sync) -> None:
+    """A node's own inbox, filled past the byte total of a read, is read within
+    read_bounds.INBOX_READ, and the next read goes on from the last number taken."""
+    store = sync.open("n1")
+    size = INBOX_READ.entry_bytes
+    fitting = INBOX_READ.total_bytes // size
+    plant_submissions(store, AGENT, [(n, b"s" * size) for n in range(1, fitting + 2)])
+    assert [n for n, _blob in store.read_inbox(AGENT)] == list(range(1, fitting + 1))
+    assert [n for n, _blob in store.read_inbox(AGENT, after=fitting)] == [fitting + 1]

@@ -56,12 +56,14 @@ committed included) and their ids record (if it still names that number), at
 most ``_FORGOTTEN_PER_TXN`` per txn and two txns per checkpoint.
 
 ``read_inbox`` reads the pending entries above ``after`` in pages of ``_PAGE``
-(values included: etcd's request limit bounds each), and looks at no more than
-``2 * MAX_INBOX_COUNT`` keys, junk included; ``read_admission`` reads the ids
-record, then the reply it names; ``replies`` (``Store.read_replies``) reads a
-page of ``done`` records, then their ids records, then the replies those name
-(three reads a page). Every inbox key is under the agent's prefix,
-which ``watch`` follows: an admission and a consuming checkpoint wake it.
+(values included: etcd's request limit bounds each), looks at no more than
+``2 * MAX_INBOX_COUNT`` keys, junk included, and takes no more than
+``read_bounds.INBOX_READ`` (stopping in the page that would pass its byte
+total); ``read_admission`` reads the ids record, then the reply it names;
+``replies`` (``Store.read_replies``) reads a page of ``done`` records, then
+their ids records, then the replies those name (three reads a page). Every
+inbox key is under the agent's prefix, which ``watch`` follows: an admission
+and a consuming checkpoint wake it.
 
 Nothing stored is trusted: a pending entry whose name does not parse or whose
 bytes are over ``MAX_SUBMISSION_BYTES``, an ids record that does not parse, a
@@ -90,6 +92,7 @@ from ...limits import (
     check_request_id,
     check_submission_bounds,
 )
+from ...read_bounds import INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, parse_json
 from .._reported import ReportedOnce
 from ..base import AdmissionState, Consumed, Fence, describe_fence_text, inbox_full
@@ -288,9 +291,9 @@ class EtcdInbox:
         pending = self._inbox(agent) + "pending/"
         start: bytes = (pending + pad(max(after, 0) + 1)).encode()
         end = range_end(pending)
-        found: list[tuple[int, bytes]] = []
+        found: BoundedRead[int] = BoundedRead(INBOX_READ)
         scanned = 0
-        while len(found) < MAX_INBOX_COUNT and scanned < _SCANNED:
+        while not found.full and scanned < _SCANNED:
             if first is None:
                 [kvs] = ranges(self._connection.txn([], [get_op(start, end, limit=_PAGE)]))
             else:
@@ -298,8 +301,8 @@ class EtcdInbox:
             for kv in kvs:
                 scanned += 1
                 entry = self._entry(agent, pending.encode(), kv)
-                if entry is not None and entry[0] > after:
-                    found.append(entry)
+                if entry is not None and entry[0] > after and not found.offer(*entry):
+                    break
             last = kv_key(kvs[-1]) if kvs else b""
             if len(kvs) < _PAGE or not last:
                 break
@@ -307,7 +310,12 @@ class EtcdInbox:
         else:
             if scanned >= _SCANNED:
                 self._warn(agent, ("scanned", after), "read only the first %d keys", _SCANNED)
-        return found[:MAX_INBOX_COUNT]
+        if found.stopped:
+            self._warn(
+                agent, ("stopped", after), "stopped reading at %d bytes, the most one read "
+                "takes: a read from the last number read goes on", found.total,
+            )  # fmt: skip
+        return found.entries
 
     def _entry(self, agent: str, pending: bytes, kv: Mapping[str, Any]) -> tuple[int, bytes] | None:
         """(number, sealed bytes) of a pending entry, or None (logged) for junk."""

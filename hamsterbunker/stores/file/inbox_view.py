@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ...errors import CorruptRecord
 from ...limits import MAX_INBOX_COUNT, check_request_id
+from ...read_bounds import INBOX_READ, BoundedRead
 from ..base import AdmissionState, Consumed
 from ..reseal import reply_page_bounds
 from .fileio import (
@@ -269,22 +270,27 @@ class InboxView:
 
     def _listed(self, dirs: InboxDirs, after: int) -> list[tuple[int, bytes]]:
         overlay = self._overlay(dirs)
-        found: list[tuple[int, bytes]] = []
+        found: BoundedRead[int] = BoundedRead(INBOX_READ)
         budget = _READ_BUDGET
         path = dirs.path / "pending"
         for number, name in self._numbered(dirs.pending, PENDING_NAME, path):
             if number <= after or number in overlay:
                 continue
-            if len(found) >= MAX_INBOX_COUNT or budget <= 0:
+            if found.full or budget <= 0:
                 break
             budget -= 1
             data = self._read(dirs.pending, name, path / name, PENDING_CAP)
             parsed = None if data is None else parse_pending(data)
             if parsed is not None:
-                found.append((number, parsed[1]))
+                found.offer(number, parsed[1])
             elif data is not None:
                 self._tree.report(f"inbox: left out: {path / name} does not parse")
-        return found
+        if found.stopped:
+            self._tree.report(
+                f"inbox: {path}: stopped reading at {found.total} bytes, the most one read "
+                "takes: a read from the last number read goes on"
+            )
+        return found.entries
 
     def _replies(
         self, dirs: InboxDirs, after: int, count: int, scan: int

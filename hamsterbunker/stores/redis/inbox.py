@@ -20,8 +20,8 @@ checkpoint or not at all, and announced with it. Durable as the checkpoints
 are: as the server's ``appendonly``/``appendfsync`` say (``GUARANTEES``).
 
 Nothing stored is trusted (DESIGN.md invariant 10). ``read_inbox`` looks at no
-more than ``MAX_INBOX_COUNT`` numbers and sends no entry over
-``MAX_SUBMISSION_BYTES`` and no more than ``MAX_INBOX_BYTES`` in all;
+more numbers, and sends no bigger entry and no more bytes in all, than
+``read_bounds.INBOX_READ`` allows (the script is handed its three numbers);
 ``read_admission`` measures the request id and reply before fetching them.
 What does not parse is logged once and left out (read_inbox) or taken as
 unknown, or as no reply (read_admission). A counter or byte total that is not
@@ -50,9 +50,9 @@ from ...limits import (
     MAX_REPLY_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_SEQ,
-    MAX_SUBMISSION_BYTES,
     check_submission_bounds,
 )
+from ...read_bounds import INBOX_READ, BoundedRead
 from .._reported import ReportedOnce
 from ..base import AdmissionState, Consumed
 from ..reseal import reply_page_bounds
@@ -196,9 +196,9 @@ class RedisInbox:
             keys=self.keys(agent),
             args=[
                 max(int(after), 0),
-                MAX_INBOX_COUNT,
-                MAX_SUBMISSION_BYTES,
-                MAX_INBOX_BYTES,
+                INBOX_READ.count,
+                INBOX_READ.entry_bytes,
+                INBOX_READ.total_bytes,
                 MAX_SEQ,
             ],
         )
@@ -211,30 +211,28 @@ class RedisInbox:
         left_out, stopped = answer[0], answer[1]
         if isinstance(left_out, int) and left_out > 0:
             self._warn(agent, ("junk", left_out), "left out %d numbers that are not ours", left_out)
-        if stopped == 1:
-            self._warn(
-                agent,
-                ("stopped", after),
-                "stopped reading at %d bytes (MAX_INBOX_BYTES): the rest follows later",
-                MAX_INBOX_BYTES,
-            )
-        found: list[tuple[int, bytes]] = []
+        found: BoundedRead[int] = BoundedRead(INBOX_READ)
         for field, value in zip(answer[2::2], answer[3::2], strict=False):
             number = _number(field)
             if number is None or number <= after:  # the script sends only ours; checked again
                 continue
-            if isinstance(value, int) or not isinstance(value, bytes):
+            if not isinstance(value, bytes) or found.too_big(len(value)):
                 self._warn(
                     agent,
-                    ("size", number, value),
+                    ("size", number, value if isinstance(value, int) else None),
                     "left out submission %d: %s bytes, above the limit of %d bytes",
                     number,
-                    value,
-                    MAX_SUBMISSION_BYTES,
+                    value if isinstance(value, int) else "?",
+                    INBOX_READ.entry_bytes,
                 )
-                continue
-            found.append((number, value))
-        return found[:MAX_INBOX_COUNT]
+            elif not found.offer(number, value):
+                break
+        if stopped == 1 or found.stopped:
+            self._warn(
+                agent, ("stopped", after), "stopped reading at %d bytes, the most one read "
+                "takes: a read from the last number read goes on", INBOX_READ.total_bytes,
+            )  # fmt: skip
+        return found.entries
 
     def admission(self, agent: str, request_id: str) -> AdmissionState | None:
         """Store.read_admission: None for anything that does not parse (reported once)."""

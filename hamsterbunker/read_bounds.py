@@ -1,0 +1,115 @@
+"""What one read of a store may return, per record kind, and the one helper that keeps to it.
+
+Whatever a store holds, one read hands back at most ``count`` entries, none of
+more than ``entry_bytes``, and no more than ``total_bytes`` in all (DESIGN.md
+invariant 10): planted junk can make a read stop early, never read on. The
+numbers come from ``limits``.
+
+Every backend's ``read_inbox`` takes its entries through a ``BoundedRead`` of
+``INBOX_READ`` (Redis hands the three numbers to its script as well, so that no
+more than that leaves the server). The effect journal and checkpoint reads keep
+to the bounds stated here their own way (a bounded set of names, a size cap).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Generic, TypeVar
+
+from .limits import (
+    EFFECT_KINDS,
+    MAX_CHECKPOINT_BYTES,
+    MAX_EFFECT_BYTES,
+    MAX_EFFECTS_PER_STEP,
+    MAX_INBOX_BYTES,
+    MAX_INBOX_COUNT,
+    MAX_SUBMISSION_BYTES,
+)
+
+__all__ = [
+    "CHECKPOINT_READ",
+    "EFFECTS_READ",
+    "INBOX_READ",
+    "READ_BOUNDS",
+    "BoundedRead",
+    "ReadBound",
+]
+
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class ReadBound:
+    """The most one read of a record kind returns: entries, bytes of one, bytes in all."""
+
+    count: int
+    entry_bytes: int
+    total_bytes: int
+
+
+# The unconsumed submissions of one agent, from one number on (Store.read_inbox):
+# what a full inbox holds, so a read of a genuine inbox always gets all of it.
+INBOX_READ = ReadBound(MAX_INBOX_COUNT, MAX_SUBMISSION_BYTES, MAX_INBOX_BYTES)
+# The effect journal of one step (Store.read_effects): an intent and an outcome
+# for each effect a step may call.
+EFFECTS_READ = ReadBound(
+    MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS),
+    MAX_EFFECT_BYTES,
+    MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS) * MAX_EFFECT_BYTES,
+)
+# One sealed checkpoint (Store.read_checkpoint).
+CHECKPOINT_READ = ReadBound(1, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
+
+READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
+    {
+        "inbox submissions": INBOX_READ,
+        "effect records of a step": EFFECTS_READ,
+        "checkpoint": CHECKPOINT_READ,
+    }
+)
+
+
+@dataclass
+class BoundedRead(Generic[K]):
+    """The entries one read takes, in the order offered, within a ReadBound.
+
+    The reader offers each entry it found, and reports what is not taken: one
+    over ``entry_bytes`` is left out (a reader that can measure an entry before
+    fetching it asks ``too_big`` first); the first that would pass
+    ``total_bytes``, and any after it, is not taken, and ``stopped`` says so:
+    the reader stops there, and the next read goes on from the last key taken.
+    """
+
+    bound: ReadBound
+    entries: list[tuple[K, bytes]] = field(default_factory=list)
+    total: int = 0
+    stopped: bool = False  # an entry would have passed total_bytes
+
+    @property
+    def full(self) -> bool:
+        """Whether nothing more may be taken: the reader stops reading."""
+        return self.stopped or len(self.entries) >= self.bound.count
+
+    @property
+    def room(self) -> int:
+        """The bytes the read may still take."""
+        return self.bound.total_bytes - self.total
+
+    def too_big(self, size: int) -> bool:
+        """Whether an entry of size bytes is over the bound's entry_bytes (left out unread)."""
+        return size > self.bound.entry_bytes
+
+    def offer(self, key: K, data: bytes) -> bool:
+        """Take (key, data) if it fits; False if it was left out or the read is full."""
+        if self.full:
+            return False
+        if self.too_big(len(data)):
+            return False
+        if len(data) > self.room:
+            self.stopped = True
+            return False
+        self.entries.append((key, data))
+        self.total += len(data)
+        return True

@@ -1,0 +1,72 @@
+"""Planting inbox entries as a store writer without the secret would: past admit and its limits.
+
+``plant_submissions`` writes bytes where each backend keeps a pending
+submission (its layout is documented at the top of its inbox module), so that
+a test can fill an inbox beyond what ``admit`` would ever store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.file import FileStore
+from hamsterbunker.testing import MemoryStore
+
+__all__ = ["plant_submissions"]
+
+# Entries one etcd txn puts: under its default --max-txn-ops (128) and request size.
+_ETCD_BATCH = 4
+
+
+def plant_submissions(store: Store, agent: str, entries: Iterable[tuple[int, bytes]]) -> None:
+    """Store each (number, bytes) as a pending submission of agent, whatever its size."""
+    from hamsterbunker.stores.syncdir import SyncDirStore
+
+    entries = list(entries)
+    if isinstance(store, SyncDirStore):
+        assert store._mine is not None, "a syncdir store of a node with a subtree"
+        store = store._mine
+    if isinstance(store, MemoryStore):
+        with store._lock:
+            state = store._agent(agent)
+            for number, blob in entries:
+                state.pending[number] = (f"planted-{number}", blob)
+            state.changes += 1
+    elif isinstance(store, FileStore):
+        _plant_files(store, agent, entries)
+    elif type(store).__name__ == "RedisStore":
+        _plant_redis(store, agent, entries)
+    elif type(store).__name__ == "EtcdStore":
+        _plant_etcd(store, agent, entries)
+    else:
+        raise AssertionError(f"no way to plant submissions in {store!r}")
+
+
+def _plant_files(store: FileStore, agent: str, entries: list[tuple[int, bytes]]) -> None:
+    from hamsterbunker.stores.file.inbox_records import pending_bytes, pending_name
+
+    pending = store._tree.agent_dir(agent) / "inbox" / "pending"
+    pending.mkdir(parents=True, exist_ok=True)
+    for number, blob in entries:
+        (pending / pending_name(number)).write_bytes(pending_bytes(f"planted-{number}", blob))
+
+
+def _plant_redis(store: Store, agent: str, entries: list[tuple[int, bytes]]) -> None:
+    _inbox, pending, numbers = store._inbox.keys(agent)[:3]  # type: ignore[attr-defined]
+    with store._redis.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
+        for number, blob in entries:
+            pipe.hset(pending, str(number), blob)
+            pipe.zadd(numbers, {str(number): number})
+        pipe.execute()
+
+
+def _plant_etcd(store: Store, agent: str, entries: list[tuple[int, bytes]]) -> None:
+    from hamsterbunker.stores.etcd.kv import put_op
+
+    prefix = store._agent_prefix(agent) + "inbox/pending/"  # type: ignore[attr-defined]
+    small = all(len(blob) < 1024 for _number, blob in entries)
+    batch = 100 if small else _ETCD_BATCH
+    for start in range(0, len(entries), batch):
+        ops = [put_op(f"{prefix}{number:020d}", blob) for number, blob in entries[start:][:batch]]
+        store._connection.txn([], ops)  # type: ignore[attr-defined]
