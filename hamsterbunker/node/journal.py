@@ -5,7 +5,10 @@ seals each record (the associated data binds agent, step, number, kind and
 name), writes it with ``Store.put_effect`` under the term's fence, and reads
 a step's journal back for a replay, keeping only what authenticates as that
 step's record and was written no earlier than the checkpoint the step builds
-on (an older record belongs to a history that was given up).
+on (an older record belongs to a history that was given up). Each record
+carries the order in which its term wrote it, and a replay applies them in
+that order: a retry that took another path leaves its records beside an
+earlier attempt's under the same numbers, and the later ones count.
 
 On a store that keeps a chain per node (``ChainedStore``) each node journals
 into its own subtree, so the replay of the step after a restored checkpoint
@@ -22,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import Clock
@@ -62,6 +66,7 @@ class TermJournal:
         self._base_epoch = 0  # the epoch of the checkpoint the first step builds on
         # On a ChainedStore: the terms whose journals of the first step are read.
         self._journals: tuple[TermId, ...] = ()
+        self._written = 0  # records written in this term, of every step
 
     def for_step(
         self, seq: int, base_epoch: int, *, first: bool, journals: tuple[TermId, ...] = ()
@@ -85,9 +90,18 @@ class TermJournal:
 
     async def load(self, seq: int) -> dict[int, Entry]:
         if isinstance(self._store, ChainedStore):
-            return await self._load_chains(self._store, seq)
-        stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
+            found = await self._read_chains(self._store, seq)
+        else:
+            found = await self._read(seq)
         entries: dict[int, Entry] = {}
+        for record in sorted(found):
+            _apply(entries, record.index, record.kind, record.opened)
+        return entries
+
+    async def _read(self, seq: int) -> list[_Record]:
+        """The authentic records of step seq written since the checkpoint it builds on."""
+        stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
+        found: list[_Record] = []
         for (index, kind), blob in sorted(stored.items()):
             at = EffectAt(self._id.agent, seq, index, kind)
             try:
@@ -100,18 +114,17 @@ class TermJournal:
             except Tampered as exc:
                 self.emit("effect.rejected", step_seq=seq, index=index, record=kind, error=str(exc))
                 continue
-            _apply(entries, index, kind, opened)
-        return entries
+            found.append(_Record.of(TermId(opened.epoch, ""), index, kind, opened))
+        return found
 
-    async def _load_chains(self, store: ChainedStore, seq: int) -> dict[int, Entry]:
-        """The journal of step seq from the subtrees of the terms that built on the checkpoint
-        it builds on, and this term's own records: the older term's first, a newer term's
-        record of the same effect taking its place."""
+    async def _read_chains(self, store: ChainedStore, seq: int) -> list[_Record]:
+        """The records of step seq in the subtrees of the terms that built on the checkpoint
+        it builds on, and this term's own records."""
         epochs: dict[str, set[int]] = {}
         for term in (*self._journals, TermId(self._fence.epoch, self._id.node)):
             epochs.setdefault(term.node, set()).add(term.epoch)
         read = functools.partial(store.read_chain_effects, self._id.agent)
-        found: list[tuple[TermId, int, str, OpenedEffect]] = []
+        found: list[_Record] = []
         for node in sorted(epochs):
             stored = await self._calls.io(read, node, seq)
             for (index, kind), blob in sorted(stored.items()):
@@ -128,15 +141,15 @@ class TermJournal:
                     self.emit("effect.rejected", step_seq=seq, index=index, record=kind,
                               node=node, error=str(exc))  # fmt: skip
                     continue
-                found.append((TermId(opened.epoch, node), index, kind, opened))
-        entries: dict[int, Entry] = {}
-        for _term, index, kind, opened in sorted(found, key=lambda record: record[:3]):
-            _apply(entries, index, kind, opened)
-        return entries
+                found.append(_Record.of(TermId(opened.epoch, node), index, kind, opened))
+        return found
 
     async def write(self, seq: int, index: int, kind: str, entry: Entry) -> None:
         assert kind in EFFECT_KINDS
-        payload: dict[str, Any] = {"replay": entry.replay}
+        # The order of the write in this term: the records of an earlier attempt of the step
+        # are read before a later attempt's, which take their place (see _Record).
+        self._written += 1
+        payload: dict[str, Any] = {"replay": entry.replay, "order": self._written}
         if kind == "outcome":
             payload["outcome"] = entry.outcome
         # On a chained store the record names its node: a copy into another node's journal
@@ -177,12 +190,38 @@ class TermJournal:
         return await self._calls.detached(fn, *args, **kwargs)
 
 
+@dataclass(frozen=True, order=True)
+class _Record:
+    """One authentic record of a step's journal, ordered as it was written.
+
+    A term's records are applied in the order it wrote them, a later term's after an
+    earlier one's. The store keeps one record per number and kind, so after a retry that
+    took another path it may hold an earlier attempt's outcome beside a later attempt's
+    intent at the same number: applied in (number, kind) order, the old outcome would
+    take the new intent's place and every replay would find a mismatch for ever.
+    """
+
+    term: TermId
+    order: int  # 0 in records written before the order was kept: (index, kind) decides
+    index: int
+    kind: str
+    opened: OpenedEffect = field(compare=False)
+
+    @classmethod
+    def of(cls, term: TermId, index: int, kind: str, opened: OpenedEffect) -> _Record:
+        order = opened.payload.get("order", 0) if isinstance(opened.payload, dict) else 0
+        if isinstance(order, bool) or not isinstance(order, int) or order < 0:
+            order = 0  # sealed by a holder of the secret, so never: but not a crash
+        return cls(term, order, index, kind, opened)
+
+
 def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> None:
-    """Add one authentic record to the step's journal (a record of another name at the
-    same number, from a path taken since, takes the place of what was there)."""
+    """Apply one authentic record, in write order, to the step's journal: an intent is a
+    call begun afresh (what an earlier call at the number left is of a path given up); an
+    outcome completes the call of its name, or takes the place of another name's."""
     payload = opened.payload
     entry = entries.get(index)
-    if entry is None or entry.name != opened.name:
+    if kind == "intent" or entry is None or entry.name != opened.name:
         entry = entries[index] = Entry(opened.name, str(payload.get("replay", "safe")))
     if kind == "intent":
         entry.intent = True
