@@ -31,6 +31,7 @@ from typing import Any
 from ..clock import Clock
 from ..effects import Entry, StepEffects, effect_key
 from ..errors import EffectError, Fenced, Tampered
+from ..intents import BegunIntent, IntentLog
 from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES
 from ..lineage import TermId
 from ..sealing import EffectAt, OpenedEffect, Sealer
@@ -56,9 +57,11 @@ class TermJournal:
         calls: NodeCalls,
         sink: EventSink,
         clock: Clock,
+        intents: IntentLog,
     ) -> None:
+        """intents: the node's own memory of the intents it wrote (hamsterbunker.intents)."""
         self._id, self._store, self._sealer, self._fence = identity, store, sealer, fence
-        self._calls, self._sink, self._clock = calls, sink, clock
+        self._calls, self._sink, self._clock, self._intents = calls, sink, clock, intents
         self._salt = sealer.cluster.salt
         # The journal of the step being run (every attempt of it in this term shares it).
         self._seq = 0
@@ -93,6 +96,7 @@ class TermJournal:
             found = await self._read_chains(self._store, seq)
         else:
             found = await self._read(seq)
+        found += self._lost_intents(seq, found)
         entries: dict[int, Entry] = {}
         for record in sorted(found):
             _apply(entries, record.index, record.kind, record.opened)
@@ -101,55 +105,85 @@ class TermJournal:
     async def _read(self, seq: int) -> list[_Record]:
         """The authentic records of step seq written since the checkpoint it builds on."""
         stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
-        found: list[_Record] = []
-        for (index, kind), blob in sorted(stored.items()):
-            at = EffectAt(self._id.agent, seq, index, kind)
-            try:
-                opened = await self._calls.work(self._sealer.open_effect, blob, at)
-                if not self._base_epoch <= opened.epoch <= self._fence.epoch:
-                    raise Tampered(
-                        f"written under epoch {opened.epoch}, outside {self._base_epoch}.."
-                        f"{self._fence.epoch}: a record of a history given up"
-                    )
-            except Tampered as exc:
-                self.emit("effect.rejected", step_seq=seq, index=index, record=kind, error=str(exc))
-                continue
-            found.append(_Record.of(TermId(opened.epoch, ""), index, kind, opened))
-        return found
+        return await self._opened(seq, "", stored)
 
     async def _read_chains(self, store: ChainedStore, seq: int) -> list[_Record]:
         """The records of step seq in the subtrees of the terms that built on the checkpoint
         it builds on, and this term's own records."""
+        read = functools.partial(store.read_chain_effects, self._id.agent)
+        found: list[_Record] = []
+        for node in sorted(self._chain_epochs()):
+            found += await self._opened(seq, node, await self._calls.io(read, node, seq))
+        return found
+
+    async def _opened(
+        self, seq: int, node: str, stored: dict[tuple[int, str], bytes]
+    ) -> list[_Record]:
+        """The records in stored that authenticate, of a term whose records may be read;
+        node: the chain they were read from ("" on a store without chains)."""
+        found: list[_Record] = []
+        for (index, kind), blob in sorted(stored.items()):
+            at = EffectAt(self._id.agent, seq, index, kind, node=node or None)
+            try:
+                opened = await self._calls.work(self._sealer.open_effect, blob, at)
+                given_up = self._given_up(TermId(opened.epoch, node))
+                if given_up:
+                    raise Tampered(given_up)
+            except Tampered as exc:
+                where = {"node": node} if node else {}
+                self.emit("effect.rejected", step_seq=seq, index=index, record=kind, **where,
+                          error=str(exc))  # fmt: skip
+                continue
+            found.append(_Record.of(TermId(opened.epoch, node), index, kind, opened))
+        return found
+
+    def _chain_epochs(self) -> dict[str, set[int]]:
+        """On a ChainedStore: by node, the epochs of the terms whose records may be read."""
         epochs: dict[str, set[int]] = {}
         for term in (*self._journals, TermId(self._fence.epoch, self._id.node)):
             epochs.setdefault(term.node, set()).add(term.epoch)
-        read = functools.partial(store.read_chain_effects, self._id.agent)
-        found: list[_Record] = []
-        for node in sorted(epochs):
-            stored = await self._calls.io(read, node, seq)
-            for (index, kind), blob in sorted(stored.items()):
-                at = EffectAt(self._id.agent, seq, index, kind, node=node)
-                try:
-                    opened = await self._calls.work(self._sealer.open_effect, blob, at)
-                    if opened.epoch not in epochs[node]:
-                        raise Tampered(
-                            f"written under epoch {opened.epoch} in the chain of node {node}, "
-                            "by no term that built on the checkpoint this step builds on: a "
-                            "record of a history given up"
-                        )
-                except Tampered as exc:
-                    self.emit("effect.rejected", step_seq=seq, index=index, record=kind,
-                              node=node, error=str(exc))  # fmt: skip
-                    continue
-                found.append(_Record.of(TermId(opened.epoch, node), index, kind, opened))
-        return found
+        return epochs
+
+    def _given_up(self, term: TermId) -> str:
+        """Why a record written by term belongs to a history given up; "" if it may be read."""
+        if isinstance(self._store, ChainedStore):
+            if term.epoch in self._chain_epochs().get(term.node, set()):
+                return ""
+            return (
+                f"written under epoch {term.epoch} in the chain of node {term.node}, by no term "
+                "that built on the checkpoint this step builds on: a record of a history given up"
+            )
+        if self._base_epoch <= term.epoch <= self._fence.epoch:
+            return ""
+        return (
+            f"written under epoch {term.epoch}, outside {self._base_epoch}..{self._fence.epoch}: "
+            "a record of a history given up"
+        )
+
+    def _lost_intents(self, seq: int, found: list[_Record]) -> list[_Record]:
+        """The intents of step seq this node wrote that the store no longer holds (deleted,
+        or a store that lost writes), as records: so that the effect reads as begun."""
+        node = self._id.node if isinstance(self._store, ChainedStore) else ""
+        held = {(r.term, r.order, r.index) for r in found if r.kind == "intent"}
+        lost: list[_Record] = []
+        for intent in self._intents.of_step(seq):
+            term = TermId(intent.epoch, node)
+            if (term, intent.order, intent.index) in held or self._given_up(term):
+                continue
+            self.emit("effect.lost", step_seq=seq, index=intent.index, name=intent.name,
+                      record="intent", epoch=intent.epoch)  # fmt: skip
+            payload = {"replay": "interrupted", "order": intent.order}
+            opened = OpenedEffect(intent.epoch, intent.name, payload)
+            lost.append(_Record(term, intent.order, intent.index, "intent", opened))
+        return lost
 
     async def write(self, seq: int, index: int, kind: str, entry: Entry) -> None:
         assert kind in EFFECT_KINDS
         # The order of the write in this term: the records of an earlier attempt of the step
         # are read before a later attempt's, which take their place (see _Record).
         self._written += 1
-        payload: dict[str, Any] = {"replay": entry.replay, "order": self._written}
+        order = self._written
+        payload: dict[str, Any] = {"replay": entry.replay, "order": order}
         if kind == "outcome":
             payload["outcome"] = entry.outcome
         # On a chained store the record names its node: a copy into another node's journal
@@ -173,6 +207,26 @@ class TermJournal:
             self.history("effect_record", seq, started, "fenced", index=index, record=kind)
             self.emit("node.fenced", error=str(exc), step_seq=seq)
             raise
+        await self._remember(seq, index, kind, entry.name, order)
+
+    async def _remember(self, seq: int, index: int, kind: str, name: str, order: int) -> None:
+        """Keep this node's own account of the intents it wrote, before the effect is called
+        (an intent the store loses is still known here); a record of another name at the
+        same number takes an intent's place there as in the store."""
+        if kind == "intent":
+            intent = BegunIntent(seq, index, name, self._fence.epoch, order)
+            remember = functools.partial(self._intents.add, intent)
+        elif self._intents.stale(seq, index, name):
+            remember = functools.partial(self._intents.supersede, seq, index, name)
+        else:
+            return
+        try:
+            await self._calls.work(remember)
+        except OSError as exc:
+            raise EffectError(
+                f"effect {name!r}: its {kind} is in the store, but cannot be kept in "
+                f"{self._intents.path}: {exc} (the effect is not called)"
+            ) from exc
 
     def history(self, op: str, seq: int, started: float, outcome: str, **detail: Any) -> None:
         self._sink.record(op, self._fence.epoch, seq, started, outcome, **detail)

@@ -33,6 +33,7 @@ from ..http_address import HttpAddress, parse_http_address
 from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
 from ..lineage import ChainChoice
+from ..intents import IntentLog
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name
@@ -145,6 +146,10 @@ class Runtime:
             )
             remembered = self._memory_file.load()
             self.keeper.remember(remembered.epoch, remembered.reach)
+        # The intents this node wrote, beside its memory of the store: every term's.
+        self._intents = IntentLog(
+            None if self._memory_file is None else self._memory_file.path.with_suffix(".intents")
+        )
         self._remembered_cluster = remembered.cluster
         self.on_event = on_event
         self._history = HistoryWriter(history, clock=self.clock) if history is not None else None
@@ -358,6 +363,7 @@ class Runtime:
                 clock=self.clock,
                 grace=self._stop.grace,
                 retry=self.step_retry,
+                intents=self._intents,
             )
             memory = (
                 None

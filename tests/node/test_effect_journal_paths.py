@@ -5,8 +5,10 @@ Node "a" runs a step whose first attempt fails after a fallback effect, and whos
 takes another path and is cut off inside an ``interrupted`` effect (a stop with no grace
 cancels the step as a crash would leave it). The next leader replays the step: it must
 report the effect interrupted (``EffectInterrupted``), never call it again, and never
-loop on an ``EffectMismatch``. Each test runs on the file, memory, Redis, etcd and
-syncdir stores; a ``Tool`` counts the real calls per idempotency key.
+loop on an ``EffectMismatch``. A store writer who deletes the journal of a step whose
+``interrupted`` effect completed must not make the node that ran it call it again
+(``hamsterbunker.intents``). Each test runs on the file, memory, Redis, etcd and
+syncdir stores; a ``Tool`` counts the real calls per effect and step.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
+from tests.support.raw_store import RawEtcd, RawFile, RawRedis, RawStore
 from tests.support.syncdir import Sync
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
@@ -47,6 +50,7 @@ class Backend:
         self._sync: Sync | None = None
         self._memory: MemoryStore | None = None
         self._url = ""
+        self._raw: RawStore | None = None
         if name == "syncdir":
             self._sync = Sync(tmp_path, delay_ms=SYNC_DELAY_MS)
         elif name == "memory":
@@ -68,6 +72,26 @@ class Backend:
         store: Store = self._sync.open(node) if self._sync else open_store(self._url)
         self._opened.append(store)
         return store
+
+    def drop_effects(self, node: str, seq: int) -> None:
+        """Delete the effect journal of step seq, as a store writer without the secret can
+        (on a synced folder: in node's subtree, on node's machine)."""
+        if self._memory is not None:
+            journal = self._memory._agents[AGENT].effects
+            assert any(key[0] == seq for key in journal), f"no journal of step {seq}"
+            for key in [key for key in journal if key[0] == seq]:
+                del journal[key]
+            return
+        if self._sync is not None:
+            raw: RawStore = RawFile(self._sync.root(node) / "nodes" / node)
+        elif self.name == "file":
+            raw = RawFile(Path(self._url.removeprefix("file://")))
+        else:
+            raw = RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
+        try:
+            raw.drop_effects(AGENT, seq)
+        finally:
+            raw.close()
 
     def carry(self, node: str, to: str) -> None:
         """Bring what node wrote to the machine of node to (a synced folder's copy)."""
@@ -148,16 +172,20 @@ class Agent:
 
 
 class Nodes:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, states: Path) -> None:
         self.backend = backend
         self.events = Recorder()
-        self.runtimes: dict[str, Runtime] = {}
+        self.runtimes: dict[str, Runtime] = {}  # the newest of each node
+        self._made: list[Runtime] = []
+        self._states = states
 
-    def start(self, node: str, agent: Agent) -> Runtime:
+    def start(self, node: str, agent: Any) -> Runtime:
+        """Start node, with a state directory of its own that outlives its restarts."""
         runtime = Runtime(node_id=node, region="r", store=self.backend.open(node), agent=agent,
                           secret=SECRET, timing=TIMING, on_event=self.events, stop_grace_ms=0,
-                          step_retry=RETRY)  # fmt: skip
+                          step_retry=RETRY, state_dir=self._states / node)  # fmt: skip
         self.runtimes[node] = runtime
+        self._made.append(runtime)
         runtime.start()
         return runtime
 
@@ -176,7 +204,7 @@ class Nodes:
         wait_until(settled, f"node {node} to publish step {seq} or to be stuck", WAIT_S)
 
     def close(self) -> None:
-        for runtime in self.runtimes.values():
+        for runtime in self._made:
             with contextlib.suppress(BaseException):
                 runtime.stop(timeout=20)
         self.backend.close()
@@ -184,7 +212,7 @@ class Nodes:
 
 @pytest.fixture(params=["file", "memory", "redis", "etcd", "syncdir"])
 def nodes(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Nodes]:
-    made = Nodes(Backend(request.param, tmp_path))
+    made = Nodes(Backend(request.param, tmp_path), tmp_path / "state")
     try:
         yield made
     finally:
@@ -210,3 +238,60 @@ def test_a_retry_on_another_path_cut_off_in_an_interrupted_effect_replays_as_int
     assert errors == []  # no EffectMismatch, not once
     assert agent.outcomes[("b", 1)] == "interrupted"
     assert tool.calls == {"search@1": 2, "fallback@1": 1, "act@1": 1}
+
+
+class ActsOnce:
+    """Step 1 calls one interrupted effect; the first run parks after it (its outcome is
+    recorded, the step not published). outcomes: (run, seq) -> what the effect gave."""
+
+    id = AGENT
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.recorded = threading.Event()  # the first run's effect returned and is recorded
+        self.runs = 0
+        self.outcomes: dict[tuple[int, int], str] = {}
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    async def act(self) -> str:
+        self.calls += 1
+        return "acted"
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        if ctx.seq > 1:
+            await asyncio.sleep(3600)  # nothing more to see: park until stopped
+        self.runs += 1
+        try:
+            acted = await ctx.effect("act", self.act, replay="interrupted")
+        except EffectInterrupted:
+            acted = "interrupted"
+        self.outcomes[(self.runs, ctx.seq)] = acted
+        if self.runs == 1:
+            self.recorded.set()  # effect() returned: its outcome is in the store
+            await asyncio.sleep(3600)  # cut off by the stop before its checkpoint
+        return state
+
+
+def test_a_deleted_journal_does_not_make_the_node_that_began_an_effect_call_it_again(
+    nodes: Nodes,
+) -> None:
+    """With the journal of a step deleted after its interrupted effect completed, the node
+    that ran it replays the step on its restart with EffectInterrupted, and says so
+    (effect.lost), instead of calling the effect again."""
+    agent = ActsOnce()
+    nodes.start("a", agent)
+    nodes.crash("a", agent.recorded.is_set)
+    assert agent.outcomes[(1, 1)] == "acted"
+    nodes.backend.drop_effects("a", 1)
+    nodes.start("a", agent)
+    nodes.published_or_stuck("a", 1)
+    assert agent.outcomes[(2, 1)] == "interrupted"
+    assert agent.calls == 1
+    lost = nodes.events.of("effect.lost", "a")
+    assert [(e.detail["step_seq"], e.detail["index"], e.detail["name"]) for e in lost] == [
+        (1, 0, "act")
+    ]
