@@ -90,6 +90,9 @@ class Entry:
     intent: bool = False  # an intent record is stored (replay="interrupted")
     outcome: dict[str, Any] | None = None  # {"result": ...} or {"error": {"type", "message"}}
     written: bool = True  # False: the outcome is known here but its record not yet accepted
+    # Written by an earlier run of the step than an effect before it, which took another
+    # path from there: a call of another name here writes over it (hamsterbunker.node.journal).
+    earlier_path: bool = False
 
     @property
     def failed(self) -> bool:
@@ -174,7 +177,7 @@ class StepEffects:
         journal = await self._journal()
         entry = journal.get(index)
         if entry is not None and entry.name != name:
-            if not self._rerun:
+            if not (self._rerun or entry.earlier_path):
                 raise EffectMismatch(self.seq, index, entry.name, name)
             entry = None  # a path the failed run took, not this one: written over
         if entry is not None and self._rerun_failures and entry.failed and entry.replay == "safe":

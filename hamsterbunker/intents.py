@@ -52,6 +52,7 @@ class BegunIntent:
     name: str
     epoch: int
     order: int  # the order of the write in its term (hamsterbunker.node.journal)
+    attempt: int  # the run of the step in its term that wrote it
 
 
 class IntentLog:
@@ -122,7 +123,7 @@ def _intent(item: object) -> BegunIntent:
     if not isinstance(item, dict):
         raise ValueError("an intent is not an object")
     intent = BegunIntent(**item)
-    counts = (intent.seq, intent.index, intent.epoch, intent.order)
+    counts = (intent.seq, intent.index, intent.epoch, intent.order, intent.attempt)
     if not all(type(n) is int and n >= 0 for n in counts) or not isinstance(intent.name, str):
         raise ValueError(f"an intent has fields of the wrong type: {item}")
     return intent

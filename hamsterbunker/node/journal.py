@@ -70,6 +70,7 @@ class TermJournal:
         # On a ChainedStore: the terms whose journals of the first step are read.
         self._journals: tuple[TermId, ...] = ()
         self._written = 0  # records written in this term, of every step
+        self._attempt = 0  # runs of a step begun in this term, of every step
 
     def for_step(
         self, seq: int, base_epoch: int, *, first: bool, journals: tuple[TermId, ...] = ()
@@ -79,6 +80,7 @@ class TermJournal:
         ones, whose records only this term can have written. journals: on a store that
         keeps chains, the terms that built on the checkpoint the step builds on (the
         restore's ``Progress.journals``), whose records of the step a replay reads."""
+        self._attempt += 1  # each call begins a run of the step
         if seq != self._seq:
             self._seq, self._base_epoch, self._journals = seq, base_epoch, journals
             self._entries = None if first else {}
@@ -98,8 +100,13 @@ class TermJournal:
             found = await self._read(seq)
         found += self._lost_intents(seq, found)
         entries: dict[int, Entry] = {}
+        latest: dict[int, tuple[TermId, int]] = {}  # index -> the last run that wrote it
         for record in sorted(found):
-            _apply(entries, record.index, record.kind, record.opened)
+            if _apply(entries, record.index, record.kind, record.opened):
+                latest[record.index] = record.run
+            else:
+                latest[record.index] = max(latest[record.index], record.run)
+        _mark_earlier_paths(entries, latest)
         return entries
 
     async def _read(self, seq: int) -> list[_Record]:
@@ -172,9 +179,9 @@ class TermJournal:
                 continue
             self.emit("effect.lost", step_seq=seq, index=intent.index, name=intent.name,
                       record="intent", epoch=intent.epoch)  # fmt: skip
-            payload = {"replay": "interrupted", "order": intent.order}
+            payload = {"replay": "interrupted", "order": intent.order, "attempt": intent.attempt}
             opened = OpenedEffect(intent.epoch, intent.name, payload)
-            lost.append(_Record(term, intent.order, intent.index, "intent", opened))
+            lost.append(_Record.of(term, intent.index, "intent", opened))
         return lost
 
     async def write(self, seq: int, index: int, kind: str, entry: Entry) -> None:
@@ -183,7 +190,7 @@ class TermJournal:
         # are read before a later attempt's, which take their place (see _Record).
         self._written += 1
         order = self._written
-        payload: dict[str, Any] = {"replay": entry.replay, "order": order}
+        payload: dict[str, Any] = {"replay": entry.replay, "order": order, "attempt": self._attempt}
         if kind == "outcome":
             payload["outcome"] = entry.outcome
         # On a chained store the record names its node: a copy into another node's journal
@@ -214,7 +221,7 @@ class TermJournal:
         (an intent the store loses is still known here); a record of another name at the
         same number takes an intent's place there as in the store."""
         if kind == "intent":
-            intent = BegunIntent(seq, index, name, self._fence.epoch, order)
+            intent = BegunIntent(seq, index, name, self._fence.epoch, order, self._attempt)
             remember = functools.partial(self._intents.add, intent)
         elif self._intents.stale(seq, index, name):
             remember = functools.partial(self._intents.supersede, seq, index, name)
@@ -260,24 +267,58 @@ class _Record:
     index: int
     kind: str
     opened: OpenedEffect = field(compare=False)
+    attempt: int = field(compare=False, default=0)  # the run of the step in its term
 
     @classmethod
     def of(cls, term: TermId, index: int, kind: str, opened: OpenedEffect) -> _Record:
-        order = opened.payload.get("order", 0) if isinstance(opened.payload, dict) else 0
-        if isinstance(order, bool) or not isinstance(order, int) or order < 0:
-            order = 0  # sealed by a holder of the secret, so never: but not a crash
-        return cls(term, order, index, kind, opened)
+        order, attempt = _count(opened.payload, "order"), _count(opened.payload, "attempt")
+        return cls(term, order, index, kind, opened, attempt)
+
+    @property
+    def run(self) -> tuple[TermId, int]:
+        """The run of the step that wrote it: later runs compare greater."""
+        return self.term, self.attempt
 
 
-def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> None:
+def _count(payload: Any, name: str) -> int:
+    """A count from a record's payload; 0 if absent (records written before it was kept)."""
+    value = payload.get(name, 0) if isinstance(payload, dict) else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0  # sealed by a holder of the secret, so never: but not a crash
+    return value
+
+
+def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> bool:
     """Apply one authentic record, in write order, to the step's journal: an intent is a
     call begun afresh (what an earlier call at the number left is of a path given up); an
-    outcome completes the call of its name, or takes the place of another name's."""
+    outcome completes the call of its name, or takes the place of another name's. True if
+    the record began the entry anew."""
     payload = opened.payload
     entry = entries.get(index)
-    if kind == "intent" or entry is None or entry.name != opened.name:
+    anew = kind == "intent" or entry is None or entry.name != opened.name
+    if anew:
         entry = entries[index] = Entry(opened.name, str(payload.get("replay", "safe")))
+    assert entry is not None
     if kind == "intent":
         entry.intent = True
     else:
         entry.outcome = payload.get("outcome")
+    return anew
+
+
+def _mark_earlier_paths(entries: dict[int, Entry], latest: dict[int, tuple[TermId, int]]) -> None:
+    """Mark the entries written by an earlier run of the step than an entry before them.
+
+    A later run writes at a number the earlier one had written only when it took another
+    path from there (a failed safe effect called again, then other effects written over
+    the earlier run's): what the earlier run wrote after that number may be another path's,
+    and a retry in the term writes over it where its names differ. A replay that finds it
+    does the same (``Entry.earlier_path``), instead of raising EffectMismatch on every run:
+    the later run's own record there may have been cut off before it was written (a safe
+    effect writes none until it returns) or deleted from the store.
+    """
+    newest: tuple[TermId, int] | None = None
+    for index in sorted(entries):
+        run = latest[index]
+        entries[index].earlier_path = newest is not None and newest > run
+        newest = run if newest is None else max(newest, run)

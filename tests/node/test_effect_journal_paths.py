@@ -145,8 +145,8 @@ class Agent:
 
     id = AGENT
 
-    def __init__(self, tool: Tool) -> None:
-        self.tool = tool
+    def __init__(self, tool: Tool, replay: str = "interrupted") -> None:
+        self.tool, self.replay = tool, replay
         self.outcomes: dict[tuple[str, int], str] = {}
 
     def init(self) -> dict[str, Any]:
@@ -163,7 +163,7 @@ class Agent:
             await ctx.effect("fallback", self.tool.fallback)
             raise RuntimeError("no search result: try the step again") from None
         try:
-            acted = await ctx.effect("act", self.tool.act, found, replay="interrupted")
+            acted = await ctx.effect("act", self.tool.act, found, replay=self.replay)
         except EffectInterrupted:
             acted = "interrupted"
         self.outcomes[(ctx.node, ctx.seq)] = acted
@@ -238,6 +238,25 @@ def test_a_retry_on_another_path_cut_off_in_an_interrupted_effect_replays_as_int
     assert errors == []  # no EffectMismatch, not once
     assert agent.outcomes[("b", 1)] == "interrupted"
     assert tool.calls == {"search@1": 2, "fallback@1": 1, "act@1": 1}
+
+
+def test_a_retry_on_another_path_cut_off_in_a_safe_effect_replays_and_calls_it_again(
+    nodes: Nodes,
+) -> None:
+    """As above with a safe effect #1, which leaves no intent: the replay knows the earlier
+    attempt's #1 as of a path given up (a retry rewrote #0 after it), calls the safe effect
+    again and publishes, instead of raising EffectMismatch on every run."""
+    tool = Tool()
+    agent = Agent(tool, replay="safe")
+    nodes.start("a", agent)
+    nodes.crash("a", tool.acting.is_set)
+    nodes.backend.carry("a", "b")
+    nodes.start("b", agent)
+    nodes.published_or_stuck("b", 1)
+    errors = [e.detail["error"] for e in nodes.events.of("agent.failing", "b")]
+    assert errors == []
+    assert agent.outcomes[("b", 1)] == "acted on found"
+    assert tool.calls == {"search@1": 2, "fallback@1": 1, "act@1": 2}
 
 
 class ActsOnce:
