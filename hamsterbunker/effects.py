@@ -144,7 +144,6 @@ class StepEffects:
         self._may_start = may_start
         # After the step itself failed, its retry calls failed "safe" effects again.
         self._rerun_failures = rerun_failures
-        self._rerun = False  # a failed effect ran again: later records may be of another path
         self._next = 0
         self.reused = 0
         self.shown: list[list[str]] = []  # (name, state) of each effect called, for heartbeats
@@ -177,14 +176,23 @@ class StepEffects:
         journal = await self._journal()
         entry = journal.get(index)
         if entry is not None and entry.name != name:
-            if not (self._rerun or entry.earlier_path):
+            if not entry.earlier_path:
                 raise EffectMismatch(self.seq, index, entry.name, name)
             entry = None  # a path the failed run took, not this one: written over
         if entry is not None and self._rerun_failures and entry.failed and entry.replay == "safe":
-            self._rerun, entry = True, None
+            self._another_path_from(index, journal)
+            entry = None
         if entry is not None:
             return await self._replay(index, entry)
         return await self._call(index, name, fn, args, kwargs, replay)
+
+    def _another_path_from(self, index: int, journal: dict[int, Entry]) -> None:
+        """A failed effect runs again: what the earlier runs recorded after it may be of
+        another path, and is written over where this run calls another name (this run and
+        every later one, as a replay that reads the journal from the store finds)."""
+        for later, entry in journal.items():
+            if later > index:
+                entry.earlier_path = True
 
     async def _replay(self, index: int, entry: Entry) -> Any:
         started = self._io.now()

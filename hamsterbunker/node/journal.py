@@ -169,13 +169,17 @@ class TermJournal:
 
     def _lost_intents(self, seq: int, found: list[_Record]) -> list[_Record]:
         """The intents of step seq this node wrote that the store no longer holds (deleted,
-        or a store that lost writes), as records: so that the effect reads as begun."""
+        or a store that lost writes), as records: so that the effect reads as begun. One
+        that a later intent at its number replaced in the store is not lost."""
         node = self._id.node if isinstance(self._store, ChainedStore) else ""
-        held = {(r.term, r.order, r.index) for r in found if r.kind == "intent"}
         lost: list[_Record] = []
         for intent in self._intents.of_step(seq):
             term = TermId(intent.epoch, node)
-            if (term, intent.order, intent.index) in held or self._given_up(term):
+            written = (term, intent.order)  # this intent, or a later one at its number:
+            if self._given_up(term) or any(  # then the store holds what counts there
+                r.kind == "intent" and r.index == intent.index and (r.term, r.order) >= written
+                for r in found
+            ):
                 continue
             self.emit("effect.lost", step_seq=seq, index=intent.index, name=intent.name,
                       record="intent", epoch=intent.epoch)  # fmt: skip

@@ -110,6 +110,7 @@ class Tool:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.search_failures = 1
+        self.hold = True  # node a's "act" hangs
         self.acting = threading.Event()  # a's "act" has been called and hangs
         self._lock = threading.Lock()
 
@@ -133,7 +134,7 @@ class Tool:
         return "cached"
 
     async def act(self, on: str) -> str:
-        if self._count() == "a":
+        if self._count() == "a" and self.hold:
             self.acting.set()
             await asyncio.sleep(3600)  # cut off by the stop, as by a crash
         return f"acted on {on}"
@@ -145,8 +146,9 @@ class Agent:
 
     id = AGENT
 
-    def __init__(self, tool: Tool, replay: str = "interrupted") -> None:
-        self.tool, self.replay = tool, replay
+    def __init__(self, tool: Tool, replay: str = "interrupted", hiccups: int = 0) -> None:
+        """hiccups: how many runs fail once the search has succeeded, before "act"."""
+        self.tool, self.replay, self.hiccups = tool, replay, hiccups
         self.outcomes: dict[tuple[str, int], str] = {}
 
     def init(self) -> dict[str, Any]:
@@ -162,6 +164,9 @@ class Agent:
         except EffectFailed:
             await ctx.effect("fallback", self.tool.fallback)
             raise RuntimeError("no search result: try the step again") from None
+        if self.hiccups > 0:
+            self.hiccups -= 1
+            raise RuntimeError("a hiccup: try the step again")
         try:
             acted = await ctx.effect("act", self.tool.act, found, replay=self.replay)
         except EffectInterrupted:
@@ -314,3 +319,20 @@ def test_a_deleted_journal_does_not_make_the_node_that_began_an_effect_call_it_a
     assert [(e.detail["step_seq"], e.detail["index"], e.detail["name"]) for e in lost] == [
         (1, 0, "act")
     ]
+
+
+def test_a_retry_after_a_retry_that_changed_path_follows_the_new_path_in_the_term(
+    nodes: Nodes,
+) -> None:
+    """A run that called the failed effect #0 again and then failed before #1 leaves the
+    first run's #1 as another path's: the next run in the term writes over it and
+    publishes, instead of raising EffectMismatch on every run."""
+    tool = Tool()
+    agent = Agent(tool, replay="safe", hiccups=1)
+    tool.hold = False
+    nodes.start("a", agent)
+    nodes.published_or_stuck("a", 1)
+    errors = [e.detail["error"] for e in nodes.events.of("agent.failing", "a")]
+    assert [error.split(":")[0] for error in errors] == ["RuntimeError", "RuntimeError"]
+    assert agent.outcomes[("a", 1)] == "acted on found"
+    assert tool.calls == {"search@1": 2, "fallback@1": 1, "act@1": 1}
