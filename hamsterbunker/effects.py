@@ -9,7 +9,13 @@ the recorded outcome back without calling ``fn`` (DESIGN.md invariant 8).
 
 ``replay="interrupted"`` also writes an intent before calling ``fn``: a
 replay that finds the intent without an outcome raises ``EffectInterrupted``
-instead of calling again, so such an effect runs at most once.
+instead of calling again, so such an effect runs at most once (the node that
+wrote the intent keeps it too, should the store lose it: ``hamsterbunker.intents``).
+
+A step that failed is run again; its run calls a failed ``safe`` effect again,
+and may take another path from there: what earlier runs recorded after that
+effect is written over where the new path calls another name
+(``Entry.earlier_path``), by this run, the later ones, and every replay.
 
 This module holds the rules; how records reach the store is a ``JournalIO``
 (``hamsterbunker.node.journal``).
