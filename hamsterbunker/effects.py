@@ -9,7 +9,13 @@ the recorded outcome back without calling ``fn`` (DESIGN.md invariant 8).
 
 ``replay="interrupted"`` also writes an intent before calling ``fn``: a
 replay that finds the intent without an outcome raises ``EffectInterrupted``
-instead of calling again, so such an effect runs at most once.
+instead of calling again, so such an effect runs at most once (the node that
+wrote the intent keeps it too, should the store lose it: ``hamsterbunker.intents``).
+
+A step that failed is run again; its run calls a failed ``safe`` effect again,
+and may take another path from there: what earlier runs recorded after that
+effect is written over where the new path calls another name
+(``Entry.earlier_path``), by this run, the later ones, and every replay.
 
 This module holds the rules; how records reach the store is a ``JournalIO``
 (``hamsterbunker.node.journal``).
@@ -90,6 +96,9 @@ class Entry:
     intent: bool = False  # an intent record is stored (replay="interrupted")
     outcome: dict[str, Any] | None = None  # {"result": ...} or {"error": {"type", "message"}}
     written: bool = True  # False: the outcome is known here but its record not yet accepted
+    # Written by an earlier run of the step than an effect before it, which took another
+    # path from there: a call of another name here writes over it (hamsterbunker.node.journal).
+    earlier_path: bool = False
 
     @property
     def failed(self) -> bool:
@@ -141,7 +150,6 @@ class StepEffects:
         self._may_start = may_start
         # After the step itself failed, its retry calls failed "safe" effects again.
         self._rerun_failures = rerun_failures
-        self._rerun = False  # a failed effect ran again: later records may be of another path
         self._next = 0
         self.reused = 0
         self.shown: list[list[str]] = []  # (name, state) of each effect called, for heartbeats
@@ -174,14 +182,23 @@ class StepEffects:
         journal = await self._journal()
         entry = journal.get(index)
         if entry is not None and entry.name != name:
-            if not self._rerun:
+            if not entry.earlier_path:
                 raise EffectMismatch(self.seq, index, entry.name, name)
             entry = None  # a path the failed run took, not this one: written over
         if entry is not None and self._rerun_failures and entry.failed and entry.replay == "safe":
-            self._rerun, entry = True, None
+            self._another_path_from(index, journal)
+            entry = None
         if entry is not None:
             return await self._replay(index, entry)
         return await self._call(index, name, fn, args, kwargs, replay)
+
+    def _another_path_from(self, index: int, journal: dict[int, Entry]) -> None:
+        """A failed effect runs again: what the earlier runs recorded after it may be of
+        another path, and is written over where this run calls another name (this run and
+        every later one, as a replay that reads the journal from the store finds)."""
+        for later, entry in journal.items():
+            if later > index:
+                entry.earlier_path = True
 
     async def _replay(self, index: int, entry: Entry) -> Any:
         started = self._io.now()

@@ -5,7 +5,10 @@ seals each record (the associated data binds agent, step, number, kind and
 name), writes it with ``Store.put_effect`` under the term's fence, and reads
 a step's journal back for a replay, keeping only what authenticates as that
 step's record and was written no earlier than the checkpoint the step builds
-on (an older record belongs to a history that was given up).
+on (an older record belongs to a history that was given up). Each record
+carries the order in which its term wrote it, and a replay applies them in
+that order: a retry that took another path leaves its records beside an
+earlier attempt's under the same numbers, and the later ones count.
 
 On a store that keeps a chain per node (``ChainedStore``) each node journals
 into its own subtree, so the replay of the step after a restored checkpoint
@@ -22,11 +25,13 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import Clock
 from ..effects import Entry, StepEffects, effect_key
 from ..errors import EffectError, Fenced, Tampered
+from ..intents import BegunIntent, IntentLog
 from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES
 from ..lineage import TermId
 from ..sealing import EffectAt, OpenedEffect, Sealer
@@ -52,9 +57,11 @@ class TermJournal:
         calls: NodeCalls,
         sink: EventSink,
         clock: Clock,
+        intents: IntentLog,
     ) -> None:
+        """intents: the node's own memory of the intents it wrote (hamsterbunker.intents)."""
         self._id, self._store, self._sealer, self._fence = identity, store, sealer, fence
-        self._calls, self._sink, self._clock = calls, sink, clock
+        self._calls, self._sink, self._clock, self._intents = calls, sink, clock, intents
         self._salt = sealer.cluster.salt
         # The journal of the step being run (every attempt of it in this term shares it).
         self._seq = 0
@@ -62,6 +69,8 @@ class TermJournal:
         self._base_epoch = 0  # the epoch of the checkpoint the first step builds on
         # On a ChainedStore: the terms whose journals of the first step are read.
         self._journals: tuple[TermId, ...] = ()
+        self._written = 0  # records written in this term, of every step
+        self._attempt = 0  # runs of a step begun in this term, of every step
 
     def for_step(
         self, seq: int, base_epoch: int, *, first: bool, journals: tuple[TermId, ...] = ()
@@ -71,6 +80,7 @@ class TermJournal:
         ones, whose records only this term can have written. journals: on a store that
         keeps chains, the terms that built on the checkpoint the step builds on (the
         restore's ``Progress.journals``), whose records of the step a replay reads."""
+        self._attempt += 1  # each call begins a run of the step
         if seq != self._seq:
             self._seq, self._base_epoch, self._journals = seq, base_epoch, journals
             self._entries = None if first else {}
@@ -85,58 +95,106 @@ class TermJournal:
 
     async def load(self, seq: int) -> dict[int, Entry]:
         if isinstance(self._store, ChainedStore):
-            return await self._load_chains(self._store, seq)
-        stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
+            found = await self._read_chains(self._store, seq)
+        else:
+            found = await self._read(seq)
+        found += self._lost_intents(seq, found)
         entries: dict[int, Entry] = {}
-        for (index, kind), blob in sorted(stored.items()):
-            at = EffectAt(self._id.agent, seq, index, kind)
-            try:
-                opened = await self._calls.work(self._sealer.open_effect, blob, at)
-                if not self._base_epoch <= opened.epoch <= self._fence.epoch:
-                    raise Tampered(
-                        f"written under epoch {opened.epoch}, outside {self._base_epoch}.."
-                        f"{self._fence.epoch}: a record of a history given up"
-                    )
-            except Tampered as exc:
-                self.emit("effect.rejected", step_seq=seq, index=index, record=kind, error=str(exc))
-                continue
-            _apply(entries, index, kind, opened)
+        latest: dict[int, tuple[TermId, int]] = {}  # index -> the last run that wrote it
+        for record in sorted(found):
+            if _apply(entries, record.index, record.kind, record.opened):
+                latest[record.index] = record.run
+            else:
+                latest[record.index] = max(latest[record.index], record.run)
+        _mark_earlier_paths(entries, latest)
         return entries
 
-    async def _load_chains(self, store: ChainedStore, seq: int) -> dict[int, Entry]:
-        """The journal of step seq from the subtrees of the terms that built on the checkpoint
-        it builds on, and this term's own records: the older term's first, a newer term's
-        record of the same effect taking its place."""
+    async def _read(self, seq: int) -> list[_Record]:
+        """The authentic records of step seq written since the checkpoint it builds on."""
+        stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
+        return await self._opened(seq, "", stored)
+
+    async def _read_chains(self, store: ChainedStore, seq: int) -> list[_Record]:
+        """The records of step seq in the subtrees of the terms that built on the checkpoint
+        it builds on, and this term's own records."""
+        read = functools.partial(store.read_chain_effects, self._id.agent)
+        found: list[_Record] = []
+        for node in sorted(self._chain_epochs()):
+            found += await self._opened(seq, node, await self._calls.io(read, node, seq))
+        return found
+
+    async def _opened(
+        self, seq: int, node: str, stored: dict[tuple[int, str], bytes]
+    ) -> list[_Record]:
+        """The records in stored that authenticate, of a term whose records may be read;
+        node: the chain they were read from ("" on a store without chains)."""
+        found: list[_Record] = []
+        for (index, kind), blob in sorted(stored.items()):
+            at = EffectAt(self._id.agent, seq, index, kind, node=node or None)
+            try:
+                opened = await self._calls.work(self._sealer.open_effect, blob, at)
+                given_up = self._given_up(TermId(opened.epoch, node))
+                if given_up:
+                    raise Tampered(given_up)
+            except Tampered as exc:
+                where = {"node": node} if node else {}
+                self.emit("effect.rejected", step_seq=seq, index=index, record=kind, **where,
+                          error=str(exc))  # fmt: skip
+                continue
+            found.append(_Record.of(TermId(opened.epoch, node), index, kind, opened))
+        return found
+
+    def _chain_epochs(self) -> dict[str, set[int]]:
+        """On a ChainedStore: by node, the epochs of the terms whose records may be read."""
         epochs: dict[str, set[int]] = {}
         for term in (*self._journals, TermId(self._fence.epoch, self._id.node)):
             epochs.setdefault(term.node, set()).add(term.epoch)
-        read = functools.partial(store.read_chain_effects, self._id.agent)
-        found: list[tuple[TermId, int, str, OpenedEffect]] = []
-        for node in sorted(epochs):
-            stored = await self._calls.io(read, node, seq)
-            for (index, kind), blob in sorted(stored.items()):
-                at = EffectAt(self._id.agent, seq, index, kind, node=node)
-                try:
-                    opened = await self._calls.work(self._sealer.open_effect, blob, at)
-                    if opened.epoch not in epochs[node]:
-                        raise Tampered(
-                            f"written under epoch {opened.epoch} in the chain of node {node}, "
-                            "by no term that built on the checkpoint this step builds on: a "
-                            "record of a history given up"
-                        )
-                except Tampered as exc:
-                    self.emit("effect.rejected", step_seq=seq, index=index, record=kind,
-                              node=node, error=str(exc))  # fmt: skip
-                    continue
-                found.append((TermId(opened.epoch, node), index, kind, opened))
-        entries: dict[int, Entry] = {}
-        for _term, index, kind, opened in sorted(found, key=lambda record: record[:3]):
-            _apply(entries, index, kind, opened)
-        return entries
+        return epochs
+
+    def _given_up(self, term: TermId) -> str:
+        """Why a record written by term belongs to a history given up; "" if it may be read."""
+        if isinstance(self._store, ChainedStore):
+            if term.epoch in self._chain_epochs().get(term.node, set()):
+                return ""
+            return (
+                f"written under epoch {term.epoch} in the chain of node {term.node}, by no term "
+                "that built on the checkpoint this step builds on: a record of a history given up"
+            )
+        if self._base_epoch <= term.epoch <= self._fence.epoch:
+            return ""
+        return (
+            f"written under epoch {term.epoch}, outside {self._base_epoch}..{self._fence.epoch}: "
+            "a record of a history given up"
+        )
+
+    def _lost_intents(self, seq: int, found: list[_Record]) -> list[_Record]:
+        """The intents of step seq this node wrote that the store no longer holds (deleted,
+        or a store that lost writes), as records: so that the effect reads as begun. One
+        that a later intent at its number replaced in the store is not lost."""
+        node = self._id.node if isinstance(self._store, ChainedStore) else ""
+        lost: list[_Record] = []
+        for intent in self._intents.of_step(seq):
+            term = TermId(intent.epoch, node)
+            written = (term, intent.order)  # this intent, or a later one at its number:
+            if self._given_up(term) or any(  # then the store holds what counts there
+                r.kind == "intent" and r.index == intent.index and (r.term, r.order) >= written
+                for r in found
+            ):
+                continue
+            self.emit("effect.lost", step_seq=seq, index=intent.index, name=intent.name,
+                      record="intent", epoch=intent.epoch)  # fmt: skip
+            payload = {"replay": "interrupted", "order": intent.order, "attempt": intent.attempt}
+            opened = OpenedEffect(intent.epoch, intent.name, payload)
+            lost.append(_Record.of(term, intent.index, "intent", opened))
+        return lost
 
     async def write(self, seq: int, index: int, kind: str, entry: Entry) -> None:
         assert kind in EFFECT_KINDS
-        payload: dict[str, Any] = {"replay": entry.replay}
+        # The order of the write in this term: the records of an earlier attempt of the step
+        # are read before a later attempt's, which take their place (see _Record).
+        self._written += 1
+        order = self._written
+        payload: dict[str, Any] = {"replay": entry.replay, "order": order, "attempt": self._attempt}
         if kind == "outcome":
             payload["outcome"] = entry.outcome
         # On a chained store the record names its node: a copy into another node's journal
@@ -160,6 +218,26 @@ class TermJournal:
             self.history("effect_record", seq, started, "fenced", index=index, record=kind)
             self.emit("node.fenced", error=str(exc), step_seq=seq)
             raise
+        await self._remember(seq, index, kind, entry.name, order)
+
+    async def _remember(self, seq: int, index: int, kind: str, name: str, order: int) -> None:
+        """Keep this node's own account of the intents it wrote, before the effect is called
+        (an intent the store loses is still known here); a record of another name at the
+        same number takes an intent's place there as in the store."""
+        if kind == "intent":
+            intent = BegunIntent(seq, index, name, self._fence.epoch, order, self._attempt)
+            remember = functools.partial(self._intents.add, intent)
+        elif self._intents.stale(seq, index, name):
+            remember = functools.partial(self._intents.supersede, seq, index, name)
+        else:
+            return
+        try:
+            await self._calls.work(remember)
+        except OSError as exc:
+            raise EffectError(
+                f"effect {name!r}: its {kind} is in the store, but cannot be kept in "
+                f"{self._intents.path}: {exc} (the effect is not called)"
+            ) from exc
 
     def history(self, op: str, seq: int, started: float, outcome: str, **detail: Any) -> None:
         self._sink.record(op, self._fence.epoch, seq, started, outcome, **detail)
@@ -177,14 +255,74 @@ class TermJournal:
         return await self._calls.detached(fn, *args, **kwargs)
 
 
-def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> None:
-    """Add one authentic record to the step's journal (a record of another name at the
-    same number, from a path taken since, takes the place of what was there)."""
+@dataclass(frozen=True, order=True)
+class _Record:
+    """One authentic record of a step's journal, ordered as it was written.
+
+    A term's records are applied in the order it wrote them, a later term's after an
+    earlier one's. The store keeps one record per number and kind, so after a retry that
+    took another path it may hold an earlier attempt's outcome beside a later attempt's
+    intent at the same number: applied in (number, kind) order, the old outcome would
+    take the new intent's place and every replay would find a mismatch for ever.
+    """
+
+    term: TermId
+    order: int  # 0 in records written before the order was kept: (index, kind) decides
+    index: int
+    kind: str
+    opened: OpenedEffect = field(compare=False)
+    attempt: int = field(compare=False, default=0)  # the run of the step in its term
+
+    @classmethod
+    def of(cls, term: TermId, index: int, kind: str, opened: OpenedEffect) -> _Record:
+        order, attempt = _count(opened.payload, "order"), _count(opened.payload, "attempt")
+        return cls(term, order, index, kind, opened, attempt)
+
+    @property
+    def run(self) -> tuple[TermId, int]:
+        """The run of the step that wrote it: later runs compare greater."""
+        return self.term, self.attempt
+
+
+def _count(payload: Any, name: str) -> int:
+    """A count from a record's payload; 0 if absent (records written before it was kept)."""
+    value = payload.get(name, 0) if isinstance(payload, dict) else 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0  # sealed by a holder of the secret, so never: but not a crash
+    return value
+
+
+def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> bool:
+    """Apply one authentic record, in write order, to the step's journal: an intent is a
+    call begun afresh (what an earlier call at the number left is of a path given up); an
+    outcome completes the call of its name, or takes the place of another name's. True if
+    the record began the entry anew."""
     payload = opened.payload
     entry = entries.get(index)
-    if entry is None or entry.name != opened.name:
+    anew = kind == "intent" or entry is None or entry.name != opened.name
+    if anew:
         entry = entries[index] = Entry(opened.name, str(payload.get("replay", "safe")))
+    assert entry is not None
     if kind == "intent":
         entry.intent = True
     else:
         entry.outcome = payload.get("outcome")
+    return anew
+
+
+def _mark_earlier_paths(entries: dict[int, Entry], latest: dict[int, tuple[TermId, int]]) -> None:
+    """Mark the entries written by an earlier run of the step than an entry before them.
+
+    A later run writes at a number the earlier one had written only when it took another
+    path from there (a failed safe effect called again, then other effects written over
+    the earlier run's): what the earlier run wrote after that number may be another path's,
+    and a retry in the term writes over it where its names differ. A replay that finds it
+    does the same (``Entry.earlier_path``), instead of raising EffectMismatch on every run:
+    the later run's own record there may have been cut off before it was written (a safe
+    effect writes none until it returns) or deleted from the store.
+    """
+    newest: tuple[TermId, int] | None = None
+    for index in sorted(entries):
+        run = latest[index]
+        entries[index].earlier_path = newest is not None and newest > run
+        newest = run if newest is None else max(newest, run)

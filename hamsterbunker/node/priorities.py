@@ -48,6 +48,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "term_record.rejected": WARNING,
     "store.diverged": WARNING,
     "effect.rejected": WARNING,
+    "effect.lost": WARNING,
     "effect.interrupted": WARNING,
     "inbox.rejected": WARNING,
     "inbox.gave_up": WARNING,

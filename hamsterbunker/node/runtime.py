@@ -34,6 +34,7 @@ from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
 from ..lease_proof import LeaseProof
 from ..lineage import ChainChoice
+from ..intents import IntentLog
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name
@@ -147,6 +148,10 @@ class Runtime:
             )
             remembered = self._memory_file.load()
             self.keeper.remember(remembered.epoch, remembered.reach)
+        # The intents this node wrote, beside its memory of the store: every term's.
+        self._intents = IntentLog(
+            None if self._memory_file is None else self._memory_file.path.with_suffix(".intents")
+        )
         self._remembered_cluster = remembered.cluster
         self._remembered_control = remembered.control
         self.on_event = on_event
@@ -372,6 +377,7 @@ class Runtime:
                 clock=self.clock,
                 grace=self._stop.grace,
                 retry=self.step_retry,
+                intents=self._intents,
             )
             control = self._control_view(sealer)
             memory = (

@@ -27,6 +27,7 @@ from ..effects import StepEffects
 from ..errors import Fenced, HamsterbunkerError, NoUsableCheckpoint, StepLost, StoreError
 from ..failpoints import failpoint
 from ..inbox import ConsumedMarks, StepInbox
+from ..intents import IntentLog
 from ..lease import LeaseKeeper
 from ..reach import Reach
 from ..sealing import Sealer
@@ -117,10 +118,12 @@ class LeaderTerm:
         grace: Callable[[], float],
         retry: StepRetry = DEFAULT_STEP_RETRY,
         contested: bool = True,
+        intents: IntentLog | None = None,
     ) -> None:
         """contested: the lease was taken (free or expired), not handed to this node: on a
         synced folder another node may have taken the same epoch at the same moment
-        (``_uncontested``)."""
+        (``_uncontested``). intents: the node's memory of the intents it wrote, which
+        outlives the term (one of the term's own if None)."""
         self.epoch = epoch
         self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
         self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
@@ -134,7 +137,9 @@ class LeaderTerm:
         self._successor = ""
         self._rebase = ""  # why the term leaves for a new one of its own (rebase)
         fence = Fence(holder=identity.node, session=keeper.session, epoch=epoch)
-        self._journal = TermJournal(identity, store, sealer, fence, calls, sink, clock)
+        self._journal = TermJournal(
+            identity, store, sealer, fence, calls, sink, clock, intents or IntentLog()
+        )
         self._inbox = TermInbox(
             identity, store, sealer, calls, sink, standing,
             tick_s=timing.tick_s, closing=self._over, clock=clock,

@@ -9,6 +9,7 @@ top of its module), so the same test runs on file, Redis and etcd.
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +42,9 @@ class RawStore(Protocol):
 
     def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
         """Store data as the effect-journal record (seq, index, kind), read back as such."""
+
+    def drop_effects(self, agent: str, seq: int) -> None:
+        """Delete the effect journal of step seq (``rm -r agents/<agent>/effects`` and the like)."""
 
     def close(self) -> None: ...
 
@@ -87,6 +91,11 @@ class RawFile:
     def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
         self.effect_path(agent, seq, index, kind).write_bytes(data)
 
+    def drop_effects(self, agent: str, seq: int) -> None:
+        journal = self.root / "agents" / agent / "effects" / f"{seq:020d}"
+        assert journal.is_dir(), f"no effect journal of step {seq} stored"
+        shutil.rmtree(journal)
+
     def close(self) -> None:
         pass
 
@@ -132,6 +141,9 @@ class RawRedis:
         self._redis.hset(self._key(agent, "effects", str(seq)), f"{index}:{kind}", data)
         self._redis.zadd(self._key(agent, "effect-steps"), {str(seq): seq})
 
+    def drop_effects(self, agent: str, seq: int) -> None:
+        assert self._redis.delete(self._key(agent, "effects", str(seq))) == 1, "no journal"
+
     def close(self) -> None:
         self._store.close()
 
@@ -175,6 +187,12 @@ class RawEtcd:
 
     def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
         self._kv.put(self._key(agent, f"effects/{seq:020d}/{index:04d}/{kind}"), data)
+
+    def drop_effects(self, agent: str, seq: int) -> None:
+        from hamsterbunker.stores.etcd.kv import range_end
+
+        journal = self._key(agent, f"effects/{seq:020d}/")
+        assert self._kv.delete(journal, range_end=range_end(journal)), "no journal"
 
     def close(self) -> None:
         self._store.close()
