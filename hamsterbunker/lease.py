@@ -95,6 +95,7 @@ class LeaseKeeper:
         # of a read that still found the record before it: (that record's version, sent).
         self._read_before: tuple[int, float] | None = None
         self._held_epoch = 0  # the highest epoch this keeper has held
+        self._replaced_at = 0  # the epoch of its latest term taken in place of an unreadable record
         # Held since a read before its hand-over, not since a write of ours: renew at once.
         self.unconfirmed = False
 
@@ -298,9 +299,15 @@ class LeaseKeeper:
             return TickResult(Outcome.STANDBY, None, reason, store_error=problem)
         self._taken_read = None
         self._hold(acquired)
+        self._replaced_at = acquired.epoch
         self._renew_sent_at = sent
         self._note(acquired, sent)
         return TickResult(Outcome.ACQUIRED, acquired, "expired", replaced=sighting.what)
+
+    def replaced_unreadable(self, epoch: int) -> bool:
+        """Whether this keeper took epoch in place of an unreadable record: numbered above
+        only what it knew, so an authenticated checkpoint at or above it is no regression."""
+        return epoch == self._replaced_at
 
     def _lose_to_unreadable(self, found: UnreadableLease) -> TickResult:
         """Our record was replaced by one nobody can read: nobody can renew it, so stop

@@ -157,12 +157,15 @@ class ClaimsLease:
         """Write new as this node's claim by compare-and-set against own (its claim as last
         read). Only this node writes its claim, and it is skipped while unreadable, so the
         caller's comparison was made without it: an unreadable one is replaced as it stands,
-        or a single write of junk would keep this node from ever writing its claim again."""
+        or a single write of junk would keep this node from ever writing its claim again.
+        The replacement numbers on above every version of the claim seen or published
+        (a published claim is never rewritten under its version)."""
         mine = self._writer()
         try:
             return mine.cas_lease(agent, None if own is None else own.version, new)
         except UnreadableLease as exc:
-            version = (0 if own is None else own.version) + 1
+            published = read_published(self._root, (NODES, self._node), agent, self._problems)
+            version = 1 + max((c.version for c in (own, published) if c is not None), default=0)
             return mine.replace_unreadable_lease(agent, exc.found, replace(new, version=version))
 
     @_os_errors_as_store_errors
