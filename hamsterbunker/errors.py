@@ -7,6 +7,7 @@
     │   ├── StoreUnavailable   the store cannot be reached or did not answer in time
     │   ├── StoreUnsafe        the location cannot give mutual exclusion (a synced folder)
     │   ├── CorruptRecord      a lease, cluster or event record that does not parse
+    │   │   └── UnreadableLease  the lease record does not parse: names what is stored instead
     │   ├── LeaseConflict      compare-and-set lost: the record changed since it was read
     │   ├── ClusterChanged     the cluster record changed since it was read (a rotation's CAS)
     │   ├── InboxFull          an admission over the inbox's count or byte limit
@@ -54,6 +55,7 @@ __all__ = [
     "StoreUnsafe",
     "Tampered",
     "UnknownRequest",
+    "UnreadableLease",
     "WrongSecret",
 ]
 
@@ -84,6 +86,19 @@ class StoreUnsafe(StoreError):
 
 class CorruptRecord(StoreError):
     """A record in the store does not parse or has the wrong shape."""
+
+
+class UnreadableLease(CorruptRecord):
+    """The lease record does not parse (``Store.read_lease``, ``Store.cas_lease``).
+
+    ``found`` names what is stored in its place, as the backend can tell it
+    apart from anything else stored there (a digest, a revision): a change of
+    it is a new ``found``. ``Store.replace_unreadable_lease`` takes it.
+    """
+
+    def __init__(self, message: str, found: str) -> None:
+        super().__init__(message)
+        self.found = found
 
 
 class InboxFull(StoreError):

@@ -31,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .clock import Clock, MonotonicClock
-from .errors import LeaseConflict, StoreError
+from .errors import LeaseConflict, StoreError, UnreadableLease
 from .lease_proof import LeaseProof
+from .lease_unreadable import UnreadableWait, replacement, waited_ttl_s
 from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import MAX_HISTORY, LeaseRecord, Takeover
@@ -56,6 +57,7 @@ class TickResult:
     record: LeaseRecord | None
     reason: str = ""
     store_error: str = ""  # why the store did not answer this tick, if it did not
+    replaced: str = ""  # for an acquisition that replaced an unreadable record: what it was
 
 
 class LeaseKeeper:
@@ -76,6 +78,8 @@ class LeaseKeeper:
         self.clock = clock or MonotonicClock()
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
+        # While the record read is unreadable (observed is None then): what, since when.
+        self.unreadable = UnreadableWait()
         self.highest_epoch = 0  # the highest epoch this keeper has seen in any record
         self.seen_reach = Reach()  # the furthest reach named by any record seen
         # The newest checkpoint this node saw accepted (learn_published): written
@@ -97,6 +101,8 @@ class LeaseKeeper:
         # of a read that still found the record before it: (that record's version, sent).
         self._read_before: tuple[int, float] | None = None
         self._held_epoch = 0  # the highest epoch this keeper has held
+        # The epoch of its latest term taken in place of an unreadable or unproven record.
+        self._replaced_at = 0
         # Held since a read before its hand-over, not since a write of ours: renew at once.
         self.unconfirmed = False
         self._carry_control: Callable[[str], str] = _as_found
@@ -132,6 +138,9 @@ class LeaseKeeper:
         takeover comes one TTL after the last change it saw, not up to a tick later.
         """
         record = self.observed
+        if self.held is None and record is None:
+            ttl_s = waited_ttl_s(self.timing, self._last_seen)
+            return self.unreadable.seconds_left(self.clock.monotonic(), ttl_s)
         if self.held is not None or record is None:
             return None
         if record.holder is None and self._proven(record):
@@ -177,7 +186,10 @@ class LeaseKeeper:
                 self._signed(self._next_write(self.held)),
             )
         except LeaseConflict:
-            current = self.store.read_lease(self.agent)
+            try:
+                current = self.store.read_lease(self.agent)
+            except UnreadableLease as exc:
+                return self._lose_to_unreadable(exc)
             if current is not None and self._is_ours(current) and current.epoch == self.held.epoch:
                 # Our previous renewal landed although its answer was lost, or the
                 # store went back within our term (reported by _note): either way
@@ -187,6 +199,8 @@ class LeaseKeeper:
                 return TickResult(Outcome.RENEWED, current)
             self._note(current, self.clock.monotonic())
             return self._lose("the lease record was changed by another node")
+        except UnreadableLease as exc:
+            return self._lose_to_unreadable(exc)
         except StoreError as exc:
             if self._since_renewal() >= self.timing.lease_ttl_s:
                 # A standby may have taken over by now: judge afresh, as a standby.
@@ -206,7 +220,10 @@ class LeaseKeeper:
             record: LeaseRecord | None = heard
         else:
             sent = self.clock.monotonic()
-            record = self.store.read_lease(self.agent)
+            try:
+                record = self.store.read_lease(self.agent)
+            except UnreadableLease as exc:
+                return self._replace_unreadable(exc)
             if record is not None and not self._is_ours(record):
                 self._read_before = (record.version, sent)
         now = self.clock.monotonic()
@@ -262,6 +279,8 @@ class LeaseKeeper:
             return TickResult(Outcome.STANDBY, record, "another node acquired it first")
         self._taken_read = None if read is None else (acquired.epoch, read)
         self._hold(acquired)
+        if record is not None and not self._proven(record):
+            self._replaced_at = acquired.epoch  # numbered above only what this node knew
         self._renew_sent_at = sent
         self._note(acquired, sent)
         return TickResult(Outcome.ACQUIRED, acquired, via)
@@ -275,6 +294,55 @@ class LeaseKeeper:
         """
         taken, self._taken_read = self._taken_read, None
         return taken[1] if taken is not None and taken[0] == epoch else None
+
+    def _replace_unreadable(self, found: UnreadableLease) -> TickResult:
+        """Stand by while the lease record is unreadable; replace it once it stood unchanged
+        for a TTL (hamsterbunker.lease_unreadable), under an epoch above every one known."""
+        now = self.clock.monotonic()
+        self.observed = None
+        sighting = self.unreadable.see(found, now)
+        problem = f"the lease record is unreadable: {found}"
+        if self.unreadable.seconds_left(now, waited_ttl_s(self.timing, self._last_seen)):
+            return TickResult(Outcome.STANDBY, None, problem, store_error=problem)
+        if now < self._hold_off_until:
+            reason = "holding off after giving the lease up"
+            return TickResult(Outcome.STANDBY, None, reason, store_error=problem)
+        new = replacement(
+            node=self.node,
+            region=self.region,
+            session=self.session,
+            epoch=self._next_epoch(None),
+            timing=self.timing,
+            reach=self.reach(),
+            last_readable=self._last_seen,
+            waited_s=now - sighting.since,
+        )
+        sent = self.clock.monotonic()
+        try:
+            acquired = self.store.replace_unreadable_lease(self.agent, found.found, self._signed(new))
+        except LeaseConflict:
+            reason = "the unreadable lease record changed before it was replaced"
+            return TickResult(Outcome.STANDBY, None, reason, store_error=problem)
+        self._taken_read = None
+        self._hold(acquired)
+        self._replaced_at = acquired.epoch
+        self._renew_sent_at = sent
+        self._note(acquired, sent)
+        return TickResult(Outcome.ACQUIRED, acquired, "expired", replaced=sighting.what)
+
+    def replaced_unreadable(self, epoch: int) -> bool:
+        """Whether this keeper took epoch in place of an unreadable or unproven record:
+        numbered above only what it knew, so an authenticated checkpoint at or above it is
+        no regression."""
+        return epoch == self._replaced_at
+
+    def _lose_to_unreadable(self, found: UnreadableLease) -> TickResult:
+        """Our record was replaced by one nobody can read: nobody can renew it, so stop
+        now and time it as every standby does (it is replaced a TTL later)."""
+        lost = self._lose(f"the lease record was replaced by one that cannot be read: {found}")
+        self.observed = None
+        self.unreadable.see(found, self.clock.monotonic())
+        return lost
 
     def _handed_to_us(self, record: LeaseRecord) -> bool:
         """Whether record is a term of ours that this keeper did not take itself: the
@@ -514,6 +582,7 @@ class LeaseKeeper:
     def _note(self, record: LeaseRecord | None, now: float) -> None:
         """Remember when the record last changed, as seen on our own clock."""
         self.observed = record
+        self.unreadable.clear()
         if record is not None and not self._proven(record):
             # Nothing is learned from it; any change of it still counts as a change.
             key = (record.version, 0, "", -1)

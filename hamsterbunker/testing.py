@@ -21,6 +21,7 @@ object it passed in or got back.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
@@ -65,6 +66,7 @@ from .stores.base import (
     check_own_epoch,
     check_reseal,
     inbox_full,
+    parse_lease,
 )
 from .stores.reseal import check_resealed_reply, check_resealed_submission, reply_page_bounds
 
@@ -89,6 +91,15 @@ def _report(kind: str) -> Callable[[str, bytes, Exception], None]:
         log.warning("memory store: ignoring an unreadable %s of %s: %s", kind, node, exc)
 
     return report
+
+
+def _found(data: bytes) -> str:
+    """What an unreadable lease record is, for replace_unreadable_lease: its digest."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _parse_lease(data: bytes) -> LeaseRecord:
+    return parse_lease(data, lambda: _found(data))
 
 
 def _listable(info: CheckpointInfo) -> bool:
@@ -267,13 +278,13 @@ class MemoryStore(Store):
         """The agent's lease record as last written, or None if never written."""
         with self._lock:
             data = self._agent(agent).lease
-        return None if data is None else LeaseRecord.from_json(data)
+        return None if data is None else _parse_lease(data)
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         """Write new only if the stored version is expected_version (None: no record yet)."""
         with self._lock:
             state = self._agent(agent)
-            current = None if state.lease is None else LeaseRecord.from_json(state.lease)
+            current = None if state.lease is None else _parse_lease(state.lease)
             current_version = None if current is None else current.version
             if current_version != expected_version:
                 raise LeaseConflict(
@@ -283,6 +294,16 @@ class MemoryStore(Store):
             state.lease = stored.to_json()
             state.changes += 1
         return stored
+
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        """Write new only if the stored lease record is still the unreadable one found."""
+        with self._lock:
+            state = self._agent(agent)
+            if state.lease is None or _found(state.lease) != found:
+                raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
+            state.lease = new.to_json()
+            state.changes += 1
+        return new
 
     # -- checkpoints -------------------------------------------------------
 

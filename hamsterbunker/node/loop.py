@@ -229,6 +229,8 @@ class NodeLoop:
                 self._sink.hush()  # until the term's first step has begun (LeaderTerm)
                 self._term = term = self._new_term(epoch, contested=result.reason != "switchover")
                 self._set_role("active")
+                if result.replaced:
+                    emit("lease.replaced_unreadable", found=result.replaced)
                 emit("lease.acquired", via=result.reason, **_takeover_detail(result.record))
                 if result.reason == "switchover":
                     failpoint("switchover.after_acquire")

@@ -55,6 +55,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "store.loss_accepted": WARNING,
     "chain.chosen": WARNING,
     "control.ignored": WARNING,
+    "lease.replaced_unreadable": WARNING,
     # Going wrong now: the store does not answer, a publish failed, the agent keeps failing.
     "store.error": ERROR,
     "checkpoint.failed": ERROR,

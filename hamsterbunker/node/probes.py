@@ -67,7 +67,10 @@ class NodeProbes:
                                      f"{keeper.seconds_since_renewal():.1f} s")  # fmt: skip
             paused = " · paused" if self._standing.paused else ""
             return Answer(True, f"leader · epoch {held.epoch}{paused}")
-        observed = keeper.observed
+        observed, unreadable = keeper.observed, keeper.unreadable.sighting
+        if observed is None and unreadable is not None:
+            return Answer(False, f"no leader: the lease record is unreadable, replaced once it "
+                                 f"stands for a TTL: {unreadable.what}")  # fmt: skip
         if observed is None or observed.holder is None:
             never = observed is None
             return Answer(False, "no leader: the lease is " + ("never taken" if never else

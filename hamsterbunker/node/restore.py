@@ -247,9 +247,14 @@ class Restorer:
             raise self._regressed(Reach(), reach, damaged, read)
         info, (state, marks) = found
         if info.epoch >= epoch:
-            # The lease record went back behind an authenticated checkpoint: this term's
-            # epoch may have been used before. Take the lease again, above it.
+            # This term's epoch may have been used before. Take the lease again, above it.
             self._keeper.learn_epoch(info.epoch)
+            if self._keeper.replaced_unreadable(epoch):
+                # Numbered without the lost record's epoch: nothing went back.
+                raise LeaseBehind(
+                    f"an authenticated checkpoint names epoch {info.epoch}, not below the "
+                    f"epoch {epoch} taken in place of an unreadable lease record"
+                )
             reason = (
                 f"an authenticated checkpoint names epoch {info.epoch}, not below this "
                 f"lease's {epoch}: the lease record went back"

@@ -30,11 +30,11 @@ from ..clock import Clock, MonotonicClock
 from ..control import ControlView
 from ..history import HistoryWriter
 from ..http_address import HttpAddress, parse_http_address
+from ..intents import IntentLog
 from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
 from ..lease_proof import LeaseProof
 from ..lineage import ChainChoice
-from ..intents import IntentLog
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name

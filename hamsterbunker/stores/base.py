@@ -12,12 +12,12 @@ leaves any other method out.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..blob import Blob
-from ..errors import CorruptRecord, Fenced, StoreError
+from ..errors import CorruptRecord, Fenced, StoreError, UnreadableLease
 from ..limits import (
     MAX_CONSUMED_PER_STEP,
     MAX_EPOCH,
@@ -46,6 +46,7 @@ __all__ = [
     "inbox_full",
     "newest_first",
     "parse_fence_text",
+    "parse_lease",
 ]
 
 
@@ -101,6 +102,14 @@ def describe_fence_text(data: bytes | None) -> str:
     except CorruptRecord:
         return "an unreadable fence"
     return f"epoch {epoch} released" if holder is None else f"epoch {epoch} held by {holder}"
+
+
+def parse_lease(data: bytes, found: Callable[[], str]) -> LeaseRecord:
+    """data as a lease record, or UnreadableLease naming found() (what is stored instead)."""
+    try:
+        return LeaseRecord.from_json(data)
+    except CorruptRecord as exc:
+        raise UnreadableLease(str(exc), found()) from exc
 
 
 def check_fence(lease: LeaseRecord | None, fence: Fence, seq: int) -> None:
@@ -323,13 +332,30 @@ class Store(Protocol):
         """
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
-        """The agent's lease record as last written, or None if never written."""
+        """The agent's lease record as last written, or None if never written.
+
+        UnreadableLease if what is stored there does not parse (or is no record as
+        this store writes one), naming it for replace_unreadable_lease.
+        """
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         """Write new only if the stored version is expected_version (None: no record yet).
 
         Atomic against every other cas_lease and put_checkpoint. Returns the
-        stored record with its new version; raises LeaseConflict otherwise.
+        stored record with its new version; raises LeaseConflict otherwise
+        (or UnreadableLease, where the backend reads the record to compare).
+        """
+
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        """Write new only if the stored lease record is still the unreadable one that
+        read_lease reported as found (``UnreadableLease.found``).
+
+        Atomic as cas_lease is, and fencing as it does: a write under the fence of
+        any earlier lease is refused (Fenced) afterwards. LeaseConflict, writing
+        nothing, if the record changed since (readable again, gone, or other junk).
+        The record is stored with version new.version where the record carries
+        its version (the caller picks one no earlier record is likely to have
+        had), or with the store's own where it keeps one (etcd's revision).
         """
 
     def put_checkpoint(

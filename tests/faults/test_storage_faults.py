@@ -742,17 +742,18 @@ LEASE_DAMAGE: dict[str, Callable[[bytes], bytes]] = {
 
 
 @pytest.mark.parametrize("how", list(LEASE_DAMAGE))
-def test_damaged_lease_is_reported_left_alone_and_nodes_keep_running(
+def test_damaged_lease_stops_the_leader_and_is_replaced_a_ttl_later(
     tmp_path: Path, how: str
 ) -> None:
-    """A lease record damaged under a leader and a standby: both keep running without spinning,
-    report a store.error naming the lease record, publish nothing and never write over it; once
-    the record is repaired one of them leads again from the last checkpoint.
+    """A lease record damaged under a leader and a standby: the leader stops at once, both
+    report a store.error naming the lease record without spinning and publish nothing under the
+    damaged term; once the damage stood a TTL one of them replaces it
+    (lease.replaced_unreadable) and leads on from the last checkpoint, the history clean.
     """
-    # Why this is right: the lease is the fencing token. A node that cannot read it cannot know
-    # whether someone holds it, so the leader stops stepping and loses it after a TTL without
-    # renewal, publishes are refused (the fence cannot be checked), and nobody may replace it:
-    # the agent stalls, loudly, until the record is repaired (DESIGN: delete or stall, not forge).
+    # Why this is right: the lease is the fencing token. A record nobody can read cannot be
+    # renewed, so its holder is as good as silent: it stops stepping, its publishes are refused
+    # (the fence cannot be checked), and after a TTL with no change the record is replaced by
+    # compare-and-set against what was found, like an expired one (DESIGN.md invariants 2, 10).
     store_dir = tmp_path / "store"
     history = tmp_path / "history.jsonl"
     events = Recorder()
@@ -772,11 +773,10 @@ def test_damaged_lease_is_reported_left_alone_and_nodes_keep_running(
 
         with holding_lease_lock(store_dir, "lz"):  # no renewal is half done while we damage
             marks = {name: len(events.of(node=name)) for name in nodes}  # event n counts from 1
-            original = lease_path.read_bytes()
-            bad = LEASE_DAMAGE[how](original)
-            lease_path.write_bytes(bad)
+            lease_path.write_bytes(LEASE_DAMAGE[how](lease_path.read_bytes()))
             held = newest_seq(store, "lz")
-        frozen = file_bytes(directory)
+            reads = {name: stores[name].lease_reads for name in nodes}
+            started = time.monotonic()
 
         def since_damage(kind: str, name: str, about: str = "") -> list[Event]:
             return [
@@ -792,38 +792,16 @@ def test_damaged_lease_is_reported_left_alone_and_nodes_keep_running(
                 functools.partial(since_damage, "store.error", name, "lease record"),
                 f"a store.error about the lease record from {name}",
             )
-        # Both keep ticking: watch them for a while on their heartbeats, counting their reads.
-        reads = {name: stores[name].lease_reads for name in nodes}
-        started = time.monotonic()
-        beats = {b.node: b.beats for b in store.list_heartbeats("lz")}
-        wait_until(
-            lambda: all(
-                b.beats >= beats[b.node] + 10
-                for b in store.list_heartbeats("lz")
-                if b.node in beats
-            ),
-            "ten more heartbeats of both nodes",
-        )
+        replaced = events.wait("lease.replaced_unreadable", timeout=30)
+        assert "lease record" in replaced.detail["found"], replaced
         ticks = (time.monotonic() - started) / 0.1
         for name, node in nodes.items():
             assert not node.stopped.is_set(), f"{name} ended on a damaged lease"
-            assert len(since_damage("store.error", name)) == 1, events.summary()
             spent = stores[name].lease_reads - reads[name]
             assert spent <= 5 * ticks + 10, f"{name} read the lease {spent} times in {ticks} ticks"
-        assert lease_path.read_bytes() == bad, "a node wrote over the damaged lease"
-        assert not events.of("checkpoint.published", where=lambda e: e.seq > held)
-        assert all(
-            "lease record" in e.detail["error"]
-            for name in nodes
-            for e in since_damage("checkpoint.failed", name)
-        )
-        assert newest_seq(store, "lz") == held and file_bytes(directory) == frozen
-
-        with holding_lease_lock(store_dir, "lz"):
-            lease_path.write_bytes(original)
-        acquired = events.wait("lease.acquired", where=lambda e: e.epoch == 2)
-        resumed = events.wait("agent.resumed", acquired.node, where=lambda e: e.epoch == 2)
+        resumed = events.wait("agent.resumed", replaced.node, where=lambda e: e.epoch >= 2)
         assert resumed.detail["from_seq"] == held
+        assert not events.of("checkpoint.published", where=lambda e: e.seq > held and e.epoch < 2)
         wait_until(lambda: newest_seq(store, "lz") >= held + 2, "the agent to advance again")
         for node in nodes.values():
             node.stop()

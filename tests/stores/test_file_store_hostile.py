@@ -18,11 +18,12 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, StoreError
+from hamsterbunker.errors import CorruptRecord, Fenced, StoreError, UnreadableLease
 from hamsterbunker.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
@@ -239,6 +240,49 @@ def test_a_lease_that_is_a_fifo_or_dev_zero_is_a_corrupt_record(
     for check in checks:
         with pytest.raises(CorruptRecord, match=name):
             check()
+
+
+@pytest.mark.parametrize("what", ["fifo", "devzero", "huge", "empty-directory"])
+def test_a_lease_json_that_is_no_record_is_replaced_against_what_was_found(
+    store: FileStore, root: Path, what: str
+) -> None:
+    """A lease.json planted as a FIFO, a link to /dev/zero, a sparse GiB or an empty directory
+    is an UnreadableLease naming it; replace_unreadable_lease against what was found puts a
+    lease in its place without reading it, and a write under the old fence is Fenced."""
+    fence = populate(store)
+    path = agent_dir(root) / "lease.json"
+    if what in ("fifo", "devzero"):
+        plant(path, what)
+    else:
+        path.unlink()
+        if what == "huge":
+            with open(path, "wb") as f:
+                f.truncate(1 << 30)
+        else:
+            path.mkdir()
+    with pytest.raises(UnreadableLease, match=r"lease\.json") as caught:
+        store.read_lease(AGENT)
+    new = replace(lease("n2", 2, session="s2"), version=9)
+    written = store.replace_unreadable_lease(AGENT, caught.value.found, new)
+    assert store.read_lease(AGENT) == written
+    with pytest.raises(Fenced):
+        store.put_checkpoint(AGENT, fence, 2, b"stale write")
+
+
+def test_a_lease_json_that_is_a_directory_with_contents_is_refused_and_left(
+    store: FileStore, root: Path
+) -> None:
+    """A lease.json planted as a directory with something in it is not removed (nothing of
+    ours is in it to judge): the replacement is a StoreError that says to remove it."""
+    populate(store)
+    path = agent_dir(root) / "lease.json"
+    path.unlink()
+    (path / "inside").mkdir(parents=True)
+    with pytest.raises(UnreadableLease) as caught:
+        store.read_lease(AGENT)
+    with pytest.raises(StoreError, match="a directory that is not empty: remove it"):
+        store.replace_unreadable_lease(AGENT, caught.value.found, lease("n2", 2))
+    assert (path / "inside").is_dir()
 
 
 @pytest.mark.parametrize("what", ["fifo", "devzero"])

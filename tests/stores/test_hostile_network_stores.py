@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, LeaseConflict, StoreError
+from hamsterbunker.errors import CorruptRecord, Fenced, LeaseConflict, StoreError, UnreadableLease
 from hamsterbunker.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_EFFECT_BYTES,
@@ -382,6 +383,40 @@ def test_redis_keys_of_another_type_stall_nothing_for_ever(
         store.put_checkpoint("a", Fence("n1", "s1", held.epoch), 2, b"x")
     with pytest.raises(LeaseConflict):
         store.cas_lease("a", held.version, lease("n1", 1))
+
+
+REDIS_LEASE_DAMAGE: dict[str, Callable[[Any, str], Any]] = {
+    "string": lambda raw, key: (raw.delete(key), raw.set(key, "junk")),
+    "list": lambda raw, key: (raw.delete(key), raw.rpush(key, "junk")),
+    "no-record": lambda raw, key: raw.hdel(key, "record"),
+    "no-version": lambda raw, key: raw.hdel(key, "version"),
+    "junk-version": lambda raw, key: raw.hset(key, "version", "seven"),
+    "huge-version": lambda raw, key: raw.hset(key, "version", "9" * (4 * MAX_RECORD_BYTES)),
+    "huge-record": lambda raw, key: raw.hset(key, "record", b"x" * (MAX_RECORD_BYTES + 1)),
+}
+
+
+@pytest.mark.parametrize("damage", list(REDIS_LEASE_DAMAGE))
+def test_redis_a_lease_hash_no_compare_and_set_could_match_is_unreadable_and_replaceable(
+    redis_pair: tuple[RedisStore, Any], damage: str
+) -> None:
+    """A lease key of another type, a hash without its record or version, or with a version
+    that is no number or huge, or a record over the limit, is an UnreadableLease (a single
+    such write would otherwise leave every compare-and-set failing for ever); replacing it
+    against what was found writes a lease that renews, and the old fence stays fenced."""
+    store, raw = redis_pair
+    held = store.cas_lease("a", None, lease("n1", 1))
+    REDIS_LEASE_DAMAGE[damage](raw, rkey(store, "lease"))
+    with pytest.raises(UnreadableLease) as caught:
+        store.read_lease("a")
+    new = replace(lease("n2", 2, session="s2"), version=77)
+    written = store.replace_unreadable_lease("a", caught.value.found, new)
+    assert store.read_lease("a") == written
+    renewed = store.cas_lease("a", written.version, replace(new, renewals=1))
+    assert store.read_lease("a") == renewed
+    with pytest.raises(Fenced):
+        store.put_checkpoint("a", Fence("n1", "s1", held.epoch), 1, b"stale")
+    store.put_checkpoint("a", Fence("n2", "s2", 2), 1, b"ours")
 
 
 def test_redis_hostile_heartbeats_are_skipped(redis_pair: tuple[RedisStore, Any]) -> None:

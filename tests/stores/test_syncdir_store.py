@@ -511,6 +511,47 @@ def test_a_hostile_claim_is_skipped_and_reported(
     one.put_checkpoint(AGENT, fence_of(renewed), 1, b"sealed-1")
 
 
+def _plant_claim(claim: Path, what: str) -> None:
+    """Junk of kind what in place of the claim file claim."""
+    claim.unlink(missing_ok=True)
+    if what == "ttl-1e400":
+        claim.write_bytes(
+            b'{"holder":"n1","region":"eu","session":"s1","epoch":1,"ttl_ms":1'
+            + b"0" * 400 + b',"renewals":1,"version":1}'
+        )  # fmt: skip
+    elif what == "huge":
+        with open(claim, "wb") as f:
+            f.truncate(1 << 30)  # sparse: a GiB that must not be read
+    elif what == "devzero":
+        claim.symlink_to("/dev/zero")
+    elif what == "fifo":
+        os.mkfifo(claim)
+    else:
+        claim.mkdir()  # an empty directory: a rename cannot replace it as it stands
+
+
+@pytest.mark.parametrize("what", ["ttl-1e400", "huge", "devzero", "fifo", "directory"])
+def test_junk_in_the_own_claim_is_replaced_by_the_next_write_of_it(sync: Sync, what: str) -> None:
+    """Junk in this node's own claim file does not stop it for good: its next renewal writes
+    its claim in place of the junk, and the fenced writes of that term go on."""
+    one = sync.open("n1")
+    held = take(one, "n1", 1)
+    claim = sync.root("n1") / "nodes" / "n1" / "agents" / AGENT / "lease.json"
+    assert one.read_lease(AGENT) == held
+    _plant_claim(claim, what)
+    assert one.read_lease(AGENT) == held  # skipped: the claim as last read
+    renewed = renew(one, held)
+    assert sync.open("n1").read_lease(AGENT) == renewed  # read from the claim file
+    one.put_checkpoint(AGENT, fence_of(renewed), 1, b"sealed-1")
+    later = sync.open("n1")  # a process that never read the claim before the junk
+    _plant_claim(claim, what)
+    taken = take(later, "n1", 2, session="s2")
+    assert later.read_lease(AGENT) == taken
+    with pytest.raises(Fenced):
+        later.put_checkpoint(AGENT, fence_of(renewed), 2, b"stale write")
+    later.put_checkpoint(AGENT, fence_of(taken), 2, b"sealed-2")
+
+
 def test_junk_under_nodes_is_no_node(sync: Sync) -> None:
     """A name that is no node id, a symlink, or a file under nodes/ is skipped and reported."""
     one = sync.open("n1")

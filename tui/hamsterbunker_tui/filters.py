@@ -46,6 +46,7 @@ WARNING_TYPES = frozenset(
         "agent.paused",
         "agent.unpaused",
         "control.ignored",
+        "lease.replaced_unreadable",
         "acceptance.rejected",
         "store.regressed",
         "store.loss_accepted",

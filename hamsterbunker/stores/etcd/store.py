@@ -104,6 +104,7 @@ from ..base import (
     check_consumed,
     fence_text,
     newest_first,
+    parse_lease,
 )
 from ..urls import redacted_url
 from .checkpoints import EtcdCheckpoints
@@ -150,6 +151,9 @@ _WATCH_RENEW_S = 10.0
 # list_agents: an agent id as check_name takes it, and the most range requests it makes.
 _AGENT_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _LIST_REQUESTS = 2 * MAX_LISTED_AGENTS
+# What an unreadable lease record is (UnreadableLease.found): the revision that wrote it.
+_FOUND = "revision %d"
+_FOUND_REVISION = re.compile(r"revision ([0-9]{1,19})")
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -298,11 +302,20 @@ class EtcdStore(Store):
         if not found:
             return None
         data, meta = found[0]
-        return replace(LeaseRecord.from_json(data), version=revision(meta))
+        version = revision(meta)
+        return replace(parse_lease(data, lambda: _FOUND % version), version=version)
 
     @_translated
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         return self._cas_lease(agent, expected_version, new, [])[0]
+
+    @_translated
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        # The revision of a write names it: compared as a renewal compares its own.
+        match = _FOUND_REVISION.fullmatch(found)
+        if match is None:
+            raise LeaseConflict(f"lease of {agent!r}: {found[:40]!r} names no revision")
+        return self._cas_lease(agent, int(match[1]), new, [])[0]
 
     @_translated
     def take_lease(

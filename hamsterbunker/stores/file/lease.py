@@ -14,18 +14,20 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import struct
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from ...errors import LeaseConflict, StoreUnavailable
+from ...errors import CorruptRecord, LeaseConflict, StoreError, StoreUnavailable, UnreadableLease
 from ...limits import MAX_RECORD_BYTES
 from ...records import LeaseRecord
+from ..base import parse_lease
 from .fileio import discard, open_regular, read_file, write_temp
 
-__all__ = ["cas_lease_in", "lease_in", "lease_locked"]
+__all__ = ["cas_lease_in", "lease_in", "lease_locked", "replace_unreadable_in"]
 
 # struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t).
 _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
@@ -34,9 +36,26 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOE
 
 
 def lease_in(agent_fd: int, agent_dir: Path) -> LeaseRecord | None:
-    """The lease record in the agent's directory (open as agent_fd), or None if never written."""
-    data = read_file(agent_fd, "lease.json", agent_dir / "lease.json", MAX_RECORD_BYTES)
-    return None if data is None else LeaseRecord.from_json(data)
+    """The lease record in the agent's directory (open as agent_fd), or None if never written.
+
+    UnreadableLease for anything else there (junk, a symlink, a FIFO, a huge file).
+    """
+    try:
+        data = read_file(agent_fd, "lease.json", agent_dir / "lease.json", MAX_RECORD_BYTES)
+    except CorruptRecord as exc:
+        raise UnreadableLease(str(exc), _found(agent_fd)) from exc
+    return None if data is None else parse_lease(data, lambda: _found(agent_fd))
+
+
+def _found(agent_fd: int) -> str:
+    """What lease.json is, for replace_unreadable_lease: its kind, inode, size and change
+    time, unread (it may be a FIFO or huge). Every write of it, ours (a rename) or
+    anyone's, changes its change time or inode."""
+    try:
+        st = os.stat("lease.json", dir_fd=agent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return "gone"
+    return f"{stat.S_IFMT(st.st_mode):o}:{st.st_ino}:{st.st_size}:{st.st_ctime_ns}"
 
 
 @contextlib.contextmanager
@@ -90,3 +109,36 @@ def cas_lease_in(
             return stored
     finally:
         discard(agent_fd, tmp)
+
+
+def replace_unreadable_in(
+    agent_fd: int, agent_dir: Path, agent: str, found: str, new: LeaseRecord, timeout: float
+) -> LeaseRecord:
+    """Store.replace_unreadable_lease in the agent's directory (open as agent_fd)."""
+    tmp = write_temp(agent_fd, new.to_json(), durable=True)
+    try:
+        with lease_locked(agent_fd, agent_dir, agent, timeout):
+            try:
+                lease_in(agent_fd, agent_dir)
+            except UnreadableLease as exc:
+                if exc.found != found:
+                    raise LeaseConflict(f"the lease record of {agent!r} changed since") from exc
+            else:
+                raise LeaseConflict(f"the lease record of {agent!r} is no longer unreadable")
+            _clear_directory(agent_fd, agent_dir / "lease.json")
+            os.replace(tmp, "lease.json", src_dir_fd=agent_fd, dst_dir_fd=agent_fd)
+            os.fsync(agent_fd)
+            return new
+    finally:
+        discard(agent_fd, tmp)
+
+
+def _clear_directory(agent_fd: int, path: Path) -> None:
+    """Remove an empty directory planted as lease.json (a rename cannot replace one)."""
+    st = os.stat("lease.json", dir_fd=agent_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(st.st_mode):
+        return
+    try:
+        os.rmdir("lease.json", dir_fd=agent_fd)
+    except OSError as exc:
+        raise StoreError(f"{path} is a directory that is not empty: remove it") from exc

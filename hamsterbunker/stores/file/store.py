@@ -72,7 +72,7 @@ from .fileio import (
 )
 from .inbox import InboxFiles
 from .layout import MAX_SEGMENT_BYTES, agent_parts, is_sync_copy, log
-from .lease import cas_lease_in, lease_in
+from .lease import cas_lease_in, lease_in, replace_unreadable_in
 from .lease_watch import is_lease_name, lease_changes, open_lease_watch, term_changes
 from .location import check_location, mount_of, open_root
 from .logs import EventLogs, HeartbeatFiles
@@ -249,6 +249,13 @@ class FileStore(Store):
                 agent_fd, self._tree.agent_dir(agent), agent, expected_version, new,
                 self.lock_timeout,
             )  # fmt: skip
+
+    @_os_errors_as_store_errors
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        with self._tree.writing(*agent_parts(agent)) as agent_fd:
+            return replace_unreadable_in(
+                agent_fd, self._tree.agent_dir(agent), agent, found, new, self.lock_timeout
+            )
 
     # -- checkpoints -------------------------------------------------------
 

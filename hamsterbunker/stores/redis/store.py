@@ -109,6 +109,8 @@ from .connection import RedisConnection
 from .effects import STEPS_REMOVED_PER_CHECKPOINT, RedisEffects
 from .forget import RedisForget
 from .inbox import RedisInbox
+from .lease import READ_ARGS as LEASE_READ_ARGS
+from .lease import READ_LEASE, REPLACE_UNREADABLE_LEASE, lease_in_answer
 from .replies import (
     bounded,
     checkpoint_info,
@@ -195,6 +197,8 @@ class RedisStore(Store):
         self._redis = self._connection.client()
         self._rewrites = RedisRewrites(self._redis, self.prefix, self._key)
         self._cas_lease = self._redis.register_script(_scripts.CAS_LEASE)
+        self._read_lease = self._redis.register_script(READ_LEASE)
+        self._replace_unreadable = self._redis.register_script(REPLACE_UNREADABLE_LEASE)
         self._put_checkpoint = self._redis.register_script(_scripts.PUT_CHECKPOINT)
         self._list_checkpoints = self._redis.register_script(_scripts.LIST_CHECKPOINTS)
         self._read_checkpoint = self._redis.register_script(_scripts.READ_CHECKPOINT)
@@ -292,34 +296,46 @@ class RedisStore(Store):
 
     @_translated
     def read_lease(self, agent: str) -> LeaseRecord | None:
-        answer = self._bounded_hget(
-            keys=[self._key(agent, "lease")], args=["record", MAX_RECORD_BYTES]
+        return lease_in_answer(
+            self._read_lease(keys=[self._key(agent, "lease")], args=LEASE_READ_ARGS)
         )
-        data = bounded(answer, "lease record", MAX_RECORD_BYTES)
-        return None if data is None else LeaseRecord.from_json(data)
 
     @_translated
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         # The new version is the stored one + 1: the script writes it only when
         # the stored version is expected_version, so computing it here is exact.
         stored = replace(new, version=(expected_version or 0) + 1)
+        expected = "" if expected_version is None else str(expected_version)
         answer = self._cas_lease(
-            keys=[self._key(agent, "lease")],
-            args=[
-                "" if expected_version is None else str(expected_version),
-                stored.to_json(),
-                fence_text(stored.holder, stored.session, stored.epoch),
-                str(stored.version),
-                stored.term(),
-                self._key(agent, "term-changed"),
-                self._changed(agent),
-                self._key(agent, "lease-changed"),
-            ],
+            keys=[self._key(agent, "lease")], args=[expected, *self._lease_args(agent, stored)]
         )
         if answer[0] == b"conflict":
             now = text(answer[1]) or None
             raise LeaseConflict(f"lease of {agent!r} is at version {now}, not {expected_version}")
         return stored
+
+    @_translated
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        answer = self._replace_unreadable(
+            keys=[self._key(agent, "lease")],
+            args=[found, MAX_RECORD_BYTES, *self._lease_args(agent, new)],
+        )
+        if answer[0] == b"conflict":
+            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
+        return new
+
+    def _lease_args(self, agent: str, stored: LeaseRecord) -> list[str | bytes]:
+        """What a lease write's script takes after its comparison: the record, its fence,
+        version and term, then the channels (the term's first)."""
+        return [
+            stored.to_json(),
+            fence_text(stored.holder, stored.session, stored.epoch),
+            str(stored.version),
+            stored.term(),
+            self._key(agent, "term-changed"),
+            self._changed(agent),
+            self._key(agent, "lease-changed"),
+        ]
 
     # -- checkpoints -------------------------------------------------------
 

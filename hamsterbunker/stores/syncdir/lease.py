@@ -32,9 +32,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
-from ...errors import CorruptRecord, LeaseConflict
+from ...errors import CorruptRecord, LeaseConflict, UnreadableLease
 from ...records import LeaseRecord, check_name
 from ..base import Fence, check_fence
 from ..file import FileStore
@@ -131,7 +132,6 @@ class ClaimsLease:
 
     def cas(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         """Store.cas_lease: against the merged version, by the own claim's compare-and-set."""
-        mine = self._writer()
         claims = self.claims(agent)
         current = merged_lease(claims)
         version = None if current is None else current.version
@@ -139,11 +139,8 @@ class ClaimsLease:
             raise LeaseConflict(
                 f"lease of {agent!r} is at merged version {version}, not {expected_version}"
             )
-        own = claims.get(self._node)
         # Against the own claim as read above: fails if another writer of this node wrote since.
-        claims[self._node] = written = mine.cas_lease(
-            agent, None if own is None else own.version, new
-        )
+        claims[self._node] = written = self._write_own(agent, claims.get(self._node), new)
         self._publish(agent, written)
         result = merged_lease(claims)
         assert result is not None  # it holds the claim just written
@@ -166,8 +163,23 @@ class ClaimsLease:
         # claim, which the own file store fences by. Lost to another writer of this node:
         # the own file store's fence check below says whether it still matches.
         with contextlib.suppress(LeaseConflict):
-            written = self._writer().cas_lease(agent, None if own is None else own.version, winner)
+            written = self._write_own(agent, own, winner)
             self._publish(agent, written)
+
+    def _write_own(self, agent: str, own: LeaseRecord | None, new: LeaseRecord) -> LeaseRecord:
+        """Write new as this node's claim by compare-and-set against own (its claim as last
+        read). Only this node writes its claim, and it is skipped while unreadable, so the
+        caller's comparison was made without it: an unreadable one is replaced as it stands,
+        or a single write of junk would keep this node from ever writing its claim again.
+        The replacement numbers on above every version of the claim seen or published
+        (a published claim is never rewritten under its version)."""
+        mine = self._writer()
+        try:
+            return mine.cas_lease(agent, None if own is None else own.version, new)
+        except UnreadableLease as exc:
+            published = read_published(self._root, (NODES, self._node), agent, self._problems)
+            version = 1 + max((c.version for c in (own, published) if c is not None), default=0)
+            return mine.replace_unreadable_lease(agent, exc.found, replace(new, version=version))
 
     @_os_errors_as_store_errors
     def _publish(self, agent: str, claim: LeaseRecord) -> None:

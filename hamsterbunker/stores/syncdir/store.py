@@ -67,7 +67,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-from ...errors import ConfigError, CorruptRecord, StoreError, StoreUnavailable
+from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
 from ...limits import (
     INBOX_REPLIES_KEPT,
     check_checkpoint_bounds,
@@ -389,6 +389,11 @@ class SyncDirStore(Store):
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         return self._lease.cas(agent, expected_version, new)
+
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        # read_lease never reports one: an unreadable claim is skipped (ClaimsLease.claims),
+        # and this node's own is replaced by its next write (ClaimsLease._write_own).
+        raise LeaseConflict(f"the syncdir lease of {agent!r} is never unreadable as a whole")
 
     # -- checkpoints: one chain per node -----------------------------------------
 
