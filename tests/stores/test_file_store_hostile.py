@@ -225,21 +225,45 @@ def test_a_checkpoint_that_is_a_fifo_or_dev_zero_is_left_out_and_refused(
 
 
 @pytest.mark.parametrize("what", ["fifo", "devzero"])
-@pytest.mark.parametrize("name", ["lease.json", "lease.lock"])
 def test_a_lease_that_is_a_fifo_or_dev_zero_is_a_corrupt_record(
-    store: FileStore, root: Path, name: str, what: str
+    store: FileStore, root: Path, what: str
 ) -> None:
     fence = populate(store)
-    plant(agent_dir(root) / name, what)
+    plant(agent_dir(root) / "lease.json", what)
     checks: list[Callable[[], object]] = [
         lambda: store.cas_lease(AGENT, 1, lease("n1", 1)),
         lambda: store.put_checkpoint(AGENT, fence, 2, b"sealed-2"),
+        lambda: store.read_lease(AGENT),
     ]
-    if name == "lease.json":
-        checks.append(lambda: store.read_lease(AGENT))
     for check in checks:
-        with pytest.raises(CorruptRecord, match=name):
+        with pytest.raises(CorruptRecord, match="lease.json"):
             check()
+
+
+@pytest.mark.parametrize("what", ["fifo", "devzero", "empty-directory", "directory"])
+def test_a_lease_lock_that_is_no_file_is_moved_aside_and_the_lease_written_again(
+    store: FileStore, root: Path, what: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One write of something other than a file as lease.lock (which no lease operation can
+    lock) is moved aside and reported at the next operation, which then goes through."""
+    fence = populate(store)
+    lock = agent_dir(root) / "lease.lock"
+    if what.endswith("directory"):
+        lock.unlink()
+        lock.mkdir()
+        if what == "directory":
+            (lock / "inside").write_bytes(b"x")
+    else:
+        plant(lock, what)
+    with caplog.at_level(logging.WARNING):
+        renewed = store.cas_lease(AGENT, 1, lease("n1", 1))
+    assert "moved aside" in caplog.text
+    store.put_checkpoint(AGENT, fence_of(renewed), 2, b"sealed-2")
+    assert lock.is_file() and not lock.is_symlink()
+    assert [p.name.startswith("lease.lock.planted-") for p in agent_dir(root).iterdir()].count(
+        True
+    ) == 1
+    assert fence == fence_of(renewed)
 
 
 @pytest.mark.parametrize("what", ["fifo", "devzero", "huge", "empty-directory"])

@@ -14,6 +14,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import stat
 import struct
 import time
@@ -25,7 +26,7 @@ from ...errors import CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
 from ...limits import MAX_RECORD_BYTES
 from ...records import LeaseRecord
 from ..base import parse_lease
-from .fileio import discard, open_regular, read_file, write_temp
+from .fileio import discard, log, open_regular, read_file, write_temp
 
 __all__ = ["cas_lease_in", "lease_in", "lease_locked", "replace_unreadable_in"]
 
@@ -33,6 +34,8 @@ __all__ = ["cas_lease_in", "lease_in", "lease_locked", "replace_unreadable_in"]
 _WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 # O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a reader.
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Tries to open lease.lock, each after moving aside what was planted there.
+_LOCK_OPEN_TRIES = 3
 
 
 def lease_in(agent_fd: int, agent_dir: Path) -> LeaseRecord | None:
@@ -62,7 +65,7 @@ def _found(agent_fd: int) -> str:
 def lease_locked(agent_fd: int, agent_dir: Path, agent: str, timeout: float) -> Iterator[None]:
     """Hold the agent's lease lock, waiting at most timeout seconds (then StoreUnavailable)."""
     path = agent_dir / "lease.lock"
-    fd = open_regular(agent_fd, "lease.lock", path, _LOCK_FLAGS)
+    fd = _open_lock(agent_fd, path)
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -80,6 +83,33 @@ def lease_locked(agent_fd: int, agent_dir: Path, agent: str, timeout: float) -> 
         yield
     finally:
         os.close(fd)  # closing the description releases its lock
+
+
+def _open_lock(agent_fd: int, path: Path) -> int:
+    """lease.lock, open to lock. Anything else planted there (a link, a FIFO, a directory)
+    is moved aside first and reported: we only ever make a regular file there, and while
+    it stood no lease write could ever happen again."""
+    for _ in range(_LOCK_OPEN_TRIES):
+        try:
+            return open_regular(agent_fd, "lease.lock", path, _LOCK_FLAGS)
+        except CorruptRecord as exc:
+            _move_aside(agent_fd, "lease.lock", str(exc))
+    raise StoreUnavailable(f"{path} is replaced by something other than a file at every try")
+
+
+def _move_aside(dir_fd: int, name: str, problem: str) -> None:
+    """Rename what is at name (not a regular file) to a name nothing reads, for a person to
+    look at. A regular file there now (another process moved the junk first) is kept."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        return
+    aside = f"{name}.planted-{secrets.token_hex(4)}"
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        log.warning("%s: moved aside as %s, so that the lease can be locked", problem, aside)
 
 
 def cas_lease_in(
