@@ -80,9 +80,7 @@ class IntentLog:
     def stale(self, seq: int, index: int, name: str) -> bool:
         """Whether an intent at (seq, index) of another name than name is kept."""
         with self._lock:
-            return any(
-                (i.seq, i.index) == (seq, index) and i.name != name for i in self._intents
-            )
+            return any((i.seq, i.index) == (seq, index) and i.name != name for i in self._intents)
 
     def supersede(self, seq: int, index: int, name: str) -> None:
         """Forget the intents at (seq, index) of another name than name: a later path of

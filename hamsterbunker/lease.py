@@ -319,7 +319,9 @@ class LeaseKeeper:
         )
         sent = self.clock.monotonic()
         try:
-            acquired = self.store.replace_unreadable_lease(self.agent, found.found, self._signed(new))
+            acquired = self.store.replace_unreadable_lease(
+                self.agent, found.found, self._signed(new)
+            )
         except LeaseConflict:
             reason = "the unreadable lease record changed before it was replaced"
             return TickResult(Outcome.STANDBY, None, reason, store_error=problem)

@@ -236,7 +236,7 @@ def test_a_lease_that_is_a_fifo_or_dev_zero_is_a_corrupt_record(
         lambda: store.read_lease(AGENT),
     ]
     for check in checks:
-        with pytest.raises(CorruptRecord, match="lease.json"):
+        with pytest.raises(CorruptRecord, match=r"lease\.json"):
             check()
 
 
