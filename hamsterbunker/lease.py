@@ -109,9 +109,6 @@ class LeaseKeeper:
         # Signs every record written, and tells which records read to learn from: set
         # by the runtime once the secret opened the cluster record (None: trust all).
         self.proof: LeaseProof | None = None
-        self._checked: tuple[LeaseRecord, str | None] | None = None  # the last record checked
-        self._unproven: list[str] = []  # records whose proof did not open, for lease.unproven
-        self._unproven_version = -1  # the version of the last one reported
 
     def carry_control_by(self, carry: Callable[[str], str]) -> None:
         """Write carry(the control field found) into every lease record this keeper writes
@@ -469,8 +466,7 @@ class LeaseKeeper:
 
     def drain_unproven(self) -> list[str]:
         """Lease records whose proof did not open since the last call (for lease.unproven)."""
-        found, self._unproven = self._unproven, []
-        return found
+        return [] if self.proof is None else self.proof.drain_problems()
 
     def drain_regressions(self) -> list[str]:
         """What this keeper saw go back in time since the last call (for store.regressed)."""
@@ -541,19 +537,7 @@ class LeaseKeeper:
         return record if self.proof is None else self.proof.signed(record)
 
     def _proven(self, record: LeaseRecord) -> bool:
-        """Whether record's proof opens (each record checked once; a failure reported once)."""
-        if self.proof is None:
-            return True
-        if self._checked is None or self._checked[0] != record:
-            problem = self.proof.problem(record)
-            if problem is not None and record.version != self._unproven_version:
-                self._unproven_version = record.version  # once per record, not per tick
-                self._unproven.append(
-                    f"epoch {record.epoch}, holder {record.holder!r}, version {record.version}: "
-                    f"{problem}"
-                )
-            self._checked = (record, problem)
-        return self._checked[1] is None
+        return self.proof is None or self.proof.proves(record)
 
     def _ttl_of(self, record: LeaseRecord) -> float:
         """How long record must stand still to count as expired here, in seconds: the longer

@@ -33,6 +33,9 @@ class LeaseProof:
 
     def __init__(self, sealer: Sealer, agent: str) -> None:
         self._sealer, self._agent = sealer, agent
+        self._checked: tuple[LeaseRecord, str | None] | None = None  # the last record checked
+        self._problems: list[str] = []  # records whose proof did not open, not yet drained
+        self._reported_version = -1  # the version of the last one reported
 
     def signed(self, record: LeaseRecord) -> LeaseRecord:
         """record with its proof, under the cluster's current key."""
@@ -47,6 +50,25 @@ class LeaseProof:
         except Tampered as exc:
             return str(exc)
         return None
+
+    def proves(self, record: LeaseRecord) -> bool:
+        """Whether record's proof opens: each record checked once (a keeper looks at the
+        same record every tick), a failure reported once per record version."""
+        if self._checked is None or self._checked[0] != record:
+            problem = self.problem(record)
+            if problem is not None and record.version != self._reported_version:
+                self._reported_version = record.version
+                self._problems.append(
+                    f"epoch {record.epoch}, holder {record.holder!r}, version {record.version}: "
+                    f"{problem}"
+                )
+            self._checked = (record, problem)
+        return self._checked[1] is None
+
+    def drain_problems(self) -> list[str]:
+        """The records proves() found unproven since the last call (for lease.unproven)."""
+        found, self._problems = self._problems, []
+        return found
 
     def _payload(self, record: LeaseRecord) -> bytes:
         signed = [
