@@ -47,6 +47,8 @@ WARNING_TYPES = frozenset(
         "agent.unpaused",
         "control.ignored",
         "lease.replaced_unreadable",
+        "lease.unproven",
+        "effect.lost",
         "acceptance.rejected",
         "store.regressed",
         "store.loss_accepted",
