@@ -7,8 +7,11 @@ numbers come from ``limits``.
 
 Every backend's ``read_inbox`` takes its entries through a ``BoundedRead`` of
 ``INBOX_READ`` (Redis hands the three numbers to its script as well, so that no
-more than that leaves the server). The effect journal and checkpoint reads keep
-to the bounds stated here their own way (a bounded set of names, a size cap).
+more than that leaves the server), and every backend's ``read_effects`` through
+one of ``EFFECTS_READ`` (syncdir's through its subtrees' file stores, its
+``read_chain_effects`` too; Redis' script sends only the names a record has,
+none over the bytes of one). A checkpoint read keeps to ``CHECKPOINT_READ`` its
+own way (one record, a size cap).
 """
 
 from __future__ import annotations

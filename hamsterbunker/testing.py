@@ -50,7 +50,7 @@ from .limits import (
     check_effect_bounds,
     check_submission_bounds,
 )
-from .read_bounds import INBOX_READ, BoundedRead
+from .read_bounds import EFFECTS_READ, INBOX_READ, BoundedRead
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
 from .stores._terms import TermChanges
@@ -397,17 +397,25 @@ class MemoryStore(Store):
             state.changes += 1
 
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
-        """The journal of step seq; a planted entry outside the bounds is logged and left out."""
+        """The journal of step seq, within read_bounds.EFFECTS_READ; a planted entry outside
+        the bounds is logged and left out."""
         with self._lock:
-            stored = [(k, v) for k, v in self._agent(agent).effects.items() if k[0] == seq]
-        journal = {}
+            stored = sorted((k, v) for k, v in self._agent(agent).effects.items() if k[0] == seq)
+        journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
         for (_seq, index, kind), blob in stored:
             problem = check_effect_bounds(seq, index, kind, len(blob))
-            if problem is None:
-                journal[(index, kind)] = blob
-            else:
+            if problem is not None:
                 log.warning("memory store: leaving out an effect record of %s: %s", agent, problem)
-        return journal
+            elif not journal.offer((index, kind), blob) and journal.full:
+                break
+        if journal.stopped:
+            log.warning(
+                "memory store: effect journal of step %d of %s: stopped reading at %d bytes",
+                seq,
+                agent,
+                journal.total,
+            )
+        return dict(journal.entries)
 
     # -- inbox -------------------------------------------------------------
 

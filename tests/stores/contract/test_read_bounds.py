@@ -5,6 +5,9 @@ bytes in all) is read within ``INBOX_READ``: a read stops at the bound, and the
 next read, from the last number taken, goes on from there. A leader's term
 (``node.inbox.TermInbox``, on a FakeClock) reads on past such junk, reports it
 once, and does not read it again before every step, only every few ticks.
+
+A step's effect journal planted past ``EFFECTS_READ`` (names no record has,
+records over the bytes of one) is read within it.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import logging
 
 import pytest
 
+from hamsterbunker.limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP
 from hamsterbunker.node.inbox import RESCAN_TICKS
-from hamsterbunker.read_bounds import INBOX_READ
+from hamsterbunker.read_bounds import EFFECTS_READ, INBOX_READ
 from hamsterbunker.stores.base import Store
 from tests.support.agents import AGENT
 from tests.support.raw_inbox import plant_submissions
+from tests.support.raw_store import raw_view
 from tests.support.term_inbox import TICK_S, leading
 
 JUNK = 200  # entries of the biggest size: more than one read takes
@@ -113,3 +118,36 @@ def test_junk_a_term_read_past_is_looked_at_again_every_few_ticks(store: Store) 
             assert len(term.sink.of("inbox.rejected")) == JUNK  # each reported once
 
     asyncio.run(scenario())
+
+
+def test_a_step_journal_read_keeps_to_its_bound(store: Store) -> None:
+    """Every record a step may hold, one of them exactly the bytes of one and one a byte over,
+    beside names no record has: the read returns every record within the bound, no more
+    than its count and total, and leaves out the one over and the junk names.
+
+    The count and total held before the journal was read through ``BoundedRead`` (a bounded
+    set of names, each capped): this guards a regression. On etcd the junk name took a place
+    of the bounded listing and the last record went unread: that failed before."""
+    seq = 5
+    raw = raw_view(store)
+    genuine = {
+        (index, kind): b"%d:%s" % (index, kind.encode())
+        for index in range(MAX_EFFECTS_PER_STEP)
+        for kind in EFFECT_KINDS
+    }
+    genuine[(0, "intent")] = b"i" * EFFECTS_READ.entry_bytes
+    over = (1, "outcome")
+    planted = {
+        **genuine,
+        over: b"o" * (EFFECTS_READ.entry_bytes + 1),
+        (MAX_EFFECTS_PER_STEP, "intent"): b"past the last index",
+        (0, "junk"): b"not a kind",
+    }
+    for (index, kind), data in planted.items():
+        raw.put_effect(AGENT, seq, index, kind, data)
+    del genuine[over]
+    journal = store.read_effects(AGENT, seq)
+    assert journal == genuine
+    assert len(journal) <= EFFECTS_READ.count
+    assert sum(len(data) for data in journal.values()) <= EFFECTS_READ.total_bytes
+    assert store.read_effects(AGENT, seq + 1) == {}
