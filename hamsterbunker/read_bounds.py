@@ -24,18 +24,26 @@ from typing import Generic, TypeVar
 from .limits import (
     EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
+    MAX_CLAIMS_TRIED,
     MAX_EFFECT_BYTES,
     MAX_EFFECTS_PER_STEP,
     MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,
+    MAX_NODES_READ,
+    MAX_RECORD_BYTES,
     MAX_SUBMISSION_BYTES,
+    MAX_TERM_RECORD_BYTES,
+    MAX_TERMS_READ,
 )
 
 __all__ = [
     "CHECKPOINT_READ",
+    "CLAIMS_READ",
     "EFFECTS_READ",
+    "HEARTBEATS_READ",
     "INBOX_READ",
     "READ_BOUNDS",
+    "TERM_RECORDS_READ",
     "BoundedRead",
     "ReadBound",
 ]
@@ -64,12 +72,23 @@ EFFECTS_READ = ReadBound(
 )
 # One sealed checkpoint (Store.read_checkpoint).
 CHECKPOINT_READ = ReadBound(1, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
+# The heartbeats of one agent's nodes (Store.list_heartbeats), by node id.
+HEARTBEATS_READ = ReadBound(MAX_NODES_READ, MAX_RECORD_BYTES, MAX_NODES_READ * MAX_RECORD_BYTES)
+# The synced-folder store: the newest term records, or chain choices, of one subtree.
+TERM_RECORDS_READ = ReadBound(
+    MAX_TERMS_READ, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ * MAX_TERM_RECORD_BYTES
+)
+# The synced-folder store: the newest published claims of one subtree tried (one is taken).
+CLAIMS_READ = ReadBound(MAX_CLAIMS_TRIED, MAX_RECORD_BYTES, MAX_CLAIMS_TRIED * MAX_RECORD_BYTES)
 
 READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
     {
         "inbox submissions": INBOX_READ,
         "effect records of a step": EFFECTS_READ,
         "checkpoint": CHECKPOINT_READ,
+        "heartbeats of an agent": HEARTBEATS_READ,
+        "term records or chain choices of a subtree": TERM_RECORDS_READ,
+        "published claims of a subtree": CLAIMS_READ,
     }
 )
 

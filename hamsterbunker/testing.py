@@ -50,7 +50,7 @@ from .limits import (
     check_effect_bounds,
     check_submission_bounds,
 )
-from .read_bounds import EFFECTS_READ, INBOX_READ, BoundedRead
+from .read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
 from .stores._terms import TermChanges
@@ -511,12 +511,18 @@ class MemoryStore(Store):
             state.changes += 1
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
-        """Every node's last heartbeat, ordered by node id."""
+        """Every node's last heartbeat, ordered by node id, within read_bounds.HEARTBEATS_READ."""
+        stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
         with self._lock:
             beats = self._agent(agent).heartbeats
-            stored = [(node, beats[node]) for node in sorted(beats)]
+            for node in sorted(beats):
+                if stored.full:
+                    break
+                if stored.too_big(len(beats[node])):
+                    log.warning("memory store: leaving out the heartbeat of %s: too big", node)
+                stored.offer(node, beats[node])
         # Only a test can plant a damaged one; skipped as the real backends do.
-        return list(readable(stored, Heartbeat.from_json, _report("heartbeat")))
+        return list(readable(stored.entries, Heartbeat.from_json, _report("heartbeat")))
 
     def remove_heartbeat(self, agent: str, node: str) -> None:
         """Drop a node's heartbeat (graceful stop). No error if absent."""

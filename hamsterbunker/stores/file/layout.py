@@ -64,9 +64,12 @@ def is_sync_copy(name: str) -> bool:
     return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
 
 
-def record_files(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
-    """(node, file name) of each node's record file in directory, by name, sync copies left out."""
-    names = sorted(entry.name for entry in dir_entries(directory))
+def record_files(
+    directory: int, pattern: re.Pattern[str], limit: int | None = None
+) -> list[tuple[str, str]]:
+    """(node, file name) of each node's record file in directory, by name, sync copies left
+    out; of no more than limit entries, if given (see fileio.dir_entries)."""
+    names = sorted(entry.name for entry in dir_entries(directory, limit))
     matches = ((pattern.fullmatch(name), name) for name in names if not is_sync_copy(name))
     return [(match[1], name) for match, name in matches if match]
 

@@ -7,7 +7,8 @@ next read, from the last number taken, goes on from there. A leader's term
 once, and does not read it again before every step, only every few ticks.
 
 A step's effect journal planted past ``EFFECTS_READ`` (names no record has,
-records over the bytes of one) is read within it.
+records over the bytes of one) is read within it; an agent's heartbeats, past
+``HEARTBEATS_READ``, likewise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import pytest
 
 from hamsterbunker.limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP
 from hamsterbunker.node.inbox import RESCAN_TICKS
-from hamsterbunker.read_bounds import EFFECTS_READ, INBOX_READ
+from hamsterbunker.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ
+from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores.base import Store
 from tests.support.agents import AGENT
 from tests.support.raw_inbox import plant_submissions
@@ -151,3 +153,34 @@ def test_a_step_journal_read_keeps_to_its_bound(store: Store) -> None:
     assert len(journal) <= EFFECTS_READ.count
     assert sum(len(data) for data in journal.values()) <= EFFECTS_READ.total_bytes
     assert store.read_effects(AGENT, seq + 1) == {}
+
+
+def _beat(node: str) -> Heartbeat:
+    return Heartbeat(
+        node=node, region="eu", host="h", pid=1, role="standby", epoch=1, seq=0, leader=None,
+        time=0.0,
+    )  # fmt: skip
+
+
+def test_a_read_of_the_heartbeats_stops_at_its_count(store: Store) -> None:
+    """More nodes' heartbeats than a read takes: it returns those of the lowest node ids, as
+    many as the bound, within its byte total."""
+    nodes = [f"n{number:04d}" for number in range(HEARTBEATS_READ.count + 3)]
+    for node in reversed(nodes):
+        store.put_heartbeat(AGENT, _beat(node))
+    beats = store.list_heartbeats(AGENT)
+    assert [beat.node for beat in beats] == nodes[: HEARTBEATS_READ.count]
+    assert sum(len(beat.to_json()) for beat in beats) <= HEARTBEATS_READ.total_bytes
+
+
+def test_a_heartbeat_over_its_bound_is_left_out_and_the_rest_is_read(store: Store) -> None:
+    """A heartbeat one byte over the bound of one is left out; those around it are read.
+
+    Held before the heartbeats were read through ``BoundedRead`` (each read with a cap, or
+    refused by the parser): this guards a regression."""
+    raw = raw_view(store)
+    store.put_heartbeat(AGENT, _beat("n1"))
+    big = _beat("n2").to_json()
+    raw.put_heartbeat(AGENT, "n2", big + b" " * (HEARTBEATS_READ.entry_bytes + 1 - len(big)))
+    store.put_heartbeat(AGENT, _beat("n3"))
+    assert [beat.node for beat in store.list_heartbeats(AGENT)] == ["n1", "n3"]
