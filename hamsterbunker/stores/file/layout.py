@@ -15,6 +15,7 @@ import logging
 import re
 
 from ...limits import check_checkpoint_bounds, check_effect_bounds
+from ...read_bounds import HEARTBEATS_READ
 from ...records import check_name
 from .fileio import dir_entries
 
@@ -22,6 +23,7 @@ __all__ = [
     "CHECKPOINT_NAME",
     "EFFECT_NAME",
     "EVENTS_NAME",
+    "HEARTBEAT_ENTRIES",
     "HEARTBEAT_NAME",
     "MAX_SEGMENT_BYTES",
     "STEP_NAME",
@@ -52,6 +54,10 @@ EFFECT_NAME = re.compile(r"(\d+)-(\w+)\.hbe")
 # but never above this: 16 MiB is a thousand events of 16 KiB each, while ours
 # are a few hundred bytes.
 MAX_SEGMENT_BYTES = 16 * 1024 * 1024
+# The most entries of a heartbeats directory listed by one read (the store's, the
+# tail's): four times the heartbeats it takes (read_bounds.HEARTBEATS_READ), so
+# temporary files and sync copies beside them never count.
+HEARTBEAT_ENTRIES = 4 * HEARTBEATS_READ.count
 
 
 def agent_parts(agent: str, *sub: str) -> tuple[str, ...]:

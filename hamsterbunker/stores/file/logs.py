@@ -6,9 +6,10 @@ atomic append across clients); when a segment holds ``events_per_segment``
 events it is renamed to ``<node>.jsonl.1``, replacing the previous one, so at
 most two segments remain. What is not a regular file within its cap under one
 of these names is logged once and skipped. A read of the heartbeats lists at
-most ``_HEARTBEAT_ENTRIES`` names and takes them, by node id, through a
-``BoundedRead`` of ``read_bounds.HEARTBEATS_READ``. ``hb forget`` unlinks a node's files
-(a symlink itself, never its target; a directory planted there is left).
+most ``HEARTBEAT_ENTRIES`` names and takes them, by node id, through a
+``BoundedRead`` of ``read_bounds.HEARTBEATS_READ``. ``hb forget`` unlinks a
+node's files (a symlink itself, never its target; a directory planted there is
+left).
 """
 
 from __future__ import annotations
@@ -24,14 +25,10 @@ from ...read_bounds import HEARTBEATS_READ, BoundedRead
 from ...records import Event, Heartbeat, check_name
 from .._reported import readable
 from .fileio import atomic_write, closing_fd, discard, open_regular, read_file, write_all
-from .layout import EVENTS_NAME, HEARTBEAT_NAME, agent_parts, record_files
+from .layout import EVENTS_NAME, HEARTBEAT_ENTRIES, HEARTBEAT_NAME, agent_parts, record_files
 from .tree import StoreTree
 
 __all__ = ["EventLogs", "HeartbeatFiles"]
-
-# The most entries of a heartbeats directory listed by one read: four times the
-# heartbeats it takes, so temporary files and sync copies beside them never count.
-_HEARTBEAT_ENTRIES = 4 * HEARTBEATS_READ.count
 
 # O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a reader.
 _APPEND_FLAGS = (
@@ -56,7 +53,7 @@ class HeartbeatFiles:
         with self._tree.reading(*agent_parts(agent, "heartbeats")) as directory:
             if directory is None:
                 return []
-            for node, name in record_files(directory, HEARTBEAT_NAME, _HEARTBEAT_ENTRIES):
+            for node, name in record_files(directory, HEARTBEAT_NAME, HEARTBEAT_ENTRIES):
                 if stored.full:
                     self._tree.report(
                         f"{path}: read the heartbeats of the first {len(stored.entries)} nodes "

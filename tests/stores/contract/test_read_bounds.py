@@ -164,13 +164,15 @@ def _beat(node: str) -> Heartbeat:
 
 def test_a_read_of_the_heartbeats_stops_at_its_count(store: Store) -> None:
     """More nodes' heartbeats than a read takes: it returns those of the lowest node ids, as
-    many as the bound, within its byte total."""
+    many as the bound, within its byte total; so does a tail's read."""
     nodes = [f"n{number:04d}" for number in range(HEARTBEATS_READ.count + 3)]
     for node in reversed(nodes):
         store.put_heartbeat(AGENT, _beat(node))
     beats = store.list_heartbeats(AGENT)
     assert [beat.node for beat in beats] == nodes[: HEARTBEATS_READ.count]
     assert sum(len(beat.to_json()) for beat in beats) <= HEARTBEATS_READ.total_bytes
+    tailed = store.tail(AGENT).read().heartbeats
+    assert sorted(beat.node for beat in tailed) == nodes[: HEARTBEATS_READ.count]
 
 
 def test_a_heartbeat_over_its_bound_is_left_out_and_the_rest_is_read(store: Store) -> None:
