@@ -5,13 +5,25 @@ more than ``entry_bytes``, and no more than ``total_bytes`` in all (DESIGN.md
 invariant 10): planted junk can make a read stop early, never read on. The
 numbers come from ``limits``.
 
-Every backend's ``read_inbox`` takes its entries through a ``BoundedRead`` of
-``INBOX_READ`` (Redis hands the three numbers to its script as well, so that no
-more than that leaves the server), and every backend's ``read_effects`` through
-one of ``EFFECTS_READ`` (syncdir's through its subtrees' file stores, its
-``read_chain_effects`` too; Redis' script sends only the names a record has,
-none over the bytes of one). A checkpoint read keeps to ``CHECKPOINT_READ`` its
-own way (one record, a size cap).
+Who reads through it:
+
+- ``read_inbox``, every backend: a ``BoundedRead`` of ``INBOX_READ`` (Redis
+  hands the three numbers to its script as well, so that no more than that
+  leaves the server).
+- ``read_effects``, every backend (syncdir's through its subtrees' file stores,
+  its ``read_chain_effects`` too): a ``BoundedRead`` of ``EFFECTS_READ``
+  (Redis' script sends only the names a record has, none over the bytes of one).
+- ``list_heartbeats``, every backend, and the file store's tail: a
+  ``BoundedRead`` of ``HEARTBEATS_READ``, the lowest node ids first (the file
+  store and etcd list or fetch at most four times that many; Redis bounds what
+  its script fetched, the whole hash; syncdir cuts its merge of subtrees too).
+- syncdir's term records and chain choices: a ``BoundedRead`` of
+  ``TERM_RECORDS_READ``; its published claims are tried within ``CLAIMS_READ``.
+- a checkpoint read keeps to ``CHECKPOINT_READ`` its own way (one record, a
+  size cap).
+
+Event reads are not in the table: how many events a node's log keeps is a
+store's setting (``events_per_node``, ``events_per_segment``), not a limit.
 """
 
 from __future__ import annotations
