@@ -466,7 +466,7 @@ class MemoryStore(Store):
             if number is None:
                 return None
             done = state.done.get(number)
-        if done is None:
+        if done is None or done[0] != request_id:  # consumed is another request's: not this
             return AdmissionState(number, consumed=False, reply=None)
         reply = done[1]
         if reply is not None and len(reply) > MAX_REPLY_BYTES:
