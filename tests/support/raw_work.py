@@ -12,9 +12,11 @@ in-memory store of ``hamsterbunker.testing`` included.
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from hamsterbunker.stores.file.inbox_records import (
     done_bytes,
@@ -226,58 +228,51 @@ class RawWorkMemory:
     def __init__(self, store: MemoryStore) -> None:
         self._store = store
 
-    def _state(self, agent: str):  # type: ignore[no-untyped-def]
-        return self._store._agent(agent)
-
-    def _changed(self, agent: str) -> None:
-        self._state(agent).changes += 1
+    @contextlib.contextmanager
+    def _editing(self, agent: str) -> Iterator[Any]:
+        """The agent's records (hamsterbunker.testing._Agent), under the store's lock; a watch
+        sees the change."""
+        with self._store._lock:
+            state = self._store._agent(agent)
+            yield state
+            state.changes += 1
 
     def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        with self._store._lock:
-            self._state(agent).effects[(seq, index, kind)] = data
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.effects[(seq, index, kind)] = data
 
     def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
-        with self._store._lock:
-            self._state(agent).effects.pop((seq, index, kind), None)
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.effects.pop((seq, index, kind), None)
 
     def delete_effects(self, agent: str, seq: int) -> None:
-        with self._store._lock:
-            effects = self._state(agent).effects
-            for key in [key for key in effects if key[0] == seq]:
-                del effects[key]
-            self._changed(agent)
+        with self._editing(agent) as state:
+            for key in [key for key in state.effects if key[0] == seq]:
+                del state.effects[key]
 
     def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
-        with self._store._lock:
-            self._state(agent).pending[number] = (request_id, blob)
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.pending[number] = (request_id, blob)
 
     def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
         self.put_pending(agent, number, "junk", data)
 
     def delete_pending(self, agent: str, number: int) -> None:
-        with self._store._lock:
-            self._state(agent).pending.pop(number, None)
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.pending.pop(number, None)
 
     def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
-        with self._store._lock:
-            state = self._state(agent)
+        with self._editing(agent) as state:
             state.done[number] = (request_id, reply)
             state.numbers[request_id] = number
-            self._changed(agent)
 
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
-        with self._store._lock:
-            self._state(agent).done.pop(number, None)
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.done.pop(number, None)
 
     def put_index(self, agent: str, request_id: str, number: int) -> None:
-        with self._store._lock:
-            self._state(agent).numbers[request_id] = number
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.numbers[request_id] = number
 
     def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
         # The memory store keeps an index entry as a number: the nearest it has to junk is
@@ -285,9 +280,8 @@ class RawWorkMemory:
         self.put_index(agent, request_id, int.from_bytes(data[:8].ljust(8, b"\0"), "big") or -1)
 
     def delete_index(self, agent: str, request_id: str) -> None:
-        with self._store._lock:
-            self._state(agent).numbers.pop(request_id, None)
-            self._changed(agent)
+        with self._editing(agent) as state:
+            state.numbers.pop(request_id, None)
 
 
 def raw_work(raw: object) -> RawWork:
