@@ -312,6 +312,7 @@ class Running:
         self.events = Recorder()
         self.actions: list[str] = []  # what each example did, for failure messages
         self.done_kinds: set[str] = set()
+        self.not_done: BaseException | None = None  # why the last result() reported nothing
 
     # -- nodes
 
@@ -341,7 +342,7 @@ class Running:
             self.actions.append(f"#{len(self.actions) + 1} (from req-{self.next_k}): {hostile}")
         try:
             yield
-        except (AssertionError, pytest.fail.Exception) as exc:
+        except (Exception, pytest.fail.Exception) as exc:  # Failed is no Exception
             noise = {"inbox.rejected", "agent.step", "checkpoint.published", "node.heartbeat"}
             events = [
                 f"{e.node}:{e.type}(epoch {e.epoch}, seq {e.seq}) {e.detail or ''}"[:300]
@@ -423,7 +424,8 @@ class Running:
         submitted = self.submitted.get(request_id)
         try:
             got = self.client.result(AGENT, request_id, timeout=timeout)
-        except (TimeoutError, UnknownRequest, SealError, StoreError):
+        except (TimeoutError, UnknownRequest, SealError, StoreError) as exc:
+            self.not_done = exc
             return _NOT_DONE  # not reported done (or reported damaged): no claim made
         assert submitted is not None, (
             f"Client.result reported {request_id!r}, which was never submitted, done with {got!r}"
@@ -449,7 +451,8 @@ class Running:
         got = self.assert_result_honest(probe.request_id, timeout=PROGRESS_S)
         assert got is not _NOT_DONE, (
             f"no reply to the new request {probe.request_id!r} (#{probe.number}) within "
-            f"{PROGRESS_S} s: the agent made no progress ({self.world.steps} steps so far)"
+            f"{PROGRESS_S} s ({self.not_done!r}): the agent made no progress "
+            f"({self.world.steps} steps so far)"
         )
 
     # -- what the fuzz puts back
@@ -469,7 +472,7 @@ class Running:
                     self.effect_records[(seq, index, kind)] = blob
             for number, blob in store.read_inbox(AGENT):
                 self.submissions[number] = blob
-            replies, _more = store.read_replies(AGENT, 0, 64)
+            replies, _more = store.read_replies(AGENT, max(self.replies, default=0), 64)
             self.replies.update(replies)
 
     def capture_controls(self) -> None:
