@@ -18,7 +18,7 @@ writer without the secret can do to one record:
   entry (of the request just submitted, of one consumed, or of the next one
   to come): arbitrary bytes, well-formed records naming another number, a
   forged "consumed, no reply", a genuine reply or submission put back, or
-  deleted;
+  deleted (a reply alone, its consumed mark kept, too);
 * the lease record's control field (written by compare-and-set, as anyone can):
   arbitrary text, an older genuine signed request (a pause, then the resume
   that followed it) put back, or cleared;
@@ -41,7 +41,13 @@ accepted; the agent consumed only requests the test submitted, and its last
 published state counts each at most once; every request ``Client.result``
 reported done is in that state; the history checker finds nothing wrong.
 
-Bounded: a fixed number of examples per backend, each wait bounded.
+One test per family of records (journal; submissions; consumed records and
+index entries; control), so that a failure in one hides none in another. Each
+runs the attack shapes known to matter (``KNOWN``) first, then ``EXAMPLES``
+drawn ones, seeded per backend and family. The nodes and the store carry on
+from example to example, so a failure may come from an earlier one: its
+message lists every action so far and the nodes' last events. Bounded: a fixed
+number of examples, each wait bounded.
 """
 
 from __future__ import annotations
@@ -571,7 +577,7 @@ def hostile_actions(draw: st.DrawFn, kinds: list[str]) -> Hostile:
     forms = {
         "effect": ["junk", "junk", "replay", "moved", "delete", "delete-step"],
         "pending": ["junk", "junk-raw", "replay", "delete"],
-        "done": ["no-reply", "junk-reply", "replay", "delete"],
+        "done": ["no-reply", "junk-reply", "replay", "delete", "delete-reply"],
         "index": ["junk", "other-number", "delete"],
         "control": ["junk", "replay-pause", "replay-resume", "clear"],
     }[kind]
@@ -666,6 +672,8 @@ def do_hostile(run: Running, hostile: Hostile, fresh: Submitted) -> str | None:
                 raw.put_done(AGENT, number, request_id, run.replies[kept])
         case "done", "delete":
             raw.delete_done(AGENT, number, request_id)
+        case "done", "delete-reply":
+            raw.delete_reply(AGENT, number, request_id)
         case "index", "junk":
             raw.put_index_raw(AGENT, request_id, hostile.data)
         case "index", "other-number":
@@ -712,6 +720,7 @@ def assert_effects_honest(run: Running) -> None:
 KNOWN = {
     "journal": [
         Hostile("effect", "delete-step", "in-flight"),  # the step's intents go
+        Hostile("effect", "delete", "in-flight", index=0, record="outcome"),  # a safe one's
         Hostile("effect", "junk", "in-flight", index=1, record="outcome"),
         Hostile("effect", "moved", "in-flight"),  # a genuine record of another step
     ],
@@ -725,6 +734,7 @@ KNOWN = {
         Hostile("done", "no-reply", "fresh", restart=False),
         Hostile("index", "other-number", "next", restart=False),
         Hostile("done", "replay", "fresh"),  # another request's genuine reply
+        Hostile("done", "delete-reply", "consumed"),  # the agent's reply goes, its mark stays
     ],
     "control": [
         Hostile("control", "replay-pause", "lease"),  # then two leaders start afresh

@@ -60,6 +60,10 @@ class RawWork(Protocol):
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
         """Delete the consumed record of number and its reply (not the request id's index)."""
 
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        """Delete the reply of consumed number, leaving its consumed mark (where the backend
+        keeps the two apart; the file store keeps them in one record, rewritten without it)."""
+
     def put_index(self, agent: str, request_id: str, number: int) -> None:
         """Index request_id to number (as admitted, unconsumed, where the backend says so)."""
 
@@ -107,6 +111,11 @@ class RawWorkFile:
 
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
         self._inbox(agent, "done", done_name(number)).unlink(missing_ok=True)
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        done = self._inbox(agent, "done", done_name(number))
+        if done.exists():
+            done.write_bytes(done_bytes(request_id, None))
 
     def put_index(self, agent: str, request_id: str, number: int) -> None:
         self.put_index_raw(agent, request_id, index_bytes(request_id, number))
@@ -161,6 +170,9 @@ class RawWorkRedis:
         self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
         self._redis.zrem(self._key(agent, "inbox:kept"), str(number))
 
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
+
     def put_index(self, agent: str, request_id: str, number: int) -> None:
         self.put_index_raw(agent, request_id, str(number).encode())
 
@@ -209,6 +221,9 @@ class RawWorkEtcd:
 
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
         self._kv.delete(self._inbox(agent, f"done/{number:020d}"))
+        self.delete_reply(agent, number, request_id)
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
         self._kv.delete_prefix(self._inbox(agent, f"replies/{number:020d}/"))
 
     def put_index(self, agent: str, request_id: str, number: int) -> None:
@@ -269,6 +284,11 @@ class RawWorkMemory:
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
         with self._editing(agent) as state:
             state.done.pop(number, None)
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        with self._editing(agent) as state:
+            if number in state.done:
+                state.done[number] = (state.done[number][0], None)
 
     def put_index(self, agent: str, request_id: str, number: int) -> None:
         with self._editing(agent) as state:
