@@ -467,6 +467,17 @@ class Running:
         with self.world.lock:
             return max(self.world.published, default=0)
 
+    def settle_in_flight(self) -> None:
+        """Wait (a little, bounded) until the step in flight has recorded the outcome of its
+        "interrupted" effect, so that what is done to its journal meets records there."""
+        deadline = time.monotonic() + 2 * TTL_S
+        while time.monotonic() < deadline:
+            with self.world.lock:
+                in_flight = max(self.world.published, default=0) + 1
+                if (in_flight, 1) in self.world.recorded:
+                    return
+            time.sleep(0.01)
+
     def capture(self) -> None:
         """Keep the genuine records there are now: the journals of the last and the next
         step, the unconsumed submissions and the replies."""
@@ -606,6 +617,8 @@ def do_hostile(run: Running, hostile: Hostile, fresh: Submitted) -> str | None:
     """Carry out one hostile action (see the module docstring); the request id it aimed at."""
     raw = run.backend.raw
     if hostile.kind == "effect":
+        if hostile.target == "in-flight":
+            run.settle_in_flight()
         latest = run.latest_seq()
         seq = {"in-flight": latest + 1, "latest": max(latest, 1)}.get(
             hostile.target, 1 + hostile.pick % (latest + 2)
