@@ -5,10 +5,12 @@ On each backend (file, Redis, etcd and the in-memory store of
 subtree only, so no standby could take its work over, and is left out) a
 leader and a standby run in this process, each with its own store client. The
 agent journals effects in every step (``fetch``, replay="safe"; ``commit``,
-replay="interrupted"; and one "safe" ``answer-<request id>`` per submission it
-consumes, whose result is the reply), counting every real call outside the
-store. Each hypothesis example submits a request, then does what a store
-writer without the secret can do to one record:
+replay="interrupted"; ``plan-a`` or ``plan-b``, "safe", named after what
+``fetch`` returned, so that a re-run of ``fetch`` takes another path; and one
+"safe" ``answer-<request id>`` per submission it consumes, whose result is the
+reply), counting every real call outside the store. Each hypothesis example
+submits a request, then does what a store writer without the secret can do to
+one record:
 
 * an effect-journal record (of the step in flight, the last one, or any):
   arbitrary bytes or JSON, a genuine record captured earlier put back (at its
@@ -99,7 +101,7 @@ T = TypeVar("T")
 
 AGENT = "a"
 NODES = ("node-a", "node-b")
-EXAMPLES = 15
+EXAMPLES = 12
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=500)
 TTL_S = TIMING.lease_ttl_ms / 1000
 # "A few TTLs": how long after a hostile write a new request may wait for its reply.
@@ -130,7 +132,7 @@ class World:
     """Everything the agent did outside the store, and what the store accepted, thread-safe."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    calls: dict[tuple[int, int], list[Call]] = field(default_factory=lambda: defaultdict(list))
+    calls: dict[str, list[Call]] = field(default_factory=lambda: defaultdict(list))  # by key
     # request id -> the replies the agent gave it (as JSON text), in any attempt
     consumed: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     # (seq, index) -> when the store first accepted its outcome record
@@ -140,14 +142,17 @@ class World:
     last_input: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
 
-    def call(self) -> None:
+    def call(self) -> int:
+        """Count a real call of the running effect; how many calls of it there were."""
         effect = current_effect()
         assert effect is not None, "an effect's function runs outside an effect"
         with self.lock:
-            self.calls[(effect.seq, effect.index)].append(
+            calls = self.calls[effect.key]
+            calls.append(
                 Call(time.monotonic(), effect.seq, effect.index, effect.name, effect.replay,
                      effect.key)
             )  # fmt: skip
+            return len(calls)
 
     def gave(self, request_id: str, reply: Any) -> None:
         with self.lock:
@@ -176,9 +181,11 @@ def expected_reply(request_id: str, payload: Any) -> Any:
 
 
 class WorkAgent:
-    """Journals a "safe" and an "interrupted" effect each step, then answers its inbox, each
-    answer a "safe" effect whose result is the reply; an interrupted effect is noted and the
-    step goes on (the agent's decision)."""
+    """Journals a "safe" and an "interrupted" effect each step, then a "safe" one whose name
+    depends on the first one's result (as an LLM's answer picks the next tool: a re-run of
+    the first may take another path), then answers its inbox, each answer a "safe" effect
+    whose result is the reply. An interrupted effect is noted and the step goes on (the
+    agent's decision)."""
 
     def __init__(self, world: World) -> None:
         self.id = AGENT
@@ -187,9 +194,10 @@ class WorkAgent:
     def init(self) -> dict[str, Any]:
         return {"n": 0, "interrupted": 0, "answered": {}}
 
-    async def _call(self) -> None:
-        self.world.call()
+    async def _call(self) -> int:
+        calls = self.world.call()
         await asyncio.sleep(0.01)  # long enough for a stop to cancel a step mid-call
+        return calls
 
     async def _answer(self, request_id: str, payload: Any) -> Any:
         await self._call()
@@ -199,11 +207,12 @@ class WorkAgent:
         context = current_step()
         assert context is not None
         self.world.entered(state)
-        await context.effect("fetch", self._call, replay="safe")
+        fetched = await context.effect("fetch", self._call, replay="safe")
         try:
             await context.effect("commit", self._call, replay="interrupted")
         except EffectInterrupted:
             state["interrupted"] += 1
+        await context.effect(f"plan-{'ab'[fetched % 2]}", self._call, replay="safe")
         shown = await context.wait_for_inbox(IDLE_WAIT_S)
         for submission in shown[:ANSWERED_PER_STEP]:
             rid = submission.request_id
@@ -468,13 +477,13 @@ class Running:
             return max(self.world.published, default=0)
 
     def settle_in_flight(self) -> None:
-        """Wait (a little, bounded) until the step in flight has recorded the outcome of its
-        "interrupted" effect, so that what is done to its journal meets records there."""
+        """Wait (a little, bounded) until the step in flight has recorded the outcomes of its
+        first three effects, so that what is done to its journal meets records there."""
         deadline = time.monotonic() + 2 * TTL_S
         while time.monotonic() < deadline:
             with self.world.lock:
                 in_flight = max(self.world.published, default=0) + 1
-                if (in_flight, 1) in self.world.recorded:
+                if (in_flight, 2) in self.world.recorded:
                     return
             time.sleep(0.01)
 
@@ -706,8 +715,9 @@ def assert_effects_honest(run: Running) -> None:
     with world.lock:
         calls = {key: list(each) for key, each in world.calls.items()}
         recorded, published = dict(world.recorded), dict(world.published)
-    for (seq, index), each in sorted(calls.items()):
+    for each in calls.values():
         first = each[0]
+        seq, index = first.seq, first.index
         if first.replay == "interrupted":
             assert len(each) <= 1, (
                 f'effect {first.name!r} (replay="interrupted") of step {seq} #{index} ran '
@@ -733,7 +743,8 @@ def assert_effects_honest(run: Running) -> None:
 KNOWN = {
     "journal": [
         Hostile("effect", "delete-step", "in-flight"),  # the step's intents go
-        Hostile("effect", "delete", "in-flight", index=0, record="outcome"),  # a safe one's
+        # A safe effect's outcome: its re-run takes another path past the records there.
+        Hostile("effect", "delete", "in-flight", index=0, record="outcome"),
         Hostile("effect", "junk", "in-flight", index=1, record="outcome"),
         Hostile("effect", "moved", "in-flight"),  # a genuine record of another step
     ],
