@@ -31,10 +31,13 @@ it again. After every example:
 
 * no node crashed or hung: each keeps writing heartbeats;
 * nothing is reported done that was not: ``Client.submit`` of a new request id
-  is no duplicate, and ``Client.result`` of any request touched returns only the
-  reply the agent gave that request (None only if it gave none), and only once
-  the agent consumed it;
-* progress: a new request is answered within a few lease TTLs.
+  is no duplicate (one the fuzz wrote records for before it was submitted may
+  be refused with an error instead: reported, not forged), and
+  ``Client.result`` of any request touched returns only the reply the agent
+  gave that request (None only if it gave none), and only once the agent
+  consumed it;
+* progress: a new request (an id the fuzz never aims at) is answered within a
+  few lease TTLs.
 
 At the end: an effect of replay="interrupted" was called at most once; no
 effect was called after its step's checkpoint was accepted, nor (unless the
@@ -78,6 +81,7 @@ from hamsterbunker.control import set_paused
 from hamsterbunker.effects import current_effect
 from hamsterbunker.errors import (
     EffectInterrupted,
+    HamsterbunkerError,
     LeaseConflict,
     NoUsableCheckpoint,
     SealError,
@@ -317,6 +321,8 @@ class Running:
         self.sealer = Sealer(SECRET, cluster)
         self.submitted: dict[str, Submitted] = {}
         self.next_k = 1
+        self.next_probe = 1
+        self.squatted: set[str] = set()  # request ids the fuzz wrote records for before use
         self.reported_done: set[str] = set()
         # Genuine records seen, to be put back later.
         self.effect_records: dict[tuple[int, int, str], bytes] = {}
@@ -412,16 +418,29 @@ class Running:
 
     # -- work
 
-    def new_request(self, *, reply: bool = True) -> Submitted:
-        """Submit the next request; a new request id is never a duplicate."""
-        k = self.next_k
-        self.next_k += 1
-        request_id = f"req-{k}"
-        payload: dict[str, Any] = {"k": k, "reply": reply}
-        try:
-            admission = self.client.submit(AGENT, payload, request_id=request_id)
-        except StoreError as exc:
-            pytest.fail(f"submit of the new request {request_id!r} failed: {exc!r}")
+    def new_request(self, *, reply: bool = True, probe: bool = False) -> Submitted:
+        """Submit a new request (``req-<k>``, or ``probe-<k>``, an id the fuzz never aims at).
+
+        A new request id is never a duplicate. Only an id the fuzz squatted (wrote records
+        for before it was submitted) may instead be refused with an error that says so: a
+        reported refusal, not a forged admission; the next id is submitted then.
+        """
+        while True:
+            if probe:
+                k = self.next_probe
+                self.next_probe += 1
+            else:
+                k = self.next_k
+                self.next_k += 1
+            request_id = f"{'probe' if probe else 'req'}-{k}"
+            payload: dict[str, Any] = {"k": k, "reply": reply}
+            try:
+                admission = self.client.submit(AGENT, payload, request_id=request_id)
+            except HamsterbunkerError as exc:
+                if request_id in self.squatted:
+                    continue
+                pytest.fail(f"submit of the new request {request_id!r} failed: {exc!r}")
+            break
         submitted = Submitted(request_id, admission.number, payload)
         self.submitted[request_id] = submitted
         assert not admission.duplicate, (
@@ -431,6 +450,7 @@ class Running:
         return submitted
 
     def next_request_id(self) -> str:
+        """The id the next new_request (not a probe) submits first."""
         return f"req-{self.next_k}"
 
     def assert_result_honest(self, request_id: str, timeout: float = 0) -> Any:
@@ -462,7 +482,7 @@ class Running:
 
     def assert_progress(self) -> None:
         """A new request is answered within PROGRESS_S."""
-        probe = self.new_request()
+        probe = self.new_request(probe=True)
         got = self.assert_result_honest(probe.request_id, timeout=PROGRESS_S)
         assert got is not _NOT_DONE, (
             f"no reply to the new request {probe.request_id!r} (#{probe.number}) within "
@@ -669,6 +689,7 @@ def do_hostile(run: Running, hostile: Hostile, fresh: Submitted) -> str | None:
             request_id, number = consumed, run.submitted[consumed].number
         case _:
             request_id, number = run.next_request_id(), fresh.number + 1
+            run.squatted.add(request_id)
     other = _picked(sorted(s.number for s in run.submitted.values()), hostile.pick) or number
     match hostile.kind, hostile.form:
         case "pending", "junk":
