@@ -37,7 +37,8 @@ it again. After every example:
   gave that request (None only if it gave none), and only once the agent
   consumed it;
 * progress: a new request (an id the fuzz never aims at) is answered within a
-  few lease TTLs.
+  few lease TTLs;
+* effects: the effect checks below, on what happened so far.
 
 At the end: an effect of replay="interrupted" was called at most once; no
 effect was called after its step's checkpoint was accepted, nor (unless the
@@ -96,6 +97,7 @@ from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, Recorder
+from tests.support.hostile_values import json_values
 from tests.support.raw_store import BACKENDS
 from tests.support.raw_work import RawWork, raw_work
 
@@ -562,24 +564,6 @@ def running(backend: Backend, tmp_path: Path) -> Iterator[Running]:
 # -- hostile writes ----------------------------------------------------------------------
 
 
-def json_values() -> st.SearchStrategy[Any]:
-    scalars = (
-        st.none()
-        | st.booleans()
-        | st.integers(min_value=-(2**70), max_value=2**70)
-        | st.sampled_from([0, 1, 2, 2**63, -1])
-        | st.floats()
-        | st.text(max_size=20)
-    )
-    return st.recursive(
-        scalars,
-        lambda inner: (
-            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-        ),
-        max_leaves=12,
-    )
-
-
 def junk() -> st.SearchStrategy[bytes]:
     """Arbitrary bytes, or arbitrary JSON (what a record of ours looks like from outside)."""
     return st.binary(max_size=200) | json_values().map(
@@ -804,6 +788,7 @@ def act(run: Running, hostile: Hostile) -> None:
         for request_id in {fresh.request_id, *list(run.submitted)[-8:]}:
             run.assert_result_honest(request_id)
         run.assert_progress()
+        assert_effects_honest(run)
         run.capture()
 
 
