@@ -597,6 +597,7 @@ FAMILIES = {
 
 @st.composite
 def hostile_actions(draw: st.DrawFn, kinds: list[str]) -> Hostile:
+    """A hostile action on a record of one of kinds (most examples then restart the leader)."""
     kind = draw(st.sampled_from(kinds))
     forms = {
         "effect": ["junk", "junk", "replay", "moved", "delete", "delete-step"],
