@@ -5,10 +5,12 @@ On each backend (file, Redis, etcd and the in-memory store of
 subtree only, so no standby could take its work over, and is left out) a
 leader and a standby run in this process, each with its own store client. The
 agent journals effects in every step (``fetch``, replay="safe"; ``commit``,
-replay="interrupted"; and one "safe" ``answer-<request id>`` per submission it
-consumes, whose result is the reply), counting every real call outside the
-store. Each hypothesis example submits a request, then does what a store
-writer without the secret can do to one record:
+replay="interrupted"; ``plan-a`` or ``plan-b``, "safe", named after what
+``fetch`` returned, so that a re-run of ``fetch`` takes another path; and one
+"safe" ``answer-<request id>`` per submission it consumes, whose result is the
+reply), counting every real call outside the store. Each hypothesis example
+submits a request, then does what a store writer without the secret can do to
+one record:
 
 * an effect-journal record (of the step in flight, the last one, or any):
   arbitrary bytes or JSON, a genuine record captured earlier put back (at its
@@ -29,10 +31,14 @@ it again. After every example:
 
 * no node crashed or hung: each keeps writing heartbeats;
 * nothing is reported done that was not: ``Client.submit`` of a new request id
-  is no duplicate, and ``Client.result`` of any request touched returns only the
-  reply the agent gave that request (None only if it gave none), and only once
-  the agent consumed it;
-* progress: a new request is answered within a few lease TTLs.
+  is no duplicate (one the fuzz wrote records for before it was submitted may
+  be refused with an error instead: reported, not forged), and
+  ``Client.result`` of any request touched returns only the reply the agent
+  gave that request (None only if it gave none), and only once the agent
+  consumed it;
+* progress: a new request (an id the fuzz never aims at) is answered within a
+  few lease TTLs;
+* effects: the effect checks below, on what happened so far.
 
 At the end: an effect of replay="interrupted" was called at most once; no
 effect was called after its step's checkpoint was accepted, nor (unless the
@@ -76,6 +82,7 @@ from hamsterbunker.control import set_paused
 from hamsterbunker.effects import current_effect
 from hamsterbunker.errors import (
     EffectInterrupted,
+    HamsterbunkerError,
     LeaseConflict,
     NoUsableCheckpoint,
     SealError,
@@ -90,6 +97,7 @@ from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, Recorder
+from tests.support.hostile_values import json_values
 from tests.support.raw_store import BACKENDS
 from tests.support.raw_work import RawWork, raw_work
 
@@ -99,7 +107,7 @@ T = TypeVar("T")
 
 AGENT = "a"
 NODES = ("node-a", "node-b")
-EXAMPLES = 15
+EXAMPLES = 12
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=500)
 TTL_S = TIMING.lease_ttl_ms / 1000
 # "A few TTLs": how long after a hostile write a new request may wait for its reply.
@@ -130,7 +138,7 @@ class World:
     """Everything the agent did outside the store, and what the store accepted, thread-safe."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    calls: dict[tuple[int, int], list[Call]] = field(default_factory=lambda: defaultdict(list))
+    calls: dict[str, list[Call]] = field(default_factory=lambda: defaultdict(list))  # by key
     # request id -> the replies the agent gave it (as JSON text), in any attempt
     consumed: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     # (seq, index) -> when the store first accepted its outcome record
@@ -140,14 +148,17 @@ class World:
     last_input: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
 
-    def call(self) -> None:
+    def call(self) -> int:
+        """Count a real call of the running effect; how many calls of it there were."""
         effect = current_effect()
         assert effect is not None, "an effect's function runs outside an effect"
         with self.lock:
-            self.calls[(effect.seq, effect.index)].append(
+            calls = self.calls[effect.key]
+            calls.append(
                 Call(time.monotonic(), effect.seq, effect.index, effect.name, effect.replay,
                      effect.key)
             )  # fmt: skip
+            return len(calls)
 
     def gave(self, request_id: str, reply: Any) -> None:
         with self.lock:
@@ -176,9 +187,11 @@ def expected_reply(request_id: str, payload: Any) -> Any:
 
 
 class WorkAgent:
-    """Journals a "safe" and an "interrupted" effect each step, then answers its inbox, each
-    answer a "safe" effect whose result is the reply; an interrupted effect is noted and the
-    step goes on (the agent's decision)."""
+    """Journals a "safe" and an "interrupted" effect each step, then a "safe" one whose name
+    depends on the first one's result (as an LLM's answer picks the next tool: a re-run of
+    the first may take another path), then answers its inbox, each answer a "safe" effect
+    whose result is the reply. An interrupted effect is noted and the step goes on (the
+    agent's decision)."""
 
     def __init__(self, world: World) -> None:
         self.id = AGENT
@@ -187,9 +200,10 @@ class WorkAgent:
     def init(self) -> dict[str, Any]:
         return {"n": 0, "interrupted": 0, "answered": {}}
 
-    async def _call(self) -> None:
-        self.world.call()
+    async def _call(self) -> int:
+        calls = self.world.call()
         await asyncio.sleep(0.01)  # long enough for a stop to cancel a step mid-call
+        return calls
 
     async def _answer(self, request_id: str, payload: Any) -> Any:
         await self._call()
@@ -199,11 +213,12 @@ class WorkAgent:
         context = current_step()
         assert context is not None
         self.world.entered(state)
-        await context.effect("fetch", self._call, replay="safe")
+        fetched = await context.effect("fetch", self._call, replay="safe")
         try:
             await context.effect("commit", self._call, replay="interrupted")
         except EffectInterrupted:
             state["interrupted"] += 1
+        await context.effect(f"plan-{'ab'[fetched % 2]}", self._call, replay="safe")
         shown = await context.wait_for_inbox(IDLE_WAIT_S)
         for submission in shown[:ANSWERED_PER_STEP]:
             rid = submission.request_id
@@ -308,6 +323,8 @@ class Running:
         self.sealer = Sealer(SECRET, cluster)
         self.submitted: dict[str, Submitted] = {}
         self.next_k = 1
+        self.next_probe = 1
+        self.squatted: set[str] = set()  # request ids the fuzz wrote records for before use
         self.reported_done: set[str] = set()
         # Genuine records seen, to be put back later.
         self.effect_records: dict[tuple[int, int, str], bytes] = {}
@@ -403,16 +420,29 @@ class Running:
 
     # -- work
 
-    def new_request(self, *, reply: bool = True) -> Submitted:
-        """Submit the next request; a new request id is never a duplicate."""
-        k = self.next_k
-        self.next_k += 1
-        request_id = f"req-{k}"
-        payload: dict[str, Any] = {"k": k, "reply": reply}
-        try:
-            admission = self.client.submit(AGENT, payload, request_id=request_id)
-        except StoreError as exc:
-            pytest.fail(f"submit of the new request {request_id!r} failed: {exc!r}")
+    def new_request(self, *, reply: bool = True, probe: bool = False) -> Submitted:
+        """Submit a new request (``req-<k>``, or ``probe-<k>``, an id the fuzz never aims at).
+
+        A new request id is never a duplicate. Only an id the fuzz squatted (wrote records
+        for before it was submitted) may instead be refused with an error that says so: a
+        reported refusal, not a forged admission; the next id is submitted then.
+        """
+        while True:
+            if probe:
+                k = self.next_probe
+                self.next_probe += 1
+            else:
+                k = self.next_k
+                self.next_k += 1
+            request_id = f"{'probe' if probe else 'req'}-{k}"
+            payload: dict[str, Any] = {"k": k, "reply": reply}
+            try:
+                admission = self.client.submit(AGENT, payload, request_id=request_id)
+            except HamsterbunkerError as exc:
+                if request_id in self.squatted:
+                    continue
+                pytest.fail(f"submit of the new request {request_id!r} failed: {exc!r}")
+            break
         submitted = Submitted(request_id, admission.number, payload)
         self.submitted[request_id] = submitted
         assert not admission.duplicate, (
@@ -422,6 +452,7 @@ class Running:
         return submitted
 
     def next_request_id(self) -> str:
+        """The id the next new_request (not a probe) submits first."""
         return f"req-{self.next_k}"
 
     def assert_result_honest(self, request_id: str, timeout: float = 0) -> Any:
@@ -453,7 +484,7 @@ class Running:
 
     def assert_progress(self) -> None:
         """A new request is answered within PROGRESS_S."""
-        probe = self.new_request()
+        probe = self.new_request(probe=True)
         got = self.assert_result_honest(probe.request_id, timeout=PROGRESS_S)
         assert got is not _NOT_DONE, (
             f"no reply to the new request {probe.request_id!r} (#{probe.number}) within "
@@ -468,13 +499,13 @@ class Running:
             return max(self.world.published, default=0)
 
     def settle_in_flight(self) -> None:
-        """Wait (a little, bounded) until the step in flight has recorded the outcome of its
-        "interrupted" effect, so that what is done to its journal meets records there."""
+        """Wait (a little, bounded) until the step in flight has recorded the outcomes of its
+        first three effects, so that what is done to its journal meets records there."""
         deadline = time.monotonic() + 2 * TTL_S
         while time.monotonic() < deadline:
             with self.world.lock:
                 in_flight = max(self.world.published, default=0) + 1
-                if (in_flight, 1) in self.world.recorded:
+                if (in_flight, 2) in self.world.recorded:
                     return
             time.sleep(0.01)
 
@@ -533,24 +564,6 @@ def running(backend: Backend, tmp_path: Path) -> Iterator[Running]:
 # -- hostile writes ----------------------------------------------------------------------
 
 
-def json_values() -> st.SearchStrategy[Any]:
-    scalars = (
-        st.none()
-        | st.booleans()
-        | st.integers(min_value=-(2**70), max_value=2**70)
-        | st.sampled_from([0, 1, 2, 2**63, -1])
-        | st.floats()
-        | st.text(max_size=20)
-    )
-    return st.recursive(
-        scalars,
-        lambda inner: (
-            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-        ),
-        max_leaves=12,
-    )
-
-
 def junk() -> st.SearchStrategy[bytes]:
     """Arbitrary bytes, or arbitrary JSON (what a record of ours looks like from outside)."""
     return st.binary(max_size=200) | json_values().map(
@@ -584,6 +597,7 @@ FAMILIES = {
 
 @st.composite
 def hostile_actions(draw: st.DrawFn, kinds: list[str]) -> Hostile:
+    """A hostile action on a record of one of kinds (most examples then restart the leader)."""
     kind = draw(st.sampled_from(kinds))
     forms = {
         "effect": ["junk", "junk", "replay", "moved", "delete", "delete-step"],
@@ -660,6 +674,7 @@ def do_hostile(run: Running, hostile: Hostile, fresh: Submitted) -> str | None:
             request_id, number = consumed, run.submitted[consumed].number
         case _:
             request_id, number = run.next_request_id(), fresh.number + 1
+            run.squatted.add(request_id)
     other = _picked(sorted(s.number for s in run.submitted.values()), hostile.pick) or number
     match hostile.kind, hostile.form:
         case "pending", "junk":
@@ -706,8 +721,9 @@ def assert_effects_honest(run: Running) -> None:
     with world.lock:
         calls = {key: list(each) for key, each in world.calls.items()}
         recorded, published = dict(world.recorded), dict(world.published)
-    for (seq, index), each in sorted(calls.items()):
+    for each in calls.values():
         first = each[0]
+        seq, index = first.seq, first.index
         if first.replay == "interrupted":
             assert len(each) <= 1, (
                 f'effect {first.name!r} (replay="interrupted") of step {seq} #{index} ran '
@@ -733,7 +749,8 @@ def assert_effects_honest(run: Running) -> None:
 KNOWN = {
     "journal": [
         Hostile("effect", "delete-step", "in-flight"),  # the step's intents go
-        Hostile("effect", "delete", "in-flight", index=0, record="outcome"),  # a safe one's
+        # A safe effect's outcome: its re-run takes another path past the records there.
+        Hostile("effect", "delete", "in-flight", index=0, record="outcome"),
         Hostile("effect", "junk", "in-flight", index=1, record="outcome"),
         Hostile("effect", "moved", "in-flight"),  # a genuine record of another step
     ],
@@ -772,6 +789,7 @@ def act(run: Running, hostile: Hostile) -> None:
         for request_id in {fresh.request_id, *list(run.submitted)[-8:]}:
             run.assert_result_honest(request_id)
         run.assert_progress()
+        assert_effects_honest(run)
         run.capture()
 
 
