@@ -131,6 +131,7 @@ class Call:
     name: str
     replay: str
     key: str
+    node: str  # the node whose step called it
 
 
 @dataclass
@@ -150,13 +151,13 @@ class World:
 
     def call(self) -> int:
         """Count a real call of the running effect; how many calls of it there were."""
-        effect = current_effect()
-        assert effect is not None, "an effect's function runs outside an effect"
+        effect, step = current_effect(), current_step()
+        assert effect is not None and step is not None, "an effect runs outside a step"
         with self.lock:
             calls = self.calls[effect.key]
             calls.append(
                 Call(time.monotonic(), effect.seq, effect.index, effect.name, effect.replay,
-                     effect.key)
+                     effect.key, step.node)
             )  # fmt: skip
             return len(calls)
 
@@ -528,6 +529,8 @@ class Running:
         for paused in (True, False):
             lease = set_paused(self.backend.store, self.sealer, AGENT, paused)
             self.controls.append(lease.control)
+        # What is promised is about requests a node saw: let both read the resume first.
+        self.assert_alive()
 
     def write_control(self, text: str) -> None:
         """Put text in the lease record's control field by compare-and-set, as anyone can."""
@@ -715,8 +718,11 @@ def do_hostile(run: Running, hostile: Hostile, fresh: Submitted) -> str | None:
 
 
 def assert_effects_honest(run: Running) -> None:
-    """No "interrupted" effect ran twice; no effect ran after its step was checkpointed, nor,
-    in a step whose journal the fuzz left alone, after its outcome was recorded."""
+    """No "interrupted" effect ran twice, but where the fuzz deleted or replaced its step's
+    journal and another node than the one that began it replayed the step (what the README's
+    threat model says such a writer can do: the node that began it keeps its intents); no
+    effect ran after its step was checkpointed, nor, in a step whose journal the fuzz left
+    alone, after its outcome was recorded."""
     world = run.world
     with world.lock:
         calls = {key: list(each) for key, each in world.calls.items()}
@@ -725,7 +731,9 @@ def assert_effects_honest(run: Running) -> None:
         first = each[0]
         seq, index = first.seq, first.index
         if first.replay == "interrupted":
-            assert len(each) <= 1, (
+            by_node = [sum(c.node == node for c in each) for node in {c.node for c in each}]
+            excused = seq in run.touched_steps and max(by_node) <= 1  # each node once
+            assert len(each) <= 1 or excused, (
                 f'effect {first.name!r} (replay="interrupted") of step {seq} #{index} ran '
                 f"{len(each)} times (key {first.key}); actions on that step's journal: "
                 f"{run.touched_steps.get(seq, 'none')}"
@@ -743,6 +751,14 @@ def assert_effects_honest(run: Running) -> None:
                 f"effect {first.name!r} of step {seq} #{index} ran again after its outcome "
                 f"was recorded, though the fuzz never touched that step's journal"
             )
+
+
+def touched(run: Running, violation: str) -> bool:
+    """Whether a history checker's violation is an effect called again in a step whose journal
+    the fuzz deleted or replaced: what assert_effects_honest holds such a step to instead."""
+    keys = {key for key, each in run.world.calls.items() if each[0].seq in run.touched_steps}
+    again = ("was called again", "interrupted effect")
+    return any(key in violation for key in keys) and any(word in violation for word in again)
 
 
 # Shapes of attack known to matter, run on every backend before the drawn ones.
@@ -845,4 +861,4 @@ def test_hostile_work_records_never_crash_stall_or_forge_work(
             f"Client.result reported done requests that no published step consumed: "
             f"{sorted(unpublished)}"
         )
-        assert check(read_history(running.history)) == []
+        assert [v for v in check(read_history(running.history)) if not touched(running, v)] == []
