@@ -15,7 +15,10 @@ wrote the intent keeps it too, should the store lose it: ``hamsterbunker.intents
 A step that failed is run again; its run calls a failed ``safe`` effect again,
 and may take another path from there: what earlier runs recorded after that
 effect is written over where the new path calls another name
-(``Entry.earlier_path``), by this run, the later ones, and every replay.
+(``Entry.earlier_path``), by this run, the later ones, and every replay. The
+same holds past any effect a run calls anew where an earlier run had gone on
+(a safe effect cut off before its outcome, or a record deleted from the store):
+a replay never loops on EffectMismatch (DESIGN.md invariant 11).
 
 This module holds the rules; how records reach the store is a ``JournalIO``
 (``hamsterbunker.node.journal``).
@@ -190,6 +193,9 @@ class StepEffects:
             entry = None
         if entry is not None:
             return await self._replay(index, entry)
+        # Called anew where an earlier run may have gone on (its record here was cut off or
+        # deleted): what that run wrote after this may be of another path.
+        self._another_path_from(index, journal)
         return await self._call(index, name, fn, args, kwargs, replay)
 
     def _another_path_from(self, index: int, journal: dict[int, Entry]) -> None:

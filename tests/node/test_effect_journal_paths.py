@@ -23,8 +23,14 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker import EffectFailed, EffectInterrupted, LeaseTiming, Runtime, current_effect
-from hamsterbunker import current_step
+from hamsterbunker import (
+    EffectFailed,
+    EffectInterrupted,
+    LeaseTiming,
+    Runtime,
+    current_effect,
+    current_step,
+)
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
@@ -90,6 +96,24 @@ class Backend:
             raw = RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
         try:
             raw.drop_effects(AGENT, seq)
+        finally:
+            raw.close()
+
+    def spoil_effect(self, node: str, seq: int, index: int, kind: str) -> None:
+        """Write junk over one record of step seq's journal, as a store writer without the
+        secret can: the record no longer counts."""
+        junk = b"not a sealed effect record"
+        if self._memory is not None:
+            self._memory._agents[AGENT].effects[(seq, index, kind)] = junk
+            return
+        if self._sync is not None:
+            raw: RawStore = RawFile(self._sync.root(node) / "nodes" / node)
+        elif self.name == "file":
+            raw = RawFile(Path(self._url.removeprefix("file://")))
+        else:
+            raw = RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
+        try:
+            raw.put_effect(AGENT, seq, index, kind, junk)
         finally:
             raw.close()
 
@@ -336,3 +360,55 @@ def test_a_retry_after_a_retry_that_changed_path_follows_the_new_path_in_the_ter
     assert [error.split(":")[0] for error in errors] == ["RuntimeError", "RuntimeError"]
     assert agent.outcomes[("a", 1)] == "acted on found"
     assert tool.calls == {"search@1": 2, "fallback@1": 1, "act@1": 1}
+
+
+class Picks:
+    """Step 1 picks a plan with a safe effect (its answer differs at every call, as an LLM's
+    may) and carries it out with another; the first run parks after both are recorded."""
+
+    id = AGENT
+
+    def __init__(self) -> None:
+        self.picks = 0
+        self.recorded = threading.Event()
+        self.plans: list[str] = []
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    async def pick(self) -> str:
+        self.picks += 1
+        return "ab"[(self.picks - 1) % 2]
+
+    async def carry_out(self, plan: str) -> str:
+        self.plans.append(plan)
+        return plan
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        if ctx.seq > 1:
+            await asyncio.sleep(3600)  # nothing more to see: park until stopped
+        plan = await ctx.effect("pick", self.pick)
+        state["plan"] = await ctx.effect(f"plan-{plan}", self.carry_out, plan)
+        if not self.recorded.is_set():
+            self.recorded.set()
+            await asyncio.sleep(3600)  # cut off by the stop before its checkpoint
+        return state
+
+
+def test_a_safe_effects_record_lost_from_the_store_takes_the_replay_on_another_path(
+    nodes: Nodes,
+) -> None:
+    """With the outcome of a step's first (safe) effect spoilt in the store, the replay calls
+    it again, gets another answer and calls another second effect: the earlier run's second
+    record is of a path given up and is written over, and the step publishes, instead of
+    raising EffectMismatch on every run for ever."""
+    agent = Picks()
+    nodes.start("a", agent)
+    nodes.crash("a", agent.recorded.is_set)
+    nodes.backend.spoil_effect("a", 1, 0, "outcome")
+    nodes.start("a", agent)
+    nodes.published_or_stuck("a", 1)
+    assert [e.detail["error"] for e in nodes.events.of("agent.failing", "a")] == []
+    assert agent.picks == 2 and agent.plans == ["a", "b"]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, StoreError
+from hamsterbunker.errors import CorruptRecord, Fenced, NotNextNumber, StoreError
 from hamsterbunker.limits import (
     MAX_RECORD_BYTES,
     MAX_REPLY_BYTES,
@@ -243,14 +243,18 @@ def test_a_junk_consumed_record_stops_admissions_never_a_checkpoint(
 def test_a_lost_meta_record_never_lets_an_admission_overwrite_an_entry(
     store: EtcdStore,
 ) -> None:
-    """With meta gone, admit would number from 1 again; the pending entry 1 is never
-    overwritten: CorruptRecord says why."""
+    """With meta gone, admit would number from 1 again; the pending entries are never
+    overwritten: each admission moves meta past one (NotNextNumber), and the new submission
+    is admitted after them."""
     admit_all(store, 2)
     store._kv.delete(store._agent_prefix("a") + "inbox/meta")
-    with pytest.raises(CorruptRecord, match="submission 1 is stored"):
-        store.admit("a", "new", 1, b"other")
-    assert store.read_inbox("a") == [(1, b"p1"), (2, b"p2")]
+    for taken in (1, 2):
+        with pytest.raises(NotNextNumber) as refused:
+            store.admit("a", "new", taken, b"other")
+        assert refused.value.next_number == taken + 1
     assert store.read_admission("a", "new") is None
+    assert store.admit("a", "new", 3, b"other") == (3, False)
+    assert store.read_inbox("a") == [(1, b"p1"), (2, b"p2"), (3, b"other")]
 
 
 def test_a_damaged_or_missing_reply_is_taken_as_none(store: EtcdStore) -> None:

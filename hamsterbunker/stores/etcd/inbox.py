@@ -23,12 +23,14 @@ one that ``admit`` writes. A consumption between admit's read and its txn only
 lowers what is unconsumed, so a refusal (InboxFull) decided on that read is
 still right at the read, and an admission never goes over a limit.
 
-``admit``: one read txn (meta, consumed, ``ids/<request id>``, and the name of
+``admit``: one read txn (meta, consumed, ``ids/<request id>``, and
 ``pending/<number>``), then one txn comparing meta's mod_revision and
 ``ids/<request id>``'s (0: absent; a record that does not parse is replaced),
-and that ``pending/<number>`` is absent (a pending entry is never overwritten:
-with one there, meta was lost or changed, a CorruptRecord), that puts pending
-entry, ids record and meta. A failed compare reads again and decides again
+and that ``pending/<number>`` is absent, that puts pending entry, ids record
+and meta. A pending entry is never overwritten: one found where meta names the
+next number (meta lost or changed, or the entry planted) is counted as
+admitted and meta moved past it (NotNextNumber: the client seals for the next
+number), so that one planted key never stops admissions. A failed compare reads again and decides again
 (duplicate, NotNextNumber, or another try): two clients racing with one request
 id get one admission.
 
@@ -217,7 +219,7 @@ class EtcdInbox:
         meta, totals, ids = inbox + "meta", inbox + "consumed", f"{inbox}ids/{request_id}"
         pending = inbox + "pending/" + pad(number)
         for _try in range(_ADMIT_TRIES):
-            reads = [get_op(meta), get_op(totals), get_op(ids), get_op(pending, keys_only=True)]
+            reads = [get_op(meta), get_op(totals), get_op(ids), get_op(pending)]
             meta_kvs, totals_kvs, id_kvs, taken = ranges(self._connection.txn([], reads))
             known, id_rev = _value(id_kvs)
             if known is not None:
@@ -233,11 +235,9 @@ class EtcdInbox:
                 raise CorruptRecord(f"inbox meta record {meta} has last above {MAX_SEQ}")
             if number != admitted["last"] + 1:
                 raise NotNextNumber(number, admitted["last"] + 1)
-            if taken:  # never overwritten: only a lost or damaged meta record names it next
-                raise CorruptRecord(
-                    f"inbox meta record {meta} names {number} as the next number, but a "
-                    f"submission {number} is stored: the record was lost or changed"
-                )
+            if taken:  # never overwritten: meta was lost or changed, or the entry planted
+                self._skip_taken(agent, meta, meta_rev, pending, taken, admitted)
+                raise NotNextNumber(number, number + 1)
             totals_data, _rev = _value(totals_kvs)
             consumed = {"count": 0, "bytes": 0}
             if totals_data is not None:
@@ -269,6 +269,33 @@ class EtcdInbox:
         raise StoreError(
             f"admission of {request_id!r} to {agent!r} lost {_ADMIT_TRIES} races in a row"
         )
+
+    def _skip_taken(
+        self,
+        agent: str,
+        meta: str,
+        meta_rev: int,
+        pending: str,
+        taken: list[dict[str, Any]],
+        admitted: dict[str, int],
+    ) -> None:
+        """Count the entry found at the number meta names next as admitted, and move meta
+        past it: one planted key must not stop every admission for good. No number is given
+        twice (only a free one ever is); the node shows the entry only if it authenticates,
+        and it is consumed, and counted consumed, like any other."""
+        value, rev = _value(taken)
+        self._warn(
+            agent, pending, "%s is stored before meta names it: counted as admitted", pending
+        )
+        new_meta = {
+            "last": admitted["last"] + 1,
+            "count": admitted["count"] + 1,
+            "bytes": admitted["bytes"] + len(value or b""),
+        }
+        self._connection.txn(
+            [_mod_equal(meta, meta_rev), _mod_equal(pending, rev)],
+            [put_op(meta, json.dumps(new_meta))],
+        )  # a lost race is decided again by the next try
 
     # -- reads ---------------------------------------------------------------
 

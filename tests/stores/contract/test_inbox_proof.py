@@ -115,3 +115,18 @@ def test_a_wait_pinned_to_its_number_refuses_another(store: Store) -> None:
         admission = client.submit(AGENT, 1, request_id="r1")
         with pytest.raises(UnknownRequest, match="not as the #7 waited for"):
             client.result(AGENT, "r1", timeout=NO_REPLY_S, number=admission.number + 6)
+
+
+def test_junk_planted_at_the_next_number_does_not_stop_admissions(store: Store) -> None:
+    """One entry planted where the inbox's next submission goes (junk, not sealed) costs at
+    most that number: the next submission is admitted, as new, at a later one; nothing is
+    refused for good."""
+    from tests.support.raw_inbox import plant_submissions
+
+    with Client(store, SECRET) as client:
+        assert client.submit(AGENT, 1, request_id="r1").number == 1
+        plant_submissions(store, AGENT, [(2, b"junk where #2 goes")])
+        second = client.submit(AGENT, 2, request_id="r2")
+        assert not second.duplicate and second.number >= 2
+        third = client.submit(AGENT, 3, request_id="r3")
+        assert not third.duplicate and third.number > second.number
