@@ -15,6 +15,7 @@ __all__ = [
     "EFFECT_KINDS",
     "INBOX_REPLIES_KEPT",
     "MAX_CHECKPOINT_BYTES",
+    "MAX_CLAIMS_TRIED",
     "MAX_CONSUMED_PER_STEP",
     "MAX_EFFECTS_PER_STEP",
     "MAX_EFFECT_BYTES",
@@ -24,12 +25,15 @@ __all__ = [
     "MAX_INBOX_GAPS",
     "MAX_JSON_DEPTH",
     "MAX_LEASE_TTL_MS",
+    "MAX_NODES_READ",
     "MAX_NUMBER",
     "MAX_RECORD_BYTES",
     "MAX_REPLY_BYTES",
     "MAX_REQUEST_ID_CHARS",
     "MAX_SEQ",
     "MAX_SUBMISSION_BYTES",
+    "MAX_TERMS_READ",
+    "MAX_TERM_RECORD_BYTES",
     "STALE_TEMP_AGE_S",
     "check_checkpoint_bounds",
     "check_effect_bounds",
@@ -83,6 +87,17 @@ MAX_INBOX_GAPS = 2 * MAX_INBOX_COUNT
 # A request id: what a submitter names its submission by (a UUID fits).
 MAX_REQUEST_ID_CHARS = 128
 _REQUEST_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]*")
+
+# Nodes of one agent whose heartbeats one read takes (the lowest node ids first): as many
+# as a synced folder's nodes/ lists, far above any real cluster.
+MAX_NODES_READ = 1024
+# The synced-folder store (stores.syncdir). A term record or a chain choice is a short
+# JSON document and a 64-digit tag: a few hundred bytes. The newest records of one
+# directory read: the lineage needs the newest terms; an older one unread leaves its
+# checkpoints unplaced. The newest published claims of a node tried, each a lease record.
+MAX_TERM_RECORD_BYTES = 4096
+MAX_TERMS_READ = 256
+MAX_CLAIMS_TRIED = 3
 
 # A lease TTL above this in a lease record is not believed: ten minutes.
 MAX_LEASE_TTL_MS = 600_000

@@ -5,10 +5,25 @@ more than ``entry_bytes``, and no more than ``total_bytes`` in all (DESIGN.md
 invariant 10): planted junk can make a read stop early, never read on. The
 numbers come from ``limits``.
 
-Every backend's ``read_inbox`` takes its entries through a ``BoundedRead`` of
-``INBOX_READ`` (Redis hands the three numbers to its script as well, so that no
-more than that leaves the server). The effect journal and checkpoint reads keep
-to the bounds stated here their own way (a bounded set of names, a size cap).
+Who reads through it:
+
+- ``read_inbox``, every backend: a ``BoundedRead`` of ``INBOX_READ`` (Redis
+  hands the three numbers to its script as well, so that no more than that
+  leaves the server).
+- ``read_effects``, every backend (syncdir's through its subtrees' file stores,
+  its ``read_chain_effects`` too): a ``BoundedRead`` of ``EFFECTS_READ``
+  (Redis' script sends only the names a record has, none over the bytes of one).
+- ``list_heartbeats``, every backend, and the file store's tail: a
+  ``BoundedRead`` of ``HEARTBEATS_READ``, the lowest node ids first (the file
+  store and etcd list or fetch at most four times that many; Redis bounds what
+  its script fetched, the whole hash; syncdir cuts its merge of subtrees too).
+- syncdir's term records and chain choices: a ``BoundedRead`` of
+  ``TERM_RECORDS_READ``; its published claims are tried within ``CLAIMS_READ``.
+- a checkpoint read keeps to ``CHECKPOINT_READ`` its own way (one record, a
+  size cap).
+
+Event reads are not in the table: how many events a node's log keeps is a
+store's setting (``events_per_node``, ``events_per_segment``), not a limit.
 """
 
 from __future__ import annotations
@@ -21,18 +36,26 @@ from typing import Generic, TypeVar
 from .limits import (
     EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
+    MAX_CLAIMS_TRIED,
     MAX_EFFECT_BYTES,
     MAX_EFFECTS_PER_STEP,
     MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,
+    MAX_NODES_READ,
+    MAX_RECORD_BYTES,
     MAX_SUBMISSION_BYTES,
+    MAX_TERM_RECORD_BYTES,
+    MAX_TERMS_READ,
 )
 
 __all__ = [
     "CHECKPOINT_READ",
+    "CLAIMS_READ",
     "EFFECTS_READ",
+    "HEARTBEATS_READ",
     "INBOX_READ",
     "READ_BOUNDS",
+    "TERM_RECORDS_READ",
     "BoundedRead",
     "ReadBound",
 ]
@@ -61,12 +84,23 @@ EFFECTS_READ = ReadBound(
 )
 # One sealed checkpoint (Store.read_checkpoint).
 CHECKPOINT_READ = ReadBound(1, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
+# The heartbeats of one agent's nodes (Store.list_heartbeats), by node id.
+HEARTBEATS_READ = ReadBound(MAX_NODES_READ, MAX_RECORD_BYTES, MAX_NODES_READ * MAX_RECORD_BYTES)
+# The synced-folder store: the newest term records, or chain choices, of one subtree.
+TERM_RECORDS_READ = ReadBound(
+    MAX_TERMS_READ, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ * MAX_TERM_RECORD_BYTES
+)
+# The synced-folder store: the newest published claims of one subtree tried (one is taken).
+CLAIMS_READ = ReadBound(MAX_CLAIMS_TRIED, MAX_RECORD_BYTES, MAX_CLAIMS_TRIED * MAX_RECORD_BYTES)
 
 READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
     {
         "inbox submissions": INBOX_READ,
         "effect records of a step": EFFECTS_READ,
         "checkpoint": CHECKPOINT_READ,
+        "heartbeats of an agent": HEARTBEATS_READ,
+        "term records or chain choices of a subtree": TERM_RECORDS_READ,
+        "published claims of a subtree": CLAIMS_READ,
     }
 )
 

@@ -50,7 +50,7 @@ from .limits import (
     check_effect_bounds,
     check_submission_bounds,
 )
-from .read_bounds import INBOX_READ, BoundedRead
+from .read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from .records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .stores._reported import readable
 from .stores._terms import TermChanges
@@ -397,17 +397,25 @@ class MemoryStore(Store):
             state.changes += 1
 
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
-        """The journal of step seq; a planted entry outside the bounds is logged and left out."""
+        """The journal of step seq, within read_bounds.EFFECTS_READ; a planted entry outside
+        the bounds is logged and left out."""
         with self._lock:
-            stored = [(k, v) for k, v in self._agent(agent).effects.items() if k[0] == seq]
-        journal = {}
+            stored = sorted((k, v) for k, v in self._agent(agent).effects.items() if k[0] == seq)
+        journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
         for (_seq, index, kind), blob in stored:
             problem = check_effect_bounds(seq, index, kind, len(blob))
-            if problem is None:
-                journal[(index, kind)] = blob
-            else:
+            if problem is not None:
                 log.warning("memory store: leaving out an effect record of %s: %s", agent, problem)
-        return journal
+            elif not journal.offer((index, kind), blob) and journal.full:
+                break
+        if journal.stopped:
+            log.warning(
+                "memory store: effect journal of step %d of %s: stopped reading at %d bytes",
+                seq,
+                agent,
+                journal.total,
+            )
+        return dict(journal.entries)
 
     # -- inbox -------------------------------------------------------------
 
@@ -458,7 +466,7 @@ class MemoryStore(Store):
             if number is None:
                 return None
             done = state.done.get(number)
-        if done is None:
+        if done is None or done[0] != request_id:  # consumed is another request's: not this
             return AdmissionState(number, consumed=False, reply=None)
         reply = done[1]
         if reply is not None and len(reply) > MAX_REPLY_BYTES:
@@ -503,12 +511,18 @@ class MemoryStore(Store):
             state.changes += 1
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
-        """Every node's last heartbeat, ordered by node id."""
+        """Every node's last heartbeat, ordered by node id, within read_bounds.HEARTBEATS_READ."""
+        stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
         with self._lock:
             beats = self._agent(agent).heartbeats
-            stored = [(node, beats[node]) for node in sorted(beats)]
+            for node in sorted(beats):
+                if stored.full:
+                    break
+                if stored.too_big(len(beats[node])):
+                    log.warning("memory store: leaving out the heartbeat of %s: too big", node)
+                stored.offer(node, beats[node])
         # Only a test can plant a damaged one; skipped as the real backends do.
-        return list(readable(stored, Heartbeat.from_json, _report("heartbeat")))
+        return list(readable(stored.entries, Heartbeat.from_json, _report("heartbeat")))
 
     def remove_heartbeat(self, agent: str, node: str) -> None:
         """Drop a node's heartbeat (graceful stop). No error if absent."""

@@ -59,5 +59,5 @@ def test_a_damaged_file_is_a_config_error_naming_it(tmp_path: Path, content: byt
     """A file that does not parse as intents stops the node with one line naming it."""
     path = tmp_path / "agent.intents"
     path.write_bytes(content)
-    with pytest.raises(ConfigError, match="agent.intents are damaged"):
+    with pytest.raises(ConfigError, match=r"agent\.intents are damaged"):
         IntentLog(path)

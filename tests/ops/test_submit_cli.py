@@ -313,7 +313,8 @@ def plant_consumed(store: Path, request_ids: dict[str, int]) -> None:
     """Mark each request id consumed as its number, with no reply, as anyone who can write the
     store can: a checkpoint write under a lease of their own."""
     fs = FileStore(store, create=False)
-    record = fs.cas_lease(AGENT_ID, None, LeaseRecord(holder="intruder", region="x", session="s", epoch=1, ttl_ms=2000))
+    intruder = LeaseRecord(holder="intruder", region="x", session="s", epoch=1, ttl_ms=2000)
+    record = fs.cas_lease(AGENT_ID, None, intruder)
     fence = Fence(record.holder or "", record.session, record.epoch)
     consumed = [Consumed(number, rid, None) for rid, number in request_ids.items()]
     fs.put_checkpoint(AGENT_ID, fence, 1, b"junk", consumed)

@@ -811,9 +811,10 @@ def test_etcd_planted_journal_keys_are_read_within_bounds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A thousand planted keys in a step's journal: the read lists keys only, no more than
-    2 * MAX_EFFECTS_PER_STEP of them (so the lowest records are read, and one crowded out
-    is left out), fetches the values of records' names only (a huge junk value is never
-    sent), logs each junk name listed once, and how many keys it left unread."""
+    2 * MAX_EFFECTS_PER_STEP of them; junk filled the listing, so it fetches the values
+    under every name a record can have (one crowded out of the listing is read too), never
+    a junk name's (a huge junk value is never sent), logs each junk name listed once, and
+    how many keys it left unread."""
     store, put = etcd_pair
     held = store.cas_lease("a", None, lease("n1", 1))
     fence = Fence("n1", "s1", held.epoch)
@@ -830,13 +831,18 @@ def test_etcd_planted_journal_keys_are_read_within_bounds(
     responses = kept_txns(store, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="hamsterbunker.stores.etcd"):
         for _ in range(2):
-            assert store.read_effects("a", 5) == {(0, "intent"): b"i0", (0, "outcome"): b"o0"}
-    listing, values = responses[:2]
+            assert store.read_effects("a", 5) == {
+                (0, "intent"): b"i0",
+                (0, "outcome"): b"o0",
+                (9, "outcome"): b"crowded out",
+            }
+    listing, *values = responses[: len(responses) // 2]
     listed, counted = listing["responses"]
     assert "kvs" not in counted["response_range"]  # the rest only counted
     assert len(listed["response_range"]["kvs"]) == 2 * MAX_EFFECTS_PER_STEP
     assert all("value" not in kv for kv in listed["response_range"]["kvs"])
-    assert len(values["responses"]) == 2  # the two records listed, nothing else fetched
+    # Every name a record can have, nothing else fetched.
+    assert sum(len(txn["responses"]) for txn in values) == 2 * MAX_EFFECTS_PER_STEP
     assert len(json.dumps(responses)) < 200_000
     said = [record.getMessage() for record in caplog.records]
     assert len(said) == 2 * MAX_EFFECTS_PER_STEP - 2 + 1  # each junk name once, and the rest

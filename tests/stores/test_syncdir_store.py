@@ -21,7 +21,7 @@ import pytest
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.read_bounds import INBOX_READ
+from hamsterbunker.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores import ChainedStore
 from hamsterbunker.stores.base import Fence, Store
@@ -346,6 +346,19 @@ def test_heartbeats_and_events_are_read_from_every_node(sync: Sync) -> None:
     one.put_heartbeat(AGENT, heartbeat("n2"))
     assert [b.node for b in one.list_heartbeats(AGENT)] == ["n1"]
     sync.assert_only_copies_of_others("n1")
+
+
+def test_heartbeats_merged_from_every_subtree_keep_to_the_bound_of_one_read(sync: Sync) -> None:
+    """Heartbeats in two subtrees, each within the bound, more than it together: the merged
+    read returns those of the lowest node ids, as many as the bound."""
+    one = sync.open("n1")
+    nodes = [f"x{number:04d}" for number in range(HEARTBEATS_READ.count + 3)]
+    for subtree, held in (("n6", nodes[: HEARTBEATS_READ.count]), ("n7", nodes[-3:])):
+        beats = sync.root("n1") / "nodes" / subtree / "agents" / AGENT / "heartbeats"
+        beats.mkdir(parents=True)
+        for node in held:
+            (beats / f"{node}.json").write_bytes(heartbeat(node).to_json())
+    assert [beat.node for beat in one.list_heartbeats(AGENT)] == nodes[: HEARTBEATS_READ.count]
 
 
 def test_forgetting_another_nodes_subtree_is_refused(sync: Sync) -> None:
@@ -760,6 +773,26 @@ def test_a_hostile_term_record_is_skipped_and_reported(sync: Sync, what: str) ->
     assert time.monotonic() - started < 5
     assert found == {(2, "n1"): b"record-2", (1, "n6"): b"good"}
     assert any("term record" in problem for problem in one.problems())
+
+
+def test_a_read_of_term_records_keeps_to_its_bound(sync: Sync) -> None:
+    """More term records than a read takes, the newest a byte over the bound of one: the
+    newest as many as the bound are looked at, the one over is left out, the rest read.
+
+    Held before the records were read through ``BoundedRead`` (the newest MAX_TERMS_READ,
+    each capped): this guards a regression."""
+    one = sync.open("n1")
+    terms = sync.root("n1") / "nodes" / "n6" / "agents" / AGENT / "terms"
+    terms.mkdir(parents=True)
+    newest = TERM_RECORDS_READ.count + 3
+    for epoch in range(1, newest):
+        (terms / f"{epoch:010d}.rec").write_bytes(b"r%d" % epoch)
+    (terms / f"{newest - 1:010d}.rec").write_bytes(b"f" * TERM_RECORDS_READ.entry_bytes)
+    (terms / f"{newest:010d}.rec").write_bytes(b"o" * (TERM_RECORDS_READ.entry_bytes + 1))
+    found = one.read_term_starts(AGENT)
+    assert sorted(epoch for epoch, _node in found) == list(range(4, newest))
+    assert found[(newest - 1, "n6")] == b"f" * TERM_RECORDS_READ.entry_bytes
+    assert sum(len(data) for data in found.values()) <= TERM_RECORDS_READ.total_bytes
 
 
 def test_a_chain_choice_is_written_once_apart_from_term_records_and_read_by_every_node(

@@ -4,6 +4,8 @@ Tests of hostile and damaged store contents need to put bytes where a node
 reads them, past the store contract (which only writes what it validated). One
 class per backend, each knowing that backend's key layout (documented at the
 top of its module), so the same test runs on file, Redis and etcd.
+``raw_view`` gives the same access to a store a test already opened (the
+memory store's included), for the store contract suite.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from typing import Protocol
 import pytest
 
 from hamsterbunker.stores import open_store
+from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.file import FileStore
+from hamsterbunker.testing import MemoryStore
 
-__all__ = ["BACKENDS", "RawStore", "backend_store"]
+__all__ = ["BACKENDS", "RawStore", "backend_store", "raw_view"]
 
 
 class RawStore(Protocol):
@@ -101,11 +106,13 @@ class RawFile:
 
 
 class RawRedis:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, store: Store | None = None) -> None:
+        """Raw access to the store at url: one opened here, or store, opened by the caller."""
         from hamsterbunker.stores.redis import RedisStore
 
         self.url = url
-        self._store = RedisStore(url)
+        self._owned = store is None
+        self._store = RedisStore(url) if store is None else store  # type: ignore[assignment]
         self._redis = self._store._redis
 
     def _key(self, agent: str, *parts: str) -> str:
@@ -145,15 +152,18 @@ class RawRedis:
         assert self._redis.delete(self._key(agent, "effects", str(seq))) == 1, "no journal"
 
     def close(self) -> None:
-        self._store.close()
+        if self._owned:
+            self._store.close()
 
 
 class RawEtcd:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, store: Store | None = None) -> None:
+        """Raw access to the store at url: one opened here, or store, opened by the caller."""
         from hamsterbunker.stores.etcd import EtcdStore
 
         self.url = url
-        self._store = EtcdStore(url)
+        self._owned = store is None
+        self._store = EtcdStore(url) if store is None else store  # type: ignore[assignment]
         self._kv = self._store._kv
 
     def _key(self, agent: str, rest: str) -> str:
@@ -195,7 +205,40 @@ class RawEtcd:
         assert self._kv.delete(journal, range_end=range_end(journal)), "no journal"
 
     def close(self) -> None:
-        self._store.close()
+        if self._owned:
+            self._store.close()
+
+
+class RawMemory:
+    """The memory store's state, written past its checks (the effect journal, heartbeats)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.url = "memory:"
+        self._store = store
+
+    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
+        with self._store._lock:
+            self._store._agent(agent).heartbeats[node] = data
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        with self._store._lock:
+            self._store._agent(agent).effects[(seq, index, kind)] = data
+
+    def close(self) -> None:
+        pass
+
+
+def raw_view(store: Store) -> RawStore:
+    """Raw access to store, a client a test opened (closing the view leaves it open)."""
+    if isinstance(store, MemoryStore):
+        return RawMemory(store)  # type: ignore[return-value]  # what the contract suite plants
+    if isinstance(store, FileStore):
+        return RawFile(store.root)
+    if type(store).__name__ == "RedisStore":
+        return RawRedis(store.url, store)  # type: ignore[attr-defined]
+    if type(store).__name__ == "EtcdStore":
+        return RawEtcd(store.url, store)  # type: ignore[attr-defined]
+    raise AssertionError(f"no raw view of {store!r}")
 
 
 def _file(tmp_path: Path) -> RawStore:

@@ -2,7 +2,9 @@
 
 The keys are told at the top of ``hamsterbunker.stores.etcd``; the removal of
 old journals is part of the checkpoint txn (``checkpoints``). Key names that do
-not parse are skipped and reported once; the store translates the errors.
+not parse are skipped and reported once; a read lists no more names than
+``read_bounds.EFFECTS_READ`` has entries, and takes their values through a
+``BoundedRead`` of it. The store translates the errors.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 from etcd3gw.exceptions import Etcd3Exception
 
 from ...errors import StoreError
-from ...limits import EFFECT_KINDS, MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP, check_effect_bounds
+from ...limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP, check_effect_bounds
+from ...read_bounds import EFFECTS_READ, BoundedRead
 from .._reported import ReportedOnce
 from ..base import Fence, describe_fence_text
 from .connection import EtcdConnection, grpc_error, too_large
@@ -37,7 +40,7 @@ from .kv import (
 __all__ = ["EtcdEffects"]
 
 # The most keys one read of a step's journal lists: every record it may hold.
-_LISTED = MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS)
+_LISTED = EFFECTS_READ.count
 
 
 class EtcdEffects:
@@ -126,15 +129,33 @@ class EtcdEffects:
                 )
             else:
                 names[step + pad(name[0], EFFECT_INDEX_DIGITS) + "/" + name[1]] = name
+        if len(listed) >= _LISTED and len(names) < len(listed):
+            # Planted keys among the names took places of the listing: records past it
+            # are looked for under every name a record can have, as many as it lists.
+            names = {
+                step + pad(index, EFFECT_INDEX_DIGITS) + "/" + kind: (index, kind)
+                for index in range(MAX_EFFECTS_PER_STEP)
+                for kind in EFFECT_KINDS
+            }
         keys = list(names)
-        journal: dict[tuple[int, str], bytes] = {}
+        journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
         for first in range(0, len(keys), TXN_OPS):
+            if journal.full:
+                break
             chunk = keys[first : first + TXN_OPS]
             found = ranges(self._connection.txn([], [get_op(key) for key in chunk]))
             for key, kvs in zip(chunk, found, strict=True):
                 if kvs:  # else removed since it was listed (a checkpoint)
                     self._keep(agent, seq, names[key], kvs[0], journal)
-        return journal
+        if journal.stopped:
+            self._warn(
+                agent,
+                seq,
+                ("stopped", journal.total),
+                "stopped reading at %d bytes, the most one read of a step's journal takes",
+                journal.total,
+            )
+        return dict(journal.entries)
 
     def _keep(
         self,
@@ -142,16 +163,16 @@ class EtcdEffects:
         seq: int,
         name: tuple[int, str],
         kv: Mapping[str, Any],
-        journal: dict[tuple[int, str], bytes],
+        journal: BoundedRead[tuple[int, str]],
     ) -> None:
-        """Put kv's value in journal as record name, unless it is over the limit or unreadable."""
+        """Offer kv's value to journal as record name, unless it is over the limit or unreadable."""
         try:
             value = unb64(kv.get("value", ""))
         except ValueError:  # the gateway's base64, never expected
             self._warn(agent, seq, (name, kv.get("mod_revision")), "record %d:%s unreadable", *name)
             return
         # etcd's request limit bounds what was fetched; its own limit may be raised.
-        if len(value) > MAX_EFFECT_BYTES:
+        if journal.too_big(len(value)):
             self._warn(
                 agent,
                 seq,
@@ -159,10 +180,10 @@ class EtcdEffects:
                 "record %d:%s is %d bytes, above the limit of %d bytes: left out",
                 *name,
                 len(value),
-                MAX_EFFECT_BYTES,
+                EFFECTS_READ.entry_bytes,
             )
             return
-        journal[name] = value
+        journal.offer(name, value)
 
     def _warn(self, agent: str, seq: int, key: object, why: str, *args: object) -> None:
         """Log once what was left out of the journal of step seq of agent."""

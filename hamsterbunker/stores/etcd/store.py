@@ -90,6 +90,7 @@ from ...limits import (
     MAX_RECORD_BYTES,
     check_checkpoint_bounds,
 )
+from ...read_bounds import HEARTBEATS_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
 from ..base import (
@@ -151,6 +152,8 @@ _WATCH_RENEW_S = 10.0
 # list_agents: an agent id as check_name takes it, and the most range requests it makes.
 _AGENT_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _LIST_REQUESTS = 2 * MAX_LISTED_AGENTS
+# The most heartbeat keys one read fetches: four times the heartbeats it takes.
+_HEARTBEAT_KEYS = 4 * HEARTBEATS_READ.count
 # What an unreadable lease record is (UnreadableLease.found): the revision that wrote it.
 _FOUND = "revision %d"
 _FOUND_REVISION = re.compile(r"revision ([0-9]{1,19})")
@@ -477,13 +480,27 @@ class EtcdStore(Store):
     @_translated
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         beats = self._agent_prefix(agent) + "heartbeats/"
-        found = self._kv.get(beats, metadata=True, range_end=range_end(beats))
+        # Keys and values of four times the nodes a read takes, at most: planted keys
+        # beside them cost no more than that.
+        found = self._kv.get(
+            beats, metadata=True, range_end=range_end(beats), limit=_HEARTBEAT_KEYS
+        )
         prefix = beats.encode()
         # In key order (by node id); a copy under another node's name is not that node's.
-        stored = ((meta.get("key", b"").removeprefix(prefix), (data, meta)) for data, meta in found)
+        stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
+        items: dict[str, tuple[bytes, Mapping[str, Any]]] = {}
+        for data, meta in found:
+            name = meta.get("key", b"").removeprefix(prefix).decode("utf-8", "surrogateescape")
+            if stored.full:
+                break
+            if stored.too_big(len(data)):
+                too_big = CorruptRecord(f"{len(data)} bytes, above the limit of {MAX_RECORD_BYTES}")
+                self._report_heartbeat(agent, name, (data, meta), too_big)
+            elif stored.offer(name, data):
+                items[name] = (data, meta)
         return list(
             readable(
-                ((name.decode("utf-8", "surrogateescape"), item) for name, item in stored),
+                ((name, items[name]) for name, _data in stored.entries),
                 lambda item: Heartbeat.from_json(item[0]),
                 functools.partial(self._report_heartbeat, agent),
             )

@@ -11,7 +11,8 @@ Nothing here is trusted (DESIGN.md invariant 10). A read opens only
 ``effects/<seq>``, never through a symlink, lists at most ``_LISTED`` of its
 entries (past that it opens only the names a record can have), and reads only
 regular files under record names within bounds, each up to
-``MAX_EFFECT_BYTES``: at most ``2 * MAX_EFFECTS_PER_STEP`` files. Anything
+``MAX_EFFECT_BYTES``, through a ``BoundedRead`` of ``read_bounds.EFFECTS_READ``
+(at most ``2 * MAX_EFFECTS_PER_STEP`` files, and its byte total). Anything
 else is logged once and left out; so is a step directory that cannot be
 opened because of what was planted there or its permissions. A file or a
 symlink planted where a step's directory goes is removed by the write that
@@ -28,7 +29,8 @@ import os
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
-from ...limits import EFFECT_KINDS, MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP, check_effect_bounds
+from ...limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP, check_effect_bounds
+from ...read_bounds import EFFECTS_READ, BoundedRead
 from ..base import Fence, check_fence
 from .fileio import (
     TMP_PREFIX,
@@ -116,12 +118,19 @@ class EffectFiles:
             with self._tree.reading(*agent_parts(agent, "effects", step_name(seq))) as step:
                 if step is None:
                     return {}
-                journal = {}
+                journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
                 for index, kind in self._names(step, path):
+                    if journal.full:
+                        break
                     data = self._read(step, path / effect_name(index, kind))
                     if data is not None:
-                        journal[(index, kind)] = data
-                return journal
+                        journal.offer((index, kind), data)
+                if journal.stopped:
+                    self._tree.report(
+                        f"{path}: stopped reading at {journal.total} bytes, the most one read "
+                        "of a step's journal takes"
+                    )
+                return dict(journal.entries)
         except CorruptRecord as exc:
             self._tree.report(f"effect journal left out: {exc}")
         except OSError as exc:
@@ -168,7 +177,7 @@ class EffectFiles:
     def _read(self, step: int, path: Path) -> bytes | None:
         """A record's bytes; None (reported) if absent, not a regular file, unreadable or too big."""
         try:
-            return read_file(step, path.name, path, MAX_EFFECT_BYTES)
+            return read_file(step, path.name, path, EFFECTS_READ.entry_bytes)
         except CorruptRecord as exc:
             self._tree.report(f"effect record left out: {exc}")
         except OSError as exc:

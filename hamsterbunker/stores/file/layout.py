@@ -15,6 +15,7 @@ import logging
 import re
 
 from ...limits import check_checkpoint_bounds, check_effect_bounds
+from ...read_bounds import HEARTBEATS_READ
 from ...records import check_name
 from .fileio import dir_entries
 
@@ -22,6 +23,7 @@ __all__ = [
     "CHECKPOINT_NAME",
     "EFFECT_NAME",
     "EVENTS_NAME",
+    "HEARTBEAT_ENTRIES",
     "HEARTBEAT_NAME",
     "MAX_SEGMENT_BYTES",
     "STEP_NAME",
@@ -52,6 +54,10 @@ EFFECT_NAME = re.compile(r"(\d+)-(\w+)\.hbe")
 # but never above this: 16 MiB is a thousand events of 16 KiB each, while ours
 # are a few hundred bytes.
 MAX_SEGMENT_BYTES = 16 * 1024 * 1024
+# The most entries of a heartbeats directory listed by one read (the store's, the
+# tail's): four times the heartbeats it takes (read_bounds.HEARTBEATS_READ), so
+# temporary files and sync copies beside them never count.
+HEARTBEAT_ENTRIES = 4 * HEARTBEATS_READ.count
 
 
 def agent_parts(agent: str, *sub: str) -> tuple[str, ...]:
@@ -64,9 +70,12 @@ def is_sync_copy(name: str) -> bool:
     return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
 
 
-def record_files(directory: int, pattern: re.Pattern[str]) -> list[tuple[str, str]]:
-    """(node, file name) of each node's record file in directory, by name, sync copies left out."""
-    names = sorted(entry.name for entry in dir_entries(directory))
+def record_files(
+    directory: int, pattern: re.Pattern[str], limit: int | None = None
+) -> list[tuple[str, str]]:
+    """(node, file name) of each node's record file in directory, by name, sync copies left
+    out; of no more than limit entries, if given (see fileio.dir_entries)."""
+    names = sorted(entry.name for entry in dir_entries(directory, limit))
     matches = ((pattern.fullmatch(name), name) for name in names if not is_sync_copy(name))
     return [(match[1], name) for match, name in matches if match]
 

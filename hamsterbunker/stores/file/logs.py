@@ -5,8 +5,11 @@ rewritten on the next tick. Each node appends to its own event log (NFS has no
 atomic append across clients); when a segment holds ``events_per_segment``
 events it is renamed to ``<node>.jsonl.1``, replacing the previous one, so at
 most two segments remain. What is not a regular file within its cap under one
-of these names is logged once and skipped. ``hb forget`` unlinks a node's files
-(a symlink itself, never its target; a directory planted there is left).
+of these names is logged once and skipped. A read of the heartbeats lists at
+most ``HEARTBEAT_ENTRIES`` names and takes them, by node id, through a
+``BoundedRead`` of ``read_bounds.HEARTBEATS_READ``. ``hb forget`` unlinks a
+node's files (a symlink itself, never its target; a directory planted there is
+left).
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_RECORD_BYTES
+from ...read_bounds import HEARTBEATS_READ, BoundedRead
 from ...records import Event, Heartbeat, check_name
 from .._reported import readable
 from .fileio import atomic_write, closing_fd, discard, open_regular, read_file, write_all
-from .layout import EVENTS_NAME, HEARTBEAT_NAME, agent_parts, record_files
+from .layout import EVENTS_NAME, HEARTBEAT_ENTRIES, HEARTBEAT_NAME, agent_parts, record_files
 from .tree import StoreTree
 
 __all__ = ["EventLogs", "HeartbeatFiles"]
@@ -45,19 +49,26 @@ class HeartbeatFiles:
 
     def current(self, agent: str) -> list[Heartbeat]:
         path = self._tree.agent_dir(agent) / "heartbeats"
-        stored: list[tuple[str, bytes]] = []
+        stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
         with self._tree.reading(*agent_parts(agent, "heartbeats")) as directory:
             if directory is None:
                 return []
-            for node, name in record_files(directory, HEARTBEAT_NAME):
-                data = self._tree.read_or_skip(directory, name, path / name, MAX_RECORD_BYTES)
+            for node, name in record_files(directory, HEARTBEAT_NAME, HEARTBEAT_ENTRIES):
+                if stored.full:
+                    self._tree.report(
+                        f"{path}: read the heartbeats of the first {len(stored.entries)} nodes "
+                        "only, the most one read takes"
+                    )
+                    break
+                cap = HEARTBEATS_READ.entry_bytes
+                data = self._tree.read_or_skip(directory, name, path / name, cap)
                 if data is not None:
-                    stored.append((node, data))
+                    stored.offer(node, data)
 
         def report(node: str, _data: bytes, exc: Exception) -> None:
             self._tree.report(f"ignoring unreadable heartbeat {path / f'{node}.json'}: {exc}")
 
-        return list(readable(stored, Heartbeat.from_json, report))
+        return list(readable(stored.entries, Heartbeat.from_json, report))
 
     def remove(self, agent: str, node: str) -> None:
         check_name("node id", node)

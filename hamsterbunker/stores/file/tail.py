@@ -12,8 +12,9 @@ directories are walked without following a symlink, only regular files are
 opened (never blocking on a FIFO), and each read is capped: at most the
 store's ``segment_cap`` bytes of one event segment per call (a longer
 segment is read on over the next calls; a line longer than that is passed
-over), ``MAX_RECORD_BYTES`` of a heartbeat. What is refused is logged once
-and skipped.
+over), ``MAX_RECORD_BYTES`` of a heartbeat, of the lowest node ids as many as
+``read_bounds.HEARTBEATS_READ`` takes. What is refused is logged once and
+skipped.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from dataclasses import dataclass
 
 from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_RECORD_BYTES
+from ...read_bounds import HEARTBEATS_READ
 from ...records import Event, Heartbeat
 from .._reported import readable
 from ..tail import TailRead
 from .fileio import closing_fd, file_kind, open_regular, opened_subdir, pread_upto, read_file
-from .layout import EVENTS_NAME, HEARTBEAT_NAME, agent_parts, record_files
+from .layout import EVENTS_NAME, HEARTBEAT_ENTRIES, HEARTBEAT_NAME, agent_parts, record_files
 from .tree import StoreTree
 
 __all__ = ["FileTail"]
@@ -166,7 +168,9 @@ class FileTail:
     ) -> dict[str, tuple[tuple[int, int, int], Heartbeat | None]]:
         """Every heartbeat file's (signature, beat), reading only the changed ones."""
         seen = {}
-        for node, name in record_files(directory, HEARTBEAT_NAME):
+        for node, name in record_files(directory, HEARTBEAT_NAME, HEARTBEAT_ENTRIES):
+            if len(seen) >= HEARTBEATS_READ.count:
+                break
             try:
                 st = os.stat(name, dir_fd=directory, follow_symlinks=False)
             except FileNotFoundError:

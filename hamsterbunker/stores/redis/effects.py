@@ -2,7 +2,10 @@
 
 Both are Lua scripts (``scripts.PUT_EFFECT``, ``scripts.READ_EFFECTS``); the
 keys are told at the top of ``hamsterbunker.stores.redis``, and the removal of
-old journals is part of the checkpoint script. The store translates the errors.
+old journals is part of the checkpoint script. The script sends only the
+records under the names we write, none over ``read_bounds.EFFECTS_READ``'s
+bytes of one; what it sends is taken through a ``BoundedRead`` of that bound.
+The store translates the errors.
 """
 
 from __future__ import annotations
@@ -13,13 +16,8 @@ from typing import Any
 import redis
 
 from ...errors import StoreError
-from ...limits import (
-    EFFECT_KINDS,
-    MAX_EFFECT_BYTES,
-    MAX_EFFECTS_PER_STEP,
-    MAX_RECORD_BYTES,
-    check_effect_bounds,
-)
+from ...limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP, MAX_RECORD_BYTES, check_effect_bounds
+from ...read_bounds import EFFECTS_READ, BoundedRead
 from .._reported import ReportedOnce
 from ..base import Fence, describe_fence_text
 from . import scripts as _scripts
@@ -87,7 +85,7 @@ class RedisEffects:
         """Store.read_effects: the records the script found under the names we write."""
         answer = self._read(
             keys=[self._key(agent, "effects", str(seq))],
-            args=[MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP, *EFFECT_KINDS],
+            args=[EFFECTS_READ.entry_bytes, MAX_EFFECTS_PER_STEP, *EFFECT_KINDS],
         )
         if not isinstance(answer, list) or not answer:
             return {}
@@ -95,23 +93,32 @@ class RedisEffects:
             kind = text(answer[1]) if len(answer) > 1 else "?"
             self._warn(agent, seq, ("type", kind), "it is a Redis %s, not a hash", kind)
             return {}
-        journal: dict[tuple[int, str], bytes] = {}
+        journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
         for field, value in zip(answer[1::2], answer[2::2], strict=False):
             name = _parse_field(field)
             if name is None:  # the script sends only our names; checked again all the same
                 continue
-            if isinstance(value, int):
+            if isinstance(value, int) or (isinstance(value, bytes) and journal.too_big(len(value))):
+                size = value if isinstance(value, int) else len(value)
                 self._warn(
                     agent,
                     seq,
-                    (name, value),
+                    (name, size),
                     "record %d:%s is %d bytes, above the limit of %d bytes: not read",
                     *name,
-                    value,
-                    MAX_EFFECT_BYTES,
+                    size,
+                    EFFECTS_READ.entry_bytes,
                 )
-            elif isinstance(value, bytes):
-                journal[name] = value
+            elif isinstance(value, bytes) and not journal.offer(name, value) and journal.full:
+                break
+        if journal.stopped:
+            self._warn(
+                agent,
+                seq,
+                ("stopped", journal.total),
+                "stopped reading at %d bytes, the most one read of a step's journal takes",
+                journal.total,
+            )
         others = answer[0] - len(answer[1::2])
         if others > 0:
             self._warn(
@@ -121,7 +128,7 @@ class RedisEffects:
                 "left out %d fields whose names are not a record's as this store writes it",
                 others,
             )
-        return journal
+        return dict(journal.entries)
 
     def _warn(self, agent: str, seq: int, key: object, why: str, *args: object) -> None:
         """Log once what was left out of the journal of step seq of agent."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from ...errors import ConfigError, CorruptRecord
 from ...limits import MAX_SEQ
+from ...read_bounds import HEARTBEATS_READ, BoundedRead
 from ...records import CheckpointInfo, Event, Heartbeat, check_name
 from .._reported import ReportedOnce, readable
 
@@ -99,16 +100,21 @@ def reporter(reported: ReportedOnce, agent: str, kind: str) -> Report:
 
 
 def heartbeats_in(flat: Any, report: Report) -> list[Heartbeat]:
-    """The heartbeats in a flat HGETALL-shaped reply, by node id; damaged ones reported."""
+    """The heartbeats in a flat HGETALL-shaped reply, by node id, within
+    read_bounds.HEARTBEATS_READ (the lowest node ids); damaged ones reported."""
     if not isinstance(flat, list):
         return []
     pairs = zip(flat[::2], flat[1::2], strict=False)
-    stored = (
+    stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
+    for node, data in sorted(
         (text(node), data)
         for node, data in pairs
         if isinstance(node, bytes) and isinstance(data, bytes)
-    )
-    return sorted(readable(stored, Heartbeat.from_json, report), key=lambda beat: beat.node)
+    ):
+        if stored.full:
+            break
+        stored.offer(node, data)
+    return list(readable(stored.entries, Heartbeat.from_json, report))
 
 
 def events_in(node: str, lines: list[Any], report: Report) -> list[Event]:

@@ -18,8 +18,9 @@ A node removes its own older claims once they have had ``keep_s`` to sync
 monotonic clock; claims left by an earlier process of the node, and any
 above the version just written (a ``lease.json`` that went back), are removed
 at once. Reading is bounded (``MAX_CLAIM_ENTRIES`` names looked at, the newest
-``MAX_CLAIMS_TRIED`` read): a claim that does not parse is skipped, reported,
-and the next older one read.
+read within ``read_bounds.CLAIMS_READ``: ``MAX_CLAIMS_TRIED`` of them, each at most
+``MAX_RECORD_BYTES``): a claim that does not parse is skipped, reported, and the
+next older one read.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
-from ...limits import MAX_RECORD_BYTES
+from ...limits import MAX_CLAIMS_TRIED, MAX_RECORD_BYTES
+from ...read_bounds import CLAIMS_READ
 from ...records import LeaseRecord
 from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from ..file.layout import agent_parts, is_sync_copy
@@ -50,8 +52,7 @@ __all__ = [
 
 CLAIM_NAME = re.compile(r"claim\.(\d{20})\.json")
 KEEP_NEWEST = 2
-MAX_CLAIM_ENTRIES = 65_536
-MAX_CLAIMS_TRIED = 3
+MAX_CLAIM_ENTRIES = 65_536  # the names looked at; those read are CLAIMS_READ's
 
 
 def claim_name(version: int) -> str:
@@ -83,10 +84,10 @@ def read_published(
         if agent_fd is None:
             return None
         versions = _versions(agent_fd)
-        for version in sorted(versions, reverse=True)[:MAX_CLAIMS_TRIED]:
+        for version in sorted(versions, reverse=True)[: CLAIMS_READ.count]:
             name = versions[version]
             try:
-                data = read_file(agent_fd, name, where / name, MAX_RECORD_BYTES)
+                data = read_file(agent_fd, name, where / name, CLAIMS_READ.entry_bytes)
                 if data is None:
                     continue  # removed as it was listed: an older one is there
                 claim = LeaseRecord.from_json(data)

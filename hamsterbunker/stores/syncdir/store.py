@@ -73,6 +73,7 @@ from ...limits import (
     check_checkpoint_bounds,
     check_effect_bounds,
 )
+from ...read_bounds import HEARTBEATS_READ
 from ...records import (
     CheckpointInfo,
     ClusterRecord,
@@ -540,7 +541,8 @@ class SyncDirStore(Store):
             f"heartbeats of {agent}", lambda store: store.list_heartbeats(agent), subtrees
         )
         chosen = self._by_node(found, lambda beat: beat.node, set(subtrees))
-        return [beat for beats in chosen.values() for beat in beats[:1]]
+        # Each subtree's read keeps to HEARTBEATS_READ; so does the merge, by node id.
+        return [beat for beats in chosen.values() for beat in beats[:1]][: HEARTBEATS_READ.count]
 
     def remove_heartbeat(self, agent: str, node: str) -> None:
         self._writer().remove_heartbeat(agent, node)

@@ -12,8 +12,9 @@ read as comes from its place (the subtree and the file name), never from its
 bytes: the signature binds them, so a record moved elsewhere does not open.
 
 Reading is bounded: at most ``MAX_TERM_ENTRIES`` names of a terms directory are
-looked at, the newest ``MAX_TERMS_READ`` epochs are read, each at most
-``MAX_TERM_RECORD_BYTES``; a file that is not a regular file, is too big, or
+looked at, and the newest epochs are read through a ``BoundedRead`` of
+``read_bounds.TERM_RECORDS_READ`` (``MAX_TERMS_READ`` of them, each at most
+``MAX_TERM_RECORD_BYTES``); a file that is not a regular file, is too big, or
 is named like a record with numbers we never write is skipped and reported.
 """
 
@@ -25,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
-from ...limits import MAX_EPOCH
+from ...limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
+from ...read_bounds import TERM_RECORDS_READ, BoundedRead
 from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from ..file.layout import agent_parts, is_sync_copy
 
@@ -43,12 +45,9 @@ TERMS = "terms"
 CHOICES = "choices"
 _WHAT = {TERMS: "term record", CHOICES: "chain choice"}  # as problems name them
 TERM_NAME = re.compile(r"(\d+)\.rec")
-# A record is a short JSON document and a 64-digit tag: a few hundred bytes.
-MAX_TERM_RECORD_BYTES = 4096
-# The most names of one terms directory looked at, and the most (newest) records read:
-# the lineage needs the newest terms; an older one unread leaves its checkpoints unplaced.
+# The most names of one terms directory looked at. The most (newest) records read, and
+# their size, are read_bounds.TERM_RECORDS_READ's (MAX_TERMS_READ, MAX_TERM_RECORD_BYTES).
 MAX_TERM_ENTRIES = 65_536
-MAX_TERMS_READ = 256
 
 
 def term_record_name(epoch: int) -> str:
@@ -110,12 +109,12 @@ def read_term_records(
 ) -> dict[int, bytes]:
     """The records in root/subtree for agent of kind (epoch -> bytes), the newest
     MAX_TERMS_READ; junk skipped and reported; nothing below root followed."""
-    found: dict[int, bytes] = {}
+    found: BoundedRead[int] = BoundedRead(TERM_RECORDS_READ)
     parts = (*subtree, *agent_parts(agent, kind))
     where = root.joinpath(*parts)
     with opened_dir(root, parts) as terms_fd:
         if terms_fd is None:
-            return found
+            return {}
         epochs: dict[int, str] = {}
         for entry in dir_entries(terms_fd, MAX_TERM_ENTRIES):
             epoch = _epoch_of(entry.name)
@@ -123,13 +122,14 @@ def read_term_records(
                 report(f"{where / entry.name} skipped: {epoch}")
             elif epoch is not None:
                 epochs[epoch] = entry.name
-        for epoch in sorted(epochs, reverse=True)[:MAX_TERMS_READ]:
+        # The newest count names, junk among them too: no more files are opened.
+        for epoch in sorted(epochs, reverse=True)[: TERM_RECORDS_READ.count]:
             name = epochs[epoch]
             try:
-                data = read_file(terms_fd, name, where / name, MAX_TERM_RECORD_BYTES)
+                data = read_file(terms_fd, name, where / name, TERM_RECORDS_READ.entry_bytes)
             except CorruptRecord as exc:
                 report(f"{_WHAT[kind]} skipped: {exc}")
                 continue
             if data is not None:
-                found[epoch] = data
-    return found
+                found.offer(epoch, data)
+    return dict(found.entries)

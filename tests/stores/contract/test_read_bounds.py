@@ -5,6 +5,10 @@ bytes in all) is read within ``INBOX_READ``: a read stops at the bound, and the
 next read, from the last number taken, goes on from there. A leader's term
 (``node.inbox.TermInbox``, on a FakeClock) reads on past such junk, reports it
 once, and does not read it again before every step, only every few ticks.
+
+A step's effect journal planted past ``EFFECTS_READ`` (names no record has,
+records over the bytes of one) is read within it; an agent's heartbeats, past
+``HEARTBEATS_READ``, likewise.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import logging
 
 import pytest
 
+from hamsterbunker.limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP
 from hamsterbunker.node.inbox import RESCAN_TICKS
-from hamsterbunker.read_bounds import INBOX_READ
+from hamsterbunker.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ
+from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores.base import Store
 from tests.support.agents import AGENT
 from tests.support.raw_inbox import plant_submissions
+from tests.support.raw_store import raw_view
 from tests.support.term_inbox import TICK_S, leading
 
 JUNK = 200  # entries of the biggest size: more than one read takes
@@ -113,3 +120,69 @@ def test_junk_a_term_read_past_is_looked_at_again_every_few_ticks(store: Store) 
             assert len(term.sink.of("inbox.rejected")) == JUNK  # each reported once
 
     asyncio.run(scenario())
+
+
+def test_a_step_journal_read_keeps_to_its_bound(store: Store) -> None:
+    """Every record a step may hold, one of them exactly the bytes of one and one a byte over,
+    beside names no record has: the read returns every record within the bound, no more
+    than its count and total, and leaves out the one over and the junk names.
+
+    The count and total held before the journal was read through ``BoundedRead`` (a bounded
+    set of names, each capped): this guards a regression. On etcd the junk name took a place
+    of the bounded listing and the last record went unread: that failed before."""
+    seq = 5
+    raw = raw_view(store)
+    genuine = {
+        (index, kind): b"%d:%s" % (index, kind.encode())
+        for index in range(MAX_EFFECTS_PER_STEP)
+        for kind in EFFECT_KINDS
+    }
+    genuine[(0, "intent")] = b"i" * EFFECTS_READ.entry_bytes
+    over = (1, "outcome")
+    planted = {
+        **genuine,
+        over: b"o" * (EFFECTS_READ.entry_bytes + 1),
+        (MAX_EFFECTS_PER_STEP, "intent"): b"past the last index",
+        (0, "junk"): b"not a kind",
+    }
+    for (index, kind), data in planted.items():
+        raw.put_effect(AGENT, seq, index, kind, data)
+    del genuine[over]
+    journal = store.read_effects(AGENT, seq)
+    assert journal == genuine
+    assert len(journal) <= EFFECTS_READ.count
+    assert sum(len(data) for data in journal.values()) <= EFFECTS_READ.total_bytes
+    assert store.read_effects(AGENT, seq + 1) == {}
+
+
+def _beat(node: str) -> Heartbeat:
+    return Heartbeat(
+        node=node, region="eu", host="h", pid=1, role="standby", epoch=1, seq=0, leader=None,
+        time=0.0,
+    )  # fmt: skip
+
+
+def test_a_read_of_the_heartbeats_stops_at_its_count(store: Store) -> None:
+    """More nodes' heartbeats than a read takes: it returns those of the lowest node ids, as
+    many as the bound, within its byte total; so does a tail's read."""
+    nodes = [f"n{number:04d}" for number in range(HEARTBEATS_READ.count + 3)]
+    for node in reversed(nodes):
+        store.put_heartbeat(AGENT, _beat(node))
+    beats = store.list_heartbeats(AGENT)
+    assert [beat.node for beat in beats] == nodes[: HEARTBEATS_READ.count]
+    assert sum(len(beat.to_json()) for beat in beats) <= HEARTBEATS_READ.total_bytes
+    tailed = store.tail(AGENT).read().heartbeats
+    assert sorted(beat.node for beat in tailed) == nodes[: HEARTBEATS_READ.count]
+
+
+def test_a_heartbeat_over_its_bound_is_left_out_and_the_rest_is_read(store: Store) -> None:
+    """A heartbeat one byte over the bound of one is left out; those around it are read.
+
+    Held before the heartbeats were read through ``BoundedRead`` (each read with a cap, or
+    refused by the parser): this guards a regression."""
+    raw = raw_view(store)
+    store.put_heartbeat(AGENT, _beat("n1"))
+    big = _beat("n2").to_json()
+    raw.put_heartbeat(AGENT, "n2", big + b" " * (HEARTBEATS_READ.entry_bytes + 1 - len(big)))
+    store.put_heartbeat(AGENT, _beat("n3"))
+    assert [beat.node for beat in store.list_heartbeats(AGENT)] == ["n1", "n3"]
