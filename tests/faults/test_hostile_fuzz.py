@@ -39,6 +39,7 @@ from hamsterbunker.stores import open_store
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent
+from tests.support.hostile_values import json_values
 from tests.support.raw_store import RawStore, backend_store
 
 __all__ = ["backend_store"]  # the fixture, used by name
@@ -138,24 +139,6 @@ def running(backend_store: RawStore, tmp_path: Path) -> Iterator[Running]:
         yield made
     finally:
         made.stop()
-
-
-def json_values() -> st.SearchStrategy[Any]:
-    scalars = (
-        st.none()
-        | st.booleans()
-        | st.integers(min_value=-(2**80), max_value=2**80)
-        | st.sampled_from([0, 1, 2, MAX_EPOCH, MAX_EPOCH + 1, MAX_SEQ, 2**63, -1])
-        | st.floats()
-        | st.text(max_size=30)
-    )
-    return st.recursive(
-        scalars,
-        lambda inner: (
-            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
-        ),
-        max_leaves=20,
-    )
 
 
 FIELDS = {

@@ -1,0 +1,317 @@
+"""Writing an agent's work records as someone without the secret would: the effect journal and
+the inbox (submissions, "consumed" records with their replies, request-id index entries).
+
+``raw_store`` puts bytes where a node reads its lease, checkpoints and logs;
+this module does the same for the records of work, past the store contract,
+in each backend's own key layout (documented at the top of each backend's
+inbox and store modules): put arbitrary bytes, well-formed records naming
+any number or request id (the formats are public: only the sealed bytes
+inside need the secret), or delete a record. One class per backend, the
+in-memory store of ``hamsterbunker.testing`` included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from hamsterbunker.stores.file.inbox_records import (
+    done_bytes,
+    done_name,
+    index_bytes,
+    index_name,
+    pending_bytes,
+    pending_name,
+)
+from hamsterbunker.testing import MemoryStore
+
+from .raw_store import RawEtcd, RawFile, RawRedis
+
+__all__ = ["RawWork", "RawWorkEtcd", "RawWorkFile", "RawWorkMemory", "RawWorkRedis", "raw_work"]
+
+
+class RawWork(Protocol):
+    """Raw writes and deletions of one agent's effect journal and inbox records."""
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        """Store data as the effect-journal record (seq, index, kind)."""
+
+    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None: ...
+
+    def delete_effects(self, agent: str, seq: int) -> None:
+        """Delete the whole journal of step seq."""
+
+    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
+        """Store blob as the unconsumed submission number (of request_id), framed as the
+        backend frames one (the file store's header names the request id)."""
+
+    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
+        """Store data as the whole record of unconsumed submission number, unframed."""
+
+    def delete_pending(self, agent: str, number: int) -> None: ...
+
+    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
+        """Mark number (of request_id) consumed, with reply (None: "consumed, no reply"),
+        and index request_id to it, as a checkpoint's consumption would."""
+
+    def delete_done(self, agent: str, number: int, request_id: str) -> None:
+        """Delete the consumed record of number and its reply (not the request id's index)."""
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        """Delete the reply of consumed number, leaving its consumed mark (where the backend
+        keeps the two apart; the file store keeps them in one record, rewritten without it)."""
+
+    def put_index(self, agent: str, request_id: str, number: int) -> None:
+        """Index request_id to number (as admitted, unconsumed, where the backend says so)."""
+
+    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
+        """Store data as the index record of request_id."""
+
+    def delete_index(self, agent: str, request_id: str) -> None: ...
+
+
+class RawWorkFile:
+    """The file store: ``agents/<agent>/effects/...`` and ``agents/<agent>/inbox/...``."""
+
+    def __init__(self, raw: RawFile) -> None:
+        self._raw = raw
+
+    def _inbox(self, agent: str, *parts: str) -> Path:
+        path = self._raw.root.joinpath("agents", agent, "inbox", *parts)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        self._raw.put_effect(agent, seq, index, kind, data)
+
+    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
+        self._raw.effect_path(agent, seq, index, kind).unlink(missing_ok=True)
+
+    def delete_effects(self, agent: str, seq: int) -> None:
+        step = self._raw.effect_path(agent, seq, 0, "intent").parent
+        for path in step.iterdir():
+            path.unlink(missing_ok=True)
+        step.rmdir()
+
+    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
+        self.put_pending_raw(agent, number, pending_bytes(request_id, blob))
+
+    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
+        self._inbox(agent, "pending", pending_name(number)).write_bytes(data)
+
+    def delete_pending(self, agent: str, number: int) -> None:
+        self._inbox(agent, "pending", pending_name(number)).unlink(missing_ok=True)
+
+    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
+        self._inbox(agent, "done", done_name(number)).write_bytes(done_bytes(request_id, reply))
+        self.put_index(agent, request_id, number)
+
+    def delete_done(self, agent: str, number: int, request_id: str) -> None:
+        self._inbox(agent, "done", done_name(number)).unlink(missing_ok=True)
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        done = self._inbox(agent, "done", done_name(number))
+        if done.exists():
+            done.write_bytes(done_bytes(request_id, None))
+
+    def put_index(self, agent: str, request_id: str, number: int) -> None:
+        self.put_index_raw(agent, request_id, index_bytes(request_id, number))
+
+    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
+        self._inbox(agent, "ids", index_name(request_id)).write_bytes(data)
+
+    def delete_index(self, agent: str, request_id: str) -> None:
+        self._inbox(agent, "ids", index_name(request_id)).unlink(missing_ok=True)
+
+
+class RawWorkRedis:
+    """Redis: ``P:agent:A:effects:SEQ`` and the ``P:agent:A:inbox:*`` hashes and sets."""
+
+    def __init__(self, raw: RawRedis) -> None:
+        self._raw, self._redis = raw, raw._redis
+
+    def _key(self, agent: str, *parts: str) -> str:
+        return self._raw._key(agent, *parts)
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        self._raw.put_effect(agent, seq, index, kind, data)
+
+    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
+        self._redis.hdel(self._key(agent, "effects", str(seq)), f"{index}:{kind}")
+
+    def delete_effects(self, agent: str, seq: int) -> None:
+        self._redis.delete(self._key(agent, "effects", str(seq)))
+
+    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
+        self.put_pending_raw(agent, number, blob)
+
+    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
+        self._redis.hset(self._key(agent, "inbox:pending"), str(number), data)
+        self._redis.zadd(self._key(agent, "inbox:numbers"), {str(number): number})
+
+    def delete_pending(self, agent: str, number: int) -> None:
+        self._redis.hdel(self._key(agent, "inbox:pending"), str(number))
+        self._redis.zrem(self._key(agent, "inbox:numbers"), str(number))
+
+    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
+        self._redis.hset(self._key(agent, "inbox:consumed"), str(number), request_id)
+        if reply is None:
+            self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
+        else:
+            self._redis.hset(self._key(agent, "inbox:replies"), str(number), reply)
+        self._redis.zadd(self._key(agent, "inbox:kept"), {str(number): number})
+        self.put_index(agent, request_id, number)
+
+    def delete_done(self, agent: str, number: int, request_id: str) -> None:
+        self._redis.hdel(self._key(agent, "inbox:consumed"), str(number))
+        self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
+        self._redis.zrem(self._key(agent, "inbox:kept"), str(number))
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
+
+    def put_index(self, agent: str, request_id: str, number: int) -> None:
+        self.put_index_raw(agent, request_id, str(number).encode())
+
+    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
+        self._redis.hset(self._key(agent, "inbox:ids"), request_id, data)
+
+    def delete_index(self, agent: str, request_id: str) -> None:
+        self._redis.hdel(self._key(agent, "inbox:ids"), request_id)
+
+
+class RawWorkEtcd:
+    """etcd: ``P/agents/A/effects/<seq>/<index>/<kind>`` and ``P/agents/A/inbox/...``."""
+
+    def __init__(self, raw: RawEtcd) -> None:
+        self._raw, self._kv = raw, raw._kv
+
+    def _inbox(self, agent: str, rest: str) -> str:
+        return self._raw._key(agent, "inbox/" + rest)
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        self._raw.put_effect(agent, seq, index, kind, data)
+
+    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
+        self._kv.delete(self._raw._key(agent, f"effects/{seq:020d}/{index:04d}/{kind}"))
+
+    def delete_effects(self, agent: str, seq: int) -> None:
+        self._kv.delete_prefix(self._raw._key(agent, f"effects/{seq:020d}/"))
+
+    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
+        self.put_pending_raw(agent, number, blob)
+
+    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
+        self._kv.put(self._inbox(agent, f"pending/{number:020d}"), data)
+
+    def delete_pending(self, agent: str, number: int) -> None:
+        self._kv.delete(self._inbox(agent, f"pending/{number:020d}"))
+
+    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
+        ref = None
+        if reply is not None:
+            ref = f"{1:010d}-{number:020d}"
+            self._kv.put(self._inbox(agent, f"replies/{number:020d}/{ref}"), reply)
+        self._kv.put(self._inbox(agent, f"done/{number:020d}"), request_id)
+        doc = {"n": number, "consumed": True, "reply": ref}
+        self.put_index_raw(agent, request_id, json.dumps(doc).encode())
+
+    def delete_done(self, agent: str, number: int, request_id: str) -> None:
+        self._kv.delete(self._inbox(agent, f"done/{number:020d}"))
+        self.delete_reply(agent, number, request_id)
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        self._kv.delete_prefix(self._inbox(agent, f"replies/{number:020d}/"))
+
+    def put_index(self, agent: str, request_id: str, number: int) -> None:
+        self.put_index_raw(agent, request_id, json.dumps({"n": number, "size": 0}).encode())
+
+    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
+        self._kv.put(self._inbox(agent, f"ids/{request_id}"), data)
+
+    def delete_index(self, agent: str, request_id: str) -> None:
+        self._kv.delete(self._inbox(agent, f"ids/{request_id}"))
+
+
+class RawWorkMemory:
+    """The in-memory store: its records are typed fields, so "arbitrary bytes" go where
+    it keeps bytes (journal records, submissions, replies); an index entry is a number."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self._store = store
+
+    @contextlib.contextmanager
+    def _editing(self, agent: str) -> Iterator[Any]:
+        """The agent's records (hamsterbunker.testing._Agent), under the store's lock; a watch
+        sees the change."""
+        with self._store._lock:
+            state = self._store._agent(agent)
+            yield state
+            state.changes += 1
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        with self._editing(agent) as state:
+            state.effects[(seq, index, kind)] = data
+
+    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
+        with self._editing(agent) as state:
+            state.effects.pop((seq, index, kind), None)
+
+    def delete_effects(self, agent: str, seq: int) -> None:
+        with self._editing(agent) as state:
+            for key in [key for key in state.effects if key[0] == seq]:
+                del state.effects[key]
+
+    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
+        with self._editing(agent) as state:
+            state.pending[number] = (request_id, blob)
+
+    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
+        self.put_pending(agent, number, "junk", data)
+
+    def delete_pending(self, agent: str, number: int) -> None:
+        with self._editing(agent) as state:
+            state.pending.pop(number, None)
+
+    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
+        with self._editing(agent) as state:
+            state.done[number] = (request_id, reply)
+            state.numbers[request_id] = number
+
+    def delete_done(self, agent: str, number: int, request_id: str) -> None:
+        with self._editing(agent) as state:
+            state.done.pop(number, None)
+
+    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
+        with self._editing(agent) as state:
+            if number in state.done:
+                state.done[number] = (state.done[number][0], None)
+
+    def put_index(self, agent: str, request_id: str, number: int) -> None:
+        with self._editing(agent) as state:
+            state.numbers[request_id] = number
+
+    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
+        # The memory store keeps an index entry as a number: the nearest it has to junk is
+        # a number out of every bound.
+        self.put_index(agent, request_id, int.from_bytes(data[:8].ljust(8, b"\0"), "big") or -1)
+
+    def delete_index(self, agent: str, request_id: str) -> None:
+        with self._editing(agent) as state:
+            state.numbers.pop(request_id, None)
+
+
+def raw_work(raw: object) -> RawWork:
+    """The RawWork of a RawStore of tests.support.raw_store, or of a MemoryStore."""
+    if isinstance(raw, MemoryStore):
+        return RawWorkMemory(raw)
+    if isinstance(raw, RawFile):
+        return RawWorkFile(raw)
+    if isinstance(raw, RawRedis):
+        return RawWorkRedis(raw)
+    if isinstance(raw, RawEtcd):
+        return RawWorkEtcd(raw)
+    raise TypeError(f"no raw access to the work records of {raw!r}")
