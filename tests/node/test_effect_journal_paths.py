@@ -56,7 +56,6 @@ class Backend:
         self._sync: Sync | None = None
         self._memory: MemoryStore | None = None
         self._url = ""
-        self._raw: RawStore | None = None
         if name == "syncdir":
             self._sync = Sync(tmp_path, delay_ms=SYNC_DELAY_MS)
         elif name == "memory":
@@ -88,12 +87,7 @@ class Backend:
             for key in [key for key in journal if key[0] == seq]:
                 del journal[key]
             return
-        if self._sync is not None:
-            raw: RawStore = RawFile(self._sync.root(node) / "nodes" / node)
-        elif self.name == "file":
-            raw = RawFile(Path(self._url.removeprefix("file://")))
-        else:
-            raw = RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
+        raw = self._writer_of(node)
         try:
             raw.drop_effects(AGENT, seq)
         finally:
@@ -106,16 +100,20 @@ class Backend:
         if self._memory is not None:
             self._memory._agents[AGENT].effects[(seq, index, kind)] = junk
             return
-        if self._sync is not None:
-            raw: RawStore = RawFile(self._sync.root(node) / "nodes" / node)
-        elif self.name == "file":
-            raw = RawFile(Path(self._url.removeprefix("file://")))
-        else:
-            raw = RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
+        raw = self._writer_of(node)
         try:
             raw.put_effect(AGENT, seq, index, kind, junk)
         finally:
             raw.close()
+
+    def _writer_of(self, node: str) -> RawStore:
+        """The store as a writer without the secret writes it (on a synced folder: node's
+        subtree, on node's machine); not for the memory store."""
+        if self._sync is not None:
+            return RawFile(self._sync.root(node) / "nodes" / node)
+        if self.name == "file":
+            return RawFile(Path(self._url.removeprefix("file://")))
+        return RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
 
     def carry(self, node: str, to: str) -> None:
         """Bring what node wrote to the machine of node to (a synced folder's copy)."""

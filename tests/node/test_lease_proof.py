@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,14 @@ from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import open_store
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
-from tests.node.test_hostile_store import AGENT, TTL_MS, Nodes
+from tests.node.test_hostile_store import AGENT, TTL_MS, Nodes, nodes
 from tests.node.test_syncdir_lineage import WAIT_S
 from tests.node.test_syncdir_lineage import Nodes as SyncNodes
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent
 from tests.support.raw_store import RawStore, backend_store
 
-__all__ = ["backend_store"]  # the fixture, used by name
+__all__ = ["backend_store", "nodes"]  # the fixtures, used by name
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=1000)
 
@@ -153,15 +152,6 @@ def test_without_a_proof_set_every_record_is_trusted_as_before() -> None:
 
 
 # -- real node runtimes, the record written raw on every backend ---------------------------------
-
-
-@pytest.fixture
-def nodes(backend_store: RawStore) -> Iterator[Nodes]:
-    made = Nodes(backend_store.url)
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def rewrite_lease(nodes: Nodes, raw: RawStore, **changes: object) -> None:
