@@ -571,9 +571,9 @@ class LeaseKeeper:
         self.unreadable.clear()
         if record is not None and not self._proven(record):
             # Nothing is learned from it; any change of it still counts as a change.
-            key = (record.version, 0, "", -1)
-            if key != self._observed_key:
-                self._observed_key, self._observed_at = key, now
+            unproven = (record.version, 0, "", -1)
+            if unproven != self._observed_key:
+                self._observed_key, self._observed_at = unproven, now
             return
         if record is None and self.highest_epoch > 0:
             self._regressed(f"the lease record is gone (epoch {self.highest_epoch} was seen)")

@@ -167,7 +167,7 @@ class FileTail:
         self, directory: int
     ) -> dict[str, tuple[tuple[int, int, int], Heartbeat | None]]:
         """Every heartbeat file's (signature, beat), reading only the changed ones."""
-        seen = {}
+        seen: dict[str, tuple[tuple[int, int, int], Heartbeat | None]] = {}
         for node, name in record_files(directory, HEARTBEAT_NAME, HEARTBEAT_ENTRIES):
             if len(seen) >= HEARTBEATS_READ.count:
                 break
