@@ -4,8 +4,8 @@ invariants 9 and 10).
 The contract suite (tests/stores/contract/test_inbox.py) shows what every store
 does; these put bytes straight under the etcd store's inbox keys (the layout is
 told in ``hamsterbunker.stores.etcd.inbox``), past the contract, and check that
-reads never raise or hang, that admit says clearly which record it cannot
-believe, and that consumption commits with the checkpoint's txn or not at all,
+reads never raise or hang, that admit rebuilds a record it cannot believe from
+the stored entries, and that consumption commits with the checkpoint's txn or not at all,
 whatever happens between the staging of the replies and that txn.
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, NotNextNumber, StoreError
+from hamsterbunker.errors import Fenced, NotNextNumber, StoreError
 from hamsterbunker.limits import (
     MAX_RECORD_BYTES,
     MAX_REPLY_BYTES,
@@ -199,45 +199,115 @@ BAD_COUNTS = [
 ]
 
 
-@pytest.mark.parametrize("record", BAD_COUNTS)
-def test_a_junk_meta_record_makes_admit_name_it(store: EtcdStore, record: bytes) -> None:
-    """admit cannot tell the next number: CorruptRecord naming the record, nothing stored;
-    a known request id is still answered, and reads go on."""
-    admit_all(store, 1)
-    put, get = raw(store)
-    put("meta", record)
-    with pytest.raises(CorruptRecord, match=r"inbox meta record \S+/agents/a/inbox/meta"):
-        store.admit("a", "r2", 2, b"p")
-    assert store.admit("a", "r1", 5, b"p") == (1, True)
-    assert store.read_admission("a", "r2") is None
-    assert store.read_inbox("a") == [(1, b"p1")]
-    assert get("pending/" + pad(2)) is None
+def counts(get: Callable[[str], bytes | None], name: str) -> dict[str, int]:
+    found = get(name)
+    assert found is not None
+    parsed: dict[str, int] = json.loads(found)
+    return parsed
 
 
-def test_a_last_number_beyond_the_bounds_is_corrupt(store: EtcdStore) -> None:
+def admit_after_junk(
+    store: EtcdStore, name: str, record: bytes, caplog: pytest.LogCaptureFixture
+) -> Fence:
+    """Admit 1..3, consume 3 (the highest number then a done entry only), plant record
+    under name; the next admission goes to 4, above every stored entry, never back to a
+    number given (a client starting over at 1 is told 4), the junk reported once."""
+    admit_all(store, 3)
+    fence = held(store)
+    store.put_checkpoint("a", fence, 1, b"cp", [Consumed(3, "r3", b"re")])
     put, _get = raw(store)
-    put("meta", json.dumps({"last": MAX_SEQ + 1, "count": 0, "bytes": 0}).encode())
-    with pytest.raises(CorruptRecord, match="inbox meta record"):
-        store.admit("a", "r1", 1, b"p")
+    put(name, record)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        with pytest.raises(NotNextNumber) as refused:
+            store.admit("a", "r4", 1, b"four")
+        assert refused.value.next_number == 4
+        assert store.admit("a", "r4", 4, b"four") == (4, False)
+    assert [r for r in caplog.records if "rebuilt" in r.getMessage()] != []
+    assert len({r.getMessage() for r in caplog.records}) == len(caplog.records)  # once each
+    assert store.read_inbox("a") == [(1, b"p1"), (2, b"p2"), (4, b"four")]
+    assert store.read_admission("a", "r4") == AdmissionState(4, consumed=False, reply=None)
+    assert store.read_admission("a", "r3") == AdmissionState(3, consumed=True, reply=b"re")
+    return fence
 
 
-@pytest.mark.parametrize("record", [*BAD_COUNTS[:3], b'{"count": 5, "bytes": 0}'])
-def test_a_junk_consumed_record_stops_admissions_never_a_checkpoint(
+def consume_and_admit_on(store: EtcdStore, fence: Fence) -> None:
+    """A later consumption commits (never "more consumed than admitted"), and the counts
+    the limits are checked against are what is pending."""
+    _put, get = raw(store)
+    consumed = [Consumed(1, "r1", None), Consumed(2, "r2", None), Consumed(4, "r4", b"re4")]
+    store.put_checkpoint("a", fence, 2, b"cp", consumed)
+    assert store.read_inbox("a") == []
+    assert store.admit("a", "r5", 5, b"five!") == (5, False)
+    meta, totals = counts(get, "meta"), counts(get, "consumed")
+    assert meta["last"] == 5
+    assert (meta["count"] - totals["count"], meta["bytes"] - totals["bytes"]) == (1, 5)
+    assert store.read_inbox("a") == [(5, b"five!")]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [*BAD_COUNTS, json.dumps({"last": MAX_SEQ + 1, "count": 0, "bytes": 0}).encode()],
+)
+def test_a_junk_meta_record_is_rebuilt_from_the_stored_entries(
+    store: EtcdStore, record: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One junk write never stops admissions (DESIGN.md invariant 10): meta is rebuilt,
+    its last the highest number stored, its totals consumed's plus what is pending."""
+    fence = admit_after_junk(store, "meta", record, caplog)
+    _put, get = raw(store)
+    assert counts(get, "meta") == {"last": 4, "count": 4, "bytes": 2 + 2 + 2 + 4}
+    consume_and_admit_on(store, fence)
+
+
+JUNK_CONSUMED = [*BAD_COUNTS[:3], b'{"count": 5, "bytes": 0}']  # the last: above meta's
+
+
+@pytest.mark.parametrize("record", JUNK_CONSUMED)
+def test_a_junk_consumed_record_is_rebuilt_from_the_stored_entries(
+    store: EtcdStore, record: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """consumed's totals unbelievable (or above what was admitted): admit rebuilds meta
+    on top of consumed as it is, or both from what is pending when consumed does not parse."""
+    fence = admit_after_junk(store, "consumed", record, caplog)
+    _put, get = raw(store)
+    if record.startswith(b'{"count"'):
+        assert counts(get, "meta") == {"last": 4, "count": 5 + 3, "bytes": 2 + 2 + 4}
+    else:
+        assert counts(get, "consumed") == {"count": 0, "bytes": 0}
+        assert counts(get, "meta") == {"last": 4, "count": 3, "bytes": 2 + 2 + 4}
+    consume_and_admit_on(store, fence)
+
+
+@pytest.mark.parametrize("record", JUNK_CONSUMED)
+def test_a_checkpoint_leaves_a_junk_consumed_record_for_admit_to_rebuild(
     store: EtcdStore, record: bytes
 ) -> None:
-    """With consumed's totals unbelievable (or above what was admitted), admit says which
-    record; a checkpoint that consumes still commits, and leaves a record that does not
-    parse alone (one that parses it counts on from)."""
+    """A checkpoint that consumes still commits, and leaves a record that does not parse
+    alone (one that parses it counts on from); the next admission rebuilds what it must."""
     admit_all(store, 2)
     put, get = raw(store)
     put("consumed", record)
-    with pytest.raises(CorruptRecord, match=r"inbox .*\S+/agents/a/inbox/consumed"):
-        store.admit("a", "r3", 3, b"p")
     store.put_checkpoint("a", held(store), 1, b"cp", [Consumed(1, "r1", b"re")])
     assert store.read_inbox("a") == [(2, b"p2")]
     assert store.read_admission("a", "r1") == AdmissionState(1, consumed=True, reply=b"re")
     parses = record.startswith(b'{"count"')
     assert get("consumed") == (b'{"count": 6, "bytes": 2}' if parses else record)
+    assert store.admit("a", "r3", 3, b"p3") == (3, False)
+    meta, totals = counts(get, "meta"), counts(get, "consumed")
+    assert (meta["count"] - totals["count"], meta["bytes"] - totals["bytes"]) == (2, 4)
+
+
+def test_junk_sorting_among_the_entries_never_lowers_the_rebuilt_number(
+    store: EtcdStore,
+) -> None:
+    """A key that is no number but sorts above the highest entry: the rebuilt last is the
+    highest number that could sort below it, never one below an entry."""
+    admit_all(store, 2)
+    put, get = raw(store)
+    put("pending/" + pad(2)[:19] + "x", b"junk")  # above 00..02, below 00..10
+    put("meta", b"junk")
+    assert store.admit("a", "r3", 10, b"p") == (10, False)
+    assert counts(get, "meta") == {"last": 10, "count": 3, "bytes": 5}
 
 
 def test_a_lost_meta_record_never_lets_an_admission_overwrite_an_entry(

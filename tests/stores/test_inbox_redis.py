@@ -4,8 +4,9 @@ Someone who can write the Redis database but lacks the secret may put anything
 under the inbox's keys (``hamsterbunker.stores.redis.inbox``): keys of another
 type, numbers that are not ours, huge values, a counter or byte total that is
 junk. read_inbox and read_admission never raise or hang and read within their
-bounds; admit refuses, naming the record and storing nothing, when its counter
-or byte total cannot be believed; a checkpoint still publishes and consumes.
+bounds; admit rebuilds a counter or byte total that cannot be believed from the
+stored entries (reported once), never giving a number twice; a checkpoint still
+publishes and consumes.
 Admission and consumption are each one script: a refused checkpoint consumes
 nothing, whatever junk it met.
 """
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, StoreError
+from hamsterbunker.errors import CorruptRecord, Fenced, NotNextNumber, StoreError
 from hamsterbunker.limits import (
     MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,
@@ -232,37 +233,64 @@ def test_read_admission_of_a_key_of_another_type_is_unknown(
         ("bytes", b"lots"),
         ("bytes", b"-5"),
         ("bytes", b"9" * 40),
+        ("", b"string"),  # the counter's key of another type
+        ("", b"list"),
     ],
 )
-def test_a_junk_counter_or_total_refuses_admission_naming_it(
-    store: RedisStore, raw: Any, field: str, junk: bytes
+def test_a_junk_counter_or_total_is_rebuilt_from_the_stored_entries(
+    store: RedisStore, raw: Any, field: str, junk: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The next number (or the room left) cannot be known: CorruptRecord naming the key
-    and the field, never a Lua error, nothing stored; a known request id is still answered,
-    and a checkpoint still consumes, leaving the junk as it is."""
-    store.admit("a", "r1", 1, b"p")
-    raw.hset(key(store), field, junk)
-    before = snapshot(store, raw)
-    with pytest.raises(CorruptRecord) as refused:
-        store.admit("a", "r2", 2, b"p")
-    message = str(refused.value)
-    assert key(store) in message and f"field {field}" in message
-    assert "script" not in message.lower() and "lua" not in message.lower()
-    assert snapshot(store, raw) == before
-    assert store.admit("a", "r1", 1, b"p") == (1, True)
-    store.put_checkpoint("a", held(store), 1, b"cp", [Consumed(1, "r1", b"re")])
-    assert raw.hget(key(store), field) == junk
-    assert store.read_admission("a", "r1") == AdmissionState(1, consumed=True, reply=b"re")
+    """One junk write never stops admissions (DESIGN.md invariant 10): the counter is
+    rebuilt as the highest number stored (here a kept consumed one, above the pending),
+    the total as the pending entries' bytes, reported once, never a Lua error. The next
+    admission goes above every stored entry, the pending entries are untouched, and the
+    consumption and the limits count right afterwards."""
+    for n, blob in ((1, b"one"), (2, b"two"), (3, b"three")):
+        store.admit("a", f"r{n}", n, blob)
+    fence = held(store)
+    store.put_checkpoint("a", fence, 1, b"cp", [Consumed(3, "r3", b"re")])
+    if field:
+        raw.hset(key(store), field, junk)
+    else:
+        raw.delete(key(store))
+        if junk == b"list":
+            raw.rpush(key(store), b"junk")
+        else:
+            raw.set(key(store), b"junk")
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(NotNextNumber) as refused:  # a client starting over: never 1 again
+        store.admit("a", "r4", 1, b"four")
+    assert refused.value.next_number == 4
+    assert raw.hgetall(key(store)) == {b"last": b"3", b"bytes": b"6"}  # kept, never back
+    assert store.admit("a", "r4", 4, b"four") == (4, False)
+    assert store.read_inbox("a") == [(1, b"one"), (2, b"two"), (4, b"four")]
+    assert store.read_admission("a", "r4") == AdmissionState(4, consumed=False, reply=None)
+    assert store.read_admission("a", "r3") == AdmissionState(3, consumed=True, reply=b"re")
+    assert raw.hgetall(key(store)) == {b"last": b"4", b"bytes": b"10"}
+    rebuilt = [m for m in warnings_logged(caplog) if "rebuilt" in m]
+    assert len(rebuilt) == 1 and key(store) in rebuilt[0]
+    assert "lua" not in rebuilt[0].lower()
+    consumed = [Consumed(1, "r1", None), Consumed(2, "r2", None), Consumed(4, "r4", b"re4")]
+    store.put_checkpoint("a", fence, 2, b"cp", consumed)
     assert store.read_inbox("a") == []
+    assert raw.hgetall(key(store)) == {b"last": b"4", b"bytes": b"0"}
+    assert store.admit("a", "r5", 5, b"five!") == (5, False)
+    assert raw.hgetall(key(store)) == {b"last": b"5", b"bytes": b"5"}
 
 
-def test_an_inbox_record_of_another_type_refuses_admission(store: RedisStore, raw: Any) -> None:
-    raw.set(key(store), b"junk")
-    with pytest.raises(CorruptRecord, match="is not stored as a hash"):
-        store.admit("a", "r1", 1, b"p")
-    assert snapshot(store, raw) == {"": (b"string", raw.dump(key(store)))}
-    raw.delete(key(store))
-    assert store.admit("a", "r1", 1, b"p") == (1, False)
+def test_a_rebuilt_counter_counts_the_pending_entries_up_to_the_limits(
+    store: RedisStore, raw: Any
+) -> None:
+    """Rebuilt from the pending entries alone: the highest of them, and their bytes,
+    but never from a number above MAX_SEQ nor an entry bigger than a submission may be
+    (never read, so never consumed): one planted key must not fill the inbox for good."""
+    store.admit("a", "r1", 1, b"one")
+    store.admit("a", "r2", 2, b"two")
+    raw.hset(key(store, "pending"), "3", b"z" * (MAX_SUBMISSION_BYTES + 1))
+    raw.zadd(key(store, "numbers"), {"3": 3, "junk": MAX_SEQ + 10})
+    raw.hset(key(store), mapping={"last": b"junk", "bytes": b"junk"})
+    assert store.admit("a", "r4", 4, b"four") == (4, False)
+    assert raw.hgetall(key(store)) == {b"last": b"4", b"bytes": b"10"}
 
 
 @pytest.mark.parametrize("name", ["pending", "numbers", "ids", "consumed", "replies", "kept"])

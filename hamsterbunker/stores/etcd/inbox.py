@@ -19,12 +19,14 @@ Keys under the agent's prefix P/agents/A/::
 
 Unconsumed count and bytes are meta's totals less consumed's: each key has one
 writer, so ``admit`` never compares a key a checkpoint writes, nor a checkpoint
-one that ``admit`` writes. A consumption between admit's read and its txn only
-lowers what is unconsumed, so a refusal (InboxFull) decided on that read is
-still right at the read, and an admission never goes over a limit.
+one that ``admit`` writes (but for a junk counter's rebuilding, below). A
+consumption between admit's read and its txn only lowers what is unconsumed, so
+a refusal (InboxFull) decided on that read is still right at the read, and an
+admission never goes over a limit.
 
-``admit``: one read txn (meta, consumed, ``ids/<request id>``, and
-``pending/<number>``), then one txn comparing meta's mod_revision and
+``admit``: one read txn (meta, consumed, ``ids/<request id>``,
+``pending/<number>``, and the highest key under ``pending/`` and under ``done/``,
+keys only), then one txn comparing meta's mod_revision and
 ``ids/<request id>``'s (0: absent; a record that does not parse is replaced),
 and that ``pending/<number>`` is absent, that puts pending entry, ids record
 and meta. A pending entry is never overwritten: one found where meta names the
@@ -71,8 +73,17 @@ Nothing stored is trusted: a pending entry whose name does not parse or whose
 bytes are over ``MAX_SUBMISSION_BYTES``, an ids record that does not parse, a
 reply over ``MAX_REPLY_BYTES`` are logged once and left out (the ids record is
 taken as unknown, the reply as none). A meta or consumed record that does not
-parse makes ``admit`` raise CorruptRecord naming it; a checkpoint then leaves
-consumed as it is, so a node's checkpoints are never held up.
+parse (or the two disagreeing: more consumed than admitted) is rebuilt by
+``admit`` from the stored entries, and logged once, so that one junk write never
+stops admissions for good: meta's last becomes the highest number a pending or
+done key has (so the next admission goes above every stored entry, never to a
+number given before), its totals consumed's plus the pending entries' (as
+``read_inbox`` would take them, at most ``_SCANNED`` keys looked at), or only
+the pending entries' with consumed written again as 0 when consumed is the junk.
+The rebuilt records are written with the admission's txn, which then also
+compares consumed's mod_revision (or alone, the admission refused, so that the
+number never goes back). A checkpoint leaves a consumed record that does not
+parse as it is, so a node's checkpoints are never held up.
 """
 
 from __future__ import annotations
@@ -80,6 +91,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from etcd3gw.exceptions import Etcd3Exception
@@ -186,6 +198,87 @@ def _mod_equal(key: str, rev: int) -> dict[str, Any]:
     return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": rev}
 
 
+# The counts of meta and of consumed, and the entries whose highest number bounds meta's last.
+_META = ("last", "count", "bytes")
+_TOTALS = ("count", "bytes")
+_ENTRIES = ("pending/", "done/")
+
+
+def _zeros(names: tuple[str, ...]) -> dict[str, int]:
+    return dict.fromkeys(names, 0)
+
+
+def _parsed(
+    data: bytes | None, what: str, names: tuple[str, ...]
+) -> tuple[dict[str, int] | None, str | None]:
+    """(counts, None) of a meta or consumed record (zeros if absent), or (None, why) for junk."""
+    if data is None:
+        return _zeros(names), None
+    try:
+        return _counts(data, what, names), None
+    except CorruptRecord as exc:
+        return None, str(exc)
+
+
+def _numbers_end(prefix: str) -> str:
+    """The end of the range of keys under prefix named as numbers up to MAX_SEQ."""
+    return prefix + pad(MAX_SEQ) + "\0"
+
+
+def _highest_op(prefix: str) -> dict[str, Any]:
+    """The range request of the highest key under prefix up to MAX_SEQ's (its key only)."""
+    return get_op(
+        prefix + pad(1), _numbers_end(prefix),
+        sort_order="DESCEND", sort_target="KEY", limit=1, keys_only=True,
+    )  # fmt: skip
+
+
+def _highest_number(prefix: str, kvs: list[dict[str, Any]]) -> int:
+    """The highest number named as we name one (20 digits) whose key sorts at or below the
+    key _highest_op found (0 if none): at least any stored entry's, whatever junk sorts
+    among them (a junk key is never higher than MAX_SEQ's, by the range)."""
+    if not kvs:
+        return 0
+    name = kv_key(kvs[0]).removeprefix(prefix.encode())
+    digits = 0
+    while digits < min(len(name), 20) and name[digits : digits + 1].isdigit():
+        digits += 1
+    head, rest = int(name[:digits] or b"0"), 20 - digits
+    if digits == 20:
+        return min(head, MAX_SEQ)
+    if digits < len(name) and name[digits] > ord("9"):  # above every name head starts
+        return min((head + 1) * 10**rest - 1, MAX_SEQ)
+    return max(min(head * 10**rest - 1, MAX_SEQ), 0)  # below every name head starts
+
+
+@dataclass(frozen=True)
+class _Counters:
+    """The meta and consumed counts an admission goes on from, and how it writes them."""
+
+    meta: str
+    meta_rev: int
+    admitted: dict[str, int]
+    consumed: dict[str, int]
+    totals: str
+    totals_rev: int
+    rebuilt: bool = False  # from the stored entries: meta (and consumed, if reset) written
+    reset: bool = False  # consumed was junk: written again as consumed
+
+    @property
+    def compare(self) -> list[dict[str, Any]]:
+        """meta unchanged; rebuilt, consumed too (meta was counted on from it)."""
+        compare = [_mod_equal(self.meta, self.meta_rev)]
+        if self.rebuilt:
+            compare.append(_mod_equal(self.totals, self.totals_rev))
+        return compare
+
+    def writes(self, new_meta: dict[str, int]) -> list[dict[str, Any]]:
+        ops = [put_op(self.meta, json.dumps(new_meta))]
+        if self.reset:
+            ops.append(put_op(self.totals, json.dumps(self.consumed)))
+        return ops
+
+
 class EtcdInbox:
     """The inboxes of every agent of one etcd store; the store translates the errors."""
 
@@ -220,36 +313,26 @@ class EtcdInbox:
         pending = inbox + "pending/" + pad(number)
         for _try in range(_ADMIT_TRIES):
             reads = [get_op(meta), get_op(totals), get_op(ids), get_op(pending)]
-            meta_kvs, totals_kvs, id_kvs, taken = ranges(self._connection.txn([], reads))
+            reads += [_highest_op(inbox + name) for name in _ENTRIES]
+            meta_kvs, totals_kvs, id_kvs, taken, *highest = ranges(self._connection.txn([], reads))
             known, id_rev = _value(id_kvs)
             if known is not None:
                 try:
                     return _id_record(known, f"inbox record of request id {request_id}")["n"], True
                 except CorruptRecord as exc:  # replaced below, as if unknown
                     self._warn(agent, (request_id, id_rev), "replacing %s", exc)
-            meta_data, meta_rev = _value(meta_kvs)
-            admitted = {"last": 0, "count": 0, "bytes": 0}
-            if meta_data is not None:
-                admitted = _counts(meta_data, f"inbox meta record {meta}", tuple(admitted))
-            if admitted["last"] > MAX_SEQ:
-                raise CorruptRecord(f"inbox meta record {meta} has last above {MAX_SEQ}")
+            counters = self._counters(agent, inbox, meta_kvs, totals_kvs, highest)
+            admitted, consumed = counters.admitted, counters.consumed
             if number != admitted["last"] + 1:
+                self._keep_rebuilt(counters)
                 raise NotNextNumber(number, admitted["last"] + 1)
             if taken:  # never overwritten: meta was lost or changed, or the entry planted
-                self._skip_taken(agent, meta, meta_rev, pending, taken, admitted)
+                self._skip_taken(agent, meta, counters.meta_rev, pending, taken, admitted)
                 raise NotNextNumber(number, number + 1)
-            totals_data, _rev = _value(totals_kvs)
-            consumed = {"count": 0, "bytes": 0}
-            if totals_data is not None:
-                consumed = _counts(totals_data, f"inbox consumed record {totals}", tuple(consumed))
             count = admitted["count"] - consumed["count"]
-            size = admitted["bytes"] - consumed["bytes"]
-            if count < 0 or size < 0:
-                raise CorruptRecord(
-                    f"inbox records {meta} and {totals} disagree: more consumed than admitted"
-                )
-            full = inbox_full(count + 1, size + len(blob))
+            full = inbox_full(count + 1, admitted["bytes"] - consumed["bytes"] + len(blob))
             if full is not None:
+                self._keep_rebuilt(counters)
                 raise InboxFull(full)
             new_meta = {
                 "last": number,
@@ -257,11 +340,11 @@ class EtcdInbox:
                 "bytes": admitted["bytes"] + len(blob),
             }
             response = self._connection.txn(
-                [_mod_equal(meta, meta_rev), _mod_equal(ids, id_rev), _mod_equal(pending, 0)],
+                [*counters.compare, _mod_equal(ids, id_rev), _mod_equal(pending, 0)],
                 [
                     put_op(pending, bytes(blob)),
                     put_op(ids, json.dumps({"n": number, "size": len(blob)})),
-                    put_op(meta, json.dumps(new_meta)),
+                    *counters.writes(new_meta),
                 ],
             )
             if response.get("succeeded"):
@@ -269,6 +352,75 @@ class EtcdInbox:
         raise StoreError(
             f"admission of {request_id!r} to {agent!r} lost {_ADMIT_TRIES} races in a row"
         )
+
+    def _counters(
+        self,
+        agent: str,
+        inbox: str,
+        meta_kvs: list[dict[str, Any]],
+        totals_kvs: list[dict[str, Any]],
+        highest: list[list[dict[str, Any]]],
+    ) -> _Counters:
+        """meta and consumed as stored, or rebuilt (reported once) where they are junk or
+        disagree (more consumed than admitted): one junk write must not stop admissions for
+        good (DESIGN.md invariant 10). Rebuilt, meta's last is the highest number a pending
+        or done entry has (or meta's own, if higher), so no number is given twice, and its
+        totals consumed's plus what is pending; a junk consumed restarts at 0 (meta then
+        counts only what is pending), so that a later consumption is never more than what
+        meta counts."""
+        meta, totals = inbox + "meta", inbox + "consumed"
+        meta_data, meta_rev = _value(meta_kvs)
+        totals_data, totals_rev = _value(totals_kvs)
+        admitted, meta_junk = _parsed(meta_data, f"inbox meta record {meta}", _META)
+        consumed, totals_junk = _parsed(totals_data, f"inbox consumed record {totals}", _TOTALS)
+        if admitted is not None and admitted["last"] > MAX_SEQ:
+            admitted, meta_junk = None, f"inbox meta record {meta} has last above {MAX_SEQ}"
+        if admitted is not None and consumed is not None:
+            if admitted["count"] >= consumed["count"] and admitted["bytes"] >= consumed["bytes"]:
+                return _Counters(meta, meta_rev, admitted, consumed, totals, totals_rev)
+            meta_junk = f"inbox records {meta} and {totals} disagree: more consumed than admitted"
+        for junk, rev in ((meta_junk, meta_rev), (totals_junk, totals_rev)):
+            if junk is not None:
+                self._warn(
+                    agent, ("rebuilt", junk, rev), "%s: rebuilt from the stored entries", junk
+                )
+        stored = [
+            _highest_number(inbox + name, kvs) for name, kvs in zip(_ENTRIES, highest, strict=True)
+        ]
+        last = max([*stored, admitted["last"] if admitted else 0])
+        count, size = self._pending_totals(inbox + "pending/")
+        base = consumed or _zeros(_TOTALS)
+        rebuilt = {"last": last, "count": base["count"] + count, "bytes": base["bytes"] + size}
+        return _Counters(
+            meta, meta_rev, rebuilt, base, totals, totals_rev, rebuilt=True, reset=consumed is None
+        )
+
+    def _keep_rebuilt(self, counters: _Counters) -> None:
+        """Write rebuilt counters even though the admission is refused, so that the number
+        never goes back; a lost race is decided again by the next admission."""
+        if counters.rebuilt:
+            self._connection.txn(counters.compare, counters.writes(counters.admitted))
+
+    def _pending_totals(self, prefix: str) -> tuple[int, int]:
+        """How many pending entries there are and their sealed bytes, as read_inbox would
+        take them (named as we name them, no bigger than a submission may be: bigger ones
+        are never read, so never consumed), looking at no more than _SCANNED keys."""
+        start: str | bytes = prefix + pad(1)
+        end = _numbers_end(prefix)
+        count = size = scanned = 0
+        while scanned < _SCANNED:
+            limit = min(_PAGE, _SCANNED - scanned)
+            [kvs] = ranges(self._connection.txn([], [get_op(start, end, limit=limit)]))
+            for kv in kvs:
+                data, _rev = _value([kv])
+                name = kv_key(kv).removeprefix(prefix.encode())
+                if _NUMBER_NAME.fullmatch(name) and len(data or b"") <= MAX_SUBMISSION_BYTES:
+                    count, size = count + 1, size + len(data or b"")
+            scanned += len(kvs)
+            if len(kvs) < limit:
+                break
+            start = kv_key(kvs[-1]) + b"\0"
+        return count, size
 
     def _skip_taken(
         self,

@@ -25,12 +25,15 @@ more numbers, and sends no bigger entry and no more bytes in all, than
 ``read_admission`` measures the request id and reply before fetching them.
 What does not parse is logged once and left out (read_inbox) or taken as
 unknown, or as no reply (read_admission). A counter or byte total that is not
-a number as we write one (or an ``inbox`` key of another type) makes ``admit``
-a CorruptRecord naming it, storing nothing: the next number cannot be known, and
-guessing could give a number twice. The checkpoint leaves that key as it is
-(only a total whose pending entries were lost restarts at 0), so junk there
-never keeps a step from being published. Any other inbox key of
-another type holds nothing readable and is replaced by the next write.
+a number as we write one (or an ``inbox`` key of another type) is rebuilt by
+``admit`` from what is stored, in its script, and logged once: the counter as
+the highest number among the pending and the kept consumed ones (so the next
+admission goes above every stored entry, never to a number given before), the
+total as the sealed bytes of the pending entries; one junk write never stops
+admissions for good. The checkpoint leaves that key as it is (only a total
+whose pending entries were lost restarts at 0), so junk there never keeps a
+step from being published. Any other inbox key of another type holds nothing
+readable and is replaced by the next write.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from ...limits import (
     MAX_REPLY_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_SEQ,
+    MAX_SUBMISSION_BYTES,
     check_submission_bounds,
 )
 from ...read_bounds import INBOX_READ, BoundedRead
@@ -69,7 +73,7 @@ REPLIES_REMOVED_PER_CHECKPOINT = 2 * MAX_CONSUMED_PER_STEP
 _NUMBER = re.compile(rb"[1-9][0-9]{0,15}")
 
 
-# What ADMIT's {'corrupt', name} says of the inbox record.
+# What ADMIT's rebuilt names say of the inbox record.
 _DAMAGE = {
     b"inbox": "is not stored as a hash",
     b"last": "has a counter (field last) that is not a number as this store writes it",
@@ -158,9 +162,12 @@ class RedisInbox:
                 MAX_INBOX_BYTES,
                 MAX_SEQ,
                 self._changed(agent),
+                MAX_SUBMISSION_BYTES,
             ],
         )
         status = answer[0]
+        if len(answer) > 2:
+            self._report_rebuilt(agent, answer[2])
         if status == b"ok":
             return number, False
         if status == b"duplicate":
@@ -183,12 +190,19 @@ class RedisInbox:
                 f"{text(answer[1])} bytes, above the limit of {MAX_INBOX_BYTES} bytes "
                 f"({MAX_INBOX_BYTES // 2**20} MiB)"
             )
-        damaged = answer[1] if status == b"corrupt" and len(answer) > 1 else b""
-        what = _DAMAGE.get(damaged, "answered the admission in a way not understood")
         raise CorruptRecord(
-            f"redis store {self._url}: inbox record {self._key(agent, 'inbox')} {what}: "
-            "nothing admitted (remove or repair that key)"
+            f"redis store {self._url}: inbox record {self._key(agent, 'inbox')} "
+            "answered the admission in a way not understood"
         )
+
+    def _report_rebuilt(self, agent: str, rebuilt: Any) -> None:
+        """Log once each part of the counter's hash ADMIT found junk and rebuilt."""
+        for name in rebuilt.split() if isinstance(rebuilt, bytes) else []:
+            what = _DAMAGE.get(name, "was junk")
+            self._warn(
+                agent, ("rebuilt", name), "record %s %s: rebuilt from the stored entries",
+                self._key(agent, "inbox"), what,
+            )  # fmt: skip
 
     def read(self, agent: str, after: int) -> list[tuple[int, bytes]]:
         """Store.read_inbox: what the script sent, checked again; the rest reported once."""

@@ -6,7 +6,8 @@ raise a Lua error on what a store writer without the secret put in the keys
 (keys of another type, fields that are not numbers as we write them, values of
 any size): each value is measured (``HSTRLEN``) before it is fetched, and every
 check comes before the first write, so a script that refuses has changed
-nothing.
+nothing, but for a junk counter ADMIT rebuilt from the stored entries (written
+even when it refuses, so that the counter never goes back).
 
 ``CONSUME`` is not a script of its own: it is the part of the checkpoint script
 (``scripts.PUT_CHECKPOINT``) that runs once the fenced checkpoint is written,
@@ -69,31 +70,35 @@ end
 """
 
 # KEYS: INBOX_KEYS. ARGV: request id, number, sealed submission,
-# MAX_INBOX_COUNT, MAX_INBOX_BYTES, MAX_SEQ, channel. Returns
-#   {'duplicate', number}        the request id is known: nothing stored
-#   {'next', next number}        number is not the next one: nothing stored
-#   {'count'} / {'bytes', total} admitting it would pass a limit: nothing stored
-#   {'corrupt', key name}        the counter or byte total is not as we write it
-#                                (or its hash is of another type): nothing stored
-#   {'ok'}                       stored: entry, number, request id, counter, total
-# A request id whose index entry is not a number is taken as unknown (the
-# admission replaces it). The pending hash or the numbers set of another type
-# holds nothing readable: both are replaced, and the byte total restarts at 0;
-# the other sets of another type are replaced (what they held is unreadable).
-# A pending entry above the counter was never admitted (planted), so never
-# counted in the total: replaced.
+# MAX_INBOX_COUNT, MAX_INBOX_BYTES, MAX_SEQ, channel, MAX_SUBMISSION_BYTES. Returns
+#   {'duplicate', number}                 the request id is known: nothing stored
+#   {'next', next number, rebuilt}        number is not the next one
+#   {'count', '', rebuilt} / {'bytes', total, rebuilt}
+#                                         admitting it would pass a limit
+#   {'ok', '', rebuilt}                   stored: entry, number, request id, counter, total
+# rebuilt: what of the counter's hash was junk and rebuilt from the stored entries
+# ('inbox' for the hash of another type, then 'last', 'bytes', space-separated; '' for
+# none). One junk write must not stop admissions for good (DESIGN.md invariant 10), so
+# a counter that is not as we write it becomes the highest number among the pending and
+# the kept consumed ones (never a number given twice), a byte total the sealed bytes of
+# the pending entries (at most MAX_INBOX_COUNT looked at: past that, admission is
+# refused anyway); the rebuilt counter is written even when the admission is refused,
+# so that it never goes back. A request id whose index entry is not a number is taken
+# as unknown (the admission replaces it). The pending hash or the numbers set of another
+# type holds nothing readable: both are replaced, and the byte total restarts at 0; the
+# other sets of another type are replaced (what they held is unreadable). A pending
+# entry above the counter was never admitted (planted), so never counted in the total:
+# replaced.
 ADMIT = (
     INBOX_HELPERS
     + """
 local state, pending, numbers, ids = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local rid, number, blob = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local max_count, max_bytes, max_seq = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-if not usable(state, 'hash') then
-  return {'corrupt', 'inbox'}
-end
+local cap = tonumber(ARGV[8])
 local wanted = {'hash', 'hash', 'zset', 'hash', 'hash', 'hash', 'zset'}
 local fine = {}
-for i = 2, 7 do
+for i = 1, 7 do
   fine[i] = usable(KEYS[i], wanted[i])
 end
 if fine[4] then
@@ -102,30 +107,73 @@ if fine[4] then
     return {'duplicate', string.format('%d', known)}
   end
 end
-local last = number_in(state, 'last', max_seq)
-if last == nil then
-  return {'corrupt', 'last'}
+-- The highest whole score of a sorted set up to max_seq (0 if none): above any of ours.
+local function highest(key)
+  local top = redis.call('ZREVRANGEBYSCORE', key, max_seq, '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local score = tonumber(top[2])
+  if score == nil or score < 1 then
+    return 0
+  end
+  return math.floor(score)
 end
-local total = number_in(state, 'bytes', 2^53)
-if total == nil then
-  return {'corrupt', 'bytes'}
-end
-if number ~= last + 1 then
-  return {'next', string.format('%d', last + 1)}
+-- The sealed bytes of the pending entries no bigger than a submission may be (bigger
+-- ones are never read, so never consumed), the first max_count numbers looked at.
+local function pending_bytes()
+  local sum = 0
+  for _, n in ipairs(redis.call('ZRANGE', numbers, 0, max_count - 1)) do
+    local size = redis.call('HSTRLEN', pending, n)
+    if size <= cap then
+      sum = sum + size
+    end
+  end
+  return sum
 end
 local reset = not (fine[2] and fine[3])
-local count = 0
+local rebuilt = {}
+if not fine[1] then
+  table.insert(rebuilt, 'inbox')
+end
+local last = fine[1] and number_in(state, 'last', max_seq) or nil
+if last == nil then
+  last = math.max(fine[3] and highest(numbers) or 0, fine[7] and highest(KEYS[7]) or 0)
+  if fine[1] then
+    table.insert(rebuilt, 'last')
+  end
+end
+local total = fine[1] and number_in(state, 'bytes', 2^53) or nil
+if total == nil and fine[1] then
+  table.insert(rebuilt, 'bytes')
+end
 if reset then
   total = 0
-else
+elseif total == nil then
+  total = pending_bytes()
+end
+local function set_counter(last_text, bytes)
+  if not fine[1] then
+    redis.call('UNLINK', state)
+  end
+  redis.call('HSET', state, 'last', last_text, 'bytes', string.format('%d', bytes))
+end
+local said = table.concat(rebuilt, ' ')
+local function refuse(status, value)
+  if said ~= '' then
+    set_counter(string.format('%d', last), total)
+  end
+  return {status, value, said}
+end
+if number ~= last + 1 then
+  return refuse('next', string.format('%d', last + 1))
+end
+local count = 0
+if not reset then
   count = redis.call('ZCARD', numbers)
 end
 if count + 1 > max_count then
-  return {'count'}
+  return refuse('count', '')
 end
-total = total + #blob
-if total > max_bytes then
-  return {'bytes', string.format('%d', total)}
+if total + #blob > max_bytes then
+  return refuse('bytes', string.format('%d', total + #blob))
 end
 for i = 2, 7 do
   if not fine[i] or (reset and (i == 2 or i == 3)) then
@@ -135,9 +183,9 @@ end
 redis.call('HSET', pending, ARGV[2], blob)
 redis.call('ZADD', numbers, ARGV[2], ARGV[2])
 redis.call('HSET', ids, rid, ARGV[2])
-redis.call('HSET', state, 'last', ARGV[2], 'bytes', string.format('%d', total))
+set_counter(ARGV[2], total + #blob)
 redis.call('PUBLISH', ARGV[7], 'admitted')
-return {'ok'}
+return {'ok', '', said}
 """
 )
 
@@ -153,7 +201,7 @@ return {'ok'}
 # told (leftovers go at the next checkpoint, so the work is bounded whatever was
 # planted). Keys of another type are replaced, as ADMIT does, except the
 # counter's hash: never replaced here (the counter must not go back); a total
-# that is not a number is left as it is (ADMIT reports it), unless the pending
+# that is not a number is left as it is (ADMIT rebuilds it), unless the pending
 # entries were lost with their key, when it restarts at 0 with them.
 CONSUME = (
     INBOX_HELPERS
