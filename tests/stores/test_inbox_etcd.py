@@ -20,6 +20,8 @@ import pytest
 
 from hamsterbunker.errors import Fenced, NotNextNumber, StoreError
 from hamsterbunker.limits import (
+    MAX_INBOX_BYTES,
+    MAX_INBOX_COUNT,
     MAX_RECORD_BYTES,
     MAX_REPLY_BYTES,
     MAX_SEQ,
@@ -257,6 +259,24 @@ def test_a_junk_meta_record_is_rebuilt_from_the_stored_entries(
     _put, get = raw(store)
     assert counts(get, "meta") == {"last": 4, "count": 4, "bytes": 2 + 2 + 2 + 4}
     consume_and_admit_on(store, fence)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [{"count": MAX_INBOX_COUNT + 5, "bytes": 6}, {"count": 2, "bytes": MAX_INBOX_BYTES}],
+    ids=["count", "bytes"],
+)
+def test_totals_forged_to_look_full_are_counted_again_before_a_refusal(
+    store: EtcdStore, forged: dict[str, int]
+) -> None:
+    """A meta record that parses but says the inbox is full (one write) does not refuse
+    admissions for good: its totals are counted again from what is pending, and the
+    submission is admitted."""
+    admit_all(store, 2)
+    put, get = raw(store)
+    put("meta", json.dumps({"last": 2, **forged}).encode())
+    assert store.admit("a", "r3", 3, b"p3") == (3, False)
+    assert counts(get, "meta") == {"last": 3, "count": 3, "bytes": 6}
 
 
 JUNK_CONSUMED = [*BAD_COUNTS[:3], b'{"count": 5, "bytes": 0}']  # the last: above meta's

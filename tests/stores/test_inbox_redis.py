@@ -278,6 +278,18 @@ def test_a_junk_counter_or_total_is_rebuilt_from_the_stored_entries(
     assert raw.hgetall(key(store)) == {b"last": b"5", b"bytes": b"5"}
 
 
+def test_a_total_forged_to_look_full_is_counted_again_before_a_refusal(
+    store: RedisStore, raw: Any
+) -> None:
+    """A byte total that parses but says the inbox is full (one write) does not refuse
+    admissions for good: it is counted again from the pending entries, and the
+    submission is admitted."""
+    store.admit("a", "r1", 1, b"one")
+    raw.hset(key(store), "bytes", str(MAX_INBOX_BYTES).encode())
+    assert store.admit("a", "r2", 2, b"two") == (2, False)
+    assert raw.hgetall(key(store)) == {b"last": b"2", b"bytes": b"6"}
+
+
 def test_a_rebuilt_counter_counts_the_pending_entries_up_to_the_limits(
     store: RedisStore, raw: Any
 ) -> None:

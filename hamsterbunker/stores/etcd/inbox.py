@@ -239,16 +239,17 @@ def _highest_number(prefix: str, kvs: list[dict[str, Any]]) -> int:
     among them (a junk key is never higher than MAX_SEQ's, by the range)."""
     if not kvs:
         return 0
-    name = kv_key(kvs[0]).removeprefix(prefix.encode())
+    name: bytes = kv_key(kvs[0]).removeprefix(prefix.encode())
     digits = 0
     while digits < min(len(name), 20) and name[digits : digits + 1].isdigit():
         digits += 1
-    head, rest = int(name[:digits] or b"0"), 20 - digits
+    head = int(name[:digits] or b"0")
+    scale: int = 10 ** (20 - digits)
     if digits == 20:
         return min(head, MAX_SEQ)
     if digits < len(name) and name[digits] > ord("9"):  # above every name head starts
-        return min((head + 1) * 10**rest - 1, MAX_SEQ)
-    return max(min(head * 10**rest - 1, MAX_SEQ), 0)  # below every name head starts
+        return min((head + 1) * scale - 1, MAX_SEQ)
+    return max(min(head * scale - 1, MAX_SEQ), 0)  # below every name head starts
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,13 @@ class EtcdInbox:
                 raise NotNextNumber(number, number + 1)
             count = admitted["count"] - consumed["count"]
             full = inbox_full(count + 1, admitted["bytes"] - consumed["bytes"] + len(blob))
+            if full is not None and not counters.rebuilt:
+                # Totals forged to look full (they parse) would refuse every admission
+                # for good: count what is stored before refusing.
+                counters = self._counters(agent, inbox, meta_kvs, totals_kvs, highest, full)
+                admitted, consumed = counters.admitted, counters.consumed
+                count = admitted["count"] - consumed["count"]
+                full = inbox_full(count + 1, admitted["bytes"] - consumed["bytes"] + len(blob))
             if full is not None:
                 self._keep_rebuilt(counters)
                 raise InboxFull(full)
@@ -360,6 +368,7 @@ class EtcdInbox:
         meta_kvs: list[dict[str, Any]],
         totals_kvs: list[dict[str, Any]],
         highest: list[list[dict[str, Any]]],
+        full: str | None = None,
     ) -> _Counters:
         """meta and consumed as stored, or rebuilt (reported once) where they are junk or
         disagree (more consumed than admitted): one junk write must not stop admissions for
@@ -367,7 +376,8 @@ class EtcdInbox:
         or done entry has (or meta's own, if higher), so no number is given twice, and its
         totals consumed's plus what is pending; a junk consumed restarts at 0 (meta then
         counts only what is pending), so that a later consumption is never more than what
-        meta counts."""
+        meta counts. full: why the stored totals say the inbox is full; then they are
+        counted again (what is pending), and kept as they were if they were right."""
         meta, totals = inbox + "meta", inbox + "consumed"
         meta_data, meta_rev = _value(meta_kvs)
         totals_data, totals_rev = _value(totals_kvs)
@@ -376,14 +386,16 @@ class EtcdInbox:
         if admitted is not None and admitted["last"] > MAX_SEQ:
             admitted, meta_junk = None, f"inbox meta record {meta} has last above {MAX_SEQ}"
         if admitted is not None and consumed is not None:
-            if admitted["count"] >= consumed["count"] and admitted["bytes"] >= consumed["bytes"]:
+            agree = (
+                admitted["count"] >= consumed["count"] and admitted["bytes"] >= consumed["bytes"]
+            )
+            if agree and full is None:
                 return _Counters(meta, meta_rev, admitted, consumed, totals, totals_rev)
-            meta_junk = f"inbox records {meta} and {totals} disagree: more consumed than admitted"
-        for junk, rev in ((meta_junk, meta_rev), (totals_junk, totals_rev)):
-            if junk is not None:
-                self._warn(
-                    agent, ("rebuilt", junk, rev), "%s: rebuilt from the stored entries", junk
-                )
+            meta_junk = (
+                f"inbox records {meta} and {totals} disagree: more consumed than admitted"
+                if not agree
+                else f"inbox records {meta} and {totals} say the inbox is full ({full})"
+            )
         stored = [
             _highest_number(inbox + name, kvs) for name, kvs in zip(_ENTRIES, highest, strict=True)
         ]
@@ -391,6 +403,13 @@ class EtcdInbox:
         count, size = self._pending_totals(inbox + "pending/")
         base = consumed or _zeros(_TOTALS)
         rebuilt = {"last": last, "count": base["count"] + count, "bytes": base["bytes"] + size}
+        if full is not None and rebuilt == admitted:  # truly full: nothing to rebuild
+            return _Counters(meta, meta_rev, admitted, base, totals, totals_rev)
+        for junk, rev in ((meta_junk, meta_rev), (totals_junk, totals_rev)):
+            if junk is not None:
+                self._warn(
+                    agent, ("rebuilt", junk, rev), "%s: rebuilt from the stored entries", junk
+                )
         return _Counters(
             meta, meta_rev, rebuilt, base, totals, totals_rev, rebuilt=True, reset=consumed is None
         )

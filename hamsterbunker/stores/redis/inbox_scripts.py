@@ -172,6 +172,16 @@ end
 if count + 1 > max_count then
   return refuse('count', '')
 end
+if total + #blob > max_bytes and not reset then
+  -- A total forged to look full (it parses) would refuse every admission for good:
+  -- recount it from the pending entries (sizes only, no value is fetched).
+  local counted = pending_bytes()
+  if counted ~= total then
+    total = counted
+    table.insert(rebuilt, 'bytes')
+    said = table.concat(rebuilt, ' ')
+  end
+end
 if total + #blob > max_bytes then
   return refuse('bytes', string.format('%d', total + #blob))
 end
