@@ -84,7 +84,6 @@ from hamsterbunker.errors import (
     EffectInterrupted,
     HamsterbunkerError,
     LeaseConflict,
-    NoUsableCheckpoint,
     SealError,
     StoreError,
     UnknownRequest,
@@ -100,6 +99,7 @@ from tests.support.agents import SECRET, Recorder
 from tests.support.hostile_values import json_values
 from tests.support.raw_store import BACKENDS
 from tests.support.raw_work import RawWork, raw_work
+from tests.support.restarting import RestartingNodes
 
 pytestmark = pytest.mark.fault
 
@@ -308,16 +308,15 @@ class Submitted:
     payload: dict[str, Any]
 
 
-class Running:
+class Running(RestartingNodes):
     """Two nodes of one agent, a client, and what the fuzz captured and touched."""
 
     def __init__(self, backend: Backend, tmp_path: Path) -> None:
+        super().__init__()
         self.backend = backend
         self.tmp_path = tmp_path
         self.history = tmp_path / "history.jsonl"
         self.world = World()
-        self.nodes: dict[str, tuple[Runtime, SpyStore]] = {}
-        self.restarts = 0
         self.client = Client(backend.memory or backend.url, SECRET)
         cluster = backend.store.read_cluster()
         assert cluster is not None
@@ -385,31 +384,6 @@ class Running:
             if lease is not None and lease.holder in self.nodes:
                 return lease.holder
         return NODES[self.restarts % len(NODES)]
-
-    def restart(self, node_id: str) -> None:
-        """Stop the node at once (no grace) and start it again."""
-        node, store = self.nodes.pop(node_id)
-        with contextlib.suppress(NoUsableCheckpoint):  # a refusal is checked when it happens
-            node.stop(timeout=20)
-        store.close()
-        self.restarts += 1
-        self.start(node_id)
-
-    def assert_alive(self) -> None:
-        """Every node writes two more heartbeats, or ended by refusing to resume."""
-        before = {node_id: store.beats for node_id, (_node, store) in self.nodes.items()}
-
-        def settled() -> bool:
-            return all(
-                node.stopped.is_set() or store.beats >= before[node_id] + 2
-                for node_id, (node, store) in self.nodes.items()
-            )
-
-        wait_until(settled, "every node to write heartbeats (or to have refused)", timeout=15)
-        for node, _store in self.nodes.values():
-            if node.stopped.is_set():
-                with pytest.raises(NoUsableCheckpoint):
-                    node.stop()
 
     def stop(self) -> None:
         for node, store in self.nodes.values():
