@@ -1,11 +1,12 @@
-# The two set-up commands of the README: `make demo` and `make test`.
+# The two set-up commands of the README: `make demo` and `make test`; `make test-all`
+# is the whole suite, which .ci/run runs.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: demo test bench venv clean install-systemd
+.PHONY: demo test test-all coverage bench venv clean install-systemd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +19,29 @@ demo: $(STAMP)
 	$(BIN)/hb demo
 
 # pytest exits 5 when it collects no test: that is a failure here, as it is in CI.
+# Most tests wait on leases and servers rather than compute, so more workers than
+# cores pays (tests/README.md has the measures); tests that cannot share the
+# machine run one after another in one xdist_group (tests/conftest.py).
+WORKERS ?= 6
+PYTEST := $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup
+
+# The fast tier: everything but the tests marked slow (tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+# Every test: the fast tier and the slow one (real processes, faults, systemd, Syncthing).
+test-all: $(STAMP)
+	$(PYTEST) $(PYTEST_ARGS)
+
+# Line coverage of hamsterbunker/ under every test, node processes included
+# (coverage's subprocess patch); TIER=fast measures the fast tier alone.
+TIER ?= all
+coverage: $(STAMP)
+	rm -f .coverage .coverage.*
+	status=0; $(BIN)/coverage run -m pytest -n $(WORKERS) --dist loadgroup \
+		$(if $(filter fast,$(TIER)),-m "not slow") $(PYTEST_ARGS) || status=$$?; \
+	$(BIN)/coverage combine --quiet && $(BIN)/coverage report --sort=cover | tail -30; \
+	exit $$status
 
 # The benchmarks' own extra (matplotlib, for docs/growth.png), apart: demo and test skip it.
 $(BENCH_STAMP): $(STAMP)

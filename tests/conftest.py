@@ -1,4 +1,13 @@
-"""Shared fixtures: local clusters of real node processes, held to the history checker."""
+"""The two tiers, and shared fixtures: local clusters of real node processes, held to the
+history checker.
+
+``make test`` runs the fast tier (``-m "not slow"``), ``make test-all`` every test
+(tests/README.md). A test is in the slow tier when it carries one of
+``SLOW_MARKERS``, unless it is marked ``smoke``: the few real-process tests the
+fast tier keeps. Tests that cannot share the machine (a booted systemd, network
+namespaces, checks of CPU time) are put in one ``xdist_group``, so that under
+``--dist loadgroup`` they run one after another on one worker.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +22,23 @@ from hamsterbunker.checker import check
 from hamsterbunker.history import read_history
 from hamsterbunker.local import LocalCluster
 from tests.support import SUPPORT_DIR
+
+
+SLOW_MARKERS = ("multiprocess", "fault", "system", "syncthing")
+# What cannot run beside each other: a booted systemd in nspawn, network namespaces
+# with nftables rules, and the measures of CPU time that other load would spoil.
+EXCLUSIVE_MARKERS = ("system", "netns", "cpu_timing")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects, and before xdist reads its groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.get_closest_marker("smoke") and any(
+            item.get_closest_marker(name) for name in SLOW_MARKERS
+        ):
+            item.add_marker(pytest.mark.slow)
+        if any(item.get_closest_marker(name) for name in EXCLUSIVE_MARKERS):
+            item.add_marker(pytest.mark.xdist_group("exclusive"))
 
 
 @pytest.fixture

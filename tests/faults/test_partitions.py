@@ -30,7 +30,7 @@ from tests.support.etcd_server import require_etcd
 from tests.support.netns import Network, require_netns
 from tests.support.redis_server import require_redis_server
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.fault, pytest.mark.netns]
 
 A, B = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east")
 TICK_MS, TTL_MS = 100, 600

@@ -2,7 +2,8 @@
 
 The kill, the racers, the two zombie leaders and the graceful stop run on the
 file store, on Redis and on etcd (``store_url``); each Redis or etcd test has a
-key prefix of its own on the session's server.
+key prefix of its own on the session's server. The kill and the graceful stop
+are the fast tier's smoke tests (``make test``); the rest is in the slow tier.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def assert_one_publisher_per_epoch(store: Store, agent: str) -> None:
     assert all(len(nodes) == 1 for nodes in publishers.values()), publishers
 
 
+@pytest.mark.smoke  # in the fast tier: a kill and a graceful stop, per store
 def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     local_cluster: MakeCluster, store_url: str | None
 ) -> None:
@@ -253,6 +255,7 @@ def test_a_step_three_times_the_ttl_keeps_the_lease_and_is_published(
     assert [(i.seq, i.epoch) for i in store.list_checkpoints("slow")][-2:] == [(2, 1), (1, 1)]
 
 
+@pytest.mark.smoke  # in the fast tier: a kill and a graceful stop, per store
 def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(
     local_cluster: MakeCluster, store_url: str | None
 ) -> None:
