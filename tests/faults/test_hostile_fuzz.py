@@ -44,7 +44,7 @@ from tests.support.restarting import RestartingNodes
 
 __all__ = ["backend_store"]  # the fixture, used by name
 
-pytestmark = pytest.mark.fault
+pytestmark = pytest.mark.fuzz
 
 AGENT = "a"
 NODES = ("node-a", "node-b")

@@ -101,7 +101,7 @@ from tests.support.raw_store import BACKENDS
 from tests.support.raw_work import RawWork, raw_work
 from tests.support.restarting import RestartingNodes
 
-pytestmark = pytest.mark.fault
+pytestmark = pytest.mark.fuzz
 
 T = TypeVar("T")
 

@@ -7,6 +7,10 @@ has not yet stepped (``switchover.after_acquire``). Whoever dies, the agent goes
 under one leader: the target at once, or a standby a TTL after the dead node's
 last write. The ``local_cluster`` fixture holds every history to the checker
 (one writer per epoch, nothing published twice, no resume behind).
+
+The slow tier (real processes killed at failpoints): the hand-over itself is
+proved in-process on every backend by tests/node/test_control.py and
+tests/node/test_handed_lease.py, in the fast tier.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ AGENT = "journal"  # hb_test_agents:JournalCounter
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=800)
 A, B, C = NodeSpec("node-a", "eu"), NodeSpec("node-b", "us"), NodeSpec("node-c", "ap")
 MakeCluster = Callable[..., LocalCluster]
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.fault]
 
 # point, the node it kills, who leads after, and how the last takeover came about
 POINTS = [

@@ -36,7 +36,9 @@ from tests.support.agents import AGENT, SECRET, CountingAgent, Recorder, SyncAge
 from tests.support.etcd_server import etcd_url
 from tests.support.redis_server import redis_url
 
-TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
+# TTL 1000 ms: a switchover watches a standby for one TTL, and it beats every half TTL;
+# on a loaded machine (make test's workers) a 300 ms stall must not hide a live standby.
+TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=1000)
 BACKENDS = ["file", "redis", "etcd"]
 
 

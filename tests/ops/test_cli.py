@@ -539,6 +539,7 @@ def test_demo_survives_one_kill(capsys, record_property):
     check_effect_reports(result.stdout, 1)
 
 
+@pytest.mark.multiprocess  # the fast tier keeps the one kill of make demo
 def test_demo_survives_two_kills(capsys, record_property):
     """``hb demo --kills 2`` prints two kill/resume pairs, resuming at epochs 2 and 3."""
     result = run_demo(["--kills", "2"], 120, capsys, record_property)

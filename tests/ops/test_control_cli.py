@@ -3,6 +3,9 @@
 Three ``hb run`` processes on each backend (file, Redis, etcd); the commands run
 as a user would run them. Every cluster's history is held to the checker by the
 ``local_cluster`` fixture (one writer per epoch, no step published twice).
+
+The slow tier (real processes): what these commands ask of a node is proved
+in-process on every backend by tests/node/test_control.py, in the fast tier.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ AGENT = "journal"  # hb_test_agents:JournalCounter
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=800)
 NODES = [NodeSpec("node-a", "eu"), NodeSpec("node-b", "us"), NodeSpec("node-c", "ap")]
 MakeCluster = Callable[..., LocalCluster]
+
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture(params=["file", "redis", "etcd"])
