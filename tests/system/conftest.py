@@ -1,7 +1,8 @@
 """The `booted` fixture: one real systemd in systemd-nspawn for the whole session.
 
-Every test in this directory is marked `system`, so `-m "not system"` leaves
-them out. Where the machine cannot run them (not root, debootstrap or
+Every test module in this directory is marked `system` (its ``pytestmark``), so
+`-m "not system"` leaves them out, and tests/conftest.py runs them one after
+another on one worker. Where the machine cannot run them (not root, debootstrap or
 systemd-nspawn missing, root tree cannot be built) they are skipped with the
 reason, except on CI (CI=true), where that is a failure: a CI that silently
 skips them would prove nothing.
@@ -20,16 +21,14 @@ from . import nspawn
 HERE = Path(__file__).parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The first test to use `booted` may debootstrap the root tree, far longer
     # than the suite's per-test timeout; only then is the timeout lengthened.
-    building = not nspawn.cache_dir().is_dir()
+    if nspawn.cache_dir().is_dir():
+        return
     for item in items:
         if item.path.is_relative_to(HERE):
-            item.add_marker(pytest.mark.system)
-            if building:
-                item.add_marker(pytest.mark.timeout(nspawn.BUILD_TIMEOUT + 300))
+            item.add_marker(pytest.mark.timeout(nspawn.BUILD_TIMEOUT + 300))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,8 @@ import pytest
 
 from .nspawn import CommandFailed, Container
 
+pytestmark = pytest.mark.system
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -17,6 +17,8 @@ import pytest
 
 from .nspawn import Container
 
+pytestmark = pytest.mark.system
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT_TEXT = (REPO / "systemd" / "hamsterbunker@.service").read_text(encoding="utf-8")
 README = (REPO / "systemd" / "README.md").read_text(encoding="utf-8")

@@ -18,6 +18,8 @@ from hamsterbunker.records import Event
 
 from .nspawn import Container
 
+pytestmark = pytest.mark.system
+
 REPO = Path(__file__).resolve().parents[2]
 STORE = "/var/lib/hamsterbunker/shared"
 AGENT_ID = "counter"  # the demo agent's id

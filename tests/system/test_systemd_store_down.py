@@ -28,6 +28,8 @@ import pytest
 from .nspawn import Container, run_bounded, wait_for
 from .test_systemd_node import REPO, journal, show, unit
 
+pytestmark = pytest.mark.system
+
 INSTANCE = "boot"
 PORT = 6390
 STORE = f"redis://127.0.0.1:{PORT}/0?prefix=boot"

@@ -31,6 +31,8 @@ from hamsterbunker.timing import LeaseTiming, check_sync_delay
 from .nspawn import Container
 from .test_systemd_node import REPO, active_and_standby, journal, roles, running, show, unit
 
+pytestmark = pytest.mark.system
+
 STORE = "/var/lib/hamsterbunker/syncdir-counter"
 AGENT_ID = "counter"  # the demo agent's id
 NODES = {"sa": ("sync-a", "eu-west"), "sb": ("sync-b", "us-east")}
