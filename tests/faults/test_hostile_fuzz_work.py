@@ -111,7 +111,9 @@ EXAMPLES = 12
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=500)
 TTL_S = TIMING.lease_ttl_ms / 1000
 # "A few TTLs": how long after a hostile write a new request may wait for its reply.
-PROGRESS_S = 8 * TTL_S
+# A stall that hostile records cause lasts for ever (or a TTL or two); 16 TTLs leave
+# room for a loaded machine (make test-all's workers beside real-process tests).
+PROGRESS_S = 16 * TTL_S
 # How long an idle step waits for work before it ends (and the next one starts).
 IDLE_WAIT_S = 0.2
 # How many submissions one step answers at most.

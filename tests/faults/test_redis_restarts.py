@@ -239,6 +239,12 @@ def test_no_persistence_nodes_that_were_down_remember_through_their_state_direct
     for spec in (A, B):
         cluster.start(spec, extra_env=state[spec.node])
     wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
+    # Each node has seen the lease (a node stopped before its first read remembers
+    # nothing, and may rightly start afresh on the emptied store).
+    wait_until(
+        lambda: {b.node for b in store.list_heartbeats(AGENT) if b.epoch == 1} == {A.node, B.node},
+        "both nodes to have seen the lease",
+    )
     assert set(cluster.stop_all().values()) == {0}
     server.kill()
     server = redis(port=server.port)  # empty

@@ -424,9 +424,12 @@ TTL_MS = 8000  # renew deadline 0.6 × TTL = 4.8 s: every outage below stays wel
 
 
 def events(store: Store, kind: str | None = None, node: str | None = None) -> list[Event]:
+    """Each event once: one whose write timed out on a frozen server, which stored it when
+    thawed, is written again by its node (the same node and number, ``n``)."""
+    unique = {(e.node, e.n): e for e in store.read_events("journal")}
     return [
         e
-        for e in store.read_events("journal")
+        for e in unique.values()
         if (kind is None or e.type == kind) and (node is None or e.node == node)
     ]
 
