@@ -223,7 +223,9 @@ def test_one_process_keeps_several_agents_and_its_death_fails_them_all_over(flee
     wait_until(lambda: led_by_live_nodes(fleet, {last}), f"{last} to lead every agent", 30)
     for agent in handed:
         lease = fleet.store.read_lease(agent)
-        assert lease is not None and lease.history[-1].via == "released", lease
+        # Handed over, never left to expire: released by the stop, or switched over by
+        # the stopping host's balancer just before (it spreads leases on its own).
+        assert lease is not None and lease.history[-1].via in ("released", "switchover"), lease
 
 
 @pytest.mark.multiprocess
