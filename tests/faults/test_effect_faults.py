@@ -33,6 +33,12 @@ known from outside the runtime; every node also records its operations
 
 Randomness comes from ``random.Random(seed)``; the seed is printed, and
 ``HB_TEST_SEED=<seed>`` replays a failed run's choices.
+
+In the slow tier (``make test-all``). The backend half, the journal's fenced
+writes, bounds and removal, is proved on every backend by
+tests/stores/contract/test_effect_journal.py; the replay rules in-process by
+tests/node/test_effects.py and tests/node/test_effect_journal_paths.py, in the
+fast tier.
 """
 
 from __future__ import annotations

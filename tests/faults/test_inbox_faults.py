@@ -31,6 +31,11 @@ them.
 
 Randomness comes from ``random.Random(seed)``; the seed is printed, and
 ``HB_TEST_SEED=<seed>`` replays a failed run's choices.
+
+In the slow tier (``make test-all``). The backend half, racing admissions,
+all-or-nothing consumption and fencing, is proved on every backend by
+tests/stores/contract/test_inbox.py; the term's inbox in-process by
+tests/node/test_inbox.py, in the fast tier.
 """
 
 from __future__ import annotations

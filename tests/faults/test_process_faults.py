@@ -8,6 +8,11 @@ repeated steps are counted from outside the runtime.
 
 Randomness comes from ``random.Random(seed)``; the seed is printed, and
 ``HB_TEST_SEED=<seed>`` replays a failed run's choices.
+
+In the slow tier (``make test-all``), on the file store: the store's half
+(fenced writes, compare-and-set races) is proved on every backend by the
+contract suite (tests/stores/contract), and a kill and a zombie on Redis and
+etcd by tests/node/test_multiprocess.py.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@
 4. A node with the wrong secret joining a running cluster refuses at start.
 
 Every wait is bounded; nothing sleeps for a fixed time to synchronise.
+
+In the slow tier (``make test-all``), on the file store, whose disk these faults
+are; what a damaged record does on every backend is proved by
+tests/node/test_hostile_store.py and the fuzz modules, in the fast tier.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """Nodes as real processes on one shared store: kill, race, pause, slow steps, graceful stop.
 
 The kill, the racers, the two zombie leaders and the graceful stop run on the
-file store, on Redis and on etcd (``store_url``); each Redis or etcd test has a
-key prefix of its own on the session's server. The kill and the graceful stop
-are the fast tier's smoke tests (``make test``); the rest is in the slow tier.
+file store, on Redis and on etcd (``store_url``; the racers three rounds on the
+file store and one on each other); each Redis or etcd test has a key prefix of
+its own on the session's server. The kill and the graceful stop are the fast
+tier's smoke tests (``make test``); the rest is in the slow tier. The store's
+half, fenced writes and compare-and-set races of eight clients, is proved on
+every backend by the contract suite (tests/stores/contract).
 """
 
 from __future__ import annotations
