@@ -246,8 +246,10 @@ def test_hosts_spread_the_leases_evenly_by_switchover(fleet: Fleet) -> None:
         lease = fleet.store.read_lease(agent)
         assert lease is not None
         if holder != "host-a":
+            # Handed over, by host-a or, once host-b led some, by host-b's balancer as
+            # host-c joined later (a loaded machine starts the two apart).
             assert lease.history[-1].via == "switchover", lease.history
-            assert lease.history[-1].from_ == "host-a"
+            assert lease.history[-1].from_ in ("host-a", "host-b"), lease.history
     assert "by=balance" in fleet.log("host-a")
 
 
