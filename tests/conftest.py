@@ -23,7 +23,6 @@ from hamsterbunker.history import read_history
 from hamsterbunker.local import LocalCluster
 from tests.support import SUPPORT_DIR
 
-
 SLOW_MARKERS = ("multiprocess", "fault", "system", "syncthing")
 # What cannot run beside each other: a booted systemd in nspawn (one per worker that
 # runs any), network namespaces with nftables rules.
