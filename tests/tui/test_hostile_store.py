@@ -36,6 +36,28 @@ def heartbeat(node: str, **fields: Any) -> Heartbeat:
     return replace(beat, **fields)
 
 
+class LiveNodes:
+    """Planted heartbeats that keep changing, as a live node's do: without a readable
+    lease the monitor counts one that stood still for 2 s as dead, and on a loaded
+    machine a poll can come later than that."""
+
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.beats = 0
+
+    def add(self, node: str, **fields: Any) -> None:
+        self.nodes[node] = fields
+        self.beat()
+
+    def beat(self) -> bool:
+        """Write every node's next heartbeat; True, so that a probe can beat first."""
+        self.beats += 1
+        for node, fields in self.nodes.items():
+            self.store.put_heartbeat(AGENT, heartbeat(node, beats=self.beats, **fields))
+        return True
+
+
 def lease_path(store: FileStore) -> Path:
     return store.root / "agents" / AGENT / "lease.json"
 
@@ -51,7 +73,8 @@ def test_an_unreadable_lease_is_shown_in_the_lease_panel_and_polling_goes_on(
     store = FileStore(tmp_path / "store")
     lease = LeaseRecord(holder="n1", region="eu", session="s1", epoch=1, ttl_ms=60_000)
     store.cas_lease(AGENT, None, lease)
-    store.put_heartbeat(AGENT, heartbeat("n1"))
+    live = LiveNodes(store)
+    live.add("n1")
     store.append_event(AGENT, Event("n1", 1, "node.online", time.time()))
     lease_path(store).write_bytes(lease_json)  # as any store writer can
 
@@ -62,7 +85,7 @@ def test_an_unreadable_lease_is_shown_in_the_lease_panel_and_polling_goes_on(
             table = app.query_one(NodesTable)
             await until(pilot, "the problem", lambda: "unreadable" in widget_text(panel))
             assert "lease record" in widget_text(panel)
-            await until(pilot, "the node", lambda: table.roles() == {"n1": "active"})
+            await until(pilot, "the node", lambda: live.beat() and table.roles() == {"n1": "active"})
             await until(pilot, "the event", lambda: "node.online" in screen_text(app))
             assert not app.query_one(StoreBanner).shown
             assert "store unreachable" not in screen_text(app)
@@ -71,9 +94,9 @@ def test_an_unreadable_lease_is_shown_in_the_lease_panel_and_polling_goes_on(
             assert "lease record is unreadable" in str(kill.button.tooltip)
 
             # Polling goes on: a new node and a new event show up.
-            store.put_heartbeat(AGENT, heartbeat("n2", role="standby"))
+            live.add("n2", role="standby")
             store.append_event(AGENT, Event("n2", 1, "node.standby", time.time()))
-            await until(pilot, "n2", lambda: table.roles().get("n2") == "standby")
+            await until(pilot, "n2", lambda: live.beat() and table.roles().get("n2") == "standby")
             await until(pilot, "n2's event", lambda: "node.standby" in screen_text(app))
 
             # Repaired: the lease is shown again.
