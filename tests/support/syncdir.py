@@ -66,11 +66,15 @@ class Sync:
                 if path.is_symlink() or not path.is_file():
                     continue
                 target = theirs / path.relative_to(mine)
-                wanted.add(target)
                 if name.endswith(tuple(self.held_back)):
+                    wanted.add(target)
                     continue
-                if not target.exists() or target.read_bytes() != path.read_bytes():
-                    self._copy_file(path, target)
+                try:
+                    if not target.exists() or target.read_bytes() != path.read_bytes():
+                        self._copy_file(path, target)
+                except FileNotFoundError:
+                    continue  # removed at the source since the walk (a retention): not wanted
+                wanted.add(target)
         for folder, _dirs, names in os.walk(theirs):  # removed at the source: removed here
             for name in names:
                 path = Path(folder, name)
