@@ -209,9 +209,10 @@ def test_one_process_keeps_several_agents_and_its_death_fails_them_all_over(flee
     wait_until(lambda: led_by_live_nodes(fleet, survivors), "the survivors to lead every agent", 30)
     wait_until(lambda: all(fleet.seq(a) >= stood[a] + 2 for a in AGENTS),
                "every agent to step on", 30)  # fmt: skip
-    for agent in orphaned:
+    for agent in orphaned:  # taken from the dead host by expiry (a balancer may move it on)
         lease = fleet.store.read_lease(agent)
-        assert lease is not None and lease.history[-1].via == "expired", lease
+        assert lease is not None, agent
+        assert [t.via for t in lease.history if t.from_ == victim][-1:] == ["expired"], lease
 
     # A SIGTERM hands every agent of the process over at once (released, not expired).
     leaders = fleet.leaders()
@@ -225,7 +226,9 @@ def test_one_process_keeps_several_agents_and_its_death_fails_them_all_over(flee
         lease = fleet.store.read_lease(agent)
         # Handed over, never left to expire: released by the stop, or switched over by
         # the stopping host's balancer just before (it spreads leases on its own).
-        assert lease is not None and lease.history[-1].via in ("released", "switchover"), lease
+        assert lease is not None, agent
+        from_stopping = [t.via for t in lease.history if t.from_ == stopping]
+        assert from_stopping and from_stopping[-1] in ("released", "switchover"), lease
 
 
 @pytest.mark.multiprocess
@@ -246,10 +249,9 @@ def test_hosts_spread_the_leases_evenly_by_switchover(fleet: Fleet) -> None:
         lease = fleet.store.read_lease(agent)
         assert lease is not None
         if holder != "host-a":
-            # Handed over, by host-a or, once host-b led some, by host-b's balancer as
-            # host-c joined later (a loaded machine starts the two apart).
+            # Handed over by a balancer, never left to expire: by host-a, or by a host that
+            # led some already as the other joined (a loaded machine starts the two apart).
             assert lease.history[-1].via == "switchover", lease.history
-            assert lease.history[-1].from_ in ("host-a", "host-b"), lease.history
     assert "by=balance" in fleet.log("host-a")
 
 
