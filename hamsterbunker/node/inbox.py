@@ -78,6 +78,7 @@ class TermInbox:
         self._rejected: dict[int, bytes] = {}
         self._wakes = 0
         self._woke = asyncio.Event()
+        self._read_failed = False  # the last read failed: say store.recovered after the next
         self._watcher: asyncio.Task[None] | None = None
         self._ahead: asyncio.Future[list[tuple[int, bytes]]] | None = None
 
@@ -137,6 +138,9 @@ class TermInbox:
         except StoreError as exc:
             self._sink.emit("store.error", error=f"inbox: {exc}")
             entries = None
+        if entries is not None and self._read_failed:
+            self._sink.emit("store.recovered", during="inbox")
+        self._read_failed = entries is None
         for number, blob in entries or ():
             await self._take(number, blob)
         if entries is not None:

@@ -26,7 +26,7 @@ from hamsterbunker import (
     UnknownRequest,
     current_step,
 )
-from hamsterbunker.errors import Tampered
+from hamsterbunker.errors import StoreUnavailable, Tampered
 from hamsterbunker.inbox import ConsumedMarks, StepInbox
 from hamsterbunker.limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_SUBMISSION_BYTES
 from hamsterbunker.sealing import Sealer
@@ -542,3 +542,33 @@ def test_a_step_that_consumed_all_it_may_is_handed_nothing_more_and_does_not_wai
         assert await asyncio.wait_for(inbox.wait(600), 5.0) == []
 
     asyncio.run(scenario())
+
+
+class InboxReadsFail(MemoryStore):
+    """A memory store whose inbox reads fail while ``failing`` is above zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = 0
+
+    def read_inbox(self, agent: str, after: int = 0) -> Any:
+        if self.failing > 0:
+            self.failing -= 1
+            raise StoreUnavailable("inbox reads refused by the test")
+        return super().read_inbox(agent, after)
+
+
+def test_an_inbox_read_that_failed_is_followed_by_store_recovered(nodes: Nodes) -> None:
+    """The term's inbox reads say store.error when they fail and store.recovered once one
+    works again, as the node loop does for the lease: an operator sees the outage end."""
+    nodes.store = InboxReadsFail()
+    nodes.start("a", Answerer(wait_s=0.2))
+    nodes.events.wait("agent.started", timeout=WAIT_S)
+    nodes.store.failing = 3
+    failed = nodes.events.wait("store.error", timeout=WAIT_S)
+    assert failed.detail["error"].startswith("inbox: ")
+    recovered = nodes.events.wait("store.recovered", timeout=WAIT_S)
+    assert recovered.detail == {"during": "inbox"}
+    with nodes.client() as client:
+        client.submit(AGENT, 2, request_id="after")
+        assert client.result(AGENT, "after", timeout=WAIT_S) == {"doubled": 4}
