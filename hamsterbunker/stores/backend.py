@@ -1,0 +1,233 @@
+"""The backend interface: the few operations a store's record layer is built on.
+
+A backend is a durable map from keys to bytes with one atomic operation,
+``commit``: a transaction of compares, writes and reads that either happens
+whole or not at all. Everything the runtime stores (leases, fenced
+checkpoints, the effect journal, the inbox, heartbeats, events) is laid out
+on top of it once, by the record layer; a backend knows nothing of records.
+
+Keys are ``/``-separated paths of printable ASCII segments (``key_problem``).
+Reads are bounded where they are made: ``get`` takes the most bytes it may
+return, ``scan`` a ``ReadBound``, so nothing a writer without the secret plants
+can make one read return more. A backend contract suite
+(``tests/stores/backend``) runs against every backend.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from ..blob import Blob
+from ..read_bounds import BoundedRead, ReadBound
+from .base import StoreGuarantees
+
+__all__ = [
+    "Backend",
+    "Capability",
+    "Compare",
+    "DeleteRange",
+    "Get",
+    "Notice",
+    "Put",
+    "Scan",
+    "ScanResult",
+    "ScanTaker",
+    "TooLarge",
+    "Txn",
+    "TxnResult",
+    "key_problem",
+    "prefix_end",
+]
+
+# One key segment: what the record layer names things by (agent and node ids,
+# zero-padded numbers, fixed words). Nothing else is a key, so no backend has
+# to escape anything and a file backend can use the segments as names.
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,191}")
+MAX_KEY_CHARS = 1024
+
+
+def key_problem(key: str) -> str | None:
+    """Why key is not a backend key, or None if it is one."""
+    if not key or len(key) > MAX_KEY_CHARS:
+        return f"a key must be 1 to {MAX_KEY_CHARS} characters"
+    for segment in key.split("/"):
+        if not _SEGMENT.fullmatch(segment):
+            return f"key {key[:80]!r} has a segment that is not a name: {segment[:80]!r}"
+    return None
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key that starts with prefix (prefix is non-empty ASCII)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class Capability:
+    """What a backend can do beyond the interface's minimum (``Backend.capabilities``)."""
+
+    # Every write a commit makes is in place for every reader at once (a file
+    # backend's readers may see a commit's writes one after another).
+    ATOMIC_READS = "atomic-reads"
+    # Notices carry the value a key changed to (a watcher spares a read).
+    NOTICE_VALUES = "notice-values"
+
+
+@dataclass(frozen=True)
+class TooLarge:
+    """A value a bounded read left unread: it is over the bytes the read allows."""
+
+    key: str
+    size: int  # what the backend reported, or -1 where it only knows it is over
+
+
+@dataclass(frozen=True)
+class Compare:
+    """A commit's precondition: key holds exactly value (None: key holds nothing)."""
+
+    key: str
+    value: bytes | None
+
+
+@dataclass(frozen=True)
+class Put:
+    """Set key to value (bytes, or pieces made as they are written: ``hamsterbunker.blob``)."""
+
+    key: str
+    value: Blob
+
+
+@dataclass(frozen=True)
+class DeleteRange:
+    """Remove every key k with start <= k < end (end None: key start alone)."""
+
+    start: str
+    end: str | None = None
+
+
+@dataclass(frozen=True)
+class Get:
+    """A commit's read of one key, at most max_bytes of it (else TooLarge)."""
+
+    key: str
+    max_bytes: int
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A commit's read of the keys under prefix, after a key, within bound (see scan)."""
+
+    prefix: str
+    bound: ReadBound
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What one bounded scan found, by key: the values taken, and what was not."""
+
+    items: list[tuple[str, bytes]] = field(default_factory=list)
+    too_large: list[TooLarge] = field(default_factory=list)  # over the bound's entry bytes
+    more: bool = False  # the bound stopped the scan: read on after the last key taken
+
+
+class ScanTaker:
+    """What a backend's scan takes, key by key in key order, within its bound.
+
+    For each key: stop if ``full``; report a value over the bound's entry bytes
+    with ``left_out`` (measured before it is fetched, where the backend can);
+    else ``take`` it. ``result`` then says whether the bound stopped the scan.
+    """
+
+    def __init__(self, bound: ReadBound) -> None:
+        self._read = BoundedRead[str](bound)
+        self._too_large: list[TooLarge] = []
+        self._more = False
+
+    @property
+    def full(self) -> bool:
+        """Nothing more may be taken; a key found now means there is more."""
+        read = self._read
+        return read.stopped or len(read.entries) + len(self._too_large) >= read.bound.count
+
+    def left_out(self, key: str, size: int) -> bool:
+        """Whether a value of size bytes is over the entry bytes (then reported, unread)."""
+        if not self._read.too_big(size):
+            return False
+        self._too_large.append(TooLarge(key, size))
+        return True
+
+    def take(self, key: str, value: bytes) -> None:
+        if not self.left_out(key, len(value)):
+            self._read.offer(key, value)
+
+    def result(self, more: bool = False) -> ScanResult:
+        """The scan's result; more: a key under the prefix was left after the last taken."""
+        more = more or self._read.stopped
+        return ScanResult(list(self._read.entries), list(self._too_large), more)
+
+
+@dataclass(frozen=True)
+class Txn:
+    """One atomic step: if every compare holds, make the writes, in order, and the reads.
+
+    Reads see the store as of the step, after its writes when it succeeded, as
+    it was when it did not. Durable before commit returns, when it succeeded.
+    """
+
+    compares: Sequence[Compare] = ()
+    writes: Sequence[Put | DeleteRange] = ()
+    reads: Sequence[Get | Scan] = ()
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """Whether the compares held, and the reads in the order asked."""
+
+    succeeded: bool
+    reads: list[bytes | TooLarge | ScanResult | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A watch's hint that key may have changed; value is what it changed to, where the
+    backend's notices carry it (None: a deletion, or read to know). key None: a gap,
+    anything under the prefix may have changed."""
+
+    key: str | None
+    value: bytes | None = None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A durable, shared map of keys to bytes. Every method but watch is blocking."""
+
+    url: str  # as it may be shown: no credential
+    guarantees: StoreGuarantees
+    capabilities: frozenset[str]
+
+    def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
+        """The value of key (None if it has none), or TooLarge, unread, if over max_bytes."""
+
+    def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
+        """The keys under prefix (``/``-terminated) that sort after after, in key order.
+
+        At most bound.count entries and bound.total_bytes in all; a value over
+        bound.entry_bytes is reported in too_large, unread, and counts as an
+        entry. ``more`` once the bound stopped the scan before the last key.
+        """
+
+    def commit(self, txn: Txn) -> TxnResult:
+        """Make txn in one atomic, durable step (see Txn). StoreError if the backend
+        cannot say whether it happened (the caller reads to know)."""
+
+    def watch(self, prefix: str) -> AsyncIterator[Notice]:
+        """Notices of changes under prefix, from now on, for as long as it is iterated:
+        hints, never proof; a notice may come without a change, and a gap as key None."""
+
+    def check(self) -> None:
+        """StoreUnavailable unless the backend is there and answering."""
+
+    def close(self) -> None:
+        """Release what the backend holds open."""

@@ -1,0 +1,1 @@
+"""Backends: the durable key-value maps a store's records are laid out on (``stores.backend``)."""

@@ -1,0 +1,61 @@
+"""Backends for the backend contract suite (test_backend_contract.py).
+
+Every test runs once per entry of ``BACKENDS``: a factory that gets the test's
+tmp_path and returns an *opener*, a callable opening another independent client
+on one backend that is empty at the start of the test (its own connection or
+file descriptors wherever the backend allows, so that races in the suite are
+races between real clients). A factory that cannot run here (no server) skips,
+except in CI, where the server helpers fail instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hamsterbunker.stores.backend import Backend
+from hamsterbunker.stores.backends.memory import MemoryBackend
+
+Opener = Callable[[], Backend]
+
+
+def _memory(tmp_path: Path) -> Opener:
+    shared = MemoryBackend()
+    return lambda: shared  # one process only: every client is the same object
+
+
+BACKENDS: dict[str, Callable[[Path], Opener]] = {
+    "memory": _memory,
+}
+# The backends whose records outlive every client (a reopened client reads them).
+DURABLE: set[str] = set()
+
+
+@pytest.fixture(params=list(BACKENDS))
+def open_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Open another independent client on this test's backend (closed at teardown)."""
+    opener = BACKENDS[request.param](tmp_path)
+    opened: list[Backend] = []
+
+    def open_one() -> Backend:
+        client = opener()
+        opened.append(client)
+        return client
+
+    yield open_one
+    for client in opened:
+        client.close()
+
+
+@pytest.fixture
+def backend_name(request: pytest.FixtureRequest, open_backend: Opener) -> str:
+    name: str = request.node.callspec.params["open_backend"]
+    return name
+
+
+@pytest.fixture
+def backend(open_backend: Opener) -> Backend:
+    """The first client on this test's (empty) backend."""
+    return open_backend()
