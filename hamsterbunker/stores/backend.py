@@ -6,7 +6,10 @@ whole or not at all. Everything the runtime stores (leases, fenced
 checkpoints, the effect journal, the inbox, heartbeats, events) is laid out
 on top of it once, by the record layer; a backend knows nothing of records.
 
-Keys are ``/``-separated paths of printable ASCII segments (``key_problem``).
+Keys are ``/``-separated paths of plain ASCII names (``key_problem``), and no
+key is another's folder: with ``a/b`` stored, ``a`` is never a key (so a file
+backend can keep each segment as a directory or file name). Keys sort as
+strings, by code point.
 Reads are bounded where they are made: ``get`` takes the most bytes it may
 return, ``scan`` a ``ReadBound``, so nothing a writer without the secret plants
 can make one read return more. A backend contract suite

@@ -64,12 +64,15 @@ def test_a_value_over_max_bytes_is_too_large_not_read(backend: Backend) -> None:
 
 
 def test_a_scan_lists_the_keys_under_a_prefix_in_key_order(backend: Backend) -> None:
-    for key in ["a/2", "a/10", "a/1", "a/b/3", "ab/1", "a", "b/1"]:
+    for key in ["a/2", "a/10", "a/1", "a/b/3", "a/b-x", "ab/1", "a0", "b/1"]:
         put(backend, key, key.encode())
     result = backend.scan("a/", WIDE)
-    assert result.items == [(k, k.encode()) for k in ["a/1", "a/10", "a/2", "a/b/3"]]
+    # Key order is string order: "-" sorts before "/", so a/b-x before the keys in a/b/.
+    listed = ["a/1", "a/10", "a/2", "a/b-x", "a/b/3"]
+    assert result.items == [(k, k.encode()) for k in listed]
     assert not result.more and not result.too_large
-    assert keys(backend.scan("a/", WIDE, after="a/10")) == ["a/2", "a/b/3"]
+    assert keys(backend.scan("a/", WIDE, after="a/10")) == ["a/2", "a/b-x", "a/b/3"]
+    assert keys(backend.scan("a/", WIDE, after="a/b-x")) == ["a/b/3"]
     assert keys(backend.scan("a/", WIDE, after="a/b/3")) == []
 
 
