@@ -15,6 +15,7 @@ __all__ = [
     "EFFECT_KINDS",
     "INBOX_REPLIES_KEPT",
     "MAX_CHECKPOINT_BYTES",
+    "MAX_CHECKPOINTS_LISTED",
     "MAX_CLAIMS_TRIED",
     "MAX_CONSUMED_PER_STEP",
     "MAX_EFFECTS_PER_STEP",
@@ -53,6 +54,9 @@ MAX_NUMBER = 2**63 - 1
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
 # A lease, cluster, heartbeat, loss-acceptance or memory record, or one event line.
 MAX_RECORD_BYTES = 64 * 1024
+# The most checkpoint descriptions one listing reads: a store keeps a few, the
+# rest is junk a writer without the secret planted.
+MAX_CHECKPOINTS_LISTED = 4096
 # Nesting of JSON arrays and objects in a record (an event's detail included).
 MAX_JSON_DEPTH = 16
 # One sealed effect-journal record (an effect's intent or its outcome), as stored:

@@ -36,6 +36,7 @@ from typing import Generic, TypeVar
 from .limits import (
     EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
+    MAX_CHECKPOINTS_LISTED,
     MAX_CLAIMS_TRIED,
     MAX_EFFECT_BYTES,
     MAX_EFFECTS_PER_STEP,
@@ -49,6 +50,7 @@ from .limits import (
 )
 
 __all__ = [
+    "CHECKPOINT_LIST_READ",
     "CHECKPOINT_READ",
     "CLAIMS_READ",
     "EFFECTS_READ",
@@ -82,6 +84,9 @@ EFFECTS_READ = ReadBound(
     MAX_EFFECT_BYTES,
     MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS) * MAX_EFFECT_BYTES,
 )
+# The descriptions of one agent's checkpoints (Store.list_checkpoints, and the check
+# and retention of put_checkpoint): the few a store keeps, and room for junk beside.
+CHECKPOINT_LIST_READ = ReadBound(MAX_CHECKPOINTS_LISTED, MAX_RECORD_BYTES, 4 * 1024 * 1024)
 # One sealed checkpoint (Store.read_checkpoint).
 CHECKPOINT_READ = ReadBound(1, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
 # The heartbeats of one agent's nodes (Store.list_heartbeats), by node id.
@@ -98,6 +103,7 @@ READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
         "inbox submissions": INBOX_READ,
         "effect records of a step": EFFECTS_READ,
         "checkpoint": CHECKPOINT_READ,
+        "checkpoint descriptions of an agent": CHECKPOINT_LIST_READ,
         "heartbeats of an agent": HEARTBEATS_READ,
         "term records or chain choices of a subtree": TERM_RECORDS_READ,
         "published claims of a subtree": CLAIMS_READ,

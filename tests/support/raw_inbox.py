@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from hamsterbunker.stores.backend import Put, Txn
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.testing import MemoryStore
 
 __all__ = ["plant_submissions"]
@@ -27,7 +30,11 @@ def plant_submissions(store: Store, agent: str, entries: Iterable[tuple[int, byt
     if isinstance(store, SyncDirStore):
         assert store._mine is not None, "a syncdir store of a node with a subtree"
         store = store._mine
-    if isinstance(store, MemoryStore):
+    if isinstance(store, RecordStore):
+        keys = AgentKeys(agent)
+        writes = [Put(keys.submission(number), blob) for number, blob in entries]
+        assert store.backend.commit(Txn(writes=writes)).succeeded
+    elif isinstance(store, MemoryStore):
         with store._lock:
             state = store._agent(agent)
             for number, blob in entries:

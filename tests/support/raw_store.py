@@ -20,11 +20,14 @@ from typing import Protocol
 import pytest
 
 from hamsterbunker.stores import open_store
+from hamsterbunker.stores.backend import DeleteRange, Put, Txn, prefix_end
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 from hamsterbunker.testing import MemoryStore
 
-__all__ = ["BACKENDS", "RawStore", "backend_store", "raw_view"]
+__all__ = ["BACKENDS", "RawRecords", "RawStore", "backend_store", "raw_view"]
 
 
 class RawStore(Protocol):
@@ -228,8 +231,55 @@ class RawMemory:
         pass
 
 
+class RawRecords:
+    """A record-layer store's backend, written under the layer's keys (``stores.layer.keys``)."""
+
+    def __init__(self, store: RecordStore) -> None:
+        self.url = store.url
+        self.backend = store.backend
+
+    def put(self, key: str, data: bytes) -> None:
+        assert self.backend.commit(Txn(writes=[Put(key, data)])).succeeded
+
+    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
+        data = self.backend.get(AgentKeys(agent).checkpoint_data(seq, epoch), 2**31)
+        assert isinstance(data, bytes)
+        return data
+
+    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
+        self.put(AgentKeys(agent).checkpoint_data(seq, epoch), data)
+
+    def put_lease(self, agent: str, data: bytes) -> None:
+        self.put(AgentKeys(agent).lease, data)
+
+    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
+        self.put(AgentKeys(agent).beat(node), data)
+
+    def add_event(self, agent: str, node: str, data: bytes) -> None:
+        self.put(AgentKeys(agent).event(node, 10**15 + uuid.uuid4().int % 10**15), data)
+
+    def put_cluster(self, data: bytes) -> None:
+        self.put(CLUSTER, data)
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        self.put(AgentKeys(agent).acceptance, data)
+
+    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
+        keys = AgentKeys(agent)
+        self.put(f"{keys.step(seq)}{index:04d}-{kind}", data)
+
+    def drop_effects(self, agent: str, seq: int) -> None:
+        step = AgentKeys(agent).step(seq)
+        self.backend.commit(Txn(writes=[DeleteRange(step, prefix_end(step))]))
+
+    def close(self) -> None:
+        pass
+
+
 def raw_view(store: Store) -> RawStore:
     """Raw access to store, a client a test opened (closing the view leaves it open)."""
+    if isinstance(store, RecordStore):
+        return RawRecords(store)
     if isinstance(store, MemoryStore):
         return RawMemory(store)  # type: ignore[return-value]  # what the contract suite plants
     if isinstance(store, FileStore):

@@ -97,9 +97,23 @@ def _etcd(tmp_path: Path) -> Opener:
     )
 
 
+def _records_memory(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.memory import MemoryBackend
+    from hamsterbunker.stores.layer import RecordStore
+
+    backend = MemoryBackend()  # one map; each client its own record layer on it
+    return lambda: RecordStore(
+        backend,
+        keep_checkpoints=KEEP_CHECKPOINTS,
+        events_per_node=EVENT_BOUND,
+        keep_replies=KEEP_REPLIES,
+    )
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "file": _file,
     "memory": _memory,
+    "records-memory": _records_memory,
     "redis": _redis,
     "etcd": _etcd,
 }

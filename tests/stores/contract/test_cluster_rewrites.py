@@ -24,7 +24,10 @@ from hamsterbunker.stores.base import AdmissionState, Consumed, Fence, Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.file.inbox_records import done_bytes, done_name, staged_bytes, staged_name
 from hamsterbunker.stores.file.layout import checkpoint_name
+from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.testing import MemoryStore
+from tests.support.raw_store import RawRecords
 
 from .conftest import KEEP_CHECKPOINTS, KEEP_REPLIES, Opener
 
@@ -294,7 +297,13 @@ def plant_reply_junk(store: Store, backend: str) -> None:
     """Put what a store writer without the secret might beside the kept replies: names
     that do not parse, a record that does not, a reply over MAX_REPLY_BYTES (number 6)."""
     huge = b"x" * (MAX_REPLY_BYTES + 1)
-    if isinstance(store, MemoryStore):
+    if isinstance(store, RecordStore):
+        raw, keys = RawRecords(store), AgentKeys(AGENT)
+        raw.put(keys.done + "junk", b"+junk")
+        raw.put(keys.reply(5), b"not a consumed record")
+        raw.put(keys.reply(6), b"+" + huge)
+        raw.put(keys.done_id(6), b"req-6")
+    elif isinstance(store, MemoryStore):
         with store._lock:
             store._agents[AGENT].done[6] = ("req-6", huge)
     elif isinstance(store, FileStore):

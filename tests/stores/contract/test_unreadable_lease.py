@@ -14,8 +14,9 @@ import pytest
 from hamsterbunker.errors import Fenced, LeaseConflict, UnreadableLease
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.testing import MemoryStore
-from tests.support.raw_store import RawEtcd, RawFile, RawRedis
+from tests.support.raw_store import RawEtcd, RawFile, RawRecords, RawRedis
 
 AGENT = "a"
 JUNK = {
@@ -32,6 +33,10 @@ Plant = Callable[[bytes], None]
 @pytest.fixture
 def plant(store: Store, backend: str) -> Iterator[Plant]:
     """Write bytes as the agent's lease record, past the store contract."""
+    if isinstance(store, RecordStore):
+        records = RawRecords(store)
+        yield lambda data: records.put_lease(AGENT, data)
+        return
     if isinstance(store, MemoryStore):
         memory = store
 

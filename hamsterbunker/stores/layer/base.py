@@ -1,0 +1,143 @@
+"""What every part of the record layer shares: its backend, its settings, bounded reads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from ...errors import ConfigError, CorruptRecord, StoreError
+from ...limits import INBOX_REPLIES_KEPT
+from ...read_bounds import BoundedRead, ReadBound
+from .._reported import ReportedOnce
+from ..backend import Backend, Get, Put, ScanResult, TooLarge, Txn, TxnResult
+from .keys import AgentKeys
+
+__all__ = [
+    "Layer",
+    "Settings",
+    "bounded_records",
+    "count_of",
+    "counts_of",
+    "log",
+    "must",
+    "value_of",
+]
+
+log = logging.getLogger("hamsterbunker.stores")
+K = TypeVar("K")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How much a store keeps: checkpoints, events per node, consumed submissions."""
+
+    keep_checkpoints: int = 5
+    events_per_node: int = 1000
+    keep_replies: int = INBOX_REPLIES_KEPT
+
+    def __post_init__(self) -> None:
+        for name in ("keep_checkpoints", "events_per_node", "keep_replies"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+
+
+@dataclass
+class Layer:
+    """A backend, its settings, and the agents this client has marked as having records."""
+
+    backend: Backend
+    settings: Settings
+    reported: ReportedOnce = field(default_factory=lambda: ReportedOnce(log))
+    _indexed: set[str] = field(default_factory=set)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: str, max_bytes: int, what: str) -> bytes | None:
+        """key's value, or None; CorruptRecord, unread, if over max_bytes."""
+        return value_of(self.backend.get(key, max_bytes), max_bytes, what)
+
+    def commit(self, txn: Txn) -> TxnResult:
+        return self.backend.commit(txn)
+
+    def read(self, *reads: Get) -> list[bytes | TooLarge | None]:
+        """Several keys read in one atomic step."""
+        result = self.backend.commit(Txn(reads=reads))
+        return [found for found in result.reads if not isinstance(found, ScanResult)]
+
+    def index(self, keys: AgentKeys) -> list[Put]:
+        """The write that lists the agent (list_agents), once per client and agent."""
+        with self._lock:
+            if keys.agent in self._indexed:
+                return []
+            self._indexed.add(keys.agent)
+        return [Put(keys.index, b"")]
+
+    def forget_index(self, keys: AgentKeys) -> None:
+        """After a failed write: the agent's index may not be written yet."""
+        with self._lock:
+            self._indexed.discard(keys.agent)
+
+
+def with_room(bound: ReadBound) -> ReadBound:
+    """What a scan looks at to take bound's entries: twice the count, room for junk beside
+    them (an entry left out still costs the scan), and bound's bytes."""
+    return ReadBound(2 * bound.count + 16, bound.entry_bytes, bound.total_bytes)
+
+
+def bounded_records(
+    layer: Layer,
+    folder: str,
+    bound: ReadBound,
+    parse: Callable[[str], K | None],
+    what: str,
+    after: str = "",
+) -> list[tuple[K, bytes]]:
+    """The records in folder, by key, within bound: parse(name) names each (None: junk,
+    reported and left out, taking no place of the bound's count)."""
+    found = layer.backend.scan(folder, with_room(bound), after=after)
+    taken = BoundedRead[K](bound)
+    for key, data in found.items:
+        name = parse(key[len(folder) :])
+        if name is None:
+            layer.reported(f"leaving out {key}: not a name {what} has")
+        elif not taken.offer(name, data) and taken.full:
+            break
+    for too_large in found.too_large:
+        layer.reported(f"leaving out {too_large.key}: over {bound.entry_bytes} bytes")
+    if found.more or taken.stopped:
+        layer.reported(f"{what}: stopped reading at its bound")
+    return taken.entries
+
+
+def value_of(found: bytes | TooLarge | None, max_bytes: int, what: str) -> bytes | None:
+    if isinstance(found, TooLarge):
+        raise CorruptRecord(f"{what} is over the limit of {max_bytes} bytes")
+    return found
+
+
+def count_of(data: bytes | None, what: str) -> int:
+    """A stored count (0 when absent); CorruptRecord for anything but ASCII digits."""
+    if data is None:
+        return 0
+    if not data.isdigit() or len(data) > 20:
+        raise CorruptRecord(f"{what} is not a number")
+    return int(data)
+
+
+def counts_of(data: bytes | None, what: str) -> tuple[int, int]:
+    """A stored pair of counts, "a b" ((0, 0) when absent); CorruptRecord otherwise."""
+    if data is None:
+        return 0, 0
+    parts = data.split(b" ")
+    if len(parts) != 2:
+        raise CorruptRecord(f"{what} is not two numbers")
+    return count_of(parts[0], what), count_of(parts[1], what)
+
+
+def must(result: TxnResult) -> TxnResult:
+    """result, unless a commit with no compares failed (a backend bug)."""
+    if not result.succeeded:
+        raise StoreError("the store refused a write that compared nothing")
+    return result

@@ -1,0 +1,190 @@
+"""Fenced checkpoints with their retention, and the effect journal, on a backend.
+
+A fenced write compares the lease's fence (``keys.fence``, written with every
+change of term) in the same commit as it writes, so an old leader's write is
+refused by the store itself. A checkpoint's commit also removes the effect
+journal of every step it covers and records the submissions the step
+consumed: all of it or none.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ...blob import Blob
+from ...errors import CorruptRecord, StoreError
+from ...limits import (
+    MAX_CHECKPOINT_BYTES,
+    check_checkpoint_bounds,
+    check_effect_bounds,
+)
+from ...read_bounds import CHECKPOINT_LIST_READ, EFFECTS_READ
+from ...records import CheckpointInfo
+from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
+from ..base import (
+    Consumed,
+    Fence,
+    check_consumed,
+    check_own_epoch,
+    check_reseal,
+    describe_fence_text,
+)
+from .base import Layer, bounded_records
+from .inbox import Consumption
+from .keys import AgentKeys, number, parse_number
+
+__all__ = [
+    "list_checkpoints",
+    "put_checkpoint",
+    "put_effect",
+    "read_checkpoint",
+    "read_effects",
+    "reseal_checkpoint",
+    "reseal_effect",
+]
+
+
+def put_checkpoint(
+    layer: Layer, keys: AgentKeys, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed]
+) -> CheckpointInfo:
+    """Store.put_checkpoint: the fence compared, retention, the journal, the consumed."""
+    problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
+    if problem is not None:
+        raise StoreError(problem)
+    consumption = Consumption(layer, keys, consumed)
+    before = layer.commit(Txn(reads=[Scan(keys.ckpt, CHECKPOINT_LIST_READ), *consumption.reads()]))
+    listing = before.reads[0]
+    assert isinstance(listing, ScanResult)
+    listed = _listed(layer, keys, listing)
+    check_own_epoch(listed, fence.epoch, seq)
+    consumption.found(before.reads[1:])
+    info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+    writes: list[Put | DeleteRange] = [
+        Put(keys.checkpoint_data(seq, fence.epoch), blob),
+        Put(keys.checkpoint(seq), info.to_json()),
+        *_retention(keys, listed, info, layer.settings.keep_checkpoints),
+        DeleteRange(*keys.steps_through(seq)),
+        *consumption.writes(),
+    ]
+    fenced = Compare(keys.fence, fence.to_text().encode())
+    result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
+    if not result.succeeded:
+        now = result.reads[0]
+        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+    return info
+
+
+def _retention(
+    keys: AgentKeys, listed: list[CheckpointInfo], new: CheckpointInfo, keep: int
+) -> list[DeleteRange]:
+    """The removals that keep the newest keep checkpoints at or below new's seq.
+
+    Whatever sorts below the oldest kept goes, listed or not (junk the listing's
+    bound left unread included); above new's seq nothing is touched.
+    """
+    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
+    oldest = kept[:keep][-1]
+    removals = [
+        DeleteRange(keys.ckpt, keys.checkpoint(oldest)),
+        DeleteRange(keys.ckpt_data, keys.ckpt_data + number(oldest)),
+    ]
+    # Another epoch's checkpoint under the new one's seq is replaced: its bytes go too.
+    replaced = [info for info in listed if info.seq == new.seq and info.epoch != new.epoch]
+    removals += [DeleteRange(keys.checkpoint_data(info.seq, info.epoch)) for info in replaced]
+    return removals
+
+
+def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
+    """Store.list_checkpoints: newest first, by seq then epoch."""
+    listed = _listed(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_LIST_READ))
+    return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
+
+
+def _listed(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[CheckpointInfo]:
+    """The descriptions a listing found that parse and are within the limits; the rest logged."""
+    listed = []
+    for key, data in found.items:
+        seq = parse_number(key[len(keys.ckpt) :])
+        try:
+            if seq is None:
+                raise CorruptRecord("a checkpoint name that is not 20 digits")
+            info = CheckpointInfo.from_json(data, seq)
+            problem = check_checkpoint_bounds(info.seq, info.epoch, info.size)
+            if problem is not None:
+                raise CorruptRecord(problem)
+        except CorruptRecord as exc:
+            layer.reported(f"leaving out checkpoint entry {key} of {keys.agent}: {exc}")
+            continue
+        listed.append(info)
+    for too_large in found.too_large:
+        layer.reported(f"leaving out checkpoint entry {too_large.key} of {keys.agent}: too big")
+    if found.more:
+        layer.reported(f"checkpoints of {keys.agent}: stopped listing at the read bound")
+    return listed
+
+
+def read_checkpoint(layer: Layer, keys: AgentKeys, info: CheckpointInfo) -> bytes:
+    """Store.read_checkpoint: the sealed bytes, within MAX_CHECKPOINT_BYTES."""
+    what = f"checkpoint {info.seq} of {keys.agent!r}"
+    data = layer.get(keys.checkpoint_data(info.seq, info.epoch), MAX_CHECKPOINT_BYTES, what)
+    if data is None:
+        raise StoreError(f"{what} is no longer retained")
+    return data
+
+
+def reseal_checkpoint(
+    layer: Layer, keys: AgentKeys, info: CheckpointInfo, old: bytes, new: bytes
+) -> bool:
+    check_reseal(info, old, new)
+    key = keys.checkpoint_data(info.seq, info.epoch)
+    return layer.commit(
+        Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+    ).succeeded
+
+
+def put_effect(
+    layer: Layer, keys: AgentKeys, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+) -> None:
+    """Store.put_effect: one journal record, under the fence."""
+    problem = check_effect_bounds(seq, index, kind, len(blob))
+    if problem is not None:
+        raise StoreError(problem)
+    result = layer.commit(
+        Txn(
+            compares=[Compare(keys.fence, fence.to_text().encode())],
+            writes=[Put(keys.effect(seq, index, kind), bytes(blob))],
+            reads=[Get(keys.fence, 256)],
+        )
+    )
+    if not result.succeeded:
+        now = result.reads[0]
+        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+
+
+def read_effects(layer: Layer, keys: AgentKeys, seq: int) -> dict[tuple[int, str], bytes]:
+    """Store.read_effects: step seq's journal within EFFECTS_READ; junk logged and left out."""
+
+    def record(name: str) -> tuple[int, str] | None:
+        digits, _, kind = name.partition("-")
+        if (
+            len(digits) != 4
+            or not digits.isdigit()
+            or check_effect_bounds(seq, int(digits), kind, 0)
+        ):
+            return None
+        return int(digits), kind
+
+    what = f"the effect journal of step {seq} of {keys.agent}"
+    return dict(bounded_records(layer, keys.step(seq), EFFECTS_READ, record, what))
+
+
+def reseal_effect(
+    layer: Layer, keys: AgentKeys, seq: int, index: int, kind: str, old: bytes, new: bytes
+) -> bool:
+    problem = check_effect_bounds(seq, index, kind, len(new))
+    if problem is not None:
+        raise StoreError(problem)
+    key = keys.effect(seq, index, kind)
+    txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+    return layer.commit(txn).succeeded

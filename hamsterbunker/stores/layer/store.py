@@ -1,0 +1,322 @@
+"""RecordStore: the store contract (``stores.base.Store``) over any backend.
+
+The cluster record, the lease and its fence, heartbeats, event logs and the
+agents' index are here; checkpoints and the effect journal in ``checkpoints``,
+the inbox in ``inbox``. Every record is read within its bound and parsed as
+unauthenticated input, in this layer alone, whatever the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
+
+from ...blob import Blob
+from ...errors import ClusterChanged, LeaseConflict, StoreError
+from ...limits import MAX_RECORD_BYTES
+from ...read_bounds import HEARTBEATS_READ, ReadBound
+from ...records import (
+    CheckpointInfo,
+    ClusterRecord,
+    Event,
+    Heartbeat,
+    LeaseRecord,
+    check_name,
+    check_record_name,
+)
+from .._reported import readable
+from .._terms import TermChanges
+from ..backend import Backend, Capability, Compare, DeleteRange, Get, Put, Txn
+from ..base import (
+    MAX_LISTED_AGENTS,
+    AdmissionState,
+    Consumed,
+    Fence,
+    Store,
+    fence_text,
+    parse_lease,
+)
+from . import checkpoints, events, inbox
+from .base import Layer, Settings, bounded_records, must
+from .keys import CLUSTER, INDEX, AgentKeys, folder_range
+
+__all__ = ["RecordStore"]
+
+_AGENTS_READ = ReadBound(MAX_LISTED_AGENTS, 0, 0)
+
+
+def _found(data: bytes) -> str:
+    """What an unreadable lease record is, for replace_unreadable_lease: its digest."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def _node_name(name: str) -> str | None:
+    try:
+        return check_record_name(name)
+    except StoreError:
+        return None
+
+
+class RecordStore(Store):
+    """Every record of the store contract, laid out on one backend (``layer.keys``)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        keep_checkpoints: int = 5,
+        events_per_node: int = 1000,
+        keep_replies: int | None = None,
+    ) -> None:
+        settings = Settings(keep_checkpoints, events_per_node)
+        if keep_replies is not None:
+            settings = replace(settings, keep_replies=keep_replies)
+        self.layer = Layer(backend, settings)
+        self.backend = backend
+        self.url = backend.url
+        self.guarantees = backend.guarantees
+        self.warnings: list[str] = list(getattr(backend, "warnings", []))
+        self._events = events.EventLogs(self.layer)
+
+    # -- cluster -----------------------------------------------------------
+
+    def read_cluster(self) -> ClusterRecord | None:
+        data = self.layer.get(CLUSTER, MAX_RECORD_BYTES, "the cluster record")
+        return None if data is None else ClusterRecord.from_json(data)
+
+    def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
+        result = self.layer.commit(
+            Txn(
+                compares=[Compare(CLUSTER, None)],
+                writes=[Put(CLUSTER, record.to_json())],
+                reads=[Get(CLUSTER, MAX_RECORD_BYTES)],
+            )
+        )
+        stored = result.reads[0]
+        if not isinstance(stored, bytes):
+            raise StoreError("the cluster record is over the limit of bytes, or gone")
+        return ClusterRecord.from_json(stored)
+
+    def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
+        txn = Txn(
+            compares=[Compare(CLUSTER, expected.to_json())], writes=[Put(CLUSTER, new.to_json())]
+        )
+        if not self.layer.commit(txn).succeeded:
+            raise ClusterChanged("the cluster record changed since it was read")
+        return new
+
+    def list_agents(self) -> list[str]:
+        found = self.backend.scan(INDEX, _AGENTS_READ)
+        names = [key[len(INDEX) :] for key, _ in found.items]
+        names += [t.key[len(INDEX) :] for t in found.too_large]  # planted bytes: still a name
+        agents = []
+        for name in sorted(names):
+            try:
+                agents.append(check_name("agent id", name))
+            except Exception:
+                self.layer.reported(f"leaving out an agent index entry {name[:80]!r}")
+        return agents[:MAX_LISTED_AGENTS]
+
+    # -- lease -------------------------------------------------------------
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        data = self._lease_bytes(AgentKeys(agent))
+        return None if data is None else parse_lease(data, lambda: _found(data))
+
+    def _lease_bytes(self, keys: AgentKeys) -> bytes | None:
+        return self.layer.get(keys.lease, MAX_RECORD_BYTES, f"lease record of {keys.agent!r}")
+
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        keys = AgentKeys(agent)
+        current = self._lease_bytes(keys)
+        found = None if current is None else parse_lease(current, lambda: _found(current))
+        version = None if found is None else found.version
+        if version != expected_version:
+            raise LeaseConflict(
+                f"lease of {agent!r} is at version {version}, not {expected_version}"
+            )
+        stored = replace(new, version=(version or 0) + 1)
+        self._write_lease(keys, current, found, stored)
+        return stored
+
+    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
+        keys = AgentKeys(agent)
+        current = self._lease_bytes(keys)
+        unreadable = current is not None
+        if current is not None:
+            try:
+                LeaseRecord.from_json(current)
+                unreadable = False
+            except StoreError:
+                pass
+        if current is None or not unreadable or _found(current) != found:
+            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
+        self._write_lease(keys, current, None, new)
+        return new
+
+    def _write_lease(
+        self, keys: AgentKeys, current: bytes | None, found: LeaseRecord | None, new: LeaseRecord
+    ) -> None:
+        """new in place of current (compared), its fence beside it when the term's changed."""
+        writes = [Put(keys.lease, new.to_json())]
+        same_fence = found is not None and (found.holder, found.session, found.epoch) == (
+            new.holder,
+            new.session,
+            new.epoch,
+        )
+        if not same_fence:
+            writes.append(Put(keys.fence, fence_text(new.holder, new.session, new.epoch).encode()))
+        writes += self.layer.index(keys)
+        txn = Txn(compares=[Compare(keys.lease, current)], writes=writes)
+        try:
+            succeeded = self.layer.commit(txn).succeeded
+        except BaseException:
+            self.layer.forget_index(keys)
+            raise
+        if not succeeded:
+            self.layer.forget_index(keys)
+            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+
+    # -- checkpoints and the effect journal --------------------------------
+
+    def put_checkpoint(
+        self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
+    ) -> CheckpointInfo:
+        return checkpoints.put_checkpoint(self.layer, AgentKeys(agent), fence, seq, blob, consumed)
+
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        return checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
+
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)
+
+    def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
+        return checkpoints.reseal_checkpoint(self.layer, AgentKeys(agent), info, old, new)
+
+    def put_effect(
+        self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
+    ) -> None:
+        checkpoints.put_effect(self.layer, AgentKeys(agent), fence, seq, index, kind, blob)
+
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        return checkpoints.read_effects(self.layer, AgentKeys(agent), seq)
+
+    def reseal_effect(
+        self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
+    ) -> bool:
+        keys = AgentKeys(agent)
+        return checkpoints.reseal_effect(self.layer, keys, seq, index, kind, old, new)
+
+    # -- inbox -------------------------------------------------------------
+
+    def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
+        return inbox.admit(self.layer, AgentKeys(agent), request_id, number, blob)
+
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        return inbox.read_inbox(self.layer, AgentKeys(agent), after)
+
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        return inbox.read_admission(self.layer, AgentKeys(agent), request_id)
+
+    def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return inbox.reseal_submission(self.layer, AgentKeys(agent), number, old, new)
+
+    def read_replies(
+        self, agent: str, after: int, limit: int
+    ) -> tuple[list[tuple[int, bytes]], int | None]:
+        return inbox.read_replies(self.layer, AgentKeys(agent), after, limit)
+
+    def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
+        return inbox.reseal_reply(self.layer, AgentKeys(agent), number, old, new)
+
+    # -- loss acceptance ---------------------------------------------------
+
+    def read_acceptance(self, agent: str) -> bytes | None:
+        keys = AgentKeys(agent)
+        return self.layer.get(
+            keys.acceptance, MAX_RECORD_BYTES, f"loss-acceptance record of {agent!r}"
+        )
+
+    def put_acceptance(self, agent: str, data: bytes) -> None:
+        if len(data) > MAX_RECORD_BYTES:
+            raise StoreError(
+                f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        keys = AgentKeys(agent)
+        must(self.layer.commit(Txn(writes=[Put(keys.acceptance, bytes(data))])))
+
+    # -- heartbeats and events ---------------------------------------------
+
+    def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
+        keys = AgentKeys(agent)
+        writes = [Put(keys.beat(heartbeat.node), heartbeat.to_json()), *self.layer.index(keys)]
+        must(self.layer.commit(Txn(writes=writes)))
+
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        keys = AgentKeys(agent)
+        what = f"the heartbeats of {agent}"
+        stored = bounded_records(self.layer, keys.beats, HEARTBEATS_READ, _node_name, what)
+
+        def report(node: str, _data: bytes, exc: Exception) -> None:
+            self.layer.reported(f"leaving out the heartbeat of {node} of {agent}: {exc}")
+
+        return list(readable(stored, Heartbeat.from_json, report))
+
+    def remove_heartbeat(self, agent: str, node: str) -> None:
+        keys = AgentKeys(agent)
+        must(self.layer.commit(Txn(writes=[DeleteRange(keys.beat(node))])))
+
+    def append_event(self, agent: str, event: Event) -> None:
+        self._events.append(AgentKeys(agent), event)
+
+    def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
+        return self._events.read(AgentKeys(agent), after or {})
+
+    def forget_node(self, agent: str, node: str) -> None:
+        keys = AgentKeys(agent)
+        writes = [DeleteRange(keys.beat(node)), DeleteRange(*folder_range(keys.node_events(node)))]
+        must(self.layer.commit(Txn(writes=writes)))
+        self._events.forget(keys, node)
+
+    # -- watch, check, close -----------------------------------------------
+
+    async def watch(
+        self, agent: str, *, lease_only: bool = False, terms_only: bool = False
+    ) -> AsyncIterator[LeaseRecord | None]:
+        keys = AgentKeys(agent)
+        terms = TermChanges() if terms_only else None
+        if terms is not None:
+            terms.changed(self._lease_bytes(keys))  # the term as the watch begins
+        carries = Capability.NOTICE_VALUES in self.backend.capabilities
+
+        async def read_lease_bytes() -> bytes | None:
+            return await asyncio.to_thread(self._lease_bytes, keys)
+
+        prefix = keys.lease if lease_only or terms_only else keys.base
+        async for notice in self.backend.watch(prefix):
+            if notice.key is not None and notice.key != keys.lease and (lease_only or terms_only):
+                continue
+            if terms is not None:
+                value = notice.value if carries and notice.key else await read_lease_bytes()
+                if not terms.changed(value):
+                    continue
+            yield self._record_in(notice.value) if carries and notice.key == keys.lease else None
+
+    @staticmethod
+    def _record_in(value: bytes | None) -> LeaseRecord | None:
+        """The lease record a notice carried, or None where it must be read to know."""
+        if value is None:
+            return None
+        try:
+            return LeaseRecord.from_json(value)
+        except StoreError:
+            return None
+
+    def check(self) -> None:
+        self.backend.check()
+
+    def close(self) -> None:
+        self.backend.close()
