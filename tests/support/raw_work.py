@@ -13,6 +13,7 @@ in-memory store of ``hamsterbunker.testing`` included.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,9 +93,16 @@ class RawWorkFile:
 
     def delete_effects(self, agent: str, seq: int) -> None:
         step = self._raw.effect_path(agent, seq, 0, "intent").parent
-        for path in step.iterdir():
-            path.unlink(missing_ok=True)
-        step.rmdir()
+        with contextlib.suppress(FileNotFoundError):
+            for path in step.iterdir():
+                path.unlink(missing_ok=True)
+        try:
+            step.rmdir()
+        except OSError as exc:
+            # A running node may write a record into the step between the two: then the
+            # deletion came first and that write after it, as on the other backends.
+            if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT):
+                raise
 
     def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
         self.put_pending_raw(agent, number, pending_bytes(request_id, blob))
