@@ -36,7 +36,7 @@ from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
-from tests.support.raw_store import RawEtcd, RawFile, RawRedis, RawStore
+from tests.support.raw_store import RawEtcd, RawFile, RawRecords, RawRedis, RawStore
 from tests.support.syncdir import Sync
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
@@ -82,11 +82,7 @@ class Backend:
         """Delete the effect journal of step seq, as a store writer without the secret can
         (on a synced folder: in node's subtree, on node's machine)."""
         if self._memory is not None:
-            journal = self._memory._agents[AGENT].effects
-            assert any(key[0] == seq for key in journal), f"no journal of step {seq}"
-            for key in [key for key in journal if key[0] == seq]:
-                del journal[key]
-            return
+            assert self._memory.read_effects(AGENT, seq), f"no journal of step {seq}"
         raw = self._writer_of(node)
         try:
             raw.drop_effects(AGENT, seq)
@@ -97,9 +93,6 @@ class Backend:
         """Write junk over one record of step seq's journal, as a store writer without the
         secret can: the record no longer counts."""
         junk = b"not a sealed effect record"
-        if self._memory is not None:
-            self._memory._agents[AGENT].effects[(seq, index, kind)] = junk
-            return
         raw = self._writer_of(node)
         try:
             raw.put_effect(AGENT, seq, index, kind, junk)
@@ -108,7 +101,9 @@ class Backend:
 
     def _writer_of(self, node: str) -> RawStore:
         """The store as a writer without the secret writes it (on a synced folder: node's
-        subtree, on node's machine); not for the memory store."""
+        subtree, on node's machine)."""
+        if self._memory is not None:
+            return RawRecords(self._memory)
         if self._sync is not None:
             return RawFile(self._sync.root(node) / "nodes" / node)
         if self.name == "file":

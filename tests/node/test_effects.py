@@ -31,6 +31,7 @@ from hamsterbunker.errors import StepLost
 from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
+from tests.support.raw_store import RawRecords
 
 TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
 WAIT_S = 20.0
@@ -380,8 +381,9 @@ def test_a_tampered_record_is_rejected_and_a_safe_effect_runs_again(nodes: Nodes
     wait_until(agent.parked.is_set, "the step to park")
     nodes.made[0].stop()
     journal = nodes.store.read_effects(AGENT, 1)
-    nodes.store._agents[AGENT].effects[(1, 0, "outcome")] = journal[(1, "outcome")]  # moved
-    nodes.store._agents[AGENT].effects[(1, 1, "outcome")] = b"HBEF junk"  # forged
+    raw = RawRecords(nodes.store)
+    raw.put_effect(AGENT, 1, 0, "outcome", journal[(1, "outcome")])  # moved
+    raw.put_effect(AGENT, 1, 1, "outcome", b"HBEF junk")  # forged
     nodes.start("b", agent)
     published_by_b(nodes)
     rejected = nodes.events.of("effect.rejected", "b")

@@ -33,6 +33,7 @@ from hamsterbunker.sealing import Sealer
 from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
+from tests.support.raw_inbox import plant_submissions
 
 TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
 WAIT_S = 20.0
@@ -448,7 +449,7 @@ def test_junk_planted_ahead_of_the_counter_hides_no_later_submission(nodes: Node
     """A planted entry far above the inbox's counter is rejected, and submissions admitted
     below it afterwards are still read and answered (the node never reads on past junk)."""
     agent = Answerer()
-    nodes.store._agent(AGENT).pending[500] = ("junk", b"not sealed")
+    plant_submissions(nodes.store, AGENT, [(500, b"not sealed")])
     nodes.start("a", agent)
     nodes.events.wait("inbox.rejected", where=lambda e: e.detail["number"] == 500)
     with nodes.client() as client:

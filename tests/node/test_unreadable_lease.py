@@ -23,6 +23,7 @@ from hamsterbunker.stores.file import FileStore
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support.agents import SECRET, AsyncAgent, Recorder
+from tests.support.raw_store import RawRecords
 
 AGENT = "agent-1"
 TTL = 2.0  # seconds: the default lease_ttl_ms
@@ -55,7 +56,7 @@ def _memory(tmp_path: Path) -> Planted:
     store = MemoryStore()
 
     def plant(data: bytes) -> None:
-        store._agents[AGENT].lease = data  # past the contract, as a raw store write
+        RawRecords(store).put_lease(AGENT, data)  # past the contract, as a raw store write
 
     return Planted(store, plant)
 
@@ -272,7 +273,7 @@ def test_junk_over_a_live_leaders_record_stops_it_and_a_ttl_later_it_steps_on_ab
     node.start()
     try:
         events.wait("checkpoint.published", "node-a", where=lambda e: e.seq >= 2)
-        store._agents[AGENT].lease = TTL_1E400
+        RawRecords(store).put_lease(AGENT, TTL_1E400)
         lost = events.wait("lease.lost", "node-a")
         assert "cannot be read" in lost.detail["reason"]
         replaced = events.wait("lease.replaced_unreadable", "node-a", timeout=30)

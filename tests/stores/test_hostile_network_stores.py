@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -29,8 +29,10 @@ from hamsterbunker.limits import (
 )
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.testing import MemoryStore
 from tests.support import each_ended
+from tests.support.raw_store import RawRecords
 from tests.support.records import lease
 from tests.support.records import network_event as event
 from tests.support.records import network_heartbeat as heartbeat
@@ -875,20 +877,21 @@ def test_memory_store_skips_planted_junk_like_the_real_backends() -> None:
     left out, as the network backends leave them out; other epochs never block a publish."""
     store = MemoryStore(keep_checkpoints=KEEP)
     held = store.cas_lease("a", None, lease("n1", 1))
-    state = store._agents["a"]
-    state.checkpoints[99] = (CheckpointInfo(epoch=9, seq=99, size=4, written=0.0), b"junk")
-    state.checkpoints[98] = (CheckpointInfo(epoch=1, seq=98, size=-1, written=0.0), b"")
-    state.checkpoints[97] = (
-        CheckpointInfo(epoch=2, seq=97, size=MAX_CHECKPOINT_BYTES + 1, written=0.0),
-        b"",
-    )
+    raw, keys = RawRecords(store), AgentKeys("a")
+
+    def plant_info(info: CheckpointInfo) -> None:
+        raw.put(keys.checkpoint(info.seq), json.dumps(asdict(info)).encode())
+
+    plant_info(CheckpointInfo(epoch=9, seq=99, size=4, written=0.0))
+    plant_info(CheckpointInfo(epoch=1, seq=98, size=-1, written=0.0))
+    plant_info(CheckpointInfo(epoch=2, seq=97, size=MAX_CHECKPOINT_BYTES + 1, written=0.0))
     store.put_checkpoint("a", Fence("n1", "s1", held.epoch), 1, b"ours")
     assert listed(store) == [(99, 9), (1, 1)]
-    state.heartbeats["bad"] = b"[" * 60_000
-    state.heartbeats["copy"] = heartbeat("good").to_json()
+    raw.put_heartbeat("a", "bad", b"[" * 60_000)
+    raw.put_heartbeat("a", "copy", heartbeat("good").to_json())
     store.put_heartbeat("a", heartbeat("good"))
     assert [b.node for b in store.list_heartbeats("a")] == ["good"]
-    store.append_event("a", event("n1", 1))
-    state.events["n1"].append(b"{nope")
+    raw.put(keys.event("n1", 5), b"{nope")
+    store.append_event("a", event("n1", 1))  # appended after the junk
     store.append_event("a", event("n1", 2))
     assert [e.n for e in store.read_events("a")] == [1, 2]

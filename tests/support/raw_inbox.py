@@ -14,7 +14,6 @@ from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
-from hamsterbunker.testing import MemoryStore
 
 __all__ = ["plant_submissions"]
 
@@ -34,12 +33,6 @@ def plant_submissions(store: Store, agent: str, entries: Iterable[tuple[int, byt
         keys = AgentKeys(agent)
         writes = [Put(keys.submission(number), blob) for number, blob in entries]
         assert store.backend.commit(Txn(writes=writes)).succeeded
-    elif isinstance(store, MemoryStore):
-        with store._lock:
-            state = store._agent(agent)
-            for number, blob in entries:
-                state.pending[number] = (f"planted-{number}", blob)
-            state.changes += 1
     elif isinstance(store, FileStore):
         _plant_files(store, agent, entries)
     elif type(store).__name__ == "RedisStore":

@@ -25,7 +25,6 @@ from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
-from hamsterbunker.testing import MemoryStore
 
 __all__ = ["BACKENDS", "RawRecords", "RawStore", "backend_store", "raw_view"]
 
@@ -212,25 +211,6 @@ class RawEtcd:
             self._store.close()
 
 
-class RawMemory:
-    """The memory store's state, written past its checks (the effect journal, heartbeats)."""
-
-    def __init__(self, store: MemoryStore) -> None:
-        self.url = "memory:"
-        self._store = store
-
-    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
-        with self._store._lock:
-            self._store._agent(agent).heartbeats[node] = data
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        with self._store._lock:
-            self._store._agent(agent).effects[(seq, index, kind)] = data
-
-    def close(self) -> None:
-        pass
-
-
 class RawRecords:
     """A record-layer store's backend, written under the layer's keys (``stores.layer.keys``)."""
 
@@ -280,8 +260,6 @@ def raw_view(store: Store) -> RawStore:
     """Raw access to store, a client a test opened (closing the view leaves it open)."""
     if isinstance(store, RecordStore):
         return RawRecords(store)
-    if isinstance(store, MemoryStore):
-        return RawMemory(store)  # type: ignore[return-value]  # what the contract suite plants
     if isinstance(store, FileStore):
         return RawFile(store.root)
     if type(store).__name__ == "RedisStore":

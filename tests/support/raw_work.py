@@ -15,10 +15,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
+from hamsterbunker.stores.backend import DeleteRange, Txn
 from hamsterbunker.stores.file.inbox_records import (
     done_bytes,
     done_name,
@@ -27,11 +27,12 @@ from hamsterbunker.stores.file.inbox_records import (
     pending_bytes,
     pending_name,
 )
-from hamsterbunker.testing import MemoryStore
+from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 
-from .raw_store import RawEtcd, RawFile, RawRedis
+from .raw_store import RawEtcd, RawFile, RawRecords, RawRedis
 
-__all__ = ["RawWork", "RawWorkEtcd", "RawWorkFile", "RawWorkMemory", "RawWorkRedis", "raw_work"]
+__all__ = ["RawWork", "RawWorkEtcd", "RawWorkFile", "RawWorkRecords", "RawWorkRedis", "raw_work"]
 
 
 class RawWork(Protocol):
@@ -244,78 +245,65 @@ class RawWorkEtcd:
         self._kv.delete(self._inbox(agent, f"ids/{request_id}"))
 
 
-class RawWorkMemory:
-    """The in-memory store: its records are typed fields, so "arbitrary bytes" go where
-    it keeps bytes (journal records, submissions, replies); an index entry is a number."""
+class RawWorkRecords:
+    """A record-layer store (the memory store's included): its backend, under the layer's keys."""
 
-    def __init__(self, store: MemoryStore) -> None:
-        self._store = store
+    def __init__(self, raw: RawRecords) -> None:
+        self._raw = raw
 
-    @contextlib.contextmanager
-    def _editing(self, agent: str) -> Iterator[Any]:
-        """The agent's records (hamsterbunker.testing._Agent), under the store's lock; a watch
-        sees the change."""
-        with self._store._lock:
-            state = self._store._agent(agent)
-            yield state
-            state.changes += 1
+    def _delete(self, key: str) -> None:
+        self._raw.backend.commit(Txn(writes=[DeleteRange(key)]))
 
     def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        with self._editing(agent) as state:
-            state.effects[(seq, index, kind)] = data
+        self._raw.put_effect(agent, seq, index, kind, data)
 
     def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
-        with self._editing(agent) as state:
-            state.effects.pop((seq, index, kind), None)
+        self._delete(AgentKeys(agent).effect(seq, index, kind))
 
     def delete_effects(self, agent: str, seq: int) -> None:
-        with self._editing(agent) as state:
-            for key in [key for key in state.effects if key[0] == seq]:
-                del state.effects[key]
+        self._raw.drop_effects(agent, seq)
 
     def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
-        with self._editing(agent) as state:
-            state.pending[number] = (request_id, blob)
+        self._raw.put(AgentKeys(agent).submission(number), blob)
 
     def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
-        self.put_pending(agent, number, "junk", data)
+        self._raw.put(AgentKeys(agent).submission(number), data)
 
     def delete_pending(self, agent: str, number: int) -> None:
-        with self._editing(agent) as state:
-            state.pending.pop(number, None)
+        self._delete(AgentKeys(agent).submission(number))
 
     def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
-        with self._editing(agent) as state:
-            state.done[number] = (request_id, reply)
-            state.numbers[request_id] = number
+        keys = AgentKeys(agent)
+        self._raw.put(keys.reply(number), b"-" if reply is None else b"+" + reply)
+        self._raw.put(keys.done_id(number), request_id.encode())
+        self.put_index(agent, request_id, number)
 
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
-        with self._editing(agent) as state:
-            state.done.pop(number, None)
+        keys = AgentKeys(agent)
+        self._delete(keys.reply(number))
+        self._delete(keys.done_id(number))
 
     def delete_reply(self, agent: str, number: int, request_id: str) -> None:
-        with self._editing(agent) as state:
-            if number in state.done:
-                state.done[number] = (state.done[number][0], None)
+        key = AgentKeys(agent).reply(number)
+        if self._raw.backend.get(key, 2**30) is not None:
+            self._raw.put(key, b"-")
 
     def put_index(self, agent: str, request_id: str, number: int) -> None:
-        with self._editing(agent) as state:
-            state.numbers[request_id] = number
+        self._raw.put(AgentKeys(agent).request(request_id), f"{number} 0".encode())
 
     def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
-        # The memory store keeps an index entry as a number: the nearest it has to junk is
-        # a number out of every bound.
-        self.put_index(agent, request_id, int.from_bytes(data[:8].ljust(8, b"\0"), "big") or -1)
+        self._raw.put(AgentKeys(agent).request(request_id), data)
 
     def delete_index(self, agent: str, request_id: str) -> None:
-        with self._editing(agent) as state:
-            state.numbers.pop(request_id, None)
+        self._delete(AgentKeys(agent).request(request_id))
 
 
 def raw_work(raw: object) -> RawWork:
-    """The RawWork of a RawStore of tests.support.raw_store, or of a MemoryStore."""
-    if isinstance(raw, MemoryStore):
-        return RawWorkMemory(raw)
+    """The RawWork of a RawStore of tests.support.raw_store, or of a record-layer store."""
+    if isinstance(raw, RecordStore):
+        raw = RawRecords(raw)
+    if isinstance(raw, RawRecords):
+        return RawWorkRecords(raw)
     if isinstance(raw, RawFile):
         return RawWorkFile(raw)
     if isinstance(raw, RawRedis):

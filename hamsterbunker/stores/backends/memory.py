@@ -27,14 +27,14 @@ from ..backend import (
 )
 from ..base import StoreGuarantees
 
-__all__ = ["MemoryBackend"]
+__all__ = ["GUARANTEES", "MemoryBackend"]
 
 _WATCH_POLL_S = 0.02
 
 GUARANTEES = StoreGuarantees(
-    mutual_exclusion="one lock in this process",
-    durability="none: the records live in this process's memory",
-    across_hosts="none: one process only",
+    mutual_exclusion="a threading.Lock: real between threads of one process, none beyond it",
+    durability="none: everything is lost when the process ends",
+    across_hosts="none: one process only (share the same MemoryStore object)",
 )
 
 
