@@ -111,21 +111,15 @@ class RedisBackend:
         self.warnings: list[str] = self._connection.persistence_warnings(self._redis)
 
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
-        read = self.commit(Txn(reads=[Get(key, max_bytes)])).reads[0]
-        assert not isinstance(read, ScanResult)
-        return read
+        read = Get(key, max_bytes)
+        return _got(read, self._run(Txn(reads=[read]))[1])
 
     def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
-        read = self.commit(Txn(reads=[Scan(prefix, bound, after)])).reads[0]
-        assert isinstance(read, ScanResult)
-        return read
+        read = Scan(prefix, bound, after)
+        return _scanned(read, self._run(Txn(reads=[read]))[1])
 
     def commit(self, txn: Txn) -> TxnResult:
-        args = self._args(txn)  # blobs joined here: a maker's error comes out before any I/O
-        with self._translated("commit"):
-            answer = self._txn(keys=[self._index], args=args)
-        if not isinstance(answer, list) or len(answer) != 1 + len(txn.reads):
-            raise StoreError(f"redis store {self.url}: the commit script answered {answer!r:.80}")
+        answer = self._run(txn)
         reads = [
             _got(read, found) if isinstance(read, Get) else _scanned(read, found)
             for read, found in zip(txn.reads, answer[1:], strict=True)
@@ -161,6 +155,8 @@ class RedisBackend:
                                 yield notice
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.debug("redis watch of %s: %s; reconnecting in %.1f s", self.url, exc, delay)
+            except redis.RedisError as exc:  # refused (an ACL), not an outage to wait out
+                raise StoreError(f"redis store watch of {self.url}: {exc}") from exc
             finally:
                 await client.aclose()
             reconnected = True
@@ -174,6 +170,15 @@ class RedisBackend:
 
     def close(self) -> None:
         self._redis.close()
+
+    def _run(self, txn: Txn) -> list[Any]:
+        """The script's answer to txn: [succeeded, read, ...] (redis_script)."""
+        args = self._args(txn)  # blobs joined here: a maker's error comes out before any I/O
+        with self._translated("commit"):
+            answer = self._txn(keys=[self._index], args=args)
+        if not isinstance(answer, list) or len(answer) != 1 + len(txn.reads):
+            raise StoreError(f"redis store {self.url}: the commit script answered {answer!r:.80}")
+        return answer
 
     @contextmanager
     def _translated(self, what: str) -> Iterator[None]:
