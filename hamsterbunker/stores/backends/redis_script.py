@@ -1,11 +1,11 @@
 """The one Lua script of the Redis backend (``backends.redis``): a whole Txn in one atomic step.
 
-Redis runs a script with nothing interleaved, and never rolls one back: so the
-script finds everything it may trip on before its first write of a value (a
-key of another type, a planted member, an index that is not a sorted set), and
-nothing after that can fail. Under ``maxmemory`` Redis refuses a script at its
-first write and lets one that has written finish, so even then a commit is
-whole or not made.
+Redis runs a script with nothing interleaved, but keeps the writes of one
+that fails halfway: so this one checks its arguments before anything, and runs
+no command that can fail on what it finds (a key's type is asked before it is
+read; planted members and an index of another type are passed over or
+replaced). Under ``maxmemory`` Redis refuses a script at its first write and
+lets one that has written finish. A commit is whole or not made.
 
 KEYS[1] is the index (a sorted set). ARGV: the prefix of value keys, the
 channel, the most bytes of a value a message carries, the most members one
