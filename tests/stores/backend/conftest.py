@@ -17,6 +17,8 @@ import pytest
 
 from hamsterbunker.stores.backend import Backend
 from hamsterbunker.stores.backends.memory import MemoryBackend
+from hamsterbunker.stores.backends.redis import RedisBackend
+from tests.support.redis_server import redis_url
 
 Opener = Callable[[], Backend]
 
@@ -26,11 +28,17 @@ def _memory(tmp_path: Path) -> Opener:
     return lambda: shared  # one process only: every client is the same object
 
 
+def _redis(tmp_path: Path) -> Opener:
+    url = redis_url()  # a fresh prefix on the session's server: empty
+    return lambda: RedisBackend(url)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
+    "redis": _redis,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = set()
+DURABLE: set[str] = {"redis"}
 
 
 @pytest.fixture(params=list(BACKENDS))
