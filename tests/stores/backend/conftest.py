@@ -17,6 +17,7 @@ import pytest
 
 from hamsterbunker.stores.backend import Backend
 from hamsterbunker.stores.backends.memory import MemoryBackend
+from tests.support.etcd_server import etcd_url
 
 Opener = Callable[[], Backend]
 
@@ -26,11 +27,19 @@ def _memory(tmp_path: Path) -> Opener:
     return lambda: shared  # one process only: every client is the same object
 
 
+def _etcd(_tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.etcd import EtcdBackend  # needs the etcd extra
+
+    url = etcd_url()  # the session's server, under a prefix of this test's own
+    return lambda: EtcdBackend(url)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
+    "etcd": _etcd,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = set()
+DURABLE: set[str] = {"etcd"}
 
 
 @pytest.fixture(params=list(BACKENDS))

@@ -1,0 +1,435 @@
+"""The etcd backend: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
+
+Key K lives at the etcd key ``P/K`` under the URL's prefix P. The URL, TLS
+files, timeout and endpoint failover are the etcd store's
+(``stores.etcd.connection``): a member that cannot be reached is a
+StoreUnavailable and the next call goes to the next endpoint; nothing is
+retried within a call, since a commit whose answer was lost may have happened.
+
+A commit is one etcd Txn, decided by Raft: compares on each key's value (a
+missing key: create_revision 0, as etcd compares a value only against a key
+that exists), success ops the writes then the reads, failure ops the same
+reads, so a failed commit reads the store as it was. etcd refuses a Txn that
+puts one key twice or puts a key inside its own delete-range, so the writes are
+first reduced to what they leave behind (see ``_net_writes``). The reads of a
+scan past its first page, and nothing else, are further requests at the Txn's
+revision (etcd's MVCC snapshot), so they still see the store as of the commit.
+
+Bounded reads. etcd cannot measure a value without sending it: a range has a
+count limit but no byte limit, and a keys-only range tells no sizes. So each
+value read is at most etcd's request limit (one request wrote it), a get drops
+a value over its max_bytes on arrival (TooLarge, with its size), and a scan
+reads pages whose limit is how many values of bound.entry_bytes fit in
+bound.total_bytes: genuine values never make one page fetch more than the
+bound's total, and planted values over entry_bytes are fetched one page at a
+time, reported as TooLarge and dropped, never returned. A keys-only listing
+first would cost every scan a second round trip and still measure nothing.
+Keys are returned as stored (decoded with surrogateescape, so a planted key
+that is no backend key reads back as ``after``); each counts as an entry.
+
+Big values: etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
+default), and a Txn is one request, so chunking a value within its Txn would
+not help. A commit over the limit is a StoreError that names its size and the
+setting, as the etcd store's checkpoints were: raise the limit on every member
+(the gRPC layer takes at most that plus 512 KiB) or keep values smaller. A Txn
+also holds at most ``--max-txn-ops`` (128) operations; etcd says so if not.
+
+Watches follow ``P/prefix`` from the revision last seen (see ``_Follower``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import bisect
+import collections
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any
+
+import requests
+from etcd3gw.client import Etcd3Client
+from etcd3gw.exceptions import Etcd3Exception
+from etcd3gw.types import Event as WatchEvent
+from etcd3gw.watch import Watcher
+
+from ...errors import StoreError, StoreUnavailable
+from ...limits import MAX_RECORD_BYTES
+from ...read_bounds import ReadBound
+from ..backend import (
+    Capability,
+    Compare,
+    DeleteRange,
+    Get,
+    Notice,
+    Put,
+    Scan,
+    ScanResult,
+    ScanTaker,
+    TooLarge,
+    Txn,
+    TxnResult,
+    prefix_end,
+)
+from ..base import StoreGuarantees
+from ..etcd.connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
+from ..urls import redacted_url
+
+__all__ = ["EtcdBackend"]
+
+log = logging.getLogger(__name__)
+
+GUARANTEES = StoreGuarantees(
+    mutual_exclusion="one etcd txn per commit: its compares, writes and reads are decided "
+    "together by Raft (linearizable), so etcd itself refuses a stale writer",
+    durability="a commit is acknowledged once a majority of the etcd members has it in its "
+    "fsynced log; a one-member etcd is only as durable as its one disk",
+    across_hosts="yes: every node that reaches the cluster (etcds:// for mutual TLS); a 3- or "
+    "5-member cluster keeps working while a minority of members is lost",
+)
+
+# A watch stream that dies silently (a member restarts, a connection is cut) is
+# not reported by etcd3gw, so every stream is replaced after this long, from the
+# last revision seen: a lost stream delays notices by at most this much.
+_WATCH_RENEW_S = 10.0
+_WATCH_RETRY_S = (0.1, 2.0)  # backoff bounds while the watch cannot be set up
+# A notice carries a value up to this size; a larger one (a checkpoint) is read to know.
+_NOTICE_VALUE_BYTES = MAX_RECORD_BYTES
+# Notices waiting for a slow watcher; past this they collapse into one gap notice.
+_PENDING_NOTICES = 1000
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _value(kv: Mapping[str, Any]) -> bytes:
+    return base64.b64decode(kv.get("value", ""))  # the gateway omits an empty value
+
+
+def _page_size(bound: ReadBound) -> int:
+    """Values one scan request asks for: as many of entry_bytes as fit in total_bytes."""
+    return max(1, min(bound.count, bound.total_bytes // max(1, bound.entry_bytes)))
+
+
+def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], list[DeleteRange]]:
+    """What writes leave behind, as etcd takes it in one Txn: each key put once, and no
+    delete-range holding a key put (those come after it: the range is cut around them).
+
+    A blob's pieces are made here, before anything is sent: a maker that fails
+    sends nothing."""
+    puts: dict[str, bytes] = {}
+    deletes: list[DeleteRange] = []
+    for write in writes:
+        if isinstance(write, Put):
+            puts[write.key] = bytes(write.value)
+            continue
+        for key in [k for k in puts if _covers(write, k)]:
+            del puts[key]  # put, then deleted: as if never put
+        deletes.append(write)
+    put_keys = sorted(puts)
+    cut: list[DeleteRange] = []
+    for delete in deletes:
+        if delete.end is None:
+            if delete.start not in puts:
+                cut.append(delete)
+            continue
+        start = delete.start
+        inside = put_keys[
+            bisect.bisect_left(put_keys, start) : bisect.bisect_left(put_keys, delete.end)
+        ]
+        for key in inside:
+            if start < key:
+                cut.append(DeleteRange(start, key))
+            start = key + "\0"  # just after key: no key of the rules holds a NUL
+        if start < delete.end:
+            cut.append(DeleteRange(start, delete.end))
+    return puts, cut
+
+
+def _covers(delete: DeleteRange, key: str) -> bool:
+    if delete.end is None:
+        return key == delete.start
+    return delete.start <= key < delete.end
+
+
+class EtcdBackend:
+    """Keys to bytes in an etcd v3 cluster, under one key prefix."""
+
+    guarantees = GUARANTEES
+    capabilities = frozenset({Capability.ATOMIC_READS, Capability.NOTICE_VALUES})
+
+    def __init__(self, url: str) -> None:
+        self.url = redacted_url(url)
+        self.target = parse_etcd_url(url)
+        self._connection = EtcdConnection(self.target)
+        self._root = self.target.prefix.encode() + b"/"
+        # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
+        self._root_end = prefix_end(self._root.decode("latin-1"))
+        self._followers: set[_Follower] = set()
+
+    def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
+        found = self._run(Txn(reads=[Get(key, max_bytes)]), "get").reads[0]
+        assert not isinstance(found, ScanResult)
+        return found
+
+    def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
+        found = self._run(Txn(reads=[Scan(prefix, bound, after)]), "scan").reads[0]
+        assert isinstance(found, ScanResult)
+        return found
+
+    def commit(self, txn: Txn) -> TxnResult:
+        return self._run(txn, "commit")
+
+    def _run(self, txn: Txn, what: str) -> TxnResult:
+        puts, deletes = _net_writes(txn.writes)
+        writes = [
+            {"request_put": {"key": _b64(self._raw(key)), "value": _b64(value)}}
+            for key, value in puts.items()
+        ]
+        writes += [{"request_delete_range": self._range(d.start, d.end)} for d in deletes]
+        reads = [{"request_range": self._read_range(read)} for read in txn.reads]
+        compares = [self._compare(compare) for compare in txn.compares]
+        with self._connection.errors_translated(what):
+            try:
+                response = self._connection.txn(compares, writes + reads, reads)
+            except Etcd3Exception as exc:
+                if too_large(exc):
+                    raise self._too_large(exc, puts) from exc
+                raise
+            succeeded = bool(response.get("succeeded"))
+            found = response.get("responses", [])[len(writes) if succeeded else 0 :]
+            revision = int(response["header"]["revision"])
+            return TxnResult(
+                succeeded,
+                [
+                    self._read_result(read, answer.get("response_range", {}), revision)
+                    for read, answer in zip(txn.reads, found, strict=True)
+                ],
+            )
+
+    def _too_large(self, exc: Etcd3Exception, puts: Mapping[str, bytes]) -> StoreError:
+        largest = max(map(len, puts.values()), default=0)
+        return StoreError(
+            f"etcd store {self.url}: a commit writing {sum(map(len, puts.values()))} bytes "
+            f"(its largest value {largest} bytes) was refused: {grpc_error(exc)[1]}. etcd takes "
+            "requests up to its --max-request-bytes (1.5 MiB by default): raise it on every "
+            "member, or keep the values smaller"
+        )
+
+    # -- etcd's vocabulary -------------------------------------------------
+
+    def _raw(self, key: str) -> bytes:
+        """The etcd key of a backend key (surrogateescape: a planted key reads back as itself)."""
+        return self._root + key.encode("utf-8", "surrogateescape")
+
+    def _name(self, raw: bytes) -> str:
+        """The backend key of an etcd key under the prefix."""
+        return raw.removeprefix(self._root).decode("utf-8", "surrogateescape")
+
+    def _key(self, kv: Mapping[str, Any]) -> str:
+        return self._name(base64.b64decode(kv.get("key", "")))
+
+    def _range(self, start: str, end: str | None, **options: Any) -> dict[str, Any]:
+        """A range request (read or delete) of start alone, or of start up to end."""
+        request = {"key": _b64(self._raw(start)), **options}
+        if end is not None:
+            request["range_end"] = _b64(self._raw(end))
+        return request
+
+    def _compare(self, compare: Compare) -> dict[str, Any]:
+        key = _b64(self._raw(compare.key))
+        if compare.value is None:
+            return {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}
+        return {"key": key, "target": "VALUE", "result": "EQUAL", "value": _b64(compare.value)}
+
+    def _read_range(self, read: Get | Scan) -> dict[str, Any]:
+        if isinstance(read, Get):
+            return self._range(read.key, None)
+        return self._scan_page(
+            read, read.after + "\0" if read.after >= read.prefix else read.prefix
+        )
+
+    def _scan_page(self, scan: Scan, start: str, **options: Any) -> dict[str, Any]:
+        # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
+        return self._range(start, prefix_end(scan.prefix), limit=_page_size(scan.bound), **options)
+
+    def _read_result(
+        self, read: Get | Scan, found: Mapping[str, Any], revision: int
+    ) -> bytes | TooLarge | ScanResult | None:
+        if isinstance(read, Scan):
+            return self._scan_pages(read, found, revision)
+        kvs = found.get("kvs", [])
+        if not kvs:
+            return None
+        value = _value(kvs[0])
+        return TooLarge(read.key, len(value)) if len(value) > read.max_bytes else value
+
+    def _scan_pages(self, scan: Scan, page: Mapping[str, Any], revision: int) -> ScanResult:
+        """Take the first page's values, and read on at revision while the bound allows."""
+        taker = ScanTaker(scan.bound)
+        while True:
+            kvs = page.get("kvs", [])
+            for kv in kvs:
+                if taker.full:
+                    return taker.result(more=True)
+                taker.take(self._key(kv), _value(kv))
+            if not page.get("more"):
+                return taker.result()
+            if taker.full:
+                return taker.result(more=True)
+            request = self._scan_page(scan, self._key(kvs[-1]) + "\0", revision=revision)
+            response = self._connection.txn([], [{"request_range": request}])
+            page = response.get("responses", [{}])[0].get("response_range", {})
+
+    # -- watch, check, close -----------------------------------------------
+
+    async def watch(self, prefix: str) -> AsyncIterator[Notice]:
+        """Notices from a thread that follows P/prefix (``_Follower``), in the order etcd
+        sent them; more than _PENDING_NOTICES unread collapse into one gap notice."""
+        loop = asyncio.get_running_loop()
+        pending: collections.deque[Notice] = collections.deque()
+        arrived = asyncio.Event()
+
+        def arrive(notice: Notice) -> None:
+            if len(pending) >= _PENDING_NOTICES:
+                pending.clear()
+                notice = Notice(None)
+            pending.append(notice)
+            arrived.set()
+
+        def tell(notice: Notice) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(arrive, notice)
+
+        start = self._raw(prefix)
+        follower = _Follower(
+            self._connection, start, self._raw(prefix_end(prefix)), self._name, tell
+        )
+        self._followers.add(follower)
+        follower.start()
+        try:
+            while True:
+                await arrived.wait()
+                arrived.clear()
+                while pending:
+                    yield pending.popleft()
+        finally:
+            follower.stop()
+            self._followers.discard(follower)
+
+    def check(self) -> None:
+        """StoreUnavailable, naming every endpoint, unless one answers a linearizable read
+        (so a member cut off from its quorum does not count)."""
+        reasons = []
+        for _endpoint in self.target.endpoints:
+            try:
+                with self._connection.errors_translated("check"):
+                    self._connection.kv.get(self._root, range_end=self._root_end, count_only=True)
+                return
+            except StoreUnavailable as exc:  # the next endpoint is tried
+                reasons.append(str(exc))
+        raise StoreUnavailable(
+            f"no etcd endpoint of {self.url} answers ({self._connection.all_endpoints()}): "
+            + "; ".join(reasons)
+        )
+
+    def close(self) -> None:
+        """Stop every watch of this backend and close its connections."""
+        for follower in list(self._followers):
+            follower.stop()
+        self._connection.close()
+
+
+class _Follower(threading.Thread):
+    """Keeps an etcd watch of one key range open, telling a Notice per event.
+
+    etcd3gw's watcher is a blocking HTTP stream read in a thread; this thread
+    sets it up, replaces it every _WATCH_RENEW_S from the revision after the
+    last one seen (etcd replays what came between, deletions too), and backs
+    off while etcd cannot be reached. Only a gap that etcd can no longer
+    replay (compacted meanwhile) is told as Notice(None). Failures are logged,
+    never raised: a watch is a hint.
+    """
+
+    def __init__(
+        self,
+        connection: EtcdConnection,
+        start: bytes,
+        end: bytes,
+        name_of: Callable[[bytes], str],
+        tell: Callable[[Notice], None],
+    ) -> None:
+        super().__init__(name=f"hb-etcd-watch {start.decode(errors='replace')}", daemon=True)
+        self._connection = connection
+        # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
+        self._start, self._end = start, end.decode("latin-1")
+        self._name_of = name_of
+        self._tell = tell
+        self._stopping = threading.Event()
+        self._seen: int | None = None  # the revision up to which every event was told
+
+    def stop(self) -> None:
+        """Ask the thread to end; it closes its stream within one HTTP timeout at most."""
+        self._stopping.set()
+
+    def run(self) -> None:
+        delay = _WATCH_RETRY_S[0]
+        while not self._stopping.is_set():
+            connection, endpoint = self._connection, self._connection.current
+            # Reads of an idle stream wait for the next renewal, and a little longer.
+            client = connection.client(endpoint, _WATCH_RENEW_S + connection.target.timeout)
+            watcher = None
+            try:
+                seen = self._resume_at(client)
+                watcher = Watcher(
+                    client,
+                    self._start,
+                    self._on_event,
+                    range_end=self._end,
+                    start_revision=seen + 1,
+                )
+                delay = _WATCH_RETRY_S[0]
+                self._stopping.wait(_WATCH_RENEW_S)
+            except (Etcd3Exception, requests.RequestException, ValueError, KeyError) as exc:
+                log.info(
+                    "etcd watch of %r failed (%s); retrying in %.1f s", self._start, exc, delay
+                )
+                connection.next_endpoint(endpoint)
+                self._stopping.wait(delay)
+                delay = min(delay * 2, _WATCH_RETRY_S[1])
+            finally:
+                if watcher is not None:
+                    watcher.stop()
+                client.session.close()
+
+    def _resume_at(self, client: Etcd3Client) -> int:
+        """The revision the next stream starts after: the last seen, unless etcd compacted
+        what came since (a gap, told), or there was none yet (now: from now on)."""
+        now = int(client.status()["header"]["revision"])
+        seen = self._seen
+        if seen is not None and seen < now:
+            try:  # only to learn whether etcd still holds the revisions after seen
+                client.get(self._start, range_end=self._end, revision=seen + 1, count_only=True)
+            except Etcd3Exception as exc:
+                if "compacted" not in grpc_error(exc)[1]:
+                    raise
+                self._tell(Notice(None))
+                seen = None
+        if seen is None:
+            self._seen = seen = now
+        return seen
+
+    def _on_event(self, event: WatchEvent) -> None:
+        if self._stopping.is_set():  # the stream's last events, read after stop()
+            return
+        kv = event["kv"]
+        self._seen = max(self._seen or 0, int(kv["mod_revision"]))
+        key = self._name_of(bytes(kv["key"]))  # etcd3gw decoded key and value already
+        if event.get("type") == "DELETE":
+            self._tell(Notice(key, None))
+            return
+        value = bytes(kv.get("value", b""))
+        self._tell(Notice(key, value if len(value) <= _NOTICE_VALUE_BYTES else None))
