@@ -1,40 +1,38 @@
 """The etcd backend: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
 
-Key K lives at the etcd key ``P/K`` under the URL's prefix P. The URL, TLS
-files, timeout and endpoint failover are the etcd store's
-(``stores.etcd.connection``): a member that cannot be reached is a
-StoreUnavailable and the next call goes to the next endpoint; nothing is
-retried within a call, since a commit whose answer was lost may have happened.
+Key K lives at the etcd key ``P/K`` under the URL's prefix P. URL, TLS files,
+timeout and endpoint failover are the etcd store's (``stores.etcd.connection``):
+an unreachable member is a StoreUnavailable and the next call goes to the next
+endpoint; nothing is retried within a call (a commit whose answer was lost may
+have happened).
 
 A commit is one etcd Txn, decided by Raft: compares on each key's value (a
 missing key: create_revision 0, as etcd compares a value only against a key
 that exists), success ops the writes then the reads, failure ops the same
 reads, so a failed commit reads the store as it was. etcd refuses a Txn that
 puts one key twice or puts a key inside its own delete-range, so the writes are
-first reduced to what they leave behind (see ``_net_writes``). The reads of a
-scan past its first page, and nothing else, are further requests at the Txn's
-revision (etcd's MVCC snapshot), so they still see the store as of the commit.
+first reduced to what they leave behind (``_net_writes``). Only a scan's pages
+after its first are further requests, at the Txn's revision (etcd's MVCC
+snapshot), so they too read the store as of the commit.
 
 Bounded reads. etcd cannot measure a value without sending it: a range has a
-count limit but no byte limit, and a keys-only range tells no sizes. So each
-value read is at most etcd's request limit (one request wrote it), a get drops
-a value over its max_bytes on arrival (TooLarge, with its size), and a scan
-reads pages whose limit is how many values of bound.entry_bytes fit in
-bound.total_bytes: genuine values never make one page fetch more than the
-bound's total, and planted values over entry_bytes are fetched one page at a
-time, reported as TooLarge and dropped, never returned. A keys-only listing
-first would cost every scan a second round trip and still measure nothing.
-Keys are returned as stored (decoded with surrogateescape, so a planted key
-that is no backend key reads back as ``after``); each counts as an entry.
+count limit but no byte limit, and a keys-only range tells no sizes (listing
+keys first would cost every scan a round trip and measure nothing). So every
+value fetched is at most etcd's request limit (one request wrote it); a get
+drops one over its max_bytes on arrival (TooLarge, with its size); a scan reads
+pages of as many values of bound.entry_bytes as fit in bound.total_bytes, so
+genuine values never make a page fetch more than that total (or one entry),
+while planted values over entry_bytes are fetched a page at a time, reported
+as TooLarge and dropped, never returned. Keys are returned as stored (with
+surrogateescape, so a planted key that is no backend key serves as ``after``).
 
 Big values: etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
-default), and a Txn is one request, so chunking a value within its Txn would
-not help. A commit over the limit is a StoreError that names its size and the
-setting, as the etcd store's checkpoints were: raise the limit on every member
-(the gRPC layer takes at most that plus 512 KiB) or keep values smaller. A Txn
-also holds at most ``--max-txn-ops`` (128) operations; etcd says so if not.
+default), and a Txn is one request, so chunks in one Txn would not pass either.
+A commit over the limit is a StoreError naming its size and the setting, as the
+etcd store's checkpoints were: raise the limit on every member, or keep values
+smaller. etcd refuses a Txn of more than ``--max-txn-ops`` (128) operations too.
 
-Watches follow ``P/prefix`` from the revision last seen (see ``_Follower``).
+Watches follow ``P/prefix`` from the revision last seen (``Follower``).
 """
 
 from __future__ import annotations
@@ -44,19 +42,12 @@ import base64
 import bisect
 import collections
 import contextlib
-import logging
-import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-import requests
-from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import Etcd3Exception
-from etcd3gw.types import Event as WatchEvent
-from etcd3gw.watch import Watcher
 
 from ...errors import StoreError, StoreUnavailable
-from ...limits import MAX_RECORD_BYTES
 from ...read_bounds import ReadBound
 from ..backend import (
     Capability,
@@ -76,10 +67,9 @@ from ..backend import (
 from ..base import StoreGuarantees
 from ..etcd.connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
 from ..urls import redacted_url
+from .etcd_watch import Follower
 
 __all__ = ["EtcdBackend"]
-
-log = logging.getLogger(__name__)
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="one etcd txn per commit: its compares, writes and reads are decided "
@@ -90,13 +80,6 @@ GUARANTEES = StoreGuarantees(
     "5-member cluster keeps working while a minority of members is lost",
 )
 
-# A watch stream that dies silently (a member restarts, a connection is cut) is
-# not reported by etcd3gw, so every stream is replaced after this long, from the
-# last revision seen: a lost stream delays notices by at most this much.
-_WATCH_RENEW_S = 10.0
-_WATCH_RETRY_S = (0.1, 2.0)  # backoff bounds while the watch cannot be set up
-# A notice carries a value up to this size; a larger one (a checkpoint) is read to know.
-_NOTICE_VALUE_BYTES = MAX_RECORD_BYTES
 # Notices waiting for a slow watcher; past this they collapse into one gap notice.
 _PENDING_NOTICES = 1000
 
@@ -168,7 +151,7 @@ class EtcdBackend:
         self._root = self.target.prefix.encode() + b"/"
         # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
         self._root_end = prefix_end(self._root.decode("latin-1"))
-        self._followers: set[_Follower] = set()
+        self._followers: set[Follower] = set()
 
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         found = self._run(Txn(reads=[Get(key, max_bytes)]), "get").reads[0]
@@ -287,7 +270,7 @@ class EtcdBackend:
     # -- watch, check, close -----------------------------------------------
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
-        """Notices from a thread that follows P/prefix (``_Follower``), in the order etcd
+        """Notices from a thread that follows P/prefix (``Follower``), in the order etcd
         sent them; more than _PENDING_NOTICES unread collapse into one gap notice."""
         loop = asyncio.get_running_loop()
         pending: collections.deque[Notice] = collections.deque()
@@ -305,7 +288,7 @@ class EtcdBackend:
                 loop.call_soon_threadsafe(arrive, notice)
 
         start = self._raw(prefix)
-        follower = _Follower(
+        follower = Follower(
             self._connection, start, self._raw(prefix_end(prefix)), self._name, tell
         )
         self._followers.add(follower)
@@ -341,95 +324,3 @@ class EtcdBackend:
         for follower in list(self._followers):
             follower.stop()
         self._connection.close()
-
-
-class _Follower(threading.Thread):
-    """Keeps an etcd watch of one key range open, telling a Notice per event.
-
-    etcd3gw's watcher is a blocking HTTP stream read in a thread; this thread
-    sets it up, replaces it every _WATCH_RENEW_S from the revision after the
-    last one seen (etcd replays what came between, deletions too), and backs
-    off while etcd cannot be reached. Only a gap that etcd can no longer
-    replay (compacted meanwhile) is told as Notice(None). Failures are logged,
-    never raised: a watch is a hint.
-    """
-
-    def __init__(
-        self,
-        connection: EtcdConnection,
-        start: bytes,
-        end: bytes,
-        name_of: Callable[[bytes], str],
-        tell: Callable[[Notice], None],
-    ) -> None:
-        super().__init__(name=f"hb-etcd-watch {start.decode(errors='replace')}", daemon=True)
-        self._connection = connection
-        # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
-        self._start, self._end = start, end.decode("latin-1")
-        self._name_of = name_of
-        self._tell = tell
-        self._stopping = threading.Event()
-        self._seen: int | None = None  # the revision up to which every event was told
-
-    def stop(self) -> None:
-        """Ask the thread to end; it closes its stream within one HTTP timeout at most."""
-        self._stopping.set()
-
-    def run(self) -> None:
-        delay = _WATCH_RETRY_S[0]
-        while not self._stopping.is_set():
-            connection, endpoint = self._connection, self._connection.current
-            # Reads of an idle stream wait for the next renewal, and a little longer.
-            client = connection.client(endpoint, _WATCH_RENEW_S + connection.target.timeout)
-            watcher = None
-            try:
-                seen = self._resume_at(client)
-                watcher = Watcher(
-                    client,
-                    self._start,
-                    self._on_event,
-                    range_end=self._end,
-                    start_revision=seen + 1,
-                )
-                delay = _WATCH_RETRY_S[0]
-                self._stopping.wait(_WATCH_RENEW_S)
-            except (Etcd3Exception, requests.RequestException, ValueError, KeyError) as exc:
-                log.info(
-                    "etcd watch of %r failed (%s); retrying in %.1f s", self._start, exc, delay
-                )
-                connection.next_endpoint(endpoint)
-                self._stopping.wait(delay)
-                delay = min(delay * 2, _WATCH_RETRY_S[1])
-            finally:
-                if watcher is not None:
-                    watcher.stop()
-                client.session.close()
-
-    def _resume_at(self, client: Etcd3Client) -> int:
-        """The revision the next stream starts after: the last seen, unless etcd compacted
-        what came since (a gap, told), or there was none yet (now: from now on)."""
-        now = int(client.status()["header"]["revision"])
-        seen = self._seen
-        if seen is not None and seen < now:
-            try:  # only to learn whether etcd still holds the revisions after seen
-                client.get(self._start, range_end=self._end, revision=seen + 1, count_only=True)
-            except Etcd3Exception as exc:
-                if "compacted" not in grpc_error(exc)[1]:
-                    raise
-                self._tell(Notice(None))
-                seen = None
-        if seen is None:
-            self._seen = seen = now
-        return seen
-
-    def _on_event(self, event: WatchEvent) -> None:
-        if self._stopping.is_set():  # the stream's last events, read after stop()
-            return
-        kv = event["kv"]
-        self._seen = max(self._seen or 0, int(kv["mod_revision"]))
-        key = self._name_of(bytes(kv["key"]))  # etcd3gw decoded key and value already
-        if event.get("type") == "DELETE":
-            self._tell(Notice(key, None))
-            return
-        value = bytes(kv.get("value", b""))
-        self._tell(Notice(key, value if len(value) <= _NOTICE_VALUE_BYTES else None))

@@ -24,7 +24,7 @@ from hamsterbunker.stores.backend import (
     TooLarge,
     Txn,
 )
-from hamsterbunker.stores.backends import etcd as etcd_backend
+from hamsterbunker.stores.backends import etcd_watch
 from hamsterbunker.stores.backends.etcd import EtcdBackend
 from hamsterbunker.stores.etcd.connection import parse_etcd_url
 from tests.support import each_ended, wait_until
@@ -320,7 +320,7 @@ Gate = tuple[threading.Event, threading.Event]
 def hold_watch_setups(backend: EtcdBackend, monkeypatch: pytest.MonkeyPatch) -> Gate:
     """Renew the backend's watch streams every 0.2 s, each through a gate: (gate, held),
     held set while a renewal waits at the closed gate (its old stream already closed)."""
-    monkeypatch.setattr(etcd_backend, "_WATCH_RENEW_S", 0.2)
+    monkeypatch.setattr(etcd_watch, "WATCH_RENEW_S", 0.2)
     gate, held = threading.Event(), threading.Event()
     gate.set()
     connection = backend._connection
@@ -396,7 +396,7 @@ def test_a_watch_goes_on_after_its_server_restarts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A watch whose stream broke (etcd restarted) tells the changes made after it."""
-    monkeypatch.setattr(etcd_backend, "_WATCH_RENEW_S", 0.5)
+    monkeypatch.setattr(etcd_watch, "WATCH_RENEW_S", 0.5)
     server = private_server()
     url = server.url()
     writer, watcher = opened(url), opened(url)
