@@ -11,8 +11,9 @@ missing key: create_revision 0, as etcd compares a value only against a key
 that exists), success ops the writes then the reads, failure ops the same
 reads, so a failed commit reads the store as it was. etcd refuses a Txn that
 puts one key twice or puts a key inside its own delete-range, so the writes are
-first reduced to what they leave behind (``_net_writes``). Only a scan's pages
-after its first are further requests, at the Txn's revision (etcd's MVCC
+first reduced to what they leave behind (``_net_writes``). A scan's pages after
+its first, and the reads of a commit too big for one Txn (etcd takes 128
+operations by default), are further requests at the Txn's revision (etcd's MVCC
 snapshot), so they too read the store as of the commit.
 
 Bounded reads. etcd cannot measure a value without sending it: a range has a
@@ -20,8 +21,8 @@ count limit but no byte limit, and a keys-only range tells no sizes (listing
 keys first would cost every scan a round trip and measure nothing). So every
 value fetched is at most etcd's request limit (one request wrote it); a get
 drops one over its max_bytes on arrival (TooLarge, with its size); a scan reads
-pages of as many values of bound.entry_bytes as fit in bound.total_bytes, so
-genuine values never make a page fetch more than that total (or one entry),
+pages of as many values of bound.entry_bytes as fit in bound.total_bytes (at
+least 1 MiB), so genuine values never make a page fetch more than that,
 while planted values over entry_bytes are fetched a page at a time, reported
 as TooLarge and dropped, never returned. Keys are returned as stored (with
 surrogateescape, so a planted key that is no backend key serves as ``after``).
@@ -30,7 +31,7 @@ Big values: etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
 default), and a Txn is one request, so chunks in one Txn would not pass either.
 A commit over the limit is a StoreError naming its size and the setting, as the
 etcd store's checkpoints were: raise the limit on every member, or keep values
-smaller. etcd refuses a Txn of more than ``--max-txn-ops`` (128) operations too.
+smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
 
 Watches follow ``P/prefix`` from the revision last seen (``Follower``).
 """
@@ -82,6 +83,10 @@ GUARANTEES = StoreGuarantees(
 
 # Notices waiting for a slow watcher; past this they collapse into one gap notice.
 _PENDING_NOTICES = 1000
+# Operations etcd takes in one txn by default (--max-txn-ops).
+_TXN_OPS = 128
+# The genuine values a scan page may fetch, at least (see _page_size).
+_PAGE_BYTES = 1024 * 1024
 
 
 def _b64(data: bytes) -> str:
@@ -93,8 +98,10 @@ def _value(kv: Mapping[str, Any]) -> bytes:
 
 
 def _page_size(bound: ReadBound) -> int:
-    """Values one scan request asks for: as many of entry_bytes as fit in total_bytes."""
-    return max(1, min(bound.count, bound.total_bytes // max(1, bound.entry_bytes)))
+    """Values one scan request asks for: as many of entry_bytes as fit in total_bytes (or
+    in _PAGE_BYTES, for a scan of small values, or of names only: entry_bytes 0)."""
+    room = max(bound.total_bytes, _PAGE_BYTES)
+    return max(1, min(bound.count, room // max(1, bound.entry_bytes)))
 
 
 def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], list[DeleteRange]]:
@@ -173,34 +180,65 @@ class EtcdBackend:
             for key, value in puts.items()
         ]
         writes += [{"request_delete_range": self._range(d.start, d.end)} for d in deletes]
-        reads = [{"request_range": self._read_range(read)} for read in txn.reads]
+        reads = [self._read_range(read) for read in txn.reads]
         compares = [self._compare(compare) for compare in txn.compares]
+        # The reads ride in the Txn while etcd takes that many operations; else they are
+        # read right after it, at its revision: the same snapshot, one request more.
+        in_txn = len(writes) + len(reads) <= _TXN_OPS
+        inline = [{"request_range": read} for read in reads] if in_txn else []
         with self._connection.errors_translated(what):
             try:
-                response = self._connection.txn(compares, writes + reads, reads)
+                response = self._connection.txn(compares, writes + inline, inline)
             except Etcd3Exception as exc:
-                if too_large(exc):
-                    raise self._too_large(exc, puts) from exc
-                raise
+                refused = self._refused(exc, puts, len(writes))
+                if refused is None:
+                    raise
+                raise refused from exc
             succeeded = bool(response.get("succeeded"))
-            found = response.get("responses", [])[len(writes) if succeeded else 0 :]
             revision = int(response["header"]["revision"])
+            if in_txn:
+                answers = response.get("responses", [])[len(writes) if succeeded else 0 :]
+                found = [answer.get("response_range", {}) for answer in answers]
+            else:
+                found = self._ranges_at(reads, revision)
             return TxnResult(
                 succeeded,
                 [
-                    self._read_result(read, answer.get("response_range", {}), revision)
-                    for read, answer in zip(txn.reads, found, strict=True)
+                    self._read_result(read, page, revision)
+                    for read, page in zip(txn.reads, found, strict=True)
                 ],
             )
 
-    def _too_large(self, exc: Etcd3Exception, puts: Mapping[str, bytes]) -> StoreError:
-        largest = max(map(len, puts.values()), default=0)
-        return StoreError(
-            f"etcd store {self.url}: a commit writing {sum(map(len, puts.values()))} bytes "
-            f"(its largest value {largest} bytes) was refused: {grpc_error(exc)[1]}. etcd takes "
-            "requests up to its --max-request-bytes (1.5 MiB by default): raise it on every "
-            "member, or keep the values smaller"
-        )
+    def _ranges_at(self, requests: list[dict[str, Any]], revision: int) -> list[dict[str, Any]]:
+        """What range requests find at revision (etcd's snapshot), _TXN_OPS a request."""
+        found = []
+        for first in range(0, len(requests), _TXN_OPS):
+            batch = requests[first : first + _TXN_OPS]
+            ops = [{"request_range": {**request, "revision": revision}} for request in batch]
+            answers = self._connection.txn([], ops).get("responses", [])
+            found += [answer.get("response_range", {}) for answer in answers]
+        return found
+
+    def _refused(
+        self, exc: Etcd3Exception, puts: Mapping[str, bytes], ops: int
+    ) -> StoreError | None:
+        """A StoreError that says which of etcd's limits a commit passed (None: neither)."""
+        message = grpc_error(exc)[1]
+        if too_large(exc):
+            largest = max(map(len, puts.values()), default=0)
+            return StoreError(
+                f"etcd store {self.url}: a commit writing {sum(map(len, puts.values()))} "
+                f"bytes (its largest value {largest} bytes) was refused: {message}. etcd takes "
+                "requests up to its --max-request-bytes (1.5 MiB by default): raise it on "
+                "every member, or keep the values smaller"
+            )
+        if "too many operations" in message:
+            return StoreError(
+                f"etcd store {self.url}: a commit of {ops} writes was refused: {message}. "
+                f"etcd takes up to its --max-txn-ops ({_TXN_OPS} by default) in one txn: raise "
+                "it on every member, or write less in one commit"
+            )
+        return None
 
     # -- etcd's vocabulary -------------------------------------------------
 
@@ -235,9 +273,9 @@ class EtcdBackend:
             read, read.after + "\0" if read.after >= read.prefix else read.prefix
         )
 
-    def _scan_page(self, scan: Scan, start: str, **options: Any) -> dict[str, Any]:
+    def _scan_page(self, scan: Scan, start: str) -> dict[str, Any]:
         # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
-        return self._range(start, prefix_end(scan.prefix), limit=_page_size(scan.bound), **options)
+        return self._range(start, prefix_end(scan.prefix), limit=_page_size(scan.bound))
 
     def _read_result(
         self, read: Get | Scan, found: Mapping[str, Any], revision: int
@@ -263,9 +301,7 @@ class EtcdBackend:
                 return taker.result()
             if taker.full:
                 return taker.result(more=True)
-            request = self._scan_page(scan, self._key(kvs[-1]) + "\0", revision=revision)
-            response = self._connection.txn([], [{"request_range": request}])
-            page = response.get("responses", [{}])[0].get("response_range", {})
+            [page] = self._ranges_at([self._scan_page(scan, self._key(kvs[-1]) + "\0")], revision)
 
     # -- watch, check, close -----------------------------------------------
 

@@ -176,7 +176,7 @@ def test_a_scan_in_pages_reads_the_store_as_of_its_first(
         return Txn(writes=[DeleteRange("a/4"), Put(f"a/{pages}x", b"new")])
 
     answers = txns_of(backend, monkeypatch, then=lambda: other.commit(between(len(answers))))
-    result = backend.scan("a/", ReadBound(10, 50, 100))  # pages of two values
+    result = backend.scan("a/", ReadBound(10, 2**19, 2**20))  # pages of two values
     assert [key for key, _value in result.items] == [f"a/{n}" for n in range(6)]
     assert len(answers) == 3
 
@@ -203,6 +203,46 @@ def test_a_commit_is_one_txn_that_moves_the_revision_once(
     )
     assert result.succeeded and len(sent) == 1
     assert revision(raw) == before + 1  # this test process alone writes to its shared server
+
+
+def test_a_commit_past_etcds_operations_per_txn_reads_after_it_as_of_it(
+    opened: Callable[[str], EtcdBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More writes and reads than etcd takes in one txn: the writes in one, the reads after
+    it at its revision, as they were when its compares failed, after its writes else."""
+    url = shared_etcd().url()
+    backend, other = opened(url), opened(url)
+    put(backend, "a/flag", b"on")
+    sent = txns_of(backend, monkeypatch, then=lambda: put(other, "a/000", b"later"))
+    reads: list[Get | Scan] = [Get(f"a/{n:03}", 10) for n in range(60)]
+    writes = [Put(f"a/{n:03}", b"v") for n in range(100)]
+    failed = backend.commit(Txn([Compare("a/flag", b"off")], writes, reads))
+    assert not failed.succeeded and failed.reads == [None] * 60  # a/000 came after: unseen
+    done = backend.commit(Txn([Compare("a/flag", b"on")], writes, [*reads, Scan("a/", WIDE)]))
+    assert done.succeeded and done.reads[:60] == [b"v"] * 60
+    listed = done.reads[60]
+    assert isinstance(listed, ScanResult) and len(listed.items) == 100 and listed.more
+    assert len(sent) == 4 and backend.get("a/000", 10) == b"later"
+
+
+def test_writes_past_etcds_operations_per_txn_are_refused_clearly(
+    opened: Callable[[str], EtcdBackend],
+) -> None:
+    """A commit of more writes than etcd takes in one txn is a StoreError naming the setting."""
+    backend = opened(shared_etcd().url())
+    with pytest.raises(StoreError, match="--max-txn-ops"):
+        backend.commit(Txn(writes=[Put(f"a/{n:03}", b"v") for n in range(200)]))
+    assert backend.scan("a/", WIDE) == ScanResult()
+
+
+def test_a_scan_of_names_only_is_one_request(
+    opened: Callable[[str], EtcdBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scan that takes no value bytes (names only) reads its small values in one page."""
+    backend = opened(shared_etcd().url())
+    backend.commit(Txn(writes=[Put(f"a/{n:04}", b"") for n in range(120)]))
+    sent = txns_of(backend, monkeypatch)
+    assert len(backend.scan("a/", ReadBound(4096, 0, 0)).items) == 120 and len(sent) == 1
 
 
 def test_a_delete_range_then_puts_inside_it_is_one_txn_etcd_takes(
