@@ -18,6 +18,7 @@ import pytest
 from hamsterbunker.stores.backend import Backend
 from hamsterbunker.stores.backends.memory import MemoryBackend
 from hamsterbunker.stores.backends.redis import RedisBackend
+from tests.support.etcd_server import etcd_url
 from tests.support.redis_server import redis_url
 
 Opener = Callable[[], Backend]
@@ -33,12 +34,20 @@ def _redis(tmp_path: Path) -> Opener:
     return lambda: RedisBackend(url)
 
 
+def _etcd(_tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.etcd import EtcdBackend  # needs the etcd extra
+
+    url = etcd_url()  # the session's server, under a prefix of this test's own
+    return lambda: EtcdBackend(url)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
     "redis": _redis,
+    "etcd": _etcd,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = {"redis"}
+DURABLE: set[str] = {"redis", "etcd"}
 
 
 @pytest.fixture(params=list(BACKENDS))

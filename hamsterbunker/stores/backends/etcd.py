@@ -1,0 +1,362 @@
+"""The etcd backend: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
+
+Key K lives at the etcd key ``P/K`` under the URL's prefix P. URL, TLS files,
+timeout and endpoint failover are the etcd store's (``stores.etcd.connection``):
+an unreachable member is a StoreUnavailable and the next call goes to the next
+endpoint; nothing is retried within a call (a commit whose answer was lost may
+have happened).
+
+A commit is one etcd Txn, decided by Raft: compares on each key's value (a
+missing key: create_revision 0, as etcd compares a value only against a key
+that exists), success ops the writes then the reads, failure ops the same
+reads, so a failed commit reads the store as it was. etcd refuses a Txn that
+puts one key twice or puts a key inside its own delete-range, so the writes are
+first reduced to what they leave behind (``_net_writes``). A scan's pages after
+its first, and the reads of a commit too big for one Txn (etcd takes 128
+operations by default), are further requests at the Txn's revision (etcd's MVCC
+snapshot), so they too read the store as of the commit.
+
+Bounded reads. etcd cannot measure a value without sending it: a range has a
+count limit but no byte limit, and a keys-only range tells no sizes (listing
+keys first would cost every scan a round trip and measure nothing). So every
+value fetched is at most etcd's request limit (one request wrote it); a get
+drops one over its max_bytes on arrival (TooLarge, with its size); a scan reads
+pages of as many values of bound.entry_bytes as fit in bound.total_bytes (at
+least 1 MiB), so genuine values never make a page fetch more than that,
+while planted values over entry_bytes are fetched a page at a time, reported
+as TooLarge and dropped, never returned. Keys are returned as stored (with
+surrogateescape, so a planted key that is no backend key serves as ``after``).
+
+Big values: etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
+default), and a Txn is one request, so chunks in one Txn would not pass either.
+A commit over the limit is a StoreError naming its size and the setting, as the
+etcd store's checkpoints were: raise the limit on every member, or keep values
+smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
+
+Watches follow ``P/prefix`` from the revision last seen (``Follower``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import bisect
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from etcd3gw.exceptions import Etcd3Exception
+
+from ...errors import StoreError, StoreUnavailable
+from ...read_bounds import ReadBound
+from ..backend import (
+    Capability,
+    Compare,
+    DeleteRange,
+    Get,
+    Notice,
+    Put,
+    Scan,
+    ScanResult,
+    ScanTaker,
+    TooLarge,
+    Txn,
+    TxnResult,
+    prefix_end,
+)
+from ..base import StoreGuarantees
+from ..etcd.connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
+from ..urls import redacted_url
+from .etcd_watch import Follower
+
+__all__ = ["EtcdBackend"]
+
+GUARANTEES = StoreGuarantees(
+    mutual_exclusion="one etcd txn per commit: its compares, writes and reads are decided "
+    "together by Raft (linearizable), so etcd itself refuses a stale writer",
+    durability="a commit is acknowledged once a majority of the etcd members has it in its "
+    "fsynced log; a one-member etcd is only as durable as its one disk",
+    across_hosts="yes: every node that reaches the cluster (etcds:// for mutual TLS); a 3- or "
+    "5-member cluster keeps working while a minority of members is lost",
+)
+
+# Notices waiting for a slow watcher; past this they collapse into one gap notice.
+_PENDING_NOTICES = 1000
+# Operations etcd takes in one txn by default (--max-txn-ops).
+_TXN_OPS = 128
+# The genuine values a scan page may fetch, at least (see _page_size).
+_PAGE_BYTES = 1024 * 1024
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _value(kv: Mapping[str, Any]) -> bytes:
+    return base64.b64decode(kv.get("value", ""))  # the gateway omits an empty value
+
+
+def _page_size(bound: ReadBound) -> int:
+    """Values one scan request asks for: as many of entry_bytes as fit in total_bytes (or
+    in _PAGE_BYTES, for a scan of small values, or of names only: entry_bytes 0)."""
+    room = max(bound.total_bytes, _PAGE_BYTES)
+    return max(1, min(bound.count, room // max(1, bound.entry_bytes)))
+
+
+def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], list[DeleteRange]]:
+    """What writes leave behind, as etcd takes it in one Txn: each key put once, and no
+    delete-range holding a key put (those come after it: the range is cut around them).
+
+    A blob's pieces are made here, before anything is sent: a maker that fails
+    sends nothing."""
+    puts: dict[str, bytes] = {}
+    deletes: list[DeleteRange] = []
+    for write in writes:
+        if isinstance(write, Put):
+            puts[write.key] = bytes(write.value)
+            continue
+        for key in [k for k in puts if _covers(write, k)]:
+            del puts[key]  # put, then deleted: as if never put
+        deletes.append(write)
+    put_keys = sorted(puts)
+    cut: list[DeleteRange] = []
+    for delete in deletes:
+        if delete.end is None:
+            if delete.start not in puts:
+                cut.append(delete)
+            continue
+        start = delete.start
+        inside = put_keys[
+            bisect.bisect_left(put_keys, start) : bisect.bisect_left(put_keys, delete.end)
+        ]
+        for key in inside:
+            if start < key:
+                cut.append(DeleteRange(start, key))
+            start = key + "\0"  # just after key: no key of the rules holds a NUL
+        if start < delete.end:
+            cut.append(DeleteRange(start, delete.end))
+    return puts, cut
+
+
+def _covers(delete: DeleteRange, key: str) -> bool:
+    if delete.end is None:
+        return key == delete.start
+    return delete.start <= key < delete.end
+
+
+class EtcdBackend:
+    """Keys to bytes in an etcd v3 cluster, under one key prefix."""
+
+    guarantees = GUARANTEES
+    capabilities = frozenset({Capability.ATOMIC_READS, Capability.NOTICE_VALUES})
+
+    def __init__(self, url: str) -> None:
+        self.url = redacted_url(url)
+        self.target = parse_etcd_url(url)
+        self._connection = EtcdConnection(self.target)
+        self._root = self.target.prefix.encode() + b"/"
+        # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
+        self._root_end = prefix_end(self._root.decode("latin-1"))
+        self._followers: set[Follower] = set()
+
+    def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
+        found = self._run(Txn(reads=[Get(key, max_bytes)]), "get").reads[0]
+        assert not isinstance(found, ScanResult)
+        return found
+
+    def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
+        found = self._run(Txn(reads=[Scan(prefix, bound, after)]), "scan").reads[0]
+        assert isinstance(found, ScanResult)
+        return found
+
+    def commit(self, txn: Txn) -> TxnResult:
+        return self._run(txn, "commit")
+
+    def _run(self, txn: Txn, what: str) -> TxnResult:
+        puts, deletes = _net_writes(txn.writes)
+        writes = [
+            {"request_put": {"key": _b64(self._raw(key)), "value": _b64(value)}}
+            for key, value in puts.items()
+        ]
+        writes += [{"request_delete_range": self._range(d.start, d.end)} for d in deletes]
+        reads = [self._read_range(read) for read in txn.reads]
+        compares = [self._compare(compare) for compare in txn.compares]
+        # The reads ride in the Txn while etcd takes that many operations; else they are
+        # read right after it, at its revision: the same snapshot, one request more.
+        in_txn = len(writes) + len(reads) <= _TXN_OPS
+        inline = [{"request_range": read} for read in reads] if in_txn else []
+        with self._connection.errors_translated(what):
+            try:
+                response = self._connection.txn(compares, writes + inline, inline)
+            except Etcd3Exception as exc:
+                refused = self._refused(exc, puts, len(writes))
+                if refused is None:
+                    raise
+                raise refused from exc
+            succeeded = bool(response.get("succeeded"))
+            revision = int(response["header"]["revision"])
+            if in_txn:
+                answers = response.get("responses", [])[len(writes) if succeeded else 0 :]
+                found = [answer.get("response_range", {}) for answer in answers]
+            else:
+                found = self._ranges_at(reads, revision)
+            return TxnResult(
+                succeeded,
+                [
+                    self._read_result(read, page, revision)
+                    for read, page in zip(txn.reads, found, strict=True)
+                ],
+            )
+
+    def _ranges_at(self, requests: list[dict[str, Any]], revision: int) -> list[dict[str, Any]]:
+        """What range requests find at revision (etcd's snapshot), _TXN_OPS a request."""
+        found = []
+        for first in range(0, len(requests), _TXN_OPS):
+            batch = requests[first : first + _TXN_OPS]
+            ops = [{"request_range": {**request, "revision": revision}} for request in batch]
+            answers = self._connection.txn([], ops).get("responses", [])
+            found += [answer.get("response_range", {}) for answer in answers]
+        return found
+
+    def _refused(
+        self, exc: Etcd3Exception, puts: Mapping[str, bytes], ops: int
+    ) -> StoreError | None:
+        """A StoreError that says which of etcd's limits a commit passed (None: neither)."""
+        message = grpc_error(exc)[1]
+        if too_large(exc):
+            largest = max(map(len, puts.values()), default=0)
+            return StoreError(
+                f"etcd store {self.url}: a commit writing {sum(map(len, puts.values()))} "
+                f"bytes (its largest value {largest} bytes) was refused: {message}. etcd takes "
+                "requests up to its --max-request-bytes (1.5 MiB by default): raise it on "
+                "every member, or keep the values smaller"
+            )
+        if "too many operations" in message:
+            return StoreError(
+                f"etcd store {self.url}: a commit of {ops} writes was refused: {message}. "
+                f"etcd takes up to its --max-txn-ops ({_TXN_OPS} by default) in one txn: raise "
+                "it on every member, or write less in one commit"
+            )
+        return None
+
+    # -- etcd's vocabulary -------------------------------------------------
+
+    def _raw(self, key: str) -> bytes:
+        """The etcd key of a backend key (surrogateescape: a planted key reads back as itself)."""
+        return self._root + key.encode("utf-8", "surrogateescape")
+
+    def _name(self, raw: bytes) -> str:
+        """The backend key of an etcd key under the prefix."""
+        return raw.removeprefix(self._root).decode("utf-8", "surrogateescape")
+
+    def _key(self, kv: Mapping[str, Any]) -> str:
+        return self._name(base64.b64decode(kv.get("key", "")))
+
+    def _range(self, start: str, end: str | None, **options: Any) -> dict[str, Any]:
+        """A range request (read or delete) of start alone, or of start up to end."""
+        request = {"key": _b64(self._raw(start)), **options}
+        if end is not None:
+            request["range_end"] = _b64(self._raw(end))
+        return request
+
+    def _compare(self, compare: Compare) -> dict[str, Any]:
+        key = _b64(self._raw(compare.key))
+        if compare.value is None:
+            return {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}
+        return {"key": key, "target": "VALUE", "result": "EQUAL", "value": _b64(compare.value)}
+
+    def _read_range(self, read: Get | Scan) -> dict[str, Any]:
+        if isinstance(read, Get):
+            return self._range(read.key, None)
+        return self._scan_page(
+            read, read.after + "\0" if read.after >= read.prefix else read.prefix
+        )
+
+    def _scan_page(self, scan: Scan, start: str) -> dict[str, Any]:
+        # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
+        return self._range(start, prefix_end(scan.prefix), limit=_page_size(scan.bound))
+
+    def _read_result(
+        self, read: Get | Scan, found: Mapping[str, Any], revision: int
+    ) -> bytes | TooLarge | ScanResult | None:
+        if isinstance(read, Scan):
+            return self._scan_pages(read, found, revision)
+        kvs = found.get("kvs", [])
+        if not kvs:
+            return None
+        value = _value(kvs[0])
+        return TooLarge(read.key, len(value)) if len(value) > read.max_bytes else value
+
+    def _scan_pages(self, scan: Scan, page: Mapping[str, Any], revision: int) -> ScanResult:
+        """Take the first page's values, and read on at revision while the bound allows."""
+        taker = ScanTaker(scan.bound)
+        while True:
+            kvs = page.get("kvs", [])
+            for kv in kvs:
+                if taker.full:
+                    return taker.result(more=True)
+                taker.take(self._key(kv), _value(kv))
+            if not page.get("more"):
+                return taker.result()
+            if taker.full:
+                return taker.result(more=True)
+            [page] = self._ranges_at([self._scan_page(scan, self._key(kvs[-1]) + "\0")], revision)
+
+    # -- watch, check, close -----------------------------------------------
+
+    async def watch(self, prefix: str) -> AsyncIterator[Notice]:
+        """Notices from a thread that follows P/prefix (``Follower``), in the order etcd
+        sent them; more than _PENDING_NOTICES unread collapse into one gap notice."""
+        loop = asyncio.get_running_loop()
+        pending: collections.deque[Notice] = collections.deque()
+        arrived = asyncio.Event()
+
+        def arrive(notice: Notice) -> None:
+            if len(pending) >= _PENDING_NOTICES:
+                pending.clear()
+                notice = Notice(None)
+            pending.append(notice)
+            arrived.set()
+
+        def tell(notice: Notice) -> None:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                loop.call_soon_threadsafe(arrive, notice)
+
+        start = self._raw(prefix)
+        follower = Follower(
+            self._connection, start, self._raw(prefix_end(prefix)), self._name, tell
+        )
+        self._followers.add(follower)
+        follower.start()
+        try:
+            while True:
+                await arrived.wait()
+                arrived.clear()
+                while pending:
+                    yield pending.popleft()
+        finally:
+            follower.stop()
+            self._followers.discard(follower)
+
+    def check(self) -> None:
+        """StoreUnavailable, naming every endpoint, unless one answers a linearizable read
+        (so a member cut off from its quorum does not count)."""
+        reasons = []
+        for _endpoint in self.target.endpoints:
+            try:
+                with self._connection.errors_translated("check"):
+                    self._connection.kv.get(self._root, range_end=self._root_end, count_only=True)
+                return
+            except StoreUnavailable as exc:  # the next endpoint is tried
+                reasons.append(str(exc))
+        raise StoreUnavailable(
+            f"no etcd endpoint of {self.url} answers ({self._connection.all_endpoints()}): "
+            + "; ".join(reasons)
+        )
+
+    def close(self) -> None:
+        """Stop every watch of this backend and close its connections."""
+        for follower in list(self._followers):
+            follower.stop()
+        self._connection.close()
