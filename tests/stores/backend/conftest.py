@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.stores.backend import Backend
+from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.backends.memory import MemoryBackend
 
 Opener = Callable[[], Backend]
@@ -26,11 +27,16 @@ def _memory(tmp_path: Path) -> Opener:
     return lambda: shared  # one process only: every client is the same object
 
 
+def _file(tmp_path: Path) -> Opener:
+    return lambda: FileBackend(tmp_path / "store")  # each client its own descriptors
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
+    "file": _file,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = set()
+DURABLE: set[str] = {"file"}
 
 
 @pytest.fixture(params=list(BACKENDS))
