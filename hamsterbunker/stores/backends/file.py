@@ -153,30 +153,37 @@ class FileBackend:
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
         """Notices from watchfiles (inotify; polling on NFS) on the prefix's folder, or on the
-        deepest folder of it there is until it is made. A gap, Notice(None), each time the
-        watch moves (the folder was made, removed once empty, or replaced)."""
+        deepest folder of it there is until it is made. The watch moves when that folder is
+        made, removed (a range delete that empties it) or replaced; once it is in place
+        again (its first batch, or a second of quiet), a gap: Notice(None)."""
         import watchfiles  # only here: a node that never watches never loads it
 
         _check_prefix(prefix)
         folders = prefix.split("/")[:-1]
         polling = mount_of(self.root).fstype.startswith("nfs")
+        gap = False
         while True:
             watched = self._deepest_folder(folders)
-            if watched is None:  # kv/ is not made yet (a reader opened the store)
+            if watched is None:  # no kv/ yet (a reader opened the store)
+                gap = True
                 await asyncio.sleep(_WATCH_RETRY_S)
                 continue
             changes = watchfiles.awatch(
                 watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
-                poll_delay_ms=100, yield_on_timeout=True,  # look again every 5 s at the least
+                poll_delay_ms=100, rust_timeout=1000, yield_on_timeout=True,
             )  # fmt: skip
-            async with contextlib.aclosing(changes) as batches:
-                async for batch in batches:
-                    keys = {self._key_of(path) for _change, path in batch}
-                    for key in sorted(k for k in keys if k is not None and k.startswith(prefix)):
-                        yield Notice(key)
-                    if self._deepest_folder(folders) != watched:
-                        break
-            yield Notice(None)  # watched elsewhere now: anything may have changed meanwhile
+            with contextlib.suppress(FileNotFoundError):  # gone before it was watched
+                async with contextlib.aclosing(changes) as batches:
+                    async for batch in batches:
+                        if gap:
+                            gap = False
+                            yield Notice(None)
+                        keys = {self._key_of(path) for _change, path in batch}
+                        for key in sorted(k for k in keys if k and k.startswith(prefix)):
+                            yield Notice(key)
+                        if self._deepest_folder(folders) != watched:
+                            break
+            gap = True
 
     def check(self) -> None:
         """StoreUnavailable unless the root is a directory this process can read."""
