@@ -4,15 +4,14 @@ Layout under the root::
 
     kv/<segment>/.../<segment>   one file per key, each ``/`` segment a directory
     .lock                        flock held across each commit's compare and writes
-    .redo                        a commit's writes, while they are being made (``file_tree``)
-    tmp-hb-<hex>                 values written before the lock; renamed into kv/
+    .redo                        a commit's writes while they are made (``file_tree``)
+    tmp-hb-<hex>                 values written before the lock, then renamed into kv/
 
-A commit writes and fsyncs its values to temp files before it takes the lock
-(so a large one never holds up the others), then, under the lock, finishes a
-redo log a crash left, compares, makes its writes (through a redo log where
-they are more than one key: a crash leaves the store as before or as after),
-and reads. Readers take no lock, so they may see a commit's writes one by one.
-Nothing below the root is trusted: see ``file_tree``.
+A commit writes and fsyncs its values to temp files before it takes the lock,
+so a large one never holds up the others. Under the lock it finishes a redo log
+a crash left, compares, makes its writes (through a redo log where they are
+more than one key: a crash leaves the store as before or as after) and reads.
+Readers take no lock: they may see a commit's writes one by one.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import secrets
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,34 +30,12 @@ from ...errors import CorruptRecord, StoreError, StoreUnavailable
 from ...failpoints import failpoint
 from ...limits import STALE_TEMP_AGE_S
 from ...read_bounds import ReadBound
-from ..backend import (
-    Compare,
-    DeleteRange,
-    Get,
-    Notice,
-    Put,
-    Scan,
-    ScanResult,
-    TooLarge,
-    Txn,
-    TxnResult,
-    key_problem,
-)
+from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
-from ..file.fileio import (
-    closing_fd,
-    discard,
-    log,
-    make_subdir,
-    open_regular,
-    os_errors_as_store_errors,
-    sweep_temps,
-    write_temp,
-)
+from ..file import fileio
 from ..file.layout import is_sync_copy
 from ..file.location import check_location, mount_of, open_root
-from . import file_tree
-from .file_tree import KV_NAME, Ops, keys_in, read_key, scan_tree
+from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, replay, set_aside
 
 __all__ = ["GUARANTEES", "FileBackend"]
 
@@ -75,8 +51,8 @@ _LOCK_NAME = ".lock"
 # O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a writer.
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LOCK_POLL_S = 0.002
-_WATCH_RETRY_S = 0.5  # a watch waits this long for kv/ to be made
-_os_errors = os_errors_as_store_errors("file backend")
+_WATCH_RETRY_S = 0.5  # how often a watch looks for kv/ until it is made
+_os_errors = fileio.os_errors_as_store_errors("file backend")
 
 
 class FileBackend:
@@ -86,76 +62,44 @@ class FileBackend:
     capabilities: frozenset[str] = frozenset()  # readers may see a commit's writes one by one
 
     def __init__(self, root: str | Path, *, create: bool = True, lock_timeout: float = 2.0) -> None:
-        """create: make the root if need be (a node), else use it only if it is there (a
-        reader such as ``hb status``, which also leaves a crash's redo log to a writer)."""
+        """create: make the root if need be (a node); else it must be there (a reader such as
+        ``hb status``, which also leaves what a crash left to the next writer)."""
         self.root = Path(root).absolute()
         self.url = self.root.as_uri()
         self.lock_timeout = lock_timeout
-        self._kv_path = self.root / KV_NAME
         self._swept_at: float | None = None
         open_root(self.root, create=create)  # ConfigError naming the path and the fix
         self.warnings: list[str] = check_location(self.root)  # StoreUnsafe in a synced folder
-        if create:  # make kv/, finish what a crash left, sweep old temp files
+        if create:  # make kv/, finish a crash's redo log, sweep old temp files
             try:
                 self.commit(Txn())
             except StoreError as exc:
-                log.warning("could not tidy the store directory %s: %s", self.root, exc)
+                fileio.log.warning("could not tidy the store directory %s: %s", self.root, exc)
 
     @_os_errors
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         _check_key(key)
-        with self._kv() as kv_fd:
-            return None if kv_fd is None else read_key(kv_fd, self._kv_path, key, max_bytes)
+        with self._tree() as tree:
+            return None if tree is None else tree.read(key, max_bytes)
 
     @_os_errors
     def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
         _check_prefix(prefix)
-        with self._kv() as kv_fd:
-            if kv_fd is None:
-                return ScanResult()
-            return scan_tree(kv_fd, self._kv_path, Scan(prefix, bound, after))
+        with self._tree() as tree:
+            return ScanResult() if tree is None else tree.scan(Scan(prefix, bound, after))
 
     def commit(self, txn: Txn) -> TxnResult:
         _check_txn(txn)
         try:
             return self._commit(txn)
-        except _MakerFailed as failed:  # the caller's own error, as it raised it
-            raise failed.error from None
-
-    @_os_errors
-    def _commit(self, txn: Txn) -> TxnResult:
-        with self._opened_root() as root_fd:
-            temps: list[str] = []
-            logged: set[str] = set()  # temps a redo log names: the log's, never discarded
-            try:
-                for write in txn.writes:
-                    if isinstance(write, Put):
-                        value = _maker_errors_kept(write.value)
-                        points = "file_backend.commit"
-                        temps.append(write_temp(root_fd, value, durable=True, points=points))
-                failpoint("file_backend.commit.before_lock")
-                with (
-                    self._locked(root_fd),
-                    closing_fd(make_subdir(root_fd, KV_NAME, self._kv_path)) as kv_fd,
-                ):
-                    file_tree.replay(root_fd, kv_fd, self.root)
-                    self._sweep_now_and_then(root_fd)
-                    succeeded = all(self._holds(kv_fd, compare) for compare in txn.compares)
-                    if succeeded:
-                        ops = self._plan(kv_fd, txn, temps)
-                        self._write(root_fd, kv_fd, ops, logged)
-                    reads = [self._read(kv_fd, read) for read in txn.reads]
-                    return TxnResult(succeeded, reads)
-            finally:
-                for tmp in temps:
-                    if tmp not in logged:
-                        discard(root_fd, tmp)
+        except _MakerFailed as failed:  # the caller's own error, as its blob raised it
+            raise failed.args[0] from None
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
         """Notices from watchfiles (inotify; polling on NFS) on the prefix's folder, or on the
         deepest folder of it there is until it is made. The watch moves when that folder is
-        made, removed (a range delete that empties it) or replaced; once it is in place
-        again (its first batch, or a second of quiet), a gap: Notice(None)."""
+        made, removed (a range delete emptied it) or replaced; a gap, Notice(None), once it
+        is in place again (its first batch, or a second of quiet)."""
         import watchfiles  # only here: a node that never watches never loads it
 
         _check_prefix(prefix)
@@ -193,42 +137,69 @@ class FileBackend:
     def close(self) -> None:
         """Nothing to release: no descriptor outlives a call."""
 
-    # -- helpers ---------------------------------------------------------------
+    @_os_errors
+    def _commit(self, txn: Txn) -> TxnResult:
+        with self._opened_root() as root_fd:
+            temps: list[str] = []
+            try:
+                for write in txn.writes:
+                    if isinstance(write, Put):
+                        value, points = _maker_errors_kept(write.value), "file_backend.commit"
+                        temps.append(fileio.write_temp(root_fd, value, True, points))
+                failpoint("file_backend.commit.before_lock")
+                with self._locked(root_fd), self._tree(root_fd) as tree:
+                    assert tree is not None  # made by a writer
+                    replay(root_fd, tree, self.root)
+                    self._sweep_now_and_then(root_fd)
+                    # Read no more than the value compared with: TooLarge is unequal too.
+                    succeeded = all(
+                        tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares
+                    )
+                    if succeeded:
+                        tree.write(root_fd, _plan(tree, txn, temps))
+                    reads = [
+                        tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
+                        for r in txn.reads
+                    ]
+                    return TxnResult(succeeded, reads)
+            finally:
+                # The temps left (the commit failed, or wrote others over them) go, unless a
+                # redo log is left, which may name them. One gone is renamed, or never was.
+                if not log_pending(root_fd):
+                    for tmp in temps:
+                        fileio.discard(root_fd, tmp)
 
     @contextlib.contextmanager
     def _opened_root(self) -> Iterator[int]:
-        """The root, open; StoreUnavailable naming it if it is gone or unreadable (reads
-        would take a missing root for an empty store)."""
+        """The root, open; StoreUnavailable naming it if it is gone or unreadable (reads must
+        not take a missing root for an empty store)."""
         try:
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
-        with closing_fd(fd):
+        with fileio.closing_fd(fd):
             yield fd
 
     @contextlib.contextmanager
-    def _kv(self) -> Iterator[int | None]:
-        """kv/ for reading; None until the first commit makes it."""
-        with self._opened_root() as root_fd:
-            kv_fd = file_tree.open_folder(root_fd, self.root, [KV_NAME])
-            if kv_fd is None:
-                yield None
-                return
-            with closing_fd(kv_fd):
-                yield kv_fd
+    def _tree(self, root_fd: int | None = None) -> Iterator[KeyTree | None]:
+        """The keys, read (None until a first commit made kv/); with root_fd, made if absent."""
+        with contextlib.ExitStack() as stack:
+            fd = root_fd if root_fd is not None else stack.enter_context(self._opened_root())
+            kv_fd = open_folder(fd, self.root, [KV_NAME], create=root_fd is not None)
+            if kv_fd is not None:
+                stack.enter_context(fileio.closing_fd(kv_fd))
+            yield None if kv_fd is None else KeyTree(kv_fd, self.root / KV_NAME)
 
     @contextlib.contextmanager
     def _locked(self, root_fd: int) -> Iterator[None]:
         """Hold the root's lock, waiting at most lock_timeout (then StoreUnavailable)."""
         path = self.root / _LOCK_NAME
         try:
-            fd = open_regular(root_fd, _LOCK_NAME, path, _LOCK_FLAGS)
+            fd = fileio.open_regular(root_fd, _LOCK_NAME, path, _LOCK_FLAGS)
         except CorruptRecord as exc:  # planted: while it stood, no commit could ever lock
-            aside = f"{_LOCK_NAME}.planted-{secrets.token_hex(4)}"
-            os.rename(_LOCK_NAME, aside, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-            log.warning("%s: moved aside as %s", exc, aside)
-            fd = open_regular(root_fd, _LOCK_NAME, path, _LOCK_FLAGS)
-        with closing_fd(fd):  # closing it releases the lock
+            set_aside(root_fd, _LOCK_NAME, str(exc))
+            fd = fileio.open_regular(root_fd, _LOCK_NAME, path, _LOCK_FLAGS)
+        with fileio.closing_fd(fd):  # closing it releases the lock
             deadline = time.monotonic() + self.lock_timeout
             while True:
                 try:
@@ -244,62 +215,21 @@ class FileBackend:
             yield
 
     def _sweep_now_and_then(self, root_fd: int) -> None:
-        """Remove temp files a crashed writer left, every STALE_TEMP_AGE_S at most. Under the
-        lock, with no redo log left: no temp file a log names is taken."""
-        now = time.monotonic()
-        if self._swept_at is not None and now - self._swept_at < STALE_TEMP_AGE_S:
+        """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most; under
+        the lock, once no redo log is left, so no log's temp file goes."""
+        if self._swept_at is not None and time.monotonic() - self._swept_at < STALE_TEMP_AGE_S:
             return
-        self._swept_at = now
+        self._swept_at = time.monotonic()
         try:
-            sweep_temps(root_fd, self.root)
+            fileio.sweep_temps(root_fd, self.root)
         except OSError as exc:  # housekeeping: a failure is only logged
-            log.warning("could not remove old temporary files in %s: %s", self.root, exc)
-
-    def _holds(self, kv_fd: int, compare: Compare) -> bool:
-        expected = compare.value
-        found = read_key(kv_fd, self._kv_path, compare.key, len(expected or b""))
-        return found is None if expected is None else found == expected
-
-    def _plan(self, kv_fd: int, txn: Txn, temps: list[str]) -> Ops:
-        """Each written key's final state (one entry per key)."""
-        final: dict[str, str | None] = {}
-        made = iter(temps)
-        for write in txn.writes:
-            if isinstance(write, Put):
-                final[write.key] = next(made)
-                continue
-            end = write.start + "\0" if write.end is None else write.end
-            for key in [k for k in final if write.start <= k < end]:
-                del final[key]  # written earlier in this commit: it is as on disk now
-            for key in keys_in(kv_fd, self._kv_path, write.start, write.end):
-                final[key] = None
-        return list(final.items())
-
-    def _write(self, root_fd: int, kv_fd: int, ops: Ops, logged: set[str]) -> None:
-        """Apply ops; through a redo log where they are more than one key (one rename or
-        removal is atomic by itself)."""
-        file_tree.prepare(root_fd, kv_fd, self._kv_path, ops)
-        if len(ops) > 1:
-            logged.update(tmp for _key, tmp in ops if tmp is not None)
-            file_tree.write_log(root_fd, ops)
-            failpoint("file_backend.commit.after_log")
-        file_tree.apply(root_fd, kv_fd, self._kv_path, ops)
-        if len(ops) > 1:
-            failpoint("file_backend.commit.before_log_removed")
-            file_tree.remove_log(root_fd)
-
-    def _read(self, kv_fd: int, read: Get | Scan) -> bytes | TooLarge | ScanResult | None:
-        if isinstance(read, Get):
-            return read_key(kv_fd, self._kv_path, read.key, read.max_bytes)
-        return scan_tree(kv_fd, self._kv_path, read)
+            fileio.log.warning("could not remove old temp files in %s: %s", self.root, exc)
 
     def _deepest_folder(self, folders: list[str]) -> tuple[Path, int] | None:
         """The deepest of kv/, kv/folders[0], ... that is a directory, and its inode."""
-        found = None
-        paths = [self._kv_path]
-        for name in folders:
-            paths.append(paths[-1] / name)
-        for path in paths:
+        found, path = None, self.root
+        for name in (KV_NAME, *folders):
+            path /= name
             try:
                 info = os.lstat(path)
             except OSError:
@@ -310,34 +240,39 @@ class FileBackend:
         return found
 
     def _key_of(self, path: str) -> str | None:
-        """The key at path (in kv/), or None if it is not a key's name."""
-        key = os.path.relpath(path, self._kv_path)
+        """The key at path, if it is one's."""
+        key = os.path.relpath(path, self.root / KV_NAME)
         return key if key_problem(key) is None else None
 
 
-class _MakerFailed(Exception):
-    """What a Put's blob maker raised, carried past the translation of our own OSErrors."""
+def _plan(tree: KeyTree, txn: Txn, temps: list[str]) -> Ops:
+    """Each key's final state after txn's writes (one entry per key)."""
+    final: dict[str, str | None] = {}
+    made = iter(temps)
+    for write in txn.writes:
+        if isinstance(write, Put):
+            final[write.key] = next(made)
+            continue
+        end = write.start + "\0" if write.end is None else write.end
+        for key in [k for k in final if write.start <= k < end]:
+            del final[key]  # written earlier in this commit: as on disk again
+        final.update((key, None) for key in tree.keys_in(write.start, write.end))
+    return list(final.items())
 
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
+
+class _MakerFailed(Exception):
+    """What a Put's blob maker raised (args[0]), carried past the translation of OSErrors."""
 
 
 def _maker_errors_kept(value: Blob) -> Blob:
-    """value, with whatever its maker raises carried in _MakerFailed."""
     if not isinstance(value, BlobPieces):
         return value
 
     def pieces() -> Iterator[bytes]:
-        made = iter(value)
-        while True:
-            try:
-                piece = next(made)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise _MakerFailed(exc) from exc
-            yield piece
+        try:
+            yield from value
+        except Exception as exc:
+            raise _MakerFailed(exc) from exc
 
     return BlobPieces(len(value), pieces())
 
@@ -362,7 +297,7 @@ def _check_txn(txn: Txn) -> None:
     for write in txn.writes:
         if isinstance(write, Put):
             _check_key(write.key)
-        elif isinstance(write, DeleteRange) and write.end is None:
+        elif write.end is None:
             _check_key(write.start)
     for read in txn.reads:
         if isinstance(read, Get):

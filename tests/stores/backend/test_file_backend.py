@@ -145,7 +145,7 @@ def test_a_redo_log_that_is_not_ours_is_set_aside_unapplied(before: Path) -> Non
     (before / ".redo").write_bytes(b'[["a/1", "../../etc/passwd"]]')
     FileBackend(before)
     assert state(before) == BEFORE
-    assert [p.name.startswith(".redo.unreadable-") for p in before.glob(".redo*")] == [True]
+    assert [p.name.startswith(".redo.planted-") for p in before.glob(".redo*")] == [True]
 
 
 def test_a_blob_is_written_before_the_lock_and_removed_when_it_cannot_be_taken(
