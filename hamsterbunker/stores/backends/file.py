@@ -35,7 +35,7 @@ from ..base import StoreGuarantees
 from ..file import fileio
 from ..file.layout import is_sync_copy
 from ..file.location import check_location, mount_of, open_root
-from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, replay, set_aside
+from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, set_aside
 
 __all__ = ["GUARANTEES", "FileBackend"]
 
@@ -79,13 +79,13 @@ class FileBackend:
     @_os_errors
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         _check_key(key)
-        with self._tree() as tree:
+        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
             return None if tree is None else tree.read(key, max_bytes)
 
     @_os_errors
     def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
         _check_prefix(prefix)
-        with self._tree() as tree:
+        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
             return ScanResult() if tree is None else tree.scan(Scan(prefix, bound, after))
 
     def commit(self, txn: Txn) -> TxnResult:
@@ -147,16 +147,16 @@ class FileBackend:
                         value, points = _maker_errors_kept(write.value), "file_backend.commit"
                         temps.append(fileio.write_temp(root_fd, value, True, points))
                 failpoint("file_backend.commit.before_lock")
-                with self._locked(root_fd), self._tree(root_fd) as tree:
+                with self._locked(root_fd), self._tree(root_fd, write=True) as tree:
                     assert tree is not None  # made by a writer
-                    replay(root_fd, tree, self.root)
+                    tree.replay()
                     self._sweep_now_and_then(root_fd)
                     # Read no more than the value compared with: TooLarge is unequal too.
                     succeeded = all(
                         tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares
                     )
                     if succeeded:
-                        tree.write(root_fd, _plan(tree, txn, temps))
+                        tree.write(_plan(tree, txn, temps))
                     reads = [
                         tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
                         for r in txn.reads
@@ -165,7 +165,7 @@ class FileBackend:
             finally:
                 # The temps left (the commit failed, or wrote others over them) go, unless a
                 # redo log is left, which may name them. One gone is renamed, or never was.
-                if not log_pending(root_fd):
+                if not log_pending(self.root):
                     for tmp in temps:
                         fileio.discard(root_fd, tmp)
 
@@ -181,14 +181,14 @@ class FileBackend:
             yield fd
 
     @contextlib.contextmanager
-    def _tree(self, root_fd: int | None = None) -> Iterator[KeyTree | None]:
-        """The keys, read (None until a first commit made kv/); with root_fd, made if absent."""
-        with contextlib.ExitStack() as stack:
-            fd = root_fd if root_fd is not None else stack.enter_context(self._opened_root())
-            kv_fd = open_folder(fd, self.root, [KV_NAME], create=root_fd is not None)
-            if kv_fd is not None:
-                stack.enter_context(fileio.closing_fd(kv_fd))
-            yield None if kv_fd is None else KeyTree(kv_fd, self.root / KV_NAME)
+    def _tree(self, root_fd: int, write: bool = False) -> Iterator[KeyTree | None]:
+        """The keys; None before a first commit made kv/ (a writer makes it)."""
+        kv_fd = open_folder(root_fd, self.root, [KV_NAME], create=write)
+        if kv_fd is None:
+            yield None
+            return
+        with fileio.closing_fd(kv_fd):
+            yield KeyTree(root_fd, kv_fd, self.root)
 
     @contextlib.contextmanager
     def _locked(self, root_fd: int) -> Iterator[None]:

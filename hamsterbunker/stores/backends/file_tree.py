@@ -30,16 +30,7 @@ from ..backend import MAX_KEY_CHARS, Scan, ScanResult, ScanTaker, TooLarge, key_
 from ..file import fileio
 from ..file.layout import is_sync_copy
 
-__all__ = [
-    "KV_NAME",
-    "WALK_ENTRIES",
-    "KeyTree",
-    "Ops",
-    "log_pending",
-    "open_folder",
-    "replay",
-    "set_aside",
-]
+__all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "Ops", "log_pending", "open_folder", "set_aside"]
 
 # The most directory entries one walk (a scan, the keys of a range delete) looks at: far
 # above what the record layer keeps in one folder, so only planted junk reaches it.
@@ -145,10 +136,11 @@ def _walk(
 
 
 class KeyTree:
-    """The keys in kv/ (open as fd): read, walked in key order, and written under the lock."""
+    """The keys in kv/ (open as fd) of the root (open as root_fd): read, walked in key order,
+    and written under the lock."""
 
-    def __init__(self, fd: int, path: Path) -> None:
-        self.fd, self.path = fd, path
+    def __init__(self, root_fd: int, fd: int, root: Path) -> None:
+        self.root_fd, self.fd, self.root, self.path = root_fd, fd, root, root / KV_NAME
 
     def read(self, key: str, most: int) -> bytes | TooLarge | None:
         *folders, name = key.split("/")
@@ -190,7 +182,7 @@ class KeyTree:
             with fileio.closing_fd(dir_fd):
                 yield from _walk(dir_fd, folder, lo, hi, _Listing(), self.path.joinpath(*folders))
 
-    def prepare(self, root_fd: int, ops: Ops) -> None:
+    def _prepare(self, ops: Ops) -> None:
         """Fail now, before anything is written, where ops could not all be made: a temp file
         gone, a key's folder that is no directory, a folder where a key's file goes."""
         written = [key for key, tmp in ops if tmp is not None]
@@ -201,12 +193,12 @@ class KeyTree:
             if tmp is None:
                 continue
             try:
-                os.stat(tmp, dir_fd=root_fd, follow_symlinks=False)
+                os.stat(tmp, dir_fd=self.root_fd, follow_symlinks=False)
             except FileNotFoundError as exc:
                 raise StoreError(f"temporary file {tmp} is gone before its commit") from exc
             os.close(self._put_folder(key))
 
-    def apply(self, root_fd: int, ops: Ops) -> None:
+    def _apply(self, ops: Ops) -> None:
         """Make each key's final state: as harmless to repeat as to do once."""
         for key, tmp in ops:
             if tmp is None:
@@ -215,7 +207,7 @@ class KeyTree:
                 name = key.rsplit("/", 1)[-1]
                 with fileio.closing_fd(self._put_folder(key)) as dir_fd:
                     try:
-                        os.replace(tmp, name, src_dir_fd=root_fd, dst_dir_fd=dir_fd)
+                        os.replace(tmp, name, src_dir_fd=self.root_fd, dst_dir_fd=dir_fd)
                         os.fsync(dir_fd)
                     except FileNotFoundError:
                         pass  # renamed already: this is a replay
@@ -238,59 +230,69 @@ class KeyTree:
         return dir_fd
 
     def _remove(self, key: str) -> None:
-        """Remove key's file, and the folders that leaves empty (no folder is a key)."""
+        """Remove key's file, then each folder that leaves empty (no folder is a key)."""
         *folders, name = key.split("/")
-        fds = [os.dup(self.fd)]
-        try:
-            for folder in folders:
-                child = open_folder(fds[-1], self.path, [folder])
-                if child is None:
-                    return  # removed already
-                fds.append(child)
-            try:
-                os.unlink(name, dir_fd=fds[-1])
-                os.fsync(fds[-1])
-            except FileNotFoundError:
-                pass  # removed already; its folders may not be yet
-            for depth in range(len(folders), 0, -1):
+        remove = os.unlink
+        while True:
+            dir_fd = open_folder(self.fd, self.path, folders)
+            if dir_fd is None:
+                return  # removed already
+            with fileio.closing_fd(dir_fd):
                 try:
-                    os.rmdir(folders[depth - 1], dir_fd=fds[depth - 1])
-                except OSError:
-                    break  # not empty
-                os.fsync(fds[depth - 1])
-        finally:
-            for fd in fds:
-                os.close(fd)
+                    remove(name, dir_fd=dir_fd)
+                    os.fsync(dir_fd)
+                except FileNotFoundError:
+                    pass  # removed already (a replay): its folders may not be
+                except OSError as exc:
+                    if remove is os.unlink or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    return  # a folder with something in it stays
+            if not folders:
+                return
+            name, remove = folders.pop(), os.rmdir
 
-    def write(self, root_fd: int, ops: Ops) -> None:
+    def write(self, ops: Ops) -> None:
         """Make ops, through the redo log if they are more than one (one rename or one
         removal is atomic by itself)."""
-        self.prepare(root_fd, ops)
+        self._prepare(ops)
         if len(ops) > 1:
             data = json.dumps(ops).encode()
             if len(data) > _MAX_LOG_BYTES:
                 raise StoreError(f"a commit of {len(ops)} writes is more than a redo log takes")
-            fileio.atomic_write(root_fd, _LOG_NAME, data)
+            fileio.atomic_write(self.root_fd, _LOG_NAME, data)
             failpoint("file_backend.commit.after_log")
-        self.apply(root_fd, ops)
+        self._apply(ops)
         if len(ops) > 1:
             failpoint("file_backend.commit.before_log_removed")
-            _remove_log(root_fd)
+            self._remove_log()
+
+    def replay(self) -> None:
+        """Finish the commit that a redo log in the root lists (a crash cut it short)."""
+        path = self.root / _LOG_NAME
+        try:
+            data = fileio.read_file(self.root_fd, _LOG_NAME, path, _MAX_LOG_BYTES)
+        except CorruptRecord as exc:
+            set_aside(self.root_fd, _LOG_NAME, str(exc))
+            return
+        if data is None:
+            return
+        ops = _parse_log(data)
+        if ops is None:  # never ours: ours are renamed into place whole
+            set_aside(self.root_fd, _LOG_NAME, f"{path} is no redo log of ours")
+            return
+        fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
+        self._apply(ops)
+        self._remove_log()
+
+    def _remove_log(self) -> None:
+        # Durably: a log finished again after a later commit would remove that commit's keys.
+        os.unlink(_LOG_NAME, dir_fd=self.root_fd)
+        os.fsync(self.root_fd)
 
 
-def log_pending(root_fd: int) -> bool:
+def log_pending(root: Path) -> bool:
     """Whether a redo log is in the root (a commit is being made, or was cut short)."""
-    try:
-        os.stat(_LOG_NAME, dir_fd=root_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _remove_log(root_fd: int) -> None:
-    # Durably: a log finished again after a later commit would remove that commit's keys.
-    os.unlink(_LOG_NAME, dir_fd=root_fd)
-    os.fsync(root_fd)
+    return os.path.lexists(root / _LOG_NAME)
 
 
 def _parse_log(data: bytes) -> Ops | None:
@@ -306,22 +308,3 @@ def _parse_log(data: bytes) -> Ops | None:
         for key, tmp in ops
     )
     return ops if good else None
-
-
-def replay(root_fd: int, tree: KeyTree, root: Path) -> None:
-    """Finish the commit that a redo log in the root lists (a crash cut it short)."""
-    path = root / _LOG_NAME
-    try:
-        data = fileio.read_file(root_fd, _LOG_NAME, path, _MAX_LOG_BYTES)
-    except CorruptRecord as exc:
-        set_aside(root_fd, _LOG_NAME, str(exc))
-        return
-    if data is None:
-        return
-    ops = _parse_log(data)
-    if ops is None:  # never ours: ours are renamed into place whole
-        set_aside(root_fd, _LOG_NAME, f"{path} is no redo log of ours")
-        return
-    fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
-    tree.apply(root_fd, ops)
-    _remove_log(root_fd)
