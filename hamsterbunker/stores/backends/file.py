@@ -5,13 +5,11 @@ Layout under the root::
     kv/<segment>/.../<segment>   one file per key, each ``/`` segment a directory
     .lock                        flock held across each commit's compare and writes
     .redo                        a commit's writes while they are made (``file_tree``)
-    tmp-hb-<hex>                 values written before the lock, then renamed into kv/
+    tmp-hb-<hex>                 values written and synced before the lock is taken
 
-A commit writes and fsyncs its values to temp files before it takes the lock,
-so a large one never holds up the others. Under the lock it finishes a redo log
-a crash left, compares, makes its writes (through a redo log where they are
-more than one key: a crash leaves the store as before or as after) and reads.
-Readers take no lock: they may see a commit's writes one by one.
+Under the lock a commit finishes a redo log a crash left, compares, makes its
+writes (a crash leaves the store as before or as after) and reads. Readers take
+no lock: they may see a commit's writes one by one.
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ class FileBackend:
         self.root = Path(root).absolute()
         self.url = self.root.as_uri()
         self.lock_timeout = lock_timeout
-        self._swept_at: float | None = None
+        self._next_sweep = 0.0  # monotonic
         open_root(self.root, create=create)  # ConfigError naming the path and the fix
         self.warnings: list[str] = check_location(self.root)  # StoreUnsafe in a synced folder
         if create:  # make kv/, finish a crash's redo log, sweep old temp files
@@ -103,7 +101,7 @@ class FileBackend:
         import watchfiles  # only here: a node that never watches never loads it
 
         _check_prefix(prefix)
-        folders = prefix.split("/")[:-1]
+        folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
         polling = mount_of(self.root).fstype.startswith("nfs")
         gap = False
         while True:
@@ -122,9 +120,10 @@ class FileBackend:
                         if gap:
                             gap = False
                             yield Notice(None)
-                        keys = {self._key_of(path) for _change, path in batch}
-                        for key in sorted(k for k in keys if k and k.startswith(prefix)):
-                            yield Notice(key)
+                        keys = {os.path.relpath(path, kv) for _change, path in batch}
+                        for key in sorted(k for k in keys if k.startswith(prefix)):
+                            if key_problem(key) is None:
+                                yield Notice(key)
                         if self._deepest_folder(folders) != watched:
                             break
             gap = True
@@ -217,9 +216,9 @@ class FileBackend:
     def _sweep_now_and_then(self, root_fd: int) -> None:
         """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most; under
         the lock, once no redo log is left, so no log's temp file goes."""
-        if self._swept_at is not None and time.monotonic() - self._swept_at < STALE_TEMP_AGE_S:
+        if time.monotonic() < self._next_sweep:
             return
-        self._swept_at = time.monotonic()
+        self._next_sweep = time.monotonic() + STALE_TEMP_AGE_S
         try:
             fileio.sweep_temps(root_fd, self.root)
         except OSError as exc:  # housekeeping: a failure is only logged
@@ -238,11 +237,6 @@ class FileBackend:
                 break
             found = (path, info.st_ino)
         return found
-
-    def _key_of(self, path: str) -> str | None:
-        """The key at path, if it is one's."""
-        key = os.path.relpath(path, self.root / KV_NAME)
-        return key if key_problem(key) is None else None
 
 
 def _plan(tree: KeyTree, txn: Txn, temps: list[str]) -> Ops:
@@ -292,15 +286,11 @@ def _check_prefix(prefix: str) -> None:
 
 
 def _check_txn(txn: Txn) -> None:
-    for compare in txn.compares:
-        _check_key(compare.key)
-    for write in txn.writes:
-        if isinstance(write, Put):
-            _check_key(write.key)
-        elif write.end is None:
-            _check_key(write.start)
+    one_key = [w for w in txn.writes if isinstance(w, Put) or w.end is None]
+    keys = [w.key if isinstance(w, Put) else w.start for w in one_key]
+    keys += [c.key for c in txn.compares] + [r.key for r in txn.reads if isinstance(r, Get)]
+    for key in keys:
+        _check_key(key)
     for read in txn.reads:
-        if isinstance(read, Get):
-            _check_key(read.key)
-        else:
+        if isinstance(read, Scan):
             _check_prefix(read.prefix)

@@ -136,8 +136,7 @@ def _walk(
 
 
 class KeyTree:
-    """The keys in kv/ (open as fd) of the root (open as root_fd): read, walked in key order,
-    and written under the lock."""
+    """The keys in the root's kv/ (open as fd; the root as root_fd): read, and written."""
 
     def __init__(self, root_fd: int, fd: int, root: Path) -> None:
         self.root_fd, self.fd, self.root, self.path = root_fd, fd, root, root / KV_NAME
@@ -271,14 +270,13 @@ class KeyTree:
         path = self.root / _LOG_NAME
         try:
             data = fileio.read_file(self.root_fd, _LOG_NAME, path, _MAX_LOG_BYTES)
-        except CorruptRecord as exc:
+            ops = None if data is None else _parse_log(data)
+            if data is not None and ops is None:  # ours are renamed into place whole
+                raise CorruptRecord(f"{path} is no redo log of ours")
+        except CorruptRecord as exc:  # planted: set aside, unapplied
             set_aside(self.root_fd, _LOG_NAME, str(exc))
             return
-        if data is None:
-            return
-        ops = _parse_log(data)
-        if ops is None:  # never ours: ours are renamed into place whole
-            set_aside(self.root_fd, _LOG_NAME, f"{path} is no redo log of ours")
+        if ops is None:
             return
         fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
         self._apply(ops)
@@ -301,10 +299,10 @@ def _parse_log(data: bytes) -> Ops | None:
         ops = [(key, tmp) for key, tmp in json.loads(data)]
     except (ValueError, TypeError):
         return None
-    good = all(
+    ours = (
         isinstance(key, str)
         and key_problem(key) is None
-        and (tmp is None or (isinstance(tmp, str) and _TEMP_NAME.fullmatch(tmp)))
+        and (tmp is None or _TEMP_NAME.fullmatch(str(tmp)))
         for key, tmp in ops
     )
-    return ops if good else None
+    return ops if all(ours) else None
