@@ -166,11 +166,12 @@ class KeyTree:
 
     def keys_in(self, start: str, end: str | None) -> list[str]:
         """The keys k with start <= k < end (end None: start alone, if it is a key)."""
-        hi = start + "\0" if end is None else end  # nothing sorts between a key and key + NUL
-        pairs = enumerate(zip(start, hi, strict=False))
+        if end is None:  # looked at alone, not listed with its folder
+            return [] if self.read(start, 0) is None else [start]
+        pairs = enumerate(zip(start, end, strict=False))
         same = next((at for at, (a, b) in pairs if a != b), len(start))
         folder = start[: start.rfind("/", 0, same) + 1]  # the deepest that holds the range
-        return [key for key, _fd, _name in self._walk(folder, start, hi)]
+        return [key for key, _fd, _name in self._walk(folder, start, end)]
 
     def _walk(self, folder: str, lo: str, hi: str) -> Iterator[tuple[str, int, str]]:
         folders = folder.split("/")[:-1]
