@@ -281,8 +281,9 @@ def _check_key(key: str) -> None:
 
 
 def _check_prefix(prefix: str) -> None:
-    if prefix and not (prefix.endswith("/") and key_problem(prefix[:-1]) is None):
-        raise ValueError(f"a prefix is '' or a key's folder ending in '/', not {prefix[:80]!r}")
+    """ValueError unless prefix is "", a key's folder ("/"-terminated) or a key's start."""
+    if prefix and key_problem(prefix.removesuffix("/")) is not None:
+        raise ValueError(f"a prefix is '', a folder or the start of a key, not {prefix[:80]!r}")
 
 
 def _check_txn(txn: Txn) -> None:

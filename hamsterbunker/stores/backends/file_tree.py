@@ -154,7 +154,8 @@ class KeyTree:
         taker = ScanTaker(scan.bound)
         lo = max(scan.prefix, scan.after + "\0")  # after `after`, from the prefix on
         hi = prefix_end(scan.prefix) if scan.prefix else "\x7f"  # keys are plain ASCII
-        for key, dir_fd, name in self._walk(scan.prefix, lo, hi):
+        folder = scan.prefix[: scan.prefix.rfind("/") + 1]  # the prefix's, if it is no folder
+        for key, dir_fd, name in self._walk(folder, lo, hi):
             if taker.full:
                 return taker.result(more=True)
             value = _read_upto(dir_fd, name, self.path / key, scan.bound.entry_bytes)

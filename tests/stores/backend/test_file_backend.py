@@ -355,6 +355,26 @@ def test_a_watch_goes_on_when_its_folder_is_removed_and_made_again(backend: File
     assert seen[0] == Notice("w/k") and Notice(None) in seen
 
 
+def test_a_prefix_may_be_the_start_of_a_key_not_only_a_folder(backend: FileBackend) -> None:
+    """As the record layer watches one key (its lease) by the key itself as the prefix."""
+    for key in ("p/lease", "p/lease-x/1", "p/other"):
+        put(backend, key, b"v")
+    assert [k for k, _v in backend.scan("p/lease", WIDE).items] == ["p/lease", "p/lease-x/1"]
+
+    async def first_notice() -> Notice:
+        watch = backend.watch("p/lease")
+        waiting = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.3)  # the watch is in place
+        await asyncio.to_thread(put, backend, "p/other", b"not watched")
+        await asyncio.to_thread(put, backend, "p/lease", b"renewed")
+        try:
+            return await asyncio.wait_for(waiting, timeout=20)
+        finally:
+            await watch.aclose()
+
+    assert asyncio.run(first_notice()) == Notice("p/lease")
+
+
 def test_commit_reads_see_the_writes_of_a_range_delete_and_a_put(backend: FileBackend) -> None:
     put(backend, "r/1", b"1")
     result = backend.commit(
