@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.stores.backend import Backend
+from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.backends.memory import MemoryBackend
 from hamsterbunker.stores.backends.redis import RedisBackend
 from tests.support.etcd_server import etcd_url
@@ -27,6 +28,10 @@ Opener = Callable[[], Backend]
 def _memory(tmp_path: Path) -> Opener:
     shared = MemoryBackend()
     return lambda: shared  # one process only: every client is the same object
+
+
+def _file(tmp_path: Path) -> Opener:
+    return lambda: FileBackend(tmp_path / "store")  # each client its own descriptors
 
 
 def _redis(tmp_path: Path) -> Opener:
@@ -43,11 +48,12 @@ def _etcd(_tmp_path: Path) -> Opener:
 
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
+    "file": _file,
     "redis": _redis,
     "etcd": _etcd,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = {"redis", "etcd"}
+DURABLE: set[str] = {"file", "redis", "etcd"}
 
 
 @pytest.fixture(params=list(BACKENDS))

@@ -1,0 +1,297 @@
+"""The file backend: the embedded default store's keys in a directory on one machine.
+
+Layout under the root::
+
+    kv/<segment>/.../<segment>   one file per key, each ``/`` segment a directory
+    .lock                        flock held across each commit's compare and writes
+    .redo                        a commit's writes while they are made (``file_tree``)
+    tmp-hb-<hex>                 values written and synced before the lock is taken
+
+Under the lock a commit finishes a redo log a crash left, compares, makes its
+writes (a crash leaves the store as before or as after) and reads. Readers take
+no lock: they may see a commit's writes one by one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import stat
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from ...blob import Blob, BlobPieces
+from ...errors import CorruptRecord, StoreError, StoreUnavailable
+from ...failpoints import failpoint
+from ...limits import STALE_TEMP_AGE_S
+from ...read_bounds import ReadBound
+from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
+from ..base import StoreGuarantees
+from ..file import fileio
+from ..file.layout import is_sync_copy
+from ..file.location import check_location, mount_of, open_root
+from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, set_aside
+
+__all__ = ["GUARANTEES", "FileBackend"]
+
+GUARANTEES = StoreGuarantees(
+    mutual_exclusion="flock on the root's .lock, held across each commit's compare and writes: "
+    "real between the processes of one machine; none on a synced folder (refused)",
+    durability="values, the redo log and directories fsynced before a commit returns; a commit "
+    "a crash cut short is finished by the next one",
+    across_hosts="none: one machine's directory (flock over NFS is not relied on)",
+)
+
+_LOCK_NAME = ".lock"
+# O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a writer.
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_LOCK_POLL_S = 0.002
+_WATCH_RETRY_S = 0.5  # how often a watch looks for kv/ until it is made
+_os_errors = fileio.os_errors_as_store_errors("file backend")
+
+
+class FileBackend:
+    """Keys as files under ``<root>/kv/``; commits serialized by a lock file in the root."""
+
+    guarantees = GUARANTEES
+    capabilities: frozenset[str] = frozenset()  # readers may see a commit's writes one by one
+
+    def __init__(self, root: str | Path, *, create: bool = True, lock_timeout: float = 2.0) -> None:
+        """create: make the root if need be (a node); else it must be there (a reader such as
+        ``hb status``, which also leaves what a crash left to the next writer)."""
+        self.root = Path(root).absolute()
+        self.url = self.root.as_uri()
+        self.lock_timeout = lock_timeout
+        self._next_sweep = 0.0  # monotonic
+        open_root(self.root, create=create)  # ConfigError naming the path and the fix
+        self.warnings: list[str] = check_location(self.root)  # StoreUnsafe in a synced folder
+        if create:  # make kv/, finish a crash's redo log, sweep old temp files
+            try:
+                self.commit(Txn())
+            except StoreError as exc:
+                fileio.log.warning("could not tidy the store directory %s: %s", self.root, exc)
+
+    @_os_errors
+    def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
+        _check_key(key)
+        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
+            return None if tree is None else tree.read(key, max_bytes)
+
+    @_os_errors
+    def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
+        _check_prefix(prefix)
+        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
+            return ScanResult() if tree is None else tree.scan(Scan(prefix, bound, after))
+
+    def commit(self, txn: Txn) -> TxnResult:
+        _check_txn(txn)
+        try:
+            return self._commit(txn)
+        except _MakerFailed as failed:  # the caller's own error, as its blob raised it
+            raise failed.args[0] from None
+
+    async def watch(self, prefix: str) -> AsyncIterator[Notice]:
+        """Notices from watchfiles (inotify; polling on NFS) on the prefix's folder, or on the
+        deepest folder of it there is until it is made. The watch moves when that folder is
+        made, removed (a range delete emptied it) or replaced; a gap, Notice(None), once it
+        is in place again (its first batch, or a second of quiet)."""
+        import watchfiles  # only here: a node that never watches never loads it
+
+        _check_prefix(prefix)
+        folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
+        polling = mount_of(self.root).fstype.startswith("nfs")
+        gap = False
+        while True:
+            watched = self._deepest_folder(folders)
+            if watched is None:  # no kv/ yet (a reader opened the store)
+                gap = True
+                await asyncio.sleep(_WATCH_RETRY_S)
+                continue
+            changes = watchfiles.awatch(
+                watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
+                poll_delay_ms=100, rust_timeout=1000, yield_on_timeout=True,
+            )  # fmt: skip
+            with contextlib.suppress(FileNotFoundError):  # gone before it was watched
+                async with contextlib.aclosing(changes) as batches:
+                    async for batch in batches:
+                        if gap:
+                            gap = False
+                            yield Notice(None)
+                        keys = {os.path.relpath(path, kv) for _change, path in batch}
+                        for key in sorted(k for k in keys if k.startswith(prefix)):
+                            if key_problem(key) is None:
+                                yield Notice(key)
+                        if self._deepest_folder(folders) != watched:
+                            break
+            gap = True
+
+    def check(self) -> None:
+        """StoreUnavailable unless the root is a directory this process can read."""
+        with self._opened_root():
+            pass
+
+    def close(self) -> None:
+        """Nothing to release: no descriptor outlives a call."""
+
+    @_os_errors
+    def _commit(self, txn: Txn) -> TxnResult:
+        with self._opened_root() as root_fd:
+            temps: list[str] = []
+            try:
+                for write in txn.writes:
+                    if isinstance(write, Put):
+                        value, points = _maker_errors_kept(write.value), "file_backend.commit"
+                        temps.append(fileio.write_temp(root_fd, value, True, points))
+                failpoint("file_backend.commit.before_lock")
+                with self._locked(root_fd), self._tree(root_fd, write=True) as tree:
+                    assert tree is not None  # made by a writer
+                    tree.replay()
+                    self._sweep_now_and_then(root_fd)
+                    # Read no more than the value compared with: TooLarge is unequal too.
+                    succeeded = all(
+                        tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares
+                    )
+                    if succeeded:
+                        tree.write(_plan(tree, txn, temps))
+                    reads = [
+                        tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
+                        for r in txn.reads
+                    ]
+                    return TxnResult(succeeded, reads)
+            finally:
+                # The temps left (the commit failed, or wrote others over them) go, unless a
+                # redo log is left, which may name them. One gone is renamed, or never was.
+                if not log_pending(self.root):
+                    for tmp in temps:
+                        fileio.discard(root_fd, tmp)
+
+    @contextlib.contextmanager
+    def _opened_root(self) -> Iterator[int]:
+        """The root, open; StoreUnavailable naming it if it is gone or unreadable (reads must
+        not take a missing root for an empty store)."""
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
+        with fileio.closing_fd(fd):
+            yield fd
+
+    @contextlib.contextmanager
+    def _tree(self, root_fd: int, write: bool = False) -> Iterator[KeyTree | None]:
+        """The keys; None before a first commit made kv/ (a writer makes it)."""
+        kv_fd = open_folder(root_fd, self.root, [KV_NAME], create=write)
+        if kv_fd is None:
+            yield None
+            return
+        with fileio.closing_fd(kv_fd):
+            yield KeyTree(root_fd, kv_fd, self.root)
+
+    @contextlib.contextmanager
+    def _locked(self, root_fd: int) -> Iterator[None]:
+        """Hold the root's lock, waiting at most lock_timeout (then StoreUnavailable)."""
+        path = self.root / _LOCK_NAME
+        try:
+            fd = fileio.open_regular(root_fd, _LOCK_NAME, path, _LOCK_FLAGS)
+        except CorruptRecord as exc:  # planted: while it stood, no commit could ever lock
+            set_aside(root_fd, _LOCK_NAME, str(exc))
+            fd = fileio.open_regular(root_fd, _LOCK_NAME, path, _LOCK_FLAGS)
+        with fileio.closing_fd(fd):  # closing it releases the lock
+            deadline = time.monotonic() + self.lock_timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise StoreUnavailable(
+                            f"file backend {self.root}: {path} is locked by another writer "
+                            f"for over {self.lock_timeout} s"
+                        ) from None
+                    time.sleep(_LOCK_POLL_S)
+            yield
+
+    def _sweep_now_and_then(self, root_fd: int) -> None:
+        """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most; under
+        the lock, once no redo log is left, so no log's temp file goes."""
+        if time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + STALE_TEMP_AGE_S
+        try:
+            fileio.sweep_temps(root_fd, self.root)
+        except OSError as exc:  # housekeeping: a failure is only logged
+            fileio.log.warning("could not remove old temp files in %s: %s", self.root, exc)
+
+    def _deepest_folder(self, folders: list[str]) -> tuple[Path, int] | None:
+        """The deepest of kv/, kv/folders[0], ... that is a directory, and its inode."""
+        found, path = None, self.root
+        for name in (KV_NAME, *folders):
+            path /= name
+            try:
+                info = os.lstat(path)
+            except OSError:
+                break
+            if not stat.S_ISDIR(info.st_mode):
+                break
+            found = (path, info.st_ino)
+        return found
+
+
+def _plan(tree: KeyTree, txn: Txn, temps: list[str]) -> Ops:
+    """Each key's final state after txn's writes (one entry per key)."""
+    final: dict[str, str | None] = {}
+    made = iter(temps)
+    for write in txn.writes:
+        if isinstance(write, Put):
+            final[write.key] = next(made)
+            continue
+        end = write.start + "\0" if write.end is None else write.end
+        for key in [k for k in final if write.start <= k < end]:
+            del final[key]  # written earlier in this commit: as on disk again
+        final.update((key, None) for key in tree.keys_in(write.start, write.end))
+    return list(final.items())
+
+
+class _MakerFailed(Exception):
+    """What a Put's blob maker raised (args[0]), carried past the translation of OSErrors."""
+
+
+def _maker_errors_kept(value: Blob) -> Blob:
+    if not isinstance(value, BlobPieces):
+        return value
+
+    def pieces() -> Iterator[bytes]:
+        try:
+            yield from value
+        except Exception as exc:
+            raise _MakerFailed(exc) from exc
+
+    return BlobPieces(len(value), pieces())
+
+
+def _check_key(key: str) -> None:
+    """ValueError for a key that breaks the key rules: before anything touches the disk."""
+    problem = key_problem(key)
+    if problem is None and is_sync_copy(key):
+        problem = f"key {key[:80]!r} is named as sync tools name their conflict copies"
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def _check_prefix(prefix: str) -> None:
+    """ValueError unless prefix is "", a key's folder ("/"-terminated) or a key's start."""
+    if prefix and key_problem(prefix.removesuffix("/")) is not None:
+        raise ValueError(f"a prefix is '', a folder or the start of a key, not {prefix[:80]!r}")
+
+
+def _check_txn(txn: Txn) -> None:
+    one_key = [w for w in txn.writes if isinstance(w, Put) or w.end is None]
+    keys = [w.key if isinstance(w, Put) else w.start for w in one_key]
+    keys += [c.key for c in txn.compares] + [r.key for r in txn.reads if isinstance(r, Get)]
+    for key in keys:
+        _check_key(key)
+    for read in txn.reads:
+        if isinstance(read, Scan):
+            _check_prefix(read.prefix)

@@ -1,0 +1,310 @@
+"""The file backend's keys on disk, and the redo log that makes a commit atomic (``backends.file``).
+
+Keys live under ``<root>/kv/``, each ``/`` segment a directory, the last a file.
+Nothing below the root is trusted (DESIGN.md invariant 10): directories are
+opened one at a time without following a symlink; only a regular file whose
+name is a key segment is read, measured with fstat first and never read past
+the bytes asked; one walk looks at no more than ``WALK_ENTRIES`` names.
+
+A commit's writes come down to one final state per key: a temp file renamed
+onto it, or its removal. Where that is more than one key, the redo log
+``<root>/.redo`` lists them, durably, before the first is made, and is removed,
+durably, after the last; whoever takes the lock next finishes a log it finds.
+Finishing one again is harmless: a rename whose temp file is gone was made, a
+removal of an absent key was made, and no key is in a log twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import secrets
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ...errors import CorruptRecord, StoreError
+from ...failpoints import failpoint
+from ..backend import MAX_KEY_CHARS, Scan, ScanResult, ScanTaker, TooLarge, key_problem, prefix_end
+from ..file import fileio
+from ..file.layout import is_sync_copy
+
+__all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "Ops", "log_pending", "open_folder", "set_aside"]
+
+# The most directory entries one walk (a scan, the keys of a range delete) looks at: far
+# above what the record layer keeps in one folder, so only planted junk reaches it.
+WALK_ENTRIES = 1 << 17
+KV_NAME = "kv"
+_LOG_NAME = ".redo"
+_MAX_LOG_BYTES = 64 * 1024 * 1024
+_TEMP_NAME = re.compile(re.escape(fileio.TMP_PREFIX) + r"[0-9a-f]{12}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_FOLDER = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # absent, a file, a symlink
+
+# Each key's final state in a commit: the temp file (in the root) renamed onto it, or None.
+Ops = list[tuple[str, str | None]]
+
+
+def open_folder(
+    dir_fd: int, path: Path, folders: Sequence[str], create: bool = False
+) -> int | None:
+    """dir_fd's folders/... (at path), opened without following a symlink; None if one is
+    absent or no directory. With create, made where absent (durably), else CorruptRecord."""
+    fd = os.dup(dir_fd)
+    for name in folders:
+        path = path / name
+        try:
+            child = (
+                fileio.make_subdir(fd, name, path)
+                if create
+                else os.open(name, _DIR_FLAGS, dir_fd=fd)
+            )
+        except OSError as exc:
+            if create or exc.errno not in _NO_FOLDER:
+                raise
+            return None
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
+
+
+def set_aside(root_fd: int, name: str, why: str) -> None:
+    """Rename what is at name in the root to a name nothing reads, for a person to look at."""
+    aside = f"{name}.planted-{secrets.token_hex(4)}"
+    os.rename(name, aside, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    fileio.log.error("%s: moved aside as %s", why, aside)
+
+
+def _read_upto(dir_fd: int, name: str, path: Path, most: int) -> bytes | int | None:
+    """The file's bytes if at most `most`; else its size, unread (or once it grew past, the
+    bytes read); None if absent or not a regular file."""
+    try:
+        fd = fileio.open_regular(dir_fd, name, path)
+    except (FileNotFoundError, CorruptRecord):
+        return None
+    with fileio.closing_fd(fd):
+        size = os.fstat(fd).st_size
+        if size > most:
+            return size
+        data = fileio.pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
+        if len(data) > size:  # it did: read on, never past most + 1
+            data += fileio.pread_upto(fd, len(data), most + 1 - len(data))
+    return len(data) if len(data) > most else data
+
+
+class _Listing:
+    """The directory entries one walk may still look at."""
+
+    def __init__(self) -> None:
+        self.left = WALK_ENTRIES
+
+    def entries(self, dir_fd: int, path: Path) -> list[os.DirEntry[str]]:
+        found = fileio.dir_entries(dir_fd, self.left + 1)
+        if len(found) > self.left:
+            raise StoreError(f"{path}: more than {WALK_ENTRIES} directory entries in one walk")
+        self.left -= len(found)
+        return found
+
+
+def _walk(
+    dir_fd: int, folder: str, lo: str, hi: str, listing: _Listing, path: Path
+) -> Iterator[tuple[str, int, str]]:
+    """(key, directory fd, file name) of each key lo <= key < hi in the folder open as dir_fd
+    (``folder``: "" or "/"-terminated), in key order."""
+    names = []
+    for entry in listing.entries(dir_fd, path):
+        if key_problem(entry.name) is not None or is_sync_copy(entry.name):
+            continue  # not a key's name: ours, a sync tool's or planted
+        if entry.is_dir(follow_symlinks=False):
+            names.append(entry.name + "/")  # so that "b-x" sorts before the keys in "b/"
+        elif entry.is_file(follow_symlinks=False):
+            names.append(entry.name)
+    for name in sorted(names):
+        key = folder + name
+        if key >= hi:
+            return
+        if not name.endswith("/"):
+            if key >= lo and len(key) <= MAX_KEY_CHARS:
+                yield key, dir_fd, name
+        elif prefix_end(key) > lo and len(key) < MAX_KEY_CHARS:
+            child = open_folder(dir_fd, path, [name[:-1]])
+            if child is not None:  # else replaced since it was listed
+                with fileio.closing_fd(child):
+                    yield from _walk(child, key, lo, hi, listing, path / name[:-1])
+
+
+class KeyTree:
+    """The keys in the root's kv/ (open as fd; the root as root_fd): read, and written."""
+
+    def __init__(self, root_fd: int, fd: int, root: Path) -> None:
+        self.root_fd, self.fd, self.root, self.path = root_fd, fd, root, root / KV_NAME
+
+    def read(self, key: str, most: int) -> bytes | TooLarge | None:
+        *folders, name = key.split("/")
+        dir_fd = open_folder(self.fd, self.path, folders)
+        if dir_fd is None:
+            return None
+        with fileio.closing_fd(dir_fd):
+            value = _read_upto(dir_fd, name, self.path / key, most)
+        return TooLarge(key, value) if isinstance(value, int) else value
+
+    def scan(self, scan: Scan) -> ScanResult:
+        taker = ScanTaker(scan.bound)
+        lo = max(scan.prefix, scan.after + "\0")  # after `after`, from the prefix on
+        hi = prefix_end(scan.prefix) if scan.prefix else "\x7f"  # keys are plain ASCII
+        folder = scan.prefix[: scan.prefix.rfind("/") + 1]  # the prefix's, if it is no folder
+        for key, dir_fd, name in self._walk(folder, lo, hi):
+            if taker.full:
+                return taker.result(more=True)
+            value = _read_upto(dir_fd, name, self.path / key, scan.bound.entry_bytes)
+            if isinstance(value, int):
+                taker.left_out(key, value)
+            elif value is not None:
+                taker.take(key, value)
+        return taker.result()
+
+    def keys_in(self, start: str, end: str | None) -> list[str]:
+        """The keys k with start <= k < end (end None: start alone, if it is a key)."""
+        if end is None:  # looked at alone, not listed with its folder
+            return [] if self.read(start, 0) is None else [start]
+        pairs = enumerate(zip(start, end, strict=False))
+        same = next((at for at, (a, b) in pairs if a != b), len(start))
+        folder = start[: start.rfind("/", 0, same) + 1]  # the deepest that holds the range
+        return [key for key, _fd, _name in self._walk(folder, start, end)]
+
+    def _walk(self, folder: str, lo: str, hi: str) -> Iterator[tuple[str, int, str]]:
+        folders = folder.split("/")[:-1]
+        if lo >= hi or (folder and key_problem(folder[:-1]) is not None):
+            return  # no key there
+        dir_fd = open_folder(self.fd, self.path, folders)
+        if dir_fd is not None:
+            with fileio.closing_fd(dir_fd):
+                yield from _walk(dir_fd, folder, lo, hi, _Listing(), self.path.joinpath(*folders))
+
+    def _prepare(self, ops: Ops) -> None:
+        """Fail now, before anything is written, where ops could not all be made: a temp file
+        gone, a key's folder that is no directory, a folder where a key's file goes."""
+        written = [key for key, tmp in ops if tmp is not None]
+        parents = {key[:at] for key in written for at, char in enumerate(key) if char == "/"}
+        if clash := parents.intersection(written):
+            raise ValueError(f"key {min(clash)!r} is another key's folder in the same commit")
+        for key, tmp in ops:
+            if tmp is None:
+                continue
+            try:
+                os.stat(tmp, dir_fd=self.root_fd, follow_symlinks=False)
+            except FileNotFoundError as exc:
+                raise StoreError(f"temporary file {tmp} is gone before its commit") from exc
+            os.close(self._put_folder(key))
+
+    def _apply(self, ops: Ops) -> None:
+        """Make each key's final state: as harmless to repeat as to do once."""
+        for key, tmp in ops:
+            if tmp is None:
+                self._remove(key)
+            else:
+                name = key.rsplit("/", 1)[-1]
+                with fileio.closing_fd(self._put_folder(key)) as dir_fd:
+                    try:
+                        os.replace(tmp, name, src_dir_fd=self.root_fd, dst_dir_fd=dir_fd)
+                        os.fsync(dir_fd)
+                    except FileNotFoundError:
+                        pass  # renamed already: this is a replay
+            failpoint("file_backend.commit.after_op")
+
+    def _put_folder(self, key: str) -> int:
+        """The key's folder (open), made where absent, with no directory at the key's name (an
+        empty one is removed: a rename cannot replace it)."""
+        *folders, name = key.split("/")
+        dir_fd = open_folder(self.fd, self.path, folders, create=True)
+        assert dir_fd is not None  # with create: made, or CorruptRecord
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # no folder there: as it should be
+                os.close(dir_fd)
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise StoreError(f"{self.path / key} is a folder with keys in it") from exc
+                raise
+        return dir_fd
+
+    def _remove(self, key: str) -> None:
+        """Remove key's file, then each folder that leaves empty (no folder is a key)."""
+        *folders, name = key.split("/")
+        remove = os.unlink
+        while True:
+            dir_fd = open_folder(self.fd, self.path, folders)
+            if dir_fd is None:
+                return  # removed already
+            with fileio.closing_fd(dir_fd):
+                try:
+                    remove(name, dir_fd=dir_fd)
+                    os.fsync(dir_fd)
+                except FileNotFoundError:
+                    pass  # removed already (a replay): its folders may not be
+                except OSError as exc:
+                    if remove is os.unlink or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    return  # a folder with something in it stays
+            if not folders:
+                return
+            name, remove = folders.pop(), os.rmdir
+
+    def write(self, ops: Ops) -> None:
+        """Make ops, through the redo log if they are more than one (one rename or one
+        removal is atomic by itself)."""
+        self._prepare(ops)
+        if len(ops) > 1:
+            data = json.dumps(ops).encode()
+            if len(data) > _MAX_LOG_BYTES:
+                raise StoreError(f"a commit of {len(ops)} writes is more than a redo log takes")
+            fileio.atomic_write(self.root_fd, _LOG_NAME, data)
+            failpoint("file_backend.commit.after_log")
+        self._apply(ops)
+        if len(ops) > 1:
+            failpoint("file_backend.commit.before_log_removed")
+            self._remove_log()
+
+    def replay(self) -> None:
+        """Finish the commit that a redo log in the root lists (a crash cut it short)."""
+        path = self.root / _LOG_NAME
+        try:
+            data = fileio.read_file(self.root_fd, _LOG_NAME, path, _MAX_LOG_BYTES)
+            ops = None if data is None else _parse_log(data)
+            if data is not None and ops is None:  # ours are renamed into place whole
+                raise CorruptRecord(f"{path} is no redo log of ours")
+        except CorruptRecord as exc:  # planted: set aside, unapplied
+            set_aside(self.root_fd, _LOG_NAME, str(exc))
+            return
+        if ops is None:
+            return
+        fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
+        self._apply(ops)
+        self._remove_log()
+
+    def _remove_log(self) -> None:
+        # Durably: a log finished again after a later commit would remove that commit's keys.
+        os.unlink(_LOG_NAME, dir_fd=self.root_fd)
+        os.fsync(self.root_fd)
+
+
+def log_pending(root: Path) -> bool:
+    """Whether a redo log is in the root (a commit is being made, or was cut short)."""
+    return os.path.lexists(root / _LOG_NAME)
+
+
+def _parse_log(data: bytes) -> Ops | None:
+    """The ops of a redo log we wrote, or None for anything else."""
+    try:
+        ops = [(key, tmp) for key, tmp in json.loads(data)]
+    except (ValueError, TypeError):
+        return None
+    ours = (
+        isinstance(key, str)
+        and key_problem(key) is None
+        and (tmp is None or _TEMP_NAME.fullmatch(str(tmp)))
+        for key, tmp in ops
+    )
+    return ops if all(ours) else None
