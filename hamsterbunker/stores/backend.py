@@ -209,6 +209,7 @@ class Backend(Protocol):
     url: str  # as it may be shown: no credential
     guarantees: StoreGuarantees
     capabilities: frozenset[str]
+    warnings: list[str]  # what the backend, as configured, may lose (shown at start)
 
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         """The value of key (None if it has none), or TooLarge, unread, if over max_bytes."""

@@ -274,17 +274,15 @@ class RawWorkRecords:
 
     def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
         keys = AgentKeys(agent)
-        self._raw.put(keys.reply(number), b"-" if reply is None else b"+" + reply)
-        self._raw.put(keys.done_id(number), request_id.encode())
+        self._raw.put(keys.reply(number, request_id), b"-" if reply is None else b"+" + reply)
         self.put_index(agent, request_id, number)
 
     def delete_done(self, agent: str, number: int, request_id: str) -> None:
         keys = AgentKeys(agent)
-        self._delete(keys.reply(number))
-        self._delete(keys.done_id(number))
+        self._delete(keys.reply(number, request_id))
 
     def delete_reply(self, agent: str, number: int, request_id: str) -> None:
-        key = AgentKeys(agent).reply(number)
+        key = AgentKeys(agent).reply(number, request_id)
         if self._raw.backend.get(key, 2**30) is not None:
             self._raw.put(key, b"-")
 

@@ -153,6 +153,7 @@ class EtcdBackend:
 
     def __init__(self, url: str) -> None:
         self.url = redacted_url(url)
+        self.warnings: list[str] = []
         self.target = parse_etcd_url(url)
         self._connection = EtcdConnection(self.target)
         self._root = self.target.prefix.encode() + b"/"

@@ -46,6 +46,7 @@ class MemoryBackend:
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
+        self.warnings: list[str] = []
         self._lock = threading.Lock()
         self._values: dict[str, bytes] = {}
         self._keys: list[str] = []  # sorted

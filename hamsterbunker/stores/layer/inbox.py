@@ -120,15 +120,13 @@ def read_admission(layer: Layer, keys: AgentKeys, request_id: str) -> AdmissionS
     if found is None:
         return None
     n = found[0]
-    done_id, done = layer.read(
-        Get(keys.done_id(n), _ID_BYTES), Get(keys.reply(n), MAX_REPLY_BYTES + 1)
-    )
-    if done_id != request_id.encode():  # consumed is another request's (or not yet)
+    done = layer.backend.get(keys.reply(n, request_id), MAX_REPLY_BYTES + 1)
+    if done is None:  # not consumed yet (or its record is gone)
         return AdmissionState(n, consumed=False, reply=None)
     reply = None
     if isinstance(done, TooLarge):
         layer.reported(f"ignoring an oversized reply to {request_id} of {keys.agent}")
-    elif done is not None and done.startswith(b"+"):
+    elif done.startswith(b"+"):
         reply = done[1:]
     return AdmissionState(n, consumed=True, reply=reply)
 
@@ -148,27 +146,34 @@ def read_replies(
     count, scan = reply_page_bounds(limit)
     entry = MAX_REPLY_BYTES + 1
     bound = ReadBound(scan, entry, scan * entry)
-    found = layer.backend.scan(keys.done, bound, after=keys.reply(after) if after > 0 else "")
+    # Every key of a submission above after sorts after the name of after + 1's folder.
+    found = layer.backend.scan(keys.done, bound, after=keys.done_below(after + 1))
     for too_large in found.too_large:
         layer.reported(f"leaving out the reply {too_large.key} of {keys.agent}: too big")
     looked = sorted([*found.items, *((t.key, b"") for t in found.too_large)])
     replies: list[tuple[int, bytes]] = []
+    last = None
     for index, (key, data) in enumerate(looked):
-        n = parse_number(key[len(keys.done) :])
+        n = parse_number(key[len(keys.done) :].partition("/")[0])
+        last = n if n is not None else last
         if n is not None and data.startswith(b"+"):
             replies.append((n, data[1:]))
             if len(replies) == count:
                 more = index + 1 < len(looked) or found.more
                 return replies, n if more else None
-    last = parse_number(looked[-1][0][len(keys.done) :]) if looked else None
     return replies, last if found.more else None
 
 
 def reseal_reply(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_reply(n, new)
-    key = keys.reply(n)
-    txn = Txn(compares=[Compare(key, b"+" + old)], writes=[Put(key, b"+" + new)])
-    return layer.commit(txn).succeeded
+    folder = keys.done_below(n) + "/"
+    entry = MAX_REPLY_BYTES + 1
+    found = layer.backend.scan(folder, ReadBound(4, entry, 4 * entry))  # one, unless planted
+    for key, data in found.items:
+        if data == b"+" + old:
+            txn = Txn(compares=[Compare(key, data)], writes=[Put(key, b"+" + new)])
+            return layer.commit(txn).succeeded
+    return False
 
 
 class Consumption:
@@ -176,27 +181,30 @@ class Consumption:
 
     Read first (``reads``, then ``found``; once more if consumed records are
     removed), then written with the checkpoint (``writes``). Only the fenced
-    leader consumes, so nothing here is compared: the fence is.
+    leader consumes, so nothing here is compared: the fence is. Few writes,
+    so that a commit stays within a backend's operations per transaction
+    (etcd's 128): consecutive numbers and old replies go as ranges.
     """
 
     def __init__(self, layer: Layer, keys: AgentKeys, consumed: Sequence[Consumed]) -> None:
         self.layer, self.keys = layer, keys
-        self.consumed = {each.number: each for each in consumed}  # one record a number
+        self.consumed = sorted({each.number: each for each in consumed}.values(), key=_number)
         self._writes: list[Put | DeleteRange] = []
+        self._prune: list[tuple[int, str]] = []
 
     def reads(self) -> list[Get | Scan]:
         if not self.consumed:
             return []
         keys = self.keys
         reads: list[Get | Scan] = [Get(keys.kept, _COUNT_BYTES), Get(keys.consumed, _COUNT_BYTES)]
-        for n, each in self.consumed.items():
+        for each in self.consumed:
             reads += [
                 Get(keys.request(each.request_id), _ID_BYTES),
-                Get(keys.done_id(n), _ID_BYTES),
-                Get(keys.submission(n), 0),  # only whether it is there
+                Get(keys.reply(each.number, each.request_id), 0),  # only whether they are there
+                Get(keys.submission(each.number), 0),
             ]
         oldest = len(self.consumed) + _PRUNE_SLACK
-        reads.append(Scan(keys.done_ids, ReadBound(oldest, _ID_BYTES, oldest * _ID_BYTES)))
+        reads.append(Scan(keys.done, ReadBound(oldest, 0, 0)))  # names only
         return reads
 
     def found(self, reads: Sequence[object]) -> None:
@@ -206,56 +214,47 @@ class Consumption:
         keys, what = self.keys, f"inbox of {self.keys.agent!r}"
         kept = self._tolerated(count_of, reads[0], "kept count", 0)
         gone = self._tolerated(counts_of, reads[1], "consumptions", (0, 0))
-        newly = []
-        for i, (n, each) in enumerate(self.consumed.items()):
+        newly: list[tuple[int, str]] = []
+        for i, each in enumerate(self.consumed):
             known, done, pending = reads[2 + 3 * i : 5 + 3 * i]
             admitted = self._tolerated(_admitted_as, known, what, None)
-            self._writes.append(DeleteRange(keys.submission(n)))
             if admitted is None:
-                self._writes.append(Put(keys.request(each.request_id), f"{n} 0".encode()))
+                self._writes.append(Put(keys.request(each.request_id), f"{each.number} 0".encode()))
             if pending is not None:
-                size = admitted[1] if admitted is not None and admitted[0] == n else 0
+                size = admitted[1] if admitted is not None and admitted[0] == each.number else 0
                 gone = (gone[0] + 1, gone[1] + size)
             if done is None:
-                newly.append(n)
+                newly.append((each.number, each.request_id))
+        self._writes += _ranges(keys, [each.number for each in self.consumed])
         oldest = reads[-1]
         assert isinstance(oldest, ScanResult)
-        stored = [(parse_number(k[len(keys.done_ids) :]), v) for k, v in oldest.items]
-        excess = kept + len(newly) - self.layer.settings.keep_replies
-        candidates = sorted(
-            [(n, v) for n, v in stored if n is not None] + [(n, None) for n in newly]
-        )
-        pruned = candidates[: max(excess, 0)]
-        self._prune = [(n, v) for n, v in pruned if v is not None]
-        left_out = {n for n, v in pruned if v is None}
-        for n, each in self.consumed.items():
-            if n not in left_out:
+        stored = [_reply_name(keys, t.key) for t in oldest.too_large] + [
+            _reply_name(keys, key) for key, _ in oldest.items
+        ]
+        excess = max(kept + len(newly) - self.layer.settings.keep_replies, 0)
+        pruned = sorted([name for name in stored if name is not None] + newly)[:excess]
+        if pruned:
+            self._writes.append(DeleteRange(keys.done, keys.done_below(pruned[-1][0] + 1)))
+        self._prune = [name for name in pruned if name not in newly]
+        for each in self.consumed:
+            if (each.number, each.request_id) not in pruned:
                 reply = b"-" if each.reply is None else b"+" + each.reply
-                self._writes += [
-                    Put(keys.reply(n), reply),
-                    Put(keys.done_id(n), each.request_id.encode()),
-                ]
+                self._writes.append(Put(keys.reply(each.number, each.request_id), reply))
         self._writes += [
             Put(keys.kept, str(max(kept + len(newly) - len(pruned), 0)).encode()),
             Put(keys.consumed, f"{gone[0]} {gone[1]}".encode()),
         ]
 
     def writes(self) -> list[Put | DeleteRange]:
-        """The writes planned, and the removal of the oldest consumed records past the bound."""
-        if not self.consumed or not self._prune:
+        """The writes planned, and the removal of the request ids of the replies removed."""
+        if not self._prune:
             return self._writes
         keys = self.keys
-        ids = self.layer.read(
-            *(Get(keys.request(v.decode()), _ID_BYTES) for _n, v in self._prune if _valid(v))
-        )
-        maps = iter(ids)
-        for n, v in self._prune:
-            self._writes += [DeleteRange(keys.reply(n)), DeleteRange(keys.done_id(n))]
-            if not _valid(v):
-                continue
-            admitted = self._tolerated(_admitted_as, next(maps), "a request id's number", None)
+        ids = self.layer.read(*(Get(keys.request(rid), _ID_BYTES) for _n, rid in self._prune))
+        for (n, rid), found in zip(self._prune, ids, strict=True):
+            admitted = self._tolerated(_admitted_as, found, "a request id's number", None)
             if admitted is not None and admitted[0] == n:  # the id is this number's: forgotten
-                self._writes.append(DeleteRange(keys.request(v.decode())))
+                self._writes.append(DeleteRange(keys.request(rid)))
         return self._writes
 
     def _tolerated(
@@ -270,12 +269,28 @@ class Consumption:
             return otherwise
 
 
-def _valid(request_id: bytes | None) -> bool:
-    return (
-        request_id is not None
-        and request_id.isascii()
-        and check_request_id(request_id.decode()) is None
-    )
+def _number(each: Consumed) -> int:
+    return each.number
+
+
+def _ranges(keys: AgentKeys, numbers: list[int]) -> list[DeleteRange]:
+    """The removal of the pending submissions numbered, a range for each consecutive run."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and runs[-1][1] + 1 == n:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return [DeleteRange(keys.submission(a), keys.submission(b + 1)) for a, b in runs]
+
+
+def _reply_name(keys: AgentKeys, key: str) -> tuple[int, str] | None:
+    """(number, request id) of a reply's key, or None for a name we never write."""
+    digits, _, request_id = key[len(keys.done) :].partition("/")
+    n = parse_number(digits)
+    if n is None or check_request_id(request_id) is not None:
+        return None
+    return n, request_id
 
 
 def _bytes(found: object) -> bytes | None:

@@ -20,9 +20,8 @@ that key order is number order::
     agents/<agent>/inbox/kept            how many consumed records are kept
     agents/<agent>/inbox/pending/<n>     an unconsumed submission's sealed bytes
     agents/<agent>/inbox/ids/<request>   "number size" of a request id admitted
-    agents/<agent>/inbox/done/<n>        a consumed submission's reply: "-" for none,
-                                         or "+" and the sealed reply
-    agents/<agent>/inbox/done-id/<n>     its request id
+    agents/<agent>/inbox/done/<n>/<request>  a consumed submission's reply: "-" for
+                                         none, or "+" and the sealed reply
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ class AgentKeys:
         self.pending = inbox + "pending/"
         self.ids = inbox + "ids/"
         self.done = inbox + "done/"
-        self.done_ids = inbox + "done-id/"
 
     def checkpoint(self, seq: int) -> str:
         return self.ckpt + number(seq)
@@ -108,11 +106,13 @@ class AgentKeys:
     def request(self, request_id: str) -> str:
         return self.ids + request_id
 
-    def reply(self, n: int) -> str:
-        return self.done + number(n)
+    def reply(self, n: int, request_id: str) -> str:
+        """Where the reply to submission n, of request_id, is kept once it is consumed."""
+        return f"{self.done}{number(n)}/{request_id}"
 
-    def done_id(self, n: int) -> str:
-        return self.done_ids + number(n)
+    def done_below(self, n: int) -> str:
+        """The first key after the replies of every submission numbered below n."""
+        return self.done + number(n)
 
 
 def folder_range(folder: str) -> tuple[str, str]:

@@ -77,7 +77,7 @@ class RecordStore(Store):
         self.backend = backend
         self.url = backend.url
         self.guarantees = backend.guarantees
-        self.warnings: list[str] = list(getattr(backend, "warnings", []))
+        self.warnings = list(backend.warnings)
         self._events = events.EventLogs(self.layer)
 
     # -- cluster -----------------------------------------------------------

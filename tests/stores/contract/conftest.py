@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker.stores.backend import Backend
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.testing import MemoryStore
@@ -97,23 +98,54 @@ def _etcd(tmp_path: Path) -> Opener:
     )
 
 
-def _records_memory(tmp_path: Path) -> Opener:
-    from hamsterbunker.stores.backends.memory import MemoryBackend
+def _on(open_backend: Callable[[], Backend]) -> Opener:
+    """An opener of record-layer clients, each over a backend client open_backend opens."""
     from hamsterbunker.stores.layer import RecordStore
 
-    backend = MemoryBackend()  # one map; each client its own record layer on it
     return lambda: RecordStore(
-        backend,
+        open_backend(),
         keep_checkpoints=KEEP_CHECKPOINTS,
         events_per_node=EVENT_BOUND,
         keep_replies=KEEP_REPLIES,
     )
 
 
+def _records_memory(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.memory import MemoryBackend
+
+    backend = MemoryBackend()  # one map; each client its own record layer on it
+    return _on(lambda: backend)
+
+
+def _records_file(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.file import FileBackend
+
+    return _on(lambda: FileBackend(tmp_path / "records", lock_timeout=30.0))
+
+
+def _records_redis(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.redis import RedisBackend
+    from tests.support.redis_server import redis_url
+
+    url = redis_url()
+    return _on(lambda: RedisBackend(url))
+
+
+def _records_etcd(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.etcd import EtcdBackend
+    from tests.support.etcd_server import etcd_url
+
+    url = etcd_url()
+    return _on(lambda: EtcdBackend(url))
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "file": _file,
     "memory": _memory,
     "records-memory": _records_memory,
+    "records-file": _records_file,
+    "records-redis": _records_redis,
+    "records-etcd": _records_etcd,
     "redis": _redis,
     "etcd": _etcd,
 }

@@ -299,10 +299,9 @@ def plant_reply_junk(store: Store, backend: str) -> None:
     huge = b"x" * (MAX_REPLY_BYTES + 1)
     if isinstance(store, RecordStore):
         raw, keys = RawRecords(store), AgentKeys(AGENT)
-        raw.put(keys.done + "junk", b"+junk")
-        raw.put(keys.reply(5), b"not a consumed record")
-        raw.put(keys.reply(6), b"+" + huge)
-        raw.put(keys.done_id(6), b"req-6")
+        raw.put(keys.done + "junk/req-junk", b"+junk")
+        raw.put(keys.reply(5, "req-5"), b"not a consumed record")
+        raw.put(keys.reply(6, "req-6"), b"+" + huge)
     elif isinstance(store, MemoryStore):
         with store._lock:
             store._agents[AGENT].done[6] = ("req-6", huge)
