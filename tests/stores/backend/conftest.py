@@ -26,11 +26,21 @@ def _memory(tmp_path: Path) -> Opener:
     return lambda: shared  # one process only: every client is the same object
 
 
+def _postgres(tmp_path: Path) -> Opener:
+    pytest.importorskip("psycopg")
+    from hamsterbunker.stores.backends.postgres import PostgresBackend
+    from tests.support.postgres_server import postgres_url
+
+    url = postgres_url()  # a table of its own on the session's server
+    return lambda: PostgresBackend(url)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
+    "postgres": _postgres,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = set()
+DURABLE: set[str] = {"postgres"}
 
 
 @pytest.fixture(params=list(BACKENDS))
