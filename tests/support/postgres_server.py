@@ -13,6 +13,7 @@ failure: .ci/run installs it.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import os
 import pwd
@@ -61,21 +62,25 @@ def _as_owner(owner: pwd.struct_passwd | None) -> Callable[[], None]:
 class PostgresServer:
     """One postgres process and its data directory, in a temporary directory of its own."""
 
-    def __init__(self, bindir: Path, workdir: Path, owner: pwd.struct_passwd | None) -> None:
+    def __init__(
+        self, bindir: Path, workdir: Path, owner: pwd.struct_passwd | None, settings: list[str]
+    ) -> None:
         self.bindir = bindir
         self.workdir = workdir
         self.owner = owner
+        self.settings = settings
         self.password = secrets.token_urlsafe(12)
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls) -> PostgresServer:
-        """initdb a cluster, start its server on a free port and wait (bounded) until it is ready."""
+    def start(cls, *settings: str) -> PostgresServer:
+        """initdb a cluster, start its server on a free port and wait (bounded) until it is
+        ready; settings (``name=value``) go to the server's command line."""
         bindir = require_postgres()
         owner = pwd.getpwnam("nobody") if os.geteuid() == 0 else None
         workdir = Path(tempfile.mkdtemp(prefix="hb-postgres-"))
-        server = cls(bindir, workdir, owner)
+        server = cls(bindir, workdir, owner, list(settings))
         if owner is not None:
             os.chown(workdir, owner.pw_uid, owner.pw_gid)
         server._initdb()
@@ -90,14 +95,19 @@ class PostgresServer:
         password_file.write_text(self.password)
         if self.owner is not None:
             os.chown(password_file, self.owner.pw_uid, self.owner.pw_gid)
+        # The database's collation is a language's (ICU's en-US, where "-" and "/" weigh
+        # nothing), so that keys sort by code point only through the table's own COLLATE "C".
         # --no-sync: initdb's closing sync of a throwaway cluster is all it skips; the
         # server then runs with fsync on.
-        subprocess.run(
+        done = subprocess.run(
             [self.bindir / "initdb", "-D", self.workdir / "data", "-U", SUPERUSER,
              "--pwfile", password_file, "--auth-local", "trust", "--auth-host", "scram-sha-256",
-             "-E", "UTF8", "--locale", "C", "--no-sync"],
-            check=True, capture_output=True, timeout=120, preexec_fn=_as_owner(self.owner),
+             "-E", "UTF8", "--locale", "C", "--locale-provider", "icu", "--icu-locale", "en-US",
+             "--no-sync"],
+            capture_output=True, timeout=120, preexec_fn=_as_owner(self.owner),
         )  # fmt: skip
+        if done.returncode != 0:
+            pytest.fail(f"initdb failed:\n{done.stderr.decode(errors='replace')[-2000:]}")
 
     def _run(self, port: int) -> bool:
         """Start the server on port; whether it became ready (bounded)."""
@@ -105,17 +115,23 @@ class PostgresServer:
             self.process = subprocess.Popen(
                 [self.bindir / "postgres", "-D", self.workdir / "data", "-p", str(port),
                  "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.workdir}",
-                 "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=16MB"],
+                 "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=16MB",
+                 *[arg for setting in self.settings for arg in ("-c", setting)]],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=_as_owner(self.owner), start_new_session=True,
+                preexec_fn=_as_owner(self.owner),
             )  # fmt: skip
         self.port = port
-        # The server writes "ready" as the status line of its pid file once it takes connections.
+        # The server writes "ready" as the status line of its pid file once it takes
+        # connections (a crashed server's file says so too, under its own pid).
         pid_file = self.workdir / "data" / "postmaster.pid"
         deadline = time.monotonic() + START_TIMEOUT_S
         while self.process.poll() is None and time.monotonic() < deadline:
             lines = pid_file.read_text().splitlines() if pid_file.exists() else []
-            if len(lines) >= 8 and lines[7].strip() == "ready":
+            if (
+                len(lines) >= 8
+                and lines[0] == str(self.process.pid)
+                and lines[7].strip() == "ready"
+            ):
                 return True
             time.sleep(0.02)
         self.halt()
@@ -138,12 +154,30 @@ class PostgresServer:
         if self.process is None:
             return
         if self.process.poll() is None:
+            self.signal_all(signal.SIGCONT)  # a frozen server takes no other signal
             self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                self.signal_all(signal.SIGKILL)
                 self.process.wait()
+
+    def signal_all(self, signum: int) -> None:
+        """Send signum to the server and every process it started (each backend leads a
+        process group of its own, so not to the server's group)."""
+        assert self.process is not None
+        pid = self.process.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        pids = [int(child) for child in children.read_text().split()] if children.exists() else []
+        for each in [pid, *pids]:
+            with contextlib.suppress(ProcessLookupError):  # a backend that just ended
+                os.kill(each, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its processes, as a crash: the data stays for start_again."""
+        assert self.process is not None
+        self.signal_all(signal.SIGKILL)
+        self.process.wait(timeout=10)
 
     def start_again(self) -> None:
         """Start a halted server on the same port and data; wait (bounded) until it is ready."""

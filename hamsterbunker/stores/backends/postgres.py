@@ -21,11 +21,9 @@ the table; a watch LISTENs on a connection of its own.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import random
-import socket
+import select
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -56,7 +54,14 @@ from ..backend import (
 )
 from ..base import StoreGuarantees
 from ..urls import redacted_url
-from .postgres_url import PostgresTarget, one_line, parse_postgres_url
+from .postgres_connection import (
+    DEADLINES,
+    Connection,
+    connect,
+    connect_async,
+    one_line,
+    parse_postgres_url,
+)
 
 __all__ = ["PostgresBackend"]
 
@@ -71,9 +76,9 @@ GUARANTEES = StoreGuarantees(
 )
 
 _ATTEMPTS = 30  # a commit's tries while concurrent commits keep winning
-_WATCH_POLL_S = 1.0
+_WATCH_POLL_S = 1.0  # a gap this often while a watch cannot listen
+_WATCH_PING_S = 5.0  # a quiet watch asks the server this often whether it is still there
 
-Connection = psycopg.Connection[TupleRow]
 Cursor = psycopg.Cursor[TupleRow]
 
 
@@ -84,7 +89,7 @@ class PostgresBackend:
     capabilities = frozenset({Capability.ATOMIC_READS})
 
     def __init__(self, url: str) -> None:
-        self._target: PostgresTarget = parse_postgres_url(url)
+        self._target = parse_postgres_url(url)
         self.url = redacted_url(url)
         self._timeout = self._target.timeout
         self._idle: list[Connection] = []
@@ -105,50 +110,51 @@ class PostgresBackend:
         # Values are made before the transaction: a blob's pieces are made once, and may
         # take a while.
         writes = [Put(w.key, bytes(w.value)) if isinstance(w, Put) else w for w in txn.writes]
+        lost = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
         with self._connection("commit") as conn:
             attempt = 1
             while True:
                 try:
-                    with _WATCHDOG.deadline(conn, self._timeout):
+                    with DEADLINES.bound(conn.fileno(), self._timeout):
                         return self._commit_once(conn, txn, writes)
-                except (
-                    psycopg.errors.SerializationFailure,
-                    psycopg.errors.DeadlockDetected,
-                ) as exc:
+                except lost as exc:
                     if attempt == _ATTEMPTS:
-                        raise psycopg.errors.SerializationFailure(
-                            f"{attempt} tries lost to concurrent commits, nothing written: "
-                            f"{one_line(exc)}"
+                        raise StoreError(
+                            f"postgres store commit ({self.url}): {attempt} tries lost to "
+                            f"concurrent commits, nothing written ({one_line(exc)})"
                         ) from exc
-                # Another commit won: try again after a random pause, so that racers spread out.
+                # Another commit won: try again after a random pause, so racers spread out.
                 time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
                 attempt += 1
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
         """LISTEN on a connection of the watch's own. A gap (Notice(None)) after each
         reconnection, and every poll interval while it cannot listen."""
-        first = True
+        reconnected = False
         while True:
             try:
-                conn = await self._listen()
-            except (psycopg.Error, TimeoutError) as exc:
+                conn = await connect_async(self._target)
+            except psycopg.Error as exc:
                 log.debug("postgres store %s: cannot listen (%s)", self.url, one_line(exc))
                 yield Notice(None)
                 await asyncio.sleep(_WATCH_POLL_S)
-                first = False
+                reconnected = True
                 continue
             try:
-                if not first:
+                with DEADLINES.bound(conn.fileno(), self._timeout):
+                    await conn.execute(self._sql.listen)
+                if reconnected:
                     yield Notice(None)  # what changed while nobody listened went unheard
-                first = False
+                reconnected = True
                 while True:
-                    async with aclosing(conn.notifies(timeout=_WATCH_POLL_S)) as heard:
+                    async with aclosing(conn.notifies(timeout=_WATCH_PING_S)) as heard:
                         async for notify in heard:
                             if not notify.payload or notify.payload.startswith(prefix):
                                 yield Notice(notify.payload or None)
-                    # Nothing heard for a while: make sure the server is still there.
-                    await asyncio.wait_for(conn.execute("SELECT 1"), self._timeout)
-            except (psycopg.Error, TimeoutError) as exc:
+                    # Nothing heard for a while: a server gone silent fails this.
+                    with DEADLINES.bound(conn.fileno(), self._timeout):
+                        await conn.execute("SELECT 1")
+            except psycopg.Error as exc:
                 log.debug("postgres store %s: listening ended (%s)", self.url, one_line(exc))
             finally:
                 await conn.close()
@@ -229,7 +235,7 @@ class PostgresBackend:
         """A cursor of a pooled connection for one statement outside a transaction, bounded."""
         with (
             self._connection(what) as conn,
-            _WATCHDOG.deadline(conn, self._timeout),
+            DEADLINES.bound(conn.fileno(), self._timeout),
             conn.cursor(binary=True) as cur,
         ):
             yield cur
@@ -244,61 +250,44 @@ class PostgresBackend:
             finally:
                 self._give_back(conn)
         except psycopg.Error as exc:
-            where = f"postgres store {what} ({self.url})"
-            if not isinstance(exc, psycopg.OperationalError) and exc.sqlstate != "25006":
-                raise StoreError(f"{where}: {one_line(exc)}") from exc
-            # A connection lost (or a standby reached, 25006): the idle ones are probably
-            # as dead, say after a restart of the server; the next call connects afresh.
-            self._drop_idle()
-            raise StoreUnavailable(f"{where}: {one_line(exc)}") from exc
+            # A connection lost or refused, or a standby reached (25006): not there for now.
+            unavailable = isinstance(exc, psycopg.OperationalError) or exc.sqlstate == "25006"
+            error = StoreUnavailable if unavailable else StoreError
+            raise error(f"postgres store {what} ({self.url}): {one_line(exc)}") from exc
 
     def _take(self) -> Connection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        conn = psycopg.connect(self._target.conninfo, autocommit=True)
-        try:
-            conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-            with _WATCHDOG.deadline(conn, self._timeout):
-                conn.execute("SET synchronous_commit TO on")
-                if not self._table_made:
-                    self._make_table(conn)
-        except BaseException:
-            conn.close()
-            raise
+        while True:
+            with self._lock:
+                idle = self._idle.pop() if self._idle else None
+            if idle is None:
+                break
+            # Nothing is due on an idle connection: what it has to read is the server's
+            # goodbye (a restart, a crash). Dropped now, it fails no call.
+            if not select.select([idle.fileno()], [], [], 0)[0]:
+                return idle
+            idle.close()
+        conn = connect(self._target)
+        if not self._table_made:
+            try:
+                # Another client may create it at the same moment: IF NOT EXISTS takes no lock.
+                with (
+                    DEADLINES.bound(conn.fileno(), self._timeout),
+                    suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable),
+                ):
+                    conn.execute(self._sql.create)
+            except BaseException:
+                conn.close()
+                raise
+            self._table_made = True
         return conn
 
-    def _make_table(self, conn: Connection) -> None:
-        # Another client may create it at the same moment: IF NOT EXISTS takes no lock.
-        with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
-            conn.execute(self._sql.create)
-        self._table_made = True
-
     def _give_back(self, conn: Connection) -> None:
+        idle = not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE
         with self._lock:
-            if (
-                not self._closed
-                and not conn.closed
-                and (conn.info.transaction_status == TransactionStatus.IDLE)
-            ):
+            if idle and not self._closed:
                 self._idle.append(conn)
                 return
         conn.close()
-
-    def _drop_idle(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-
-    async def _listen(self) -> psycopg.AsyncConnection[TupleRow]:
-        conn = await psycopg.AsyncConnection.connect(self._target.conninfo, autocommit=True)
-        try:
-            await asyncio.wait_for(conn.execute(self._sql.listen), self._timeout)
-        except BaseException:
-            await conn.close()
-            raise
-        return conn
 
 
 class _Statements:
@@ -357,60 +346,3 @@ class _Statements:
             "   AND value IS NOT NULL AND octet_length(key) <= {max_key}"
             "  ORDER BY key LIMIT %(limit)s) AS found ORDER BY key"
         )
-
-
-class _Watchdog:
-    """Shuts the socket of a call that outlives its deadline, so that it fails rather than
-    waits for ever on a server that stopped answering: psycopg's blocking calls take no
-    timeout. One thread, started on first use, serves every backend of the process."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._calls: dict[int, tuple[float, int]] = {}  # call -> (deadline, socket fd)
-        self._expired: set[int] = set()
-        self._ids = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    @contextmanager
-    def deadline(self, conn: Connection, seconds: float) -> Iterator[None]:
-        call = next(self._ids)
-        with self._changed:
-            self._calls[call] = (time.monotonic() + seconds, conn.fileno())
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="postgres-deadlines", daemon=True
-                )
-                self._thread.start()
-            self._changed.notify()
-        try:
-            yield
-        except psycopg.OperationalError as exc:
-            if call in self._expired:
-                raise psycopg.OperationalError(f"no answer within {seconds:g} s") from exc
-            raise
-        finally:
-            with self._changed:
-                self._calls.pop(call, None)
-                self._expired.discard(call)
-
-    def _run(self) -> None:
-        with self._changed:
-            while True:
-                now = time.monotonic()
-                for call, (deadline, fd) in list(self._calls.items()):
-                    if deadline <= now:
-                        # Under the lock: the call has not ended, so fd is still its socket.
-                        del self._calls[call]
-                        self._expired.add(call)
-                        _shut(fd)
-                nearest = min((deadline for deadline, _fd in self._calls.values()), default=None)
-                self._changed.wait(None if nearest is None else nearest - now)
-
-
-def _shut(fd: int) -> None:
-    """Shut a socket down for both directions: a wait on it returns, and its reads fail."""
-    with suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:  # OSError: gone already
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-_WATCHDOG = _Watchdog()
