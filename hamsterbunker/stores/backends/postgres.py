@@ -263,7 +263,9 @@ class PostgresBackend:
                 break
             # Nothing is due on an idle connection: what it has to read is the server's
             # goodbye (a restart, a crash). Dropped now, it fails no call.
-            if not select.select([idle.fileno()], [], [], 0)[0]:
+            waiting = select.poll()
+            waiting.register(idle.fileno(), select.POLLIN)
+            if not waiting.poll(0):
                 return idle
             idle.close()
         conn = connect(self._target)
