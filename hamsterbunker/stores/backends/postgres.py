@@ -80,6 +80,11 @@ _WATCH_POLL_S = 1.0  # a gap this often while a watch cannot listen
 _WATCH_PING_S = 5.0  # a quiet watch asks the server this often whether it is still there
 
 Cursor = psycopg.Cursor[TupleRow]
+_CREATED_MEANWHILE = (
+    psycopg.errors.DuplicateTable,
+    psycopg.errors.DuplicateObject,
+    psycopg.errors.UniqueViolation,
+)
 
 
 class PostgresBackend:
@@ -271,11 +276,9 @@ class PostgresBackend:
         conn = connect(self._target)
         if not self._table_made:
             try:
-                # Another client may create it at the same moment: IF NOT EXISTS takes no lock.
-                with (
-                    DEADLINES.bound(conn.fileno(), self._timeout),
-                    suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable),
-                ):
+                # Another client may create it at the same moment: IF NOT EXISTS takes no
+                # lock, and the loser hears of the table, its row type or their catalog rows.
+                with DEADLINES.bound(conn.fileno(), self._timeout), suppress(*_CREATED_MEANWHILE):
                     conn.execute(self._sql.create)
             except BaseException:
                 conn.close()
