@@ -29,11 +29,21 @@ _REDIS_OPTIONS = frozenset({
     "ssl_ca_certs", "ssl_ca_path",
 })  # fmt: skip
 _ETCD_OPTIONS = frozenset({"ca", "cert", "key", "timeout"})
+# Our table and timeout, and the libpq options that name no secret (sslpassword,
+# password and passfile stay masked).
+_POSTGRES_OPTIONS = frozenset({
+    "table", "timeout", "connect_timeout", "application_name", "target_session_attrs",
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslcrldir", "sslnegotiation",
+    "keepalives", "keepalives_idle", "keepalives_interval", "keepalives_count",
+    "tcp_user_timeout", "load_balance_hosts",
+})  # fmt: skip
 _SHOWN_OPTIONS = {
     "redis": _REDIS_OPTIONS,
     "rediss": _REDIS_OPTIONS,
     "etcd": _ETCD_OPTIONS,
     "etcds": _ETCD_OPTIONS,
+    "postgresql": _POSTGRES_OPTIONS,
+    "postgres": _POSTGRES_OPTIONS,
 }
 # Schemes whose authority is empty or "localhost": an "@" after it is part of a path.
 _LOCAL_SCHEMES = frozenset({"file", "syncdir"})

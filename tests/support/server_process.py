@@ -1,4 +1,4 @@
-"""What the throwaway test servers (etcd, Redis) share: finding the binary, free
+"""What the throwaway test servers (etcd, Redis, PostgreSQL) share: finding the binary, free
 loopback ports, children that die with the test process, and stopping them."""
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import pytest
 __all__ = ["die_with_parent", "free_port", "require_binary", "stop_server", "stop_thawed"]
 
 
-def require_binary(name: str, package: str) -> str:
-    """The path of name; skip the test without it (fail in CI, where .ci/run installs it)."""
-    path = shutil.which(name)
+def require_binary(name: str, package: str, search: str | None = None) -> str:
+    """The path of name (in search, a PATH-like list, if given, else in PATH); skip the test
+    without it (fail in CI, where .ci/run installs it)."""
+    path = shutil.which(name, path=search)
     if path is None:
         message = f"{name} is not installed (apt-get install {package})"
         if os.environ.get("CI") == "true":

@@ -46,14 +46,23 @@ def _etcd(_tmp_path: Path) -> Opener:
     return lambda: EtcdBackend(url)
 
 
+def _postgres(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.postgres import PostgresBackend
+    from tests.support.postgres_server import postgres_url
+
+    url = postgres_url()  # a table of its own on the session's server
+    return lambda: PostgresBackend(url)
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "memory": _memory,
     "file": _file,
     "redis": _redis,
     "etcd": _etcd,
+    "postgres": _postgres,
 }
 # The backends whose records outlive every client (a reopened client reads them).
-DURABLE: set[str] = {"file", "redis", "etcd"}
+DURABLE: set[str] = {"file", "redis", "etcd", "postgres"}
 
 
 @pytest.fixture(params=list(BACKENDS))
