@@ -31,8 +31,10 @@ def plant_submissions(store: Store, agent: str, entries: Iterable[tuple[int, byt
         store = store._mine
     if isinstance(store, RecordStore):
         keys = AgentKeys(agent)
-        writes = [Put(keys.submission(number), blob) for number, blob in entries]
-        assert store.backend.commit(Txn(writes=writes)).succeeded
+        batch = 100 if all(len(blob) < 1024 for _number, blob in entries) else _ETCD_BATCH
+        for start in range(0, len(entries), batch):
+            writes = [Put(keys.submission(n), blob) for n, blob in entries[start:][:batch]]
+            assert store.backend.commit(Txn(writes=writes)).succeeded
     elif isinstance(store, FileStore):
         _plant_files(store, agent, entries)
     elif type(store).__name__ == "RedisStore":

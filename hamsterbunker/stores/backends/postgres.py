@@ -96,6 +96,7 @@ class PostgresBackend:
     def __init__(self, url: str) -> None:
         self._target = parse_postgres_url(url)
         self.url = redacted_url(url)
+        self.warnings: list[str] = []
         self._timeout = self._target.timeout
         self._idle: list[Connection] = []
         self._lock = threading.Lock()

@@ -303,7 +303,8 @@ class RecordStore(Store):
                 value = notice.value if carries and notice.key else await read_lease_bytes()
                 if not terms.changed(value):
                     continue
-            yield self._record_in(notice.value) if carries and notice.key == keys.lease else None
+            lease_notice = carries and prefix == keys.lease and notice.key == keys.lease
+            yield self._record_in(notice.value) if lease_notice else None
 
     @staticmethod
     def _record_in(value: bytes | None) -> LeaseRecord | None:

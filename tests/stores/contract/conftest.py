@@ -139,6 +139,14 @@ def _records_etcd(tmp_path: Path) -> Opener:
     return _on(lambda: EtcdBackend(url))
 
 
+def _records_postgres(tmp_path: Path) -> Opener:
+    from hamsterbunker.stores.backends.postgres import PostgresBackend
+    from tests.support.postgres_server import postgres_url
+
+    url = postgres_url()
+    return _on(lambda: PostgresBackend(url))
+
+
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "file": _file,
     "memory": _memory,
@@ -146,6 +154,7 @@ BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "records-file": _records_file,
     "records-redis": _records_redis,
     "records-etcd": _records_etcd,
+    "records-postgres": _records_postgres,
     "redis": _redis,
     "etcd": _etcd,
 }
@@ -169,7 +178,7 @@ def open_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 
 # The backends whose lease watch yields the record each change carries (etcd's watch
 # events, Redis' messages); the others yield None, a hint to read.
-CARRIES_LEASE = {"redis", "etcd"}
+CARRIES_LEASE = {"redis", "etcd", "records-etcd"}
 # The backends whose take_lease reads for the restore in the same atomic step.
 READS_AS_IT_TAKES = {"etcd"}
 
