@@ -40,6 +40,10 @@ __all__ = [
 ]
 
 
+POSTGRES_SCHEMES = ("postgresql", "postgres")
+NEEDS_PSYCOPG = "the PostgreSQL store needs psycopg 3"
+
+
 def open_store(
     url: str,
     *,
@@ -85,6 +89,10 @@ def open_store(
     if scheme in ("etcd", "etcds"):
         store = _etcd().EtcdStore(url, create=create)
         return store
+    if scheme in POSTGRES_SCHEMES:
+        from .layer import RecordStore
+
+        return RecordStore(_postgres().PostgresBackend(url))
     path = file_store_path(url)
     from .file import FileStore
 
@@ -100,6 +108,9 @@ def check_store_url(url: str) -> str | None:
         return None
     if scheme in ("etcd", "etcds"):
         _etcd().parse_etcd_url(url)
+        return None
+    if scheme in POSTGRES_SCHEMES:
+        _backend(".backends.postgres_connection", NEEDS_PSYCOPG, "postgres").parse_postgres_url(url)
         return None
     if scheme == "syncdir":
         return syncdir_store_path(url)
@@ -133,7 +144,8 @@ def file_store_path(url: str) -> str:
     if parts.scheme != "file":
         raise ConfigError(
             f"store URL {redacted_url(url)!r}: unknown scheme {parts.scheme or '(none)'!r}; "
-            "use file:///path, syncdir:///path, etcd://host:port/prefix or redis://host:port/db"
+            "use file:///path, syncdir:///path, etcd://host:port/prefix, redis://host:port/db "
+            "or postgresql://user@host:port/db"
         )
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not path.startswith("/"):
@@ -149,6 +161,10 @@ def _redis() -> ModuleType:
 
 def _etcd() -> ModuleType:
     return _backend(".etcd", "the etcd store needs etcd3gw and requests", "etcd")
+
+
+def _postgres() -> ModuleType:
+    return _backend(".backends.postgres", NEEDS_PSYCOPG, "postgres")
 
 
 def _backend(module: str, needs: str, extra: str) -> ModuleType:

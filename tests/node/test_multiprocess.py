@@ -1,11 +1,11 @@
 """Nodes as real processes on one shared store: kill, race, pause, slow steps, graceful stop.
 
 The kill, the racers, the two zombie leaders and the graceful stop run on the
-file store, on Redis and on etcd (``store_url``; the racers three rounds on the
-file store and one on each other); each Redis or etcd test has a key prefix of
-its own on the session's server. The kill and the graceful stop are the fast
-tier's smoke tests (``make test``); the rest is in the slow tier. The store's
-half, fenced writes and compare-and-set races of eight clients, is proved on
+file store, on Redis, on etcd and on PostgreSQL (``store_url``; the racers three
+rounds on the file store and one on each other); each network store test has a
+key prefix (PostgreSQL: a table) of its own on the session's server. The kill
+and the graceful stop are the fast tier's smoke tests (``make test``); the rest
+is in the slow tier. The store's half, fenced writes and compare-and-set races of eight clients, is proved on
 every backend by the contract suite (tests/stores/contract).
 """
 
@@ -26,6 +26,7 @@ from hamsterbunker.stores import Store, open_store
 from hamsterbunker.timing import LeaseTiming
 from tests.support import pause_outside_lock, process_state, wait_until
 from tests.support.etcd_server import etcd_url
+from tests.support.postgres_server import postgres_url
 from tests.support.redis_server import redis_url
 
 pytestmark = pytest.mark.multiprocess
@@ -38,15 +39,16 @@ A, B, C = (
 MakeCluster = Callable[..., LocalCluster]
 
 
-@pytest.fixture(params=["file", "redis", "etcd"])
+@pytest.fixture(params=["file", "redis", "etcd", "postgres"])
 def store_url(request: pytest.FixtureRequest) -> str | None:
-    """The store the nodes share: None for local_cluster's own file store, or a Redis or etcd prefix."""
-    urls = {"redis": redis_url, "etcd": etcd_url}
+    """The store the nodes share: None for local_cluster's own file store, or a Redis or etcd
+    prefix, or a PostgreSQL table."""
+    urls = {"redis": redis_url, "etcd": etcd_url, "postgres": postgres_url}
     return urls[request.param]() if request.param in urls else None
 
 
 def opened(cluster: LocalCluster) -> Store:
-    """The store the cluster's nodes share (file, Redis or etcd), as an outside reader."""
+    """The store the cluster's nodes share (file, Redis, etcd or PostgreSQL), as an outside reader."""
     return open_store(cluster.store_url)
 
 
@@ -134,7 +136,7 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
 # eight clients' compare-and-set on every backend (tests/stores/contract).
 @pytest.mark.parametrize(
     ("store_url", "round_no"),
-    [("file", 0), ("file", 1), ("file", 2), ("redis", 0), ("etcd", 0)],
+    [("file", 0), ("file", 1), ("file", 2), ("redis", 0), ("etcd", 0), ("postgres", 0)],
     indirect=["store_url"],
 )
 def test_eight_racers_on_an_empty_lease_elect_exactly_one_holder(

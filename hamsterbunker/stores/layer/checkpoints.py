@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from ...blob import Blob
 from ...errors import CorruptRecord, StoreError
+from ...failpoints import failpoint
 from ...limits import (
     MAX_CHECKPOINT_BYTES,
     check_checkpoint_bounds,
@@ -68,6 +69,7 @@ def put_checkpoint(
         *consumption.writes(),
     ]
     fenced = Compare(keys.fence, fence.to_text().encode())
+    failpoint("checkpoint.before_commit")
     result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
     if not result.succeeded:
         now = result.reads[0]
@@ -138,6 +140,7 @@ def reseal_checkpoint(
 ) -> bool:
     check_reseal(info, old, new)
     key = keys.checkpoint_data(info.seq, info.epoch)
+    failpoint("reseal.before_commit")
     return layer.commit(
         Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
     ).succeeded
@@ -187,4 +190,5 @@ def reseal_effect(
         raise StoreError(problem)
     key = keys.effect(seq, index, kind)
     txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+    failpoint("reseal.before_commit")
     return layer.commit(txn).succeeded

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
+from ...failpoints import failpoint
 from ...limits import MAX_REPLY_BYTES, MAX_SEQ, check_request_id, check_submission_bounds
 from ...read_bounds import INBOX_READ, ReadBound
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, TooLarge, Txn
@@ -134,6 +135,7 @@ def read_admission(layer: Layer, keys: AgentKeys, request_id: str) -> AdmissionS
 def reseal_submission(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_submission(n, old, new)
     key = keys.submission(n)
+    failpoint("reseal.before_commit")
     return layer.commit(
         Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
     ).succeeded
@@ -172,6 +174,7 @@ def reseal_reply(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) 
     for key, data in found.items:
         if data == b"+" + old:
             txn = Txn(compares=[Compare(key, data)], writes=[Put(key, b"+" + new)])
+            failpoint("reseal.before_commit")
             return layer.commit(txn).succeeded
     return False
 
