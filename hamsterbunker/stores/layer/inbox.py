@@ -75,8 +75,8 @@ def admit(layer: Layer, keys: AgentKeys, request_id: str, n: int, blob: bytes) -
         last_n = count_of(last_bytes, f"last admitted number of {keys.agent!r}")
         if n != last_n + 1:
             raise NotNextNumber(n, last_n + 1)
-        ever = counts_of(value_of(admitted, _COUNT_BYTES, what), "inbox admissions")
-        gone = counts_of(value_of(consumed, _COUNT_BYTES, what), "inbox consumptions")
+        ever = _totals(layer, admitted, f"admissions to {keys.agent!r}")
+        gone = _totals(layer, consumed, f"consumptions of {keys.agent!r}")
         full = inbox_full(ever[0] - gone[0] + 1, ever[1] - gone[1] + len(blob))
         if full is not None:
             raise InboxFull(full)
@@ -94,6 +94,16 @@ def admit(layer: Layer, keys: AgentKeys, request_id: str, n: int, blob: bytes) -
             return n, False
         layer.forget_index(keys)
     raise StoreError(f"{what} lost {_ADMIT_ATTEMPTS} races in a row to other admissions")
+
+
+def _totals(layer: Layer, found: bytes | TooLarge | None, what: str) -> tuple[int, int]:
+    """A stored "count bytes" total; (0, 0), reported, for junk: a total planted must not
+    stop admissions for good (the limits then count from the junk on)."""
+    try:
+        return counts_of(value_of(found, _COUNT_BYTES, what), what)
+    except CorruptRecord as exc:
+        layer.reported(f"{what}: {exc}")
+        return 0, 0
 
 
 def read_inbox(layer: Layer, keys: AgentKeys, after: int) -> list[tuple[int, bytes]]:
