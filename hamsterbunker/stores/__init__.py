@@ -83,20 +83,17 @@ def open_store(
             f"sync_delay_ms only applies to a syncdir:// store, not {redacted_url(url)!r}"
         )
     store: Store
+    from .layer import RecordStore
+
     if scheme in ("redis", "rediss"):
-        store = _redis().RedisStore(url, create=create)
-        return store
+        return RecordStore(_redis_backend().RedisBackend(url))
     if scheme in ("etcd", "etcds"):
-        store = _etcd().EtcdStore(url, create=create)
-        return store
+        return RecordStore(_etcd_backend().EtcdBackend(url))
     if scheme in POSTGRES_SCHEMES:
-        from .layer import RecordStore
-
         return RecordStore(_postgres().PostgresBackend(url))
-    path = file_store_path(url)
-    from .file import FileStore
+    from .layer.files import FileStore
 
-    return FileStore(path, create=create)
+    return FileStore(file_store_path(url), create=create)
 
 
 def check_store_url(url: str) -> str | None:
@@ -161,6 +158,14 @@ def _redis() -> ModuleType:
 
 def _etcd() -> ModuleType:
     return _backend(".etcd", "the etcd store needs etcd3gw and requests", "etcd")
+
+
+def _redis_backend() -> ModuleType:
+    return _backend(".backends.redis", "the Redis store needs redis-py", "redis")
+
+
+def _etcd_backend() -> ModuleType:
+    return _backend(".backends.etcd", "the etcd store needs etcd3gw and requests", "etcd")
 
 
 def _postgres() -> ModuleType:
