@@ -34,6 +34,13 @@ etcd store's checkpoints were: raise the limit on every member, or keep values
 smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
 
 Watches follow ``P/prefix`` from the revision last seen (``Follower``).
+
+The etcd store of earlier versions (``stores.etcd``) kept its records under the
+same prefix, at ``P/cluster`` and ``P/agents/...`` too, but never wrote the
+record layer's index of agents (``P/index/<agent>``, written with an agent's
+first lease, heartbeat, event or submission). So a prefix with keys under
+``agents/`` and none under ``index/`` is refused (``stores.earlier``) by the
+first call that reaches etcd: one request of two keys-only ranges of one key.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from ..backend import (
     prefix_end,
 )
 from ..base import StoreGuarantees
+from ..earlier import earlier_store
 from ..etcd.connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
 from ..urls import redacted_url
 from .etcd_watch import Follower
@@ -160,6 +168,7 @@ class EtcdBackend:
         # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
         self._root_end = prefix_end(self._root.decode("latin-1"))
         self._followers: set[Follower] = set()
+        self._earlier_looked = False
 
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         found = self._run(Txn(reads=[Get(key, max_bytes)]), "get").reads[0]
@@ -176,6 +185,8 @@ class EtcdBackend:
 
     def _run(self, txn: Txn, what: str) -> TxnResult:
         puts, deletes = _net_writes(txn.writes)
+        if not self._earlier_looked:
+            self._refuse_an_earlier_store()
         writes = [
             {"request_put": {"key": _b64(self._raw(key)), "value": _b64(value)}}
             for key, value in puts.items()
@@ -209,6 +220,23 @@ class EtcdBackend:
                     for read, page in zip(txn.reads, found, strict=True)
                 ],
             )
+
+    def _refuse_an_earlier_store(self) -> None:
+        """ConfigError if the prefix holds the earlier etcd store's records (agents', and no
+        index of them): looked for at the first call, not at open, since a node may open
+        the store before etcd answers (StoreUnavailable then, and the next call looks again)."""
+        folders = ("agents/", "index/")
+        ranges = [self._range(f, prefix_end(f), limit=1, keys_only=True) for f in folders]
+        with self._connection.errors_translated("open"):
+            response = self._connection.txn([], [{"request_range": r} for r in ranges])
+        answers = response.get("responses", [])
+        found = [bool(answer.get("response_range", {}).get("kvs")) for answer in answers]
+        if found == [True, False]:
+            prefix = self.target.prefix
+            raise earlier_store(
+                f"etcd store {self.url}", f"records under {prefix}/agents/ and no {prefix}/index/"
+            )
+        self._earlier_looked = True
 
     def _ranges_at(self, requests: list[dict[str, Any]], revision: int) -> list[dict[str, Any]]:
         """What range requests find at revision (etcd's snapshot), _TXN_OPS a request."""

@@ -10,6 +10,10 @@ Layout under the root::
 Under the lock a commit finishes a redo log a crash left, compares, makes its
 writes (a crash leaves the store as before or as after) and reads. Readers take
 no lock: they may see a commit's writes one by one.
+
+The file store of earlier versions (``stores.file``) kept its records at the
+root (``cluster.json``, ``agents/``): a root holding either beside no ``kv/``
+is refused at open (``stores.earlier``), before anything is written there.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ...limits import STALE_TEMP_AGE_S
 from ...read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
+from ..earlier import earlier_store
 from ..file import fileio
 from ..file.layout import is_sync_copy
 from ..file.location import check_location, mount_of, open_root
@@ -51,6 +56,7 @@ _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOE
 _LOCK_POLL_S = 0.002
 _WATCH_RETRY_S = 0.5  # how often a watch looks for kv/ until it is made
 _os_errors = fileio.os_errors_as_store_errors("file backend")
+_EARLIER_NAMES = ("cluster.json", "agents")  # the earlier file store's, at the root
 
 
 class FileBackend:
@@ -67,6 +73,7 @@ class FileBackend:
         self.lock_timeout = lock_timeout
         self._next_sweep = 0.0  # monotonic
         open_root(self.root, create=create)  # ConfigError naming the path and the fix
+        _refuse_an_earlier_store(self.root)
         self.warnings: list[str] = check_location(self.root)  # StoreUnsafe in a synced folder
         if create:  # make kv/, finish a crash's redo log, sweep old temp files
             try:
@@ -237,6 +244,15 @@ class FileBackend:
                 break
             found = (path, info.st_ino)
         return found
+
+
+def _refuse_an_earlier_store(root: Path) -> None:
+    """ConfigError if root holds the records of the earlier file store, and no keys."""
+    if os.path.lexists(root / KV_NAME):
+        return
+    found = [name for name in _EARLIER_NAMES if os.path.lexists(root / name)]
+    if found:
+        raise earlier_store(f"store directory {root}", " and ".join(found) + " at its root")
 
 
 def _plan(tree: KeyTree, txn: Txn, temps: list[str]) -> Ops:

@@ -21,7 +21,10 @@ the server.
 A commit is as durable as the server makes it: ``appendonly yes`` with
 ``appendfsync always`` makes every acknowledged one durable; the settings are
 read at open and ``warnings`` says what they can lose. Replicas are
-asynchronous, as for the Redis store. A watch subscribes to the channel: each
+asynchronous, as for the Redis store. The Redis store of earlier versions
+(``stores.redis``) kept its records under ``P:...``: a prefix holding its
+cluster record ``P:cluster`` is refused (``stores.earlier``) by the first call
+that reaches the server. A watch subscribes to the channel: each
 notice carries the value of a put of at most ``CARRIED_BYTES`` (a lease, a
 heartbeat; not a checkpoint), so ``NOTICE_VALUES`` is not claimed; after the
 subscription was lost and made again it says so with a gap (key None).
@@ -57,6 +60,7 @@ from ..backend import (
     prefix_end,
 )
 from ..base import StoreGuarantees
+from ..earlier import earlier_store
 from ..redis.connection import RedisConnection
 from .redis_script import TXN
 
@@ -102,6 +106,8 @@ class RedisBackend:
         self.url = self._connection.url
         tag = "{" + self._connection.prefix + "}"  # check_name: no braces in a prefix
         self._index, self._values, self._channel = f"{tag}:index", f"{tag}:k:", f"{tag}:changed"
+        self._earlier = f"{self._connection.prefix}:cluster"  # the earlier store's cluster record
+        self._earlier_looked = False
         self._redis = self._connection.client()
         if self._redis.connection_pool.connection_kwargs.get("decode_responses"):
             self._redis.close()
@@ -174,11 +180,29 @@ class RedisBackend:
     def _run(self, txn: Txn) -> list[Any]:
         """The script's answer to txn: [succeeded, read, ...] (redis_script)."""
         args = self._args(txn)  # blobs joined here: a maker's error comes out before any I/O
+        if not self._earlier_looked:
+            self._refuse_an_earlier_store()
         with self._translated("commit"):
             answer = self._txn(keys=[self._index], args=args)
         if not isinstance(answer, list) or len(answer) != 1 + len(txn.reads):
             raise StoreError(f"redis store {self.url}: the commit script answered {answer!r:.80}")
         return answer
+
+    def _refuse_an_earlier_store(self) -> None:
+        """ConfigError if the earlier Redis store's cluster record is under the prefix: looked
+        for at the first call, not at open, since a node may open the store before the
+        server is up (StoreUnavailable then, and the next call looks again)."""
+        with self._translated("open"):
+            try:
+                found = self._redis.exists(self._earlier)
+            except redis.ResponseError as exc:
+                # Refused (an ACL allowing only {P}:*, a Cluster node that does not hold it):
+                # no earlier store could be read through this client either.
+                log.debug("redis store %s: %s not looked for: %s", self.url, self._earlier, exc)
+                found = 0
+        if found:
+            raise earlier_store(f"Redis store {self.url}", f"its key {self._earlier}")
+        self._earlier_looked = True
 
     @contextmanager
     def _translated(self, what: str) -> Iterator[None]:

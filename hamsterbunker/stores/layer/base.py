@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ...errors import ConfigError, CorruptRecord, StoreError
@@ -78,6 +78,20 @@ class Layer:
         """After a failed write: the agent's index may not be written yet."""
         with self._lock:
             self._indexed.discard(keys.agent)
+
+    def commit_indexed(self, keys: AgentKeys, txn: Txn) -> TxnResult:
+        """Commit txn, which writes the agent's records, with the write that lists it
+        (``index``). Unless it succeeded the index is forgotten, so that the next write
+        makes it: every agent with records is listed (``stores.earlier`` relies on it)."""
+        writes = [*txn.writes, *self.index(keys)]
+        try:
+            result = self.commit(replace(txn, writes=writes))
+        except BaseException:
+            self.forget_index(keys)
+            raise
+        if not result.succeeded:
+            self.forget_index(keys)
+        return result
 
 
 def with_room(bound: ReadBound) -> ReadBound:

@@ -87,12 +87,10 @@ def admit(layer: Layer, keys: AgentKeys, request_id: str, n: int, blob: bytes) -
                 Put(keys.request(request_id), f"{n} {len(blob)}".encode()),
                 Put(keys.last, str(n).encode()),
                 Put(keys.admitted, f"{ever[0] + 1} {ever[1] + len(blob)}".encode()),
-                *layer.index(keys),
             ],
         )
-        if layer.commit(txn).succeeded:
+        if layer.commit_indexed(keys, txn).succeeded:
             return n, False
-        layer.forget_index(keys)
     raise StoreError(f"{what} lost {_ADMIT_ATTEMPTS} races in a row to other admissions")
 
 

@@ -168,15 +168,8 @@ class RecordStore(Store):
         )
         if not same_fence:
             writes.append(Put(keys.fence, fence_text(new.holder, new.session, new.epoch).encode()))
-        writes += self.layer.index(keys)
         txn = Txn(compares=[Compare(keys.lease, current)], writes=writes)
-        try:
-            succeeded = self.layer.commit(txn).succeeded
-        except BaseException:
-            self.layer.forget_index(keys)
-            raise
-        if not succeeded:
-            self.layer.forget_index(keys)
+        if not self.layer.commit_indexed(keys, txn).succeeded:
             raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
 
     # -- checkpoints and the effect journal --------------------------------
@@ -246,14 +239,14 @@ class RecordStore(Store):
                 f"{MAX_RECORD_BYTES} bytes"
             )
         keys = AgentKeys(agent)
-        must(self.layer.commit(Txn(writes=[Put(keys.acceptance, bytes(data))])))
+        must(self.layer.commit_indexed(keys, Txn(writes=[Put(keys.acceptance, bytes(data))])))
 
     # -- heartbeats and events ---------------------------------------------
 
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         keys = AgentKeys(agent)
-        writes = [Put(keys.beat(heartbeat.node), heartbeat.to_json()), *self.layer.index(keys)]
-        must(self.layer.commit(Txn(writes=writes)))
+        beat = Put(keys.beat(heartbeat.node), heartbeat.to_json())
+        must(self.layer.commit_indexed(keys, Txn(writes=[beat])))
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         keys = AgentKeys(agent)

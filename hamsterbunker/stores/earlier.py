@@ -1,0 +1,25 @@
+"""Stores an earlier version wrote, in the hand-written stores' layouts: refused, never read.
+
+This version keeps every record in the record layer's layout (``stores.layer.keys``)
+on a backend. A store an earlier version wrote (``stores.file``, ``stores.redis``,
+``stores.etcd``) holds the same records elsewhere: at the directory's root beside
+no ``kv/``, under Redis keys ``P:...`` beside the backend's ``{P}:...``, under the
+etcd prefix with no agents' index. Read by this version it would look empty, and a
+node would start its agents afresh: silent loss of their state. So each backend
+looks for the earlier layout's marker before its first read and refuses the store.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConfigError
+
+__all__ = ["earlier_store"]
+
+
+def earlier_store(store: str, found: str) -> ConfigError:
+    """The one-line refusal of store (as it may be shown), in which found is the marker."""
+    return ConfigError(
+        f"{store} was written by an earlier version of HamsterBunker ({found}), in a layout "
+        "this version does not read: keep running the earlier version on it, or give this "
+        "version a new, empty store (another directory or prefix) and start its agents there"
+    )
