@@ -202,7 +202,7 @@ def pause(cluster: LocalCluster, node: str) -> None:
     """SIGSTOP node; on the file store outside its lease lock (a node paused holding it
     would hold up every other writer, a stated limit of the file store)."""
     if cluster.store_url.startswith("file://"):
-        pause_outside_lock(cluster, node, AGENT)
+        pause_outside_lock(cluster, node)
         return
     cluster.signal(node, signal.SIGSTOP)
     wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")

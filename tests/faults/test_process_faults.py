@@ -419,7 +419,7 @@ def test_zombie_loop_paused_leaders_are_fenced_by_the_store_and_step_down(
         time.sleep(rng.uniform(0.0, 0.3))  # a random moment of its work
         pause_s = rng.uniform(1.5, 5.0) * ttl
         before_n = last_event_n(store, zombie)
-        pause_outside_lock(cluster, zombie, AGENT)
+        pause_outside_lock(cluster, zombie)
         paused_at = time.monotonic()
         seq_at_pause = latest_seq(store)  # the zombie is frozen outside the lock: final
         # Someone else must take over while it sleeps, or there would be nothing to fence.
@@ -533,7 +533,7 @@ def test_short_pauses_of_the_leader_cause_no_takeover_and_no_epoch_change(
         time.sleep(rng.uniform(0.0, tick_ms / 1000))  # a random moment of the agent's step
         version = lease_version(store)
         wait_until(partial(lease_moved, store, version), "node-a to renew", timeout=30)
-        pause_outside_lock(cluster, A.node, AGENT)
+        pause_outside_lock(cluster, A.node)
         paused_at = time.monotonic()
         time.sleep(fraction * ttl)  # the pause itself is the fault
         seq_at_resume = latest_seq(store)
@@ -682,7 +682,7 @@ def test_wall_clock_jumps_mid_run_cause_no_takeover(
         # find the lease unchanged, so a standby that timed the lease on its wall
         # clock would see two hours without a renewal and take over.
         beats = {node: beats_of(store, node) for node in offsets}
-        pause_outside_lock(cluster, A.node, AGENT)
+        pause_outside_lock(cluster, A.node)
         paused_at = time.monotonic()
         set_offset(offsets[A.node], "-1h")
         set_offset(offsets[B.node], "+1h")

@@ -59,7 +59,7 @@ def pause(cluster: LocalCluster, node: str, agent: str) -> None:
     on Redis and etcd a paused node holds nothing up but its own lease.
     """
     if cluster.store_url.startswith("file://"):
-        pause_outside_lock(cluster, node, agent)
+        pause_outside_lock(cluster, node)
         return
     cluster.signal(node, signal.SIGSTOP)
     wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")

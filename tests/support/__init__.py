@@ -1,4 +1,4 @@
-"""Helpers the tests share: bounded waiting, process state, and the file store's lease lock."""
+"""Helpers the tests share: bounded waiting, process state, and the file store's lock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,32 +61,32 @@ def process_state(pid: int) -> str:
 
 
 @contextlib.contextmanager
-def holding_lease_lock(store_dir: Path, agent: str) -> Iterator[None]:
-    """Hold the file store's lease lock of agent, as a node would."""
-    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-    fd = os.open(store_dir / "agents" / agent / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
+def holding_store_lock(store_dir: Path) -> Iterator[None]:
+    """Hold the file store's commit lock (``stores.backends.file``: flock on .lock), as a
+    node does across each commit: no write is half made while it is held."""
+    fd = os.open(store_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         deadline = time.monotonic() + 10
         while True:
             try:
-                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except OSError:
+            except BlockingIOError:
                 if time.monotonic() > deadline:
-                    pytest.fail("the lease lock stayed busy for 10 s")
+                    pytest.fail("the store's lock stayed busy for 10 s")
                 time.sleep(0.001)
         yield
     finally:
         os.close(fd)
 
 
-def pause_outside_lock(cluster: LocalCluster, node: str, agent: str) -> None:
+def pause_outside_lock(cluster: LocalCluster, node: str) -> None:
     """SIGSTOP a node at a moment it holds no store lock.
 
     A node paused inside the few milliseconds it holds the file store's lock
     would hold up every other node until it resumes (a stated limit of the
     file store); holding the lock ourselves while stopping it rules that out.
     """
-    with holding_lease_lock(Path(cluster.store_url.removeprefix("file://")), agent):
+    with holding_store_lock(Path(cluster.store_url.removeprefix("file://"))):
         cluster.signal(node, signal.SIGSTOP)
         wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")
