@@ -26,9 +26,11 @@ import pytest
 from hamsterbunker import Runtime
 from hamsterbunker.notify import Notifier
 from hamsterbunker.records import CheckpointInfo, Heartbeat
+from hamsterbunker.stores.layer.keys import CLUSTER
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, wait_until
+from tests.support.raw_store import file_key
 
 SECRET = "notify-test-secret"
 TICK_MS = 100
@@ -226,7 +228,7 @@ def test_ready_is_never_sent_when_the_secret_is_wrong(
     common += ["--agent", "hb_test_agents:JournalCounter", "--node-id", "n1"]
     # The first node creates the cluster with its secret, then stops.
     first = subprocess.Popen(common, env=_hb_env(HB_SECRET=SECRET), stderr=subprocess.PIPE)
-    wait_until(lambda: (store / "cluster.json").exists(), "the cluster record")
+    wait_until(lambda: file_key(store, CLUSTER).exists(), "the cluster record")
     first.send_signal(signal.SIGTERM)
     assert first.wait(20) == 0
     second = subprocess.run(

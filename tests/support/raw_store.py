@@ -32,7 +32,16 @@ from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 
-__all__ = ["BACKENDS", "RawRecords", "RawStore", "backend_store", "raw_at", "raw_view"]
+__all__ = [
+    "BACKENDS",
+    "RawRecords",
+    "RawStore",
+    "backend_store",
+    "file_key",
+    "file_keys",
+    "raw_at",
+    "raw_view",
+]
 
 
 class RawStore(Protocol):
@@ -311,6 +320,17 @@ def raw_view(store: Store) -> RawStore:
     if type(store).__name__ == "EtcdStore":
         return RawEtcd(store.url, store)  # type: ignore[attr-defined]
     raise AssertionError(f"no raw view of {store!r}")
+
+
+def file_key(root: Path, key: str) -> Path:
+    """The file in which a file store at root keeps key (``stores.backends.file``)."""
+    return root / "kv" / key
+
+
+def file_keys(root: Path) -> list[str]:
+    """Every key a file store at root holds (none in a store opened but never written)."""
+    kv = root / "kv"
+    return sorted(str(p.relative_to(kv)) for p in kv.rglob("*") if not p.is_dir())
 
 
 def raw_at(url: str) -> RawRecords:

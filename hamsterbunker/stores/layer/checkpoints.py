@@ -54,12 +54,18 @@ def put_checkpoint(
     if problem is not None:
         raise StoreError(problem)
     consumption = Consumption(layer, keys, consumed)
-    before = layer.commit(Txn(reads=[Scan(keys.ckpt, CHECKPOINT_LIST_READ), *consumption.reads()]))
-    listing = before.reads[0]
+    fence_now = Get(keys.fence, 256)
+    before = layer.commit(
+        Txn(reads=[fence_now, Scan(keys.ckpt, CHECKPOINT_LIST_READ), *consumption.reads()])
+    )
+    now, listing = before.reads[:2]
+    # A writer fenced out learns so first, whatever junk its own epoch's listing holds.
+    if now != fence.to_text().encode():
+        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
     assert isinstance(listing, ScanResult)
     listed = _listed(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
-    consumption.found(before.reads[1:])
+    consumption.found(before.reads[2:])
     info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
     writes: list[Put | DeleteRange] = [
         Put(keys.checkpoint_data(seq, fence.epoch), blob),

@@ -292,11 +292,14 @@ class RecordStore(Store):
         async for notice in self.backend.watch(prefix):
             if notice.key is not None and notice.key != keys.lease and (lease_only or terms_only):
                 continue
+            # The lease's value, where the notice says it: always, where every notice carries
+            # its value (None: deleted); else where this one carried it (None: read to know).
+            told = notice.key == keys.lease and (carries or notice.value is not None)
             if terms is not None:
-                value = notice.value if carries and notice.key else await read_lease_bytes()
+                value = notice.value if told else await read_lease_bytes()
                 if not terms.changed(value):
                     continue
-            lease_notice = carries and prefix == keys.lease and notice.key == keys.lease
+            lease_notice = told and prefix == keys.lease
             yield self._record_in(notice.value) if lease_notice else None
 
     @staticmethod
