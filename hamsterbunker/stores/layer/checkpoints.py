@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ...blob import Blob
 from ...errors import CorruptRecord, StoreError
-from ...failpoints import failpoint
+from ...failpoints import failpoint, failpoints_within
 from ...limits import (
     MAX_CHECKPOINT_BYTES,
     check_checkpoint_bounds,
@@ -76,7 +76,8 @@ def put_checkpoint(
     ]
     fenced = Compare(keys.fence, fence.to_text().encode())
     failpoint("checkpoint.before_commit")
-    result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
+    with failpoints_within("checkpoint"):
+        result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
     if not result.succeeded:
         now = result.reads[0]
         raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
@@ -147,9 +148,10 @@ def reseal_checkpoint(
     check_reseal(info, old, new)
     key = keys.checkpoint_data(info.seq, info.epoch)
     failpoint("reseal.before_commit")
-    return layer.commit(
-        Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-    ).succeeded
+    with failpoints_within("reseal"):
+        return layer.commit(
+            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+        ).succeeded
 
 
 def put_effect(
@@ -197,4 +199,5 @@ def reseal_effect(
     key = keys.effect(seq, index, kind)
     txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
     failpoint("reseal.before_commit")
-    return layer.commit(txn).succeeded
+    with failpoints_within("reseal"):
+        return layer.commit(txn).succeeded

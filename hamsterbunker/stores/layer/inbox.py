@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
-from ...failpoints import failpoint
+from ...failpoints import failpoint, failpoints_within
 from ...limits import MAX_REPLY_BYTES, MAX_SEQ, check_request_id, check_submission_bounds
 from ...read_bounds import INBOX_READ, ReadBound
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, TooLarge, Txn
@@ -89,7 +89,9 @@ def admit(layer: Layer, keys: AgentKeys, request_id: str, n: int, blob: bytes) -
                 Put(keys.admitted, f"{ever[0] + 1} {ever[1] + len(blob)}".encode()),
             ],
         )
-        if layer.commit_indexed(keys, txn).succeeded:
+        with failpoints_within("inbox.admit"):
+            admitted_now = layer.commit_indexed(keys, txn).succeeded
+        if admitted_now:
             return n, False
     raise StoreError(f"{what} lost {_ADMIT_ATTEMPTS} races in a row to other admissions")
 
@@ -144,9 +146,10 @@ def reseal_submission(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: by
     check_resealed_submission(n, old, new)
     key = keys.submission(n)
     failpoint("reseal.before_commit")
-    return layer.commit(
-        Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-    ).succeeded
+    with failpoints_within("reseal"):
+        return layer.commit(
+            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+        ).succeeded
 
 
 def read_replies(
@@ -183,7 +186,8 @@ def reseal_reply(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) 
         if data == b"+" + old:
             txn = Txn(compares=[Compare(key, data)], writes=[Put(key, b"+" + new)])
             failpoint("reseal.before_commit")
-            return layer.commit(txn).succeeded
+            with failpoints_within("reseal"):
+                return layer.commit(txn).succeeded
     return False
 
 
