@@ -76,7 +76,7 @@ def put_checkpoint(
     ]
     fenced = Compare(keys.fence, fence.to_text().encode())
     failpoint("checkpoint.before_commit")
-    with failpoints_within("checkpoint"):
+    with failpoints_within("inbox.commit" if consumed else "checkpoint"):
         result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
     if not result.succeeded:
         now = result.reads[0]
