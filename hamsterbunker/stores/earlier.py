@@ -4,7 +4,8 @@ This version keeps every record in the record layer's layout (``stores.layer.key
 on a backend. A store an earlier version wrote (``stores.file``, ``stores.redis``,
 ``stores.etcd``) holds the same records elsewhere: at the directory's root beside
 no ``kv/``, under Redis keys ``P:...`` beside the backend's ``{P}:...``, under the
-etcd prefix with no agents' index. Read by this version it would look empty, and a
+etcd prefix by names of its own and with no index of agents. Read by this
+version it would look empty, and a
 node would start its agents afresh: silent loss of their state. So each backend
 looks for the earlier layout's marker before its first read and refuses the store.
 """

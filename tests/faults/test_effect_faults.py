@@ -780,7 +780,7 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
 
 
 def pause(cluster: LocalCluster, node: str, agent: str) -> None:
-    """SIGSTOP node; on the file store outside its lease lock (a node paused holding it
+    """SIGSTOP node; on the file store outside its store lock (a node paused holding it
     would hold up every other node, a stated limit of the file store)."""
     if cluster.store_url.startswith("file://"):
         pause_outside_lock(cluster, node)

@@ -201,7 +201,7 @@ def holds_lease(store: Store, node: str) -> bool:
 
 
 def pause(cluster: LocalCluster, node: str) -> None:
-    """SIGSTOP node; on the file store outside its lease lock (a node paused holding it
+    """SIGSTOP node; on the file store outside its store lock (a node paused holding it
     would hold up every other writer, a stated limit of the file store)."""
     if cluster.store_url.startswith("file://"):
         pause_outside_lock(cluster, node)

@@ -55,7 +55,7 @@ def opened(cluster: LocalCluster) -> Store:
 def pause(cluster: LocalCluster, node: str, agent: str) -> None:
     """SIGSTOP node and wait until it is stopped.
 
-    On the file store it is stopped outside the lease lock (``pause_outside_lock``);
+    On the file store it is stopped outside the store lock (``pause_outside_lock``);
     on Redis and etcd a paused node holds nothing up but its own lease.
     """
     if cluster.store_url.startswith("file://"):

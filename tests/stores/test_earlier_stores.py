@@ -218,12 +218,14 @@ def test_a_client_opened_before_the_server_held_it_is_refused_at_its_first_call(
 
 
 def test_an_etcd_store_of_this_version_is_not_taken_for_an_earlier_one(tmp_path: Path) -> None:
-    """Both versions keep their records under the prefix's agents/: this version's are
-    listed in index/ with the first write of each agent, whatever that write is, and an
-    earlier store's cluster record alone is the same record, taken as it is."""
+    """Both versions keep their records under the prefix's agents/, the earlier one under
+    names of its own: junk under this version's names is no earlier store, an agent is
+    listed in index/ with its first write, whatever that write is, and an earlier store's
+    cluster record alone is the same record, taken as it is."""
     made = EarlierEtcd()
     try:
         made.plant(cluster_only=True)
+        made.client.put(f"{made.prefix}/agents/x/effects/{1:020d}/0000-intent", b"junk")
         first = open_store(made.url)
         first.put_acceptance(AGENT, b"accepted")
         first.put_heartbeat("b", network_heartbeat("n1"))

@@ -36,11 +36,13 @@ smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
 Watches follow ``P/prefix`` from the revision last seen (``Follower``).
 
 The etcd store of earlier versions (``stores.etcd``) kept its records under the
-same prefix, at ``P/cluster`` and ``P/agents/...`` too, but never wrote the
-record layer's index of agents (``P/index/<agent>``, written with an agent's
-first lease, heartbeat, event or submission). So a prefix with keys under
-``agents/`` and none under ``index/`` is refused (``stores.earlier``) by the
-first call that reaches etcd: one request of two keys-only ranges of one key.
+same prefix, at ``P/cluster`` and ``P/agents/...`` too, but under names of its
+own (``P/agents/A/checkpoint-info/``, ``heartbeats/``, ``event-nodes/``, ...),
+and never wrote the record layer's index of agents (``P/index/<agent>``,
+written with an agent's first lease, heartbeat, event or submission). So a
+prefix with no index whose first keys under ``agents/`` hold one of those names
+is refused (``stores.earlier``) by the first call that reaches etcd: one
+request, of keys only.
 """
 
 from __future__ import annotations
@@ -95,6 +97,11 @@ _PENDING_NOTICES = 1000
 _TXN_OPS = 128
 # The genuine values a scan page may fetch, at least (see _page_size).
 _PAGE_BYTES = 1024 * 1024
+# What only the earlier etcd store named an agent's records (P/agents/A/<name>/...), and how
+# many keys of P/agents/ are looked at for one: the first agent's checkpoints come first,
+# its effect journal and event-node index soon after.
+_EARLIER_FOLDERS = frozenset({"checkpoint-info", "checkpoints", "event-nodes", "heartbeats"})
+_EARLIER_LOOKED = 1000
 
 
 def _b64(data: bytes) -> str:
@@ -222,19 +229,23 @@ class EtcdBackend:
             )
 
     def _refuse_an_earlier_store(self) -> None:
-        """ConfigError if the prefix holds the earlier etcd store's records (agents', and no
-        index of them): looked for at the first call, not at open, since a node may open
-        the store before etcd answers (StoreUnavailable then, and the next call looks again)."""
-        folders = ("agents/", "index/")
-        ranges = [self._range(f, prefix_end(f), limit=1, keys_only=True) for f in folders]
+        """ConfigError if the prefix holds the earlier etcd store's records (see the module's
+        doc): looked for at the first call, not at open, since a node may open the store
+        before etcd answers (StoreUnavailable then, and the next call looks again)."""
+        index = self._range("index/", prefix_end("index/"), limit=1, keys_only=True)
+        agents = self._range(
+            "agents/", prefix_end("agents/"), limit=_EARLIER_LOOKED, keys_only=True
+        )
         with self._connection.errors_translated("open"):
-            response = self._connection.txn([], [{"request_range": r} for r in ranges])
-        answers = response.get("responses", [])
-        found = [bool(answer.get("response_range", {}).get("kvs")) for answer in answers]
-        if found == [True, False]:
-            prefix = self.target.prefix
+            response = self._connection.txn(
+                [], [{"request_range": index}, {"request_range": agents}]
+            )
+        listed, found = (a.get("response_range", {}).get("kvs", []) for a in response["responses"])
+        names = [] if listed else [self._key(kv) for kv in found]  # agents/A/<folder>/...
+        earlier = [n for n in names if n.count("/") > 2 and n.split("/")[2] in _EARLIER_FOLDERS]
+        if earlier:
             raise earlier_store(
-                f"etcd store {self.url}", f"records under {prefix}/agents/ and no {prefix}/index/"
+                f"etcd store {self.url}", f"its key {self.target.prefix}/{earlier[0]}"
             )
         self._earlier_looked = True
 
