@@ -6,7 +6,10 @@
 A point reached inside ``failpoints_within(scope)`` is reached under its own
 name and as ``scope.name`` too (``checkpoint.file_backend.commit.after_log``:
 that point of a backend's commit, in a checkpoint's commit only), so that a
-test can aim at one kind of write. See docs/failpoints.md for the points.
+test can aim at one kind of write. A stop waits for every other thread of the
+process to leave its ``not_stopped_inside()`` blocks (the file store's lock: a
+process stopped holding it would hold up every other writer). See
+docs/failpoints.md for the points.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import signal
 import threading
 from collections.abc import Iterator
 
-__all__ = ["failpoint", "failpoints_within"]
+__all__ = ["failpoint", "failpoints_within", "not_stopped_inside"]
 
 _ACTIONS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}
 _hits: dict[str, int] = {}
 _scope = threading.local()  # the scope of the calls this thread is in, if any
+_unstoppable = threading.RLock()  # held across not_stopped_inside() blocks, and by a stop
 
 
 def _armed() -> dict[str, tuple[str, int]]:
@@ -47,8 +51,10 @@ def failpoint(name: str) -> None:
         _hits[point] = _hits.get(point, 0) + 1
         if _hits[point] == action[1]:
             # Aimed at this thread, not the process: a process-directed signal may be
-            # taken by another thread while this one runs on past the failpoint.
-            signal.pthread_kill(threading.get_ident(), _ACTIONS[action[0]])
+            # taken by another thread while this one runs on past the failpoint. The
+            # process stops as the call returns, before this thread lets go of the lock.
+            with _unstoppable:
+                signal.pthread_kill(threading.get_ident(), _ACTIONS[action[0]])
 
 
 @contextlib.contextmanager
@@ -60,3 +66,14 @@ def failpoints_within(scope: str) -> Iterator[None]:
         yield
     finally:
         _scope.name = outer
+
+
+@contextlib.contextmanager
+def not_stopped_inside() -> Iterator[None]:
+    """A failpoint's stop in another thread of this process waits until the block ends
+    (one inside it, in this thread, does not: it aims at that point)."""
+    if "HB_FAILPOINTS" not in os.environ:
+        yield
+        return
+    with _unstoppable:
+        yield

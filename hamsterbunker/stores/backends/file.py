@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ...blob import Blob, BlobPieces
 from ...errors import CorruptRecord, StoreError, StoreUnavailable
-from ...failpoints import failpoint
+from ...failpoints import failpoint, not_stopped_inside
 from ...limits import STALE_TEMP_AGE_S
 from ...read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
@@ -153,7 +153,12 @@ class FileBackend:
                         value, points = _maker_errors_kept(write.value), "file_backend.commit"
                         temps.append(fileio.write_temp(root_fd, value, True, points))
                 failpoint("file_backend.commit.before_lock")
-                with self._locked(root_fd), self._tree(root_fd, write=True) as tree:
+                # A node stopped at a failpoint must not hold the lock: see failpoints.
+                with (
+                    not_stopped_inside(),
+                    self._locked(root_fd),
+                    self._tree(root_fd, write=True) as tree,
+                ):
                     assert tree is not None  # made by a writer
                     tree.replay()
                     self._sweep_now_and_then(root_fd)
