@@ -40,7 +40,13 @@ from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.timing import LeaseTiming
-from tests.support import pause_outside_lock, process_state, store_of, wait_until
+from tests.support import (
+    pause_outside_lock,
+    process_state,
+    redo_finished,
+    store_of,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.multiprocess]
 
@@ -326,7 +332,7 @@ def test_kill_loop_sigkills_of_the_active_node_lose_nothing_and_repeat_at_most_t
         victim = lease.holder
         killed_at = time.monotonic()
         cluster.kill(victim)  # SIGKILL, and reaped: it writes nothing more
-        last = latest_seq(store)
+        last = latest_seq(redo_finished(store))  # a commit it had made durable counts
         kills.append({"node": victim, "epoch": lease.epoch, "last": last, "at": killed_at})
         killed_epoch = lease.epoch
         cluster.start(SPECS[victim])  # the machine comes back, as a standby

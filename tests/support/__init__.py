@@ -15,6 +15,9 @@ import pytest
 
 from hamsterbunker import FileStore
 from hamsterbunker.local import LocalCluster
+from hamsterbunker.stores import Store
+from hamsterbunker.stores.backend import Txn
+from hamsterbunker.stores.layer import RecordStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -53,6 +56,14 @@ def each_ended(make: Callable[P, T], end: Callable[[T], object]) -> Iterator[Cal
 
 def store_of(cluster: LocalCluster) -> FileStore:
     return FileStore(cluster.store_url.removeprefix("file://"))
+
+
+def redo_finished(store: Store) -> Store:
+    """store, with what a writer killed mid-commit left finished, as the next writer (the
+    next leader) finds it: a file store's redo log, which its readers leave as it is."""
+    if isinstance(store, RecordStore):
+        store.backend.commit(Txn())
+    return store
 
 
 def process_state(pid: int) -> str:
