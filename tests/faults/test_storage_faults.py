@@ -764,9 +764,9 @@ def test_damaged_lease_stops_the_leader_and_is_replaced_a_ttl_later(
     tmp_path: Path, how: str
 ) -> None:
     """A lease record damaged under a leader and a standby: the leader stops at its next
-    renewal, both report a store.error naming the lease record without spinning, and the
-    leader publishes nothing after; once the damage stood a TTL one of them replaces it
-    (lease.replaced_unreadable) and leads on from the last checkpoint, the history clean.
+    renewal, both report a store.error naming the lease record without spinning; once the
+    damage stood a TTL one of them replaces it (lease.replaced_unreadable) and leads on from
+    the last checkpoint of the damaged term, the history clean.
     """
     # Why this is right: the lease is the fencing token. A record nobody can read cannot be
     # renewed, so its holder is as good as silent: it stops stepping, and after a TTL with no
@@ -819,8 +819,9 @@ def test_damaged_lease_stops_the_leader_and_is_replaced_a_ttl_later(
             spent = stores[name].lease_reads - reads[name]
             assert spent <= 5 * ticks + 10, f"{name} read the lease {spent} times in {ticks} ticks"
         resumed = events.wait("agent.resumed", replaced.node, where=lambda e: e.epoch >= 2)
-        after_loss = events.of("checkpoint.published", "node-a", where=lambda e: e.n > lost.n)
-        assert [e for e in after_loss if e.epoch < 2] == []
+        # From the newest the damaged term published (one sent as the loss was noticed may
+        # have landed: the fence was whole until the record was replaced), and nothing of
+        # that term landed after the takeover's restore.
         term = [e.seq for e in events.of("checkpoint.published") if e.epoch < 2]
         assert resumed.detail["from_seq"] == max(term) >= held
         wait_until(lambda: newest_seq(store, "lz") >= held + 2, "the agent to advance again")
