@@ -227,10 +227,15 @@ def test_ready_is_never_sent_when_the_secret_is_wrong(
     common = [sys.executable, "-m", "hamsterbunker", "run", "--store", store.as_uri()]
     common += ["--agent", "hb_test_agents:JournalCounter", "--node-id", "n1"]
     # The first node creates the cluster with its secret, then stops.
-    first = subprocess.Popen(common, env=_hb_env(HB_SECRET=SECRET), stderr=subprocess.PIPE)
-    wait_until(lambda: file_key(store, CLUSTER).exists(), "the cluster record")
-    first.send_signal(signal.SIGTERM)
-    assert first.wait(20) == 0
+    first = subprocess.Popen(common, env=_hb_env(HB_SECRET=SECRET), stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: file_key(store, CLUSTER).exists(), "the cluster record")
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(20) == 0
+    finally:
+        if first.poll() is None:  # the test failed: no node is left behind
+            first.kill()
+            first.wait(timeout=10)
     second = subprocess.run(
         common,
         env=_hb_env(HB_SECRET="another-secret", NOTIFY_SOCKET=str(notify_socket.path)),
