@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import replace
 
 from ...blob import Blob
@@ -287,20 +288,29 @@ class RecordStore(Store):
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[LeaseRecord | None]:
         keys = AgentKeys(agent)
-        terms = TermChanges() if terms_only else None
-        if terms is not None:
-            terms.changed(self._lease_bytes(keys))  # the term as the watch begins
         carries = Capability.NOTICE_VALUES in self.backend.capabilities
 
         async def read_lease_bytes() -> bytes | None:
+            # In a thread: a store slow to answer must not hold up the watcher's event loop.
             return await asyncio.to_thread(self._lease_bytes, keys)
 
+        terms = TermChanges() if terms_only else None
+        if terms is not None:
+            # The term as the watch begins; unread, the first value seen counts as a change.
+            with suppress(StoreError):
+                terms.changed(await read_lease_bytes())
         prefix = keys.lease if lease_only or terms_only else keys.base
         async for notice in self.backend.watch(prefix):
             if notice.key is not None and notice.key != keys.lease and (lease_only or terms_only):
                 continue
             if terms is not None:
-                value = notice.value if carries and notice.key else await read_lease_bytes()
+                try:
+                    value = notice.value if carries and notice.key else await read_lease_bytes()
+                except StoreError:
+                    # Not read (the store is down, or the record over its bound): what
+                    # changed is unknown, so say so, as after a gap; the watch goes on.
+                    yield None
+                    continue
                 if not terms.changed(value):
                     continue
             lease_notice = carries and prefix == keys.lease and notice.key == keys.lease
