@@ -36,6 +36,7 @@ from ..base import (
     Consumed,
     Fence,
     Store,
+    StoreReport,
     fence_text,
     parse_lease,
 )
@@ -328,6 +329,9 @@ class RecordStore(Store):
 
     def check(self) -> None:
         self.backend.check()
+
+    def report(self) -> StoreReport:
+        return StoreReport(cheap_watch=Capability.CHEAP_WATCH in self.backend.capabilities)
 
     def close(self) -> None:
         self.backend.close()
