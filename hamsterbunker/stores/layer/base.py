@@ -55,6 +55,9 @@ class Layer:
     # Per agent, this client's last checkpoint: (the fence's text, its seq, the
     # descriptions its commit left stored), so the next under that fence needs no listing.
     written: dict[str, tuple[str, int, list[CheckpointInfo]]] = field(default_factory=dict)
+    # Per agent, the inbox's last number, admissions and consumptions as this client's
+    # last admission left them (read in its commit): the next admission's guess.
+    admissions: dict[str, list[bytes | TooLarge | None]] = field(default_factory=dict)
     _indexed: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
