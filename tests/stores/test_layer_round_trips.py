@@ -1,5 +1,6 @@
-"""The record layer's round trips: a renewal and a term's later checkpoints are one commit each,
-and a guess that no longer holds falls back to reading, with the same outcome as before."""
+"""The record layer's round trips: a renewal, a term's later checkpoints and a client's next
+admission are one commit each, and a guess that no longer holds falls back to reading, with
+the same outcome as before."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from hamsterbunker.errors import LeaseConflict, StoreError
+from hamsterbunker.errors import InboxFull, LeaseConflict, NotNextNumber, StoreError
 from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.stores import base
 from hamsterbunker.stores.backend import ScanResult, TooLarge, Txn, TxnResult
 from hamsterbunker.stores.backends.memory import MemoryBackend
+from hamsterbunker.stores.base import Consumed
 from hamsterbunker.stores.layer import RecordStore
 from tests.support.records import fence_of, lease
 
@@ -105,3 +108,45 @@ def test_a_new_fence_or_a_seq_not_above_lists_again(backend: CountingBackend) ->
     store.put_checkpoint(AGENT, fence_of(second), 6, b"c6")
     assert backend.calls == ["commit", "commit"]
     assert [(i.seq, i.epoch) for i in store.list_checkpoints(AGENT)] == [(6, 2), (5, 1)]
+
+
+def test_an_admission_after_this_clients_last_is_one_commit(backend: CountingBackend) -> None:
+    """The next number after this client's last admission is committed at once."""
+    store = RecordStore(backend)
+    assert store.admit(AGENT, "r1", 1, b"s1") == (1, False)
+    backend.calls.clear()
+    assert store.admit(AGENT, "r2", 2, b"s2") == (2, False)
+    assert backend.calls == ["commit"]
+    assert [n for n, _ in store.read_inbox(AGENT)] == [1, 2]
+
+
+def test_an_admission_after_another_clients_is_judged_as_before(backend: CountingBackend) -> None:
+    """A guess another client's admission made wrong: the next number named, a duplicate found."""
+    mine, other = RecordStore(backend), RecordStore(backend)
+    mine.admit(AGENT, "r1", 1, b"s1")
+    other.admit(AGENT, "r2", 2, b"s2")
+    with pytest.raises(NotNextNumber) as refused:
+        mine.admit(AGENT, "r3", 2, b"s3")
+    assert refused.value.next_number == 3
+    assert mine.admit(AGENT, "r3", 3, b"s3") == (3, False)
+    assert mine.admit(AGENT, "r3", 4, b"s3") == (3, True)
+    assert mine.admit(AGENT, "r2", 4, b"s2") == (2, True)
+    assert [n for n, _ in other.read_inbox(AGENT)] == [1, 2, 3]
+
+
+def test_a_full_inbox_by_an_old_count_is_read_again(
+    backend: CountingBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consumptions since this client's last admission make room: the inbox is read, not full;
+    an inbox full as read is full."""
+    monkeypatch.setattr(base, "MAX_INBOX_COUNT", 2)
+    submitter, leader = RecordStore(backend), RecordStore(backend)
+    submitter.admit(AGENT, "r1", 1, b"s1")
+    submitter.admit(AGENT, "r2", 2, b"s2")
+    fence = fence_of(leader.cas_lease(AGENT, None, lease("n1", 1)))
+    consumed = [Consumed(1, "r1", b"reply"), Consumed(2, "r2", None)]
+    leader.put_checkpoint(AGENT, fence, 1, b"c1", consumed=consumed)
+    assert submitter.admit(AGENT, "r3", 3, b"s3") == (3, False)
+    assert submitter.admit(AGENT, "r4", 4, b"s4") == (4, False)
+    with pytest.raises(InboxFull):
+        submitter.admit(AGENT, "r5", 5, b"s5")
