@@ -39,7 +39,6 @@ BENCHMARKS = {
         growth,
         effects,
         inbox,
-        layer,
         steps,
         standby,
         many_agents,
@@ -47,5 +46,6 @@ BENCHMARKS = {
         tui_idle,
         regions,
         syncdir,
+        layer,
     )
 }

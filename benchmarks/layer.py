@@ -139,17 +139,17 @@ What is left, per store:
   fsynced): 7 fsyncs against the file store's 2 (the file, then the directory). An fsync
   of a small file or folder took 0.3–0.5 ms on this disk while it was quiet (`strace -T`,
   medians) and several times that while other work wrote to it, so the ratios follow the
-  machine's load: in two earlier full runs of this benchmark (load average 4–7, then
-  7–18) publish at 100 B and 64 KiB cost 2.4 and 3.1 × the file store's, at 1 MiB 1.5 and
-  2.4 ×, and at 8 MiB, where the data's own write is most of it, 1.03 and 1.24 ×. The
-  first effect of a step makes the journal's folders (`effects/`, then
-  `effects/<seq>/`, each fsynced in its parent), which the checkpoint's commit removes
-  again (a folder left empty goes, so that no key's folder lingers): 4 fsyncs against 3.
-  Admission and the consuming checkpoint write four or more keys each, through the log.
-  Getting near the old figures needs fewer syncs per commit, for instance the commit's
-  values and its log in one file, or a description that is itself the commit point of a
-  checkpoint (its value written first, unlogged); either is a change of the file backend's
-  design, not made here.
+  machine's load: in three earlier full runs of this benchmark (load average 4 to 20)
+  publish at 100 B and 64 KiB cost 2.4–3.1 × the file store's, at 1 MiB 1.5–2.4 ×, and at
+  8 MiB, where the data's own write is most of it, 1.0–1.4 ×. The first effect of a step
+  makes the journal's folders (`effects/`, then `effects/<seq>/`, each fsynced in its
+  parent), which the checkpoint's commit removes again (a folder left empty goes, so that
+  no key's folder lingers): 4 fsyncs against 3, 1.2–1.6 ×. Admission (1.8–1.9 ×) and the
+  consuming checkpoint (2.0–2.6 ×) write four keys or more each, through the log. Getting
+  near the old figures needs fewer syncs per commit, for instance the commit's values and
+  its log in one file, or a description that is itself the commit point of a checkpoint
+  (its value written first, unlogged); either is a change of the file backend's design,
+  not made here.
 * **Redis: the consuming checkpoint is two scripts**, a read of the inbox's state (the
   request ids, whether each reply and submission is stored, the counters, the names of
   the oldest replies kept) and then the commit, where the Redis store did both in one Lua
@@ -163,15 +163,18 @@ What is left, per store:
   27 against 11 µs for an effect. The client does about 25 µs more per call (the layer's
   keys and `Txn`, the backend's key checks and arguments): 135 against 111 µs of thread
   CPU for a publish of 100 B, its seal included. So a publish of 100 B took 192 against
-  154 µs (p50) in that probe; effect, publish and admission at 100 B come out 1.2–1.45 ×
-  (admission too is one script now), and at 64 KiB and above the same 40 µs are lost in
-  the data's own cost.
-* **etcd: at par.** The medians are within 10 % (1.13 × at most, publish at 100 B, in the
-  earlier runs: one txn on both, the layer's with a few more operations, its client about
-  50 µs more work per call), and admission and the consuming checkpoint take fewer
-  requests than the etcd store's, so they are faster. The p99s of 300 samples on this
-  shared machine move both ways between runs (the consuming checkpoint's 0.73 and 1.75 ×
-  in the two earlier runs): a miss of a p99 alone on etcd is that noise.
+  154 µs (p50) in that probe; effect, publish and admission at 100 B come out 1.2–1.5 ×
+  (admission too is one script now), and at 64 KiB and above the same 40 µs are mostly
+  lost in the data's own cost (1.0–1.15 ×). The p99s of sub-millisecond calls move both
+  ways between runs on this machine (the renewal's 0.67 and 3.1 ×, one script on both
+  sides).
+* **etcd: at par.** Admission and the consuming checkpoint take fewer requests than the
+  etcd store's, and are faster; everything else makes the same requests on both sides
+  (the layer's txn has a few more operations, its client does about 50 µs more work a
+  call). In three earlier full runs one median or none was over 10 % per run, each time
+  another one (publish at 100 B 1.13 ×, at 1 MiB 1.18 ×), and the p99s of 300 samples
+  moved both ways between runs (the consuming checkpoint's 0.73 and 1.75 ×): the noise of
+  this shared machine, not the layer.
 * **PostgreSQL** (no old store to compare): small operations cost about what etcd's do;
   8 MiB of checkpoint is one `bytea` row stored as some 4,000 TOAST chunks, WAL-logged,
   and takes ten times the file store's time, nearly all of it waiting on the server.
