@@ -81,6 +81,9 @@ class RecordStore(Store):
         self.guarantees = backend.guarantees
         self.warnings = list(backend.warnings)
         self._events = events.EventLogs(self.layer)
+        # Per agent, the lease record this client last wrote or read, as stored: what the
+        # next cas_lease compares, without reading it first (a guess: the store decides).
+        self._leases: dict[str, tuple[bytes, LeaseRecord]] = {}
 
     # -- cluster -----------------------------------------------------------
 
@@ -125,13 +128,24 @@ class RecordStore(Store):
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         data = self._lease_bytes(AgentKeys(agent))
-        return None if data is None else parse_lease(data, lambda: _found(data))
+        if data is None:
+            return None
+        record = parse_lease(data, lambda: _found(data))
+        self._leases[agent] = (data, record)
+        return record
 
     def _lease_bytes(self, keys: AgentKeys) -> bytes | None:
         return self.layer.get(keys.lease, MAX_RECORD_BYTES, f"lease record of {keys.agent!r}")
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         keys = AgentKeys(agent)
+        known = self._leases.pop(agent, None)
+        if known is not None and known[1].version == expected_version:
+            # The record this client last wrote or read, compared byte for byte: a renewal
+            # is one commit while nobody else wrote since; else read and judge, as below.
+            stored = replace(new, version=known[1].version + 1)
+            if self._write_lease(keys, known[0], known[1], stored):
+                return stored
         current = self._lease_bytes(keys)
         found = None if current is None else parse_lease(current, lambda: _found(current))
         version = None if found is None else found.version
@@ -140,7 +154,8 @@ class RecordStore(Store):
                 f"lease of {agent!r} is at version {version}, not {expected_version}"
             )
         stored = replace(new, version=(version or 0) + 1)
-        self._write_lease(keys, current, found, stored)
+        if not self._write_lease(keys, current, found, stored):
+            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
         return stored
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
@@ -155,14 +170,17 @@ class RecordStore(Store):
                 pass
         if current is None or not unreadable or _found(current) != found:
             raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        self._write_lease(keys, current, None, new)
+        if not self._write_lease(keys, current, None, new):
+            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
         return new
 
     def _write_lease(
         self, keys: AgentKeys, current: bytes | None, found: LeaseRecord | None, new: LeaseRecord
-    ) -> None:
-        """new in place of current (compared), its fence beside it when the term's changed."""
-        writes = [Put(keys.lease, new.to_json())]
+    ) -> bool:
+        """new in place of current (compared), its fence beside it when the term's changed;
+        whether current was there to replace."""
+        data = new.to_json()
+        writes = [Put(keys.lease, data)]
         same_fence = found is not None and (found.holder, found.session, found.epoch) == (
             new.holder,
             new.session,
@@ -179,7 +197,9 @@ class RecordStore(Store):
             raise
         if not succeeded:
             self.layer.forget_index(keys)
-            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+            return False
+        self._leases[keys.agent] = (data, new)
+        return True
 
     # -- checkpoints and the effect journal --------------------------------
 
