@@ -55,7 +55,7 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks
 
 # Install a node for systemd (as root): a virtual environment in $(PREFIX) with
-# the extras a node uses (EXTRAS: hb-tui, the Redis and etcd clients), hb and
+# the extras a node uses (EXTRAS: hb-tui, the Redis, etcd and PostgreSQL clients), hb and
 # hb-tui linked into $(BIN_DIR), the template unit hamsterbunker@.service, and
 # the static user `hamsterbunker`. AGENT_PKG: your agents' package, installed
 # into the same environment (anything pip takes: mypkg, ./path, 'mypkg==1.2').
@@ -66,7 +66,7 @@ BIN_DIR ?= /usr/local/bin
 UNIT_DIR ?= /etc/systemd/system
 SYSUSERS_DIR ?= /etc/sysusers.d
 HB_UID ?= -
-EXTRAS ?= tui,redis,etcd
+EXTRAS ?= tui,redis,etcd,postgres
 AGENT_PKG ?=
 install-systemd:
 	$(PYTHON) -m venv $(PREFIX)

@@ -13,6 +13,7 @@ from . import (
     growth,
     handover,
     inbox,
+    layer,
     many_agents,
     publish,
     regions,
@@ -45,5 +46,6 @@ BENCHMARKS = {
         tui_idle,
         regions,
         syncdir,
+        layer,
     )
 }

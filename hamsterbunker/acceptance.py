@@ -25,7 +25,7 @@ from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import CheckpointInfo, Event, LeaseRecord, parse_json
 from .sealing import Sealer
-from .stores import ChainedStore, Store
+from .stores import Store
 from .timing import DEFAULT_LEASE_TTL_MS
 
 __all__ = [
@@ -143,7 +143,7 @@ class LossPlan:
 
 def plan_loss(store: Store, sealer: Sealer, agent: str, to_seq: int | None) -> LossPlan:
     """Work out what accepting the loss gives up; HamsterbunkerError if it cannot be done."""
-    if isinstance(store, ChainedStore):
+    if store.chains is not None:
         # Its checkpoints are one chain per node, judged by lineage (docs/syncdir.md); a
         # loss there is accepted by choosing the chain to go on from, not yet built.
         raise HamsterbunkerError(

@@ -34,14 +34,17 @@ from .lineage import ChainChoice, CheckpointRef, TermId
 from .node.lineage_view import LineageRead, LineageView, describe_ref
 from .records import check_name
 from .sealing import Sealer
-from .stores import ChainedStore, is_syncdir_url, open_store
-from .stores.syncdir import SyncDirStore
+from .stores import Chains, is_syncdir_url, open_store
 from .term_records import open_term_start, seal_chain_choice
 
 __all__ = ["add_choose_chain_parser", "choose_chain", "plan_choice"]
 
 DEFAULT_WAIT_S = 120.0
 _POLL_S = 0.5
+_ONE_CHAIN = (
+    "hb choose-chain is for syncdir:// stores: on any other store one lease keeps "
+    "one chain (to give up lost checkpoints there, use hb accept-loss)"
+)
 
 DESCRIPTION = """\
 On a syncdir:// store: list agent ID's lineage and the chains kept aside, or (with
@@ -134,11 +137,8 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
     if config is not None and (args.store is not None or args.node_id is not None):
         raise ConfigError("--store and --node-id cannot be combined with --instance")
     url = config.store if config is not None else store_url(args)
-    if not is_syncdir_url(url):
-        raise ConfigError(
-            "hb choose-chain is for syncdir:// stores: on any other store one lease keeps "
-            "one chain (to give up lost checkpoints there, use hb accept-loss)"
-        )
+    if not is_syncdir_url(url):  # said before a store is opened (or found missing)
+        raise ConfigError(_ONE_CHAIN)
     agent = args.agent_id or (config.agent_id if config is not None else None)
     if agent is None:
         raise ConfigError("--agent-id is required (or use --instance NAME)")
@@ -150,14 +150,17 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
     delay = None if config is None else config.sync_delay_ms
     store = open_store(url, create=False, node=node, sync_delay_ms=delay)
     try:
-        assert isinstance(store, SyncDirStore)  # a syncdir:// URL, checked above
+        chains = store.chains
+        if chains is None:
+            raise ConfigError(_ONE_CHAIN)
         sealer = store_sealer(store, read_secret())
-        view = LineageView(store, sealer, agent, node or "", emit=lambda *a, **k: None)
+        view = LineageView(chains, sealer, agent, node or "", emit=lambda *a, **k: None)
         read = view.read()
         if term is None:
             print("\n".join(f"agent {agent}: {line}" for line in describe_lineage(read)))
             return 0
-        if node not in store.subtrees():
+        folder = store.report().synced_folder
+        if folder is None or node not in folder.nodes:
             raise ConfigError(
                 f"node {node} has no subtree in {store.url}: run hb choose-chain on a machine where "
                 "that node runs (the choice goes in its subtree)"
@@ -175,7 +178,7 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
             return 1
         data = seal_chain_choice(sealer, agent, choice)
         try:
-            store.put_chain_choice(agent, choice.after.epoch, data)
+            chains.put_chain_choice(agent, choice.after.epoch, data)
         except StoreError as exc:
             raise ControlRefused(
                 f"a choice after term {choice.after} was already made on node {node}, or it "
@@ -187,7 +190,7 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
         )
         if not args.wait:
             return 0
-        return 0 if _wait_taken(store, sealer, agent, choice, args.timeout) else 1
+        return 0 if _wait_taken(chains, sealer, agent, choice, args.timeout) else 1
     finally:
         store.close()
 
@@ -202,12 +205,12 @@ def _describe_choice(read: LineageRead, choice: ChainChoice) -> str:
 
 
 def _wait_taken(
-    store: ChainedStore, sealer: Sealer, agent: str, choice: ChainChoice, timeout: float
+    chains: Chains, sealer: Sealer, agent: str, choice: ChainChoice, timeout: float
 ) -> bool:
     """Whether a term began from the chosen checkpoint within timeout (it says which)."""
     until = time.monotonic() + timeout
     while time.monotonic() < until:
-        for (epoch, node), data in store.read_term_starts(agent).items():
+        for (epoch, node), data in chains.read_term_starts(agent).items():
             if epoch <= choice.after.epoch:
                 continue
             try:

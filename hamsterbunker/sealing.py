@@ -11,7 +11,7 @@ authenticate. The opener passes the agent, epoch and sequence under which it
 found the blob, so a checkpoint moved to another agent or replayed under
 another number is rejected even though it authenticates on its own.
 
-On a store that keeps one chain of checkpoints per node (``ChainedStore``,
+On a store that keeps one chain of checkpoints per node (``Store.chains``,
 ``docs/syncdir.md``) the header also names the node whose chain it was
 published into (``"node"``), and the opener passes the node of the chain it
 read the blob from: a checkpoint copied into another node's chain does not
@@ -165,7 +165,7 @@ class SealedHeader:
     epoch: int
     seq: int
     time: float
-    node: str | None = None  # the node whose chain it was published into (ChainedStore)
+    node: str | None = None  # the node whose chain it was published into (Store.chains)
 
 
 class Sealer:
@@ -313,7 +313,7 @@ class Sealer:
         commit together; the header says a checkpoint carries it. sealed_at:
         the time the header gives (now; a re-seal keeps the first one's).
         node: the node whose chain the checkpoint goes into, on a store that
-        keeps a chain per node (``ChainedStore``); None on any other store,
+        keeps a chain per node (``Store.chains``); None on any other store,
         whose checkpoints name no node (see the module).
         """
         key, prefix, plaintext = self._checkpoint_parts(
@@ -698,7 +698,7 @@ class OpenedEffect:
 @dataclass(frozen=True)
 class EffectAt:
     """Where an effect-journal record belongs: agent, step, index, kind and the effect's name;
-    on a store that keeps a chain per node (``ChainedStore``), the node whose journal it is
+    on a store that keeps a chain per node (``Store.chains``), the node whose journal it is
     in (None elsewhere: the header then names none, as before)."""
 
     agent: str

@@ -28,7 +28,6 @@ from .errors import CorruptRecord
 from .observe import LIVE, NOT_WATCHED, UNKNOWN, LeaseObserver, Liveness
 from .records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 from .stores import Store
-from .stores.syncdir import SyncDirStore
 from .timing import DEFAULT_LEASE_TTL_MS
 
 __all__ = [
@@ -218,15 +217,15 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
 
 
 def syncdir_shown(store: Store, agent: str | None) -> SyncDirShown | None:
-    """A syncdir store's report (None for any other store): its subtrees and sync-tool
+    """A synced folder's report (None for any other store): its subtrees and sync-tool
     files, what it skipped, and with an agent its chains and what nodes reported aside."""
-    if not isinstance(store, SyncDirStore):
-        return None
-    nodes = list(store.subtrees())
+    kept = store.chains
+    if kept is None:
+        return None  # one lease keeps one chain: nothing of a synced folder's to show
     chains: list[ChainShown] = []
     diverged: list[dict[str, object]] = []
     if agent is not None:
-        for node, listed in store.list_chains(agent).items():
+        for node, listed in kept.list_chains(agent).items():
             by_epoch: dict[int, list[int]] = {}
             for info in listed:
                 by_epoch.setdefault(info.epoch, []).append(info.seq)
@@ -235,13 +234,16 @@ def syncdir_shown(store: Store, agent: str | None) -> SyncDirShown | None:
                 for epoch, seqs in sorted(by_epoch.items())
             )
         diverged = _diverged(store.read_events(agent))
+    folder = store.report().synced_folder  # last: the reads above report problems into it
+    if folder is None:
+        return None
     return SyncDirShown(
         mode="syncdir",
         mutual_exclusion=SYNCDIR_MODE,
-        sync_delay_ms=store.sync_delay_ms or None,
-        nodes=nodes,
-        sync_files=store.sync_files(),
-        problems=store.problems(),  # last: the reads above report into it
+        sync_delay_ms=kept.sync_delay_ms or None,
+        nodes=list(folder.nodes),
+        sync_files=list(folder.sync_files),
+        problems=list(folder.problems),
         chains=chains,
         diverged=diverged,
     )

@@ -7,11 +7,12 @@
 {
   lib,
   python3Packages,
-  # pyproject.toml's extras: hb-tui needs Textual, the redis:// and etcd://
-  # stores need their clients (etcd3gw where this nixpkgs has it).
+  # pyproject.toml's extras: hb-tui needs Textual, the redis://, etcd:// and
+  # postgresql:// stores need their clients (etcd3gw where this nixpkgs has it).
   withTui ? true,
   withRedis ? true,
   withEtcd ? python3Packages ? etcd3gw,
+  withPostgres ? true,
 }:
 let
   pyproject = builtins.fromTOML (builtins.readFile ../pyproject.toml);
@@ -19,6 +20,7 @@ let
     tui = [ python3Packages.textual ];
     redis = [ python3Packages.redis ];
     etcd = [ python3Packages.etcd3gw ];
+    postgres = [ python3Packages.psycopg ];
   };
 in
 python3Packages.buildPythonApplication {
@@ -62,7 +64,8 @@ python3Packages.buildPythonApplication {
     ]
     ++ lib.optionals withTui extras.tui
     ++ lib.optionals withRedis extras.redis
-    ++ lib.optionals withEtcd extras.etcd;
+    ++ lib.optionals withEtcd extras.etcd
+    ++ lib.optionals withPostgres extras.postgres;
 
   # The test suite runs real node processes, systemd and fault injection
   # (make test); the build only checks that the packages import.

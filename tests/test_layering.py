@@ -2,8 +2,10 @@
 
 The contracts forbid import cycles in hamsterbunker/ and tui/, the stores importing
 anything above the store interface, and any module outside hamsterbunker.stores (the
-TUI included) opening a backend module. The same check run on a copy of the code with
-one bad import planted shows each contract can fail.
+TUI included) importing a backend's module, the record layer or the chains module:
+to open a store, or to check a store's type instead of asking it (``Store.chains``,
+``Store.report``). The same check run on a copy of the code with one bad import
+planted shows each contract can fail.
 """
 
 from __future__ import annotations
@@ -67,6 +69,22 @@ PLANTED = {
     "tui-opens-a-backend": (
         "tui/hamsterbunker_tui/model.py",
         "from hamsterbunker.stores import file as _planted  # noqa",
+        "Only the stores package opens a backend",
+    ),
+    # Importing a store's type to check for it: callers read Store.chains and report().
+    "tui-checks-for-a-syncdir-store": (
+        "tui/hamsterbunker_tui/app.py",
+        "from hamsterbunker.stores.syncdir import SyncDirStore as _planted  # noqa",
+        "Only the stores package opens a backend",
+    ),
+    "status-imports-the-chains-module": (
+        "hamsterbunker/status.py",
+        "from .stores.chains import Chains as _planted  # noqa",
+        "Only the stores package opens a backend",
+    ),
+    "node-opens-the-record-layer": (
+        "hamsterbunker/node/runtime.py",
+        "from ..stores.layer import RecordStore as _planted  # noqa",
         "Only the stores package opens a backend",
     ),
 }

@@ -10,7 +10,7 @@ carries the order in which its term wrote it, and a replay applies them in
 that order: a retry that took another path leaves its records beside an
 earlier attempt's under the same numbers, and the later ones count.
 
-On a store that keeps a chain per node (``ChainedStore``) each node journals
+On a store that keeps a chain per node (``Store.chains``) each node journals
 into its own subtree, so the replay of the step after a restored checkpoint
 reads the journals of the terms that built on that checkpoint
 (``Progress.journals``: the term that published it, and those whose records
@@ -35,7 +35,7 @@ from ..intents import BegunIntent, IntentLog
 from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES
 from ..lineage import TermId
 from ..sealing import EffectAt, OpenedEffect, Sealer
-from ..stores import ChainedStore, Fence, Store
+from ..stores import Chains, Fence, Store
 from .calls import NodeCalls
 from .events import EventSink
 from .state import Identity
@@ -67,7 +67,7 @@ class TermJournal:
         self._seq = 0
         self._entries: dict[int, Entry] | None = None
         self._base_epoch = 0  # the epoch of the checkpoint the first step builds on
-        # On a ChainedStore: the terms whose journals of the first step are read.
+        # On a store with chains: the terms whose journals of the first step are read.
         self._journals: tuple[TermId, ...] = ()
         self._written = 0  # records written in this term, of every step
         self._attempt = 0  # runs of a step begun in this term, of every step
@@ -94,8 +94,9 @@ class TermJournal:
     # -- JournalIO --------------------------------------------------------------
 
     async def load(self, seq: int) -> dict[int, Entry]:
-        if isinstance(self._store, ChainedStore):
-            found = await self._read_chains(self._store, seq)
+        chains = self._store.chains
+        if chains is not None:
+            found = await self._read_chains(chains, seq)
         else:
             found = await self._read(seq)
         found += self._lost_intents(seq, found)
@@ -114,10 +115,10 @@ class TermJournal:
         stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
         return await self._opened(seq, "", stored)
 
-    async def _read_chains(self, store: ChainedStore, seq: int) -> list[_Record]:
+    async def _read_chains(self, chains: Chains, seq: int) -> list[_Record]:
         """The records of step seq in the subtrees of the terms that built on the checkpoint
         it builds on, and this term's own records."""
-        read = functools.partial(store.read_chain_effects, self._id.agent)
+        read = functools.partial(chains.read_chain_effects, self._id.agent)
         found: list[_Record] = []
         for node in sorted(self._chain_epochs()):
             found += await self._opened(seq, node, await self._calls.io(read, node, seq))
@@ -145,7 +146,7 @@ class TermJournal:
         return found
 
     def _chain_epochs(self) -> dict[str, set[int]]:
-        """On a ChainedStore: by node, the epochs of the terms whose records may be read."""
+        """On a store with chains: by node, the epochs of the terms whose records may be read."""
         epochs: dict[str, set[int]] = {}
         for term in (*self._journals, TermId(self._fence.epoch, self._id.node)):
             epochs.setdefault(term.node, set()).add(term.epoch)
@@ -153,7 +154,7 @@ class TermJournal:
 
     def _given_up(self, term: TermId) -> str:
         """Why a record written by term belongs to a history given up; "" if it may be read."""
-        if isinstance(self._store, ChainedStore):
+        if self._store.chains is not None:
             if term.epoch in self._chain_epochs().get(term.node, set()):
                 return ""
             return (
@@ -171,7 +172,7 @@ class TermJournal:
         """The intents of step seq this node wrote that the store no longer holds (deleted,
         or a store that lost writes), as records: so that the effect reads as begun. One
         that a later intent at its number replaced in the store is not lost."""
-        node = self._id.node if isinstance(self._store, ChainedStore) else ""
+        node = self._id.node if self._store.chains is not None else ""
         lost: list[_Record] = []
         for intent in self._intents.of_step(seq):
             term = TermId(intent.epoch, node)
@@ -199,7 +200,7 @@ class TermJournal:
             payload["outcome"] = entry.outcome
         # On a chained store the record names its node: a copy into another node's journal
         # does not open there (as a checkpoint copied into another chain).
-        node = self._id.node if isinstance(self._store, ChainedStore) else None
+        node = self._id.node if self._store.chains is not None else None
         at = EffectAt(self._id.agent, seq, index, kind, entry.name, node)
         blob = await self._calls.work(self._sealer.seal_effect, at, self._fence.epoch, payload)
         if len(blob) > MAX_EFFECT_BYTES:

@@ -1,4 +1,4 @@
-"""The lineage as this node sees it, on a store that keeps chains (``ChainedStore``).
+"""The lineage as this node sees it, on a store that keeps chains (``Store.chains``).
 
 A node reads every term record, keeps those that authenticate (one that does
 not is reported, ``term_record.rejected``, and counts for nothing: it cannot
@@ -38,7 +38,7 @@ from ..lineage import (
 )
 from ..records import CheckpointInfo
 from ..sealing import Sealer
-from ..stores.chains import ChainedStore
+from ..stores import Chains
 from ..term_records import open_chain_choice, open_term_start, seal_term_start
 from .calls import NodeCalls
 
@@ -90,7 +90,7 @@ class LineageView:
 
     def __init__(
         self,
-        store: ChainedStore,
+        store: Chains,
         sealer: Sealer,
         agent_id: str,
         node_id: str,
@@ -104,7 +104,7 @@ class LineageView:
         self._rejected: set[tuple[TermId, object]] = set()  # (term, digest of its bytes)
 
     @property
-    def store(self) -> ChainedStore:
+    def store(self) -> Chains:
         return self._store
 
     @property

@@ -6,7 +6,7 @@ the store accepted (DESIGN.md invariant 10), unless that loss was accepted
 with ``hb accept-loss``. The same reading decides whether a publish whose
 answer was lost landed after all.
 
-On a store that keeps a chain per node (``ChainedStore``, given as a
+On a store that keeps a chain per node (``Store.chains``, given as a
 ``LineageView``) the checkpoints read are those the winning lineage carries
 (``lineage_view``), newest first, never a higher seq of a chain kept aside;
 what this node saw accepted on a branch now kept aside is no loss (it is still
@@ -81,7 +81,7 @@ class _Read:
     infos: list[CheckpointInfo]  # newest first
     forgiving: Acceptance | None
     newest: tuple[CheckpointInfo, bytes] | None  # the first of infos, read
-    # On a ChainedStore: the lineage read, and the node whose chain holds each of infos.
+    # On a store with chains: the lineage read, and the node whose chain holds each of infos.
     lineage: LineageRead | None = None
     chain_of: dict[tuple[int, int], str] = field(default_factory=dict)
 
@@ -385,7 +385,7 @@ class Restorer:
         return False
 
     async def _write_term_start(self, epoch: int, base: CheckpointRef | None) -> None:
-        """On a ChainedStore: this term's record, naming where it began, before it publishes."""
+        """On a store with chains: this term's record, naming where it began, before it publishes."""
         if self._lineage is not None:
             await self._calls.io(self._lineage.write_start, epoch, base)
 

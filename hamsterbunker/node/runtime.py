@@ -40,7 +40,7 @@ from ..notify import Notifier
 from ..records import Heartbeat, check_name
 from ..rotation_nodes import KEYS_READ_TTLS
 from ..sealing import Sealer
-from ..stores import ChainedStore, Store, open_store
+from ..stores import Store, open_store
 from ..timing import (
     DEFAULT_STEP_RETRY,
     DEFAULT_STOP_GRACE_MS,
@@ -333,8 +333,9 @@ class Runtime:
                 return  # stopped while waiting for the store
             show_keys(self.standing, sealer)
             self.keeper.proof = proof = LeaseProof(sealer, self.agent_id)  # before any write
-            if isinstance(self.store, ChainedStore):
-                self.store.check_claims_with(self.agent_id, proof.problem)
+            chains = self.store.chains
+            if chains is not None:
+                chains.check_claims_with(self.agent_id, proof.problem)
             # Before this node beats or emits: refuse an id another live process uses.
             await check_node_id_free(
                 self.store, self.agent_id, self.node_id,
@@ -345,8 +346,8 @@ class Runtime:
                 return
             wait.report(sink.emit)
             lineage = (
-                LineageView(self.store, sealer, self.agent_id, self.node_id, emit=sink.emit)
-                if isinstance(self.store, ChainedStore)
+                LineageView(chains, sealer, self.agent_id, self.node_id, emit=sink.emit)
+                if chains is not None
                 else None
             )
             restorer = Restorer(

@@ -31,7 +31,7 @@ from ..intents import IntentLog
 from ..lease import LeaseKeeper
 from ..reach import Reach
 from ..sealing import Sealer
-from ..stores import ChainedStore, Fence, Store
+from ..stores import Fence, Store
 from ..timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
 from .backoff import StepFailures, pause_for
 from .calls import NodeCalls
@@ -168,17 +168,17 @@ class LeaderTerm:
         return self.lost.is_set() or self._signals.stopping.is_set() or self.leaving.is_set()
 
     async def _uncontested(self) -> bool:
-        """On a synced folder (a ChainedStore), wait before the first step until this term's
+        """On a synced folder (a store with chains), wait before the first step until this term's
         claim has had the sync delay to reach the other nodes and theirs to reach this one,
         and two ticks more for a renewal to look: standbys that saw the same last renewal
         take an expired lease at the same moment, each with the same epoch, and the claim
         that loses is found by the lease loop (the term ends, nothing stepped) instead of
         after steps that would be kept aside. False if the term ended meanwhile. A lease
         handed to this node (a switchover) was taken by nobody else: no wait."""
-        store = self._store
-        if not (self._contested and isinstance(store, ChainedStore) and store.sync_delay_ms):
+        chains = self._store.chains
+        if not (self._contested and chains is not None and chains.sync_delay_ms):
             return not self._over()
-        settle_s = store.sync_delay_ms / 1000 + 2 * self._timing.tick_s
+        settle_s = chains.sync_delay_ms / 1000 + 2 * self._timing.tick_s
         left = self._began + settle_s - self._clock.monotonic()
         if left > 0:
             waiting = _first(self.lost, self._signals.stopping, self.leaving)
@@ -478,7 +478,7 @@ class LeaderTerm:
             # The state's JSON here (SealError before the store is touched); its
             # encryption inside the put, piece by piece as the store writes them.
             # Into this node's own chain on a store that keeps one per node: bound to it.
-            chain = self._id.node if isinstance(self._store, ChainedStore) else None
+            chain = self._id.node if self._store.chains is not None else None
             blob = await self._calls.work(
                 functools.partial(self._sealer.seal_pieces, inbox=marks.to_json(), node=chain),
                 agent_id,

@@ -15,20 +15,24 @@ from .base import (
     RestoreRead,
     Store,
     StoreGuarantees,
+    StoreReport,
+    SyncedFolder,
 )
-from .chains import ChainedStore
+from .chains import Chains
 from .tail import Tail, TailRead
 from .urls import redacted_url
 
 __all__ = [
     "AdmissionState",
-    "ChainedStore",
+    "Chains",
     "Consumed",
     "Fence",
     "HeardLease",
     "RestoreRead",
     "Store",
     "StoreGuarantees",
+    "StoreReport",
+    "SyncedFolder",
     "Tail",
     "TailRead",
     "check_store_url",

@@ -75,6 +75,10 @@ class Capability:
     ATOMIC_READS = "atomic-reads"
     # Notices carry the value a key changed to (a watcher spares a read).
     NOTICE_VALUES = "notice-values"
+    # A watch costs a monitor less than reading a key every half second does: a server
+    # pushes the changes, or they are in this process. Not a file backend's: a thread
+    # woken by every write in a folder.
+    CHEAP_WATCH = "cheap-watch"
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,13 @@ The lease logic lives above this contract (``hamsterbunker.lease``); a backend
 only has to make each operation atomic as stated. One contract test suite
 (``tests/stores/contract``) runs against every backend.
 
-A backend subclasses ``Store`` explicitly: it inherits the one default
-(``tail``, the generic tail), and mypy refuses to instantiate a backend that
-leaves any other method out.
+A backend subclasses ``Store`` explicitly: it inherits the defaults (``tail``,
+the generic tail; ``chains``, none), and mypy refuses to instantiate a backend
+that leaves any other method out.
+
+Callers never ask which backend they have: what differs between stores is
+said by the store (``chains``, ``report``), so code outside this package never
+imports a backend's module nor checks a store's type (``lint-imports``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..limits import (
     check_reply_bounds,
 )
 from ..records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, parse_json
+from .chains import Chains
 from .tail import GenericTail, Tail
 
 __all__ = [
@@ -37,6 +42,8 @@ __all__ = [
     "RestoreRead",
     "Store",
     "StoreGuarantees",
+    "StoreReport",
+    "SyncedFolder",
     "check_consumed",
     "check_fence",
     "check_own_epoch",
@@ -246,6 +253,26 @@ class StoreGuarantees:
     mutual_exclusion: str
     durability: str
     across_hosts: str
+
+
+@dataclass(frozen=True)
+class SyncedFolder:
+    """This machine's copy of a synced folder, as a syncdir store reads it (docs/syncdir.md)."""
+
+    nodes: tuple[str, ...]  # the node subtrees the copy holds, by node id
+    sync_files: tuple[str, ...]  # the sync tool's own files, relative to the root
+    problems: tuple[str, ...]  # what the store skipped as unreadable so far (each once)
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """What a store says of itself (``Store.report``), read where a caller would otherwise
+    ask for its type: ``hb status``, ``hb-tui``, ``hb choose-chain``."""
+
+    # A watch costs a monitor less than reading the lease every half second: a server
+    # pushes the changes. A file store's is a thread woken by every write in a folder.
+    cheap_watch: bool
+    synced_folder: SyncedFolder | None = None  # None: the store is not a synced folder
 
 
 @runtime_checkable
@@ -561,6 +588,18 @@ class Store(Protocol):
         it as it can the stored one. Otherwise, and after a gap in the notices,
         it yields None: read to know.
         """
+
+    @property
+    def chains(self) -> Chains | None:
+        """The store's chain operations if it keeps one chain of checkpoints per node (a
+        synced folder: ``stores.chains``); None, this default, if its one lease keeps one
+        chain."""
+        return None
+
+    def report(self) -> StoreReport:
+        """What this store says of itself (``StoreReport``). A synced folder's reads its
+        copy (the node subtrees and the sync tool's files, bounded as its reads are) and
+        lists the problems its reads so far reported: call it after them."""
 
     def tail(self, agent: str) -> Tail:
         """Follow the agent's new events and current heartbeats (see ``stores.tail``).

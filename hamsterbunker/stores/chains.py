@@ -1,25 +1,25 @@
-"""Stores that keep one chain of checkpoints per node, and a record of where each term began.
+"""The chain operations of a store that keeps one chain of checkpoints per node.
 
 On a synced folder (``docs/syncdir.md``) two nodes can lead at once; each
 writes its own chain and a signed record of its term's start, and a node
 restores from the winning lineage (``hamsterbunker.lineage``) rather than from
-the newest checkpoint of any chain. A node asks ``isinstance(store,
-ChainedStore)`` and needs to know nothing of the backend that keeps them.
+the newest checkpoint of any chain. A node takes them from ``Store.chains``
+(None on a store with one chain) and needs to know nothing of the backend
+that keeps them. Not runtime-checkable: callers ask the store, not the type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from ..records import CheckpointInfo, LeaseRecord
 
-__all__ = ["ChainedStore"]
+__all__ = ["Chains"]
 
 
-@runtime_checkable
-class ChainedStore(Protocol):
-    """A store whose checkpoints are kept per node, with term records beside them."""
+class Chains(Protocol):
+    """A store's checkpoints kept per node, with term records beside them."""
 
     # The longest the sync takes to bring a file from another machine, as stated.
     sync_delay_ms: int

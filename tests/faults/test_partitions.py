@@ -1,6 +1,6 @@
 """Network partitions: nodes and the store server each in their own network namespace.
 
-The store (etcd or Redis) runs in a server namespace, each of two nodes in its
+The store (etcd, Redis or PostgreSQL) runs in a server namespace, each of two nodes in its
 own (tests/support/netns.py); nftables rules in the server namespace cut the active
 node off, fully or one way (its requests arrive, the replies are dropped). The
 cut-off leader must stop publishing by its renew deadline, the standby must take
@@ -28,6 +28,7 @@ from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.etcd_server import require_etcd
 from tests.support.netns import Network, require_netns
+from tests.support.postgres_server import PostgresServer
 from tests.support.redis_server import require_redis_server
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.fault, pytest.mark.netns]
@@ -45,6 +46,8 @@ _PROBES = {
     "assert b'\"health\":\"true\"' in u.urlopen('http://{addr}:2379/health', timeout=0.5).read()",
     "redis": "import socket; s = socket.create_connection(('{addr}', 6379), 0.5); "
     "s.settimeout(0.5); s.sendall(b'PING\\r\\n'); assert s.recv(16).startswith(b'+PONG')",
+    # A login: the server's pg_hba.conf lets the nodes' subnet in.
+    "postgres": "import psycopg; psycopg.connect('{conninfo}', connect_timeout=2).close()",
 }
 
 NODE_CLOCK = MonotonicClock()  # the clock a node times its history with
@@ -60,11 +63,14 @@ def network() -> Iterator[Network]:
         net.close()
 
 
-@pytest.fixture(params=["etcd", "redis"])
+@pytest.fixture(params=["etcd", "redis", "postgres"])
 def server(request: pytest.FixtureRequest, network: Network, tmp_path: Path) -> Iterator[str]:
     """A store server in the server namespace; yields the nodes' store URL."""
     kind: str = request.param
     addr = network.server_addr
+    if kind == "postgres":
+        yield from postgres_server(network)
+        return
     if kind == "etcd":
         binary = require_etcd()
         peer = "http://127.0.0.1:2380"
@@ -87,13 +93,7 @@ def server(request: pytest.FixtureRequest, network: Network, tmp_path: Path) -> 
             [*network.prefix(), *command], stdin=subprocess.DEVNULL, stdout=log, stderr=log
         )
     try:
-        probe = [*network.prefix(A.node), sys.executable, "-c", _PROBES[kind].format(addr=addr)]
-
-        def answers() -> bool:
-            assert process.poll() is None, (tmp_path / f"{kind}.log").read_text()
-            return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-
-        wait_until(answers, f"{kind} to answer in its namespace", timeout=20)
+        wait_until_it_answers(network, kind, process, tmp_path / f"{kind}.log")
         yield url
     finally:
         process.terminate()
@@ -103,6 +103,32 @@ def server(request: pytest.FixtureRequest, network: Network, tmp_path: Path) -> 
             process.kill()
             process.wait(timeout=10)
         shutil.rmtree(tmp_path / "etcd-data", ignore_errors=True)
+
+
+def postgres_server(network: Network) -> Iterator[str]:
+    """PostgreSQL (as nobody: it refuses root) on the server namespace's address."""
+    postgres = PostgresServer.start(netns=network.server, host=network.server_addr, port=5432)
+    try:
+        assert postgres.process is not None
+        log = postgres.workdir / "postgres.log"
+        wait_until_it_answers(network, "postgres", postgres.process, log, postgres.raw_conninfo())
+        yield postgres.url(table="hb_p", query=f"timeout={STORE_TIMEOUT_S}")
+    finally:
+        postgres.stop()
+
+
+def wait_until_it_answers(
+    network: Network, kind: str, process: subprocess.Popen[bytes], log: Path, conninfo: str = ""
+) -> None:
+    """Wait (bounded) until the server answers a probe run in a node's namespace."""
+    code = _PROBES[kind].format(addr=network.server_addr, conninfo=conninfo)
+    probe = [*network.prefix(A.node), sys.executable, "-c", code]
+
+    def answers() -> bool:
+        assert process.poll() is None, log.read_text(errors="replace")[-3000:]
+        return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+
+    wait_until(answers, f"{kind} to answer in its namespace", timeout=20)
 
 
 def history(cluster: LocalCluster) -> list[Op]:

@@ -214,7 +214,10 @@ def test_switchover_to_a_node_that_is_not_a_live_standby_is_refused(
     with pytest.raises(ControlRefused, match=says):
         request_switchover(cluster.store, cluster.sealer(), AGENT, to=to)
     lease = cluster.store.read_lease(AGENT)
-    assert lease is not None and lease.holder == "a" and lease.control == ""
+    # Nothing was written: no request, and no switchover. (On a loaded machine the lease may
+    # still have expired to another node meanwhile: that is no switchover.)
+    assert lease is not None and lease.control == ""
+    assert all(takeover.via != "switchover" for takeover in lease.history), lease.history
 
 
 def test_switchover_to_a_stopped_standby_is_refused(cluster: Cluster) -> None:

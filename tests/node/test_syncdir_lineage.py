@@ -3,8 +3,9 @@
 
 Every node is a real ``Runtime`` with a ``SyncDirStore`` on a folder of its own
 (a machine's copy); ``tests.support.syncdir`` plays the sync tool, a copy at a
-time or (``SyncPump``) continuously. Timing is short (tick 100 ms, TTL 600 ms,
-a stated sync delay of 100 ms) and every wait is bounded: tests wait on
+time or (``SyncPump``) continuously. Timing is short (tick 100 ms, TTL 1.2 s, a
+stated sync delay of 400 ms: a copy pass of the pump stays within it on a loaded
+machine, where 100 ms did not) and every wait is bounded: tests wait on
 conditions, never on fixed sleeps.
 """
 
@@ -34,9 +35,9 @@ from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
 from tests.support.cli import hb_env, run_hb
 from tests.support.syncdir import Sync, SyncPump
 
-TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
-SYNC_DELAY_MS = 100  # TTL 600 ms >= 2 x (tick 100 ms + 100 ms)
-WAIT_S = 30.0
+TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=1200)
+SYNC_DELAY_MS = 400  # TTL 1.2 s >= 2 x (tick 100 ms + 400 ms)
+WAIT_S = 60.0  # generous: a loaded machine (load average 25) took over 30 s to hand over a term
 
 
 class PacedAgent(AsyncAgent):

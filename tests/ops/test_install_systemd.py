@@ -110,7 +110,7 @@ def node_extras() -> list[str]:
 
 
 def test_install_systemd_installs_the_extras_and_links_hb_and_hb_tui(make, tmp_path):
-    """pip installs `.[tui,redis,etcd]` (every extra but test and bench); hb and hb-tui are
+    """pip installs `.[tui,redis,etcd,postgres]` (every extra but test and bench); hb and hb-tui are
     linked."""
     places = install(make, tmp_path)
     (call,) = pip_calls(places)

@@ -104,7 +104,7 @@ def requirement_name(requirement: str) -> str:
 
 
 # pyproject.toml's extras that nix/package.nix includes (its with* arguments); `test` is for make test.
-PACKAGED_EXTRAS = ("tui", "redis", "etcd")
+PACKAGED_EXTRAS = ("tui", "redis", "etcd", "postgres")
 
 
 def python_package_names() -> list[str]:

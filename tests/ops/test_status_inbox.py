@@ -152,7 +152,7 @@ def test_status_shows_submissions_waiting_at_a_running_node(tmp_path: Path) -> N
             assert sent.returncode == 0, sent.stderr
         pattern = re.compile(r"^inbox: 2 waiting, oldest \d+\.\d s$", re.M)
         text = wait_for(
-            "hb status to show 2 waiting", lambda: pattern.search(status_text(store)), 20
+            "hb status to show 2 waiting", lambda: pattern.search(status_text(store)), 60
         )
         assert text
         data = status(store)[1]

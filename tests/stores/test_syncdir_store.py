@@ -23,7 +23,6 @@ from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError,
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
-from hamsterbunker.stores import ChainedStore
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.file.lease_watch import open_lease_watch
@@ -722,7 +721,7 @@ def test_a_term_record_is_written_once_and_read_by_every_node_from_its_place(
     """put_term_start writes the own subtree once (the same bytes again are a no-op);
     every node reads each record as (epoch, node) of the subtree and file it is in."""
     one, two = sync.open("n1"), sync.open("n2")
-    assert isinstance(one, ChainedStore)
+    assert one.chains is one
     one.put_term_start(AGENT, 3, b"record-3")
     one.put_term_start(AGENT, 3, b"record-3")  # a retry whose answer was lost
     with pytest.raises(StoreError, match="never rewritten"):

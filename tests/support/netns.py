@@ -7,7 +7,9 @@ is added to the host's own namespace, and the processes inside can reach only
 each other. Partitions are nftables rules in the server namespace (dropping in
 both directions, or only the server's replies); ``heal`` removes them.
 ``close`` ends what still runs inside, deletes every namespace (their links go
-with them) and checks that none is left.
+with them) and checks that none is left. A child that must drop root (a
+PostgreSQL server) joins a namespace itself, ``enter_namespace``, instead of
+running under ``ip netns exec``.
 
 Needs root, ``ip`` (iproute2) and ``nft`` (nftables): ``require_netns`` skips
 the test without them, except in CI (``CI=true``), where that is a failure.
@@ -16,6 +18,7 @@ the test without them, except in CI (``CI=true``), where that is a failure.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import shutil
@@ -25,10 +28,11 @@ import time
 
 import pytest
 
-__all__ = ["Network", "require_netns"]
+__all__ = ["Network", "enter_namespace", "require_netns"]
 
 _TABLE = "hb_partition"
 _TIMEOUT_S = 10.0  # for each ip/nft command
+_CLONE_NEWNET = 0x40000000
 
 
 def require_netns() -> None:
@@ -43,6 +47,18 @@ def require_netns() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
+
+
+def enter_namespace(ns: str) -> None:
+    """Join network namespace ns (in a child, as root, before it drops root): the network
+    half of ``ip netns exec`` (os.setns is Python 3.12's)."""
+    fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, _CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into {ns}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def _run(*command: str, stdin: str | None = None) -> str:

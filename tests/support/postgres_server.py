@@ -5,7 +5,9 @@ table (``postgres_url()``); tests that stop a server start a private one
 (``PostgresServer.start``). initdb and postgres refuse to run as root, so under
 root (as in CI) the cluster's files belong to ``nobody`` and both run as it. The
 server keeps fsync and synchronous_commit on, as a real one must; its only
-socket besides 127.0.0.1 is a Unix socket in its own directory. Without the
+socket besides 127.0.0.1 is a Unix socket in its own directory. A partition test
+starts one in a network namespace instead (``netns=``), listening on that
+namespace's address and taking password logins from its subnet. Without the
 binaries the tests skip, except in CI (``CI=true``), where a missing server is a
 failure: .ci/run installs it.
 """
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.netns import enter_namespace
 from tests.support.server_process import die_with_parent, free_port, require_binary
 
 __all__ = ["PostgresServer", "postgres_url", "require_postgres", "shared_postgres"]
@@ -45,11 +48,14 @@ def require_postgres() -> Path:
     return Path(require_binary("postgres", "postgresql", os.pathsep.join(newest_first))).parent
 
 
-def _as_owner(owner: pwd.struct_passwd | None) -> Callable[[], None]:
-    """In the child: become owner (when running as root), then die with the test process
-    (in that order: a change of user clears the parent-death signal)."""
+def _as_owner(owner: pwd.struct_passwd | None, netns: str | None = None) -> Callable[[], None]:
+    """In the child: join network namespace netns (if given; while still root), become owner
+    (when running as root), then die with the test process (in that order: a change of
+    user clears the parent-death signal)."""
 
     def prepare() -> None:
+        if netns is not None:
+            enter_namespace(netns)
         if owner is not None:
             os.setgroups([])
             os.setgid(owner.pw_gid)
@@ -63,30 +69,43 @@ class PostgresServer:
     """One postgres process and its data directory, in a temporary directory of its own."""
 
     def __init__(
-        self, bindir: Path, workdir: Path, owner: pwd.struct_passwd | None, settings: list[str]
+        self,
+        bindir: Path,
+        workdir: Path,
+        owner: pwd.struct_passwd | None,
+        settings: list[str],
+        netns: str | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.bindir = bindir
         self.workdir = workdir
         self.owner = owner
         self.settings = settings
+        self.netns = netns
+        self.host = host
         self.password = secrets.token_urlsafe(12)
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls, *settings: str) -> PostgresServer:
-        """initdb a cluster, start its server on a free port and wait (bounded) until it is
-        ready; settings (``name=value``) go to the server's command line."""
+    def start(
+        cls, *settings: str, netns: str | None = None, host: str = "127.0.0.1", port: int = 0
+    ) -> PostgresServer:
+        """initdb a cluster, start its server on port (a free one for 0) and wait (bounded)
+        until it is ready; settings (``name=value``) go to the server's command line.
+
+        With netns, the server runs in that network namespace (tests/support/netns.py),
+        listening on host there, and takes password logins from host's subnet."""
         bindir = require_postgres()
         owner = pwd.getpwnam("nobody") if os.geteuid() == 0 else None
         workdir = Path(tempfile.mkdtemp(prefix="hb-postgres-"))
-        server = cls(bindir, workdir, owner, list(settings))
+        server = cls(bindir, workdir, owner, list(settings), netns, host)
         if owner is not None:
             os.chown(workdir, owner.pw_uid, owner.pw_gid)
         server._initdb()
         # A free port can be taken before the server binds it: then it exits, and we try another.
-        for _attempt in range(3):
-            if server._run(free_port()):
+        for _attempt in range(1 if port else 3):
+            if server._run(port or free_port()):
                 return server
         pytest.fail(f"postgres was not ready within {START_TIMEOUT_S} s:\n{server.log_tail()}")
 
@@ -108,17 +127,21 @@ class PostgresServer:
         )  # fmt: skip
         if done.returncode != 0:
             pytest.fail(f"initdb failed:\n{done.stderr.decode(errors='replace')[-2000:]}")
+        if self.netns is not None:
+            # initdb lets in loopback clients only; "samenet": any of the server's subnets.
+            with open(self.workdir / "data" / "pg_hba.conf", "a") as hba:
+                hba.write("host all all samenet scram-sha-256\n")
 
     def _run(self, port: int) -> bool:
         """Start the server on port; whether it became ready (bounded)."""
         with open(self.workdir / "postgres.log", "ab") as log:
             self.process = subprocess.Popen(
                 [self.bindir / "postgres", "-D", self.workdir / "data", "-p", str(port),
-                 "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.workdir}",
+                 "-c", f"listen_addresses={self.host}", "-c", f"unix_socket_directories={self.workdir}",
                  "-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "shared_buffers=16MB",
                  *[arg for setting in self.settings for arg in ("-c", setting)]],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                preexec_fn=_as_owner(self.owner),
+                preexec_fn=_as_owner(self.owner, self.netns),
             )  # fmt: skip
         self.port = port
         # The server writes "ready" as the status line of its pid file once it takes
@@ -141,13 +164,13 @@ class PostgresServer:
         """A store URL on this server: a fresh random table unless one is given."""
         table = table or f"t_{uuid.uuid4().hex}"
         return (
-            f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+            f"postgresql://{SUPERUSER}:{self.password}@{self.host}:{self.port}/{DATABASE}"
             f"?table={table}" + (f"&{query}" if query else "")
         )
 
     def raw_conninfo(self) -> str:
         """What a client other than the store (a raw writer, a test's probe) connects with."""
-        return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql://{SUPERUSER}:{self.password}@{self.host}:{self.port}/{DATABASE}"
 
     def halt(self) -> None:
         """Stop the server (a fast shutdown: clients are cut off), keeping its data and port."""

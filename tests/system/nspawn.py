@@ -57,7 +57,7 @@ DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 BUILD_TIMEOUT = 20 * 60.0
 # The extras `make install-systemd` installs (the Makefile's EXTRAS): their wheels too.
-NODE_EXTRAS = "tui,redis,etcd"
+NODE_EXTRAS = "tui,redis,etcd,postgres"
 BOOT_TIMEOUT = 120.0
 SHUTDOWN_TIMEOUT = 30.0
 POLL_INTERVAL = 0.2

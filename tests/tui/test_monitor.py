@@ -29,6 +29,7 @@ from hamsterbunker.demo import NODES
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import Store
+from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import store_of
 
@@ -328,6 +329,17 @@ def test_a_forgotten_dead_node_leaves_the_table_and_the_event_log(tmp_path: Path
 # -- polling: coalesced, never on the UI's loop ---------------------------------------
 
 
+@pytest.mark.parametrize(("kind", "watched"), [("file", False), ("memory", True)])
+def test_the_monitor_watches_a_store_whose_watch_is_cheap(
+    tmp_path: Path, kind: str, watched: bool
+) -> None:
+    """The monitor keeps the store's watch open where the store says it is cheap (its
+    report), and reads the lease every LEASE_CHECK_S of a file store instead."""
+    store = FileStore(tmp_path / "store") if kind == "file" else MemoryStore()
+    assert MonitorApp(store, AGENT).watched is watched
+    assert MonitorApp(store, AGENT, watch=not watched).watched is not watched  # as asked
+
+
 class GatedStore:
     """A file store whose lease reads wait at a gate, and whose watch hints in bursts."""
 
@@ -376,8 +388,9 @@ def test_a_burst_of_hints_is_one_lease_read_and_a_poll_only_when_the_lease_moved
     store = GatedStore(inner)
 
     async def scenario() -> None:
-        # A long timer: every poll here comes from a hint.
-        app = MonitorApp(cast(Store, store), AGENT, poll_interval=60)
+        # A long timer: every poll here comes from a hint. The watch asked for: a file
+        # store's is not cheap, and the monitor would leave it off by default.
+        app = MonitorApp(cast(Store, store), AGENT, poll_interval=60, watch=True)
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, "the first poll and the watch", lambda: store.watching)
             await pilot.pause(0.2)

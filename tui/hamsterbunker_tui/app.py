@@ -28,12 +28,10 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Footer, Header
 from textual.worker import Worker
 
-from hamsterbunker import FileStore
 from hamsterbunker.errors import HamsterbunkerError
 from hamsterbunker.keyring import Secret
 from hamsterbunker.local import LocalCluster
 from hamsterbunker.stores import Store
-from hamsterbunker.stores.syncdir import SyncDirStore
 
 from .confirm import ConfirmKill
 from .control_keys import ControlKeys
@@ -80,7 +78,7 @@ class MonitorApp(ControlKeys):
         poll_interval: float = POLL_S,
         min_poll_interval: float = MIN_POLL_S,
         secret: Secret | None = None,
-        watch: bool | None = None,  # use the store's watch; default: all but a file store
+        watch: bool | None = None,  # use the store's watch; default: if it is cheap
     ) -> None:
         super().__init__()
         self.store = store
@@ -95,9 +93,9 @@ class MonitorApp(ControlKeys):
         # A file store's watch is a watchfiles thread that wakes on every write in the
         # agent's directory: measured, it cost more (about 1.3 % of a core on the cluster
         # of benchmarks/tui_idle.py) than reading the lease every LEASE_CHECK_S does. A
-        # syncdir store's watch is one such thread per node subtree.
-        unwatched = isinstance(store, (FileStore, SyncDirStore))
-        self.watched = not unwatched if watch is None else watch
+        # syncdir store's watch is one such thread per node subtree. Such a store says
+        # its watch is not cheap.
+        self.watched = store.report().cheap_watch if watch is None else watch
         self.calm_poll_interval = max(poll_interval, min(CALM_POLL_S, 2 * poll_interval))
         self.count: int | None = None  # the demo's counter, once a checkpoint is opened
         self.model = ClusterModel(agent_id)

@@ -164,7 +164,9 @@ class EtcdBackend:
     """Keys to bytes in an etcd v3 cluster, under one key prefix."""
 
     guarantees = GUARANTEES
-    capabilities = frozenset({Capability.ATOMIC_READS, Capability.NOTICE_VALUES})
+    capabilities = frozenset(
+        {Capability.ATOMIC_READS, Capability.NOTICE_VALUES, Capability.CHEAP_WATCH}
+    )
 
     def __init__(self, url: str) -> None:
         self.url = redacted_url(url)

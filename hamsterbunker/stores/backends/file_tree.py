@@ -200,19 +200,29 @@ class KeyTree:
             os.close(self._put_folder(key))
 
     def _apply(self, ops: Ops) -> None:
-        """Make each key's final state: as harmless to repeat as to do once."""
+        """Make each key's final state: as harmless to repeat as to do once. Each folder
+        changed is fsynced once, after the last op: durable before the commit returns
+        or its redo log goes, as an fsync after each op made it."""
+        changed: set[tuple[str, ...]] = set()
         for key, tmp in ops:
             if tmp is None:
-                self._remove(key)
+                changed.update(self._remove(key))
             else:
-                name = key.rsplit("/", 1)[-1]
-                with fileio.closing_fd(self._put_folder(key)) as dir_fd:
-                    try:
-                        os.replace(tmp, name, src_dir_fd=self.root_fd, dst_dir_fd=dir_fd)
-                        os.fsync(dir_fd)
-                    except FileNotFoundError:
-                        pass  # renamed already: this is a replay
+                *folders, name = key.split("/")
+                dir_fd = self._put_folder(key)
+                try:
+                    os.replace(tmp, name, src_dir_fd=self.root_fd, dst_dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass  # renamed already: this is a replay
+                finally:
+                    os.close(dir_fd)
+                changed.add(tuple(folders))
             failpoint("file_backend.commit.after_op")
+        for folder in changed:
+            opened = open_folder(self.fd, self.path, folder)
+            if opened is not None:  # else removed: the fsync of its parent keeps that
+                with fileio.closing_fd(opened):
+                    os.fsync(opened)
 
     def _put_folder(self, key: str) -> int:
         """The key's folder (open), made where absent, with no directory at the key's name (an
@@ -230,26 +240,28 @@ class KeyTree:
                 raise
         return dir_fd
 
-    def _remove(self, key: str) -> None:
-        """Remove key's file, then each folder that leaves empty (no folder is a key)."""
+    def _remove(self, key: str) -> set[tuple[str, ...]]:
+        """Remove key's file, then each folder that leaves empty (no folder is a key); the
+        folders that changed (not yet fsynced)."""
         *folders, name = key.split("/")
         remove = os.unlink
+        changed: set[tuple[str, ...]] = set()
         while True:
             dir_fd = open_folder(self.fd, self.path, folders)
             if dir_fd is None:
-                return  # removed already
+                return changed  # removed already
             with fileio.closing_fd(dir_fd):
                 try:
                     remove(name, dir_fd=dir_fd)
-                    os.fsync(dir_fd)
+                    changed.add(tuple(folders))
                 except FileNotFoundError:
                     pass  # removed already (a replay): its folders may not be
                 except OSError as exc:
                     if remove is os.unlink or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
-                    return  # a folder with something in it stays
+                    return changed  # a folder with something in it stays
             if not folders:
-                return
+                return changed
             name, remove = folders.pop(), os.rmdir
 
     def write(self, ops: Ops) -> None:

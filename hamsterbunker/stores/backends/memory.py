@@ -42,7 +42,7 @@ class MemoryBackend:
     """Keys to bytes in a dict, with the order a scan needs kept beside it."""
 
     guarantees = GUARANTEES
-    capabilities = frozenset({Capability.ATOMIC_READS})
+    capabilities = frozenset({Capability.ATOMIC_READS, Capability.CHEAP_WATCH})
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url

@@ -91,7 +91,7 @@ class PostgresBackend:
     """Keys to bytes in a PostgreSQL table, through a pool of connections of this client."""
 
     guarantees = GUARANTEES
-    capabilities = frozenset({Capability.ATOMIC_READS})
+    capabilities = frozenset({Capability.ATOMIC_READS, Capability.CHEAP_WATCH})
 
     def __init__(self, url: str) -> None:
         self._target = parse_postgres_url(url)

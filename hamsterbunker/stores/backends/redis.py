@@ -98,7 +98,7 @@ class RedisBackend:
     """Keys to bytes in one Redis database, under a hash-tagged key prefix."""
 
     guarantees = GUARANTEES
-    capabilities = frozenset({Capability.ATOMIC_READS})
+    capabilities = frozenset({Capability.ATOMIC_READS, Capability.CHEAP_WATCH})
     script = TXN  # the commit script (a test runs it with a shebang, under Cluster rules)
 
     def __init__(self, url: str) -> None:

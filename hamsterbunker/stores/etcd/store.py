@@ -102,6 +102,7 @@ from ..base import (
     RestoreRead,
     Store,
     StoreGuarantees,
+    StoreReport,
     check_consumed,
     fence_text,
     newest_first,
@@ -628,6 +629,9 @@ class EtcdStore(Store):
     def check(self) -> None:
         """StoreUnavailable unless an endpoint answers a read (of the cluster key's name)."""
         self._kv.get(f"{self.target.prefix}/cluster", keys_only=True)
+
+    def report(self) -> StoreReport:
+        return StoreReport(cheap_watch=True)  # one idle watch stream
 
     def close(self) -> None:
         """Stop every watch of this store and close its connections."""

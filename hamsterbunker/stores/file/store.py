@@ -58,7 +58,15 @@ from ...errors import ConfigError, StoreError, StoreUnavailable
 from ...limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from .._reported import ReportedOnce
-from ..base import MAX_LISTED_AGENTS, AdmissionState, Consumed, Fence, Store, StoreGuarantees
+from ..base import (
+    MAX_LISTED_AGENTS,
+    AdmissionState,
+    Consumed,
+    Fence,
+    Store,
+    StoreGuarantees,
+    StoreReport,
+)
 from .checkpoints import CheckpointFiles
 from .effects import EffectFiles
 from .fileio import (
@@ -165,6 +173,10 @@ class FileStore(Store):
             raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
         if not stat.S_ISDIR(mode):
             raise StoreUnavailable(f"store path {self.root} is not a directory")
+
+    def report(self) -> StoreReport:
+        # Its watch is a watchfiles thread woken by every write in the agent's directory.
+        return StoreReport(cheap_watch=False)
 
     # -- cluster -----------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 from ...errors import ConfigError, CorruptRecord, StoreError
 from ...limits import INBOX_REPLIES_KEPT
 from ...read_bounds import BoundedRead, ReadBound
+from ...records import CheckpointInfo
 from .._reported import ReportedOnce
 from ..backend import Backend, Get, Put, ScanResult, TooLarge, Txn, TxnResult
 from .keys import AgentKeys
@@ -51,6 +52,12 @@ class Layer:
     backend: Backend
     settings: Settings
     reported: ReportedOnce = field(default_factory=lambda: ReportedOnce(log))
+    # Per agent, this client's last checkpoint: (the fence's text, its seq, the
+    # descriptions its commit left stored), so the next under that fence needs no listing.
+    written: dict[str, tuple[str, int, list[CheckpointInfo]]] = field(default_factory=dict)
+    # Per agent, the inbox's last number, admissions and consumptions as this client's
+    # last admission left them (read in its commit): the next admission's guess.
+    admissions: dict[str, list[bytes | TooLarge | None]] = field(default_factory=dict)
     _indexed: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -4,7 +4,9 @@ A fenced write compares the lease's fence (``keys.fence``, written with every
 change of term) in the same commit as it writes, so an old leader's write is
 refused by the store itself. A checkpoint's commit also removes the effect
 journal of every step it covers and records the submissions the step
-consumed: all of it or none.
+consumed: all of it or none. A client's next checkpoint under the fence of
+its last one reads no listing first: only the fence's holder writes them, so
+what its last commit left is what a listing would find.
 """
 
 from __future__ import annotations
@@ -54,33 +56,45 @@ def put_checkpoint(
     if problem is not None:
         raise StoreError(problem)
     consumption = Consumption(layer, keys, consumed)
-    fence_now = Get(keys.fence, 256)
-    before = layer.commit(
-        Txn(reads=[fence_now, Scan(keys.ckpt, CHECKPOINT_LIST_READ), *consumption.reads()])
-    )
-    now, listing = before.reads[:2]
-    # A writer fenced out learns so first, whatever junk its own epoch's listing holds.
-    if now != fence.to_text().encode():
-        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
-    assert isinstance(listing, ScanResult)
-    listed = _listed(layer, keys, listing)
+    text = fence.to_text()
+    written = layer.written.pop(keys.agent, None)  # set again once this one is committed
+    listed: list[CheckpointInfo] | None = None
+    if written is not None and written[0] == text and seq > written[1]:
+        # This client's last checkpoint was under this fence, and only the fence's holder
+        # writes checkpoints: what that one's commit left stored is what a listing finds.
+        listed = written[2]
+    reads = consumption.reads()
+    if listed is None:
+        reads = [Get(keys.fence, 256), Scan(keys.ckpt, CHECKPOINT_LIST_READ), *reads]
+    found = layer.commit(Txn(reads=reads)).reads if reads else []
+    if listed is None:
+        now, listing = found.pop(0), found.pop(0)
+        # A writer fenced out learns so first, whatever junk its own epoch's listing holds.
+        if now != text.encode():
+            raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+        assert isinstance(listing, ScanResult)
+        listed = _listed(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
-    consumption.found(before.reads[2:])
+    consumption.found(found)
     info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+    keep = layer.settings.keep_checkpoints
     writes: list[Put | DeleteRange] = [
         Put(keys.checkpoint_data(seq, fence.epoch), blob),
         Put(keys.checkpoint(seq), info.to_json()),
-        *_retention(keys, listed, info, layer.settings.keep_checkpoints),
+        *_retention(keys, listed, info, keep),
         DeleteRange(*keys.steps_through(seq)),
         *consumption.writes(),
     ]
-    fenced = Compare(keys.fence, fence.to_text().encode())
+    fenced = Compare(keys.fence, text.encode())
     failpoint("checkpoint.before_commit")
     with failpoints_within("inbox.commit" if consumed else "checkpoint"):
         result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
     if not result.succeeded:
         now = result.reads[0]
         raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+    oldest = _oldest_kept(listed, info, keep)
+    left = [each for each in listed if each.seq >= oldest and each.seq != seq]
+    layer.written[keys.agent] = (text, seq, [*left, info])
     return info
 
 
@@ -92,8 +106,7 @@ def _retention(
     Whatever sorts below the oldest kept goes, listed or not (junk the listing's
     bound left unread included); above new's seq nothing is touched.
     """
-    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
-    oldest = kept[:keep][-1]
+    oldest = _oldest_kept(listed, new, keep)
     removals = [
         DeleteRange(keys.ckpt, keys.checkpoint(oldest)),
         DeleteRange(keys.ckpt_data, keys.ckpt_data + number(oldest)),
@@ -102,6 +115,12 @@ def _retention(
     replaced = [info for info in listed if info.seq == new.seq and info.epoch != new.epoch]
     removals += [DeleteRange(keys.checkpoint_data(info.seq, info.epoch)) for info in replaced]
     return removals
+
+
+def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -> int:
+    """The seq of the oldest checkpoint retention keeps once new is stored."""
+    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
+    return kept[:keep][-1]
 
 
 def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:

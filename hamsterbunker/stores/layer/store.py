@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import replace
 
 from ...blob import Blob
@@ -35,6 +36,7 @@ from ..base import (
     Consumed,
     Fence,
     Store,
+    StoreReport,
     fence_text,
     parse_lease,
 )
@@ -79,6 +81,9 @@ class RecordStore(Store):
         self.guarantees = backend.guarantees
         self.warnings = list(backend.warnings)
         self._events = events.EventLogs(self.layer)
+        # Per agent, the lease record this client last wrote or read, as stored: what the
+        # next cas_lease compares, without reading it first (a guess: the store decides).
+        self._leases: dict[str, tuple[bytes, LeaseRecord]] = {}
 
     # -- cluster -----------------------------------------------------------
 
@@ -123,13 +128,24 @@ class RecordStore(Store):
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         data = self._lease_bytes(AgentKeys(agent))
-        return None if data is None else parse_lease(data, lambda: _found(data))
+        if data is None:
+            return None
+        record = parse_lease(data, lambda: _found(data))
+        self._leases[agent] = (data, record)
+        return record
 
     def _lease_bytes(self, keys: AgentKeys) -> bytes | None:
         return self.layer.get(keys.lease, MAX_RECORD_BYTES, f"lease record of {keys.agent!r}")
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         keys = AgentKeys(agent)
+        known = self._leases.pop(agent, None)
+        if known is not None and known[1].version == expected_version:
+            # The record this client last wrote or read, compared byte for byte: a renewal
+            # is one commit while nobody else wrote since; else read and judge, as below.
+            stored = replace(new, version=known[1].version + 1)
+            if self._write_lease(keys, known[0], known[1], stored):
+                return stored
         current = self._lease_bytes(keys)
         found = None if current is None else parse_lease(current, lambda: _found(current))
         version = None if found is None else found.version
@@ -138,7 +154,8 @@ class RecordStore(Store):
                 f"lease of {agent!r} is at version {version}, not {expected_version}"
             )
         stored = replace(new, version=(version or 0) + 1)
-        self._write_lease(keys, current, found, stored)
+        if not self._write_lease(keys, current, found, stored):
+            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
         return stored
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
@@ -153,14 +170,17 @@ class RecordStore(Store):
                 pass
         if current is None or not unreadable or _found(current) != found:
             raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        self._write_lease(keys, current, None, new)
+        if not self._write_lease(keys, current, None, new):
+            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
         return new
 
     def _write_lease(
         self, keys: AgentKeys, current: bytes | None, found: LeaseRecord | None, new: LeaseRecord
-    ) -> None:
-        """new in place of current (compared), its fence beside it when the term's changed."""
-        writes = [Put(keys.lease, new.to_json())]
+    ) -> bool:
+        """new in place of current (compared), its fence beside it when the term's changed;
+        whether current was there to replace."""
+        data = new.to_json()
+        writes = [Put(keys.lease, data)]
         same_fence = found is not None and (found.holder, found.session, found.epoch) == (
             new.holder,
             new.session,
@@ -170,7 +190,9 @@ class RecordStore(Store):
             writes.append(Put(keys.fence, fence_text(new.holder, new.session, new.epoch).encode()))
         txn = Txn(compares=[Compare(keys.lease, current)], writes=writes)
         if not self.layer.commit_indexed(keys, txn).succeeded:
-            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+            return False
+        self._leases[keys.agent] = (data, new)
+        return True
 
     # -- checkpoints and the effect journal --------------------------------
 
@@ -280,14 +302,17 @@ class RecordStore(Store):
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[LeaseRecord | None]:
         keys = AgentKeys(agent)
-        terms = TermChanges() if terms_only else None
-        if terms is not None:
-            terms.changed(self._lease_bytes(keys))  # the term as the watch begins
         carries = Capability.NOTICE_VALUES in self.backend.capabilities
 
         async def read_lease_bytes() -> bytes | None:
+            # In a thread: a store slow to answer must not hold up the watcher's event loop.
             return await asyncio.to_thread(self._lease_bytes, keys)
 
+        terms = TermChanges() if terms_only else None
+        if terms is not None:
+            # The term as the watch begins; unread, the first value seen counts as a change.
+            with suppress(StoreError):
+                terms.changed(await read_lease_bytes())
         prefix = keys.lease if lease_only or terms_only else keys.base
         async for notice in self.backend.watch(prefix):
             if notice.key is not None and notice.key != keys.lease and (lease_only or terms_only):
@@ -296,7 +321,13 @@ class RecordStore(Store):
             # its value (None: deleted); else where this one carried it (None: read to know).
             told = notice.key == keys.lease and (carries or notice.value is not None)
             if terms is not None:
-                value = notice.value if told else await read_lease_bytes()
+                try:
+                    value = notice.value if told else await read_lease_bytes()
+                except StoreError:
+                    # Not read (the store is down, or the record over its bound): what
+                    # changed is unknown, so say so, as after a gap; the watch goes on.
+                    yield None
+                    continue
                 if not terms.changed(value):
                     continue
             lease_notice = told and prefix == keys.lease
@@ -314,6 +345,9 @@ class RecordStore(Store):
 
     def check(self) -> None:
         self.backend.check()
+
+    def report(self) -> StoreReport:
+        return StoreReport(cheap_watch=Capability.CHEAP_WATCH in self.backend.capabilities)
 
     def close(self) -> None:
         self.backend.close()

@@ -99,6 +99,7 @@ from ..base import (
     RestoreRead,
     Store,
     StoreGuarantees,
+    StoreReport,
     check_consumed,
     describe_fence_text,
     fence_text,
@@ -616,6 +617,9 @@ class RedisStore(Store):
     def check(self) -> None:
         """StoreUnavailable unless the server answers a PING."""
         self._redis.ping()
+
+    def report(self) -> StoreReport:
+        return StoreReport(cheap_watch=True)  # one idle pub/sub connection
 
     def close(self) -> None:
         self._redis.close()

@@ -24,7 +24,7 @@ first by (seq, epoch); a (seq, epoch) that several chains hold is listed once,
 from the chain of the highest node id (the claim order's tie-break, so every
 node reads the same bytes). This keeps ``CheckpointInfo`` as it is; a
 node's restore does not use this merge but the lineage
-(``hamsterbunker.node.lineage_view``), through ``ChainedStore``.
+(``hamsterbunker.node.lineage_view``), through ``chains`` (``stores.chains``).
 
 **Term records.** ``put_term_start`` writes the own node's record of a term
 once (``agents/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
@@ -91,8 +91,11 @@ from ..base import (
     Fence,
     Store,
     StoreGuarantees,
+    StoreReport,
+    SyncedFolder,
     check_consumed,
 )
+from ..chains import Chains
 from ..file import FileStore
 from ..file.fileio import (
     dir_entries,
@@ -312,6 +315,19 @@ class SyncDirStore(Store):
         """The sync tool's own files in the folder (conflict copies, temporary files, its
         markers), relative to the root: never read as ours, listed for a report."""
         return sync_files(self.root)
+
+    @property
+    def chains(self) -> Chains:
+        return self  # the operations below, under "chains" and "term records"
+
+    def report(self) -> StoreReport:
+        # Its watch is a watchfiles thread per node subtree. Problems last: the listing
+        # of the subtrees reports into them.
+        nodes, files = tuple(self.subtrees()), tuple(self.sync_files())
+        return StoreReport(
+            cheap_watch=False,
+            synced_folder=SyncedFolder(nodes, files, tuple(self.problems())),
+        )
 
     def check(self) -> None:
         try:

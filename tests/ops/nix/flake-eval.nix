@@ -36,6 +36,7 @@ in
       withTui = false;
       withRedis = false;
       withEtcd = false;
+      withPostgres = false;
     }
   );
   # A nixpkgs without etcd3gw: the etcd client is left out, not an error.

@@ -127,7 +127,9 @@ def _records_redis(tmp_path: Path) -> Opener:
     from hamsterbunker.stores.backends.redis import RedisBackend
     from tests.support.redis_server import redis_url
 
-    url = redis_url()
+    # Generous timeouts, as the file store's lock timeout above: the bound tests plant and
+    # read tens of MiB, which a loaded CI machine may take seconds to move.
+    url = redis_url("socket_timeout=30")
     return _on(lambda: RedisBackend(url))
 
 
@@ -135,7 +137,7 @@ def _records_etcd(tmp_path: Path) -> Opener:
     from hamsterbunker.stores.backends.etcd import EtcdBackend
     from tests.support.etcd_server import etcd_url
 
-    url = etcd_url()
+    url = etcd_url("timeout=30")  # as records-redis' timeout
     return _on(lambda: EtcdBackend(url))
 
 

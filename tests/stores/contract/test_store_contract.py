@@ -23,7 +23,14 @@ from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError,
 from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import open_store
-from hamsterbunker.stores.base import Fence, RestoreRead, Store, StoreGuarantees, newest_first
+from hamsterbunker.stores.base import (
+    Fence,
+    RestoreRead,
+    Store,
+    StoreGuarantees,
+    StoreReport,
+    newest_first,
+)
 from hamsterbunker.stores.tail import TailRead
 
 from .conftest import (
@@ -127,11 +134,13 @@ def seqs(store: Store, agent: str = "a") -> list[int]:
 
 
 def test_store_satisfies_the_protocol(store: Store) -> None:
-    """A backend is a Store and states its URL, guarantees and warnings."""
+    """A backend is a Store and states its URL, guarantees and warnings, and what it is
+    (a report, and no chains: one lease keeps one chain)."""
     assert isinstance(store, Store)
     assert isinstance(store.url, str) and store.url
     assert isinstance(store.guarantees, StoreGuarantees)
     assert all(isinstance(w, str) for w in store.warnings)
+    assert isinstance(store.report(), StoreReport) and store.chains is None
 
 
 def test_invalid_agent_id_is_refused(store: Store) -> None:

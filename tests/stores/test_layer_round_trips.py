@@ -1,0 +1,152 @@
+"""The record layer's round trips: a renewal, a term's later checkpoints and a client's next
+admission are one commit each, and a guess that no longer holds falls back to reading, with
+the same outcome as before."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hamsterbunker.errors import InboxFull, LeaseConflict, NotNextNumber, StoreError
+from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.stores import base
+from hamsterbunker.stores.backend import ScanResult, TooLarge, Txn, TxnResult
+from hamsterbunker.stores.backends.memory import MemoryBackend
+from hamsterbunker.stores.base import Consumed
+from hamsterbunker.stores.layer import RecordStore
+from tests.support.records import fence_of, lease
+
+AGENT = "a1"
+
+
+class CountingBackend(MemoryBackend):
+    """A memory backend that names each call made to it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
+        self.calls.append("get")
+        return super().get(key, max_bytes)
+
+    def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
+        self.calls.append("scan")
+        return super().scan(prefix, bound, after)
+
+    def commit(self, txn: Txn) -> TxnResult:
+        self.calls.append("commit")
+        return super().commit(txn)
+
+
+@pytest.fixture
+def backend() -> CountingBackend:
+    return CountingBackend()
+
+
+def test_a_renewal_by_the_last_writer_is_one_commit(backend: CountingBackend) -> None:
+    """cas_lease against the version this client wrote compares its bytes, reading nothing."""
+    store = RecordStore(backend)
+    held = store.cas_lease(AGENT, None, lease("n1", 1))
+    backend.calls.clear()
+    renewed = store.cas_lease(AGENT, held.version, replace(held, renewals=1))
+    assert backend.calls == ["commit"]
+    assert store.read_lease(AGENT) == renewed
+
+
+def test_a_renewal_after_a_read_is_one_commit(backend: CountingBackend) -> None:
+    """A record read (a standby about to take over) is compared as read."""
+    RecordStore(backend).cas_lease(AGENT, None, lease("n1", 1))
+    reader = RecordStore(backend)
+    found = reader.read_lease(AGENT)
+    assert found is not None
+    backend.calls.clear()
+    reader.cas_lease(AGENT, found.version, lease("n2", 2))
+    assert backend.calls == ["commit"]
+
+
+def test_a_record_changed_by_another_client_is_a_conflict_as_before(
+    backend: CountingBackend,
+) -> None:
+    """The guess fails, the record is read: its version decides, and the store keeps the other's."""
+    mine, other = RecordStore(backend), RecordStore(backend)
+    held = mine.cas_lease(AGENT, None, lease("n1", 1))
+    taken = other.cas_lease(AGENT, held.version, lease("n2", 2))
+    with pytest.raises(LeaseConflict):
+        mine.cas_lease(AGENT, held.version, replace(held, renewals=1))
+    assert mine.read_lease(AGENT) == taken
+    # Told the version that is there, the write goes through (after its one read).
+    again = mine.cas_lease(AGENT, taken.version, lease("n1", 3))
+    assert other.read_lease(AGENT) == again
+
+
+def test_a_terms_later_checkpoints_are_one_commit_each(backend: CountingBackend) -> None:
+    """Under the fence of its last checkpoint a client lists nothing first; retention holds."""
+    store = RecordStore(backend, keep_checkpoints=3)
+    fence = fence_of(store.cas_lease(AGENT, None, lease("n1", 1)))
+    store.put_checkpoint(AGENT, fence, 1, b"c1")
+    for seq in range(2, 9):
+        backend.calls.clear()
+        store.put_checkpoint(AGENT, fence, seq, f"c{seq}".encode())
+        assert backend.calls == ["commit"]
+    assert [info.seq for info in store.list_checkpoints(AGENT)] == [8, 7, 6]
+    stored = backend.scan(f"agents/{AGENT}/ckpt-data/", ReadBound(100, 100, 10_000))
+    assert len(stored.items) == 3
+
+
+def test_a_new_fence_or_a_seq_not_above_lists_again(backend: CountingBackend) -> None:
+    """A new term's first checkpoint reads the listing, and so does a seq not above the last,
+    refused as before."""
+    store = RecordStore(backend)
+    first = store.cas_lease(AGENT, None, lease("n1", 1))
+    store.put_checkpoint(AGENT, fence_of(first), 5, b"c5")
+    with pytest.raises(StoreError, match="sequence must increase"):
+        store.put_checkpoint(AGENT, fence_of(first), 5, b"again")
+    second = store.cas_lease(AGENT, first.version, lease("n1", 2, session="s2"))
+    backend.calls.clear()
+    store.put_checkpoint(AGENT, fence_of(second), 6, b"c6")
+    assert backend.calls == ["commit", "commit"]
+    assert [(i.seq, i.epoch) for i in store.list_checkpoints(AGENT)] == [(6, 2), (5, 1)]
+
+
+def test_an_admission_after_this_clients_last_is_one_commit(backend: CountingBackend) -> None:
+    """The next number after this client's last admission is committed at once."""
+    store = RecordStore(backend)
+    assert store.admit(AGENT, "r1", 1, b"s1") == (1, False)
+    backend.calls.clear()
+    assert store.admit(AGENT, "r2", 2, b"s2") == (2, False)
+    assert backend.calls == ["commit"]
+    assert [n for n, _ in store.read_inbox(AGENT)] == [1, 2]
+
+
+def test_an_admission_after_another_clients_is_judged_as_before(backend: CountingBackend) -> None:
+    """A guess another client's admission made wrong: the next number named, a duplicate found."""
+    mine, other = RecordStore(backend), RecordStore(backend)
+    mine.admit(AGENT, "r1", 1, b"s1")
+    other.admit(AGENT, "r2", 2, b"s2")
+    with pytest.raises(NotNextNumber) as refused:
+        mine.admit(AGENT, "r3", 2, b"s3")
+    assert refused.value.next_number == 3
+    assert mine.admit(AGENT, "r3", 3, b"s3") == (3, False)
+    assert mine.admit(AGENT, "r3", 4, b"s3") == (3, True)
+    assert mine.admit(AGENT, "r2", 4, b"s2") == (2, True)
+    assert [n for n, _ in other.read_inbox(AGENT)] == [1, 2, 3]
+
+
+def test_a_full_inbox_by_an_old_count_is_read_again(
+    backend: CountingBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Consumptions since this client's last admission make room: the inbox is read, not full;
+    an inbox full as read is full."""
+    monkeypatch.setattr(base, "MAX_INBOX_COUNT", 2)
+    submitter, leader = RecordStore(backend), RecordStore(backend)
+    submitter.admit(AGENT, "r1", 1, b"s1")
+    submitter.admit(AGENT, "r2", 2, b"s2")
+    fence = fence_of(leader.cas_lease(AGENT, None, lease("n1", 1)))
+    consumed = [Consumed(1, "r1", b"reply"), Consumed(2, "r2", None)]
+    leader.put_checkpoint(AGENT, fence, 1, b"c1", consumed=consumed)
+    assert submitter.admit(AGENT, "r3", 3, b"s3") == (3, False)
+    assert submitter.admit(AGENT, "r4", 4, b"s4") == (4, False)
+    with pytest.raises(InboxFull):
+        submitter.admit(AGENT, "r5", 5, b"s5")
