@@ -77,7 +77,7 @@ pytestmark = pytest.mark.fault
 SECRET = "storage-faults-secret"
 A, B = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east")
 JOURNAL = "journal"  # JournalCounter.id (tests/support/hb_test_agents.py)
-CHECKPOINT_NAME = re.compile(r"(\d{20})-(\d{10})")  # a checkpoint's bytes, under ckpt-data/
+CHECKPOINT_NAME = re.compile(r"(\d{20})-(\d{10})-\d{10}-\d{13}")  # a checkpoint, under ckpt/
 TMP_PREFIX = "tmp-hb-"
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 MakeCluster = Callable[..., LocalCluster]
@@ -207,8 +207,8 @@ def running(*nodes: Runtime) -> Iterator[None]:
 
 
 def checkpoint_dir(store_dir: Path, agent: str) -> Path:
-    """The folder of the agent's checkpoints' sealed bytes (``stores.layer.keys``)."""
-    return file_key(store_dir, AgentKeys(agent).ckpt_data)
+    """The folder of the agent's checkpoints (``stores.layer.keys``)."""
+    return file_key(store_dir, AgentKeys(agent).ckpt)
 
 
 def final_files(directory: Path) -> dict[tuple[int, int], Path]:

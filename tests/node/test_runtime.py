@@ -163,14 +163,13 @@ class Harness:
 
     def checkpoint_path(self, seq: int, agent: str = AGENT) -> Path:
         """The file of checkpoint seq's sealed bytes."""
-        found = list(self.key_path(AgentKeys(agent).ckpt_data).glob(f"{seq:020d}-*"))
+        found = list(self.key_path(AgentKeys(agent).ckpt).glob(f"{seq:020d}-*"))
         assert len(found) == 1, f"expected one file for checkpoint {seq}, found {found}"
         return found[0]
 
     def drop_checkpoint(self, seq: int, agent: str = AGENT) -> None:
-        """Remove checkpoint seq, its bytes and its description, as a store gone back does."""
+        """Remove checkpoint seq, as a store gone back does."""
         self.checkpoint_path(seq, agent).unlink()
-        self.key_path(AgentKeys(agent).checkpoint(seq)).unlink()
 
     def open_checkpoint(self, seq: int, agent: str = AGENT) -> dict[str, Any]:
         store = self.store()
@@ -500,8 +499,7 @@ def test_restore_refuses_when_every_checkpoint_is_tampered(hb: Harness) -> None:
     for seq in (1, 2, 3):
         flip_last_byte(hb.checkpoint_path(seq))
     keys = AgentKeys(AGENT)
-    checkpoint_dirs = [hb.key_path(keys.ckpt), hb.key_path(keys.ckpt_data)]
-    before = [snapshot(folder) for folder in checkpoint_dirs]
+    before = snapshot(hb.key_path(keys.ckpt))
 
     agent_b = AsyncAgent()
     node_b = hb.node("node-b", agent_b)
@@ -514,7 +512,7 @@ def test_restore_refuses_when_every_checkpoint_is_tampered(hb: Harness) -> None:
     assert hb.events.of("agent.started", "node-b") == []
     assert agent_b.init_calls == 0
     assert agent_b.entered == []
-    assert [snapshot(folder) for folder in checkpoint_dirs] == before
+    assert snapshot(hb.key_path(keys.ckpt)) == before
 
 
 def test_checkpoint_moved_from_another_agent_is_rejected(hb: Harness) -> None:

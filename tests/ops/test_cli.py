@@ -348,7 +348,7 @@ def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
         # its own events, or a commit's temp file or redo log.
         new = set(after) - set(before)
         ours = (
-            r"kv/agents/counter/(ckpt/\d{20}|ckpt-data/\d{20}-\d{10})",
+            r"kv/agents/counter/ckpt/\d{20}-\d{10}-\d{10}-\d{13}",
             r"kv/agents/counter/effects/\d{20}/\d{4}-(intent|outcome)",
             r"kv/agents/counter/(beats/node-a|events/node-a/\d{20})",
             r"tmp-hb-\w+|\.redo",

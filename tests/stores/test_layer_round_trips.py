@@ -91,7 +91,7 @@ def test_a_terms_later_checkpoints_are_one_commit_each(backend: CountingBackend)
         store.put_checkpoint(AGENT, fence, seq, f"c{seq}".encode())
         assert backend.calls == ["commit"]
     assert [info.seq for info in store.list_checkpoints(AGENT)] == [8, 7, 6]
-    stored = backend.scan(f"agents/{AGENT}/ckpt-data/", ReadBound(100, 100, 10_000))
+    stored = backend.scan(f"agents/{AGENT}/ckpt/", ReadBound(100, 100, 10_000))
     assert len(stored.items) == 3
 
 

@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from hamsterbunker.read_bounds import ReadBound
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores import file_store_path, open_store
 from hamsterbunker.stores.backend import Backend, DeleteRange, Put, Txn, key_problem, prefix_end
@@ -268,18 +269,28 @@ class RawRecords:
             assert self.backend.commit(Txn(writes=[Put(name, data)])).succeeded
 
     def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
-        data = self.backend.get(AgentKeys(agent).checkpoint_data(seq, epoch), 2**31)
+        key = self._checkpoint_key(agent, seq, epoch)
+        data = None if key is None else self.backend.get(key, 2**31)
         assert isinstance(data, bytes), f"no checkpoint {seq} of epoch {epoch} stored"
         return data
 
     def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
+        """data as checkpoint seq of epoch, in place of one stored (its time kept)."""
         keys = AgentKeys(agent)
-        info = CheckpointInfo(epoch=epoch, seq=seq, size=len(data), written=0.0)
-        writes = [
-            Put(keys.checkpoint_data(seq, epoch), data),
-            Put(keys.checkpoint(seq), info.to_json()),
-        ]
+        stored = self._checkpoint_key(agent, seq, epoch)
+        was = None if stored is None else keys.checkpoint_info(stored)
+        written = 0.0 if was is None else was.written
+        info = CheckpointInfo(epoch=epoch, seq=seq, size=len(data), written=written)
+        named = f"{keys.ckpt}{seq:020d}-{epoch:010d}-"
+        writes = [DeleteRange(named, prefix_end(named)), Put(keys.checkpoint(info), data)]
         assert self.backend.commit(Txn(writes=writes)).succeeded
+
+    def _checkpoint_key(self, agent: str, seq: int, epoch: int) -> str | None:
+        """The key of checkpoint seq of epoch (its name says its size and time too)."""
+        named = f"{AgentKeys(agent).ckpt}{seq:020d}-{epoch:010d}-"
+        found = self.backend.scan(named, ReadBound(10, 0, 0))
+        names = [key for key, _ in found.items] + [each.key for each in found.too_large]
+        return min(names, default=None)
 
     def put_lease(self, agent: str, data: bytes) -> None:
         self.put(AgentKeys(agent).lease, data)

@@ -193,7 +193,7 @@ class EtcdBackend:
         return self._run(txn, "commit")
 
     def _run(self, txn: Txn, what: str) -> TxnResult:
-        puts, deletes = _net_writes(txn.writes)
+        puts, deletes = _net_writes(txn.all_writes)
         if not self._earlier_looked:
             self._refuse_an_earlier_store()
         writes = [
@@ -317,7 +317,10 @@ class EtcdBackend:
 
     def _scan_page(self, scan: Scan, start: str) -> dict[str, Any]:
         # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
-        return self._range(start, prefix_end(scan.prefix), limit=_page_size(scan.bound))
+        names_only = {"keys_only": True} if scan.bound.entry_bytes == 0 else {}
+        return self._range(
+            start, prefix_end(scan.prefix), limit=_page_size(scan.bound), **names_only
+        )
 
     def _read_result(
         self, read: Get | Scan, found: Mapping[str, Any], revision: int

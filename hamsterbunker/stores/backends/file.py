@@ -168,6 +168,7 @@ class FileBackend:
                     )
                     if succeeded:
                         tree.write(_plan(tree, txn, temps))
+                        tree.tidy(txn.tidy)
                     reads = [
                         tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
                         for r in txn.reads
@@ -308,7 +309,7 @@ def _check_prefix(prefix: str) -> None:
 
 
 def _check_txn(txn: Txn) -> None:
-    one_key = [w for w in txn.writes if isinstance(w, Put) or w.end is None]
+    one_key = [w for w in txn.all_writes if isinstance(w, Put) or w.end is None]
     keys = [w.key if isinstance(w, Put) else w.start for w in one_key]
     keys += [c.key for c in txn.compares] + [r.key for r in txn.reads if isinstance(r, Get)]
     for key in keys:

@@ -26,7 +26,16 @@ from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ...failpoints import failpoint
-from ..backend import MAX_KEY_CHARS, Scan, ScanResult, ScanTaker, TooLarge, key_problem, prefix_end
+from ..backend import (
+    MAX_KEY_CHARS,
+    DeleteRange,
+    Scan,
+    ScanResult,
+    ScanTaker,
+    TooLarge,
+    key_problem,
+    prefix_end,
+)
 from ..file import fileio
 from ..file.layout import is_sync_copy
 
@@ -278,6 +287,14 @@ class KeyTree:
         if len(ops) > 1:
             failpoint("file_backend.commit.before_log_removed")
             self._remove_log()
+
+    def tidy(self, removals: Sequence[DeleteRange]) -> None:
+        """Remove what removals cover, unsynced: a crash may leave it (``Txn.tidy``)."""
+        if removals:
+            failpoint("file_backend.commit.before_tidy")
+        for removal in removals:
+            for key in self.keys_in(removal.start, removal.end):
+                self._remove(key)
 
     def replay(self) -> None:
         """Finish the commit that a redo log in the root lists (a crash cut it short)."""

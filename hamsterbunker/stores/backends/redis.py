@@ -218,7 +218,7 @@ class RedisBackend:
                 args += ["absent", compare.key]
             else:
                 args += ["eq", compare.key, compare.value]
-        for write in txn.writes:
+        for write in txn.all_writes:
             args += _write_args(write)
         for read in txn.reads:
             if isinstance(read, Get):

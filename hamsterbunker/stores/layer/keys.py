@@ -8,8 +8,8 @@ that key order is number order::
     agents/<agent>/lease                 the lease record (its version inside)
     agents/<agent>/fence                 [holder, session, epoch] of the lease: what a
                                          fenced write compares
-    agents/<agent>/ckpt/<seq>            a checkpoint's description (CheckpointInfo)
-    agents/<agent>/ckpt-data/<seq>-<epoch>  its sealed bytes
+    agents/<agent>/ckpt/<seq>-<epoch>-<size>-<written ms>  a checkpoint's sealed bytes,
+                                         described by its name: a listing reads no value
     agents/<agent>/effects/<seq>/<index>-<kind>  the effect journal of step seq
     agents/<agent>/acceptance            the loss-acceptance record
     agents/<agent>/beats/<node>          a node's heartbeat
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from ...records import check_name
+from ...records import CheckpointInfo, check_name
 from ..backend import prefix_end
 
 __all__ = ["CLUSTER", "INDEX", "AgentKeys", "number", "parse_number"]
@@ -38,6 +38,8 @@ INDEX = "index/"
 
 _DIGITS = 20
 _NUMBER = re.compile(r"[0-9]{20}")
+_LATEST_MS = 10**13 - 1
+_CHECKPOINT = re.compile(r"([0-9]{20})-([0-9]{10})-([0-9]{10})-([0-9]{13})")
 
 
 def number(n: int) -> str:
@@ -61,7 +63,6 @@ class AgentKeys:
         self.fence = base + "fence"
         self.acceptance = base + "acceptance"
         self.ckpt = base + "ckpt/"
-        self.ckpt_data = base + "ckpt-data/"
         self.effects = base + "effects/"
         self.beats = base + "beats/"
         self.events = base + "events/"
@@ -74,11 +75,22 @@ class AgentKeys:
         self.ids = inbox + "ids/"
         self.done = inbox + "done/"
 
-    def checkpoint(self, seq: int) -> str:
-        return self.ckpt + number(seq)
+    def checkpoint(self, info: CheckpointInfo) -> str:
+        written_ms = min(max(round(info.written * 1000), 0), _LATEST_MS)  # a clock gone wild
+        return f"{self.ckpt}{number(info.seq)}-{info.epoch:010d}-{info.size:010d}-{written_ms:013d}"
 
-    def checkpoint_data(self, seq: int, epoch: int) -> str:
-        return f"{self.ckpt_data}{number(seq)}-{epoch:010d}"
+    def checkpoints_below(self, seq: int) -> tuple[str, str]:
+        """The key range of every checkpoint of a seq below seq."""
+        return self.ckpt, self.ckpt + number(seq)
+
+    def checkpoint_info(self, key: str) -> CheckpointInfo | None:
+        """The checkpoint a key of ckpt/ names (its seq, epoch, size and time), or None if
+        its name is none we write."""
+        named = _CHECKPOINT.fullmatch(key[len(self.ckpt) :]) if key.startswith(self.ckpt) else None
+        if named is None:
+            return None
+        seq, epoch, size, written_ms = map(int, named.groups())
+        return CheckpointInfo(epoch=epoch, seq=seq, size=size, written=written_ms / 1000)
 
     def step(self, seq: int) -> str:
         """The folder of step seq's effect journal."""

@@ -132,6 +132,25 @@ def test_a_writer_killed_mid_commit_leaves_the_store_before_or_after(
     assert (before / "kv" / "b").exists() != logged  # a folder left empty is removed
 
 
+TIDY_WRITER = """
+import sys
+from hamsterbunker.stores.backend import DeleteRange, Put, Txn
+from hamsterbunker.stores.backends.file import FileBackend
+
+FileBackend(sys.argv[1], create=False).commit(
+    Txn(writes=[Put("c/new/x", b"made")], tidy=[DeleteRange("a/", "a0")])
+)
+"""
+
+
+def test_a_writer_killed_before_its_tidy_up_has_made_its_writes(before: Path) -> None:
+    """A commit of one put is one rename, no redo log: killed before its tidy-up, it is made
+    and what the tidy-up covers is left, as Txn.tidy allows."""
+    assert run_writer(before, TIDY_WRITER, "file_backend.commit.before_tidy") == -9
+    assert not (before / ".redo").exists()
+    assert state(before) == {**BEFORE, "c/new/x": b"made"}
+
+
 def test_a_writer_killed_while_finishing_a_redo_log_leaves_it_to_the_next(before: Path) -> None:
     """Finishing a redo log is as safe to cut short, and to do again, as the commit."""
     assert run_writer(before, WRITER, "file_backend.commit.after_op@2") == -9
