@@ -250,12 +250,12 @@ class KeyTree:
         return dir_fd
 
     def _remove(self, key: str) -> set[tuple[str, ...]]:
-        """Remove key's file, then each folder that leaves empty (no folder is a key); the
-        folders that changed (not yet fsynced)."""
+        """Remove key's file, then its folder if that leaves it empty (no folder is a key),
+        not the folders above: one there soon holds the next step's or number's folder,
+        and each made again costs a durable mkdir. The folders changed (not yet fsynced)."""
         *folders, name = key.split("/")
-        remove = os.unlink
         changed: set[tuple[str, ...]] = set()
-        while True:
+        for remove in (os.unlink, os.rmdir)[: 1 + bool(folders)]:
             dir_fd = open_folder(self.fd, self.path, folders)
             if dir_fd is None:
                 return changed  # removed already
@@ -264,14 +264,14 @@ class KeyTree:
                     remove(name, dir_fd=dir_fd)
                     changed.add(tuple(folders))
                 except FileNotFoundError:
-                    pass  # removed already (a replay): its folders may not be
+                    pass  # removed already (a replay): its folder may not be
                 except OSError as exc:
                     if remove is os.unlink or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
                     return changed  # a folder with something in it stays
-            if not folders:
-                return changed
-            name, remove = folders.pop(), os.rmdir
+            if folders:
+                name = folders.pop()
+        return changed
 
     def write(self, ops: Ops) -> None:
         """Make ops, through the redo log if they are more than one (one rename or one
