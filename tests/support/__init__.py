@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import signal
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,16 +74,17 @@ def process_state(pid: int) -> str:
 
 @contextlib.contextmanager
 def holding_store_lock(store_dir: Path) -> Iterator[None]:
-    """Hold the file store's commit lock (``stores.backends.file``: flock on .lock), as a
-    node does across each commit: no write is half made while it is held."""
+    """Hold the file store's commit lock (``stores.backends.file``: an OFD lock on .lock),
+    as a node does across each commit: no write is half made while it is held."""
     fd = os.open(store_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    whole_file = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0)
     try:
         deadline = time.monotonic() + 10
         while True:
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, whole_file)
                 break
-            except BlockingIOError:
+            except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
                 if time.monotonic() > deadline:
                     pytest.fail("the store's lock stayed busy for 10 s")
                 time.sleep(0.001)

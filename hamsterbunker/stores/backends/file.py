@@ -3,7 +3,7 @@
 Layout under the root::
 
     kv/<segment>/.../<segment>   one file per key, each ``/`` segment a directory
-    .lock                        flock held across each commit's compare and writes
+    .lock                        locked (OFD fcntl) across each commit's compare and writes
     .redo                        a commit's writes while they are made (``file_tree``)
     tmp-hb-<hex>                 values written and synced before the lock is taken
 
@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import stat
+import struct
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -43,14 +45,18 @@ from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, set_asid
 __all__ = ["GUARANTEES", "FileBackend"]
 
 GUARANTEES = StoreGuarantees(
-    mutual_exclusion="flock on the root's .lock, held across each commit's compare and writes: "
-    "real between the processes of one machine; none on a synced folder (refused)",
+    mutual_exclusion="an OFD fcntl lock on the root's .lock, held across each commit's compare "
+    "and writes: real on a local filesystem and on NFS with working lockd; none on a synced "
+    "folder (refused)",
     durability="values, the redo log and directories fsynced before a commit returns; a commit "
     "a crash cut short is finished by the next one",
-    across_hosts="none: one machine's directory (flock over NFS is not relied on)",
+    across_hosts="only through NFS mounted with noac (or actimeo=0) and lookupcache=none",
 )
 
 _LOCK_NAME = ".lock"
+# struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t), the
+# lock the earlier file store took: NFS takes it to the server (lockd).
+_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 # O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a writer.
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LOCK_POLL_S = 0.002
@@ -215,9 +221,11 @@ class FileBackend:
             deadline = time.monotonic() + self.lock_timeout
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
                     break
-                except BlockingIOError:
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise StoreUnavailable(f"cannot lock {path}: {exc.strerror}") from exc
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(
                             f"file backend {self.root}: {path} is locked by another writer "

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -190,8 +191,9 @@ def test_a_blob_is_written_before_the_lock_and_removed_when_it_cannot_be_taken(
 
 @contextlib.contextmanager
 def held_lock(root: Path) -> Iterator[None]:
+    """The root's lock held by another open file, as another writer holds it."""
     with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.fcntl(lock, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
         yield
 
 
