@@ -197,7 +197,15 @@ def test_the_target_leads_the_term_handed_to_it_before_it_writes_the_lease(
 
 def test_switchover_without_a_target_picks_a_live_standby(cluster: Cluster) -> None:
     three_nodes(cluster)
-    target = request_switchover(cluster.store, cluster.sealer(), AGENT)
+    # A standby stalled for the whole watch (a TTL) on a loaded machine is rightly not seen
+    # as live, and the request refused: asked again, as an operator would, at most twice.
+    for attempt in range(3):
+        try:
+            target = request_switchover(cluster.store, cluster.sealer(), AGENT)
+            break
+        except ControlRefused as exc:
+            if "no live standby" not in str(exc) or attempt == 2:
+                raise
     assert target in ("b", "c")
     wait_until(lambda: cluster.leader() == target, f"{target} to lead")
 

@@ -158,7 +158,10 @@ def test_a_standby_takes_the_records_its_watch_carries_for_reads(backend: str) -
     try:
         with _standby_beside_a_leader(store, counted) as (leader, _standby):
             reads = _reads_in_thirty_renewals(store, counted)
-            assert reads <= 3, f"the standby read the lease {reads} times in 30 renewals"
+            # Reading for each renewal would be 30. A few more than none: on a loaded machine
+            # a renewal can come over two ticks late, and the standby then reads on its own
+            # (4 seen beside two CPU burners).
+            assert reads <= 10, f"the standby read the lease {reads} times in 30 renewals"
             # It still follows the lease: stopping the leader hands it over at once.
             leader.stop(timeout=20)
             wait_until(
