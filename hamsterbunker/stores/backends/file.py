@@ -174,7 +174,10 @@ class FileBackend:
                     )
                     if succeeded:
                         tree.write(_plan(tree, txn, temps))
-                        tree.tidy(txn.tidy)
+                        try:
+                            tree.tidy(txn.tidy)
+                        except (OSError, StoreError) as exc:  # made: only the tidy-up is not
+                            fileio.log.warning("a tidy-up in %s left undone: %s", self.root, exc)
                     reads = [
                         tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
                         for r in txn.reads
