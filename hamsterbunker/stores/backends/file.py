@@ -39,6 +39,7 @@ from ..base import StoreGuarantees
 from ..earlier import earlier_store
 from ..file import fileio
 from ..file.layout import is_sync_copy
+from ..file.lease_watch import lease_changes, open_lease_watch
 from ..file.location import check_location, mount_of, open_root
 from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, set_aside
 
@@ -110,18 +111,36 @@ class FileBackend:
         """Notices from watchfiles (inotify; polling on NFS) on the prefix's folder, or on the
         deepest folder of it there is until it is made. The watch moves when that folder is
         made, removed (a range delete emptied it) or replaced; a gap, Notice(None), once it
-        is in place again (its first batch, or a second of quiet)."""
+        is in place again (its first batch, or a second of quiet).
+
+        A prefix that is no folder (the lease record's key) is watched in its folder with
+        inotify of its own where it can be had, not with watchfiles: a notice the moment
+        a key there that starts with the prefix is renamed into place or removed, where
+        watchfiles yields only after 20 ms of quiet in the whole tree below."""
         import watchfiles  # only here: a node that never watches never loads it
 
         _check_prefix(prefix)
         folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
         polling = mount_of(self.root).fstype.startswith("nfs")
+        name_start = prefix.rsplit("/", 1)[-1]  # "" for a folder
         gap = False
         while True:
             watched = self._deepest_folder(folders)
             if watched is None:  # no kv/ yet (a reader opened the store)
                 gap = True
                 await asyncio.sleep(_WATCH_RETRY_S)
+                continue
+            in_place = watched[0] == kv.joinpath(*folders)
+            names = None
+            if name_start and in_place and not polling:
+                names = open_lease_watch(watched[0], lambda name: name.startswith(name_start))
+            if names is not None:
+                if gap:
+                    gap = False
+                    yield Notice(None)
+                async for _ in lease_changes(names):  # ends when the folder goes
+                    yield Notice(prefix)
+                gap = True
                 continue
             changes = watchfiles.awatch(
                 watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
