@@ -3,7 +3,7 @@
 tests/stores/contract/test_inbox_proof.py).
 
 Planted as someone without the secret would, past the store contract, under
-the record layer's keys (``stores.layer.keys``): ``inbox/done/<n>/<request id>``
+the record layer's keys (``stores.layer.keys``): ``inbox/done/<n>-<request id>``
 = ``-`` (consumed, no reply) with ``inbox/ids/<request id>`` naming n. And a
 genuine reply taken away (its record rewritten as ``-``) or made unreadable
 (over the limit): the store then reports the submission consumed with no

@@ -172,7 +172,7 @@ def read_replies(
     count, scan = reply_page_bounds(limit)
     entry = MAX_REPLY_BYTES + 1
     bound = ReadBound(scan, entry, scan * entry)
-    # Every key of a submission above after sorts after the name of after + 1's folder.
+    # Every reply to a submission above after sorts after after + 1's number alone.
     found = layer.backend.scan(keys.done, bound, after=keys.done_below(after + 1))
     for too_large in found.too_large:
         layer.reported(f"leaving out the reply {too_large.key} of {keys.agent}: too big")
@@ -180,7 +180,7 @@ def read_replies(
     replies: list[tuple[int, bytes]] = []
     last = None
     for index, (key, data) in enumerate(looked):
-        n = parse_number(key[len(keys.done) :].partition("/")[0])
+        n = parse_number(key[len(keys.done) :].partition("-")[0])
         last = n if n is not None else last
         if n is not None and data.startswith(b"+"):
             replies.append((n, data[1:]))
@@ -192,9 +192,10 @@ def read_replies(
 
 def reseal_reply(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_reply(n, new)
-    folder = keys.done_below(n) + "/"
     entry = MAX_REPLY_BYTES + 1
-    found = layer.backend.scan(folder, ReadBound(4, entry, 4 * entry))  # one, unless planted
+    found = layer.backend.scan(
+        keys.replies_of(n), ReadBound(4, entry, 4 * entry)
+    )  # one, unless planted
     for key, data in found.items:
         if data == b"+" + old:
             txn = Txn(compares=[Compare(key, data)], writes=[Put(key, b"+" + new)])
@@ -314,7 +315,7 @@ def _ranges(keys: AgentKeys, numbers: list[int]) -> list[DeleteRange]:
 
 def _reply_name(keys: AgentKeys, key: str) -> tuple[int, str] | None:
     """(number, request id) of a reply's key, or None for a name we never write."""
-    digits, _, request_id = key[len(keys.done) :].partition("/")
+    digits, _, request_id = key[len(keys.done) :].partition("-")
     n = parse_number(digits)
     if n is None or check_request_id(request_id) is not None:
         return None

@@ -20,7 +20,7 @@ that key order is number order::
     agents/<agent>/inbox/kept            how many consumed records are kept
     agents/<agent>/inbox/pending/<n>     an unconsumed submission's sealed bytes
     agents/<agent>/inbox/ids/<request>   "number size" of a request id admitted
-    agents/<agent>/inbox/done/<n>/<request>  a consumed submission's reply: "-" for
+    agents/<agent>/inbox/done/<n>-<request>  a consumed submission's reply: "-" for
                                          none, or "+" and the sealed reply
 """
 
@@ -120,7 +120,11 @@ class AgentKeys:
 
     def reply(self, n: int, request_id: str) -> str:
         """Where the reply to submission n, of request_id, is kept once it is consumed."""
-        return f"{self.done}{number(n)}/{request_id}"
+        return f"{self.replies_of(n)}{request_id}"
+
+    def replies_of(self, n: int) -> str:
+        """What the key of each reply to submission n starts with (one, unless planted)."""
+        return f"{self.done}{number(n)}-"
 
     def done_below(self, n: int) -> str:
         """The first key after the replies of every submission numbered below n."""
