@@ -343,7 +343,9 @@ def test_sync_step_result_is_discarded_when_the_lease_is_lost(hb: Harness) -> No
     assert agent_a.returned_seqs() == [1]  # the thread is still in step 2
 
     agent_a.release.set()  # only now does the abandoned step return its new state
-    wait_until(lambda: agent_a.returned_seqs() == [1, 2], "the abandoned sync step to return")
+    # (On a loaded machine the renew deadline can pass during step 2 before the fault too:
+    # then step 2 was abandoned and tried again, and two threads return from it.)
+    wait_until(lambda: 2 in agent_a.returned_seqs(), "the abandoned sync step to return")
     wait_until(lambda: (2, 2) in hb.checkpoints(), "node-b to publish seq 2 under epoch 2")
 
     def beats() -> int:
