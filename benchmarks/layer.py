@@ -46,11 +46,11 @@ PAYLOAD = {"question": "what is the answer?"}
 METHOD = f"""\
 The issue that brings the record layer (`hamsterbunker/stores/layer/`, `RecordStore` over
 one backend of `hamsterbunker/stores/backends/`) asks that no figure of it be more than
-10 % worse than the store it replaces. Node processes still open the old stores for
-`file://`, `redis://` and `etcd://` URLs, so handover and failover of the layer cannot be
-measured yet; this benchmark measures, in one process and one run, what a leader and a
-submitter pay per store call, on the old store and on the layer over the same kind of
-store: the file store (`FileStore` against `RecordStore(FileBackend)`, each in a
+10 % worse than the store it replaces. Handover, failover and submit → consumed of
+nodes on either are the `versions` benchmark's; this benchmark measures, in one process
+and one run, what a leader and a submitter pay per store call, on the old store's class
+(still in the tree) and on the layer over the same kind of store: the file store
+(`stores.file.FileStore` against `RecordStore(FileBackend)`, each in a
 temporary directory of its own on this machine's disk), Redis (`RedisStore` against
 `RecordStore(RedisBackend)`) and etcd (`EtcdStore` against `RecordStore(EtcdBackend)`),
 each pair on one server started by the benchmark on loopback, as the per-store
