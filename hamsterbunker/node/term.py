@@ -18,7 +18,7 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 from ..agent import Agent, State, StepContext, _current
@@ -119,7 +119,7 @@ class LeaderTerm:
         retry: StepRetry = DEFAULT_STEP_RETRY,
         contested: bool = True,
         intents: IntentLog | None = None,
-        follow_keys: Callable[[], Awaitable[bool]] | None = None,
+        follow_keys: Callable[[], Coroutine[None, None, bool]] | None = None,
     ) -> None:
         """contested: the lease was taken (free or expired), not handed to this node: on a
         synced folder another node may have taken the same epoch at the same moment
