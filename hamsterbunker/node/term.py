@@ -266,15 +266,21 @@ class LeaderTerm:
             seq = progress.seq + 1
             # An abandoned sync step may run on in its thread: it starts no more effects.
             abandoned = threading.Event()
+            journal = self._journal.for_step(
+                seq, progress.epoch, first=seq == first_seq, journals=progress.journals
+            )
             effects = StepEffects(
                 seq,
                 self._journal,
-                self._journal.for_step(
-                    seq, progress.epoch, first=seq == first_seq, journals=progress.journals
-                ),
+                journal,
                 may_start=functools.partial(self._may_start_effects, abandoned),
                 rerun_failures=failed_seq == seq,
             )
+            if journal is None and not await self._read_journal(effects):
+                if stall.for_a_ttl():
+                    return self._give_up("could not read the effect journal for a full TTL")
+                await asyncio.sleep(tick_s)
+                continue
             context = StepContext(
                 self._id.agent,
                 self._id.node,
@@ -284,7 +290,7 @@ class LeaderTerm:
                 abandoned=abandoned,
                 effects=effects,
                 loop=asyncio.get_running_loop(),
-                mailbox=StepInbox(self._inbox, await self._inbox.unconsumed()),
+                mailbox=StepInbox(self._inbox, await self._inbox.unconsumed(), self._journal.shown),
             )
             self._standing.effects = effects.shown
             step_began = self._clock.monotonic()
@@ -345,6 +351,17 @@ class LeaderTerm:
             else:
                 await asyncio.sleep(tick_s)  # the store failed: same state, same seq
         return TermEnd(Ending.OVER, self.epoch)
+
+    async def _read_journal(self, effects: StepEffects) -> bool:
+        """Read the journal of the term's first step before it runs: it may replay a step
+        an earlier leader began, and is shown the submissions that run was shown (see
+        hamsterbunker.inbox). False if the store failed (said; tried again)."""
+        try:
+            await effects.load()
+        except StoreError as exc:
+            self._sink.emit("store.error", error=f"effect journal: {exc}")
+            return False
+        return True
 
     def _step_failed(self, seq: int, exc: Exception) -> float:
         """Count a failed step, say so (the traceback at debug); the seconds to wait."""
