@@ -158,6 +158,10 @@ class StepEffects:
         self.shown: list[list[str]] = []  # (name, state) of each effect called, for heartbeats
         self._load_lock = asyncio.Lock()
 
+    async def load(self) -> None:
+        """Read the step's journal now, not at its first effect (StoreError if it fails)."""
+        await self._journal()
+
     async def _journal(self) -> dict[int, Entry]:
         async with self._load_lock:
             if self.entries is None:

@@ -8,8 +8,11 @@ consumed commits with its checkpoint (DESIGN.md invariant 9): the numbers as
 ``ConsumedMarks`` sealed inside the checkpoint, the replies in the same atomic
 store write. Every consumption writes a sealed reply (``None`` included), bound
 to agent, number and request id: a client takes a submission as done only when
-that record opens. A step that is never published consumed nothing, so its
-replay sees the same submissions.
+that record opens. A step that is never published consumed nothing; its replay
+is shown what its earlier runs were shown (their numbers are sealed into the
+step's effect journal) and nothing admitted below them since, so that it calls
+its effects in the same order: a submission that shows up late under a lower
+number (a synced folder's copy, a record put back) waits for the next step.
 
 This module holds the rules; how a node reads its inbox and seals replies is an
 ``InboxIO`` (``hamsterbunker.node.inbox``).
@@ -155,10 +158,21 @@ class InboxIO(Protocol):
 class StepInbox:
     """One step's inbox: what it was shown, and what it consumed (committed with its checkpoint)."""
 
-    def __init__(self, io: InboxIO, shown: list[Submission]) -> None:
+    def __init__(
+        self, io: InboxIO, shown: list[Submission], runs_shown: set[int] | None = None
+    ) -> None:
+        """runs_shown: the numbers shown to earlier runs of this step (its journal says),
+        added to as this run is shown more; a number below the highest of them that is
+        not among them is not shown to this run."""
         self._io = io
-        self._shown = {s.number: s for s in shown}
+        self._runs_shown = set() if runs_shown is None else runs_shown
+        self._earlier = frozenset(self._runs_shown)
+        self._top = max(self._earlier, default=0)
+        self._shown = {s.number: s for s in shown if self._may_show(s.number)}
         self.consumed: list[Consumed] = []
+
+    def _may_show(self, number: int) -> bool:
+        return number > self._top or number in self._earlier
 
     def shown(self) -> list[Submission]:
         """The submissions this step may consume, oldest first: no more than it may still
@@ -166,7 +180,9 @@ class StepInbox:
         allowed; the rest are shown to the next step."""
         room = MAX_CONSUMED_PER_STEP - len(self.consumed)
         taken = {c.number for c in self.consumed}
-        return [s for n, s in sorted(self._shown.items()) if n not in taken][: max(room, 0)]
+        shown = [s for n, s in sorted(self._shown.items()) if n not in taken][: max(room, 0)]
+        self._runs_shown.update(s.number for s in shown)
+        return shown
 
     def consume(self, number: int, reply: Any = None) -> None:
         """Mark submission number consumed, with an optional reply (JSON), at this step's commit."""
@@ -182,6 +198,7 @@ class StepInbox:
         # A reply of None is sealed too: the sealed reply is what proves to a client that
         # this submission was consumed (a bare "consumed" mark can be written without
         # the secret, and must never read as done).
+        self._runs_shown.add(number)
         sealed = self._io.seal_reply(number, found.request_id, reply)
         if len(sealed) > MAX_REPLY_BYTES:
             raise InboxError(
@@ -208,7 +225,8 @@ class StepInbox:
         while True:
             mark = self._io.wakes()  # before reading: a change meanwhile is not missed
             for submission in await self._io.unconsumed():
-                self._shown.setdefault(submission.number, submission)
+                if self._may_show(submission.number):
+                    self._shown.setdefault(submission.number, submission)
             left = until - loop.time()
             if self.shown() or left <= 0 or self._io.closing():
                 return self.shown()

@@ -3,7 +3,9 @@
 1. begin: every live node already holds the new secret (its heartbeat names
    the new key id); the record is changed to seal with the new key, the old
    one still accepted; then every live node is waited for until it seals
-   with the new key, so every checkpoint published after begin is under it.
+   with the new key, so every checkpoint published after begin is under it
+   (a node begin did not see beating, one starting meanwhile, reads the
+   record again as it takes the lease).
 2. commit: every retained checkpoint of every agent that is still under an
    old key is sealed again under the new one (``Store.reseal_checkpoint``,
    compared with the bytes opened: never over a newer checkpoint, never

@@ -32,7 +32,7 @@ from ..clock import Clock
 from ..effects import Entry, StepEffects, effect_key
 from ..errors import EffectError, Fenced, Tampered
 from ..intents import BegunIntent, IntentLog
-from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES
+from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES, MAX_SEQ
 from ..lineage import TermId
 from ..sealing import EffectAt, OpenedEffect, Sealer
 from ..stores import Chains, Fence, Store
@@ -43,6 +43,10 @@ from .state import Identity
 __all__ = ["TermJournal"]
 
 log = logging.getLogger("hamsterbunker")
+
+# How many submission numbers a record's "shown" is read to (sealed, so never more than
+# a step was shown: a bound on a reader, not a limit on steps).
+MAX_SHOWN_NUMBERS = 4096
 
 
 class TermJournal:
@@ -66,6 +70,9 @@ class TermJournal:
         # The journal of the step being run (every attempt of it in this term shares it).
         self._seq = 0
         self._entries: dict[int, Entry] | None = None
+        # The submission numbers shown to the runs of that step (StepInbox): each record
+        # says them, so that a replay is shown the same ones.
+        self.shown: set[int] = set()
         self._base_epoch = 0  # the epoch of the checkpoint the first step builds on
         # On a store with chains: the terms whose journals of the first step are read.
         self._journals: tuple[TermId, ...] = ()
@@ -84,6 +91,7 @@ class TermJournal:
         if seq != self._seq:
             self._seq, self._base_epoch, self._journals = seq, base_epoch, journals
             self._entries = None if first else {}
+            self.shown = set()
         return self._entries
 
     def keep(self, effects: StepEffects) -> None:
@@ -100,6 +108,8 @@ class TermJournal:
         else:
             found = await self._read(seq)
         found += self._lost_intents(seq, found)
+        if seq == self._seq:
+            self.shown.update(n for record in found for n in _numbers(record.opened.payload))
         entries: dict[int, Entry] = {}
         latest: dict[int, tuple[TermId, int]] = {}  # index -> the last run that wrote it
         for record in sorted(found):
@@ -196,6 +206,8 @@ class TermJournal:
         self._written += 1
         order = self._written
         payload: dict[str, Any] = {"replay": entry.replay, "order": order, "attempt": self._attempt}
+        if seq == self._seq and self.shown:
+            payload["shown"] = sorted(self.shown)
         if kind == "outcome":
             payload["outcome"] = entry.outcome
         # On a chained store the record names its node: a copy into another node's journal
@@ -291,6 +303,14 @@ def _count(payload: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return 0  # sealed by a holder of the secret, so never: but not a crash
     return value
+
+
+def _numbers(payload: Any) -> list[int]:
+    """The submission numbers a record says its step's runs were shown ([] if none)."""
+    value = payload.get("shown") if isinstance(payload, dict) else None
+    if not isinstance(value, list):
+        return []  # records written before they were kept
+    return [n for n in value[:MAX_SHOWN_NUMBERS] if type(n) is int and 0 < n <= MAX_SEQ]
 
 
 def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffect) -> bool:

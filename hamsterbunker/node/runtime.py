@@ -362,6 +362,10 @@ class Runtime:
                 notifier=self._notifier,
                 lineage=lineage,
             )
+            follower = KeyFollower(
+                cluster, sealer, self.standing, calls,
+                emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
+            )  # fmt: skip
             new_term = functools.partial(
                 LeaderTerm,
                 identity=identity,
@@ -379,6 +383,7 @@ class Runtime:
                 grace=self._stop.grace,
                 retry=self.step_retry,
                 intents=self._intents,
+                follow_keys=follower.once,
             )
             control = self._control_view(sealer)
             memory = (
@@ -388,10 +393,6 @@ class Runtime:
                     self._memory_file, self.keeper, calls, self.node_id, cluster, control
                 )
             )
-            follower = KeyFollower(
-                cluster, sealer, self.standing, calls,
-                emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
-            )  # fmt: skip
             following = asyncio.create_task(follower.run(), name="hb-keys")
             checking = (
                 None

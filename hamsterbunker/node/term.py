@@ -18,7 +18,7 @@ import functools
 import inspect
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
 from ..agent import Agent, State, StepContext, _current
@@ -119,11 +119,13 @@ class LeaderTerm:
         retry: StepRetry = DEFAULT_STEP_RETRY,
         contested: bool = True,
         intents: IntentLog | None = None,
+        follow_keys: Callable[[], Coroutine[None, None, bool]] | None = None,
     ) -> None:
         """contested: the lease was taken (free or expired), not handed to this node: on a
         synced folder another node may have taken the same epoch at the same moment
         (``_uncontested``). intents: the node's memory of the intents it wrote, which
-        outlives the term (one of the term's own if None)."""
+        outlives the term (one of the term's own if None). follow_keys: reads the cluster
+        record and follows a rotation (``KeyFollower.once``); False if the node must stop."""
         self.epoch = epoch
         self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
         self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
@@ -131,6 +133,8 @@ class LeaderTerm:
         self._grace = grace  # how long a stop lets the step in flight finish
         self._began, self._contested = clock.monotonic(), contested
         self._retry, self._failures = retry, StepFailures(retry)
+        self._follow_keys = follow_keys
+        self._keys_read: asyncio.Task[bool] | None = None
         self.lost = asyncio.Event()  # this term's own end: a later term has its own
         # A switchover: finish the step in flight as on a stop, publish, then end.
         self.leaving = asyncio.Event()
@@ -192,6 +196,11 @@ class LeaderTerm:
         A term that cannot restore or publish for a full TTL (the store refuses
         every try) gives the lease up, so that another node can try.
         """
+        if self._follow_keys is not None:
+            # Beside the restore: a node that started before a rotation's begin and was not
+            # seen beating by it (begin waits on the nodes it saw) seals nothing of this
+            # term under the key begin replaced (see _lead).
+            self._keys_read = asyncio.create_task(self._follow_keys(), name="hb-term-keys")
         try:
             ended = await self._lead()
             if ended.how is Ending.OVER and self.leaving.is_set() and not self.lost.is_set():
@@ -200,6 +209,8 @@ class LeaderTerm:
                 return TermEnd(Ending.HANDED_OVER, self.epoch, successor=self._successor)
             return ended
         finally:
+            if self._keys_read is not None:
+                self._keys_read.cancel()
             self._standing.failing = (0, "")
             await self._inbox.close()
 
@@ -229,6 +240,8 @@ class LeaderTerm:
                 await asyncio.sleep(tick_s)
                 if self._over():
                     return TermEnd(Ending.OVER, self.epoch)
+        if self._keys_read is not None and not await self._keys_read:
+            return TermEnd(Ending.OVER, self.epoch)  # the node stops: it lacks the current key
         stall.reset()
         self._standing.restored = True
         self._inbox.resume(progress.marks)
@@ -253,15 +266,21 @@ class LeaderTerm:
             seq = progress.seq + 1
             # An abandoned sync step may run on in its thread: it starts no more effects.
             abandoned = threading.Event()
+            journal = self._journal.for_step(
+                seq, progress.epoch, first=seq == first_seq, journals=progress.journals
+            )
             effects = StepEffects(
                 seq,
                 self._journal,
-                self._journal.for_step(
-                    seq, progress.epoch, first=seq == first_seq, journals=progress.journals
-                ),
+                journal,
                 may_start=functools.partial(self._may_start_effects, abandoned),
                 rerun_failures=failed_seq == seq,
             )
+            if journal is None and not await self._read_journal(effects):
+                if stall.for_a_ttl():
+                    return self._give_up("could not read the effect journal for a full TTL")
+                await asyncio.sleep(tick_s)
+                continue
             context = StepContext(
                 self._id.agent,
                 self._id.node,
@@ -271,7 +290,7 @@ class LeaderTerm:
                 abandoned=abandoned,
                 effects=effects,
                 loop=asyncio.get_running_loop(),
-                mailbox=StepInbox(self._inbox, await self._inbox.unconsumed()),
+                mailbox=StepInbox(self._inbox, await self._inbox.unconsumed(), self._journal.shown),
             )
             self._standing.effects = effects.shown
             step_began = self._clock.monotonic()
@@ -332,6 +351,17 @@ class LeaderTerm:
             else:
                 await asyncio.sleep(tick_s)  # the store failed: same state, same seq
         return TermEnd(Ending.OVER, self.epoch)
+
+    async def _read_journal(self, effects: StepEffects) -> bool:
+        """Read the journal of the term's first step before it runs: it may replay a step
+        an earlier leader began, and is shown the submissions that run was shown (see
+        hamsterbunker.inbox). False if the store failed (said; tried again)."""
+        try:
+            await effects.load()
+        except StoreError as exc:
+            self._sink.emit("store.error", error=f"effect journal: {exc}")
+            return False
+        return True
 
     def _step_failed(self, seq: int, exc: Exception) -> float:
         """Count a failed step, say so (the traceback at debug); the seconds to wait."""

@@ -29,7 +29,9 @@ from hamsterbunker import (
 from hamsterbunker.errors import StoreUnavailable, Tampered
 from hamsterbunker.inbox import ConsumedMarks, StepInbox
 from hamsterbunker.limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_SUBMISSION_BYTES
-from hamsterbunker.sealing import Sealer
+from hamsterbunker.sealing import Sealer, new_cluster_record
+from hamsterbunker.stores.backend import DeleteRange, Txn
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
@@ -573,3 +575,68 @@ def test_an_inbox_read_that_failed_is_followed_by_store_recovered(nodes: Nodes) 
     with nodes.client() as client:
         client.submit(AGENT, 2, request_id="after")
         assert client.result(AGENT, "after", timeout=WAIT_S) == {"doubled": 4}
+
+
+class EffectPerSubmission:
+    """Calls an effect named for each submission it is shown, oldest first, then consumes
+    it; parks after its effects on node park_on (cut off before its publish)."""
+
+    id = AGENT
+
+    def __init__(self, park_on: str) -> None:
+        self.park_on = park_on
+        self.parked = threading.Event()
+        self.shown: list[tuple[str, int]] = []
+
+    def init(self) -> dict[str, Any]:
+        return {}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        for submission in await ctx.wait_for_inbox(60):
+            self.shown.append((ctx.node, submission.number))
+            done = await ctx.effect(f"handle-{submission.request_id}", _handled, submission.number)
+            ctx.consume(submission.number, reply=done)
+        if ctx.node == self.park_on:
+            self.parked.set()
+            await _forever()
+        return state
+
+
+def _handled(number: int) -> str:
+    return f"handled #{number}"
+
+
+def test_a_replay_is_not_shown_a_submission_that_turned_up_below_what_its_first_run_saw(
+    nodes: Nodes,
+) -> None:
+    """#1 is not there while #2 is (a pending record deleted and put back, or a synced copy
+    come late): a's step 1 calls the effect for #2 and is cut off. #1 turns up. b's replay of
+    step 1 is shown #2 alone, as the journal says a's run was, so its effects come in the
+    same order (no EffectMismatch for ever); #1 goes to step 2."""
+    nodes.store.create_cluster(new_cluster_record(SECRET))
+    sealer = Sealer(SECRET, nodes.store.read_cluster())  # type: ignore[arg-type]
+
+    def admit(number: int, request_id: str) -> None:
+        blob = sealer.seal_submission(AGENT, number, request_id, number, time.time())
+        nodes.store.admit(AGENT, request_id, number, blob)
+
+    agent = EffectPerSubmission(park_on="a")
+    admit(1, "low")
+    admit(2, "high")
+    [(_one, low)] = [(n, blob) for n, blob in nodes.store.read_inbox(AGENT) if n == 1]
+    hidden = AgentKeys(AGENT).submission(1)
+    assert nodes.store.backend.commit(Txn(writes=[DeleteRange(hidden)])).succeeded
+    nodes.start("a", agent)
+    wait_until(agent.parked.is_set, "node a to call #2's effect and park")
+    plant_submissions(nodes.store, AGENT, [(1, low)])  # put back as it was
+    nodes.made[0].stop()
+    nodes.start("b", agent)
+    with nodes.client() as client:
+        assert client.result(AGENT, "high", timeout=WAIT_S) == "handled #2"
+        assert client.result(AGENT, "low", timeout=WAIT_S) == "handled #1"
+    assert agent.shown == [("a", 2), ("b", 2), ("b", 1)]
+    assert not nodes.events.of("agent.failing")
+    replayed = nodes.events.wait("effect.replayed", "b")
+    assert replayed.detail == {"step_seq": 1, "reused": 1}

@@ -30,6 +30,8 @@ from hamsterbunker.errors import (
     WrongSecret,
 )
 from hamsterbunker.keyring import Keyring, Secret, read_keyring
+from hamsterbunker.lease import LeaseKeeper
+from hamsterbunker.lease_proof import LeaseProof
 from hamsterbunker.limits import MAX_CONSUMED_PER_STEP
 from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.cluster import Cluster
@@ -38,10 +40,14 @@ from hamsterbunker.node.state import Standing
 from hamsterbunker.reach import Reach
 from hamsterbunker.records import ClusterRecord, KeyEntry, LeaseRecord
 from hamsterbunker.rotation import Rotation
+from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record, read_header, sealed_key_id
 from hamsterbunker.stores import Consumed, Fence
 from hamsterbunker.stores.reseal import REPLY_PAGE
 from hamsterbunker.testing import MemoryStore
+from hamsterbunker.timing import LeaseTiming
+from tests.support import wait_until
+from tests.support.agents import Recorder, SyncAgent
 
 OLD, NEW = "the old secret of the cluster", "the new secret of the cluster"
 AGENT = "rotating"
@@ -572,3 +578,41 @@ def test_a_standby_that_has_not_read_begins_record_yet_opens_the_new_keys_checkp
         Sealer(BOTH, first).open(blob, AGENT, 2, 7)  # without a store to read: refused
     assert standby.open(blob, AGENT, 2, 7) == {"n": 7}
     assert standby.key_id == leader.key_id  # and it seals with the new key from now on
+
+
+def test_a_node_that_read_the_record_before_begin_seals_its_term_with_the_new_key(
+    first: ClusterRecord, monkeypatch
+) -> None:
+    """begin waits only for the nodes it sees beating; a node that read the record before
+    begin but beat only after begin looked (a restart, under load) reads the keys again
+    when it takes the lease: its term seals nothing under the replaced key."""
+    # No periodic read of the record during the test: only the takeover's read may follow it.
+    monkeypatch.setattr("hamsterbunker.node.runtime.KEYS_READ_TTLS", 1000)
+    store = MemoryStore()
+    store.create_cluster(first)
+    _elsewhere, begun = rotated(first, "begin")
+    timing = LeaseTiming(tick_ms=100, lease_ttl_ms=1000)
+    holder = LeaseKeeper(store, AGENT, "node-a", "r1", timing=timing)
+    holder.proof = LeaseProof(Sealer(OLD, first), AGENT)
+    holder.tick()
+    events = Recorder()
+    node = Runtime(
+        node_id="node-b", region="r1", store=store, agent=SyncAgent(AGENT),  # type: ignore[arg-type]
+        secret=BOTH, timing=timing, on_event=events, stop_grace_ms=0,
+    )  # fmt: skip
+    node.start()
+    try:
+        # node-a renews until node-b has read the record and beats as a standby...
+        wait_until(
+            lambda: (
+                holder.tick() and any(hb.node == "node-b" for hb in store.list_heartbeats(AGENT))
+            ),
+            "node-b beating as a standby",
+        )
+        store.replace_cluster(first, begun)  # ...then begin's record, and node-a dies
+        events.wait("lease.acquired", "node-b")
+        wait_until(lambda: store.list_checkpoints(AGENT), "node-b's first checkpoint")
+        for info in store.list_checkpoints(AGENT):
+            assert sealed_key_id(store.read_checkpoint(AGENT, info)) == begun.key_id != first.key_id
+    finally:
+        node.stop(timeout=20)

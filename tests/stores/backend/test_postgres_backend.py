@@ -8,6 +8,7 @@ listen on 127.0.0.1 only (tests/support/postgres_server.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 import time
@@ -31,7 +32,10 @@ from hamsterbunker.stores.backend import (  # noqa: E402
     prefix_end,
 )
 from hamsterbunker.stores.backends.postgres import PostgresBackend  # noqa: E402
-from hamsterbunker.stores.backends.postgres_connection import parse_postgres_url  # noqa: E402
+from hamsterbunker.stores.backends.postgres_connection import (  # noqa: E402
+    connect,
+    parse_postgres_url,
+)
 from hamsterbunker.stores.urls import redacted_url  # noqa: E402
 from tests.support import each_ended, process_state, wait_until  # noqa: E402
 from tests.support.postgres_server import PostgresServer, shared_postgres  # noqa: E402
@@ -179,6 +183,35 @@ def test_a_commit_cut_off_midway_leaves_the_store_as_before(
             backend.commit(Txn(writes=[Put("a/1", b"after"), Put("a/2", b"after")]))
         raw.rollback()
     assert backend.get("a/1", 10) is None and backend.get("a/2", 10) == b"before"
+
+
+def test_a_client_fallen_silent_inside_a_commit_stalls_no_other_commit(
+    opened: Callable[[str], PostgresBackend],
+) -> None:
+    """A node cut off midway through a commit (a partition: the server hears nothing more,
+    not even a close) leaves its transaction open, its rows locked: the server ends it
+    after the URL's timeout, so the next node's commits to those rows go through, and
+    none of the silent one's writes is kept."""
+    server = shared_postgres()
+    table = f"silent_{uuid.uuid4().hex}"
+    url = server.url(table, query="timeout=0.5")
+    backend = opened(url)
+    put(backend, "a/2", b"before")
+    silent = connect(parse_postgres_url(url))
+    try:
+        silent.execute("BEGIN")
+        silent.execute(f"UPDATE {table} SET value = 'silent' WHERE key = 'a/2'")
+        started, written = time.monotonic(), False
+        while not written and time.monotonic() - started < 10:
+            with contextlib.suppress(StoreUnavailable):  # waited on the silent one's lock
+                written = backend.commit(Txn(writes=[Put("a/2", b"after")])).succeeded
+        assert written, "a commit still stalled 10 s after the silent client's last word"
+        assert time.monotonic() - started < 5
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            silent.execute("COMMIT")  # the server ended its session
+    finally:
+        silent.close()
+    assert backend.get("a/2", 10) == b"after"
 
 
 def test_commits_acknowledged_before_a_crash_are_all_there_and_none_by_halves(
