@@ -213,7 +213,8 @@ def pause(cluster: LocalCluster, node: str) -> None:
 def redo_log_left(cluster: LocalCluster) -> bool:
     """Whether the file store holds a redo log: a commit a crash cut short after the log
     was durable, which the next writer finishes (``stores.backends.file_tree``)."""
-    return (Path(cluster.store_url.removeprefix("file://")) / ".redo").exists()
+    log = Path(cluster.store_url.removeprefix("file://")) / ".redo"
+    return log.exists() and log.stat().st_size > 0  # the file stays, emptied, between commits
 
 
 def reply_of(payload: Any, node: str, number: int) -> dict[str, Any]:

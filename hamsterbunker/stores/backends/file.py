@@ -4,7 +4,7 @@ Layout under the root::
 
     kv/<segment>/.../<segment>   one file per key, each ``/`` segment a directory
     .lock                        locked (OFD fcntl) across each commit's compare and writes
-    .redo                        a commit's writes while they are made (``file_tree``)
+    .redo                        a commit's writes while they are made (``file_redo``)
     tmp-hb-<hex>                 values written and synced before the lock is taken
 
 Under the lock a commit finishes a redo log a crash left, compares, makes its
@@ -41,7 +41,8 @@ from ..file import fileio
 from ..file.layout import is_sync_copy
 from ..file.lease_watch import lease_changes, open_lease_watch
 from ..file.location import check_location, mount_of, open_root
-from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, set_aside
+from .file_redo import INLINE_BYTES, Ops
+from .file_tree import KV_NAME, KeyTree, log_pending, open_folder, set_aside
 
 __all__ = ["GUARANTEES", "FileBackend"]
 
@@ -49,8 +50,9 @@ GUARANTEES = StoreGuarantees(
     mutual_exclusion="an OFD fcntl lock on the root's .lock, held across each commit's compare "
     "and writes: real on a local filesystem and on NFS with working lockd; none on a synced "
     "folder (refused)",
-    durability="values, the redo log and directories fsynced before a commit returns; a commit "
-    "a crash cut short is finished by the next one",
+    durability="a commit of one key: its value and folder fsynced before it returns; of more: "
+    "their redo log fdatasynced, then the file system synced (syncfs) before it returns; a "
+    "commit a crash cut short is finished by the next one",
     across_hosts="only through NFS mounted with noac (or actimeo=0) and lookupcache=none",
 )
 
@@ -172,11 +174,17 @@ class FileBackend:
     def _commit(self, txn: Txn) -> TxnResult:
         with self._opened_root() as root_fd:
             temps: list[str] = []
+            values: list[str | bytes] = []  # each Put's: a temp file, or its value inline
             try:
                 for write in txn.writes:
-                    if isinstance(write, Put):
-                        value, points = _maker_errors_kept(write.value), "file_backend.commit"
-                        temps.append(fileio.write_temp(root_fd, value, True, points))
+                    if not isinstance(write, Put):
+                        continue
+                    if _inline(write.value) and len(txn.writes) > 1:  # in the redo log
+                        values.append(bytes(write.value))
+                        continue
+                    value, points = _maker_errors_kept(write.value), "file_backend.commit"
+                    temps.append(fileio.write_temp(root_fd, value, True, points))
+                    values.append(temps[-1])
                 failpoint("file_backend.commit.before_lock")
                 # A node stopped at a failpoint must not hold the lock: see failpoints.
                 with (
@@ -192,7 +200,7 @@ class FileBackend:
                         tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares
                     )
                     if succeeded:
-                        tree.write(_plan(tree, txn, temps))
+                        tree.write(_plan(tree, txn, values))
                         try:
                             tree.tidy(txn.tidy)
                         except (OSError, StoreError) as exc:  # made: only the tidy-up is not
@@ -291,10 +299,15 @@ def _refuse_an_earlier_store(root: Path) -> None:
         raise earlier_store(f"store directory {root}", " and ".join(found) + " at its root")
 
 
-def _plan(tree: KeyTree, txn: Txn, temps: list[str]) -> Ops:
+def _inline(value: Blob) -> bool:
+    """Whether a value goes in the redo log itself: a small one, already made."""
+    return isinstance(value, bytes) and len(value) <= INLINE_BYTES
+
+
+def _plan(tree: KeyTree, txn: Txn, values: list[str | bytes]) -> Ops:
     """Each key's final state after txn's writes (one entry per key)."""
-    final: dict[str, str | None] = {}
-    made = iter(temps)
+    final: dict[str, str | bytes | None] = {}
+    made = iter(values)
     for write in txn.writes:
         if isinstance(write, Put):
             final[write.key] = next(made)
