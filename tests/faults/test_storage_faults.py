@@ -304,17 +304,16 @@ def publish_and_stop(store_dir: Path, agent_id: str, count: int) -> None:
 
 KILL_AT = 3  # the third publish
 # point -> (its hit in the third publish, whether the checkpoint counts once the next
-# writer finished what the crash left, whether a temp file holds its sealed bytes). Each
-# checkpoint's commit puts two values (its bytes, then its description) and makes
-# two writes (no retention yet, no effect journal).
+# writer finished what the crash left, whether a temp file holds its sealed bytes). A
+# checkpoint's commit with nothing consumed puts one value: one temp file, one rename,
+# no redo log (the log's points are killed at in tests/stores/backend/test_file_backend.py
+# and, with a consuming checkpoint, in tests/faults/test_inbox_faults.py).
 CRASH_POINTS = {
     "checkpoint.before_commit": (KILL_AT, False, False),
-    "checkpoint.file_backend.commit.after_temp_write": (2 * KILL_AT - 1, False, True),
-    "checkpoint.file_backend.commit.after_temp_fsync": (2 * KILL_AT - 1, False, True),
+    "checkpoint.file_backend.commit.after_temp_write": (KILL_AT, False, True),
+    "checkpoint.file_backend.commit.after_temp_fsync": (KILL_AT, False, True),
     "checkpoint.file_backend.commit.before_lock": (KILL_AT, False, True),
-    "checkpoint.file_backend.commit.after_log": (KILL_AT, True, False),
-    "checkpoint.file_backend.commit.after_op": (2 * KILL_AT - 1, True, False),
-    "checkpoint.file_backend.commit.before_log_removed": (KILL_AT, True, False),
+    "checkpoint.file_backend.commit.after_op": (KILL_AT, True, False),
 }
 
 
