@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import os
 import signal
 import struct
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,15 +28,23 @@ P = ParamSpec("P")
 SUPPORT_DIR = Path(__file__).parent
 
 
-def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 30.0) -> T:
-    """Poll probe every 10 ms until it returns something truthy; fail after timeout."""
+def wait_until(
+    probe: Callable[[], T | None], what: str | Callable[[], str], timeout: float = 30.0
+) -> T:
+    """Poll probe every 10 ms until it returns something truthy; fail after timeout. what
+    says what was awaited; a callable is asked at the timeout (the state as it ended). A
+    timeout also writes every thread's stack to stderr (the test's captured output): what
+    an in-process node was doing when the wait ran out."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+            described = what() if callable(what) else what
+            with contextlib.suppress(ValueError, OSError):  # a stderr without a file
+                faulthandler.dump_traceback(sys.stderr, all_threads=True)
+            pytest.fail(f"timed out after {timeout} s waiting for {described}")
         time.sleep(0.01)
 
 

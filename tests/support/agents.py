@@ -51,15 +51,32 @@ class Recorder:
         where: Callable[[Event], bool] = lambda e: True,
         timeout: float = 15.0,
     ) -> Event:
+        began = time.monotonic()
         found = wait_until(
             lambda: [e for e in self.of(kind, node) if where(e)],
-            f"event {kind} from {node or 'any node'} (seen: {self.summary()})",
+            lambda: (
+                f"event {kind} from {node or 'any node'} (seen by then: {self.summary()}; "
+                f"during the wait: {self.timeline(began)})"
+            ),
             timeout,
         )
         return found[0]  # type: ignore[no-any-return]
 
     def summary(self) -> str:
         return ", ".join(f"{e.node}:{e.type}" for e in self.of())
+
+    def timeline(self, since: float, most: int = 40) -> str:
+        """The events that came after since (monotonic), with their times from it: the newest
+        most, steps and publishes counted, not listed (what a failed wait shows)."""
+        lines, routine = [], 0
+        for at, e in self.timed():
+            if at < since:
+                continue
+            if e.type in ("agent.step", "checkpoint.published"):
+                routine += 1
+                continue
+            lines.append(f"+{at - since:.2f}s {e.node}:{e.type} epoch {e.epoch} seq {e.seq}")
+        return "; ".join([*lines[-most:], f"{routine} steps and publishes"])
 
 
 class CountingAgent:

@@ -142,20 +142,19 @@ def parse_postgres_url(url: str) -> PostgresTarget:
 
 def connect(target: PostgresTarget) -> Connection:
     """A connection whose transactions are SERIALIZABLE and commit synchronously, and
-    whose server side ends what outlives the URL's timeout."""
+    which the server ends once it is left idle inside a transaction for the URL's timeout."""
     conn = psycopg.connect(target.conninfo, autocommit=True)
     try:
         conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
         # A client cut off midway through a commit (a partition: no close reaches the
         # server) would hold its rows' locks until TCP gives up, hours later, and stall
-        # every commit to them. Our calls never last longer than the timeout: the server
-        # may end a transaction left idle, or a statement running, for that long.
-        timeout_ms = math.ceil(target.timeout * 1000)
+        # every commit to them. No call of ours lasts longer than the timeout, so the
+        # server may end a transaction left idle for that long.
+        idle_ms = math.ceil(target.timeout * 1000)
         with DEADLINES.bound(conn.fileno(), target.timeout):
             conn.execute(
                 "SET synchronous_commit TO on;"
-                f" SET idle_in_transaction_session_timeout TO {timeout_ms};"
-                f" SET statement_timeout TO {timeout_ms}"
+                f" SET idle_in_transaction_session_timeout TO {idle_ms}"
             )
     except BaseException:
         conn.close()
