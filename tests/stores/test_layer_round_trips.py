@@ -110,6 +110,39 @@ def test_a_new_fence_or_a_seq_not_above_lists_again(backend: CountingBackend) ->
     assert [(i.seq, i.epoch) for i in store.list_checkpoints(AGENT)] == [(6, 2), (5, 1)]
 
 
+def test_a_new_terms_first_checkpoint_after_its_restores_listing_is_one_commit(
+    backend: CountingBackend,
+) -> None:
+    """The restore lists the checkpoints once the lease is taken: under the fence this client
+    just wrote, that listing serves the term's first checkpoint; retention holds."""
+    store = RecordStore(backend, keep_checkpoints=2)
+    first = store.cas_lease(AGENT, None, lease("n1", 1))
+    for seq in (1, 2, 3):
+        store.put_checkpoint(AGENT, fence_of(first), seq, f"c{seq}".encode())
+    taker = RecordStore(backend, keep_checkpoints=2)
+    second = taker.cas_lease(AGENT, first.version, lease("n2", 2, session="s2"))
+    assert [info.seq for info in taker.list_checkpoints(AGENT)] == [3, 2]
+    backend.calls.clear()
+    taker.put_checkpoint(AGENT, fence_of(second), 4, b"c4")
+    assert backend.calls == ["commit"]
+    assert [(i.seq, i.epoch) for i in taker.list_checkpoints(AGENT)] == [(4, 2), (3, 1)]
+
+
+def test_a_listing_under_a_fence_since_taken_over_writes_nothing(
+    backend: CountingBackend,
+) -> None:
+    """A listing read under this client's fence, then another client takes the lease: the
+    checkpoint made from that listing is refused by the fence, as it would be after a read."""
+    mine, other = RecordStore(backend), RecordStore(backend)
+    held = mine.cas_lease(AGENT, None, lease("n1", 1))
+    mine.put_checkpoint(AGENT, fence_of(held), 1, b"c1")
+    assert [info.seq for info in mine.list_checkpoints(AGENT)] == [1]
+    other.cas_lease(AGENT, held.version, lease("n2", 2, session="s2"))
+    with pytest.raises(base.Fenced):
+        mine.put_checkpoint(AGENT, fence_of(held), 2, b"c2")
+    assert [(i.seq, i.epoch) for i in other.list_checkpoints(AGENT)] == [(1, 1)]
+
+
 def test_an_admission_after_this_clients_last_is_one_commit(backend: CountingBackend) -> None:
     """The next number after this client's last admission is committed at once."""
     store = RecordStore(backend)

@@ -52,8 +52,9 @@ class Layer:
     backend: Backend
     settings: Settings
     reported: ReportedOnce = field(default_factory=lambda: ReportedOnce(log))
-    # Per agent, this client's last checkpoint: (the fence's text, its seq, the
-    # descriptions its commit left stored), so the next under that fence needs no listing.
+    # Per agent, under the fence this client holds: (the fence's text, the seq of its last
+    # checkpoint or listing, the descriptions stored as of then), so that the next
+    # checkpoint under that fence needs no listing.
     written: dict[str, tuple[str, int, list[CheckpointInfo]]] = field(default_factory=dict)
     # Per agent, the inbox's last number, admissions and consumptions as this client's
     # last admission left them (read in its commit): the next admission's guess.

@@ -43,6 +43,7 @@ __all__ = [
     "put_effect",
     "read_checkpoint",
     "read_effects",
+    "remember_listing",
     "reseal_checkpoint",
     "reseal_effect",
 ]
@@ -124,6 +125,15 @@ def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
     """Store.list_checkpoints: newest first, by seq then epoch."""
     listed = _listed(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_NAMES_READ))
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
+
+
+def remember_listing(layer: Layer, agent: str, fence: str, listed: list[CheckpointInfo]) -> None:
+    """A listing read after this client wrote fence (a new term's, as it took the lease):
+    the term's first checkpoint then needs no listing of its own (a restore has just made
+    one). Only the fence's holder writes checkpoints, and the commit compares the fence."""
+    known = layer.written.get(agent)
+    if known is None or known[0] != fence:
+        layer.written[agent] = (fence, max((info.seq for info in listed), default=0), listed)
 
 
 def _listed(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[CheckpointInfo]:

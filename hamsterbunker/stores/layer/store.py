@@ -84,6 +84,8 @@ class RecordStore(Store):
         # Per agent, the lease record this client last wrote or read, as stored: what the
         # next cas_lease compares, without reading it first (a guess: the store decides).
         self._leases: dict[str, tuple[bytes, LeaseRecord]] = {}
+        # Per agent, the fence this client's last lease write that changed it put in place.
+        self._fences: dict[str, str] = {}
 
     # -- cluster -----------------------------------------------------------
 
@@ -186,12 +188,14 @@ class RecordStore(Store):
             new.session,
             new.epoch,
         )
+        fence = fence_text(new.holder, new.session, new.epoch)
         if not same_fence:
-            writes.append(Put(keys.fence, fence_text(new.holder, new.session, new.epoch).encode()))
+            writes.append(Put(keys.fence, fence.encode()))
         txn = Txn(compares=[Compare(keys.lease, current)], writes=writes)
         if not self.layer.commit_indexed(keys, txn).succeeded:
             return False
         self._leases[keys.agent] = (data, new)
+        self._fences[keys.agent] = fence
         return True
 
     # -- checkpoints and the effect journal --------------------------------
@@ -202,7 +206,11 @@ class RecordStore(Store):
         return checkpoints.put_checkpoint(self.layer, AgentKeys(agent), fence, seq, blob, consumed)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        return checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
+        fence = self._fences.get(agent)  # taken before the listing: it is read under fence
+        listed = checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
+        if fence is not None:
+            checkpoints.remember_listing(self.layer, agent, fence, listed)
+        return listed
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)
