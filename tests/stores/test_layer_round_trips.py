@@ -4,17 +4,21 @@ the same outcome as before."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
 from hamsterbunker.errors import InboxFull, LeaseConflict, NotNextNumber, StoreError
 from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores import base
-from hamsterbunker.stores.backend import ScanResult, TooLarge, Txn, TxnResult
+from hamsterbunker.stores.backend import Capability, Notice, ScanResult, TooLarge, Txn, TxnResult
 from hamsterbunker.stores.backends.memory import MemoryBackend
 from hamsterbunker.stores.base import Consumed
 from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support.records import fence_of, lease
 
 AGENT = "a1"
@@ -141,6 +145,39 @@ def test_a_listing_under_a_fence_since_taken_over_writes_nothing(
     with pytest.raises(base.Fenced):
         mine.put_checkpoint(AGENT, fence_of(held), 2, b"c2")
     assert [(i.seq, i.epoch) for i in other.list_checkpoints(AGENT)] == [(1, 1)]
+
+
+class TellingBackend(CountingBackend):
+    """A counting backend whose watch tells the values it is given, as Redis' and etcd's do."""
+
+    capabilities = frozenset({*MemoryBackend.capabilities, Capability.NOTICE_VALUES})
+
+    def __init__(self, told: list[Notice]) -> None:
+        super().__init__()
+        self.told = told
+
+    async def watch(self, prefix: str) -> AsyncIterator[Notice]:
+        for notice in self.told:
+            yield notice
+
+
+def test_a_lease_a_watch_told_of_is_taken_in_one_commit() -> None:
+    """A standby told the lease record by its watch compares the bytes told: no read first."""
+    keys = AgentKeys(AGENT)
+    backend = TellingBackend([])
+    held = RecordStore(backend).cas_lease(AGENT, None, lease("n1", 1))
+    stored = backend.get(keys.lease, 4096)
+    assert isinstance(stored, bytes)
+    backend.told.append(Notice(keys.lease, stored))
+    standby = RecordStore(backend)
+
+    async def first_told() -> LeaseRecord | None:
+        return await anext(standby.watch(AGENT, lease_only=True))
+
+    assert asyncio.run(first_told()) == held
+    backend.calls.clear()
+    standby.cas_lease(AGENT, held.version, lease("n2", 2, session="s2"))
+    assert backend.calls == ["commit"]
 
 
 def test_an_admission_after_this_clients_last_is_one_commit(backend: CountingBackend) -> None:

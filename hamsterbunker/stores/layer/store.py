@@ -339,17 +339,22 @@ class RecordStore(Store):
                 if not terms.changed(value):
                     continue
             lease_notice = told and prefix == keys.lease
-            yield self._record_in(notice.value) if lease_notice else None
+            yield self._record_in(agent, notice.value) if lease_notice else None
 
-    @staticmethod
-    def _record_in(value: bytes | None) -> LeaseRecord | None:
-        """The lease record a notice carried, or None where it must be read to know."""
+    def _record_in(self, agent: str, value: bytes | None) -> LeaseRecord | None:
+        """The lease record a notice carried, or None where it must be read to know. Kept
+        as a read of it would be, unless this client knows a newer one: a standby taking
+        the lease it was told of then compares the bytes told, with no read first."""
         if value is None:
             return None
         try:
-            return LeaseRecord.from_json(value)
+            record = LeaseRecord.from_json(value)
         except StoreError:
             return None
+        known = self._leases.get(agent)
+        if known is None or known[1].version < record.version:
+            self._leases[agent] = (value, record)
+        return record
 
     def check(self) -> None:
         self.backend.check()
