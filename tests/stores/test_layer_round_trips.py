@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from hamsterbunker.errors import InboxFull, LeaseConflict, NotNextNumber, StoreError
+from hamsterbunker.errors import Fenced, InboxFull, LeaseConflict, NotNextNumber, StoreError
 from hamsterbunker.read_bounds import ReadBound
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores import base
@@ -142,7 +142,7 @@ def test_a_listing_under_a_fence_since_taken_over_writes_nothing(
     mine.put_checkpoint(AGENT, fence_of(held), 1, b"c1")
     assert [info.seq for info in mine.list_checkpoints(AGENT)] == [1]
     other.cas_lease(AGENT, held.version, lease("n2", 2, session="s2"))
-    with pytest.raises(base.Fenced):
+    with pytest.raises(Fenced):
         mine.put_checkpoint(AGENT, fence_of(held), 2, b"c2")
     assert [(i.seq, i.epoch) for i in other.list_checkpoints(AGENT)] == [(1, 1)]
 

@@ -34,7 +34,7 @@ from ..base import (
     describe_fence_text,
 )
 from .base import Layer, bounded_records
-from .inbox import Consumption
+from .consumption import Consumption
 from .keys import AgentKeys
 
 __all__ = [
@@ -56,7 +56,6 @@ def put_checkpoint(
     problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
     if problem is not None:
         raise StoreError(problem)
-    consumption = Consumption(layer, keys, consumed)
     text = fence.to_text()
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
     listed: list[CheckpointInfo] | None = None
@@ -64,6 +63,12 @@ def put_checkpoint(
         # This client's last checkpoint was under this fence, and only the fence's holder
         # writes checkpoints: what that one's commit left stored is what a listing finds.
         listed = written[2]
+    consumption = Consumption(layer, keys, consumed, text)
+    if listed is not None and consumption.guess():
+        info = _commit(layer, keys, fence, seq, blob, listed, consumption)
+        if info is not None:
+            return info
+        consumption = Consumption(layer, keys, consumed, text)  # it guessed wrong: read
     reads = consumption.reads()
     if listed is None:
         reads = [Get(keys.fence, 256), Scan(keys.ckpt, CHECKPOINT_NAMES_READ), *reads]
@@ -77,21 +82,43 @@ def put_checkpoint(
         listed = _listed(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
     consumption.found(found)
+    info = _commit(layer, keys, fence, seq, blob, listed, consumption)
+    if info is None:
+        raise StoreError("the store refused a checkpoint's commit under the fence it holds")
+    return info
+
+
+def _commit(
+    layer: Layer,
+    keys: AgentKeys,
+    fence: Fence,
+    seq: int,
+    blob: Blob,
+    listed: list[CheckpointInfo],
+    consumption: Consumption,
+) -> CheckpointInfo | None:
+    """The checkpoint's commit; None if the fence held but a record the consumption
+    compared did not (refused if the fence did not)."""
+    text = fence.to_text()
     written_ms = round(time.time() * 1000)
     info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=written_ms / 1000)
     keep = layer.settings.keep_checkpoints
+    writes = [Put(keys.checkpoint(info), blob), *consumption.writes()]
     txn = Txn(
-        compares=[Compare(keys.fence, text.encode())],
-        writes=[Put(keys.checkpoint(info), blob), *consumption.writes()],
+        compares=[Compare(keys.fence, text.encode()), *consumption.compares()],
+        writes=writes,
         reads=[Get(keys.fence, 256)],
         tidy=[*_retention(keys, listed, info, keep), DeleteRange(*keys.steps_through(seq))],
     )
     failpoint("checkpoint.before_commit")
-    with failpoints_within("inbox.commit" if consumed else "checkpoint"):
+    with failpoints_within("inbox.commit" if consumption.consumed else "checkpoint"):
         result = layer.commit(txn)
     if not result.succeeded:
         now = result.reads[0]
+        if now == text.encode() and consumption.guessed:
+            return None
         raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+    consumption.committed()
     oldest = _oldest_kept(listed, info, keep)
     left = [each for each in listed if each.seq >= oldest and each.seq != seq]
     layer.written[keys.agent] = (text, seq, [*left, info])
