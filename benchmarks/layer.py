@@ -80,7 +80,8 @@ of 1 MiB in the first {COUNTS[MIB]} ({QUICK_COUNTS[MIB]}) and of 8 MiB in the fi
   the effects benchmark's figure, here with both calls made in this thread.
 * **inbox**: `Store.admit` of a sealed submission of a small payload as the next
   number (one client, as the admissions/s of the inbox benchmark, without the
-  client's `read_cluster`), then the **consuming checkpoint**: seal and
+  client's `read_cluster`), then, after the leader's `read_inbox` of it (untimed), the
+  **consuming checkpoint**: seal and
   `put_checkpoint` of a 1 KiB state with `consumed=` that one submission and its
   sealed reply: an in-process stand-in for submit → consumed.
 * **lease**: a renewal, `LeaseKeeper.tick` of the held lease (one `cas_lease`: the
@@ -249,6 +250,7 @@ class _Side:
         if got != (n, False):
             raise BenchmarkError(f"admission #{n} to {agent} answered {got}")
         self.admitted = n
+        self.store.read_inbox(agent, n - 1)  # a leader reads what it consumes (untimed)
         reply = self.sealer.seal_reply(agent, n, request, {"n": n})
         consumed = [Consumed(n, request, reply)]
         begun = time.perf_counter()

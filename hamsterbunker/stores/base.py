@@ -568,11 +568,12 @@ class Store(Protocol):
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[LeaseRecord | None]:
-        """Yield whenever the agent's records may have changed: a hint, never proof.
+        """Yield whenever the agent's lease or inbox may have changed: a hint, never proof.
 
         An admission and a checkpoint that consumes submissions are changes: a
         node waiting for its inbox and a client waiting for a reply are woken
-        by them.
+        by them. Other records (heartbeats, events, checkpoints) may wake it too,
+        or not.
 
         With lease_only, only changes of the lease record matter (a standby
         waiting for a release); a backend may then stay quiet about the rest.

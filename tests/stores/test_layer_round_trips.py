@@ -220,3 +220,26 @@ def test_a_full_inbox_by_an_old_count_is_read_again(
     assert submitter.admit(AGENT, "r4", 4, b"s4") == (4, False)
     with pytest.raises(InboxFull):
         submitter.admit(AGENT, "r5", 5, b"s5")
+
+
+def test_a_watch_of_the_agent_wakes_for_its_lease_submissions_and_replies_alone() -> None:
+    """A node waiting for its inbox and a client waiting for a reply are not woken by the
+    heartbeats, events, checkpoints and counts written all the while."""
+    keys = AgentKeys(AGENT)
+    told = [
+        Notice(keys.beat("n1"), b"beat"),
+        Notice(keys.event("n1", 1)),
+        Notice(keys.ckpt + "x"),
+        Notice(keys.kept, b"1"),
+        Notice(keys.submission(1)),
+        Notice(f"agents/{AGENT}/inbox"),  # a folder made or removed (the file backend)
+        Notice(keys.reply(1, "r1")),
+        Notice(keys.lease),
+        Notice(None),
+    ]
+    store = RecordStore(TellingBackend(told))
+
+    async def woken() -> int:
+        return len([_ async for _ in store.watch(AGENT)])
+
+    assert asyncio.run(woken()) == 5

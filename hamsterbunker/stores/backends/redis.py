@@ -24,7 +24,8 @@ read at open and ``warnings`` says what they can lose. Replicas are
 asynchronous, as for the Redis store. The Redis store of earlier versions
 (``stores.redis``) kept its records under ``P:...``: a prefix holding its
 cluster record ``P:cluster`` is refused (``stores.earlier``) by the first call
-that reaches the server. A watch subscribes to the channel: each
+that reaches the server. A watch subscribes to the channel, where each commit
+tells what it changed in one message: each
 notice carries the value of a put of at most ``CARRIED_BYTES`` (a lease, a
 heartbeat; not a checkpoint), so ``NOTICE_VALUES`` is not claimed; after the
 subscription was lost and made again it says so with a gap (key None).
@@ -44,7 +45,6 @@ import redis.asyncio
 from ...errors import ConfigError, StoreError
 from ...read_bounds import ReadBound
 from ..backend import (
-    MAX_KEY_CHARS,
     Capability,
     DeleteRange,
     Get,
@@ -82,7 +82,10 @@ GUARANTEES = StoreGuarantees(
 
 # The largest value a notice carries (a lease or a heartbeat, not a checkpoint):
 # every watcher of the store receives every message.
-CARRIED_BYTES = 4096
+CARRIED_BYTES = 1024  # a lease record, a heartbeat: not a checkpoint
+# The most bytes of one commit's message: a bigger change is told as "anything may have
+# changed" (a range removal of many keys).
+_MESSAGE_BYTES = 32 * 1024
 # The most members one scan passes over that hold no key, beside its count: planted
 # members cost a scan a bounded time, and are gone from the index after it.
 _JUNK_LOOKED = 1000
@@ -156,8 +159,7 @@ class RedisBackend:
                             await pubsub.ping()
                             _honour_swallowed_cancel()
                         elif message["type"] == "message":
-                            notice = _notice_in(message["data"], prefix)
-                            if notice is not None:
+                            for notice in _notices_in(message["data"], prefix):
                                 yield notice
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.debug("redis watch of %s: %s; reconnecting in %.1f s", self.url, exc, delay)
@@ -211,7 +213,9 @@ class RedisBackend:
 
     def _args(self, txn: Txn) -> list[_Arg]:
         """The script's arguments: its settings, then txn's operations (redis_script)."""
-        args: list[_Arg] = [self._values, self._channel, CARRIED_BYTES, _JUNK_LOOKED]
+        args: list[_Arg] = [
+            self._values, self._channel, CARRIED_BYTES, _JUNK_LOOKED, _MESSAGE_BYTES
+        ]  # fmt: skip
         for compare in txn.compares:
             _check_key(compare.key)
             if compare.value is None:
@@ -285,15 +289,28 @@ def _scanned(read: Scan, found: Any) -> ScanResult:
     return taker.result(more=found[0] == 1)
 
 
-def _notice_in(data: Any, prefix: str) -> Notice | None:
-    """What one message on the channel says: ``KEY`` or ``KEY\\nVALUE``; None for junk."""
-    if not isinstance(data, bytes) or len(data) > MAX_KEY_CHARS + 1 + CARRIED_BYTES:
-        return None
-    name, newline, value = data.partition(b"\n")
-    key = name.decode("ascii", "replace")
-    if key_problem(key) is not None or not key.startswith(prefix):
-        return None
-    return Notice(key, value if newline else None)
+def _notices_in(data: Any, prefix: str) -> list[Notice]:
+    """What one message on the channel says under prefix (redis_script): a notice for each
+    key a commit changed, with its value where carried; a gap for ``*``; nothing for junk."""
+    if data == b"*":
+        return [Notice(None)]
+    if not isinstance(data, bytes) or len(data) > _MESSAGE_BYTES:
+        return []
+    found, at = [], 0
+    while at < len(data):
+        end = data.find(b"\n", at)
+        name, space, size = data[at : max(end, at)].partition(b" ")
+        key = name.decode("ascii", "replace")
+        if end < 0 or key_problem(key) is not None or (space and not size.isdigit()):
+            return []
+        value, at = None, end + 1
+        if space:
+            value, at = data[at : at + int(size)], at + int(size)
+            if len(value) != int(size):
+                return []
+        if key.startswith(prefix):
+            found.append(Notice(key, value))
+    return found
 
 
 def _honour_swallowed_cancel() -> None:

@@ -75,6 +75,11 @@ class AgentKeys:
         self.ids = inbox + "ids/"
         self.done = inbox + "done/"
 
+    def waited_for(self, key: str) -> bool:
+        """Whether a change of key is one a node waiting for its inbox or a client waiting
+        for a reply waits for: a submission or a reply (or a folder holding them)."""
+        return any(key.startswith(f) or f.startswith(key + "/") for f in (self.pending, self.done))
+
     def checkpoint(self, info: CheckpointInfo) -> str:
         written_ms = min(max(round(info.written * 1000), 0), _LATEST_MS)  # a clock gone wild
         return f"{self.ckpt}{number(info.seq)}-{info.epoch:010d}-{info.size:010d}-{written_ms:013d}"

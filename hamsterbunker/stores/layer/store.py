@@ -322,8 +322,12 @@ class RecordStore(Store):
             with suppress(StoreError):
                 terms.changed(await read_lease_bytes())
         prefix = keys.lease if lease_only or terms_only else keys.base
+        waited = keys.waited_for
         async for notice in self.backend.watch(prefix):
-            if notice.key is not None and notice.key != keys.lease and (lease_only or terms_only):
+            # Beyond the lease only submissions and replies are waited for: not the
+            # heartbeats, events, checkpoints and counts written all the while.
+            key = notice.key
+            if key not in (None, keys.lease) and (lease_only or terms_only or not waited(key)):
                 continue
             # The lease's value, where the notice says it: always, where every notice carries
             # its value (None: deleted); else where this one carried it (None: read to know).
