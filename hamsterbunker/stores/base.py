@@ -214,7 +214,9 @@ class RestoreRead:
 
     infos: list[CheckpointInfo]  # newest first: by epoch, then seq (newest_first)
     acceptance: bytes | None  # the loss-acceptance record, unopened
-    newest: bytes | None  # the sealed bytes of infos[0]; None when nothing is listed
+    # The sealed bytes of infos[0]; None when nothing is listed, or where take_lease did
+    # not read it along (too big, or not the one the lease record names): read it then.
+    newest: bytes | None
     acceptance_problem: str = ""  # why the acceptance record could not be taken (CorruptRecord)
     # What read_inbox(agent, 0) returns, where the backend read it with the rest
     # (take_lease on etcd); None: not read.

@@ -7,6 +7,7 @@ systemd reads it (UTF-8, ``KEY=value`` lines).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
 import os
@@ -25,7 +26,8 @@ import pytest
 
 from hamsterbunker import Runtime
 from hamsterbunker.notify import Notifier
-from hamsterbunker.records import CheckpointInfo, Heartbeat
+from hamsterbunker.records import CheckpointInfo, Heartbeat, LeaseRecord
+from hamsterbunker.stores import RestoreRead
 from hamsterbunker.stores.layer.keys import CLUSTER
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
@@ -133,6 +135,14 @@ class ControlledStore(MemoryStore):
         if self.hang_reads.is_set():
             self._hang()
         return super().read_checkpoint(agent, info)
+
+    def take_lease(
+        self, agent: str, expected_version: int | None, new: LeaseRecord
+    ) -> tuple[LeaseRecord, RestoreRead | None]:
+        taken, read = super().take_lease(agent, expected_version, new)
+        if read is not None and self.hang_reads.is_set():  # as one too big to read along
+            read = dataclasses.replace(read, newest=None)
+        return taken, read
 
 
 def _node(store: MemoryStore, notifier: Notifier, **kwargs: Any) -> Runtime:

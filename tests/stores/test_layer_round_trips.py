@@ -19,6 +19,7 @@ from hamsterbunker.stores.backends.memory import MemoryBackend
 from hamsterbunker.stores.base import Consumed
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
+from hamsterbunker.stores.layer.restore import TAKEN_CHECKPOINT_BYTES
 from tests.support.records import fence_of, lease
 
 AGENT = "a1"
@@ -243,3 +244,43 @@ def test_a_watch_of_the_agent_wakes_for_its_lease_submissions_and_replies_alone(
         return len([_ async for _ in store.watch(AGENT)])
 
     assert asyncio.run(woken()) == 5
+
+
+def test_a_take_reads_what_the_restore_reads_first_in_its_commit(backend: CountingBackend) -> None:
+    """The listing, the acceptance and the newest checkpoint the lease record names come with
+    the take's one commit; the term's first checkpoint then needs no listing either."""
+    first = RecordStore(backend)
+    held = first.cas_lease(AGENT, None, lease("n1", 1))
+    for seq in (1, 2):
+        first.put_checkpoint(AGENT, fence_of(held), seq, f"c{seq}".encode())
+    first.put_acceptance(AGENT, b"accepted")
+    named = replace(lease("n2", 2, session="s2"), seq=2, seq_epoch=1)
+    taker = RecordStore(backend)
+    assert taker.read_lease(AGENT) == held  # a standby has read it (or been told it)
+    backend.calls.clear()
+    taken, read = taker.take_lease(AGENT, held.version, named)
+    assert backend.calls == ["commit"]
+    assert read is not None
+    assert [(i.seq, i.epoch) for i in read.infos] == [(2, 1), (1, 1)]
+    assert (read.newest, read.acceptance) == (b"c2", b"accepted")
+    backend.calls.clear()
+    taker.put_checkpoint(AGENT, fence_of(taken), 3, b"c3")
+    assert backend.calls == ["commit"]
+
+
+def test_a_big_or_unnamed_newest_checkpoint_is_read_by_the_restore(
+    backend: CountingBackend,
+) -> None:
+    """Over the bytes a take reads along, or not the one the record names: not read along
+    (newest None), and read_for_restore reads it."""
+    first = RecordStore(backend)
+    held = first.cas_lease(AGENT, None, lease("n1", 1))
+    big = b"x" * (TAKEN_CHECKPOINT_BYTES + 1)
+    first.put_checkpoint(AGENT, fence_of(held), 1, big)
+    for named in (replace(lease("n2", 2, session="s2"), seq=1, seq_epoch=1), lease("n2", 3)):
+        taker = RecordStore(backend)
+        current = taker.read_lease(AGENT)
+        assert current is not None
+        _, read = taker.take_lease(AGENT, current.version, named)
+        assert read is not None and [i.seq for i in read.infos] == [1] and read.newest is None
+        assert taker.read_for_restore(AGENT).newest == big

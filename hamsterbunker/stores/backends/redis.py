@@ -82,7 +82,7 @@ GUARANTEES = StoreGuarantees(
 
 # The largest value a notice carries (a lease or a heartbeat, not a checkpoint):
 # every watcher of the store receives every message.
-CARRIED_BYTES = 1024  # a lease record, a heartbeat: not a checkpoint
+CARRIED_BYTES = 8192  # a lease record (its history and control too), a heartbeat
 # The most bytes of one commit's message: a bigger change is told as "anything may have
 # changed" (a range removal of many keys).
 _MESSAGE_BYTES = 32 * 1024

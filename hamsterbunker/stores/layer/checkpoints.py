@@ -39,6 +39,7 @@ from .keys import AgentKeys
 
 __all__ = [
     "list_checkpoints",
+    "listed_in",
     "put_checkpoint",
     "put_effect",
     "read_checkpoint",
@@ -79,7 +80,7 @@ def put_checkpoint(
         if now != text.encode():
             raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
         assert isinstance(listing, ScanResult)
-        listed = _listed(layer, keys, listing)
+        listed = listed_in(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
     consumption.found(found)
     info = _commit(layer, keys, fence, seq, blob, listed, consumption)
@@ -150,7 +151,7 @@ def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -
 
 def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
     """Store.list_checkpoints: newest first, by seq then epoch."""
-    listed = _listed(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_NAMES_READ))
+    listed = listed_in(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_NAMES_READ))
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
 
@@ -163,7 +164,7 @@ def remember_listing(layer: Layer, agent: str, fence: str, listed: list[Checkpoi
         layer.written[agent] = (fence, max((info.seq for info in listed), default=0), listed)
 
 
-def _listed(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[CheckpointInfo]:
+def listed_in(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[CheckpointInfo]:
     """The checkpoints a listing of names found that parse and are within the limits; the
     rest logged."""
     listed = []

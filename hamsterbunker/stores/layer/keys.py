@@ -84,6 +84,10 @@ class AgentKeys:
         written_ms = min(max(round(info.written * 1000), 0), _LATEST_MS)  # a clock gone wild
         return f"{self.ckpt}{number(info.seq)}-{info.epoch:010d}-{info.size:010d}-{written_ms:013d}"
 
+    def checkpoints_of(self, seq: int, epoch: int) -> str:
+        """What the key of each checkpoint of seq under epoch starts with (one, unless planted)."""
+        return f"{self.ckpt}{number(seq)}-{epoch:010d}-"
+
     def checkpoints_below(self, seq: int) -> tuple[str, str]:
         """The key range of every checkpoint of a seq below seq."""
         return self.ckpt, self.ckpt + number(seq)
