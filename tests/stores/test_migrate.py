@@ -135,7 +135,7 @@ def test_the_copy_holds_what_the_earlier_store_held(
     for agent in AGENTS:
         _history(source, sealer, agent)
     said = _copy(source, target)
-    assert any("4 checkpoint(s)" in line and "2 pending and 3 consumed" in line for line in said)
+    assert any("4 checkpoint(s)" in line and "2 pending" in line for line in said), said
     assert target.read_cluster() == cluster
     assert sorted(target.list_agents()) == sorted(AGENTS)
     for agent in AGENTS:
@@ -238,7 +238,7 @@ class _Failing:
         return getattr(self._backend, name)
 
 
-@pytest.mark.parametrize("after", [0, 1, 3, 6])
+@pytest.mark.parametrize("after", [0, 1, 2, 3])
 def test_a_copy_cut_short_leaves_no_cluster_and_runs_again(tmp_path: Path, after: int) -> None:
     (tmp_path / "earlier").mkdir()
     source = _earlier((tmp_path / "earlier").as_uri())
