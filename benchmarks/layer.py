@@ -151,16 +151,17 @@ What is left, per store:
   its log in one file, or a description that is itself the commit point of a checkpoint
   (its value written first, unlogged); either is a change of the file backend's design,
   not made here.
-* **Redis: the consuming checkpoint is two scripts**, a read of the inbox's state (the
-  request ids, whether each reply and submission is stored, the counters, the names of
-  the oldest replies kept) and then the commit, where the Redis store did both in one Lua
-  script that branches on what it reads; a backend `Txn` cannot branch. Server time
-  (`SLOWLOG` at 0 µs, medians of 300): 121 µs for the read and 78 µs for the commit,
-  against 58 µs for the Redis store's one script.
+* **A leader's consuming checkpoint is one commit** (after its term's first): it plans
+  what it writes from what its last consumption left (the totals, the oldest replies kept
+  and their request ids) and from the sizes its inbox read saw, and its commit compares
+  every record it assumed; a guess a record proves wrong (a writer without the secret,
+  another term's leader) costs a failed commit and the read after all
+  (`layer/consumption.py`). It was two: a read of the inbox's state, then the commit,
+  where the Redis store did both in one Lua script that branches on what it reads.
 * **Redis: the generic script and client cost some 40 µs a call.** Publish, effect and
   renewal are one script each, as they were, but the one script of the backend does more
   per key (each key in a sorted-set index, its type and size looked at before it is read,
-  a `PUBLISH` per key changed): 48 against 33 µs of server time for a publish of 100 B,
+  a `PUBLISH` per key changed, one per commit since): 48 against 33 µs of server time for a publish of 100 B,
   27 against 11 µs for an effect. The client does about 25 µs more per call (the layer's
   keys and `Txn`, the backend's key checks and arguments): 135 against 111 µs of thread
   CPU for a publish of 100 B, its seal included. So a publish of 100 B took 192 against
