@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from hamsterbunker.blob import BlobPieces
 from hamsterbunker.read_bounds import ReadBound
 from hamsterbunker.stores import Fence
 from hamsterbunker.stores.backend import DeleteRange, Put, Txn
@@ -30,10 +31,15 @@ def submit(store: RecordStore, n: int) -> None:
     assert store.admit(AGENT, f"r{n}", n, f"submission {n}".encode()) == (n, False)
 
 
-def consume(leader: RecordStore, fence: Fence, seq: int, numbers: list[int]) -> None:
+def consume(
+    leader: RecordStore, fence: Fence, seq: int, numbers: list[int], pieces: bool = False
+) -> None:
+    """A step's consumption, its checkpoint as bytes or (a node's) pieces made as written."""
     leader.read_inbox(AGENT)
     consumed = [Consumed(n, f"r{n}", f"reply {n}".encode() if n % 2 else None) for n in numbers]
-    leader.put_checkpoint(AGENT, fence, seq, f"c{seq}".encode(), consumed=consumed)
+    state = f"c{seq}".encode()
+    blob = BlobPieces(len(state), iter([state[:1], state[1:]])) if pieces else state
+    leader.put_checkpoint(AGENT, fence, seq, blob, consumed=consumed)
 
 
 def run(backend: CountingBackend, fresh_leader_each_time: bool) -> list[list[str]]:
@@ -86,8 +92,9 @@ def test_later_consumptions_are_one_commit_and_leave_what_reading_leaves() -> No
         pytest.param(KEYS.request("r1"), None, id="removed-reply-request-gone"),
     ],
 )
+@pytest.mark.parametrize("pieces", [False, True], ids=["bytes", "pieces"])
 def test_a_guess_a_record_proves_wrong_reads_and_ends_as_reading(
-    key: str, value: bytes | None
+    key: str, value: bytes | None, pieces: bool
 ) -> None:
     """A record not as the last consumption left it (a writer without the secret, or another
     client): the guessed commit fails, nothing of it is written, and the checkpoint reads the
@@ -107,7 +114,7 @@ def test_a_guess_a_record_proves_wrong_reads_and_ends_as_reading(
         if not guess:
             leader = RecordStore(backend, keep_replies=2)
         backend.calls.clear()
-        consume(leader, fence, 3, [3])
+        consume(leader, fence, 3, [3], pieces=pieces)  # written again after a wrong guess
         if guess:
             assert backend.calls.count("commit") >= 3  # the failed guess, the read, the commit
         outcomes.append(inbox_records(backend))

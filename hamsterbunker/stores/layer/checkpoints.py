@@ -49,6 +49,10 @@ __all__ = [
     "reseal_effect",
 ]
 
+# The biggest checkpoint whose consumption is guessed (one commit, not two): joined, so
+# that a wrong guess can write it again; a bigger one's write costs more than a read.
+_GUESSED_BYTES = 1 << 20
+
 
 def put_checkpoint(
     layer: Layer, keys: AgentKeys, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed]
@@ -65,7 +69,9 @@ def put_checkpoint(
         # writes checkpoints: what that one's commit left stored is what a listing finds.
         listed = written[2]
     consumption = Consumption(layer, keys, consumed, text)
-    if listed is not None and consumption.guess():
+    small = len(blob) <= _GUESSED_BYTES
+    if listed is not None and small and consumption.guess():
+        blob = bytes(blob)  # a wrong guess writes it again, and pieces are made once
         info = _commit(layer, keys, fence, seq, blob, listed, consumption)
         if info is not None:
             return info
