@@ -23,6 +23,7 @@ from . import (
     syncdir,
     tui,
     tui_idle,
+    versions,
 )
 
 __all__ = ["BENCHMARKS"]
@@ -47,5 +48,6 @@ BENCHMARKS = {
         regions,
         syncdir,
         layer,
+        versions,
     )
 }

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
 
-from hamsterbunker import FileStore
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record
 from hamsterbunker.stores import Fence, Store
 from hamsterbunker.stores.base import Consumed
+from hamsterbunker.stores.file import FileStore  # the store the layer replaces
 from hamsterbunker.stores.layer import RecordStore
 
 from .common import (
@@ -46,11 +46,11 @@ PAYLOAD = {"question": "what is the answer?"}
 METHOD = f"""\
 The issue that brings the record layer (`hamsterbunker/stores/layer/`, `RecordStore` over
 one backend of `hamsterbunker/stores/backends/`) asks that no figure of it be more than
-10 % worse than the store it replaces. Node processes still open the old stores for
-`file://`, `redis://` and `etcd://` URLs, so handover and failover of the layer cannot be
-measured yet; this benchmark measures, in one process and one run, what a leader and a
-submitter pay per store call, on the old store and on the layer over the same kind of
-store: the file store (`FileStore` against `RecordStore(FileBackend)`, each in a
+10 % worse than the store it replaces. Handover, failover and submit → consumed of
+nodes on either are the `versions` benchmark's; this benchmark measures, in one process
+and one run, what a leader and a submitter pay per store call, on the old store's class
+(still in the tree) and on the layer over the same kind of store: the file store
+(`stores.file.FileStore` against `RecordStore(FileBackend)`, each in a
 temporary directory of its own on this machine's disk), Redis (`RedisStore` against
 `RecordStore(RedisBackend)`) and etcd (`EtcdStore` against `RecordStore(EtcdBackend)`),
 each pair on one server started by the benchmark on loopback, as the per-store
@@ -80,7 +80,8 @@ of 1 MiB in the first {COUNTS[MIB]} ({QUICK_COUNTS[MIB]}) and of 8 MiB in the fi
   the effects benchmark's figure, here with both calls made in this thread.
 * **inbox**: `Store.admit` of a sealed submission of a small payload as the next
   number (one client, as the admissions/s of the inbox benchmark, without the
-  client's `read_cluster`), then the **consuming checkpoint**: seal and
+  client's `read_cluster`), then, after the leader's `read_inbox` of it (untimed), the
+  **consuming checkpoint**: seal and
   `put_checkpoint` of a 1 KiB state with `consumed=` that one submission and its
   sealed reply: an in-process stand-in for submit → consumed.
 * **lease**: a renewal, `LeaseKeeper.tick` of the held lease (one `cas_lease`: the
@@ -150,16 +151,17 @@ What is left, per store:
   its log in one file, or a description that is itself the commit point of a checkpoint
   (its value written first, unlogged); either is a change of the file backend's design,
   not made here.
-* **Redis: the consuming checkpoint is two scripts**, a read of the inbox's state (the
-  request ids, whether each reply and submission is stored, the counters, the names of
-  the oldest replies kept) and then the commit, where the Redis store did both in one Lua
-  script that branches on what it reads; a backend `Txn` cannot branch. Server time
-  (`SLOWLOG` at 0 µs, medians of 300): 121 µs for the read and 78 µs for the commit,
-  against 58 µs for the Redis store's one script.
+* **A leader's consuming checkpoint is one commit** (after its term's first): it plans
+  what it writes from what its last consumption left (the totals, the oldest replies kept
+  and their request ids) and from the sizes its inbox read saw, and its commit compares
+  every record it assumed; a guess a record proves wrong (a writer without the secret,
+  another term's leader) costs a failed commit and the read after all
+  (`layer/consumption.py`). It was two: a read of the inbox's state, then the commit,
+  where the Redis store did both in one Lua script that branches on what it reads.
 * **Redis: the generic script and client cost some 40 µs a call.** Publish, effect and
   renewal are one script each, as they were, but the one script of the backend does more
   per key (each key in a sorted-set index, its type and size looked at before it is read,
-  a `PUBLISH` per key changed): 48 against 33 µs of server time for a publish of 100 B,
+  a `PUBLISH` per key changed, one per commit since): 48 against 33 µs of server time for a publish of 100 B,
   27 against 11 µs for an effect. The client does about 25 µs more per call (the layer's
   keys and `Txn`, the backend's key checks and arguments): 135 against 111 µs of thread
   CPU for a publish of 100 B, its seal included. So a publish of 100 B took 192 against
@@ -249,6 +251,7 @@ class _Side:
         if got != (n, False):
             raise BenchmarkError(f"admission #{n} to {agent} answered {got}")
         self.admitted = n
+        self.store.read_inbox(agent, n - 1)  # a leader reads what it consumes (untimed)
         reply = self.sealer.seal_reply(agent, n, request, {"n": n})
         consumed = [Consumed(n, request, reply)]
         begun = time.perf_counter()

@@ -200,7 +200,7 @@ class _Publisher:
         if keeper.tick().outcome is not Outcome.ACQUIRED:
             raise BenchmarkError("could not acquire the lease of a fresh store")
         self.fence = keeper.fence()
-        directory = root / "store" / "agents" / AGENT / "checkpoints"
+        directory = root / "raw"  # beside the store, on the same filesystem
         self.raw_writer = RawWriter(directory, keep=self.store.keep_checkpoints)
         self.seq = 0
 

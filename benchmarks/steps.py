@@ -101,8 +101,8 @@ def run(quick: bool) -> Result:
         store = FileStore(store_dir)
         sealer = Sealer(SECRET, store.create_cluster(new_cluster_record(SECRET)))
         blob = sealer.seal(AGENT, 1, 1, {"n": 12345})  # the size of this agent's checkpoints
-        directory = store_dir / "agents" / AGENT / "checkpoints"
-        directory.mkdir(parents=True)
+        directory = root / "raw"  # beside the store, on the same filesystem
+        directory.mkdir()
         for _ in range(rounds):
             rate, cpu = _raw_round(directory, blob, duration)
             raw_rates.append(rate)

@@ -37,7 +37,7 @@ from .inbox import Admission, Submission
 from .node import Runtime
 from .records import Event, Heartbeat, LeaseRecord
 from .stores import Store, open_store
-from .stores.file import FileStore
+from .stores.layer.files import FileStore
 from .timing import LeaseTiming
 
 __all__ = [

@@ -23,6 +23,7 @@ from .cli_args import confirmed, not_on_syncdir, positive_int, store_url, whole_
 from .cli_chain import add_choose_chain_parser, choose_chain
 from .cli_control import add_control_parsers
 from .cli_forget import add_forget_parser, forget
+from .cli_migrate import add_migrate_parser, migrate_store
 from .cli_rotate import add_rotate_parser, rotate_secret
 from .cli_status import add_status_parser
 from .cli_submit import EXIT_TIMEOUT, add_submit_parser, submit
@@ -180,6 +181,7 @@ def _build_parser() -> argparse.ArgumentParser:
     add_control_parsers(sub, SECRET_HELP)
     add_rotate_parser(sub, "file holding the secrets, one a line, newest first")
     add_choose_chain_parser(sub, SECRET_HELP)
+    add_migrate_parser(sub, SECRET_HELP)
     return parser
 
 
@@ -422,6 +424,10 @@ def _cmd_rotate_secret(args: argparse.Namespace) -> int:
     return rotate_secret(args, lambda: read_secret(secret_file))
 
 
+def _cmd_migrate_store(args: argparse.Namespace) -> int:
+    return migrate_store(args, lambda: read_secret(args.secret_file))
+
+
 def _cmd_choose_chain(args: argparse.Namespace) -> int:
     return choose_chain(args, lambda: read_secret(args.secret_file))
 
@@ -489,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         "history": cli_control.history,
         "rotate-secret": _cmd_rotate_secret,
         "choose-chain": _cmd_choose_chain,
+        "migrate-store": _cmd_migrate_store,
     }
     try:
         return commands[args.command](args)

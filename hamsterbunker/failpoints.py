@@ -3,19 +3,29 @@
 ``HB_FAILPOINTS="checkpoint.before_commit=stop"`` makes the process stop itself
 (SIGSTOP) the first time it reaches that point; ``=kill`` kills it (SIGKILL);
 ``=stop@3`` acts on the third time instead. Several are separated by commas.
-See docs/failpoints.md for the points.
+A point reached inside ``failpoints_within(scope)`` is reached under its own
+name and as ``scope.name`` too (``checkpoint.file_backend.commit.after_log``:
+that point of a backend's commit, in a checkpoint's commit only), so that a
+test can aim at one kind of write. A stop waits for every other thread of the
+process to leave its ``not_stopped_inside()`` blocks (the file store's lock: a
+process stopped holding it would hold up every other writer). See
+docs/failpoints.md for the points.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 
-__all__ = ["failpoint"]
+__all__ = ["failpoint", "failpoints_within", "not_stopped_inside"]
 
 _ACTIONS = {"stop": signal.SIGSTOP, "kill": signal.SIGKILL}
 _hits: dict[str, int] = {}
+_scope = threading.local()  # the scope of the calls this thread is in, if any
+_unstoppable = threading.RLock()  # held across not_stopped_inside() blocks, and by a stop
 
 
 def _armed() -> dict[str, tuple[str, int]]:
@@ -29,14 +39,41 @@ def _armed() -> dict[str, tuple[str, int]]:
 
 
 def failpoint(name: str) -> None:
-    """Act on the failpoint called name if it is armed and this is its turn."""
+    """Act on the failpoint called name (or scope.name) if it is armed and this is its turn."""
     if "HB_FAILPOINTS" not in os.environ:
         return
-    armed = _armed().get(name)
-    if armed is None or armed[0] not in _ACTIONS:
+    scope: str | None = getattr(_scope, "name", None)
+    armed = _armed()
+    for point in (name,) if scope is None else (name, f"{scope}.{name}"):
+        action = armed.get(point)
+        if action is None or action[0] not in _ACTIONS:
+            continue
+        _hits[point] = _hits.get(point, 0) + 1
+        if _hits[point] == action[1]:
+            # Aimed at this thread, not the process: a process-directed signal may be
+            # taken by another thread while this one runs on past the failpoint. The
+            # process stops as the call returns, before this thread lets go of the lock.
+            with _unstoppable:
+                signal.pthread_kill(threading.get_ident(), _ACTIONS[action[0]])
+
+
+@contextlib.contextmanager
+def failpoints_within(scope: str) -> Iterator[None]:
+    """The points this thread reaches inside are reached as ``scope.<point>`` too."""
+    outer = getattr(_scope, "name", None)
+    _scope.name = scope
+    try:
+        yield
+    finally:
+        _scope.name = outer
+
+
+@contextlib.contextmanager
+def not_stopped_inside() -> Iterator[None]:
+    """A failpoint's stop in another thread of this process waits until the block ends
+    (one inside it, in this thread, does not: it aims at that point)."""
+    if "HB_FAILPOINTS" not in os.environ:
+        yield
         return
-    _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] == armed[1]:
-        # Aimed at this thread, not the process: a process-directed signal may be
-        # taken by another thread while this one runs on past the failpoint.
-        signal.pthread_kill(threading.get_ident(), _ACTIONS[armed[0]])
+    with _unstoppable:
+        yield

@@ -50,7 +50,7 @@ from .limits import (
 )
 
 __all__ = [
-    "CHECKPOINT_LIST_READ",
+    "CHECKPOINT_NAMES_READ",
     "CHECKPOINT_READ",
     "CLAIMS_READ",
     "EFFECTS_READ",
@@ -84,9 +84,10 @@ EFFECTS_READ = ReadBound(
     MAX_EFFECT_BYTES,
     MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS) * MAX_EFFECT_BYTES,
 )
-# The descriptions of one agent's checkpoints (Store.list_checkpoints, and the check
-# and retention of put_checkpoint): the few a store keeps, and room for junk beside.
-CHECKPOINT_LIST_READ = ReadBound(MAX_CHECKPOINTS_LISTED, MAX_RECORD_BYTES, 4 * 1024 * 1024)
+# The names of one agent's checkpoints (Store.list_checkpoints, and the check and
+# retention of put_checkpoint), which describe them: the few a store keeps, and room for
+# junk beside. No value is read (``stores.backend.Scan``: names only).
+CHECKPOINT_NAMES_READ = ReadBound(MAX_CHECKPOINTS_LISTED, 0, 0)
 # One sealed checkpoint (Store.read_checkpoint).
 CHECKPOINT_READ = ReadBound(1, MAX_CHECKPOINT_BYTES, MAX_CHECKPOINT_BYTES)
 # The heartbeats of one agent's nodes (Store.list_heartbeats), by node id.
@@ -103,7 +104,7 @@ READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
         "inbox submissions": INBOX_READ,
         "effect records of a step": EFFECTS_READ,
         "checkpoint": CHECKPOINT_READ,
-        "checkpoint descriptions of an agent": CHECKPOINT_LIST_READ,
+        "checkpoint names of an agent": CHECKPOINT_NAMES_READ,
         "heartbeats of an agent": HEARTBEATS_READ,
         "term records or chain choices of a subtree": TERM_RECORDS_READ,
         "published claims of a subtree": CLAIMS_READ,

@@ -98,19 +98,22 @@ class EventSink:
         shown = self._standing.effects[-MAX_SHOWN_EFFECTS:]
         return tuple((name[:MAX_SHOWN_NAME], state) for name, state in shown if name)
 
-    def emit(self, kind: str, **detail: Any) -> None:
-        """Record a state change: on_event, the log, and this node's event log in the store."""
+    def emit(self, kind: str, *, epoch: int | None = None, **detail: Any) -> None:
+        """Record a state change: on_event, the log, and this node's event log in the store.
+        epoch: the term it is about (by default the lease held, else the newest seen)."""
         if threading.get_ident() != self._loop_thread:
-            self._loop.call_soon_threadsafe(lambda: self.emit(kind, **detail))
+            self._loop.call_soon_threadsafe(lambda: self.emit(kind, epoch=epoch, **detail))
             return
         self._n += 1
         held = self._keeper.held
+        if epoch is None:
+            epoch = held.epoch if held else self._standing.epoch_seen
         event = Event(
             node=self._id.node,
             n=self._n,
             type=kind,
             time=time.time(),
-            epoch=held.epoch if held else self._standing.epoch_seen,
+            epoch=epoch,
             seq=self._standing.seq,
             detail=detail,
         )

@@ -229,7 +229,7 @@ class TermJournal:
             # Said here, where it happens: the step that made the write may have been
             # given up already, and nobody would hear of it otherwise.
             self.history("effect_record", seq, started, "fenced", index=index, record=kind)
-            self.emit("node.fenced", error=str(exc), step_seq=seq)
+            self.emit("node.fenced", epoch=self._fence.epoch, error=str(exc), step_seq=seq)
             raise
         await self._remember(seq, index, kind, entry.name, order)
 

@@ -313,7 +313,7 @@ class NodeLoop:
         term: LeaderTerm,
         target: str,
         beats: asyncio.Future[list[Heartbeat]],
-        **why: str,
+        **why: Any,
     ) -> None:
         failpoint("switchover.asked")
         self._sink.emit("lease.switchover_asked", to=target, **why)
@@ -481,7 +481,7 @@ class NodeLoop:
         after that.
         """
         emit = self._sink.emit
-        via = {"via": ended.via} if ended.via else {}
+        via: dict[str, Any] = {"via": ended.via} if ended.via else {}
         emit("lease.given_up", reason=ended.reason, **via)
         try:
             release = functools.partial(self._keeper.release, handoff=ended.via == "handoff")

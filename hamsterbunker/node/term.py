@@ -525,7 +525,8 @@ class LeaderTerm:
                 failpoint("inbox.after_commit")
         except Fenced as exc:
             record("publish", context.epoch, context.seq, started, "fenced")
-            emit("node.fenced", error=str(exc), step_seq=context.seq)
+            # The refused term's epoch: the keeper may have seen the next one already.
+            emit("node.fenced", epoch=context.epoch, error=str(exc), step_seq=context.seq)
             self.end()
             return _NotPublished(str(exc), fenced=True)
         except HamsterbunkerError as exc:

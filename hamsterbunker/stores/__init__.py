@@ -6,7 +6,7 @@ import importlib
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StoreUnavailable
 from .base import (
     AdmissionState,
     Consumed,
@@ -46,6 +46,8 @@ __all__ = [
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
 NEEDS_PSYCOPG = "the PostgreSQL store needs psycopg 3"
+NEEDS_REDIS = "the Redis store needs redis-py"
+NEEDS_ETCD = "the etcd store needs etcd3gw and requests"
 
 
 def open_store(
@@ -86,21 +88,40 @@ def open_store(
         raise ConfigError(
             f"sync_delay_ms only applies to a syncdir:// store, not {redacted_url(url)!r}"
         )
-    store: Store
+    from .layer import RecordStore
+
     if scheme in ("redis", "rediss"):
-        store = _redis().RedisStore(url, create=create)
-        return store
-    if scheme in ("etcd", "etcds"):
-        store = _etcd().EtcdStore(url, create=create)
-        return store
-    if scheme in POSTGRES_SCHEMES:
-        from .layer import RecordStore
+        backend = _redis_backend().RedisBackend(url)
+    elif scheme in ("etcd", "etcds"):
+        backend = _etcd_backend().EtcdBackend(url)
+    elif scheme in POSTGRES_SCHEMES:
+        backend = _postgres().PostgresBackend(url)
+    else:
+        from .layer.files import FileStore
 
-        return RecordStore(_postgres().PostgresBackend(url))
-    path = file_store_path(url)
-    from .file import FileStore
+        return FileStore(file_store_path(url), create=create)
+    store = RecordStore(backend)
+    if not create:
+        try:
+            _refuse_an_empty_store(store)
+        except BaseException:
+            store.close()
+            raise
+    return store
 
-    return FileStore(path, create=create)
+
+def _refuse_an_empty_store(store: Store) -> None:
+    """ConfigError for a reader of a store that holds nothing (a mistyped prefix or
+    database, most likely); where the store does not answer, its reads will say so."""
+    try:
+        empty = store.read_cluster() is None and not store.list_agents()
+    except StoreUnavailable:
+        return
+    if empty:
+        raise ConfigError(
+            f"no HamsterBunker store at {store.url}: nothing is stored there (a node makes "
+            "the store as it starts; check the URL's prefix or database)"
+        )
 
 
 def check_store_url(url: str) -> str | None:
@@ -108,10 +129,10 @@ def check_store_url(url: str) -> str | None:
     URL's directory."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
-        _redis().parse_redis_url(url)
+        _backend(".redis.connection", NEEDS_REDIS, "redis").parse_redis_url(url)
         return None
     if scheme in ("etcd", "etcds"):
-        _etcd().parse_etcd_url(url)
+        _backend(".etcd.connection", NEEDS_ETCD, "etcd").parse_etcd_url(url)
         return None
     if scheme in POSTGRES_SCHEMES:
         _backend(".backends.postgres_connection", NEEDS_PSYCOPG, "postgres").parse_postgres_url(url)
@@ -159,12 +180,12 @@ def file_store_path(url: str) -> str:
     return path
 
 
-def _redis() -> ModuleType:
-    return _backend(".redis", "the Redis store needs redis-py", "redis")
+def _redis_backend() -> ModuleType:
+    return _backend(".backends.redis", NEEDS_REDIS, "redis")
 
 
-def _etcd() -> ModuleType:
-    return _backend(".etcd", "the etcd store needs etcd3gw and requests", "etcd")
+def _etcd_backend() -> ModuleType:
+    return _backend(".backends.etcd", NEEDS_ETCD, "etcd")
 
 
 def _postgres() -> ModuleType:

@@ -123,7 +123,10 @@ class Get:
 
 @dataclass(frozen=True)
 class Scan:
-    """A commit's read of the keys under prefix, after a key, within bound (see scan)."""
+    """A commit's read of the keys under prefix, after a key, within bound (see scan).
+
+    A bound of 0 entry bytes reads names only: each key comes as an empty item or as
+    TooLarge, whichever the backend finds cheaper (etcd fetches no value then)."""
 
     prefix: str
     bound: ReadBound
@@ -186,6 +189,15 @@ class Txn:
     compares: Sequence[Compare] = ()
     writes: Sequence[Put | DeleteRange] = ()
     reads: Sequence[Get | Scan] = ()
+    # Removals of records no reader goes by once the writes are made (replaced checkpoints,
+    # a covered journal): with the writes where the backend makes them in one step, else
+    # just after them; a crash may leave them, for a later tidy-up to cover.
+    tidy: Sequence[DeleteRange] = ()
+
+    @property
+    def all_writes(self) -> list[Put | DeleteRange]:
+        """The writes, then the tidy-up: for a backend that makes both in one step."""
+        return [*self.writes, *self.tidy]
 
 
 @dataclass(frozen=True)

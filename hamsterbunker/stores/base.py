@@ -214,7 +214,9 @@ class RestoreRead:
 
     infos: list[CheckpointInfo]  # newest first: by epoch, then seq (newest_first)
     acceptance: bytes | None  # the loss-acceptance record, unopened
-    newest: bytes | None  # the sealed bytes of infos[0]; None when nothing is listed
+    # The sealed bytes of infos[0]; None when nothing is listed, or where take_lease did
+    # not read it along (too big, or not the one the lease record names): read it then.
+    newest: bytes | None
     acceptance_problem: str = ""  # why the acceptance record could not be taken (CorruptRecord)
     # What read_inbox(agent, 0) returns, where the backend read it with the rest
     # (take_lease on etcd); None: not read.
@@ -568,11 +570,12 @@ class Store(Protocol):
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[LeaseRecord | None]:
-        """Yield whenever the agent's records may have changed: a hint, never proof.
+        """Yield whenever the agent's lease or inbox may have changed: a hint, never proof.
 
         An admission and a checkpoint that consumes submissions are changes: a
         node waiting for its inbox and a client waiting for a reply are woken
-        by them.
+        by them. Other records (heartbeats, events, checkpoints) may wake it too,
+        or not.
 
         With lease_only, only changes of the lease record matter (a standby
         waiting for a release); a backend may then stay quiet about the rest.

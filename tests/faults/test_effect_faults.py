@@ -743,7 +743,7 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
         wait_until(quietly(partial(published_past, seq)), f"pause {pauses}: a new step")
         time.sleep(rng.uniform(0.0, 0.2))  # a random moment of the step: the fault itself
         before = yields()
-        pause_outside_lock(cluster, A.node, agent)
+        pause_outside_lock(cluster, A.node)
         time.sleep(0.75 * ttl_ms / 1000)  # the pause itself is the fault
         cluster.signal(A.node, signal.SIGCONT)
         # Given up, or stepping on: either way the pause is over.
@@ -780,10 +780,10 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
 
 
 def pause(cluster: LocalCluster, node: str, agent: str) -> None:
-    """SIGSTOP node; on the file store outside its lease lock (a node paused holding it
+    """SIGSTOP node; on the file store outside its store lock (a node paused holding it
     would hold up every other node, a stated limit of the file store)."""
     if cluster.store_url.startswith("file://"):
-        pause_outside_lock(cluster, node, agent)
+        pause_outside_lock(cluster, node)
         return
     cluster.signal(node, signal.SIGSTOP)
     wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")

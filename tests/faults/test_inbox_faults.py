@@ -18,16 +18,18 @@ them.
    admitted once, consumed once (the final checkpoint's counts), its reply read
    back by ``result()``, nothing lost, the history clean.
 2. The leader is killed between consuming and its checkpoint (``inbox.before_commit``,
-   ``inbox.after_commit``; on the file store also ``inbox.commit.after_staged``
-   and ``inbox.commit.after_checkpoint``): all or nothing. Killed before the
+   ``inbox.after_commit``; on the file store also inside that checkpoint's
+   commit, before its lock and with its redo log durable:
+   ``inbox.commit.file_backend.commit.*``): all or nothing. Killed before the
    commit point, the next leader's replay consumes them and the replies are
    its own; after it, nothing shows them again and the replies are the killed
    node's.
 3. A submitter is killed between admission steps (``inbox.submit.after_admit``
-   on every backend; the file store's ``inbox.admit.after_number`` and
-   ``inbox.admit.after_entry``): a retry of its request id is admitted once in
-   all (a duplicate exactly when the first admission had landed), the agent
-   answers it once, and the next submission is admitted after it.
+   on every backend; on the file store also inside the admission's commit,
+   ``inbox.admit.file_backend.commit.*``): a retry of its request id is
+   admitted once in all (a duplicate exactly when the first admission had
+   landed), the agent answers it once, and the next submission is admitted
+   after it.
 
 Randomness comes from ``random.Random(seed)``; the seed is printed, and
 ``HB_TEST_SEED=<seed>`` replays a failed run's choices.
@@ -199,21 +201,20 @@ def holds_lease(store: Store, node: str) -> bool:
 
 
 def pause(cluster: LocalCluster, node: str) -> None:
-    """SIGSTOP node; on the file store outside its lease lock (a node paused holding it
+    """SIGSTOP node; on the file store outside its store lock (a node paused holding it
     would hold up every other writer, a stated limit of the file store)."""
     if cluster.store_url.startswith("file://"):
-        pause_outside_lock(cluster, node, AGENT)
+        pause_outside_lock(cluster, node)
         return
     cluster.signal(node, signal.SIGSTOP)
     wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")
 
 
-def staged(cluster: LocalCluster) -> list[str]:
-    """The file store's staged consumption records (temporary files aside): what a
-    checkpoint write cut short between its staged record and its apply left."""
-    root = Path(cluster.store_url.removeprefix("file://"))
-    names = [p.name for p in (root / "agents" / AGENT / "inbox" / "staged").iterdir()]
-    return sorted(name for name in names if not name.startswith("tmp-hb-"))
+def redo_log_left(cluster: LocalCluster) -> bool:
+    """Whether the file store holds a redo log: a commit a crash cut short after the log
+    was durable, which the next writer finishes (``stores.backends.file_tree``)."""
+    log = Path(cluster.store_url.removeprefix("file://")) / ".redo"
+    return log.exists() and log.stat().st_size > 0  # the file stays, emptied, between commits
 
 
 def reply_of(payload: Any, node: str, number: int) -> dict[str, Any]:
@@ -528,8 +529,10 @@ class CommitPoint:
 COMMIT_POINTS = [
     CommitPoint("inbox.before_commit", committed=False),
     CommitPoint("inbox.after_commit", committed=True),
-    CommitPoint("inbox.commit.after_staged", committed=False),  # the file store's
-    CommitPoint("inbox.commit.after_checkpoint", committed=True),  # the file store's
+    # The file backend's commit of that checkpoint: its values durable under temporary
+    # names, the lock not taken; its redo log durable, none of its writes made yet.
+    CommitPoint("inbox.commit.file_backend.commit.before_lock", committed=False),
+    CommitPoint("inbox.commit.file_backend.commit.after_log", committed=True),
 ]
 COMMIT_CASES = [("file", p) for p in COMMIT_POINTS] + [
     (backend, p) for backend in ("redis", "etcd") for p in COMMIT_POINTS[:2]
@@ -574,6 +577,10 @@ def test_a_leader_killed_between_consuming_and_its_checkpoint_commits_all_or_not
         at_kill = set(killed["consumed"])
         assert at_kill <= set(numbers.values()), killed
         rid_of = {n: rid for rid, n in numbers.items()}
+        if backend == "file":
+            assert redo_log_left(cluster) == point.point.endswith(".after_log")
+            open_store(cluster.store_url).close()  # a writer's open finishes that commit
+            assert not redo_log_left(cluster)
         # As node-a left the store: all of its consumption committed, or none of it.
         for number in sorted(at_kill):
             admission = store.read_admission(AGENT, rid_of[number])
@@ -581,8 +588,6 @@ def test_a_leader_killed_between_consuming_and_its_checkpoint_commits_all_or_not
                 number,
                 admission,
             )
-        if point.point.startswith("inbox.commit."):  # the file store's: its staged record
-            assert staged(cluster) == [f"{killed['seq']:020d}-{killed['epoch']:010d}.hbt"]
         if point.committed:
             for number in at_kill:
                 assert client.result(AGENT, rid_of[number], timeout=0.5) == reply_of(
@@ -597,9 +602,6 @@ def test_a_leader_killed_between_consuming_and_its_checkpoint_commits_all_or_not
         )
     cluster.stop_all()
 
-    if point.point.startswith("inbox.commit."):
-        # node-b's first checkpoint settled what node-a left: applied, or removed.
-        assert staged(cluster) == []
     # Each reply: node-a's where its checkpoint counted, node-b's where it did not.
     for rid, reply in replies.items():
         by = A.node if point.committed and numbers[rid] in at_kill else B.node
@@ -646,8 +648,9 @@ class AdmitPoint:
 
 ADMIT_POINTS = [
     AdmitPoint("inbox.submit.after_admit", landed=True),
-    AdmitPoint("inbox.admit.after_number", landed=False),  # the file store's
-    AdmitPoint("inbox.admit.after_entry", landed=True),  # the file store's
+    # The file backend's commit of the admission: before its lock; its redo log durable.
+    AdmitPoint("inbox.admit.file_backend.commit.before_lock", landed=False),
+    AdmitPoint("inbox.admit.file_backend.commit.after_log", landed=True),
 ]
 ADMIT_CASES = [("file", p) for p in ADMIT_POINTS] + [
     (backend, ADMIT_POINTS[0]) for backend in ("redis", "etcd")
@@ -688,14 +691,15 @@ def test_a_submitter_killed_between_admission_steps_is_admitted_once_on_retry(
             child.wait(timeout=10)
     assert child.returncode == -signal.SIGKILL, (child.returncode, out, err)
 
+    if backend == "file":
+        open_store(cluster.store_url).close()  # a writer's open finishes a commit left
     with Client(store, cluster.secret) as client:
         left = store.read_admission(AGENT, "handed-in")
         assert (left is not None) is point.landed, left
         retry = client.submit(AGENT, again, request_id="handed-in")
-        # A duplicate of the landed admission, else a fresh one; a number the killed
-        # submitter took without an entry (after_number) is never used again.
+        # A duplicate of the landed admission, else a fresh one under the same number.
         assert retry.duplicate is point.landed, retry
-        assert retry.number == (1 if point.landed else 2), retry
+        assert retry.number == 1, retry
         again_again = client.submit(AGENT, {"from": "a third try"}, request_id="handed-in")
         assert (again_again.number, again_again.duplicate) == (retry.number, True)
         later = client.submit(AGENT, {"later": True}, request_id="later")
@@ -716,8 +720,4 @@ def test_a_submitter_killed_between_admission_steps_is_admitted_once_on_retry(
     ops = history(cluster)
     assert check(ops) == []
     assert sorted(consumed_by_publishes(ops)[A.node]) == [retry.number, later.number]
-    # The gap a number taken without an entry leaves is remembered, never consumed.
-    want_marks = {"through": later.number, "ranges": []}
-    if not point.landed:
-        want_marks = {"through": 0, "ranges": [[retry.number, later.number]]}
-    assert marks == want_marks, marks
+    assert marks == {"through": later.number, "ranges": []}, marks

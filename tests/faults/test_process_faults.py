@@ -40,7 +40,13 @@ from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.timing import LeaseTiming
-from tests.support import pause_outside_lock, process_state, store_of, wait_until
+from tests.support import (
+    pause_outside_lock,
+    process_state,
+    redo_finished,
+    store_of,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.multiprocess]
 
@@ -326,7 +332,7 @@ def test_kill_loop_sigkills_of_the_active_node_lose_nothing_and_repeat_at_most_t
         victim = lease.holder
         killed_at = time.monotonic()
         cluster.kill(victim)  # SIGKILL, and reaped: it writes nothing more
-        last = latest_seq(store)
+        last = latest_seq(redo_finished(store))  # a commit it had made durable counts
         kills.append({"node": victim, "epoch": lease.epoch, "last": last, "at": killed_at})
         killed_epoch = lease.epoch
         cluster.start(SPECS[victim])  # the machine comes back, as a standby
@@ -419,7 +425,7 @@ def test_zombie_loop_paused_leaders_are_fenced_by_the_store_and_step_down(
         time.sleep(rng.uniform(0.0, 0.3))  # a random moment of its work
         pause_s = rng.uniform(1.5, 5.0) * ttl
         before_n = last_event_n(store, zombie)
-        pause_outside_lock(cluster, zombie, AGENT)
+        pause_outside_lock(cluster, zombie)
         paused_at = time.monotonic()
         seq_at_pause = latest_seq(store)  # the zombie is frozen outside the lock: final
         # Someone else must take over while it sleeps, or there would be nothing to fence.
@@ -533,7 +539,7 @@ def test_short_pauses_of_the_leader_cause_no_takeover_and_no_epoch_change(
         time.sleep(rng.uniform(0.0, tick_ms / 1000))  # a random moment of the agent's step
         version = lease_version(store)
         wait_until(partial(lease_moved, store, version), "node-a to renew", timeout=30)
-        pause_outside_lock(cluster, A.node, AGENT)
+        pause_outside_lock(cluster, A.node)
         paused_at = time.monotonic()
         time.sleep(fraction * ttl)  # the pause itself is the fault
         seq_at_resume = latest_seq(store)
@@ -682,7 +688,7 @@ def test_wall_clock_jumps_mid_run_cause_no_takeover(
         # find the lease unchanged, so a standby that timed the lease on its wall
         # clock would see two hours without a renewal and take over.
         beats = {node: beats_of(store, node) for node in offsets}
-        pause_outside_lock(cluster, A.node, AGENT)
+        pause_outside_lock(cluster, A.node)
         paused_at = time.monotonic()
         set_offset(offsets[A.node], "-1h")
         set_offset(offsets[B.node], "+1h")

@@ -282,8 +282,11 @@ FAILPOINTS = [f"reseal.before_commit=kill@{n}" for n in (1, 2, 3, 5)] + [
     "rotation.before_record=kill",
     "rotation.after_record=kill",
 ]
-FILE_ONLY = ["reseal.after_temp_fsync=kill@2", "reseal.after_rename=kill@1",
-             "reseal.after_rename=kill@4"]  # fmt: skip
+# Inside a re-seal's commit to the file backend (one key: no redo log): its new bytes
+# durable under a temporary name; renamed onto the record.
+FILE_ONLY = ["reseal.file_backend.commit.after_temp_fsync=kill@2",
+             "reseal.file_backend.commit.after_op=kill@1",
+             "reseal.file_backend.commit.after_op=kill@4"]  # fmt: skip
 
 
 # Every failpoint on the file store; on Redis and etcd one re-seal and the record,

@@ -1,13 +1,16 @@
 """Storage faults: crashes mid-publish, a full disk, fuzzed damage, a node with the wrong secret.
 
-1. Crash mid-publish. A node kills itself (``HB_FAILPOINTS``) after the temp
-   write, after its fsync, before the commit, after the rename, after the
-   directory fsync. From outside, every file under a final checkpoint name
-   opens whole and authenticated; a leftover temporary file is never taken for
-   a checkpoint. The lease record names no checkpoint (names carry seq and
-   epoch, restore takes the newest that authenticates), so "the lease never
-   points at a missing checkpoint" means: restore never fails, whatever the
-   crash point. A reader racing a fast publisher never sees a torn checkpoint.
+1. Crash mid-publish. A node kills itself (``HB_FAILPOINTS``) at each point
+   of its third checkpoint's commit to the file backend (``checkpoint.``
+   scoped points, docs/failpoints.md): before it, after a value's temp write
+   and fsync, before the lock, with the redo log durable, after one of its
+   writes, before the log's removal. From outside, every file under a final
+   checkpoint name opens whole and authenticated; a leftover temporary file is
+   never taken for a checkpoint. The lease record names no checkpoint (names
+   carry seq and epoch, restore takes the newest that authenticates), so "the
+   lease never points at a missing checkpoint" means: restore never fails,
+   whatever the crash point. A reader racing a fast publisher never sees a
+   torn checkpoint.
 2. Disk full (a small tmpfs, filled up). Publishing fails with a clear
    ENOSPC event, the previous checkpoint stays intact, the seq stays put, the
    node survives a full disk lasting longer than its lease and publishes again
@@ -64,15 +67,17 @@ from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 from hamsterbunker.timing import LeaseTiming
-from tests.support import SUPPORT_DIR, holding_lease_lock, store_of, wait_until
+from tests.support import SUPPORT_DIR, holding_store_lock, store_of, wait_until
+from tests.support.raw_store import file_key
 
 pytestmark = pytest.mark.fault
 
 SECRET = "storage-faults-secret"
 A, B = NodeSpec("node-a", "eu-central"), NodeSpec("node-b", "us-east")
 JOURNAL = "journal"  # JournalCounter.id (tests/support/hb_test_agents.py)
-CHECKPOINT_NAME = re.compile(r"ckpt-(\d{20})-(\d{10})\.hbc")
+CHECKPOINT_NAME = re.compile(r"(\d{20})-(\d{10})-\d{10}-\d{13}")  # a checkpoint, under ckpt/
 TMP_PREFIX = "tmp-hb-"
 FUZZ = settings(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 MakeCluster = Callable[..., LocalCluster]
@@ -202,7 +207,8 @@ def running(*nodes: Runtime) -> Iterator[None]:
 
 
 def checkpoint_dir(store_dir: Path, agent: str) -> Path:
-    return store_dir / "agents" / agent / "checkpoints"
+    """The folder of the agent's checkpoints (``stores.layer.keys``)."""
+    return file_key(store_dir, AgentKeys(agent).ckpt)
 
 
 def final_files(directory: Path) -> dict[tuple[int, int], Path]:
@@ -296,15 +302,19 @@ def publish_and_stop(store_dir: Path, agent_id: str, count: int) -> None:
 
 # -- 1. crash mid-publish ------------------------------------------------------------
 
-# point -> whether the checkpoint had its final name when the process died
-CRASH_POINTS = {
-    "checkpoint.after_temp_write": False,
-    "checkpoint.after_temp_fsync": False,
-    "checkpoint.before_commit": False,
-    "checkpoint.after_rename": True,
-    "checkpoint.after_dir_fsync": True,
-}
 KILL_AT = 3  # the third publish
+# point -> (its hit in the third publish, whether the checkpoint counts once the next
+# writer finished what the crash left, whether a temp file holds its sealed bytes). A
+# checkpoint's commit with nothing consumed puts one value: one temp file, one rename,
+# no redo log (the log's points are killed at in tests/stores/backend/test_file_backend.py
+# and, with a consuming checkpoint, in tests/faults/test_inbox_faults.py).
+CRASH_POINTS = {
+    "checkpoint.before_commit": (KILL_AT, False, False),
+    "checkpoint.file_backend.commit.after_temp_write": (KILL_AT, False, True),
+    "checkpoint.file_backend.commit.after_temp_fsync": (KILL_AT, False, True),
+    "checkpoint.file_backend.commit.before_lock": (KILL_AT, False, True),
+    "checkpoint.file_backend.commit.after_op": (KILL_AT, True, False),
+}
 
 
 @pytest.mark.multiprocess
@@ -315,32 +325,35 @@ def test_crash_mid_publish_leaves_whole_checkpoints_and_the_next_leader_resumes(
     """A node killed at each step of a checkpoint write leaves only whole authenticated checkpoints
     under final names, and the next leader resumes from the newest of them.
     """
+    nth, renamed, in_temp = CRASH_POINTS[point]
     cluster = local_cluster(timing=LeaseTiming(200, 1000))
-    victim = cluster.start(A, extra_env={"HB_FAILPOINTS": f"{point}=kill@{KILL_AT}"})
+    victim = cluster.start(A, extra_env={"HB_FAILPOINTS": f"{point}=kill@{nth}"})
     wait_until(lambda: victim.poll() is not None, f"node-a to kill itself at {point}", timeout=60)
     assert victim.returncode == -signal.SIGKILL, cluster.log(A.node)
 
-    store = store_of(cluster)
+    store = store_of(cluster)  # a writer's open: it finishes a redo log the crash left
     directory = checkpoint_dir(store.root, JOURNAL)
     cluster_record = store.read_cluster()
     assert cluster_record is not None
     sealer = Sealer(cluster.secret, cluster_record)
-    renamed = CRASH_POINTS[point]
     newest = KILL_AT if renamed else KILL_AT - 1
 
     states = open_all(directory, sealer, JOURNAL)  # no torn or unauthenticated file
     assert list(states) == [(seq, 1) for seq in range(1, newest + 1)]
     assert all(state["count"] == seq for (seq, _), state in states.items())
     names = sorted(path.name for path in directory.iterdir())
-    leftovers = [name for name in names if name.startswith(TMP_PREFIX)]
-    assert len(names) == len(states) + len(leftovers), names  # nothing else lies there
-    if renamed:
-        assert leftovers == []
-    else:
-        # The whole of checkpoint 3 was written, under a name no reader takes for a checkpoint.
-        assert len(leftovers) == 1, names
-        leftover = directory / leftovers[0]
-        assert sealer.open(leftover.read_bytes(), JOURNAL, 1, KILL_AT)["count"] == KILL_AT
+    assert len(names) == len(states), names  # nothing else lies there
+
+    def holds_checkpoint_3(temp: Path) -> bool:
+        try:
+            return sealer.open(temp.read_bytes(), JOURNAL, 1, KILL_AT)["count"] == KILL_AT
+        except (SealError, CorruptRecord):
+            return False  # another value (a description, a heartbeat being written)
+
+    # Temporary files are in the root, under a name no reader takes for a key; the whole
+    # of checkpoint 3 is in one where the crash came before its commit took the lock.
+    temps = sorted(store.root.glob(f"{TMP_PREFIX}*"))
+    assert any(holds_checkpoint_3(temp) for temp in temps) == in_temp, temps
     # The lease names a holder and an epoch, no checkpoint: restore takes the newest listed
     # checkpoint that authenticates, and that one is whole whatever the crash point.
     lease = store.read_lease(JOURNAL)
@@ -703,7 +716,7 @@ def test_damaged_lease_record_is_corrupt_or_still_well_formed(tmp_path: Path) ->
         None,
         LeaseRecord(holder="node-a", region="eu-central", session="0f1e2d3c", epoch=7, ttl_ms=2000),
     ).to_json()
-    path = tmp_path / "store" / "agents" / "lz" / "lease.json"
+    path = file_key(tmp_path / "store", AgentKeys("lz").lease)
 
     @settings(FUZZ, max_examples=300)
     @given(damage=damage_of(len(original)))
@@ -749,15 +762,16 @@ LEASE_DAMAGE: dict[str, Callable[[bytes], bytes]] = {
 def test_damaged_lease_stops_the_leader_and_is_replaced_a_ttl_later(
     tmp_path: Path, how: str
 ) -> None:
-    """A lease record damaged under a leader and a standby: the leader stops at once, both
-    report a store.error naming the lease record without spinning and publish nothing under the
-    damaged term; once the damage stood a TTL one of them replaces it
-    (lease.replaced_unreadable) and leads on from the last checkpoint, the history clean.
+    """A lease record damaged under a leader and a standby: the leader stops at its next
+    renewal, both report a store.error naming the lease record without spinning; once the
+    damage stood a TTL one of them replaces it (lease.replaced_unreadable) and leads on from
+    the last checkpoint of the damaged term, the history clean.
     """
     # Why this is right: the lease is the fencing token. A record nobody can read cannot be
-    # renewed, so its holder is as good as silent: it stops stepping, its publishes are refused
-    # (the fence cannot be checked), and after a TTL with no change the record is replaced by
-    # compare-and-set against what was found, like an expired one (DESIGN.md invariants 2, 10).
+    # renewed, so its holder is as good as silent: it stops stepping, and after a TTL with no
+    # change the record is replaced by compare-and-set against what was found, like an
+    # expired one, its fence with it (DESIGN.md invariants 2, 10). The fence stored beside
+    # the record is whole meanwhile: what the leader published until its renewal is its own.
     store_dir = tmp_path / "store"
     history = tmp_path / "history.jsonl"
     events = Recorder()
@@ -768,14 +782,14 @@ def test_damaged_lease_stops_the_leader_and_is_replaced_a_ttl_later(
         for name in stores
     }
     store = FileStore(store_dir)
-    lease_path = store_dir / "agents" / "lz" / "lease.json"
+    lease_path = file_key(store_dir, AgentKeys("lz").lease)
     directory = checkpoint_dir(store_dir, "lz")
     with running(nodes["node-a"]):
         wait_until(lambda: newest_seq(store, "lz") >= 2, "node-a to publish")
         nodes["node-b"].start()
         events.wait("node.standby", "node-b")
 
-        with holding_lease_lock(store_dir, "lz"):  # no renewal is half done while we damage
+        with holding_store_lock(store_dir):  # no renewal is half done while we damage
             marks = {name: len(events.of(node=name)) for name in nodes}  # event n counts from 1
             lease_path.write_bytes(LEASE_DAMAGE[how](lease_path.read_bytes()))
             held = newest_seq(store, "lz")
@@ -804,8 +818,11 @@ def test_damaged_lease_stops_the_leader_and_is_replaced_a_ttl_later(
             spent = stores[name].lease_reads - reads[name]
             assert spent <= 5 * ticks + 10, f"{name} read the lease {spent} times in {ticks} ticks"
         resumed = events.wait("agent.resumed", replaced.node, where=lambda e: e.epoch >= 2)
-        assert resumed.detail["from_seq"] == held
-        assert not events.of("checkpoint.published", where=lambda e: e.seq > held and e.epoch < 2)
+        # From the newest the damaged term published (one sent as the loss was noticed may
+        # have landed: the fence was whole until the record was replaced), and nothing of
+        # that term landed after the takeover's restore.
+        term = [e.seq for e in events.of("checkpoint.published") if e.epoch < 2]
+        assert resumed.detail["from_seq"] == max(term) >= held
         wait_until(lambda: newest_seq(store, "lz") >= held + 2, "the agent to advance again")
         for node in nodes.values():
             node.stop()
@@ -827,7 +844,7 @@ def test_damaged_cluster_record_stops_a_starting_node_before_it_writes(tmp_path:
     """
     pristine = tmp_path / "pristine"
     publish_and_stop(pristine, "cz", 1)
-    original = (pristine / "cluster.json").read_bytes()
+    original = file_key(pristine, CLUSTER).read_bytes()
     record = ClusterRecord.from_json(original)
     blob = next(iter(final_files(checkpoint_dir(pristine, "cz")).values())).read_bytes()
     examples = itertools.count()
@@ -847,7 +864,7 @@ def test_damaged_cluster_record_stops_a_starting_node_before_it_writes(tmp_path:
             return
         store_dir = tmp_path / f"example-{next(examples)}"
         shutil.copytree(pristine, store_dir)
-        (store_dir / "cluster.json").write_bytes(data)
+        file_key(store_dir, CLUSTER).write_bytes(data)
         before = snapshot(store_dir)
         events = Recorder()
         agent = Counter("cz")
@@ -886,7 +903,7 @@ def test_hb_run_on_a_damaged_cluster_record_fails_with_one_line(tmp_path: Path, 
     """
     store_dir = tmp_path / "store"
     publish_and_stop(store_dir, JOURNAL, 1)
-    cluster_path = store_dir / "cluster.json"
+    cluster_path = file_key(store_dir, CLUSTER)
     cluster_path.write_bytes(CLUSTER_DAMAGE[how](cluster_path.read_bytes()))
     before = snapshot(store_dir)
     env = {**os.environ, "HB_SECRET": SECRET, "PYTHONPATH": str(SUPPORT_DIR)}
@@ -916,7 +933,7 @@ def test_cluster_record_with_a_damaged_key_id_is_refused_at_start(tmp_path: Path
     """
     store_dir = tmp_path / "store"
     publish_and_stop(store_dir, "cz", 2)
-    cluster_path = store_dir / "cluster.json"
+    cluster_path = file_key(store_dir, CLUSTER)
     doc = json.loads(cluster_path.read_bytes())
     doc["key_id"] = ("0" if doc["key_id"][0] != "0" else "1") + doc["key_id"][1:]
     cluster_path.write_bytes(json.dumps(doc).encode())
@@ -954,7 +971,7 @@ def test_a_node_with_the_wrong_secret_joining_a_running_cluster_touches_nothing(
     )
     lease = store.read_lease(JOURNAL)
     assert lease is not None and (lease.holder, lease.epoch) == (A.node, 1)
-    cluster_json = (store.root / "cluster.json").read_bytes()
+    cluster_json = file_key(store.root, CLUSTER).read_bytes()
 
     intruder = "node-x"
     command = [
@@ -988,6 +1005,6 @@ def test_a_node_with_the_wrong_secret_joining_a_running_cluster_touches_nothing(
     assert [(e.node, e.epoch) for e in stored_events(store, JOURNAL, "lease.acquired")] == [
         (A.node, 1)
     ]
-    assert (store.root / "cluster.json").read_bytes() == cluster_json
+    assert file_key(store.root, CLUSTER).read_bytes() == cluster_json
     assert cluster.history is None or intruder not in cluster.history.read_text()
     assert cluster.alive(A.node) and cluster.alive(B.node)

@@ -36,7 +36,7 @@ from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
-from tests.support.raw_store import RawEtcd, RawFile, RawRecords, RawRedis, RawStore
+from tests.support.raw_store import RawFile, RawRecords, RawStore, raw_at
 from tests.support.syncdir import Sync
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
@@ -106,9 +106,7 @@ class Backend:
             return RawRecords(self._memory)
         if self._sync is not None:
             return RawFile(self._sync.root(node) / "nodes" / node)
-        if self.name == "file":
-            return RawFile(Path(self._url.removeprefix("file://")))
-        return RawRedis(self._url) if self.name == "redis" else RawEtcd(self._url)
+        return raw_at(self._url)
 
     def carry(self, node: str, to: str) -> None:
         """Bring what node wrote to the machine of node to (a synced folder's copy)."""

@@ -13,12 +13,12 @@ from dataclasses import replace
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import CorruptRecord, StoreUnavailable
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
 from hamsterbunker.timing import LeaseTiming
 
 AGENT = "agent-1"

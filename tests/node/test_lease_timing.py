@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
 from hamsterbunker.lease import LeaseKeeper, Outcome
@@ -20,8 +21,9 @@ from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
 from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.timing import LeaseTiming, check_sync_delay
+from tests.support.raw_store import RawRecords, file_key
 
 AGENT = "agent-1"
 TTL = 2.0  # seconds: the default lease_ttl_ms of 2000
@@ -579,7 +581,7 @@ def test_a_lost_lease_record_never_brings_an_epoch_back(store):
     standby_clock.advance(TTL)
     assert standby.tick().outcome is Outcome.ACQUIRED  # epoch 2
     store.put_checkpoint(AGENT, standby.fence(), 2, b"sealed state of epoch 2")
-    (store.root / "agents" / AGENT / "lease.json").unlink()  # the record is lost
+    file_key(store.root, AgentKeys(AGENT).lease).unlink()  # the record is lost
 
     fresh = make_keeper(store, "node-c", FakeClock())  # has seen nothing
     fresh.learn_epoch(2)  # what its restore would find
@@ -587,13 +589,13 @@ def test_a_lost_lease_record_never_brings_an_epoch_back(store):
     assert (result.outcome, result.record.epoch) == (Outcome.ACQUIRED, 3)
     old_leader = make_keeper(store, "node-a", FakeClock())
     old_leader.remember(7, Reach())  # remembers a higher epoch than the store shows
-    (store.root / "agents" / AGENT / "lease.json").unlink()
+    file_key(store.root, AgentKeys(AGENT).lease).unlink()
     assert old_leader.tick().record.epoch == 8
 
 
 def _roll_back_lease(store, to: LeaseRecord) -> None:
     """Put an old lease record back in place, as a store restored from a snapshot would."""
-    (store.root / "agents" / AGENT / "lease.json").write_bytes(to.to_json())
+    RawRecords(store).put_lease(AGENT, to.to_json())
 
 
 def test_a_lease_record_rolled_back_never_brings_an_epoch_back(store):

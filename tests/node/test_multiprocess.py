@@ -24,7 +24,7 @@ from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.timing import LeaseTiming
-from tests.support import pause_outside_lock, process_state, wait_until
+from tests.support import pause_outside_lock, process_state, redo_finished, wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.postgres_server import postgres_url
 from tests.support.redis_server import redis_url
@@ -55,11 +55,11 @@ def opened(cluster: LocalCluster) -> Store:
 def pause(cluster: LocalCluster, node: str, agent: str) -> None:
     """SIGSTOP node and wait until it is stopped.
 
-    On the file store it is stopped outside the lease lock (``pause_outside_lock``);
+    On the file store it is stopped outside the store lock (``pause_outside_lock``);
     on Redis and etcd a paused node holds nothing up but its own lease.
     """
     if cluster.store_url.startswith("file://"):
-        pause_outside_lock(cluster, node, agent)
+        pause_outside_lock(cluster, node)
         return
     cluster.signal(node, signal.SIGSTOP)
     wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")
@@ -104,7 +104,8 @@ def test_survival_sigkill_active_node_standby_resumes_from_last_checkpoint(
     active = wait_until(lambda: holder(store, "journal"), "a lease holder")
 
     cluster.kill(active)
-    last = store.list_checkpoints("journal")[0]  # the dead node publishes no more
+    # The dead node publishes no more; a commit it had made durable counts.
+    last = redo_finished(store).list_checkpoints("journal")[0]
 
     resumed = wait_until(
         lambda: next((e for e in events(store, "journal", "agent.resumed") if e.epoch == 2), None),

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.agent import current_step
 from hamsterbunker.blob import Blob
 from hamsterbunker.errors import (
@@ -36,10 +37,11 @@ from hamsterbunker.records import CheckpointInfo, Event, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Fence, RestoreRead, Store
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, CountingAgent, Recorder, SyncAgent
+from tests.support.raw_store import RawRecords, file_key, file_keys
 
 TICK_MS = 100
 TTL_MS = 600
@@ -155,12 +157,19 @@ class Harness:
         """(seq, epoch) of every retained checkpoint, newest first."""
         return [(i.seq, i.epoch) for i in self.store().list_checkpoints(agent)]
 
+    def key_path(self, key: str) -> Path:
+        """The file of a key of the store (``stores.backends.file``)."""
+        return file_key(self.store_dir, key)
+
     def checkpoint_path(self, seq: int, agent: str = AGENT) -> Path:
-        found = list(
-            (self.store_dir / "agents" / agent / "checkpoints").glob(f"ckpt-{seq:020d}-*.hbc")
-        )
+        """The file of checkpoint seq's sealed bytes."""
+        found = list(self.key_path(AgentKeys(agent).ckpt).glob(f"{seq:020d}-*"))
         assert len(found) == 1, f"expected one file for checkpoint {seq}, found {found}"
         return found[0]
+
+    def drop_checkpoint(self, seq: int, agent: str = AGENT) -> None:
+        """Remove checkpoint seq, as a store gone back does."""
+        self.checkpoint_path(seq, agent).unlink()
 
     def open_checkpoint(self, seq: int, agent: str = AGENT) -> dict[str, Any]:
         store = self.store()
@@ -451,7 +460,7 @@ def test_restore_skips_a_tampered_newest_checkpoint_that_no_node_saw_accepted(
     """
     _publish_three_and_stop(hb)
     flip_last_byte(hb.checkpoint_path(3))
-    lease = hb.store_dir / "agents" / AGENT / "lease.json"
+    lease = hb.key_path(AgentKeys(AGENT).lease)
     lease.write_bytes(lease.read_bytes().replace(b'"seq":3', b'"seq":0'))  # nothing known
 
     agent_b = AsyncAgent(park_from=3)
@@ -491,8 +500,8 @@ def test_restore_refuses_when_every_checkpoint_is_tampered(hb: Harness) -> None:
     _publish_three_and_stop(hb)
     for seq in (1, 2, 3):
         flip_last_byte(hb.checkpoint_path(seq))
-    checkpoint_dir = hb.store_dir / "agents" / AGENT / "checkpoints"
-    before = snapshot(checkpoint_dir)
+    keys = AgentKeys(AGENT)
+    before = snapshot(hb.key_path(keys.ckpt))
 
     agent_b = AsyncAgent()
     node_b = hb.node("node-b", agent_b)
@@ -505,7 +514,7 @@ def test_restore_refuses_when_every_checkpoint_is_tampered(hb: Harness) -> None:
     assert hb.events.of("agent.started", "node-b") == []
     assert agent_b.init_calls == 0
     assert agent_b.entered == []
-    assert snapshot(checkpoint_dir) == before
+    assert snapshot(hb.key_path(keys.ckpt)) == before
 
 
 def test_checkpoint_moved_from_another_agent_is_rejected(hb: Harness) -> None:
@@ -521,8 +530,7 @@ def test_checkpoint_moved_from_another_agent_is_rejected(hb: Harness) -> None:
     node_a.stop()
     _publish_three_and_stop(hb, agent_id="b", node_id="node-b")
 
-    moved = hb.checkpoint_path(3, "b")
-    (hb.store_dir / "agents" / "a" / "checkpoints" / moved.name).write_bytes(moved.read_bytes())
+    RawRecords(hb.store()).put_checkpoint("a", 3, 1, hb.checkpoint_path(3, "b").read_bytes())
     assert hb.checkpoints("a") == [(3, 1), (2, 1), (1, 1)]
 
     agent_c = AsyncAgent("a", park_from=3)
@@ -572,8 +580,7 @@ def test_every_state_change_is_an_event_stored_without_agent_state(hb: Harness) 
     node_b = hb.node("node-b", agent_b)
     hb.events.wait("node.standby", "node-b")
 
-    junk = hb.checkpoint_path(3).with_name(f"ckpt-{99:020d}-{1:010d}.hbc")
-    junk.write_bytes(b"written without the secret")
+    RawRecords(hb.store()).put_checkpoint(AGENT, 99, 1, b"written without the secret")
     faulty.block_put.set()
     agent_a.release.set()  # step 4 ends; its publish hangs inside put_checkpoint
     wait_until(faulty.put_entered.is_set, "node-a's publish of step 4 to reach the store")
@@ -581,10 +588,7 @@ def test_every_state_change_is_an_event_stored_without_agent_state(hb: Harness) 
     hb.events.wait("lease.lost", "node-a")
     hb.events.wait("agent.resumed", "node-b")
     wait_until(lambda: 4 in agent_b.entered_seqs(), "node-b to step")
-    # <node>.json only: a heartbeat being replaced has a temporary file beside it.
-    heartbeats = [
-        p.read_bytes() for p in (hb.store_dir / "agents" / AGENT / "heartbeats").glob("*.json")
-    ]
+    heartbeats = [p.read_bytes() for p in hb.key_path(AgentKeys(AGENT).beats).iterdir()]
     assert len(heartbeats) == 2
 
     faulty.put_release.set()  # the stale publish reaches the store now: fenced
@@ -687,7 +691,7 @@ def test_bad_timing_is_refused_at_construction(
     tmp_path: Path, timing: dict[str, Any], form: str
 ) -> None:
     """Timing without lease_ttl > renew_deadline > tick raises ConfigError in the constructor,
-    before the store is written.
+    before anything is stored.
     """
     store_dir = tmp_path / "store"
     store: Any = FileStore(store_dir) if form == "object" else store_dir.as_uri()
@@ -703,15 +707,15 @@ def test_bad_timing_is_refused_at_construction(
             timing=LeaseTiming(**timing),
         )
     assert not isinstance(info.value, SecretTooShort)
-    assert not store_dir.exists() or list(store_dir.iterdir()) == []
+    assert file_keys(store_dir) == []
     assert events.of() == []
 
 
 @pytest.mark.parametrize("form", ["object", "url"])
 @pytest.mark.parametrize("secret", ["", "seven77"], ids=["empty", "7-chars"])
 def test_short_secret_is_refused_at_construction(tmp_path: Path, secret: str, form: str) -> None:
-    """A secret under 8 characters raises SecretTooShort in the constructor, before the store is
-    written; 8 characters are accepted.
+    """A secret under 8 characters raises SecretTooShort in the constructor, before anything is
+    stored; 8 characters are accepted.
     """
     store_dir = tmp_path / "store"
     store: Any = FileStore(store_dir) if form == "object" else store_dir.as_uri()
@@ -724,7 +728,7 @@ def test_short_secret_is_refused_at_construction(tmp_path: Path, secret: str, fo
             secret=secret,
             timing=LeaseTiming(tick_ms=TICK_MS, lease_ttl_ms=TTL_MS),
         )
-    assert not store_dir.exists() or list(store_dir.iterdir()) == []
+    assert file_keys(store_dir) == []
     Runtime(
         node_id="node-a",
         region="r1",
@@ -811,7 +815,7 @@ def test_after_skipping_a_tampered_checkpoint_the_next_step_publishes(hb: Harnes
     """
     _publish_three_and_stop(hb)
     flip_last_byte(hb.checkpoint_path(3))
-    lease = hb.store_dir / "agents" / AGENT / "lease.json"
+    lease = hb.key_path(AgentKeys(AGENT).lease)
     lease.write_bytes(lease.read_bytes().replace(b'"seq":3', b'"seq":0'))  # nothing known
     agent_b = AsyncAgent(park_from=5)
     hb.node("node-b", agent_b)
@@ -821,7 +825,7 @@ def test_after_skipping_a_tampered_checkpoint_the_next_step_publishes(hb: Harnes
     first, state = agent_b.entered[0]
     assert first.seq == 3
     assert state == {"n": 2, "effects": [1, 2]}
-    assert (3, 1) in hb.checkpoints()  # the tampered one, left for inspection
+    assert (3, 1) not in hb.checkpoints()  # replaced: the store keeps one checkpoint a seq
 
 
 def test_a_lease_record_that_vanishes_is_reported_and_no_epoch_is_reused(hb: Harness) -> None:
@@ -830,7 +834,7 @@ def test_a_lease_record_that_vanishes_is_reported_and_no_epoch_is_reused(hb: Har
     agent = AsyncAgent()
     hb.node("node-a", agent)
     hb.events.wait("agent.step", "node-a")
-    (hb.store_dir / "agents" / AGENT / "lease.json").unlink()
+    hb.key_path(AgentKeys(AGENT).lease).unlink()
     regressed = hb.events.wait("store.regressed", "node-a")
     assert "gone" in regressed.detail["reason"]
     again = hb.events.wait("lease.acquired", "node-a", where=lambda e: e.epoch > 1)
@@ -846,7 +850,7 @@ def test_a_lease_record_lost_behind_an_authenticated_checkpoint_is_taken_again_a
     back, gives that term up and takes the lease again above it, then resumes: no epoch is
     used twice, and a checkpoint's name alone never moved it."""
     _publish_three_and_stop(hb)
-    (hb.store_dir / "agents" / AGENT / "lease.json").unlink()
+    hb.key_path(AgentKeys(AGENT).lease).unlink()
     agent_b = AsyncAgent(park_from=5)
     hb.node("node-b", agent_b)
     resumed = hb.events.wait("agent.resumed", "node-b")
@@ -886,12 +890,11 @@ def test_a_store_that_went_back_past_what_the_node_saw_is_refused(hb: Harness) -
     node = hb.node("node-a", agent)
     hb.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq == 4)
     # The store "restored from an old backup": newest checkpoints and the lease record gone.
-    checkpoints = hb.store_dir / "agents" / AGENT / "checkpoints"
     kept = min(seq for seq, _ in hb.checkpoints())
-    for path in checkpoints.iterdir():
-        if f"ckpt-{kept:020d}-" not in path.name:
-            path.unlink()
-    (hb.store_dir / "agents" / AGENT / "lease.json").unlink()
+    for seq, _epoch in hb.checkpoints():
+        if seq != kept:
+            hb.drop_checkpoint(seq)
+    hb.key_path(AgentKeys(AGENT).lease).unlink()
     assert node.stopped.wait(15), "the node did not refuse"
     with pytest.raises(StoreRegressed, match="went back in time"):
         node.stop()
@@ -965,18 +968,20 @@ def test_a_takeover_the_store_lost_while_the_old_leader_lived_is_refused(hb: Har
     hb.events.wait("checkpoint.published", "node-a", where=lambda e: e.seq >= 3)
     a_store.cas_open.clear()  # node-a pauses inside a renewal
     assert a_store.cas_waiting.wait(5)
-    lease_path = hb.store_dir / "agents" / AGENT / "lease.json"
-    epoch_1_record = lease_path.read_bytes()
+    # The lease record and the fence stored beside it (what a checkpoint write compares).
+    lease_paths = [hb.key_path(AgentKeys(AGENT).lease), hb.key_path(AgentKeys(AGENT).fence)]
+    epoch_1_records = [path.read_bytes() for path in lease_paths]
     agent_b = AsyncAgent(slow=dict.fromkeys(range(1, 10_000), 0.2))
     node_b = hb.node("node-b", agent_b)
     last_of_a = hb.events.wait("agent.resumed", "node-b").detail["from_seq"]
     agent_b.park_from = last_of_a + 3  # (read after each step's 0.2 s)
     wait_until(lambda: hb.checkpoints()[0] == (last_of_a + 2, 2), "node-b to publish twice")
     # The store goes back: epoch 2 and its checkpoints are lost.
-    lease_path.write_bytes(epoch_1_record)
+    for path, record in zip(lease_paths, epoch_1_records, strict=True):
+        path.write_bytes(record)
     for seq, epoch in hb.checkpoints():
         if epoch == 2:
-            hb.checkpoint_path(seq).unlink()
+            hb.drop_checkpoint(seq)
     a_store.cas_open.set()  # node-a's renewal lands on its own record again, and it steps on
     assert node_b.stopped.wait(15), "node-b did not refuse"
     with pytest.raises(StoreRegressed, match=r"is seq \d+ of epoch 1, behind seq \d+ of epoch 2"):

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.stores.file import FileStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, CountingAgent

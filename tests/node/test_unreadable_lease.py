@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.errors import Fenced, UnreadableLease
 from hamsterbunker.lease import LeaseKeeper, Outcome
@@ -19,7 +20,6 @@ from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support.agents import SECRET, AsyncAgent, Recorder
@@ -45,9 +45,7 @@ def _file(tmp_path: Path) -> Planted:
     store = FileStore(tmp_path / "store")
 
     def plant(data: bytes) -> None:
-        path = tmp_path / "store" / "agents" / AGENT / "lease.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        RawRecords(store).put_lease(AGENT, data)  # past the contract, as a raw store write
 
     return Planted(store, plant)
 

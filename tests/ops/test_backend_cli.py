@@ -113,7 +113,7 @@ class TlsStore:
                 socket_timeout=5,
             )
             try:
-                keys = client.keys(f"{prefix}:*")
+                keys = client.keys(f"*{prefix}*")  # the store's: {prefix}:... (hash-tagged)
                 return sorted(k.decode() if isinstance(k, bytes) else k for k in keys)
             finally:
                 client.close()

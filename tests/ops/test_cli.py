@@ -27,6 +27,7 @@ from hamsterbunker.memory import MemoryFile
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 from tests.support.cli import (
     AGENT,
     AGENT_ID,
@@ -40,6 +41,7 @@ from tests.support.cli import (
     run_hb,
     wait_for,
 )
+from tests.support.raw_store import RawRecords
 
 
 def files_under(root: Path) -> dict[str, bytes]:
@@ -81,7 +83,7 @@ def running_node(
 
 def held_lease(store_dir: Path):  # type: ignore[no-untyped-def]
     """The lease record of the counter agent if someone holds it, else None."""
-    if not (store_dir / "cluster.json").exists():
+    if not (store_dir / "kv" / CLUSTER).exists():
         return None  # let the node create the store; do not race it
     lease = FileStore(store_dir).read_lease(AGENT_ID)
     return lease if lease is not None and lease.holder is not None else None
@@ -220,7 +222,7 @@ def test_a_damaged_node_memory_gives_one_line_and_exit_2_and_touches_no_store(tm
         f"hb run: error: the node's memory {memory} is damaged (no field 'cluster'); remove it to start "
         "without memory of this store"
     ]
-    assert list(store.iterdir()) == []
+    assert files_under(store / "kv") == {}  # no record: at most the empty store's directory
     assert memory.read_text() == '{"format": 1}'
 
 
@@ -306,7 +308,7 @@ def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
     with running_node(store, "node-a", log) as node:
         lease = wait_for("node-a to take the lease", lambda: held_lease(store), 30)
         assert lease.holder == "node-a", log.read_text()
-        beat = store / "agents/counter/heartbeats/node-a.json"
+        beat = store / "kv" / AgentKeys(AGENT_ID).beat("node-a")
         wait_for("node-a's heartbeat", lambda: True if beat.exists() else None, 10)
         before = files_under(store)
 
@@ -341,20 +343,17 @@ def test_wrong_secret_node_exits_2_and_touches_nothing(tmp_path):
 
         after = files_under(store)
         assert not [p for p in after if "intruder" in p], sorted(after)
-        assert not (store / "agents/counter/heartbeats/intruder.json").exists()
-        assert not (store / "agents/counter/events/intruder.jsonl").exists()
-        assert after["cluster.json"] == before["cluster.json"]
-        # Whatever appeared meanwhile is node-a's own work: checkpoints, effect records
-        # or its own files.
+        assert after["kv/cluster"] == before["kv/cluster"]
+        # Whatever appeared meanwhile is node-a's own work: checkpoints, effect records,
+        # its own events, or a commit's temp file or redo log.
         new = set(after) - set(before)
-        strays = [
-            p
-            for p in new
-            if not re.fullmatch(r"agents/counter/checkpoints/ckpt-\d+-\d+\.hbc", p)
-            and not re.fullmatch(r"agents/counter/effects/\d{20}/\d{4}-(intent|outcome)\.hbe", p)
-            and "node-a" not in Path(p).name
-            and not Path(p).name.startswith("tmp-hb-")
-        ]
+        ours = (
+            r"kv/agents/counter/ckpt/\d{20}-\d{10}-\d{10}-\d{13}",
+            r"kv/agents/counter/effects/\d{20}/\d{4}-(intent|outcome)",
+            r"kv/agents/counter/(beats/node-a|events/node-a/\d{20})",
+            r"tmp-hb-\w+|\.redo",
+        )
+        strays = [p for p in new if not any(re.fullmatch(pattern, p) for pattern in ours)]
         assert strays == [], strays
         now = FileStore(store).read_lease(AGENT_ID)
         assert now is not None
@@ -421,7 +420,7 @@ def test_status_on_empty_store_is_an_error(tmp_path):
 
 
 def hostile_lease_store(root: Path, lease_json: bytes) -> None:
-    """A store with a node's heartbeat and a checkpoint, whose lease.json is then overwritten.
+    """A store with a node's heartbeat and a checkpoint, whose lease record is then overwritten.
 
     Anyone who can write the store can put anything there: no secret is needed.
     """
@@ -432,7 +431,7 @@ def hostile_lease_store(root: Path, lease_json: bytes) -> None:
                      leader="n1", time=time.time(), beats=1)  # fmt: skip
     store.put_heartbeat(AGENT_ID, beat)
     assert lease.holder == "n1"
-    (root / "agents" / AGENT_ID / "lease.json").write_bytes(lease_json)
+    RawRecords(store).put_lease(AGENT_ID, lease_json)
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,9 @@ from hamsterbunker.config import (
 from hamsterbunker.errors import ConfigError, WrongSecret
 from hamsterbunker.provision import provision
 from hamsterbunker.sealing import Sealer
+from hamsterbunker.stores.layer.keys import CLUSTER
 from tests.support.cli import HB, hb_env, run_hb, wait_for
+from tests.support.raw_store import file_key
 
 AGENT = "hamsterbunker.demo:CounterAgent"
 AGENT_ID = "counter"  # CounterAgent.id
@@ -300,7 +302,7 @@ def test_hb_run_instance_runs_node_with_credential_secret(tmp_path):
     try:
 
         def n1_active() -> bool | None:
-            if not (store / "cluster.json").exists():
+            if not file_key(store, CLUSTER).exists():
                 return None
             beats = FileStore(store).list_heartbeats(AGENT_ID)
             return True if any(b.node == "n1" and b.role == "active" for b in beats) else None

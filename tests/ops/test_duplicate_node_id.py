@@ -8,10 +8,12 @@ import socket
 import subprocess
 from pathlib import Path
 
+from hamsterbunker import FileStore
 from hamsterbunker.records import Heartbeat
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.keys import CLUSTER
 from tests.support import wait_until
 from tests.support.cli import AGENT, AGENT_ID, FAST, HB, SECRET, hb_env
+from tests.support.raw_store import file_key
 
 
 def _start(store: Path, log_path: Path) -> subprocess.Popen[bytes]:
@@ -26,7 +28,7 @@ def _start(store: Path, log_path: Path) -> subprocess.Popen[bytes]:
 
 
 def _heartbeat(store: Path, pid: int) -> Heartbeat | None:
-    if not (store / "cluster.json").exists():
+    if not file_key(store, CLUSTER).exists():
         return None
     for heartbeat in FileStore(store, create=False).list_heartbeats(AGENT_ID):
         if heartbeat.node == "twin" and heartbeat.pid == pid and heartbeat.beats >= 2:

@@ -138,7 +138,7 @@ def test_a_bad_http_address_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         f"hb run: error: http 127.0.0.1:{port}: cannot listen there: Address already in use"
     ]
-    assert not list((tmp_path / "store").glob("agents/*/*"))  # refused before it joined
+    assert not list((tmp_path / "store").glob("kv/agents/*/*"))  # refused before it joined
 
 
 def test_the_config_key_http_is_checked_like_the_flag() -> None:
@@ -157,7 +157,7 @@ def test_a_node_without_http_listens_nowhere(tmp_path: Path) -> None:
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_until(lambda: list((tmp_path / "store").glob("agents/*/heartbeats*")), "a heartbeat")
+        wait_until(lambda: list((tmp_path / "store").glob("kv/agents/*/beats/*")), "a heartbeat")
         tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
         listening = {
             f"socket:[{fields[9]}]"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker import FileStore
 from tests.support import wait_until
 from tests.support.cli import AGENT, AGENT_ID, FAST, HB, SECRET, hb_env, run_hb
 

@@ -16,15 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.keyring import Keyring
 from hamsterbunker.local import LocalCluster, NodeSpec
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import Consumed, Fence
-from hamsterbunker.stores.file import FileStore
 from tests.support import wait_until
 from tests.support.cli import AGENT, AGENT_ID, FAST, hb_env, run_hb
+from tests.support.raw_store import RawRecords
 
 pytestmark = pytest.mark.multiprocess
 
@@ -136,7 +137,7 @@ def test_a_key_list_edited_in_the_store_is_refused_at_start(tmp_path: Path) -> N
     store, _first = store_with(tmp_path, "begin")
     begun = store.read_cluster()
     assert begun is not None
-    (store.root / "cluster.json").write_bytes(replace(begun, accepted=()).to_json())
+    RawRecords(store).put_cluster(replace(begun, accepted=()).to_json())
     code, stderr = hb_run(store, HB_SECRET=NEW, HB_SECRET_PREVIOUS=OLD)
     assert code == 2
     assert "key list (generation 1) failed to authenticate" in one_line(stderr)

@@ -23,7 +23,9 @@ import pytest
 
 from hamsterbunker import FileStore
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores.layer.keys import CLUSTER
 from tests.support.cli import AGENT, AGENT_ID, FAST, HB, SECRET, hb_env, run_hb, wait_for
+from tests.support.raw_store import file_key
 
 pytestmark = pytest.mark.multiprocess
 
@@ -57,7 +59,7 @@ def status(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
 
 def leading(store: Path) -> str | None:
     """The holder once a node holds the lease (the store made by then), else None."""
-    if not (store / "cluster.json").exists():
+    if not file_key(store, CLUSTER).exists():
         return None
     lease = FileStore(store).read_lease(AGENT_ID)
     return lease.holder if lease is not None else None
@@ -127,7 +129,7 @@ def test_a_mistyped_agent_id_is_an_error_naming_the_agents_held(tmp_path: Path) 
         "it holds: counter, mailer"
     ]
     assert typo.stdout == ""
-    assert not (store / "agents" / "countr").exists()  # reading made nothing
+    assert not file_key(store, "agents/countr").exists()  # reading made nothing
     empty = tmp_path / "empty"
     empty.mkdir()
     none = status("--store", empty.as_uri(), "--agent-id", "counter")

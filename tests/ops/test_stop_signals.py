@@ -8,10 +8,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker import FileStore
+from hamsterbunker.stores.layer.keys import CLUSTER
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.agents import SECRET
 from tests.support.cli import HB, hb_env
+from tests.support.raw_store import file_key
 
 AGENT_ID = "journal"
 
@@ -33,7 +35,7 @@ def test_a_second_stop_signal_cuts_the_grace_short(tmp_path: Path) -> None:
     try:
 
         def stepping() -> bool:
-            if not (store / "cluster.json").exists():
+            if not file_key(store, CLUSTER).exists():
                 return False
             lease = FileStore(store).read_lease(AGENT_ID)
             led = lease is not None and lease.holder == "n1"

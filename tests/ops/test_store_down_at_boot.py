@@ -25,7 +25,6 @@ from hamsterbunker.errors import CorruptRecord, StoreUnavailable
 from hamsterbunker.records import ClusterRecord, Event
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores import open_store
-from hamsterbunker.stores.redis import RedisStore
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.node.test_notify import Counter, NotifySocket
@@ -159,7 +158,9 @@ def test_a_wrong_secret_found_once_the_store_answers_exits_2(
     the store answers, the secret does not open the record: one line, exit 2, no READY=1."""
     first = RedisServer.start(*DURABLE)
     url = first.url(prefix="boot")
-    RedisStore(url).create_cluster(new_cluster_record("another-cluster-secret"))
+    made = open_store(url)
+    made.create_cluster(new_cluster_record("another-cluster-secret"))
+    made.close()
     first.kill()  # its append-only file stays for the restart
     log_path = tmp_path / "node.log"
     node = _start_node(url, log_path, notify)

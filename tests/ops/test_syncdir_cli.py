@@ -344,7 +344,7 @@ def test_hb_status_shows_the_syncdir_section(tmp_path: Path) -> None:
 
 
 def test_hb_status_on_a_file_store_has_no_syncdir_section(tmp_path: Path) -> None:
-    from hamsterbunker.stores.file import FileStore
+    from hamsterbunker import FileStore
 
     store = FileStore(tmp_path / "s")
     store.cas_lease(AGENT_ID, None, lease("n1", 1))

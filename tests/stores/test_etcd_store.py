@@ -34,7 +34,7 @@ from hamsterbunker.errors import (
 )
 from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores import open_store
-from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
 from hamsterbunker.stores.etcd import store as etcd_module
 from tests.support import each_ended, process_state, wait_until
@@ -88,6 +88,13 @@ def opened() -> Iterator[Callable[..., EtcdStore]]:
         yield open_one
 
 
+@pytest.fixture
+def by_url() -> Iterator[Callable[..., Store]]:
+    """Open stores by URL, as hb does (``open_store``: the record layer); closed at the end."""
+    with each_ended(open_store, Store.close) as open_one:
+        yield open_one
+
+
 def watch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("hb-etcd-watch")]
 
@@ -110,24 +117,21 @@ def test_missing_etcd3gw_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> N
     """Without etcd3gw, an etcd:// URL tells how to install it."""
     for name in [name for name in sys.modules if name.partition(".")[0] == "etcd3gw"]:
         monkeypatch.setitem(sys.modules, name, None)
-    backend = "hamsterbunker.stores.etcd"
-    for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
-        monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
+    for backend in ("hamsterbunker.stores.etcd", "hamsterbunker.stores.backends.etcd"):
+        for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
+            monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
     with pytest.raises(ConfigError, match=r"hamsterbunker\[etcd\]"):
         open_store("etcd://127.0.0.1:2379/p")
 
 
-def test_reader_of_an_empty_prefix_is_refused(opened: Callable[..., EtcdStore]) -> None:
+def test_reader_of_an_empty_prefix_is_refused(by_url: Callable[..., Store]) -> None:
     """open_store(create=False), as hb status and hb-tui use it, refuses a prefix that holds nothing."""
     url = etcd_url()
     with pytest.raises(ConfigError, match="no HamsterBunker store"):
         open_store(url, create=False)
-    opened(url).put_heartbeat("a", heartbeat("n1"))
-    reader = open_store(url, create=False)
-    try:
-        assert [b.node for b in reader.list_heartbeats("a")] == ["n1"]
-    finally:
-        reader.close()
+    by_url(url).put_heartbeat("a", heartbeat("n1"))
+    reader = by_url(url, create=False)
+    assert [b.node for b in reader.list_heartbeats("a")] == ["n1"]
 
 
 # -- endpoints, a member that is gone or frozen -------------------------------------
@@ -358,11 +362,11 @@ def test_etcds_with_client_certificates(
 # -- hb status and the monitor ---------------------------------------------------------
 
 
-def test_hb_status_reads_an_etcd_store(opened: Callable[..., EtcdStore]) -> None:
+def test_hb_status_reads_an_etcd_store(by_url: Callable[..., Store]) -> None:
     """hb status --store etcd://... shows the holder and the nodes' heartbeats; an empty prefix
     is one line and exit 2."""
     url = etcd_url()
-    store = opened(url)
+    store = by_url(url)
     store.cas_lease("a", None, lease("n1", 1))
     store.put_heartbeat("a", heartbeat("n1", role="active"))
     shown = hb("status", "--store", url, "--agent-id", "a", "--json", "--observe-ms", "0")
@@ -385,7 +389,7 @@ def hb(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_monitor_follows_an_etcd_store(opened: Callable[..., EtcdStore]) -> None:
+def test_monitor_follows_an_etcd_store(by_url: Callable[..., Store]) -> None:
     """hb-tui's monitor shows an etcd store's holder and events, and follows new ones."""
     pytest.importorskip("textual")
     from hamsterbunker_tui.app import MonitorApp
@@ -393,7 +397,7 @@ def test_monitor_follows_an_etcd_store(opened: Callable[..., EtcdStore]) -> None
     from tests.tui.screen import screen_text, until
 
     url = etcd_url()
-    store = opened(url)
+    store = by_url(url)
     store.cas_lease("a", None, replace(lease("n1", 1), ttl_ms=60_000))
     store.put_heartbeat("a", heartbeat("n1", role="active"))
     store.append_event("a", event("n1", 1))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -880,7 +880,7 @@ def test_memory_store_skips_planted_junk_like_the_real_backends() -> None:
     raw, keys = RawRecords(store), AgentKeys("a")
 
     def plant_info(info: CheckpointInfo) -> None:
-        raw.put(keys.checkpoint(info.seq), json.dumps(asdict(info)).encode())
+        raw.put(keys.checkpoint(info), b"sealed bytes, say")
 
     plant_info(CheckpointInfo(epoch=9, seq=99, size=4, written=0.0))
     plant_info(CheckpointInfo(epoch=1, seq=98, size=-1, written=0.0))

@@ -1,18 +1,16 @@
-"""Raw "consumed" marks in each backend's own keys are never taken by a ``Client`` as done
+"""Raw "consumed" marks under the store's own keys are never taken by a ``Client`` as done
 (DESIGN.md invariant 10; the contract-level tests are in
 tests/stores/contract/test_inbox_proof.py).
 
-Planted as someone without the secret would, past the store contract: on the
-file store ``done/N.hbr`` (a record with no reply) and ``ids/<sha>.hbi``; on
-Redis ``inbox:consumed`` and ``inbox:ids``; on etcd ``ids/<request id>`` =
-``{"consumed": true, "reply": null}``. And a genuine reply taken away: the
-store then reports the submission consumed with no reply, which is no proof
-either.
+Planted as someone without the secret would, past the store contract, under
+the record layer's keys (``stores.layer.keys``): ``inbox/done/<n>-<request id>``
+= ``-`` (consumed, no reply) with ``inbox/ids/<request id>`` naming n. And a
+genuine reply taken away (its record rewritten as ``-``) or made unreadable
+(over the limit): the store then reports the submission consumed with no
+reply, which is no proof either.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
@@ -21,11 +19,11 @@ from hamsterbunker.errors import Tampered
 from hamsterbunker.limits import MAX_REPLY_BYTES
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Consumed
-from hamsterbunker.stores.etcd.kv import pad
-from hamsterbunker.stores.file.inbox_records import done_bytes, done_name, index_bytes, index_name
+from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.stores.contract.test_inbox import held
 from tests.support.agents import SECRET
-from tests.support.raw_store import RawEtcd, RawFile, RawRedis, RawStore, backend_store
+from tests.support.raw_store import RawRecords, RawStore, backend_store
+from tests.support.raw_work import raw_work
 
 __all__ = ["backend_store"]  # the fixture, used by name
 
@@ -34,35 +32,18 @@ NO_REPLY_S = 0.5  # how long a wait that must not end in a reply goes on
 
 
 def plant_consumed(raw: RawStore, request_id: str, number: int) -> None:
-    """Mark request_id consumed as number, with no reply, in the backend's own keys."""
-    if isinstance(raw, RawFile):
-        raw._agent(AGENT, "inbox", "done", done_name(number)).write_bytes(
-            done_bytes(request_id, None)
-        )
-        raw._agent(AGENT, "inbox", "ids", index_name(request_id)).write_bytes(
-            index_bytes(request_id, number)
-        )
-    elif isinstance(raw, RawRedis):
-        raw._redis.hset(raw._key(AGENT, "inbox:ids"), request_id, str(number))
-        raw._redis.hset(raw._key(AGENT, "inbox:consumed"), str(number), request_id)
-    else:
-        assert isinstance(raw, RawEtcd)
-        record = {"n": number, "consumed": True, "reply": None}
-        raw._kv.put(raw._key(AGENT, f"inbox/ids/{request_id}"), json.dumps(record))
+    """Mark request_id consumed as number, with no reply, under the layer's keys."""
+    raw_work(raw).put_done(AGENT, number, request_id, None)
 
 
-def take_reply_away(raw: RawStore, request_id: str, number: int) -> None:
-    """Remove, or make unreadable, the stored reply of consumed number (checkpoint 1 of
-    epoch 1), leaving it marked consumed."""
-    if isinstance(raw, RawFile):
-        raw._agent(AGENT, "inbox", "done", done_name(number)).write_bytes(
-            done_bytes(request_id, None)
-        )
-    elif isinstance(raw, RawRedis):  # over the limit: the store reads it as no reply
-        raw._redis.hset(raw._key(AGENT, "inbox:replies"), str(number), b"x" * MAX_REPLY_BYTES * 2)
-    else:
-        assert isinstance(raw, RawEtcd)
-        raw._kv.delete(raw._key(AGENT, f"inbox/replies/{pad(number)}/{1:010d}-{pad(1)}"))
+def take_reply_away(raw: RawStore, request_id: str, number: int, how: str) -> None:
+    """Remove (the record left as "consumed, no reply"), or make unreadable, the stored reply
+    of consumed number, leaving it marked consumed."""
+    if how == "removed":
+        raw_work(raw).delete_reply(AGENT, number, request_id)
+    else:  # over the limit: the store reads it as no reply
+        assert isinstance(raw, RawRecords)
+        raw.put(AgentKeys(AGENT).reply(number, request_id), b"+" + b"x" * MAX_REPLY_BYTES * 2)
 
 
 def test_a_raw_consumed_mark_for_a_request_nobody_submitted_is_not_done(
@@ -78,7 +59,8 @@ def test_a_raw_consumed_mark_for_a_request_nobody_submitted_is_not_done(
             client.submit(AGENT, 2, request_id="ghost")
 
 
-def test_a_genuine_reply_taken_away_is_not_read_as_none(backend_store: RawStore) -> None:
+@pytest.mark.parametrize("how", ["removed", "over-the-limit"])
+def test_a_genuine_reply_taken_away_is_not_read_as_none(backend_store: RawStore, how: str) -> None:
     """A consumed submission whose sealed reply is gone or over the limit is not done."""
     with Client(backend_store.url, SECRET) as client:
         number = client.submit(AGENT, 1, request_id="r1").number
@@ -89,6 +71,6 @@ def test_a_genuine_reply_taken_away_is_not_read_as_none(backend_store: RawStore)
             AGENT, held(client.store), 1, b"cp", [Consumed(number, "r1", reply)]
         )
         assert client.result(AGENT, "r1", timeout=NO_REPLY_S) == "the answer"
-        take_reply_away(backend_store, "r1", number)
+        take_reply_away(backend_store, "r1", number, how)
         with pytest.raises(TimeoutError, match="marked consumed, but with no sealed reply"):
             client.result(AGENT, "r1", timeout=NO_REPLY_S)

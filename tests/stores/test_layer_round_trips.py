@@ -4,17 +4,22 @@ the same outcome as before."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
 
-from hamsterbunker.errors import InboxFull, LeaseConflict, NotNextNumber, StoreError
+from hamsterbunker.errors import Fenced, InboxFull, LeaseConflict, NotNextNumber, StoreError
 from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores import base
-from hamsterbunker.stores.backend import ScanResult, TooLarge, Txn, TxnResult
+from hamsterbunker.stores.backend import Capability, Notice, ScanResult, TooLarge, Txn, TxnResult
 from hamsterbunker.stores.backends.memory import MemoryBackend
 from hamsterbunker.stores.base import Consumed
 from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import AgentKeys
+from hamsterbunker.stores.layer.restore import TAKEN_CHECKPOINT_BYTES
 from tests.support.records import fence_of, lease
 
 AGENT = "a1"
@@ -91,7 +96,7 @@ def test_a_terms_later_checkpoints_are_one_commit_each(backend: CountingBackend)
         store.put_checkpoint(AGENT, fence, seq, f"c{seq}".encode())
         assert backend.calls == ["commit"]
     assert [info.seq for info in store.list_checkpoints(AGENT)] == [8, 7, 6]
-    stored = backend.scan(f"agents/{AGENT}/ckpt-data/", ReadBound(100, 100, 10_000))
+    stored = backend.scan(f"agents/{AGENT}/ckpt/", ReadBound(100, 100, 10_000))
     assert len(stored.items) == 3
 
 
@@ -108,6 +113,72 @@ def test_a_new_fence_or_a_seq_not_above_lists_again(backend: CountingBackend) ->
     store.put_checkpoint(AGENT, fence_of(second), 6, b"c6")
     assert backend.calls == ["commit", "commit"]
     assert [(i.seq, i.epoch) for i in store.list_checkpoints(AGENT)] == [(6, 2), (5, 1)]
+
+
+def test_a_new_terms_first_checkpoint_after_its_restores_listing_is_one_commit(
+    backend: CountingBackend,
+) -> None:
+    """The restore lists the checkpoints once the lease is taken: under the fence this client
+    just wrote, that listing serves the term's first checkpoint; retention holds."""
+    store = RecordStore(backend, keep_checkpoints=2)
+    first = store.cas_lease(AGENT, None, lease("n1", 1))
+    for seq in (1, 2, 3):
+        store.put_checkpoint(AGENT, fence_of(first), seq, f"c{seq}".encode())
+    taker = RecordStore(backend, keep_checkpoints=2)
+    second = taker.cas_lease(AGENT, first.version, lease("n2", 2, session="s2"))
+    assert [info.seq for info in taker.list_checkpoints(AGENT)] == [3, 2]
+    backend.calls.clear()
+    taker.put_checkpoint(AGENT, fence_of(second), 4, b"c4")
+    assert backend.calls == ["commit"]
+    assert [(i.seq, i.epoch) for i in taker.list_checkpoints(AGENT)] == [(4, 2), (3, 1)]
+
+
+def test_a_listing_under_a_fence_since_taken_over_writes_nothing(
+    backend: CountingBackend,
+) -> None:
+    """A listing read under this client's fence, then another client takes the lease: the
+    checkpoint made from that listing is refused by the fence, as it would be after a read."""
+    mine, other = RecordStore(backend), RecordStore(backend)
+    held = mine.cas_lease(AGENT, None, lease("n1", 1))
+    mine.put_checkpoint(AGENT, fence_of(held), 1, b"c1")
+    assert [info.seq for info in mine.list_checkpoints(AGENT)] == [1]
+    other.cas_lease(AGENT, held.version, lease("n2", 2, session="s2"))
+    with pytest.raises(Fenced):
+        mine.put_checkpoint(AGENT, fence_of(held), 2, b"c2")
+    assert [(i.seq, i.epoch) for i in other.list_checkpoints(AGENT)] == [(1, 1)]
+
+
+class TellingBackend(CountingBackend):
+    """A counting backend whose watch tells the values it is given, as Redis' and etcd's do."""
+
+    capabilities = frozenset({*MemoryBackend.capabilities, Capability.NOTICE_VALUES})
+
+    def __init__(self, told: list[Notice]) -> None:
+        super().__init__()
+        self.told = told
+
+    async def watch(self, prefix: str) -> AsyncIterator[Notice]:
+        for notice in self.told:
+            yield notice
+
+
+def test_a_lease_a_watch_told_of_is_taken_in_one_commit() -> None:
+    """A standby told the lease record by its watch compares the bytes told: no read first."""
+    keys = AgentKeys(AGENT)
+    backend = TellingBackend([])
+    held = RecordStore(backend).cas_lease(AGENT, None, lease("n1", 1))
+    stored = backend.get(keys.lease, 4096)
+    assert isinstance(stored, bytes)
+    backend.told.append(Notice(keys.lease, stored))
+    standby = RecordStore(backend)
+
+    async def first_told() -> LeaseRecord | None:
+        return await anext(standby.watch(AGENT, lease_only=True))
+
+    assert asyncio.run(first_told()) == held
+    backend.calls.clear()
+    standby.cas_lease(AGENT, held.version, lease("n2", 2, session="s2"))
+    assert backend.calls == ["commit"]
 
 
 def test_an_admission_after_this_clients_last_is_one_commit(backend: CountingBackend) -> None:
@@ -150,3 +221,66 @@ def test_a_full_inbox_by_an_old_count_is_read_again(
     assert submitter.admit(AGENT, "r4", 4, b"s4") == (4, False)
     with pytest.raises(InboxFull):
         submitter.admit(AGENT, "r5", 5, b"s5")
+
+
+def test_a_watch_of_the_agent_wakes_for_its_lease_submissions_and_replies_alone() -> None:
+    """A node waiting for its inbox and a client waiting for a reply are not woken by the
+    heartbeats, events, checkpoints and counts written all the while."""
+    keys = AgentKeys(AGENT)
+    told = [
+        Notice(keys.beat("n1"), b"beat"),
+        Notice(keys.event("n1", 1)),
+        Notice(keys.ckpt + "x"),
+        Notice(keys.kept, b"1"),
+        Notice(keys.submission(1)),
+        Notice(f"agents/{AGENT}/inbox"),  # a folder made or removed (the file backend)
+        Notice(keys.reply(1, "r1")),
+        Notice(keys.lease),
+        Notice(None),
+    ]
+    store = RecordStore(TellingBackend(told))
+
+    async def woken() -> int:
+        return len([_ async for _ in store.watch(AGENT)])
+
+    assert asyncio.run(woken()) == 5
+
+
+def test_a_take_reads_what_the_restore_reads_first_in_its_commit(backend: CountingBackend) -> None:
+    """The listing, the acceptance and the newest checkpoint the lease record names come with
+    the take's one commit; the term's first checkpoint then needs no listing either."""
+    first = RecordStore(backend)
+    held = first.cas_lease(AGENT, None, lease("n1", 1))
+    for seq in (1, 2):
+        first.put_checkpoint(AGENT, fence_of(held), seq, f"c{seq}".encode())
+    first.put_acceptance(AGENT, b"accepted")
+    named = replace(lease("n2", 2, session="s2"), seq=2, seq_epoch=1)
+    taker = RecordStore(backend)
+    assert taker.read_lease(AGENT) == held  # a standby has read it (or been told it)
+    backend.calls.clear()
+    taken, read = taker.take_lease(AGENT, held.version, named)
+    assert backend.calls == ["commit"]
+    assert read is not None
+    assert [(i.seq, i.epoch) for i in read.infos] == [(2, 1), (1, 1)]
+    assert (read.newest, read.acceptance) == (b"c2", b"accepted")
+    backend.calls.clear()
+    taker.put_checkpoint(AGENT, fence_of(taken), 3, b"c3")
+    assert backend.calls == ["commit"]
+
+
+def test_a_big_or_unnamed_newest_checkpoint_is_read_by_the_restore(
+    backend: CountingBackend,
+) -> None:
+    """Over the bytes a take reads along, or not the one the record names: not read along
+    (newest None), and read_for_restore reads it."""
+    first = RecordStore(backend)
+    held = first.cas_lease(AGENT, None, lease("n1", 1))
+    big = b"x" * (TAKEN_CHECKPOINT_BYTES + 1)
+    first.put_checkpoint(AGENT, fence_of(held), 1, big)
+    for named in (replace(lease("n2", 2, session="s2"), seq=1, seq_epoch=1), lease("n2", 3)):
+        taker = RecordStore(backend)
+        current = taker.read_lease(AGENT)
+        assert current is not None
+        _, read = taker.take_lease(AGENT, current.version, named)
+        assert read is not None and [i.seq for i in read.infos] == [1] and read.newest is None
+        assert taker.read_for_restore(AGENT).newest == big

@@ -26,7 +26,7 @@ from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
     StoreUnavailable,
 )
 from hamsterbunker.stores import open_store  # noqa: E402
-from hamsterbunker.stores.base import Fence  # noqa: E402
+from hamsterbunker.stores.base import Fence, Store  # noqa: E402
 from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
 from tests.support import each_ended, process_state, wait_until  # noqa: E402
 from tests.support.records import lease  # noqa: E402
@@ -51,6 +51,13 @@ def private_server() -> Iterator[Callable[..., RedisServer]]:
 def opened() -> Iterator[Callable[..., RedisStore]]:
     """Open RedisStores; all closed at the end."""
     with each_ended(RedisStore, RedisStore.close) as open_one:
+        yield open_one
+
+
+@pytest.fixture
+def by_url() -> Iterator[Callable[..., Store]]:
+    """Open stores by URL, as hb does (``open_store``: the record layer); closed at the end."""
+    with each_ended(open_store, Store.close) as open_one:
         yield open_one
 
 
@@ -108,9 +115,9 @@ def test_password_is_not_shown(private_server: Callable[..., RedisServer]) -> No
 def test_missing_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without redis-py, a redis:// URL tells how to install it."""
     monkeypatch.setitem(sys.modules, "redis", None)
-    backend = "hamsterbunker.stores.redis"
-    for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
-        monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
+    for backend in ("hamsterbunker.stores.redis", "hamsterbunker.stores.backends.redis"):
+        for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
+            monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
     with pytest.raises(ConfigError, match=r"hamsterbunker\[redis\]"):
         open_store("redis://127.0.0.1:6379/0")
 
@@ -284,7 +291,7 @@ def test_tail_returns_only_new_events_and_every_heartbeat(
 # -- the monitor -------------------------------------------------------------------
 
 
-def test_monitor_follows_a_redis_store(opened: Callable[..., RedisStore]) -> None:
+def test_monitor_follows_a_redis_store(by_url: Callable[..., Store]) -> None:
     """hb-tui's monitor shows a Redis store's holder and events, and follows new ones."""
     pytest.importorskip("textual")
     from hamsterbunker_tui.app import MonitorApp
@@ -292,13 +299,13 @@ def test_monitor_follows_a_redis_store(opened: Callable[..., RedisStore]) -> Non
     from tests.tui.screen import screen_text, until
 
     url = redis_url()
-    store = opened(url)
+    store = by_url(url)
     store.cas_lease("a", None, replace(lease("n1", 1), ttl_ms=60_000))
     store.put_heartbeat("a", replace(heartbeat("n1"), role="active", time=time.time()))
     store.append_event("a", event("n1", 1))
 
     async def scenario() -> None:
-        app = MonitorApp(open_store(url, create=False), "a")
+        app = MonitorApp(by_url(url, create=False), "a")
         async with app.run_test(size=(150, 45)) as pilot:
             await until(pilot, "the holder", lambda: "holder  n1" in screen_text(app))
             assert "agent.step" in screen_text(app)

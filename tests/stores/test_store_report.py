@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker import FileStore
 from hamsterbunker.status import syncdir_shown
 from hamsterbunker.stores import Chains, Store, StoreReport
-from hamsterbunker.stores.backends.file import FileBackend
-from hamsterbunker.stores.backends.memory import MemoryBackend
-from hamsterbunker.stores.file import FileStore
-from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.testing import MemoryStore
 from tests.support.syncdir import Sync
@@ -29,8 +26,6 @@ ONE_CHAIN: dict[str, tuple[Callable[[Path], Store], bool]] = {
     # kind: (open one, whether its watch is cheap)
     "file": (lambda tmp: FileStore(tmp / "store"), False),
     "memory": (lambda tmp: MemoryStore(), True),
-    "records-file": (lambda tmp: RecordStore(FileBackend(tmp / "records")), False),
-    "records-memory": (lambda tmp: RecordStore(MemoryBackend()), True),
 }
 
 

@@ -1,4 +1,4 @@
-"""Helpers the tests share: bounded waiting, process state, and the file store's lease lock."""
+"""Helpers the tests share: bounded waiting, process state, and the file store's lock."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ import pytest
 
 from hamsterbunker import FileStore
 from hamsterbunker.local import LocalCluster
+from hamsterbunker.stores import Store
+from hamsterbunker.stores.backend import Txn
+from hamsterbunker.stores.layer import RecordStore
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -66,38 +69,47 @@ def store_of(cluster: LocalCluster) -> FileStore:
     return FileStore(cluster.store_url.removeprefix("file://"))
 
 
+def redo_finished(store: Store) -> Store:
+    """store, with what a writer killed mid-commit left finished, as the next writer (the
+    next leader) finds it: a file store's redo log, which its readers leave as it is."""
+    if isinstance(store, RecordStore):
+        store.backend.commit(Txn())
+    return store
+
+
 def process_state(pid: int) -> str:
     """The state letter of a process from /proc (R, S, T for stopped, ...)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 @contextlib.contextmanager
-def holding_lease_lock(store_dir: Path, agent: str) -> Iterator[None]:
-    """Hold the file store's lease lock of agent, as a node would."""
-    lock = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-    fd = os.open(store_dir / "agents" / agent / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
+def holding_store_lock(store_dir: Path) -> Iterator[None]:
+    """Hold the file store's commit lock (``stores.backends.file``: an OFD lock on .lock),
+    as a node does across each commit: no write is half made while it is held."""
+    fd = os.open(store_dir / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    whole_file = struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0)
     try:
         deadline = time.monotonic() + 10
         while True:
             try:
-                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, whole_file)
                 break
-            except OSError:
+            except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: held
                 if time.monotonic() > deadline:
-                    pytest.fail("the lease lock stayed busy for 10 s")
+                    pytest.fail("the store's lock stayed busy for 10 s")
                 time.sleep(0.001)
         yield
     finally:
         os.close(fd)
 
 
-def pause_outside_lock(cluster: LocalCluster, node: str, agent: str) -> None:
+def pause_outside_lock(cluster: LocalCluster, node: str) -> None:
     """SIGSTOP a node at a moment it holds no store lock.
 
     A node paused inside the few milliseconds it holds the file store's lock
     would hold up every other node until it resumes (a stated limit of the
     file store); holding the lock ourselves while stopping it rules that out.
     """
-    with holding_lease_lock(Path(cluster.store_url.removeprefix("file://")), agent):
+    with holding_store_lock(Path(cluster.store_url.removeprefix("file://"))):
         cluster.signal(node, signal.SIGSTOP)
         wait_until(lambda: process_state(cluster.pid(node)) == "T", f"{node} to stop")

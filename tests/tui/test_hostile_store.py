@@ -23,6 +23,7 @@ from hamsterbunker_tui.panels import KillPanel, LeasePanel, StoreBanner
 from hamsterbunker import FileStore
 from hamsterbunker.limits import MAX_EPOCH, MAX_SEQ
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores.layer.keys import AgentKeys
 
 from .screen import screen_text, until, widget_text
 
@@ -59,7 +60,8 @@ class LiveNodes:
 
 
 def lease_path(store: FileStore) -> Path:
-    return store.root / "agents" / AGENT / "lease.json"
+    """The file of the lease record (``stores.backends.file``: a key's file under kv/)."""
+    return store.root / "kv" / AgentKeys(AGENT).lease
 
 
 @pytest.mark.parametrize(
@@ -85,7 +87,9 @@ def test_an_unreadable_lease_is_shown_in_the_lease_panel_and_polling_goes_on(
             table = app.query_one(NodesTable)
             await until(pilot, "the problem", lambda: "unreadable" in widget_text(panel))
             assert "lease record" in widget_text(panel)
-            await until(pilot, "the node", lambda: live.beat() and table.roles() == {"n1": "active"})
+            await until(
+                pilot, "the node", lambda: live.beat() and table.roles() == {"n1": "active"}
+            )
             await until(pilot, "the event", lambda: "node.online" in screen_text(app))
             assert not app.query_one(StoreBanner).shown
             assert "store unreachable" not in screen_text(app)

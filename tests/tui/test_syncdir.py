@@ -257,7 +257,9 @@ def test_junk_in_a_node_subtree_and_sync_tool_files_are_shown_without_a_crash(
         "from_seq": None,
         "count": {},
     }
-    z = FileStore(root / "nodes" / "Z", create=False, in_synced_folder=True)
+    from hamsterbunker.stores.file import FileStore as SubtreeStore  # a node's subtree
+
+    z = SubtreeStore(root / "nodes" / "Z", create=False, in_synced_folder=True)
     z.append_event(AGENT, Event("Z", 1, "store.diverged", time.time(), 9, 0, forged))
 
     async def scenario() -> None:

@@ -34,6 +34,15 @@ etcd store's checkpoints were: raise the limit on every member, or keep values
 smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
 
 Watches follow ``P/prefix`` from the revision last seen (``Follower``).
+
+The etcd store of earlier versions (``stores.etcd``) kept its records under the
+same prefix, at ``P/cluster`` and ``P/agents/...`` too, but under names of its
+own (``P/agents/A/checkpoint-info/``, ``heartbeats/``, ``event-nodes/``, ...),
+and never wrote the record layer's index of agents (``P/index/<agent>``,
+written with an agent's first lease, heartbeat, event or submission). So a
+prefix with no index whose first keys under ``agents/`` hold one of those names
+is refused (``stores.earlier``) by the first call that reaches etcd: one
+request, of keys only.
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ from ..backend import (
     prefix_end,
 )
 from ..base import StoreGuarantees
+from ..earlier import earlier_store
 from ..etcd.connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
 from ..urls import redacted_url
 from .etcd_watch import Follower
@@ -87,6 +97,11 @@ _PENDING_NOTICES = 1000
 _TXN_OPS = 128
 # The genuine values a scan page may fetch, at least (see _page_size).
 _PAGE_BYTES = 1024 * 1024
+# What only the earlier etcd store named an agent's records (P/agents/A/<name>/...), and how
+# many keys of P/agents/ are looked at for one: the first agent's checkpoints come first,
+# its effect journal and event-node index soon after.
+_EARLIER_FOLDERS = frozenset({"checkpoint-info", "checkpoints", "event-nodes", "heartbeats"})
+_EARLIER_LOOKED = 1000
 
 
 def _b64(data: bytes) -> str:
@@ -162,6 +177,7 @@ class EtcdBackend:
         # etcd3gw takes a range's end as text, and encodes it as latin-1: so is it decoded.
         self._root_end = prefix_end(self._root.decode("latin-1"))
         self._followers: set[Follower] = set()
+        self._earlier_looked = False
 
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         found = self._run(Txn(reads=[Get(key, max_bytes)]), "get").reads[0]
@@ -177,7 +193,9 @@ class EtcdBackend:
         return self._run(txn, "commit")
 
     def _run(self, txn: Txn, what: str) -> TxnResult:
-        puts, deletes = _net_writes(txn.writes)
+        puts, deletes = _net_writes(txn.all_writes)
+        if not self._earlier_looked:
+            self._refuse_an_earlier_store()
         writes = [
             {"request_put": {"key": _b64(self._raw(key)), "value": _b64(value)}}
             for key, value in puts.items()
@@ -211,6 +229,27 @@ class EtcdBackend:
                     for read, page in zip(txn.reads, found, strict=True)
                 ],
             )
+
+    def _refuse_an_earlier_store(self) -> None:
+        """ConfigError if the prefix holds the earlier etcd store's records (see the module's
+        doc): looked for at the first call, not at open, since a node may open the store
+        before etcd answers (StoreUnavailable then, and the next call looks again)."""
+        index = self._range("index/", prefix_end("index/"), limit=1, keys_only=True)
+        agents = self._range(
+            "agents/", prefix_end("agents/"), limit=_EARLIER_LOOKED, keys_only=True
+        )
+        with self._connection.errors_translated("open"):
+            response = self._connection.txn(
+                [], [{"request_range": index}, {"request_range": agents}]
+            )
+        listed, found = (a.get("response_range", {}).get("kvs", []) for a in response["responses"])
+        names = [] if listed else [self._key(kv) for kv in found]  # agents/A/<folder>/...
+        earlier = [n for n in names if n.count("/") > 2 and n.split("/")[2] in _EARLIER_FOLDERS]
+        if earlier:
+            raise earlier_store(
+                f"etcd store {self.url}", f"its key {self.target.prefix}/{earlier[0]}"
+            )
+        self._earlier_looked = True
 
     def _ranges_at(self, requests: list[dict[str, Any]], revision: int) -> list[dict[str, Any]]:
         """What range requests find at revision (etcd's snapshot), _TXN_OPS a request."""
@@ -278,7 +317,10 @@ class EtcdBackend:
 
     def _scan_page(self, scan: Scan, start: str) -> dict[str, Any]:
         # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
-        return self._range(start, prefix_end(scan.prefix), limit=_page_size(scan.bound))
+        names_only = {"keys_only": True} if scan.bound.entry_bytes == 0 else {}
+        return self._range(
+            start, prefix_end(scan.prefix), limit=_page_size(scan.bound), **names_only
+        )
 
     def _read_result(
         self, read: Get | Scan, found: Mapping[str, Any], revision: int

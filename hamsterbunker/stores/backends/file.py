@@ -3,54 +3,69 @@
 Layout under the root::
 
     kv/<segment>/.../<segment>   one file per key, each ``/`` segment a directory
-    .lock                        flock held across each commit's compare and writes
-    .redo                        a commit's writes while they are made (``file_tree``)
+    .lock                        locked (OFD fcntl) across each commit's compare and writes
+    .redo                        a commit's writes while they are made (``file_redo``)
     tmp-hb-<hex>                 values written and synced before the lock is taken
 
 Under the lock a commit finishes a redo log a crash left, compares, makes its
 writes (a crash leaves the store as before or as after) and reads. Readers take
 no lock: they may see a commit's writes one by one.
+
+The file store of earlier versions (``stores.file``) kept its records at the
+root (``cluster.json``, ``agents/``): a root holding either beside no ``kv/``
+is refused at open (``stores.earlier``), before anything is written there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 import stat
+import struct
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from ...blob import Blob, BlobPieces
 from ...errors import CorruptRecord, StoreError, StoreUnavailable
-from ...failpoints import failpoint
+from ...failpoints import failpoint, not_stopped_inside
 from ...limits import STALE_TEMP_AGE_S
 from ...read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
+from ..earlier import earlier_store
 from ..file import fileio
 from ..file.layout import is_sync_copy
+from ..file.lease_watch import lease_changes, open_lease_watch
 from ..file.location import check_location, mount_of, open_root
-from .file_tree import KV_NAME, KeyTree, Ops, log_pending, open_folder, set_aside
+from .file_redo import INLINE_BYTES, Ops
+from .file_tree import KV_NAME, KeyTree, log_pending, open_folder, set_aside
 
 __all__ = ["GUARANTEES", "FileBackend"]
 
 GUARANTEES = StoreGuarantees(
-    mutual_exclusion="flock on the root's .lock, held across each commit's compare and writes: "
-    "real between the processes of one machine; none on a synced folder (refused)",
-    durability="values, the redo log and directories fsynced before a commit returns; a commit "
-    "a crash cut short is finished by the next one",
-    across_hosts="none: one machine's directory (flock over NFS is not relied on)",
+    mutual_exclusion="an OFD fcntl lock on the root's .lock, held across each commit's compare "
+    "and writes: real on a local filesystem and on NFS with working lockd; none on a synced "
+    "folder (refused)",
+    durability="a commit of one key: its value and folder fsynced before it returns; of more: "
+    "their redo log fdatasynced, then the file system synced (syncfs) before it returns; a "
+    "commit a crash cut short is finished by the next one",
+    across_hosts="only through NFS mounted with noac (or actimeo=0) and lookupcache=none",
 )
 
 _LOCK_NAME = ".lock"
+# struct flock for F_OFD_SETLK: whole file, write lock, l_pid 0 (Linux, 64-bit off_t), the
+# lock the earlier file store took: NFS takes it to the server (lockd).
+_WRITE_LOCK = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
 # O_NONBLOCK: a FIFO planted there fails the open (ENXIO) instead of waiting for a writer.
 _LOCK_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _LOCK_POLL_S = 0.002
 _WATCH_RETRY_S = 0.5  # how often a watch looks for kv/ until it is made
 _os_errors = fileio.os_errors_as_store_errors("file backend")
+_EARLIER_NAMES = ("cluster.json", "agents")  # the earlier file store's, at the root
 
 
 class FileBackend:
@@ -67,6 +82,7 @@ class FileBackend:
         self.lock_timeout = lock_timeout
         self._next_sweep = 0.0  # monotonic
         open_root(self.root, create=create)  # ConfigError naming the path and the fix
+        _refuse_an_earlier_store(self.root)
         self.warnings: list[str] = check_location(self.root)  # StoreUnsafe in a synced folder
         if create:  # make kv/, finish a crash's redo log, sweep old temp files
             try:
@@ -97,18 +113,36 @@ class FileBackend:
         """Notices from watchfiles (inotify; polling on NFS) on the prefix's folder, or on the
         deepest folder of it there is until it is made. The watch moves when that folder is
         made, removed (a range delete emptied it) or replaced; a gap, Notice(None), once it
-        is in place again (its first batch, or a second of quiet)."""
+        is in place again (its first batch, or a second of quiet).
+
+        A prefix that is no folder (the lease record's key) is watched in its folder with
+        inotify of its own where it can be had, not with watchfiles: a notice the moment
+        a key there that starts with the prefix is renamed into place or removed, where
+        watchfiles yields only after 20 ms of quiet in the whole tree below."""
         import watchfiles  # only here: a node that never watches never loads it
 
         _check_prefix(prefix)
         folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
         polling = mount_of(self.root).fstype.startswith("nfs")
+        name_start = prefix.rsplit("/", 1)[-1]  # "" for a folder
         gap = False
         while True:
             watched = self._deepest_folder(folders)
             if watched is None:  # no kv/ yet (a reader opened the store)
                 gap = True
                 await asyncio.sleep(_WATCH_RETRY_S)
+                continue
+            in_place = watched[0] == kv.joinpath(*folders)
+            names = None
+            if name_start and in_place and not polling:
+                names = open_lease_watch(watched[0], lambda name: name.startswith(name_start))
+            if names is not None:
+                if gap:
+                    gap = False
+                    yield Notice(None)
+                async for _ in lease_changes(names):  # ends when the folder goes
+                    yield Notice(prefix)
+                gap = True
                 continue
             changes = watchfiles.awatch(
                 watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
@@ -140,13 +174,24 @@ class FileBackend:
     def _commit(self, txn: Txn) -> TxnResult:
         with self._opened_root() as root_fd:
             temps: list[str] = []
+            values: list[str | bytes] = []  # each Put's: a temp file, or its value inline
             try:
                 for write in txn.writes:
-                    if isinstance(write, Put):
-                        value, points = _maker_errors_kept(write.value), "file_backend.commit"
-                        temps.append(fileio.write_temp(root_fd, value, True, points))
+                    if not isinstance(write, Put):
+                        continue
+                    if _inline(write.value) and len(txn.writes) > 1:  # in the redo log
+                        values.append(bytes(write.value))
+                        continue
+                    value, points = _maker_errors_kept(write.value), "file_backend.commit"
+                    temps.append(fileio.write_temp(root_fd, value, True, points))
+                    values.append(temps[-1])
                 failpoint("file_backend.commit.before_lock")
-                with self._locked(root_fd), self._tree(root_fd, write=True) as tree:
+                # A node stopped at a failpoint must not hold the lock: see failpoints.
+                with (
+                    not_stopped_inside(),
+                    self._locked(root_fd),
+                    self._tree(root_fd, write=True) as tree,
+                ):
                     assert tree is not None  # made by a writer
                     tree.replay()
                     self._sweep_now_and_then(root_fd)
@@ -155,7 +200,11 @@ class FileBackend:
                         tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares
                     )
                     if succeeded:
-                        tree.write(_plan(tree, txn, temps))
+                        tree.write(_plan(tree, txn, values))
+                        try:
+                            tree.tidy(txn.tidy)
+                        except (OSError, StoreError) as exc:  # made: only the tidy-up is not
+                            fileio.log.warning("a tidy-up in %s left undone: %s", self.root, exc)
                     reads = [
                         tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
                         for r in txn.reads
@@ -202,9 +251,11 @@ class FileBackend:
             deadline = time.monotonic() + self.lock_timeout
             while True:
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _WRITE_LOCK)
                     break
-                except BlockingIOError:
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise StoreUnavailable(f"cannot lock {path}: {exc.strerror}") from exc
                     if time.monotonic() >= deadline:
                         raise StoreUnavailable(
                             f"file backend {self.root}: {path} is locked by another writer "
@@ -239,10 +290,24 @@ class FileBackend:
         return found
 
 
-def _plan(tree: KeyTree, txn: Txn, temps: list[str]) -> Ops:
+def _refuse_an_earlier_store(root: Path) -> None:
+    """ConfigError if root holds the records of the earlier file store, and no keys."""
+    if os.path.lexists(root / KV_NAME):
+        return
+    found = [name for name in _EARLIER_NAMES if os.path.lexists(root / name)]
+    if found:
+        raise earlier_store(f"store directory {root}", " and ".join(found) + " at its root")
+
+
+def _inline(value: Blob) -> bool:
+    """Whether a value goes in the redo log itself: a small one, already made."""
+    return isinstance(value, bytes) and len(value) <= INLINE_BYTES
+
+
+def _plan(tree: KeyTree, txn: Txn, values: list[str | bytes]) -> Ops:
     """Each key's final state after txn's writes (one entry per key)."""
-    final: dict[str, str | None] = {}
-    made = iter(temps)
+    final: dict[str, str | bytes | None] = {}
+    made = iter(values)
     for write in txn.writes:
         if isinstance(write, Put):
             final[write.key] = next(made)
@@ -287,7 +352,7 @@ def _check_prefix(prefix: str) -> None:
 
 
 def _check_txn(txn: Txn) -> None:
-    one_key = [w for w in txn.writes if isinstance(w, Put) or w.end is None]
+    one_key = [w for w in txn.all_writes if isinstance(w, Put) or w.end is None]
     keys = [w.key if isinstance(w, Put) else w.start for w in one_key]
     keys += [c.key for c in txn.compares] + [r.key for r in txn.reads if isinstance(r, Get)]
     for key in keys:

@@ -8,27 +8,45 @@ the bytes asked; one walk looks at no more than ``WALK_ENTRIES`` names.
 
 A commit's writes come down to one final state per key: a temp file renamed
 onto it, or its removal. Where that is more than one key, the redo log
-``<root>/.redo`` lists them, durably, before the first is made, and is removed,
-durably, after the last; whoever takes the lock next finishes a log it finds.
+(``file_redo``) lists them, durably, before the first is made, and is emptied,
+durably, once all are; whoever takes the lock next finishes a log it finds.
 Finishing one again is harmless: a rename whose temp file is gone was made, a
-removal of an absent key was made, and no key is in a log twice.
+value is written again, a removal of an absent key was made, and no key is in a
+log twice.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-import re
 import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ...failpoints import failpoint
-from ..backend import MAX_KEY_CHARS, Scan, ScanResult, ScanTaker, TooLarge, key_problem, prefix_end
+from ..backend import (
+    MAX_KEY_CHARS,
+    DeleteRange,
+    Scan,
+    ScanResult,
+    ScanTaker,
+    TooLarge,
+    key_problem,
+    prefix_end,
+)
 from ..file import fileio
 from ..file.layout import is_sync_copy
+from .file_redo import (
+    LOG_NAME,
+    MAX_LOG_BYTES,
+    Ops,
+    clear_log,
+    decode,
+    encode,
+    syncfs,
+    write_log,
+)
 
 __all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "Ops", "log_pending", "open_folder", "set_aside"]
 
@@ -36,14 +54,8 @@ __all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "Ops", "log_pending", "open_fol
 # above what the record layer keeps in one folder, so only planted junk reaches it.
 WALK_ENTRIES = 1 << 17
 KV_NAME = "kv"
-_LOG_NAME = ".redo"
-_MAX_LOG_BYTES = 64 * 1024 * 1024
-_TEMP_NAME = re.compile(re.escape(fileio.TMP_PREFIX) + r"[0-9a-f]{12}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NO_FOLDER = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # absent, a file, a symlink
-
-# Each key's final state in a commit: the temp file (in the root) renamed onto it, or None.
-Ops = list[tuple[str, str | None]]
 
 
 def open_folder(
@@ -186,29 +198,31 @@ class KeyTree:
     def _prepare(self, ops: Ops) -> None:
         """Fail now, before anything is written, where ops could not all be made: a temp file
         gone, a key's folder that is no directory, a folder where a key's file goes."""
-        written = [key for key, tmp in ops if tmp is not None]
+        written = [key for key, op in ops if op is not None]
         parents = {key[:at] for key in written for at, char in enumerate(key) if char == "/"}
         if clash := parents.intersection(written):
             raise ValueError(f"key {min(clash)!r} is another key's folder in the same commit")
-        for key, tmp in ops:
-            if tmp is None:
+        for key, op in ops:
+            if op is None:
                 continue
-            try:
-                os.stat(tmp, dir_fd=self.root_fd, follow_symlinks=False)
-            except FileNotFoundError as exc:
-                raise StoreError(f"temporary file {tmp} is gone before its commit") from exc
+            if isinstance(op, str):
+                try:
+                    os.stat(op, dir_fd=self.root_fd, follow_symlinks=False)
+                except FileNotFoundError as exc:
+                    raise StoreError(f"temporary file {op} is gone before its commit") from exc
             os.close(self._put_folder(key))
 
-    def _apply(self, ops: Ops) -> None:
-        """Make each key's final state: as harmless to repeat as to do once. Each folder
-        changed is fsynced once, after the last op: durable before the commit returns
-        or its redo log goes, as an fsync after each op made it."""
+    def _apply(self, ops: Ops, durable: bool) -> None:
+        """Make each key's final state: as harmless to repeat as to do once. durable: each
+        value written and each folder changed is fsynced (one op); else the caller syncs
+        the file system once after the last (a redo log holds them meanwhile)."""
         changed: set[tuple[str, ...]] = set()
-        for key, tmp in ops:
-            if tmp is None:
+        for key, op in ops:
+            if op is None:
                 changed.update(self._remove(key))
             else:
                 *folders, name = key.split("/")
+                tmp = fileio.write_temp(self.root_fd, op, durable) if isinstance(op, bytes) else op
                 dir_fd = self._put_folder(key)
                 try:
                     os.replace(tmp, name, src_dir_fd=self.root_fd, dst_dir_fd=dir_fd)
@@ -218,7 +232,7 @@ class KeyTree:
                     os.close(dir_fd)
                 changed.add(tuple(folders))
             failpoint("file_backend.commit.after_op")
-        for folder in changed:
+        for folder in changed if durable else ():
             opened = open_folder(self.fd, self.path, folder)
             if opened is not None:  # else removed: the fsync of its parent keeps that
                 with fileio.closing_fd(opened):
@@ -241,12 +255,12 @@ class KeyTree:
         return dir_fd
 
     def _remove(self, key: str) -> set[tuple[str, ...]]:
-        """Remove key's file, then each folder that leaves empty (no folder is a key); the
-        folders that changed (not yet fsynced)."""
+        """Remove key's file, then its folder if that leaves it empty (no folder is a key),
+        not the folders above: one there soon holds the next step's or number's folder,
+        and each made again costs a durable mkdir. The folders changed (not yet fsynced)."""
         *folders, name = key.split("/")
-        remove = os.unlink
         changed: set[tuple[str, ...]] = set()
-        while True:
+        for remove in (os.unlink, os.rmdir)[: 1 + bool(folders)]:
             dir_fd = open_folder(self.fd, self.path, folders)
             if dir_fd is None:
                 return changed  # removed already
@@ -255,68 +269,62 @@ class KeyTree:
                     remove(name, dir_fd=dir_fd)
                     changed.add(tuple(folders))
                 except FileNotFoundError:
-                    pass  # removed already (a replay): its folders may not be
+                    pass  # removed already (a replay): its folder may not be
                 except OSError as exc:
                     if remove is os.unlink or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                         raise
                     return changed  # a folder with something in it stays
-            if not folders:
-                return changed
-            name, remove = folders.pop(), os.rmdir
+            if folders:
+                name = folders.pop()
+        return changed
 
     def write(self, ops: Ops) -> None:
         """Make ops, through the redo log if they are more than one (one rename or one
         removal is atomic by itself)."""
         self._prepare(ops)
-        if len(ops) > 1:
-            data = json.dumps(ops).encode()
-            if len(data) > _MAX_LOG_BYTES:
-                raise StoreError(f"a commit of {len(ops)} writes is more than a redo log takes")
-            fileio.atomic_write(self.root_fd, _LOG_NAME, data)
-            failpoint("file_backend.commit.after_log")
-        self._apply(ops)
-        if len(ops) > 1:
-            failpoint("file_backend.commit.before_log_removed")
-            self._remove_log()
+        if len(ops) <= 1:
+            self._apply(ops, durable=True)
+            return
+        if any(isinstance(op, str) for _key, op in ops):
+            os.fsync(self.root_fd)  # the temp files' names, before a log that names them
+        write_log(self.root_fd, self.root, encode(ops))
+        failpoint("file_backend.commit.after_log")
+        self._apply(ops, durable=False)
+        syncfs(self.root_fd)  # every key and folder at once, before the log goes
+        failpoint("file_backend.commit.before_log_removed")
+        clear_log(self.root_fd, self.root)
+
+    def tidy(self, removals: Sequence[DeleteRange]) -> None:
+        """Remove what removals cover, unsynced: a crash may leave it (``Txn.tidy``)."""
+        if removals:
+            failpoint("file_backend.commit.before_tidy")
+        for removal in removals:
+            for key in self.keys_in(removal.start, removal.end):
+                self._remove(key)
 
     def replay(self) -> None:
         """Finish the commit that a redo log in the root lists (a crash cut it short)."""
-        path = self.root / _LOG_NAME
+        path = self.root / LOG_NAME
         try:
-            data = fileio.read_file(self.root_fd, _LOG_NAME, path, _MAX_LOG_BYTES)
-            ops = None if data is None else _parse_log(data)
-            if data is not None and ops is None:  # ours are renamed into place whole
-                raise CorruptRecord(f"{path} is no redo log of ours")
-        except CorruptRecord as exc:  # planted: set aside, unapplied
-            set_aside(self.root_fd, _LOG_NAME, str(exc))
+            data = fileio.read_file(self.root_fd, LOG_NAME, path, MAX_LOG_BYTES)
+            ops = decode(data) if data else None
+            if data and ops is None:
+                # Cut short as it was written (its commit never returned), or planted.
+                raise CorruptRecord(f"{path} is no whole redo log")
+        except CorruptRecord as exc:  # set aside, unapplied
+            set_aside(self.root_fd, LOG_NAME, str(exc))
             return
         if ops is None:
             return
         fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
-        self._apply(ops)
-        self._remove_log()
-
-    def _remove_log(self) -> None:
-        # Durably: a log finished again after a later commit would remove that commit's keys.
-        os.unlink(_LOG_NAME, dir_fd=self.root_fd)
-        os.fsync(self.root_fd)
+        self._apply(ops, durable=False)
+        syncfs(self.root_fd)
+        clear_log(self.root_fd, self.root)
 
 
 def log_pending(root: Path) -> bool:
     """Whether a redo log is in the root (a commit is being made, or was cut short)."""
-    return os.path.lexists(root / _LOG_NAME)
-
-
-def _parse_log(data: bytes) -> Ops | None:
-    """The ops of a redo log we wrote, or None for anything else."""
     try:
-        ops = [(key, tmp) for key, tmp in json.loads(data)]
-    except (ValueError, TypeError):
-        return None
-    ours = (
-        isinstance(key, str)
-        and key_problem(key) is None
-        and (tmp is None or _TEMP_NAME.fullmatch(str(tmp)))
-        for key, tmp in ops
-    )
-    return ops if all(ours) else None
+        return os.lstat(root / LOG_NAME).st_size > 0
+    except FileNotFoundError:
+        return False

@@ -63,7 +63,7 @@ class MemoryBackend:
 
     def commit(self, txn: Txn) -> TxnResult:
         # Values are made before the lock: a blob's pieces may take a while.
-        writes = [Put(w.key, bytes(w.value)) if isinstance(w, Put) else w for w in txn.writes]
+        writes = [Put(w.key, bytes(w.value)) if isinstance(w, Put) else w for w in txn.all_writes]
         with self._lock:
             succeeded = all(self._values.get(c.key) == c.value for c in txn.compares)
             if succeeded:

@@ -115,7 +115,7 @@ class PostgresBackend:
     def commit(self, txn: Txn) -> TxnResult:
         # Values are made before the transaction: a blob's pieces are made once, and may
         # take a while.
-        writes = [Put(w.key, bytes(w.value)) if isinstance(w, Put) else w for w in txn.writes]
+        writes = [Put(w.key, bytes(w.value)) if isinstance(w, Put) else w for w in txn.all_writes]
         lost = (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected)
         with self._connection("commit") as conn:
             attempt = 1

@@ -21,7 +21,11 @@ the server.
 A commit is as durable as the server makes it: ``appendonly yes`` with
 ``appendfsync always`` makes every acknowledged one durable; the settings are
 read at open and ``warnings`` says what they can lose. Replicas are
-asynchronous, as for the Redis store. A watch subscribes to the channel: each
+asynchronous, as for the Redis store. The Redis store of earlier versions
+(``stores.redis``) kept its records under ``P:...``: a prefix holding its
+cluster record ``P:cluster`` is refused (``stores.earlier``) by the first call
+that reaches the server. A watch subscribes to the channel, where each commit
+tells what it changed in one message: each
 notice carries the value of a put of at most ``CARRIED_BYTES`` (a lease, a
 heartbeat; not a checkpoint), so ``NOTICE_VALUES`` is not claimed; after the
 subscription was lost and made again it says so with a gap (key None).
@@ -41,7 +45,6 @@ import redis.asyncio
 from ...errors import ConfigError, StoreError
 from ...read_bounds import ReadBound
 from ..backend import (
-    MAX_KEY_CHARS,
     Capability,
     DeleteRange,
     Get,
@@ -57,6 +60,7 @@ from ..backend import (
     prefix_end,
 )
 from ..base import StoreGuarantees
+from ..earlier import earlier_store
 from ..redis.connection import RedisConnection
 from .redis_script import TXN
 
@@ -78,7 +82,10 @@ GUARANTEES = StoreGuarantees(
 
 # The largest value a notice carries (a lease or a heartbeat, not a checkpoint):
 # every watcher of the store receives every message.
-CARRIED_BYTES = 4096
+CARRIED_BYTES = 8192  # a lease record (its history and control too), a heartbeat
+# The most bytes of one commit's message: a bigger change is told as "anything may have
+# changed" (a range removal of many keys).
+_MESSAGE_BYTES = 32 * 1024
 # The most members one scan passes over that hold no key, beside its count: planted
 # members cost a scan a bounded time, and are gone from the index after it.
 _JUNK_LOOKED = 1000
@@ -102,6 +109,8 @@ class RedisBackend:
         self.url = self._connection.url
         tag = "{" + self._connection.prefix + "}"  # check_name: no braces in a prefix
         self._index, self._values, self._channel = f"{tag}:index", f"{tag}:k:", f"{tag}:changed"
+        self._earlier = f"{self._connection.prefix}:cluster"  # the earlier store's cluster record
+        self._earlier_looked = False
         self._redis = self._connection.client()
         if self._redis.connection_pool.connection_kwargs.get("decode_responses"):
             self._redis.close()
@@ -150,8 +159,7 @@ class RedisBackend:
                             await pubsub.ping()
                             _honour_swallowed_cancel()
                         elif message["type"] == "message":
-                            notice = _notice_in(message["data"], prefix)
-                            if notice is not None:
+                            for notice in _notices_in(message["data"], prefix):
                                 yield notice
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.debug("redis watch of %s: %s; reconnecting in %.1f s", self.url, exc, delay)
@@ -174,11 +182,29 @@ class RedisBackend:
     def _run(self, txn: Txn) -> list[Any]:
         """The script's answer to txn: [succeeded, read, ...] (redis_script)."""
         args = self._args(txn)  # blobs joined here: a maker's error comes out before any I/O
+        if not self._earlier_looked:
+            self._refuse_an_earlier_store()
         with self._translated("commit"):
             answer = self._txn(keys=[self._index], args=args)
         if not isinstance(answer, list) or len(answer) != 1 + len(txn.reads):
             raise StoreError(f"redis store {self.url}: the commit script answered {answer!r:.80}")
         return answer
+
+    def _refuse_an_earlier_store(self) -> None:
+        """ConfigError if the earlier Redis store's cluster record is under the prefix: looked
+        for at the first call, not at open, since a node may open the store before the
+        server is up (StoreUnavailable then, and the next call looks again)."""
+        with self._translated("open"):
+            try:
+                found = self._redis.exists(self._earlier)
+            except redis.ResponseError as exc:
+                # Refused (an ACL allowing only {P}:*, a Cluster node that does not hold it):
+                # no earlier store could be read through this client either.
+                log.debug("redis store %s: %s not looked for: %s", self.url, self._earlier, exc)
+                found = 0
+        if found:
+            raise earlier_store(f"Redis store {self.url}", f"its key {self._earlier}")
+        self._earlier_looked = True
 
     @contextmanager
     def _translated(self, what: str) -> Iterator[None]:
@@ -187,14 +213,16 @@ class RedisBackend:
 
     def _args(self, txn: Txn) -> list[_Arg]:
         """The script's arguments: its settings, then txn's operations (redis_script)."""
-        args: list[_Arg] = [self._values, self._channel, CARRIED_BYTES, _JUNK_LOOKED]
+        args: list[_Arg] = [
+            self._values, self._channel, CARRIED_BYTES, _JUNK_LOOKED, _MESSAGE_BYTES
+        ]  # fmt: skip
         for compare in txn.compares:
             _check_key(compare.key)
             if compare.value is None:
                 args += ["absent", compare.key]
             else:
                 args += ["eq", compare.key, compare.value]
-        for write in txn.writes:
+        for write in txn.all_writes:
             args += _write_args(write)
         for read in txn.reads:
             if isinstance(read, Get):
@@ -261,15 +289,28 @@ def _scanned(read: Scan, found: Any) -> ScanResult:
     return taker.result(more=found[0] == 1)
 
 
-def _notice_in(data: Any, prefix: str) -> Notice | None:
-    """What one message on the channel says: ``KEY`` or ``KEY\\nVALUE``; None for junk."""
-    if not isinstance(data, bytes) or len(data) > MAX_KEY_CHARS + 1 + CARRIED_BYTES:
-        return None
-    name, newline, value = data.partition(b"\n")
-    key = name.decode("ascii", "replace")
-    if key_problem(key) is not None or not key.startswith(prefix):
-        return None
-    return Notice(key, value if newline else None)
+def _notices_in(data: Any, prefix: str) -> list[Notice]:
+    """What one message on the channel says under prefix (redis_script): a notice for each
+    key a commit changed, with its value where carried; a gap for ``*``; nothing for junk."""
+    if data == b"*":
+        return [Notice(None)]
+    if not isinstance(data, bytes) or len(data) > _MESSAGE_BYTES:
+        return []
+    found, at = [], 0
+    while at < len(data):
+        end = data.find(b"\n", at)
+        name, space, size = data[at : max(end, at)].partition(b" ")
+        key = name.decode("ascii", "replace")
+        if end < 0 or key_problem(key) is not None or (space and not size.isdigit()):
+            return []
+        value, at = None, end + 1
+        if space:
+            value, at = data[at : at + int(size)], at + int(size)
+            if len(value) != int(size):
+                return []
+        if key.startswith(prefix):
+            found.append(Notice(key, value))
+    return found
 
 
 def _honour_swallowed_cancel() -> None:

@@ -9,8 +9,9 @@ lets one that has written finish. A commit is whole or not made.
 
 KEYS[1] is the index (a sorted set). ARGV: the prefix of value keys, the
 channel, the most bytes of a value a message carries, the most members one
-scan may pass over that hold no key, then the Txn's operations, compares
-first, then writes, then reads, each a word and its arguments::
+scan may pass over that hold no key, the most bytes of a message, then the
+Txn's operations, compares first, then writes, then reads, each a word and
+its arguments::
 
     eq KEY VALUE        absent KEY          put KEY VALUE
     del KEY             delrange MIN MAX    (ZRANGEBYLEX bounds: start up to end)
@@ -18,8 +19,10 @@ first, then writes, then reads, each a word and its arguments::
 
 It answers ``{succeeded (1 or 0), read, ...}``: a get as ``{}`` (no value),
 ``{value}`` or ``{size}`` (over its bytes, unread); a scan as ``{more (1 or 0),
-key, value or size, ...}``. A write publishes each key it changed on the
-channel: ``KEY`` alone, or ``KEY \\n VALUE`` for a value small enough to carry.
+key, value or size, ...}``. A commit that wrote publishes one message on the
+channel, what it changed: for each key ``KEY \\n``, or ``KEY SIZE \\n VALUE``
+for a value small enough to carry; ``*`` where that is over the most bytes of a
+message (anything may have changed).
 """
 
 from __future__ import annotations
@@ -33,11 +36,11 @@ __all__ = ["TXN"]
 # out of the index as it is passed, so the next scan gets further.
 TXN = r"""
 local index, value_prefix, channel = KEYS[1], ARGV[1], ARGV[2]
-local carried, junk_looked = tonumber(ARGV[3]), tonumber(ARGV[4])
+local carried, junk_looked, told_most = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 
 -- The words and their arguments are checked whole before anything is written.
 local arity = {eq = 3, absent = 2, put = 3, del = 2, delrange = 3, get = 3, scan = 7}
-local i = 5
+local i = 6
 while i <= #ARGV do
   local n = arity[ARGV[i]]
   if n == nil or i + n - 1 > #ARGV then
@@ -81,11 +84,16 @@ local function stored_size(key)
   return redis.call('STRLEN', value)
 end
 
+-- What the commit changed, told in one message once it is made.
+local told, told_bytes = {}, 0
 local function publish(key, value)
+  local entry = key .. '\n'
   if value and #value <= carried then
-    redis.call('PUBLISH', channel, key .. '\n' .. value)
-  else
-    redis.call('PUBLISH', channel, key)
+    entry = key .. ' ' .. #value .. '\n' .. value
+  end
+  told_bytes = told_bytes + #entry
+  if told_bytes <= told_most then
+    table.insert(told, entry)
   end
 end
 
@@ -155,7 +163,7 @@ local function scan(prefix, low, high, count, entry_bytes, room)
 end
 
 local held, answer = true, {0}
-i = 5
+i = 6
 while i <= #ARGV do
   local op, key = ARGV[i], ARGV[i + 1]
   if op == 'eq' then
@@ -183,6 +191,11 @@ while i <= #ARGV do
 end
 if held then
   answer[1] = 1
+end
+if told_bytes > told_most then
+  redis.call('PUBLISH', channel, '*')
+elseif #told > 0 then
+  redis.call('PUBLISH', channel, table.concat(told))
 end
 return answer
 """

@@ -470,6 +470,25 @@ class EtcdInbox:
 
     # -- reads ---------------------------------------------------------------
 
+    def request_ids(self, agent: str, most: int) -> list[str]:
+        """The request ids admitted and kept (pending, or consumed and kept), at most most
+        of them, by name alone (``hb migrate-store``)."""
+        ids = self._inbox(agent) + "ids/"
+        start, end, scanned = ids.encode(), range_end(ids), 0
+        found: list[str] = []
+        while len(found) < most and scanned < 2 * most:  # junk beside them takes its part
+            op = get_op(start, end, limit=_PAGE, keys_only=True)
+            [kvs] = ranges(self._connection.txn([], [op]))
+            scanned += len(kvs)
+            for kv in kvs:
+                request_id = kv_key(kv)[len(ids) :].decode("ascii", "replace")
+                if check_request_id(request_id) is None:
+                    found.append(request_id)
+            if len(kvs) < _PAGE:
+                break
+            start = kv_key(kvs[-1]) + b"\0"
+        return found[:most]
+
     def read(self, agent: str, after: int) -> list[tuple[int, bytes]]:
         """Store.read_inbox: pages of pending entries, in key (number) order, bounded."""
         if after >= MAX_SEQ:

@@ -452,6 +452,11 @@ class EtcdStore(Store):
         return self._inbox.read(agent, after)
 
     @_translated
+    def request_ids(self, agent: str, most: int) -> list[str]:
+        """The request ids the inbox keeps, at most most (``stores.migrate``)."""
+        return self._inbox.request_ids(agent, most)
+
+    @_translated
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
         return self._inbox.admission(agent, request_id)
 

@@ -43,6 +43,7 @@ from .inbox_records import (
     DONE_NAME,
     HEADER_BYTES,
     INDEX_CAP,
+    INDEX_NAME,
     PENDING_CAP,
     PENDING_NAME,
     STAGED_CAP,
@@ -116,6 +117,22 @@ class InboxView:
         except CorruptRecord as exc:
             self._tree.report(f"inbox left out: {exc}")
             return None
+
+    def request_ids(self, agent: str, most: int) -> list[str]:
+        """The request ids the inbox indexes (pending, or consumed and kept), at most most
+        of them (``hb migrate-store``); junk passed over."""
+        found: list[str] = []
+        with self._reading(agent) as dirs:
+            # Junk beside them takes its part of the listing's bound.
+            for entry in [] if dirs.ids is None else dir_entries(dirs.ids, 2 * most):
+                if INDEX_NAME.fullmatch(entry.name):
+                    data = self._read(
+                        dirs.ids, entry.name, dirs.path / "ids" / entry.name, INDEX_CAP
+                    )
+                    parsed = None if data is None else parse_index(data)
+                    if parsed is not None and len(found) < most:
+                        found.append(parsed[0])
+        return found
 
     def read_replies(
         self, agent: str, after: int, limit: int

@@ -47,10 +47,11 @@ def is_lease_name(name: str) -> bool:
 
 
 class LeaseWatch:
-    """One directory's lease watch: woken for its lease record, or when it goes away."""
+    """One directory's lease watch: woken for its lease record (or the names wanted), or
+    when it goes away."""
 
-    def __init__(self, shared: _LoopWatches, directory: str) -> None:
-        self._shared, self.directory = shared, directory
+    def __init__(self, shared: _LoopWatches, directory: str, wanted: Callable[[str], bool]) -> None:
+        self._shared, self.directory, self.wanted = shared, directory, wanted
         self.woken = asyncio.Event()
         self.changed = False  # the lease record arrived or went (or events were lost)
         self.gone = False  # the directory was moved or removed: this watch sees no more
@@ -70,7 +71,7 @@ class _LoopWatches:
         self._by_wd: dict[int, str] = {}
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="hb-inotify")
 
-    def join(self, directory: str) -> LeaseWatch | None:
+    def join(self, directory: str, wanted: Callable[[str], bool]) -> LeaseWatch | None:
         from asyncinotify import Mask
 
         if directory not in self._by_dir:
@@ -88,7 +89,7 @@ class _LoopWatches:
                 return None
             self._by_dir[directory] = (watch, set())
             self._by_wd[watch.wd] = directory
-        joined = LeaseWatch(self, directory)
+        joined = LeaseWatch(self, directory, wanted)
         self._by_dir[directory][1].add(joined)
         return joined
 
@@ -131,10 +132,11 @@ class _LoopWatches:
                 for member in members:
                     member.gone = True
                     member.woken.set()
-            elif event.name is not None and is_lease_name(event.name.name):
+            elif event.name is not None:
                 for member in members:
-                    member.changed = True
-                    member.woken.set()
+                    if member.wanted(event.name.name):
+                        member.changed = True
+                        member.woken.set()
 
 
 # The inotify instance of each running event loop, while it watches anything.
@@ -143,9 +145,11 @@ _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWatches] = (
 )
 
 
-def open_lease_watch(directory: Path) -> LeaseWatch | None:
-    """An inotify watch of the lease record in directory (on the running event loop's one
-    instance), or None where inotify cannot be had."""
+def open_lease_watch(
+    directory: Path, wanted: Callable[[str], bool] = is_lease_name
+) -> LeaseWatch | None:
+    """An inotify watch of the lease record in directory (or of the names wanted), on the
+    running event loop's one instance; None where inotify cannot be had."""
     loop = asyncio.get_running_loop()
     shared = _SHARED.get(loop)
     if shared is None:
@@ -159,7 +163,7 @@ def open_lease_watch(directory: Path) -> LeaseWatch | None:
             log.debug("no inotify (%s): the lease watch polls", exc)
             return None
         shared = _SHARED[loop] = _LoopWatches(inotify)
-    return shared.join(str(directory))
+    return shared.join(str(directory), wanted)
 
 
 def term_changes(directory: Path) -> Callable[[], bool]:

@@ -311,6 +311,11 @@ class FileStore(Store):
         return self._inbox.read_inbox(agent, after)
 
     @_os_errors_as_store_errors
+    def request_ids(self, agent: str, most: int) -> list[str]:
+        """The request ids the inbox keeps, at most most (``stores.migrate``)."""
+        return self._inbox.request_ids(agent, most)
+
+    @_os_errors_as_store_errors
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
         return self._inbox.read_admission(agent, request_id)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ...errors import ConfigError, CorruptRecord, StoreError
-from ...limits import INBOX_REPLIES_KEPT
+from ...limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
 from ...read_bounds import BoundedRead, ReadBound
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
@@ -18,6 +18,8 @@ from .keys import AgentKeys
 
 __all__ = [
     "Layer",
+    "Ledger",
+    "Name",
     "Settings",
     "bounded_records",
     "count_of",
@@ -45,6 +47,24 @@ class Settings:
                 raise ConfigError(f"{name} must be at least 1")
 
 
+Name = tuple[int, str]  # a reply's (number, request id)
+
+
+@dataclass
+class Ledger:
+    """The inbox's bookkeeping as this client's last consumption left it, under a fence.
+
+    ``oldest`` is the smallest reply names stored, in order (all of them when
+    ``complete``), each with its request id's record as it was left (None where
+    not read, b"" where there is nothing to forget)."""
+
+    fence: str
+    kept: bytes
+    consumed: bytes
+    oldest: list[tuple[Name, bytes | None]]
+    complete: bool
+
+
 @dataclass
 class Layer:
     """A backend, its settings, and the agents this client has marked as having records."""
@@ -52,12 +72,18 @@ class Layer:
     backend: Backend
     settings: Settings
     reported: ReportedOnce = field(default_factory=lambda: ReportedOnce(log))
-    # Per agent, this client's last checkpoint: (the fence's text, its seq, the
-    # descriptions its commit left stored), so the next under that fence needs no listing.
+    # Per agent, under the fence this client holds: (the fence's text, the seq of its last
+    # checkpoint or listing, the descriptions stored as of then), so that the next
+    # checkpoint under that fence needs no listing.
     written: dict[str, tuple[str, int, list[CheckpointInfo]]] = field(default_factory=dict)
     # Per agent, the inbox's last number, admissions and consumptions as this client's
     # last admission left them (read in its commit): the next admission's guess.
     admissions: dict[str, list[bytes | TooLarge | None]] = field(default_factory=dict)
+    # Per agent, the inbox's bookkeeping as this client's last consumption left it, and
+    # the size of each pending submission its inbox reads saw: the next consumption's
+    # guess (``consumption``).
+    ledgers: dict[str, Ledger] = field(default_factory=dict)
+    shown: dict[str, dict[int, int]] = field(default_factory=dict)
     _indexed: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -73,6 +99,13 @@ class Layer:
         result = self.backend.commit(Txn(reads=reads))
         return [found for found in result.reads if not isinstance(found, ScanResult)]
 
+    def saw_pending(self, agent: str, sizes: dict[int, int]) -> None:
+        """An inbox read's submissions, by number, with their sizes."""
+        shown = self.shown.setdefault(agent, {})
+        if len(shown) + len(sizes) > 2 * MAX_INBOX_COUNT:  # ones consumed by another leader
+            shown.clear()
+        shown.update(sizes)
+
     def index(self, keys: AgentKeys) -> list[Put]:
         """The write that lists the agent (list_agents), once per client and agent."""
         with self._lock:
@@ -85,6 +118,20 @@ class Layer:
         """After a failed write: the agent's index may not be written yet."""
         with self._lock:
             self._indexed.discard(keys.agent)
+
+    def commit_indexed(self, keys: AgentKeys, txn: Txn) -> TxnResult:
+        """Commit txn, which writes the agent's records, with the write that lists it
+        (``index``). Unless it succeeded the index is forgotten, so that the next write
+        makes it: every agent with records is listed (``stores.earlier`` relies on it)."""
+        writes = [*txn.writes, *self.index(keys)]
+        try:
+            result = self.commit(replace(txn, writes=writes))
+        except BaseException:
+            self.forget_index(keys)
+            raise
+        if not result.succeeded:
+            self.forget_index(keys)
+        return result
 
 
 def with_room(bound: ReadBound) -> ReadBound:

@@ -15,14 +15,14 @@ import time
 from collections.abc import Sequence
 
 from ...blob import Blob
-from ...errors import CorruptRecord, StoreError
-from ...failpoints import failpoint
+from ...errors import StoreError
+from ...failpoints import failpoint, failpoints_within
 from ...limits import (
     MAX_CHECKPOINT_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
 )
-from ...read_bounds import CHECKPOINT_LIST_READ, EFFECTS_READ
+from ...read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
 from ..base import (
@@ -34,18 +34,24 @@ from ..base import (
     describe_fence_text,
 )
 from .base import Layer, bounded_records
-from .inbox import Consumption
-from .keys import AgentKeys, number, parse_number
+from .consumption import Consumption
+from .keys import AgentKeys
 
 __all__ = [
     "list_checkpoints",
+    "listed_in",
     "put_checkpoint",
     "put_effect",
     "read_checkpoint",
     "read_effects",
+    "remember_listing",
     "reseal_checkpoint",
     "reseal_effect",
 ]
+
+# The biggest checkpoint whose consumption is guessed (one commit, not two): joined, so
+# that a wrong guess can write it again; a bigger one's write costs more than a read.
+_GUESSED_BYTES = 1 << 20
 
 
 def put_checkpoint(
@@ -55,7 +61,6 @@ def put_checkpoint(
     problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
     if problem is not None:
         raise StoreError(problem)
-    consumption = Consumption(layer, keys, consumed)
     text = fence.to_text()
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
     listed: list[CheckpointInfo] | None = None
@@ -63,31 +68,64 @@ def put_checkpoint(
         # This client's last checkpoint was under this fence, and only the fence's holder
         # writes checkpoints: what that one's commit left stored is what a listing finds.
         listed = written[2]
+    consumption = Consumption(layer, keys, consumed, text)
+    small = len(blob) <= _GUESSED_BYTES
+    if listed is not None and small and consumption.guess():
+        blob = bytes(blob)  # a wrong guess writes it again, and pieces are made once
+        info = _commit(layer, keys, fence, seq, blob, listed, consumption)
+        if info is not None:
+            return info
+        consumption = Consumption(layer, keys, consumed, text)  # it guessed wrong: read
     reads = consumption.reads()
     if listed is None:
-        reads = [Scan(keys.ckpt, CHECKPOINT_LIST_READ), *reads]
+        reads = [Get(keys.fence, 256), Scan(keys.ckpt, CHECKPOINT_NAMES_READ), *reads]
     found = layer.commit(Txn(reads=reads)).reads if reads else []
     if listed is None:
-        listing = found.pop(0)
+        now, listing = found.pop(0), found.pop(0)
+        # A writer fenced out learns so first, whatever junk its own epoch's listing holds.
+        if now != text.encode():
+            raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
         assert isinstance(listing, ScanResult)
-        listed = _listed(layer, keys, listing)
+        listed = listed_in(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
     consumption.found(found)
-    info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=time.time())
+    info = _commit(layer, keys, fence, seq, blob, listed, consumption)
+    if info is None:
+        raise StoreError("the store refused a checkpoint's commit under the fence it holds")
+    return info
+
+
+def _commit(
+    layer: Layer,
+    keys: AgentKeys,
+    fence: Fence,
+    seq: int,
+    blob: Blob,
+    listed: list[CheckpointInfo],
+    consumption: Consumption,
+) -> CheckpointInfo | None:
+    """The checkpoint's commit; None if the fence held but a record the consumption
+    compared did not (refused if the fence did not)."""
+    text = fence.to_text()
+    written_ms = round(time.time() * 1000)
+    info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=written_ms / 1000)
     keep = layer.settings.keep_checkpoints
-    writes: list[Put | DeleteRange] = [
-        Put(keys.checkpoint_data(seq, fence.epoch), blob),
-        Put(keys.checkpoint(seq), info.to_json()),
-        *_retention(keys, listed, info, keep),
-        DeleteRange(*keys.steps_through(seq)),
-        *consumption.writes(),
-    ]
-    fenced = Compare(keys.fence, text.encode())
+    writes = [Put(keys.checkpoint(info), blob), *consumption.writes()]
+    txn = Txn(
+        compares=[Compare(keys.fence, text.encode()), *consumption.compares()],
+        writes=writes,
+        reads=[Get(keys.fence, 256)],
+        tidy=[*_retention(keys, listed, info, keep), DeleteRange(*keys.steps_through(seq))],
+    )
     failpoint("checkpoint.before_commit")
-    result = layer.commit(Txn(compares=[fenced], writes=writes, reads=[Get(keys.fence, 256)]))
+    with failpoints_within("inbox.commit" if consumption.consumed else "checkpoint"):
+        result = layer.commit(txn)
     if not result.succeeded:
         now = result.reads[0]
+        if now == text.encode() and consumption.guessed:
+            return None
         raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+    consumption.committed()
     oldest = _oldest_kept(listed, info, keep)
     left = [each for each in listed if each.seq >= oldest and each.seq != seq]
     layer.written[keys.agent] = (text, seq, [*left, info])
@@ -100,17 +138,15 @@ def _retention(
     """The removals that keep the newest keep checkpoints at or below new's seq.
 
     Whatever sorts below the oldest kept goes, listed or not (junk the listing's
-    bound left unread included); above new's seq nothing is touched.
+    bound left unread included); above new's seq nothing is touched. Another
+    epoch's checkpoint of new's seq is replaced by it.
     """
     oldest = _oldest_kept(listed, new, keep)
-    removals = [
-        DeleteRange(keys.ckpt, keys.checkpoint(oldest)),
-        DeleteRange(keys.ckpt_data, keys.ckpt_data + number(oldest)),
-    ]
-    # Another epoch's checkpoint under the new one's seq is replaced: its bytes go too.
     replaced = [info for info in listed if info.seq == new.seq and info.epoch != new.epoch]
-    removals += [DeleteRange(keys.checkpoint_data(info.seq, info.epoch)) for info in replaced]
-    return removals
+    return [
+        DeleteRange(*keys.checkpoints_below(oldest)),
+        *(DeleteRange(keys.checkpoint(info)) for info in replaced),
+    ]
 
 
 def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -> int:
@@ -121,28 +157,36 @@ def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -
 
 def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
     """Store.list_checkpoints: newest first, by seq then epoch."""
-    listed = _listed(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_LIST_READ))
+    listed = listed_in(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_NAMES_READ))
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
 
-def _listed(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[CheckpointInfo]:
-    """The descriptions a listing found that parse and are within the limits; the rest logged."""
+def remember_listing(layer: Layer, agent: str, fence: str, listed: list[CheckpointInfo]) -> None:
+    """A listing read after this client wrote fence (a new term's, as it took the lease):
+    the term's first checkpoint then needs no listing of its own (a restore has just made
+    one). Only the fence's holder writes checkpoints, and the commit compares the fence."""
+    known = layer.written.get(agent)
+    if known is None or known[0] != fence:
+        layer.written[agent] = (fence, max((info.seq for info in listed), default=0), listed)
+
+
+def listed_in(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[CheckpointInfo]:
+    """The checkpoints a listing of names found that parse and are within the limits; the
+    rest logged."""
     listed = []
-    for key, data in found.items:
-        seq = parse_number(key[len(keys.ckpt) :])
-        try:
-            if seq is None:
-                raise CorruptRecord("a checkpoint name that is not 20 digits")
-            info = CheckpointInfo.from_json(data, seq)
-            problem = check_checkpoint_bounds(info.seq, info.epoch, info.size)
-            if problem is not None:
-                raise CorruptRecord(problem)
-        except CorruptRecord as exc:
-            layer.reported(f"leaving out checkpoint entry {key} of {keys.agent}: {exc}")
+    names = [key for key, _value in found.items] + [each.key for each in found.too_large]
+    for key in names:
+        info = keys.checkpoint_info(key)
+        problem = (
+            "a name we do not write"
+            if info is None
+            else check_checkpoint_bounds(info.seq, info.epoch, info.size)
+        )
+        if problem is not None:
+            layer.reported(f"leaving out checkpoint entry {key} of {keys.agent}: {problem}")
             continue
+        assert info is not None
         listed.append(info)
-    for too_large in found.too_large:
-        layer.reported(f"leaving out checkpoint entry {too_large.key} of {keys.agent}: too big")
     if found.more:
         layer.reported(f"checkpoints of {keys.agent}: stopped listing at the read bound")
     return listed
@@ -151,7 +195,7 @@ def _listed(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[Checkpoint
 def read_checkpoint(layer: Layer, keys: AgentKeys, info: CheckpointInfo) -> bytes:
     """Store.read_checkpoint: the sealed bytes, within MAX_CHECKPOINT_BYTES."""
     what = f"checkpoint {info.seq} of {keys.agent!r}"
-    data = layer.get(keys.checkpoint_data(info.seq, info.epoch), MAX_CHECKPOINT_BYTES, what)
+    data = layer.get(keys.checkpoint(info), MAX_CHECKPOINT_BYTES, what)
     if data is None:
         raise StoreError(f"{what} is no longer retained")
     return data
@@ -161,11 +205,12 @@ def reseal_checkpoint(
     layer: Layer, keys: AgentKeys, info: CheckpointInfo, old: bytes, new: bytes
 ) -> bool:
     check_reseal(info, old, new)
-    key = keys.checkpoint_data(info.seq, info.epoch)
+    key = keys.checkpoint(info)
     failpoint("reseal.before_commit")
-    return layer.commit(
-        Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-    ).succeeded
+    with failpoints_within("reseal"):
+        return layer.commit(
+            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+        ).succeeded
 
 
 def put_effect(
@@ -213,4 +258,5 @@ def reseal_effect(
     key = keys.effect(seq, index, kind)
     txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
     failpoint("reseal.before_commit")
-    return layer.commit(txn).succeeded
+    with failpoints_within("reseal"):
+        return layer.commit(txn).succeeded

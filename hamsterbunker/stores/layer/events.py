@@ -46,11 +46,7 @@ class EventLogs:
         keep = self.layer.settings.events_per_node
         if position > keep:
             writes.append(DeleteRange(folder, keys.event(event.node, position - keep + 1)))
-        try:
-            must(self.layer.commit(Txn(writes=[*writes, *self.layer.index(keys)])))
-        except BaseException:
-            self.layer.forget_index(keys)
-            raise
+        must(self.layer.commit_indexed(keys, Txn(writes=writes)))
         with self._lock:
             self._next[(keys.agent, event.node)] = position + 1
 

@@ -8,8 +8,8 @@ that key order is number order::
     agents/<agent>/lease                 the lease record (its version inside)
     agents/<agent>/fence                 [holder, session, epoch] of the lease: what a
                                          fenced write compares
-    agents/<agent>/ckpt/<seq>            a checkpoint's description (CheckpointInfo)
-    agents/<agent>/ckpt-data/<seq>-<epoch>  its sealed bytes
+    agents/<agent>/ckpt/<seq>-<epoch>-<size>-<written ms>  a checkpoint's sealed bytes,
+                                         described by its name: a listing reads no value
     agents/<agent>/effects/<seq>/<index>-<kind>  the effect journal of step seq
     agents/<agent>/acceptance            the loss-acceptance record
     agents/<agent>/beats/<node>          a node's heartbeat
@@ -20,7 +20,7 @@ that key order is number order::
     agents/<agent>/inbox/kept            how many consumed records are kept
     agents/<agent>/inbox/pending/<n>     an unconsumed submission's sealed bytes
     agents/<agent>/inbox/ids/<request>   "number size" of a request id admitted
-    agents/<agent>/inbox/done/<n>/<request>  a consumed submission's reply: "-" for
+    agents/<agent>/inbox/done/<n>-<request>  a consumed submission's reply: "-" for
                                          none, or "+" and the sealed reply
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from ...records import check_name
+from ...records import CheckpointInfo, check_name
 from ..backend import prefix_end
 
 __all__ = ["CLUSTER", "INDEX", "AgentKeys", "number", "parse_number"]
@@ -38,6 +38,8 @@ INDEX = "index/"
 
 _DIGITS = 20
 _NUMBER = re.compile(r"[0-9]{20}")
+_LATEST_MS = 10**13 - 1
+_CHECKPOINT = re.compile(r"([0-9]{20})-([0-9]{10})-([0-9]{10})-([0-9]{13})")
 
 
 def number(n: int) -> str:
@@ -61,7 +63,6 @@ class AgentKeys:
         self.fence = base + "fence"
         self.acceptance = base + "acceptance"
         self.ckpt = base + "ckpt/"
-        self.ckpt_data = base + "ckpt-data/"
         self.effects = base + "effects/"
         self.beats = base + "beats/"
         self.events = base + "events/"
@@ -74,11 +75,31 @@ class AgentKeys:
         self.ids = inbox + "ids/"
         self.done = inbox + "done/"
 
-    def checkpoint(self, seq: int) -> str:
-        return self.ckpt + number(seq)
+    def waited_for(self, key: str) -> bool:
+        """Whether a change of key is one a node waiting for its inbox or a client waiting
+        for a reply waits for: a submission or a reply (or a folder holding them)."""
+        return any(key.startswith(f) or f.startswith(key + "/") for f in (self.pending, self.done))
 
-    def checkpoint_data(self, seq: int, epoch: int) -> str:
-        return f"{self.ckpt_data}{number(seq)}-{epoch:010d}"
+    def checkpoint(self, info: CheckpointInfo) -> str:
+        written_ms = min(max(round(info.written * 1000), 0), _LATEST_MS)  # a clock gone wild
+        return f"{self.ckpt}{number(info.seq)}-{info.epoch:010d}-{info.size:010d}-{written_ms:013d}"
+
+    def checkpoints_of(self, seq: int, epoch: int) -> str:
+        """What the key of each checkpoint of seq under epoch starts with (one, unless planted)."""
+        return f"{self.ckpt}{number(seq)}-{epoch:010d}-"
+
+    def checkpoints_below(self, seq: int) -> tuple[str, str]:
+        """The key range of every checkpoint of a seq below seq."""
+        return self.ckpt, self.ckpt + number(seq)
+
+    def checkpoint_info(self, key: str) -> CheckpointInfo | None:
+        """The checkpoint a key of ckpt/ names (its seq, epoch, size and time), or None if
+        its name is none we write."""
+        named = _CHECKPOINT.fullmatch(key[len(self.ckpt) :]) if key.startswith(self.ckpt) else None
+        if named is None:
+            return None
+        seq, epoch, size, written_ms = map(int, named.groups())
+        return CheckpointInfo(epoch=epoch, seq=seq, size=size, written=written_ms / 1000)
 
     def step(self, seq: int) -> str:
         """The folder of step seq's effect journal."""
@@ -108,7 +129,11 @@ class AgentKeys:
 
     def reply(self, n: int, request_id: str) -> str:
         """Where the reply to submission n, of request_id, is kept once it is consumed."""
-        return f"{self.done}{number(n)}/{request_id}"
+        return f"{self.replies_of(n)}{request_id}"
+
+    def replies_of(self, n: int) -> str:
+        """What the key of each reply to submission n starts with (one, unless planted)."""
+        return f"{self.done}{number(n)}-"
 
     def done_below(self, n: int) -> str:
         """The first key after the replies of every submission numbered below n."""

@@ -29,12 +29,24 @@ from ...records import (
 )
 from .._reported import readable
 from .._terms import TermChanges
-from ..backend import Backend, Capability, Compare, DeleteRange, Get, Put, Txn
+from ..backend import (
+    Backend,
+    Capability,
+    Compare,
+    DeleteRange,
+    Get,
+    Put,
+    Scan,
+    ScanResult,
+    TooLarge,
+    Txn,
+)
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
+    RestoreRead,
     Store,
     StoreReport,
     fence_text,
@@ -43,6 +55,7 @@ from ..base import (
 from . import checkpoints, events, inbox
 from .base import Layer, Settings, bounded_records, must
 from .keys import CLUSTER, INDEX, AgentKeys, folder_range
+from .restore import restore_read, restore_reads
 
 __all__ = ["RecordStore"]
 
@@ -84,6 +97,8 @@ class RecordStore(Store):
         # Per agent, the lease record this client last wrote or read, as stored: what the
         # next cas_lease compares, without reading it first (a guess: the store decides).
         self._leases: dict[str, tuple[bytes, LeaseRecord]] = {}
+        # Per agent, the fence this client's last lease write that changed it put in place.
+        self._fences: dict[str, str] = {}
 
     # -- cluster -----------------------------------------------------------
 
@@ -138,25 +153,57 @@ class RecordStore(Store):
         return self.layer.get(keys.lease, MAX_RECORD_BYTES, f"lease record of {keys.agent!r}")
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        return self._cas(agent, expected_version, new, [])[0]
+
+    def take_lease(
+        self, agent: str, expected_version: int | None, new: LeaseRecord
+    ) -> tuple[LeaseRecord, RestoreRead | None]:
+        """cas_lease, with what the new term's restore reads first read in its commit."""
+        keys = AgentKeys(agent)
+        newest = (new.seq, new.seq_epoch) if new.seq else None
+        stored, found = self._cas(agent, expected_version, new, restore_reads(keys, newest))
+        taken, listed = restore_read(self.layer, keys, found)
+        checkpoints.remember_listing(self.layer, agent, self._fences[agent], listed)
+        return stored, taken
+
+    def read_for_restore(self, agent: str) -> RestoreRead:
+        keys = AgentKeys(agent)
+        known = self._leases.get(agent)
+        newest = (known[1].seq, known[1].seq_epoch) if known and known[1].seq else None
+        fence = self._fences.get(agent)  # taken before the listing: it is read under fence
+        found = self.layer.commit(Txn(reads=restore_reads(keys, newest))).reads
+        read, listed = restore_read(self.layer, keys, found)
+        if fence is not None:
+            checkpoints.remember_listing(self.layer, agent, fence, listed)
+        if read.infos and read.newest is None:
+            read = replace(read, newest=self.read_checkpoint(agent, read.infos[0]))
+        return read
+
+    def _cas(
+        self, agent: str, expected_version: int | None, new: LeaseRecord, reads: list[Get | Scan]
+    ) -> tuple[LeaseRecord, list[bytes | TooLarge | ScanResult | None]]:
+        """cas_lease, with reads made in its commit: the record stored, and what they read."""
         keys = AgentKeys(agent)
         known = self._leases.pop(agent, None)
         if known is not None and known[1].version == expected_version:
             # The record this client last wrote or read, compared byte for byte: a renewal
             # is one commit while nobody else wrote since; else read and judge, as below.
             stored = replace(new, version=known[1].version + 1)
-            if self._write_lease(keys, known[0], known[1], stored):
-                return stored
+            found = self._write_lease(keys, known[0], known[1], stored, reads)
+            if found is not None:
+                return stored, found
         current = self._lease_bytes(keys)
-        found = None if current is None else parse_lease(current, lambda: _found(current))
-        version = None if found is None else found.version
+        was = None if current is None else parse_lease(current, lambda: _found(current))
+        version = None if was is None else was.version
         if version != expected_version:
             raise LeaseConflict(
                 f"lease of {agent!r} is at version {version}, not {expected_version}"
             )
         stored = replace(new, version=(version or 0) + 1)
-        if not self._write_lease(keys, current, found, stored):
+        found = self._write_lease(keys, current, was, stored, reads)
+        if found is None:
             raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        return stored
+        return stored, found
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
         keys = AgentKeys(agent)
@@ -170,15 +217,20 @@ class RecordStore(Store):
                 pass
         if current is None or not unreadable or _found(current) != found:
             raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        if not self._write_lease(keys, current, None, new):
+        if self._write_lease(keys, current, None, new) is None:
             raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
         return new
 
     def _write_lease(
-        self, keys: AgentKeys, current: bytes | None, found: LeaseRecord | None, new: LeaseRecord
-    ) -> bool:
+        self,
+        keys: AgentKeys,
+        current: bytes | None,
+        found: LeaseRecord | None,
+        new: LeaseRecord,
+        reads: Sequence[Get | Scan] = (),
+    ) -> list[bytes | TooLarge | ScanResult | None] | None:
         """new in place of current (compared), its fence beside it when the term's changed;
-        whether current was there to replace."""
+        what reads read in that commit, or None if current was not there to replace."""
         data = new.to_json()
         writes = [Put(keys.lease, data)]
         same_fence = found is not None and (found.holder, found.session, found.epoch) == (
@@ -186,20 +238,16 @@ class RecordStore(Store):
             new.session,
             new.epoch,
         )
+        fence = fence_text(new.holder, new.session, new.epoch)
         if not same_fence:
-            writes.append(Put(keys.fence, fence_text(new.holder, new.session, new.epoch).encode()))
-        writes += self.layer.index(keys)
-        txn = Txn(compares=[Compare(keys.lease, current)], writes=writes)
-        try:
-            succeeded = self.layer.commit(txn).succeeded
-        except BaseException:
-            self.layer.forget_index(keys)
-            raise
-        if not succeeded:
-            self.layer.forget_index(keys)
-            return False
+            writes.append(Put(keys.fence, fence.encode()))
+        txn = Txn(compares=[Compare(keys.lease, current)], writes=writes, reads=reads)
+        result = self.layer.commit_indexed(keys, txn)
+        if not result.succeeded:
+            return None
         self._leases[keys.agent] = (data, new)
-        return True
+        self._fences[keys.agent] = fence
+        return list(result.reads)
 
     # -- checkpoints and the effect journal --------------------------------
 
@@ -209,7 +257,11 @@ class RecordStore(Store):
         return checkpoints.put_checkpoint(self.layer, AgentKeys(agent), fence, seq, blob, consumed)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        return checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
+        fence = self._fences.get(agent)  # taken before the listing: it is read under fence
+        listed = checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
+        if fence is not None:
+            checkpoints.remember_listing(self.layer, agent, fence, listed)
+        return listed
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)
@@ -268,14 +320,14 @@ class RecordStore(Store):
                 f"{MAX_RECORD_BYTES} bytes"
             )
         keys = AgentKeys(agent)
-        must(self.layer.commit(Txn(writes=[Put(keys.acceptance, bytes(data))])))
+        must(self.layer.commit_indexed(keys, Txn(writes=[Put(keys.acceptance, bytes(data))])))
 
     # -- heartbeats and events ---------------------------------------------
 
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         keys = AgentKeys(agent)
-        writes = [Put(keys.beat(heartbeat.node), heartbeat.to_json()), *self.layer.index(keys)]
-        must(self.layer.commit(Txn(writes=writes)))
+        beat = Put(keys.beat(heartbeat.node), heartbeat.to_json())
+        must(self.layer.commit_indexed(keys, Txn(writes=[beat])))
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         keys = AgentKeys(agent)
@@ -321,12 +373,19 @@ class RecordStore(Store):
             with suppress(StoreError):
                 terms.changed(await read_lease_bytes())
         prefix = keys.lease if lease_only or terms_only else keys.base
+        waited = keys.waited_for
         async for notice in self.backend.watch(prefix):
-            if notice.key is not None and notice.key != keys.lease and (lease_only or terms_only):
+            # Beyond the lease only submissions and replies are waited for: not the
+            # heartbeats, events, checkpoints and counts written all the while.
+            key = notice.key
+            if key not in (None, keys.lease) and (lease_only or terms_only or not waited(key)):
                 continue
+            # The lease's value, where the notice says it: always, where every notice carries
+            # its value (None: deleted); else where this one carried it (None: read to know).
+            told = notice.key == keys.lease and (carries or notice.value is not None)
             if terms is not None:
                 try:
-                    value = notice.value if carries and notice.key else await read_lease_bytes()
+                    value = notice.value if told else await read_lease_bytes()
                 except StoreError:
                     # Not read (the store is down, or the record over its bound): what
                     # changed is unknown, so say so, as after a gap; the watch goes on.
@@ -334,18 +393,23 @@ class RecordStore(Store):
                     continue
                 if not terms.changed(value):
                     continue
-            lease_notice = carries and prefix == keys.lease and notice.key == keys.lease
-            yield self._record_in(notice.value) if lease_notice else None
+            lease_notice = told and prefix == keys.lease
+            yield self._record_in(agent, notice.value) if lease_notice else None
 
-    @staticmethod
-    def _record_in(value: bytes | None) -> LeaseRecord | None:
-        """The lease record a notice carried, or None where it must be read to know."""
+    def _record_in(self, agent: str, value: bytes | None) -> LeaseRecord | None:
+        """The lease record a notice carried, or None where it must be read to know. Kept
+        as a read of it would be, unless this client knows a newer one: a standby taking
+        the lease it was told of then compares the bytes told, with no read first."""
         if value is None:
             return None
         try:
-            return LeaseRecord.from_json(value)
+            record = LeaseRecord.from_json(value)
         except StoreError:
             return None
+        known = self._leases.get(agent)
+        if known is None or known[1].version < record.version:
+            self._leases[agent] = (value, record)
+        return record
 
     def check(self) -> None:
         self.backend.check()

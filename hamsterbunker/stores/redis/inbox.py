@@ -54,6 +54,7 @@ from ...limits import (
     MAX_REQUEST_ID_CHARS,
     MAX_SEQ,
     MAX_SUBMISSION_BYTES,
+    check_request_id,
     check_submission_bounds,
 )
 from ...read_bounds import INBOX_READ, BoundedRead
@@ -119,6 +120,7 @@ class RedisInbox:
         url: str,
         keep_replies: int,
     ) -> None:
+        self._client = client
         self._key = key
         self._changed = changed
         self._reported = reported
@@ -247,6 +249,22 @@ class RedisInbox:
                 "takes: a read from the last number read goes on", INBOX_READ.total_bytes,
             )  # fmt: skip
         return found.entries
+
+    def request_ids(self, agent: str, most: int) -> list[str]:
+        """The request ids admitted and kept (pending, or consumed and kept), at most most
+        of them (``hb migrate-store``): HSCAN in batches, junk names passed over."""
+        ids, found, scanned = self.keys(agent)[3], [], 0
+        try:
+            for name, _number in self._client.hscan_iter(ids, count=256):
+                scanned += 1
+                request_id = name.decode("ascii", "replace") if isinstance(name, bytes) else ""
+                if check_request_id(request_id) is None:
+                    found.append(request_id)
+                if len(found) >= most or scanned >= 2 * most:
+                    break
+        except redis.ResponseError as exc:  # not a hash: planted
+            self._warn(agent, ("type", ids), "%s: %s", ids, exc)
+        return found
 
     def admission(self, agent: str, request_id: str) -> AdmissionState | None:
         """Store.read_admission: None for anything that does not parse (reported once)."""

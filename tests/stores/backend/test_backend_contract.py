@@ -163,6 +163,34 @@ def test_a_range_delete_takes_start_up_to_end(backend: Backend) -> None:
     backend.commit(Txn(writes=[DeleteRange("e/missing")]))  # nothing there: no error
 
 
+def test_a_commits_tidy_up_goes_with_its_writes_and_not_without(backend: Backend) -> None:
+    """Txn.tidy: removed once the commit's writes are made; a failed compare removes nothing."""
+    for key in ["c/1", "c/2", "e/1/a", "e/2/a"]:
+        put(backend, key, b"v")
+    tidy = [DeleteRange("c/", "c/2"), DeleteRange("e/", "e/3")]
+    refused = Txn(compares=[Compare("c/2", b"other")], writes=[Put("c/3", b"v")], tidy=tidy)
+    assert not backend.commit(refused).succeeded
+    assert keys(backend.scan("c/", WIDE)) + keys(backend.scan("e/", WIDE)) == [
+        "c/1",
+        "c/2",
+        "e/1/a",
+        "e/2/a",
+    ]
+    made = Txn(compares=[Compare("c/2", b"v")], writes=[Put("c/3", b"v")], tidy=tidy)
+    assert backend.commit(made).succeeded
+    assert keys(backend.scan("c/", WIDE)) + keys(backend.scan("e/", WIDE)) == ["c/2", "c/3"]
+
+
+def test_a_scan_of_names_only_names_every_key_and_no_value(backend: Backend) -> None:
+    """A bound of 0 entry bytes: each key as an empty item or as too large, nothing more."""
+    for key, size in [("n/1", 3), ("n/2", 1000), ("n/3", 0)]:
+        put(backend, key, b"x" * size)
+    found = backend.scan("n/", ReadBound(10, 0, 0))
+    assert all(value == b"" for _key, value in found.items)
+    names = sorted([key for key, _value in found.items] + [each.key for each in found.too_large])
+    assert names == ["n/1", "n/2", "n/3"] and not found.more
+
+
 def test_a_blob_made_in_pieces_is_stored_whole(backend: Backend) -> None:
     pieces = BlobPieces(6, iter([b"ab", b"cd", b"ef"]))
     assert backend.commit(Txn(writes=[Put("a/blob", pieces)])).succeeded

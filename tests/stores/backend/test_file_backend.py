@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import fcntl
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from hamsterbunker.read_bounds import ReadBound
 from hamsterbunker.stores.backend import DeleteRange, Get, Notice, Put, Scan, TooLarge, Txn
 from hamsterbunker.stores.backends import file_tree
 from hamsterbunker.stores.backends.file import FileBackend
+from hamsterbunker.stores.backends.file_redo import decode
 from tests.support.io_probes import bytes_read_by_this_process
 
 pytestmark = pytest.mark.timeout(60)  # a FIFO read or a hung writer would otherwise hang
@@ -68,7 +70,7 @@ FileBackend(sys.argv[1], create=False).commit(Txn(writes=[
 ]))
 """
 BEFORE_THE_LOG = [
-    "file_backend.commit.after_temp_write@2",
+    "file_backend.commit.after_temp_write",  # a/2's: the other values go in the log
     "file_backend.commit.after_temp_fsync",
     "file_backend.commit.before_lock",
 ]
@@ -100,6 +102,12 @@ def run_writer(root: Path, script: str, failpoint: str) -> int:
     return done.returncode
 
 
+def redo_logged(root: Path) -> bool:
+    """Whether a redo log is left in root (the file stays, emptied, between commits)."""
+    log = root / ".redo"
+    return log.exists() and log.stat().st_size > 0
+
+
 def state(root: Path) -> dict[str, bytes | TooLarge | None]:
     """What a reader sees (it takes no lock, and finishes no redo log)."""
     reader = FileBackend(root, create=False)
@@ -122,27 +130,75 @@ def test_a_writer_killed_mid_commit_leaves_the_store_before_or_after(
     next commit finishes it first."""
     assert run_writer(before, WRITER, failpoint) == -9
     logged = failpoint in AFTER_THE_LOG
-    assert (before / ".redo").exists() == logged
+    assert redo_logged(before) == logged
     if not logged:
         assert state(before) == BEFORE
     next_writer = FileBackend(before, create=False)  # a reader's open finishes nothing
     assert next_writer.commit(Txn()).succeeded
     assert state(before) == (AFTER if logged else BEFORE)
-    assert not (before / ".redo").exists()
+    assert not redo_logged(before)
     assert (before / "kv" / "b").exists() != logged  # a folder left empty is removed
+
+
+TIDY_WRITER = """
+import sys
+from hamsterbunker.stores.backend import DeleteRange, Put, Txn
+from hamsterbunker.stores.backends.file import FileBackend
+
+FileBackend(sys.argv[1], create=False).commit(
+    Txn(writes=[Put("c/new/x", b"made")], tidy=[DeleteRange("a/", "a0")])
+)
+"""
+
+
+def test_a_writer_killed_before_its_tidy_up_has_made_its_writes(before: Path) -> None:
+    """A commit of one put is one rename, no redo log: killed before its tidy-up, it is made
+    and what the tidy-up covers is left, as Txn.tidy allows."""
+    assert run_writer(before, TIDY_WRITER, "file_backend.commit.before_tidy") == -9
+    assert not redo_logged(before)
+    assert state(before) == {**BEFORE, "c/new/x": b"made"}
 
 
 def test_a_writer_killed_while_finishing_a_redo_log_leaves_it_to_the_next(before: Path) -> None:
     """Finishing a redo log is as safe to cut short, and to do again, as the commit."""
     assert run_writer(before, WRITER, "file_backend.commit.after_op@2") == -9
     assert run_writer(before, FINISH, "file_backend.commit.after_op") == -9
-    assert (before / ".redo").exists()
+    assert redo_logged(before)
     FileBackend(before)  # a node's open finishes it
-    assert state(before) == AFTER and not (before / ".redo").exists()
+    assert state(before) == AFTER and not redo_logged(before)
 
 
-def test_a_redo_log_that_is_not_ours_is_set_aside_unapplied(before: Path) -> None:
-    (before / ".redo").write_bytes(b'[["a/1", "../../etc/passwd"]]')
+def test_a_power_loss_after_the_redo_log_loses_nothing_it_holds(before: Path) -> None:
+    """The keys a commit makes after its log are not synced one by one: a power loss may
+    lose them (here: put back as they were), and the log alone makes them again."""
+    assert run_writer(before, WRITER, "file_backend.commit.before_log_removed") == -9
+    assert state(before) == AFTER
+    ops = decode((before / ".redo").read_bytes())
+    assert ops is not None
+    for key, op in ops:  # what the disk may hold after the power loss: no rename made
+        if isinstance(op, str):
+            (before / "kv" / key).rename(before / op)  # its temp file, synced before the log
+    for key, value in BEFORE.items():
+        path = before / "kv" / key
+        if value is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(value)
+    FileBackend(before)
+    assert state(before) == AFTER and not redo_logged(before)
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [b'[["a/1", "../../etc/passwd"]]', b"HB-REDO\x01" + bytes(40) + b"cut short"],
+    ids=["planted", "cut-short"],
+)
+def test_a_redo_log_that_is_not_whole_and_ours_is_set_aside_unapplied(
+    before: Path, junk: bytes
+) -> None:
+    """Planted, or cut short as it was written (its commit never returned): never applied."""
+    (before / ".redo").write_bytes(junk)
     FileBackend(before)
     assert state(before) == BEFORE
     assert [p.name.startswith(".redo.planted-") for p in before.glob(".redo*")] == [True]
@@ -171,8 +227,9 @@ def test_a_blob_is_written_before_the_lock_and_removed_when_it_cannot_be_taken(
 
 @contextlib.contextmanager
 def held_lock(root: Path) -> Iterator[None]:
+    """The root's lock held by another open file, as another writer holds it."""
     with open(root / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        fcntl.fcntl(lock, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 0, 0))
         yield
 
 

@@ -363,6 +363,46 @@ def test_a_watch_carries_small_values_and_passes_over_junk_messages(
     assert asyncio.run(notices()) == [Notice("w/k", b"small"), Notice("w/k"), Notice("w/k")]
 
 
+def test_a_commit_is_told_in_one_message_and_a_huge_one_as_a_gap(
+    url: str, raw: Raw, opened: Callable[..., RedisBackend]
+) -> None:
+    """Every key a commit changed, in one message (a watcher wakes once per commit, not per
+    key); a commit whose changes are over a message's bound tells "anything may have
+    changed", a gap."""
+    writer, watcher = opened(url), opened(url)
+    many = [Put(f"w/many/{i:05d}", b"v" * 200) for i in range(200)]  # some 44 KiB told
+    listener = raw.client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(raw.channel)
+
+    async def notices() -> list[Notice]:
+        watch = watcher.watch("w/")
+        try:
+            first = await watching(watch, raw)
+            await asyncio.to_thread(
+                writer.commit,
+                Txn(writes=[Put("w/a", b"one"), Put("x/b", b"elsewhere"), DeleteRange("w/c")]),
+            )
+            await asyncio.to_thread(writer.commit, Txn(writes=[Put("w/c", b"three")]))
+            await asyncio.to_thread(writer.commit, Txn(writes=many))
+            found = [await asyncio.wait_for(first, 10)]
+            for _ in range(2):
+                found.append(await asyncio.wait_for(anext(watch), 10))
+            return found
+        finally:
+            await watch.aclose()  # type: ignore[attr-defined]
+
+    assert asyncio.run(notices()) == [Notice("w/a", b"one"), Notice("w/c", b"three"), Notice(None)]
+    messages = []
+    deadline = time.monotonic() + 10
+    while len(messages) < 3 and time.monotonic() < deadline:
+        message = listener.get_message(timeout=1)
+        if message is not None:
+            messages.append(message["data"])
+    listener.close()
+    # One message a commit, every key it changed (DeleteRange("w/c") removed nothing).
+    assert messages == [b"w/a 3\nonex/b 9\nelsewhere", b"w/c 5\nthree", b"*"]
+
+
 def test_a_watch_says_there_was_a_gap_after_the_server_restarts(
     private_server: Callable[..., RedisServer], opened: Callable[..., RedisBackend]
 ) -> None:

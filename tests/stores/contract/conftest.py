@@ -180,9 +180,12 @@ def open_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 
 # The backends whose lease watch yields the record each change carries (etcd's watch
 # events, Redis' messages); the others yield None, a hint to read.
-CARRIES_LEASE = {"redis", "etcd", "records-etcd"}
+CARRIES_LEASE = {"redis", "etcd", "memory", "records-etcd", "records-memory", "records-redis"}
 # The backends whose take_lease reads for the restore in the same atomic step.
-READS_AS_IT_TAKES = {"etcd"}
+# Backends whose take_lease reads for the restore in its write (the inbox too: etcd's).
+READS_AS_IT_TAKES = {"etcd", "memory", "records-memory", "records-file", "records-redis", "records-etcd",
+                     "records-postgres"}  # fmt: skip
+READS_INBOX_AS_IT_TAKES = {"etcd"}
 
 
 @pytest.fixture

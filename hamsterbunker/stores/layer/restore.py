@@ -1,0 +1,62 @@
+"""What a new term's restore reads first (``Store.read_for_restore``), read in the commit
+that takes the lease (``Store.take_lease``): the checkpoints listed, the loss acceptance,
+and the newest checkpoint's bytes where the lease record names it and it is small.
+
+A take reads no more than ``TAKEN_CHECKPOINT_BYTES`` of checkpoint along, so that a big
+one does not hold up the new holder's first renewal; the restore reads a checkpoint it
+was not given (``RestoreRead.newest`` None) itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...errors import CorruptRecord
+from ...limits import MAX_RECORD_BYTES
+from ...read_bounds import CHECKPOINT_NAMES_READ, ReadBound
+from ...records import CheckpointInfo
+from ..backend import Get, Scan, ScanResult, TooLarge
+from ..base import RestoreRead, newest_first
+from .base import Layer, value_of
+from .checkpoints import listed_in
+from .keys import AgentKeys
+
+__all__ = ["TAKEN_CHECKPOINT_BYTES", "restore_read", "restore_reads"]
+
+TAKEN_CHECKPOINT_BYTES = 512 * 1024
+
+
+def restore_reads(keys: AgentKeys, newest: tuple[int, int] | None) -> list[Get | Scan]:
+    """The reads of a restore; newest: the (seq, epoch) of the checkpoint to read along."""
+    reads: list[Get | Scan] = [
+        Scan(keys.ckpt, CHECKPOINT_NAMES_READ),
+        Get(keys.acceptance, MAX_RECORD_BYTES),
+    ]
+    if newest is not None:
+        bound = ReadBound(1, TAKEN_CHECKPOINT_BYTES, TAKEN_CHECKPOINT_BYTES)
+        reads.append(Scan(keys.checkpoints_of(*newest), bound))
+    return reads
+
+
+def restore_read(
+    layer: Layer, keys: AgentKeys, found: Sequence[bytes | TooLarge | ScanResult | None]
+) -> tuple[RestoreRead, list[CheckpointInfo]]:
+    """What restore_reads found, and the checkpoints listed as found (for the layer's
+    memory of the listing)."""
+    listing, acceptance = found[0], found[1]
+    assert isinstance(listing, ScanResult) and not isinstance(acceptance, ScanResult)
+    listed = listed_in(layer, keys, listing)
+    infos = newest_first(listed)
+    problem = ""
+    try:
+        accepted = value_of(
+            acceptance, MAX_RECORD_BYTES, f"loss-acceptance record of {keys.agent!r}"
+        )
+    except CorruptRecord as exc:
+        accepted, problem = None, str(exc)
+    newest = None
+    if len(found) > 2 and infos:
+        along = found[2]
+        assert isinstance(along, ScanResult)
+        newest = dict(along.items).get(keys.checkpoint(infos[0]))
+    return RestoreRead(infos, accepted, newest, problem), listed
