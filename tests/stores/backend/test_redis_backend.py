@@ -372,12 +372,16 @@ def test_a_commit_is_told_in_one_message_and_a_huge_one_as_a_gap(
     writer, watcher = opened(url), opened(url)
     many = [Put(f"w/many/{i:05d}", b"v" * 200) for i in range(200)]  # some 44 KiB told
     listener = raw.client.pubsub(ignore_subscribe_messages=True)
-    listener.subscribe(raw.channel)
 
     async def notices() -> list[Notice]:
         watch = watcher.watch("w/")
         try:
-            first = await watching(watch, raw)
+            first = await watching(watch, raw)  # before the listener: it counts subscribers
+            listener.subscribe(raw.channel)
+            wait_until(
+                lambda: dict(raw.client.pubsub_numsub(raw.channel))[raw.channel.encode()] == 2,
+                "the listener to subscribe",
+            )
             await asyncio.to_thread(
                 writer.commit,
                 Txn(writes=[Put("w/a", b"one"), Put("x/b", b"elsewhere"), DeleteRange("w/c")]),
