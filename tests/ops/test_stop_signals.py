@@ -9,11 +9,9 @@ import time
 from pathlib import Path
 
 from hamsterbunker import FileStore
-from hamsterbunker.stores.layer.keys import CLUSTER
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.agents import SECRET
 from tests.support.cli import HB, hb_env
-from tests.support.raw_store import file_key
 
 AGENT_ID = "journal"
 
@@ -28,20 +26,15 @@ def test_a_second_stop_signal_cuts_the_grace_short(tmp_path: Path) -> None:
         "--node-id", "n1", "--tick-ms", "100", "--lease-ttl-ms", "600",
         "--stop-grace-ms", "60000",
     ]  # fmt: skip
-    env = hb_env(HB_SECRET=SECRET, HB_TEST_STEP_S="60", PYTHONPATH=str(SUPPORT_DIR))
+    began = tmp_path / "began"  # the agent's step is in flight: the stop waits for it
+    env = hb_env(
+        HB_SECRET=SECRET, HB_TEST_STEP_S="60", HB_TEST_BEGUN=str(began), PYTHONPATH=str(SUPPORT_DIR)
+    )
     with log_path.open("ab") as log:
         node = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT)  # fmt: skip
     try:
-
-        def stepping() -> bool:
-            if not file_key(store, CLUSTER).exists():
-                return False
-            lease = FileStore(store).read_lease(AGENT_ID)
-            led = lease is not None and lease.holder == "n1"
-            return led and "agent.started" in log_path.read_text()
-
-        wait_until(stepping, "n1 to lead and start its first step", 30)
+        wait_until(began.exists, "n1 to lead and start its first step", 30)
         node.send_signal(signal.SIGTERM)
         wait_until(
             lambda: "node.stopping" in log_path.read_text() or node.poll() is not None,

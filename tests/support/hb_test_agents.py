@@ -24,6 +24,13 @@ def _journal(count: int) -> None:
             journal.write(json.dumps(line) + "\n")
 
 
+def _began() -> None:
+    """Say a step is in flight: touch HB_TEST_BEGUN, if set."""
+    path = os.environ.get("HB_TEST_BEGUN")
+    if path:
+        open(path, "a").close()
+
+
 class JournalCounter:
     """Async counter; each step sleeps HB_TEST_STEP_S seconds (default 0.1)."""
 
@@ -36,6 +43,7 @@ class JournalCounter:
         return {"count": 0}
 
     async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        _began()
         await asyncio.sleep(self.step_s)
         count = state["count"] + 1
         _journal(count)
