@@ -24,14 +24,13 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..errors import ConfigError, StoreError, Tampered
 from ..limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
 from ..records import CheckpointInfo, LeaseRecord
 from ..sealing import Sealer
 from .backend import Put, Txn
-from .base import Store
+from .earlier import SourceStore
 from .layer import RecordStore
 from .layer.keys import AgentKeys
 
@@ -44,12 +43,6 @@ _BYTES_PER_COMMIT = 1 << 20
 # How long the source is watched for a running node: its lease TTL (not authenticated, so
 # within these bounds).
 _WATCH_S = (2.0, 30.0)
-
-
-class SourceStore(Store, Protocol):
-    """A store of an earlier version: the contract, and the request ids its inbox keeps."""
-
-    def request_ids(self, agent: str, most: int) -> list[str]: ...
 
 
 @dataclass
@@ -151,7 +144,7 @@ class _Snapshot:
     newest: dict[str, tuple[int, int] | None]  # agent -> newest checkpoint's (seq, epoch)
 
 
-def _snapshot(source: Store, agents: list[str]) -> _Snapshot:
+def _snapshot(source: SourceStore, agents: list[str]) -> _Snapshot:
     leases, beats, newest = {}, {}, {}
     for agent in agents:
         leases[agent] = source.read_lease(agent)
@@ -269,7 +262,7 @@ def _commit_all(target: RecordStore, writes: list[Put]) -> None:
 
 
 def _verify(
-    source: Store, target: RecordStore, agent: str, listed: list[CheckpointInfo], inbox: _Inbox
+    source: SourceStore, target: RecordStore, agent: str, listed: list[CheckpointInfo], inbox: _Inbox
 ) -> None:
     """Read back what was copied: StoreError if the target does not hold it."""
     copied = sorted(target.list_checkpoints(agent), key=lambda info: (info.seq, info.epoch))
