@@ -129,10 +129,10 @@ def check_store_url(url: str) -> str | None:
     URL's directory."""
     scheme = urlsplit(url).scheme
     if scheme in ("redis", "rediss"):
-        _backend(".redis.connection", NEEDS_REDIS, "redis").parse_redis_url(url)
+        _backend(".backends.redis_connection", NEEDS_REDIS, "redis").parse_redis_url(url)
         return None
     if scheme in ("etcd", "etcds"):
-        _backend(".etcd.connection", NEEDS_ETCD, "etcd").parse_etcd_url(url)
+        _backend(".backends.etcd_connection", NEEDS_ETCD, "etcd").parse_etcd_url(url)
         return None
     if scheme in POSTGRES_SCHEMES:
         _backend(".backends.postgres_connection", NEEDS_PSYCOPG, "postgres").parse_postgres_url(url)

@@ -262,7 +262,11 @@ def _commit_all(target: RecordStore, writes: list[Put]) -> None:
 
 
 def _verify(
-    source: SourceStore, target: RecordStore, agent: str, listed: list[CheckpointInfo], inbox: _Inbox
+    source: SourceStore,
+    target: RecordStore,
+    agent: str,
+    listed: list[CheckpointInfo],
+    inbox: _Inbox,
 ) -> None:
     """Read back what was copied: StoreError if the target does not hold it."""
     copied = sorted(target.list_checkpoints(agent), key=lambda info: (info.seq, info.epoch))

@@ -74,7 +74,7 @@ class EarlierRedis:
     def __init__(self) -> None:
         import redis
 
-        from hamsterbunker.stores.redis.connection import parse_redis_url
+        from hamsterbunker.stores.backends.redis_connection import parse_redis_url
         from tests.support.redis_server import redis_url
 
         self.url = self.where = redis_url()
@@ -105,7 +105,7 @@ class EarlierEtcd:
     def __init__(self) -> None:
         from etcd3gw.client import Etcd3Client
 
-        from hamsterbunker.stores.etcd.connection import parse_etcd_url
+        from hamsterbunker.stores.backends.etcd_connection import parse_etcd_url
         from tests.support.etcd_server import shared_etcd
 
         server = shared_etcd()

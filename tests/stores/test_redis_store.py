@@ -323,7 +323,7 @@ def test_more_concurrent_calls_than_connections_wait_for_one_instead_of_failing(
     that takes 4 clients, a client opening one per thread would be refused."""
     import threading
 
-    from hamsterbunker.stores.redis import connection
+    from hamsterbunker.stores.backends import redis_connection as connection
 
     monkeypatch.setattr(connection, "MAX_CONNECTIONS", 2)
     server = private_server("--maxclients", "4")

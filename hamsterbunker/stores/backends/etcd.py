@@ -1,7 +1,7 @@
 """The etcd backend: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
 
 Key K lives at the etcd key ``P/K`` under the URL's prefix P. URL, TLS files,
-timeout and endpoint failover are the etcd store's (``stores.etcd.connection``):
+timeout and endpoint failover are the etcd store's (``etcd_connection``):
 an unreachable member is a StoreUnavailable and the next call goes to the next
 endpoint; nothing is retried within a call (a commit whose answer was lost may
 have happened).
@@ -76,8 +76,8 @@ from ..backend import (
 )
 from ..base import StoreGuarantees
 from ..earlier import earlier_store
-from ..etcd.connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
 from ..urls import redacted_url
+from .etcd_connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
 from .etcd_watch import Follower
 
 __all__ = ["EtcdBackend"]

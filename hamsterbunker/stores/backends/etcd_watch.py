@@ -17,7 +17,7 @@ from etcd3gw.watch import Watcher
 
 from ...limits import MAX_RECORD_BYTES
 from ..backend import Notice
-from ..etcd.connection import EtcdConnection, grpc_error
+from .etcd_connection import EtcdConnection, grpc_error
 
 __all__ = ["Follower"]
 

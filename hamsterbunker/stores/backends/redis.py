@@ -1,7 +1,7 @@
 """The Redis backend: ``redis://[user:password@]host:port/db[?prefix=NAME]`` (``rediss://`` for TLS).
 
 URLs, TLS, timeouts and error translation are the Redis store's
-(``stores.redis.connection``). Every key of one backend carries one Redis
+(``redis_connection``). Every key of one backend carries one Redis
 Cluster hash tag, ``{P}`` for the prefix P (default ``hamsterbunker``), so
 that one script may touch them all on one shard::
 
@@ -61,7 +61,7 @@ from ..backend import (
 )
 from ..base import StoreGuarantees
 from ..earlier import earlier_store
-from ..redis.connection import RedisConnection
+from .redis_connection import RedisConnection
 from .redis_script import TXN
 
 __all__ = ["CARRIED_BYTES", "GUARANTEES", "RedisBackend"]

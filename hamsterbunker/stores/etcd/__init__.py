@@ -3,7 +3,7 @@
 Imported only when an etcd:// URL is opened: it needs etcd3gw.
 """
 
-from .connection import EtcdTarget, parse_etcd_url
+from ..backends.etcd_connection import EtcdTarget, parse_etcd_url
 from .store import GUARANTEES, EtcdStore
 
 __all__ = ["GUARANTEES", "EtcdStore", "EtcdTarget", "parse_etcd_url"]

@@ -24,8 +24,8 @@ from ...failpoints import failpoint
 from ...limits import check_checkpoint_bounds
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
+from ..backends.etcd_connection import EtcdConnection, grpc_error, too_large
 from ..base import Fence, describe_fence_text
-from .connection import EtcdConnection, grpc_error, too_large
 from .kv import (
     b64,
     checkpoint_key,

@@ -18,8 +18,8 @@ from ...errors import StoreError
 from ...limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP, check_effect_bounds
 from ...read_bounds import EFFECTS_READ, BoundedRead
 from .._reported import ReportedOnce
+from ..backends.etcd_connection import EtcdConnection, grpc_error, too_large
 from ..base import Fence, describe_fence_text
-from .connection import EtcdConnection, grpc_error, too_large
 from .kv import (
     EFFECT_INDEX_DIGITS,
     TXN_OPS,

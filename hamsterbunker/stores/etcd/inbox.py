@@ -109,10 +109,10 @@ from ...limits import (
 from ...read_bounds import INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, parse_json
 from .._reported import ReportedOnce
+from ..backends.etcd_connection import EtcdConnection, grpc_error, too_large
 from ..base import AdmissionState, Consumed, Fence, describe_fence_text, inbox_full
 from ..reseal import reply_page_bounds
 from .checkpoints import Raced, TxnExtra
-from .connection import EtcdConnection, grpc_error, too_large
 from .kv import (
     EPOCH_DIGITS,
     b64,

@@ -15,9 +15,9 @@ from ...errors import ClusterChanged, StoreError
 from ...failpoints import failpoint
 from ...limits import check_effect_bounds
 from ...records import CheckpointInfo, ClusterRecord
+from ..backends.etcd_connection import EtcdConnection
 from ..base import check_reseal
 from ..reseal import check_resealed_reply, check_resealed_submission
-from .connection import EtcdConnection
 from .kv import (
     b64,
     checkpoint_key,

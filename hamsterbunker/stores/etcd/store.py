@@ -93,6 +93,7 @@ from ...limits import (
 from ...read_bounds import HEARTBEATS_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
+from ..backends.etcd_connection import EtcdConnection, parse_etcd_url
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
@@ -110,7 +111,6 @@ from ..base import (
 )
 from ..urls import redacted_url
 from .checkpoints import EtcdCheckpoints
-from .connection import EtcdConnection, parse_etcd_url
 from .effects import EtcdEffects
 from .forget import forget_ops
 from .inbox import EtcdInbox

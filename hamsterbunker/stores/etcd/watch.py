@@ -20,7 +20,7 @@ from etcd3gw.watch import Watcher
 from ...errors import CorruptRecord
 from ...records import LeaseRecord
 from .._terms import TermChanges
-from .connection import EtcdConnection
+from ..backends.etcd_connection import EtcdConnection
 from .kv import revision
 
 __all__ = ["Follower", "lease_in", "term_changes"]

@@ -3,7 +3,7 @@
 Imported only when a redis:// URL is opened: it needs redis-py.
 """
 
-from .connection import parse_redis_url
+from ..backends.redis_connection import parse_redis_url
 from .store import GUARANTEES, RedisStore
 from .tail import RedisTail
 

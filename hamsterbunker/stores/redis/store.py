@@ -91,6 +91,7 @@ from ...limits import (
 )
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce
+from ..backends.redis_connection import RedisConnection
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
@@ -106,7 +107,6 @@ from ..base import (
     newest_first,
 )
 from . import scripts as _scripts
-from .connection import RedisConnection
 from .effects import STEPS_REMOVED_PER_CHECKPOINT, RedisEffects
 from .forget import RedisForget
 from .inbox import RedisInbox

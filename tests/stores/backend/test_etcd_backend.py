@@ -26,7 +26,7 @@ from hamsterbunker.stores.backend import (
 )
 from hamsterbunker.stores.backends import etcd_watch
 from hamsterbunker.stores.backends.etcd import EtcdBackend
-from hamsterbunker.stores.etcd.connection import parse_etcd_url
+from hamsterbunker.stores.backends.etcd_connection import parse_etcd_url
 from tests.support import each_ended, wait_until
 from tests.support.etcd_server import EtcdServer, shared_etcd
 from tests.support.server_process import free_port, stop_thawed

@@ -30,8 +30,8 @@ from hamsterbunker.stores.backend import (
     Txn,
 )
 from hamsterbunker.stores.backends.redis import CARRIED_BYTES, RedisBackend
+from hamsterbunker.stores.backends.redis_connection import parse_redis_url
 from hamsterbunker.stores.backends.redis_script import TXN
-from hamsterbunker.stores.redis.connection import parse_redis_url
 from tests.support import each_ended, wait_until
 from tests.support.redis_server import RedisServer, redis_url
 from tests.support.server_process import stop_thawed

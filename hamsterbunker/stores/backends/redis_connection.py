@@ -26,7 +26,6 @@ from ...errors import ConfigError, StoreError, StoreUnavailable
 from ...records import check_name
 from .._tls import describe_tls_failure, tls_error_in, tls_files_problem
 from ..urls import redacted_url
-from .replies import text
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_TIMEOUT_S", "RedisConnection", "parse_redis_url"]
 
@@ -180,7 +179,7 @@ class RedisConnection:
         try:
             settings: dict[str, str] = {}
             for name in ("appendonly", "appendfsync", "maxmemory-policy"):
-                settings.update({text(k): text(v) for k, v in client.config_get(name).items()})
+                settings.update({_text(k): _text(v) for k, v in client.config_get(name).items()})
         except redis.ResponseError as exc:  # CONFIG is often disabled on managed Redis
             return [
                 f"Redis store {self.url}: cannot read the server's persistence settings ({exc}); "
@@ -207,3 +206,7 @@ class RedisConnection:
                 "evict leases and checkpoints. Use noeviction."
             )
         return warnings
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
