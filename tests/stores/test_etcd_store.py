@@ -1,5 +1,5 @@
-"""EtcdStore behaviour beyond the shared contract: URLs, endpoints, a dead or frozen member,
-fencing by etcd itself, the watch, bounds, large checkpoints, TLS, the CLI and the monitor.
+"""An etcd store beyond the shared contract: URLs, endpoints, a dead or frozen member, the
+watch, large checkpoints, TLS, the CLI and the monitor.
 
 The contract every backend keeps runs on etcd in tests/stores/contract; this file
 checks what only an etcd-backed store can get wrong. Members listen on
@@ -24,7 +24,6 @@ import pytest
 
 pytest.importorskip("etcd3gw")
 
-from etcd3gw.client import Etcd3Client
 
 from hamsterbunker.errors import (
     ConfigError,
@@ -34,9 +33,10 @@ from hamsterbunker.errors import (
 )
 from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores import open_store
+from hamsterbunker.stores.backends.etcd import EtcdBackend
+from hamsterbunker.stores.backends.etcd_connection import parse_etcd_url
 from hamsterbunker.stores.base import Fence, Store
-from hamsterbunker.stores.etcd import EtcdStore, parse_etcd_url
-from hamsterbunker.stores.etcd import store as etcd_module
+from hamsterbunker.stores.layer import RecordStore
 from tests.support import each_ended, process_state, wait_until
 from tests.support.etcd_server import EtcdServer, etcd_url, shared_etcd
 from tests.support.records import lease
@@ -65,15 +65,6 @@ def heartbeat(node: str, role: str = "standby") -> Heartbeat:
     )
 
 
-def raw_client(server: EtcdServer) -> Etcd3Client:
-    """A plain etcd3gw client, to look at (or change) keys behind the store's back."""
-    return Etcd3Client(host="127.0.0.1", port=server.port, timeout=5, api_path="/v3/")
-
-
-def prefix_of(url: str) -> str:
-    return parse_etcd_url(url).prefix
-
-
 @pytest.fixture
 def private_server() -> Iterator[Callable[..., EtcdServer]]:
     """Start members of this test's own (to stop, freeze or restart); all stopped at the end."""
@@ -81,10 +72,14 @@ def private_server() -> Iterator[Callable[..., EtcdServer]]:
         yield start
 
 
+def _record_store(url: str, **settings: Any) -> RecordStore:
+    return RecordStore(EtcdBackend(url), **settings)
+
+
 @pytest.fixture
-def opened() -> Iterator[Callable[..., EtcdStore]]:
-    """Open EtcdStores; all closed at the end."""
-    with each_ended(EtcdStore, EtcdStore.close) as open_one:
+def opened() -> Iterator[Callable[..., RecordStore]]:
+    """Open record-layer stores on etcd backends; all closed at the end."""
+    with each_ended(_record_store, RecordStore.close) as open_one:
         yield open_one
 
 
@@ -117,9 +112,8 @@ def test_missing_etcd3gw_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> N
     """Without etcd3gw, an etcd:// URL tells how to install it."""
     for name in [name for name in sys.modules if name.partition(".")[0] == "etcd3gw"]:
         monkeypatch.setitem(sys.modules, name, None)
-    for backend in ("hamsterbunker.stores.etcd", "hamsterbunker.stores.backends.etcd"):
-        for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
-            monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
+    for name in [n for n in sys.modules if n.startswith("hamsterbunker.stores.backends.etcd")]:
+        monkeypatch.delitem(sys.modules, name)  # the backend and its connection and watch
     with pytest.raises(ConfigError, match=r"hamsterbunker\[etcd\]"):
         open_store("etcd://127.0.0.1:2379/p")
 
@@ -138,7 +132,7 @@ def test_reader_of_an_empty_prefix_is_refused(by_url: Callable[..., Store]) -> N
 
 
 def test_a_dead_endpoint_fails_one_call_then_the_next_endpoint_answers(
-    opened: Callable[..., EtcdStore],
+    opened: Callable[..., RecordStore],
 ) -> None:
     """With several endpoints, a call to a dead one is StoreUnavailable and the next call moves on."""
     server = shared_etcd()
@@ -152,7 +146,7 @@ def test_a_dead_endpoint_fails_one_call_then_the_next_endpoint_answers(
 
 
 def test_frozen_server_is_store_unavailable_within_the_timeout(
-    private_server: Callable[..., EtcdServer], opened: Callable[..., EtcdStore]
+    private_server: Callable[..., EtcdServer], opened: Callable[..., RecordStore]
 ) -> None:
     """A member that stops answering (SIGSTOP) gives StoreUnavailable after the timeout, not a hang."""
     server = private_server()
@@ -175,53 +169,10 @@ def test_frozen_server_is_store_unavailable_within_the_timeout(
         server.process.send_signal(signal.SIGCONT)
 
 
-# -- fencing -----------------------------------------------------------------------
-
-
-def test_stale_writer_is_fenced_by_the_etcd_transaction(opened: Callable[..., EtcdStore]) -> None:
-    """The fence is compared inside etcd's txn: a takeover this client never saw still fences it."""
-    server, url = shared_etcd(), etcd_url()
-    store = opened(url)
-    held = store.cas_lease("a", None, lease("n1", 1))
-    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, b"first")
-    # Another node's takeover, written straight into etcd: this client holds no
-    # state that could notice it; only the compare in its txn can.
-    fence_key = f"{prefix_of(url)}/agents/a/fence"
-    raw = raw_client(server)
-    raw.put(fence_key, json.dumps(["n2", "s2", 2]))
-    with pytest.raises(Fenced, match="epoch 2 held by n2"):
-        store.put_checkpoint("a", Fence("n1", "s1", 1), 2, b"stale")
-    assert [key.decode().rsplit("/", 1)[1] for _v, key in _keys(raw, url, "checkpoints/")] == [
-        f"{1:020d}-{1:010d}"
-    ]
-    # The same write is accepted once etcd holds our fence again.
-    raw.put(fence_key, json.dumps(["n1", "s1", 1]))
-    assert store.put_checkpoint("a", Fence("n1", "s1", 1), 2, b"ours again").seq == 2
-    assert held.version > 0
-
-
-def _keys(raw: Etcd3Client, url: str, under: str) -> list[tuple[bytes, bytes]]:
-    """(value, key) of every key under the agent "a" directory ``under``."""
-    found = raw.get_prefix(f"{prefix_of(url)}/agents/a/{under}")
-    return [(value, meta["key"]) for value, meta in found]
-
-
-def test_lease_version_is_the_keys_mod_revision(opened: Callable[..., EtcdStore]) -> None:
-    """The lease version is etcd's mod_revision of the lease key: assigned and compared by etcd."""
-    server, url = shared_etcd(), etcd_url()
-    store = opened(url)
-    held = store.cas_lease("a", None, lease("n1", 1))
-    [(_value, meta)] = raw_client(server).get(f"{prefix_of(url)}/agents/a/lease", metadata=True)
-    assert held.version == int(meta["mod_revision"])
-    raw_client(server).put(f"{prefix_of(url)}/agents/a/lease", lease("n9", 9).to_json())
-    with pytest.raises(StoreError):  # any write in between moves the version on
-        store.cas_lease("a", held.version, lease("n1", 1))
-
-
 # -- watch -------------------------------------------------------------------------
 
 
-def test_watch_wakes_at_once_on_a_release(opened: Callable[..., EtcdStore]) -> None:
+def test_watch_wakes_at_once_on_a_release(opened: Callable[..., RecordStore]) -> None:
     """A standby's lease watch wakes within a fraction of a second when the holder releases."""
     url = etcd_url()
     standby, holder = opened(url), opened(url)
@@ -244,30 +195,7 @@ def test_watch_wakes_at_once_on_a_release(opened: Callable[..., EtcdStore]) -> N
     assert took < 1.0, f"the release woke the watch after {took:.2f} s"
 
 
-def test_watch_outlives_a_member_restart(
-    private_server: Callable[..., EtcdServer],
-    opened: Callable[..., EtcdStore],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A watch whose member restarts (its stream broken) sets up again and wakes again."""
-    monkeypatch.setattr(etcd_module, "_WATCH_RENEW_S", 0.5)
-    server = private_server()
-    url = server.url()
-    store, writer = opened(url), opened(url)
-
-    async def main() -> None:
-        watcher = store.watch("a", lease_only=True)
-        try:
-            await next_wake(watcher, writer)
-            await asyncio.to_thread(server.restart)
-            await next_wake(watcher, writer)
-        finally:
-            await watcher.aclose()  # type: ignore[attr-defined]
-
-    asyncio.run(main())
-
-
-def test_closing_a_watch_or_the_store_ends_its_thread(opened: Callable[..., EtcdStore]) -> None:
+def test_closing_a_watch_or_the_store_ends_its_thread(opened: Callable[..., RecordStore]) -> None:
     """aclose() of a watch, or close() of its store, ends the watch's thread (bounded)."""
     url = etcd_url()
     store, writer = opened(url), opened(url)
@@ -287,23 +215,12 @@ def test_closing_a_watch_or_the_store_ends_its_thread(opened: Callable[..., Etcd
         assert not thread.is_alive(), f"{thread.name} still runs"
 
 
-# -- bounds, limits, keys ------------------------------------------------------------
-
-
-def test_event_logs_are_bounded_in_etcd(opened: Callable[..., EtcdStore]) -> None:
-    """A node's event keys in etcd never number more than events_per_node."""
-    server, url = shared_etcd(), etcd_url()
-    store = opened(url, events_per_node=5)
-    for n in range(1, 24):
-        store.append_event("a", event("busy", n))
-    assert len(_keys(raw_client(server), url, "events/busy/")) == 5
-    assert [e.n for e in store.read_events("a")] == [19, 20, 21, 22, 23]
-    assert [e.n for e in store.read_events("a", after={"busy": 21})] == [22, 23]
+# -- limits ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("size", [1_600_000, 3_000_000], ids=["over-request-limit", "over-grpc"])
 def test_too_large_checkpoint_is_refused_clearly(
-    opened: Callable[..., EtcdStore], size: int
+    opened: Callable[..., RecordStore], size: int
 ) -> None:
     """A checkpoint over etcd's request limit is a StoreError naming the size and the setting."""
     store = opened(etcd_url())
@@ -324,7 +241,7 @@ def test_too_large_checkpoint_is_refused_clearly(
 def test_etcds_with_client_certificates(
     tmp_path: Path,
     private_server: Callable[..., EtcdServer],
-    opened: Callable[..., EtcdStore],
+    opened: Callable[..., RecordStore],
 ) -> None:
     """Over mutual TLS the store works, watch included; without a client certificate, or with a
     wrong CA, it is refused."""
@@ -417,29 +334,3 @@ def test_monitor_follows_an_etcd_store(by_url: Callable[..., Store]) -> None:
             monitored.close()
 
     asyncio.run(scenario())
-
-
-def test_a_terms_checkpoints_after_its_first_are_one_txn_each(
-    opened: Callable[..., EtcdStore], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A put reads what is stored first; this client's next puts under the same fence do
-    not (nobody else writes under it): one txn each, and retention keeps the newest."""
-    store = opened(etcd_url(), keep_checkpoints=3)
-    store.cas_lease("a", None, lease("n1", 1))
-    txns: list[int] = []
-    real = store._connection.txn  # counted, not changed
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        txns.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(store._connection, "txn", counted)
-    fence = Fence("n1", "s1", 1)
-    store.put_checkpoint("a", fence, 1, b"one")
-    assert len(txns) == 2  # the read, the write
-    for seq in range(2, 8):
-        store.put_checkpoint("a", fence, seq, f"cp{seq}".encode())
-    assert len(txns) == 2 + 6
-    assert [(i.seq, i.epoch) for i in store.list_checkpoints("a")] == [(7, 1), (6, 1), (5, 1)]
-    with pytest.raises(StoreError, match="must increase"):  # below what it wrote: read again
-        store.put_checkpoint("a", fence, 6, b"again")

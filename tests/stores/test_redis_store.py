@@ -1,4 +1,4 @@
-"""RedisStore behaviour beyond the shared contract: URLs, a dead or frozen server, TLS, keys, tail.
+"""A Redis store beyond the shared contract: URLs, a dead or frozen server, TLS, connections.
 
 The contract every backend keeps runs on Redis in tests/stores/contract; this file
 checks what only a Redis-backed store can get wrong. Servers listen on
@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,8 +27,10 @@ from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
     StoreUnavailable,
 )
 from hamsterbunker.stores import open_store  # noqa: E402
+from hamsterbunker.stores.backends.redis import RedisBackend  # noqa: E402
+from hamsterbunker.stores.backends.redis_connection import parse_redis_url  # noqa: E402
 from hamsterbunker.stores.base import Fence, Store  # noqa: E402
-from hamsterbunker.stores.redis import RedisStore, RedisTail, parse_redis_url  # noqa: E402
+from hamsterbunker.stores.layer import RecordStore  # noqa: E402
 from tests.support import each_ended, process_state, wait_until  # noqa: E402
 from tests.support.records import lease  # noqa: E402
 from tests.support.records import network_event as event  # noqa: E402
@@ -47,10 +50,14 @@ def private_server() -> Iterator[Callable[..., RedisServer]]:
         yield start
 
 
+def _record_store(url: str, **settings: Any) -> RecordStore:
+    return RecordStore(RedisBackend(url), **settings)
+
+
 @pytest.fixture
-def opened() -> Iterator[Callable[..., RedisStore]]:
-    """Open RedisStores; all closed at the end."""
-    with each_ended(RedisStore, RedisStore.close) as open_one:
+def opened() -> Iterator[Callable[..., RecordStore]]:
+    """Open record-layer stores on Redis backends; all closed at the end."""
+    with each_ended(_record_store, RecordStore.close) as open_one:
         yield open_one
 
 
@@ -78,9 +85,8 @@ def test_rediss_url_passes_the_certificates_to_redis_py(tmp_path: Path) -> None:
     """rediss:// with ssl_ca_certs, ssl_certfile and ssl_keyfile makes TLS connections with them."""
     certs = make_certificates(tmp_path)  # the files are loaded at open: they must be real ones
     ca, cert, key = (str(certs[name]) for name in ("ca.crt", "client.crt", "client.key"))
-    store = RedisStore(
-        f"rediss://127.0.0.1:1/0?ssl_ca_certs={ca}&ssl_certfile={cert}&ssl_keyfile={key}"
-    )
+    url = f"rediss://127.0.0.1:1/0?ssl_ca_certs={ca}&ssl_certfile={cert}&ssl_keyfile={key}"
+    store = RedisBackend(url)
     try:
         pool = store._redis.connection_pool
         assert pool.connection_class is redis.SSLConnection
@@ -115,9 +121,8 @@ def test_password_is_not_shown(private_server: Callable[..., RedisServer]) -> No
 def test_missing_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without redis-py, a redis:// URL tells how to install it."""
     monkeypatch.setitem(sys.modules, "redis", None)
-    for backend in ("hamsterbunker.stores.redis", "hamsterbunker.stores.backends.redis"):
-        for name in [n for n in sys.modules if n == backend or n.startswith(backend + ".")]:
-            monkeypatch.delitem(sys.modules, name)  # the package and each of its modules
+    for name in [n for n in sys.modules if n.startswith("hamsterbunker.stores.backends.redis")]:
+        monkeypatch.delitem(sys.modules, name)  # the backend and its connection module
     with pytest.raises(ConfigError, match=r"hamsterbunker\[redis\]"):
         open_store("redis://127.0.0.1:6379/0")
 
@@ -126,7 +131,7 @@ def test_missing_redis_py_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_frozen_server_is_store_unavailable_within_the_socket_timeout(
-    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+    private_server: Callable[..., RedisServer], opened: Callable[..., RecordStore]
 ) -> None:
     """A server that stops answering (SIGSTOP) gives StoreUnavailable after socket_timeout, not a hang."""
     server = private_server()
@@ -143,7 +148,7 @@ def test_frozen_server_is_store_unavailable_within_the_socket_timeout(
 
 
 def test_watch_outlives_a_server_restart(
-    private_server: Callable[..., RedisServer], opened: Callable[..., RedisStore]
+    private_server: Callable[..., RedisServer], opened: Callable[..., RecordStore]
 ) -> None:
     """A watch whose server restarts reconnects and wakes again (it never raises)."""
     server = private_server()
@@ -168,7 +173,7 @@ def test_watch_outlives_a_server_restart(
 def test_rediss_with_client_certificates(
     tmp_path: Path,
     private_server: Callable[..., RedisServer],
-    opened: Callable[..., RedisStore],
+    opened: Callable[..., RecordStore],
 ) -> None:
     """Over TLS with client certificates the store works; without them, or with a wrong CA, it refuses."""
     certs = make_certificates(tmp_path)
@@ -201,24 +206,10 @@ def test_rediss_with_client_certificates(
     assert not isinstance(refused.value, StoreUnavailable)
 
 
-# -- keys, bounds, settings --------------------------------------------------------
+# -- fencing, settings -------------------------------------------------------------
 
 
-def test_event_lists_are_trimmed_in_redis(opened: Callable[..., RedisStore]) -> None:
-    """A node's event list in Redis never holds more than events_per_node entries."""
-    url = redis_url()
-    store = opened(url, events_per_node=5)
-    for n in range(1, 41):
-        store.append_event("a", event("busy", n))
-    raw = redis.Redis.from_url(url.split("?")[0])
-    try:
-        assert raw.llen(f"{url.split('prefix=')[1]}:agent:a:events:busy") == 5
-    finally:
-        raw.close()
-    assert [e.n for e in store.read_events("a")] == [36, 37, 38, 39, 40]
-
-
-def test_fenced_error_names_the_current_holder(opened: Callable[..., RedisStore]) -> None:
+def test_fenced_error_names_the_current_holder(opened: Callable[..., RecordStore]) -> None:
     """Fenced says which epoch and node the lease has moved to."""
     store = opened(redis_url())
     first = store.cas_lease("a", None, lease("n1", 1))
@@ -243,7 +234,7 @@ def test_fenced_error_names_the_current_holder(opened: Callable[..., RedisStore]
 )
 def test_persistence_settings_are_warned_about(
     private_server: Callable[..., RedisServer],
-    opened: Callable[..., RedisStore],
+    opened: Callable[..., RecordStore],
     settings: tuple[str, ...],
     warned: str | None,
 ) -> None:
@@ -253,39 +244,6 @@ def test_persistence_settings_are_warned_about(
         assert store.warnings == []
     else:
         assert len(store.warnings) == 1 and warned in store.warnings[0], store.warnings
-
-
-# -- the tail ----------------------------------------------------------------------
-
-
-def test_tail_returns_only_new_events_and_every_heartbeat(
-    opened: Callable[..., RedisStore],
-) -> None:
-    """Each read returns the events appended since the last one, in order, and current heartbeats."""
-    url = redis_url()
-    store = opened(url, events_per_node=10)
-    tail = store.tail("a")
-    assert isinstance(tail, RedisTail)
-    assert tail.read().events == []
-    for n in (1, 2, 3):
-        store.append_event("a", event("n1", n))
-    store.append_event("a", event("n2", 1))
-    store.put_heartbeat("a", heartbeat("n1"))
-    first = tail.read()
-    assert [(e.node, e.n) for e in first.events] == [("n1", 1), ("n1", 2), ("n1", 3), ("n2", 1)]
-    assert [b.node for b in first.heartbeats] == ["n1"]
-    assert tail.read().events == []
-    store.append_event("a", event("n1", 4))
-    assert [(e.node, e.n) for e in tail.read().events] == [("n1", 4)]
-    for n in range(5, 31):  # more than the list keeps: only the retained newest come back
-        store.append_event("a", event("n1", n))
-    assert [e.n for e in tail.read().events] == list(range(21, 31))
-    store.remove_heartbeat("a", "n1")
-    assert tail.read().heartbeats == []
-    # A second tail starts from what is retained now.
-    assert [e.n for e in opened(url).tail("a").read().events if e.node == "n1"] == list(
-        range(21, 31)
-    )
 
 
 # -- the monitor -------------------------------------------------------------------

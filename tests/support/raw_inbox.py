@@ -37,10 +37,6 @@ def plant_submissions(store: Store, agent: str, entries: Iterable[tuple[int, byt
             assert store.backend.commit(Txn(writes=writes)).succeeded
     elif isinstance(store, FileStore):
         _plant_files(store, agent, entries)
-    elif type(store).__name__ == "RedisStore":
-        _plant_redis(store, agent, entries)
-    elif type(store).__name__ == "EtcdStore":
-        _plant_etcd(store, agent, entries)
     else:
         raise AssertionError(f"no way to plant submissions in {store!r}")
 
@@ -52,23 +48,3 @@ def _plant_files(store: FileStore, agent: str, entries: list[tuple[int, bytes]])
     pending.mkdir(parents=True, exist_ok=True)
     for number, blob in entries:
         (pending / pending_name(number)).write_bytes(pending_bytes(f"planted-{number}", blob))
-
-
-def _plant_redis(store: Store, agent: str, entries: list[tuple[int, bytes]]) -> None:
-    _inbox, pending, numbers = store._inbox.keys(agent)[:3]  # type: ignore[attr-defined]
-    with store._redis.pipeline(transaction=False) as pipe:  # type: ignore[attr-defined]
-        for number, blob in entries:
-            pipe.hset(pending, str(number), blob)
-            pipe.zadd(numbers, {str(number): number})
-        pipe.execute()
-
-
-def _plant_etcd(store: Store, agent: str, entries: list[tuple[int, bytes]]) -> None:
-    from hamsterbunker.stores.etcd.kv import put_op
-
-    prefix = store._agent_prefix(agent) + "inbox/pending/"  # type: ignore[attr-defined]
-    small = all(len(blob) < 1024 for _number, blob in entries)
-    batch = 100 if small else _ETCD_BATCH
-    for start in range(0, len(entries), batch):
-        ops = [put_op(f"{prefix}{number:020d}", blob) for number, blob in entries[start:][:batch]]
-        store._connection.txn([], ops)  # type: ignore[attr-defined]

@@ -5,16 +5,14 @@ reads them, past the store contract (which only writes what it validated).
 ``RawRecords`` writes a record-layer store (what file://, redis:// and etcd://
 URLs open, the memory store too) through its backend, under the layer's keys
 (``stores.layer.keys``), so the same test runs on every backend: ``BACKENDS``
-and the ``backend_store`` fixture open one from a URL. ``RawFile``,
-``RawRedis`` and ``RawEtcd`` know the layouts of the older hand-written stores
-(documented at the top of each one's module), which the contract suite still
-runs and a syncdir node's subtree still has. ``raw_view`` gives the same
+and the ``backend_store`` fixture open one from a URL. ``RawFile``
+knows the layout of the earlier hand-written file store (documented at the top
+of its module), which a syncdir node's subtree still has. ``raw_view`` gives the same
 access to a store a test already opened, for the store contract suite.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -125,114 +123,6 @@ class RawFile:
         pass
 
 
-class RawRedis:
-    """The older Redis store's layout (``stores.redis``)."""
-
-    def __init__(self, url: str, store: Store | None = None) -> None:
-        """Raw access to the store at url: one opened here, or store, opened by the caller."""
-        from hamsterbunker.stores.redis import RedisStore
-
-        self.url = url
-        self._owned = store is None
-        self._store = RedisStore(url) if store is None else store  # type: ignore[assignment]
-        self._redis = self._store._redis
-
-    def _key(self, agent: str, *parts: str) -> str:
-        return self._store._key(agent, *parts)
-
-    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
-        data = self._redis.hget(self._key(agent, "blobs"), str(seq))
-        assert isinstance(data, bytes), f"no checkpoint {seq} stored"
-        return data
-
-    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
-        info = json.dumps({"epoch": epoch, "size": len(data), "written": 0.0})
-        self._redis.hset(self._key(agent, "checkpoints"), str(seq), info)
-        self._redis.hset(self._key(agent, "blobs"), str(seq), data)
-
-    def put_lease(self, agent: str, data: bytes) -> None:
-        self._redis.hset(self._key(agent, "lease"), "record", data)
-
-    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
-        self._redis.hset(self._key(agent, "heartbeats"), node, data)
-
-    def add_event(self, agent: str, node: str, data: bytes) -> None:
-        self._redis.rpush(self._key(agent, "events", node), data)
-        self._redis.hincrby(self._key(agent, "event-counts"), node, 1)
-
-    def put_cluster(self, data: bytes) -> None:
-        self._redis.set(f"{self._store.prefix}:cluster", data)
-
-    def put_acceptance(self, agent: str, data: bytes) -> None:
-        self._redis.set(self._key(agent, "acceptance"), data)
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        self._redis.hset(self._key(agent, "effects", str(seq)), f"{index}:{kind}", data)
-        self._redis.zadd(self._key(agent, "effect-steps"), {str(seq): seq})
-
-    def drop_effects(self, agent: str, seq: int) -> None:
-        assert self._redis.delete(self._key(agent, "effects", str(seq))) == 1, "no journal"
-
-    def close(self) -> None:
-        if self._owned:
-            self._store.close()
-
-
-class RawEtcd:
-    """The older etcd store's layout (``stores.etcd``)."""
-
-    def __init__(self, url: str, store: Store | None = None) -> None:
-        """Raw access to the store at url: one opened here, or store, opened by the caller."""
-        from hamsterbunker.stores.etcd import EtcdStore
-
-        self.url = url
-        self._owned = store is None
-        self._store = EtcdStore(url) if store is None else store  # type: ignore[assignment]
-        self._kv = self._store._kv
-
-    def _key(self, agent: str, rest: str) -> str:
-        return self._store._agent_prefix(agent) + rest
-
-    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
-        found = self._kv.get(self._key(agent, f"checkpoints/{seq:020d}-{epoch:010d}"))
-        assert found, f"no checkpoint {seq} of epoch {epoch} stored"
-        return bytes(found[0])
-
-    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
-        info = {"epoch": epoch, "seq": seq, "size": len(data), "written": 0.0}
-        self._kv.put(self._key(agent, f"checkpoint-info/{seq:020d}"), json.dumps(info))
-        self._kv.put(self._key(agent, f"checkpoints/{seq:020d}-{epoch:010d}"), data)
-
-    def put_lease(self, agent: str, data: bytes) -> None:
-        self._kv.put(self._key(agent, "lease"), data)
-
-    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
-        self._kv.put(self._key(agent, f"heartbeats/{node}"), data)
-
-    def add_event(self, agent: str, node: str, data: bytes) -> None:
-        self._kv.put(self._key(agent, f"event-nodes/{node}"), b"")
-        self._kv.put(self._key(agent, f"events/{node}/{uuid.uuid4().int % 10**20:020d}"), data)
-
-    def put_cluster(self, data: bytes) -> None:
-        self._kv.put(f"{self._store.target.prefix}/cluster", data)
-
-    def put_acceptance(self, agent: str, data: bytes) -> None:
-        self._kv.put(self._key(agent, "acceptance"), data)
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        self._kv.put(self._key(agent, f"effects/{seq:020d}/{index:04d}/{kind}"), data)
-
-    def drop_effects(self, agent: str, seq: int) -> None:
-        from hamsterbunker.stores.etcd.kv import range_end
-
-        journal = self._key(agent, f"effects/{seq:020d}/")
-        assert self._kv.delete(journal, range_end=range_end(journal)), "no journal"
-
-    def close(self) -> None:
-        if self._owned:
-            self._store.close()
-
-
 class RawRecords:
     """A record-layer store's backend, written under the layer's keys (``stores.layer.keys``)."""
 
@@ -326,10 +216,6 @@ def raw_view(store: Store) -> RawStore:
         return RawRecords(store)
     if isinstance(store, FileStore):
         return RawFile(store.root)
-    if type(store).__name__ == "RedisStore":
-        return RawRedis(store.url, store)  # type: ignore[attr-defined]
-    if type(store).__name__ == "EtcdStore":
-        return RawEtcd(store.url, store)  # type: ignore[attr-defined]
     raise AssertionError(f"no raw view of {store!r}")
 
 

@@ -3,18 +3,16 @@ the inbox (submissions, "consumed" records with their replies, request-id index 
 
 ``raw_store`` puts bytes where a node reads its lease, checkpoints and logs;
 this module does the same for the records of work, past the store contract,
-in each backend's own key layout (documented at the top of each backend's
-inbox and store modules): put arbitrary bytes, well-formed records naming
-any number or request id (the formats are public: only the sealed bytes
-inside need the secret), or delete a record. One class per backend, the
-in-memory store of ``hamsterbunker.testing`` included.
+under the record layer's keys (``stores.layer.keys``, every backend) or in
+the earlier file store's layout (a syncdir node's subtree): put arbitrary
+bytes, well-formed records naming any number or request id (the formats are
+public: only the sealed bytes inside need the secret), or delete a record.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 from pathlib import Path
 from typing import Protocol
 
@@ -30,9 +28,9 @@ from hamsterbunker.stores.file.inbox_records import (
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 
-from .raw_store import RawEtcd, RawFile, RawRecords, RawRedis
+from .raw_store import RawFile, RawRecords
 
-__all__ = ["RawWork", "RawWorkEtcd", "RawWorkFile", "RawWorkRecords", "RawWorkRedis", "raw_work"]
+__all__ = ["RawWork", "RawWorkFile", "RawWorkRecords", "raw_work"]
 
 
 class RawWork(Protocol):
@@ -136,115 +134,6 @@ class RawWorkFile:
         self._inbox(agent, "ids", index_name(request_id)).unlink(missing_ok=True)
 
 
-class RawWorkRedis:
-    """Redis: ``P:agent:A:effects:SEQ`` and the ``P:agent:A:inbox:*`` hashes and sets."""
-
-    def __init__(self, raw: RawRedis) -> None:
-        self._raw, self._redis = raw, raw._redis
-
-    def _key(self, agent: str, *parts: str) -> str:
-        return self._raw._key(agent, *parts)
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        self._raw.put_effect(agent, seq, index, kind, data)
-
-    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
-        self._redis.hdel(self._key(agent, "effects", str(seq)), f"{index}:{kind}")
-
-    def delete_effects(self, agent: str, seq: int) -> None:
-        self._redis.delete(self._key(agent, "effects", str(seq)))
-
-    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
-        self.put_pending_raw(agent, number, blob)
-
-    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
-        self._redis.hset(self._key(agent, "inbox:pending"), str(number), data)
-        self._redis.zadd(self._key(agent, "inbox:numbers"), {str(number): number})
-
-    def delete_pending(self, agent: str, number: int) -> None:
-        self._redis.hdel(self._key(agent, "inbox:pending"), str(number))
-        self._redis.zrem(self._key(agent, "inbox:numbers"), str(number))
-
-    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
-        self._redis.hset(self._key(agent, "inbox:consumed"), str(number), request_id)
-        if reply is None:
-            self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
-        else:
-            self._redis.hset(self._key(agent, "inbox:replies"), str(number), reply)
-        self._redis.zadd(self._key(agent, "inbox:kept"), {str(number): number})
-        self.put_index(agent, request_id, number)
-
-    def delete_done(self, agent: str, number: int, request_id: str) -> None:
-        self._redis.hdel(self._key(agent, "inbox:consumed"), str(number))
-        self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
-        self._redis.zrem(self._key(agent, "inbox:kept"), str(number))
-
-    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
-        self._redis.hdel(self._key(agent, "inbox:replies"), str(number))
-
-    def put_index(self, agent: str, request_id: str, number: int) -> None:
-        self.put_index_raw(agent, request_id, str(number).encode())
-
-    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
-        self._redis.hset(self._key(agent, "inbox:ids"), request_id, data)
-
-    def delete_index(self, agent: str, request_id: str) -> None:
-        self._redis.hdel(self._key(agent, "inbox:ids"), request_id)
-
-
-class RawWorkEtcd:
-    """etcd: ``P/agents/A/effects/<seq>/<index>/<kind>`` and ``P/agents/A/inbox/...``."""
-
-    def __init__(self, raw: RawEtcd) -> None:
-        self._raw, self._kv = raw, raw._kv
-
-    def _inbox(self, agent: str, rest: str) -> str:
-        return self._raw._key(agent, "inbox/" + rest)
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        self._raw.put_effect(agent, seq, index, kind, data)
-
-    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
-        self._kv.delete(self._raw._key(agent, f"effects/{seq:020d}/{index:04d}/{kind}"))
-
-    def delete_effects(self, agent: str, seq: int) -> None:
-        self._kv.delete_prefix(self._raw._key(agent, f"effects/{seq:020d}/"))
-
-    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
-        self.put_pending_raw(agent, number, blob)
-
-    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
-        self._kv.put(self._inbox(agent, f"pending/{number:020d}"), data)
-
-    def delete_pending(self, agent: str, number: int) -> None:
-        self._kv.delete(self._inbox(agent, f"pending/{number:020d}"))
-
-    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
-        ref = None
-        if reply is not None:
-            ref = f"{1:010d}-{number:020d}"
-            self._kv.put(self._inbox(agent, f"replies/{number:020d}/{ref}"), reply)
-        self._kv.put(self._inbox(agent, f"done/{number:020d}"), request_id)
-        doc = {"n": number, "consumed": True, "reply": ref}
-        self.put_index_raw(agent, request_id, json.dumps(doc).encode())
-
-    def delete_done(self, agent: str, number: int, request_id: str) -> None:
-        self._kv.delete(self._inbox(agent, f"done/{number:020d}"))
-        self.delete_reply(agent, number, request_id)
-
-    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
-        self._kv.delete_prefix(self._inbox(agent, f"replies/{number:020d}/"))
-
-    def put_index(self, agent: str, request_id: str, number: int) -> None:
-        self.put_index_raw(agent, request_id, json.dumps({"n": number, "size": 0}).encode())
-
-    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
-        self._kv.put(self._inbox(agent, f"ids/{request_id}"), data)
-
-    def delete_index(self, agent: str, request_id: str) -> None:
-        self._kv.delete(self._inbox(agent, f"ids/{request_id}"))
-
-
 class RawWorkRecords:
     """A record-layer store (the memory store's included): its backend, under the layer's keys."""
 
@@ -304,8 +193,4 @@ def raw_work(raw: object) -> RawWork:
         return RawWorkRecords(raw)
     if isinstance(raw, RawFile):
         return RawWorkFile(raw)
-    if isinstance(raw, RawRedis):
-        return RawWorkRedis(raw)
-    if isinstance(raw, RawEtcd):
-        return RawWorkEtcd(raw)
     raise TypeError(f"no raw access to the work records of {raw!r}")

@@ -72,32 +72,6 @@ def _memory(tmp_path: Path) -> Opener:
     return lambda: shared
 
 
-def _redis(tmp_path: Path) -> Opener:
-    from hamsterbunker.stores.redis import RedisStore
-    from tests.support.redis_server import redis_url
-
-    url = redis_url()  # the session's redis-server, under a prefix of this test's own
-    return lambda: RedisStore(
-        url,
-        keep_checkpoints=KEEP_CHECKPOINTS,
-        events_per_node=EVENT_BOUND,
-        keep_replies=KEEP_REPLIES,
-    )
-
-
-def _etcd(tmp_path: Path) -> Opener:
-    from hamsterbunker.stores.etcd import EtcdStore
-    from tests.support.etcd_server import etcd_url
-
-    url = etcd_url()  # the session's etcd, under a prefix of this test's own
-    return lambda: EtcdStore(
-        url,
-        keep_checkpoints=KEEP_CHECKPOINTS,
-        events_per_node=EVENT_BOUND,
-        keep_replies=KEEP_REPLIES,
-    )
-
-
 def _on(open_backend: Callable[[], Backend]) -> Opener:
     """An opener of record-layer clients, each over a backend client open_backend opens."""
     from hamsterbunker.stores.layer import RecordStore
@@ -157,8 +131,6 @@ BACKENDS: dict[str, Callable[[Path], Opener]] = {
     "records-redis": _records_redis,
     "records-etcd": _records_etcd,
     "records-postgres": _records_postgres,
-    "redis": _redis,
-    "etcd": _etcd,
 }
 
 
@@ -180,12 +152,12 @@ def open_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 
 # The backends whose lease watch yields the record each change carries (etcd's watch
 # events, Redis' messages); the others yield None, a hint to read.
-CARRIES_LEASE = {"redis", "etcd", "memory", "records-etcd", "records-memory", "records-redis"}
+CARRIES_LEASE = {"memory", "records-etcd", "records-memory", "records-redis"}
 # The backends whose take_lease reads for the restore in the same atomic step.
 # Backends whose take_lease reads for the restore in its write (the inbox too: etcd's).
-READS_AS_IT_TAKES = {"etcd", "memory", "records-memory", "records-file", "records-redis", "records-etcd",
+READS_AS_IT_TAKES = {"memory", "records-memory", "records-file", "records-redis", "records-etcd",
                      "records-postgres"}  # fmt: skip
-READS_INBOX_AS_IT_TAKES = {"etcd"}
+READS_INBOX_AS_IT_TAKES: set[str] = set()
 
 
 @pytest.fixture
@@ -234,26 +206,40 @@ def _file_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
     )
 
 
+def _records_file_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
+    from hamsterbunker.stores.layer.files import FileStore as RecordFileStore
+
+    root = tmp_path / "gone"
+    store = RecordFileStore(root)
+    ended.callback(store.close)
+    return Gone(
+        store,
+        lambda: shutil.rmtree(root),
+        says=f"^store directory {root}: No such file or directory$",
+        every_call_fails=False,
+    )
+
+
 def _redis_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
-    from hamsterbunker.stores.redis import RedisStore
+    from hamsterbunker.stores.backends.redis import RedisBackend
     from tests.support.redis_server import RedisServer
     from tests.support.server_process import stop_thawed
 
     server = RedisServer.start()
     ended.callback(stop_thawed, server)
-    store = RedisStore(server.url())
+    store = _on(lambda: RedisBackend(server.url()))()
     ended.callback(store.close)
     return Gone(store, server.stop, says="redis store", every_call_fails=True)
 
 
 def _etcd_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
-    from hamsterbunker.stores.etcd import EtcdStore
+    from hamsterbunker.stores.backends.etcd import EtcdBackend
     from tests.support.etcd_server import EtcdServer
     from tests.support.server_process import stop_thawed
 
     server = EtcdServer.start()
     ended.callback(stop_thawed, server)
-    store = EtcdStore(server.url())
+    store = _on(lambda: EtcdBackend(server.url()))()
     ended.callback(store.close)
     return Gone(
         store,
@@ -265,6 +251,7 @@ def _etcd_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
 
 GONE: dict[str, Callable[[Path, contextlib.ExitStack], Gone]] = {
     "file": _file_gone,
+    "records-file": _records_file_gone,
     "redis": _redis_gone,
     "etcd": _etcd_gone,
 }
@@ -288,6 +275,9 @@ class Spaces:
     keys: Callable[[], list[str]]  # every key (file: every file path) in the space
     agent_prefix: Callable[[str, str], str]  # (prefix name, agent): where its keys start
     prefix: Callable[[str], str]  # prefix name: where all of its keys start
+    # (prefix name, agent): the keys of an agent's outside its prefix (its entry in the index
+    # of agents) and the backend's own (a lock, a log, an index of keys).
+    beside: Callable[[str, str], set[str]] = lambda _name, _agent: set()
 
 
 def _file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
@@ -309,10 +299,29 @@ def _file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
     )
 
 
+def _records_file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
+    from hamsterbunker.stores.layer.files import FileStore as RecordFileStore
+
+    files = _file_spaces(tmp_path, ended)
+
+    def opened(name: str) -> Store:
+        store = RecordFileStore(tmp_path / "space" / name)
+        ended.callback(store.close)
+        return store
+
+    return Spaces(
+        open=opened,
+        keys=files.keys,
+        agent_prefix=lambda name, agent: f"{name}/kv/agents/{agent}/",
+        prefix=files.prefix,
+        beside=lambda name, agent: {f"{name}/kv/index/{agent}", f"{name}/.lock", f"{name}/.redo"},
+    )
+
+
 def _redis_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
     import redis
 
-    from hamsterbunker.stores.redis import RedisStore
+    from hamsterbunker.stores.backends.redis import RedisBackend
     from tests.support.redis_server import shared_redis
 
     server = shared_redis()
@@ -323,22 +332,23 @@ def _redis_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
     ended.callback(raw.flushdb)
 
     def opened(name: str) -> Store:
-        store = RedisStore(server.url(prefix=name, db=db))
+        store = _on(lambda: RedisBackend(server.url(prefix=name, db=db)))()
         ended.callback(store.close)
         return store
 
     return Spaces(
         open=opened,
         keys=lambda: sorted(key.decode() for key in raw.keys("*")),
-        agent_prefix=lambda name, agent: f"{name}:agent:{agent}:",
-        prefix=lambda name: f"{name}:",
+        agent_prefix=lambda name, agent: f"{{{name}}}:k:agents/{agent}/",
+        prefix=lambda name: f"{{{name}}}:",
+        beside=lambda name, agent: {f"{{{name}}}:k:index/{agent}", f"{{{name}}}:index"},
     )
 
 
 def _etcd_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
     from etcd3gw.client import Etcd3Client
 
-    from hamsterbunker.stores.etcd import EtcdStore
+    from hamsterbunker.stores.backends.etcd import EtcdBackend
     from tests.support.etcd_server import shared_etcd
 
     server = shared_etcd()
@@ -346,7 +356,7 @@ def _etcd_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
     raw = Etcd3Client(host="127.0.0.1", port=server.port, timeout=5, api_path="/v3/")
 
     def opened(name: str) -> Store:
-        store = EtcdStore(server.url(prefix=f"{base}/{name}"))
+        store = _on(lambda: EtcdBackend(server.url(prefix=f"{base}/{name}")))()
         ended.callback(store.close)
         return store
 
@@ -355,11 +365,13 @@ def _etcd_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
         keys=lambda: sorted(meta["key"].decode() for _v, meta in raw.get_prefix(f"/{base}/")),
         agent_prefix=lambda name, agent: f"/{base}/{name}/agents/{agent}/",
         prefix=lambda name: f"/{base}/{name}/",
+        beside=lambda name, agent: {f"/{base}/{name}/index/{agent}"},
     )
 
 
 SPACES: dict[str, Callable[[Path, contextlib.ExitStack], Spaces]] = {
     "file": _file_spaces,
+    "records-file": _records_file_spaces,
     "redis": _redis_spaces,
     "etcd": _etcd_spaces,
 }

@@ -15,8 +15,7 @@ from hamsterbunker.errors import Fenced, LeaseConflict, UnreadableLease
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.layer import RecordStore
-from hamsterbunker.testing import MemoryStore
-from tests.support.raw_store import RawEtcd, RawFile, RawRecords, RawRedis
+from tests.support.raw_store import RawFile, RawRecords
 
 AGENT = "a"
 JUNK = {
@@ -37,16 +36,8 @@ def plant(store: Store, backend: str) -> Iterator[Plant]:
         records = RawRecords(store)
         yield lambda data: records.put_lease(AGENT, data)
         return
-    if isinstance(store, MemoryStore):
-        memory = store
-
-        def into_memory(data: bytes) -> None:
-            memory._agents[AGENT].lease = data
-
-        yield into_memory
-        return
-    raw = {"file": RawFile, "redis": RawRedis, "etcd": RawEtcd}[backend]
-    opened = raw(getattr(store, "root", None) or store.url)  # type: ignore[arg-type]
+    assert backend == "file", backend  # the earlier file store, a syncdir node's subtree
+    opened = RawFile(store.root)  # type: ignore[attr-defined]
     yield lambda data: opened.put_lease(AGENT, data)
     opened.close()
 
