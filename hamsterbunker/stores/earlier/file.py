@@ -116,10 +116,13 @@ class EarlierFileStore:
     @_translated
     def read_lease(self, agent: str) -> LeaseRecord | None:
         path, parts = self._agent(agent)
-        try:
-            data = self._read_one(parts, "lease.json", MAX_RECORD_BYTES)
-        except CorruptRecord as exc:
-            raise UnreadableLease(str(exc), str(path / "lease.json")) from exc
+        with opened_dir(self.root, parts) as fd:  # a symlink here: CorruptRecord, as there
+            if fd is None:
+                return None
+            try:
+                data = read_file(fd, "lease.json", path / "lease.json", MAX_RECORD_BYTES)
+            except CorruptRecord as exc:
+                raise UnreadableLease(str(exc), str(path / "lease.json")) from exc
         return None if data is None else parse_lease(data, lambda: str(path / "lease.json"))
 
     @_translated
