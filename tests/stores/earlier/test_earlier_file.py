@@ -106,7 +106,7 @@ def test_an_agent_or_record_never_written_reads_as_none_or_empty(
     source: EarlierFileStore,
 ) -> None:
     assert source.read_lease("a9") is None and source.read_acceptance("a9") is None
-    assert source.list_heartbeats("a9") == source.list_checkpoints("a9") == []
+    assert source.list_heartbeats("a9") == [] and source.list_checkpoints("a9") == []
     assert source.read_effects("a9", 1) == {} and source.read_effects("a1", 0) == {}
     assert source.read_inbox("a9") == [] and source.request_ids("a9", 10) == []
     assert source.read_admission("a9", "r1") is None
@@ -254,7 +254,7 @@ def _beat_json() -> bytes:
 def _counting_listings(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int | None, int]]:
     """(limit asked, entries returned) of every directory listing the reader makes."""
     calls: list[tuple[int | None, int]] = []
-    real = file_inbox.dir_entries
+    real = file_inbox.dir_entries  # type: ignore[attr-defined]
 
     def counted(fd: int, limit: int | None = None) -> list[os.DirEntry[str]]:
         entries = real(fd, limit)
