@@ -1,0 +1,244 @@
+"""Reading a store the earlier file store wrote, for ``hb migrate-store``: reads only.
+
+Layout under the root, as that store wrote it::
+
+    cluster.json                                          the cluster record
+    agents/<agent>/lease.json, acceptance.json            the lease, a loss accepted
+    agents/<agent>/checkpoints/ckpt-<seq:020>-<epoch:010>.hbc
+    agents/<agent>/effects/<seq:020>/<index:04>-<kind>.hbe   a step's effect journal
+    agents/<agent>/heartbeats/<node>.json
+    agents/<agent>/inbox/...                              (``earlier.file_inbox``)
+
+Each read answers as that store's did for the same files (values, order, None
+and empty cases). Nothing is trusted: directories are opened without following
+a link, files only if regular and within the cap that store read them with,
+listings are bounded; what does not parse is a CorruptRecord where the caller
+needs the one record (cluster, lease, checkpoint) and is reported and left out
+where it reads many. A listing longer than that store could have made (planted)
+is refused with a StoreError rather than read in part, so a migration stops
+instead of copying less than there is. Nothing is ever written or removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from ...errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from ...limits import (
+    EFFECT_KINDS,
+    MAX_CHECKPOINT_BYTES,
+    MAX_CHECKPOINTS_LISTED,
+    MAX_EFFECTS_PER_STEP,
+    MAX_RECORD_BYTES,
+    check_checkpoint_bounds,
+    check_effect_bounds,
+)
+from ...read_bounds import EFFECTS_READ, HEARTBEATS_READ, BoundedRead
+from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name
+from .._reported import ReportedOnce, readable
+from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
+from ..file.fileio import dir_entries, file_kind, opened_dir, os_errors_as_store_errors, read_file
+from ..file.location import SYNCDIR_MARKER, open_root
+from .file_inbox import InboxReader, checkpoint_name, listed
+
+__all__ = ["EarlierFileStore", "open_earlier_file"]
+
+log = logging.getLogger("hamsterbunker.stores.earlier.file")
+
+_AGENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_AGENT_ENTRIES = 4 * MAX_LISTED_AGENTS  # the most entries of agents/ listed, as there
+_CHECKPOINT = re.compile(r"ckpt-([0-9]{20})-([0-9]{10})\.hbc")
+_HEARTBEAT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
+_HEARTBEAT_ENTRIES = 4 * HEARTBEATS_READ.count
+_EFFECT = re.compile(r"([0-9]{4})-(\w+)\.hbe")
+_EVERY_EFFECT = [(index, kind) for index in range(MAX_EFFECTS_PER_STEP) for kind in EFFECT_KINDS]
+# Past this many entries in a step's directory only the names a record can have are tried.
+_EFFECT_ENTRIES = 4 * len(_EVERY_EFFECT)
+_translated = os_errors_as_store_errors("earlier file store")
+
+
+def open_earlier_file(url: str) -> EarlierFileStore:
+    """The earlier file store at url (file:///dir or a path), never made: ConfigError in
+    one line if there is none there."""
+    from .. import file_store_path
+
+    root = Path(file_store_path(url) if "://" in url else url).absolute()
+    open_root(root, create=False)  # ConfigError naming the path if absent or not a directory
+    if (root / SYNCDIR_MARKER).exists():
+        raise ConfigError(f"{root} is a syncdir store, which keeps its own layout: not migrated")
+    if (root / "kv").exists():
+        raise ConfigError(f"{root} holds this version's layout (kv/): nothing to migrate")
+    if not (root / "cluster.json").exists() and not (root / "agents").exists():
+        raise ConfigError(f"{root} holds no store an earlier version wrote (no cluster.json)")
+    return EarlierFileStore(root)
+
+
+def _is_sync_copy(name: str) -> bool:
+    """Syncthing, Dropbox and Nextcloud conflict copies: never the store's records."""
+    return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
+
+
+class EarlierFileStore:
+    """The reads ``hb migrate-store`` makes (``SourceStore``) of an earlier file store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = root.as_uri()
+        self._report = ReportedOnce(log)
+        self._inbox = InboxReader(root, self._report)
+
+    def _agent(self, agent: str, *sub: str) -> tuple[Path, tuple[str, ...]]:
+        parts = ("agents", check_name("agent id", agent), *sub)
+        return self.root.joinpath(*parts), parts
+
+    def _read_one(self, parts: tuple[str, ...], name: str, cap: int) -> bytes | None:
+        """The file parts/name (None if it or its directory is absent)."""
+        with opened_dir(self.root, parts) as fd:
+            return (
+                None if fd is None else read_file(fd, name, self.root.joinpath(*parts, name), cap)
+            )
+
+    @_translated
+    def read_cluster(self) -> ClusterRecord | None:
+        data = self._read_one((), "cluster.json", MAX_RECORD_BYTES)
+        return None if data is None else ClusterRecord.from_json(data)
+
+    @_translated
+    def list_agents(self) -> list[str]:
+        with opened_dir(self.root, ("agents",)) as fd:
+            entries = [] if fd is None else dir_entries(fd, _AGENT_ENTRIES)
+            names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+        agents = (n for n in names if _AGENT.fullmatch(n) and not _is_sync_copy(n))
+        return sorted(agents)[:MAX_LISTED_AGENTS]
+
+    @_translated
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        path, parts = self._agent(agent)
+        with opened_dir(self.root, parts) as fd:  # a symlink here: CorruptRecord, as there
+            if fd is None:
+                return None
+            try:
+                data = read_file(fd, "lease.json", path / "lease.json", MAX_RECORD_BYTES)
+            except CorruptRecord as exc:
+                raise UnreadableLease(str(exc), str(path / "lease.json")) from exc
+        return None if data is None else parse_lease(data, lambda: str(path / "lease.json"))
+
+    @_translated
+    def read_acceptance(self, agent: str) -> bytes | None:
+        return self._read_one(self._agent(agent)[1], "acceptance.json", MAX_RECORD_BYTES)
+
+    @_translated
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        path, parts = self._agent(agent, "heartbeats")
+        stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
+        with opened_dir(self.root, parts) as fd:
+            names = (
+                [] if fd is None else sorted(e.name for e in dir_entries(fd, _HEARTBEAT_ENTRIES))
+            )
+            for name in names:
+                match = _HEARTBEAT.fullmatch(name)
+                if match is None or _is_sync_copy(name):
+                    continue
+                if stored.full:
+                    self._report(f"{path}: read the heartbeats of {len(stored.entries)} nodes only")
+                    break
+                assert fd is not None
+                try:
+                    data = read_file(fd, name, path / name, HEARTBEATS_READ.entry_bytes)
+                except CorruptRecord as exc:
+                    self._report(f"skipped: {exc}")
+                    continue
+                if data is not None:
+                    stored.offer(match[1], data)
+
+        def report(node: str, _data: bytes, exc: Exception) -> None:
+            self._report(f"ignoring unreadable heartbeat {path / f'{node}.json'}: {exc}")
+
+        return list(readable(stored.entries, Heartbeat.from_json, report))
+
+    @_translated
+    def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
+        path, parts = self._agent(agent, "checkpoints")
+        found = []
+        with opened_dir(self.root, parts) as fd:
+            for entry in [] if fd is None else listed(fd, MAX_CHECKPOINTS_LISTED, path):
+                match = _CHECKPOINT.fullmatch(entry.name)
+                if match is None:
+                    continue
+                seq, epoch = int(match[1]), int(match[2])
+                problem = check_checkpoint_bounds(seq, epoch, 0)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                problem = problem or file_kind(st.st_mode)
+                if problem is not None:
+                    self._report(f"ignoring {path / entry.name}: {problem}")
+                    continue
+                found.append(
+                    CheckpointInfo(epoch=epoch, seq=seq, size=st.st_size, written=st.st_mtime)
+                )
+        return sorted(found, key=lambda info: (info.seq, info.epoch), reverse=True)
+
+    @_translated
+    def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
+        parts = self._agent(agent, "checkpoints")[1]
+        data = self._read_one(parts, checkpoint_name(info.seq, info.epoch), MAX_CHECKPOINT_BYTES)
+        if data is None:
+            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        return data
+
+    @_translated
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        if check_effect_bounds(seq, 0, EFFECT_KINDS[0], 0) is not None:
+            return {}  # no step directory has this name
+        path, parts = self._agent(agent, "effects", f"{seq:020d}")
+        try:
+            with opened_dir(self.root, parts) as fd:
+                if fd is None:
+                    return {}
+                journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
+                for index, kind in self._effect_names(fd, path):
+                    name = f"{index:04d}-{kind}.hbe"
+                    if journal.full:
+                        break
+                    try:
+                        data = read_file(fd, name, path / name, EFFECTS_READ.entry_bytes)
+                    except (CorruptRecord, PermissionError) as exc:
+                        self._report(f"effect record left out: {exc}")
+                        continue
+                    if data is not None:
+                        journal.offer((index, kind), data)
+                return dict(journal.entries)
+        except (CorruptRecord, PermissionError) as exc:
+            self._report(f"effect journal left out: {exc}")
+            return {}
+
+    def _effect_names(self, fd: int, path: Path) -> list[tuple[int, str]]:
+        entries = dir_entries(fd, _EFFECT_ENTRIES + 1)
+        if len(entries) > _EFFECT_ENTRIES:
+            self._report(f"{path} holds over {_EFFECT_ENTRIES} entries: reading record names")
+            return _EVERY_EFFECT
+        found = []
+        for entry in entries:
+            match = _EFFECT.fullmatch(entry.name)
+            if match and check_effect_bounds(1, int(match[1]), match[2], 0) is None:
+                found.append((int(match[1]), match[2]))
+        return sorted(found)
+
+    @_translated
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        return self._inbox.read_inbox(agent, after)
+
+    @_translated
+    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
+        return self._inbox.read_admission(agent, request_id)
+
+    @_translated
+    def request_ids(self, agent: str, most: int) -> list[str]:
+        return self._inbox.request_ids(agent, most)
+
+    def close(self) -> None:
+        pass
