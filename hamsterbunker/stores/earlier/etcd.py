@@ -26,27 +26,14 @@ that does not parse, or is over its limit, is a CorruptRecord.
 from __future__ import annotations
 
 import base64
-import functools
 import logging
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
+from ... import limits
 from ...errors import ConfigError, CorruptRecord, StoreError
-from ...limits import (
-    EFFECT_KINDS,
-    MAX_CHECKPOINT_BYTES,
-    MAX_CHECKPOINTS_LISTED,
-    MAX_EFFECTS_PER_STEP,
-    MAX_INBOX_COUNT,
-    MAX_NUMBER,
-    MAX_RECORD_BYTES,
-    MAX_REPLY_BYTES,
-    MAX_SEQ,
-    MAX_SUBMISSION_BYTES,
-    check_request_id,
-)
 from ...read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name, parse_json
 from .._reported import ReportedOnce, readable
@@ -59,11 +46,9 @@ __all__ = ["EarlierEtcdStore", "open_earlier_etcd"]
 log = logging.getLogger(__name__)
 
 Kv = dict[str, Any]  # one key and value of a range's answer (base64, as the gateway has them)
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _PAGE = 64  # kvs one paged range fetches (values included)
-_SCANNED = 2 * MAX_INBOX_COUNT  # the most pending keys one read_inbox looks at, junk included
+_SCANNED = 2 * limits.MAX_INBOX_COUNT  # pending keys one read_inbox looks at, junk included
 _LIST_REQUESTS = 2 * MAX_LISTED_AGENTS  # list_agents: one request per agent or planted name
 _HEARTBEAT_KEYS = 4 * HEARTBEATS_READ.count
 _TXN_OPS = 100  # range requests in one txn: etcd's --max-txn-ops is 128 by default
@@ -101,26 +86,17 @@ def _value(kv: Kv) -> bytes:
 
 
 def _revision(kv: Kv) -> int:
-    try:
-        value = int(kv["mod_revision"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptRecord("etcd metadata has no readable mod_revision") from exc
-    if not 0 <= value <= MAX_NUMBER:
-        raise CorruptRecord(f"etcd metadata mod_revision {value} is out of range")
-    return value
+    value = str(kv.get("mod_revision"))
+    if not value.isdigit() or int(value) > limits.MAX_NUMBER:
+        raise CorruptRecord(f"etcd metadata has no mod_revision in range: {value[:40]!r}")
+    return int(value)
 
 
-def _translated(
-    method: Callable[Concatenate[EarlierEtcdStore, P], R],
-) -> Callable[Concatenate[EarlierEtcdStore, P], R]:
-    """etcd3gw's and requests' errors as StoreError, at the reader's boundary."""
-
-    @functools.wraps(method)
-    def translated(self: EarlierEtcdStore, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        with self._connection.errors_translated(method.__name__):
-            return method(self, *args, **kwargs)
-
-    return translated
+def _within(data: bytes, limit: int, what: str) -> bytes:
+    """data, or CorruptRecord if it is over limit (etcd's request limit may be raised)."""
+    if len(data) > limit:
+        raise CorruptRecord(f"{what} is {len(data)} bytes, above the limit of {limit} bytes")
+    return data
 
 
 def open_earlier_etcd(url: str) -> EarlierEtcdStore:
@@ -144,7 +120,6 @@ class EarlierEtcdStore:
             self._connection.close()
             raise
 
-    @_translated
     def _check(self) -> None:
         whole = self._prefix + "/"
         if not self._range(whole, _end(whole), limit=1, keys_only=True):
@@ -160,7 +135,8 @@ class EarlierEtcdStore:
 
     def _ranges(self, *requests: dict[str, Any]) -> list[dict[str, Any]]:
         """The answers of range requests, read in one txn (nothing compared, nothing written)."""
-        response = self._connection.txn([], [{"request_range": each} for each in requests])
+        with self._connection.errors_translated("read"):
+            response = self._connection.txn([], [{"request_range": each} for each in requests])
         return [op.get("response_range", {}) for op in response.get("responses", [])]
 
     def _range(self, key: str | bytes, end: str | None = None, **options: Any) -> list[Kv]:
@@ -188,12 +164,10 @@ class EarlierEtcdStore:
 
     # -- cluster, agents, lease, heartbeats ---------------------------------
 
-    @_translated
     def read_cluster(self) -> ClusterRecord | None:
         found = self._range(f"{self._prefix}/cluster")
         return ClusterRecord.from_json(_value(found[0])) if found else None
 
-    @_translated
     def list_agents(self) -> list[str]:
         # A key per request, each past the agent's keys before: one request per agent (or
         # planted name), however many keys an agent holds.
@@ -211,7 +185,6 @@ class EarlierEtcdStore:
                 found.append(name.decode())
         return found
 
-    @_translated
     def read_lease(self, agent: str) -> LeaseRecord | None:
         found = self._range(self._agent(agent) + "lease")
         if not found:
@@ -221,7 +194,6 @@ class EarlierEtcdStore:
             parse_lease(_value(found[0]), lambda: f"revision {version}"), version=version
         )
 
-    @_translated
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         beats = self._agent(agent) + "heartbeats/"
         stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
@@ -244,7 +216,6 @@ class EarlierEtcdStore:
 
     # -- checkpoints, effects, acceptance ------------------------------------
 
-    @_translated
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         infos = self._agent(agent) + "checkpoint-info/"
         listed, looked = [], 0
@@ -252,7 +223,7 @@ class EarlierEtcdStore:
             for kv in kvs:
                 name = _key(kv).removeprefix(infos.encode())
                 seq = int(name) if _NUMBER.fullmatch(name) else 0
-                if not 0 < seq <= MAX_SEQ:
+                if not 0 < seq <= limits.MAX_SEQ:
                     self._skip(agent, kv, "checkpoint description %r: not a name written", name)
                     continue
                 try:
@@ -260,32 +231,26 @@ class EarlierEtcdStore:
                 except CorruptRecord as exc:
                     self._skip(agent, kv, "checkpoint %d left out: %s", seq, exc)
             looked += len(kvs)
-            if looked >= MAX_CHECKPOINTS_LISTED:
+            if looked >= limits.MAX_CHECKPOINTS_LISTED:
                 break
         return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
-    @_translated
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         key = f"{self._agent(agent)}checkpoints/{_pad(info.seq)}-{_pad(info.epoch, 10)}"
         found = self._range(key)
         if not found:
             raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
-        data = _value(found[0])
-        if len(data) > MAX_CHECKPOINT_BYTES:
-            raise CorruptRecord(
-                f"checkpoint {info.seq} of {agent!r} is {len(data)} bytes, above the limit "
-                f"of {MAX_CHECKPOINT_BYTES} bytes"
-            )
-        return data
+        what = f"checkpoint {info.seq} of {agent!r}"
+        return _within(_value(found[0]), limits.MAX_CHECKPOINT_BYTES, what)
 
-    @_translated
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
         step = f"{self._agent(agent)}effects/{_pad(seq)}/"
         # Keys only, of the names an index below the bound can have, no more of them than
         # a step's records; the step's other keys only counted.
+        names_end = _b64(step + _pad(limits.MAX_EFFECTS_PER_STEP, 4))
         listing, counted = self._ranges(
-            {"key": _b64(step + _pad(0, 4)), "range_end": _b64(step + _pad(MAX_EFFECTS_PER_STEP, 4)),
-             "keys_only": True, "limit": EFFECTS_READ.count},
+            {"key": _b64(step + _pad(0, 4)), "range_end": names_end, "keys_only": True,
+             "limit": EFFECTS_READ.count},
             {"key": _b64(step), "range_end": _b64(_end(step)), "count_only": True},
         )  # fmt: skip
         listed: list[Kv] = listing.get("kvs", [])
@@ -293,7 +258,7 @@ class EarlierEtcdStore:
         for kv in listed:
             match = _EFFECT.fullmatch(_key(kv).removeprefix(step.encode()))
             index, kind = (int(match[1]), match[2].decode()) if match else (-1, "")
-            if 0 <= index < MAX_EFFECTS_PER_STEP and kind in EFFECT_KINDS:
+            if 0 <= index < limits.MAX_EFFECTS_PER_STEP and kind in limits.EFFECT_KINDS:
                 names[f"{step}{_pad(index, 4)}/{kind}"] = (index, kind)
             else:
                 self._skip(agent, kv, "effect journal of step %d: a name not written", seq)
@@ -301,8 +266,8 @@ class EarlierEtcdStore:
             # Planted names took places of the listing: look under every name a record has.
             names = {
                 f"{step}{_pad(index, 4)}/{kind}": (index, kind)
-                for index in range(MAX_EFFECTS_PER_STEP)
-                for kind in EFFECT_KINDS
+                for index in range(limits.MAX_EFFECTS_PER_STEP)
+                for kind in limits.EFFECT_KINDS
             }
         if int(counted.get("count", 0) or 0) > len(listed):
             self._skip(agent, None, "effect journal of step %d: keys left unread", seq)
@@ -322,24 +287,15 @@ class EarlierEtcdStore:
                 break
         return dict(journal.entries)
 
-    @_translated
     def read_acceptance(self, agent: str) -> bytes | None:
         found = self._range(self._agent(agent) + "acceptance")
-        if not found:
-            return None
-        data = _value(found[0])
-        if len(data) > MAX_RECORD_BYTES:
-            raise CorruptRecord(
-                f"loss-acceptance record of {agent!r} is {len(data)} bytes, above the limit "
-                f"of {MAX_RECORD_BYTES} bytes"
-            )
-        return data
+        what = f"loss-acceptance record of {agent!r}"
+        return _within(_value(found[0]), limits.MAX_RECORD_BYTES, what) if found else None
 
     # -- inbox ---------------------------------------------------------------
 
-    @_translated
     def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
-        if after >= MAX_SEQ:
+        if after >= limits.MAX_SEQ:
             return []
         pending = self._agent(agent) + "inbox/pending/"
         start = (pending + _pad(max(after, 0) + 1)).encode()
@@ -350,11 +306,11 @@ class EarlierEtcdStore:
                 scanned += 1
                 name = _key(kv).removeprefix(pending.encode())
                 number = int(name) if _NUMBER.fullmatch(name) else 0
-                if not 0 < number <= MAX_SEQ:
+                if not 0 < number <= limits.MAX_SEQ:
                     self._skip(agent, kv, "inbox key %r: not a name written", name[:80])
                     continue
                 data = _value(kv)
-                if len(data) > MAX_SUBMISSION_BYTES:
+                if len(data) > limits.MAX_SUBMISSION_BYTES:
                     self._skip(
                         agent, kv, "submission %d: %d bytes, over the limit", number, len(data)
                     )
@@ -364,9 +320,8 @@ class EarlierEtcdStore:
                 break
         return found.entries
 
-    @_translated
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
-        if check_request_id(request_id) is not None:
+        if limits.check_request_id(request_id) is not None:
             return None  # no admission is stored under a name that is no request id
         inbox = self._agent(agent) + "inbox/"
         found = self._range(f"{inbox}ids/{request_id}")
@@ -382,12 +337,11 @@ class EarlierEtcdStore:
             return AdmissionState(number, consumed=doc.get("consumed") is True, reply=None)
         stored = self._range(f"{inbox}replies/{_pad(number)}/{doc['reply']}")
         reply = _value(stored[0]) if stored else None
-        if reply is None or len(reply) > MAX_REPLY_BYTES:
+        if reply is None or len(reply) > limits.MAX_REPLY_BYTES:
             self._skip(agent, found[0], "the reply to %s: taken as no reply yet", request_id)
             reply = None
         return AdmissionState(number, consumed=True, reply=reply)
 
-    @_translated
     def request_ids(self, agent: str, most: int) -> list[str]:
         """The request ids the inbox keeps (pending, or consumed and kept), at most most, by
         name alone; junk names beside them take their part of the 2 * most looked at."""
@@ -400,7 +354,7 @@ class EarlierEtcdStore:
             scanned += len(kvs)
             for kv in kvs:
                 request_id = _key(kv)[len(ids) :].decode("ascii", "replace")
-                if check_request_id(request_id) is None:
+                if limits.check_request_id(request_id) is None:
                     found.append(request_id)
             if len(found) >= most or scanned >= 2 * most:
                 break
@@ -416,14 +370,14 @@ def _id_record(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise CorruptRecord(f"{what} is not a JSON object")
     number = doc.get("n")
-    if type(number) is not int or not 0 < number <= MAX_SEQ:
-        raise CorruptRecord(f"{what} has no number in 1..{MAX_SEQ}")
+    if type(number) is not int or not 0 < number <= limits.MAX_SEQ:
+        raise CorruptRecord(f"{what} has no number in 1..{limits.MAX_SEQ}")
     if doc.get("consumed") is True:
         reply = doc.get("reply")
         if reply is not None and not (isinstance(reply, str) and _REPLY_REF.fullmatch(reply)):
             raise CorruptRecord(f"{what} names no reply this store writes")
     else:
         size = doc.get("size")
-        if type(size) is not int or not 0 <= size <= MAX_SUBMISSION_BYTES:
-            raise CorruptRecord(f"{what} has no size in 0..{MAX_SUBMISSION_BYTES}")
+        if type(size) is not int or not 0 <= size <= limits.MAX_SUBMISSION_BYTES:
+            raise CorruptRecord(f"{what} has no size in 0..{limits.MAX_SUBMISSION_BYTES}")
     return doc

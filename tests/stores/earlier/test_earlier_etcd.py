@@ -103,7 +103,7 @@ def test_a_lease_version_is_its_keys_mod_revision(url: str, reader: EarlierEtcdS
 def test_what_is_absent_reads_as_absent(reader: EarlierEtcdStore) -> None:
     """An unknown agent has no lease, checkpoints, journal, acceptance, inbox or ids."""
     assert reader.read_lease("a9") is None
-    assert reader.list_heartbeats("a9") == reader.list_checkpoints("a9") == []
+    assert reader.list_heartbeats("a9") == [] and reader.list_checkpoints("a9") == []
     assert reader.read_effects("a9", 1) == {} and reader.read_acceptance("a9") is None
     assert reader.read_inbox("a9") == [] and reader.request_ids("a9", 10) == []
     assert reader.read_admission("a9", "r1") is None
