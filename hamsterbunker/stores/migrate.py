@@ -1,8 +1,8 @@
 """Copying a store an earlier version wrote into this version's layout: ``hb migrate-store``.
 
-The earlier version's stores (``stores.file``, ``stores.redis``, ``stores.etcd``)
-are read through the store contract, and through ``request_ids``, the one
-thing it has no call for: the request ids the inbox keeps. What is copied, per
+The earlier version's stores are read by the readers of their layouts
+(``stores.earlier``): the store contract's reads, and ``request_ids``, the
+request ids the inbox keeps. What is copied, per
 agent, into a store of this version (a ``RecordStore``) that holds no cluster
 yet: the lease record as it is (its epoch, so fencing goes on from there), every
 retained checkpoint byte for byte under its own seq, epoch and time, the effect
@@ -64,7 +64,7 @@ def open_migration(source_url: str, target_url: str) -> tuple[SourceStore, Recor
     target_url (made if need be); ConfigError for a URL of no such store."""
     from urllib.parse import urlsplit
 
-    from . import file_store_path, open_store
+    from . import open_store
     from .urls import redacted_url
 
     if redacted_url(source_url) == redacted_url(target_url):
@@ -76,13 +76,13 @@ def open_migration(source_url: str, target_url: str) -> tuple[SourceStore, Recor
 
         source = RedisStore(source_url, create=False)
     elif scheme in ("etcd", "etcds"):
-        from .etcd import EtcdStore
+        from .earlier.etcd import open_earlier_etcd
 
-        source = EtcdStore(source_url, create=False)
+        source = open_earlier_etcd(source_url)
     elif scheme in ("file", ""):
-        from .file import FileStore
+        from .earlier.file import open_earlier_file
 
-        source = FileStore(file_store_path(source_url), create=False)
+        source = open_earlier_file(source_url)
     else:
         raise ConfigError(
             f"{source_url!r}: only file://, redis:// and etcd:// stores were written in an "

@@ -1,8 +1,8 @@
-"""A store an earlier version wrote is refused, never read as an empty store (``stores.earlier``).
+"""A store an earlier version wrote is refused, never read as an empty store
+(``stores.backends.earlier``).
 
 The hand-written stores of earlier versions kept the same records in other
-layouts (each documented at the top of its module in ``stores.file``,
-``stores.redis``, ``stores.etcd``). Read by this version such a store would look
+layouts (read by ``stores.earlier``). Read by this version such a store would look
 empty and a node would start its agents afresh: silent loss. Each test plants
 an earlier store's records raw, as those stores wrote them (a cluster record,
 an agent's lease and checkpoint), and opens it as this version does.
@@ -69,7 +69,7 @@ class EarlierFile:
 
 
 class EarlierRedis:
-    """``stores.redis``: P:cluster, P:agent:<agent>:lease and the like."""
+    """The earlier Redis store's: P:cluster, P:agent:<agent>:lease and the like."""
 
     def __init__(self) -> None:
         import redis
@@ -100,7 +100,7 @@ class EarlierRedis:
 
 
 class EarlierEtcd:
-    """``stores.etcd``: P/cluster and P/agents/<agent>/..., under the URL's prefix P."""
+    """The earlier etcd store's: P/cluster and P/agents/<agent>/..., under the URL's prefix P."""
 
     def __init__(self) -> None:
         from etcd3gw.client import Etcd3Client

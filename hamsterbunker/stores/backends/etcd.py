@@ -35,13 +35,13 @@ smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
 
 Watches follow ``P/prefix`` from the revision last seen (``Follower``).
 
-The etcd store of earlier versions (``stores.etcd``) kept its records under the
+The etcd store of earlier versions (read by ``stores.earlier.etcd``) kept its records under the
 same prefix, at ``P/cluster`` and ``P/agents/...`` too, but under names of its
 own (``P/agents/A/checkpoint-info/``, ``heartbeats/``, ``event-nodes/``, ...),
 and never wrote the record layer's index of agents (``P/index/<agent>``,
 written with an agent's first lease, heartbeat, event or submission). So a
 prefix with no index whose first keys under ``agents/`` hold one of those names
-is refused (``stores.earlier``) by the first call that reaches etcd: one
+is refused (``backends.earlier``) by the first call that reaches etcd: one
 request, of keys only.
 """
 
@@ -75,8 +75,8 @@ from ..backend import (
     prefix_end,
 )
 from ..base import StoreGuarantees
-from ..earlier import earlier_store
 from ..urls import redacted_url
+from .earlier import earlier_store
 from .etcd_connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
 from .etcd_watch import Follower
 

@@ -4,7 +4,7 @@ The URL's checks (parse_etcd_url: ConfigError before anything connects), one
 HTTP client per endpoint with the TLS files applied, the round robin that sends
 the next call to the next member after a failure, and etcd3gw's and requests'
 errors translated at the store boundary (errors_translated), a refused TLS
-handshake in words. ``hamsterbunker.stores.etcd`` holds the store itself.
+handshake in words.
 """
 
 from __future__ import annotations

@@ -36,11 +36,11 @@ from ...limits import STALE_TEMP_AGE_S
 from ...read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
-from ..earlier import earlier_store
 from ..file import fileio
 from ..file.layout import is_sync_copy
 from ..file.lease_watch import lease_changes, open_lease_watch
 from ..file.location import check_location, mount_of, open_root
+from .earlier import earlier_store
 from .file_redo import INLINE_BYTES, Ops
 from .file_tree import KV_NAME, KeyTree, log_pending, open_folder, set_aside
 

@@ -22,8 +22,8 @@ A commit is as durable as the server makes it: ``appendonly yes`` with
 ``appendfsync always`` makes every acknowledged one durable; the settings are
 read at open and ``warnings`` says what they can lose. Replicas are
 asynchronous, as for the Redis store. The Redis store of earlier versions
-(``stores.redis``) kept its records under ``P:...``: a prefix holding its
-cluster record ``P:cluster`` is refused (``stores.earlier``) by the first call
+(read by ``stores.earlier.redis``) kept its records under ``P:...``: a prefix
+holding its cluster record ``P:cluster`` is refused (``backends.earlier``) by the first call
 that reaches the server. A watch subscribes to the channel, where each commit
 tells what it changed in one message: each
 notice carries the value of a put of at most ``CARRIED_BYTES`` (a lease, a
@@ -60,7 +60,7 @@ from ..backend import (
     prefix_end,
 )
 from ..base import StoreGuarantees
-from ..earlier import earlier_store
+from .earlier import earlier_store
 from .redis_connection import RedisConnection
 from .redis_script import TXN
 

@@ -3,8 +3,7 @@
 The URL's checks (parse_redis_url: ConfigError before anything connects), the
 connection options every client of a store shares, a refused TLS handshake and
 the server's persistence settings in words, and redis-py's errors translated at
-the store boundary (errors_translated). ``hamsterbunker.stores.redis`` holds the
-store itself.
+the store boundary (errors_translated).
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
-"""Stores an earlier version wrote, in the hand-written stores' layouts: refused, never read.
+"""Readers of the layouts earlier versions wrote, for ``hb migrate-store`` only.
 
-This version keeps every record in the record layer's layout (``stores.layer.keys``)
-on a backend. A store an earlier version wrote (``stores.file``, ``stores.redis``,
-``stores.etcd``) holds the same records elsewhere: at the directory's root beside
-no ``kv/``, under Redis keys ``P:...`` beside the backend's ``{P}:...``, under the
-etcd prefix by names of its own and with no index of agents. Read by this
-version it would look empty, and a
-node would start its agents afresh: silent loss of their state. So each backend
-looks for the earlier layout's marker before its first read and refuses the store;
-``hb migrate-store`` (``stores.migrate``) copies it into this version's layout.
+A backend refuses a store in an earlier layout (``backends.earlier``); these
+read one (``file``, ``redis``, ``etcd``), never writing, so that
+``stores.migrate`` can copy it into this version's layout.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from ...errors import ConfigError
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord
 from ..base import AdmissionState
 
-__all__ = ["SourceStore", "earlier_store"]
+__all__ = ["SourceStore"]
 
 
 class SourceStore(Protocol):
@@ -42,13 +35,3 @@ class SourceStore(Protocol):
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None: ...
     def request_ids(self, agent: str, most: int) -> list[str]: ...
     def close(self) -> None: ...
-
-
-def earlier_store(store: str, found: str) -> ConfigError:
-    """The one-line refusal of store (as it may be shown), in which found is the marker."""
-    return ConfigError(
-        f"{store} was written by an earlier version of HamsterBunker ({found}), in a layout "
-        "this version does not read: stop its nodes and copy it into a new, empty store "
-        "(another directory, prefix or database) with `hb migrate-store --from URL --to "
-        "NEW-URL`, then start this version's nodes on that one"
-    )
