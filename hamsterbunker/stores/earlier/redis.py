@@ -16,12 +16,10 @@ That store kept every record under the URL's prefix P (A an agent)::
     P:agent:A:inbox:replies    hash: number -> sealed reply (absent: consumed without one)
 
 Each read answers as that store answered for the same contents, junk included. It
-read through Lua scripts; this reads with plain commands, so a value is measured
-(STRLEN, HSTRLEN) before it is fetched, and fetched under WATCH: one that changed
-meanwhile aborts the read (StoreError) rather than being fetched. Listings take names
-only (HRANDFIELD, ZRANGEBYSCORE with a count) once HLEN said how many there are; a
-hash of checkpoints or heartbeats holding more than a read looks at is a CorruptRecord
-(the earlier store read them all), since a part of it could leave out the newest.
+read through Lua scripts; this reads with plain commands, each value measured before
+it is fetched (``redis_reads``). Where that store read a whole hash of checkpoints or
+heartbeats, this refuses one holding more than a read looks at (CorruptRecord): a part
+of it could leave out the newest.
 """
 
 from __future__ import annotations
@@ -30,11 +28,9 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
-
-import redis
 
 from ...errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
 from ...limits import (
@@ -55,6 +51,7 @@ from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, ch
 from .._reported import ReportedOnce, readable
 from ..backends.redis_connection import RedisConnection
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
+from .redis_reads import BoundedReads, Value, text
 
 __all__ = ["EarlierRedis", "open_earlier_redis"]
 
@@ -68,7 +65,6 @@ _HEARTBEAT_NAMES = 4 * MAX_NODES_READ  # node names looked at, of which the lowe
 
 P = ParamSpec("P")
 R = TypeVar("R")
-Value = bytes | int | None  # a value fetched, its size (over its cap: not fetched), or absent
 
 
 def open_earlier_redis(url: str) -> EarlierRedis:
@@ -102,10 +98,6 @@ def _number(value: Value) -> int | None:
     return int(value)
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
 def _checkpoint_info(field: bytes, doc: Value) -> CheckpointInfo:
     """A checkpoints hash entry as CheckpointInfo; CorruptRecord for anything else."""
     seq = _number(field)
@@ -123,6 +115,7 @@ class EarlierRedis:
         self._connection = connection
         self.url, self.prefix = connection.url, connection.prefix
         self._redis: Any = connection.client()  # redis-py's replies are untyped
+        self._reads = BoundedReads(self._redis, self.url)
         self._reported = ReportedOnce(log)
 
     def _key(self, agent: str, *parts: str) -> str:
@@ -146,85 +139,20 @@ class EarlierRedis:
             f"{self.prefix}:cluster): check the database number and the prefix"
         )
 
-    # -- bounded reads --------------------------------------------------------
-
-    def _type(self, key: str) -> str:
-        return _text(self._redis.type(key))
-
     def _odd(self, agent: str, kinds: dict[str, str]) -> bool:
         """Whether a key is of another type than kinds names (absent is fine), said once."""
         for key, kind in kinds.items():
-            found = self._type(key)
+            found = self._reads.type(key)
             if found not in (kind, "none"):
                 self._warn(agent, "%s is a Redis %s", key, found)
                 return True
         return False
 
-    def _string(self, key: str, what: str, limit: int) -> bytes | None:
-        kind = self._type(key)
-        if kind == "none":
-            return None
-        if kind != "string":
-            raise CorruptRecord(f"{what} is stored as a Redis {kind}, not as this store writes it")
-        pipe = self._redis.pipeline(transaction=True)
-        size, data = pipe.strlen(key).getrange(key, 0, limit).execute()  # limit + 1 bytes at most
-        if size > limit:
-            raise CorruptRecord(f"{what} is {size} bytes, above the limit of {limit} bytes")
-        return bytes(data)
-
-    def _values(
-        self, wanted: Sequence[tuple[str, bytes, int]], budget: int | None = None
-    ) -> tuple[list[Value], bool]:
-        """Hash fields (key, field, cap) measured, then fetched under WATCH: each a value, its
-        size when over its cap (unread), or None when absent. The fetch stops before the
-        first value that would pass budget bytes in all (then True)."""
-        if not wanted:
-            return [], False
-        with self._redis.pipeline(transaction=True) as watched:
-            watched.watch(*{key for key, _, _ in wanted})
-            measure = self._redis.pipeline(transaction=False)
-            for key, field, _cap in wanted:
-                measure.hstrlen(key, field)
-            sizes: list[int] = measure.execute()
-            fetch: list[bool] = []
-            total = 0
-            for (_key, _field, cap), size in zip(wanted, sizes, strict=True):
-                if size <= cap and budget is not None and total + size > budget:
-                    break
-                fetch.append(size <= cap)
-                total += size if size <= cap else 0
-            watched.multi()
-            for (key, field, _cap), wanted_one in zip(wanted, fetch, strict=False):
-                if wanted_one:
-                    watched.hget(key, field)
-            try:
-                fetched = iter(watched.execute())
-            except redis.WatchError:
-                raise StoreError(
-                    f"redis store {self.url}: {wanted[0][0]} changed while it was read: "
-                    "stop every node of this store first"
-                ) from None
-        values = [next(fetched) if one else size for one, size in zip(fetch, sizes, strict=False)]
-        return values, len(fetch) < len(wanted)
-
-    def _names(self, key: str, most: int, what: str) -> list[bytes]:
-        """The field names of hash key (none if absent or of another type), values unread;
-        CorruptRecord if it holds more than most."""
-        if self._type(key) != "hash":
-            return []
-        count = self._redis.hlen(key)
-        if count > most:
-            raise CorruptRecord(
-                f"{what} holds {count} entries, above the {most} a read looks at: not as the "
-                "store wrote them"
-            )
-        return list(self._redis.hrandfield(key, most) or [])
-
     # -- the reads ------------------------------------------------------------
 
     @_translated
     def read_cluster(self) -> ClusterRecord | None:
-        data = self._string(f"{self.prefix}:cluster", "cluster record", MAX_RECORD_BYTES)
+        data = self._reads.string(f"{self.prefix}:cluster", "cluster record", MAX_RECORD_BYTES)
         return None if data is None else ClusterRecord.from_json(data)
 
     @_translated
@@ -236,7 +164,7 @@ class EarlierRedis:
         for _call in range(_SCAN_CALLS):
             cursor, keys = self._redis.scan(cursor, match=pattern, count=_SCAN_COUNT)
             for key in keys:
-                name = _text(key).removeprefix(start).split(":", 1)[0]
+                name = text(key).removeprefix(start).split(":", 1)[0]
                 if _AGENT_NAME.fullmatch(name):
                     found.add(name)
             if cursor == 0 or len(found) >= MAX_LISTED_AGENTS:
@@ -246,12 +174,12 @@ class EarlierRedis:
     @_translated
     def read_lease(self, agent: str) -> LeaseRecord | None:
         key = self._key(agent, "lease")
-        kind = self._type(key)
+        kind = self._reads.type(key)
         if kind == "none":
             return None
         if kind != "hash":
             raise UnreadableLease(f"lease record is stored as a Redis {kind}", kind)
-        (record, version), _ = self._values(
+        (record, version), _ = self._reads.values(
             [(key, b"record", MAX_RECORD_BYTES), (key, b"version", MAX_RECORD_BYTES)]
         )
         # What the earlier store named what it found by (its replace_unreadable_lease took it).
@@ -274,13 +202,13 @@ class EarlierRedis:
     @_translated
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         key = self._key(agent, "heartbeats")
-        names = self._names(key, _HEARTBEAT_NAMES, f"heartbeats of {agent!r}")
-        nodes = sorted(names, key=_text)[: HEARTBEATS_READ.count]  # the lowest node ids
-        values, _ = self._values([(key, node, HEARTBEATS_READ.entry_bytes) for node in nodes])
+        names = self._reads.names(key, _HEARTBEAT_NAMES, f"heartbeats of {agent!r}")
+        nodes = sorted(names, key=text)[: HEARTBEATS_READ.count]  # the lowest node ids
+        values, _ = self._reads.values([(key, node, HEARTBEATS_READ.entry_bytes) for node in nodes])
         stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
         for node, value in zip(nodes, values, strict=True):
             if value is not None:  # one over the limit reads as empty, so reported and skipped
-                stored.offer(_text(node), value if isinstance(value, bytes) else b"")
+                stored.offer(text(node), value if isinstance(value, bytes) else b"")
 
         def report(node: str, _data: bytes, exc: Exception) -> None:
             self._warn(agent, "ignoring an unreadable heartbeat of %s: %s", node[:64], str(exc))
@@ -292,27 +220,25 @@ class EarlierRedis:
         key = self._key(agent, "checkpoints")
         if self._odd(agent, {key: "hash"}):
             return []
-        fields = self._names(key, MAX_CHECKPOINTS_LISTED, f"checkpoints of {agent!r}")
-        docs, _ = self._values([(key, field, MAX_RECORD_BYTES) for field in fields])
+        fields = self._reads.names(key, MAX_CHECKPOINTS_LISTED, f"checkpoints of {agent!r}")
+        docs, _ = self._reads.values([(key, field, MAX_RECORD_BYTES) for field in fields])
         found = []
         for field, doc in zip(fields, docs, strict=True):
             try:
                 if doc is not None:  # None: gone since it was listed
                     found.append(_checkpoint_info(field, doc))
             except CorruptRecord as exc:
-                self._warn(
-                    agent, "leaving out checkpoint entry %r: %s", _text(field)[:40], str(exc)
-                )
+                self._warn(agent, "leaving out checkpoint entry %r: %s", text(field)[:40], str(exc))
         return sorted(found, key=lambda info: (info.seq, info.epoch), reverse=True)
 
     @_translated
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         keys = [self._key(agent, "checkpoints"), self._key(agent, "blobs")]
         gone = StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
-        if any(self._type(key) != "hash" for key in keys):
+        if any(self._reads.type(key) != "hash" for key in keys):
             raise gone
         field = str(info.seq).encode()
-        (doc, blob), _ = self._values(
+        (doc, blob), _ = self._reads.values(
             [(keys[0], field, MAX_RECORD_BYTES), (keys[1], field, MAX_CHECKPOINT_BYTES)]
         )
         if doc is None or blob is None or _checkpoint_info(field, doc).epoch != info.epoch:
@@ -332,13 +258,11 @@ class EarlierRedis:
         # Only the names the store wrote, each by name: whatever else was planted costs nothing.
         names = [(index, kind) for index in range(MAX_EFFECTS_PER_STEP) for kind in EFFECT_KINDS]
         cap = EFFECTS_READ.entry_bytes
-        values, _ = self._values([(key, f"{i}:{k}".encode(), cap) for i, k in names])
+        values, _ = self._reads.values([(key, f"{i}:{k}".encode(), cap) for i, k in names])
         journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
         for name, value in zip(names, values, strict=True):
             if isinstance(value, int):
-                self._warn(
-                    agent, "effect record %s of step %d: %d bytes, not read", name, seq, value
-                )
+                self._warn(agent, "effect record %s of step %d: %d bytes, unread", name, seq, value)
             elif value is not None and not journal.offer(name, value) and journal.full:
                 break
         return dict(journal.entries)
@@ -346,34 +270,26 @@ class EarlierRedis:
     @_translated
     def read_acceptance(self, agent: str) -> bytes | None:
         what = f"loss-acceptance record of {agent!r}"
-        return self._string(self._key(agent, "acceptance"), what, MAX_RECORD_BYTES)
+        return self._reads.string(self._key(agent, "acceptance"), what, MAX_RECORD_BYTES)
 
     @_translated
     def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
-        pending, numbers = (
-            self._key(agent, "inbox", "pending"),
-            self._key(agent, "inbox", "numbers"),
-        )
+        pending, numbers = (self._key(agent, "inbox", name) for name in ("pending", "numbers"))
         if self._odd(agent, {pending: "hash", numbers: "zset"}):
             return []
         ours = []
-        for member, score in self._redis.zrangebyscore(
-            numbers,
-            f"({max(int(after), 0)}",
-            "+inf",
-            start=0,
-            num=INBOX_READ.count,
-            withscores=True,
-        ):
+        above = f"({max(int(after), 0)}"
+        listed = self._redis.zrangebyscore(
+            numbers, above, "+inf", start=0, num=INBOX_READ.count, withscores=True
+        )
+        for member, score in listed:
             number = _number(member)
             if number is None or number != score:
-                self._warn(
-                    agent, "left out inbox number %r: not as the store wrote it", member[:40]
-                )
+                self._warn(agent, "left out inbox number %r: not the store's", member[:40])
             else:
                 ours.append(number)
         cap = INBOX_READ.entry_bytes
-        values, stopped = self._values(
+        values, stopped = self._reads.values(
             [(pending, str(n).encode(), cap) for n in ours], INBOX_READ.total_bytes
         )
         found: list[tuple[int, bytes]] = []
@@ -393,14 +309,14 @@ class EarlierRedis:
         )
         if self._odd(agent, {ids: "hash", consumed: "hash", replies: "hash"}):
             return None
-        (named,), _ = self._values([(ids, request_id.encode(), 16)])
+        (named,), _ = self._reads.values([(ids, request_id.encode(), 16)])
         number = _number(named)
         if number is None:
             if named is not None:
                 self._warn(agent, "request id %r names no number: unknown", request_id[:64])
             return None
         field = str(number).encode()
-        (recorded, reply), _ = self._values(
+        (recorded, reply), _ = self._reads.values(
             [(consumed, field, MAX_REQUEST_ID_CHARS), (replies, field, MAX_REPLY_BYTES)]
         )
         if recorded is None:
@@ -420,7 +336,7 @@ class EarlierRedis:
         key = self._key(agent, "inbox", "ids")
         if self._odd(agent, {key: "hash"}) or most < 1:
             return []
-        names = [_text(name) for name in self._redis.hrandfield(key, 2 * most) or []]
+        names = [text(name) for name in self._redis.hrandfield(key, 2 * most) or []]
         return sorted(name for name in names if check_request_id(name) is None)[:most]
 
     def close(self) -> None:
