@@ -139,6 +139,8 @@ def test_open_refuses_what_is_no_earlier_store(loaded: Loaded) -> None:
 def test_a_junk_checkpoint_entry_is_left_out(
     loaded: Loaded, reader: EarlierRedis, field: bytes, doc: bytes
 ) -> None:
+    """A checkpoint entry of a name or description not as the store wrote it is left out
+    of the listing, the genuine ones kept."""
     loaded.client.hset(loaded.key("agent", "a1", "checkpoints"), field, doc)
     loaded.client.hset(loaded.key("agent", "a1", "blobs"), field, b"sealed")
     listed = [info.to_json().decode() for info in reader.list_checkpoints("a1")]
@@ -148,6 +150,8 @@ def test_a_junk_checkpoint_entry_is_left_out(
 def test_keys_of_another_type_read_as_the_earlier_store_read_them(
     loaded: Loaded, reader: EarlierRedis
 ) -> None:
+    """A key of another type reads as empty where the earlier store read it so, and is
+    refused in one line where it refused it."""
     for name in ("checkpoints", "inbox:numbers", "inbox:ids", "effects:5", "heartbeats"):
         loaded.plant(f"agent:a1:{name}", "string", b"planted")
     assert reader.list_checkpoints("a1") == []
@@ -170,6 +174,8 @@ def test_keys_of_another_type_read_as_the_earlier_store_read_them(
 def test_oversize_and_junk_records_are_refused_in_one_line(
     loaded: Loaded, reader: EarlierRedis
 ) -> None:
+    """An oversize cluster, acceptance or lease record, or a lease version not as written,
+    is a CorruptRecord, unread."""
     loaded.plant("cluster", "string", b"{" * (MAX_RECORD_BYTES + 1))
     with pytest.raises(CorruptRecord, match=f"cluster record is {MAX_RECORD_BYTES + 1} bytes"):
         reader.read_cluster()
@@ -227,6 +233,7 @@ def test_a_value_that_changes_while_it_is_read_is_not_fetched(
 
 
 def test_junk_in_the_inbox_is_left_out(loaded: Loaded, reader: EarlierRedis) -> None:
+    """Numbers not of the store's shape or score, and a submission over its limit, are left out."""
     numbers, pending = (
         loaded.key("agent", "a1", "inbox:numbers"),
         loaded.key("agent", "a1", "inbox:pending"),
@@ -300,6 +307,8 @@ def test_junk_names_and_records_are_skipped(loaded: Loaded, reader: EarlierRedis
 def test_a_damaged_admission_reads_as_the_earlier_store_read_it(
     loaded: Loaded, reader: EarlierRedis
 ) -> None:
+    """An id naming no number is unknown; one consumed under another id, or with a reply
+    over its limit, gives no reply."""
     ids = loaded.key("agent", "a1", "inbox:ids")
     loaded.client.hset(ids, mapping={"r5": "junk", "r6": "3"})  # r6 -> a number r3 consumed
     assert reader.read_admission("a1", "r5") is None
@@ -387,6 +396,7 @@ def test_the_copy_holds_what_the_earlier_store_held(reader: EarlierRedis) -> Non
 
 
 def test_the_junk_submission_is_left_out_and_said(reader: EarlierRedis) -> None:
+    """The fixture's submission that does not open is not copied, and the migration says so."""
     target = _target()
     migrated = _migrate(reader, target)
     assert [line for line in migrated.left_out if line.startswith("agent a1: submission #7")]
