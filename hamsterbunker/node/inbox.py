@@ -82,16 +82,10 @@ class TermInbox:
         self._watcher: asyncio.Task[None] | None = None
         self._ahead: asyncio.Future[list[tuple[int, bytes]]] | None = None
 
-    def read_ahead(self, read: list[tuple[int, bytes]] | None = None) -> None:
+    def read_ahead(self) -> None:
         """Begin the first read now, while the term restores: a round trip less before
-        its first step (none if the acquisition read it: read). It reads from the start;
-        resume()'s marks hide what is consumed."""
-        if self._ahead is not None:
-            return
-        if read is not None:
-            self._ahead = asyncio.get_running_loop().create_future()
-            self._ahead.set_result(read)
-        else:
+        its first step. It reads from the start; resume()'s marks hide what is consumed."""
+        if self._ahead is None:
             self._ahead = asyncio.create_task(
                 self._calls.io(self._store.read_inbox, self._id.agent, 0), name="hb-inbox-ahead"
             )

@@ -219,9 +219,9 @@ class LeaderTerm:
         self._standing.restored = False
         stall = _Stall(self._clock, self._timing.lease_ttl_s)
         progress = None
-        # What the acquisition read for this term, if the store read with it (etcd).
+        # What the acquisition read for this term, if the store read with it.
         taken = self._keeper.read_at_taking(self.epoch)
-        self._inbox.read_ahead(None if taken is None else taken.inbox)
+        self._inbox.read_ahead()
         while progress is None:
             started = self._clock.monotonic()
             try:

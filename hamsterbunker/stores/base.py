@@ -218,9 +218,6 @@ class RestoreRead:
     # not read it along (too big, or not the one the lease record names): read it then.
     newest: bytes | None
     acceptance_problem: str = ""  # why the acceptance record could not be taken (CorruptRecord)
-    # What read_inbox(agent, 0) returns, where the backend read it with the rest
-    # (take_lease on etcd); None: not read.
-    inbox: list[tuple[int, bytes]] | None = None
 
 
 def newest_first(infos: list[CheckpointInfo]) -> list[CheckpointInfo]:

@@ -72,9 +72,9 @@ def open_migration(source_url: str, target_url: str) -> tuple[SourceStore, Recor
     scheme = urlsplit(source_url).scheme
     source: SourceStore
     if scheme in ("redis", "rediss"):
-        from .redis import RedisStore
+        from .earlier.redis import open_earlier_redis
 
-        source = RedisStore(source_url, create=False)
+        source = open_earlier_redis(source_url)
     elif scheme in ("etcd", "etcds"):
         from .earlier.etcd import open_earlier_etcd
 

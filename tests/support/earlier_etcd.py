@@ -1,6 +1,6 @@
 """A store the earlier etcd store wrote, loaded raw into the shared test etcd.
 
-``tests/data/earlier/etcd.json.gz`` (written by ``tests/data/earlier/make_etcd.py`` while
+``tests/data/earlier/etcd.json.gz`` (written, as tests/data/earlier/README.md says, while
 that store existed) holds every key it wrote and what its own reads answered.
 ``load_earlier_etcd()`` puts those keys under a fresh prefix and gives its URL;
 ``expected()`` the answers; ``plant`` and ``unplant`` change keys behind a reader's back

@@ -1,6 +1,6 @@
 """A store the earlier file store wrote (``tests/data/earlier/file.tar.gz``), loaded for a test,
 and what that store's own reads answered over it (``file.json``): both made once by
-``tests/data/earlier/make_file.py`` while the earlier store still existed.
+the generator tests/data/earlier/README.md names, while the earlier store still existed.
 
 ``expected()`` keeps bytes as base64 and records as their JSON; ``plant`` puts raw bytes
 under any name in a loaded store, as someone writing the directory could.

@@ -3,7 +3,7 @@
 ``load_earlier_redis()`` writes the fixture's keys, by type, under a fresh prefix of the
 session's redis-server and returns them there (``Loaded``: its URL, a raw client, the
 key names); ``expected()`` is what the earlier store's own reads answered for them
-(written by tests/data/earlier/make_redis.py, whose docstring says how). ``Loaded.plant``
+(written as tests/data/earlier/README.md says). ``Loaded.plant``
 puts any raw value there: junk, or a change made while a migration reads.
 """
 
@@ -35,7 +35,7 @@ def _fixture() -> dict[str, Any]:
 
 def expected() -> dict[str, Any]:
     """The earlier store's answers: ``cluster`` (JSON) and per agent under ``agents``
-    (see make_redis.answers); bytes are base64."""
+    (as the earlier store answered them); bytes are base64."""
     return json.loads(json.dumps(_fixture()["answers"]))  # a copy a test may change
 
 

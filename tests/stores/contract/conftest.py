@@ -154,10 +154,8 @@ def open_client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Open
 # events, Redis' messages); the others yield None, a hint to read.
 CARRIES_LEASE = {"memory", "records-etcd", "records-memory", "records-redis"}
 # The backends whose take_lease reads for the restore in the same atomic step.
-# Backends whose take_lease reads for the restore in its write (the inbox too: etcd's).
 READS_AS_IT_TAKES = {"memory", "records-memory", "records-file", "records-redis", "records-etcd",
                      "records-postgres"}  # fmt: skip
-READS_INBOX_AS_IT_TAKES: set[str] = set()
 
 
 @pytest.fixture
