@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
+import time
 from typing import Any
 
 import pytest
@@ -49,8 +51,8 @@ def sealer(cluster: ClusterRecord) -> Sealer:
 @pytest.fixture
 def fixed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every nonce and salt the same bytes, the time one instant: seals repeat exactly."""
-    monkeypatch.setattr(sealing.os, "urandom", fixed_urandom)
-    monkeypatch.setattr(sealing.time, "time", lambda: FIXED_TIME)
+    monkeypatch.setattr(os, "urandom", fixed_urandom)
+    monkeypatch.setattr(time, "time", lambda: FIXED_TIME)
 
 
 def header_doc(blob: bytes) -> dict[str, Any]:

@@ -4,13 +4,13 @@ piece by piece as a store takes the pieces (``hamsterbunker.blob``)."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from hamsterbunker import sealing
 from hamsterbunker.blob import BlobPieces
 from hamsterbunker.errors import SealError, Tampered
 from hamsterbunker.records import ClusterRecord
@@ -51,8 +51,8 @@ def test_pieces_join_to_what_seal_gives(
     sealer: Sealer, size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the same time and nonce, the pieces join to exactly seal()'s bytes."""
-    monkeypatch.setattr(sealing.time, "time", lambda: 1_800_000_000.25)
-    monkeypatch.setattr(sealing.os, "urandom", lambda n: bytes(range(n)))
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.25)
+    monkeypatch.setattr(os, "urandom", lambda n: bytes(range(n)))
     state = state_of(size)
     blob = sealer.seal_pieces(AGENT, EPOCH, SEQ, state)
     length = len(blob)
