@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from .errors import CorruptRecord, HamsterbunkerError, LeaseConflict, Tampered
-from .lease_proof import LeaseProof
+from .lease.proof import LeaseProof
 from .limits import MAX_EPOCH
 from .reach import Reach
 from .records import CheckpointInfo, Event, LeaseRecord, parse_json

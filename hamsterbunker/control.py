@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from .errors import ControlRefused, CorruptRecord, LeaseConflict, Tampered
-from .lease_proof import LeaseProof
+from .lease.proof import LeaseProof
 from .records import Heartbeat, LeaseRecord, check_name, parse_json
 from .sealing import Sealer
 from .stores import Store

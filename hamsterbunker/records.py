@@ -292,7 +292,7 @@ def _key_entries(doc: dict[str, Any], name: str) -> tuple[KeyEntry, ...]:
 MAX_HISTORY = 32
 # A signed operator request (hamsterbunker.control) in a lease record: at most this long.
 MAX_CONTROL_CHARS = 2048
-# A lease record's proof (hamsterbunker.lease_proof): a key id and an HMAC, well below this.
+# A lease record's proof (hamsterbunker.lease.proof): a key id and an HMAC, well below this.
 MAX_PROOF_CHARS = 256
 _VIAS = frozenset({"empty", "released", "expired", "switchover", "handoff"})
 
@@ -358,7 +358,7 @@ class LeaseRecord:
     node a released lease was handed to (the others leave it to that node for
     a TTL); ``history`` the newest takeovers, oldest first. ``proof`` is its
     writer's signature over the fields that steer a node beyond one TTL
-    (``hamsterbunker.lease_proof``); the store never looks at it.
+    (``hamsterbunker.lease.proof``); the store never looks at it.
     """
 
     holder: str | None

@@ -33,7 +33,7 @@ from ..http_address import HttpAddress, parse_http_address
 from ..intents import IntentLog
 from ..keyring import Keyring, Secret
 from ..lease import LeaseKeeper
-from ..lease_proof import LeaseProof
+from ..lease.proof import LeaseProof
 from ..lineage import ChainChoice
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier

@@ -19,7 +19,7 @@ import pytest
 
 from hamsterbunker.clock import FakeClock
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.lease_proof import LeaseProof
+from hamsterbunker.lease.proof import LeaseProof
 from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
 from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord

@@ -31,7 +31,7 @@ from hamsterbunker.errors import (
 )
 from hamsterbunker.keyring import Keyring, Secret, read_keyring
 from hamsterbunker.lease import LeaseKeeper
-from hamsterbunker.lease_proof import LeaseProof
+from hamsterbunker.lease.proof import LeaseProof
 from hamsterbunker.limits import MAX_CONSUMED_PER_STEP
 from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.cluster import Cluster

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from .errors import Tampered
-from .records import LeaseRecord
-from .sealing import Sealer
+from ..errors import Tampered
+from ..records import LeaseRecord
+from ..sealing import Sealer
 
 __all__ = ["LeaseProof"]
 

@@ -16,7 +16,8 @@ it saw, as for an expiry: a holder with a longer TTL that cannot renew (its
 record is junk now) stops stepping within its own renew deadline of its last
 renewal, which came before the junk this node has been timing.
 
-This module only keeps the wait and builds the record; ``LeaseKeeper`` acts.
+This module keeps the wait, builds the record and acts (``Replacing``, a part of
+``LeaseKeeper``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from .errors import UnreadableLease
-from .reach import Reach
-from .records import LeaseRecord, Takeover
-from .timing import LeaseTiming
+from ..errors import UnreadableLease
+from ..reach import Reach
+from ..records import LeaseRecord, Takeover
+from ..timing import LeaseTiming
 
 __all__ = ["UnreadableWait", "fresh_version", "replacement"]
 
