@@ -1,0 +1,145 @@
+"""The lease record and the takeovers it remembers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import CorruptRecord
+from ..limits import (
+    MAX_EPOCH,
+    MAX_LEASE_TTL_MS,
+    MAX_SEQ,
+)
+from .parsing import NAME_PATTERN, check_record_name, count_of, field_of, finite_time, load_object
+
+# The lease record keeps this many of the newest takeovers (``hb history``).
+MAX_HISTORY = 32
+# A signed operator request (hamsterbunker.control) in a lease record: at most this long.
+MAX_CONTROL_CHARS = 2048
+# A lease record's proof (hamsterbunker.lease.proof): a key id and an HMAC, well below this.
+MAX_PROOF_CHARS = 256
+_VIAS = frozenset({"empty", "released", "expired", "switchover", "handoff"})
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """One acquisition of the lease, as its taker wrote it (display only, not authenticated)."""
+
+    epoch: int
+    to: str
+    via: str  # empty | released | expired | switchover | handoff
+    gap_ms: int  # how long the taker saw the lease without a live holder, on its own clock
+    time: float  # the taker's wall clock
+    from_: str | None = None  # the previous holder, if known
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "from": self.from_, "to": self.to, "via": self.via,
+                "gap_ms": self.gap_ms, "time": self.time}  # fmt: skip
+
+    @classmethod
+    def from_doc(cls, doc: Any) -> Takeover:
+        if not isinstance(doc, dict):
+            raise CorruptRecord("lease record field 'history' has an entry that is not an object")
+        previous = doc.get("from")
+        via = field_of(doc, "via", str, "lease history")
+        if via not in _VIAS or (previous is not None and not NAME_PATTERN.fullmatch(str(previous))):
+            raise CorruptRecord("lease record field 'history' has an entry of the wrong shape")
+        return cls(
+            epoch=count_of(doc, "epoch", "lease history", MAX_EPOCH),
+            to=check_record_name(field_of(doc, "to", str, "lease history")),
+            via=via,
+            gap_ms=count_of(doc, "gap_ms", "lease history"),
+            time=finite_time(field_of(doc, "time", (int, float), "lease history")),
+            from_=previous,
+        )
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """Who may step the agent, under which epoch (the fencing token).
+
+    ``version`` is assigned by the store on every successful write and is what
+    compare-and-set compares; ``holder`` is None once the lease is released.
+    ``renewals`` changes on every renewal so observers see the record change.
+    ``seq`` and ``seq_epoch`` are the newest checkpoint seq, and the latest epoch
+    of a checkpoint, that the writer knew to be accepted: they let every node,
+    standbys included, tell when the store loses checkpoints.
+    ``control`` is an operator's signed request (pause, switchover: see
+    hamsterbunker.control), carried from term to term; ``successor`` names the
+    node a released lease was handed to (the others leave it to that node for
+    a TTL); ``history`` the newest takeovers, oldest first. ``proof`` is its
+    writer's signature over the fields that steer a node beyond one TTL
+    (``hamsterbunker.lease.proof``); the store never looks at it.
+    """
+
+    holder: str | None
+    region: str
+    session: str
+    epoch: int
+    ttl_ms: int
+    renewals: int = 0
+    version: int = 0
+    seq: int = 0
+    seq_epoch: int = 0
+    control: str = ""
+    successor: str | None = None
+    handoff: bool = False  # released after failing steps (history says via=handoff)
+    history: tuple[Takeover, ...] = ()
+    proof: str = ""
+
+    def term(self) -> str:
+        """What a renewal leaves as it was: the holder, its term, and what it was asked.
+
+        A watch of terms alone wakes on a change of this, not on every renewal.
+        """
+        parts = [self.holder, self.session, self.epoch, self.control, self.successor, self.handoff]
+        return json.dumps(parts, separators=(",", ":"))
+
+    def to_json(self) -> bytes:
+        doc = asdict(self)
+        doc["history"] = [t.to_doc() for t in self.history]
+        return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LeaseRecord:
+        doc = load_object(data, "lease")
+        if "holder" not in doc:  # null means released; absent means damaged
+            raise CorruptRecord("lease record has no field 'holder'")
+        holder = doc["holder"]
+        if holder is not None and not isinstance(holder, str):
+            raise CorruptRecord("lease record field 'holder' has the wrong type")
+        ttl_ms = count_of(doc, "ttl_ms", "lease", MAX_LEASE_TTL_MS)
+        if ttl_ms == 0:
+            raise CorruptRecord("lease record field 'ttl_ms' is 0")
+        # Absent in records written before these were kept: none.
+        control = field_of({"control": "", **doc}, "control", str, "lease")
+        if len(control) > MAX_CONTROL_CHARS:
+            raise CorruptRecord(f"lease record field 'control' is over {MAX_CONTROL_CHARS} chars")
+        proof = field_of({"proof": "", **doc}, "proof", str, "lease")
+        if len(proof) > MAX_PROOF_CHARS:
+            raise CorruptRecord(f"lease record field 'proof' is over {MAX_PROOF_CHARS} chars")
+        successor = doc.get("successor")
+        if successor is not None:
+            successor = check_record_name(field_of(doc, "successor", str, "lease"))
+        history = doc.get("history", [])
+        if not isinstance(history, list) or len(history) > MAX_HISTORY:
+            raise CorruptRecord(f"lease record field 'history' is not a list of at most "
+                                f"{MAX_HISTORY}")  # fmt: skip
+        return cls(
+            holder=holder,
+            region=field_of(doc, "region", str, "lease"),
+            session=field_of(doc, "session", str, "lease"),
+            epoch=count_of(doc, "epoch", "lease", MAX_EPOCH),
+            ttl_ms=ttl_ms,
+            renewals=count_of(doc, "renewals", "lease"),
+            version=count_of(doc, "version", "lease"),
+            seq=count_of(doc, "seq", "lease", MAX_SEQ) if "seq" in doc else 0,
+            seq_epoch=count_of(doc, "seq_epoch", "lease", MAX_EPOCH) if "seq_epoch" in doc else 0,
+            control=control,
+            successor=successor,
+            handoff=field_of({"handoff": False, **doc}, "handoff", bool, "lease"),
+            history=tuple(Takeover.from_doc(entry) for entry in history),
+            proof=proof,
+        )
