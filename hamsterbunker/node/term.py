@@ -24,12 +24,10 @@ from dataclasses import dataclass
 from ..agent import Agent, State, StepContext, _current
 from ..clock import Clock
 from ..effects import StepEffects
-from ..errors import Fenced, HamsterbunkerError, NoUsableCheckpoint, StepLost, StoreError
-from ..failpoints import failpoint
-from ..inbox import ConsumedMarks, StepInbox
+from ..errors import Fenced, NoUsableCheckpoint, StepLost, StoreError
+from ..inbox import StepInbox
 from ..intents import IntentLog
 from ..lease import LeaseKeeper
-from ..reach import Reach
 from ..sealing import Sealer
 from ..stores import Fence, Store
 from ..timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
@@ -38,8 +36,10 @@ from .calls import NodeCalls
 from .events import EventSink
 from .inbox import TermInbox
 from .journal import TermJournal
+from .publish import Publisher
 from .restore import LeaseBehind, Progress, Restorer
 from .state import Identity, Signals, Standing
+from .term_waits import Stall, StepEnd, TermWaits, first
 
 __all__ = ["Ending", "LeaderTerm", "TermEnd"]
 
@@ -64,36 +64,6 @@ class TermEnd:
     via: str = ""  # GAVE_UP: "handoff" when the agent's steps kept failing
     hold_off_s: float = 0.0  # GAVE_UP with hold_off: for how long (0: the loop's default)
     successor: str = ""  # HANDED_OVER: the node to hand the lease to
-
-
-class _Stall:
-    """How long a term has failed to make progress, timed on the node's clock."""
-
-    def __init__(self, clock: Clock, ttl_s: float) -> None:
-        self._clock, self._ttl_s = clock, ttl_s
-        self._since: float | None = None
-
-    def for_a_ttl(self) -> bool:
-        """Note one more failure; True once failures have gone on for a full lease TTL."""
-        now = self._clock.monotonic()
-        if self._since is None:
-            self._since = now
-        return now - self._since >= self._ttl_s
-
-    def reset(self) -> None:
-        self._since = None
-
-
-class _StepEnd(enum.Enum):
-    DONE = "done"
-    DEADLINE = "renew deadline passed during the step"
-    LOST = "lease lost or node stopping"
-
-
-@dataclass(frozen=True)
-class _NotPublished:
-    error: str
-    fenced: bool = False  # True: the lease moved on, stop leading; False: same step again
 
 
 class LeaderTerm:
@@ -148,6 +118,13 @@ class LeaderTerm:
             identity, store, sealer, calls, sink, standing,
             tick_s=timing.tick_s, closing=self._over, clock=clock,
         )  # fmt: skip
+        self._waits = TermWaits(
+            self.lost, self.leaving, signals, standing, keeper, clock, self._inbox, grace
+        )
+        self._publisher = Publisher(
+            identity, store, sealer, keeper, restorer, calls, sink, standing, self._inbox,
+            clock, self.end,
+        )  # fmt: skip
 
     def end(self) -> None:
         """Tell the term to stop: the step in flight is cancelled, nothing more is published."""
@@ -169,7 +146,7 @@ class LeaderTerm:
             self.leaving.set()
 
     def _over(self) -> bool:
-        return self.lost.is_set() or self._signals.stopping.is_set() or self.leaving.is_set()
+        return self._waits.over()
 
     async def _uncontested(self) -> bool:
         """On a synced folder (a store with chains), wait before the first step until this term's
@@ -185,7 +162,7 @@ class LeaderTerm:
         settle_s = chains.sync_delay_ms / 1000 + 2 * self._timing.tick_s
         left = self._began + settle_s - self._clock.monotonic()
         if left > 0:
-            waiting = _first(self.lost, self._signals.stopping, self.leaving)
+            waiting = first(self.lost, self._signals.stopping, self.leaving)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiting, left)
         return not self._over()
@@ -216,101 +193,43 @@ class LeaderTerm:
 
     async def _lead(self) -> TermEnd:
         emit, tick_s = self._sink.emit, self._timing.tick_s
-        self._standing.restored = False
-        stall = _Stall(self._clock, self._timing.lease_ttl_s)
-        progress = None
-        # What the acquisition read for this term, if the store read with it.
-        taken = self._keeper.read_at_taking(self.epoch)
-        self._inbox.read_ahead()
-        while progress is None:
-            started = self._clock.monotonic()
-            try:
-                progress = await self._restorer.restore(self.epoch, taken)
-            except NoUsableCheckpoint:
-                self._sink.record("restore", self.epoch, 0, started, "refused")
-                raise
-            except LeaseBehind as exc:
-                return self._give_up(str(exc), hold_off=False)  # and take it again above
-            except StoreError as exc:
-                # Never fall back past a checkpoint we merely failed to read: try again.
-                taken = None  # and read afresh
-                emit("store.error", error=f"restore: {exc}")
-                if stall.for_a_ttl():
-                    return self._give_up(f"could not restore for a full TTL: {exc}")
-                await asyncio.sleep(tick_s)
-                if self._over():
-                    return TermEnd(Ending.OVER, self.epoch)
-        if self._keys_read is not None and not await self._keys_read:
-            return TermEnd(Ending.OVER, self.epoch)  # the node stops: it lacks the current key
-        stall.reset()
-        self._standing.restored = True
-        self._inbox.resume(progress.marks)
-        first_seq = progress.seq + 1  # may replay a step a previous leader had started
-        failed_seq = 0  # the step that last raised: its retry calls failed effects again
-        seq = self._standing.seq
-        self._sink.record(
-            "restore",
-            self.epoch,
-            seq,
-            started,
-            "resumed" if progress.resumed else "started",
-            from_seq=seq if progress.resumed else 0,
-            next_seq=progress.seq + 1,
-            **({"accepted_loss": progress.accepted_loss} if progress.accepted_loss else {}),
-        )
+        stall = Stall(self._clock, self._timing.lease_ttl_s)
+        progress = await self._restore(stall)
+        if isinstance(progress, TermEnd):
+            return progress
         if not await self._uncontested():
             return TermEnd(Ending.OVER, self.epoch)
+        first_seq = progress.seq + 1  # may replay a step a previous leader had started
+        failed_seq = 0  # the step that last raised: its retry calls failed effects again
         while not self._over():
-            if not await self._until_unpaused() or not await self._until_may_step():
+            if not await self._waits.until_unpaused() or not await self._waits.until_may_step():
                 break
             seq = progress.seq + 1
-            # An abandoned sync step may run on in its thread: it starts no more effects.
-            abandoned = threading.Event()
-            journal = self._journal.for_step(
-                seq, progress.epoch, first=seq == first_seq, journals=progress.journals
-            )
-            effects = StepEffects(
-                seq,
-                self._journal,
-                journal,
-                may_start=functools.partial(self._may_start_effects, abandoned),
-                rerun_failures=failed_seq == seq,
-            )
-            if journal is None and not await self._read_journal(effects):
+            prepared = await self._prepare_step(progress, first_seq, failed_seq)
+            if prepared is None:
                 if stall.for_a_ttl():
                     return self._give_up("could not read the effect journal for a full TTL")
                 await asyncio.sleep(tick_s)
                 continue
-            context = StepContext(
-                self._id.agent,
-                self._id.node,
-                self.epoch,
-                seq,
-                may_publish=self._may_publish,
-                abandoned=abandoned,
-                effects=effects,
-                loop=asyncio.get_running_loop(),
-                mailbox=StepInbox(self._inbox, await self._inbox.unconsumed(), self._journal.shown),
-            )
-            self._standing.effects = effects.shown
+            effects, context = prepared
             step_began = self._clock.monotonic()
             step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
             if self._sink.hushed():  # as the lease was acquired (NodeLoop): until the
                 await asyncio.sleep(0)  # first step has begun, its writes held back
                 self._sink.unhush()
-            ended = await self._until_done_or_lost(step)
-            if ended is _StepEnd.DONE:  # returned or raised: its time, for the metrics
+            ended = await self._waits.until_done_or_lost(step)
+            if ended is StepEnd.DONE:  # returned or raised: its time, for the metrics
                 self._sink.measured("step", self._clock.monotonic() - step_began)
             self._journal.keep(effects)
             if effects.reused:
                 emit("effect.replayed", step_seq=seq, reused=effects.reused)
-            if ended is not _StepEnd.DONE:
+            if ended is not StepEnd.DONE:
                 # Cancelled at the renew deadline, so that no step of ours overlaps a
                 # successor's (a sync step is told through current_step().lost);
                 # retried (same seq) if a renewal still succeeds.
                 context.abandoned.set()
                 emit("agent.yielded", reason=ended.value, step_seq=context.seq)
-                if ended is _StepEnd.LOST:
+                if ended is StepEnd.LOST:
                     break
                 continue
             try:
@@ -336,9 +255,9 @@ class LeaderTerm:
             self._standing.failing = (0, "")
             if self.lost.is_set() or not self._keeper.may_step():
                 # The lease may already be someone else's: never publish this step.
-                emit("agent.yielded", reason=_StepEnd.DEADLINE.value, step_seq=context.seq)
+                emit("agent.yielded", reason=StepEnd.DEADLINE.value, step_seq=context.seq)
                 continue
-            published = await self._publish(context, new_state, progress.marks)
+            published = await self._publisher.publish(context, new_state, progress.marks)
             if isinstance(published, Progress):
                 progress = published
                 self._standing.effects = []
@@ -351,6 +270,96 @@ class LeaderTerm:
             else:
                 await asyncio.sleep(tick_s)  # the store failed: same state, same seq
         return TermEnd(Ending.OVER, self.epoch)
+
+    async def _restore(self, stall: Stall) -> Progress | TermEnd:
+        """The state to go on from; or how the term ended before it had one."""
+        self._standing.restored = False
+        progress = None
+        # What the acquisition read for this term, if the store read with it.
+        taken = self._keeper.read_at_taking(self.epoch)
+        self._inbox.read_ahead()
+        while progress is None:
+            started = self._clock.monotonic()
+            try:
+                progress = await self._restorer.restore(self.epoch, taken)
+            except NoUsableCheckpoint:
+                self._sink.record("restore", self.epoch, 0, started, "refused")
+                raise
+            except LeaseBehind as exc:
+                return self._give_up(str(exc), hold_off=False)  # and take it again above
+            except StoreError as exc:
+                # Never fall back past a checkpoint we merely failed to read: try again.
+                taken = None  # and read afresh
+                self._sink.emit("store.error", error=f"restore: {exc}")
+                if stall.for_a_ttl():
+                    return self._give_up(f"could not restore for a full TTL: {exc}")
+                await asyncio.sleep(self._timing.tick_s)
+                if self._over():
+                    return TermEnd(Ending.OVER, self.epoch)
+        if self._keys_read is not None and not await self._keys_read:
+            return TermEnd(Ending.OVER, self.epoch)  # the node stops: it lacks the current key
+        stall.reset()
+        self._standing.restored = True
+        self._inbox.resume(progress.marks)
+        seq = self._standing.seq
+        self._sink.record(
+            "restore",
+            self.epoch,
+            seq,
+            started,
+            "resumed" if progress.resumed else "started",
+            from_seq=seq if progress.resumed else 0,
+            next_seq=progress.seq + 1,
+            **({"accepted_loss": progress.accepted_loss} if progress.accepted_loss else {}),
+        )
+        return progress
+
+    async def _prepare_step(
+        self, progress: Progress, first_seq: int, failed_seq: int
+    ) -> tuple[StepEffects, StepContext] | None:
+        """The next step's effects and context; None if its journal could not be read."""
+        seq = progress.seq + 1
+        # An abandoned sync step may run on in its thread: it starts no more effects.
+        abandoned = threading.Event()
+        journal = self._journal.for_step(
+            seq, progress.epoch, first=seq == first_seq, journals=progress.journals
+        )
+        effects = StepEffects(
+            seq,
+            self._journal,
+            journal,
+            may_start=functools.partial(self._may_start_effects, abandoned),
+            rerun_failures=failed_seq == seq,
+        )
+        if journal is None and not await self._read_journal(effects):
+            return None
+        context = StepContext(
+            self._id.agent,
+            self._id.node,
+            self.epoch,
+            seq,
+            may_publish=self._may_publish,
+            abandoned=abandoned,
+            effects=effects,
+            loop=asyncio.get_running_loop(),
+            mailbox=StepInbox(self._inbox, await self._inbox.unconsumed(), self._journal.shown),
+        )
+        self._standing.effects = effects.shown
+        return effects, context
+
+    def _may_start_effects(self, abandoned: threading.Event) -> bool:
+        """Whether a step not yet abandoned may start an effect (asked from any thread)."""
+        return not abandoned.is_set() and self._may_publish()
+
+    def _may_publish(self) -> bool:
+        """Whether a step of this term could still be published (asked from any thread)."""
+        held = self._keeper.held
+        return (
+            not self.lost.is_set()
+            and held is not None
+            and held.epoch == self.epoch
+            and self._keeper.may_step()
+        )
 
     async def _read_journal(self, effects: StepEffects) -> bool:
         """Read the journal of the term's first step before it runs: it may replay a step
@@ -396,83 +405,6 @@ class LeaderTerm:
         self.end()
         return TermEnd(Ending.GAVE_UP, self.epoch, reason, hold_off)
 
-    def _may_start_effects(self, abandoned: threading.Event) -> bool:
-        """Whether a step not yet abandoned may start an effect (asked from any thread)."""
-        return not abandoned.is_set() and self._may_publish()
-
-    def _may_publish(self) -> bool:
-        """Whether a step of this term could still be published (asked from any thread)."""
-        held = self._keeper.held
-        return (
-            not self.lost.is_set()
-            and held is not None
-            and held.epoch == self.epoch
-            and self._keeper.may_step()
-        )
-
-    async def _until_unpaused(self) -> bool:
-        """Wait while an operator has the agent paused; False if the term ends meanwhile."""
-        changed = self._signals.control_changed
-        while self._standing.paused:
-            if self._over():
-                return False
-            changed.clear()
-            waiters = [asyncio.ensure_future(event.wait())
-                       for event in (self.lost, self._signals.stopping, self.leaving, changed)]  # fmt: skip
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in waiters:
-                waiter.cancel()
-        return not self._over()
-
-    async def _until_may_step(self) -> bool:
-        """Wait until a renewal within the deadline lets us step; False if the term ends."""
-        stopping, renewed = self._signals.stopping, self._signals.renewed
-        while not self._keeper.may_step():
-            if self._over():
-                return False
-            renewed.clear()
-            waiters = [
-                asyncio.ensure_future(event.wait())
-                for event in (self.lost, stopping, self.leaving, renewed)
-            ]
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in waiters:
-                waiter.cancel()
-        return not self._over()
-
-    async def _until_done_or_lost(self, step: asyncio.Task[State]) -> _StepEnd:
-        """Wait for the step; cancel it (async) or abandon it (sync) if it may not go on.
-
-        A stop lets it finish within the grace (the node keeps the lease meanwhile), so
-        that it is published and not repeated by the next leader (DESIGN.md invariant 6).
-        """
-        lost = asyncio.ensure_future(self.lost.wait())
-        # A stop, or a switchover: the step in flight may finish within the grace.
-        stopping = asyncio.ensure_future(_first(self._signals.stopping, self.leaving))
-        hurry = asyncio.ensure_future(self._signals.hurry.wait())  # a second stop signal
-        finish_by: float | None = None  # once stopping: when the grace runs out
-        try:
-            while not step.done():
-                now = self._clock.monotonic()
-                remaining = self._keeper.seconds_until_deadline()
-                if stopping.done() and finish_by is None:
-                    finish_by = now + self._grace()
-                    self._inbox.interrupt()  # a step waiting for work finishes now
-                if lost.done() or hurry.done() or (finish_by is not None and now >= finish_by):
-                    step.cancel()
-                    return _StepEnd.LOST
-                if remaining <= 0:
-                    step.cancel()
-                    return _StepEnd.DEADLINE
-                # Timed to the renew deadline, so a hung renewal cannot keep us stepping.
-                timeout = remaining if finish_by is None else min(remaining, finish_by - now)
-                waiters = [step, lost, hurry] + ([stopping] if finish_by is None else [])
-                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            return _StepEnd.DONE
-        finally:
-            for waiter in (lost, stopping, hurry):
-                waiter.cancel()
-
     async def _run_step(self, state: State, context: StepContext) -> State:
         _current.set(context)
         # The step gets its own copy: a discarded step must not have changed ours.
@@ -488,82 +420,3 @@ class LeaderTerm:
                 f"step must return the new state as a dict, not {type(result).__name__}"
             )
         return result
-
-    async def _publish(
-        self, context: StepContext, state: State, marks: ConsumedMarks
-    ) -> Progress | _NotPublished:
-        """Seal and store one step's state, fenced by the step's epoch; or why not.
-
-        What the step consumed commits with it: its numbers sealed in the
-        checkpoint's marks, its replies in the same store write.
-        """
-        agent_id, emit, record = self._id.agent, self._sink.emit, self._sink.record
-        fence = Fence(holder=self._id.node, session=self._keeper.session, epoch=context.epoch)
-        consumed = [] if context.mailbox is None else context.mailbox.consumed
-        marks, gaps = marks.adding(c.number for c in consumed)
-        # Only a consuming step passes consumption: stores wrapped by tests take four arguments.
-        also = (consumed,) if consumed else ()
-        started = self._clock.monotonic()
-        try:
-            # The state's JSON here (SealError before the store is touched); its
-            # encryption inside the put, piece by piece as the store writes them.
-            # Into this node's own chain on a store that keeps one per node: bound to it.
-            chain = self._id.node if self._store.chains is not None else None
-            blob = await self._calls.work(
-                functools.partial(self._sealer.seal_pieces, inbox=marks.to_json(), node=chain),
-                agent_id,
-                context.epoch,
-                context.seq,
-                state,
-            )
-            if consumed:
-                failpoint("inbox.before_commit")
-            info = await self._calls.io(
-                self._store.put_checkpoint, agent_id, fence, context.seq, blob, *also
-            )
-            if consumed:
-                failpoint("inbox.after_commit")
-        except Fenced as exc:
-            record("publish", context.epoch, context.seq, started, "fenced")
-            # The refused term's epoch: the keeper may have seen the next one already.
-            emit("node.fenced", epoch=context.epoch, error=str(exc), step_seq=context.seq)
-            self.end()
-            return _NotPublished(str(exc), fenced=True)
-        except HamsterbunkerError as exc:
-            # A network store's error does not prove the write was not applied.
-            landed = await self._restorer.landed(context)
-            if landed is not None:
-                ours = all(c.number in landed.marks for c in consumed)
-                done = [c.number for c in consumed] if ours else []
-                record("publish", context.epoch, landed.seq, started, "ok", landed=True,
-                       **({"consumed": done} if done else {}))  # fmt: skip
-                self._standing.seq = landed.seq
-                self._keeper.learn_published(Reach(landed.seq, context.epoch))
-                emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
-                self._inbox.committed(consumed if ours else [], landed.marks)
-                return landed
-            # Not published: the step is retried from the last published state,
-            # so nothing ever builds on a state the store does not hold.
-            record("publish", context.epoch, context.seq, started, "failed")
-            emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
-            return _NotPublished(str(exc))
-        numbers = [c.number for c in consumed]
-        record("publish", context.epoch, context.seq, started, "ok",
-               **({"consumed": numbers} if numbers else {}))  # fmt: skip
-        self._standing.seq = info.seq
-        self._keeper.learn_published(Reach(info.seq, info.epoch))
-        emit("agent.step", step_seq=info.seq)
-        emit("checkpoint.published", size=info.size)
-        self._inbox.committed(consumed, marks)
-        self._inbox.gave_up(gaps)
-        return Progress(state, info.seq, epoch=info.epoch, marks=marks)
-
-
-async def _first(*events: asyncio.Event) -> None:
-    """Return once any of events is set."""
-    waiters = [asyncio.ensure_future(event.wait()) for event in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in waiters:
-            waiter.cancel()

@@ -1,0 +1,116 @@
+"""A leader's publish: seal one step's state and store it, fenced by the step's epoch."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..agent import State, StepContext
+from ..clock import Clock
+from ..errors import Fenced, HamsterbunkerError
+from ..failpoints import failpoint
+from ..inbox import ConsumedMarks
+from ..lease import LeaseKeeper
+from ..reach import Reach
+from ..sealing import Sealer
+from ..stores import Fence, Store
+from .calls import NodeCalls
+from .events import EventSink
+from .inbox import TermInbox
+from .restore import Progress, Restorer
+from .state import Identity, Standing
+
+__all__ = ["NotPublished", "Publisher"]
+
+
+@dataclass(frozen=True)
+class NotPublished:
+    error: str
+    fenced: bool = False  # True: the lease moved on, stop leading; False: same step again
+
+
+@dataclass(frozen=True)
+class Publisher:
+    """Publishes the steps of one term (``LeaderTerm``)."""
+
+    identity: Identity
+    store: Store
+    sealer: Sealer
+    keeper: LeaseKeeper
+    restorer: Restorer
+    calls: NodeCalls
+    sink: EventSink
+    standing: Standing
+    inbox: TermInbox
+    clock: Clock
+    end_term: Callable[[], None]
+
+    async def publish(
+        self, context: StepContext, state: State, marks: ConsumedMarks
+    ) -> Progress | NotPublished:
+        """Seal and store one step's state, fenced by the step's epoch; or why not.
+
+        What the step consumed commits with it: its numbers sealed in the
+        checkpoint's marks, its replies in the same store write.
+        """
+        agent_id, emit, record = self.identity.agent, self.sink.emit, self.sink.record
+        fence = Fence(holder=self.identity.node, session=self.keeper.session, epoch=context.epoch)
+        consumed = [] if context.mailbox is None else context.mailbox.consumed
+        marks, gaps = marks.adding(c.number for c in consumed)
+        # Only a consuming step passes consumption: stores wrapped by tests take four arguments.
+        also = (consumed,) if consumed else ()
+        started = self.clock.monotonic()
+        try:
+            # The state's JSON here (SealError before the store is touched); its
+            # encryption inside the put, piece by piece as the store writes them.
+            # Into this node's own chain on a store that keeps one per node: bound to it.
+            chain = self.identity.node if self.store.chains is not None else None
+            blob = await self.calls.work(
+                functools.partial(self.sealer.seal_pieces, inbox=marks.to_json(), node=chain),
+                agent_id,
+                context.epoch,
+                context.seq,
+                state,
+            )
+            if consumed:
+                failpoint("inbox.before_commit")
+            info = await self.calls.io(
+                self.store.put_checkpoint, agent_id, fence, context.seq, blob, *also
+            )
+            if consumed:
+                failpoint("inbox.after_commit")
+        except Fenced as exc:
+            record("publish", context.epoch, context.seq, started, "fenced")
+            # The refused term's epoch: the keeper may have seen the next one already.
+            emit("node.fenced", epoch=context.epoch, error=str(exc), step_seq=context.seq)
+            self.end_term()
+            return NotPublished(str(exc), fenced=True)
+        except HamsterbunkerError as exc:
+            # A network store's error does not prove the write was not applied.
+            landed = await self.restorer.landed(context)
+            if landed is not None:
+                ours = all(c.number in landed.marks for c in consumed)
+                done = [c.number for c in consumed] if ours else []
+                record("publish", context.epoch, landed.seq, started, "ok", landed=True,
+                       **({"consumed": done} if done else {}))  # fmt: skip
+                self.standing.seq = landed.seq
+                self.keeper.learn_published(Reach(landed.seq, context.epoch))
+                emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
+                self.inbox.committed(consumed if ours else [], landed.marks)
+                return landed
+            # Not published: the step is retried from the last published state,
+            # so nothing ever builds on a state the store does not hold.
+            record("publish", context.epoch, context.seq, started, "failed")
+            emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
+            return NotPublished(str(exc))
+        numbers = [c.number for c in consumed]
+        record("publish", context.epoch, context.seq, started, "ok",
+               **({"consumed": numbers} if numbers else {}))  # fmt: skip
+        self.standing.seq = info.seq
+        self.keeper.learn_published(Reach(info.seq, info.epoch))
+        emit("agent.step", step_seq=info.seq)
+        emit("checkpoint.published", size=info.size)
+        self.inbox.committed(consumed, marks)
+        self.inbox.gave_up(gaps)
+        return Progress(state, info.seq, epoch=info.epoch, marks=marks)
