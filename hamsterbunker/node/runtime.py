@@ -38,7 +38,7 @@ from ..lineage import ChainChoice
 from ..memory import Memory, MemoryFile
 from ..notify import Notifier
 from ..records import Heartbeat, check_name
-from ..rotation_nodes import KEYS_READ_TTLS
+from ..rotation.nodes import KEYS_READ_TTLS
 from ..sealing import Sealer
 from ..stores import Store, open_store
 from ..timing import (

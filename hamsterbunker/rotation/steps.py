@@ -1,50 +1,19 @@
-"""Rotating the cluster's secret online: ``hb rotate-secret begin | commit | finish``.
-
-1. begin: every live node already holds the new secret (its heartbeat names
-   the new key id); the record is changed to seal with the new key, the old
-   one still accepted; then every live node is waited for until it seals
-   with the new key, so every checkpoint published after begin is under it
-   (a node begin did not see beating, one starting meanwhile, reads the
-   record again as it takes the lease).
-2. commit: every retained checkpoint of every agent that is still under an
-   old key is sealed again under the new one (``Store.reseal_checkpoint``,
-   compared with the bytes opened: never over a newer checkpoint, never
-   bringing back one retention removed), and so are the effect journal of
-   the step in flight (``Store.reseal_effect``), the unconsumed
-   submissions (``Store.reseal_submission``) and the kept replies of the
-   consumed ones (``Store.read_replies``, page by page, and
-   ``Store.reseal_reply``); the lease record's control request (``hb pause``,
-   a switchover) signed under an old key is signed again with the current
-   one, the same request and revision, by compare-and-set of the lease
-   record as ``hb pause`` writes it; then the record says committed.
-3. finish: nothing retained is under an old key, no submission sealed
-   under one waits unconsumed (one that commit could not re-seal: finish
-   waits for the agent to consume it), no kept reply that authenticates and
-   no control request is under one (commit again), and no loss acceptance
-   signed under one may still be needed: until a checkpoint that
-   authenticates is published above its epoch (a restore then finds that
-   one first, and the acceptance forgives nothing), finish refuses and says
-   to wait. The store has no compare-and-set for the acceptance record, so
-   it is never rewritten here. Then the old key is dropped from the accepted
-   ones (kept as retired, to name it to a node that still holds only that
-   one). A client holding only the new secret then reads every kept reply,
-   and a node holding only it honours the control request.
-
-Each step is a compare-and-set of the cluster record against the one read,
-raising its generation (``hamsterbunker.cluster_keys``), and refuses with a
-ControlRefused naming what is missing until it is safe; each can be run
-again after a crash at any point and goes on from where the store is.
+"""Rotating the cluster's secret online: ``hb rotate-secret begin | commit | finish``
+(``docs/design.md``, "Rotating the secret"). Each step is a compare-and-set of the cluster
+record against the one read, raising its generation (``cluster_keys``), and refuses with a
+ControlRefused naming what is missing until it is safe; each can be run again after a
+crash at any point and goes on from where the store is.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 
-from .acceptance import Acceptance, open_acceptance, seal_acceptance
-from .control import Control, open_control, sign_control
-from .errors import (
+from ..acceptance import Acceptance, open_acceptance, seal_acceptance
+from ..control import Control, open_control, sign_control
+from ..errors import (
     ClusterChanged,
     ConfigError,
     ControlRefused,
@@ -54,13 +23,13 @@ from .errors import (
     StoreError,
     Tampered,
 )
-from .failpoints import failpoint
-from .keyring import Keyring
-from .records import MAX_CLUSTER_KEYS, ClusterRecord, LeaseRecord
-from .rotation_nodes import LiveNode, live_nodes, wait_until_sealing
-from .sealing import EffectAt, Sealer, read_header, sealed_key_id
-from .stores import Store
-from .stores.reseal import REPLY_PAGE
+from ..failpoints import failpoint
+from ..keyring import Keyring
+from ..records import MAX_CLUSTER_KEYS, ClusterRecord, LeaseRecord
+from ..sealing import Sealer, read_header, sealed_key_id
+from ..stores import Store
+from .nodes import LiveNode, live_nodes, wait_until_sealing
+from .reseal import Resealed, old_replies, reseal_inbox, reseal_journal, reseal_replies
 
 __all__ = ["Resealed", "Rotation"]
 
@@ -70,43 +39,6 @@ RESEAL_TRIES = 3
 # How many times commit writes a control request signed again when renewals keep
 # changing the lease record under it (as hb pause does).
 MAX_CONTROL_TRIES = 50
-
-
-@dataclass
-class Resealed:
-    """What commit did to one agent's retained checkpoints."""
-
-    agent: str
-    resealed: int = 0
-    current: int = 0  # already under the current key
-    gone: int = 0  # removed by retention (or replaced) before it could be re-sealed
-    unopened: int = 0  # did not authenticate: junk, left as it is
-    effects: int = 0  # effect-journal records of the step in flight re-sealed
-    submissions: int = 0  # unconsumed submissions re-sealed
-    replies: int = 0  # replies of consumed submissions re-sealed
-    replies_unopened: int = 0  # replies under an old key that did not authenticate: left
-    control: bool = False  # the lease record's control request signed again
-
-    def describe(self, key_id: str) -> str:
-        text = (
-            f"agent {self.agent}: {self.resealed} checkpoints re-sealed, {self.current} "
-            f"already under key id {key_id}"
-        )
-        if self.gone:
-            text += f", {self.gone} gone meanwhile"
-        if self.unopened:
-            text += f", {self.unopened} that do not authenticate left as they are"
-        if self.effects:
-            text += f"; {self.effects} effect-journal records re-sealed"
-        if self.submissions:
-            text += f"; {self.submissions} unconsumed submissions re-sealed"
-        if self.replies:
-            text += f"; {self.replies} replies to consumed submissions re-sealed"
-        if self.replies_unopened:
-            text += f"; {self.replies_unopened} replies that do not authenticate left as they are"
-        if self.control:
-            text += "; the control request (hb pause, switchover) signed again"
-        return text
 
 
 class Rotation:
@@ -238,9 +170,9 @@ class Rotation:
                     break
             else:
                 done.gone += 1
-        self._reseal_journal(agent, done)
-        self._reseal_inbox(agent, done)
-        self._reseal_replies(agent, done)
+        reseal_journal(self._store, self._sealer, agent, done)
+        reseal_inbox(self._store, self._sealer, agent, done)
+        reseal_replies(self._store, self._sealer, agent, done)
         done.control = self._resign_control(agent)
         return done
 
@@ -281,55 +213,6 @@ class Rotation:
         except Tampered:
             return None
         return None if sign_control(self._sealer, control) == lease.control else control
-
-    def _reseal_inbox(self, agent: str, done: Resealed) -> None:
-        """Seal the unconsumed submissions under an old key again, with the current one."""
-        for number, blob in self._store.read_inbox(agent):
-            if sealed_key_id(blob) in (None, self._sealer.key_id):
-                continue
-            try:
-                new = self._sealer.reseal_submission(blob, agent, number)
-            except SealError:
-                continue  # junk: no key opens it, and the leader skips it too
-            if len(new) == len(blob) and self._store.reseal_submission(agent, number, blob, new):
-                done.submissions += 1
-
-    def _reseal_replies(self, agent: str, done: Resealed) -> None:
-        """Seal the kept replies of consumed submissions under an old key again, with the
-        current one: a client holding only the new secret reads them after finish."""
-        for number, blob in self._old_replies(agent):
-            try:
-                new = self._sealer.reseal_reply(blob, agent, number)
-            except SealError:
-                done.replies_unopened += 1  # junk: no key opens it, and no client takes it
-                continue
-            if self._store.reseal_reply(agent, number, blob, new):
-                done.replies += 1
-
-    def _old_replies(self, agent: str) -> Iterator[tuple[int, bytes]]:
-        """The kept replies of agent whose header names a key other than the current one."""
-        after: int | None = 0
-        while after is not None:
-            page, following = self._store.read_replies(agent, after, REPLY_PAGE)
-            for number, blob in page:
-                if sealed_key_id(blob) not in (None, self._sealer.key_id):
-                    yield number, blob
-            # A page always moves on: a store that says otherwise is not followed round.
-            after = following if following is not None and following > after else None
-
-    def _reseal_journal(self, agent: str, done: Resealed) -> None:
-        """Seal the effect journal of the step after the newest checkpoint (the only one a
-        replay reads) again with the current key, where it is under an old one."""
-        step = self._next_step(agent)
-        for (index, kind), blob in self._store.read_effects(agent, step).items():
-            if sealed_key_id(blob) in (None, self._sealer.key_id):
-                continue
-            try:
-                new = self._sealer.reseal_effect(blob, EffectAt(agent, step, index, kind))
-            except SealError:
-                continue  # junk: no key opens it, and no replay will take it
-            if self._store.reseal_effect(agent, step, index, kind, blob, new):
-                done.effects += 1
 
     def _next_step(self, agent: str) -> int:
         newest = self._store.list_checkpoints(agent)
@@ -396,7 +279,11 @@ class Rotation:
                 f"yet consumed (numbers {pending[0]}..{pending[-1]}): wait until the agent "
                 "has consumed them (hb status shows its inbox), then finish; nothing was changed"
             )
-        replies = [n for n, blob in self._old_replies(agent) if self._opens(blob, agent, n)]
+        replies = [
+            n
+            for n, blob in old_replies(self._store, self._sealer, agent)
+            if self._opens(blob, agent, n)
+        ]
         if replies:
             raise ControlRefused(
                 f"{len(replies)} replies to consumed submissions of agent {agent} are still "

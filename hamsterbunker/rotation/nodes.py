@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .records import Heartbeat
-from .stores import Store
+from ..records import Heartbeat
+from ..stores import Store
 
 __all__ = ["KEYS_READ_TTLS", "LiveNode", "lease_ttl_s", "live_nodes", "wait_until_sealing"]
 
