@@ -38,7 +38,8 @@ from .keyring import Secret
 from .observe import MAX_WATCH_S, POLL_S
 from .records import Event, Heartbeat, check_name
 from .sealing import Sealer
-from .status import _duration, _shown
+from .status import printable
+from .status_text import duration
 from .stores import Store, open_store
 from .timing import DEFAULT_LEASE_TTL_MS
 
@@ -136,7 +137,7 @@ def _forget(
         ):
             return _refused(
                 f"node {node} of agent {agent} is live: its heartbeat or events changed "
-                f"{_duration(clock() - started)} into watching, as seen from here; "
+                f"{duration(clock() - started)} into watching, as seen from here; "
                 "stop it first (nothing changed)"
             )
     holding, _ttl = _lease_of(store, agent, node)  # it may have taken the lease meanwhile
@@ -144,7 +145,7 @@ def _forget(
         return _refused(holding)
     store.forget_node(agent, node)
     print(f"forgot node {node} of agent {agent}: {_dropped(seen)}; "
-          f"unchanged for {_duration(clock() - started)}, as seen from here")  # fmt: skip
+          f"unchanged for {duration(clock() - started)}, as seen from here")  # fmt: skip
     return 0
 
 
@@ -157,7 +158,7 @@ def _lease_of(store: Store, agent: str, node: str) -> tuple[str | None, float]:
     try:
         lease = store.read_lease(agent)
     except CorruptRecord as exc:
-        return f"the lease record of agent {agent} is unreadable ({_shown(str(exc))}): "\
+        return f"the lease record of agent {agent} is unreadable ({printable(str(exc))}): "\
             f"cannot tell whether node {node} holds it (nothing changed)", 0.0  # fmt: skip
     if lease is None:
         return None, DEFAULT_LEASE_TTL_MS / 1000
@@ -175,8 +176,8 @@ def _dropped(seen: _Seen) -> str:
     beat = seen.heartbeat
     if beat is not None:
         parts.append(
-            f"its heartbeat (host {_shown(beat.host)}, pid {beat.pid}, last role "
-            f"{_shown(beat.role)}, epoch {beat.epoch})"
+            f"its heartbeat (host {printable(beat.host)}, pid {beat.pid}, last role "
+            f"{printable(beat.role)}, epoch {beat.epoch})"
         )
     if seen.events:
         numbers = [e.n for e in seen.events]

@@ -31,7 +31,8 @@ from .config import NodeConfig, load_instance
 from .errors import ConfigError, StoreError, StoreUnsafe
 from .observe import LIVE, MAX_WATCH_S, NOT_WATCHED, UNKNOWN, LeaseObserver, Observed
 from .records import check_name
-from .status import _duration, _shown, render, snapshot, syncdir_lines, syncdir_shown
+from .status import printable, snapshot, syncdir_shown
+from .status_text import duration, render, syncdir_lines
 from .stores import Store, open_store
 from .stores.base import MAX_LISTED_AGENTS
 from .timing import DEFAULT_TICK_MS
@@ -189,14 +190,16 @@ def _row(store: Store, agent: str, seen: Observed) -> dict[str, Any]:
     elif live.state not in (LIVE, UNKNOWN, NOT_WATCHED):
         problems.append(f"no live leader (lease {live.state})")
     failing = [b.node for b in store.list_heartbeats(agent) if getattr(b, "failing", 0)]
-    problems += [f"{_shown(node)} failing" for node in failing if node == (lease and lease.holder)]
+    problems += [
+        f"{printable(node)} failing" for node in failing if node == (lease and lease.holder)
+    ]
     state = live.state
     if live.state == LIVE and live.changed_s_ago is not None:
-        state += f" (changed {_duration(live.changed_s_ago)} ago, as seen from here)"
+        state += f" (changed {duration(live.changed_s_ago)} ago, as seen from here)"
     holder = lease.holder if lease else None
     return {
         "agent": agent,
-        "leader": _shown(holder) if holder else None,
+        "leader": printable(holder) if holder else None,
         "epoch": lease.epoch if lease else None,
         "lease": state,
         "liveness": asdict(live),

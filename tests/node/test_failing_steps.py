@@ -270,7 +270,8 @@ def test_hb_status_shows_the_failing_step_of_a_running_node(tmp_path: Path) -> N
 def test_hb_status_shows_failing_steps_of_the_active_node_only(tmp_path: Path) -> None:
     from hamsterbunker import FileStore
     from hamsterbunker.records import LeaseRecord
-    from hamsterbunker.status import render, snapshot
+    from hamsterbunker.status import snapshot
+    from hamsterbunker.status_text import render
 
     store = FileStore(tmp_path / "store")
     store.cas_lease("x", None, LeaseRecord("n1", "eu", "s1", epoch=1, ttl_ms=60_000))
