@@ -15,7 +15,7 @@ from contextlib import suppress
 from dataclasses import replace
 
 from ...blob import Blob
-from ...errors import ClusterChanged, LeaseConflict, StoreError
+from ...errors import ClusterChanged, CorruptRecord, LeaseConflict, StoreError, UnreadableLease
 from ...limits import MAX_RECORD_BYTES
 from ...read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
@@ -65,6 +65,11 @@ _AGENTS_READ = ReadBound(MAX_LISTED_AGENTS, 0, 0)
 def _found(data: bytes) -> str:
     """What an unreadable lease record is, for replace_unreadable_lease: its digest."""
     return hashlib.sha256(data).hexdigest()
+
+
+def _oversized(found: TooLarge) -> str:
+    """What a lease record over its bound is, unread: its size, as the backend tells it."""
+    return f"over {MAX_RECORD_BYTES} bytes: {found.size}"
 
 
 def _node_name(name: str) -> str | None:
@@ -150,7 +155,15 @@ class RecordStore(Store):
         return record
 
     def _lease_bytes(self, keys: AgentKeys) -> bytes | None:
-        return self.layer.get(keys.lease, MAX_RECORD_BYTES, f"lease record of {keys.agent!r}")
+        """The lease record's bytes; UnreadableLease, unread, if it is over its bound (then
+        replaced against the fence beside it: replace_unreadable_lease)."""
+        found = self.layer.backend.get(keys.lease, MAX_RECORD_BYTES)
+        if isinstance(found, TooLarge):
+            raise UnreadableLease(
+                f"lease record of {keys.agent!r} is over the limit of {MAX_RECORD_BYTES} bytes",
+                _oversized(found),
+            )
+        return found
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
         return self._cas(agent, expected_version, new, [])[0]
@@ -207,7 +220,12 @@ class RecordStore(Store):
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
         keys = AgentKeys(agent)
-        current = self._lease_bytes(keys)
+        lease, fence = self.layer.read(
+            Get(keys.lease, MAX_RECORD_BYTES), Get(keys.fence, MAX_RECORD_BYTES)
+        )
+        if isinstance(lease, TooLarge):
+            return self._replace_oversized(keys, lease, fence, found, new)
+        current = lease
         unreadable = current is not None
         if current is not None:
             try:
@@ -221,6 +239,30 @@ class RecordStore(Store):
             raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
         return new
 
+    def _replace_oversized(
+        self,
+        keys: AgentKeys,
+        lease: TooLarge,
+        fence: bytes | TooLarge | None,
+        found: str,
+        new: LeaseRecord,
+    ) -> LeaseRecord:
+        """A lease record over its bound, never read, replaced against the fence beside it:
+        every term's first write changes the fence, so a replacement (or a new term) made
+        meanwhile fails the compare."""
+        if _oversized(lease) != found:
+            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+        if isinstance(fence, TooLarge):
+            raise CorruptRecord(
+                f"the lease record of {keys.agent!r} and the fence beside it are both over the "
+                f"limit of {MAX_RECORD_BYTES} bytes: nothing to replace them against; remove "
+                "the lease record"
+            )
+        against = Compare(keys.fence, fence)
+        if self._write_lease(keys, None, None, new, against=against) is None:
+            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+        return new
+
     def _write_lease(
         self,
         keys: AgentKeys,
@@ -228,9 +270,11 @@ class RecordStore(Store):
         found: LeaseRecord | None,
         new: LeaseRecord,
         reads: Sequence[Get | Scan] = (),
+        *,
+        against: Compare | None = None,
     ) -> list[bytes | TooLarge | ScanResult | None] | None:
-        """new in place of current (compared), its fence beside it when the term's changed;
-        what reads read in that commit, or None if current was not there to replace."""
+        """new in place of current (compared, or against), its fence beside it when the
+        term's changed; what reads read in that commit, or None if the compare failed."""
         data = new.to_json()
         writes = [Put(keys.lease, data)]
         same_fence = found is not None and (found.holder, found.session, found.epoch) == (
@@ -241,7 +285,8 @@ class RecordStore(Store):
         fence = fence_text(new.holder, new.session, new.epoch)
         if not same_fence:
             writes.append(Put(keys.fence, fence.encode()))
-        txn = Txn(compares=[Compare(keys.lease, current)], writes=writes, reads=reads)
+        compare = Compare(keys.lease, current) if against is None else against
+        txn = Txn(compares=[compare], writes=writes, reads=reads)
         result = self.layer.commit_indexed(keys, txn)
         if not result.succeeded:
             return None

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from hamsterbunker.errors import Fenced, LeaseConflict, UnreadableLease
+from hamsterbunker.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.layer import RecordStore
@@ -24,6 +25,7 @@ JUNK = {
         + b',"renewals":1,"version":1}'
     ),
     "not-json": b"\x00\xffnot a lease record",
+    "oversized": b"x" * (MAX_RECORD_BYTES + 1),  # never read: replaced against the fence
 }  # fmt: skip
 
 Plant = Callable[[bytes], None]
