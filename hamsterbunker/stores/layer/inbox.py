@@ -1,8 +1,10 @@
 """The exactly-once inbox on a backend: admission, reading, consumption, replies.
 
-Admissions number on from ``inbox/last``, compared in the admission's commit, so
-two racing clients never take one number, and a request id is admitted once
-(``inbox/ids/<request>`` compared absent). The inbox's limits count what is
+Admissions number on from ``inbox/last``, compared in the admission's commit, with the
+submission's own key compared absent, so two racing clients never take one number and a
+counter deleted, set back or planted never gives a stored number again (it is rebuilt
+from the highest number stored); a request id is admitted once (``inbox/ids/<request>``
+compared absent). The inbox's limits count what is
 unconsumed as every admission (``inbox/admitted``) less every consumption
 (``inbox/consumed``): the leader's checkpoint never has to compare anything an
 admission writes, so submissions never hold up a checkpoint. A consumption
@@ -11,9 +13,18 @@ is recorded by the checkpoint's own commit (``Consumption``).
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
 from ...failpoints import failpoint, failpoints_within
-from ...limits import MAX_REPLY_BYTES, MAX_SEQ, check_request_id, check_submission_bounds
+from ...limits import (
+    INBOX_REPLIES_KEPT,
+    MAX_INBOX_COUNT,
+    MAX_REPLY_BYTES,
+    MAX_SEQ,
+    check_request_id,
+    check_submission_bounds,
+)
 from ...read_bounds import INBOX_READ, ReadBound
 from ..backend import Compare, Get, Put, ScanResult, TooLarge, Txn
 from ..base import AdmissionState, inbox_full
@@ -53,41 +64,93 @@ def admit(layer: Layer, keys: AgentKeys, request_id: str, n: int, blob: bytes) -
     seen = layer.admissions.pop(keys.agent, None)
     guessed = seen is not None and seen[0] == str(n - 1).encode()
     found = [None, *seen] if seen is not None and guessed else layer.read(*reads)
+    behind = False  # the counter was found behind a submission stored: rebuild it
     for _attempt in range(_ADMIT_ATTEMPTS):
         known, last, admitted, consumed = found
         admission = admitted_as(value_of(known, ID_BYTES, what), what)
         if admission is not None:
             return admission[0], True
-        last_bytes = value_of(last, COUNT_BYTES, f"last admitted number of {keys.agent!r}")
-        last_n = count_of(last_bytes, f"last admitted number of {keys.agent!r}")
-        if n != last_n + 1:
-            raise NotNextNumber(n, last_n + 1)
         ever = _totals(layer, admitted, f"admissions to {keys.agent!r}")
         gone = _totals(layer, consumed, f"consumptions of {keys.agent!r}")
+        last_n = _last_number(layer, keys, last, ever[0], behind)
+        if n != last_n + 1:
+            raise NotNextNumber(n, last_n + 1)
         full = inbox_full(ever[0] - gone[0] + 1, ever[1] - gone[1] + len(blob))
         if full is not None:
             if not guessed:
                 raise InboxFull(full)
             guessed, found = False, layer.read(*reads)  # consumptions since the guess count
             continue
+        # The submission's own key compared absent: whatever the counter says, a number
+        # whose submission is stored is never given again (the counter may be junk).
+        compares = [Compare(keys.request(request_id), None), Compare(keys.submission(n), None)]
+        if not isinstance(last, TooLarge):
+            compares.append(Compare(keys.last, last))
         txn = Txn(
-            compares=[Compare(keys.request(request_id), None), Compare(keys.last, last_bytes)],
+            compares=compares,
             writes=[
                 Put(keys.submission(n), bytes(blob)),
                 Put(keys.request(request_id), f"{n} {len(blob)}".encode()),
                 Put(keys.last, str(n).encode()),
                 Put(keys.admitted, f"{ever[0] + 1} {ever[1] + len(blob)}".encode()),
             ],
-            reads=reads,
+            reads=[*reads, Get(keys.submission(n), 0)],
         )
         with failpoints_within("inbox.admit"):
             result = layer.commit_indexed(keys, txn)
-        found = [each for each in result.reads if not isinstance(each, ScanResult)]
+        *found, taken = [each for each in result.reads if not isinstance(each, ScanResult)]
         if result.succeeded:
             layer.admissions[keys.agent] = found[1:]
             return n, False
         guessed = False
+        # n is stored while the counter still says it is not: the counter is behind.
+        behind = taken is not None and found[1] == last
     raise StoreError(f"{what} lost {_ADMIT_ATTEMPTS} races in a row to other admissions")
+
+
+def _last_number(
+    layer: Layer, keys: AgentKeys, last: bytes | TooLarge | None, ever: int, behind: bool
+) -> int:
+    """The last number admitted: the counter, unless it cannot be believed (junk, gone,
+    behind the admissions counted or a submission stored): then the highest number a
+    submission or a reply is stored under, if higher (reported), so that no number stored
+    is given again. The count of admissions only tells that the counter fell behind: a
+    count planted high must not use the numbers up."""
+    what = f"last admitted number of {keys.agent!r}"
+    counted = None
+    with suppress(CorruptRecord):
+        counted = count_of(value_of(last, COUNT_BYTES, what), what)
+    if counted is not None and last is not None and counted >= ever and not behind:
+        return counted
+    if last is None and ever == 0 and not behind:
+        return 0  # a new inbox
+    highest = max(counted or 0, _highest_stored(layer, keys))
+    layer.reported(f"{what}: not believable ({counted}); numbering on from {highest}")
+    # Put right in the store, so that every client numbers on from there (a counter over
+    # its bound cannot be compared: a race is found again by the submission's compare).
+    compares = [] if isinstance(last, TooLarge) else [Compare(keys.last, last)]
+    layer.commit(Txn(compares=compares, writes=[Put(keys.last, str(highest).encode())]))
+    return highest
+
+
+def _highest_stored(layer: Layer, keys: AgentKeys) -> int:
+    """The highest number a submission or a kept reply is stored under; CorruptRecord if
+    more names are planted there than a genuine inbox holds (none is given then)."""
+    highest = 0
+    for folder, most in ((keys.pending, MAX_INBOX_COUNT), (keys.done, INBOX_REPLIES_KEPT)):
+        bound = ReadBound(2 * most + 16, 0, 0)  # names only
+        found = layer.backend.scan(folder, bound)
+        if found.more:
+            raise CorruptRecord(
+                f"the inbox of {keys.agent!r} holds more than {bound.count} names under "
+                f"{folder}: its counter cannot be rebuilt, and no number is given"
+            )
+        names = [key for key, _ in found.items] + [large.key for large in found.too_large]
+        for key in names:
+            n = parse_number(key[len(folder) :][:20])
+            if n is not None and n <= MAX_SEQ:
+                highest = max(highest, n)
+    return highest
 
 
 def _totals(layer: Layer, found: bytes | TooLarge | None, what: str) -> tuple[int, int]:
