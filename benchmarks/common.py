@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from hamsterbunker.stores.file import mount_of
+from hamsterbunker.stores.backends.file import mount_of  # where the file backend takes it
 from hamsterbunker.timing import DEFAULT_TIMING
 
 T = TypeVar("T")

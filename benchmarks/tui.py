@@ -32,7 +32,7 @@ from typing import Any
 
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.timing import DEFAULT_LEASE_TTL_MS
 
 from .common import (
@@ -61,7 +61,7 @@ POLL_S = 0.5  # MonitorApp's default poll interval
 LAG_TICK_S = 0.05  # the UI probe's timer
 SEEN_CHECK_S = 0.02  # how often the UI probe looks for new events in app.model
 MAX_EVENTS_KEPT = 2000  # ClusterModel's events deque
-SEGMENT = 250  # events per segment file (the default is 1,000): logs rotate during the run
+EVENTS_KEPT = 250  # per node (the default is 1,000): older events fall off during the run
 
 LAG_TARGET_MS = 100
 SEEN_TARGET_MS = 1000
@@ -81,16 +81,17 @@ METHOD = f"""\
 A load generator (one process) writes to a file store in a temporary directory what
 {NODES} nodes would: each node's heartbeat every {BEAT_S * 1000:.0f} ms (staggered; the
 leader's as active, the others as standby), events at an aggregate {EVENT_RATE:,} a
-second spread round-robin over the nodes (`FileStore.append_event`, in segments of
-{SEGMENT} events rather than the default 1,000, so that every node's log rotates twice in
-a full run and the tail follows rotations), the leader's
+second spread round-robin over the nodes (`FileStore.append_event`, the record layer's
+file store, each node's log kept to its newest {EVENTS_KEPT} events rather than the
+default 1,000, so that older events fall off every log in a full run and the tail follows
+that), the leader's
 lease renewal every {RENEW_S * 1000:.0f} ms (compare-and-set, fsynced) and a checkpoint
 every {CHECKPOINT_S * 1000:.0f} ms (fsynced). Its schedule is fixed in advance; how far it
 fell behind is reported. Two monitor processes watch the same store at the same time:
 
 * **Poll cost**: a loop that every {POLL_S * 1000:.0f} ms (the app's poll interval) does
   what one poll of `hb-tui` does, `read_lease`, `list_checkpoints`, `tail.read()` (the
-  file store's incremental tail) and `ClusterModel.update`, each timed with
+  store's tail) and `ClusterModel.update`, each timed with
   `perf_counter`; its CPU is `time.thread_time()` of the polling thread over the load
   window.
 * **UI**: `MonitorApp(store, agent)` (default poll interval, the store's watch as
@@ -247,7 +248,7 @@ def prepare(workdir: Path) -> None:
 def _writer(workdir: Path, args: list[str]) -> None:
     """The load: heartbeats, events, renewals and checkpoints on a schedule fixed in advance."""
     duration = float(args[0])
-    store = _store(workdir, events_per_segment=SEGMENT)
+    store = _store(workdir, events_per_node=EVENTS_KEPT)
     host, pid = socket.gethostname(), os.getpid()
     lease = store.read_lease(AGENT)
     assert lease is not None and lease.holder is not None

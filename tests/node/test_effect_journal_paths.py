@@ -36,7 +36,7 @@ from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
-from tests.support.raw_store import RawFile, RawRecords, RawStore, raw_at
+from tests.support.raw_store import RawRecords, RawStore, raw_at
 from tests.support.syncdir import Sync
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
@@ -104,8 +104,8 @@ class Backend:
         subtree, on node's machine)."""
         if self._memory is not None:
             return RawRecords(self._memory)
-        if self._sync is not None:
-            return RawFile(self._sync.root(node) / "nodes" / node)
+        if self._sync is not None:  # node's subtree: a record-layer file store
+            return raw_at((self._sync.root(node) / "nodes" / node).as_uri())
         return raw_at(self._url)
 
     def carry(self, node: str, to: str) -> None:

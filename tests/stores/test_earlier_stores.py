@@ -45,7 +45,7 @@ class Earlier(Protocol):
 
 
 class EarlierFile:
-    """``stores.file``: cluster.json and agents/<agent>/... at the root."""
+    """The earlier file store's: cluster.json and agents/<agent>/... at the root."""
 
     def __init__(self, tmp_path: Path) -> None:
         self.root = tmp_path / "store"

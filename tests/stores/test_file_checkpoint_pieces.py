@@ -10,7 +10,7 @@ from pathlib import Path
 from hamsterbunker.blob import BlobPieces
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.files import FileStore
 
 KIB = 1024
 PIECES = [b"prefix", os.urandom(512 * KIB), os.urandom(512 * KIB), b"tag"]
@@ -24,12 +24,12 @@ def test_each_piece_is_written_before_the_next_is_made(tmp_path: Path) -> None:
         "a", None, LeaseRecord(holder="n1", region="eu", session="s1", epoch=1, ttl_ms=2000)
     )
     fence = Fence(holder="n1", session="s1", epoch=record.epoch)
-    checkpoints = tmp_path / "store" / "agents" / "a" / "checkpoints"
+    temps = tmp_path / "store"  # the file backend writes its temp files in the root
     seen: list[int] = []
 
     def made() -> Iterator[bytes]:
         for piece in PIECES:
-            [temp] = list(checkpoints.glob("tmp-hb-*")) or [None]
+            [temp] = list(temps.glob("tmp-hb-*")) or [None]
             seen.append(-1 if temp is None else temp.stat().st_size)
             assert store.list_checkpoints("a") == []
             yield piece
@@ -39,5 +39,5 @@ def test_each_piece_is_written_before_the_next_is_made(tmp_path: Path) -> None:
     assert seen == [sum(sizes[:i]) for i in range(len(PIECES))]
     [info] = store.list_checkpoints("a")
     assert store.read_checkpoint("a", info) == b"".join(PIECES)
-    assert list(checkpoints.glob("tmp-hb-*")) == []
+    assert list(temps.glob("tmp-hb-*")) == []
     store.close()

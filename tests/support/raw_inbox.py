@@ -1,8 +1,8 @@
 """Planting inbox entries as a store writer without the secret would: past admit and its limits.
 
-``plant_submissions`` writes bytes where each backend keeps a pending
-submission (its layout is documented at the top of its inbox module), so that
-a test can fill an inbox beyond what ``admit`` would ever store.
+``plant_submissions`` writes bytes where the record layer keeps a pending
+submission (``stores.layer.keys``), on any backend, so that a test can fill an
+inbox beyond what ``admit`` would ever store.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from collections.abc import Iterable
 
 from hamsterbunker.stores.backend import Put, Txn
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 
@@ -35,16 +34,5 @@ def plant_submissions(store: Store, agent: str, entries: Iterable[tuple[int, byt
         for start in range(0, len(entries), batch):
             writes = [Put(keys.submission(n), blob) for n, blob in entries[start:][:batch]]
             assert store.backend.commit(Txn(writes=writes)).succeeded
-    elif isinstance(store, FileStore):
-        _plant_files(store, agent, entries)
     else:
         raise AssertionError(f"no way to plant submissions in {store!r}")
-
-
-def _plant_files(store: FileStore, agent: str, entries: list[tuple[int, bytes]]) -> None:
-    from hamsterbunker.stores.file.inbox_records import pending_bytes, pending_name
-
-    pending = store._tree.agent_dir(agent) / "inbox" / "pending"
-    pending.mkdir(parents=True, exist_ok=True)
-    for number, blob in entries:
-        (pending / pending_name(number)).write_bytes(pending_bytes(f"planted-{number}", blob))

@@ -5,15 +5,12 @@ reads them, past the store contract (which only writes what it validated).
 ``RawRecords`` writes a record-layer store (what file://, redis:// and etcd://
 URLs open, the memory store too) through its backend, under the layer's keys
 (``stores.layer.keys``), so the same test runs on every backend: ``BACKENDS``
-and the ``backend_store`` fixture open one from a URL. ``RawFile``
-knows the layout of the earlier hand-written file store (documented at the top
-of its module), which a syncdir node's subtree still has. ``raw_view`` gives the same
-access to a store a test already opened, for the store contract suite.
+and the ``backend_store`` fixture open one from a URL. ``raw_view`` gives the
+same access to a store a test already opened, for the store contract suite.
 """
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +24,6 @@ from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores import file_store_path, open_store
 from hamsterbunker.stores.backend import Backend, DeleteRange, Put, Txn, key_problem, prefix_end
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 
@@ -68,59 +64,6 @@ class RawStore(Protocol):
         """Delete the effect journal of step seq (``rm -r agents/<agent>/effects`` and the like)."""
 
     def close(self) -> None: ...
-
-
-class RawFile:
-    """The older file store's layout (``stores.file``), which a syncdir node's subtree has."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.url = root.as_uri()
-
-    def _agent(self, agent: str, *parts: str) -> Path:
-        path = self.root.joinpath("agents", agent, *parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def _checkpoint(self, agent: str, seq: int, epoch: int) -> Path:
-        return self._agent(agent, "checkpoints", f"ckpt-{seq:020d}-{epoch:010d}.hbc")
-
-    def checkpoint(self, agent: str, seq: int, epoch: int) -> bytes:
-        return self._checkpoint(agent, seq, epoch).read_bytes()
-
-    def put_checkpoint(self, agent: str, seq: int, epoch: int, data: bytes) -> None:
-        self._checkpoint(agent, seq, epoch).write_bytes(data)
-
-    def put_lease(self, agent: str, data: bytes) -> None:
-        self._agent(agent, "lease.json").write_bytes(data)
-
-    def put_heartbeat(self, agent: str, node: str, data: bytes) -> None:
-        self._agent(agent, "heartbeats", f"{node}.json").write_bytes(data)
-
-    def add_event(self, agent: str, node: str, data: bytes) -> None:
-        with self._agent(agent, "events", f"{node}.jsonl").open("ab") as out:
-            out.write(data + b"\n")
-
-    def put_cluster(self, data: bytes) -> None:
-        (self.root / "cluster.json").write_bytes(data)
-
-    def put_acceptance(self, agent: str, data: bytes) -> None:
-        self._agent(agent, "acceptance.json").write_bytes(data)
-
-    def effect_path(self, agent: str, seq: int, index: int, kind: str) -> Path:
-        """Where the record (seq, index, kind) lives: effects/<seq>/<index>-<kind>.hbe."""
-        return self._agent(agent, "effects", f"{seq:020d}", f"{index:04d}-{kind}.hbe")
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        self.effect_path(agent, seq, index, kind).write_bytes(data)
-
-    def drop_effects(self, agent: str, seq: int) -> None:
-        journal = self.root / "agents" / agent / "effects" / f"{seq:020d}"
-        assert journal.is_dir(), f"no effect journal of step {seq} stored"
-        shutil.rmtree(journal)
-
-    def close(self) -> None:
-        pass
 
 
 class RawRecords:
@@ -214,8 +157,6 @@ def raw_view(store: Store) -> RawStore:
     """Raw access to store, a client a test opened (closing the view leaves it open)."""
     if isinstance(store, RecordStore):
         return RawRecords(store)
-    if isinstance(store, FileStore):
-        return RawFile(store.root)
     raise AssertionError(f"no raw view of {store!r}")
 
 

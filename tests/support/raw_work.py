@@ -3,34 +3,22 @@ the inbox (submissions, "consumed" records with their replies, request-id index 
 
 ``raw_store`` puts bytes where a node reads its lease, checkpoints and logs;
 this module does the same for the records of work, past the store contract,
-under the record layer's keys (``stores.layer.keys``, every backend) or in
-the earlier file store's layout (a syncdir node's subtree): put arbitrary
+under the record layer's keys (``stores.layer.keys``, every backend): put arbitrary
 bytes, well-formed records naming any number or request id (the formats are
 public: only the sealed bytes inside need the secret), or delete a record.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-from pathlib import Path
 from typing import Protocol
 
 from hamsterbunker.stores.backend import DeleteRange, Txn
-from hamsterbunker.stores.file.inbox_records import (
-    done_bytes,
-    done_name,
-    index_bytes,
-    index_name,
-    pending_bytes,
-    pending_name,
-)
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 
-from .raw_store import RawFile, RawRecords
+from .raw_store import RawRecords
 
-__all__ = ["RawWork", "RawWorkFile", "RawWorkRecords", "raw_work"]
+__all__ = ["RawWork", "RawWorkRecords", "raw_work"]
 
 
 class RawWork(Protocol):
@@ -46,7 +34,7 @@ class RawWork(Protocol):
 
     def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
         """Store blob as the unconsumed submission number (of request_id), framed as the
-        backend frames one (the file store's header names the request id)."""
+        backend frames one (the record layer keeps the blob as it is)."""
 
     def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
         """Store data as the whole record of unconsumed submission number, unframed."""
@@ -61,8 +49,8 @@ class RawWork(Protocol):
         """Delete the consumed record of number and its reply (not the request id's index)."""
 
     def delete_reply(self, agent: str, number: int, request_id: str) -> None:
-        """Delete the reply of consumed number, leaving its consumed mark (where the backend
-        keeps the two apart; the file store keeps them in one record, rewritten without it)."""
+        """Delete the reply of consumed number, leaving its consumed mark ("-": consumed,
+        no reply)."""
 
     def put_index(self, agent: str, request_id: str, number: int) -> None:
         """Index request_id to number (as admitted, unconsumed, where the backend says so)."""
@@ -71,67 +59,6 @@ class RawWork(Protocol):
         """Store data as the index record of request_id."""
 
     def delete_index(self, agent: str, request_id: str) -> None: ...
-
-
-class RawWorkFile:
-    """The file store: ``agents/<agent>/effects/...`` and ``agents/<agent>/inbox/...``."""
-
-    def __init__(self, raw: RawFile) -> None:
-        self._raw = raw
-
-    def _inbox(self, agent: str, *parts: str) -> Path:
-        path = self._raw.root.joinpath("agents", agent, "inbox", *parts)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def put_effect(self, agent: str, seq: int, index: int, kind: str, data: bytes) -> None:
-        self._raw.put_effect(agent, seq, index, kind, data)
-
-    def delete_effect(self, agent: str, seq: int, index: int, kind: str) -> None:
-        self._raw.effect_path(agent, seq, index, kind).unlink(missing_ok=True)
-
-    def delete_effects(self, agent: str, seq: int) -> None:
-        step = self._raw.effect_path(agent, seq, 0, "intent").parent
-        with contextlib.suppress(FileNotFoundError):
-            for path in step.iterdir():
-                path.unlink(missing_ok=True)
-        try:
-            step.rmdir()
-        except OSError as exc:
-            # A running node may write a record into the step between the two: then the
-            # deletion came first and that write after it, as on the other backends.
-            if exc.errno not in (errno.ENOTEMPTY, errno.ENOENT):
-                raise
-
-    def put_pending(self, agent: str, number: int, request_id: str, blob: bytes) -> None:
-        self.put_pending_raw(agent, number, pending_bytes(request_id, blob))
-
-    def put_pending_raw(self, agent: str, number: int, data: bytes) -> None:
-        self._inbox(agent, "pending", pending_name(number)).write_bytes(data)
-
-    def delete_pending(self, agent: str, number: int) -> None:
-        self._inbox(agent, "pending", pending_name(number)).unlink(missing_ok=True)
-
-    def put_done(self, agent: str, number: int, request_id: str, reply: bytes | None) -> None:
-        self._inbox(agent, "done", done_name(number)).write_bytes(done_bytes(request_id, reply))
-        self.put_index(agent, request_id, number)
-
-    def delete_done(self, agent: str, number: int, request_id: str) -> None:
-        self._inbox(agent, "done", done_name(number)).unlink(missing_ok=True)
-
-    def delete_reply(self, agent: str, number: int, request_id: str) -> None:
-        done = self._inbox(agent, "done", done_name(number))
-        if done.exists():
-            done.write_bytes(done_bytes(request_id, None))
-
-    def put_index(self, agent: str, request_id: str, number: int) -> None:
-        self.put_index_raw(agent, request_id, index_bytes(request_id, number))
-
-    def put_index_raw(self, agent: str, request_id: str, data: bytes) -> None:
-        self._inbox(agent, "ids", index_name(request_id)).write_bytes(data)
-
-    def delete_index(self, agent: str, request_id: str) -> None:
-        self._inbox(agent, "ids", index_name(request_id)).unlink(missing_ok=True)
 
 
 class RawWorkRecords:
@@ -191,6 +118,4 @@ def raw_work(raw: object) -> RawWork:
         raw = RawRecords(raw)
     if isinstance(raw, RawRecords):
         return RawWorkRecords(raw)
-    if isinstance(raw, RawFile):
-        return RawWorkFile(raw)
     raise TypeError(f"no raw access to the work records of {raw!r}")

@@ -1,12 +1,11 @@
 """Backends for the store contract suite (tests/stores/contract/test_store_contract.py).
 
 Every test in the suite runs once per backend named in ``BACKENDS``. Adding a
-backend (etcd, Redis) means writing one factory and adding it to that dict:
+backend means writing one factory and adding it to that dict:
 
-    def _etcd(tmp_path: Path) -> Opener:
-        prefix = f"/hb-test/{uuid.uuid4().hex}"      # fresh, empty store per test
-        return lambda: EtcdStore(ETCD_URL, prefix=prefix,
-                                 keep_checkpoints=KEEP_CHECKPOINTS, ...)
+    def _records_etcd(tmp_path: Path) -> Opener:
+        url = etcd_url()                   # a fresh, empty prefix per test
+        return _on(lambda: EtcdBackend(url))   # the record layer over a new client
 
 A factory gets the test's tmp_path and returns an *opener*: a callable that
 opens a new, independent client on one underlying store, empty at the start
@@ -24,7 +23,7 @@ The suite relies on three small bounds, which each factory must configure:
 ``KEEP_CHECKPOINTS`` retained checkpoints, ``KEEP_REPLIES`` kept consumed
 submissions, and an event log per node that
 keeps at least ``EVENT_BOUND`` and at most ``2 * EVENT_BOUND`` of the newest
-events (a segmented log may keep a partial second segment).
+events.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ import pytest
 
 from hamsterbunker.stores.backend import Backend
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
 from hamsterbunker.testing import MemoryStore
 
 Opener = Callable[[], Store]
@@ -49,19 +47,6 @@ Opener = Callable[[], Store]
 KEEP_CHECKPOINTS = 3
 EVENT_BOUND = 10
 KEEP_REPLIES = 4
-
-
-def _file(tmp_path: Path) -> Opener:
-    root = tmp_path / "store"
-    # A generous lock timeout: eight racing clients fsync while holding the lock,
-    # and a slow CI disk must not turn a lost race into StoreUnavailable.
-    return lambda: FileStore(
-        root,
-        keep_checkpoints=KEEP_CHECKPOINTS,
-        events_per_segment=EVENT_BOUND,
-        keep_replies=KEEP_REPLIES,
-        lock_timeout=30.0,
-    )
 
 
 def _memory(tmp_path: Path) -> Opener:
@@ -94,6 +79,8 @@ def _records_memory(tmp_path: Path) -> Opener:
 def _records_file(tmp_path: Path) -> Opener:
     from hamsterbunker.stores.backends.file import FileBackend
 
+    # A generous lock timeout: eight racing clients fsync while holding the lock,
+    # and a slow CI disk must not turn a lost race into StoreUnavailable.
     return _on(lambda: FileBackend(tmp_path / "records", lock_timeout=30.0))
 
 
@@ -124,7 +111,6 @@ def _records_postgres(tmp_path: Path) -> Opener:
 
 
 BACKENDS: dict[str, Callable[[Path], Opener]] = {
-    "file": _file,
     "memory": _memory,
     "records-memory": _records_memory,
     "records-file": _records_file,
@@ -188,20 +174,9 @@ class Gone:
     take_away: Callable[[], None]
     # What each StoreUnavailable must say (re.search): the store and the reason.
     says: str
-    # A networked store fails every call once its server is gone; the file store
-    # reads a missing record as "not written yet", so only check() can tell.
+    # Whether every call fails once it is gone, not only check(): a networked store's
+    # server, and the file store's directory (never read as an empty store).
     every_call_fails: bool
-
-
-def _file_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
-    root = tmp_path / "gone"
-    store = FileStore(root)
-    return Gone(
-        store,
-        lambda: shutil.rmtree(root),
-        says=f"^store directory {root}: No such file or directory$",
-        every_call_fails=False,
-    )
 
 
 def _records_file_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
@@ -214,7 +189,7 @@ def _records_file_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
         store,
         lambda: shutil.rmtree(root),
         says=f"^store directory {root}: No such file or directory$",
-        every_call_fails=False,
+        every_call_fails=True,
     )
 
 
@@ -248,7 +223,6 @@ def _etcd_gone(tmp_path: Path, ended: contextlib.ExitStack) -> Gone:
 
 
 GONE: dict[str, Callable[[Path, contextlib.ExitStack], Gone]] = {
-    "file": _file_gone,
     "records-file": _records_file_gone,
     "redis": _redis_gone,
     "etcd": _etcd_gone,
@@ -278,9 +252,16 @@ class Spaces:
     beside: Callable[[str, str], set[str]] = lambda _name, _agent: set()
 
 
-def _file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
+def _records_file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
+    from hamsterbunker.stores.layer.files import FileStore
+
     space = tmp_path / "space"  # the store's root is its prefix: stores side by side
     space.mkdir()
+
+    def opened(name: str) -> Store:
+        store = FileStore(space / name)
+        ended.callback(store.close)
+        return store
 
     def keys() -> list[str]:
         return sorted(
@@ -290,28 +271,10 @@ def _file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
         )
 
     return Spaces(
-        open=lambda name: FileStore(space / name),
-        keys=keys,
-        agent_prefix=lambda name, agent: f"{name}/agents/{agent}/",
-        prefix=lambda name: f"{name}/",
-    )
-
-
-def _records_file_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
-    from hamsterbunker.stores.layer.files import FileStore as RecordFileStore
-
-    files = _file_spaces(tmp_path, ended)
-
-    def opened(name: str) -> Store:
-        store = RecordFileStore(tmp_path / "space" / name)
-        ended.callback(store.close)
-        return store
-
-    return Spaces(
         open=opened,
-        keys=files.keys,
+        keys=keys,
         agent_prefix=lambda name, agent: f"{name}/kv/agents/{agent}/",
-        prefix=files.prefix,
+        prefix=lambda name: f"{name}/",
         beside=lambda name, agent: {f"{name}/kv/index/{agent}", f"{name}/.lock", f"{name}/.redo"},
     )
 
@@ -368,7 +331,6 @@ def _etcd_spaces(tmp_path: Path, ended: contextlib.ExitStack) -> Spaces:
 
 
 SPACES: dict[str, Callable[[Path, contextlib.ExitStack], Spaces]] = {
-    "file": _file_spaces,
     "records-file": _records_file_spaces,
     "redis": _redis_spaces,
     "etcd": _etcd_spaces,

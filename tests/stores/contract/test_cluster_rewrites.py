@@ -10,23 +10,17 @@ same holds for a consumed submission's reply, listed page by page for commit.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from hamsterbunker.errors import ClusterChanged, StoreError
 from hamsterbunker.limits import MAX_REPLY_BYTES
 from hamsterbunker.records import ClusterRecord, LeaseRecord
-from hamsterbunker.stores.base import AdmissionState, Consumed, Fence, Store
-from hamsterbunker.stores.file import FileStore
-from hamsterbunker.stores.file.inbox_records import done_bytes, done_name, staged_bytes, staged_name
-from hamsterbunker.stores.file.layout import checkpoint_name
+from hamsterbunker.stores.base import Consumed, Fence, Store
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
-from hamsterbunker.testing import MemoryStore
 from tests.support.raw_store import RawRecords
 
 from .conftest import KEEP_CHECKPOINTS, KEEP_REPLIES, Opener
@@ -269,68 +263,22 @@ def test_a_reseal_of_a_reply_retention_removed_changes_nothing(store: Store) -> 
     assert 1 not in [number for number, _reply in replies]
 
 
-def test_a_reply_a_crash_left_staged_is_listed_and_resealed_once_applied(
-    tmp_path: Path,
-) -> None:
-    """The file store: a consumption whose checkpoint is stored but not yet applied (a
-    crash between them) is read as applied; its re-seal applies it first, then replaces
-    the reply."""
-    root = tmp_path / "store"
-    store = FileStore(root, keep_replies=KEEP_REPLIES)
-    store.admit(AGENT, "req-1", 1, b"submission")
-    leased(store)
-    agent_dir = root / "agents" / AGENT
-    (agent_dir / "checkpoints").mkdir(exist_ok=True)
-    (agent_dir / "checkpoints" / checkpoint_name(1, 1)).write_bytes(b"checkpoint-1")
-    staged = agent_dir / "inbox" / "staged"
-    record = staged_bytes([Consumed(1, "req-1", b"old-reply")])
-    (staged / staged_name(1, 1)).write_bytes(record)
-    assert store.read_replies(AGENT, 0, 16) == ([(1, b"old-reply")], None)
-    assert store.reseal_reply(AGENT, 1, b"old-reply", b"new-reply")
-    assert [path.name for path in staged.iterdir()] == []  # applied, and removed
-    assert store.read_replies(AGENT, 0, 16) == ([(1, b"new-reply")], None)
-    assert store.read_admission(AGENT, "req-1") == AdmissionState(1, True, b"new-reply")
-    assert store.read_inbox(AGENT) == []
-
-
-def plant_reply_junk(store: Store, backend: str) -> None:
+def plant_reply_junk(store: Store) -> None:
     """Put what a store writer without the secret might beside the kept replies: names
     that do not parse, a record that does not, a reply over MAX_REPLY_BYTES (number 6)."""
+    assert isinstance(store, RecordStore), store
     huge = b"x" * (MAX_REPLY_BYTES + 1)
-    if isinstance(store, RecordStore):
-        raw, keys = RawRecords(store), AgentKeys(AGENT)
-        raw.put(keys.done + "junk/req-junk", b"+junk")
-        raw.put(keys.reply(5, "req-5"), b"not a consumed record")
-        raw.put(keys.reply(6, "req-6"), b"+" + huge)
-    elif isinstance(store, MemoryStore):
-        with store._lock:
-            store._agents[AGENT].done[6] = ("req-6", huge)
-    elif isinstance(store, FileStore):
-        done = store.root / "agents" / AGENT / "inbox" / "done"
-        (done / "junk.hbr").write_bytes(b"junk")
-        (done / done_name(5)).write_bytes(b"not a consumed record")
-        (done / done_name(6)).write_bytes(done_bytes("req-6", huge))
-    elif backend == "redis":
-        raw, key = store._redis, store._key  # type: ignore[attr-defined]
-        raw.zadd(key(AGENT, "inbox", "kept"), {"junk": 3.5, "007": 7, "6": 6})
-        raw.hset(key(AGENT, "inbox", "replies"), "6", huge)
-    else:
-        kv, inbox = store._kv, store._agent_prefix(AGENT) + "inbox/"  # type: ignore[attr-defined]
-        kv.put(f"{inbox}done/junk", "req-junk")
-        kv.put(f"{inbox}done/{5:020d}", "not a request id!")
-        kv.put(f"{inbox}done/{6:020d}", "req-6")
-        ref = f"{1:010d}-{9:020d}"
-        kv.put(f"{inbox}ids/req-6", json.dumps({"n": 6, "consumed": True, "reply": ref}))
-        kv.put(f"{inbox}replies/{6:020d}/{ref}", huge)
+    raw, keys = RawRecords(store), AgentKeys(AGENT)
+    raw.put(keys.done + "junk/req-junk", b"+junk")
+    raw.put(keys.reply(5, "req-5"), b"not a consumed record")
+    raw.put(keys.reply(6, "req-6"), b"+" + huge)
 
 
-def test_planted_junk_beside_the_replies_is_left_out_and_ends_the_listing(
-    store: Store, backend: str
-) -> None:
+def test_planted_junk_beside_the_replies_is_left_out_and_ends_the_listing(store: Store) -> None:
     """Junk among the kept replies is left out, never raised, and a listing a page at a
     time still reaches its end past it."""
     consumed_with_replies(store, {1: b"reply-1", 2: b"reply-2"})
-    plant_reply_junk(store, backend)
+    plant_reply_junk(store)
     assert store.read_replies(AGENT, 0, 16) == ([(1, b"reply-1"), (2, b"reply-2")], None)
     listed: list[tuple[int, bytes]] = []
     after: int | None = 0

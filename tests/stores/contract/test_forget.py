@@ -19,7 +19,9 @@ import pytest
 from hamsterbunker.errors import ConfigError
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.files import FileStore
+from hamsterbunker.stores.layer.keys import AgentKeys
+from tests.support.raw_store import file_key
 
 from .conftest import EVENT_BOUND, Opener, Spaces
 
@@ -175,33 +177,35 @@ def test_no_key_of_a_forgotten_node_is_left(spaces: Spaces) -> None:
 # -- the file store: what someone planted under the node's names --------------------
 
 
-def test_the_file_store_removes_a_planted_symlink_not_its_target(tmp_path: Path) -> None:
-    """A symlink where the node's heartbeat or a segment should be is itself removed; the
-    file it points to is left as it was."""
-    store = FileStore(tmp_path / "store")
+def test_the_file_store_leaves_the_target_of_a_planted_symlink(tmp_path: Path) -> None:
+    """A symlink where the node's heartbeat or an event goes is no key: forget never
+    follows it, and the file it points to is left as it was."""
+    root = tmp_path / "store"
+    store = FileStore(root)
     store.put_heartbeat("a", beat("n2"))
-    store.append_event("a", event("n2", 1))
-    agent = tmp_path / "store" / "agents" / "a"
+    store.append_event("a", event("n1", 1))
+    keys = AgentKeys("a")
     outside = tmp_path / "precious"
     outside.write_bytes(b"keep me")
-    os.symlink(outside, agent / "heartbeats" / "n1.json")
-    os.symlink(outside, agent / "events" / "n1.jsonl")
-    os.symlink(outside, agent / "events" / "n1.jsonl.1")
+    os.symlink(outside, file_key(root, keys.beat("n1")))
+    os.symlink(outside, file_key(root, keys.node_events("n1")) / "link")
     store.forget_node("a", "n1")
     assert outside.read_bytes() == b"keep me"
-    assert sorted(os.listdir(agent / "heartbeats")) == ["n2.json"]
-    assert sorted(os.listdir(agent / "events")) == ["n2.jsonl"]
+    assert [b.node for b in store.list_heartbeats("a")] == ["n2"]
+    assert store.read_events("a") == []
 
 
 def test_the_file_store_leaves_a_planted_directory(tmp_path: Path) -> None:
-    """A directory planted under the node's segment name is not ours: left, and the rest of
-    the node's records still go."""
-    store = FileStore(tmp_path / "store")
-    store.put_heartbeat("a", beat("n1"))
+    """A directory planted under the node's heartbeat key is not ours: left, and the rest
+    of the node's records still go."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    store.put_heartbeat("a", beat("n2"))
     store.append_event("a", event("n1", 1))
-    events = tmp_path / "store" / "agents" / "a" / "events"
-    (events / "n1.jsonl.1").mkdir()
-    (events / "n1.jsonl.1" / "inside").write_bytes(b"x")
+    planted = file_key(root, AgentKeys("a").beat("n1"))
+    planted.mkdir()
+    (planted / "inside").write_bytes(b"x")
     store.forget_node("a", "n1")
-    assert store.list_heartbeats("a") == [] and store.read_events("a") == []
-    assert (events / "n1.jsonl.1" / "inside").read_bytes() == b"x"
+    assert [b.node for b in store.list_heartbeats("a")] == ["n2"]
+    assert store.read_events("a") == []
+    assert (planted / "inside").read_bytes() == b"x"

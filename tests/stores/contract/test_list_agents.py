@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Store
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.layer.files import FileStore
 
 from .conftest import Opener
 
@@ -49,14 +49,15 @@ def test_reading_an_agent_does_not_make_it_listed(store: Store) -> None:
 
 
 def test_the_file_store_skips_planted_names(tmp_path: Path) -> None:
-    """Under agents/: a name that is no agent id, a plain file, a symlink to a directory and
-    a sync-conflict copy are all skipped."""
+    """Under kv/index/: a name that is no agent id, a folder, a symlink and a sync-conflict
+    copy are all skipped."""
     store = FileStore(tmp_path / "store")
     store.put_heartbeat("good", beat("n1"))
-    agents = tmp_path / "store" / "agents"
-    (agents / "bad name!").mkdir()
-    (agents / ".hidden").mkdir()
-    (agents / "a-file").write_bytes(b"x")
-    os.symlink(agents / "good", agents / "linked")
-    (agents / "good.sync-conflict-20260101-000000-ABCDEF").mkdir()
+    index = tmp_path / "store" / "kv" / "index"
+    (index / "bad name!").write_bytes(b"")
+    (index / ".hidden").write_bytes(b"")
+    (index / "a-folder").mkdir()
+    (index / "a-folder" / "inside").write_bytes(b"")
+    os.symlink(index / "good", index / "linked")
+    (index / "good.sync-conflict-20260101-000000-ABCDEF").write_bytes(b"")
     assert store.list_agents() == ["good"]

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_SEQ
+from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_RECORD_BYTES, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import (
@@ -512,6 +512,12 @@ def test_acceptance_put_read_replace(store: Store, open_second: Opener) -> None:
     other.put_acceptance("a", b"second")
     assert store.read_acceptance("a") == b"second"
     assert store.read_acceptance("b") is None
+
+
+def test_an_acceptance_record_over_the_record_limit_is_refused(store: Store) -> None:
+    with pytest.raises(StoreError, match=f"limit of {MAX_RECORD_BYTES} bytes"):
+        store.put_acceptance("a", b"x" * (MAX_RECORD_BYTES + 1))
+    assert store.read_acceptance("a") is None
 
 
 def test_checkpoints_listed_newest_first_and_retained(store: Store, open_second: Opener) -> None:

@@ -2,12 +2,12 @@
 by a compare-and-set against what was found, and the fences of earlier leases stay fenced.
 
 The junk is written past the contract, under the backend's own names, as someone
-without the secret would (tests/support/raw_store.py; the memory store's dict).
+without the secret would (tests/support/raw_store.py: under the record layer's keys).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -16,7 +16,7 @@ from hamsterbunker.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.layer import RecordStore
-from tests.support.raw_store import RawFile, RawRecords
+from tests.support.raw_store import RawRecords
 
 AGENT = "a"
 JUNK = {
@@ -32,16 +32,11 @@ Plant = Callable[[bytes], None]
 
 
 @pytest.fixture
-def plant(store: Store, backend: str) -> Iterator[Plant]:
+def plant(store: Store) -> Plant:
     """Write bytes as the agent's lease record, past the store contract."""
-    if isinstance(store, RecordStore):
-        records = RawRecords(store)
-        yield lambda data: records.put_lease(AGENT, data)
-        return
-    assert backend == "file", backend  # the earlier file store, a syncdir node's subtree
-    opened = RawFile(store.root)  # type: ignore[attr-defined]
-    yield lambda data: opened.put_lease(AGENT, data)
-    opened.close()
+    assert isinstance(store, RecordStore), store
+    records = RawRecords(store)
+    return lambda data: records.put_lease(AGENT, data)
 
 
 def lease(holder: str, epoch: int, session: str = "s1", version: int = 0) -> LeaseRecord:
