@@ -331,11 +331,6 @@ def test_a_lock_that_is_no_file_is_moved_aside_and_the_lease_written_again(
     assert fence == fence_of(renewed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the record layer reads an oversized lease as a CorruptRecord with nothing to "
-    "replace it against: only a person removing it lets a node take the lease",
-)
 def test_an_oversized_lease_is_replaced_against_what_was_found(
     store: FileStore, root: Path
 ) -> None:

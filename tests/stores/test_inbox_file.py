@@ -205,18 +205,13 @@ def test_planted_pending_entries_are_skipped_and_never_block(
 
 # The record layer's admission compares inbox/last, not the submission's own key: with the
 # counter gone or set back it writes over an unconsumed submission.
-OVERWRITES = pytest.mark.xfail(
-    strict=True, reason="admit takes the counter's word and writes over a submission there"
-)
-
-
 @pytest.mark.parametrize(
     "junk",
     [
         "garbage",
-        pytest.param("missing", marks=OVERWRITES),
-        pytest.param("fifo", marks=OVERWRITES),
-        pytest.param("folder", marks=OVERWRITES),
+        "missing",
+        "fifo",
+        "folder",
         "huge",
     ],
 )
@@ -245,7 +240,6 @@ def test_a_planted_or_missing_counter_never_gives_a_number_twice(
     assert store.read_inbox(AGENT)[:2] == [(1, b"one"), (2, b"two")]
 
 
-@OVERWRITES
 def test_a_counter_behind_its_entries_never_overwrites_one(root: Path, store: FileStore) -> None:
     for number in (1, 2, 3):
         store.admit(AGENT, f"r{number}", number, b"p%d" % number)
