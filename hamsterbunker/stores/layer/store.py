@@ -84,8 +84,10 @@ class RecordStore(Store):
         keep_checkpoints: int = 5,
         events_per_node: int = 1000,
         keep_replies: int | None = None,
+        per_epoch: bool = False,
     ) -> None:
-        settings = Settings(keep_checkpoints, events_per_node)
+        """per_epoch: retention by epoch (``Settings.per_epoch``: a syncdir node's subtree)."""
+        settings = Settings(keep_checkpoints, events_per_node, per_epoch=per_epoch)
         if keep_replies is not None:
             settings = replace(settings, keep_replies=keep_replies)
         self.layer = Layer(backend, settings)

@@ -4,11 +4,13 @@ Its design is ``docs/syncdir.md``. Layout::
 
     ROOT/.hamsterbunker-syncdir      marks the mode (written once, if absent)
     ROOT/cluster.json                the cluster record (created once, never rewritten)
-    ROOT/nodes/NODE/                 a plain FileStore that only NODE writes
+    ROOT/nodes/NODE/                 a file store that only NODE writes (kv/, .lock, .redo)
+    ROOT/nodes/NODE/published/AGENT/ NODE's claims, term records and chain choices
 
-The store composes file stores: its own node's subtree (``_mine``, the only
-one it writes) and every other node's, opened to read (``create=False``) as
-they appear under ``nodes/`` (listed on each read, the objects cached). Nothing
+The store is a composite of record-layer file stores (``subtrees``): its own
+node's subtree (``_mine``, the only one it writes) and every other node's,
+opened read-only (nothing is ever written there, not even a lock) as they
+appear under ``nodes/`` (listed on each read, the objects cached). Nothing
 outside ``nodes/<own node>/`` is ever written but the marker and the cluster
 record, each created at most once and never replaced.
 
@@ -27,7 +29,7 @@ node's restore does not use this merge but the lineage
 (``hamsterbunker.node.lineage_view``), through ``chains`` (``stores.chains``).
 
 **Term records.** ``put_term_start`` writes the own node's record of a term
-once (``agents/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
+once (``published/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
 node's, placed by the subtree and the file name (``terms``). Chain choices
 (``hb choose-chain``) are kept the same way under ``choices/``.
 
@@ -37,17 +39,17 @@ acceptance are written to the own subtree. ``list_heartbeats``,
 ``list_agents`` read every subtree: a node's heartbeat and event log are
 taken from its own subtree if it has one, else from ours (where a test or a
 tool wrote them for it), else from the first subtree by name; ``tail`` is
-the generic one over these merged reads (the file store's own tail reads one
-subtree). Effects, inbox, replies and the acceptance record are read from the
-own subtree only (part 3 brings drop folders), but for ``read_chain_effects``,
-which reads any node's effect journal of a step for a replay; a
-store opened to read, on a machine where its node has no subtree, reads them
-as empty.
+the generic one over these merged reads. Effects, inbox, replies and the
+acceptance record are read from the own subtree only, but for
+``read_chain_effects``, which reads any node's effect journal of a step for a
+replay; a store opened to read, on a machine where its node has no subtree,
+reads them as empty.
 
-**Refused.** ``replace_cluster`` and every ``reseal_*`` (key rotation rewrites
-a shared record); ``forget_node`` of a node that has its own subtree (it would
-delete its files: of this node itself, or of a node with no subtree, it drops
-what is in ours).
+**Refused**, and declared so in ``report().refuses`` (``base.Refusal``):
+``replace_cluster`` and every ``reseal_*`` (key rotation rewrites a shared
+record); ``forget_node`` of a node that has its own subtree (it would delete
+its files: of this node itself, or of a node with no subtree, it drops what is
+in ours).
 
 **Untrusted.** A claim, chain or log of another node that does not parse, is
 too big, or is a symlink, a FIFO or a directory is skipped and reported
@@ -59,10 +61,8 @@ copy of the cluster record stops every node until one is removed.
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
-import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
@@ -81,14 +81,13 @@ from ...records import (
     Heartbeat,
     LeaseRecord,
     check_name,
-    check_record_name,
 )
-from .._reported import ReportedOnce
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
+    Refusal,
     Store,
     StoreGuarantees,
     StoreReport,
@@ -96,23 +95,13 @@ from ..base import (
     check_consumed,
 )
 from ..chains import Chains
-from ..file import FileStore
-from ..file.fileio import (
-    dir_entries,
-    opened_dir,
-    os_errors_as_store_errors,
-)
+from ..file.fileio import opened_dir, os_errors_as_store_errors
 from ..file.location import open_root
-from .layout import (
-    CLUSTER,
-    MAX_NODE_ENTRIES,
-    NODES,
-    is_sync_file,
-    log,
-    sync_files,
-)
+from ..layer import RecordStore
+from .layout import CLUSTER, NODES, published_parts, sync_files
 from .lease import ClaimsLease
 from .root import check_mode, create_once, read_cluster_record
+from .subtrees import Problems, Subtrees, refuse_earlier_subtrees
 from .terms import CHOICES, TERMS, read_term_records, write_term_record
 from .watch import merged_watch
 
@@ -131,7 +120,7 @@ GUARANTEES = StoreGuarantees(
 )
 
 MAX_SYNC_DELAY_MS = 3_600_000  # an hour: beyond it a failover would take longer still
-_MAX_PROBLEMS = 1024
+_REFUSES = frozenset({Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE})
 _ROTATION_REFUSED = (
     "{what} is refused on a syncdir store: key rotation rewrites a record every node shares "
     "(the cluster record, or records sealed under the old key), and a synced folder cannot "
@@ -156,25 +145,6 @@ def check_sync_delay_bounds(sync_delay_ms: int) -> int:
 _os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
 
 
-class _Problems:
-    """What was skipped as unreadable: logged once each, and kept (bounded) for reports."""
-
-    def __init__(self) -> None:
-        self._report = ReportedOnce(log)
-        self._kept: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, message: str) -> None:
-        with self._lock:
-            if len(self._kept) < _MAX_PROBLEMS:
-                self._kept.setdefault(message, None)
-        self._report(message)
-
-    def listed(self) -> list[str]:
-        with self._lock:
-            return list(self._kept)
-
-
 class SyncDirStore(Store):
     """A store in a synced folder: node subtrees, claims, per-node chains (see the module)."""
 
@@ -188,7 +158,7 @@ class SyncDirStore(Store):
         sync_delay_ms: int | None = None,
         create: bool = True,
         keep_checkpoints: int = 5,
-        events_per_segment: int = 1000,
+        events_per_node: int = 1000,
         keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
     ) -> None:
@@ -205,27 +175,24 @@ class SyncDirStore(Store):
         self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay_bounds(sync_delay_ms)
         self.root = Path(root).absolute()
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
-        # Every subtree is a file store opened with these.
-        self._open_subtree = functools.partial(
-            FileStore,
-            keep_checkpoints=keep_checkpoints,
-            events_per_segment=events_per_segment,
-            keep_replies=keep_replies,
-            lock_timeout=lock_timeout,
-            in_synced_folder=True,
-        )
-        self._problems = _Problems()
-        self._peers: dict[str, FileStore] = {}  # other nodes' subtrees, opened to read
-        self._peers_lock = threading.Lock()
+        self._problems = Problems()
         open_root(self.root, create=create)
         _os_errors_as_store_errors(check_mode)(self.root, create)
-        own = self.root / NODES / self.node
+        refuse_earlier_subtrees(self.root)  # before anything is written
         if create:
             with opened_dir(self.root, (NODES,), create=True):
                 pass
-        self._mine: FileStore | None = None
-        if create or (self.node and own.is_dir()):
-            self._mine = self._open_subtree(own, create=create)
+        self._subtrees = Subtrees(
+            self.root,
+            self.node,
+            self._problems,
+            create=create,
+            keep_checkpoints=keep_checkpoints,
+            events_per_node=events_per_node,
+            keep_replies=keep_replies,
+            lock_timeout=lock_timeout,
+        )
+        self._mine = self._subtrees.mine
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
         self._lease = ClaimsLease(
             self.root, self.node, self.subtrees, self._writer, self._problems, self.sync_delay_ms
@@ -233,52 +200,21 @@ class SyncDirStore(Store):
 
     # -- subtrees ------------------------------------------------------------
 
-    def _writer(self) -> FileStore:
+    def _writer(self) -> RecordStore:
         if self._mine is None:
             who = f"node {self.node} has no subtree" if self.node else "no node id was given"
             raise StoreError(f"{who} in {self.root}: this store was opened to read")
         return self._mine
 
-    def subtrees(self) -> dict[str, FileStore]:
+    def subtrees(self) -> dict[str, RecordStore]:
         """Every node's subtree, this node's included (if it has one), by node id."""
-        found = dict(self._peer_subtrees())
-        if self._mine is not None:
-            found[self.node] = self._mine
-        return dict(sorted(found.items()))
-
-    @_os_errors_as_store_errors
-    def _peer_subtrees(self) -> dict[str, FileStore]:
-        with opened_dir(self.root, (NODES,)) as nodes_fd:
-            entries = [] if nodes_fd is None else dir_entries(nodes_fd, limit=MAX_NODE_ENTRIES)
-            names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
-        found: dict[str, FileStore] = {}
-        for name, is_dir in sorted(names.items()):
-            if name == self.node or is_sync_file(name):
-                continue
-            where = self.root / NODES / name
-            try:
-                check_record_name(name)
-            except CorruptRecord:
-                self._problems(f"{where} is not named by a node id: skipped")
-                continue
-            if not is_dir:
-                self._problems(f"{where} is not a directory (a symlink or a file): skipped")
-                continue
-            with self._peers_lock:
-                store = self._peers.get(name)
-            if store is None:
-                try:
-                    store = self._open_subtree(where, create=False)
-                except ConfigError as exc:  # gone since the listing, or made unreadable
-                    self._problems(f"subtree of node {name} skipped: {exc}")
-                    continue
-                with self._peers_lock:
-                    store = self._peers.setdefault(name, store)
-            found[name] = store
-        return found
+        return self._subtrees.all()
 
     def _each(
-        self, what: str, read: Callable[[FileStore], R], subtrees: Mapping[str, FileStore] | None
+        self,
+        what: str,
+        read: Callable[[RecordStore], R],
+        subtrees: Mapping[str, RecordStore] | None,
     ) -> dict[str, R]:
         """read of each subtree (node -> result); one that is junk is reported and left out."""
         results: dict[str, R] = {}
@@ -327,6 +263,7 @@ class SyncDirStore(Store):
         return StoreReport(
             cheap_watch=False,
             synced_folder=SyncedFolder(nodes, files, tuple(self.problems())),
+            refuses=_REFUSES,
         )
 
     def check(self) -> None:
@@ -351,7 +288,7 @@ class SyncDirStore(Store):
         stored = self.read_cluster()
         if stored is not None:
             return stored
-        others = sorted(self._peer_subtrees())
+        others = sorted(self._subtrees.peers())
         if others:
             shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
             raise StoreError(
@@ -436,7 +373,7 @@ class SyncDirStore(Store):
         same bytes is a no-op; other bytes, StoreError)."""
         check_name("agent id", agent)
         self._writer()  # a reader writes nothing
-        write_term_record(self.root, (NODES, self.node), agent, epoch, data)
+        write_term_record(self.root, self.node, agent, epoch, data)
 
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's term records of the agent, unopened: (epoch, node) -> bytes, the
@@ -448,7 +385,7 @@ class SyncDirStore(Store):
         """Write this node's (signed) chain choice made while the term of epoch won, once."""
         check_name("agent id", agent)
         self._writer()
-        write_term_record(self.root, (NODES, self.node), agent, epoch, data, CHOICES)
+        write_term_record(self.root, self.node, agent, epoch, data, CHOICES)
 
     def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's chain choices, unopened: (epoch of the term they follow, node) ->
@@ -469,7 +406,7 @@ class SyncDirStore(Store):
 
     @_os_errors_as_store_errors
     def _records_of(self, node: str, agent: str, kind: str) -> dict[int, bytes]:
-        return read_term_records(self.root, (NODES, node), agent, self._problems, kind)
+        return read_term_records(self.root, node, agent, self._problems, kind)
 
     def _merged_chains(self, agent: str) -> list[tuple[str, CheckpointInfo]]:
         """(node, checkpoint) of every chain, newest first by (seq, epoch); a (seq, epoch)
@@ -492,7 +429,7 @@ class SyncDirStore(Store):
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        """Every chain's checkpoints merged (see the module; part 2's lineage replaces this)."""
+        """Every chain's checkpoints merged (see the module; a node restores by the lineage)."""
         return [info for _node, info in self._merged_chains(agent)]
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
@@ -576,7 +513,7 @@ class SyncDirStore(Store):
 
     def forget_node(self, agent: str, node: str) -> None:
         check_name("node id", node)
-        if node != self.node and node in self._peer_subtrees():
+        if node != self.node and node in self._subtrees.peers():
             raise StoreError(
                 f"node {node} has its own subtree in {self.root}: forgetting it would delete "
                 "files only that node writes, which a synced folder would bring back or turn "
@@ -590,12 +527,17 @@ class SyncDirStore(Store):
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[None]:
-        """Every subtree's file-store watch, merged; new subtrees picked up each second."""
+        """Every subtree's store watch and published claims, merged; new subtrees picked up
+        each second."""
         check_name("agent id", agent)
         return merged_watch(
-            self.subtrees, agent, lease_only=lease_only, terms_only=terms_only, own=self.node
+            self.subtrees,
+            agent,
+            lease_only=lease_only,
+            terms_only=terms_only,
+            own=self.node,
+            claims_of=lambda node: self.root.joinpath(*published_parts(node, agent)),
         )
 
     def close(self) -> None:
-        for store in self.subtrees().values():
-            store.close()
+        self._subtrees.close()
