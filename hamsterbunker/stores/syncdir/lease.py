@@ -170,15 +170,29 @@ class ClaimsLease:
         read). Only this node writes its claim, and it is skipped while unreadable, so the
         caller's comparison was made without it: an unreadable one is replaced as it stands,
         or a single write of junk would keep this node from ever writing its claim again.
-        The replacement numbers on above every version of the claim seen or published
-        (a published claim is never rewritten under its version)."""
+        A first claim, and a replacement, number on above every version of the claim seen
+        or published (a published claim is never rewritten under its version)."""
         mine = self._writer()
+        found: str | None = None  # the junk replaced, by UnreadableLease.found
         try:
-            return mine.cas_lease(agent, None if own is None else own.version, new)
-        except UnreadableLease as exc:
-            published = read_published(self._root, self._node, agent, self._problems)
-            version = 1 + max((c.version for c in (own, published) if c is not None), default=0)
-            return mine.replace_unreadable_lease(agent, exc.found, replace(new, version=version))
+            if own is not None:
+                return mine.cas_lease(agent, own.version, new)
+            if mine.read_lease(agent) is not None:
+                raise LeaseConflict(f"the claim of {self._node} on {agent!r} was written since")
+        except UnreadableLease as exc:  # junk bytes: replaced against what was found
+            found = exc.found
+        except LeaseConflict:
+            if own is None or mine.read_lease(agent) is not None:
+                raise
+            # Reads as none: no regular file there (a link, a FIFO, a folder), replaced.
+        except CorruptRecord:
+            pass  # over its bound: replaced unread
+        published = read_published(self._root, self._node, agent, self._problems)
+        version = 1 + max((c.version for c in (own, published) if c is not None), default=0)
+        numbered = replace(new, version=version)
+        if found is None:
+            return mine.create_lease(agent, numbered)
+        return mine.replace_unreadable_lease(agent, found, numbered)
 
     @_os_errors_as_store_errors
     def _publish(self, agent: str, claim: LeaseRecord) -> None:

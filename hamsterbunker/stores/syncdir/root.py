@@ -30,10 +30,10 @@ def check_mode(root: Path, create: bool) -> None:
         if read_file(root_fd, MARKER, root / MARKER, MAX_RECORD_BYTES) is not None:
             return
         # A sync tool brings files in any order: other nodes' subtrees (nodes/) may
-        # arrive before the marker. A cluster record without either is a file
-        # store's (it keeps agents/ beside it), or a sync not far enough yet.
+        # arrive before the marker. A cluster record without either, or keys (kv/), are a
+        # file store's (the earlier one kept agents/), or a sync not far enough yet.
         names = {e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES)}
-        if NODES not in names and names & {"agents", CLUSTER}:
+        if NODES not in names and names & {"kv", "agents", CLUSTER}:
             raise StoreError(
                 f"{root} holds a file:// store (no {MARKER}, no {NODES}/), or a syncdir folder "
                 "the sync has not brought yet: a syncdir store needs a folder of its own"
