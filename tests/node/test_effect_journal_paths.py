@@ -32,11 +32,12 @@ from hamsterbunker import (
     current_step,
 )
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
-from tests.support.raw_store import RawFile, RawRecords, RawStore, raw_at
+from tests.support.raw_store import RawRecords, RawStore, raw_at
 from tests.support.syncdir import Sync
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
@@ -105,7 +106,8 @@ class Backend:
         if self._memory is not None:
             return RawRecords(self._memory)
         if self._sync is not None:
-            return RawFile(self._sync.root(node) / "nodes" / node)
+            subtree = self._sync.root(node) / "nodes" / node
+            return RawRecords(FileBackend(subtree, in_synced_folder=True), owned=True)
         return raw_at(self._url)
 
     def carry(self, node: str, to: str) -> None:
