@@ -51,10 +51,11 @@ record); ``forget_node`` of a node that has its own subtree (it would delete
 its files: of this node itself, or of a node with no subtree, it drops what is
 in ours).
 
-**Untrusted.** A claim, chain or log of another node that does not parse, is
-too big, or is a symlink, a FIFO or a directory is skipped and reported
-(logged once, and listed by ``problems()``), never raised; a name under
-``nodes/`` that is not a node id, or is a sync tool's, is never a node.
+**Untrusted.** A claim, chain or log of another node that does not parse or
+is too big is skipped and reported (logged once, and listed by
+``problems()``), never raised; a symlink, a FIFO or a directory in place of
+one is no record (the file backend reads none there); a name under ``nodes/``
+that is not a node id, or is a sync tool's, is never a node.
 ``sync_files()`` lists the sync tool's files for reporting. A sync-conflict
 copy of the cluster record stops every node until one is removed.
 """
@@ -65,31 +66,18 @@ import os
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
-from ...limits import (
-    INBOX_REPLIES_KEPT,
-    check_checkpoint_bounds,
-    check_effect_bounds,
-)
+from ...limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
 from ...read_bounds import HEARTBEATS_READ
-from ...records import (
-    CheckpointInfo,
-    ClusterRecord,
-    Event,
-    Heartbeat,
-    LeaseRecord,
-    check_name,
-)
+from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
-    Refusal,
     Store,
-    StoreGuarantees,
     StoreReport,
     SyncedFolder,
     check_consumed,
@@ -100,46 +88,17 @@ from ..file.location import open_root
 from ..layer import RecordStore
 from .layout import CLUSTER, NODES, published_parts, sync_files
 from .lease import ClaimsLease
+from .merge import by_node, merged_chains
+from .promises import GUARANTEES, REFUSES, ROTATION_REFUSED, check_sync_delay_bounds
 from .root import check_mode, create_once, read_cluster_record
 from .subtrees import Problems, Subtrees, refuse_earlier_subtrees
-from .terms import CHOICES, TERMS, read_term_records, write_term_record
+from .terms import CHOICES, TERMS, records_of_every_node, write_term_record
 from .watch import merged_watch
 
 if TYPE_CHECKING:
     from ...blob import Blob
 
-__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay_bounds"]
-
-GUARANTEES = StoreGuarantees(
-    mutual_exclusion="none: each node writes only its own files, and the lease is the winning "
-    "claim among the copies a node holds; while the sync is cut, or slower than sync_delay_ms, "
-    "two nodes can both lead (each on its own chain: docs/syncdir.md)",
-    durability="as the file store on each machine's copy (file and directory fsync before a "
-    "write is acknowledged); on the other machines once the sync tool has copied it",
-    across_hosts="through the sync tool (Syncthing, Dropbox, rsync), within its sync delay",
-)
-
-MAX_SYNC_DELAY_MS = 3_600_000  # an hour: beyond it a failover would take longer still
-_REFUSES = frozenset({Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE})
-_ROTATION_REFUSED = (
-    "{what} is refused on a syncdir store: key rotation rewrites a record every node shares "
-    "(the cluster record, or records sealed under the old key), and a synced folder cannot "
-    "rewrite a shared file without the sync tool keeping one copy and renaming the other"
-)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def check_sync_delay_bounds(sync_delay_ms: int) -> int:
-    """sync_delay_ms if it is a whole number of ms in 1..MAX_SYNC_DELAY_MS, else ConfigError."""
-    if type(sync_delay_ms) is not int or not 0 < sync_delay_ms <= MAX_SYNC_DELAY_MS:
-        raise ConfigError(
-            f"sync_delay_ms must be a whole number of milliseconds in 1..{MAX_SYNC_DELAY_MS} "
-            f"(the longest the sync tool takes to bring a file), not {sync_delay_ms!r}"
-        )
-    return sync_delay_ms
-
+__all__ = ["SyncDirStore"]
 
 # OSError of the store's own root-level reads and writes, as a StoreError.
 _os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
@@ -210,39 +169,6 @@ class SyncDirStore(Store):
         """Every node's subtree, this node's included (if it has one), by node id."""
         return self._subtrees.all()
 
-    def _each(
-        self,
-        what: str,
-        read: Callable[[RecordStore], R],
-        subtrees: Mapping[str, RecordStore] | None,
-    ) -> dict[str, R]:
-        """read of each subtree (node -> result); one that is junk is reported and left out."""
-        results: dict[str, R] = {}
-        for node, store in (self.subtrees() if subtrees is None else subtrees).items():
-            try:
-                results[node] = read(store)
-            except CorruptRecord as exc:
-                self._problems(f"{what} of node {node} skipped: {exc}")
-        return results
-
-    def _by_node(
-        self, found: Mapping[str, Sequence[R]], node_of: Callable[[R], str], subtrees: set[str]
-    ) -> dict[str, list[R]]:
-        """Each node's records (heartbeats, events) from one subtree: its own if it has one,
-        else ours, else the first by name that holds any."""
-        chosen: dict[str, tuple[int, list[R]]] = {}
-        for subtree, records in found.items():
-            grouped: dict[str, list[R]] = {}
-            for record in records:
-                grouped.setdefault(node_of(record), []).append(record)
-            for node, own in grouped.items():
-                rank = 0 if subtree == node else 1 if subtree == self.node else 2
-                if node in subtrees and rank != 0:
-                    continue  # that node has its own subtree: only what it wrote counts
-                if node not in chosen or rank < chosen[node][0]:
-                    chosen[node] = (rank, own)
-        return {node: records for node, (_rank, records) in sorted(chosen.items())}
-
     def problems(self) -> list[str]:
         """What was skipped as unreadable (each once, the first 1024), for a report."""
         return self._problems.listed()
@@ -263,7 +189,7 @@ class SyncDirStore(Store):
         return StoreReport(
             cheap_watch=False,
             synced_folder=SyncedFolder(nodes, files, tuple(self.problems())),
-            refuses=_REFUSES,
+            refuses=REFUSES,
         )
 
     def check(self) -> None:
@@ -303,21 +229,21 @@ class SyncDirStore(Store):
         return stored
 
     def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
-        raise StoreError(_ROTATION_REFUSED.format(what="replacing the cluster record"))
+        raise StoreError(ROTATION_REFUSED.format(what="replacing the cluster record"))
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a checkpoint"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing a checkpoint"))
 
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a submission"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing a submission"))
 
     def reseal_effect(
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing an effect record"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing an effect record"))
 
     def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a reply"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing a reply"))
 
     def read_replies(
         self, agent: str, after: int, limit: int
@@ -325,7 +251,7 @@ class SyncDirStore(Store):
         return ([], None) if self._mine is None else self._mine.read_replies(agent, after, limit)
 
     def list_agents(self) -> list[str]:
-        listed = self._each("agent list", lambda store: store.list_agents(), None)
+        listed = self._subtrees.each("agent list", lambda store: store.list_agents(), None)
         agents = {agent for names in listed.values() for agent in names}
         return sorted(agents)[:MAX_LISTED_AGENTS]
 
@@ -354,7 +280,7 @@ class SyncDirStore(Store):
     def list_chains(self, agent: str) -> dict[str, list[CheckpointInfo]]:
         """Each node's chain of the agent's checkpoints (node -> newest first), by node id."""
         check_name("agent id", agent)
-        return self._each(
+        return self._subtrees.each(
             f"checkpoints of {agent}", lambda store: store.list_checkpoints(agent), None
         )
 
@@ -378,7 +304,7 @@ class SyncDirStore(Store):
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's term records of the agent, unopened: (epoch, node) -> bytes, the
         epoch from the file's name and the node from its subtree. Junk is reported."""
-        return self._records_of_every_node(agent, TERMS)
+        return records_of_every_node(self.root, self.subtrees(), agent, self._problems, TERMS)
 
     @_os_errors_as_store_errors
     def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
@@ -390,32 +316,7 @@ class SyncDirStore(Store):
     def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's chain choices, unopened: (epoch of the term they follow, node) ->
         bytes, placed as term records are. Junk is reported."""
-        return self._records_of_every_node(agent, CHOICES)
-
-    def _records_of_every_node(self, agent: str, kind: str) -> dict[tuple[int, str], bytes]:
-        check_name("agent id", agent)
-        found: dict[tuple[int, str], bytes] = {}
-        for node in self.subtrees():
-            try:
-                records = self._records_of(node, agent, kind)
-            except CorruptRecord as exc:
-                self._problems(f"{kind} records of node {node} skipped: {exc}")
-                continue
-            found.update(((epoch, node), data) for epoch, data in records.items())
-        return found
-
-    @_os_errors_as_store_errors
-    def _records_of(self, node: str, agent: str, kind: str) -> dict[int, bytes]:
-        return read_term_records(self.root, node, agent, self._problems, kind)
-
-    def _merged_chains(self, agent: str) -> list[tuple[str, CheckpointInfo]]:
-        """(node, checkpoint) of every chain, newest first by (seq, epoch); a (seq, epoch)
-        that several chains hold, once: the highest node id's."""
-        kept: dict[tuple[int, int], tuple[str, CheckpointInfo]] = {}
-        for node, chain in sorted(self.list_chains(agent).items(), reverse=True):
-            for info in chain:
-                kept.setdefault((info.seq, info.epoch), (node, info))
-        return sorted(kept.values(), key=lambda kept: (kept[1].seq, kept[1].epoch), reverse=True)
+        return records_of_every_node(self.root, self.subtrees(), agent, self._problems, CHOICES)
 
     def put_checkpoint(
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
@@ -430,10 +331,10 @@ class SyncDirStore(Store):
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         """Every chain's checkpoints merged (see the module; a node restores by the lineage)."""
-        return [info for _node, info in self._merged_chains(agent)]
+        return [info for _node, info in merged_chains(self.list_chains(agent))]
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        for node, listed in self._merged_chains(agent):
+        for node, listed in merged_chains(self.list_chains(agent)):
             if (listed.seq, listed.epoch) == (info.seq, info.epoch):
                 return self.read_chain_checkpoint(agent, node, listed)
         raise StoreError(f"checkpoint {info.seq} of epoch {info.epoch} of {agent!r} is gone")
@@ -490,10 +391,10 @@ class SyncDirStore(Store):
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         subtrees = self.subtrees()
-        found = self._each(
+        found = self._subtrees.each(
             f"heartbeats of {agent}", lambda store: store.list_heartbeats(agent), subtrees
         )
-        chosen = self._by_node(found, lambda beat: beat.node, set(subtrees))
+        chosen = by_node(found, lambda beat: beat.node, set(subtrees), self.node)
         # Each subtree's read keeps to HEARTBEATS_READ; so does the merge, by node id.
         return [beat for beats in chosen.values() for beat in beats[:1]][: HEARTBEATS_READ.count]
 
@@ -505,10 +406,10 @@ class SyncDirStore(Store):
 
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         subtrees = self.subtrees()
-        found = self._each(
+        found = self._subtrees.each(
             f"events of {agent}", lambda store: store.read_events(agent, after), subtrees
         )
-        chosen = self._by_node(found, lambda event: event.node, set(subtrees))
+        chosen = by_node(found, lambda event: event.node, set(subtrees), self.node)
         return [event for events in chosen.values() for event in events]
 
     def forget_node(self, agent: str, node: str) -> None:

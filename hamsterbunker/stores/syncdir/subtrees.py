@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from ...errors import ConfigError, CorruptRecord, StoreError
 from ...records import check_record_name
@@ -33,6 +35,7 @@ from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log
 __all__ = ["Problems", "Subtrees", "refuse_earlier_subtrees"]
 
 _MAX_PROBLEMS = 1024
+R = TypeVar("R")
 
 _os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
 
@@ -168,6 +171,22 @@ class Subtrees:
             return None
         with self._peers_lock:
             return self._peers.setdefault(name, store)
+
+    def each(
+        self,
+        what: str,
+        read: Callable[[RecordStore], R],
+        subtrees: Mapping[str, RecordStore] | None = None,
+    ) -> dict[str, R]:
+        """read of each subtree (node -> result), of every one unless subtrees are given;
+        one that is junk is reported and left out."""
+        results: dict[str, R] = {}
+        for node, store in (self.all() if subtrees is None else subtrees).items():
+            try:
+                results[node] = read(store)
+            except CorruptRecord as exc:
+                self._problems(f"{what} of node {node} skipped: {exc}")
+        return results
 
     def close(self) -> None:
         for store in self.all().values():

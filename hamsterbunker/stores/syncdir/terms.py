@@ -22,13 +22,21 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
 from ...read_bounds import TERM_RECORDS_READ, BoundedRead
-from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ...records import check_name
+from ..file.fileio import (
+    dir_entries,
+    discard,
+    opened_dir,
+    os_errors_as_store_errors,
+    read_file,
+    write_temp,
+)
 from ..file.layout import is_sync_copy
 from .layout import published_parts
 
@@ -38,6 +46,7 @@ __all__ = [
     "MAX_TERM_ENTRIES",
     "MAX_TERM_RECORD_BYTES",
     "read_term_records",
+    "records_of_every_node",
     "term_record_name",
     "write_term_record",
 ]
@@ -49,6 +58,7 @@ TERM_NAME = re.compile(r"(\d+)\.rec")
 # The most names of one terms directory looked at. The most (newest) records read, and
 # their size, are read_bounds.TERM_RECORDS_READ's (MAX_TERMS_READ, MAX_TERM_RECORD_BYTES).
 MAX_TERM_ENTRIES = 65_536
+_os_errors = os_errors_as_store_errors("syncdir store")
 
 
 def term_record_name(epoch: int) -> str:
@@ -130,3 +140,20 @@ def read_term_records(
             if data is not None:
                 found.offer(epoch, data)
     return dict(found.entries)
+
+
+def records_of_every_node(
+    root: Path, nodes: Iterable[str], agent: str, report: Callable[[str], None], kind: str = TERMS
+) -> dict[tuple[int, str], bytes]:
+    """Every node's records of agent of kind, unopened: (epoch, node) -> bytes, the node
+    from the subtree and the epoch from the file's name. Junk is reported."""
+    check_name("agent id", agent)
+    found: dict[tuple[int, str], bytes] = {}
+    for node in nodes:
+        try:
+            records = _os_errors(read_term_records)(root, node, agent, report, kind)
+        except CorruptRecord as exc:
+            report(f"{kind} records of node {node} skipped: {exc}")
+            continue
+        found.update(((epoch, node), data) for epoch, data in records.items())
+    return found
