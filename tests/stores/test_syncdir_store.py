@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -24,7 +25,7 @@ from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores.backends.file import FileBackend
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence, Refusal, Store
 from hamsterbunker.stores.file.lease_watch import open_lease_watch
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
@@ -131,6 +132,88 @@ def test_a_reader_creates_nothing_and_refuses_writes(sync: Sync) -> None:
     assert reader.read_inbox(AGENT) == [] and reader.read_acceptance(AGENT) is None
     assert reader.read_effects(AGENT, 1) == {} and reader.read_admission(AGENT, "r") is None
     after = sorted(p.relative_to(sync.root("n1")) for p in sync.root("n1").rglob("*"))
+    assert after == before
+
+
+def plant_earlier_subtree(root: Path, node: str) -> None:
+    """node's subtree as an earlier version wrote it: its records under agents/, no kv/."""
+    agent_dir = root / "nodes" / node / "agents" / AGENT
+    (agent_dir / "checkpoints").mkdir(parents=True)
+    (agent_dir / "lease.json").write_bytes(replace(lease(node, 4), version=9).to_json())
+    (agent_dir / "checkpoints" / f"ckpt-{7:020d}-{4:010d}.hbc").write_bytes(b"sealed-7")
+
+
+@pytest.mark.parametrize("whose", ["own", "another"])
+def test_a_folder_with_a_subtree_in_the_earlier_layout_is_refused_in_one_line(
+    sync: Sync, whose: str
+) -> None:
+    """A syncdir folder an earlier version wrote (subtrees with agents/, no kv/) is never
+    read as empty, which would start its agents afresh: a writer and a reader are refused,
+    in one line naming hb migrate-store, before anything is written."""
+    root = sync.root("n1")
+    sync.open("n1").create_cluster(cluster(1))
+    if whose == "own":
+        shutil.rmtree(root / "nodes" / "n1")
+    plant_earlier_subtree(root, "n1" if whose == "own" else "n2")
+    before = sorted(root.rglob("*"))
+    opening = [
+        lambda: SyncDirStore(root, "n1", sync_delay_ms=DELAY_MS),
+        lambda: SyncDirStore(root, "n3", sync_delay_ms=DELAY_MS),  # a node new to the folder
+        lambda: SyncDirStore(root, create=False),
+    ]
+    for store in opening:
+        with pytest.raises(ConfigError, match="earlier version") as refused:
+            store()
+        assert "hb migrate-store" in str(refused.value) and "\n" not in str(refused.value)
+    assert sorted(root.rglob("*")) == before
+
+
+def test_a_subtree_in_the_earlier_layout_brought_later_fails_reads_not_reads_as_none(
+    sync: Sync,
+) -> None:
+    """A node of an earlier version whose subtree the sync brings once a store is open makes
+    its reads fail (StoreError), rather than leave that node's lease and chain out."""
+    one = sync.open("n1")
+    take(one, "n1", 1)
+    plant_earlier_subtree(sync.root("n1"), "n2")
+    with pytest.raises(StoreError, match="earlier version"):
+        one.read_lease(AGENT)
+    with pytest.raises(StoreError, match="earlier version"):
+        one.list_chains(AGENT)
+
+
+def test_another_nodes_subtree_is_only_read_never_written(sync: Sync) -> None:
+    """Every read of another node's subtree leaves it as the sync brought it: no lock file,
+    no keys folder, no redo log finished or set aside, no temp file swept (any write there
+    would be a sync conflict)."""
+    one, two = sync.open("n1"), sync.open("n2")
+    one.create_cluster(cluster(1))
+    held = take(two, "n2", 1)
+    two.put_checkpoint(AGENT, fence_of(held), 1, b"sealed-1")
+    two.put_effect(AGENT, fence_of(held), 2, 0, "intent", b"intent")
+    two.put_heartbeat(AGENT, heartbeat("n2"))
+    two.append_event(AGENT, event("n2", 1))
+    two.put_term_start(AGENT, 1, b"record-1")
+    sync.copy("n2", "n1")
+    peer = sync.root("n1") / "nodes" / "n2"
+    (peer / ".lock").unlink(missing_ok=True)
+    (peer / ".redo").write_bytes(b"a redo log the sync brought")
+    stale = peer / "tmp-hb-0123456789abcdef"
+    stale.write_bytes(b"a write cut short on n2's machine")
+    os.utime(stale, (0, 0))
+    before = {p: p.read_bytes() if p.is_file() else None for p in sorted(peer.rglob("*"))}
+    reader = SyncDirStore(sync.root("n1"), create=False)
+    for store in (one, reader):
+        assert store.read_lease(AGENT) is not None
+        assert [info.seq for info in store.list_chains(AGENT)["n2"]] == [1]
+        assert store.read_chain_effects(AGENT, "n2", 2) == {(0, "intent"): b"intent"}
+        assert [beat.node for beat in store.list_heartbeats(AGENT)] == ["n2"]
+        assert [e.n for e in store.read_events(AGENT)] == [1]
+        assert store.list_agents() == [AGENT]
+        assert store.read_term_starts(AGENT) == {(1, "n2"): b"record-1"}
+    with pytest.raises(StoreError, match="subtree"):
+        one.forget_node(AGENT, "n2")
+    after = {p: p.read_bytes() if p.is_file() else None for p in sorted(peer.rglob("*"))}
     assert after == before
 
 
@@ -441,6 +524,7 @@ def test_rotation_is_refused_with_the_reason(sync: Sync) -> None:
         with pytest.raises(StoreError, match="refused on a syncdir store: key rotation rewrites"):
             call()
     assert store.read_cluster() == cluster(1)
+    assert store.report().refuses == {Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE}
 
 
 # -- what the sync tool leaves, and what a hostile writer plants -------------------------------

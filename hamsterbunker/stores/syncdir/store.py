@@ -136,8 +136,8 @@ class SyncDirStore(Store):
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
         self._problems = Problems()
         open_root(self.root, create=create)
-        _os_errors_as_store_errors(check_mode)(self.root, create)
         refuse_earlier_subtrees(self.root)  # before anything is written
+        _os_errors_as_store_errors(check_mode)(self.root, create)
         if create:
             with opened_dir(self.root, (NODES,), create=True):
                 pass
