@@ -7,9 +7,8 @@ names that do not parse, numbers or kinds out of bounds, records over
 MAX_EFFECT_BYTES, more indices than a step may have. The first part runs on
 every backend (``raw_store.backend_store``: file, Redis, etcd); the second
 plants what only a directory can hold (symlinks, FIFOs, directories, floods of
-entries, permissions) in the older file store (``stores.file``, which a syncdir
-node's subtree still is; ``tests/stores/backend/test_file_backend.py`` plants the
-same in the file backend): read_effects never raises or hangs, reads within its
+entries, permissions) in the older file store (``stores.file``;
+``tests/stores/backend/test_file_backend.py`` plants the same in the file backend): read_effects never raises or hangs, reads within its
 bounds, and put_checkpoint still succeeds.
 """
 
