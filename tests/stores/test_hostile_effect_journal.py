@@ -8,8 +8,9 @@ MAX_EFFECT_BYTES, more indices than a step may have. The first part runs on
 every backend (``raw_store.backend_store``: file, Redis, etcd); the second
 plants what only a directory can hold (symlinks, FIFOs, directories, floods of
 entries, permissions) in the older file store (``stores.file``;
-``tests/stores/backend/test_file_backend.py`` plants the same in the file backend): read_effects never raises or hangs, reads within its
-bounds, and put_checkpoint still succeeds.
+``tests/stores/backend/test_file_backend.py`` plants the same in the file
+backend): read_effects never raises or hangs, reads within its bounds, and
+put_checkpoint still succeeds.
 """
 
 from __future__ import annotations

@@ -61,12 +61,13 @@ def read_cluster_record(root: Path) -> ClusterRecord | None:
     return None if data is None else ClusterRecord.from_json(data)
 
 
-def create_once(root: Path, name: str, data: bytes) -> None:
-    """Write name at the root durably unless it exists: left as it is if it does."""
-    with opened_dir(root, ()) as root_fd:
-        if root_fd is None:
+def create_once(root: Path, name: str, data: bytes, parts: tuple[str, ...] = ()) -> None:
+    """Write name at the root (or in its folder parts, made if need be) durably unless it
+    exists: left as it is if it does."""
+    with opened_dir(root, parts, create=bool(parts)) as folder_fd:
+        if folder_fd is None:
             raise StoreError(f"syncdir store directory {root} does not exist")
-        _create_once(root_fd, name, data)
+        _create_once(folder_fd, name, data)
 
 
 def _create_once(root_fd: int, name: str, data: bytes) -> None:
