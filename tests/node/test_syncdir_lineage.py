@@ -376,7 +376,7 @@ def test_a_checkpoint_announced_by_a_claim_that_synced_first_is_waited_for(
     with SyncPump(nodes.sync, "A", "B"):
         nodes.start("B")
         nodes.events.wait("node.standby", "B", timeout=WAIT_S)
-        nodes.sync.held_back.add(".hbc")  # claims go on syncing, checkpoints wait
+        nodes.sync.held_back.add("/ckpt/")  # claims go on syncing, checkpoints wait
         past = a.seq
         wait_until(lambda: nodes.published("A", past), "A publishing, held back", WAIT_S)
         a.stop(timeout=20)
