@@ -103,8 +103,9 @@ class Nodes:
     def chain_files(self, folder: str, node: str) -> set[str]:
         """The names of node's checkpoints in folder (``<seq>-<epoch>-<size>-<ms>``: their
         keys in its subtree's file store, ``stores.layer.keys``)."""
-        chain = checkpoint_file(self.sync.root(folder) / "nodes", node, "")
-        return {path.name for path in chain.glob("*-*")} if chain.is_dir() else set()
+        keys, chain = AgentKeys(AGENT), checkpoint_file(self.sync.root(folder) / "nodes", node, "")
+        names = [path.name for path in chain.iterdir()] if chain.is_dir() else []
+        return {name for name in names if keys.checkpoint_info(keys.ckpt + name) is not None}
 
     def published(self, node: str, past: int) -> bool:
         runtime = self.runtimes[node]

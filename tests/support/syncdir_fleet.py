@@ -125,9 +125,11 @@ def events(instance: SyncthingInstance, kind: str) -> list[Event]:
 
 def chain(instance: SyncthingInstance, node: str) -> set[str]:
     """The checkpoint files of node's chain as this instance's folder holds them (their
-    keys in node's subtree: ``<seq>-<epoch>-<size>-<ms>``)."""
-    folder = file_key(instance.folder / "nodes" / node, AgentKeys(AGENT).ckpt)
-    return {path.name for path in folder.glob("*-*")} if folder.is_dir() else set()
+    keys in node's subtree: ``<seq>-<epoch>-<size>-<ms>``; Syncthing's temp files not)."""
+    keys = AgentKeys(AGENT)
+    folder = file_key(instance.folder / "nodes" / node, keys.ckpt)
+    names = [path.name for path in folder.iterdir()] if folder.is_dir() else []
+    return {name for name in names if keys.checkpoint_info(keys.ckpt + name) is not None}
 
 
 @contextlib.contextmanager
