@@ -15,7 +15,9 @@ from pathlib import Path
 from .errors import ConfigError
 from .keyring import Secret
 from .sealing import Sealer
+from .stores import is_syncdir_url
 from .stores.migrate import migrate, open_migration
+from .stores.migrate_syncdir import migrate_syncdir, open_syncdir_migration
 
 __all__ = ["add_migrate_parser", "migrate_store"]
 
@@ -26,6 +28,12 @@ or postgresql://): per agent the lease at its epoch, every retained checkpoint b
 for byte, the effect journal of the step in flight, the loss-acceptance record and
 the inbox (pending submissions, consumed ones with their replies, numbers and request
 ids). Heartbeats and event logs are not copied. The earlier store is only read.
+
+A syncdir:// folder is copied into a new, empty syncdir:// folder: each node's
+subtree as above (its claim keeping its version), its published claims, term
+records and chain choices byte for byte, the marker and the cluster record. Run it
+on one machine with every node stopped and the sync done; the sync tool brings the
+new folder to the others.
 
 Stop every node first: the source is watched for a lease TTL, and any change refuses.
 Then start the nodes of this version with --store set to the new store.
@@ -52,6 +60,8 @@ def add_migrate_parser(sub: argparse._SubParsersAction, secret_help: str) -> Non
 
 def migrate_store(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     secret = read_secret()
+    if is_syncdir_url(args.source):
+        return _migrate_syncdir(args, secret)
     source, target = open_migration(args.source, args.target)
     try:
         cluster = source.read_cluster()
@@ -66,6 +76,18 @@ def migrate_store(args: argparse.Namespace, read_secret: Callable[[], Secret]) -
     _say(
         f"migrated {len(migrated.agents)} agent(s) from {source.url} to {target.url}: "
         "start this version's nodes with --store set to it"
+    )
+    return 0
+
+
+def _migrate_syncdir(args: argparse.Namespace, secret: Secret) -> int:
+    source, target = open_syncdir_migration(args.source, args.target)
+    migrated = migrate_syncdir(source, target, secret, say=_say)
+    for line in migrated.left_out:
+        _say(f"left out (junk in the earlier folder): {line}")
+    _say(
+        f"migrated {len(migrated.agents)} agent(s) of its nodes from {source} to {target}: "
+        "let the sync bring it to every machine, then start this version's nodes on it"
     )
     return 0
 

@@ -12,10 +12,12 @@ import argparse
 from collections.abc import Callable
 
 from .cli_args import seconds, store_url
+from .errors import ConfigError
 from .keyring import Keyring
 from .records import check_name
 from .rotation import Rotation
 from .stores import open_store
+from .stores.base import Refusal
 
 __all__ = ["add_rotate_parser", "rotate_secret"]
 
@@ -66,6 +68,12 @@ def rotate_secret(args: argparse.Namespace, read_keyring: Callable[[], Keyring])
     keyring = read_keyring()
     store = open_store(url, create=False)
     try:
+        if Refusal.KEY_ROTATION in store.report().refuses:  # said before anything is read
+            raise ConfigError(
+                f"store {store.url} does not rotate keys: rotation rewrites records every "
+                "node shares, which this store cannot do (a syncdir:// store: a synced "
+                "folder keeps one of two copies of a rewritten file); nothing was changed"
+            )
         rotation = Rotation(store, agent, keyring, say=lambda line: print(line, flush=True))
         if args.step == "begin":
             rotation.begin(args.timeout)

@@ -39,6 +39,7 @@ __all__ = [
     "Consumed",
     "Fence",
     "HeardLease",
+    "Refusal",
     "RestoreRead",
     "Store",
     "StoreGuarantees",
@@ -263,6 +264,16 @@ class SyncedFolder:
     problems: tuple[str, ...]  # what the store skipped as unreadable so far (each once)
 
 
+class Refusal:
+    """Operations of the contract a store declines by design (``StoreReport.refuses``): it
+    raises StoreError, saying why, and a caller can tell before it starts."""
+
+    # replace_cluster and every reseal_*: key rotation rewrites records every node shares.
+    KEY_ROTATION = "key-rotation"
+    # forget_node of a node whose records only that node writes (its own subtree).
+    FORGET_OTHER_NODE = "forget-other-node"
+
+
 @dataclass(frozen=True)
 class StoreReport:
     """What a store says of itself (``Store.report``), read where a caller would otherwise
@@ -272,6 +283,7 @@ class StoreReport:
     # pushes the changes. A file store's is a thread woken by every write in a folder.
     cheap_watch: bool
     synced_folder: SyncedFolder | None = None  # None: the store is not a synced folder
+    refuses: frozenset[str] = frozenset()  # Refusal's: what this store declines
 
 
 @runtime_checkable

@@ -34,7 +34,16 @@ from .earlier import SourceStore
 from .layer import RecordStore
 from .layer.keys import AgentKeys
 
-__all__ = ["Migrated", "SourceStore", "migrate", "open_migration"]
+__all__ = [
+    "Migrated",
+    "SourceStore",
+    "copy_agent",
+    "migrate",
+    "open_migration",
+    "snapshot",
+    "unchanged",
+    "watch_time",
+]
 
 # At most this many records, or bytes of values, in one commit (etcd allows 128 operations
 # and 1.5 MiB a request by default).
@@ -85,8 +94,8 @@ def open_migration(source_url: str, target_url: str) -> tuple[SourceStore, Recor
         source = open_earlier_file(source_url)
     else:
         raise ConfigError(
-            f"{source_url!r}: only file://, redis:// and etcd:// stores were written in an "
-            "earlier layout (syncdir:// keeps its own; postgresql:// came with this version)"
+            f"{source_url!r}: only file://, redis://, etcd:// and syncdir:// stores were "
+            "written in an earlier layout (postgresql:// came with this version)"
         )
     try:
         target = open_store(target_url)
@@ -122,29 +131,30 @@ def migrate(
     strangers = sorted(set(target.list_agents()) - set(agents))
     if strangers:
         raise ConfigError(f"store {target.url} holds agents the source has not: {strangers[:5]}")
-    before = _snapshot(source, agents)
-    ttl_s = max((lease.ttl_ms / 1000 for lease in before.leases.values() if lease), default=0)
-    watch_s = min(max(ttl_s, _WATCH_S[0]), _WATCH_S[1])
+    before = snapshot(source, agents)
+    watch_s = watch_time(before)
     say(f"checking that no node writes {source.url} ({watch_s:g} s) ...")
     pause(watch_s)
-    _unchanged(before, _snapshot(source, agents), "is running")
+    unchanged(before, snapshot(source, agents), "is running")
     migrated = Migrated()
     for agent in agents:
-        migrated.agents[agent] = _copy(source, target, sealer, agent, migrated.left_out)
+        migrated.agents[agent] = copy_agent(source, target, sealer, agent, migrated.left_out)
         say(f"agent {agent}: {migrated.agents[agent]}")
-    _unchanged(before, _snapshot(source, agents), "wrote during the copy")
+    unchanged(before, snapshot(source, agents), "wrote during the copy")
     target.create_cluster(cluster)
     return migrated
 
 
 @dataclass(frozen=True)
-class _Snapshot:
+class Snapshot:
+    """What a running node would change in a source: leases, heartbeats, newest checkpoints."""
+
     leases: dict[str, LeaseRecord | None]
     beats: dict[tuple[str, str], int]
     newest: dict[str, tuple[int, int] | None]  # agent -> newest checkpoint's (seq, epoch)
 
 
-def _snapshot(source: SourceStore, agents: list[str]) -> _Snapshot:
+def snapshot(source: SourceStore, agents: list[str]) -> Snapshot:
     leases, beats, newest = {}, {}, {}
     for agent in agents:
         leases[agent] = source.read_lease(agent)
@@ -152,10 +162,17 @@ def _snapshot(source: SourceStore, agents: list[str]) -> _Snapshot:
             beats[(agent, beat.node)] = beat.beats
         listed = source.list_checkpoints(agent)
         newest[agent] = (listed[0].seq, listed[0].epoch) if listed else None
-    return _Snapshot(leases, beats, newest)
+    return Snapshot(leases, beats, newest)
 
 
-def _unchanged(before: _Snapshot, now: _Snapshot, what: str) -> None:
+def watch_time(before: Snapshot) -> float:
+    """How long to watch a source for a running node: its longest lease TTL, within bounds."""
+    ttl_s = max((lease.ttl_ms / 1000 for lease in before.leases.values() if lease), default=0)
+    return min(max(ttl_s, _WATCH_S[0]), _WATCH_S[1])
+
+
+def unchanged(before: Snapshot, now: Snapshot, what: str) -> None:
+    """StoreError if now is not before: a node of the source is running (what it did)."""
     for (agent, node), beats in now.beats.items():
         if before.beats.get((agent, node)) != beats:
             raise StoreError(f"node {node} of agent {agent} {what}: stop every node first")
@@ -164,10 +181,17 @@ def _unchanged(before: _Snapshot, now: _Snapshot, what: str) -> None:
             raise StoreError(f"agent {agent}'s lease or checkpoints changed: a node {what}")
 
 
-def _copy(
-    source: SourceStore, target: RecordStore, sealer: Sealer, agent: str, left_out: list[str]
+def copy_agent(
+    source: SourceStore,
+    target: RecordStore,
+    sealer: Sealer,
+    agent: str,
+    left_out: list[str],
+    *,
+    numbered: bool = False,
 ) -> str:
-    """Copy one agent's records; one line of what was copied."""
+    """Copy one agent's records; one line of what was copied. numbered: the lease record
+    keeps its version (a syncdir node's claim, whose published versions go on from it)."""
     keys = AgentKeys(agent)
     writes: list[Put] = []
     listed = sorted(source.list_checkpoints(agent), key=lambda info: (info.seq, info.epoch))
@@ -183,7 +207,11 @@ def _copy(
     writes += _inbox_writes(keys, inbox)
     _commit_all(target, [*writes, Put(keys.index, b"")])
     lease = source.read_lease(agent)
-    if lease is not None:
+    if lease is not None and numbered:
+        there = target.read_lease(agent)
+        if there != lease:
+            target.create_lease(agent, lease)
+    elif lease is not None:
         there = target.read_lease(agent)
         target.cas_lease(agent, None if there is None else there.version, lease)
     _verify(source, target, agent, listed, inbox)

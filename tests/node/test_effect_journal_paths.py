@@ -32,6 +32,7 @@ from hamsterbunker import (
     current_step,
 )
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
@@ -104,8 +105,9 @@ class Backend:
         subtree, on node's machine)."""
         if self._memory is not None:
             return RawRecords(self._memory)
-        if self._sync is not None:  # node's subtree: a record-layer file store
-            return raw_at((self._sync.root(node) / "nodes" / node).as_uri())
+        if self._sync is not None:
+            subtree = self._sync.root(node) / "nodes" / node
+            return RawRecords(FileBackend(subtree, in_synced_folder=True), owned=True)
         return raw_at(self._url)
 
     def carry(self, node: str, to: str) -> None:

@@ -25,6 +25,7 @@ from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import open_store
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.testing import MemoryStore
 from hamsterbunker.timing import LeaseTiming
 from tests.node.test_hostile_store import AGENT, TTL_MS, Nodes, nodes
@@ -32,7 +33,7 @@ from tests.node.test_syncdir_lineage import WAIT_S
 from tests.node.test_syncdir_lineage import Nodes as SyncNodes
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent
-from tests.support.raw_store import RawStore, backend_store
+from tests.support.raw_store import RawStore, backend_store, file_key
 
 __all__ = ["backend_store", "nodes"]  # the fixtures, used by name
 
@@ -199,9 +200,9 @@ def test_a_forged_claim_on_a_synced_folder_never_wins(tmp_path: Path) -> None:
     try:
         leader = nodes.start("A")
         wait_until(lambda: nodes.published("A", 2), "A publishing", WAIT_S)
-        agent_dir = nodes.sync.root("A") / "nodes" / "A" / "agents" / AGENT
-        own = LeaseRecord.from_json((agent_dir / "lease.json").read_bytes())
-        planted = nodes.sync.root("A") / "nodes" / "evil" / "agents" / AGENT / "lease.json"
+        subtrees = nodes.sync.root("A") / "nodes"
+        own = LeaseRecord.from_json(file_key(subtrees / "A", AgentKeys(AGENT).lease).read_bytes())
+        planted = file_key(subtrees / "evil", AgentKeys(AGENT).lease)
         planted.parent.mkdir(parents=True)
         planted.write_bytes(forged(own, holder="evil", epoch=MAX_EPOCH).to_json())
         past = leader.seq

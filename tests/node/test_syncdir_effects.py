@@ -25,10 +25,11 @@ from hamsterbunker import current_effect, current_step
 from hamsterbunker.lineage import CheckpointRef, Lineage, TermId, TermStart
 from hamsterbunker.node.lineage_view import LineageRead
 from hamsterbunker.runtime import Runtime
-from hamsterbunker.stores.file.layout import effect_name, step_name
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
+from tests.support.raw_store import file_key
 from tests.support.records import fence_of, lease
 from tests.support.syncdir import Sync
 
@@ -218,7 +219,7 @@ def test_a_store_reads_another_nodes_effect_journal_and_skips_junk(tmp_path: Pat
     assert a.read_chain_effects(AGENT, "A", 2) == a.read_effects(AGENT, 2)
     assert b.read_chain_effects(AGENT, "A", 3) == {}
     assert b.read_chain_effects(AGENT, "Z", 2) == {}
-    step = sync.root("B") / "nodes" / "A" / "agents" / AGENT / "effects" / step_name(2)
-    os.unlink(step / effect_name(0, "outcome"))
-    os.mkdir(step / effect_name(0, "outcome"))  # junk where a record belongs
+    outcome = file_key(sync.root("B") / "nodes" / "A", AgentKeys(AGENT).effect(2, 0, "outcome"))
+    os.unlink(outcome)
+    os.mkdir(outcome)  # junk where a record belongs
     assert b.read_chain_effects(AGENT, "A", 2) == {(0, "intent"): b"intent"}

@@ -27,12 +27,14 @@ from hamsterbunker.node.lineage_view import LineageView
 from hamsterbunker.records import Event
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer, new_cluster_record
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.term_records import open_term_start, seal_chain_choice, seal_term_start
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
 from tests.support.cli import hb_env, run_hb
+from tests.support.raw_store import file_key
 from tests.support.syncdir import Sync, SyncPump
 
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=1200)
@@ -99,8 +101,11 @@ class Nodes:
         return open_term_start(self.sealer(), data, AGENT, TermId(epoch, node))
 
     def chain_files(self, folder: str, node: str) -> set[str]:
-        chain = self.sync.root(folder) / "nodes" / node / "agents" / AGENT / "checkpoints"
-        return {path.name for path in chain.glob("ckpt-*.hbc")}
+        """The names of node's checkpoints in folder (``<seq>-<epoch>-<size>-<ms>``: their
+        keys in its subtree's file store, ``stores.layer.keys``)."""
+        keys, chain = AgentKeys(AGENT), checkpoint_file(self.sync.root(folder) / "nodes", node, "")
+        names = [path.name for path in chain.iterdir()] if chain.is_dir() else []
+        return {name for name in names if keys.checkpoint_info(keys.ckpt + name) is not None}
 
     def published(self, node: str, past: int) -> bool:
         runtime = self.runtimes[node]
@@ -112,6 +117,11 @@ class Nodes:
         for runtime in self.runtimes.values():
             with contextlib.suppress(BaseException):
                 runtime.stop(timeout=20)
+
+
+def checkpoint_file(nodes: Path, node: str, name: str) -> Path:
+    """The file of node's checkpoint name under nodes/ (its folder of checkpoints for "")."""
+    return file_key(nodes / node, AgentKeys(AGENT).ckpt + name)
 
 
 @pytest.fixture
@@ -168,7 +178,7 @@ def _two_leaders(nodes: Nodes) -> tuple[Runtime, Runtime, int, int, int]:
     epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
     wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
     nodes.sync.copy("A", "B")  # the last sync before the cut
-    fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
+    fork = max(int(name[:20]) for name in nodes.chain_files("B", "A"))
     b = nodes.start("B")  # sees A's claim never change: takes the lease after a TTL
     epoch_b = nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch
     resumed = nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
@@ -197,7 +207,7 @@ def test_a_partition_keeps_the_losers_steps_aside_and_reports_them(nodes: Nodes)
             assert seen.detail["to_seq"] >= seen.detail["from_seq"]
             assert seen.detail["count"] >= 1
         kept = nodes.chain_files("A", "A")
-        assert kept and all(int(name[5:25]) > fork for name in kept)
+        assert kept and all(int(name[:20]) > fork for name in kept)
         # B goes on, from its own chain; A stands by and publishes nothing more.
         past = b.seq
         wait_until(lambda: nodes.published("B", past + 5), "B publishing after the heal", WAIT_S)
@@ -223,7 +233,7 @@ def test_an_operator_chooses_the_chain_kept_aside_and_the_leader_goes_on_from_it
     with SyncPump(nodes.sync, "A", "B"):
         nodes.events.wait("lease.lost", "A", timeout=WAIT_S)
         nodes.events.wait("store.diverged", "B", timeout=WAIT_S)
-        top_a = max(int(name[5:25]) for name in nodes.chain_files("A", "A"))
+        top_a = max(int(name[:20]) for name in nodes.chain_files("A", "A"))
         wait_until(lambda: nodes.chain_files("B", "A") == nodes.chain_files("A", "A"),
                    "A's chain synced", WAIT_S)  # fmt: skip
         chosen = run_hb(
@@ -269,7 +279,7 @@ def test_a_chain_chosen_while_no_node_runs_is_where_the_next_node_to_start_goes_
         wait_until(lambda: nodes.chain_files("B", "A") == nodes.chain_files("A", "A"),
                    "A's chain synced", WAIT_S)  # fmt: skip
         b.stop(timeout=20)
-    top_a = max(int(name[5:25]) for name in nodes.chain_files("A", "A"))
+    top_a = max(int(name[:20]) for name in nodes.chain_files("A", "A"))
     chosen = run_hb(
         ["choose-chain", *_chain_args(nodes, "B"), "--term", f"{epoch_a}@A", "--yes"],
         env=hb_env(HB_SECRET=SECRET),
@@ -307,7 +317,7 @@ def test_a_forged_term_record_is_rejected_and_cannot_pick_the_restore_base(
     last = a.seq
     nodes.sync.copy("A", "B")
     # As the sync would bring it from a machine of a writer without the secret.
-    terms = nodes.sync.root("B") / "nodes" / "Z" / "agents" / AGENT / "terms"
+    terms = nodes.sync.root("B") / "nodes" / "Z" / "published" / AGENT / "terms"
     terms.mkdir(parents=True)
     (terms / "0000000099.rec").write_bytes(forged)
     nodes.start("B")
@@ -328,7 +338,7 @@ def test_a_loser_that_leads_again_resumes_from_the_lineage_behind_its_own_steps(
     epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
     wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
     nodes.sync.copy("A", "B")
-    fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
+    fork = max(int(name[:20]) for name in nodes.chain_files("B", "A"))
     b = nodes.start("B", pace_s=0.2)  # slower: A stays far ahead of B
     epoch_b = nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch
     wait_until(lambda: nodes.published("B", fork + 1), "B publishing", WAIT_S)
@@ -367,7 +377,7 @@ def test_a_checkpoint_announced_by_a_claim_that_synced_first_is_waited_for(
     with SyncPump(nodes.sync, "A", "B"):
         nodes.start("B")
         nodes.events.wait("node.standby", "B", timeout=WAIT_S)
-        nodes.sync.held_back.add(".hbc")  # claims go on syncing, checkpoints wait
+        nodes.sync.held_back.add("/ckpt/")  # claims go on syncing, checkpoints wait
         past = a.seq
         wait_until(lambda: nodes.published("A", past), "A publishing, held back", WAIT_S)
         a.stop(timeout=20)
@@ -394,14 +404,14 @@ def test_a_lineage_whose_base_is_gone_is_not_led_from_behind_until_a_chain_is_ch
     epoch_a = nodes.events.wait("lease.acquired", "A", timeout=WAIT_S).epoch
     wait_until(lambda: nodes.published("A", 3), "A publishing", WAIT_S)
     nodes.sync.copy("A", "B")
-    fork = max(int(name[5:25]) for name in nodes.chain_files("B", "A"))
+    fork = max(int(name[:20]) for name in nodes.chain_files("B", "A"))
     b = nodes.start("B", park_from=1)  # its first step never ends: it publishes nothing
     epoch_b = nodes.events.wait("lease.acquired", "B", timeout=WAIT_S).epoch
     nodes.events.wait("agent.resumed", "B", timeout=WAIT_S)
     assert nodes.term_start("B", epoch_b, "B").base is not None
     wait_until(lambda: nodes.published("A", fork + 8), "A pruning the fork", WAIT_S)
     b.stop(timeout=20)  # released: nothing published in its term
-    assert all(int(name[5:25]) > fork for name in nodes.chain_files("A", "A"))
+    assert all(int(name[:20]) > fork for name in nodes.chain_files("A", "A"))
     with SyncPump(nodes.sync, "A", "B"):
         behind = nodes.events.wait(
             "lease.given_up", "A", where=lambda e: e.epoch > epoch_b, timeout=WAIT_S
@@ -410,7 +420,7 @@ def test_a_lineage_whose_base_is_gone_is_not_led_from_behind_until_a_chain_is_ch
     assert not a.stopped.is_set()
     assert nodes.agents["A"].init_calls == 1
     assert [e for e in nodes.events.of("agent.resumed", "A") if e.epoch > epoch_b] == []
-    top = max(int(name[5:25]) for name in nodes.chain_files("A", "A"))
+    top = max(int(name[:20]) for name in nodes.chain_files("A", "A"))
     listed = run_hb(["choose-chain", *_chain_args(nodes, "A")], env=hb_env(HB_SECRET=SECRET))
     assert listed.returncode == 0, listed.stderr
     assert f"winning term: {epoch_b}@B" in listed.stdout
@@ -466,10 +476,10 @@ def test_a_checkpoint_copied_into_another_nodes_chain_does_not_authenticate_ther
     last_a, last_b = a.seq, b.seq
     assert last_a > last_b > base
     nodes.sync.copy("A", "B")  # the partition heals: B's folder holds both chains
-    name = next(n for n in nodes.chain_files("B", "A") if int(n[5:25]) == last_a)
+    name = next(n for n in nodes.chain_files("B", "A") if int(n[:20]) == last_a)
     chains = nodes.sync.root("B") / "nodes"
-    source = chains / "A" / "agents" / AGENT / "checkpoints" / name
-    copied = chains / "B" / "agents" / AGENT / "checkpoints" / name
+    source = checkpoint_file(chains, "A", name)
+    copied = checkpoint_file(chains, "B", name)
     assert not copied.exists()
     shutil.copyfile(source, copied)  # a writer of the folder, not the sync tool
     # Authentic: it opens as what it is, a checkpoint of A's chain at (epoch, last_a).

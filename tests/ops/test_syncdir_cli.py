@@ -372,6 +372,46 @@ def test_requests_from_outside_a_node_are_refused_on_syncdir_for_now(tmp_path: P
         assert "Traceback" not in result.stderr
 
 
+def test_key_rotation_is_refused_before_it_starts_as_the_store_declares(tmp_path: Path) -> None:
+    """hb rotate-secret on a syncdir store is refused in one line from what the store's
+    report declares it refuses, and nothing is changed."""
+    root = two_nodes_that_diverged(Sync(tmp_path))
+    before = {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    env = hb_env(HB_SECRET="a-new-secret-for-rotation", HB_SECRET_PREVIOUS=SECRET)
+    result = run_hb(
+        ["rotate-secret", "begin", "--store", f"syncdir://{root}", "--agent-id", AGENT_ID],
+        env=env,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "does not rotate keys" in errors[0], result.stderr
+    assert "nothing was changed" in errors[0]
+    assert {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()} == before
+
+
+def test_an_earlier_syncdir_folder_is_refused_in_one_line_by_hb(tmp_path: Path) -> None:
+    """hb status and hb run on a folder whose node subtrees an earlier version wrote: one
+    line naming hb migrate-store, exit 2, no traceback, nothing written."""
+    root = tmp_path / "old"
+    agent_dir = root / "nodes" / "n1" / "agents" / AGENT_ID
+    agent_dir.mkdir(parents=True)
+    (root / MARKER).write_bytes(b"hamsterbunker syncdir 1\n")
+    (agent_dir / "lease.json").write_bytes(lease("n1", 3).to_json())
+    before = sorted(root.rglob("*"))
+    url = f"syncdir://{root}"
+    for args in (
+        ["status", "--store", url, "--agent-id", AGENT_ID],
+        ["run", "--store", url, "--agent", AGENT, "--node-id", "n2", "--sync-delay-ms", "300"],
+    ):
+        result = run_hb(args, env=hb_env(HB_SECRET=SECRET))
+        assert result.returncode == 2, (args, result.stdout + result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and "hb migrate-store" in lines[0], (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert sorted(root.rglob("*")) == before
+
+
 def test_hb_choose_chain_mistakes_are_one_line_and_write_nothing(tmp_path: Path) -> None:
     """hb choose-chain (the choice itself: tests/node/test_syncdir_lineage.py) refuses a
     store other than syncdir, a bad or unknown term, a choice with no node to hold it, and

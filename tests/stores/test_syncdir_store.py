@@ -1,4 +1,4 @@
-"""The syncdir store (docs/syncdir.md, part 1) on plain local folders.
+"""The syncdir store (docs/syncdir.md) on plain local folders.
 
 Each node has a folder of its own (a machine's copy of the synced folder);
 ``Sync.copy`` (``tests.support.syncdir``) plays the sync tool: it copies one
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -23,15 +24,18 @@ from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError,
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
-from hamsterbunker.stores.base import Fence, Store
-from hamsterbunker.stores.file import FileStore
+from hamsterbunker.stores.backends.file import FileBackend
+from hamsterbunker.stores.base import Fence, Refusal, Store
 from hamsterbunker.stores.file.lease_watch import open_lease_watch
+from hamsterbunker.stores.layer.files import FileStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
 from hamsterbunker.stores.syncdir.layout import MARKER
 from hamsterbunker.stores.syncdir.published import ClaimPublisher
 from hamsterbunker.stores.syncdir.terms import MAX_TERM_RECORD_BYTES
 from tests.support.raw_inbox import plant_submissions
+from tests.support.raw_store import RawRecords, file_key
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
 from tests.support.syncdir import Sync
 
@@ -43,6 +47,22 @@ WAIT_S = 10.0
 @pytest.fixture
 def sync(tmp_path: Path) -> Sync:
     return Sync(tmp_path)
+
+
+def published(root: Path, node: str) -> Path:
+    """node's published records of AGENT in the folder at root: claims, terms/, choices/."""
+    return root / "nodes" / node / "published" / AGENT
+
+
+def claim_path(root: Path, node: str) -> Path:
+    """node's own claim in the folder at root: its subtree's lease record, a file-backend key."""
+    return file_key(root / "nodes" / node, AgentKeys(AGENT).lease)
+
+
+def raw_subtree(root: Path, node: str) -> RawRecords:
+    """node's subtree in the folder at root, written past the store as a hostile writer would."""
+    backend = FileBackend(root / "nodes" / node, in_synced_folder=True)
+    return RawRecords(backend, owned=True)
 
 
 def take(store: SyncDirStore, node: str, epoch: int, session: str = "s1") -> LeaseRecord:
@@ -112,6 +132,88 @@ def test_a_reader_creates_nothing_and_refuses_writes(sync: Sync) -> None:
     assert reader.read_inbox(AGENT) == [] and reader.read_acceptance(AGENT) is None
     assert reader.read_effects(AGENT, 1) == {} and reader.read_admission(AGENT, "r") is None
     after = sorted(p.relative_to(sync.root("n1")) for p in sync.root("n1").rglob("*"))
+    assert after == before
+
+
+def plant_earlier_subtree(root: Path, node: str) -> None:
+    """node's subtree as an earlier version wrote it: its records under agents/, no kv/."""
+    agent_dir = root / "nodes" / node / "agents" / AGENT
+    (agent_dir / "checkpoints").mkdir(parents=True)
+    (agent_dir / "lease.json").write_bytes(replace(lease(node, 4), version=9).to_json())
+    (agent_dir / "checkpoints" / f"ckpt-{7:020d}-{4:010d}.hbc").write_bytes(b"sealed-7")
+
+
+@pytest.mark.parametrize("whose", ["own", "another"])
+def test_a_folder_with_a_subtree_in_the_earlier_layout_is_refused_in_one_line(
+    sync: Sync, whose: str
+) -> None:
+    """A syncdir folder an earlier version wrote (subtrees with agents/, no kv/) is never
+    read as empty, which would start its agents afresh: a writer and a reader are refused,
+    in one line naming hb migrate-store, before anything is written."""
+    root = sync.root("n1")
+    sync.open("n1").create_cluster(cluster(1))
+    if whose == "own":
+        shutil.rmtree(root / "nodes" / "n1")
+    plant_earlier_subtree(root, "n1" if whose == "own" else "n2")
+    before = sorted(root.rglob("*"))
+    opening = [
+        lambda: SyncDirStore(root, "n1", sync_delay_ms=DELAY_MS),
+        lambda: SyncDirStore(root, "n3", sync_delay_ms=DELAY_MS),  # a node new to the folder
+        lambda: SyncDirStore(root, create=False),
+    ]
+    for store in opening:
+        with pytest.raises(ConfigError, match="earlier version") as refused:
+            store()
+        assert "hb migrate-store" in str(refused.value) and "\n" not in str(refused.value)
+    assert sorted(root.rglob("*")) == before
+
+
+def test_a_subtree_in_the_earlier_layout_brought_later_fails_reads_not_reads_as_none(
+    sync: Sync,
+) -> None:
+    """A node of an earlier version whose subtree the sync brings once a store is open makes
+    its reads fail (StoreError), rather than leave that node's lease and chain out."""
+    one = sync.open("n1")
+    take(one, "n1", 1)
+    plant_earlier_subtree(sync.root("n1"), "n2")
+    with pytest.raises(StoreError, match="earlier version"):
+        one.read_lease(AGENT)
+    with pytest.raises(StoreError, match="earlier version"):
+        one.list_chains(AGENT)
+
+
+def test_another_nodes_subtree_is_only_read_never_written(sync: Sync) -> None:
+    """Every read of another node's subtree leaves it as the sync brought it: no lock file,
+    no keys folder, no redo log finished or set aside, no temp file swept (any write there
+    would be a sync conflict)."""
+    one, two = sync.open("n1"), sync.open("n2")
+    one.create_cluster(cluster(1))
+    held = take(two, "n2", 1)
+    two.put_checkpoint(AGENT, fence_of(held), 1, b"sealed-1")
+    two.put_effect(AGENT, fence_of(held), 2, 0, "intent", b"intent")
+    two.put_heartbeat(AGENT, heartbeat("n2"))
+    two.append_event(AGENT, event("n2", 1))
+    two.put_term_start(AGENT, 1, b"record-1")
+    sync.copy("n2", "n1")
+    peer = sync.root("n1") / "nodes" / "n2"
+    (peer / ".lock").unlink(missing_ok=True)
+    (peer / ".redo").write_bytes(b"a redo log the sync brought")
+    stale = peer / "tmp-hb-0123456789abcdef"
+    stale.write_bytes(b"a write cut short on n2's machine")
+    os.utime(stale, (0, 0))
+    before = {p: p.read_bytes() if p.is_file() else None for p in sorted(peer.rglob("*"))}
+    reader = SyncDirStore(sync.root("n1"), create=False)
+    for store in (one, reader):
+        assert store.read_lease(AGENT) is not None
+        assert [info.seq for info in store.list_chains(AGENT)["n2"]] == [1]
+        assert store.read_chain_effects(AGENT, "n2", 2) == {(0, "intent"): b"intent"}
+        assert [beat.node for beat in store.list_heartbeats(AGENT)] == ["n2"]
+        assert [e.n for e in store.read_events(AGENT)] == [1]
+        assert store.list_agents() == [AGENT]
+        assert store.read_term_starts(AGENT) == {(1, "n2"): b"record-1"}
+    with pytest.raises(StoreError, match="subtree"):
+        one.forget_node(AGENT, "n2")
+    after = {p: p.read_bytes() if p.is_file() else None for p in sorted(peer.rglob("*"))}
     assert after == before
 
 
@@ -353,10 +455,10 @@ def test_heartbeats_merged_from_every_subtree_keep_to_the_bound_of_one_read(sync
     one = sync.open("n1")
     nodes = [f"x{number:04d}" for number in range(HEARTBEATS_READ.count + 3)]
     for subtree, held in (("n6", nodes[: HEARTBEATS_READ.count]), ("n7", nodes[-3:])):
-        beats = sync.root("n1") / "nodes" / subtree / "agents" / AGENT / "heartbeats"
-        beats.mkdir(parents=True)
+        raw = raw_subtree(sync.root("n1"), subtree)
         for node in held:
-            (beats / f"{node}.json").write_bytes(heartbeat(node).to_json())
+            raw.put_heartbeat(AGENT, node, heartbeat(node).to_json())
+        raw.close()
     assert [beat.node for beat in one.list_heartbeats(AGENT)] == nodes[: HEARTBEATS_READ.count]
 
 
@@ -422,6 +524,7 @@ def test_rotation_is_refused_with_the_reason(sync: Sync) -> None:
         with pytest.raises(StoreError, match="refused on a syncdir store: key rotation rewrites"):
             call()
     assert store.read_cluster() == cluster(1)
+    assert store.report().refuses == {Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE}
 
 
 # -- what the sync tool leaves, and what a hostile writer plants -------------------------------
@@ -433,28 +536,31 @@ def test_sync_tool_files_are_never_nodes_or_claims_and_are_reported(sync: Sync) 
     take(one, "n1", 1)
     sync.copy("n1", "n2")
     root = sync.root("n2")
-    agent_dir = root / "nodes" / "n1" / "agents" / AGENT
+    claim = f"claim.{99:020d}"
     planted = {
         ".stversions": "dir",
-        "nodes/n1/agents/a/.stfolder": "dir",  # (at the root: test_a_syncthing_folder_marker_...)
+        "nodes/n1/published/a/.stfolder": "dir",  # (at the root: test_a_syncthing_folder_...)
         "nodes/n9.sync-conflict-20260101-120000-ABCDEFG": "dir",
         "nodes/~syncthing~n8.tmp": "dir",
-        "nodes/n1/agents/a/lease.sync-conflict-20260101-120000-ABCDEFG.json": "claim",
-        "nodes/n1/agents/a/lease (conflicted copy 2026-01-01).json": "claim",
-        "nodes/n1/agents/a/.syncthing.lease.json.tmp": "claim",
+        "nodes/n1/kv/agents/a/lease.sync-conflict-20260101-120000-ABCDEFG": "claim",
+        "nodes/n1/kv/agents/a/lease (conflicted copy 2026-01-01)": "claim",
+        "nodes/n1/kv/agents/a/.syncthing.lease.tmp": "claim",
+        f"nodes/n1/published/a/{claim}.sync-conflict-20260101-120000-ABCDEFG.json": "claim",
+        f"nodes/n1/published/a/{claim} (conflicted copy 2026-01-01).json": "claim",
+        f"nodes/n1/published/a/.syncthing.{claim}.json.tmp": "claim",
     }
     for rel, kind in planted.items():
         path = root / rel
         if kind == "dir":
             path.mkdir()
-            (path / "agents").mkdir()
+            (path / "kv").mkdir()  # as a subtree would hold
         else:
-            path.write_bytes(lease("n9", 99).to_json())
+            path.write_bytes(replace(lease("n9", 99), version=99).to_json())
     seen = two.read_lease(AGENT)
     assert seen is not None and (seen.holder, seen.epoch) == ("n1", 1)
     assert sorted(two.subtrees()) == ["n1", "n2"]
     assert set(two.sync_files()) == set(planted)
-    assert (agent_dir / "lease.json").is_file()
+    assert claim_path(root, "n1").is_file()
 
 
 def test_a_syncthing_folder_marker_at_the_root_is_passed_over(sync: Sync) -> None:
@@ -494,10 +600,12 @@ def test_retention_in_a_subtree_spares_the_checkpoints_of_another_epoch(sync: Sy
 def test_a_hostile_claim_is_skipped_and_reported(
     sync: Sync, what: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A claim that is junk, huge, a link, a FIFO or a directory is left out, quickly."""
+    """A claim that is junk, huge, a link, a FIFO or a directory is left out, quickly; one
+    that is read (junk, huge) is reported. (The file backend reads no value from a link, a
+    FIFO or a directory: tests/stores/backend/test_file_backend.py.)"""
     one = sync.open("n1")
     held = take(one, "n1", 1)
-    claim = sync.root("n1") / "nodes" / "n6" / "agents" / AGENT / "lease.json"
+    claim = claim_path(sync.root("n1"), "n6")
     claim.parent.mkdir(parents=True)
     if what == "garbage":
         claim.write_bytes(b"\x00{not json")
@@ -519,7 +627,8 @@ def test_a_hostile_claim_is_skipped_and_reported(
     assert time.monotonic() - started < 5
     assert seen is not None and seen.holder == "n1"
     assert renewed.renewals == 1
-    assert any("claim on a of node n6 skipped" in p for p in one.problems())
+    reported = any("claim on a of node n6 skipped" in p for p in one.problems())
+    assert reported == (what in ("garbage", "huge", "deep"))
     one.put_checkpoint(AGENT, fence_of(renewed), 1, b"sealed-1")
 
 
@@ -548,7 +657,7 @@ def test_junk_in_the_own_claim_is_replaced_by_the_next_write_of_it(sync: Sync, w
     its claim in place of the junk, and the fenced writes of that term go on."""
     one = sync.open("n1")
     held = take(one, "n1", 1)
-    claim = sync.root("n1") / "nodes" / "n1" / "agents" / AGENT / "lease.json"
+    claim = claim_path(sync.root("n1"), "n1")
     assert one.read_lease(AGENT) == held
     _plant_claim(claim, what)
     assert one.read_lease(AGENT) == held  # skipped: the claim as last read
@@ -583,15 +692,20 @@ def test_junk_under_nodes_is_no_node(sync: Sync) -> None:
 
 
 def test_a_peers_symlinked_agent_directory_is_not_followed(sync: Sync) -> None:
-    """nodes/n6/agents/a as a symlink to a directory with a winning claim is not read."""
+    """nodes/n6/kv/agents/a and nodes/n6/published/a as symlinks to a directory with a
+    winning claim are not read; the published one is reported."""
     one = sync.open("n1")
     take(one, "n1", 1)
     decoy = sync.base / "decoy"
     decoy.mkdir()
-    (decoy / "lease.json").write_bytes(replace(lease("n6", 50), version=1).to_json())
-    agents = sync.root("n1") / "nodes" / "n6" / "agents"
+    winning = replace(lease("n6", 50), version=1).to_json()
+    (decoy / "lease").write_bytes(winning)
+    (decoy / f"claim.{1:020d}.json").write_bytes(winning)
+    agents = claim_path(sync.root("n1"), "n6").parent.parent
     agents.mkdir(parents=True)
     (agents / AGENT).symlink_to(decoy)
+    published(sync.root("n1"), "n6").parent.mkdir(parents=True)
+    published(sync.root("n1"), "n6").symlink_to(decoy)
     seen = one.read_lease(AGENT)
     assert seen is not None and seen.holder == "n1"
     assert one.problems()
@@ -666,13 +780,13 @@ def test_the_watch_of_a_subtree_that_arrives_with_a_claim_wakes_without_further_
 
 
 def test_a_published_claim_wakes_a_lease_watch_of_its_directory(tmp_path: Path) -> None:
-    """Publishing a claim alone (no lease.json written) wakes an inotify lease watch of the
-    agent's directory: on one folder shared by two nodes (a host running both), a standby
-    woken only by lease.json would read the claim before it is published and take a
-    released lease a tick late (found by tests/system/test_systemd_syncdir.py). A claim
-    linked into place makes no event the watch asks for; renamed, it does."""
-    agent_dir = tmp_path / "nodes" / "n1" / "agents" / AGENT
-    publisher = ClaimPublisher(tmp_path, ("nodes", "n1"), keep_s=3600)
+    """Publishing a claim alone (no lease record written) wakes an inotify lease watch of the
+    agent's published folder: on one folder shared by two nodes (a host running both), a
+    standby woken only by the lease record would read the claim before it is published and
+    take a released lease a tick late (found by tests/system/test_systemd_syncdir.py). A
+    claim linked into place makes no event the watch asks for; renamed, it does."""
+    agent_dir = published(tmp_path, "n1")
+    publisher = ClaimPublisher(tmp_path, "n1", keep_s=3600)
     publisher.publish(AGENT, replace(lease("n1", 1), version=1))  # makes the directory
 
     async def main() -> None:
@@ -749,7 +863,7 @@ def test_a_hostile_term_record_is_skipped_and_reported(sync: Sync, what: str) ->
     never write is left out and reported; the others are read."""
     one = sync.open("n1")
     one.put_term_start(AGENT, 2, b"record-2")
-    terms = sync.root("n1") / "nodes" / "n6" / "agents" / AGENT / "terms"
+    terms = published(sync.root("n1"), "n6") / "terms"
     terms.mkdir(parents=True)
     (terms / "0000000001.rec").write_bytes(b"good")
     bad = terms / "0000000007.rec"
@@ -781,7 +895,7 @@ def test_a_read_of_term_records_keeps_to_its_bound(sync: Sync) -> None:
     Held before the records were read through ``BoundedRead`` (the newest MAX_TERMS_READ,
     each capped): this guards a regression."""
     one = sync.open("n1")
-    terms = sync.root("n1") / "nodes" / "n6" / "agents" / AGENT / "terms"
+    terms = published(sync.root("n1"), "n6") / "terms"
     terms.mkdir(parents=True)
     newest = TERM_RECORDS_READ.count + 3
     for epoch in range(1, newest):
@@ -808,7 +922,7 @@ def test_a_chain_choice_is_written_once_apart_from_term_records_and_read_by_ever
     sync.both_ways("n1", "n2")
     assert two.read_chain_choices(AGENT) == {(3, "n1"): b"choice-3"}
     assert two.read_term_starts(AGENT) == {(3, "n1"): b"record-3"}
-    choices = sync.root("n2") / "nodes" / "n6" / "agents" / AGENT / "choices"
+    choices = published(sync.root("n2"), "n6") / "choices"
     choices.mkdir(parents=True)
     (choices / "0000000004.rec").symlink_to("/dev/zero")
     (choices / "4.rec").write_bytes(b"short name")
@@ -856,15 +970,14 @@ def test_a_claim_that_goes_missing_for_a_moment_is_kept_as_last_read(sync: Sync)
     two = sync.open("n2")
     seen = two.read_lease(AGENT)
     assert seen is not None and seen.holder == "n1"
-    agent_dir = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT
-    claim = agent_dir / "lease.json"
-    published = list(agent_dir.glob("claim.*.json"))
-    assert published
-    for path in [claim, *published]:
+    claim = claim_path(sync.root("n2"), "n1")
+    claims = list(published(sync.root("n2"), "n1").glob("claim.*.json"))
+    assert claims
+    for path in [claim, *claims]:
         path.unlink()  # gone for a moment (or removed by someone without the secret)
     assert two.read_lease(AGENT) == seen  # the same record, the same version: no change
     claim.write_bytes(b"{torn")
-    published[0].write_bytes(b"{torn")
+    claims[0].write_bytes(b"{torn")
     assert two.read_lease(AGENT) == seen
     renew(one, held)
     sync.copy("n1", "n2")
@@ -876,15 +989,14 @@ def test_a_claim_that_goes_missing_for_a_moment_is_kept_as_last_read(sync: Sync)
 
 
 def claim_files(sync: Sync, folder: str, node: str) -> list[str]:
-    agent_dir = sync.root(folder) / "nodes" / node / "agents" / AGENT
-    return sorted(path.name for path in agent_dir.glob("claim.*.json"))
+    return sorted(path.name for path in published(sync.root(folder), node).glob("claim.*.json"))
 
 
-def test_each_claim_is_published_once_and_others_read_the_newest_not_lease_json(
+def test_each_claim_is_published_once_and_others_read_the_newest_not_the_lease_record(
     sync: Sync,
 ) -> None:
     """Every claim written is also created as claim.VERSION.json, never rewritten; another
-    node reads the newest of those, even when the lease.json its sync brought is older (a
+    node reads the newest of those, even when the lease record its sync brought is older (a
     file rewritten every tick is what Syncthing brings last)."""
     one = sync.open("n1")
     one.create_cluster(cluster(1))
@@ -892,25 +1004,24 @@ def test_each_claim_is_published_once_and_others_read_the_newest_not_lease_json(
     renewed = renew(one, renew(one, held))
     own = one.claims(AGENT)["n1"]
     assert claim_files(sync, "n1", "n1") == [f"claim.{v:020d}.json" for v in (1, 2, 3)]
-    sync.held_back.add("lease.json")  # the claims sync, lease.json lags behind
+    sync.held_back.add("kv/agents/a/lease")  # the claims sync, the lease record lags behind
     sync.copy("n1", "n2")
     two = sync.open("n2")
     assert two.claims(AGENT)["n1"] == own == replace(renewed, version=3)
-    stale = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT / "lease.json"
+    stale = claim_path(sync.root("n2"), "n1")
     assert not stale.exists()
     sync.held_back.clear()
     sync.copy("n1", "n2")
-    stale.write_bytes(replace(held, version=1).to_json())  # an older lease.json: not read
+    stale.write_bytes(replace(held, version=1).to_json())  # an older lease record: not read
     assert two.read_lease(AGENT) == one.read_lease(AGENT)
 
 
-def test_a_node_that_published_no_claim_is_read_from_its_lease_json(sync: Sync) -> None:
-    """A subtree with a lease.json and no published claim (written by an earlier version)
-    is read as before."""
+def test_a_node_that_published_no_claim_is_read_from_its_lease_record(sync: Sync) -> None:
+    """A subtree with a lease record and no published claim (a crash cut the publish off)
+    is read from its lease record."""
     one = sync.open("n1")
     take(one, "n1", 1)
-    agent_dir = sync.root("n1") / "nodes" / "n1" / "agents" / AGENT
-    for path in agent_dir.glob("claim.*.json"):
+    for path in published(sync.root("n1"), "n1").glob("claim.*.json"):
         path.unlink()
     sync.copy("n1", "n2")
     assert sync.open("n2").claims(AGENT)["n1"].holder == "n1"
@@ -921,27 +1032,27 @@ def test_published_claims_are_removed_once_synced_and_never_above_the_one_writte
 ) -> None:
     """The publisher keeps the newest two and its own younger than keep_s; an earlier
     process's are removed at its first publish; claims above the version written (a
-    lease.json that went back) are removed at once."""
+    lease record that went back) are removed at once."""
     root = tmp_path / "folder"
     root.mkdir()
-    agent_dir = root / "nodes" / "n1" / "agents" / AGENT
+    agent_dir = published(root, "n1")
 
     def names() -> list[int]:
         return sorted(int(path.name[6:26]) for path in agent_dir.glob("claim.*.json"))
 
-    slow = ClaimPublisher(root, ("nodes", "n1"), keep_s=3600)
+    slow = ClaimPublisher(root, "n1", keep_s=3600)
     for version in range(1, 6):
         slow.publish(AGENT, replace(lease("n1", 1), version=version))
     assert names() == [1, 2, 3, 4, 5]  # all still young: kept to sync
     slow.publish(AGENT, replace(lease("n1", 1), version=5))  # the same again: a no-op
     with pytest.raises(StoreError, match="went back"):
         slow.publish(AGENT, replace(lease("n1", 2), version=5))
-    quick = ClaimPublisher(root, ("nodes", "n1"), keep_s=0)
+    quick = ClaimPublisher(root, "n1", keep_s=0)
     quick.publish(AGENT, replace(lease("n1", 1), version=6))
     assert names() == [5, 6]  # an earlier process's: gone but the newest two
     quick.publish(AGENT, replace(lease("n1", 1), version=7))
     assert names() == [6, 7]
-    quick.publish(AGENT, replace(lease("n1", 1), version=2))  # lease.json went back
+    quick.publish(AGENT, replace(lease("n1", 1), version=2))  # the lease record went back
     assert names() == [2]
 
 
@@ -958,7 +1069,7 @@ def test_a_hostile_published_claim_is_skipped_and_the_next_older_read(
     sync.copy("n1", "n2")
     two = sync.open("n2")
     expected = two.claims(AGENT)["n1"]
-    agent_dir = sync.root("n2") / "nodes" / "n1" / "agents" / AGENT
+    agent_dir = published(sync.root("n2"), "n1")
     bad = agent_dir / f"claim.{99:020d}.json"
     if what == "garbage":
         bad.write_bytes(b"\x00{not json")
@@ -984,13 +1095,13 @@ def test_a_hostile_published_claim_is_skipped_and_the_next_older_read(
 def test_a_claim_whose_publish_a_crash_cut_off_is_published_at_the_next_start(
     sync: Sync,
 ) -> None:
-    """A node wrote its claim (lease.json) and died before publishing it: the next process
+    """A node wrote its claim (its lease record) and died before publishing it: the next process
     of that node publishes it at its first reading, so the other machines see the claim
     the node itself goes by."""
     one = sync.open("n1")
     renew(one, take(one, "n1", 1))
     newest = one.claims(AGENT)["n1"]
-    agent_dir = sync.root("n1") / "nodes" / "n1" / "agents" / AGENT
+    agent_dir = published(sync.root("n1"), "n1")
     (agent_dir / f"claim.{newest.version:020d}.json").unlink()  # the publish never happened
     sync.copy("n1", "n2")
     stale = SyncDirStore(sync.root("n2"), "n2", sync_delay_ms=DELAY_MS).claims(AGENT)["n1"]

@@ -31,8 +31,9 @@ class Sync:
         self.base = base
         self.delay_ms = delay_ms  # what the stores it opens are told the sync delay is
         self.copied: dict[Path, bytes] = {}  # every file a copy wrote, as it wrote it
-        # Files whose names end so are held back: not copied until taken out of here (as a
-        # sync tool may bring a small file before a large one written earlier).
+        # Files whose path in their subtree holds one of these is held back: not copied until
+        # taken out of here (as a sync tool may bring a small file before a large one
+        # written earlier).
         self.held_back: set[str] = set()
         self._lock = threading.Lock()  # one copy at a time (a pump's thread and the test's)
 
@@ -66,7 +67,7 @@ class Sync:
                 if path.is_symlink() or not path.is_file():
                     continue
                 target = theirs / path.relative_to(mine)
-                if name.endswith(tuple(self.held_back)):
+                if any(held in path.relative_to(mine).as_posix() for held in self.held_back):
                     wanted.add(target)
                     continue
                 try:

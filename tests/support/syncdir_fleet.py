@@ -20,8 +20,10 @@ from pathlib import Path
 
 from hamsterbunker.history import Op, read_history
 from hamsterbunker.records import Event
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
 from tests.support import wait_until
+from tests.support.raw_store import file_key
 from tests.support.syncthing import SyncthingInstance, SyncthingMesh, syncthing_mesh
 
 __all__ = [
@@ -122,9 +124,12 @@ def events(instance: SyncthingInstance, kind: str) -> list[Event]:
 
 
 def chain(instance: SyncthingInstance, node: str) -> set[str]:
-    """The checkpoint files of node's chain as this instance's folder holds them."""
-    folder = instance.folder / "nodes" / node / "agents" / AGENT / "checkpoints"
-    return {path.name for path in folder.glob("ckpt-*")}
+    """The checkpoint files of node's chain as this instance's folder holds them (their
+    keys in node's subtree: ``<seq>-<epoch>-<size>-<ms>``; Syncthing's temp files not)."""
+    keys = AgentKeys(AGENT)
+    folder = file_key(instance.folder / "nodes" / node, keys.ckpt)
+    names = [path.name for path in folder.iterdir()] if folder.is_dir() else []
+    return {name for name in names if keys.checkpoint_info(keys.ckpt + name) is not None}
 
 
 @contextlib.contextmanager

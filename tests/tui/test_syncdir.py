@@ -30,10 +30,14 @@ from hamsterbunker.records import Event, Heartbeat
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.status import syncdir_shown
 from hamsterbunker.stores import Store, open_store
+from hamsterbunker.stores.backends.file import FileBackend
+from hamsterbunker.stores.layer import RecordStore
+from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
+from tests.support.raw_store import RawRecords, file_key
 from tests.support.syncdir import Sync, SyncPump
 
 from .screen import screen_text, until
@@ -241,26 +245,25 @@ def test_junk_in_a_node_subtree_and_sync_tool_files_are_shown_without_a_crash(
     root = nodes.sync.root("A")
     (root / "nodes" / "stray").write_bytes(b"not a subtree")
     (root / "nodes" / "bad name!").mkdir()
-    junk = root / "nodes" / "Z" / "agents" / AGENT
-    (junk / "heartbeats").mkdir(parents=True)
-    (junk / "heartbeats" / "Z.json").write_bytes(b"\x00\xff{not json")
-    (junk / "checkpoints").mkdir()
-    (junk / "checkpoints" / "ckpt-junk.hbc").write_bytes(b"junk")
-    (junk / "lease.json").write_bytes(b"[" * 60_000)
-    conflict = "lease.sync-conflict-20260101-120000-ABCDEFG.json"
-    (root / "nodes" / "A" / "agents" / AGENT / conflict).write_bytes(b"{}")
+    keys = AgentKeys(AGENT)
+    z = RawRecords(FileBackend(root / "nodes" / "Z", in_synced_folder=True), owned=True)
+    z.put_heartbeat(AGENT, "Z", b"\x00\xff{not json")
+    z.plant(keys.ckpt + "ckpt-junk.hbc", b"junk")
+    z.put_lease(AGENT, b"[" * 60_000)
+    conflict = "lease.sync-conflict-20260101-120000-ABCDEFG"
+    file_key(root / "nodes" / "A", keys.lease).with_name(conflict).write_bytes(b"{}")
     (root / "cluster.sync-conflict-20260101-120000-ABCDEFG.json").write_bytes(b"{}")
-    # A store.diverged event anyone could write (events are not authenticated).
+    # A store.diverged event anyone could write (events are not authenticated): in Z's
+    # subtree, as Z's store writes one.
     forged: dict[str, object] = {
         "term": "9@Z\x1b[2J\n",
         "winner": ["x"] * 10_000,
         "from_seq": None,
         "count": {},
     }
-    from hamsterbunker.stores.file import FileStore as SubtreeStore  # a node's subtree
-
-    z = SubtreeStore(root / "nodes" / "Z", create=False, in_synced_folder=True)
-    z.append_event(AGENT, Event("Z", 1, "store.diverged", time.time(), 9, 0, forged))
+    event = Event("Z", 1, "store.diverged", time.time(), 9, 0, forged)
+    RecordStore(z.backend).append_event(AGENT, event)
+    z.close()
 
     async def scenario() -> None:
         app = MonitorApp(nodes.reader("A"), AGENT)

@@ -11,6 +11,10 @@ Under the lock a commit finishes a redo log a crash left, compares, makes its
 writes (a crash leaves the store as before or as after) and reads. Readers take
 no lock: they may see a commit's writes one by one.
 
+A backend opened ``read_only`` writes nothing at all, ever: no ``kv/``, no lock
+file, no redo log finished or set aside, no temp file swept; its commits only
+read (``syncdir``: another node's subtree, whose files are that machine's).
+
 The file store of earlier versions (``stores.file``) kept its records at the
 root (``cluster.json``, ``agents/``): a root holding either beside no ``kv/``
 is refused at open (``stores.earlier``), before anything is written there.
@@ -44,7 +48,7 @@ from .earlier import earlier_store
 from .file_redo import INLINE_BYTES, Ops
 from .file_tree import KV_NAME, KeyTree, log_pending, open_folder, set_aside
 
-__all__ = ["GUARANTEES", "FileBackend"]
+__all__ = ["GUARANTEES", "FileBackend", "earlier_layout"]
 
 GUARANTEES = StoreGuarantees(
     mutual_exclusion="an OFD fcntl lock on the root's .lock, held across each commit's compare "
@@ -74,16 +78,31 @@ class FileBackend:
     guarantees = GUARANTEES
     capabilities: frozenset[str] = frozenset()  # readers may see a commit's writes one by one
 
-    def __init__(self, root: str | Path, *, create: bool = True, lock_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        create: bool = True,
+        lock_timeout: float = 2.0,
+        in_synced_folder: bool = False,
+        read_only: bool = False,
+    ) -> None:
         """create: make the root if need be (a node); else it must be there (a reader such as
-        ``hb status``, which also leaves what a crash left to the next writer)."""
+        ``hb status``, which also leaves what a crash left to the next writer).
+        in_synced_folder: the root is one node's subtree of a syncdir store, which only that
+        node writes (a synced folder is otherwise refused). read_only: write nothing, ever
+        (see the module); commits that write are refused."""
+        if create and read_only:
+            raise ValueError("a file backend opened read_only creates nothing")
         self.root = Path(root).absolute()
         self.url = self.root.as_uri()
         self.lock_timeout = lock_timeout
+        self.read_only = read_only
         self._next_sweep = 0.0  # monotonic
         open_root(self.root, create=create)  # ConfigError naming the path and the fix
         _refuse_an_earlier_store(self.root)
-        self.warnings: list[str] = check_location(self.root)  # StoreUnsafe in a synced folder
+        # StoreUnsafe in a synced folder, unless it is a syncdir node's subtree.
+        self.warnings: list[str] = check_location(self.root, in_synced_folder=in_synced_folder)
         if create:  # make kv/, finish a crash's redo log, sweep old temp files
             try:
                 self.commit(Txn())
@@ -104,6 +123,8 @@ class FileBackend:
 
     def commit(self, txn: Txn) -> TxnResult:
         _check_txn(txn)
+        if self.read_only:
+            return self._read(txn)
         try:
             return self._commit(txn)
         except _MakerFailed as failed:  # the caller's own error, as its blob raised it
@@ -195,27 +216,39 @@ class FileBackend:
                     assert tree is not None  # made by a writer
                     tree.replay()
                     self._sweep_now_and_then(root_fd)
-                    # Read no more than the value compared with: TooLarge is unequal too.
-                    succeeded = all(
-                        tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares
-                    )
+                    succeeded = _compared(tree, txn)
                     if succeeded:
                         tree.write(_plan(tree, txn, values))
                         try:
                             tree.tidy(txn.tidy)
                         except (OSError, StoreError) as exc:  # made: only the tidy-up is not
                             fileio.log.warning("a tidy-up in %s left undone: %s", self.root, exc)
-                    reads = [
-                        tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r)
-                        for r in txn.reads
-                    ]
-                    return TxnResult(succeeded, reads)
+                    return TxnResult(succeeded, _reads(tree, txn))
             finally:
                 # The temps left (the commit failed, or wrote others over them) go, unless a
                 # redo log is left, which may name them. One gone is renamed, or never was.
                 if not log_pending(self.root):
                     for tmp in temps:
                         fileio.discard(root_fd, tmp)
+
+    @_os_errors
+    def _read(self, txn: Txn) -> TxnResult:
+        """A read_only backend's commit: its compares and reads, with no lock, nothing made.
+
+        A redo log found here is left as it is: its commit was made on the machine that
+        wrote it, which finishes it there. Until then this copy holds some of its writes
+        and not others, as it does anyway while a sync tool brings a commit's files one by
+        one, in any order: what ``kv/`` holds is what counts, and the syncdir store reads
+        another node's subtree as possibly partial (docs/syncdir.md)."""
+        if txn.all_writes:
+            raise StoreError(f"file backend {self.root} was opened to read: it writes nothing")
+        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
+            if tree is None:  # no kv/ (yet): no key at all
+                succeeded = all(c.value is None for c in txn.compares)
+                return TxnResult(
+                    succeeded, [None if isinstance(r, Get) else ScanResult() for r in txn.reads]
+                )
+            return TxnResult(_compared(tree, txn), _reads(tree, txn))
 
     @contextlib.contextmanager
     def _opened_root(self) -> Iterator[int]:
@@ -290,13 +323,31 @@ class FileBackend:
         return found
 
 
+def earlier_layout(root: Path) -> str | None:
+    """What marks root as the earlier file store's (its records, and no keys), or None."""
+    if os.path.lexists(root / KV_NAME):
+        return None
+    found = [name for name in _EARLIER_NAMES if os.path.lexists(root / name)]
+    return " and ".join(found) + " at its root" if found else None
+
+
 def _refuse_an_earlier_store(root: Path) -> None:
     """ConfigError if root holds the records of the earlier file store, and no keys."""
-    if os.path.lexists(root / KV_NAME):
-        return
-    found = [name for name in _EARLIER_NAMES if os.path.lexists(root / name)]
-    if found:
-        raise earlier_store(f"store directory {root}", " and ".join(found) + " at its root")
+    found = earlier_layout(root)
+    if found is not None:
+        raise earlier_store(f"store directory {root}", found)
+
+
+def _compared(tree: KeyTree, txn: Txn) -> bool:
+    """Whether every compare of txn holds in tree."""
+    # Read no more than the value compared with: TooLarge is unequal too.
+    return all(tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares)
+
+
+def _reads(tree: KeyTree, txn: Txn) -> list[bytes | TooLarge | ScanResult | None]:
+    return [
+        tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r) for r in txn.reads
+    ]
 
 
 def _inline(value: Blob) -> bool:

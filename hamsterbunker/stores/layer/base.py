@@ -40,6 +40,10 @@ class Settings:
     keep_checkpoints: int = 5
     events_per_node: int = 1000
     keep_replies: int = INBOX_REPLIES_KEPT
+    # Keep the newest keep_checkpoints of each epoch rather than of all, and never replace
+    # another epoch's checkpoint: a syncdir node's subtree, where what another term of the
+    # node left behind may be a branch kept aside for the operator (docs/syncdir.md).
+    per_epoch: bool = False
 
     def __post_init__(self) -> None:
         for name in ("keep_checkpoints", "events_per_node", "keep_replies"):

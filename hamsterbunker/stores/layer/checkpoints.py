@@ -33,7 +33,7 @@ from ..base import (
     check_reseal,
     describe_fence_text,
 )
-from .base import Layer, bounded_records
+from .base import Layer, Settings, bounded_records
 from .consumption import Consumption
 from .keys import AgentKeys
 
@@ -109,13 +109,13 @@ def _commit(
     text = fence.to_text()
     written_ms = round(time.time() * 1000)
     info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=written_ms / 1000)
-    keep = layer.settings.keep_checkpoints
+    removals, left = _retention(keys, listed, info, layer.settings)
     writes = [Put(keys.checkpoint(info), blob), *consumption.writes()]
     txn = Txn(
         compares=[Compare(keys.fence, text.encode()), *consumption.compares()],
         writes=writes,
         reads=[Get(keys.fence, 256)],
-        tidy=[*_retention(keys, listed, info, keep), DeleteRange(*keys.steps_through(seq))],
+        tidy=[*removals, DeleteRange(*keys.steps_through(seq))],
     )
     failpoint("checkpoint.before_commit")
     with failpoints_within("inbox.commit" if consumption.consumed else "checkpoint"):
@@ -126,27 +126,38 @@ def _commit(
             return None
         raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
     consumption.committed()
-    oldest = _oldest_kept(listed, info, keep)
-    left = [each for each in listed if each.seq >= oldest and each.seq != seq]
     layer.written[keys.agent] = (text, seq, [*left, info])
     return info
 
 
 def _retention(
-    keys: AgentKeys, listed: list[CheckpointInfo], new: CheckpointInfo, keep: int
-) -> list[DeleteRange]:
-    """The removals that keep the newest keep checkpoints at or below new's seq.
+    keys: AgentKeys, listed: list[CheckpointInfo], new: CheckpointInfo, settings: Settings
+) -> tuple[list[DeleteRange], list[CheckpointInfo]]:
+    """The removals that keep the newest keep_checkpoints at or below new's seq, and the
+    listed checkpoints they leave (new aside).
 
     Whatever sorts below the oldest kept goes, listed or not (junk the listing's
     bound left unread included); above new's seq nothing is touched. Another
-    epoch's checkpoint of new's seq is replaced by it.
+    epoch's checkpoint of new's seq is replaced by it. per_epoch: only new's epoch's
+    listed checkpoints count and go; every other epoch's are left as they are.
     """
+    keep = settings.keep_checkpoints
+    if settings.per_epoch:
+        own = sorted(
+            (info for info in listed if info.epoch == new.epoch and info.seq < new.seq),
+            key=lambda info: info.seq,
+            reverse=True,
+        )
+        removed = own[keep - 1 :]
+        left = [info for info in listed if info not in removed]
+        return [DeleteRange(keys.checkpoint(info)) for info in removed], left
     oldest = _oldest_kept(listed, new, keep)
     replaced = [info for info in listed if info.seq == new.seq and info.epoch != new.epoch]
-    return [
+    removals = [
         DeleteRange(*keys.checkpoints_below(oldest)),
         *(DeleteRange(keys.checkpoint(info)) for info in replaced),
     ]
+    return removals, [info for info in listed if info.seq >= oldest and info.seq != new.seq]
 
 
 def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -> int:

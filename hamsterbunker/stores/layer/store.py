@@ -89,8 +89,10 @@ class RecordStore(Store):
         keep_checkpoints: int = 5,
         events_per_node: int = 1000,
         keep_replies: int | None = None,
+        per_epoch: bool = False,
     ) -> None:
-        settings = Settings(keep_checkpoints, events_per_node)
+        """per_epoch: retention by epoch (``Settings.per_epoch``: a syncdir node's subtree)."""
+        settings = Settings(keep_checkpoints, events_per_node, per_epoch=per_epoch)
         if keep_replies is not None:
             settings = replace(settings, keep_replies=keep_replies)
         self.layer = Layer(backend, settings)
@@ -261,6 +263,26 @@ class RecordStore(Store):
         against = Compare(keys.fence, fence)
         if self._write_lease(keys, None, None, new, against=against) is None:
             raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+        return new
+
+    def create_lease(self, agent: str, new: LeaseRecord) -> LeaseRecord:
+        """Write new as it is numbered (its own version) where no lease record can be read:
+        none reads as stored (none, or on a file backend no regular file), or one over its
+        bound is, which is replaced unread. LeaseConflict if another is stored. For a
+        writer that numbers its record itself: a syncdir node's own claim, after junk."""
+        keys = AgentKeys(agent)
+        found = self.backend.get(keys.lease, MAX_RECORD_BYTES)
+        if isinstance(found, TooLarge):
+            # Unread, it cannot be compared: replaced as it stands, fenced as any change of
+            # term is (a writer that could plant it could as well remove it).
+            fence = fence_text(new.holder, new.session, new.epoch)
+            writes = [Put(keys.lease, new.to_json()), Put(keys.fence, fence.encode())]
+            must(self.layer.commit_indexed(keys, Txn(writes=writes)))
+            self._leases[agent] = (new.to_json(), new)
+            self._fences[agent] = fence
+            return new
+        if found is not None or self._write_lease(keys, None, None, new) is None:
+            raise LeaseConflict(f"a lease record of {agent!r} is stored")
         return new
 
     def _write_lease(

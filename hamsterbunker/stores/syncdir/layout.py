@@ -1,5 +1,11 @@
 """The syncdir store's names: its marker, the cluster record, node subtrees, sync-tool files.
 
+A node's subtree ``nodes/NODE/`` is a record-layer file store (``kv/``, ``.lock``,
+``.redo``: ``stores.backends.file``) beside ``published/AGENT/``, the node's
+records written once under new names for the other machines: its claims
+(``published``), its term records and chain choices (``terms``). The earlier
+layout kept every record under ``agents/``, which no subtree holds now.
+
 Only names we write are ever taken as ours. A sync tool's own files (its
 conflict copies, its temporary files, its folder markers and version archive)
 are never read as records nor taken as node ids; ``sync_files`` finds them for
@@ -12,6 +18,7 @@ import logging
 import os
 from pathlib import Path
 
+from ...records import check_name
 from ..file.layout import is_sync_copy
 from ..file.location import SYNCDIR_MARKER
 
@@ -22,9 +29,11 @@ __all__ = [
     "MAX_NODE_ENTRIES",
     "MAX_WALKED",
     "NODES",
+    "PUBLISHED",
     "is_cluster_copy",
     "is_sync_file",
     "log",
+    "published_parts",
     "sync_files",
 ]
 
@@ -35,7 +44,8 @@ MARKER = (
 )
 MARKER_TEXT = b"hamsterbunker syncdir 1\n"
 CLUSTER = "cluster.json"  # written once, by the first node on an empty folder
-NODES = "nodes"  # nodes/NODE/ is a plain file store that NODE alone writes
+NODES = "nodes"  # nodes/NODE/ is a file store that NODE alone writes
+PUBLISHED = "published"  # nodes/NODE/published/AGENT/: claims, term records, chain choices
 
 # The most entries of nodes/ read per listing, whatever was planted there.
 MAX_NODE_ENTRIES = 1024
@@ -43,6 +53,12 @@ MAX_NODE_ENTRIES = 1024
 MAX_WALKED = 100_000
 
 _SYNC_DIRS = (".stfolder", ".stversions")  # Syncthing's folder marker and version archive
+
+
+def published_parts(node: str, agent: str, *sub: str) -> tuple[str, ...]:
+    """The path components, under the root, of node's published records of agent (or of
+    sub below them); the agent id checked."""
+    return (NODES, node, PUBLISHED, check_name("agent id", agent), *sub)
 
 
 def is_sync_file(name: str) -> bool:

@@ -2,8 +2,8 @@
 
 **Lease.** ``read`` is the winning claim among every node's claim, with the
 merged version (``claims``: the order and why the version is a sum). A node's
-claim is its subtree's ``lease.json``, and what it publishes of it for the
-other machines (``published``): this node reads its own ``lease.json``, the
+claim is its subtree's lease record, and what it publishes of it for the
+other machines (``published``): this node reads its own lease record, the
 others' newest published claims. ``cas`` reads every claim, compares the merged
 version, and writes the own claim through the own file store's compare-and-set
 against the own claim's version *as read in that same snapshot*. That
@@ -38,10 +38,9 @@ from pathlib import Path
 from ...errors import CorruptRecord, LeaseConflict, UnreadableLease
 from ...records import LeaseRecord, check_name
 from ..base import Fence, check_fence
-from ..file import FileStore
 from ..file.fileio import os_errors_as_store_errors
+from ..layer import RecordStore
 from .claims import merged_lease
-from .layout import NODES
 from .published import ClaimPublisher, read_published
 
 __all__ = ["CLAIMS_KEPT_DELAYS", "MIN_CLAIMS_KEPT_S", "ClaimsLease"]
@@ -61,8 +60,8 @@ class ClaimsLease:
         self,
         root: Path,
         node: str,
-        subtrees: Callable[[], Mapping[str, FileStore]],
-        writer: Callable[[], FileStore],
+        subtrees: Callable[[], Mapping[str, RecordStore]],
+        writer: Callable[[], RecordStore],
         problems: Callable[[str], None],
         sync_delay_ms: int,
     ) -> None:
@@ -70,7 +69,7 @@ class ClaimsLease:
         self._root, self._node = root, node
         self._subtrees, self._writer, self._problems = subtrees, writer, problems
         keep_s = max(CLAIMS_KEPT_DELAYS * sync_delay_ms / 1000, MIN_CLAIMS_KEPT_S)
-        self._publisher = ClaimPublisher(root, (NODES, node), keep_s)
+        self._publisher = ClaimPublisher(root, node, keep_s)
         # The newest claim read of each node, by agent: see claims().
         self._seen: dict[str, dict[str, LeaseRecord]] = {}
         # By agent, why a claim cannot count (check_claims_with), or None if it can.
@@ -113,12 +112,12 @@ class ClaimsLease:
             return dict(seen)
 
     @_os_errors_as_store_errors
-    def _claim_of(self, node: str, store: FileStore, agent: str) -> LeaseRecord | None:
-        """node's claim: its own lease.json for this node; another's newest published claim,
-        else its lease.json (``published``). This node's own claim is published again at
+    def _claim_of(self, node: str, store: RecordStore, agent: str) -> LeaseRecord | None:
+        """node's claim: its own lease record for this node; another's newest published
+        claim, else its lease record (``published``). This node's own claim is published again at
         its first reading by this process: a crash may have cut its publish off."""
         if node != self._node:
-            claim = read_published(self._root, (NODES, node), agent, self._problems)
+            claim = read_published(self._root, node, agent, self._problems)
             if claim is not None:
                 return claim
         claim = store.read_lease(agent)
@@ -171,15 +170,29 @@ class ClaimsLease:
         read). Only this node writes its claim, and it is skipped while unreadable, so the
         caller's comparison was made without it: an unreadable one is replaced as it stands,
         or a single write of junk would keep this node from ever writing its claim again.
-        The replacement numbers on above every version of the claim seen or published
-        (a published claim is never rewritten under its version)."""
+        A first claim, and a replacement, number on above every version of the claim seen
+        or published (a published claim is never rewritten under its version)."""
         mine = self._writer()
+        found: str | None = None  # the junk replaced, by UnreadableLease.found
         try:
-            return mine.cas_lease(agent, None if own is None else own.version, new)
-        except UnreadableLease as exc:
-            published = read_published(self._root, (NODES, self._node), agent, self._problems)
-            version = 1 + max((c.version for c in (own, published) if c is not None), default=0)
-            return mine.replace_unreadable_lease(agent, exc.found, replace(new, version=version))
+            if own is not None:
+                return mine.cas_lease(agent, own.version, new)
+            if mine.read_lease(agent) is not None:
+                raise LeaseConflict(f"the claim of {self._node} on {agent!r} was written since")
+        except UnreadableLease as exc:  # junk bytes: replaced against what was found
+            found = exc.found
+        except LeaseConflict:
+            if own is None or mine.read_lease(agent) is not None:
+                raise
+            # Reads as none: no regular file there (a link, a FIFO, a folder), replaced.
+        except CorruptRecord:
+            pass  # over its bound: replaced unread
+        published = read_published(self._root, self._node, agent, self._problems)
+        version = 1 + max((c.version for c in (own, published) if c is not None), default=0)
+        numbered = replace(new, version=version)
+        if found is None:
+            return mine.create_lease(agent, numbered)
+        return mine.replace_unreadable_lease(agent, found, numbered)
 
     @_os_errors_as_store_errors
     def _publish(self, agent: str, claim: LeaseRecord) -> None:

@@ -1,22 +1,22 @@
 """A node's claim as the other machines read it: a new file at each write, never rewritten.
 
-A node's own claim is its subtree's ``lease.json``, which its file store
-compares and sets under its lock: the authority for this node's own writers.
+A node's own claim is the lease record of its subtree's file store, which
+compares and sets it under its lock: the authority for this node's own writers.
 But a file rewritten every tick is the one thing a sync tool is slow at:
 Syncthing holds back a path that keeps changing (its watcher delays it again
 at each change), and measured on loopback a claim renewed every 500 ms reached
 the other machine up to 7 s late, against 1.5 s for a file written once under
 a new name. So each claim written is also *published* as
-``agents/AGENT/claim.VERSION.json`` (the claim's own version, 20 digits),
+``published/AGENT/claim.VERSION.json`` (the claim's own version, 20 digits),
 created once (renamed into place, so that a lease watch wakes) and never
 rewritten, and the other nodes read the newest of
-these (``read_published``), falling back to ``lease.json`` where a node has
-published none.
+these (``read_published``), falling back to its lease record where a node
+has published none.
 
 A node removes its own older claims once they have had ``keep_s`` to sync
 (the newest ``KEEP_NEWEST`` are always kept), timed on this process's
 monotonic clock; claims left by an earlier process of the node, and any
-above the version just written (a ``lease.json`` that went back), are removed
+above the version just written (a lease record that went back), are removed
 at once. Reading is bounded (``MAX_CLAIM_ENTRIES`` names looked at, the newest
 read within ``read_bounds.CLAIMS_READ``: ``MAX_CLAIMS_TRIED`` of them, each at most
 ``MAX_RECORD_BYTES``): a claim that does not parse is skipped, reported, and the
@@ -39,7 +39,8 @@ from ...limits import MAX_CLAIMS_TRIED, MAX_RECORD_BYTES
 from ...read_bounds import CLAIMS_READ
 from ...records import LeaseRecord
 from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
-from ..file.layout import agent_parts, is_sync_copy
+from ..file.layout import is_sync_copy
+from .layout import published_parts
 
 __all__ = [
     "KEEP_NEWEST",
@@ -74,11 +75,11 @@ def _versions(agent_fd: int) -> dict[int, str]:
 
 
 def read_published(
-    root: Path, subtree: tuple[str, ...], agent: str, report: Callable[[str], None]
+    root: Path, node: str, agent: str, report: Callable[[str], None]
 ) -> LeaseRecord | None:
-    """The newest published claim in root/subtree for agent that parses; None if there is
-    none (the caller reads ``lease.json`` then). Nothing below root is followed."""
-    parts = (*subtree, *agent_parts(agent))
+    """The newest published claim of node for agent that parses; None if there is none
+    (the caller reads node's lease record then). Nothing below root is followed."""
+    parts = published_parts(node, agent)
     where = root.joinpath(*parts)
     with opened_dir(root, parts) as agent_fd:
         if agent_fd is None:
@@ -104,8 +105,8 @@ def read_published(
 class ClaimPublisher:
     """Publishes one node's claims in its subtree and removes those that have synced."""
 
-    def __init__(self, root: Path, subtree: tuple[str, ...], keep_s: float) -> None:
-        self._root, self._subtree, self._keep_s = root, subtree, keep_s
+    def __init__(self, root: Path, node: str, keep_s: float) -> None:
+        self._root, self._node, self._keep_s = root, node, keep_s
         self._lock = threading.Lock()
         # By agent: (when written, version) of the claims this process published.
         self._written: dict[str, collections.deque[tuple[float, int]]] = {}
@@ -118,7 +119,7 @@ class ClaimPublisher:
     def publish(self, agent: str, claim: LeaseRecord) -> None:
         """Create claim.VERSION.json for claim (the same bytes again: a no-op), then remove
         what has had its time to sync (see the module)."""
-        parts = (*self._subtree, *agent_parts(agent))
+        parts = published_parts(self._node, agent)
         name = claim_name(claim.version)
         data = claim.to_json()
         with self._lock, opened_dir(self._root, parts, create=True) as agent_fd:
@@ -154,7 +155,7 @@ class ClaimPublisher:
             written.popleft()
         for old, old_name in on_disk.items():
             # Kept: the newest, and this process's own older ones still syncing; gone: an
-            # earlier process's, and any above version (a lease.json that went back).
+            # earlier process's, and any above version (a lease record that went back).
             if old in newest or (old in young and old < version):
                 continue
             with contextlib.suppress(FileNotFoundError):

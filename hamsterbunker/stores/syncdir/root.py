@@ -30,10 +30,10 @@ def check_mode(root: Path, create: bool) -> None:
         if read_file(root_fd, MARKER, root / MARKER, MAX_RECORD_BYTES) is not None:
             return
         # A sync tool brings files in any order: other nodes' subtrees (nodes/) may
-        # arrive before the marker. A cluster record without either is a file
-        # store's (it keeps agents/ beside it), or a sync not far enough yet.
+        # arrive before the marker. A cluster record without either, or keys (kv/), are a
+        # file store's (the earlier one kept agents/), or a sync not far enough yet.
         names = {e.name for e in dir_entries(root_fd, MAX_NODE_ENTRIES)}
-        if NODES not in names and names & {"agents", CLUSTER}:
+        if NODES not in names and names & {"kv", "agents", CLUSTER}:
             raise StoreError(
                 f"{root} holds a file:// store (no {MARKER}, no {NODES}/), or a syncdir folder "
                 "the sync has not brought yet: a syncdir store needs a folder of its own"
@@ -61,12 +61,13 @@ def read_cluster_record(root: Path) -> ClusterRecord | None:
     return None if data is None else ClusterRecord.from_json(data)
 
 
-def create_once(root: Path, name: str, data: bytes) -> None:
-    """Write name at the root durably unless it exists: left as it is if it does."""
-    with opened_dir(root, ()) as root_fd:
-        if root_fd is None:
+def create_once(root: Path, name: str, data: bytes, parts: tuple[str, ...] = ()) -> None:
+    """Write name at the root (or in its folder parts, made if need be) durably unless it
+    exists: left as it is if it does."""
+    with opened_dir(root, parts, create=bool(parts)) as folder_fd:
+        if folder_fd is None:
             raise StoreError(f"syncdir store directory {root} does not exist")
-        _create_once(root_fd, name, data)
+        _create_once(folder_fd, name, data)
 
 
 def _create_once(root_fd: int, name: str, data: bytes) -> None:

@@ -4,11 +4,13 @@ Its design is ``docs/syncdir.md``. Layout::
 
     ROOT/.hamsterbunker-syncdir      marks the mode (written once, if absent)
     ROOT/cluster.json                the cluster record (created once, never rewritten)
-    ROOT/nodes/NODE/                 a plain FileStore that only NODE writes
+    ROOT/nodes/NODE/                 a file store that only NODE writes (kv/, .lock, .redo)
+    ROOT/nodes/NODE/published/AGENT/ NODE's claims, term records and chain choices
 
-The store composes file stores: its own node's subtree (``_mine``, the only
-one it writes) and every other node's, opened to read (``create=False``) as
-they appear under ``nodes/`` (listed on each read, the objects cached). Nothing
+The store is a composite of record-layer file stores (``subtrees``): its own
+node's subtree (``_mine``, the only one it writes) and every other node's,
+opened read-only (nothing is ever written there, not even a lock) as they
+appear under ``nodes/`` (listed on each read, the objects cached). Nothing
 outside ``nodes/<own node>/`` is ever written but the marker and the cluster
 record, each created at most once and never replaced.
 
@@ -27,7 +29,7 @@ node's restore does not use this merge but the lineage
 (``hamsterbunker.node.lineage_view``), through ``chains`` (``stores.chains``).
 
 **Term records.** ``put_term_start`` writes the own node's record of a term
-once (``agents/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
+once (``published/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
 node's, placed by the subtree and the file name (``terms``). Chain choices
 (``hb choose-chain``) are kept the same way under ``choices/``.
 
@@ -37,142 +39,69 @@ acceptance are written to the own subtree. ``list_heartbeats``,
 ``list_agents`` read every subtree: a node's heartbeat and event log are
 taken from its own subtree if it has one, else from ours (where a test or a
 tool wrote them for it), else from the first subtree by name; ``tail`` is
-the generic one over these merged reads (the file store's own tail reads one
-subtree). Effects, inbox, replies and the acceptance record are read from the
-own subtree only (part 3 brings drop folders), but for ``read_chain_effects``,
-which reads any node's effect journal of a step for a replay; a
-store opened to read, on a machine where its node has no subtree, reads them
-as empty.
+the generic one over these merged reads. Effects, inbox, replies and the
+acceptance record are read from the own subtree only, but for
+``read_chain_effects``, which reads any node's effect journal of a step for a
+replay; a store opened to read, on a machine where its node has no subtree,
+reads them as empty.
 
-**Refused.** ``replace_cluster`` and every ``reseal_*`` (key rotation rewrites
-a shared record); ``forget_node`` of a node that has its own subtree (it would
-delete its files: of this node itself, or of a node with no subtree, it drops
-what is in ours).
+**Refused**, and declared so in ``report().refuses`` (``base.Refusal``):
+``replace_cluster`` and every ``reseal_*`` (key rotation rewrites a shared
+record); ``forget_node`` of a node that has its own subtree (it would delete
+its files: of this node itself, or of a node with no subtree, it drops what is
+in ours).
 
-**Untrusted.** A claim, chain or log of another node that does not parse, is
-too big, or is a symlink, a FIFO or a directory is skipped and reported
-(logged once, and listed by ``problems()``), never raised; a name under
-``nodes/`` that is not a node id, or is a sync tool's, is never a node.
+**Untrusted.** A claim, chain or log of another node that does not parse or
+is too big is skipped and reported (logged once, and listed by
+``problems()``), never raised; a symlink, a FIFO or a directory in place of
+one is no record (the file backend reads none there); a name under ``nodes/``
+that is not a node id, or is a sync tool's, is never a node.
 ``sync_files()`` lists the sync tool's files for reporting. A sync-conflict
 copy of the cluster record stops every node until one is removed.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
-import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
-from ...limits import (
-    INBOX_REPLIES_KEPT,
-    check_checkpoint_bounds,
-    check_effect_bounds,
-)
+from ...limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
 from ...read_bounds import HEARTBEATS_READ
-from ...records import (
-    CheckpointInfo,
-    ClusterRecord,
-    Event,
-    Heartbeat,
-    LeaseRecord,
-    check_name,
-    check_record_name,
-)
-from .._reported import ReportedOnce
+from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
     Consumed,
     Fence,
     Store,
-    StoreGuarantees,
     StoreReport,
     SyncedFolder,
     check_consumed,
 )
 from ..chains import Chains
-from ..file import FileStore
-from ..file.fileio import (
-    dir_entries,
-    opened_dir,
-    os_errors_as_store_errors,
-)
+from ..file.fileio import opened_dir, os_errors_as_store_errors
 from ..file.location import open_root
-from .layout import (
-    CLUSTER,
-    MAX_NODE_ENTRIES,
-    NODES,
-    is_sync_file,
-    log,
-    sync_files,
-)
+from ..layer import RecordStore
+from .layout import CLUSTER, NODES, published_parts, sync_files
 from .lease import ClaimsLease
+from .merge import by_node, merged_chains
+from .promises import GUARANTEES, REFUSES, ROTATION_REFUSED, check_sync_delay_bounds
 from .root import check_mode, create_once, read_cluster_record
-from .terms import CHOICES, TERMS, read_term_records, write_term_record
+from .subtrees import Problems, Subtrees, refuse_earlier_subtrees
+from .terms import CHOICES, TERMS, records_of_every_node, write_term_record
 from .watch import merged_watch
 
 if TYPE_CHECKING:
     from ...blob import Blob
 
-__all__ = ["GUARANTEES", "MAX_SYNC_DELAY_MS", "SyncDirStore", "check_sync_delay_bounds"]
-
-GUARANTEES = StoreGuarantees(
-    mutual_exclusion="none: each node writes only its own files, and the lease is the winning "
-    "claim among the copies a node holds; while the sync is cut, or slower than sync_delay_ms, "
-    "two nodes can both lead (each on its own chain: docs/syncdir.md)",
-    durability="as the file store on each machine's copy (file and directory fsync before a "
-    "write is acknowledged); on the other machines once the sync tool has copied it",
-    across_hosts="through the sync tool (Syncthing, Dropbox, rsync), within its sync delay",
-)
-
-MAX_SYNC_DELAY_MS = 3_600_000  # an hour: beyond it a failover would take longer still
-_MAX_PROBLEMS = 1024
-_ROTATION_REFUSED = (
-    "{what} is refused on a syncdir store: key rotation rewrites a record every node shares "
-    "(the cluster record, or records sealed under the old key), and a synced folder cannot "
-    "rewrite a shared file without the sync tool keeping one copy and renaming the other"
-)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def check_sync_delay_bounds(sync_delay_ms: int) -> int:
-    """sync_delay_ms if it is a whole number of ms in 1..MAX_SYNC_DELAY_MS, else ConfigError."""
-    if type(sync_delay_ms) is not int or not 0 < sync_delay_ms <= MAX_SYNC_DELAY_MS:
-        raise ConfigError(
-            f"sync_delay_ms must be a whole number of milliseconds in 1..{MAX_SYNC_DELAY_MS} "
-            f"(the longest the sync tool takes to bring a file), not {sync_delay_ms!r}"
-        )
-    return sync_delay_ms
-
+__all__ = ["SyncDirStore"]
 
 # OSError of the store's own root-level reads and writes, as a StoreError.
 _os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
-
-
-class _Problems:
-    """What was skipped as unreadable: logged once each, and kept (bounded) for reports."""
-
-    def __init__(self) -> None:
-        self._report = ReportedOnce(log)
-        self._kept: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, message: str) -> None:
-        with self._lock:
-            if len(self._kept) < _MAX_PROBLEMS:
-                self._kept.setdefault(message, None)
-        self._report(message)
-
-    def listed(self) -> list[str]:
-        with self._lock:
-            return list(self._kept)
 
 
 class SyncDirStore(Store):
@@ -188,7 +117,7 @@ class SyncDirStore(Store):
         sync_delay_ms: int | None = None,
         create: bool = True,
         keep_checkpoints: int = 5,
-        events_per_segment: int = 1000,
+        events_per_node: int = 1000,
         keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
     ) -> None:
@@ -205,27 +134,24 @@ class SyncDirStore(Store):
         self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay_bounds(sync_delay_ms)
         self.root = Path(root).absolute()
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
-        # Every subtree is a file store opened with these.
-        self._open_subtree = functools.partial(
-            FileStore,
-            keep_checkpoints=keep_checkpoints,
-            events_per_segment=events_per_segment,
-            keep_replies=keep_replies,
-            lock_timeout=lock_timeout,
-            in_synced_folder=True,
-        )
-        self._problems = _Problems()
-        self._peers: dict[str, FileStore] = {}  # other nodes' subtrees, opened to read
-        self._peers_lock = threading.Lock()
+        self._problems = Problems()
         open_root(self.root, create=create)
+        refuse_earlier_subtrees(self.root)  # before anything is written
         _os_errors_as_store_errors(check_mode)(self.root, create)
-        own = self.root / NODES / self.node
         if create:
             with opened_dir(self.root, (NODES,), create=True):
                 pass
-        self._mine: FileStore | None = None
-        if create or (self.node and own.is_dir()):
-            self._mine = self._open_subtree(own, create=create)
+        self._subtrees = Subtrees(
+            self.root,
+            self.node,
+            self._problems,
+            create=create,
+            keep_checkpoints=keep_checkpoints,
+            events_per_node=events_per_node,
+            keep_replies=keep_replies,
+            lock_timeout=lock_timeout,
+        )
+        self._mine = self._subtrees.mine
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
         self._lease = ClaimsLease(
             self.root, self.node, self.subtrees, self._writer, self._problems, self.sync_delay_ms
@@ -233,79 +159,15 @@ class SyncDirStore(Store):
 
     # -- subtrees ------------------------------------------------------------
 
-    def _writer(self) -> FileStore:
+    def _writer(self) -> RecordStore:
         if self._mine is None:
             who = f"node {self.node} has no subtree" if self.node else "no node id was given"
             raise StoreError(f"{who} in {self.root}: this store was opened to read")
         return self._mine
 
-    def subtrees(self) -> dict[str, FileStore]:
+    def subtrees(self) -> dict[str, RecordStore]:
         """Every node's subtree, this node's included (if it has one), by node id."""
-        found = dict(self._peer_subtrees())
-        if self._mine is not None:
-            found[self.node] = self._mine
-        return dict(sorted(found.items()))
-
-    @_os_errors_as_store_errors
-    def _peer_subtrees(self) -> dict[str, FileStore]:
-        with opened_dir(self.root, (NODES,)) as nodes_fd:
-            entries = [] if nodes_fd is None else dir_entries(nodes_fd, limit=MAX_NODE_ENTRIES)
-            names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
-        found: dict[str, FileStore] = {}
-        for name, is_dir in sorted(names.items()):
-            if name == self.node or is_sync_file(name):
-                continue
-            where = self.root / NODES / name
-            try:
-                check_record_name(name)
-            except CorruptRecord:
-                self._problems(f"{where} is not named by a node id: skipped")
-                continue
-            if not is_dir:
-                self._problems(f"{where} is not a directory (a symlink or a file): skipped")
-                continue
-            with self._peers_lock:
-                store = self._peers.get(name)
-            if store is None:
-                try:
-                    store = self._open_subtree(where, create=False)
-                except ConfigError as exc:  # gone since the listing, or made unreadable
-                    self._problems(f"subtree of node {name} skipped: {exc}")
-                    continue
-                with self._peers_lock:
-                    store = self._peers.setdefault(name, store)
-            found[name] = store
-        return found
-
-    def _each(
-        self, what: str, read: Callable[[FileStore], R], subtrees: Mapping[str, FileStore] | None
-    ) -> dict[str, R]:
-        """read of each subtree (node -> result); one that is junk is reported and left out."""
-        results: dict[str, R] = {}
-        for node, store in (self.subtrees() if subtrees is None else subtrees).items():
-            try:
-                results[node] = read(store)
-            except CorruptRecord as exc:
-                self._problems(f"{what} of node {node} skipped: {exc}")
-        return results
-
-    def _by_node(
-        self, found: Mapping[str, Sequence[R]], node_of: Callable[[R], str], subtrees: set[str]
-    ) -> dict[str, list[R]]:
-        """Each node's records (heartbeats, events) from one subtree: its own if it has one,
-        else ours, else the first by name that holds any."""
-        chosen: dict[str, tuple[int, list[R]]] = {}
-        for subtree, records in found.items():
-            grouped: dict[str, list[R]] = {}
-            for record in records:
-                grouped.setdefault(node_of(record), []).append(record)
-            for node, own in grouped.items():
-                rank = 0 if subtree == node else 1 if subtree == self.node else 2
-                if node in subtrees and rank != 0:
-                    continue  # that node has its own subtree: only what it wrote counts
-                if node not in chosen or rank < chosen[node][0]:
-                    chosen[node] = (rank, own)
-        return {node: records for node, (_rank, records) in sorted(chosen.items())}
+        return self._subtrees.all()
 
     def problems(self) -> list[str]:
         """What was skipped as unreadable (each once, the first 1024), for a report."""
@@ -327,6 +189,7 @@ class SyncDirStore(Store):
         return StoreReport(
             cheap_watch=False,
             synced_folder=SyncedFolder(nodes, files, tuple(self.problems())),
+            refuses=REFUSES,
         )
 
     def check(self) -> None:
@@ -351,7 +214,7 @@ class SyncDirStore(Store):
         stored = self.read_cluster()
         if stored is not None:
             return stored
-        others = sorted(self._peer_subtrees())
+        others = sorted(self._subtrees.peers())
         if others:
             shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
             raise StoreError(
@@ -366,21 +229,21 @@ class SyncDirStore(Store):
         return stored
 
     def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
-        raise StoreError(_ROTATION_REFUSED.format(what="replacing the cluster record"))
+        raise StoreError(ROTATION_REFUSED.format(what="replacing the cluster record"))
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a checkpoint"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing a checkpoint"))
 
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a submission"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing a submission"))
 
     def reseal_effect(
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing an effect record"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing an effect record"))
 
     def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        raise StoreError(_ROTATION_REFUSED.format(what="re-sealing a reply"))
+        raise StoreError(ROTATION_REFUSED.format(what="re-sealing a reply"))
 
     def read_replies(
         self, agent: str, after: int, limit: int
@@ -388,7 +251,7 @@ class SyncDirStore(Store):
         return ([], None) if self._mine is None else self._mine.read_replies(agent, after, limit)
 
     def list_agents(self) -> list[str]:
-        listed = self._each("agent list", lambda store: store.list_agents(), None)
+        listed = self._subtrees.each("agent list", lambda store: store.list_agents(), None)
         agents = {agent for names in listed.values() for agent in names}
         return sorted(agents)[:MAX_LISTED_AGENTS]
 
@@ -417,7 +280,7 @@ class SyncDirStore(Store):
     def list_chains(self, agent: str) -> dict[str, list[CheckpointInfo]]:
         """Each node's chain of the agent's checkpoints (node -> newest first), by node id."""
         check_name("agent id", agent)
-        return self._each(
+        return self._subtrees.each(
             f"checkpoints of {agent}", lambda store: store.list_checkpoints(agent), None
         )
 
@@ -436,49 +299,24 @@ class SyncDirStore(Store):
         same bytes is a no-op; other bytes, StoreError)."""
         check_name("agent id", agent)
         self._writer()  # a reader writes nothing
-        write_term_record(self.root, (NODES, self.node), agent, epoch, data)
+        write_term_record(self.root, self.node, agent, epoch, data)
 
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's term records of the agent, unopened: (epoch, node) -> bytes, the
         epoch from the file's name and the node from its subtree. Junk is reported."""
-        return self._records_of_every_node(agent, TERMS)
+        return records_of_every_node(self.root, self.subtrees(), agent, self._problems, TERMS)
 
     @_os_errors_as_store_errors
     def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
         """Write this node's (signed) chain choice made while the term of epoch won, once."""
         check_name("agent id", agent)
         self._writer()
-        write_term_record(self.root, (NODES, self.node), agent, epoch, data, CHOICES)
+        write_term_record(self.root, self.node, agent, epoch, data, CHOICES)
 
     def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
         """Every node's chain choices, unopened: (epoch of the term they follow, node) ->
         bytes, placed as term records are. Junk is reported."""
-        return self._records_of_every_node(agent, CHOICES)
-
-    def _records_of_every_node(self, agent: str, kind: str) -> dict[tuple[int, str], bytes]:
-        check_name("agent id", agent)
-        found: dict[tuple[int, str], bytes] = {}
-        for node in self.subtrees():
-            try:
-                records = self._records_of(node, agent, kind)
-            except CorruptRecord as exc:
-                self._problems(f"{kind} records of node {node} skipped: {exc}")
-                continue
-            found.update(((epoch, node), data) for epoch, data in records.items())
-        return found
-
-    @_os_errors_as_store_errors
-    def _records_of(self, node: str, agent: str, kind: str) -> dict[int, bytes]:
-        return read_term_records(self.root, (NODES, node), agent, self._problems, kind)
-
-    def _merged_chains(self, agent: str) -> list[tuple[str, CheckpointInfo]]:
-        """(node, checkpoint) of every chain, newest first by (seq, epoch); a (seq, epoch)
-        that several chains hold, once: the highest node id's."""
-        kept: dict[tuple[int, int], tuple[str, CheckpointInfo]] = {}
-        for node, chain in sorted(self.list_chains(agent).items(), reverse=True):
-            for info in chain:
-                kept.setdefault((info.seq, info.epoch), (node, info))
-        return sorted(kept.values(), key=lambda kept: (kept[1].seq, kept[1].epoch), reverse=True)
+        return records_of_every_node(self.root, self.subtrees(), agent, self._problems, CHOICES)
 
     def put_checkpoint(
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
@@ -492,11 +330,11 @@ class SyncDirStore(Store):
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        """Every chain's checkpoints merged (see the module; part 2's lineage replaces this)."""
-        return [info for _node, info in self._merged_chains(agent)]
+        """Every chain's checkpoints merged (see the module; a node restores by the lineage)."""
+        return [info for _node, info in merged_chains(self.list_chains(agent))]
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        for node, listed in self._merged_chains(agent):
+        for node, listed in merged_chains(self.list_chains(agent)):
             if (listed.seq, listed.epoch) == (info.seq, info.epoch):
                 return self.read_chain_checkpoint(agent, node, listed)
         raise StoreError(f"checkpoint {info.seq} of epoch {info.epoch} of {agent!r} is gone")
@@ -553,10 +391,10 @@ class SyncDirStore(Store):
 
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         subtrees = self.subtrees()
-        found = self._each(
+        found = self._subtrees.each(
             f"heartbeats of {agent}", lambda store: store.list_heartbeats(agent), subtrees
         )
-        chosen = self._by_node(found, lambda beat: beat.node, set(subtrees))
+        chosen = by_node(found, lambda beat: beat.node, set(subtrees), self.node)
         # Each subtree's read keeps to HEARTBEATS_READ; so does the merge, by node id.
         return [beat for beats in chosen.values() for beat in beats[:1]][: HEARTBEATS_READ.count]
 
@@ -568,15 +406,15 @@ class SyncDirStore(Store):
 
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
         subtrees = self.subtrees()
-        found = self._each(
+        found = self._subtrees.each(
             f"events of {agent}", lambda store: store.read_events(agent, after), subtrees
         )
-        chosen = self._by_node(found, lambda event: event.node, set(subtrees))
+        chosen = by_node(found, lambda event: event.node, set(subtrees), self.node)
         return [event for events in chosen.values() for event in events]
 
     def forget_node(self, agent: str, node: str) -> None:
         check_name("node id", node)
-        if node != self.node and node in self._peer_subtrees():
+        if node != self.node and node in self._subtrees.peers():
             raise StoreError(
                 f"node {node} has its own subtree in {self.root}: forgetting it would delete "
                 "files only that node writes, which a synced folder would bring back or turn "
@@ -590,12 +428,17 @@ class SyncDirStore(Store):
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[None]:
-        """Every subtree's file-store watch, merged; new subtrees picked up each second."""
+        """Every subtree's store watch and published claims, merged; new subtrees picked up
+        each second."""
         check_name("agent id", agent)
         return merged_watch(
-            self.subtrees, agent, lease_only=lease_only, terms_only=terms_only, own=self.node
+            self.subtrees,
+            agent,
+            lease_only=lease_only,
+            terms_only=terms_only,
+            own=self.node,
+            claims_of=lambda node: self.root.joinpath(*published_parts(node, agent)),
         )
 
     def close(self) -> None:
-        for store in self.subtrees().values():
-            store.close()
+        self._subtrees.close()

@@ -1,7 +1,7 @@
-"""Term records in a node's subtree: ``agents/AGENT/terms/EPOCH.rec``, one per term.
+"""Term records in a node's subtree: ``published/AGENT/terms/EPOCH.rec``, one per term.
 
 The same files, written once and named by an epoch, keep the operator's chain
-choices (``agents/AGENT/choices/EPOCH.rec``: the choice made while the term of
+choices (``published/AGENT/choices/EPOCH.rec``: the choice made while the term of
 that epoch won, ``hb choose-chain``): ``kind`` names the directory.
 
 A term's record (``hamsterbunker.term_records``) says where the term started.
@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
 from ...read_bounds import TERM_RECORDS_READ, BoundedRead
-from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
-from ..file.layout import agent_parts, is_sync_copy
+from ...records import check_name
+from ..file.fileio import (
+    dir_entries,
+    discard,
+    opened_dir,
+    os_errors_as_store_errors,
+    read_file,
+    write_temp,
+)
+from ..file.layout import is_sync_copy
+from .layout import published_parts
 
 __all__ = [
     "CHOICES",
@@ -37,6 +46,7 @@ __all__ = [
     "MAX_TERM_ENTRIES",
     "MAX_TERM_RECORD_BYTES",
     "read_term_records",
+    "records_of_every_node",
     "term_record_name",
     "write_term_record",
 ]
@@ -48,6 +58,7 @@ TERM_NAME = re.compile(r"(\d+)\.rec")
 # The most names of one terms directory looked at. The most (newest) records read, and
 # their size, are read_bounds.TERM_RECORDS_READ's (MAX_TERMS_READ, MAX_TERM_RECORD_BYTES).
 MAX_TERM_ENTRIES = 65_536
+_os_errors = os_errors_as_store_errors("syncdir store")
 
 
 def term_record_name(epoch: int) -> str:
@@ -70,9 +81,9 @@ def _epoch_of(name: str) -> int | str | None:
 
 
 def write_term_record(
-    root: Path, subtree: tuple[str, ...], agent: str, epoch: int, data: bytes, kind: str = TERMS
+    root: Path, node: str, agent: str, epoch: int, data: bytes, kind: str = TERMS
 ) -> None:
-    """Create root/subtree/agents/agent/KIND/EPOCH.rec durably, once (see the module);
+    """Create node's published/agent/KIND/EPOCH.rec durably, once (see the module);
     nothing below root is followed if it is a symlink."""
     if not 0 < epoch <= MAX_EPOCH:
         raise StoreError(f"term record epoch {epoch} is outside 1..{MAX_EPOCH}")
@@ -81,7 +92,7 @@ def write_term_record(
             f"term record of {len(data)} bytes is over the limit of {MAX_TERM_RECORD_BYTES}"
         )
     name = term_record_name(epoch)
-    parts = (*subtree, *agent_parts(agent, kind))
+    parts = published_parts(node, agent, kind)
     path = root.joinpath(*parts, name)
     with opened_dir(root, parts, create=True) as terms_fd:
         assert terms_fd is not None  # made
@@ -101,16 +112,12 @@ def write_term_record(
 
 
 def read_term_records(
-    root: Path,
-    subtree: tuple[str, ...],
-    agent: str,
-    report: Callable[[str], None],
-    kind: str = TERMS,
+    root: Path, node: str, agent: str, report: Callable[[str], None], kind: str = TERMS
 ) -> dict[int, bytes]:
-    """The records in root/subtree for agent of kind (epoch -> bytes), the newest
-    MAX_TERMS_READ; junk skipped and reported; nothing below root followed."""
+    """node's records of agent of kind (epoch -> bytes), the newest MAX_TERMS_READ; junk
+    skipped and reported; nothing below root followed."""
     found: BoundedRead[int] = BoundedRead(TERM_RECORDS_READ)
-    parts = (*subtree, *agent_parts(agent, kind))
+    parts = published_parts(node, agent, kind)
     where = root.joinpath(*parts)
     with opened_dir(root, parts) as terms_fd:
         if terms_fd is None:
@@ -133,3 +140,20 @@ def read_term_records(
             if data is not None:
                 found.offer(epoch, data)
     return dict(found.entries)
+
+
+def records_of_every_node(
+    root: Path, nodes: Iterable[str], agent: str, report: Callable[[str], None], kind: str = TERMS
+) -> dict[tuple[int, str], bytes]:
+    """Every node's records of agent of kind, unopened: (epoch, node) -> bytes, the node
+    from the subtree and the epoch from the file's name. Junk is reported."""
+    check_name("agent id", agent)
+    found: dict[tuple[int, str], bytes] = {}
+    for node in nodes:
+        try:
+            records = _os_errors(read_term_records)(root, node, agent, report, kind)
+        except CorruptRecord as exc:
+            report(f"{kind} records of node {node} skipped: {exc}")
+            continue
+        found.update(((epoch, node), data) for epoch, data in records.items())
+    return found

@@ -1,0 +1,193 @@
+"""Every node's subtree of a syncdir folder, each a record-layer store over a file backend.
+
+A node's subtree ``nodes/NODE/`` is a ``RecordStore`` over a ``FileBackend``
+(``kv/``, ``.lock``, ``.redo``), opened ``in_synced_folder`` and with retention
+by epoch (``layer.base.Settings.per_epoch``). The own node's is written as a
+file store writes (lock, redo log, fsyncs). Every other node's is opened
+``read_only``: its files are another machine's, brought by the sync tool, and
+anything written there (a lock file, a redo log finished, a temp file swept)
+would come back as a sync conflict. Its ``.lock`` and ``.redo``, synced here,
+are never read: a reader takes no lock and leaves a redo log alone.
+
+A subtree in the earlier layout (its records under ``agents/``, no ``kv/``) is
+refused, in one line naming ``hb migrate-store``, when the store is opened,
+and is a StoreError while it runs (one that a sync tool brought later): read
+as a subtree with no records, its node's lease and chain would look empty.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from ...errors import ConfigError, CorruptRecord, StoreError
+from ...records import check_record_name
+from .._reported import ReportedOnce
+from ..backends.earlier import earlier_store
+from ..backends.file import FileBackend, earlier_layout
+from ..file.fileio import dir_entries, opened_dir, os_errors_as_store_errors
+from ..layer import RecordStore
+from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log
+
+__all__ = ["Problems", "Subtrees", "refuse_earlier_subtrees"]
+
+_MAX_PROBLEMS = 1024
+R = TypeVar("R")
+
+_os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
+
+
+class Problems:
+    """What was skipped as unreadable: logged once each, and kept (bounded) for reports."""
+
+    def __init__(self) -> None:
+        self._report = ReportedOnce(log)
+        self._kept: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, message: str) -> None:
+        with self._lock:
+            if len(self._kept) < _MAX_PROBLEMS:
+                self._kept.setdefault(message, None)
+        self._report(message)
+
+    def listed(self) -> list[str]:
+        with self._lock:
+            return list(self._kept)
+
+
+def _earlier_subtree(root: Path, node: str) -> ConfigError | None:
+    """The refusal of node's subtree if it is in the earlier layout, else None."""
+    found = earlier_layout(root / NODES / node)
+    if found is None:
+        return None
+    return earlier_store(f"syncdir store {root}", f"the subtree of node {node} has {found}")
+
+
+@_os_errors_as_store_errors
+def refuse_earlier_subtrees(root: Path) -> None:
+    """ConfigError if any node's subtree under root is in the earlier layout."""
+    with opened_dir(root, (NODES,)) as nodes_fd:
+        names = (
+            [] if nodes_fd is None else [e.name for e in dir_entries(nodes_fd, MAX_NODE_ENTRIES)]
+        )
+    for name in sorted(names):
+        refusal = None if is_sync_file(name) else _earlier_subtree(root, name)
+        if refusal is not None:
+            raise refusal
+
+
+class Subtrees:
+    """One syncdir store's subtrees: its own (``mine``, None if it has none) and the others,
+    opened to read as they appear under ``nodes/`` (listed on each call, the stores cached)."""
+
+    def __init__(
+        self,
+        root: Path,
+        node: str,
+        problems: Problems,
+        *,
+        create: bool,
+        keep_checkpoints: int,
+        events_per_node: int,
+        keep_replies: int,
+        lock_timeout: float,
+    ) -> None:
+        self._root, self._node, self._problems = root, node, problems
+        self._store = functools.partial(
+            RecordStore,
+            keep_checkpoints=keep_checkpoints,
+            events_per_node=events_per_node,
+            keep_replies=keep_replies,
+            per_epoch=True,
+        )
+        self._lock_timeout = lock_timeout
+        self._peers: dict[str, RecordStore] = {}
+        self._peers_lock = threading.Lock()
+        own = root / NODES / node
+        self.mine: RecordStore | None = None
+        if create or (node and own.is_dir()):
+            backend = FileBackend(
+                own, create=create, lock_timeout=lock_timeout, in_synced_folder=True
+            )
+            self.mine = self._store(backend)
+
+    def _open_peer(self, where: Path) -> RecordStore:
+        backend = FileBackend(
+            where,
+            create=False,
+            lock_timeout=self._lock_timeout,
+            in_synced_folder=True,
+            read_only=True,
+        )
+        return self._store(backend)
+
+    def all(self) -> dict[str, RecordStore]:
+        """Every node's subtree, this node's included (if it has one), by node id."""
+        found = dict(self.peers())
+        if self.mine is not None:
+            found[self._node] = self.mine
+        return dict(sorted(found.items()))
+
+    @_os_errors_as_store_errors
+    def peers(self) -> dict[str, RecordStore]:
+        """Every other node's subtree, by node id: junk under ``nodes/`` reported, skipped."""
+        with opened_dir(self._root, (NODES,)) as nodes_fd:
+            entries = [] if nodes_fd is None else dir_entries(nodes_fd, limit=MAX_NODE_ENTRIES)
+            names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
+        found: dict[str, RecordStore] = {}
+        for name, is_dir in sorted(names.items()):
+            if name == self._node or is_sync_file(name):
+                continue
+            store = self._peer(name, is_dir)
+            if store is not None:
+                found[name] = store
+        return found
+
+    def _peer(self, name: str, is_dir: bool) -> RecordStore | None:
+        where = self._root / NODES / name
+        try:
+            check_record_name(name)
+        except CorruptRecord:
+            self._problems(f"{where} is not named by a node id: skipped")
+            return None
+        if not is_dir:
+            self._problems(f"{where} is not a directory (a symlink or a file): skipped")
+            return None
+        with self._peers_lock:
+            store = self._peers.get(name)
+        if store is not None:
+            return store
+        refusal = _earlier_subtree(self._root, name)
+        if refusal is not None:  # brought since the store was opened
+            raise StoreError(str(refusal))
+        try:
+            store = self._open_peer(where)
+        except ConfigError as exc:  # gone since the listing, or made unreadable
+            self._problems(f"subtree of node {name} skipped: {exc}")
+            return None
+        with self._peers_lock:
+            return self._peers.setdefault(name, store)
+
+    def each(
+        self,
+        what: str,
+        read: Callable[[RecordStore], R],
+        subtrees: Mapping[str, RecordStore] | None = None,
+    ) -> dict[str, R]:
+        """read of each subtree (node -> result), of every one unless subtrees are given;
+        one that is junk is reported and left out."""
+        results: dict[str, R] = {}
+        for node, store in (self.all() if subtrees is None else subtrees).items():
+            try:
+                results[node] = read(store)
+            except CorruptRecord as exc:
+                self._problems(f"{what} of node {node} skipped: {exc}")
+        return results
+
+    def close(self) -> None:
+        for store in self.all().values():
+            store.close()
