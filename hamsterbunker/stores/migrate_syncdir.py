@@ -36,9 +36,9 @@ from ..limits import MAX_RECORD_BYTES, MAX_TERM_RECORD_BYTES
 from ..records import check_record_name
 from ..sealing import Sealer
 from .backends.file import FileBackend, earlier_layout
+from .dirs.fileio import dir_entries, opened_dir, os_errors_as_store_errors, read_file
+from .dirs.location import open_root
 from .earlier.file import EarlierFileStore
-from .file.fileio import dir_entries, opened_dir, os_errors_as_store_errors, read_file
-from .file.location import open_root
 from .layer import RecordStore
 from .migrate import Migrated, copy_agent, snapshot, unchanged, watch_time
 from .syncdir.layout import (

@@ -26,7 +26,7 @@ from hamsterbunker.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.base import Fence, Refusal, Store
-from hamsterbunker.stores.file.lease_watch import open_lease_watch
+from hamsterbunker.stores.dirs.lease_watch import open_lease_watch
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore

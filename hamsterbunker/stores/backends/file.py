@@ -15,7 +15,7 @@ A backend opened ``read_only`` writes nothing at all, ever: no ``kv/``, no lock
 file, no redo log finished or set aside, no temp file swept; its commits only
 read (``syncdir``: another node's subtree, whose files are that machine's).
 
-The file store of earlier versions (``stores.file``) kept its records at the
+The file store of earlier versions (read by ``stores.earlier.file``) kept its records at the
 root (``cluster.json``, ``agents/``): a root holding either beside no ``kv/``
 is refused at open (``stores.earlier``), before anything is written there.
 """
@@ -40,10 +40,9 @@ from ...limits import STALE_TEMP_AGE_S
 from ...read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
-from ..file import fileio
-from ..file.layout import is_sync_copy
-from ..file.lease_watch import lease_changes, open_lease_watch
-from ..file.location import check_location, mount_of, open_root
+from ..dirs import fileio
+from ..dirs.lease_watch import lease_changes, open_lease_watch
+from ..dirs.location import check_location, is_sync_copy, mount_of, open_root
 from .earlier import earlier_store
 from .file_redo import INLINE_BYTES, Ops
 from .file_tree import KV_NAME, KeyTree, log_pending, open_folder, set_aside

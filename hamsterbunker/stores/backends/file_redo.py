@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ...errors import CorruptRecord, StoreError
 from ..backend import key_problem
-from ..file import fileio
+from ..dirs import fileio
 
 __all__ = [
     "INLINE_BYTES",

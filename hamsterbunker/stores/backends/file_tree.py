@@ -35,8 +35,8 @@ from ..backend import (
     key_problem,
     prefix_end,
 )
-from ..file import fileio
-from ..file.layout import is_sync_copy
+from ..dirs import fileio
+from ..dirs.location import is_sync_copy
 from .file_redo import (
     LOG_NAME,
     MAX_LOG_BYTES,

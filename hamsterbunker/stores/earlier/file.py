@@ -39,8 +39,8 @@ from ...read_bounds import EFFECTS_READ, HEARTBEATS_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
-from ..file.fileio import dir_entries, file_kind, opened_dir, os_errors_as_store_errors, read_file
-from ..file.location import SYNCDIR_MARKER, open_root
+from ..dirs.fileio import dir_entries, file_kind, opened_dir, os_errors_as_store_errors, read_file
+from ..dirs.location import SYNCDIR_MARKER, open_root
 from .file_inbox import InboxReader, checkpoint_name, listed
 
 __all__ = ["EarlierFileStore", "open_earlier_file"]

@@ -45,7 +45,7 @@ from ...limits import (
 from ...read_bounds import INBOX_READ, BoundedRead
 from ...records import check_name
 from ..base import AdmissionState, Consumed
-from ..file.fileio import (
+from ..dirs.fileio import (
     closing_fd,
     dir_entries,
     open_regular,

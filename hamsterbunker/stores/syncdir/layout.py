@@ -19,8 +19,7 @@ import os
 from pathlib import Path
 
 from ...records import check_name
-from ..file.layout import is_sync_copy
-from ..file.location import SYNCDIR_MARKER
+from ..dirs.location import SYNCDIR_MARKER, is_sync_copy
 
 __all__ = [
     "CLUSTER",

@@ -38,7 +38,7 @@ from pathlib import Path
 from ...errors import CorruptRecord, LeaseConflict, UnreadableLease
 from ...records import LeaseRecord, check_name
 from ..base import Fence, check_fence
-from ..file.fileio import os_errors_as_store_errors
+from ..dirs.fileio import os_errors_as_store_errors
 from ..layer import RecordStore
 from .claims import merged_lease
 from .published import ClaimPublisher, read_published

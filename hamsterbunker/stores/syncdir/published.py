@@ -38,8 +38,8 @@ from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_CLAIMS_TRIED, MAX_RECORD_BYTES
 from ...read_bounds import CLAIMS_READ
 from ...records import LeaseRecord
-from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
-from ..file.layout import is_sync_copy
+from ..dirs.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ..dirs.location import is_sync_copy
 from .layout import published_parts
 
 __all__ = [

@@ -15,7 +15,7 @@ from pathlib import Path
 from ...errors import StoreError
 from ...limits import MAX_RECORD_BYTES
 from ...records import ClusterRecord
-from ..file.fileio import dir_entries, discard, opened_dir, read_file, write_temp
+from ..dirs.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from .layout import CLUSTER, MARKER, MARKER_TEXT, MAX_NODE_ENTRIES, NODES, is_cluster_copy
 
 __all__ = ["check_mode", "create_once", "read_cluster_record"]

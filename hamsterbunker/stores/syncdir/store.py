@@ -83,8 +83,8 @@ from ..base import (
     check_consumed,
 )
 from ..chains import Chains
-from ..file.fileio import opened_dir, os_errors_as_store_errors
-from ..file.location import open_root
+from ..dirs.fileio import opened_dir, os_errors_as_store_errors
+from ..dirs.location import open_root
 from ..layer import RecordStore
 from .layout import CLUSTER, NODES, published_parts, sync_files
 from .lease import ClaimsLease

@@ -28,7 +28,7 @@ from ...records import check_record_name
 from .._reported import ReportedOnce
 from ..backends.earlier import earlier_store
 from ..backends.file import FileBackend, earlier_layout
-from ..file.fileio import dir_entries, opened_dir, os_errors_as_store_errors
+from ..dirs.fileio import dir_entries, opened_dir, os_errors_as_store_errors
 from ..layer import RecordStore
 from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log
 

@@ -29,7 +29,7 @@ from ...errors import CorruptRecord, StoreError
 from ...limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
 from ...read_bounds import TERM_RECORDS_READ, BoundedRead
 from ...records import check_name
-from ..file.fileio import (
+from ..dirs.fileio import (
     dir_entries,
     discard,
     opened_dir,
@@ -37,7 +37,7 @@ from ..file.fileio import (
     read_file,
     write_temp,
 )
-from ..file.layout import is_sync_copy
+from ..dirs.location import is_sync_copy
 from .layout import published_parts
 
 __all__ = [

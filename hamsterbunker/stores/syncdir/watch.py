@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ...errors import StoreError
 from ..base import Store
-from ..file.lease_watch import lease_changes, open_lease_watch
-from ..file.location import mount_of
+from ..dirs.lease_watch import lease_changes, open_lease_watch
+from ..dirs.location import mount_of
 from .layout import log
 from .published import is_claim_name
 

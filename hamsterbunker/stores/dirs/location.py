@@ -20,7 +20,14 @@ from pathlib import Path
 
 from ...errors import ConfigError, StoreUnavailable, StoreUnsafe
 
-__all__ = ["SYNCDIR_MARKER", "Mount", "check_location", "mount_of", "open_root"]
+__all__ = [
+    "SYNCDIR_MARKER",
+    "Mount",
+    "check_location",
+    "is_sync_copy",
+    "mount_of",
+    "open_root",
+]
 
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 
@@ -169,3 +176,8 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
         return str(uid)
+
+
+def is_sync_copy(name: str) -> bool:
+    """Syncthing, Dropbox and Nextcloud conflict copies: never one of our records."""
+    return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
