@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from hamsterbunker.core.timing import DEFAULT_TIMING
 from hamsterbunker.stores.backends.file import mount_of  # where the file backend takes it
-from hamsterbunker.timing import DEFAULT_TIMING
 
 T = TypeVar("T")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from hamsterbunker import FileStore
+from hamsterbunker.core.limits import MAX_EFFECT_BYTES
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.limits import MAX_EFFECT_BYTES
 from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record
 from hamsterbunker.stores import Fence, Store, open_store

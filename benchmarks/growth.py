@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from hamsterbunker import FileStore
-from hamsterbunker.errors import StoreError
+from hamsterbunker.core.errors import StoreError
+from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import Store, open_store
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from hamsterbunker import Client, current_step
-from hamsterbunker.checker import check
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.history import read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import read_history
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store
 
 from .backends import _server

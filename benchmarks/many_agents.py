@@ -27,9 +27,9 @@ from typing import Any
 import tomli_w
 
 from hamsterbunker import current_step
-from hamsterbunker.checker import check
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.history import Op, read_history
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.ops.checker import check
 from hamsterbunker.stores import Store, open_store
 
 from .backends import _server
@@ -76,7 +76,7 @@ SETTLE_S, QUICK_SETTLE_S = 5.0, 2.0  # after the probe stands by for every agent
 NO_SPREADING = (
     "import sys; import hamsterbunker.node.balance as b; "
     "assert hasattr(b, 'MAX_PER_ROUND'), 'hamsterbunker.node.balance.MAX_PER_ROUND is gone'; "
-    "b.MAX_PER_ROUND = 0; from hamsterbunker.cli import main; sys.exit(main())"
+    "b.MAX_PER_ROUND = 0; from hamsterbunker.cli.main import main; sys.exit(main())"
 )
 
 METHOD = f"""\
@@ -113,7 +113,7 @@ Each store and *N* is measured in two fleets, each on a fresh store:
   the `acquire` by the last process. Target: p99 of all ≤ {HANDOVER_TARGET_MS} ms; from
   SIGTERM reported.
 * **Checker**: after every process is stopped, each agent's history file is held to
-  `hamsterbunker.checker.check`.
+  `hamsterbunker.ops.checker.check`.
 * **Standby cost per agent** (the second fleet): three leaders whose hosts hand nothing
   over (`hb run` with `hamsterbunker.node.balance.MAX_PER_ROUND` set to 0 before it
   starts: with spreading on, they hand a process that stands by its share within

@@ -2,7 +2,7 @@
 
 Every node appends its lease and checkpoint operations to one history file
 (``hb run --history``): start and end of each on the node's clock
-(``hamsterbunker.clock``, CLOCK_BOOTTIME), which all processes of one machine
+(``hamsterbunker.core.clock``, CLOCK_BOOTTIME), which all processes of one machine
 share, so the benchmark's own reading of that clock at a kill can be compared
 with the nodes' times directly.
 """
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hamsterbunker import FileStore
-from hamsterbunker.checker import check
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 
 from .common import (
     SECRET,

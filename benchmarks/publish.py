@@ -7,7 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hamsterbunker import FileStore, state_json
+from hamsterbunker import FileStore
+from hamsterbunker.core import state_json
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.sealing import Sealer, new_cluster_record
 
@@ -54,7 +55,7 @@ which goes first), {ROUNDS} times per size (fewer with `--quick`), after
   one is, trimming the blocks of a removed 8 MiB file costs some 20 ms at the next
   journal commit; without the same lifecycle the baseline would be skewed);
 * **seal**: `Sealer.seal` alone, the one-shot seal into one `bytes` (what re-seals
-  use, and what **put** writes): the state's JSON (`hamsterbunker.state_json.encode`:
+  use, and what **put** writes): the state's JSON (`hamsterbunker.core.state_json.encode`:
   orjson's bytes, once a walk over the state in C loops has found nothing but plain
   JSON types in it, else the standard library's `json.dumps` as before), AES-256-GCM
   with a fresh nonce, the header, and the blob (prefix + nonce + ciphertext);
@@ -87,7 +88,7 @@ Measured on 2026-12-02 on this machine (2 vCPUs of an AMD EPYC, AES-NI without V
 while other work ran on it (load average 3–17 at the start of a run), ratios taken
 within each run. The seal's JSON used to be the whole miss: the standard library's
 `json.dumps` took 2.4–3.9 ms of a 1 MiB seal and 20–40 ms of an 8 MiB one. It is now
-`hamsterbunker.state_json.encode`: orjson writes the JSON, and a walk over the state
+`hamsterbunker.core.state_json.encode`: orjson writes the JSON, and a walk over the state
 (a level at a time, in C loops: next to nothing for a state of a few long strings)
 makes sure it holds only dicts with `str` keys, lists, tuples, `str`, 64-bit `int`,
 finite `float`, `bool` and `None`, for which orjson's JSON reads back exactly as the

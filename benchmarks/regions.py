@@ -22,7 +22,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hamsterbunker.timing import DEFAULT_TIMING, LeaseTiming
+from hamsterbunker.core.timing import DEFAULT_TIMING, LeaseTiming
 
 from .common import (
     SPREAD_TTL_HEADERS,
@@ -55,7 +55,7 @@ KILLS, QUICK_KILLS = 10, 3
 HANDOVERS, QUICK_HANDOVERS = 10, 3
 FAILOVER_RTTS = 2  # target: failover p99 ≤ TTL + 2 round trips
 HANDOVER_RTTS, HANDOVER_SLACK_MS = 3, 50  # target: handover p99 ≤ 3 round trips + 50 ms
-RENEW_SHARE = 0.6  # the renew deadline's share of the TTL (hamsterbunker.timing)
+RENEW_SHARE = 0.6  # the renew deadline's share of the TTL (hamsterbunker.core.timing)
 GAP_RTTS, GAP_FACTOR = 2.5, 2.5  # the renewal gap taken as tick + 2.5 RTT; TTL = 2.5 × that
 # Soaked beside the others, reported only: shorter TTLs at the longest round trip.
 EDGE_ONE_WAY_MS, EDGE_TTLS_MS = 150, (2000, 1500)

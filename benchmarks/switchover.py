@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from hamsterbunker import current_step
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.control import request_switchover
-from hamsterbunker.history import Op
-from hamsterbunker.local import LocalCluster
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import Op
+from hamsterbunker.lease.control import request_switchover
+from hamsterbunker.ops.local import LocalCluster
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store
 
@@ -78,7 +78,7 @@ Two workloads per store, each with fresh nodes and a fresh server:
 For each switchover ({SWITCHOVERS} per store, {QUICK_SWITCHOVERS} with `--quick`):
 wait until the three nodes heartbeat and the leader has published in its epoch;
 choose the target, alternating between the two standbys (sorted by name); sleep a
-random 0–{TICK_MS} ms; call `hamsterbunker.control.request_switchover(store, sealer,
+random 0–{TICK_MS} ms; call `hamsterbunker.lease.control.request_switchover(store, sealer,
 agent, to=target)` in this process, as `hb switchover --to TARGET` does. The call
 first watches the lease record and the heartbeats until the leader and the target
 are seen live (their records change: up to half a TTL, an idle standby's heartbeat

@@ -14,8 +14,8 @@ from typing import TypeVar, cast
 
 import pytest
 
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.history import Op
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import Op
 from hamsterbunker.records import Event
 from tests.support.syncdir_fleet import (
     AGENT,

@@ -30,10 +30,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hamsterbunker.core.timing import DEFAULT_LEASE_TTL_MS
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.layer.files import FileStore
-from hamsterbunker.timing import DEFAULT_LEASE_TTL_MS
 
 from .common import (
     SPREAD_HEADERS,

@@ -7,10 +7,10 @@ node = Runtime(node_id="hbnk-1", region="eu-central", store=FileStore("/srv/hb")
 node.run()    # or node.start() ... node.stop()
 """
 
-from .agent import Agent, StepContext, current_step, load_agent
-from .client import Client
-from .effects import EffectContext, current_effect
-from .errors import (
+from .agent.effects import EffectContext, current_effect
+from .agent.inbox import Admission, Submission
+from .agent.step import Agent, StepContext, current_step, load_agent
+from .core.errors import (
     ConfigError,
     CorruptRecord,
     EffectError,
@@ -33,12 +33,12 @@ from .errors import (
     UnknownRequest,
     WrongSecret,
 )
-from .inbox import Admission, Submission
+from .core.timing import LeaseTiming
 from .node import Runtime
+from .ops.client import Client
 from .records import Event, Heartbeat, LeaseRecord
 from .stores import Store, open_store
 from .stores.layer.files import FileStore
-from .timing import LeaseTiming
 
 __all__ = [
     "Admission",

@@ -25,14 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .agent import current_step
-from .effects import current_effect, effect_key
-from .errors import ConfigError, HamsterbunkerError, StoreError, Tampered
-from .local import LocalCluster, NodeSpec
+from .agent.effects import current_effect, effect_key
+from .agent.step import current_step
+from .core.errors import ConfigError, HamsterbunkerError, StoreError, Tampered
+from .core.timing import DEFAULT_TIMING, LeaseTiming
+from .ops.local import LocalCluster, NodeSpec
 from .records import Event, LeaseRecord
 from .sealing import EffectAt, Sealer
 from .stores import Store, open_store
-from .timing import DEFAULT_TIMING, LeaseTiming
 
 __all__ = ["CounterAgent", "DemoFailed", "run_demo"]
 

@@ -20,7 +20,7 @@ got back.
 
 from __future__ import annotations
 
-from .limits import INBOX_REPLIES_KEPT
+from .core.limits import INBOX_REPLIES_KEPT
 from .stores.backends.memory import GUARANTEES, MemoryBackend
 from .stores.layer import RecordStore
 

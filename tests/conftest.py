@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.checker import check
-from hamsterbunker.history import read_history
-from hamsterbunker.local import LocalCluster
+from hamsterbunker.core.history import read_history
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster
 from tests.support import SUPPORT_DIR
 
 SLOW_MARKERS = ("multiprocess", "fault", "system", "syncthing")

@@ -1,4 +1,4 @@
-"""Failpoints (``hamsterbunker.failpoints``): a point reached inside a scope counts as
+"""Failpoints (``hamsterbunker.core.failpoints``): a point reached inside a scope counts as
 ``scope.point`` too, so a test can kill a node in one kind of write; a stop never lands
 inside another thread's unstoppable block."""
 
@@ -14,7 +14,7 @@ import pytest
 from tests.support import process_state, wait_until
 
 REACHES = """
-from hamsterbunker.failpoints import failpoint, failpoints_within
+from hamsterbunker.core.failpoints import failpoint, failpoints_within
 
 failpoint("p")
 print("outside", flush=True)
@@ -47,7 +47,7 @@ def test_a_point_inside_a_scope_is_reached_under_both_names(armed: str, printed:
 
 HOLDS_ON = """
 import threading, time
-from hamsterbunker.failpoints import failpoint, not_stopped_inside
+from hamsterbunker.core.failpoints import failpoint, not_stopped_inside
 
 inside = threading.Event()
 

@@ -78,8 +78,8 @@ PLANTED = {
         "Only the stores package opens a backend",
     ),
     "status-imports-the-chains-module": (
-        "hamsterbunker/status.py",
-        "from .stores.chains import Chains as _planted  # noqa",
+        "hamsterbunker/ops/status.py",
+        "from ..stores.chains import Chains as _planted  # noqa",
         "Only the stores package opens a backend",
     ),
     "node-opens-the-record-layer": (

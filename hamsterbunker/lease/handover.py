@@ -6,7 +6,7 @@ import math
 import time
 from dataclasses import replace
 
-from ..errors import LeaseConflict
+from ..core.errors import LeaseConflict
 from ..records import MAX_HISTORY, LeaseRecord, Takeover
 from .outcome import Outcome, TickResult
 from .state import KeeperState

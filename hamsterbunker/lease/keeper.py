@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from ..errors import LeaseConflict, StoreError, UnreadableLease
+from ..core.errors import LeaseConflict, StoreError, UnreadableLease
 from ..records import LeaseRecord, Takeover
 from ..stores.base import Fence
 from .handover import Handing, previous_holder, released_via, with_takeover

@@ -10,7 +10,7 @@ stop every node for good with one write. The proof also covers who holds the
 lease and for how long, so that an unproven record holds no node back longer
 than the node's own TTL. What it leaves out changes without a re-signing or
 is signed on its own: ``renewals`` and ``history`` (display), ``control`` (an
-operator's request, signed by itself: ``hamsterbunker.control``), and the
+operator's request, signed by itself: ``hamsterbunker.lease.control``), and the
 store's ``version``.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from ..errors import Tampered
+from ..core.errors import Tampered
 from ..records import LeaseRecord
 from ..sealing import Sealer
 

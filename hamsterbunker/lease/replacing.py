@@ -3,7 +3,7 @@ the lease to one."""
 
 from __future__ import annotations
 
-from ..errors import LeaseConflict, UnreadableLease
+from ..core.errors import LeaseConflict, UnreadableLease
 from .outcome import Outcome, TickResult
 from .state import KeeperState
 from .unreadable import replacement, waited_ttl_s

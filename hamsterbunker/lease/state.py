@@ -7,13 +7,13 @@ import secrets
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..clock import Clock, MonotonicClock
-from ..errors import StoreError
-from ..limits import MAX_EPOCH
-from ..reach import Reach
+from ..core.clock import Clock, MonotonicClock
+from ..core.errors import StoreError
+from ..core.limits import MAX_EPOCH
+from ..core.reach import Reach
+from ..core.timing import DEFAULT_TIMING, LeaseTiming
 from ..records import LeaseRecord
 from ..stores.base import RestoreRead, Store
-from ..timing import DEFAULT_TIMING, LeaseTiming
 from .outcome import Outcome, TickResult
 from .proof import LeaseProof
 from .unreadable import UnreadableWait
@@ -135,7 +135,7 @@ class KeeperState:
         return epoch
 
     def remember(self, epoch: int, reach: Reach) -> None:
-        """What this node remembered of the store from before a restart (hamsterbunker.memory)."""
+        """What this node remembered of the store from before a restart (hamsterbunker.lease.memory)."""
         self.highest_epoch = max(self.highest_epoch, epoch)
         self.seen_reach = self.seen_reach.union(reach)
 

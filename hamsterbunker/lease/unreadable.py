@@ -26,10 +26,10 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from ..errors import UnreadableLease
-from ..reach import Reach
+from ..core.errors import UnreadableLease
+from ..core.reach import Reach
+from ..core.timing import LeaseTiming
 from ..records import LeaseRecord, Takeover
-from ..timing import LeaseTiming
 
 __all__ = ["UnreadableWait", "fresh_version", "replacement"]
 

@@ -13,9 +13,9 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..clock import Clock
+from ..core.clock import Clock
+from ..core.timing import StepRetry
 from ..records import MAX_SHOWN_ERROR
-from ..timing import StepRetry
 
 __all__ = ["Failing", "StepFailures", "describe", "pause_for"]
 

@@ -23,8 +23,8 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..clock import Clock
-from ..errors import StoreError
+from ..core.clock import Clock
+from ..core.errors import StoreError
 from ..records import Heartbeat
 from ..stores import Store
 from .runtime import Runtime

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..errors import StoreError, StoreUnavailable
+from ..core.errors import StoreError, StoreUnavailable
 
 __all__ = ["NodeCalls", "bounded"]
 

@@ -2,10 +2,10 @@
 
 The record holds the salt and the key list of the cluster (the current key,
 and while the secret rotates the others still accepted: see
-``hamsterbunker.cluster_keys``). A node opens it with its secrets before
+``hamsterbunker.sealing.cluster_keys``). A node opens it with its secrets before
 writing anything but a new record, so a node with the wrong secret touches
 nothing. A node that remembers the record (its state directory, see
-``hamsterbunker.memory``) puts a lost one back and refuses another cluster's
+``hamsterbunker.lease.memory``) puts a lost one back and refuses another cluster's
 (another salt) or an older key list (a lower generation): without the record
 no node started later could open the checkpoints this cluster sealed, and an
 older one would bring back a key the cluster dropped. A running node follows
@@ -18,13 +18,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..control import ControlView
-from ..errors import CorruptRecord, StoreError, StoreRegressed
-from ..keyring import Secret
+from ..core.errors import CorruptRecord, StoreError, StoreRegressed
 from ..lease import LeaseKeeper
-from ..memory import Memory, MemoryFile
+from ..lease.control import ControlView
+from ..lease.memory import Memory, MemoryFile
 from ..records import ClusterRecord
 from ..sealing import Sealer, new_cluster_record
+from ..sealing.keyring import Secret
 from ..stores import Store
 from .calls import NodeCalls
 

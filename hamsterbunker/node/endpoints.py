@@ -27,8 +27,8 @@ from typing import Any
 
 from prometheus_client.exposition import choose_encoder
 
-from ..errors import ConfigError
-from ..http_address import HttpAddress
+from ..core.errors import ConfigError
+from ..core.http_address import HttpAddress
 from .metrics import NodeMetrics
 from .probes import Answer, NodeProbes
 

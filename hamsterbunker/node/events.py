@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import StoreError, StoreUnavailable
-from ..history import HistoryWriter
+from ..core.errors import StoreError, StoreUnavailable
+from ..core.history import HistoryWriter
 from ..lease import LeaseKeeper
 from ..records import MAX_SHOWN_EFFECTS, MAX_SHOWN_NAME, Event, Heartbeat
 from ..stores import Store

@@ -21,9 +21,9 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from ..errors import ConfigError
-from ..notify import Notifier
+from ..core.errors import ConfigError
 from .balance import Balancer
+from .notify import Notifier
 from .runtime import Runtime
 
 __all__ = ["AgentNotifier", "Host", "HostNotifier", "check_distinct"]

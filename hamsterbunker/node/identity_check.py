@@ -17,11 +17,11 @@ import asyncio
 import logging
 import math
 
-from ..clock import Clock
-from ..errors import ConfigError, StoreError
+from ..core.clock import Clock
+from ..core.errors import ConfigError, StoreError
+from ..core.timing import LeaseTiming
 from ..records import PROCESS_SESSION, Heartbeat
 from ..stores import Store
-from ..timing import LeaseTiming
 from .calls import NodeCalls
 
 __all__ = ["DuplicateNodeId", "check_node_id_free"]

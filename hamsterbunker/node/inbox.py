@@ -24,10 +24,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import Clock
-from ..errors import StoreError, Tampered
-from ..inbox import ConsumedMarks, Submission
-from ..limits import MAX_INBOX_COUNT
+from ..agent.inbox import ConsumedMarks, Submission
+from ..core.clock import Clock
+from ..core.errors import StoreError, Tampered
+from ..core.limits import MAX_INBOX_COUNT
 from ..sealing import Sealer
 from ..stores import Consumed, Store
 from .calls import NodeCalls

@@ -1,6 +1,6 @@
 """The effect journal of one leader's term: sealed records in the store, fenced by its lease.
 
-``hamsterbunker.effects`` holds the rules of journaled effects; this part
+``hamsterbunker.agent.effects`` holds the rules of journaled effects; this part
 seals each record (the associated data binds agent, step, number, kind and
 name), writes it with ``Store.put_effect`` under the term's fence, and reads
 a step's journal back for a replay, keeping only what authenticates as that
@@ -28,12 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..clock import Clock
-from ..effects import Entry, StepEffects, effect_key
-from ..errors import EffectError, Fenced, Tampered
-from ..intents import BegunIntent, IntentLog
-from ..limits import EFFECT_KINDS, MAX_EFFECT_BYTES, MAX_SEQ
-from ..lineage import TermId
+from ..agent.effects import Entry, StepEffects, effect_key
+from ..agent.intents import BegunIntent, IntentLog
+from ..core.clock import Clock
+from ..core.errors import EffectError, Fenced, Tampered
+from ..core.limits import EFFECT_KINDS, MAX_EFFECT_BYTES, MAX_SEQ
+from ..records.lineage import TermId
 from ..sealing import EffectAt, OpenedEffect, Sealer
 from ..stores import Chains, Fence, Store
 from .calls import NodeCalls
@@ -63,7 +63,7 @@ class TermJournal:
         clock: Clock,
         intents: IntentLog,
     ) -> None:
-        """intents: the node's own memory of the intents it wrote (hamsterbunker.intents)."""
+        """intents: the node's own memory of the intents it wrote (hamsterbunker.agent.intents)."""
         self._id, self._store, self._sealer, self._fence = identity, store, sealer, fence
         self._calls, self._sink, self._clock, self._intents = calls, sink, clock, intents
         self._salt = sealer.cluster.salt

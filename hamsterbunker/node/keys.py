@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from ..errors import SealError, StoreError, StoreRegressed
+from ..core.errors import SealError, StoreError, StoreRegressed
 from ..sealing import Sealer
 from .calls import NodeCalls
 from .cluster import Cluster

@@ -9,15 +9,15 @@ import functools
 import logging
 from typing import Any
 
-from ..errors import HamsterbunkerError, StoreError
-from ..failpoints import failpoint
+from ..core.errors import HamsterbunkerError, StoreError
+from ..core.failpoints import failpoint
+from ..core.timing import LeaseTiming
 from ..lease import LeaseKeeper
-from ..notify import Notifier
 from ..records import Heartbeat
 from ..stores import Store
-from ..timing import LeaseTiming
 from .calls import NodeCalls, bounded
 from .events import EventSink
+from .notify import Notifier
 from .state import Identity
 from .stopping import StopRequest
 from .term import TermEnd

@@ -3,7 +3,7 @@
 A node reads every term record, keeps those that authenticate (one that does
 not is reported, ``term_record.rejected``, and counts for nothing: it cannot
 pick a restore base), lists every chain, and works out the lineage
-(``hamsterbunker.lineage``): which checkpoints carry the agent on, which are
+(``hamsterbunker.records.lineage``): which checkpoints carry the agent on, which are
 kept aside. Each kept-aside segment is reported once per node process
 (``store.diverged``), whether a restore or the periodic ``DivergenceCheck``
 found it: so a leader that kept leading after a partition healed still says
@@ -25,8 +25,9 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import CorruptRecord, StoreError, Tampered
-from ..lineage import (
+from ..core.errors import CorruptRecord, StoreError, Tampered
+from ..records import CheckpointInfo
+from ..records.lineage import (
     Aside,
     ChainChoice,
     CheckpointRef,
@@ -36,10 +37,9 @@ from ..lineage import (
     applicable_choice,
     lineage,
 )
-from ..records import CheckpointInfo
 from ..sealing import Sealer
+from ..sealing.term_records import open_chain_choice, open_term_start, seal_term_start
 from ..stores import Chains
-from ..term_records import open_chain_choice, open_term_start, seal_term_start
 from .calls import NodeCalls
 
 __all__ = ["DivergenceCheck", "LineageRead", "LineageView"]

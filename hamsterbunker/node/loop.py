@@ -19,19 +19,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..clock import Clock
-from ..control import ControlView
-from ..errors import HamsterbunkerError, StoreError
-from ..failpoints import failpoint
+from ..core.clock import Clock
+from ..core.errors import HamsterbunkerError, StoreError
+from ..core.failpoints import failpoint
+from ..core.timing import LeaseTiming
 from ..lease import LeaseKeeper, Outcome, TickResult
-from ..notify import Notifier
+from ..lease.control import ControlView
 from ..records import ClusterRecord, Heartbeat, LeaseRecord
 from ..stores import HeardLease, Store
-from ..timing import LeaseTiming
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventSink
 from .leaving import Leaving
+from .notify import Notifier
 from .pacing import Pacing
 from .state import Identity, Signals, Standing
 from .stopping import StopRequest
@@ -254,7 +254,7 @@ class NodeLoop(Leaving):
                 self._set_role("standby")
 
     def _follow_control(self, record: LeaseRecord | None) -> None:
-        """An operator's request in the lease record: a pause, a resume (hamsterbunker.control)."""
+        """An operator's request in the lease record: a pause, a resume (hamsterbunker.lease.control)."""
         if record is None:
             return
         self._control.read(record)

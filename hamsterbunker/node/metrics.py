@@ -18,7 +18,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from ..clock import Clock
+from ..core.clock import Clock
 from ..lease import LeaseKeeper
 from .state import Identity, Standing
 

@@ -12,9 +12,9 @@ Reads and beats are counted from the pass's start, so one pass a period does bot
 
 from __future__ import annotations
 
-from ..clock import Clock
+from ..core.clock import Clock
+from ..core.timing import LeaseTiming
 from ..lease import LeaseKeeper
-from ..timing import LeaseTiming
 from .state import Standing
 
 __all__ = ["Pacing"]

@@ -1,6 +1,6 @@
 """The log level of each event type: the one table that decides what `journalctl -p` shows.
 
-Under journald the level becomes the line's syslog priority (hamsterbunker.logs):
+Under journald the level becomes the line's syslog priority (hamsterbunker.core.logs):
 ``journalctl -p warning`` shows what needs a look (a lost lease, a store error,
 a failing agent), ``-p err`` what is going wrong now, ``-p crit`` what no
 restart fixes (the store went back in time). Role changes are INFO; what

@@ -14,10 +14,10 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..clock import Clock
+from ..core.clock import Clock
 from ..lease import LeaseKeeper
-from ..observe import EXPIRED, LIVE, LeaseObserver, Liveness, Observed
-from ..status import snapshot
+from ..lease.observe import EXPIRED, LIVE, LeaseObserver, Liveness, Observed
+from ..ops.status import snapshot
 from ..stores import Store
 from .state import Identity, Standing
 

@@ -6,13 +6,13 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agent import State, StepContext
-from ..clock import Clock
-from ..errors import Fenced, HamsterbunkerError
-from ..failpoints import failpoint
-from ..inbox import ConsumedMarks
+from ..agent.inbox import ConsumedMarks
+from ..agent.step import State, StepContext
+from ..core.clock import Clock
+from ..core.errors import Fenced, HamsterbunkerError
+from ..core.failpoints import failpoint
+from ..core.reach import Reach
 from ..lease import LeaseKeeper
-from ..reach import Reach
 from ..sealing import Sealer
 from ..stores import Fence, Store
 from .calls import NodeCalls

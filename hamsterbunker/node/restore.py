@@ -25,9 +25,9 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..acceptance import Acceptance, open_acceptance
-from ..agent import Agent, State, StepContext
-from ..errors import (
+from ..agent.inbox import ConsumedMarks
+from ..agent.step import Agent, State, StepContext
+from ..core.errors import (
     CorruptRecord,
     HamsterbunkerError,
     NoUsableCheckpoint,
@@ -35,17 +35,17 @@ from ..errors import (
     StoreRegressed,
     Tampered,
 )
-from ..inbox import ConsumedMarks
+from ..core.reach import Reach
 from ..lease import LeaseKeeper
-from ..lineage import CheckpointRef, TermId
-from ..notify import Notifier
-from ..reach import Reach
+from ..lease.acceptance import Acceptance, open_acceptance
 from ..records import CheckpointInfo
+from ..records.lineage import CheckpointRef, TermId
 from ..sealing import Sealer
 from ..stores import RestoreRead, Store
 from ..stores.base import newest_first
 from .calls import NodeCalls
 from .lineage_view import LineageRead, LineageView, describe_ref
+from .notify import Notifier
 from .state import Standing
 
 __all__ = ["BehindTheSync", "LeaseBehind", "Progress", "Restorer"]

@@ -25,23 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..agent import Agent
-from ..clock import Clock, MonotonicClock
-from ..control import ControlView
-from ..history import HistoryWriter
-from ..http_address import HttpAddress, parse_http_address
-from ..intents import IntentLog
-from ..keyring import Keyring, Secret
-from ..lease import LeaseKeeper
-from ..lease.proof import LeaseProof
-from ..lineage import ChainChoice
-from ..memory import Memory, MemoryFile
-from ..notify import Notifier
-from ..records import Heartbeat, check_name
-from ..rotation.nodes import KEYS_READ_TTLS
-from ..sealing import Sealer
-from ..stores import Store, open_store
-from ..timing import (
+from ..agent.intents import IntentLog
+from ..agent.step import Agent
+from ..core.clock import Clock, MonotonicClock
+from ..core.history import HistoryWriter
+from ..core.http_address import HttpAddress, parse_http_address
+from ..core.timing import (
     DEFAULT_STEP_RETRY,
     DEFAULT_STOP_GRACE_MS,
     DEFAULT_TIMING,
@@ -50,6 +39,16 @@ from ..timing import (
     check_stop_grace,
     check_sync_delay,
 )
+from ..lease import LeaseKeeper
+from ..lease.control import ControlView
+from ..lease.memory import Memory, MemoryFile
+from ..lease.proof import LeaseProof
+from ..records import Heartbeat, check_name
+from ..records.lineage import ChainChoice
+from ..rotation.nodes import KEYS_READ_TTLS
+from ..sealing import Sealer
+from ..sealing.keyring import Keyring, Secret
+from ..stores import Store, open_store
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
@@ -57,6 +56,7 @@ from .identity_check import check_node_id_free
 from .keys import KeyFollower, show_keys
 from .lineage_view import DivergenceCheck, LineageView, describe_ref
 from .loop import NodeLoop
+from .notify import Notifier
 from .probes import NodeProbes
 from .restore import Restorer
 from .startup import StoreWait
@@ -108,7 +108,7 @@ class Runtime:
         sync_delay_ms: int | None = None,
     ) -> None:
         """``state_dir``: where this node keeps its memory of the store across restarts
-        (see ``hamsterbunker.memory``); without one it remembers only while it runs.
+        (see ``hamsterbunker.lease.memory``); without one it remembers only while it runs.
         ``clock`` times everything the node times (CLOCK_BOOTTIME by default).
         ``stop_grace_ms``: how long a stop lets the step in flight finish and be
         published before it is cancelled (async) or abandoned (sync).

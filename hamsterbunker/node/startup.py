@@ -27,9 +27,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..clock import Clock
-from ..errors import StoreUnavailable
-from ..notify import Notifier
+from ..core.clock import Clock
+from ..core.errors import StoreUnavailable
+from .notify import Notifier
 
 __all__ = ["DEFAULT_START_RETRY", "StartRetry", "StoreWait"]
 

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import threading
 
-from ..clock import Clock
-from ..timing import DEFAULT_STOP_GRACE_MS
+from ..core.clock import Clock
+from ..core.timing import DEFAULT_STOP_GRACE_MS
 
 __all__ = ["SHUTDOWN_CALL_S", "StopRequest"]
 

@@ -21,16 +21,16 @@ import threading
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
-from ..agent import Agent, State, StepContext, _current
-from ..clock import Clock
-from ..effects import StepEffects
-from ..errors import Fenced, NoUsableCheckpoint, StepLost, StoreError
-from ..inbox import StepInbox
-from ..intents import IntentLog
+from ..agent.effects import StepEffects
+from ..agent.inbox import StepInbox
+from ..agent.intents import IntentLog
+from ..agent.step import Agent, State, StepContext, _current
+from ..core.clock import Clock
+from ..core.errors import Fenced, NoUsableCheckpoint, StepLost, StoreError
+from ..core.timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
 from ..lease import LeaseKeeper
 from ..sealing import Sealer
 from ..stores import Fence, Store
-from ..timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
 from .backoff import StepFailures, pause_for
 from .calls import NodeCalls
 from .events import EventSink
@@ -364,7 +364,7 @@ class LeaderTerm:
     async def _read_journal(self, effects: StepEffects) -> bool:
         """Read the journal of the term's first step before it runs: it may replay a step
         an earlier leader began, and is shown the submissions that run was shown (see
-        hamsterbunker.inbox). False if the store failed (said; tried again)."""
+        hamsterbunker.agent.inbox). False if the store failed (said; tried again)."""
         try:
             await effects.load()
         except StoreError as exc:

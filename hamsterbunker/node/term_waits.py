@@ -7,8 +7,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..agent import State
-from ..clock import Clock
+from ..agent.step import State
+from ..core.clock import Clock
 from ..lease import LeaseKeeper
 from .inbox import TermInbox
 from .state import Signals, Standing

@@ -1,4 +1,4 @@
-"""The node's side of systemd beyond ``hamsterbunker.notify``: watchdog pings and STATUS= text.
+"""The node's side of systemd beyond ``hamsterbunker.node.notify``: watchdog pings and STATUS= text.
 
 The ping is withheld while a pass of the lease loop is stuck (a store call
 that never returns), so that systemd restarts a node that no longer keeps
@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..clock import Clock
+from ..core.clock import Clock
 from ..lease import LeaseKeeper
-from ..notify import Notifier
+from .notify import Notifier
 from .state import Standing
 
 __all__ = ["Watchdog", "status_text"]

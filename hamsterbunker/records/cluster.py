@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CorruptRecord
+from ..core.errors import CorruptRecord
 from .parsing import count_of, field_of, load_object
 
 # Keys a cluster record names besides its current one (accepted while a rotation

@@ -6,8 +6,8 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import CorruptRecord
-from ..limits import (
+from ..core.errors import CorruptRecord
+from ..core.limits import (
     MAX_EPOCH,
     MAX_LEASE_TTL_MS,
     MAX_SEQ,
@@ -16,7 +16,7 @@ from .parsing import NAME_PATTERN, check_record_name, count_of, field_of, finite
 
 # The lease record keeps this many of the newest takeovers (``hb history``).
 MAX_HISTORY = 32
-# A signed operator request (hamsterbunker.control) in a lease record: at most this long.
+# A signed operator request (hamsterbunker.lease.control) in a lease record: at most this long.
 MAX_CONTROL_CHARS = 2048
 # A lease record's proof (hamsterbunker.lease.proof): a key id and an HMAC, well below this.
 MAX_PROOF_CHARS = 256
@@ -67,7 +67,7 @@ class LeaseRecord:
     of a checkpoint, that the writer knew to be accepted: they let every node,
     standbys included, tell when the store loses checkpoints.
     ``control`` is an operator's signed request (pause, switchover: see
-    hamsterbunker.control), carried from term to term; ``successor`` names the
+    hamsterbunker.lease.control), carried from term to term; ``successor`` names the
     node a released lease was handed to (the others leave it to that node for
     a TTL); ``history`` the newest takeovers, oldest first. ``proof`` is its
     writer's signature over the fields that steer a node beyond one TTL

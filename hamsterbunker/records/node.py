@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CorruptRecord
-from ..limits import (
+from ..core.errors import CorruptRecord
+from ..core.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
     MAX_SEQ,

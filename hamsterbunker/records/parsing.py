@@ -10,8 +10,8 @@ import secrets
 from dataclasses import asdict
 from typing import Any, TypeVar
 
-from ..errors import ConfigError, CorruptRecord
-from ..limits import (
+from ..core.errors import ConfigError, CorruptRecord
+from ..core.limits import (
     MAX_JSON_DEPTH,
     MAX_NUMBER,
     MAX_RECORD_BYTES,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..errors import SealError
+from ..core.errors import SealError
 from ..sealing import EffectAt, Sealer, sealed_key_id
 from ..stores import Store
 from ..stores.reseal import REPLY_PAGE

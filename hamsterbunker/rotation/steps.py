@@ -11,9 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..acceptance import Acceptance, open_acceptance, seal_acceptance
-from ..control import Control, open_control, sign_control
-from ..errors import (
+from ..core.errors import (
     ClusterChanged,
     ConfigError,
     ControlRefused,
@@ -23,10 +21,12 @@ from ..errors import (
     StoreError,
     Tampered,
 )
-from ..failpoints import failpoint
-from ..keyring import Keyring
+from ..core.failpoints import failpoint
+from ..lease.acceptance import Acceptance, open_acceptance, seal_acceptance
+from ..lease.control import Control, open_control, sign_control
 from ..records import MAX_CLUSTER_KEYS, ClusterRecord, LeaseRecord
 from ..sealing import Sealer, read_header, sealed_key_id
+from ..sealing.keyring import Keyring
 from ..stores import Store
 from .nodes import LiveNode, live_nodes, wait_until_sealing
 from .reseal import Resealed, old_replies, reseal_inbox, reseal_journal, reseal_replies

@@ -2,9 +2,9 @@
 invariant 5): the ``Sealer`` (``sealer``), the sealed formats (``formats``) and the
 records of work (``work``). ``docs/design.md`` ("Sealed records") tells the formats."""
 
-from ..cluster_keys import SCRYPT_MAX_MEMORY, SCRYPT_MAX_WORK, check_scrypt_parameters
-from ..keyring import MIN_SECRET_LENGTH, check_secret
+from .cluster_keys import SCRYPT_MAX_MEMORY, SCRYPT_MAX_WORK, check_scrypt_parameters
 from .formats import SealedHeader, gcm_pieces, read_header, sealed_key_id
+from .keyring import MIN_SECRET_LENGTH, check_secret
 from .sealer import Sealer, new_cluster_record
 from .work import EffectAt, OpenedEffect, OpenedSubmission
 

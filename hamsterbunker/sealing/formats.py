@@ -19,10 +19,10 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..cluster_keys import subkey
-from ..errors import CorruptRecord, Tampered
-from ..limits import MAX_EPOCH, MAX_SEQ
+from ..core.errors import CorruptRecord, Tampered
+from ..core.limits import MAX_EPOCH, MAX_SEQ
 from ..records import parse_json
+from .cluster_keys import subkey
 
 __all__ = [
     "CHECKPOINT_MAGIC",

@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import state_json
-from ..blob import BlobPieces
-from ..cluster_keys import (
+from ..core import state_json
+from ..core.blob import BlobPieces
+from ..core.errors import HamsterbunkerError, SealError, StoreRegressed, Tampered
+from ..records import ClusterRecord
+from .cluster_keys import (
     SCRYPT_N,
     SCRYPT_P,
     SCRYPT_R,
@@ -31,9 +33,6 @@ from ..cluster_keys import (
     legacy_key_id,
     master_key,
 )
-from ..errors import HamsterbunkerError, SealError, StoreRegressed, Tampered
-from ..keyring import Keyring
-from ..records import ClusterRecord
 from .formats import (
     CHECKPOINT_MAGIC,
     FORMAT_VERSION,
@@ -50,6 +49,7 @@ from .formats import (
     read_header,
     record_mac,
 )
+from .keyring import Keyring
 from .work import WorkSealing
 
 __all__ = ["REFRESH_EVERY_S", "Sealer", "new_cluster_record"]
@@ -89,7 +89,7 @@ class _InUse:
 class Sealer(WorkSealing):
     """Seals with the cluster's current key and opens with any key it accepts.
 
-    ``secret`` is one secret or a keyring (``hamsterbunker.keyring``); it must
+    ``secret`` is one secret or a keyring (``hamsterbunker.sealing.keyring``); it must
     hold every key the cluster record lists (WrongSecret says which it lacks).
     A running node follows changes of the record with ``adopt``.
     """
@@ -224,13 +224,13 @@ class Sealer(WorkSealing):
     ) -> bytes:
         """Seal a JSON-serialisable state under a fresh random nonce, with the current key.
 
-        The plaintext is the state's compact JSON (``hamsterbunker.state_json``:
+        The plaintext is the state's compact JSON (``hamsterbunker.core.state_json``:
         orjson's bytes where they read back as the standard library's would, else
         the standard library's), so ``open`` gives back what json.loads of
         json.dumps(state) gives, and refuses what json.dumps refuses.
 
         inbox: which of the agent's submissions are consumed as of this state
-        (``hamsterbunker.inbox.ConsumedMarks``), sealed with it, so that they
+        (``hamsterbunker.agent.inbox.ConsumedMarks``), sealed with it, so that they
         commit together; the header says a checkpoint carries it. sealed_at:
         the time the header gives (now; a re-seal keeps the first one's).
         node: the node whose chain the checkpoint goes into, on a store that
@@ -252,7 +252,7 @@ class Sealer(WorkSealing):
         inbox: dict[str, Any] | None = None,
         node: str | None = None,
     ) -> BlobPieces:
-        """seal(), encrypted piece by piece as a store takes the pieces (``hamsterbunker.blob``).
+        """seal(), encrypted piece by piece as a store takes the pieces (``hamsterbunker.core.blob``).
 
         The same format, opened by ``open``; for a publish, whose store writes each
         piece while the next is encrypted. The state's JSON is made here, so a

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import SealError, Tampered
+from ..core.errors import SealError, Tampered
 from .formats import (
     EFFECT_MAGIC,
     PREFIX,

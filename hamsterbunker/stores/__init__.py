@@ -6,7 +6,7 @@ import importlib
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
-from ..errors import ConfigError, StoreUnavailable
+from ..core.errors import ConfigError, StoreUnavailable
 from .base import (
     AdmissionState,
     Consumed,

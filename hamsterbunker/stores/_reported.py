@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Protocol, TypeVar
 
-from ..errors import CorruptRecord
+from ..core.errors import CorruptRecord
 
 __all__ = ["ReportedOnce", "readable"]
 

@@ -7,7 +7,7 @@ must wake it at once is a release, a takeover or an operator's request.
 
 from __future__ import annotations
 
-from ..errors import CorruptRecord
+from ..core.errors import CorruptRecord
 from ..records import LeaseRecord
 
 __all__ = ["TermChanges"]

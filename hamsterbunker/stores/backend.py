@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from ..blob import Blob
-from ..read_bounds import BoundedRead, ReadBound
+from ..core.blob import Blob
+from ..core.read_bounds import BoundedRead, ReadBound
 from .base import StoreGuarantees
 
 __all__ = [
@@ -99,7 +99,7 @@ class Compare:
 
 @dataclass(frozen=True)
 class Put:
-    """Set key to value (bytes, or pieces made as they are written: ``hamsterbunker.blob``)."""
+    """Set key to value (bytes, or pieces made as they are written: ``hamsterbunker.core.blob``)."""
 
     key: str
     value: Blob

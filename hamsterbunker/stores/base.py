@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ..blob import Blob
-from ..errors import CorruptRecord, Fenced, StoreError, UnreadableLease
-from ..limits import (
+from ..core.blob import Blob
+from ..core.errors import CorruptRecord, Fenced, StoreError, UnreadableLease
+from ..core.limits import (
     MAX_CONSUMED_PER_STEP,
     MAX_EPOCH,
     MAX_INBOX_BYTES,
@@ -406,8 +406,8 @@ class Store(Protocol):
         Raises StoreError, storing nothing, if a checkpoint of the fence's epoch
         at or above seq is stored (a term numbers upwards and never overwrites
         its own), or if seq, the epoch or the size is outside the bounds of
-        ``hamsterbunker.limits.check_checkpoint_bounds`` (with its message).
-        ``blob`` is bytes, or pieces made as they are taken (``hamsterbunker.blob``;
+        ``hamsterbunker.core.limits.check_checkpoint_bounds`` (with its message).
+        ``blob`` is bytes, or pieces made as they are taken (``hamsterbunker.core.blob``;
         a publish's, encrypted while they are written): their length is checked
         before anything is written; if making them raises, nothing is stored and
         that is raised.
@@ -444,14 +444,14 @@ class Store(Protocol):
 
         What the store holds under a checkpoint's name is not authenticated: an
         entry whose name or description does not parse, or whose numbers are
-        outside ``hamsterbunker.limits``, is logged and left out, never raised.
+        outside ``hamsterbunker.core.limits``, is logged and left out, never raised.
         """
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         """The sealed bytes of one retained checkpoint (StoreError if it is gone).
 
         Raises CorruptRecord, reading no more than that, for stored bytes over
-        ``hamsterbunker.limits.MAX_CHECKPOINT_BYTES``.
+        ``hamsterbunker.core.limits.MAX_CHECKPOINT_BYTES``.
         """
 
     def take_lease(
@@ -492,7 +492,7 @@ class Store(Protocol):
         are one atomic step; Fenced if the lease moved on. Durable as a
         checkpoint is before it returns. Replaces a record under the same
         (seq, index, kind). Raises StoreError, storing nothing, for numbers or a
-        size outside ``hamsterbunker.limits.check_effect_bounds`` (with its
+        size outside ``hamsterbunker.core.limits.check_effect_bounds`` (with its
         message).
         """
 
@@ -502,7 +502,7 @@ class Store(Protocol):
         Not authenticated (the caller opens each record). An entry whose name
         does not parse, whose numbers or kind are outside
         ``check_effect_bounds``, or whose bytes are over
-        ``hamsterbunker.limits.MAX_EFFECT_BYTES`` is logged and left out, never
+        ``hamsterbunker.core.limits.MAX_EFFECT_BYTES`` is logged and left out, never
         raised, reading no more than that limit of it.
         """
 
@@ -543,7 +543,7 @@ class Store(Protocol):
         """The agent's loss-acceptance record (``hb accept-loss``), or None if there is none.
 
         Opaque bytes, authenticated by the caller. CorruptRecord if over
-        ``hamsterbunker.limits.MAX_RECORD_BYTES``.
+        ``hamsterbunker.core.limits.MAX_RECORD_BYTES``.
         """
 
     def put_acceptance(self, agent: str, data: bytes) -> None:

@@ -2,7 +2,7 @@
 
 On a synced folder (``docs/syncdir.md``) two nodes can lead at once; each
 writes its own chain and a signed record of its term's start, and a node
-restores from the winning lineage (``hamsterbunker.lineage``) rather than from
+restores from the winning lineage (``hamsterbunker.records.lineage``) rather than from
 the newest checkpoint of any chain. A node takes them from ``Store.chains``
 (None on a store with one chain) and needs to know nothing of the backend
 that keeps them. Not runtime-checkable: callers ask the store, not the type.

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError, StoreError, Tampered
-from ..limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
+from ..core.errors import ConfigError, StoreError, Tampered
+from ..core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
 from ..records import CheckpointInfo, LeaseRecord
 from ..sealing import Sealer
 from .backend import Put, Txn

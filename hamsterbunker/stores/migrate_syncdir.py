@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import ConfigError, CorruptRecord
-from ..keyring import Secret
-from ..limits import MAX_RECORD_BYTES, MAX_TERM_RECORD_BYTES
+from ..core.errors import ConfigError, CorruptRecord
+from ..core.limits import MAX_RECORD_BYTES, MAX_TERM_RECORD_BYTES
 from ..records import check_record_name
 from ..sealing import Sealer
+from ..sealing.keyring import Secret
 from .backends.file import FileBackend, earlier_layout
 from .dirs.fileio import dir_entries, opened_dir, os_errors_as_store_errors, read_file
 from .dirs.location import open_root

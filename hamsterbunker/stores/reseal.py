@@ -3,8 +3,8 @@ how much one page of ``Store.read_replies`` holds."""
 
 from __future__ import annotations
 
-from ..errors import StoreError
-from ..limits import check_reply_bounds, check_submission_bounds
+from ..core.errors import StoreError
+from ..core.limits import check_reply_bounds, check_submission_bounds
 
 __all__ = [
     "REPLY_PAGE",

@@ -60,14 +60,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from hamsterbunker.checker import check
-from hamsterbunker.errors import StoreError
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.errors import StoreError
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import pause_outside_lock, process_state, wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.hb_test_agents import EffectsAgent, SyncEffectsAgent
@@ -342,7 +342,7 @@ def test_a_leader_killed_at_an_effect_failpoint_is_replayed_without_repeating_co
     runs.assert_tool_calls_were_started()
     runs.assert_completed_never_called_again()
     runs.assert_interrupted_at_most_once()
-    assert check(history(cluster)) == []  # hamsterbunker.checker's rules, effects included
+    assert check(history(cluster)) == []  # hamsterbunker.ops.checker's rules, effects included
 
     # What node-b's replay of step 2 gave the agent.
     replayed = {s["name"]: s for s in saw if s["node"] == B.node and s["seq"] == KILLED_SEQ}
@@ -487,7 +487,7 @@ def assert_agent_saw_one_outcome_per_effect(
 
 
 def outcome_digest(outcome: dict[str, Any]) -> str:
-    """An outcome's digest as the history records it (hamsterbunker.effects._digest)."""
+    """An outcome's digest as the history records it (hamsterbunker.agent.effects._digest)."""
     text = json.dumps(outcome, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -573,7 +573,7 @@ def test_kill_loop_completed_effects_never_run_again_and_each_kill_repeats_at_mo
     runs.assert_tool_calls_were_started()
     runs.assert_completed_never_called_again()
     runs.assert_interrupted_at_most_once()
-    assert check(history(cluster)) == []  # hamsterbunker.checker's rules, effects included
+    assert check(history(cluster)) == []  # hamsterbunker.ops.checker's rules, effects included
     assert_stable_keys(tool)
 
     # A safe effect runs again only when a kill (or the runtime giving a step up:
@@ -759,7 +759,7 @@ def test_a_leader_paused_past_its_renew_deadline_mid_effect_repeats_no_completed
     runs.assert_tool_calls_were_started()
     runs.assert_completed_never_called_again()
     runs.assert_interrupted_at_most_once()
-    assert check(history(cluster)) == []  # hamsterbunker.checker's rules, effects included
+    assert check(history(cluster)) == []  # hamsterbunker.ops.checker's rules, effects included
     assert_stable_keys(tool)
     saw = lines(tmp_path / "saw.jsonl")
     assert_agent_saw_one_outcome_per_effect(saw, given_up(store, agent))

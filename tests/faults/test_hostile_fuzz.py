@@ -30,12 +30,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.checker import check
-from hamsterbunker.history import read_history
-from hamsterbunker.limits import MAX_EPOCH, MAX_SEQ
+from hamsterbunker.core.history import read_history
+from hamsterbunker.core.limits import MAX_EPOCH, MAX_SEQ
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent
 from tests.support.hostile_values import json_values

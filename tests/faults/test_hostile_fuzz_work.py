@@ -75,12 +75,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.agent import current_step
-from hamsterbunker.checker import check
-from hamsterbunker.client import Client
-from hamsterbunker.control import set_paused
-from hamsterbunker.effects import current_effect
-from hamsterbunker.errors import (
+from hamsterbunker.agent.effects import current_effect
+from hamsterbunker.agent.step import current_step
+from hamsterbunker.core.errors import (
     EffectInterrupted,
     HamsterbunkerError,
     LeaseConflict,
@@ -88,12 +85,15 @@ from hamsterbunker.errors import (
     StoreError,
     UnknownRequest,
 )
-from hamsterbunker.history import read_history
+from hamsterbunker.core.history import read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.lease.control import set_paused
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.client import Client
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, Recorder
 from tests.support.hostile_values import json_values

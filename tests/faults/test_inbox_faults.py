@@ -61,15 +61,15 @@ from typing import Any, TypeVar
 import pytest
 
 from hamsterbunker import Client
-from hamsterbunker.checker import check
-from hamsterbunker.errors import InboxFull, StoreError
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.inbox import Admission
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.agent.inbox import Admission
+from hamsterbunker.core.errors import InboxFull, StoreError
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import pause_outside_lock, process_state, wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.hb_inbox_agents import InboxAnswerer, answer

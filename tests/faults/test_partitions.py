@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
-from hamsterbunker.timing import LeaseTiming
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from tests.support import wait_until
 from tests.support.etcd_server import require_etcd
 from tests.support.netns import Network, require_netns

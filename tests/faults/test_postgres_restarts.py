@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from hamsterbunker.clock import MonotonicClock
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.clock import MonotonicClock
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import process_state, wait_until
 from tests.support.postgres_server import PostgresServer
 

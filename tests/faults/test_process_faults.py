@@ -34,12 +34,12 @@ from typing import Any
 import pytest
 
 from hamsterbunker import Event, FileStore
-from hamsterbunker.checker import check
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import Sealer
-from hamsterbunker.timing import LeaseTiming
 from tests.support import (
     pause_outside_lock,
     process_state,

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.history import Op, read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.history import Op, read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import each_ended, wait_until
 from tests.support.redis_server import RedisServer
 from tests.support.server_process import stop_thawed

@@ -36,14 +36,14 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import HamsterbunkerError
-from hamsterbunker.keyring import Keyring
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.errors import HamsterbunkerError
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import Sealer, new_cluster_record, read_header
+from hamsterbunker.sealing.keyring import Keyring
 from hamsterbunker.stores import Fence, Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.cli import hb_env, run_hb
 from tests.support.etcd_server import etcd_url

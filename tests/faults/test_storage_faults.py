@@ -53,22 +53,22 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from hamsterbunker import Event, FileStore, current_step
-from hamsterbunker.checker import check
-from hamsterbunker.errors import (
+from hamsterbunker.core.errors import (
     CorruptRecord,
     SealError,
     StoreError,
     StoreRegressed,
     Tampered,
 )
-from hamsterbunker.history import read_history
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.history import read_history
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
-from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, holding_store_lock, store_of, wait_until
 from tests.support.raw_store import file_key
 

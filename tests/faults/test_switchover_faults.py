@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 import pytest
 
-from hamsterbunker.control import request_switchover
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.lease.control import request_switchover
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.redis_server import redis_url

@@ -1,4 +1,4 @@
-"""Operator requests in the lease record: pause, resume, switchover (hamsterbunker.control).
+"""Operator requests in the lease record: pause, resume, switchover (hamsterbunker.lease.control).
 
 Real ``Runtime`` nodes in this process, each with its own store client, on
 every backend. Waits are on conditions: "does not step" is shown by the
@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.control import (
+from hamsterbunker.core.errors import CorruptRecord, Tampered
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.lease.control import (
     Control,
     ControlRefused,
     open_control,
@@ -25,12 +27,10 @@ from hamsterbunker.control import (
     set_paused,
     sign_control,
 )
-from hamsterbunker.errors import CorruptRecord, Tampered
 from hamsterbunker.records import MAX_CONTROL_CHARS, MAX_HISTORY, LeaseRecord, Takeover
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, CountingAgent, Recorder, SyncAgent
 from tests.support.etcd_server import etcd_url

@@ -4,7 +4,7 @@ A store writer without the secret can copy an older genuine control request
 (a pause since resumed) back into the lease record, or empty the field. The
 running leader ignores it and writes the newest request it saw back at its
 next renewal; a node restarted with the same state directory remembers the
-newest request (``hamsterbunker.memory``), so it neither obeys the older one
+newest request (``hamsterbunker.lease.memory``), so it neither obeys the older one
 nor carries it on. The keeper tests run on a fake clock; the node tests run
 real ``Runtime`` nodes in this process on every backend that keeps the lease
 record whole (a syncdir store takes no operator's request: ``hb pause``
@@ -20,17 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.control import ControlView, open_control, set_paused
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.memory import MemoryFile
+from hamsterbunker.lease.control import ControlView, open_control, set_paused
+from hamsterbunker.lease.memory import MemoryFile
+from hamsterbunker.ops.status import snapshot
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer, new_cluster_record
-from hamsterbunker.status import snapshot
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder, SyncAgent
 from tests.support.etcd_server import etcd_url

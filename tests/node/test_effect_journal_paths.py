@@ -7,7 +7,7 @@ cancels the step as a crash would leave it). The next leader replays the step: i
 report the effect interrupted (``EffectInterrupted``), never call it again, and never
 loop on an ``EffectMismatch``. A store writer who deletes the journal of a step whose
 ``interrupted`` effect completed must not make the node that ran it call it again
-(``hamsterbunker.intents``). Each test runs on the file, memory, Redis, etcd and
+(``hamsterbunker.agent.intents``). Each test runs on the file, memory, Redis, etcd and
 syncdir stores; a ``Tool`` counts the real calls per effect and step.
 """
 
@@ -31,10 +31,10 @@ from hamsterbunker import (
     current_effect,
     current_step,
 )
+from hamsterbunker.core.timing import StepRetry
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import StepRetry
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 from tests.support.raw_store import RawRecords, RawStore, raw_at

@@ -26,8 +26,8 @@ from hamsterbunker import (
     current_effect,
     current_step,
 )
-from hamsterbunker.effects import Entry, JournalIO, StepEffects
-from hamsterbunker.errors import StepLost
+from hamsterbunker.agent.effects import Entry, JournalIO, StepEffects
+from hamsterbunker.core.errors import StepLost
 from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder

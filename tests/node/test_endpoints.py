@@ -21,8 +21,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.http_address import HttpAddress
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.http_address import HttpAddress
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper
 from hamsterbunker.node import endpoints as endpoints_module
 from hamsterbunker.node.endpoints import Endpoints
@@ -31,7 +32,6 @@ from hamsterbunker.node.probes import NodeProbes
 from hamsterbunker.node.state import Identity, Standing
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT
 

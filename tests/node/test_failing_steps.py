@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from hamsterbunker import LeaseTiming, Runtime, current_step
-from hamsterbunker.errors import ConfigError
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.timing import StepRetry
 from hamsterbunker.node.backoff import StepFailures, describe
 from hamsterbunker.records import MAX_SHOWN_ERROR, Heartbeat
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import StepRetry
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 from tests.support.cli import HB, hb_env, run_hb, wait_for
@@ -218,7 +218,7 @@ def test_step_retry_refuses_what_makes_no_sense(kwargs: dict[str, Any]) -> None:
 def test_a_heartbeat_with_a_long_failing_error_is_refused() -> None:
     beat = Heartbeat("a", "r", "h", 1, "active", 1, 1, "a", 0.0, failing=2, failing_error="x")
     assert Heartbeat.from_json(beat.to_json()).failing == 2
-    from hamsterbunker.errors import CorruptRecord
+    from hamsterbunker.core.errors import CorruptRecord
 
     bad = Heartbeat("a", "r", "h", 1, "active", 1, 1, "a", 0.0, failing_error="x" * 201)
     with pytest.raises(CorruptRecord):
@@ -269,9 +269,9 @@ def test_hb_status_shows_the_failing_step_of_a_running_node(tmp_path: Path) -> N
 
 def test_hb_status_shows_failing_steps_of_the_active_node_only(tmp_path: Path) -> None:
     from hamsterbunker import FileStore
+    from hamsterbunker.ops.status import snapshot
+    from hamsterbunker.ops.status_text import render
     from hamsterbunker.records import LeaseRecord
-    from hamsterbunker.status import snapshot
-    from hamsterbunker.status_text import render
 
     store = FileStore(tmp_path / "store")
     store.cas_lease("x", None, LeaseRecord("n1", "eu", "s1", epoch=1, ttl_ms=60_000))
@@ -286,7 +286,7 @@ def test_hb_status_shows_failing_steps_of_the_active_node_only(tmp_path: Path) -
 
 
 def test_the_retry_keys_and_flags_are_read_and_checked(tmp_path: Path) -> None:
-    from hamsterbunker.config import parse_config
+    from hamsterbunker.ops.config import parse_config
 
     keys = {"store": "file:///s", "agent": "m:a"}
     config = parse_config({**keys, "step_retry_ms": 50, "max_step_failures": 0}, tmp_path)
@@ -305,7 +305,7 @@ def test_the_retry_keys_and_flags_are_read_and_checked(tmp_path: Path) -> None:
 def test_the_backoff_is_timed_on_the_nodes_clock_and_ends_with_the_term() -> None:
     """pause_for waits on the node's clock (a FakeClock here, moved by hand), and returns
     False as soon as the term ends."""
-    from hamsterbunker.clock import FakeClock
+    from hamsterbunker.core.clock import FakeClock
     from hamsterbunker.node.backoff import pause_for
 
     async def scenario() -> None:

@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.checker import check
-from hamsterbunker.errors import NoUsableCheckpoint, SealError, StoreRegressed
-from hamsterbunker.history import read_history
-from hamsterbunker.limits import MAX_EPOCH
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.errors import NoUsableCheckpoint, SealError, StoreRegressed
+from hamsterbunker.core.history import read_history
+from hamsterbunker.core.limits import MAX_EPOCH
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.agents import SECRET, AsyncAgent, CountingAgent, Recorder
 from tests.support.raw_store import RawStore, backend_store
@@ -259,7 +259,7 @@ def test_hb_accept_loss_lets_nodes_resume_and_forgives_nothing_published_after_i
     started afterwards, and the one that refused, resume from seq 1 under a new epoch. A later
     damage of the new line is refused again: the acceptance forgives nothing published after
     it."""
-    from hamsterbunker.cli import main
+    from hamsterbunker.cli.main import main
 
     nodes.publish_and_stop(4)
     for seq in (3, 4):

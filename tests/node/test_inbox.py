@@ -26,9 +26,9 @@ from hamsterbunker import (
     UnknownRequest,
     current_step,
 )
-from hamsterbunker.errors import StoreUnavailable, Tampered
-from hamsterbunker.inbox import ConsumedMarks, StepInbox
-from hamsterbunker.limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_SUBMISSION_BYTES
+from hamsterbunker.agent.inbox import ConsumedMarks, StepInbox
+from hamsterbunker.core.errors import StoreUnavailable, Tampered
+from hamsterbunker.core.limits import MAX_CONSUMED_PER_STEP, MAX_INBOX_GAPS, MAX_SUBMISSION_BYTES
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores.backend import DeleteRange, Txn
 from hamsterbunker.stores.layer.keys import AgentKeys

@@ -1,4 +1,4 @@
-"""The intents a node began, kept in its state directory (hamsterbunker.intents)."""
+"""The intents a node began, kept in its state directory (hamsterbunker.agent.intents)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.intents import BegunIntent, IntentLog
+from hamsterbunker.agent.intents import BegunIntent, IntentLog
+from hamsterbunker.core.errors import ConfigError
 
 
 def test_an_intent_outlives_the_node_that_kept_it(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from hamsterbunker import cluster_keys
-from hamsterbunker.cluster_keys import master_key
+from hamsterbunker.sealing import cluster_keys
+from hamsterbunker.sealing.cluster_keys import master_key
 
 
 def test_a_key_is_derived_once_however_many_agents_open_the_cluster(

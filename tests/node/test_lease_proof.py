@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.clock import FakeClock
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
+from hamsterbunker.core.reach import Reach
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.lease.proof import LeaseProof
-from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
-from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.node.test_hostile_store import AGENT, TTL_MS, Nodes, nodes
 from tests.node.test_syncdir_lineage import WAIT_S
 from tests.node.test_syncdir_lineage import Nodes as SyncNodes

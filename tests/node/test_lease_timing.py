@@ -14,15 +14,21 @@ from dataclasses import replace
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.errors import (
+    ConfigError,
+    Fenced,
+    LeaseConflict,
+    StoreError,
+    StoreUnavailable,
+)
+from hamsterbunker.core.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
+from hamsterbunker.core.reach import Reach
+from hamsterbunker.core.timing import LeaseTiming, check_sync_delay
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS
-from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.layer.keys import AgentKeys
-from hamsterbunker.timing import LeaseTiming, check_sync_delay
 from tests.support.raw_store import RawRecords, file_key
 
 AGENT = "agent-1"

@@ -30,7 +30,7 @@ PREFIX = re.compile(r"^<[0-7]>")
 SCRIPT = textwrap.dedent(
     """
     import logging
-    from hamsterbunker.logs import configure_logging
+    from hamsterbunker.core.logs import configure_logging
 
     configure_logging()
     log = logging.getLogger("hamsterbunker.test")
@@ -205,7 +205,7 @@ def test_hb_error_line_under_journald_has_error_priority(tmp_path):
 DEBUG_SCRIPT = textwrap.dedent(
     """
     import logging, sys
-    from hamsterbunker.logs import configure_logging, log_level
+    from hamsterbunker.core.logs import configure_logging, log_level
 
     configure_logging(log_level(sys.argv[1]))
     for name in ("hamsterbunker.test", "otherlib"):

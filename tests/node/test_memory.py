@@ -1,4 +1,4 @@
-"""A node's memory of a store across its own restarts (``hamsterbunker.memory``)."""
+"""A node's memory of a store across its own restarts (``hamsterbunker.lease.memory``)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.limits import STALE_TEMP_AGE_S
-from hamsterbunker.memory import Memory, MemoryFile
-from hamsterbunker.reach import Reach
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.limits import STALE_TEMP_AGE_S
+from hamsterbunker.core.reach import Reach
+from hamsterbunker.lease.memory import Memory, MemoryFile
 from hamsterbunker.records import MAX_CONTROL_CHARS
 from hamsterbunker.sealing import new_cluster_record
 from tests.support.io_probes import record_fsyncs

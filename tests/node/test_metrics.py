@@ -24,9 +24,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.http_address import HttpAddress, parse_http_address
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.http_address import HttpAddress, parse_http_address
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper
 from hamsterbunker.node import endpoints as endpoints_module
 from hamsterbunker.node.endpoints import Endpoints
@@ -36,7 +37,6 @@ from hamsterbunker.node.state import Identity, Standing
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker import Event
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import pause_outside_lock, process_state, redo_finished, wait_until
 from tests.support.etcd_server import etcd_url
 from tests.support.postgres_server import postgres_url

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from hamsterbunker import Runtime
-from hamsterbunker.notify import Notifier
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.node.notify import Notifier
 from hamsterbunker.records import CheckpointInfo, Heartbeat, LeaseRecord
 from hamsterbunker.stores import RestoreRead
 from hamsterbunker.stores.layer.keys import CLUSTER
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.raw_store import file_key
 
@@ -378,7 +378,7 @@ def test_an_unreachable_socket_is_reported_once_and_the_node_runs_on(
     notifier = Notifier(str(path), watchdog_usec=200_000)
     sock.close()
     path.unlink()  # sends now fail with ECONNREFUSED/ENOENT
-    with caplog.at_level(logging.WARNING, logger="hamsterbunker.notify"):
+    with caplog.at_level(logging.WARNING, logger="hamsterbunker.node.notify"):
         node = _node(MemoryStore(), notifier)
         nodes.append(node)
         node.start()

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.agent import current_step
-from hamsterbunker.blob import Blob
-from hamsterbunker.errors import (
+from hamsterbunker.agent.step import current_step
+from hamsterbunker.core.blob import Blob
+from hamsterbunker.core.errors import (
     ConfigError,
     LeaseConflict,
     NoUsableCheckpoint,
@@ -33,12 +33,12 @@ from hamsterbunker.errors import (
     StoreUnavailable,
     WrongSecret,
 )
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.records import CheckpointInfo, Event, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Fence, RestoreRead, Store
 from hamsterbunker.stores.layer.keys import AgentKeys
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, CountingAgent, Recorder, SyncAgent
 from tests.support.raw_store import RawRecords, file_key, file_keys

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.errors import ConfigError, SealError, SecretTooShort, Tampered, WrongSecret
+from hamsterbunker.core.errors import ConfigError, SealError, SecretTooShort, Tampered, WrongSecret
 from hamsterbunker.records import ClusterRecord
 from hamsterbunker.sealing import Sealer, check_secret, new_cluster_record
 

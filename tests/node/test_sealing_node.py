@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from hamsterbunker import sealing
-from hamsterbunker.errors import SealError, Tampered
+from hamsterbunker.core.errors import SealError, Tampered
 from hamsterbunker.records import ClusterRecord
 from hamsterbunker.sealing import Sealer, new_cluster_record, read_header
 

@@ -1,5 +1,5 @@
 """Sealing in pieces (``Sealer.seal_pieces``): the same checkpoint format as ``seal``, made
-piece by piece as a store takes the pieces (``hamsterbunker.blob``)."""
+piece by piece as a store takes the pieces (``hamsterbunker.core.blob``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from hamsterbunker.blob import BlobPieces
-from hamsterbunker.errors import SealError, Tampered
+from hamsterbunker.core.blob import BlobPieces
+from hamsterbunker.core.errors import SealError, Tampered
 from hamsterbunker.records import ClusterRecord
 from hamsterbunker.sealing import Sealer, gcm_pieces, new_cluster_record
 

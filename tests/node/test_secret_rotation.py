@@ -17,11 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.acceptance import new_acceptance, seal_acceptance
-from hamsterbunker.client import Client
-from hamsterbunker.cluster_keys import legacy_key_id
-from hamsterbunker.control import Control, ControlView, open_control, set_paused, sign_control
-from hamsterbunker.errors import (
+from hamsterbunker.core.errors import (
     ConfigError,
     ControlRefused,
     SecretTooShort,
@@ -29,23 +25,27 @@ from hamsterbunker.errors import (
     Tampered,
     WrongSecret,
 )
-from hamsterbunker.keyring import Keyring, Secret, read_keyring
+from hamsterbunker.core.limits import MAX_CONSUMED_PER_STEP
+from hamsterbunker.core.reach import Reach
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper
+from hamsterbunker.lease.acceptance import new_acceptance, seal_acceptance
+from hamsterbunker.lease.control import Control, ControlView, open_control, set_paused, sign_control
 from hamsterbunker.lease.proof import LeaseProof
-from hamsterbunker.limits import MAX_CONSUMED_PER_STEP
 from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.cluster import Cluster
 from hamsterbunker.node.keys import KeyFollower, show_keys
 from hamsterbunker.node.state import Standing
-from hamsterbunker.reach import Reach
+from hamsterbunker.ops.client import Client
 from hamsterbunker.records import ClusterRecord, KeyEntry, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import EffectAt, Sealer, new_cluster_record, read_header, sealed_key_id
+from hamsterbunker.sealing.cluster_keys import legacy_key_id
+from hamsterbunker.sealing.keyring import Keyring, Secret, read_keyring
 from hamsterbunker.stores import Consumed, Fence
 from hamsterbunker.stores.reseal import REPLY_PAGE
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import Recorder, SyncAgent
 

@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker import clock as clock_module
-from hamsterbunker.agent import current_step
-from hamsterbunker.blob import Blob
-from hamsterbunker.clock import FakeClock, MonotonicClock
-from hamsterbunker.errors import StepLost, StoreUnavailable
+from hamsterbunker.agent.step import current_step
+from hamsterbunker.core import clock as clock_module
+from hamsterbunker.core.blob import Blob
+from hamsterbunker.core.clock import FakeClock, MonotonicClock
+from hamsterbunker.core.errors import StepLost, StoreUnavailable
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent, CountingAgent, Recorder
 

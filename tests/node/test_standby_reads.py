@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from hamsterbunker import FileStore
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, CountingAgent
 from tests.support.etcd_server import etcd_url

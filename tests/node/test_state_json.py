@@ -2,7 +2,7 @@
 
 ``Sealer.seal`` encodes the state with orjson when that cannot change what
 ``Sealer.open`` returns, and with ``json.dumps`` otherwise
-(``hamsterbunker.state_json``). These tests hold every state, plain or not, to
+(``hamsterbunker.core.state_json``). These tests hold every state, plain or not, to
 the standard library's result: the same values of the same types (NaN included,
 the sign of zero, the order of keys), or the same SealError. Checkpoints sealed
 before the change open with this version, and those sealed now open with the
@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker import state_json
-from hamsterbunker.cluster_keys import master_key, subkey
-from hamsterbunker.errors import SealError
+from hamsterbunker.core import state_json
+from hamsterbunker.core.errors import SealError
 from hamsterbunker.records import ClusterRecord
 from hamsterbunker.sealing import Sealer, new_cluster_record, read_header
+from hamsterbunker.sealing.cluster_keys import master_key, subkey
 
 SECRET = "correct horse battery staple"
 AGENT, EPOCH, SEQ = "agent-1", 3, 17

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 
 from hamsterbunker import current_effect, current_step
-from hamsterbunker.lineage import CheckpointRef, Lineage, TermId, TermStart
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.node.lineage_view import LineageRead
+from hamsterbunker.records.lineage import CheckpointRef, Lineage, TermId, TermStart
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.layer.keys import AgentKeys
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 from tests.support.raw_store import file_key

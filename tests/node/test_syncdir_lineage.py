@@ -21,16 +21,16 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.agent import current_step
-from hamsterbunker.lineage import ChainChoice, CheckpointRef, TermId, TermStart
+from hamsterbunker.agent.step import current_step
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.node.lineage_view import LineageView
 from hamsterbunker.records import Event
+from hamsterbunker.records.lineage import ChainChoice, CheckpointRef, TermId, TermStart
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer, new_cluster_record
+from hamsterbunker.sealing.term_records import open_term_start, seal_chain_choice, seal_term_start
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
-from hamsterbunker.term_records import open_term_start, seal_chain_choice, seal_term_start
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
 from tests.support.cli import hb_env, run_hb

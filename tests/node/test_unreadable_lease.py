@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.errors import Fenced, UnreadableLease
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.errors import Fenced, UnreadableLease
+from hamsterbunker.core.reach import Reach
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.reach import Reach
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.base import Store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support.agents import SECRET, AsyncAgent, Recorder
 from tests.support.raw_store import RawRecords
 

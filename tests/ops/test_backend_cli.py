@@ -32,11 +32,11 @@ import redis
 from cryptography.hazmat.primitives import serialization
 
 from hamsterbunker import Event
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.stores._tls import tls_files_problem
-from hamsterbunker.timing import LeaseTiming
 from tests.support import process_state, wait_until
 from tests.support.cli import (
     AGENT,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from hamsterbunker.checker import check, main
-from hamsterbunker.history import HistoryWriter, Op, read_history
+from hamsterbunker.core.history import HistoryWriter, Op, read_history
+from hamsterbunker.ops.checker import check, main
 
 
 def op(node: str, kind: str, epoch: int, seq: int, start: float, end: float, outcome: str = "ok",
@@ -93,7 +93,7 @@ def test_a_term_not_continuing_from_its_restore_is_caught() -> None:
 
 
 def test_history_round_trips_through_the_file_and_the_command(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    """Lines written by HistoryWriter read back, and `python -m hamsterbunker.checker` judges them."""
+    """Lines written by HistoryWriter read back, and `python -m hamsterbunker.ops.checker` judges them."""
     path = tmp_path / "history.jsonl"
     writer = HistoryWriter(path)
     writer.record("a", "acquire", 1, 0, 0.0, "ok")

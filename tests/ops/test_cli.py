@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.cli import read_secret
-from hamsterbunker.memory import MemoryFile
+from hamsterbunker.cli.main import read_secret
+from hamsterbunker.lease.memory import MemoryFile
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores.base import Fence

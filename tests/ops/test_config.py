@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.config import (
+from hamsterbunker.core.errors import ConfigError, WrongSecret
+from hamsterbunker.ops.config import (
     DEFAULT_CONFIG_DIR,
     NodeConfig,
     config_dir,
@@ -33,8 +34,7 @@ from hamsterbunker.config import (
     load_instance,
     parse_config,
 )
-from hamsterbunker.errors import ConfigError, WrongSecret
-from hamsterbunker.provision import provision
+from hamsterbunker.ops.provision import provision
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.layer.keys import CLUSTER
 from tests.support.cli import HB, hb_env, run_hb, wait_for
@@ -604,7 +604,7 @@ def test_crash_while_replacing_config_keeps_old_one(tmp_path, monkeypatch, op):
     """A failure while --force writes NAME.toml leaves the old file whole and no temp file."""
     provision(NAME, _config("old"), tmp_path, force=False)
     before = snapshot(tmp_path)
-    monkeypatch.setattr(f"hamsterbunker.provision.os.{op}", _failing(op))
+    monkeypatch.setattr(f"hamsterbunker.ops.provision.os.{op}", _failing(op))
     with pytest.raises(OSError, match="injected"):
         provision(NAME, _config("new"), tmp_path, force=True)
     monkeypatch.undo()
@@ -616,7 +616,7 @@ def test_crash_while_replacing_config_keeps_old_one(tmp_path, monkeypatch, op):
 def test_crash_while_writing_first_config_leaves_none(tmp_path, monkeypatch, op):
     """A failure while writing a new NAME.toml leaves no NAME.toml and no temp file."""
     write_secret(tmp_path / f"{NAME}.secret", SECRET + "\n")
-    monkeypatch.setattr(f"hamsterbunker.provision.os.{op}", _failing(op))
+    monkeypatch.setattr(f"hamsterbunker.ops.provision.os.{op}", _failing(op))
     with pytest.raises(OSError, match="injected"):
         provision(NAME, _config("new"), tmp_path, force=False)
     monkeypatch.undo()
@@ -627,7 +627,7 @@ def test_crash_while_writing_first_config_leaves_none(tmp_path, monkeypatch, op)
 @pytest.mark.parametrize("op", ["fsync", "link"])
 def test_crash_while_writing_new_secret_leaves_nothing(tmp_path, monkeypatch, op):
     """A failure while writing a new secret leaves neither secret nor config nor temp file."""
-    monkeypatch.setattr(f"hamsterbunker.provision.os.{op}", _failing(op))
+    monkeypatch.setattr(f"hamsterbunker.ops.provision.os.{op}", _failing(op))
     with pytest.raises(OSError, match="injected"):
         provision(NAME, _config("new"), tmp_path, force=False)
     monkeypatch.undo()

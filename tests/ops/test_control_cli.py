@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.cli import hb_env, run_hb
 from tests.support.etcd_server import etcd_url

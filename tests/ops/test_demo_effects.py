@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.demo import (
     CALL_LOG_ENV,
     DemoFailed,
@@ -23,9 +24,8 @@ from hamsterbunker.demo import (
     _report_effects,
     _Watcher,
 )
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import Event
-from hamsterbunker.timing import LeaseTiming
 from tests.support import process_state, store_of
 from tests.support.cli import wait_for
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker import FileStore, cli_forget
-from hamsterbunker.errors import ConfigError, StoreError
+from hamsterbunker import FileStore
+from hamsterbunker.cli import forget as cli_forget
+from hamsterbunker.core.errors import ConfigError, StoreError
 from hamsterbunker.records import Heartbeat, LeaseRecord
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores import Store, open_store

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hamsterbunker.config import parse_config
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.local import LocalCluster, NodeSpec
-from hamsterbunker.timing import LeaseTiming
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.config import parse_config
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from tests.support import wait_until
 from tests.support.cli import AGENT, FAST, HB, SECRET, hb_env, run_hb
 from tests.support.etcd_server import etcd_url

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.config import load_instance
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.provision import choose_store, local_store
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.ops.config import load_instance
+from hamsterbunker.ops.provision import choose_store, local_store
 from tests.support.cli import hb_env, run_hb
 
 NAME = "agent"

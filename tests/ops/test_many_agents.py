@@ -20,19 +20,19 @@ from typing import Any
 import pytest
 import tomli_w
 
-from hamsterbunker.checker import check
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.config import HostedAgent, parse_config
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.history import read_history
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.history import read_history
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.node.balance import MAX_READS_PER_ROUND, Balancer
 from hamsterbunker.node.host import Host, HostNotifier
-from hamsterbunker.notify import Notifier
+from hamsterbunker.node.notify import Notifier
+from hamsterbunker.ops.checker import check
+from hamsterbunker.ops.config import HostedAgent, parse_config
 from hamsterbunker.records import Heartbeat
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import SECRET, SyncAgent
 from tests.support.cli import HB, hb_env, run_hb

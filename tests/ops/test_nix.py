@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.config import _TYPES, DEFAULT_CONFIG_DIR, parse_config
-from hamsterbunker.errors import ConfigError
-from hamsterbunker.http_address import parse_http_address
+from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.core.http_address import parse_http_address
+from hamsterbunker.ops.config import _TYPES, DEFAULT_CONFIG_DIR, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NIX_TESTS = Path(__file__).parent / "nix"

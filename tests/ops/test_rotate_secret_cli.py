@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.keyring import Keyring
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.rotation import Rotation
 from hamsterbunker.sealing import Sealer, new_cluster_record
+from hamsterbunker.sealing.keyring import Keyring
 from hamsterbunker.stores import Consumed, Fence
 from tests.support import wait_until
 from tests.support.cli import AGENT, AGENT_ID, FAST, hb_env, run_hb

@@ -234,7 +234,7 @@ class FakeClock:
 def test_the_observer_judges_on_its_own_clock_only() -> None:
     """Live once the record changed and not a full TTL ago; expired after a full TTL of no
     change; unknown when the TTL is longer than the watching may last. Never a wall clock."""
-    from hamsterbunker.observe import MAX_WATCH_S, LeaseObserver
+    from hamsterbunker.lease.observe import MAX_WATCH_S, LeaseObserver
     from hamsterbunker.testing import MemoryStore
 
     store, clock = MemoryStore(), FakeClock()

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker import Runtime
-from hamsterbunker.errors import CorruptRecord, StoreUnavailable
+from hamsterbunker.core.errors import CorruptRecord, StoreUnavailable
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.records import ClusterRecord, Event
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores import open_store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.node.test_notify import Counter, NotifySocket
 from tests.support import SUPPORT_DIR, wait_until
 from tests.support.agents import SECRET, Recorder

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.cli_submit import EXIT_TIMEOUT
-from hamsterbunker.client import Client
-from hamsterbunker.errors import InboxFull
+from hamsterbunker.cli.submit import EXIT_TIMEOUT
+from hamsterbunker.core.errors import InboxFull
+from hamsterbunker.ops.client import Client
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Consumed, Fence

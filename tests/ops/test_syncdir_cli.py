@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.config import load_instance, parse_config
-from hamsterbunker.errors import ConfigError, StoreError
+from hamsterbunker.core.errors import ConfigError, StoreError
+from hamsterbunker.ops.config import load_instance, parse_config
 from hamsterbunker.records import Event
 from hamsterbunker.sealing import new_cluster_record
 from hamsterbunker.stores import check_store_url, open_store
@@ -536,9 +536,9 @@ def test_a_host_of_several_agents_writes_one_syncdir_subtree_as_its_node(
 ) -> None:
     """[[agents]] on a syncdir store: one store for all the host's agents, opened as the
     process's node with the configured sync delay."""
-    from hamsterbunker import cli_host
+    from hamsterbunker.cli import host as cli_host
     from hamsterbunker.node.host import Host
-    from hamsterbunker.notify import Notifier
+    from hamsterbunker.node.notify import Notifier
 
     folder = tmp_path / "sync"
     (tmp_path / "agent.toml").write_text(

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.errors import ConfigError, CorruptRecord, SealError, Tampered
-from hamsterbunker.limits import MAX_EPOCH, MAX_LEASE_TTL_MS, MAX_RECORD_BYTES, MAX_SEQ
-from hamsterbunker.memory import MemoryFile
+from hamsterbunker.core.errors import ConfigError, CorruptRecord, SealError, Tampered
+from hamsterbunker.core.limits import MAX_EPOCH, MAX_LEASE_TTL_MS, MAX_RECORD_BYTES, MAX_SEQ
+from hamsterbunker.lease.memory import MemoryFile
 from hamsterbunker.records import ClusterRecord, Event, Heartbeat, LeaseRecord, parse_json
 from hamsterbunker.sealing import Sealer, new_cluster_record, read_header
 

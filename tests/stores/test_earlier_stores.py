@@ -20,7 +20,7 @@ from typing import Protocol
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.errors import ConfigError
+from hamsterbunker.core.errors import ConfigError
 from hamsterbunker.stores import open_store
 from tests.support.cli import HB, hb_env
 from tests.support.records import cluster, lease, network_heartbeat

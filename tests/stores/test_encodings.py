@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.errors import CorruptRecord, Fenced
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH
+from hamsterbunker.core.errors import CorruptRecord, Fenced
+from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import (
     Fence,

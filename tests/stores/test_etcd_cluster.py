@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hamsterbunker.errors import StoreError
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.core.errors import StoreError
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.etcd_server import EtcdCluster
 

@@ -25,7 +25,7 @@ import pytest
 pytest.importorskip("etcd3gw")
 
 
-from hamsterbunker.errors import (
+from hamsterbunker.core.errors import (
     ConfigError,
     Fenced,
     StoreError,

@@ -1,4 +1,4 @@
-"""The file store writes a checkpoint in pieces as the pieces are made (``hamsterbunker.blob``):
+"""The file store writes a checkpoint in pieces as the pieces are made (``hamsterbunker.core.blob``):
 each is in the temporary file before the next is made, and the commit comes after the last."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from hamsterbunker.blob import BlobPieces
+from hamsterbunker.core.blob import BlobPieces
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.layer.files import FileStore

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import (
+from hamsterbunker.core.errors import (
     Fenced,
     LeaseConflict,
     StoreError,

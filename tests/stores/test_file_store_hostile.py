@@ -26,16 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, Fenced, StoreError, UnreadableLease
-from hamsterbunker.limits import (
+from hamsterbunker.core.errors import CorruptRecord, Fenced, StoreError, UnreadableLease
+from hamsterbunker.core.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_EPOCH,
     MAX_RECORD_BYTES,
     MAX_SEQ,
     STALE_TEMP_AGE_S,
 )
-from hamsterbunker.memory import Memory, MemoryFile
-from hamsterbunker.reach import Reach
+from hamsterbunker.core.reach import Reach
+from hamsterbunker.lease.memory import Memory, MemoryFile
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.layer.files import FileStore

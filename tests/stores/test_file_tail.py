@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.errors import StoreUnavailable
+from hamsterbunker.core.errors import StoreUnavailable
 from hamsterbunker.records import Event, Heartbeat
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import StoreError
-from hamsterbunker.limits import MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP
+from hamsterbunker.core.errors import StoreError
+from hamsterbunker.core.limits import MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.layer.files import FileStore

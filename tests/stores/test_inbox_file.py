@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import CorruptRecord, NotNextNumber
-from hamsterbunker.limits import MAX_REPLY_BYTES, MAX_SUBMISSION_BYTES
+from hamsterbunker.core.errors import CorruptRecord, NotNextNumber
+from hamsterbunker.core.limits import MAX_REPLY_BYTES, MAX_SUBMISSION_BYTES
 from hamsterbunker.stores.base import AdmissionState, Consumed, Fence
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-from hamsterbunker.client import Client
-from hamsterbunker.errors import Tampered
-from hamsterbunker.limits import MAX_REPLY_BYTES
+from hamsterbunker.core.errors import Tampered
+from hamsterbunker.core.limits import MAX_REPLY_BYTES
+from hamsterbunker.ops.client import Client
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Consumed
 from hamsterbunker.stores.layer.keys import AgentKeys

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hamsterbunker.blob import BlobPieces
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.blob import BlobPieces
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.stores import Fence
 from hamsterbunker.stores.backend import DeleteRange, Put, Txn
 from hamsterbunker.stores.base import Consumed

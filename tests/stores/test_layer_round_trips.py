@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from hamsterbunker.errors import Fenced, InboxFull, LeaseConflict, NotNextNumber, StoreError
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.errors import Fenced, InboxFull, LeaseConflict, NotNextNumber, StoreError
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores import base
 from hamsterbunker.stores.backend import Capability, Notice, ScanResult, TooLarge, Txn, TxnResult

@@ -1,4 +1,4 @@
-"""The lineage of terms on a synced folder (hamsterbunker.lineage): what carries the agent
+"""The lineage of terms on a synced folder (hamsterbunker.records.lineage): what carries the agent
 on, what is kept aside, the same answer whatever order the facts arrive in."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hamsterbunker.lineage import (
+from hamsterbunker.records.lineage import (
     Aside,
     ChainChoice,
     CheckpointRef,

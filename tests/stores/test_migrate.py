@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import ConfigError, StoreError
+from hamsterbunker.core.errors import ConfigError, StoreError
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores import Fence
 from hamsterbunker.stores.backend import Txn, TxnResult

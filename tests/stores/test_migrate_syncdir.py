@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hamsterbunker.errors import ConfigError
+from hamsterbunker.core.errors import ConfigError
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.earlier.file import EarlierFileStore
 from hamsterbunker.stores.migrate_syncdir import migrate_syncdir, open_syncdir_migration

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hamsterbunker.errors import StoreUnavailable
+from hamsterbunker.core.errors import StoreUnavailable
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.backend import Notice, TooLarge, Txn, TxnResult
 from hamsterbunker.stores.backends.memory import MemoryBackend

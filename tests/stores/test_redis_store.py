@@ -20,7 +20,7 @@ import pytest
 
 redis = pytest.importorskip("redis")
 
-from hamsterbunker.errors import (  # noqa: E402 (after the importorskip)
+from hamsterbunker.core.errors import (  # noqa: E402 (after the importorskip)
     ConfigError,
     Fenced,
     StoreError,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.status import syncdir_shown
+from hamsterbunker.ops.status import syncdir_shown
 from hamsterbunker.stores import Chains, Store, StoreReport
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.testing import MemoryStore

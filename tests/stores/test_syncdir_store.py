@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.clock import FakeClock
-from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
+from hamsterbunker.core.clock import FakeClock
+from hamsterbunker.core.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
+from hamsterbunker.core.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.base import Fence, Refusal, Store
@@ -952,8 +952,8 @@ def test_a_folder_whose_marker_has_not_synced_yet_opens(sync: Sync) -> None:
 def test_hb_accept_loss_refuses_a_syncdir_store_with_a_reason(sync: Sync) -> None:
     """A loss there is a chain kept aside, not a store gone back: accept-loss, which writes one
     lease record and trusts one list of checkpoints, says so rather than misjudge it."""
-    from hamsterbunker.acceptance import plan_loss
-    from hamsterbunker.errors import HamsterbunkerError
+    from hamsterbunker.core.errors import HamsterbunkerError
+    from hamsterbunker.lease.acceptance import plan_loss
 
     one = sync.open("n1")
     with pytest.raises(HamsterbunkerError, match="does not work on a syncdir store"):

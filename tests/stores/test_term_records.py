@@ -1,13 +1,13 @@
-"""Term records (hamsterbunker.term_records): only a record signed for this agent and term counts."""
+"""Term records (hamsterbunker.sealing.term_records): only a record signed for this agent and term counts."""
 
 from __future__ import annotations
 
 import pytest
 
-from hamsterbunker.errors import Tampered
-from hamsterbunker.lineage import ChainChoice, CheckpointRef, TermId, TermStart
+from hamsterbunker.core.errors import Tampered
+from hamsterbunker.records.lineage import ChainChoice, CheckpointRef, TermId, TermStart
 from hamsterbunker.sealing import Sealer, new_cluster_record
-from hamsterbunker.term_records import (
+from hamsterbunker.sealing.term_records import (
     open_chain_choice,
     open_term_start,
     seal_chain_choice,

@@ -22,10 +22,10 @@ pytest.importorskip("redis")
 
 from cryptography.hazmat.primitives import serialization
 
-from hamsterbunker.http_address import HttpAddress
+from hamsterbunker.core.http_address import HttpAddress
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import open_store, redacted_url
-from hamsterbunker.timing import LeaseTiming
 from tests.support import each_ended, wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
 from tests.support.cli import run_hb

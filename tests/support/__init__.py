@@ -17,7 +17,7 @@ from typing import ParamSpec, TypeVar
 import pytest
 
 from hamsterbunker import FileStore
-from hamsterbunker.local import LocalCluster
+from hamsterbunker.ops.local import LocalCluster
 from hamsterbunker.stores import Store
 from hamsterbunker.stores.backend import Txn
 from hamsterbunker.stores.layer import RecordStore

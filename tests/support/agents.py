@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from hamsterbunker.agent import StepContext, current_step
+from hamsterbunker.agent.step import StepContext, current_step
 from hamsterbunker.records import Event
 
 from . import wait_until

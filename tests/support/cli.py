@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hamsterbunker.errors import StoreError
+from hamsterbunker.core.errors import StoreError
 
 HB = [sys.executable, "-m", "hamsterbunker"]
 AGENT = "hamsterbunker.demo:CounterAgent"

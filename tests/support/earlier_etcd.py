@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from hamsterbunker.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
+from hamsterbunker.core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord
 from hamsterbunker.stores.backends.etcd_connection import EtcdConnection, parse_etcd_url
 from hamsterbunker.stores.base import AdmissionState

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from hamsterbunker import current_step
-from hamsterbunker.limits import MAX_CONSUMED_PER_STEP
+from hamsterbunker.core.limits import MAX_CONSUMED_PER_STEP
 
 __all__ = ["InboxAnswerer", "answer"]
 

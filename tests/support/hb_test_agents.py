@@ -85,7 +85,7 @@ def _call_tool() -> dict[str, Any]:
     import urllib.request
 
     from hamsterbunker import current_effect
-    from hamsterbunker.failpoints import failpoint
+    from hamsterbunker.core.failpoints import failpoint
 
     effect, step = current_effect(), current_step()
     assert effect is not None and step is not None, "called outside a journaled effect"

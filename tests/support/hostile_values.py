@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from hamsterbunker.limits import MAX_EPOCH, MAX_SEQ
+from hamsterbunker.core.limits import MAX_EPOCH, MAX_SEQ
 
 __all__ = ["json_values"]
 

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores import file_store_path, open_store
 from hamsterbunker.stores.backend import Backend, DeleteRange, Put, Txn, key_problem, prefix_end

@@ -11,7 +11,7 @@ from typing import Protocol
 
 import pytest
 
-from hamsterbunker.errors import NoUsableCheckpoint
+from hamsterbunker.core.errors import NoUsableCheckpoint
 from hamsterbunker.runtime import Runtime
 from tests.support import wait_until
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from hamsterbunker.history import Op, read_history
+from hamsterbunker.core.history import Op, read_history
 from hamsterbunker.records import Event
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import logging
 
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.demo import CounterAgent
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores.syncdir import SyncDirStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support.server_process import die_with_parent
 
 SECRET = "syncdir-scenario-secret"

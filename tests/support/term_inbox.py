@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from hamsterbunker import Client
-from hamsterbunker.clock import FakeClock
+from hamsterbunker.core.clock import FakeClock
 from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.inbox import TermInbox
 from hamsterbunker.node.state import Identity, Standing

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 import pytest
 
 from hamsterbunker import open_store
+from hamsterbunker.core.timing import LeaseTiming, check_sync_delay
 from hamsterbunker.demo import REST_S, TOOL_S
 from hamsterbunker.records import CheckpointInfo, Event
 from hamsterbunker.stores.syncdir import SyncDirStore
-from hamsterbunker.timing import LeaseTiming, check_sync_delay
 
 from .nspawn import Container
 from .test_systemd_node import REPO, active_and_standby, journal, roles, running, show, unit

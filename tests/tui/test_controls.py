@@ -16,10 +16,10 @@ from hamsterbunker_tui.nodes import NodesTable
 from hamsterbunker_tui.panels import LeasePanel, Timeline
 
 from hamsterbunker import FileStore
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.demo import NODES
-from hamsterbunker.local import LocalCluster
+from hamsterbunker.ops.local import LocalCluster
 from hamsterbunker.records import Heartbeat, LeaseRecord
-from hamsterbunker.timing import LeaseTiming
 from tests.support import store_of
 
 from .screen import screen_text, until, widget_text

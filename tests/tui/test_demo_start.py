@@ -11,9 +11,9 @@ from hamsterbunker_tui.demo import DEMO_AGENT_ID, prepare_demo
 from hamsterbunker_tui.nodes import NodesTable
 from hamsterbunker_tui.panels import ProgressPanel
 
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.demo import NODES
 from hamsterbunker.stores import open_store
-from hamsterbunker.timing import LeaseTiming
 
 from .screen import until, widget_text
 

@@ -21,7 +21,7 @@ from hamsterbunker_tui.nodes import NodesTable
 from hamsterbunker_tui.panels import KillPanel, LeasePanel, StoreBanner
 
 from hamsterbunker import FileStore
-from hamsterbunker.limits import MAX_EPOCH, MAX_SEQ
+from hamsterbunker.core.limits import MAX_EPOCH, MAX_SEQ
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.layer.keys import AgentKeys
 

@@ -25,12 +25,12 @@ from hamsterbunker_tui.nodes import NodesTable
 from hamsterbunker_tui.panels import KillPanel, StoreBanner
 
 from hamsterbunker import FileStore
+from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.demo import NODES
-from hamsterbunker.local import LocalCluster
+from hamsterbunker.ops.local import LocalCluster
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import Store
 from hamsterbunker.testing import MemoryStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import store_of
 
 from .screen import screen_text, until, widget_text

@@ -26,15 +26,15 @@ from hamsterbunker_tui.panels import StoreBanner
 from hamsterbunker_tui.syncdir import SyncDirPanel
 
 from hamsterbunker import FileStore
+from hamsterbunker.core.timing import LeaseTiming
+from hamsterbunker.ops.status import syncdir_shown
 from hamsterbunker.records import Event, Heartbeat
 from hamsterbunker.runtime import Runtime
-from hamsterbunker.status import syncdir_shown
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
-from hamsterbunker.timing import LeaseTiming
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, Recorder
 from tests.support.raw_store import RawRecords, file_key

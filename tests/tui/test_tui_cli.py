@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hamsterbunker_tui.cli import _build_parser, _target
 
-from hamsterbunker.errors import ConfigError
+from hamsterbunker.core.errors import ConfigError
 
 HB_TUI = Path(sys.executable).with_name("hb-tui")
 

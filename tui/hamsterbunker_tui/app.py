@@ -28,9 +28,9 @@ from textual.containers import Horizontal
 from textual.widgets import Button, Footer, Header
 from textual.worker import Worker
 
-from hamsterbunker.errors import HamsterbunkerError
-from hamsterbunker.keyring import Secret
-from hamsterbunker.local import LocalCluster
+from hamsterbunker.core.errors import HamsterbunkerError
+from hamsterbunker.ops.local import LocalCluster
+from hamsterbunker.sealing.keyring import Secret
 from hamsterbunker.stores import Store
 
 from .confirm import ConfirmKill

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from hamsterbunker.agent import load_agent
-from hamsterbunker.config import load_instance
-from hamsterbunker.errors import ConfigError, HamsterbunkerError, StoreUnsafe
-from hamsterbunker.keyring import Secret
+from hamsterbunker.agent.step import load_agent
+from hamsterbunker.core.errors import ConfigError, HamsterbunkerError, StoreUnsafe
+from hamsterbunker.ops.config import load_instance
 from hamsterbunker.records import check_name
+from hamsterbunker.sealing.keyring import Secret
 from hamsterbunker.stores import Store, open_store
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ def _target(args: argparse.Namespace) -> _Target:
 
 def _secret(secret_file: Path | None) -> Secret | None:
     """The secret as hb reads it; None if none is given (a given one that fails is an error)."""
-    from hamsterbunker.cli import read_secret
+    from hamsterbunker.cli.main import read_secret
 
     given = secret_file is not None or bool(os.environ.get("HB_SECRET"))
     try:

@@ -12,7 +12,7 @@ from textual import work
 from textual.app import App
 from textual.notifications import SeverityLevel
 
-from hamsterbunker.errors import ControlRefused, HamsterbunkerError
+from hamsterbunker.core.errors import ControlRefused, HamsterbunkerError
 
 from .controls import ANY_STANDBY, NO_SECRET, ChooseTarget, Confirm, Controller, live_standbys
 from .eventlog import EventLog

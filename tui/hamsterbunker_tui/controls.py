@@ -20,10 +20,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
-from hamsterbunker import control
-from hamsterbunker.errors import HamsterbunkerError
-from hamsterbunker.keyring import Secret
+from hamsterbunker.core.errors import HamsterbunkerError
+from hamsterbunker.lease import control
 from hamsterbunker.sealing import Sealer
+from hamsterbunker.sealing.keyring import Secret
 from hamsterbunker.stores import Store
 
 from .model import ClusterModel

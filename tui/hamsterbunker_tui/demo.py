@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hamsterbunker.core.errors import HamsterbunkerError
+from hamsterbunker.core.timing import DEFAULT_TIMING, LeaseTiming
 from hamsterbunker.demo import NODES, CounterAgent
-from hamsterbunker.errors import HamsterbunkerError
-from hamsterbunker.local import LocalCluster, NodeSpec
+from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store
-from hamsterbunker.timing import DEFAULT_TIMING, LeaseTiming
 
 __all__ = [
     "DEMO_AGENT",

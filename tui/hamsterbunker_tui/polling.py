@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from hamsterbunker.errors import CorruptRecord
+from hamsterbunker.core.errors import CorruptRecord
+from hamsterbunker.ops.status import SyncDirShown, syncdir_shown
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
-from hamsterbunker.status import SyncDirShown, syncdir_shown
 from hamsterbunker.stores import Store, Tail
 
 __all__ = ["SYNCDIR_S", "Reading", "SyncDirPoll", "read_store"]

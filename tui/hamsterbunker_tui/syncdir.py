@@ -5,7 +5,7 @@ poll brings the report; below 120 columns as one summary line, app.tcss): the
 mode and what it does not guarantee, the stated
 sync delay, what was kept aside (the ``store.diverged`` events as the nodes
 reported them), each node's chain per term, the sync tool's own files and what
-the store skipped as unreadable. The report is ``hamsterbunker.status``'s
+the store skipped as unreadable. The report is ``hamsterbunker.ops.status``'s
 ``SyncDirShown``; this module only renders it (``syncdir_text``, pure).
 
 Everything here comes from the folder, unauthenticated: the monitor has no
@@ -21,7 +21,7 @@ from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from hamsterbunker.status import ChainShown, SyncDirShown
+from hamsterbunker.ops.status import ChainShown, SyncDirShown
 
 __all__ = ["SyncDirPanel", "show_syncdir", "syncdir_summary", "syncdir_text"]
 

@@ -13,7 +13,7 @@ version's layout.
 
 from __future__ import annotations
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 
 __all__ = ["earlier_store"]
 

@@ -57,8 +57,8 @@ from typing import Any
 
 from etcd3gw.exceptions import Etcd3Exception
 
-from ...errors import StoreError, StoreUnavailable
-from ...read_bounds import ReadBound
+from ...core.errors import StoreError, StoreUnavailable
+from ...core.read_bounds import ReadBound
 from ..backend import (
     Capability,
     Compare,

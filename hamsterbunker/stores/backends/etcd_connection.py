@@ -21,7 +21,7 @@ import requests
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
-from ...errors import ConfigError, StoreError, StoreUnavailable
+from ...core.errors import ConfigError, StoreError, StoreUnavailable
 from .._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
 from ..urls import redacted_url
 

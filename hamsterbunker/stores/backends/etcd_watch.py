@@ -15,7 +15,7 @@ from etcd3gw.exceptions import Etcd3Exception
 from etcd3gw.types import Event as WatchEvent
 from etcd3gw.watch import Watcher
 
-from ...limits import MAX_RECORD_BYTES
+from ...core.limits import MAX_RECORD_BYTES
 from ..backend import Notice
 from .etcd_connection import EtcdConnection, grpc_error
 

@@ -33,11 +33,11 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-from ...blob import Blob, BlobPieces
-from ...errors import CorruptRecord, StoreError, StoreUnavailable
-from ...failpoints import failpoint, not_stopped_inside
-from ...limits import STALE_TEMP_AGE_S
-from ...read_bounds import ReadBound
+from ...core.blob import Blob, BlobPieces
+from ...core.errors import CorruptRecord, StoreError, StoreUnavailable
+from ...core.failpoints import failpoint, not_stopped_inside
+from ...core.limits import STALE_TEMP_AGE_S
+from ...core.read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
 from ..dirs import fileio

@@ -24,7 +24,7 @@ import re
 import struct
 from pathlib import Path
 
-from ...errors import CorruptRecord, StoreError
+from ...core.errors import CorruptRecord, StoreError
 from ..backend import key_problem
 from ..dirs import fileio
 

@@ -23,8 +23,8 @@ import secrets
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ...errors import CorruptRecord, StoreError
-from ...failpoints import failpoint
+from ...core.errors import CorruptRecord, StoreError
+from ...core.failpoints import failpoint
 from ..backend import (
     MAX_KEY_CHARS,
     DeleteRange,

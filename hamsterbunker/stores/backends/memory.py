@@ -11,7 +11,7 @@ import bisect
 import threading
 from collections.abc import AsyncIterator
 
-from ...read_bounds import ReadBound
+from ...core.read_bounds import ReadBound
 from ..backend import (
     Capability,
     DeleteRange,

@@ -35,8 +35,8 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
-from ...errors import StoreError, StoreUnavailable
-from ...read_bounds import ReadBound
+from ...core.errors import StoreError, StoreUnavailable
+from ...core.read_bounds import ReadBound
 from ..backend import (
     MAX_KEY_CHARS,
     Capability,

@@ -26,7 +26,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 import psycopg
 from psycopg.rows import TupleRow
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from .._tls import tls_files_problem
 from ..urls import redacted_url
 

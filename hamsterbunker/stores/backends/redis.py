@@ -42,8 +42,8 @@ from typing import Any
 import redis
 import redis.asyncio
 
-from ...errors import ConfigError, StoreError
-from ...read_bounds import ReadBound
+from ...core.errors import ConfigError, StoreError
+from ...core.read_bounds import ReadBound
 from ..backend import (
     Capability,
     DeleteRange,

@@ -21,7 +21,7 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ...errors import ConfigError, StoreError, StoreUnavailable
+from ...core.errors import ConfigError, StoreError, StoreUnavailable
 from ...records import check_name
 from .._tls import describe_tls_failure, tls_error_in, tls_files_problem
 from ..urls import redacted_url

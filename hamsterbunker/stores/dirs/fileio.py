@@ -25,10 +25,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-from ...blob import Blob, BlobPieces
-from ...errors import CorruptRecord, StoreError, StoreUnavailable
-from ...failpoints import failpoint
-from ...limits import STALE_TEMP_AGE_S
+from ...core.blob import Blob, BlobPieces
+from ...core.errors import CorruptRecord, StoreError, StoreUnavailable
+from ...core.failpoints import failpoint
+from ...core.limits import STALE_TEMP_AGE_S
 
 __all__ = [
     "TMP_PREFIX",
@@ -290,7 +290,7 @@ def _write_pieces(fd: int, pieces: Iterable[bytes], durable: bool) -> None:
 
 def write_temp(dir_fd: int, data: Blob, durable: bool, points: str = "") -> str:
     """Write data to a new temporary file in dir_fd, returning its name; points names
-    its failpoints. Pieces (``hamsterbunker.blob``) are written as they are made; if
+    its failpoints. Pieces (``hamsterbunker.core.blob``) are written as they are made; if
     making them raises, the file is removed and that is raised."""
     name = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     fd = os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)

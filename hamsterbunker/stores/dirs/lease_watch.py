@@ -27,8 +27,8 @@ from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import CorruptRecord
-from ...limits import MAX_RECORD_BYTES
+from ...core.errors import CorruptRecord
+from ...core.limits import MAX_RECORD_BYTES
 from .._terms import TermChanges
 from .fileio import closing_fd, read_file
 

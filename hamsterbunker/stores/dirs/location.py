@@ -18,7 +18,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import ConfigError, StoreUnavailable, StoreUnsafe
+from ...core.errors import ConfigError, StoreUnavailable, StoreUnsafe
 
 __all__ = [
     "SYNCDIR_MARKER",

@@ -32,9 +32,9 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from ... import limits
-from ...errors import ConfigError, CorruptRecord, StoreError
-from ...read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
+from ...core import limits
+from ...core.errors import ConfigError, CorruptRecord, StoreError
+from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name, parse_json
 from .._reported import ReportedOnce, readable
 from ..backends.etcd_connection import EtcdConnection, parse_etcd_url

@@ -25,8 +25,8 @@ import logging
 import re
 from pathlib import Path
 
-from ...errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
-from ...limits import (
+from ...core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from ...core.limits import (
     EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
     MAX_CHECKPOINTS_LISTED,
@@ -35,7 +35,7 @@ from ...limits import (
     check_checkpoint_bounds,
     check_effect_bounds,
 )
-from ...read_bounds import EFFECTS_READ, HEARTBEATS_READ, BoundedRead
+from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import CorruptRecord, StoreError
-from ...limits import (
+from ...core.errors import CorruptRecord, StoreError
+from ...core.limits import (
     MAX_CONSUMED_PER_STEP,
     MAX_INBOX_COUNT,
     MAX_REPLY_BYTES,
@@ -42,7 +42,7 @@ from ...limits import (
     check_reply_bounds,
     check_request_id,
 )
-from ...read_bounds import INBOX_READ, BoundedRead
+from ...core.read_bounds import INBOX_READ, BoundedRead
 from ...records import check_name
 from ..base import AdmissionState, Consumed
 from ..dirs.fileio import (

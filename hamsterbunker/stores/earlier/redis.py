@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ...errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
-from ...limits import (
+from ...core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from ...core.limits import (
     EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
     MAX_CHECKPOINTS_LISTED,
@@ -46,7 +46,7 @@ from ...limits import (
     MAX_SEQ,
     check_request_id,
 )
-from ...read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
+from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name
 from .._reported import ReportedOnce, readable
 from ..backends.redis_connection import RedisConnection

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from ...errors import CorruptRecord, StoreError
+from ...core.errors import CorruptRecord, StoreError
 
 __all__ = ["BoundedReads", "Value", "text"]
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from ...errors import ConfigError, CorruptRecord, StoreError
-from ...limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
-from ...read_bounds import BoundedRead, ReadBound
+from ...core.errors import ConfigError, CorruptRecord, StoreError
+from ...core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
+from ...core.read_bounds import BoundedRead, ReadBound
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
 from ..backend import Backend, Get, Put, ScanResult, TooLarge, Txn, TxnResult

@@ -14,15 +14,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ...blob import Blob
-from ...errors import StoreError
-from ...failpoints import failpoint, failpoints_within
-from ...limits import (
+from ...core.blob import Blob
+from ...core.errors import StoreError
+from ...core.failpoints import failpoint, failpoints_within
+from ...core.limits import (
     MAX_CHECKPOINT_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
 )
-from ...read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
+from ...core.read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
 from ..base import (

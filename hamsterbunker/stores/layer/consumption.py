@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ...errors import CorruptRecord
-from ...limits import MAX_SEQ, check_request_id
-from ...read_bounds import ReadBound
+from ...core.errors import CorruptRecord
+from ...core.limits import MAX_SEQ, check_request_id
+from ...core.read_bounds import ReadBound
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, TooLarge
 from ..base import Consumed
 from .base import Layer, Ledger, Name, count_of, counts_of

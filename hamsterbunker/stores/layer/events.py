@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from ...limits import MAX_RECORD_BYTES
-from ...read_bounds import ReadBound
+from ...core.limits import MAX_RECORD_BYTES
+from ...core.read_bounds import ReadBound
 from ...records import Event
 from .._reported import readable
 from ..backend import DeleteRange, Put, Txn

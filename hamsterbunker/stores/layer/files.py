@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ...limits import INBOX_REPLIES_KEPT
+from ...core.limits import INBOX_REPLIES_KEPT
 from ..backends.file import FileBackend
 from .store import RecordStore
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from contextlib import suppress
 
-from ...errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
-from ...failpoints import failpoint, failpoints_within
-from ...limits import (
+from ...core.errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
+from ...core.failpoints import failpoint, failpoints_within
+from ...core.limits import (
     INBOX_REPLIES_KEPT,
     MAX_INBOX_COUNT,
     MAX_REPLY_BYTES,
@@ -25,7 +25,7 @@ from ...limits import (
     check_request_id,
     check_submission_bounds,
 )
-from ...read_bounds import INBOX_READ, ReadBound
+from ...core.read_bounds import INBOX_READ, ReadBound
 from ..backend import Compare, Get, Put, ScanResult, TooLarge, Txn
 from ..base import AdmissionState, inbox_full
 from ..reseal import check_resealed_reply, check_resealed_submission, reply_page_bounds

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...errors import CorruptRecord
-from ...limits import MAX_RECORD_BYTES
-from ...read_bounds import CHECKPOINT_NAMES_READ, ReadBound
+from ...core.errors import CorruptRecord
+from ...core.limits import MAX_RECORD_BYTES
+from ...core.read_bounds import CHECKPOINT_NAMES_READ, ReadBound
 from ...records import CheckpointInfo
 from ..backend import Get, Scan, ScanResult, TooLarge
 from ..base import RestoreRead, newest_first

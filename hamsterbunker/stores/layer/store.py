@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 
-from ...blob import Blob
-from ...errors import ClusterChanged, CorruptRecord, LeaseConflict, StoreError, UnreadableLease
-from ...limits import MAX_RECORD_BYTES
-from ...read_bounds import HEARTBEATS_READ, ReadBound
+from ...core.blob import Blob
+from ...core.errors import ClusterChanged, CorruptRecord, LeaseConflict, StoreError, UnreadableLease
+from ...core.limits import MAX_RECORD_BYTES
+from ...core.read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
     CheckpointInfo,
     ClusterRecord,

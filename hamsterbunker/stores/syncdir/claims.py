@@ -10,7 +10,7 @@ that holds the same claims:
 2. at the same epoch, a claim whose holder is the node that wrote it before
    one written for another holder (a hand-over, or a release): the successor's
    own renewal then takes over from the claim that handed it the lease;
-3. then the highest node id (as ``hamsterbunker.lineage`` orders terms).
+3. then the highest node id (as ``hamsterbunker.records.lineage`` orders terms).
 
 The merged record's version is the sum of every claim's own version. Each
 claim's own version only grows (its file store's compare-and-set writes the

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ...errors import CorruptRecord, LeaseConflict, UnreadableLease
+from ...core.errors import CorruptRecord, LeaseConflict, UnreadableLease
 from ...records import LeaseRecord, check_name
 from ..base import Fence, check_fence
 from ..dirs.fileio import os_errors_as_store_errors

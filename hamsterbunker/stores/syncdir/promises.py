@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...errors import ConfigError
+from ...core.errors import ConfigError
 from ..base import Refusal, StoreGuarantees
 
 __all__ = [

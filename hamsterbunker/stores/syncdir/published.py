@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ...errors import CorruptRecord, StoreError
-from ...limits import MAX_CLAIMS_TRIED, MAX_RECORD_BYTES
-from ...read_bounds import CLAIMS_READ
+from ...core.errors import CorruptRecord, StoreError
+from ...core.limits import MAX_CLAIMS_TRIED, MAX_RECORD_BYTES
+from ...core.read_bounds import CLAIMS_READ
 from ...records import LeaseRecord
 from ..dirs.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from ..dirs.location import is_sync_copy

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...errors import StoreError
-from ...limits import MAX_RECORD_BYTES
+from ...core.errors import StoreError
+from ...core.limits import MAX_RECORD_BYTES
 from ...records import ClusterRecord
 from ..dirs.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from .layout import CLUSTER, MARKER, MARKER_TEXT, MAX_NODE_ENTRIES, NODES, is_cluster_copy

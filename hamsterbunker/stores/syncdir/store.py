@@ -68,9 +68,9 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
-from ...limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
-from ...read_bounds import HEARTBEATS_READ
+from ...core.errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
+from ...core.limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
+from ...core.read_bounds import HEARTBEATS_READ
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
 from ..base import (
     MAX_LISTED_AGENTS,
@@ -96,7 +96,7 @@ from .terms import CHOICES, TERMS, records_of_every_node, write_term_record
 from .watch import merged_watch
 
 if TYPE_CHECKING:
-    from ...blob import Blob
+    from ...core.blob import Blob
 
 __all__ = ["SyncDirStore"]
 
@@ -291,7 +291,7 @@ class SyncDirStore(Store):
             raise StoreError(f"no chain of node {node} for {agent!r} in {self.root}")
         return store.read_checkpoint(agent, info)
 
-    # -- term records: where each term started (hamsterbunker.term_records) -------
+    # -- term records: where each term started (hamsterbunker.sealing.term_records) -------
 
     @_os_errors_as_store_errors
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:

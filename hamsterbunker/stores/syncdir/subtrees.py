@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from ...errors import ConfigError, CorruptRecord, StoreError
+from ...core.errors import ConfigError, CorruptRecord, StoreError
 from ...records import check_record_name
 from .._reported import ReportedOnce
 from ..backends.earlier import earlier_store

@@ -4,7 +4,7 @@ The same files, written once and named by an epoch, keep the operator's chain
 choices (``published/AGENT/choices/EPOCH.rec``: the choice made while the term of
 that epoch won, ``hb choose-chain``): ``kind`` names the directory.
 
-A term's record (``hamsterbunker.term_records``) says where the term started.
+A term's record (``hamsterbunker.sealing.term_records``) says where the term started.
 Its node writes it once, before the term's first checkpoint, and never
 rewrites it: a second write of the same bytes (a retry whose first answer was
 lost) is a no-op, of other bytes a StoreError. The (epoch, node) a record is
@@ -25,9 +25,9 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ...errors import CorruptRecord, StoreError
-from ...limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
-from ...read_bounds import TERM_RECORDS_READ, BoundedRead
+from ...core.errors import CorruptRecord, StoreError
+from ...core.limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
+from ...core.read_bounds import TERM_RECORDS_READ, BoundedRead
 from ...records import check_name
 from ..dirs.fileio import (
     dir_entries,

@@ -19,7 +19,7 @@ import stat
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 
-from ...errors import StoreError
+from ...core.errors import StoreError
 from ..base import Store
 from ..dirs.lease_watch import lease_changes, open_lease_watch
 from ..dirs.location import mount_of

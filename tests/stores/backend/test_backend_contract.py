@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from hamsterbunker.blob import BlobPieces
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.blob import BlobPieces
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.stores.backend import (
     Backend,
     Compare,

@@ -11,8 +11,8 @@ from typing import Any, cast
 import pytest
 from etcd3gw.client import Etcd3Client
 
-from hamsterbunker.errors import StoreError, StoreUnavailable
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.errors import StoreError, StoreUnavailable
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.stores.backend import (
     Compare,
     DeleteRange,

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.blob import BlobPieces
-from hamsterbunker.errors import ConfigError, StoreError, StoreUnavailable
-from hamsterbunker.limits import STALE_TEMP_AGE_S
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.blob import BlobPieces
+from hamsterbunker.core.errors import ConfigError, StoreError, StoreUnavailable
+from hamsterbunker.core.limits import STALE_TEMP_AGE_S
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.stores.backend import DeleteRange, Get, Notice, Put, Scan, TooLarge, Txn
 from hamsterbunker.stores.backends import file_tree
 from hamsterbunker.stores.backends.file import FileBackend
@@ -58,7 +58,7 @@ AFTER = {"a/1": b"new 1", "a/2": b"new 2", "b/1": None, "b/2": None, "c/new/x": 
 # One commit of five keys' writes: two replaced (one made in pieces), two removed, one made.
 WRITER = """
 import sys
-from hamsterbunker.blob import BlobPieces
+from hamsterbunker.core.blob import BlobPieces
 from hamsterbunker.stores.backend import DeleteRange, Put, Txn
 from hamsterbunker.stores.backends.file import FileBackend
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import StoreError, StoreUnsafe
-from hamsterbunker.limits import STALE_TEMP_AGE_S
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.errors import StoreError, StoreUnsafe
+from hamsterbunker.core.limits import STALE_TEMP_AGE_S
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.stores.backend import Compare, Get, Put, Scan, ScanResult, Txn
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.backends.file_redo import encode, write_log

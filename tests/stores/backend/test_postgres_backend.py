@@ -19,8 +19,8 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg")
 
-from hamsterbunker.errors import ConfigError, StoreUnavailable  # noqa: E402 (after the importorskip)
-from hamsterbunker.read_bounds import ReadBound  # noqa: E402
+from hamsterbunker.core.errors import ConfigError, StoreUnavailable  # noqa: E402 (after the importorskip)
+from hamsterbunker.core.read_bounds import ReadBound  # noqa: E402
 from hamsterbunker.stores.backend import (  # noqa: E402
     Compare,
     DeleteRange,

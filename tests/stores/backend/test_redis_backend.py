@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 import redis
 
-from hamsterbunker.errors import ConfigError, StoreError, StoreUnavailable
-from hamsterbunker.read_bounds import ReadBound
+from hamsterbunker.core.errors import ConfigError, StoreError, StoreUnavailable
+from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.stores.backend import (
     Compare,
     DeleteRange,

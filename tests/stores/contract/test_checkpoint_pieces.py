@@ -1,4 +1,4 @@
-"""put_checkpoint with a blob in pieces (``hamsterbunker.blob``), on every backend: what is
+"""put_checkpoint with a blob in pieces (``hamsterbunker.core.blob``), on every backend: what is
 stored is exactly the joined bytes, and a blob whose making fails stores nothing."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.blob import BlobPieces
-from hamsterbunker.errors import StoreError
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES
+from hamsterbunker.core.blob import BlobPieces
+from hamsterbunker.core.errors import StoreError
+from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 

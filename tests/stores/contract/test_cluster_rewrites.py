@@ -15,8 +15,8 @@ from dataclasses import replace
 
 import pytest
 
-from hamsterbunker.errors import ClusterChanged, StoreError
-from hamsterbunker.limits import MAX_REPLY_BYTES
+from hamsterbunker.core.errors import ClusterChanged, StoreError
+from hamsterbunker.core.limits import MAX_REPLY_BYTES
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.stores.base import Consumed, Fence, Store
 from hamsterbunker.stores.layer import RecordStore

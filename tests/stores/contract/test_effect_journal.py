@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from hamsterbunker.errors import Fenced, StoreError
-from hamsterbunker.limits import MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP, MAX_SEQ
+from hamsterbunker.core.errors import Fenced, StoreError
+from hamsterbunker.core.limits import MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP, MAX_SEQ
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.errors import ConfigError
+from hamsterbunker.core.errors import ConfigError
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores.base import Store
 from hamsterbunker.stores.layer.files import FileStore

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from hamsterbunker.errors import Fenced, InboxFull, NotNextNumber, StoreError
-from hamsterbunker.limits import (
+from hamsterbunker.core.errors import Fenced, InboxFull, NotNextNumber, StoreError
+from hamsterbunker.core.limits import (
     MAX_CONSUMED_PER_STEP,
     MAX_INBOX_BYTES,
     MAX_INBOX_COUNT,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from hamsterbunker.client import Client
-from hamsterbunker.errors import NotNextNumber, Tampered, UnknownRequest
+from hamsterbunker.core.errors import NotNextNumber, Tampered, UnknownRequest
+from hamsterbunker.ops.client import Client
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.backend import DeleteRange, Txn, prefix_end
 from hamsterbunker.stores.base import AdmissionState, Consumed, Store

@@ -7,7 +7,7 @@ left out; a checkpoint under another epoch never keeps the leader's publish out.
 
 from __future__ import annotations
 
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES
+from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.layer.keys import AgentKeys

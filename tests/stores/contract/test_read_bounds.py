@@ -1,4 +1,4 @@
-"""Every backend's reads keep to hamsterbunker.read_bounds, whatever was planted in the store.
+"""Every backend's reads keep to hamsterbunker.core.read_bounds, whatever was planted in the store.
 
 An inbox filled past what ``admit`` allows (more entries, bigger ones, more
 bytes in all) is read within ``INBOX_READ``: a read stops at the bound, and the
@@ -18,9 +18,9 @@ import logging
 
 import pytest
 
-from hamsterbunker.limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP
+from hamsterbunker.core.limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP
+from hamsterbunker.core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ
 from hamsterbunker.node.inbox import RESCAN_TICKS
-from hamsterbunker.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ
 from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores.base import Store
 from tests.support.agents import AGENT

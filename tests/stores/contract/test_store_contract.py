@@ -19,8 +19,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from hamsterbunker.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnavailable
-from hamsterbunker.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_RECORD_BYTES, MAX_SEQ
+from hamsterbunker.core.errors import (
+    ConfigError,
+    Fenced,
+    LeaseConflict,
+    StoreError,
+    StoreUnavailable,
+)
+from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_RECORD_BYTES, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.base import (
@@ -454,7 +460,7 @@ def test_equal_seqs_of_two_epochs_list_the_newer_epoch_first(
         assert other.read_checkpoint("a", infos[1]) == b"old 5"
 
 
-# -- bounds (hamsterbunker.limits) -----------------------------------------------
+# -- bounds (hamsterbunker.core.limits) -----------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -472,7 +478,7 @@ def test_equal_seqs_of_two_epochs_list_the_newer_epoch_first(
 def test_checkpoint_outside_the_bounds_is_refused(
     store: Store, seq: int, epoch: int, size: int, named: str
 ) -> None:
-    """A seq, epoch or size outside hamsterbunker.limits is a StoreError naming the bound.
+    """A seq, epoch or size outside hamsterbunker.core.limits is a StoreError naming the bound.
 
     Checked before anything else (the fence included), so nothing is stored or sent.
     """

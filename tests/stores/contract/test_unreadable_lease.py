@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from hamsterbunker.errors import Fenced, LeaseConflict, UnreadableLease
-from hamsterbunker.limits import MAX_RECORD_BYTES
+from hamsterbunker.core.errors import Fenced, LeaseConflict, UnreadableLease
+from hamsterbunker.core.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.stores.base import Fence, Store
 from hamsterbunker.stores.layer import RecordStore

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
-from hamsterbunker.limits import (
+from hamsterbunker.core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from hamsterbunker.core.limits import (
     MAX_EFFECT_BYTES,
     MAX_INBOX_COUNT,
     MAX_RECORD_BYTES,

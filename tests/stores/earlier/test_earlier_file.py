@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
-from hamsterbunker.limits import (
+from hamsterbunker.core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from hamsterbunker.core.limits import (
     MAX_CHECKPOINT_BYTES,
     MAX_CHECKPOINTS_LISTED,
     MAX_EFFECT_BYTES,

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from hamsterbunker.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
-from hamsterbunker.limits import MAX_CHECKPOINTS_LISTED, MAX_RECORD_BYTES, MAX_SUBMISSION_BYTES
-from hamsterbunker.read_bounds import INBOX_READ, ReadBound
+from hamsterbunker.core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from hamsterbunker.core.limits import MAX_CHECKPOINTS_LISTED, MAX_RECORD_BYTES, MAX_SUBMISSION_BYTES
+from hamsterbunker.core.read_bounds import INBOX_READ, ReadBound
 from hamsterbunker.records import CheckpointInfo, Heartbeat, LeaseRecord
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Fence

@@ -1,0 +1,330 @@
+"""Journaled effects: what a step does to the world, recorded so that a replay never repeats it.
+
+A step calls ``current_step().effect(name, fn, ...)`` (or ``effect_sync``) for
+each LLM or tool call. The effects of step *seq* are numbered in call order.
+A completed effect's outcome (its result, or its exception's type and
+message) is sealed and written to the store under the lease's fence before
+``effect`` returns; a replay of the same step, on this node or another, gets
+the recorded outcome back without calling ``fn`` (DESIGN.md invariant 8).
+
+``replay="interrupted"`` also writes an intent before calling ``fn``: a
+replay that finds the intent without an outcome raises ``EffectInterrupted``
+instead of calling again, so such an effect runs at most once (the node that
+wrote the intent keeps it too, should the store lose it: ``hamsterbunker.agent.intents``).
+
+A step that failed is run again; its run calls a failed ``safe`` effect again,
+and may take another path from there: what earlier runs recorded after that
+effect is written over where the new path calls another name
+(``Entry.earlier_path``), by this run, the later ones, and every replay. The
+same holds past any effect a run calls anew where an earlier run had gone on
+(a safe effect cut off before its outcome, or a record deleted from the store):
+a replay never loops on EffectMismatch (DESIGN.md invariant 11).
+
+This module holds the rules; how records reach the store is a ``JournalIO``
+(``hamsterbunker.node.journal``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from ..core.errors import (
+    EffectError,
+    EffectFailed,
+    EffectInterrupted,
+    EffectMismatch,
+    Fenced,
+    StepLost,
+)
+from ..core.failpoints import failpoint
+from ..core.limits import MAX_EFFECTS_PER_STEP
+
+__all__ = [
+    "REPLAYS",
+    "EffectContext",
+    "Entry",
+    "JournalIO",
+    "Replay",
+    "StepEffects",
+    "current_effect",
+    "effect_key",
+]
+
+Replay = Literal["safe", "interrupted"]
+REPLAYS = ("safe", "interrupted")
+MAX_NAME_LENGTH = 200
+# How much of an exception's message an outcome keeps.
+MAX_ERROR_MESSAGE = 2000
+
+
+@dataclass(frozen=True)
+class EffectContext:
+    """What the running effect's function can learn (``current_effect()``)."""
+
+    name: str
+    seq: int
+    index: int
+    replay: str
+    # Stable idempotency key: the same on every run of this effect, on any node.
+    key: str
+
+
+_current: ContextVar[EffectContext | None] = ContextVar("hamsterbunker_effect", default=None)
+
+
+def current_effect() -> EffectContext | None:
+    """The effect whose function is running in this task or thread, or None outside one."""
+    return _current.get()
+
+
+def effect_key(cluster_salt: str, agent: str, seq: int, index: int, name: str) -> str:
+    """The idempotency key of one effect: cluster, agent, step, number and name, hashed."""
+    text = json.dumps([cluster_salt, agent, seq, index, name])
+    return "hb-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass
+class Entry:
+    """What the journal holds for one effect number of one step."""
+
+    name: str
+    replay: str
+    intent: bool = False  # an intent record is stored (replay="interrupted")
+    outcome: dict[str, Any] | None = None  # {"result": ...} or {"error": {"type", "message"}}
+    written: bool = True  # False: the outcome is known here but its record not yet accepted
+    # Written by an earlier run of the step than an effect before it, which took another
+    # path from there: a call of another name here writes over it (hamsterbunker.node.journal).
+    earlier_path: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome is not None and "error" in self.outcome
+
+
+class JournalIO(Protocol):
+    """How a step's journal reaches the store (sealed, fenced by the term's lease)."""
+
+    async def load(self, seq: int) -> dict[int, Entry]:
+        """The authentic records of step seq, by effect number."""
+
+    async def write(self, seq: int, index: int, kind: str, entry: Entry) -> None:
+        """Write the entry's intent or outcome; Fenced if the lease moved on."""
+
+    def history(self, op: str, seq: int, started: float, outcome: str, **detail: Any) -> None:
+        """A history line for an effect (``hb run --history``)."""
+
+    def emit(self, kind: str, **detail: Any) -> None:
+        """An event."""
+
+    def now(self) -> float:
+        """The node's clock."""
+
+    def key(self, seq: int, index: int, name: str) -> str:
+        """The effect's idempotency key."""
+
+    async def call_blocking(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call a blocking fn in a thread that nothing waits for when the node stops."""
+
+
+class StepEffects:
+    """The effects of one run (attempt) of one step.
+
+    ``entries`` is the journal of the step as this node knows it, shared by
+    every attempt of the step in this term; ``None`` until first needed.
+    """
+
+    def __init__(
+        self,
+        seq: int,
+        io: JournalIO,
+        entries: dict[int, Entry] | None,
+        *,
+        may_start: Callable[[], bool],
+        rerun_failures: bool = False,
+    ) -> None:
+        self.seq, self._io, self.entries = seq, io, entries
+        self._may_start = may_start
+        # After the step itself failed, its retry calls failed "safe" effects again.
+        self._rerun_failures = rerun_failures
+        self._next = 0
+        self.reused = 0
+        self.shown: list[list[str]] = []  # (name, state) of each effect called, for heartbeats
+        self._load_lock = asyncio.Lock()
+
+    async def load(self) -> None:
+        """Read the step's journal now, not at its first effect (StoreError if it fails)."""
+        await self._journal()
+
+    async def _journal(self) -> dict[int, Entry]:
+        async with self._load_lock:
+            if self.entries is None:
+                self.entries = await self._io.load(self.seq)
+        return self.entries
+
+    def _show(self, index: int, name: str, state: str) -> None:
+        while len(self.shown) <= index:
+            self.shown.append(["", ""])
+        self.shown[index] = [name, state]
+
+    async def run(
+        self, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, replay: str
+    ) -> Any:
+        """Call fn once per step, journaled: see the module docstring."""
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH:
+            raise ValueError(f"an effect needs a name of 1 to {MAX_NAME_LENGTH} characters")
+        if replay not in REPLAYS:
+            raise ValueError(f"replay must be one of {', '.join(REPLAYS)}, not {replay!r}")
+        index, self._next = self._next, self._next + 1
+        if index >= MAX_EFFECTS_PER_STEP:
+            raise EffectError(
+                f"step {self.seq} called more than {MAX_EFFECTS_PER_STEP} journaled effects"
+            )
+        journal = await self._journal()
+        entry = journal.get(index)
+        if entry is not None and entry.name != name:
+            if not entry.earlier_path:
+                raise EffectMismatch(self.seq, index, entry.name, name)
+            entry = None  # a path the failed run took, not this one: written over
+        if entry is not None and self._rerun_failures and entry.failed and entry.replay == "safe":
+            self._another_path_from(index, journal)
+            entry = None
+        if entry is not None:
+            return await self._replay(index, entry)
+        # Called anew where an earlier run may have gone on (its record here was cut off or
+        # deleted): what that run wrote after this may be of another path.
+        self._another_path_from(index, journal)
+        return await self._call(index, name, fn, args, kwargs, replay)
+
+    def _another_path_from(self, index: int, journal: dict[int, Entry]) -> None:
+        """A failed effect runs again: what the earlier runs recorded after it may be of
+        another path, and is written over where this run calls another name (this run and
+        every later one, as a replay that reads the journal from the store finds)."""
+        for later, entry in journal.items():
+            if later > index:
+                entry.earlier_path = True
+
+    async def _replay(self, index: int, entry: Entry) -> Any:
+        started = self._io.now()
+        key = self._io.key(self.seq, index, entry.name)
+        if entry.outcome is None:  # an intent alone: it may or may not have happened
+            self._show(index, entry.name, "interrupted")
+            self._io.emit("effect.interrupted", step_seq=self.seq, index=index, name=entry.name)
+            self._io.history("effect", self.seq, started, "interrupted", index=index, key=key)
+            raise EffectInterrupted(entry.name, self.seq, index)
+        if not entry.written:  # known here from a run whose record did not land: write it now
+            await self._io.write(self.seq, index, "outcome", entry)
+            entry.written = True
+        self.reused += 1
+        self._show(index, entry.name, "reused")
+        self._io.history(
+            "effect", self.seq, started, "replayed", index=index, key=key,
+            digest=_digest(entry.outcome),
+        )  # fmt: skip
+        return _result_of(entry)
+
+    async def _call(
+        self, index: int, name: str, fn: Callable[..., Any], args: Any, kwargs: Any, replay: str
+    ) -> Any:
+        if not self._may_start():
+            raise StepLost(
+                f"effect {name!r} of step {self.seq} not started: the lease's renew deadline "
+                "passed or the lease was lost"
+            )
+        key = self._io.key(self.seq, index, name)
+        entry = Entry(name, replay)
+        assert self.entries is not None
+        if replay == "interrupted":
+            entry.intent = True
+            failpoint("effect.before_intent")
+            await self._io.write(self.seq, index, "intent", entry)
+            failpoint("effect.after_intent")
+            self.entries[index] = entry
+            if not self._may_start():  # the intent is kept: a replay reports it interrupted
+                raise StepLost(f"effect {name!r} of step {self.seq} not started: lease lost")
+        started = self._io.now()
+        self._io.history("effect_start", self.seq, started, "started", index=index, key=key,
+                         replay=replay)  # fmt: skip
+        self._show(index, name, "running")
+        token = _current.set(EffectContext(name, self.seq, index, replay, key))
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await fn(*args, **kwargs)
+            else:
+                result = await self._io.call_blocking(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            _check_serialisable(name, result)
+            outcome: dict[str, Any] = {"result": result}
+            cause: BaseException | None = None
+        except (EffectError, StepLost, Fenced):
+            raise
+        except Exception as exc:
+            outcome = {
+                "error": {"type": type(exc).__qualname__, "message": str(exc)[:MAX_ERROR_MESSAGE]}
+            }
+            cause = exc
+        finally:
+            _current.reset(token)
+        failpoint("effect.after_call")
+        if not self._may_start():
+            # Given up while fn ran (an abandoned sync step): a retry beside it may already
+            # have reported the effect interrupted, so its outcome is not recorded now.
+            raise StepLost(
+                f"effect {name!r} of step {self.seq} returned after its step was given up"
+            )
+        # Known here before the store has it: a retry of the step writes it, never calls again.
+        # (No await since the check above: a retry on this loop sees this or the check failed.)
+        done = Entry(name, replay, intent=entry.intent, outcome=outcome, written=False)
+        self.entries[index] = done
+        try:
+            await self._io.write(self.seq, index, "outcome", done)
+        except EffectError:  # it cannot be recorded (too large): as if it never returned
+            if entry.intent:
+                self.entries[index] = entry
+            else:
+                del self.entries[index]
+            raise
+        done.written = True
+        failpoint("effect.after_record")
+        self._show(index, name, "done" if cause is None else "failed")
+        self._io.history("effect", self.seq, started, "ok" if cause is None else "failed",
+                         index=index, key=key, digest=_digest(outcome))  # fmt: skip
+        if cause is not None:
+            raise _result_error(done) from cause
+        return result
+
+
+def _check_serialisable(name: str, result: Any) -> None:
+    try:
+        json.dumps(result, allow_nan=False, ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) included
+        raise EffectError(
+            f"effect {name!r} returned a {type(result).__name__}, which is not "
+            f"JSON-serialisable ({exc}): its result is not recorded"
+        ) from None
+
+
+def _digest(outcome: dict[str, Any] | None) -> str:
+    """A short digest of an outcome, for the history checker to compare runs."""
+    text = json.dumps(outcome, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _result_error(entry: Entry) -> EffectFailed:
+    assert entry.outcome is not None
+    error = entry.outcome["error"]
+    return EffectFailed(entry.name, str(error.get("type")), str(error.get("message")))
+
+
+def _result_of(entry: Entry) -> Any:
+    assert entry.outcome is not None
+    if "error" in entry.outcome:
+        raise _result_error(entry)
+    return entry.outcome.get("result")

@@ -1,0 +1,188 @@
+"""``hb switchover``, ``hb pause``, ``hb resume`` and ``hb history``: an operator's hand on the lease.
+
+The command line's side of ``hamsterbunker.lease.control``. Registered by
+``hamsterbunker.cli.main``, which turns the errors raised here into one line and an
+exit code: 2 for a user mistake (a bad flag, a wrong secret), 1 for a request
+refused (ControlRefused: nothing was changed) or a store that failed, and
+EXIT_TIMEOUT when ``switchover --wait`` ran out.
+
+It does not import ``hamsterbunker.cli.main`` (that imports this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+from ..core.errors import ConfigError
+from ..lease.control import request_switchover, set_paused
+from ..records import LeaseRecord, check_name
+from ..sealing import Sealer
+from ..sealing.keyring import Secret
+from ..stores import Store, open_store
+from .args import not_on_syncdir, seconds, store_url
+
+__all__ = [
+    "EXIT_TIMEOUT",
+    "add_control_parsers",
+    "history",
+    "pause",
+    "store_sealer",
+    "switchover",
+]
+
+EXIT_TIMEOUT = 124  # switchover --wait ran out (as timeout(1) exits)
+DEFAULT_WAIT_S = 30.0
+_POLL_S = 0.02
+
+SWITCHOVER_HELP = """\
+Hand the lease of agent ID from its live leader to the live standby NODE (--to), or
+to the freshest live standby. The leader finishes its step in flight (within its stop
+grace), publishes it and releases the lease naming the target, which takes it at once;
+the other standbys leave it to the target for a TTL. Leader and target must be seen
+live first: their records must change while watched (at most a lease TTL).
+
+exit status: 0 asked (with --wait: the target leads); 1 refused, nothing changed (no
+live leader, the target is not a live standby) or the store failed; 2 a usage mistake
+or a wrong secret; 124 --wait ran out."""
+
+PAUSE_HELP = """\
+Pause agent ID for maintenance: its leader finishes its step in flight and steps no
+more, but keeps its lease and heartbeats, so standbys do not take over. A paused
+leader that dies is still replaced, and the new leader starts paused. hb resume ends it."""
+
+
+def add_control_parsers(sub: argparse._SubParsersAction, secret_help: str) -> None:  # type: ignore[type-arg]
+    switch = sub.add_parser(
+        "switchover",
+        help="hand the lease to a live standby, now",
+        description=SWITCHOVER_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(switch, secret_help)
+    switch.add_argument("--to", metavar="NODE", help="the standby to hand over to")
+    switch.add_argument("--wait", action="store_true", help="wait until the target leads")
+    switch.add_argument(
+        "--timeout",
+        type=seconds,
+        default=DEFAULT_WAIT_S,
+        metavar="S",
+        help=f"with --wait: give up after S seconds (default: {DEFAULT_WAIT_S:g})",
+    )
+    for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
+        parser = sub.add_parser(
+            name,
+            help=text,
+            description=PAUSE_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _common(parser, secret_help)
+    past = sub.add_parser("history", help="the agent's takeovers, newest first")
+    past.add_argument("--store", help="store URL (default: $HB_STORE)")
+    past.add_argument("--agent-id", required=True)
+    past.add_argument("--json", action="store_true", help="one JSON object per takeover")
+
+
+def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
+    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
+    parser.add_argument("--agent-id", required=True)
+    parser.add_argument("--secret-file", type=Path, help=secret_help)
+
+
+def _open(args: argparse.Namespace, writes: str | None = None) -> tuple[Store, str]:
+    """The store (to read) and the agent id; writes: what the command writes, refused on a
+    syncdir:// store (nothing but a node writes there yet)."""
+    agent = check_name("agent id", args.agent_id)
+    url = store_url(args)
+    if writes is not None:
+        not_on_syncdir(url, writes)
+    return open_store(url, create=False), agent
+
+
+def store_sealer(store: Store, secret: Secret) -> Sealer:
+    """The store's sealer for secret; ConfigError if no node has made its cluster record."""
+    cluster = store.read_cluster()
+    if cluster is None:
+        raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
+    return Sealer(secret, cluster)
+
+
+def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+    if args.to is not None:
+        check_name("node id", args.to)
+    store, agent = _open(args, writes="a switchover")
+    try:
+        sealer = store_sealer(store, read_secret())
+        before = store.read_lease(agent)
+        target = request_switchover(store, sealer, agent, args.to)
+        epoch = 0 if before is None else before.epoch
+        print(f"agent {agent}: switchover from {before and before.holder} to {target} asked "
+              f"(epoch {epoch})", flush=True)  # fmt: skip
+        if not args.wait:
+            return 0
+        started = time.monotonic()
+        lease = _wait_for(store, agent, lambda r: r.holder == target and r.epoch > epoch,
+                          args.timeout)  # fmt: skip
+        if lease is None:
+            print(f"agent {agent}: {target} did not take the lease within {args.timeout:g} s")
+            return EXIT_TIMEOUT
+        took = round((time.monotonic() - started) * 1000)
+        print(f"agent {agent}: {target} leads at epoch {lease.epoch} ({took} ms)")
+        return 0
+    finally:
+        store.close()
+
+
+def _wait_for(
+    store: Store, agent: str, done: Callable[[LeaseRecord], bool], timeout: float
+) -> LeaseRecord | None:
+    """Read the lease until done says so (a CLI's short poll); None after timeout."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        lease = store.read_lease(agent)
+        if lease is not None and done(lease):
+            return lease
+        time.sleep(_POLL_S)
+    return None
+
+
+def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+    paused = args.command == "pause"
+    store, agent = _open(args, writes=f"hb {args.command}")
+    try:
+        lease = set_paused(store, store_sealer(store, read_secret()), agent, paused)
+    finally:
+        store.close()
+    if paused:
+        leader = f"its leader {lease.holder}" if lease.holder else "the next leader"
+        print(f"agent {agent}: paused; {leader} finishes its step in flight and steps no "
+              "more until hb resume")  # fmt: skip
+    else:
+        print(f"agent {agent}: resumed")
+    return 0
+
+
+def history(args: argparse.Namespace) -> int:
+    store, agent = _open(args)
+    try:
+        lease = store.read_lease(agent)
+    finally:
+        store.close()
+    takeovers = [] if lease is None else list(reversed(lease.history))
+    if args.json:
+        for takeover in takeovers:
+            print(json.dumps(takeover.to_doc(), sort_keys=True))
+        return 0
+    if not takeovers:
+        print(f"agent {agent}: no takeovers recorded")
+        return 0
+    print(f"{'epoch':>6}  {'when':19}  {'from':16} {'to':16} {'via':10} {'gap':>9}")
+    for t in takeovers:
+        when = datetime.fromtimestamp(t.time).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{t.epoch:>6}  {when:19}  {t.from_ or '-':16} {t.to:16} {t.via:10} "
+              f"{t.gap_ms / 1000:>8.3f}s")  # fmt: skip
+    return 0

@@ -1,0 +1,195 @@
+"""``hb forget NODE --agent-id ID``: drop a dead node's heartbeat and events from the view.
+
+A node that is gone for good (a machine retired, a node id renamed) leaves its
+last heartbeat and its event log in the store, and ``hb status`` and
+``hb-tui`` show it for ever. This drops them (``Store.forget_node``), only once
+the node is seen to be dead, judged as ``hb status`` judges a lease and never
+by the node's wall-clock time (DESIGN.md invariant 2): its records are watched
+through a tail on this process's monotonic clock for one lease TTL (the lease
+record's, at most ``observe.MAX_WATCH_S``), and any change (a heartbeat
+written, one that appears or goes, an event) means it is live. Refused too
+while the lease record names it as holder, even an expired lease: the lease
+moves on first (another node takes over). Nothing is changed when refused.
+
+Exit 0 forgotten (what was dropped is printed); 1 refused (live, the holder),
+or no heartbeat or events of that node; 2 a usage mistake (a missing flag, a
+bad URL or name, a wrong secret), as other commands. The secret is checked
+against the store's cluster record first, so a mistyped URL that reaches
+another cluster drops nothing there.
+
+Registered by ``hamsterbunker.cli.main`` (which turns the errors raised here into
+one line and an exit code); it does not import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import ConfigError, CorruptRecord
+from ..core.timing import DEFAULT_LEASE_TTL_MS
+from ..lease.observe import MAX_WATCH_S, POLL_S
+from ..ops.status import printable
+from ..ops.status_text import duration
+from ..records import Event, Heartbeat, check_name
+from ..sealing import Sealer
+from ..sealing.keyring import Secret
+from ..stores import Store, open_store
+from .args import not_on_syncdir, store_url
+
+__all__ = ["EXIT_REFUSED", "add_forget_parser", "forget"]
+
+EXIT_REFUSED = 1
+# The least a node is watched, whatever TTL a lease record says (it is not authenticated).
+MIN_WATCH_S = 0.5
+
+DESCRIPTION = """\
+Drop node NODE's heartbeat and event log from agent ID's records in the store, so that
+hb status and hb-tui no longer show it. Only for a node that is gone: NODE's records
+are watched from here, on this machine's own clock, for one lease TTL (never comparing
+clocks across machines), and if its heartbeat or events change it is live: refused.
+Refused too while the lease names NODE as holder. A forgotten node that runs again
+shows again.
+
+exit status: 0 forgotten; 1 refused (NODE is live or holds the lease) or nothing of
+  NODE is stored; 2 a usage mistake (a missing flag, a bad URL or name, a wrong secret)."""
+
+
+def add_forget_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
+    """Add ``hb forget`` to the subcommands ``sub`` (argparse's subparsers action)."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "forget",
+        help="drop a dead node's heartbeat and events (refused for a live node)",
+        description=DESCRIPTION,
+        epilog=secret_help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("node", metavar="NODE", help="the node id to forget")
+    parser.add_argument("--agent-id", metavar="ID", required=True)
+    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
+    parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
+    return parser
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the store holds of the node: its heartbeat and its events."""
+
+    heartbeat: Heartbeat | None
+    events: list[Event]
+
+
+def forget(
+    args: argparse.Namespace,
+    read_secret: Callable[[], Secret],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Run ``hb forget``; the exit status (usage mistakes and store errors raise)."""
+    agent = check_name("agent id", args.agent_id)
+    node = check_name("node id", args.node)
+    url = not_on_syncdir(store_url(args), "forgetting a node")
+    secret = read_secret()
+    # An existing store only: a mistyped URL must not make an empty one.
+    store = open_store(url, create=False)
+    try:
+        cluster = store.read_cluster()
+        if cluster is None:
+            raise ConfigError(f"store {store.url} has no cluster record: no node has run there")
+        Sealer(secret, cluster)  # WrongSecret before anything is read or changed
+        return _forget(store, agent, node, clock, sleep)
+    finally:
+        store.close()
+
+
+def _forget(
+    store: Store,
+    agent: str,
+    node: str,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> int:
+    tail = store.tail(agent)
+    first = tail.read()
+    seen = _Seen(_beat_of(first.heartbeats, node), [e for e in first.events if e.node == node])
+    if seen.heartbeat is None and not seen.events:
+        return _say(f"no heartbeat or events of node {node} (agent {agent}) in {store.url}")
+    holding, ttl_s = _lease_of(store, agent, node)
+    if holding is not None:
+        return _refused(holding)
+    window = min(max(ttl_s, MIN_WATCH_S), MAX_WATCH_S)
+    started = clock()
+    for _ in range(math.ceil(window / POLL_S) + 1):  # bounded even if the clock stands still
+        left = started + window - clock()
+        if left <= 0:
+            break
+        sleep(min(POLL_S, left))
+        now = tail.read()
+        if _beat_of(now.heartbeats, node) != seen.heartbeat or any(
+            e.node == node for e in now.events
+        ):
+            return _refused(
+                f"node {node} of agent {agent} is live: its heartbeat or events changed "
+                f"{duration(clock() - started)} into watching, as seen from here; "
+                "stop it first (nothing changed)"
+            )
+    holding, _ttl = _lease_of(store, agent, node)  # it may have taken the lease meanwhile
+    if holding is not None:
+        return _refused(holding)
+    store.forget_node(agent, node)
+    print(f"forgot node {node} of agent {agent}: {_dropped(seen)}; "
+          f"unchanged for {duration(clock() - started)}, as seen from here")  # fmt: skip
+    return 0
+
+
+def _beat_of(heartbeats: list[Heartbeat], node: str) -> Heartbeat | None:
+    return next((beat for beat in heartbeats if beat.node == node), None)
+
+
+def _lease_of(store: Store, agent: str, node: str) -> tuple[str | None, float]:
+    """(why node may not be forgotten because of the lease, or None; the lease's TTL in s)."""
+    try:
+        lease = store.read_lease(agent)
+    except CorruptRecord as exc:
+        return f"the lease record of agent {agent} is unreadable ({printable(str(exc))}): "\
+            f"cannot tell whether node {node} holds it (nothing changed)", 0.0  # fmt: skip
+    if lease is None:
+        return None, DEFAULT_LEASE_TTL_MS / 1000
+    if lease.holder == node:
+        return (
+            f"node {node} holds the lease of agent {agent} (epoch {lease.epoch}): a node is "
+            "forgotten only once another has taken over (nothing changed)",
+            0.0,
+        )
+    return None, lease.ttl_ms / 1000
+
+
+def _dropped(seen: _Seen) -> str:
+    parts = []
+    beat = seen.heartbeat
+    if beat is not None:
+        parts.append(
+            f"its heartbeat (host {printable(beat.host)}, pid {beat.pid}, last role "
+            f"{printable(beat.role)}, epoch {beat.epoch})"
+        )
+    if seen.events:
+        numbers = [e.n for e in seen.events]
+        count = len(numbers)
+        parts.append(f"{count} event{'s' if count != 1 else ''} (#{min(numbers)}..#{max(numbers)})")
+    return " and ".join(parts)
+
+
+def _refused(reason: str) -> int:
+    return _say(f"refused: {reason}")
+
+
+def _say(line: str) -> int:
+    print(f"hb forget: {line}", file=sys.stderr, flush=True)
+    return EXIT_REFUSED

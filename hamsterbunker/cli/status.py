@@ -1,0 +1,207 @@
+"""``hb status``: a cluster's status, and a health check by its exit code.
+
+Exit 0: healthy (a live leader, no failing step, no node refusing). Exit 1:
+degraded (no live leader, a step failing, a node refusing; each named).
+Exit 2: no answer (a user mistake such as an agent id the store holds no
+records of, whose message names the agents it does hold; or a store that
+could not be read). Whether the lease is live is watched from here, on this
+process's monotonic clock, for at most one TTL (``hamsterbunker.lease.observe``).
+
+The store comes from ``--store``, ``$HB_STORE`` or ``--instance NAME`` (its
+config file, as ``hb run --instance`` reads it; the agent id too, if it sets
+one). Without an agent id: the store's only agent in full, or one line per
+agent. ``--watch`` refreshes every tick until Ctrl-C (``--count`` stops it
+after N refreshes).
+
+Registered by ``hamsterbunker.cli.main``; does not import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..core.errors import ConfigError, StoreError, StoreUnsafe
+from ..core.timing import DEFAULT_TICK_MS
+from ..lease.observe import LIVE, MAX_WATCH_S, NOT_WATCHED, UNKNOWN, LeaseObserver, Observed
+from ..ops.config import NodeConfig, load_instance
+from ..ops.status import printable, snapshot, syncdir_shown
+from ..ops.status_text import duration, render, syncdir_lines
+from ..records import check_name
+from ..stores import Store, open_store
+from ..stores.base import MAX_LISTED_AGENTS
+from .args import positive_int, whole_number
+
+__all__ = ["add_status_parser", "status"]
+
+EXIT_HEALTHY, EXIT_DEGRADED, EXIT_ERROR = 0, 1, 2
+
+DESCRIPTION = """\
+Show an agent's lease, nodes, checkpoint and inbox, and say whether it is healthy:
+exit 0 healthy; 1 degraded (no live leader, a failing step, a node refusing); 2 when
+status cannot tell (an unknown agent id, an unreadable store).
+
+Whether the lease is live is seen from here: the record is watched on this machine's
+own clock for up to one lease TTL (never comparing clocks across machines); it is
+live if it changed (its holder renews it every tick) within the last TTL."""
+
+
+def add_status_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "status",
+        help="show an agent's lease, nodes and checkpoints; exit 0 healthy, 1 degraded",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
+    parser.add_argument(
+        "--instance", metavar="NAME", help="take the store (and agent id) from NAME's config file"
+    )
+    parser.add_argument(
+        "--agent-id", help="default: the store's only agent; with several, one line each"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--watch", action="store_true", help="refresh every tick until Ctrl-C")
+    parser.add_argument(
+        "--count", type=positive_int, metavar="N", help="with --watch: stop after N refreshes"
+    )
+    parser.add_argument(
+        "--observe-ms",
+        type=whole_number,
+        metavar="MS",
+        help="watch the lease for at most MS to tell whether it is live (default: its TTL, "
+        f"at most {MAX_WATCH_S:.0f} s); 0: do not watch, judge only the rest",
+    )
+
+
+def status(args: argparse.Namespace) -> int:
+    config = _instance(args)
+    url = config.store if config else (args.store or os.environ.get("HB_STORE"))
+    if not url:
+        raise ConfigError("--store is required (or set HB_STORE, or use --instance NAME)")
+    agent = args.agent_id or (config.agent_id if config else None)
+    if agent is not None:
+        check_name("agent id", agent)
+    tick_s = (config.tick_ms if config else DEFAULT_TICK_MS) / 1000
+    limit_s = MAX_WATCH_S if args.observe_ms is None else args.observe_ms / 1000
+    try:
+        # A reader: on a syncdir:// store it writes nothing and needs no node id; the sync
+        # delay is shown if the instance config states it.
+        sync_delay_ms = config.sync_delay_ms if config else None
+        store = open_store(url, create=False, sync_delay_ms=sync_delay_ms)
+        try:
+            return _looks(args, store, agent, LeaseObserver(store, limit_s=limit_s), tick_s)
+        finally:
+            store.close()
+    except StoreUnsafe:
+        raise  # a user mistake: hb's own line, exit 2
+    except StoreError as exc:
+        # Not "degraded" (1): the store did not answer, so status cannot tell.
+        print(f"hb status: failed: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _instance(args: argparse.Namespace) -> NodeConfig | None:
+    if args.instance is None:
+        return None
+    if args.store is not None:
+        raise ConfigError("--store cannot be combined with --instance: it is in the file")
+    return load_instance(args.instance)
+
+
+def _looks(
+    args: argparse.Namespace, store: Store, agent: str | None, observer: LeaseObserver, tick: float
+) -> int:
+    agents = _agents(store, agent)
+    refreshes = 0
+    while True:
+        code, text = _one(store, agents, observer, as_json=args.json)
+        if args.watch and not args.json and sys.stdout.isatty():
+            text = "\x1b[H\x1b[2J" + text  # a screen, refreshed in place
+        print(text, flush=True)
+        refreshes += 1
+        if not args.watch or (args.count is not None and refreshes >= args.count):
+            return code
+        time.sleep(tick)
+        if not args.json and not sys.stdout.isatty():
+            print(flush=True)
+
+
+def _agents(store: Store, agent: str | None) -> list[str]:
+    """The agents to show: the one asked for, if the store holds it, else the store's."""
+    held = store.list_agents()
+    if agent is not None:
+        # A listing stops at MAX_LISTED_AGENTS: past that, ask the agent's own records.
+        capped = len(held) >= MAX_LISTED_AGENTS
+        if agent in held or (capped and store.list_heartbeats(agent)):
+            return [agent]
+        raise ConfigError(f"store {store.url} holds no records of agent {agent!r}; {_holds(held)}")
+    if not held:
+        raise ConfigError(f"store {store.url} holds no agents yet (no node has run there)")
+    return held
+
+
+def _holds(held: list[str]) -> str:
+    if not held:
+        return "it holds no agents"
+    shown = ", ".join(held[:20]) + (f" and {len(held) - 20} more" if len(held) > 20 else "")
+    return f"it holds: {shown}"
+
+
+def _one(
+    store: Store, agents: list[str], observer: LeaseObserver, as_json: bool
+) -> tuple[int, str]:
+    """(exit code, text) of one look: one agent in full, or one line per agent."""
+    if len(agents) == 1:
+        found = snapshot(store, agents[0], observer)
+        return found.exit_code, found.to_json() if as_json else render(found)
+    observed = observer.observe(agents)
+    rows = [_row(store, agent, observed[agent]) for agent in agents]
+    code = EXIT_DEGRADED if any(row["problems"] for row in rows) else EXIT_HEALTHY
+    syncdir = syncdir_shown(store, None)  # a syncdir:// store's own report; None otherwise
+    if as_json:
+        doc = {"store": store.url, "agents": rows, "exit_code": code}
+        if syncdir is not None:
+            doc["syncdir"] = asdict(syncdir)
+        return code, json.dumps(doc, indent=2, sort_keys=True)
+    table = [("AGENT", "LEADER", "LEASE", "HEALTH")] + [
+        (row["agent"], row["leader"] or "-", row["lease"], "; ".join(row["problems"]) or "healthy")
+        for row in rows
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(3)]
+    lines = [f"store {store.url} · {len(agents)} agents"]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
+              for r in table]  # fmt: skip
+    if syncdir is not None:
+        lines += syncdir_lines(syncdir, agent=False)
+    return code, "\n".join(lines)
+
+
+def _row(store: Store, agent: str, seen: Observed) -> dict[str, Any]:
+    live, lease = seen.liveness, seen.lease
+    problems = []
+    if seen.lease_error is not None:
+        problems.append("lease record unreadable")
+    elif live.state not in (LIVE, UNKNOWN, NOT_WATCHED):
+        problems.append(f"no live leader (lease {live.state})")
+    failing = [b.node for b in store.list_heartbeats(agent) if getattr(b, "failing", 0)]
+    problems += [
+        f"{printable(node)} failing" for node in failing if node == (lease and lease.holder)
+    ]
+    state = live.state
+    if live.state == LIVE and live.changed_s_ago is not None:
+        state += f" (changed {duration(live.changed_s_ago)} ago, as seen from here)"
+    holder = lease.holder if lease else None
+    return {
+        "agent": agent,
+        "leader": printable(holder) if holder else None,
+        "epoch": lease.epoch if lease else None,
+        "lease": state,
+        "liveness": asdict(live),
+        "problems": problems,
+    }

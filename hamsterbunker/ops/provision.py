@@ -1,0 +1,132 @@
+"""``hb init``: write an instance's config file and secret, never clobbering either.
+
+Both files are written in full to a temporary name, fsynced, then linked into
+place: a crash leaves the old file or the new one, never half of one. The
+config is replaced only with ``force``; an existing secret is never replaced
+(that would lock the cluster out of every checkpoint sealed with it), which is
+also how the other nodes of a cluster are set up: copy the secret, then init.
+
+The store must be named (``--store``, or ``$HB_STORE``): a default on the local
+disk would give every machine that follows the same steps a cluster of its own,
+each with its own leader of the same agent. Only ``--local-only`` (a cluster of
+one machine) takes the local directory ``local_store(name)``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+
+from ..core.errors import ConfigError
+from ..sealing.keyring import Keyring
+from .config import NodeConfig, instance_path, parse_config
+
+__all__ = ["Provisioned", "choose_store", "local_store", "provision"]
+
+# Where the unit lets a node write (StateDirectory=hamsterbunker).
+STATE_DIRECTORY = Path("/var/lib/hamsterbunker")
+
+_HEADER = """\
+# HamsterBunker node config, read by `hb run --instance {name}`
+# (systemd: hamsterbunker@{name}.service). Keys: store, agent, agent_id,
+# node_id, region, tick_ms, lease_ttl_ms. The secret is not kept here:
+# the unit passes {secret} with LoadCredential=.
+"""
+
+
+@dataclass(frozen=True)
+class Provisioned:
+    config_path: Path
+    secret_path: Path
+    new_secret: bool  # False: an existing secret was kept
+
+
+def local_store(name: str) -> str:
+    """The store of a cluster of one machine (``hb init --local-only``)."""
+    return f"file://{STATE_DIRECTORY}/{name}"
+
+
+def choose_store(name: str, store: str | None, *, local_only: bool) -> str:
+    """The store URL ``hb init`` writes: the one given, or with local_only the local one."""
+    if store and local_only:
+        raise ConfigError(
+            "--store and --local-only exclude each other: --store names the store every node "
+            "of the cluster shares, --local-only keeps a cluster of this one machine in "
+            f"{local_store(name)}"
+        )
+    if store:
+        return store
+    if local_only:
+        return local_store(name)
+    raise ConfigError(
+        "no store given: pass --store URL, the store every node of the cluster shares "
+        "(e.g. file:///mnt/hamsterbunker on NFS, redis://..., etcd://...; or set HB_STORE), "
+        f"or --local-only for a cluster of this one machine (store {local_store(name)})"
+    )
+
+
+def secret_path(name: str, directory: Path) -> Path:
+    return directory / f"{name}.secret"
+
+
+def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) -> Provisioned:
+    config_file = instance_path(name, directory)
+    secret_file = secret_path(name, directory)
+    # Check everything `hb run` will check (the timing included) before writing anything.
+    parse_config(config.to_toml_dict(), config_file)
+    if config_file.exists() and not force:
+        raise ConfigError(f"{config_file} already exists; pass --force to replace it")
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    new_secret = not secret_file.exists()
+    if new_secret:
+        _write_new(secret_file, secrets.token_urlsafe(32) + "\n", mode=0o600, replace=False)
+    else:
+        _check_secret_file(secret_file)
+    text = _HEADER.format(name=name, secret=secret_file) + tomli_w.dumps(config.to_toml_dict())
+    _write_new(config_file, text, mode=0o644, replace=force)
+    return Provisioned(config_file, secret_file, new_secret)
+
+
+def _check_secret_file(path: Path) -> None:
+    """An existing secret must be usable and private before we build on it."""
+    mode = path.stat().st_mode
+    if mode & 0o077:
+        raise ConfigError(
+            f"secret file {path} can be read by others (mode {mode & 0o777:o}); "
+            f"run: chmod 600 {path}"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"secret file {path} cannot be read: {exc}") from exc
+    Keyring.parse(text, f"secret file {path}")  # one secret a line, newest first
+
+
+def _write_new(path: Path, text: str, *, mode: int, replace: bool) -> None:
+    """Write ``text`` to ``path`` atomically; without ``replace``, fail if it exists."""
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".new", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)  # before the first byte: the secret is never readable by others
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        if replace:
+            os.replace(temp, path)
+        else:
+            try:
+                os.link(temp, path)  # fails if path exists: no race with another writer
+            except FileExistsError:
+                raise ConfigError(f"{path} already exists; refusing to overwrite it") from None
+    finally:
+        Path(temp).unlink(missing_ok=True)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
