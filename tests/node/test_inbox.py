@@ -203,7 +203,9 @@ def test_a_planted_submission_that_does_not_authenticate_is_rejected(nodes: Node
         assert client.result(AGENT, "real", timeout=WAIT_S) == {"doubled": 6}
     numbers = {e.detail["number"] for e in nodes.events.of("inbox.rejected")}
     assert numbers == {2, 3}
-    assert agent.shown == [("a", 1)]
+    # Only #1 was ever shown (again, if a loaded machine let the renew deadline pass
+    # during its step: the step is retried).
+    assert set(agent.shown) == {("a", 1)}
 
 
 class Misuser:
