@@ -13,7 +13,8 @@ from ..core.limits import MAX_EPOCH
 from ..core.reach import Reach
 from ..core.timing import DEFAULT_TIMING, LeaseTiming
 from ..records import LeaseRecord
-from ..stores.base import RestoreRead, Store
+from ..stores.base import RestoreRead
+from ..stores.interface import Store
 from .outcome import Outcome, TickResult
 from .proof import LeaseProof
 from .unreadable import UnreadableWait

@@ -13,12 +13,12 @@ from .base import (
     Fence,
     HeardLease,
     RestoreRead,
-    Store,
     StoreGuarantees,
     StoreReport,
     SyncedFolder,
 )
 from .chains import Chains
+from .interface import Store
 from .tail import Tail, TailRead
 from .urls import redacted_url
 

@@ -67,7 +67,7 @@ from hamsterbunker.ops.local import LocalCluster, NodeSpec
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 from tests.support import SUPPORT_DIR, holding_store_lock, store_of, wait_until
 from tests.support.raw_store import file_key

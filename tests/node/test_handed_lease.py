@@ -19,7 +19,7 @@ from hamsterbunker.core.errors import CorruptRecord, StoreUnavailable
 from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import Heartbeat, LeaseRecord
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 
 AGENT = "agent-1"
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=2000)  # renew deadline 1.2 s

@@ -27,7 +27,7 @@ from hamsterbunker.core.reach import Reach
 from hamsterbunker.core.timing import LeaseTiming, check_sync_delay
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import LeaseRecord
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support.raw_store import RawRecords, file_key
 

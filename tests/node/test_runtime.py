@@ -37,7 +37,8 @@ from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.records import CheckpointInfo, Event, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
-from hamsterbunker.stores.base import Fence, RestoreRead, Store
+from hamsterbunker.stores.base import Fence, RestoreRead
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, AsyncAgent, CountingAgent, Recorder, SyncAgent

@@ -27,7 +27,8 @@ from hamsterbunker.core.errors import StepLost, StoreUnavailable
 from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.runtime import Runtime
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import SECRET, AsyncAgent, CountingAgent, Recorder

@@ -20,7 +20,7 @@ from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import LeaseRecord
 from hamsterbunker.runtime import Runtime
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.testing import MemoryStore
 from tests.support.agents import SECRET, AsyncAgent, Recorder
 from tests.support.raw_store import RawRecords

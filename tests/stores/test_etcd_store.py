@@ -35,7 +35,8 @@ from hamsterbunker.records import Heartbeat
 from hamsterbunker.stores import open_store
 from hamsterbunker.stores.backends.etcd import EtcdBackend
 from hamsterbunker.stores.backends.etcd_connection import parse_etcd_url
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer import RecordStore
 from tests.support import each_ended, process_state, wait_until
 from tests.support.etcd_server import EtcdServer, etcd_url, shared_etcd

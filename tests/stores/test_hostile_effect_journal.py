@@ -26,7 +26,8 @@ import pytest
 from hamsterbunker.core.errors import StoreError
 from hamsterbunker.core.limits import MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP
 from hamsterbunker.stores import open_store
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support.io_probes import bytes_read_by_this_process, record_fsyncs

@@ -29,7 +29,8 @@ from hamsterbunker.core.errors import (  # noqa: E402 (after the importorskip)
 from hamsterbunker.stores import open_store  # noqa: E402
 from hamsterbunker.stores.backends.redis import RedisBackend  # noqa: E402
 from hamsterbunker.stores.backends.redis_connection import parse_redis_url  # noqa: E402
-from hamsterbunker.stores.base import Fence, Store  # noqa: E402
+from hamsterbunker.stores.base import Fence  # noqa: E402
+from hamsterbunker.stores.interface import Store  # noqa: E402
 from hamsterbunker.stores.layer import RecordStore  # noqa: E402
 from tests.support import each_ended, process_state, wait_until  # noqa: E402
 from tests.support.records import lease  # noqa: E402

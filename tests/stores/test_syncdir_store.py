@@ -25,8 +25,9 @@ from hamsterbunker.core.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_REC
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.records import CheckpointInfo, LeaseRecord
 from hamsterbunker.stores.backends.file import FileBackend
-from hamsterbunker.stores.base import Fence, Refusal, Store
+from hamsterbunker.stores.base import Fence, Refusal
 from hamsterbunker.stores.dirs.lease_watch import open_lease_watch
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore

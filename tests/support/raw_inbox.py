@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from hamsterbunker.stores.backend import Put, Txn
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 

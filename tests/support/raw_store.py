@@ -23,7 +23,7 @@ from hamsterbunker.core.read_bounds import ReadBound
 from hamsterbunker.records import CheckpointInfo
 from hamsterbunker.stores import file_store_path, open_store
 from hamsterbunker.stores.backend import Backend, DeleteRange, Put, Txn, key_problem, prefix_end
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 

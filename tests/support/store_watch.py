@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from hamsterbunker.records import LeaseRecord
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 
 WAIT_S = 10.0
 

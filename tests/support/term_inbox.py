@@ -18,7 +18,7 @@ from hamsterbunker.node.calls import NodeCalls
 from hamsterbunker.node.inbox import TermInbox
 from hamsterbunker.node.state import Identity, Standing
 from hamsterbunker.sealing import Sealer
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 
 from .agents import AGENT, SECRET
 from .raw_inbox import plant_submissions

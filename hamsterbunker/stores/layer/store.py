@@ -47,11 +47,11 @@ from ..base import (
     Consumed,
     Fence,
     RestoreRead,
-    Store,
     StoreReport,
     fence_text,
     parse_lease,
 )
+from ..interface import Store
 from . import checkpoints, events, inbox
 from .base import Layer, Settings, bounded_records, must
 from .keys import CLUSTER, INDEX, AgentKeys, folder_range

@@ -77,7 +77,6 @@ from ..base import (
     AdmissionState,
     Consumed,
     Fence,
-    Store,
     StoreReport,
     SyncedFolder,
     check_consumed,
@@ -85,6 +84,7 @@ from ..base import (
 from ..chains import Chains
 from ..dirs.fileio import opened_dir, os_errors_as_store_errors
 from ..dirs.location import open_root
+from ..interface import Store
 from ..layer import RecordStore
 from .layout import CLUSTER, NODES, published_parts, sync_files
 from .lease import ClaimsLease

@@ -20,9 +20,9 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 from ...core.errors import StoreError
-from ..base import Store
 from ..dirs.lease_watch import lease_changes, open_lease_watch
 from ..dirs.location import mount_of
+from ..interface import Store
 from .layout import log
 from .published import is_claim_name
 

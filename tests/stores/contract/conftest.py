@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.stores.backend import Backend
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.testing import MemoryStore
 
 Opener = Callable[[], Store]

@@ -13,7 +13,8 @@ from hamsterbunker.core.blob import BlobPieces
 from hamsterbunker.core.errors import StoreError
 from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES
 from hamsterbunker.records import LeaseRecord
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 
 from .conftest import Opener
 

@@ -18,7 +18,8 @@ import pytest
 from hamsterbunker.core.errors import ClusterChanged, StoreError
 from hamsterbunker.core.limits import MAX_REPLY_BYTES
 from hamsterbunker.records import ClusterRecord, LeaseRecord
-from hamsterbunker.stores.base import Consumed, Fence, Store
+from hamsterbunker.stores.base import Consumed, Fence
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer import RecordStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support.raw_store import RawRecords

@@ -11,7 +11,8 @@ import pytest
 from hamsterbunker.core.errors import Fenced, StoreError
 from hamsterbunker.core.limits import MAX_EFFECT_BYTES, MAX_EFFECTS_PER_STEP, MAX_SEQ
 from hamsterbunker.records import LeaseRecord
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 
 from .conftest import Opener
 

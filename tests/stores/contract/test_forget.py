@@ -18,7 +18,7 @@ import pytest
 
 from hamsterbunker.core.errors import ConfigError
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support.raw_store import file_key

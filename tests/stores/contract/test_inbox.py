@@ -23,7 +23,8 @@ from hamsterbunker.core.limits import (
     MAX_SUBMISSION_BYTES,
 )
 from hamsterbunker.records import LeaseRecord
-from hamsterbunker.stores.base import AdmissionState, Consumed, Fence, Store
+from hamsterbunker.stores.base import AdmissionState, Consumed, Fence
+from hamsterbunker.stores.interface import Store
 from tests.support.store_watch import WAIT_S, next_wake
 
 from .conftest import KEEP_REPLIES, Opener

@@ -20,7 +20,8 @@ from hamsterbunker.core.errors import NotNextNumber, Tampered, UnknownRequest
 from hamsterbunker.ops.client import Client
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.backend import DeleteRange, Txn, prefix_end
-from hamsterbunker.stores.base import AdmissionState, Consumed, Store
+from hamsterbunker.stores.base import AdmissionState, Consumed
+from hamsterbunker.stores.interface import Store
 from tests.support.agents import SECRET
 
 from .conftest import KEEP_REPLIES

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.files import FileStore
 
 from .conftest import Opener

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES
 from hamsterbunker.records import CheckpointInfo
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.keys import AgentKeys
 from tests.support.raw_store import RawRecords, raw_view
 from tests.support.records import lease

@@ -22,7 +22,7 @@ from hamsterbunker.core.limits import EFFECT_KINDS, MAX_EFFECTS_PER_STEP
 from hamsterbunker.core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ
 from hamsterbunker.node.inbox import RESCAN_TICKS
 from hamsterbunker.records import Heartbeat
-from hamsterbunker.stores.base import Store
+from hamsterbunker.stores.interface import Store
 from tests.support.agents import AGENT
 from tests.support.raw_inbox import plant_submissions
 from tests.support.raw_store import raw_view

@@ -29,14 +29,8 @@ from hamsterbunker.core.errors import (
 from hamsterbunker.core.limits import MAX_CHECKPOINT_BYTES, MAX_EPOCH, MAX_RECORD_BYTES, MAX_SEQ
 from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord
 from hamsterbunker.stores import open_store
-from hamsterbunker.stores.base import (
-    Fence,
-    RestoreRead,
-    Store,
-    StoreGuarantees,
-    StoreReport,
-    newest_first,
-)
+from hamsterbunker.stores.base import Fence, RestoreRead, StoreGuarantees, StoreReport, newest_first
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.tail import TailRead
 
 from .conftest import (

@@ -14,7 +14,8 @@ import pytest
 from hamsterbunker.core.errors import Fenced, LeaseConflict, UnreadableLease
 from hamsterbunker.core.limits import MAX_RECORD_BYTES
 from hamsterbunker.records import LeaseRecord
-from hamsterbunker.stores.base import Fence, Store
+from hamsterbunker.stores.base import Fence
+from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer import RecordStore
 from tests.support.raw_store import RawRecords
 
