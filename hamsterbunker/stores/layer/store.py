@@ -9,13 +9,12 @@ unauthenticated input, in this layer alone, whatever the backend.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import replace
 
 from ...core.blob import Blob
-from ...core.errors import ClusterChanged, CorruptRecord, LeaseConflict, StoreError, UnreadableLease
+from ...core.errors import ClusterChanged, StoreError
 from ...core.limits import MAX_RECORD_BYTES
 from ...core.read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
@@ -36,9 +35,6 @@ from ..backend import (
     DeleteRange,
     Get,
     Put,
-    Scan,
-    ScanResult,
-    TooLarge,
     Txn,
 )
 from ..base import (
@@ -48,28 +44,17 @@ from ..base import (
     Fence,
     RestoreRead,
     StoreReport,
-    fence_text,
-    parse_lease,
 )
 from ..interface import Store
 from . import checkpoints, events, inbox
 from .base import Layer, Settings, bounded_records, must
 from .keys import CLUSTER, INDEX, AgentKeys, folder_range
+from .leases import Leases
 from .restore import restore_read, restore_reads
 
 __all__ = ["RecordStore"]
 
 _AGENTS_READ = ReadBound(MAX_LISTED_AGENTS, 0, 0)
-
-
-def _found(data: bytes) -> str:
-    """What an unreadable lease record is, for replace_unreadable_lease: its digest."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def _oversized(found: TooLarge) -> str:
-    """What a lease record over its bound is, unread: its size, as the backend tells it."""
-    return f"over {MAX_RECORD_BYTES} bytes: {found.size}"
 
 
 def _node_name(name: str) -> str | None:
@@ -79,7 +64,7 @@ def _node_name(name: str) -> str | None:
         return None
 
 
-class RecordStore(Store):
+class RecordStore(Leases, Store):
     """Every record of the store contract, laid out on one backend (``layer.keys``)."""
 
     def __init__(
@@ -148,28 +133,6 @@ class RecordStore(Store):
 
     # -- lease -------------------------------------------------------------
 
-    def read_lease(self, agent: str) -> LeaseRecord | None:
-        data = self._lease_bytes(AgentKeys(agent))
-        if data is None:
-            return None
-        record = parse_lease(data, lambda: _found(data))
-        self._leases[agent] = (data, record)
-        return record
-
-    def _lease_bytes(self, keys: AgentKeys) -> bytes | None:
-        """The lease record's bytes; UnreadableLease, unread, if it is over its bound (then
-        replaced against the fence beside it: replace_unreadable_lease)."""
-        found = self.layer.backend.get(keys.lease, MAX_RECORD_BYTES)
-        if isinstance(found, TooLarge):
-            raise UnreadableLease(
-                f"lease record of {keys.agent!r} is over the limit of {MAX_RECORD_BYTES} bytes",
-                _oversized(found),
-            )
-        return found
-
-    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
-        return self._cas(agent, expected_version, new, [])[0]
-
     def take_lease(
         self, agent: str, expected_version: int | None, new: LeaseRecord
     ) -> tuple[LeaseRecord, RestoreRead | None]:
@@ -193,128 +156,6 @@ class RecordStore(Store):
         if read.infos and read.newest is None:
             read = replace(read, newest=self.read_checkpoint(agent, read.infos[0]))
         return read
-
-    def _cas(
-        self, agent: str, expected_version: int | None, new: LeaseRecord, reads: list[Get | Scan]
-    ) -> tuple[LeaseRecord, list[bytes | TooLarge | ScanResult | None]]:
-        """cas_lease, with reads made in its commit: the record stored, and what they read."""
-        keys = AgentKeys(agent)
-        known = self._leases.pop(agent, None)
-        if known is not None and known[1].version == expected_version:
-            # The record this client last wrote or read, compared byte for byte: a renewal
-            # is one commit while nobody else wrote since; else read and judge, as below.
-            stored = replace(new, version=known[1].version + 1)
-            found = self._write_lease(keys, known[0], known[1], stored, reads)
-            if found is not None:
-                return stored, found
-        current = self._lease_bytes(keys)
-        was = None if current is None else parse_lease(current, lambda: _found(current))
-        version = None if was is None else was.version
-        if version != expected_version:
-            raise LeaseConflict(
-                f"lease of {agent!r} is at version {version}, not {expected_version}"
-            )
-        stored = replace(new, version=(version or 0) + 1)
-        found = self._write_lease(keys, current, was, stored, reads)
-        if found is None:
-            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        return stored, found
-
-    def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
-        keys = AgentKeys(agent)
-        lease, fence = self.layer.read(
-            Get(keys.lease, MAX_RECORD_BYTES), Get(keys.fence, MAX_RECORD_BYTES)
-        )
-        if isinstance(lease, TooLarge):
-            return self._replace_oversized(keys, lease, fence, found, new)
-        current = lease
-        unreadable = current is not None
-        if current is not None:
-            try:
-                LeaseRecord.from_json(current)
-                unreadable = False
-            except StoreError:
-                pass
-        if current is None or not unreadable or _found(current) != found:
-            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        if self._write_lease(keys, current, None, new) is None:
-            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        return new
-
-    def _replace_oversized(
-        self,
-        keys: AgentKeys,
-        lease: TooLarge,
-        fence: bytes | TooLarge | None,
-        found: str,
-        new: LeaseRecord,
-    ) -> LeaseRecord:
-        """A lease record over its bound, never read, replaced against the fence beside it:
-        every term's first write changes the fence, so a replacement (or a new term) made
-        meanwhile fails the compare."""
-        if _oversized(lease) != found:
-            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
-        if isinstance(fence, TooLarge):
-            raise CorruptRecord(
-                f"the lease record of {keys.agent!r} and the fence beside it are both over the "
-                f"limit of {MAX_RECORD_BYTES} bytes: nothing to replace them against; remove "
-                "the lease record"
-            )
-        against = Compare(keys.fence, fence)
-        if self._write_lease(keys, None, None, new, against=against) is None:
-            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
-        return new
-
-    def create_lease(self, agent: str, new: LeaseRecord) -> LeaseRecord:
-        """Write new as it is numbered (its own version) where no lease record can be read:
-        none reads as stored (none, or on a file backend no regular file), or one over its
-        bound is, which is replaced unread. LeaseConflict if another is stored. For a
-        writer that numbers its record itself: a syncdir node's own claim, after junk."""
-        keys = AgentKeys(agent)
-        found = self.backend.get(keys.lease, MAX_RECORD_BYTES)
-        if isinstance(found, TooLarge):
-            # Unread, it cannot be compared: replaced as it stands, fenced as any change of
-            # term is (a writer that could plant it could as well remove it).
-            fence = fence_text(new.holder, new.session, new.epoch)
-            writes = [Put(keys.lease, new.to_json()), Put(keys.fence, fence.encode())]
-            must(self.layer.commit_indexed(keys, Txn(writes=writes)))
-            self._leases[agent] = (new.to_json(), new)
-            self._fences[agent] = fence
-            return new
-        if found is not None or self._write_lease(keys, None, None, new) is None:
-            raise LeaseConflict(f"a lease record of {agent!r} is stored")
-        return new
-
-    def _write_lease(
-        self,
-        keys: AgentKeys,
-        current: bytes | None,
-        found: LeaseRecord | None,
-        new: LeaseRecord,
-        reads: Sequence[Get | Scan] = (),
-        *,
-        against: Compare | None = None,
-    ) -> list[bytes | TooLarge | ScanResult | None] | None:
-        """new in place of current (compared, or against), its fence beside it when the
-        term's changed; what reads read in that commit, or None if the compare failed."""
-        data = new.to_json()
-        writes = [Put(keys.lease, data)]
-        same_fence = found is not None and (found.holder, found.session, found.epoch) == (
-            new.holder,
-            new.session,
-            new.epoch,
-        )
-        fence = fence_text(new.holder, new.session, new.epoch)
-        if not same_fence:
-            writes.append(Put(keys.fence, fence.encode()))
-        compare = Compare(keys.lease, current) if against is None else against
-        txn = Txn(compares=[compare], writes=writes, reads=reads)
-        result = self.layer.commit_indexed(keys, txn)
-        if not result.succeeded:
-            return None
-        self._leases[keys.agent] = (data, new)
-        self._fences[keys.agent] = fence
-        return list(result.reads)
 
     # -- checkpoints and the effect journal --------------------------------
 
