@@ -42,7 +42,6 @@ from ..core.timing import (
 from ..lease import LeaseKeeper
 from ..lease.control import ControlView
 from ..lease.memory import Memory, MemoryFile
-from ..lease.proof import LeaseProof
 from ..records import Heartbeat, check_name
 from ..records.lineage import ChainChoice
 from ..rotation.nodes import KEYS_READ_TTLS
@@ -52,14 +51,13 @@ from ..stores import Store, open_store
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventHandler, EventSink
-from .identity_check import check_node_id_free
-from .keys import KeyFollower, show_keys
+from .keys import KeyFollower
 from .lineage_view import DivergenceCheck, LineageView, describe_ref
 from .loop import NodeLoop
 from .notify import Notifier
 from .probes import NodeProbes
 from .restore import Restorer
-from .startup import StoreWait
+from .startup import open_for_node
 from .state import Identity, Signals, Standing
 from .stopping import StopRequest
 from .term import LeaderTerm
@@ -299,19 +297,7 @@ class Runtime:
         try:
             endpoints = self._serve_http()  # first: an address in use is a config error
             identity = Identity(self.node_id, self.region, self.host, self.agent_id)
-            sink = EventSink(
-                identity,
-                self.store,
-                calls,
-                self.keeper,
-                self.standing,
-                retry_s=self.timing.tick_s,
-                on_event=self.on_event,
-                history=self._history,
-                metrics=self.metrics,
-                log_agent=self._log_agent,
-                load=self.load,
-            )
+            sink = self._event_sink(identity, calls)
             cluster = Cluster(
                 self.store,
                 self.agent_id,
@@ -320,125 +306,142 @@ class Runtime:
                 memory_path=None if self._memory_file is None else self._memory_file.path,
                 emit=sink.emit,
             )
-            self._notifier.status("starting · opening the store")
-            # The secret is checked before this node writes anything but a new
-            # cluster record: a node with the wrong secret touches nothing.
-            # A store that does not answer yet is waited for (startup.py), never a failed start.
-            wait = StoreWait(
-                node_id=self.node_id, store_url=self.store.url, notifier=self._notifier,
-                stopping=signals.stopping, clock=self.clock,
+            sealer = await open_for_node(
+                cluster, self.keeper, self.standing, calls, sink, signals.stopping,
+                notifier=self._notifier, timing=self.timing, clock=self.clock,
             )  # fmt: skip
-            sealer = await wait.until_answered(functools.partial(calls.io, cluster.open))
             if sealer is None:
                 return  # stopped while waiting for the store
-            show_keys(self.standing, sealer)
-            self.keeper.proof = proof = LeaseProof(sealer, self.agent_id)  # before any write
-            chains = self.store.chains
-            if chains is not None:
-                chains.check_claims_with(self.agent_id, proof.problem)
-            # Before this node beats or emits: refuse an id another live process uses.
-            await check_node_id_free(
-                self.store, self.agent_id, self.node_id,
-                timing=self.timing, clock=self.clock, calls=calls,
-            )  # fmt: skip
-            await wait.until_answered(sink.number_on_from_store)
-            if wait.gave_up:
-                return
-            wait.report(sink.emit)
-            lineage = (
-                LineageView(chains, sealer, self.agent_id, self.node_id, emit=sink.emit)
-                if chains is not None
-                else None
-            )
-            restorer = Restorer(
-                self.agent,
-                self.agent_id,
-                self.store,
-                sealer,
-                self.keeper,
-                calls,
-                self.standing,
-                emit=sink.emit,
-                notifier=self._notifier,
-                lineage=lineage,
-            )
-            follower = KeyFollower(
-                cluster, sealer, self.standing, calls,
-                emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
-            )  # fmt: skip
-            new_term = functools.partial(
-                LeaderTerm,
-                identity=identity,
-                agent=self.agent,
-                store=self.store,
-                sealer=sealer,
-                keeper=self.keeper,
-                restorer=restorer,
-                calls=calls,
-                sink=sink,
-                standing=self.standing,
-                signals=signals,
-                timing=self.timing,
-                clock=self.clock,
-                grace=self._stop.grace,
-                retry=self.step_retry,
-                intents=self._intents,
-                follow_keys=follower.once,
-            )
-            control = self._control_view(sealer)
-            memory = (
-                None
-                if self._memory_file is None
-                else NodeMemory(
-                    self._memory_file, self.keeper, calls, self.node_id, cluster, control
-                )
-            )
-            following = asyncio.create_task(follower.run(), name="hb-keys")
-            checking = (
-                None
-                if lineage is None
-                else asyncio.create_task(
-                    DivergenceCheck(
-                        lineage,
-                        calls,
-                        period_s=DIVERGENCE_CHECK_TTLS * self.timing.lease_ttl_s,
-                        on_choice=self._rebase_for,
-                    ).run(),
-                    name="hb-divergence",
-                )
-            )
-            node = NodeLoop(
-                identity=identity,
-                store=self.store,
-                keeper=self.keeper,
-                calls=calls,
-                sink=sink,
-                standing=self.standing,
-                signals=signals,
-                stop=self._stop,
-                cluster=cluster,
-                cluster_record=sealer.cluster,
-                control=control,
-                memory=memory,
-                new_term=new_term,
-                notifier=self._notifier,
-                watchdog=watchdog,
-                timing=self.timing,
-                clock=self.clock,
-            )
-            self._node = node
-            try:
-                await node.run(self.ready)
-            finally:
-                self._node = None
-                following.cancel()
-                if checking is not None:
-                    checking.cancel()
-            if follower.refusal is not None:
-                raise follower.refusal  # stopped: a key it lacks was made current
+            await self._run_loop(identity, cluster, sealer, calls, sink, signals, watchdog)
         finally:
             pinging.cancel()
             if endpoints is not None:
                 endpoints.stop()
             self.stopped.set()
             calls.close()
+
+    def _event_sink(self, identity: Identity, calls: NodeCalls) -> EventSink:
+        return EventSink(
+            identity,
+            self.store,
+            calls,
+            self.keeper,
+            self.standing,
+            retry_s=self.timing.tick_s,
+            on_event=self.on_event,
+            history=self._history,
+            metrics=self.metrics,
+            log_agent=self._log_agent,
+            load=self.load,
+        )
+
+    async def _run_loop(
+        self,
+        identity: Identity,
+        cluster: Cluster,
+        sealer: Sealer,
+        calls: NodeCalls,
+        sink: EventSink,
+        signals: Signals,
+        watchdog: Watchdog,
+    ) -> None:
+        """Run the node loop, with the key follower and (on a synced folder) the divergence
+        check beside it, until a graceful stop."""
+        chains = self.store.chains
+        lineage = (
+            LineageView(chains, sealer, self.agent_id, self.node_id, emit=sink.emit)
+            if chains is not None
+            else None
+        )
+        follower = KeyFollower(
+            cluster, sealer, self.standing, calls,
+            emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
+        )  # fmt: skip
+        control = self._control_view(sealer)
+        memory = (
+            None
+            if self._memory_file is None
+            else NodeMemory(self._memory_file, self.keeper, calls, self.node_id, cluster, control)
+        )
+        node = NodeLoop(
+            identity=identity,
+            store=self.store,
+            keeper=self.keeper,
+            calls=calls,
+            sink=sink,
+            standing=self.standing,
+            signals=signals,
+            stop=self._stop,
+            cluster=cluster,
+            cluster_record=sealer.cluster,
+            control=control,
+            memory=memory,
+            new_term=self._new_term(identity, sealer, calls, sink, signals, lineage, follower),
+            notifier=self._notifier,
+            watchdog=watchdog,
+            timing=self.timing,
+            clock=self.clock,
+        )
+        following = asyncio.create_task(follower.run(), name="hb-keys")
+        checking = None
+        if lineage is not None:
+            check = DivergenceCheck(
+                lineage,
+                calls,
+                period_s=DIVERGENCE_CHECK_TTLS * self.timing.lease_ttl_s,
+                on_choice=self._rebase_for,
+            )
+            checking = asyncio.create_task(check.run(), name="hb-divergence")
+        self._node = node
+        try:
+            await node.run(self.ready)
+        finally:
+            self._node = None
+            following.cancel()
+            if checking is not None:
+                checking.cancel()
+        if follower.refusal is not None:
+            raise follower.refusal  # stopped: a key it lacks was made current
+
+    def _new_term(
+        self,
+        identity: Identity,
+        sealer: Sealer,
+        calls: NodeCalls,
+        sink: EventSink,
+        signals: Signals,
+        lineage: LineageView | None,
+        follower: KeyFollower,
+    ) -> Callable[..., LeaderTerm]:
+        """What makes each of this node's terms as leader: (epoch, contested=...)."""
+        restorer = Restorer(
+            self.agent,
+            self.agent_id,
+            self.store,
+            sealer,
+            self.keeper,
+            calls,
+            self.standing,
+            emit=sink.emit,
+            notifier=self._notifier,
+            lineage=lineage,
+        )
+        return functools.partial(
+            LeaderTerm,
+            identity=identity,
+            agent=self.agent,
+            store=self.store,
+            sealer=sealer,
+            keeper=self.keeper,
+            restorer=restorer,
+            calls=calls,
+            sink=sink,
+            standing=self.standing,
+            signals=signals,
+            timing=self.timing,
+            clock=self.clock,
+            grace=self._stop.grace,
+            retry=self.step_retry,
+            intents=self._intents,
+            follow_keys=follower.once,
+        )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +30,17 @@ from typing import Any, TypeVar
 
 from ..core.clock import Clock
 from ..core.errors import StoreUnavailable
+from ..core.timing import LeaseTiming
+from ..lease import LeaseKeeper
+from ..lease.proof import LeaseProof
+from ..sealing import Sealer
+from .calls import NodeCalls
+from .cluster import Cluster
+from .events import EventSink
+from .identity_check import check_node_id_free
+from .keys import show_keys
 from .notify import Notifier
+from .state import Standing
 
 __all__ = ["DEFAULT_START_RETRY", "StartRetry", "StoreWait"]
 
@@ -141,3 +152,42 @@ def _consume(future: asyncio.Future[Any]) -> None:
     """Retrieve an abandoned try's outcome, so asyncio does not log it as never retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+async def open_for_node(
+    cluster: Cluster,
+    keeper: LeaseKeeper,
+    standing: Standing,
+    calls: NodeCalls,
+    sink: EventSink,
+    stopping: asyncio.Event,
+    *,
+    notifier: Notifier,
+    timing: LeaseTiming,
+    clock: Clock,
+) -> Sealer | None:
+    """The cluster record opened with the secret and this node's id checked free, the
+    store waited for while it does not answer; None if the node stopped meanwhile.
+
+    The secret is checked before this node writes anything but a new cluster record: a
+    node with the wrong secret touches nothing.
+    """
+    store, agent, node = keeper.store, keeper.agent, keeper.node
+    notifier.status("starting · opening the store")
+    wait = StoreWait(
+        node_id=node, store_url=store.url, notifier=notifier, stopping=stopping, clock=clock
+    )
+    sealer = await wait.until_answered(functools.partial(calls.io, cluster.open))
+    if sealer is None:
+        return None
+    show_keys(standing, sealer)
+    keeper.proof = proof = LeaseProof(sealer, agent)  # before any write
+    if store.chains is not None:
+        store.chains.check_claims_with(agent, proof.problem)
+    # Before this node beats or emits: refuse an id another live process uses.
+    await check_node_id_free(store, agent, node, timing=timing, clock=clock, calls=calls)
+    await wait.until_answered(sink.number_on_from_store)
+    if wait.gave_up:
+        return None
+    wait.report(sink.emit)
+    return sealer
