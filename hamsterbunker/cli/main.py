@@ -14,7 +14,7 @@ import argparse
 import faulthandler
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..core.errors import (
@@ -26,14 +26,12 @@ from ..core.errors import (
     StoreError,
     StoreUnsafe,
 )
-from ..core.logs import LOG_LEVELS, configure_logging, stderr_is_journal
+from ..core.logs import configure_logging, stderr_is_journal
 from ..core.timing import (
     DEFAULT_LEASE_TTL_MS,
     DEFAULT_TICK_MS,
     LeaseTiming,
 )
-from ..ops.config import DEFAULT_CONFIG_DIR
-from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import Keyring, read_keyring
 from ..stores import open_store
 from . import control as cli_control
@@ -42,7 +40,7 @@ from .chain import add_choose_chain_parser, choose_chain
 from .control import add_control_parsers
 from .forget import add_forget_parser, forget
 from .migrate import add_migrate_parser, migrate_store
-from .node import add_node_flags, init, run
+from .node import add_init_parser, add_run_parser, init, run
 from .rotate import add_rotate_parser, rotate_secret
 from .status import add_status_parser
 from .submit import EXIT_TIMEOUT, add_submit_parser, submit
@@ -80,71 +78,31 @@ def _build_parser() -> argparse.ArgumentParser:
     # Not required: a bare `hb` gets this help, not an argparse error (main).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    run = sub.add_parser(
-        "run",
-        help="run one node of a cluster",
-        description="Run one node, configured by --instance NAME (a config file) or by flags.",
-        epilog=SECRET_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument(
-        "--instance",
-        metavar="NAME",
-        help=f"read the config of instance NAME from {DEFAULT_CONFIG_DIR}/NAME.toml "
-        "(or $CONFIGURATION_DIRECTORY/NAME.toml); no node flags may be given with it",
-    )
-    add_node_flags(run)
-    run.add_argument("--secret-file", type=Path, help="file holding the network secret")
-    run.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="where the node remembers the store's highest epoch and seq across its restarts, "
-        "to notice a store that went back in time while it was down "
-        "(default: $STATE_DIRECTORY, which systemd sets; none without it)",
-    )
-    run.add_argument(
-        "--history",
-        type=Path,
-        metavar="FILE",
-        help="append a JSON line per lease and checkpoint operation (for fault analysis; "
-        "check it with python -m hamsterbunker.ops.checker FILE); with several [[agents]], "
-        "one file per agent, FILE.AGENT_ID",
-    )
-    run.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        type=str.lower,
-        help="the least important events logged: debug adds every step and message; "
-        "warning keeps what needs a look (default: the config's log_level, or info)",
-    )
+    add_run_parser(sub, SECRET_HELP)
+    add_init_parser(sub)
 
-    init = sub.add_parser(
-        "init",
-        help="write the config and secret of a node run by hamsterbunker@NAME.service",
-    )
-    init.add_argument("name", metavar="NAME", help="the instance name (hamsterbunker@NAME)")
-    add_node_flags(init)
-    init.add_argument(
-        "--local-only",
-        action="store_true",
-        help=f"a cluster of this one machine, on the store file://{STATE_DIRECTORY}/NAME "
-        "(without it, --store is required: every node of a cluster must share one store)",
-    )
-    init.add_argument(
-        "--config-dir",
-        type=Path,
-        default=DEFAULT_CONFIG_DIR,
-        help=f"where to write NAME.toml and NAME.secret (default: {DEFAULT_CONFIG_DIR})",
-    )
-    init.add_argument("--force", action="store_true", help="replace an existing NAME.toml")
+    _add_demo_parser(sub)
+    _add_accept_loss_parser(sub)
+    add_status_parser(sub)
 
+    add_submit_parser(sub, SECRET_HELP)
+    add_forget_parser(sub, SECRET_HELP)
+    add_control_parsers(sub, SECRET_HELP)
+    add_rotate_parser(sub, "file holding the secrets, one a line, newest first")
+    add_choose_chain_parser(sub, SECRET_HELP)
+    add_migrate_parser(sub, SECRET_HELP)
+    return parser
+
+
+def _add_demo_parser(sub: Any) -> None:
     demo = sub.add_parser("demo", help="the local three-node survival demo")
     demo.add_argument("--kills", type=positive_int, default=1, help="kill the active node N times")
     demo.add_argument("--store", help="store URL (default: a temporary directory)")
     demo.add_argument("--tick-ms", type=positive_int, help=f"default: {DEFAULT_TICK_MS}")
     demo.add_argument("--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
 
+
+def _add_accept_loss_parser(sub: Any) -> None:
     accept = sub.add_parser(
         "accept-loss",
         help="accept a loss the nodes refuse to resume behind (stop every node first)",
@@ -165,16 +123,6 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     accept.add_argument("--yes", action="store_true", help="do not ask")
     accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
-
-    add_status_parser(sub)
-
-    add_submit_parser(sub, SECRET_HELP)
-    add_forget_parser(sub, SECRET_HELP)
-    add_control_parsers(sub, SECRET_HELP)
-    add_rotate_parser(sub, "file holding the secrets, one a line, newest first")
-    add_choose_chain_parser(sub, SECRET_HELP)
-    add_migrate_parser(sub, SECRET_HELP)
-    return parser
 
 
 def read_secret(secret_file: Path | None) -> Keyring:

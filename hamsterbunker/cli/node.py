@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import Any
 
 from ..agent.step import load_agent
 from ..core.errors import ConfigError
 from ..core.http_address import http_address_arg
-from ..core.logs import configure_logging, log_level
+from ..core.logs import LOG_LEVELS, configure_logging, log_level
 from ..core.timing import (
     DEFAULT_LEASE_TTL_MS,
     DEFAULT_MAX_STEP_FAILURES,
@@ -19,7 +20,7 @@ from ..core.timing import (
     DEFAULT_TICK_MS,
 )
 from ..node.notify import Notifier
-from ..ops.config import NodeConfig, load_instance
+from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import read_keyring
 from ..stores import check_store_url
@@ -104,6 +105,69 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
         help="serve /metrics (Prometheus), /health, /leader and /status there, e.g. "
         "127.0.0.1:9100 (default: off)",
     )
+
+
+def add_run_parser(sub: Any, secret_help: str) -> None:
+    run = sub.add_parser(
+        "run",
+        help="run one node of a cluster",
+        description="Run one node, configured by --instance NAME (a config file) or by flags.",
+        epilog=secret_help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "--instance",
+        metavar="NAME",
+        help=f"read the config of instance NAME from {DEFAULT_CONFIG_DIR}/NAME.toml "
+        "(or $CONFIGURATION_DIRECTORY/NAME.toml); no node flags may be given with it",
+    )
+    add_node_flags(run)
+    run.add_argument("--secret-file", type=Path, help="file holding the network secret")
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the node remembers the store's highest epoch and seq across its restarts, "
+        "to notice a store that went back in time while it was down "
+        "(default: $STATE_DIRECTORY, which systemd sets; none without it)",
+    )
+    run.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help="append a JSON line per lease and checkpoint operation (for fault analysis; "
+        "check it with python -m hamsterbunker.ops.checker FILE); with several [[agents]], "
+        "one file per agent, FILE.AGENT_ID",
+    )
+    run.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        type=str.lower,
+        help="the least important events logged: debug adds every step and message; "
+        "warning keeps what needs a look (default: the config's log_level, or info)",
+    )
+
+
+def add_init_parser(sub: Any) -> None:
+    init = sub.add_parser(
+        "init",
+        help="write the config and secret of a node run by hamsterbunker@NAME.service",
+    )
+    init.add_argument("name", metavar="NAME", help="the instance name (hamsterbunker@NAME)")
+    add_node_flags(init)
+    init.add_argument(
+        "--local-only",
+        action="store_true",
+        help=f"a cluster of this one machine, on the store file://{STATE_DIRECTORY}/NAME "
+        "(without it, --store is required: every node of a cluster must share one store)",
+    )
+    init.add_argument(
+        "--config-dir",
+        type=Path,
+        default=DEFAULT_CONFIG_DIR,
+        help=f"where to write NAME.toml and NAME.secret (default: {DEFAULT_CONFIG_DIR})",
+    )
+    init.add_argument("--force", action="store_true", help="replace an existing NAME.toml")
 
 
 def node_config(args: argparse.Namespace, **defaults: str) -> NodeConfig:
