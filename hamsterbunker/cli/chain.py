@@ -33,9 +33,9 @@ from ..records.lineage import ChainChoice, CheckpointRef, TermId
 from ..sealing import Sealer
 from ..sealing.keyring import Secret
 from ..sealing.term_records import open_term_start, seal_chain_choice
-from ..stores import Chains, is_syncdir_url, open_store
+from ..stores import Chains, is_syncdir_url
 from .args import confirmed, positive_int, seconds, store_url
-from .control import store_sealer
+from .context import opened_store, store_sealer
 
 __all__ = ["add_choose_chain_parser", "choose_chain", "plan_choice"]
 
@@ -148,8 +148,7 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
         raise ConfigError("--node-id is required to choose (the choice goes in its subtree)")
     term = None if args.term is None else parse_term(args.term)
     delay = None if config is None else config.sync_delay_ms
-    store = open_store(url, create=False, node=node, sync_delay_ms=delay)
-    try:
+    with opened_store(url, node=node, sync_delay_ms=delay) as store:
         chains = store.chains
         if chains is None:
             raise ConfigError(_ONE_CHAIN)
@@ -191,8 +190,6 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
         if not args.wait:
             return 0
         return 0 if _wait_taken(chains, sealer, agent, choice, args.timeout) else 1
-    finally:
-        store.close()
 
 
 def _describe_choice(read: LineageRead, choice: ChainChoice) -> str:

@@ -18,20 +18,18 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from ..core.errors import ConfigError
 from ..lease.control import request_switchover, set_paused
 from ..records import LeaseRecord, check_name
-from ..sealing import Sealer
 from ..sealing.keyring import Secret
-from ..stores import Store, open_store
+from ..stores import Store
 from .args import not_on_syncdir, seconds, store_url
+from .context import opened_store, store_sealer
 
 __all__ = [
     "EXIT_TIMEOUT",
     "add_control_parsers",
     "history",
     "pause",
-    "store_sealer",
     "switchover",
 ]
 
@@ -93,29 +91,21 @@ def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help=secret_help)
 
 
-def _open(args: argparse.Namespace, writes: str | None = None) -> tuple[Store, str]:
-    """The store (to read) and the agent id; writes: what the command writes, refused on a
+def _target(args: argparse.Namespace, writes: str | None = None) -> tuple[str, str]:
+    """The store's URL and the agent id; writes: what the command writes, refused on a
     syncdir:// store (nothing but a node writes there yet)."""
     agent = check_name("agent id", args.agent_id)
     url = store_url(args)
     if writes is not None:
         not_on_syncdir(url, writes)
-    return open_store(url, create=False), agent
-
-
-def store_sealer(store: Store, secret: Secret) -> Sealer:
-    """The store's sealer for secret; ConfigError if no node has made its cluster record."""
-    cluster = store.read_cluster()
-    if cluster is None:
-        raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
-    return Sealer(secret, cluster)
+    return url, agent
 
 
 def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     if args.to is not None:
         check_name("node id", args.to)
-    store, agent = _open(args, writes="a switchover")
-    try:
+    url, agent = _target(args, writes="a switchover")
+    with opened_store(url) as store:
         sealer = store_sealer(store, read_secret())
         before = store.read_lease(agent)
         target = request_switchover(store, sealer, agent, args.to)
@@ -133,8 +123,6 @@ def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> i
         took = round((time.monotonic() - started) * 1000)
         print(f"agent {agent}: {target} leads at epoch {lease.epoch} ({took} ms)")
         return 0
-    finally:
-        store.close()
 
 
 def _wait_for(
@@ -152,11 +140,9 @@ def _wait_for(
 
 def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     paused = args.command == "pause"
-    store, agent = _open(args, writes=f"hb {args.command}")
-    try:
+    url, agent = _target(args, writes=f"hb {args.command}")
+    with opened_store(url) as store:
         lease = set_paused(store, store_sealer(store, read_secret()), agent, paused)
-    finally:
-        store.close()
     if paused:
         leader = f"its leader {lease.holder}" if lease.holder else "the next leader"
         print(f"agent {agent}: paused; {leader} finishes its step in flight and steps no "
@@ -167,11 +153,9 @@ def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
 
 
 def history(args: argparse.Namespace) -> int:
-    store, agent = _open(args)
-    try:
+    url, agent = _target(args)
+    with opened_store(url) as store:
         lease = store.read_lease(agent)
-    finally:
-        store.close()
     takeovers = [] if lease is None else list(reversed(lease.history))
     if args.json:
         for takeover in takeovers:

@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError, CorruptRecord
+from ..core.errors import CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..lease.observe import MAX_WATCH_S, POLL_S
 from ..ops.status import printable
 from ..ops.status_text import duration
 from ..records import Event, Heartbeat, check_name
-from ..sealing import Sealer
 from ..sealing.keyring import Secret
-from ..stores import Store, open_store
+from ..stores import Store
 from .args import not_on_syncdir, store_url
+from .context import opened_store, store_sealer
 
 __all__ = ["EXIT_REFUSED", "add_forget_parser", "forget"]
 
@@ -97,16 +97,9 @@ def forget(
     node = check_name("node id", args.node)
     url = not_on_syncdir(store_url(args), "forgetting a node")
     secret = read_secret()
-    # An existing store only: a mistyped URL must not make an empty one.
-    store = open_store(url, create=False)
-    try:
-        cluster = store.read_cluster()
-        if cluster is None:
-            raise ConfigError(f"store {store.url} has no cluster record: no node has run there")
-        Sealer(secret, cluster)  # WrongSecret before anything is read or changed
+    with opened_store(url) as store:
+        store_sealer(store, secret)  # WrongSecret before anything is read or changed
         return _forget(store, agent, node, clock, sleep)
-    finally:
-        store.close()
 
 
 def _forget(

@@ -33,10 +33,10 @@ from ..core.timing import (
     LeaseTiming,
 )
 from ..sealing.keyring import Keyring, read_keyring
-from ..stores import open_store
 from . import control as cli_control
 from .args import confirmed, not_on_syncdir, positive_int, store_url
 from .chain import add_choose_chain_parser, choose_chain
+from .context import opened_store, store_sealer
 from .control import add_control_parsers
 from .forget import add_forget_parser, forget
 from .migrate import add_migrate_parser, migrate_store
@@ -191,7 +191,6 @@ def _cmd_choose_chain(args: argparse.Namespace) -> int:
 def _cmd_accept_loss(args: argparse.Namespace) -> int:
     from ..lease.acceptance import accept_loss, plan_loss
     from ..records import check_name
-    from ..sealing import Sealer
 
     agent_id = check_name("agent id", args.agent_id)
     url = not_on_syncdir(
@@ -200,20 +199,14 @@ def _cmd_accept_loss(args: argparse.Namespace) -> int:
         "; to go on from a checkpoint behind a lost one there, use hb choose-chain",
     )
     secret = read_secret(args.secret_file)
-    store = open_store(url, create=False)
-    try:
-        cluster = store.read_cluster()
-        if cluster is None:
-            raise ConfigError(f"store {store.url} has no cluster record: nothing to accept")
-        sealer = Sealer(secret, cluster)
+    with opened_store(url) as store:
+        sealer = store_sealer(store, secret)
         plan = plan_loss(store, sealer, agent_id, args.to_seq)
         print(plan.describe())
         if not args.yes and not confirmed("Give these up? Type yes to go on: "):
             print("nothing changed", file=sys.stderr)
             return EXIT_FAILURE
         acceptance = accept_loss(store, sealer, plan)
-    finally:
-        store.close()
     print(
         f"accepted ({acceptance.id}): nodes started now resume from seq {plan.resume.seq}; "
         "start them again"

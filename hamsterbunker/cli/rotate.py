@@ -15,9 +15,9 @@ from ..core.errors import ConfigError
 from ..records import check_name
 from ..rotation import Rotation
 from ..sealing.keyring import Keyring
-from ..stores import open_store
 from ..stores.base import Refusal
 from .args import seconds, store_url
+from .context import opened_store
 
 __all__ = ["add_rotate_parser", "rotate_secret"]
 
@@ -66,8 +66,7 @@ def rotate_secret(args: argparse.Namespace, read_keyring: Callable[[], Keyring])
     agent = check_name("agent id", args.agent_id)
     url = store_url(args)
     keyring = read_keyring()
-    store = open_store(url, create=False)
-    try:
+    with opened_store(url) as store:
         if Refusal.KEY_ROTATION in store.report().refuses:  # said before anything is read
             raise ConfigError(
                 f"store {store.url} does not rotate keys: rotation rewrites records every "
@@ -81,6 +80,4 @@ def rotate_secret(args: argparse.Namespace, read_keyring: Callable[[], Keyring])
             rotation.commit(args.timeout)
         else:
             rotation.finish()
-    finally:
-        store.close()
     return 0

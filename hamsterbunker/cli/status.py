@@ -33,9 +33,10 @@ from ..ops.config import NodeConfig, load_instance
 from ..ops.status import printable, snapshot, syncdir_shown
 from ..ops.status_text import duration, render, syncdir_lines
 from ..records import check_name
-from ..stores import Store, open_store
+from ..stores import Store
 from ..stores.base import MAX_LISTED_AGENTS
 from .args import positive_int, whole_number
+from .context import opened_store
 
 __all__ = ["add_status_parser", "status"]
 
@@ -93,11 +94,8 @@ def status(args: argparse.Namespace) -> int:
         # A reader: on a syncdir:// store it writes nothing and needs no node id; the sync
         # delay is shown if the instance config states it.
         sync_delay_ms = config.sync_delay_ms if config else None
-        store = open_store(url, create=False, sync_delay_ms=sync_delay_ms)
-        try:
+        with opened_store(url, sync_delay_ms=sync_delay_ms) as store:
             return _looks(args, store, agent, LeaseObserver(store, limit_s=limit_s), tick_s)
-        finally:
-            store.close()
     except StoreUnsafe:
         raise  # a user mistake: hb's own line, exit 2
     except StoreError as exc:

@@ -23,8 +23,8 @@ from ..core.limits import MAX_SUBMISSION_BYTES
 from ..ops.client import Admission, Client
 from ..records import check_name
 from ..sealing.keyring import Secret
-from ..stores import open_store
 from .args import not_on_syncdir, seconds, store_url
+from .context import opened_store
 
 __all__ = ["EXIT_TIMEOUT", "add_submit_parser", "submit"]
 
@@ -169,38 +169,34 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     payload = read_payload(args)
     secret = read_secret()
     # An existing store only: a mistyped URL must not admit into a new, empty store.
-    store = open_store(url, create=False)
-    try:
-        with Client(store, secret) as client:
-            try:
-                admission = client.submit(agent_id, payload, request_id=args.request_id)
-            except InboxError as exc:  # a bad request id, a payload too big: nothing admitted
-                raise ConfigError(str(exc)) from None
-            except Tampered as exc:  # not the user's mistake: the store's contents
-                raise _ReplyUnreadable(f"not admitted: {exc}") from None
-            if not args.json:
-                print(_admitted_line(admission), flush=True)
-            if not args.wait:
-                if args.json:
-                    print(_json(admission))
-                return 0
-            try:
-                reply = client.result(
-                    agent_id, admission.request_id, timeout=args.timeout, number=admission.number
-                )
-            except TimeoutError:
-                if args.json:
-                    print(_json(admission))
-                _say(
-                    f"hb submit: timed out: no reply to request {admission.request_id} "
-                    f"(#{admission.number}) within {args.timeout:g} s; it stays admitted: the "
-                    f"same hb submit --wait with --request-id {admission.request_id} waits again"
-                )
-                return EXIT_TIMEOUT
-            except Tampered as exc:  # not the user's mistake: the store's contents
-                raise _ReplyUnreadable(f"the reply cannot be read: {exc}") from None
-    finally:
-        store.close()
+    with opened_store(url) as store, Client(store, secret) as client:
+        try:
+            admission = client.submit(agent_id, payload, request_id=args.request_id)
+        except InboxError as exc:  # a bad request id, a payload too big: nothing admitted
+            raise ConfigError(str(exc)) from None
+        except Tampered as exc:  # not the user's mistake: the store's contents
+            raise _ReplyUnreadable(f"not admitted: {exc}") from None
+        if not args.json:
+            print(_admitted_line(admission), flush=True)
+        if not args.wait:
+            if args.json:
+                print(_json(admission))
+            return 0
+        try:
+            reply = client.result(
+                agent_id, admission.request_id, timeout=args.timeout, number=admission.number
+            )
+        except TimeoutError:
+            if args.json:
+                print(_json(admission))
+            _say(
+                f"hb submit: timed out: no reply to request {admission.request_id} "
+                f"(#{admission.number}) within {args.timeout:g} s; it stays admitted: the "
+                f"same hb submit --wait with --request-id {admission.request_id} waits again"
+            )
+            return EXIT_TIMEOUT
+        except Tampered as exc:  # not the user's mistake: the store's contents
+            raise _ReplyUnreadable(f"the reply cannot be read: {exc}") from None
     if args.json:
         print(_json(admission, reply=reply))
     else:

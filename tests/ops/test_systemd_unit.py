@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.cli.main import STATE_DIRECTORY
+from hamsterbunker.ops.provision import STATE_DIRECTORY
 from hamsterbunker.ops.config import DEFAULT_CONFIG_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
