@@ -18,7 +18,8 @@ from ..stores import Fence, Store
 from .calls import NodeCalls
 from .events import EventSink
 from .inbox import TermInbox
-from .restore import Progress, Restorer
+from .progress import Progress
+from .restore import Restorer
 from .state import Identity, Standing
 
 __all__ = ["NotPublished", "Publisher"]

@@ -46,6 +46,7 @@ from ..stores.base import newest_first
 from .calls import NodeCalls
 from .lineage_view import LineageRead, LineageView, describe_ref
 from .notify import Notifier
+from .progress import BehindTheSync, LeaseBehind, Progress
 from .state import Standing
 
 __all__ = ["BehindTheSync", "LeaseBehind", "Progress", "Restorer"]
@@ -54,23 +55,6 @@ __all__ = ["BehindTheSync", "LeaseBehind", "Progress", "Restorer"]
 # checkpoint a restore reads: a restore that makes progress is never cut
 # short by TimeoutStopSec, one that hangs still is.
 RESTORE_READ_ALLOWANCE_S = 30.0
-
-
-@dataclass
-class Progress:
-    """The state the next step starts from, and the highest seq already in the store."""
-
-    state: State
-    seq: int
-    resumed: bool = True  # False: started from init()
-    epoch: int = 0  # the epoch of the checkpoint at seq (0: none)
-    accepted_loss: str = ""  # the id of a loss acceptance honoured by this restore
-    # The agent's consumed submissions as of that checkpoint (sealed in it).
-    marks: ConsumedMarks = field(default_factory=ConsumedMarks)
-    # On a store that keeps chains, after a restore: the terms that may have run step
-    # seq + 1 from this checkpoint, whose effect journals its replay reads (in their
-    # nodes' chains: ``LineageRead.built_on``). Empty on any other store.
-    journals: tuple[TermId, ...] = ()
 
 
 Opened = tuple[State, ConsumedMarks]
@@ -93,15 +77,6 @@ _ASIDE_TRIES = 4
 
 class _NotSyncedYet(Exception):
     """The lineage is behind what this node saw accepted: the sync may still bring it."""
-
-
-class BehindTheSync(StoreError):
-    """On a synced folder: a checkpoint this node saw announced is not here. The sync may
-    still bring it (a partition), so the term tries again rather than stop the node."""
-
-
-class LeaseBehind(HamsterbunkerError):
-    """The lease record is behind an authenticated checkpoint: take the lease again, above it."""
 
 
 class Restorer:
@@ -199,7 +174,7 @@ class Restorer:
         self._notifier.extend_timeout(RESTORE_READ_ALLOWANCE_S)
         read = await self._read(taken)
         # The loss acceptance, while it forgives what this restore finds; None once it does not.
-        infos, forgiving = read.infos, read.forgiving
+        forgiving = read.forgiving
         reach = self._keeper.reach()
         if forgiving is not None and not forgiving.forgives(reach):
             forgiving = None
@@ -207,7 +182,7 @@ class Restorer:
         damaged: list[CheckpointInfo] = []
         # Newest first by epoch, then seq: after an accepted loss the new line numbers
         # on from below the given-up one, under higher epochs.
-        for info in infos:
+        for info in read.infos:
             blob = read.newest[1] if read.newest is not None and read.newest[0] == info else None
             opened = await self._open_stored(info, blob, read.chain_of.get((info.seq, info.epoch)))
             if opened is None:
@@ -223,44 +198,60 @@ class Restorer:
         if forgiving is not None:
             reach = forgiving.resume
         if found is None:
-            # A lineage whose winning term began from a checkpoint never starts over.
-            if (
-                not infos
-                and not (read.lineage is not None and read.lineage.winner_based)
-                and (reach == Reach() or await self._held_aside(read, Reach(), reach))
-            ):
-                state = await self._calls.work(self._agent.init)
-                await self._write_term_start(epoch, None)
-                self._emit("agent.started")
-                roots = () if read.lineage is None else read.lineage.built_on(None)
-                return Progress(state, 0, resumed=False, journals=roots)
-            if may_wait:
-                raise _NotSyncedYet
-            # On a synced folder, a lineage with nothing here may be one the sync has
-            # not brought yet (BehindTheSync below).
-            if reach == Reach() and (read.lineage is None or infos):
-                raise NoUsableCheckpoint(
-                    f"agent {self._agent_id}: {len(infos)} checkpoints are stored but none "
-                    "authenticates; refusing to start over from init(). Restore the store from a "
-                    "backup or remove the agent's checkpoints deliberately."
-                )
-            raise self._regressed(Reach(), reach, damaged, read)
+            return await self._start(epoch, read, reach, damaged, may_wait=may_wait)
+        return await self._resume(epoch, read, found, reach, damaged, forgiving, may_wait=may_wait)
+
+    async def _start(
+        self,
+        epoch: int,
+        read: _Read,
+        reach: Reach,
+        damaged: list[CheckpointInfo],
+        *,
+        may_wait: bool,
+    ) -> Progress:
+        """No checkpoint authenticates: start from init() where nothing was ever published
+        (as far as this node knows); else refuse, or wait for the sync (may_wait)."""
+        infos = read.infos
+        # A lineage whose winning term began from a checkpoint never starts over.
+        if (
+            not infos
+            and not (read.lineage is not None and read.lineage.winner_based)
+            and (reach == Reach() or await self._held_aside(read, Reach(), reach))
+        ):
+            state = await self._calls.work(self._agent.init)
+            await self._write_term_start(epoch, None)
+            self._emit("agent.started")
+            roots = () if read.lineage is None else read.lineage.built_on(None)
+            return Progress(state, 0, resumed=False, journals=roots)
+        if may_wait:
+            raise _NotSyncedYet
+        # On a synced folder, a lineage with nothing here may be one the sync has
+        # not brought yet (BehindTheSync below).
+        if reach == Reach() and (read.lineage is None or infos):
+            raise NoUsableCheckpoint(
+                f"agent {self._agent_id}: {len(infos)} checkpoints are stored but none "
+                "authenticates; refusing to start over from init(). Restore the store from a "
+                "backup or remove the agent's checkpoints deliberately."
+            )
+        raise self._regressed(Reach(), reach, damaged, read)
+
+    async def _resume(
+        self,
+        epoch: int,
+        read: _Read,
+        found: tuple[CheckpointInfo, Opened],
+        reach: Reach,
+        damaged: list[CheckpointInfo],
+        forgiving: Acceptance | None,
+        *,
+        may_wait: bool,
+    ) -> Progress:
+        """Go on from the newest checkpoint that authenticates, unless it is behind what
+        this node saw published (refused, or waited for: may_wait)."""
         info, (state, marks) = found
         if info.epoch >= epoch:
-            # This term's epoch may have been used before. Take the lease again, above it.
-            self._keeper.learn_epoch(info.epoch)
-            if self._keeper.replaced_unreadable(epoch):
-                # Numbered without the lost record's epoch: nothing went back.
-                raise LeaseBehind(
-                    f"an authenticated checkpoint names epoch {info.epoch}, not below the "
-                    f"epoch {epoch} taken in place of an unreadable lease record"
-                )
-            reason = (
-                f"an authenticated checkpoint names epoch {info.epoch}, not below this "
-                f"lease's {epoch}: the lease record went back"
-            )
-            self._emit("store.regressed", reason=reason)
-            raise LeaseBehind(reason)
+            raise self._lease_behind(epoch, info)
         newest = Reach(info.seq, info.epoch)
         node = read.chain_of.get((info.seq, info.epoch))
         base = None if node is None else CheckpointRef(TermId(info.epoch, node), info.seq)
@@ -306,6 +297,23 @@ class Restorer:
             state, info.seq, epoch=info.epoch, accepted_loss=accepted, marks=marks,
             journals=journals,
         )  # fmt: skip
+
+    def _lease_behind(self, epoch: int, info: CheckpointInfo) -> LeaseBehind:
+        """An authenticated checkpoint at or above this term's epoch: the epoch may have been
+        used before; the lease is taken again, above it."""
+        self._keeper.learn_epoch(info.epoch)
+        if self._keeper.replaced_unreadable(epoch):
+            # Numbered without the lost record's epoch: nothing went back.
+            return LeaseBehind(
+                f"an authenticated checkpoint names epoch {info.epoch}, not below the "
+                f"epoch {epoch} taken in place of an unreadable lease record"
+            )
+        reason = (
+            f"an authenticated checkpoint names epoch {info.epoch}, not below this "
+            f"lease's {epoch}: the lease record went back"
+        )
+        self._emit("store.regressed", reason=reason)
+        return LeaseBehind(reason)
 
     async def landed(self, context: StepContext) -> Progress | None:
         """The checkpoint of this term at or past context.seq, if a failed write landed after all.

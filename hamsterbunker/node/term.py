@@ -36,8 +36,9 @@ from .calls import NodeCalls
 from .events import EventSink
 from .inbox import TermInbox
 from .journal import TermJournal
+from .progress import LeaseBehind, Progress
 from .publish import Publisher
-from .restore import LeaseBehind, Progress, Restorer
+from .restore import Restorer
 from .state import Identity, Signals, Standing
 from .term_waits import Stall, StepEnd, TermWaits, first
 
