@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from hamsterbunker.ops.provision import STATE_DIRECTORY
 from hamsterbunker.ops.config import DEFAULT_CONFIG_DIR
+from hamsterbunker.ops.provision import STATE_DIRECTORY
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "systemd" / "hamsterbunker@.service"
