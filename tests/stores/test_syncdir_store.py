@@ -33,7 +33,7 @@ from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
 from hamsterbunker.stores.syncdir.layout import MARKER
-from hamsterbunker.stores.syncdir.published import ClaimPublisher
+from hamsterbunker.stores.syncdir.published import ClaimPublisher, is_claim_name
 from hamsterbunker.stores.syncdir.terms import MAX_TERM_RECORD_BYTES
 from tests.support.raw_inbox import plant_submissions
 from tests.support.raw_store import RawRecords, file_key
@@ -791,7 +791,7 @@ def test_a_published_claim_wakes_a_lease_watch_of_its_directory(tmp_path: Path) 
     publisher.publish(AGENT, replace(lease("n1", 1), version=1))  # makes the directory
 
     async def main() -> None:
-        watch = open_lease_watch(agent_dir)
+        watch = open_lease_watch(agent_dir, is_claim_name)
         assert watch is not None, "no inotify here"
         try:
             await asyncio.to_thread(publisher.publish, AGENT, replace(lease("n1", 1), version=2))

@@ -7,17 +7,8 @@ Layout under the root::
     .redo                        a commit's writes while they are made (``file_redo``)
     tmp-hb-<hex>                 values written and synced before the lock is taken
 
-Under the lock a commit finishes a redo log a crash left, compares, makes its
-writes (a crash leaves the store as before or as after) and reads. Readers take
-no lock: they may see a commit's writes one by one.
-
-A backend opened ``read_only`` writes nothing at all, ever: no ``kv/``, no lock
-file, no redo log finished or set aside, no temp file swept; its commits only
-read (``syncdir``: another node's subtree, whose files are that machine's).
-
-The file store of earlier versions (read by ``stores.earlier.file``) kept its records at the
-root (``cluster.json``, ``agents/``): a root holding either beside no ``kv/``
-is refused at open (``stores.earlier``), before anything is written there.
+Readers take no lock: they may see a commit's writes one by one. How a commit is made
+durable and whole, and what ``read_only`` leaves alone: docs/design.md, "The file backend".
 """
 
 from __future__ import annotations
@@ -30,7 +21,7 @@ import os
 import stat
 import struct
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from pathlib import Path
 
 from ...core.blob import Blob, BlobPieces
@@ -44,8 +35,8 @@ from ..dirs import fileio
 from ..dirs.lease_watch import lease_changes, open_lease_watch
 from ..dirs.location import check_location, is_sync_copy, mount_of, open_root
 from .earlier import earlier_store
-from .file_redo import INLINE_BYTES, Ops
-from .file_tree import KV_NAME, KeyTree, log_pending, open_folder, set_aside
+from .file_redo import INLINE_BYTES, Ops, log_pending
+from .file_tree import KV_NAME, KeyTree, set_aside
 
 __all__ = ["GUARANTEES", "FileBackend", "earlier_layout"]
 
@@ -87,10 +78,9 @@ class FileBackend:
         read_only: bool = False,
     ) -> None:
         """create: make the root if need be (a node); else it must be there (a reader such as
-        ``hb status``, which also leaves what a crash left to the next writer).
-        in_synced_folder: the root is one node's subtree of a syncdir store, which only that
-        node writes (a synced folder is otherwise refused). read_only: write nothing, ever
-        (see the module); commits that write are refused."""
+        ``hb status``, which leaves what a crash left to the next writer). in_synced_folder:
+        the root is a syncdir node's subtree (a synced folder is otherwise refused).
+        read_only: write nothing, ever; commits that write are refused."""
         if create and read_only:
             raise ValueError("a file backend opened read_only creates nothing")
         self.root = Path(root).absolute()
@@ -111,14 +101,14 @@ class FileBackend:
     @_os_errors
     def get(self, key: str, max_bytes: int) -> bytes | TooLarge | None:
         _check_key(key)
-        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
-            return None if tree is None else tree.read(key, max_bytes)
+        with self._opened_root() as root_fd:
+            return KeyTree(root_fd, self.root).read(key, max_bytes)
 
     @_os_errors
     def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
         _check_prefix(prefix)
-        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
-            return ScanResult() if tree is None else tree.scan(Scan(prefix, bound, after))
+        with self._opened_root() as root_fd:
+            return KeyTree(root_fd, self.root).scan(Scan(prefix, bound, after))
 
     def commit(self, txn: Txn) -> TxnResult:
         _check_txn(txn)
@@ -130,21 +120,14 @@ class FileBackend:
             raise failed.args[0] from None
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
-        """Notices from watchfiles (inotify; polling on NFS) on the prefix's folder, or on the
-        deepest folder of it there is until it is made. The watch moves when that folder is
-        made, removed (a range delete emptied it) or replaced; a gap, Notice(None), once it
-        is in place again (its first batch, or a second of quiet).
-
-        A prefix that is no folder (the lease record's key) is watched in its folder with
-        inotify of its own where it can be had, not with watchfiles: a notice the moment
-        a key there that starts with the prefix is renamed into place or removed, where
-        watchfiles yields only after 20 ms of quiet in the whole tree below."""
-        import watchfiles  # only here: a node that never watches never loads it
-
+        """Notices from the prefix's folder, or from the deepest folder of it there is until
+        it is made; the watch moves when that folder is made, removed or replaced, with a
+        gap, Notice(None), once it is in place again (at once, or its first batch, or a
+        second of quiet). A prefix that is no folder (the lease record's key) is watched
+        with inotify where it can be had: a notice the moment a key starting with it is
+        renamed into place or removed. Else watchfiles (polling on NFS)."""
         _check_prefix(prefix)
-        folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
-        polling = mount_of(self.root).fstype.startswith("nfs")
-        name_start = prefix.rsplit("/", 1)[-1]  # "" for a folder
+        folders = prefix.split("/")[:-1]
         gap = False
         while True:
             watched = self._deepest_folder(folders)
@@ -152,35 +135,42 @@ class FileBackend:
                 gap = True
                 await asyncio.sleep(_WATCH_RETRY_S)
                 continue
-            in_place = watched[0] == kv.joinpath(*folders)
-            names = None
-            if name_start and in_place and not polling:
-                names = open_lease_watch(watched[0], lambda name: name.startswith(name_start))
-            if names is not None:
-                if gap:
-                    gap = False
-                    yield Notice(None)
-                async for _ in lease_changes(names):  # ends when the folder goes
-                    yield Notice(prefix)
-                gap = True
-                continue
-            changes = watchfiles.awatch(
-                watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
-                poll_delay_ms=100, rust_timeout=1000, yield_on_timeout=True,
-            )  # fmt: skip
-            with contextlib.suppress(FileNotFoundError):  # gone before it was watched
-                async with contextlib.aclosing(changes) as batches:
-                    async for batch in batches:
-                        if gap:
-                            gap = False
-                            yield Notice(None)
-                        keys = {os.path.relpath(path, kv) for _change, path in batch}
-                        for key in sorted(k for k in keys if k.startswith(prefix)):
-                            if key_problem(key) is None:
-                                yield Notice(key)
-                        if self._deepest_folder(folders) != watched:
-                            break
+            async with contextlib.aclosing(self._changes(prefix, watched)) as batches:
+                async for keys in batches:
+                    if gap:
+                        gap = False
+                        yield Notice(None)
+                    for key in keys:
+                        yield Notice(key)
             gap = True
+
+    async def _changes(self, prefix: str, watched: tuple[Path, int]) -> AsyncGenerator[list[str]]:
+        """The keys under prefix changed, batch by batch (the first may be empty), while the
+        folder watched stays the deepest of prefix's there is."""
+        import watchfiles  # only here: a node that never watches never loads it
+
+        folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
+        polling = mount_of(self.root).fstype.startswith("nfs")
+        name_start = prefix.rsplit("/", 1)[-1]  # "" for a folder
+        names = None
+        if name_start and not polling and watched[0] == kv.joinpath(*folders):
+            names = open_lease_watch(watched[0], lambda name: name.startswith(name_start))
+        if names is not None:
+            yield []
+            async for _ in lease_changes(names):  # ends when the folder goes
+                yield [prefix]
+            return
+        changes = watchfiles.awatch(
+            watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
+            poll_delay_ms=100, rust_timeout=1000, yield_on_timeout=True,
+        )  # fmt: skip
+        with contextlib.suppress(FileNotFoundError):  # gone before it was watched
+            async with contextlib.aclosing(changes) as batches:
+                async for batch in batches:
+                    keys = {os.path.relpath(path, kv) for _change, path in batch}
+                    yield sorted(k for k in keys if k.startswith(prefix) and not key_problem(k))
+                    if self._deepest_folder(folders) != watched:
+                        return
 
     def check(self) -> None:
         """StoreUnavailable unless the root is a directory this process can read."""
@@ -207,12 +197,9 @@ class FileBackend:
                     values.append(temps[-1])
                 failpoint("file_backend.commit.before_lock")
                 # A node stopped at a failpoint must not hold the lock: see failpoints.
-                with (
-                    not_stopped_inside(),
-                    self._locked(root_fd),
-                    self._tree(root_fd, write=True) as tree,
-                ):
-                    assert tree is not None  # made by a writer
+                with not_stopped_inside(), self._locked(root_fd):
+                    os.close(fileio.make_subdir(root_fd, KV_NAME, self.root / KV_NAME))
+                    tree = KeyTree(root_fd, self.root)
                     tree.replay()
                     self._sweep_now_and_then(root_fd)
                     succeeded = _compared(tree, txn)
@@ -232,43 +219,24 @@ class FileBackend:
 
     @_os_errors
     def _read(self, txn: Txn) -> TxnResult:
-        """A read_only backend's commit: its compares and reads, with no lock, nothing made.
-
-        A redo log found here is left as it is: its commit was made on the machine that
-        wrote it, which finishes it there. Until then this copy holds some of its writes
-        and not others, as it does anyway while a sync tool brings a commit's files one by
-        one, in any order: what ``kv/`` holds is what counts, and the syncdir store reads
-        another node's subtree as possibly partial (docs/syncdir.md)."""
+        """A read_only backend's commit: its compares and reads, with no lock, and a redo
+        log left to the machine that wrote it."""
         if txn.all_writes:
             raise StoreError(f"file backend {self.root} was opened to read: it writes nothing")
-        with self._opened_root() as root_fd, self._tree(root_fd) as tree:
-            if tree is None:  # no kv/ (yet): no key at all
-                succeeded = all(c.value is None for c in txn.compares)
-                return TxnResult(
-                    succeeded, [None if isinstance(r, Get) else ScanResult() for r in txn.reads]
-                )
+        with self._opened_root() as root_fd:
+            tree = KeyTree(root_fd, self.root)
             return TxnResult(_compared(tree, txn), _reads(tree, txn))
 
     @contextlib.contextmanager
     def _opened_root(self) -> Iterator[int]:
-        """The root, open; StoreUnavailable naming it if it is gone or unreadable (reads must
-        not take a missing root for an empty store)."""
+        """The root, open; StoreUnavailable naming it if it is gone or unreadable (not an
+        empty store)."""
         try:
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
             raise StoreUnavailable(f"store directory {self.root}: {exc.strerror}") from exc
         with fileio.closing_fd(fd):
             yield fd
-
-    @contextlib.contextmanager
-    def _tree(self, root_fd: int, write: bool = False) -> Iterator[KeyTree | None]:
-        """The keys; None before a first commit made kv/ (a writer makes it)."""
-        kv_fd = open_folder(root_fd, self.root, [KV_NAME], create=write)
-        if kv_fd is None:
-            yield None
-            return
-        with fileio.closing_fd(kv_fd):
-            yield KeyTree(root_fd, kv_fd, self.root)
 
     @contextlib.contextmanager
     def _locked(self, root_fd: int) -> Iterator[None]:
@@ -297,8 +265,8 @@ class FileBackend:
             yield
 
     def _sweep_now_and_then(self, root_fd: int) -> None:
-        """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most; under
-        the lock, once no redo log is left, so no log's temp file goes."""
+        """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most (under
+        the lock, with no redo log left that may name one)."""
         if time.monotonic() < self._next_sweep:
             return
         self._next_sweep = time.monotonic() + STALE_TEMP_AGE_S
@@ -370,7 +338,7 @@ def _plan(tree: KeyTree, txn: Txn, values: list[str | bytes]) -> Ops:
 
 
 class _MakerFailed(Exception):
-    """What a Put's blob maker raised (args[0]), carried past the translation of OSErrors."""
+    """What a Put's blob maker raised (args[0]), carried past _os_errors."""
 
 
 def _maker_errors_kept(value: Blob) -> Blob:

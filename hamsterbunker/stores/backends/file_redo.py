@@ -1,13 +1,5 @@
-"""The file backend's redo log: a commit of several writes made durable by one write to it.
-
-A commit that changes more than one key lists them all in ``<root>/.redo`` before it
-makes any: small values inline, larger ones as temp files synced before the lock was
-taken, removals by key. One fdatasync makes the log durable; the keys are then made
-with no sync of their own, the file system is synced once (syncfs), and the log is
-emptied, durably. A crash leaves either a log that is not whole (the commit never
-returned: set aside, not applied) or a whole one, which the next commit makes again:
-making a key's final state twice is harmless, and the log only ever holds the last
-commit, whose keys no later commit has written.
+"""The file backend's redo log, ``<root>/.redo``: a commit of several keys, listed durably
+before the first is made (docs/design.md, "The file backend").
 
 Layout: ``MAGIC``, the body's length (8 bytes, big-endian) and its SHA-256, then the
 body: one JSON line of ``[key, "put", length]``, ``[key, "tmp", temp name]`` or
@@ -35,6 +27,8 @@ __all__ = [
     "clear_log",
     "decode",
     "encode",
+    "log_pending",
+    "read_log",
     "syncfs",
     "write_log",
 ]
@@ -101,18 +95,26 @@ def decode(data: bytes) -> Ops | None:
     return ops if at == len(values) else None
 
 
+def read_log(root_fd: int, root: Path) -> Ops | None:
+    """The ops of the log in the root; None if there is none (or it is empty). CorruptRecord
+    if it is not a whole log of ours: cut short as it was written (its commit never
+    returned), or planted."""
+    data = fileio.read_file(root_fd, LOG_NAME, root / LOG_NAME, MAX_LOG_BYTES)
+    ops = decode(data) if data else None
+    if data and ops is None:
+        raise CorruptRecord(f"{root / LOG_NAME} is no whole redo log")
+    return ops
+
+
 def write_log(root_fd: int, root: Path, data: bytes) -> None:
     """Write data as the log, durably, in place (the log file stays: no directory sync)."""
     try:
-        fd = fileio.open_regular(root_fd, LOG_NAME, root / LOG_NAME, _LOG_FLAGS)
-        made = False
+        fd, made = fileio.open_regular(root_fd, LOG_NAME, root / LOG_NAME, _LOG_FLAGS), False
     except FileNotFoundError:
         fd = fileio.open_regular(root_fd, LOG_NAME, root / LOG_NAME, _LOG_FLAGS | os.O_CREAT)
         made = True
     with fileio.closing_fd(fd):
-        view, offset = memoryview(data), 0
-        while offset < len(data):
-            offset += os.pwrite(fd, view[offset:], offset)
+        fileio.write_all(fd, data)
         os.ftruncate(fd, len(data))
         os.fdatasync(fd)
     if made:
@@ -130,9 +132,17 @@ def clear_log(root_fd: int, root: Path) -> None:
         os.fdatasync(fd)
 
 
+def log_pending(root: Path) -> bool:
+    """Whether a redo log is in the root (a commit is being made, or was cut short)."""
+    try:
+        return os.lstat(root / LOG_NAME).st_size > 0
+    except FileNotFoundError:
+        return False
+
+
 def syncfs(fd: int) -> None:
     """Make all that was written to fd's file system durable (Linux syncfs(2)): one sync
-    for a commit's keys and folders, where an fsync of each cost one apiece."""
+    for a commit's keys and folders, where an fsync of each costs one apiece."""
     if _LIBC.syncfs(fd) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))

@@ -1,18 +1,6 @@
-"""The file backend's keys on disk, and the redo log that makes a commit atomic (``backends.file``).
-
-Keys live under ``<root>/kv/``, each ``/`` segment a directory, the last a file.
-Nothing below the root is trusted (DESIGN.md invariant 10): directories are
-opened one at a time without following a symlink; only a regular file whose
-name is a key segment is read, measured with fstat first and never read past
-the bytes asked; one walk looks at no more than ``WALK_ENTRIES`` names.
-
-A commit's writes come down to one final state per key: a temp file renamed
-onto it, or its removal. Where that is more than one key, the redo log
-(``file_redo``) lists them, durably, before the first is made, and is emptied,
-durably, once all are; whoever takes the lock next finishes a log it finds.
-Finishing one again is harmless: a rename whose temp file is gone was made, a
-value is written again, a removal of an absent key was made, and no key is in a
-log twice.
+"""The file backend's keys on disk: under ``<root>/kv/``, each ``/`` segment a directory,
+the last a file; read trusting nothing below the root, and written through the redo log
+(``file_redo``) when a commit makes more than one (docs/design.md, "The file backend").
 """
 
 from __future__ import annotations
@@ -37,49 +25,15 @@ from ..backend import (
 )
 from ..dirs import fileio
 from ..dirs.location import is_sync_copy
-from .file_redo import (
-    LOG_NAME,
-    MAX_LOG_BYTES,
-    Ops,
-    clear_log,
-    decode,
-    encode,
-    syncfs,
-    write_log,
-)
+from . import file_redo as redo
+from .file_redo import Ops
 
-__all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "Ops", "log_pending", "open_folder", "set_aside"]
+__all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "set_aside"]
 
 # The most directory entries one walk (a scan, the keys of a range delete) looks at: far
 # above what the record layer keeps in one folder, so only planted junk reaches it.
 WALK_ENTRIES = 1 << 17
 KV_NAME = "kv"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NO_FOLDER = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # absent, a file, a symlink
-
-
-def open_folder(
-    dir_fd: int, path: Path, folders: Sequence[str], create: bool = False
-) -> int | None:
-    """dir_fd's folders/... (at path), opened without following a symlink; None if one is
-    absent or no directory. With create, made where absent (durably), else CorruptRecord."""
-    fd = os.dup(dir_fd)
-    for name in folders:
-        path = path / name
-        try:
-            child = (
-                fileio.make_subdir(fd, name, path)
-                if create
-                else os.open(name, _DIR_FLAGS, dir_fd=fd)
-            )
-        except OSError as exc:
-            if create or exc.errno not in _NO_FOLDER:
-                raise
-            return None
-        finally:
-            os.close(fd)
-        fd = child
-    return fd
 
 
 def set_aside(root_fd: int, name: str, why: str) -> None:
@@ -89,77 +43,40 @@ def set_aside(root_fd: int, name: str, why: str) -> None:
     fileio.log.error("%s: moved aside as %s", why, aside)
 
 
-def _read_upto(dir_fd: int, name: str, path: Path, most: int) -> bytes | int | None:
-    """The file's bytes if at most `most`; else its size, unread (or once it grew past, the
-    bytes read); None if absent or not a regular file."""
+def _open_folder(
+    dir_fd: int, path: Path, folders: Sequence[str], create: bool = False
+) -> int | None:
+    """dir_fd's folders/... (dir_fd at path): None where one is absent or no directory (a
+    symlink, a file); with create, made where absent, and CorruptRecord where no directory."""
     try:
-        fd = fileio.open_regular(dir_fd, name, path)
-    except (FileNotFoundError, CorruptRecord):
+        return fileio.open_dirs(dir_fd, path, folders, create=create)
+    except CorruptRecord:
+        if create:
+            raise
         return None
-    with fileio.closing_fd(fd):
-        size = os.fstat(fd).st_size
-        if size > most:
-            return size
-        data = fileio.pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
-        if len(data) > size:  # it did: read on, never past most + 1
-            data += fileio.pread_upto(fd, len(data), most + 1 - len(data))
-    return len(data) if len(data) > most else data
 
 
-class _Listing:
-    """The directory entries one walk may still look at."""
-
-    def __init__(self) -> None:
-        self.left = WALK_ENTRIES
-
-    def entries(self, dir_fd: int, path: Path) -> list[os.DirEntry[str]]:
-        found = fileio.dir_entries(dir_fd, self.left + 1)
-        if len(found) > self.left:
-            raise StoreError(f"{path}: more than {WALK_ENTRIES} directory entries in one walk")
-        self.left -= len(found)
-        return found
-
-
-def _walk(
-    dir_fd: int, folder: str, lo: str, hi: str, listing: _Listing, path: Path
-) -> Iterator[tuple[str, int, str]]:
-    """(key, directory fd, file name) of each key lo <= key < hi in the folder open as dir_fd
-    (``folder``: "" or "/"-terminated), in key order."""
-    names = []
-    for entry in listing.entries(dir_fd, path):
-        if key_problem(entry.name) is not None or is_sync_copy(entry.name):
-            continue  # not a key's name: ours, a sync tool's or planted
-        if entry.is_dir(follow_symlinks=False):
-            names.append(entry.name + "/")  # so that "b-x" sorts before the keys in "b/"
-        elif entry.is_file(follow_symlinks=False):
-            names.append(entry.name)
-    for name in sorted(names):
-        key = folder + name
-        if key >= hi:
-            return
-        if not name.endswith("/"):
-            if key >= lo and len(key) <= MAX_KEY_CHARS:
-                yield key, dir_fd, name
-        elif prefix_end(key) > lo and len(key) < MAX_KEY_CHARS:
-            child = open_folder(dir_fd, path, [name[:-1]])
-            if child is not None:  # else replaced since it was listed
-                with fileio.closing_fd(child):
-                    yield from _walk(child, key, lo, hi, listing, path / name[:-1])
+def _read(dir_fd: int, name: str, path: Path, most: int) -> bytes | int | None:
+    """fileio.read_upto, with what is no regular file (planted) read as no key."""
+    try:
+        return fileio.read_upto(dir_fd, name, path, most)
+    except CorruptRecord:
+        return None
 
 
 class KeyTree:
-    """The keys in the root's kv/ (open as fd; the root as root_fd): read, and written."""
+    """The keys under the root's kv/ (the root open as root_fd), read and written."""
 
-    def __init__(self, root_fd: int, fd: int, root: Path) -> None:
-        self.root_fd, self.fd, self.root, self.path = root_fd, fd, root, root / KV_NAME
+    def __init__(self, root_fd: int, root: Path) -> None:
+        self.root_fd, self.root, self.path = root_fd, root, root / KV_NAME
 
     def read(self, key: str, most: int) -> bytes | TooLarge | None:
         *folders, name = key.split("/")
-        dir_fd = open_folder(self.fd, self.path, folders)
+        dir_fd = self._folder(folders)
         if dir_fd is None:
             return None
         with fileio.closing_fd(dir_fd):
-            value = _read_upto(dir_fd, name, self.path / key, most)
+            value = _read(dir_fd, name, self.path / key, most)
         return TooLarge(key, value) if isinstance(value, int) else value
 
     def scan(self, scan: Scan) -> ScanResult:
@@ -170,7 +87,7 @@ class KeyTree:
         for key, dir_fd, name in self._walk(folder, lo, hi):
             if taker.full:
                 return taker.result(more=True)
-            value = _read_upto(dir_fd, name, self.path / key, scan.bound.entry_bytes)
+            value = _read(dir_fd, name, self.path / key, scan.bound.entry_bytes)
             if isinstance(value, int):
                 taker.left_out(key, value)
             elif value is not None:
@@ -187,13 +104,48 @@ class KeyTree:
         return [key for key, _fd, _name in self._walk(folder, start, end)]
 
     def _walk(self, folder: str, lo: str, hi: str) -> Iterator[tuple[str, int, str]]:
+        """(key, its folder open, file name) of each key lo <= key < hi below folder ("" or
+        "/"-terminated), in key order; StoreError past WALK_ENTRIES directory entries."""
+        left = WALK_ENTRIES
+
+        def walk(dir_fd: int, folder: str, path: Path) -> Iterator[tuple[str, int, str]]:
+            nonlocal left
+            found = fileio.dir_entries(dir_fd, left + 1)
+            if len(found) > left:
+                raise StoreError(f"{path}: more than {WALK_ENTRIES} directory entries in one walk")
+            left -= len(found)
+            names = []
+            for entry in found:
+                if key_problem(entry.name) is not None or is_sync_copy(entry.name):
+                    continue  # not a key's name: ours, a sync tool's or planted
+                if entry.is_dir(follow_symlinks=False):
+                    names.append(entry.name + "/")  # so that "b-x" sorts before the keys in "b/"
+                elif entry.is_file(follow_symlinks=False):
+                    names.append(entry.name)
+            for name in sorted(names):
+                key = folder + name
+                if key >= hi:
+                    return
+                if not name.endswith("/"):
+                    if key >= lo and len(key) <= MAX_KEY_CHARS:
+                        yield key, dir_fd, name
+                elif prefix_end(key) > lo and len(key) < MAX_KEY_CHARS:
+                    child = _open_folder(dir_fd, path, [name[:-1]])
+                    if child is not None:  # else replaced since it was listed
+                        with fileio.closing_fd(child):
+                            yield from walk(child, key, path / name[:-1])
+
         folders = folder.split("/")[:-1]
         if lo >= hi or (folder and key_problem(folder[:-1]) is not None):
             return  # no key there
-        dir_fd = open_folder(self.fd, self.path, folders)
+        dir_fd = self._folder(folders)
         if dir_fd is not None:
             with fileio.closing_fd(dir_fd):
-                yield from _walk(dir_fd, folder, lo, hi, _Listing(), self.path.joinpath(*folders))
+                yield from walk(dir_fd, folder, self.path.joinpath(*folders))
+
+    def _folder(self, folders: Sequence[str], create: bool = False) -> int | None:
+        """kv/folders/..., open (see _open_folder)."""
+        return _open_folder(self.root_fd, self.root, [KV_NAME, *folders], create)
 
     def _prepare(self, ops: Ops) -> None:
         """Fail now, before anything is written, where ops could not all be made: a temp file
@@ -233,7 +185,7 @@ class KeyTree:
                 changed.add(tuple(folders))
             failpoint("file_backend.commit.after_op")
         for folder in changed if durable else ():
-            opened = open_folder(self.fd, self.path, folder)
+            opened = self._folder(folder)
             if opened is not None:  # else removed: the fsync of its parent keeps that
                 with fileio.closing_fd(opened):
                     os.fsync(opened)
@@ -242,7 +194,7 @@ class KeyTree:
         """The key's folder (open), made where absent, with no directory at the key's name (an
         empty one is removed: a rename cannot replace it)."""
         *folders, name = key.split("/")
-        dir_fd = open_folder(self.fd, self.path, folders, create=True)
+        dir_fd = self._folder(folders, create=True)
         assert dir_fd is not None  # with create: made, or CorruptRecord
         try:
             os.rmdir(name, dir_fd=dir_fd)
@@ -261,7 +213,7 @@ class KeyTree:
         *folders, name = key.split("/")
         changed: set[tuple[str, ...]] = set()
         for remove in (os.unlink, os.rmdir)[: 1 + bool(folders)]:
-            dir_fd = open_folder(self.fd, self.path, folders)
+            dir_fd = self._folder(folders)
             if dir_fd is None:
                 return changed  # removed already
             with fileio.closing_fd(dir_fd):
@@ -287,12 +239,12 @@ class KeyTree:
             return
         if any(isinstance(op, str) for _key, op in ops):
             os.fsync(self.root_fd)  # the temp files' names, before a log that names them
-        write_log(self.root_fd, self.root, encode(ops))
+        redo.write_log(self.root_fd, self.root, redo.encode(ops))
         failpoint("file_backend.commit.after_log")
         self._apply(ops, durable=False)
-        syncfs(self.root_fd)  # every key and folder at once, before the log goes
+        redo.syncfs(self.root_fd)  # every key and folder at once, before the log goes
         failpoint("file_backend.commit.before_log_removed")
-        clear_log(self.root_fd, self.root)
+        redo.clear_log(self.root_fd, self.root)
 
     def tidy(self, removals: Sequence[DeleteRange]) -> None:
         """Remove what removals cover, unsynced: a crash may leave it (``Txn.tidy``)."""
@@ -303,28 +255,16 @@ class KeyTree:
                 self._remove(key)
 
     def replay(self) -> None:
-        """Finish the commit that a redo log in the root lists (a crash cut it short)."""
-        path = self.root / LOG_NAME
+        """Finish the commit a redo log in the root lists (a crash cut it short); set one
+        aside, unapplied, that is no whole log of ours."""
         try:
-            data = fileio.read_file(self.root_fd, LOG_NAME, path, MAX_LOG_BYTES)
-            ops = decode(data) if data else None
-            if data and ops is None:
-                # Cut short as it was written (its commit never returned), or planted.
-                raise CorruptRecord(f"{path} is no whole redo log")
-        except CorruptRecord as exc:  # set aside, unapplied
-            set_aside(self.root_fd, LOG_NAME, str(exc))
+            ops = redo.read_log(self.root_fd, self.root)
+        except CorruptRecord as exc:
+            set_aside(self.root_fd, redo.LOG_NAME, str(exc))
             return
-        if ops is None:
-            return
-        fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
-        self._apply(ops, durable=False)
-        syncfs(self.root_fd)
-        clear_log(self.root_fd, self.root)
-
-
-def log_pending(root: Path) -> bool:
-    """Whether a redo log is in the root (a commit is being made, or was cut short)."""
-    try:
-        return os.lstat(root / LOG_NAME).st_size > 0
-    except FileNotFoundError:
-        return False
+        if ops is not None:
+            where = self.root / redo.LOG_NAME
+            fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), where)
+            self._apply(ops, durable=False)
+            redo.syncfs(self.root_fd)
+            redo.clear_log(self.root_fd, self.root)

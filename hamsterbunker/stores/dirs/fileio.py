@@ -1,13 +1,9 @@
 """File I/O for a store directory whose contents nobody vouches for (DESIGN.md invariant 10).
 
-Whoever can write the directory can plant anything in it, so nothing below
-the store's root is trusted: each directory is opened relative to its
-parent's descriptor with ``O_NOFOLLOW`` (the root itself is the user's and may
-be a symlink), each file with ``O_NOFOLLOW | O_NONBLOCK`` (a FIFO does not
-block the open) and read only if ``fstat`` on the open descriptor says it is a
-regular file, and no read goes past the cap its caller gives. Something else
-under one of our names is a CorruptRecord naming the path. Writes go through
-directory descriptors too: temp file, fsync, rename, directory fsync.
+Below the store's root each directory is opened relative to its parent without following
+a symlink, each file with ``O_NOFOLLOW | O_NONBLOCK`` and read only if ``fstat`` says it is
+a regular file, never past its caller's cap; anything else under one of our names is a
+CorruptRecord naming the path. Writes: temp file, fsync, rename, directory fsync.
 """
 
 from __future__ import annotations
@@ -32,17 +28,18 @@ from ...core.limits import STALE_TEMP_AGE_S
 
 __all__ = [
     "TMP_PREFIX",
-    "atomic_write",
     "closing_fd",
     "dir_entries",
     "discard",
     "file_kind",
     "make_subdir",
+    "open_dirs",
     "open_regular",
     "opened_dir",
     "opened_subdir",
     "pread_upto",
     "read_file",
+    "read_upto",
     "sweep_temps",
     "write_all",
     "write_temp",
@@ -50,15 +47,11 @@ __all__ = [
 
 log = logging.getLogger("hamsterbunker.stores.file")
 
-# Temporary names start with "tmp-hb-": no editor or sync tool uses that shape,
-# and no reader pattern of the store matches it.
-TMP_PREFIX = "tmp-hb-"
+TMP_PREFIX = "tmp-hb-"  # a shape no editor, sync tool or record name of ours has
 _CHUNK = 8 * 1024 * 1024  # the most asked of one read(2)
-# Linux starts writing back a range's dirty pages when told they are not needed again
-# (POSIX_FADV_DONTNEED, without waiting: what PostgreSQL does where sync_file_range is
-# missing), and drops them from the cache once written (a checkpoint is read on another
-# node, or after a restart); elsewhere the hint may do nothing, and the fsync does it
-# all, as before. Measured at 8 MiB: a publish 1.37 × a raw write with it, 1.45 without.
+# POSIX_FADV_DONTNEED starts writeback of a range at once (what PostgreSQL does without
+# sync_file_range) and drops it from the cache once written; the fsync still waits for
+# it all. Measured at 8 MiB: a publish 1.37 x a raw write with it, 1.45 without.
 _START_WRITEBACK = getattr(os, "posix_fadvise", None)
 _WRITEBACK_BYTES = 256 * 1024  # a smaller piece is left to the fsync
 
@@ -79,8 +72,7 @@ _NOT_A_DIR = {errno.ENOTDIR, errno.ELOOP}
 
 
 def _refuse_non_dir(exc: OSError, path: Path) -> None:
-    """Raise CorruptRecord if exc, from opening the directory at path, says a symlink or a
-    file is there."""
+    """CorruptRecord if exc, from opening the directory at path, says a symlink or a file."""
     if exc.errno in _NOT_A_DIR:
         raise CorruptRecord(
             f"{path} is not a directory (a symbolic link or a file is there): not followed"
@@ -116,6 +108,22 @@ def make_subdir(parent: int, name: str, path: Path) -> int:
         raise
 
 
+def open_dirs(dir_fd: int, path: Path, parts: Sequence[str], *, create: bool = False) -> int | None:
+    """dir_fd's parts/... (dir_fd shown as path), each opened without following a symlink;
+    None if one is absent (with create, made). CorruptRecord where one is no directory."""
+    fd = os.dup(dir_fd)
+    for name in parts:
+        path = path / name
+        try:
+            child = make_subdir(fd, name, path) if create else _open_subdir(fd, name, path)
+        finally:
+            os.close(fd)
+        if child is None:
+            return None
+        fd = child
+    return fd
+
+
 @contextlib.contextmanager
 def closing_fd(fd: int) -> Iterator[int]:
     try:
@@ -126,25 +134,16 @@ def closing_fd(fd: int) -> Iterator[int]:
 
 @contextlib.contextmanager
 def opened_dir(root: Path, parts: Sequence[str], *, create: bool = False) -> Iterator[int | None]:
-    """The directory root/parts/..., walked from root without following a symlink below it.
-
-    The root is the user's own path and may be a symlink. None if root or a
-    part is absent (with create, parts are made; root never is).
-    """
+    """open_dirs from root, the user's own path (which may be a symlink); None if root is
+    absent (never made)."""
     try:
-        fd: int | None = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         fd = None
-    opener: Callable[[int, str, Path], int | None] = make_subdir if create else _open_subdir
+    else:
+        with closing_fd(root_fd):
+            fd = open_dirs(root_fd, root, parts, create=create)
     try:
-        for depth, name in enumerate(parts, 1):
-            if fd is None:
-                break
-            parent, fd = fd, None
-            try:
-                fd = opener(parent, name, root.joinpath(*parts[:depth]))
-            finally:
-                os.close(parent)
         yield fd
     finally:
         if fd is not None:
@@ -163,11 +162,7 @@ def opened_subdir(parent: int, name: str, path: Path) -> Iterator[int | None]:
 
 
 def dir_entries(dir_fd: int, limit: int | None = None) -> list[os.DirEntry[str]]:
-    """The directory's entries (their stat() does not follow symlinks when asked not to).
-
-    With limit, no more than that many, in the directory's own order: a listing
-    stops there however many entries were planted.
-    """
+    """The directory's entries, in its own order; with limit, no more than that many."""
     with os.scandir(dir_fd) as entries:
         return list(entries if limit is None else itertools.islice(entries, limit))
 
@@ -194,16 +189,7 @@ def open_regular(
     dir_fd: int, name: str, path: Path, flags: int = _READ_FLAGS, mode: int = 0o600
 ) -> int:
     """Open name in dir_fd, never through a symlink and never blocking: a regular file only.
-
-    Anything else there is a CorruptRecord naming path; FileNotFoundError if absent.
-    """
-    return _open_regular(dir_fd, name, path, flags, mode)[0]
-
-
-def _open_regular(
-    dir_fd: int, name: str, path: Path, flags: int = _READ_FLAGS, mode: int = 0o600
-) -> tuple[int, int]:
-    """open_regular, and the size its fstat saw (a reader need not ask again)."""
+    Anything else there is a CorruptRecord naming path; FileNotFoundError if absent."""
     try:
         fd = os.open(name, flags, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -211,14 +197,13 @@ def _open_regular(
             raise CorruptRecord(f"{path} is {_NOT_A_FILE[exc.errno]}: not opened") from exc
         raise
     try:
-        st = os.fstat(fd)
-        kind = file_kind(st.st_mode)
+        kind = file_kind(os.fstat(fd).st_mode)
         if kind is not None:
             raise CorruptRecord(f"{path} is {kind}, not a regular file: not read")
     except BaseException:
         os.close(fd)
         raise
-    return fd, st.st_size
+    return fd
 
 
 def pread_upto(fd: int, offset: int, count: int) -> bytes:
@@ -234,33 +219,29 @@ def pread_upto(fd: int, offset: int, count: int) -> bytes:
     return b"".join(chunks)
 
 
-def _too_big(path: Path, limit: int) -> CorruptRecord:
-    return CorruptRecord(f"{path} is over the limit of {limit} bytes: not read")
-
-
-def _read_limited(fd: int, size: int, path: Path, limit: int) -> bytes:
-    """The whole file (size bytes when opened) if at most limit bytes; CorruptRecord if not.
-
-    Never reads more than limit + 1 bytes (nothing, if its size already says so).
-    """
-    if size > limit:
-        raise _too_big(path, limit)
-    data = pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
-    if len(data) > size:  # it did (an event log being appended): read on, within the limit
-        data += pread_upto(fd, len(data), limit + 1 - len(data))
-    if len(data) > limit:
-        raise _too_big(path, limit)
-    return data
-
-
-def read_file(dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
-    """The bytes of the regular file name in dir_fd (see open_regular), or None if absent."""
+def read_upto(dir_fd: int, name: str, path: Path, most: int) -> bytes | int | None:
+    """The regular file's bytes if at most `most`; else its size, unread (or, once it grew
+    past, the bytes read: never more than most + 1); None if absent (see open_regular)."""
     try:
-        fd, size = _open_regular(dir_fd, name, path)
+        fd = open_regular(dir_fd, name, path)
     except FileNotFoundError:
         return None
     with closing_fd(fd):
-        return _read_limited(fd, size, path, limit)
+        size = os.fstat(fd).st_size
+        if size > most:
+            return size
+        data = pread_upto(fd, 0, size + 1)  # + 1: to see whether it grew since
+        if len(data) > size:  # it did (an event log being appended): read on, within most
+            data += pread_upto(fd, len(data), most + 1 - len(data))
+    return len(data) if len(data) > most else data
+
+
+def read_file(dir_fd: int, name: str, path: Path, limit: int) -> bytes | None:
+    """read_upto, with a file over limit a CorruptRecord."""
+    data = read_upto(dir_fd, name, path, limit)
+    if isinstance(data, int):
+        raise CorruptRecord(f"{path} is over the limit of {limit} bytes: not read")
+    return data
 
 
 # -- writing --------------------------------------------------------------------------
@@ -278,8 +259,8 @@ def discard(dir_fd: int, name: str) -> None:
 
 
 def _write_pieces(fd: int, pieces: Iterable[bytes], durable: bool) -> None:
-    """Write each piece as it is made; with durable, have the disk start on each large one
-    at once (fsync still waits for them all), so that it writes while the next is made."""
+    """Write each piece as it is made; with durable, start the disk on each large one at
+    once, so that it writes while the next is made."""
     offset = 0
     for piece in pieces:
         write_all(fd, piece)
@@ -289,9 +270,8 @@ def _write_pieces(fd: int, pieces: Iterable[bytes], durable: bool) -> None:
 
 
 def write_temp(dir_fd: int, data: Blob, durable: bool, points: str = "") -> str:
-    """Write data to a new temporary file in dir_fd, returning its name; points names
-    its failpoints. Pieces (``hamsterbunker.core.blob``) are written as they are made; if
-    making them raises, the file is removed and that is raised."""
+    """Write data to a new temporary file in dir_fd (fsynced if durable); its name. points
+    names its failpoints. If making a blob's pieces raises, the file is removed."""
     name = f"{TMP_PREFIX}{secrets.token_hex(6)}"
     fd = os.open(name, _TEMP_FLAGS, 0o600, dir_fd=dir_fd)
     try:
@@ -311,18 +291,6 @@ def write_temp(dir_fd: int, data: Blob, durable: bool, points: str = "") -> str:
         raise
     os.close(fd)
     return name
-
-
-def atomic_write(dir_fd: int, name: str, data: bytes, durable: bool = True) -> None:
-    """Replace name in dir_fd with data: temp file, (fsync,) rename, (directory fsync)."""
-    tmp = write_temp(dir_fd, data, durable)
-    try:
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        discard(dir_fd, tmp)
-        raise
-    if durable:
-        os.fsync(dir_fd)
 
 
 def sweep_temps(dir_fd: int, path: Path) -> None:
@@ -346,9 +314,8 @@ _R = TypeVar("_R")
 
 
 def os_errors_as_store_errors(store: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
-    """A decorator translating OSError (disk full, permissions, a stale NFS handle) at a
-    folder store's boundary: StoreUnavailable for what may pass, StoreError for the rest;
-    store names the store in the message ("file store", "syncdir store")."""
+    """A decorator translating OSError at a folder store's boundary: StoreUnavailable for
+    what may pass (a stale NFS handle), StoreError for the rest; store names it in messages."""
 
     def decorate(method: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(method)

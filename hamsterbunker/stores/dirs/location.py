@@ -1,13 +1,7 @@
-"""Where a file store's directory is: refused in a synced folder, warned about on NFS;
-refused in one line naming the path and the fix when it is a file, or this node may
-not read (or, to run a node, write) it.
-
-Sync tools (Syncthing, Dropbox, Nextcloud) give no mutual exclusion, so two
-nodes could both lead: a store inside a synced folder is refused, unless it is
-one node's subtree of a ``syncdir://`` store (``in_synced_folder``), which no
-other node writes. A folder marked as a syncdir store is refused to a plain
-file store: its nodes' leases are their claims, which only syncdir reads. NFS
-works, but only mounted so that attribute caching cannot hide lease renewals.
+"""Where a file store's directory may be: refused in a synced folder (sync tools give no
+mutual exclusion) unless it is one node's subtree of a ``syncdir://`` store, refused in a
+folder marked as a syncdir store, warned about on NFS mounted with attribute caching;
+refused in one line naming the path and the fix when this node may not use it.
 """
 
 from __future__ import annotations
@@ -66,22 +60,17 @@ def mount_of(path: Path) -> Mount:
 def check_location(root: Path, *, in_synced_folder: bool = False) -> list[str]:
     """Raise StoreUnsafe for a store directory in a synced folder (unless in_synced_folder:
     a syncdir store's node subtree); warnings about its mount."""
-    for folder in (root, *root.parents):
-        if not in_synced_folder:
-            try:
-                marked = (folder / SYNCDIR_MARKER).exists()
-            except OSError as exc:
-                raise _refused(root, "read", exc) from exc
-            if marked:
-                raise StoreUnsafe(
-                    f"store directory {root} is inside a syncdir store ({folder / SYNCDIR_MARKER} "
-                    f"found): open it as syncdir://{folder}, not as a file store"
-                )
-        for marker in () if in_synced_folder else _SYNC_MARKERS:
+    for folder in () if in_synced_folder else (root, *root.parents):
+        for marker in (SYNCDIR_MARKER, *_SYNC_MARKERS):
             try:
                 found = (folder / marker).exists()
             except OSError as exc:  # a directory this node may not look into
                 raise _refused(root, "read", exc) from exc
+            if found and marker == SYNCDIR_MARKER:
+                raise StoreUnsafe(
+                    f"store directory {root} is inside a syncdir store ({folder / marker} "
+                    f"found): open it as syncdir://{folder}, not as a file store"
+                )
             if found:
                 raise StoreUnsafe(
                     f"store directory {root} is inside a synced folder ({folder / marker} "
@@ -101,9 +90,9 @@ def check_location(root: Path, *, in_synced_folder: bool = False) -> list[str]:
 
 
 def open_root(root: Path, *, create: bool) -> None:
-    """Make the store directory (if create) and check this node may use it: read it, and
-    with create (a node, not a reader such as ``hb status``) write it. ConfigError in one
-    line naming the path and the fix otherwise; StoreUnavailable for other I/O errors."""
+    """Make the store directory (if create) and check this node may read it (and with
+    create, write it): else ConfigError naming the path and the fix; StoreUnavailable for
+    other I/O errors."""
     if create:
         try:
             root.mkdir()
