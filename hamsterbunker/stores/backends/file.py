@@ -89,7 +89,8 @@ class FileBackend:
         self.read_only = read_only
         self._next_sweep = 0.0  # monotonic
         open_root(self.root, create=create)  # ConfigError naming the path and the fix
-        _refuse_an_earlier_store(self.root)
+        if (found := earlier_layout(self.root)) is not None:
+            raise earlier_store(f"store directory {self.root}", found)
         # StoreUnsafe in a synced folder, unless it is a syncdir node's subtree.
         self.warnings: list[str] = check_location(self.root, in_synced_folder=in_synced_folder)
         if create:  # make kv/, finish a crash's redo log, sweep old temp files
@@ -112,8 +113,8 @@ class FileBackend:
 
     def commit(self, txn: Txn) -> TxnResult:
         _check_txn(txn)
-        if self.read_only:
-            return self._read(txn)
+        if self.read_only and txn.all_writes:
+            raise StoreError(f"file backend {self.root} was opened to read: it writes nothing")
         try:
             return self._commit(txn)
         except _MakerFailed as failed:  # the caller's own error, as its blob raised it
@@ -183,13 +184,17 @@ class FileBackend:
     @_os_errors
     def _commit(self, txn: Txn) -> TxnResult:
         with self._opened_root() as root_fd:
+            tree = KeyTree(root_fd, self.root)
+            if self.read_only:  # no lock; a redo log is left to the machine that wrote it
+                return TxnResult(_compared(tree, txn), _reads(tree, txn))
             temps: list[str] = []
             values: list[str | bytes] = []  # each Put's: a temp file, or its value inline
             try:
                 for write in txn.writes:
                     if not isinstance(write, Put):
                         continue
-                    if _inline(write.value) and len(txn.writes) > 1:  # in the redo log
+                    small = isinstance(write.value, bytes) and len(write.value) <= INLINE_BYTES
+                    if small and len(txn.writes) > 1:  # in the redo log
                         values.append(bytes(write.value))
                         continue
                     value, points = _maker_errors_kept(write.value), "file_backend.commit"
@@ -199,7 +204,6 @@ class FileBackend:
                 # A node stopped at a failpoint must not hold the lock: see failpoints.
                 with not_stopped_inside(), self._locked(root_fd):
                     os.close(fileio.make_subdir(root_fd, KV_NAME, self.root / KV_NAME))
-                    tree = KeyTree(root_fd, self.root)
                     tree.replay()
                     self._sweep_now_and_then(root_fd)
                     succeeded = _compared(tree, txn)
@@ -216,16 +220,6 @@ class FileBackend:
                 if not log_pending(self.root):
                     for tmp in temps:
                         fileio.discard(root_fd, tmp)
-
-    @_os_errors
-    def _read(self, txn: Txn) -> TxnResult:
-        """A read_only backend's commit: its compares and reads, with no lock, and a redo
-        log left to the machine that wrote it."""
-        if txn.all_writes:
-            raise StoreError(f"file backend {self.root} was opened to read: it writes nothing")
-        with self._opened_root() as root_fd:
-            tree = KeyTree(root_fd, self.root)
-            return TxnResult(_compared(tree, txn), _reads(tree, txn))
 
     @contextlib.contextmanager
     def _opened_root(self) -> Iterator[int]:
@@ -298,13 +292,6 @@ def earlier_layout(root: Path) -> str | None:
     return " and ".join(found) + " at its root" if found else None
 
 
-def _refuse_an_earlier_store(root: Path) -> None:
-    """ConfigError if root holds the records of the earlier file store, and no keys."""
-    found = earlier_layout(root)
-    if found is not None:
-        raise earlier_store(f"store directory {root}", found)
-
-
 def _compared(tree: KeyTree, txn: Txn) -> bool:
     """Whether every compare of txn holds in tree."""
     # Read no more than the value compared with: TooLarge is unequal too.
@@ -315,11 +302,6 @@ def _reads(tree: KeyTree, txn: Txn) -> list[bytes | TooLarge | ScanResult | None
     return [
         tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r) for r in txn.reads
     ]
-
-
-def _inline(value: Blob) -> bool:
-    """Whether a value goes in the redo log itself: a small one, already made."""
-    return isinstance(value, bytes) and len(value) <= INLINE_BYTES
 
 
 def _plan(tree: KeyTree, txn: Txn, values: list[str | bytes]) -> Ops:
@@ -342,6 +324,7 @@ class _MakerFailed(Exception):
 
 
 def _maker_errors_kept(value: Blob) -> Blob:
+    """value, with what making its pieces raises carried as _MakerFailed."""
     if not isinstance(value, BlobPieces):
         return value
 

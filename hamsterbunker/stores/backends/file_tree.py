@@ -5,6 +5,7 @@ the last a file; read trusting nothing below the root, and written through the r
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -175,13 +176,11 @@ class KeyTree:
             else:
                 *folders, name = key.split("/")
                 tmp = fileio.write_temp(self.root_fd, op, durable) if isinstance(op, bytes) else op
-                dir_fd = self._put_folder(key)
-                try:
+                with (
+                    fileio.closing_fd(self._put_folder(key)) as dir_fd,
+                    contextlib.suppress(FileNotFoundError),  # renamed already: a replay
+                ):
                     os.replace(tmp, name, src_dir_fd=self.root_fd, dst_dir_fd=dir_fd)
-                except FileNotFoundError:
-                    pass  # renamed already: this is a replay
-                finally:
-                    os.close(dir_fd)
                 changed.add(tuple(folders))
             failpoint("file_backend.commit.after_op")
         for folder in changed if durable else ():
