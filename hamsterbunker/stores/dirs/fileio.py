@@ -71,14 +71,6 @@ _NOT_A_DIR = {errno.ENOTDIR, errno.ELOOP}
 # -- directories: opened one component at a time, never through a symlink
 
 
-def _refuse_non_dir(exc: OSError, path: Path) -> None:
-    """CorruptRecord if exc, from opening the directory at path, says a symlink or a file."""
-    if exc.errno in _NOT_A_DIR:
-        raise CorruptRecord(
-            f"{path} is not a directory (a symbolic link or a file is there): not followed"
-        ) from exc
-
-
 def _open_subdir(parent: int, name: str, path: Path) -> int | None:
     """The directory name in parent (shown as path), not through a symlink; None if absent."""
     try:
@@ -86,26 +78,27 @@ def _open_subdir(parent: int, name: str, path: Path) -> int | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        _refuse_non_dir(exc, path)
+        if exc.errno in _NOT_A_DIR:
+            raise CorruptRecord(
+                f"{path} is not a directory (a symbolic link or a file is there): not followed"
+            ) from exc
         raise
 
 
 def make_subdir(parent: int, name: str, path: Path) -> int:
     """Like _open_subdir, but make the directory if it is absent, durably in its parent."""
     fd = _open_subdir(parent, name, path)
-    if fd is not None:
-        return fd
-    try:
-        os.mkdir(name, dir_fd=parent)
-    except FileExistsError:
-        pass  # another node made it just now (or planted something: the open below says)
-    else:
-        os.fsync(parent)  # the new entry outlives a crash before anything in it counts
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except OSError as exc:
-        _refuse_non_dir(exc, path)
-        raise
+    if fd is None:
+        try:
+            os.mkdir(name, dir_fd=parent)
+        except FileExistsError:
+            pass  # another node made it just now (or planted something: the open below says)
+        else:
+            os.fsync(parent)  # the new entry outlives a crash before anything in it counts
+        fd = _open_subdir(parent, name, path)
+    if fd is None:  # removed again at once
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return fd
 
 
 def open_dirs(dir_fd: int, path: Path, parts: Sequence[str], *, create: bool = False) -> int | None:

@@ -14,14 +14,7 @@ from pathlib import Path
 
 from ...core.errors import ConfigError, StoreUnavailable, StoreUnsafe
 
-__all__ = [
-    "SYNCDIR_MARKER",
-    "Mount",
-    "check_location",
-    "is_sync_copy",
-    "mount_of",
-    "open_root",
-]
+__all__ = ["SYNCDIR_MARKER", "Mount", "check_location", "is_sync_copy", "mount_of", "open_root"]
 
 _DENIED = {errno.EACCES, errno.EPERM, errno.EROFS}
 
