@@ -293,8 +293,7 @@ def earlier_layout(root: Path) -> str | None:
 
 
 def _compared(tree: KeyTree, txn: Txn) -> bool:
-    """Whether every compare of txn holds in tree."""
-    # Read no more than the value compared with: TooLarge is unequal too.
+    """Whether every compare of txn holds (read no further than its value: TooLarge differs)."""
     return all(tree.read(c.key, len(c.value or b"")) == c.value for c in txn.compares)
 
 

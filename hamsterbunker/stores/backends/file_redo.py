@@ -23,12 +23,12 @@ from ..dirs import fileio
 __all__ = [
     "INLINE_BYTES",
     "LOG_NAME",
+    "MAX_LOG_BYTES",
     "Ops",
     "clear_log",
     "decode",
     "encode",
     "log_pending",
-    "read_log",
     "syncfs",
     "write_log",
 ]
@@ -93,17 +93,6 @@ def decode(data: bytes) -> Ops | None:
     except (ValueError, TypeError):
         return None
     return ops if at == len(values) else None
-
-
-def read_log(root_fd: int, root: Path) -> Ops | None:
-    """The ops of the log in the root; None if there is none (or it is empty). CorruptRecord
-    if it is not a whole log of ours: cut short as it was written (its commit never
-    returned), or planted."""
-    data = fileio.read_file(root_fd, LOG_NAME, root / LOG_NAME, MAX_LOG_BYTES)
-    ops = decode(data) if data else None
-    if data and ops is None:
-        raise CorruptRecord(f"{root / LOG_NAME} is no whole redo log")
-    return ops
 
 
 def write_log(root_fd: int, root: Path, data: bytes) -> None:

@@ -166,9 +166,8 @@ class KeyTree:
             os.close(self._put_folder(key))
 
     def _apply(self, ops: Ops, durable: bool) -> None:
-        """Make each key's final state: as harmless to repeat as to do once. durable: each
-        value written and each folder changed is fsynced (one op); else the caller syncs
-        the file system once after the last (a redo log holds them meanwhile)."""
+        """Make each key's final state, as harmless to repeat as to do once; durable (one op):
+        its value and the folders changed fsynced, else left to the caller's syncfs."""
         changed: set[tuple[str, ...]] = set()
         for key, op in ops:
             if op is None:
@@ -206,9 +205,8 @@ class KeyTree:
         return dir_fd
 
     def _remove(self, key: str) -> set[tuple[str, ...]]:
-        """Remove key's file, then its folder if that leaves it empty (no folder is a key),
-        not the folders above: one there soon holds the next step's or number's folder,
-        and each made again costs a durable mkdir. The folders changed (not yet fsynced)."""
+        """Remove key's file, then its folder if that leaves it empty, not the folders above
+        (docs/design.md). The folders changed (not yet fsynced)."""
         *folders, name = key.split("/")
         changed: set[tuple[str, ...]] = set()
         for remove in (os.unlink, os.rmdir)[: 1 + bool(folders)]:
@@ -255,15 +253,18 @@ class KeyTree:
 
     def replay(self) -> None:
         """Finish the commit a redo log in the root lists (a crash cut it short); set one
-        aside, unapplied, that is no whole log of ours."""
+        aside, unapplied, that is no whole log of ours (cut short as written, or planted)."""
+        path = self.root / redo.LOG_NAME
         try:
-            ops = redo.read_log(self.root_fd, self.root)
+            data = fileio.read_file(self.root_fd, redo.LOG_NAME, path, redo.MAX_LOG_BYTES)
+            ops = redo.decode(data) if data else None
+            if data and ops is None:
+                raise CorruptRecord(f"{path} is no whole redo log")
         except CorruptRecord as exc:
             set_aside(self.root_fd, redo.LOG_NAME, str(exc))
             return
         if ops is not None:
-            where = self.root / redo.LOG_NAME
-            fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), where)
+            fileio.log.warning("finishing a commit cut short (%d writes, %s)", len(ops), path)
             self._apply(ops, durable=False)
             redo.syncfs(self.root_fd)
             redo.clear_log(self.root_fd, self.root)
