@@ -210,7 +210,7 @@ class FileBackend:
                     if succeeded:
                         tree.write(_plan(tree, txn, values))
                         try:
-                            tree.tidy(txn.tidy)
+                            _tidy(tree, txn)
                         except (OSError, StoreError) as exc:  # made: only the tidy-up is not
                             fileio.log.warning("a tidy-up in %s left undone: %s", self.root, exc)
                     return TxnResult(succeeded, _reads(tree, txn))
@@ -301,6 +301,15 @@ def _reads(tree: KeyTree, txn: Txn) -> list[bytes | TooLarge | ScanResult | None
     return [
         tree.read(r.key, r.max_bytes) if isinstance(r, Get) else tree.scan(r) for r in txn.reads
     ]
+
+
+def _tidy(tree: KeyTree, txn: Txn) -> None:
+    """Remove what txn's tidy-up covers, unsynced: a crash may leave it (``Txn.tidy``)."""
+    if txn.tidy:
+        failpoint("file_backend.commit.before_tidy")
+    for removal in txn.tidy:
+        for key in tree.keys_in(removal.start, removal.end):
+            tree.remove(key)
 
 
 def _plan(tree: KeyTree, txn: Txn, values: list[str | bytes]) -> Ops:

@@ -14,16 +14,7 @@ from pathlib import Path
 
 from ...core.errors import CorruptRecord, StoreError
 from ...core.failpoints import failpoint
-from ..backend import (
-    MAX_KEY_CHARS,
-    DeleteRange,
-    Scan,
-    ScanResult,
-    ScanTaker,
-    TooLarge,
-    key_problem,
-    prefix_end,
-)
+from ..backend import MAX_KEY_CHARS, Scan, ScanResult, ScanTaker, TooLarge, key_problem, prefix_end
 from ..dirs import fileio
 from ..dirs.location import is_sync_copy
 from . import file_redo as redo
@@ -171,7 +162,7 @@ class KeyTree:
         changed: set[tuple[str, ...]] = set()
         for key, op in ops:
             if op is None:
-                changed.update(self._remove(key))
+                changed.update(self.remove(key))
             else:
                 *folders, name = key.split("/")
                 tmp = fileio.write_temp(self.root_fd, op, durable) if isinstance(op, bytes) else op
@@ -204,7 +195,7 @@ class KeyTree:
                 raise
         return dir_fd
 
-    def _remove(self, key: str) -> set[tuple[str, ...]]:
+    def remove(self, key: str) -> set[tuple[str, ...]]:
         """Remove key's file, then its folder if that leaves it empty, not the folders above
         (docs/design.md). The folders changed (not yet fsynced)."""
         *folders, name = key.split("/")
@@ -242,14 +233,6 @@ class KeyTree:
         redo.syncfs(self.root_fd)  # every key and folder at once, before the log goes
         failpoint("file_backend.commit.before_log_removed")
         redo.clear_log(self.root_fd, self.root)
-
-    def tidy(self, removals: Sequence[DeleteRange]) -> None:
-        """Remove what removals cover, unsynced: a crash may leave it (``Txn.tidy``)."""
-        if removals:
-            failpoint("file_backend.commit.before_tidy")
-        for removal in removals:
-            for key in self.keys_in(removal.start, removal.end):
-                self._remove(key)
 
     def replay(self) -> None:
         """Finish the commit a redo log in the root lists (a crash cut it short); set one
