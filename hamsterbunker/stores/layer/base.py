@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ...core.errors import ConfigError, CorruptRecord, StoreError
+from ...core.failpoints import failpoint, failpoints_within
 from ...core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
 from ...core.read_bounds import BoundedRead, ReadBound
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
-from ..backend import Backend, Get, Put, ScanResult, TooLarge, Txn, TxnResult
+from ..backend import Backend, Compare, Get, Put, ScanResult, TooLarge, Txn, TxnResult
 from .keys import AgentKeys
 
 __all__ = [
@@ -102,6 +103,13 @@ class Layer:
         """Several keys read in one atomic step."""
         result = self.backend.commit(Txn(reads=reads))
         return [found for found in result.reads if not isinstance(found, ScanResult)]
+
+    def reseal(self, key: str, old: bytes, new: bytes) -> bool:
+        """key's value replaced with new in one commit, only if it is still old."""
+        txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+        failpoint("reseal.before_commit")
+        with failpoints_within("reseal"):
+            return self.commit(txn).succeeded
 
     def saw_pending(self, agent: str, sizes: dict[int, int]) -> None:
         """An inbox read's submissions, by number, with their sizes."""

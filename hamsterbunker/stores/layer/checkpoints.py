@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from ...core.blob import Blob
-from ...core.errors import StoreError
+from ...core.errors import Fenced, StoreError
 from ...core.failpoints import failpoint, failpoints_within
 from ...core.limits import (
     MAX_CHECKPOINT_BYTES,
@@ -84,7 +84,7 @@ def put_checkpoint(
         now, listing = found.pop(0), found.pop(0)
         # A writer fenced out learns so first, whatever junk its own epoch's listing holds.
         if now != text.encode():
-            raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+            raise _refused(fence, seq, now)
         assert isinstance(listing, ScanResult)
         listed = listed_in(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
@@ -124,10 +124,15 @@ def _commit(
         now = result.reads[0]
         if now == text.encode() and consumption.guessed:
             return None
-        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+        raise _refused(fence, seq, now)
     consumption.committed()
     layer.written[keys.agent] = (text, seq, [*left, info])
     return info
+
+
+def _refused(fence: Fence, seq: int, now: object) -> Fenced:
+    """The refusal of a write under fence, naming the fence a commit read (now)."""
+    return fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
 
 
 def _retention(
@@ -216,12 +221,7 @@ def reseal_checkpoint(
     layer: Layer, keys: AgentKeys, info: CheckpointInfo, old: bytes, new: bytes
 ) -> bool:
     check_reseal(info, old, new)
-    key = keys.checkpoint(info)
-    failpoint("reseal.before_commit")
-    with failpoints_within("reseal"):
-        return layer.commit(
-            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-        ).succeeded
+    return layer.reseal(keys.checkpoint(info), old, new)
 
 
 def put_effect(
@@ -239,8 +239,7 @@ def put_effect(
         )
     )
     if not result.succeeded:
-        now = result.reads[0]
-        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+        raise _refused(fence, seq, result.reads[0])
 
 
 def read_effects(layer: Layer, keys: AgentKeys, seq: int) -> dict[tuple[int, str], bytes]:
@@ -266,8 +265,4 @@ def reseal_effect(
     problem = check_effect_bounds(seq, index, kind, len(new))
     if problem is not None:
         raise StoreError(problem)
-    key = keys.effect(seq, index, kind)
-    txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-    failpoint("reseal.before_commit")
-    with failpoints_within("reseal"):
-        return layer.commit(txn).succeeded
+    return layer.reseal(keys.effect(seq, index, kind), old, new)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from contextlib import suppress
 
 from ...core.errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
-from ...core.failpoints import failpoint, failpoints_within
+from ...core.failpoints import failpoints_within
 from ...core.limits import (
     INBOX_REPLIES_KEPT,
     MAX_INBOX_COUNT,
@@ -203,12 +203,7 @@ def read_admission(layer: Layer, keys: AgentKeys, request_id: str) -> AdmissionS
 
 def reseal_submission(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_submission(n, old, new)
-    key = keys.submission(n)
-    failpoint("reseal.before_commit")
-    with failpoints_within("reseal"):
-        return layer.commit(
-            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-        ).succeeded
+    return layer.reseal(keys.submission(n), old, new)
 
 
 def read_replies(
@@ -239,13 +234,9 @@ def read_replies(
 def reseal_reply(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_reply(n, new)
     entry = MAX_REPLY_BYTES + 1
-    found = layer.backend.scan(
-        keys.replies_of(n), ReadBound(4, entry, 4 * entry)
-    )  # one, unless planted
+    # One reply, unless planted.
+    found = layer.backend.scan(keys.replies_of(n), ReadBound(4, entry, 4 * entry))
     for key, data in found.items:
         if data == b"+" + old:
-            txn = Txn(compares=[Compare(key, data)], writes=[Put(key, b"+" + new)])
-            failpoint("reseal.before_commit")
-            with failpoints_within("reseal"):
-                return layer.commit(txn).succeeded
+            return layer.reseal(key, data, b"+" + new)
     return False

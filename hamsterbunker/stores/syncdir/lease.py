@@ -152,11 +152,7 @@ class ClaimsLease:
         check_fence(winner, fence, seq)
         assert winner is not None
         own = claims.get(self._node)
-        if own is not None and (own.holder, own.session, own.epoch) == (
-            fence.holder,
-            fence.session,
-            fence.epoch,
-        ):
+        if fence.matches(own):
             return
         # The lease was handed to this node by another's claim: make it this node's own
         # claim, which the own file store fences by. Lost to another writer of this node:
