@@ -1,12 +1,8 @@
-"""Fenced checkpoints with their retention, and the effect journal, on a backend.
+"""Fenced checkpoints with their retention, and the effect journal, on a backend
+(docs/design.md, "One record layer over a small backend interface").
 
-A fenced write compares the lease's fence (``keys.fence``, written with every
-change of term) in the same commit as it writes, so an old leader's write is
-refused by the store itself. A checkpoint's commit also removes the effect
-journal of every step it covers and records the submissions the step
-consumed: all of it or none. A client's next checkpoint under the fence of
-its last one reads no listing first: only the fence's holder writes them, so
-what its last commit left is what a listing would find.
+A client's next checkpoint under the fence of its last one reads no listing first: only
+the fence's holder writes them, so what its last commit left is what a listing finds.
 """
 
 from __future__ import annotations
@@ -139,13 +135,8 @@ def _retention(
     keys: AgentKeys, listed: list[CheckpointInfo], new: CheckpointInfo, settings: Settings
 ) -> tuple[list[DeleteRange], list[CheckpointInfo]]:
     """The removals that keep the newest keep_checkpoints at or below new's seq, and the
-    listed checkpoints they leave (new aside).
-
-    Whatever sorts below the oldest kept goes, listed or not (junk the listing's
-    bound left unread included); above new's seq nothing is touched. Another
-    epoch's checkpoint of new's seq is replaced by it. per_epoch: only new's epoch's
-    listed checkpoints count and go; every other epoch's are left as they are.
-    """
+    listed checkpoints they leave (new aside): everything below the oldest kept, listed or
+    not; another epoch's of new's seq. per_epoch: only new's epoch's listed ones go."""
     keep = settings.keep_checkpoints
     if settings.per_epoch:
         own = sorted(
@@ -177,12 +168,13 @@ def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
 
-def remember_listing(layer: Layer, agent: str, fence: str, listed: list[CheckpointInfo]) -> None:
-    """A listing read after this client wrote fence (a new term's, as it took the lease):
-    the term's first checkpoint then needs no listing of its own (a restore has just made
-    one). Only the fence's holder writes checkpoints, and the commit compares the fence."""
+def remember_listing(
+    layer: Layer, agent: str, fence: str | None, listed: list[CheckpointInfo]
+) -> None:
+    """A listing read after this client wrote fence (as it took the lease): the term's
+    first checkpoint then needs no listing of its own."""
     known = layer.written.get(agent)
-    if known is None or known[0] != fence:
+    if fence is not None and (known is None or known[0] != fence):
         layer.written[agent] = (fence, max((info.seq for info in listed), default=0), listed)
 
 

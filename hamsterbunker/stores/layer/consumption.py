@@ -1,16 +1,11 @@
-"""What a checkpoint's commit writes for the submissions its step consumed.
+"""What a checkpoint's commit writes for the submissions its step consumed: the pending
+ones removed, their replies, the counts, and the oldest replies (with their request ids)
+past ``keep_replies`` removed.
 
-A consumption removes the pending submissions, writes their replies, counts
-them in ``inbox/consumed`` and ``inbox/kept``, and removes the oldest replies
-(and their request ids) beyond ``keep_replies``. Only the fenced leader
-consumes, so nothing of it is compared but the fence; it is planned from a
-read of the inbox's records before the checkpoint's commit.
-
-The leader's next consumption under the same fence plans from what its last
-one left (the ``Ledger``) and from the sizes its inbox reads saw, without a
-read: its commit then compares every record it assumed (the totals, each
-request id, each reply's absence), and a wrong guess costs one failed commit
-and the read after all.
+Only the fenced leader consumes, so nothing is compared but the fence; the plan comes
+from a read before the commit, or, under the fence of the last consumption, from what
+that one left (the ``Ledger``) without a read: the commit then compares every record it
+assumed, and a wrong guess costs one failed commit and the read after all.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
-"""The exactly-once inbox on a backend: admission, reading, consumption, replies.
+"""The exactly-once inbox on a backend: admission, reading, replies (a consumption is the
+checkpoint's commit: ``consumption``).
 
-Admissions number on from ``inbox/last``, compared in the admission's commit, with the
-submission's own key compared absent, so two racing clients never take one number and a
-counter deleted, set back or planted never gives a stored number again (it is rebuilt
-from the highest number stored); a request id is admitted once (``inbox/ids/<request>``
-compared absent). The inbox's limits count what is
-unconsumed as every admission (``inbox/admitted``) less every consumption
-(``inbox/consumed``): the leader's checkpoint never has to compare anything an
-admission writes, so submissions never hold up a checkpoint. A consumption
-is recorded by the checkpoint's own commit (``Consumption``).
+An admission compares ``inbox/last``, the request id's absence and its own number's, so
+two racing clients never take one number, and a counter deleted, set back or planted
+never gives a stored number again (it is rebuilt from the highest stored).
 """
 
 from __future__ import annotations
