@@ -9,12 +9,9 @@ Layout under ``agents/<agent>/inbox``::
     staged/<seq:020>-<epoch:010>.hbt     what checkpoint <seq>-<epoch> consumes, unapplied
 
 A header is 8 bytes of magic, the request id padded with spaces to
-``MAX_REQUEST_ID_CHARS``, a newline. What a writer cut short left is read as
-that store's readers read it: a staged record whose checkpoint is stored counts
-as applied, and an admission whose index was never written is found at the
-last admitted number. Junk is reported and left out, as there; a listing longer
-than that store could have made is refused (StoreError), so that a migration
-stops rather than copy part of an inbox.
+``MAX_REQUEST_ID_CHARS``, a newline. What a writer cut short is read as that store read
+it: a staged record whose checkpoint is stored counts as applied, and an admission
+whose index was never written is found at the last admitted number.
 """
 
 from __future__ import annotations
