@@ -48,22 +48,21 @@ class Store(Protocol):
         """Compare-and-set of the cluster record against ``expected.to_json()``, durably;
         returns new. ClusterChanged, storing nothing, if another record or none is stored."""
 
+    # Each reseal_* (``hb rotate-secret commit``) replaces a record's sealed bytes old with
+    # new in one atomic step against the record's writers and removals, durably; False,
+    # changing nothing, if it is gone or holds other bytes; StoreError, changing nothing,
+    # if new is outside the record's bounds.
+
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
-        """Replace retained checkpoint info's sealed bytes old with new, atomically against
-        put_checkpoint and retention, durably. False, changing nothing, if it is gone or
-        holds other bytes; StoreError if new is not as long as old."""
+        """Re-seal retained checkpoint info (new as long as old)."""
 
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        """Replace unconsumed submission number's sealed bytes old with new, atomically
-        against admit and consumption. False, changing nothing, if it is consumed, gone or
-        other; StoreError if new is out of bounds or not as long as old."""
+        """Re-seal unconsumed submission number (new as long as old)."""
 
     def reseal_effect(
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
-        """Replace effect-journal record (seq, index, kind) old with new, atomically against
-        put_effect and the journal's removal. False, changing nothing, if it is gone or
-        other; StoreError outside ``check_effect_bounds``."""
+        """Re-seal effect-journal record (seq, index, kind)."""
 
     def read_replies(
         self, agent: str, after: int, limit: int
@@ -77,9 +76,7 @@ class Store(Protocol):
         """
 
     def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        """Replace kept consumed submission number's sealed reply old with new, atomically
-        against consumption and its retention. False, changing nothing, if it is gone, other
-        or consumed without a reply; StoreError outside ``check_reply_bounds``."""
+        """Re-seal the reply of kept consumed submission number (False without a reply)."""
 
     def list_agents(self) -> list[str]:
         """The ids of the agents anything was written for, sorted; reading never makes one.

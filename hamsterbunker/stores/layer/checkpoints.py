@@ -1,8 +1,5 @@
 """Fenced checkpoints with their retention, and the effect journal, on a backend
 (docs/design.md, "One record layer over a small backend interface").
-
-A client's next checkpoint under the fence of its last one reads no listing first: only
-the fence's holder writes them, so what its last commit left is what a listing finds.
 """
 
 from __future__ import annotations

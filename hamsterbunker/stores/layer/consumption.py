@@ -1,11 +1,7 @@
 """What a checkpoint's commit writes for the submissions its step consumed: the pending
 ones removed, their replies, the counts, and the oldest replies (with their request ids)
-past ``keep_replies`` removed.
-
-Only the fenced leader consumes, so nothing is compared but the fence; the plan comes
-from a read before the commit, or, under the fence of the last consumption, from what
-that one left (the ``Ledger``) without a read: the commit then compares every record it
-assumed, and a wrong guess costs one failed commit and the read after all.
+past ``keep_replies`` removed. Only the fence is compared but for what a plan from the
+last consumption's ``Ledger`` guessed (docs/design.md, "One record layer ...").
 """
 
 from __future__ import annotations
