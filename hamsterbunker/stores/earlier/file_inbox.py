@@ -217,15 +217,21 @@ class InboxReader:
             yield dirs
 
     def _open(self, stack: contextlib.ExitStack, parent: int, name: str, path: Path) -> int | None:
-        try:
+        with self._left_out(path):
             return stack.enter_context(opened_subdir(parent, name, path))
+        return None
+
+    @contextlib.contextmanager
+    def _left_out(self, path: Path) -> Iterator[None]:
+        """Report, rather than raise, what makes path junk: not ours, or shut to us."""
+        try:
+            yield
         except CorruptRecord as exc:
             self._report(f"inbox: left out: {exc}")
         except OSError as exc:
             if exc.errno not in _SHUT_OUT:
                 raise
             self._report(f"inbox: left out: cannot open {path}: {exc.strerror}")
-        return None
 
     # -- reading -------------------------------------------------------------------
 
@@ -237,14 +243,8 @@ class InboxReader:
         """A file's bytes; None if absent; True (junk, reported) if not a regular file in cap."""
         if fd is None:
             return None
-        try:
+        with self._left_out(path):
             return read_file(fd, name, path, cap)
-        except CorruptRecord as exc:
-            self._report(f"inbox: left out: {exc}")
-        except OSError as exc:
-            if exc.errno not in _SHUT_OUT:
-                raise
-            self._report(f"inbox: left out: cannot open {path}: {exc.strerror}")
         return True
 
     def _head(self, fd: int | None, name: str, path: Path) -> bytes | None:
