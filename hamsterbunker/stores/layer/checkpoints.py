@@ -58,8 +58,7 @@ def put_checkpoint(
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
     listed: list[CheckpointInfo] | None = None
     if written is not None and written[0] == text and seq > written[1]:
-        # This client's last checkpoint was under this fence, and only the fence's holder
-        # writes checkpoints: what that one's commit left stored is what a listing finds.
+        # Only the fence's holder writes checkpoints: its last commit left what a listing finds.
         listed = written[2]
     consumption = Consumption(layer, keys, consumed, text)
     small = len(blob) <= _GUESSED_BYTES

@@ -97,18 +97,15 @@ class Subtrees:
         own = root / NODES / node
         self.mine: RecordStore | None = None
         if create or (node and own.is_dir()):
-            backend = FileBackend(
-                own, create=create, lock_timeout=lock_timeout, in_synced_folder=True
-            )
-            self.mine = self._store(backend)
+            self.mine = self._open(own, create=create, read_only=False)
 
-    def _open_peer(self, where: Path) -> RecordStore:
+    def _open(self, where: Path, *, create: bool = False, read_only: bool = True) -> RecordStore:
         backend = FileBackend(
             where,
-            create=False,
+            create=create,
             lock_timeout=self._lock_timeout,
             in_synced_folder=True,
-            read_only=True,
+            read_only=read_only,
         )
         return self._store(backend)
 
@@ -152,7 +149,7 @@ class Subtrees:
         if refusal is not None:  # brought since the store was opened
             raise StoreError(str(refusal))
         try:
-            store = self._open_peer(where)
+            store = self._open(where)
         except ConfigError as exc:  # gone since the listing, or made unreadable
             self._problems(f"subtree of node {name} skipped: {exc}")
             return None
