@@ -64,7 +64,6 @@ _DONE_CAP = _HEADER + MAX_REPLY_BYTES
 _ENTRY = struct.Struct(">QBI")  # a staged entry: number, has a reply, the reply's length
 _STAGED_CAP = 8 + 2 + MAX_CONSUMED_PER_STEP * (_HEADER + _ENTRY.size + MAX_REPLY_BYTES)
 _PENDING = re.compile(r"([0-9]{20})\.hbs")
-_DONE = re.compile(r"([0-9]{20})\.hbr")
 _INDEX_NAME = re.compile(r"[0-9a-f]{64}\.hbi")
 _STAGED_NAME = re.compile(r"([0-9]{20})-([0-9]{10})\.hbt")
 # The most entries of pending/ or staged/ listed: four times a full inbox (the earlier
