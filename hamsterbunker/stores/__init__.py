@@ -57,16 +57,12 @@ def open_store(
     node: str | None = None,
     sync_delay_ms: int | None = None,
 ) -> Store:
-    """Open the store a URL names, e.g. ``file:///var/lib/hamsterbunker/store``.
+    """Open the store a URL names, e.g. ``file:///var/lib/hamsterbunker/store``; with
+    create=False (readers such as ``hb status``) a store that does not exist is an error.
 
-    With create=False (readers such as ``hb status``) a store that does not
-    exist is an error rather than something to make.
-
-    ``node`` and ``sync_delay_ms`` are for ``syncdir:///path`` only (the node
-    writes only its own subtree, and its restore waits up to the sync delay):
-    a writer (create=True) must give both, a reader may give neither (it then
-    writes nothing). Other stores ignore ``node``; ``sync_delay_ms`` given for
-    one is a ConfigError.
+    ``node`` and ``sync_delay_ms`` are for ``syncdir:///path`` only: a writer must give
+    both, a reader may give neither. Other stores ignore ``node``; ``sync_delay_ms`` given
+    for one is a ConfigError.
     """
     scheme = urlsplit(url).scheme
     if scheme == "syncdir":
@@ -91,11 +87,11 @@ def open_store(
     from .layer import RecordStore
 
     if scheme in ("redis", "rediss"):
-        backend = _redis_backend().RedisBackend(url)
+        backend = _backend(".backends.redis", NEEDS_REDIS, "redis").RedisBackend(url)
     elif scheme in ("etcd", "etcds"):
-        backend = _etcd_backend().EtcdBackend(url)
+        backend = _backend(".backends.etcd", NEEDS_ETCD, "etcd").EtcdBackend(url)
     elif scheme in POSTGRES_SCHEMES:
-        backend = _postgres().PostgresBackend(url)
+        backend = _backend(".backends.postgres", NEEDS_PSYCOPG, "postgres").PostgresBackend(url)
     else:
         from .layer.files import FileStore
 
@@ -149,12 +145,7 @@ def is_syncdir_url(url: str) -> bool:
 
 def syncdir_store_path(url: str) -> str:
     """The folder of a ``syncdir://`` store URL (absolute, as a file:// URL's)."""
-    parts = urlsplit(url)
-    path = unquote(parts.path)
-    if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-        raise ConfigError(
-            f"store URL {redacted_url(url)!r}: a syncdir URL needs an absolute path (syncdir:///dir)"
-        )
+    path, parts = _absolute_path(url, "syncdir"), urlsplit(url)
     if parts.query or parts.fragment:
         raise ConfigError(
             f"store URL {redacted_url(url)!r}: a syncdir URL takes no query or fragment (the node id and "
@@ -172,24 +163,18 @@ def file_store_path(url: str) -> str:
             "use file:///path, syncdir:///path, etcd://host:port/prefix, redis://host:port/db "
             "or postgresql://user@host:port/db"
         )
+    return _absolute_path(url, "file")
+
+
+def _absolute_path(url: str, scheme: str) -> str:
+    parts = urlsplit(url)
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not path.startswith("/"):
         raise ConfigError(
-            f"store URL {redacted_url(url)!r}: a file URL needs an absolute path (file:///dir)"
+            f"store URL {redacted_url(url)!r}: a {scheme} URL needs an absolute path "
+            f"({scheme}:///dir)"
         )
     return path
-
-
-def _redis_backend() -> ModuleType:
-    return _backend(".backends.redis", NEEDS_REDIS, "redis")
-
-
-def _etcd_backend() -> ModuleType:
-    return _backend(".backends.etcd", NEEDS_ETCD, "etcd")
-
-
-def _postgres() -> ModuleType:
-    return _backend(".backends.postgres", NEEDS_PSYCOPG, "postgres")
 
 
 def _backend(module: str, needs: str, extra: str) -> ModuleType:

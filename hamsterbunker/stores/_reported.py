@@ -1,9 +1,6 @@
-"""Reporting each distinct problem with a store's contents once, not on every read.
-
-A junk entry is seen by every listing, many times a second: logging it each
-time would flood the journal. The memory of what was reported is bounded,
-since a store writer picks how many problems there are. ``readable`` is the
-one way every backend skips a heartbeat or event that does not parse.
+"""Reporting each distinct problem with a store's contents once, not on every read (a
+junk entry is seen by every listing), in a bounded memory; ``readable``, the one way a
+heartbeat or event that does not parse is skipped.
 """
 
 from __future__ import annotations
@@ -68,14 +65,9 @@ def readable(
     *,
     errors: tuple[type[Exception], ...] = (CorruptRecord,),
 ) -> Iterator[Parsed]:
-    """The records among (node, stored form) items that parse and are that node's.
-
-    Whatever is stored is unauthenticated, so a record that does not parse
-    (parse raises one of errors) is handed to report, which logs it (once,
-    through a ReportedOnce), and skipped; a record of another node, a copy
-    under another name, is not that node's and is skipped silently, as is
-    None from parse (a record removed between listing and reading it).
-    """
+    """The records among (node, stored form) items that parse and are that node's: one
+    that does not parse (parse raises one of errors) is handed to report and skipped;
+    another node's, or None from parse (removed meanwhile), is skipped silently."""
     for node, stored in items:
         try:
             record = parse(stored)

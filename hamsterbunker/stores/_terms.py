@@ -1,8 +1,5 @@
-"""Telling a lease record's change of term from a mere renewal, for ``watch(terms_only=True)``.
-
-A leader renews every tick, and a standby that woke for each renewal would
-read the lease twice a tick for nothing: its ticks see renewals anyway. What
-must wake it at once is a release, a takeover or an operator's request.
+"""Telling a lease record's change of term from a mere renewal, for ``watch(terms_only=True)``
+(a standby's ticks see renewals anyway; a release, a takeover or a request must wake it).
 """
 
 from __future__ import annotations
@@ -14,12 +11,8 @@ __all__ = ["TermChanges"]
 
 
 class TermChanges:
-    """Remembers the last term seen; says whether a new lease value changes it.
-
-    A record that is gone or cannot be read is a term of its own: a change to
-    it, or from one unreadable value to another, wakes the watcher (a hint: the
-    reader in the node judges what it finds).
-    """
+    """Remembers the last term seen; says whether a new lease value changes it. A record
+    gone or unreadable is a term of its own, each unreadable value another."""
 
     def __init__(self) -> None:
         self._last: str | bytes | None = b""  # never a term: the first value is a change

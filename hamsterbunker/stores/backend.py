@@ -1,19 +1,9 @@
-"""The backend interface: the few operations a store's record layer is built on.
+"""The backend interface: a durable map of keys to bytes with one atomic ``commit``, on
+which the record layer (``stores.layer``) lays out every record; it knows no records.
 
-A backend is a durable map from keys to bytes with one atomic operation,
-``commit``: a transaction of compares, writes and reads that either happens
-whole or not at all. Everything the runtime stores (leases, fenced
-checkpoints, the effect journal, the inbox, heartbeats, events) is laid out
-on top of it once, by the record layer; a backend knows nothing of records.
-
-Keys are ``/``-separated paths of plain ASCII names (``key_problem``), and no
-key is another's folder: with ``a/b`` stored, ``a`` is never a key (so a file
-backend can keep each segment as a directory or file name). Keys sort as
-strings, by code point.
-Reads are bounded where they are made: ``get`` takes the most bytes it may
-return, ``scan`` a ``ReadBound``, so nothing a writer without the secret plants
-can make one read return more. A backend contract suite
-(``tests/stores/backend``) runs against every backend.
+Keys are ``/``-separated plain ASCII names (``key_problem``), sorted by code point, and
+no key is another's folder (with ``a/b`` stored, ``a`` is never a key). Every read is
+bounded where it is made: ``get`` by bytes, ``scan`` by a ``ReadBound``.
 """
 
 from __future__ import annotations
@@ -45,9 +35,8 @@ __all__ = [
     "prefix_end",
 ]
 
-# One key segment: what the record layer names things by (agent and node ids,
-# zero-padded numbers, fixed words). Nothing else is a key, so no backend has
-# to escape anything and a file backend can use the segments as names.
+# One key segment: an agent or node id, a zero-padded number, a fixed word. Nothing else
+# is a key, so no backend escapes anything and a file backend uses segments as names.
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]{0,191}")
 MAX_KEY_CHARS = 1024
 
@@ -70,14 +59,12 @@ def prefix_end(prefix: str) -> str:
 class Capability:
     """What a backend can do beyond the interface's minimum (``Backend.capabilities``)."""
 
-    # Every write a commit makes is in place for every reader at once (a file
-    # backend's readers may see a commit's writes one after another).
+    # A commit's writes are in place for every reader at once (not a file backend's).
     ATOMIC_READS = "atomic-reads"
     # Notices carry the value a key changed to (a watcher spares a read).
     NOTICE_VALUES = "notice-values"
-    # A watch costs a monitor less than reading a key every half second does: a server
-    # pushes the changes, or they are in this process. Not a file backend's: a thread
-    # woken by every write in a folder.
+    # A watch costs a monitor less than polling a key (not a file backend's: a thread
+    # woken by every write in a folder).
     CHEAP_WATCH = "cheap-watch"
 
 
@@ -143,12 +130,9 @@ class ScanResult:
 
 
 class ScanTaker:
-    """What a backend's scan takes, key by key in key order, within its bound.
-
-    For each key: stop if ``full``; report a value over the bound's entry bytes
-    with ``left_out`` (measured before it is fetched, where the backend can);
-    else ``take`` it. ``result`` then says whether the bound stopped the scan.
-    """
+    """What a backend's scan takes, key by key in key order, within its bound: for each
+    key, stop if ``full``; report a value over the entry bytes with ``left_out``
+    (measured before it is fetched, where the backend can); else ``take`` it."""
 
     def __init__(self, bound: ReadBound) -> None:
         self._read = BoundedRead[str](bound)
@@ -180,18 +164,14 @@ class ScanTaker:
 
 @dataclass(frozen=True)
 class Txn:
-    """One atomic step: if every compare holds, make the writes, in order, and the reads.
-
-    Reads see the store as of the step, after its writes when it succeeded, as
-    it was when it did not. Durable before commit returns, when it succeeded.
-    """
+    """One atomic step: if every compare holds, make the writes, in order; then the reads,
+    which see the store as of the step. Durable before commit returns."""
 
     compares: Sequence[Compare] = ()
     writes: Sequence[Put | DeleteRange] = ()
     reads: Sequence[Get | Scan] = ()
-    # Removals of records no reader goes by once the writes are made (replaced checkpoints,
-    # a covered journal): with the writes where the backend makes them in one step, else
-    # just after them; a crash may leave them, for a later tidy-up to cover.
+    # Removals of what the writes make obsolete: with them where the backend can, else just
+    # after (a crash may leave them for a later tidy-up: docs/design.md).
     tidy: Sequence[DeleteRange] = ()
 
     @property
@@ -231,12 +211,9 @@ class Backend(Protocol):
         """The value of key (None if it has none), or TooLarge, unread, if over max_bytes."""
 
     def scan(self, prefix: str, bound: ReadBound, after: str = "") -> ScanResult:
-        """The keys under prefix (``/``-terminated) that sort after after, in key order.
-
-        At most bound.count entries and bound.total_bytes in all; a value over
-        bound.entry_bytes is reported in too_large, unread, and counts as an
-        entry. ``more`` once the bound stopped the scan before the last key.
-        """
+        """The keys under prefix (``/``-terminated) that sort after after, in key order,
+        within bound: a value over its entry bytes is in too_large, unread, and counts as
+        an entry; ``more`` once the bound stopped the scan before the last key."""
 
     def commit(self, txn: Txn) -> TxnResult:
         """Make txn in one atomic, durable step (see Txn). StoreError if the backend

@@ -1,6 +1,5 @@
-"""What the store interface (``interface.Store``) speaks in: fences, consumptions and
-admissions, what a restore reads, what a store says of itself; and the checks every
-store makes the same way."""
+"""What the store interface (``interface.Store``) speaks in, and the checks every store
+makes the same way."""
 
 from __future__ import annotations
 
@@ -50,6 +49,14 @@ class Fence:
     session: str
     epoch: int
 
+    def matches(self, lease: LeaseRecord | None) -> bool:
+        """Whether lease is the one this fence names (holder, session and epoch)."""
+        return lease is not None and (lease.holder, lease.session, lease.epoch) == (
+            self.holder,
+            self.session,
+            self.epoch,
+        )
+
     def to_text(self) -> str:
         """This fence as the stores that compare it themselves keep it (``fence_text``)."""
         return fence_text(self.holder, self.session, self.epoch)
@@ -63,12 +70,8 @@ class Fence:
 
 
 def fence_text(holder: str | None, session: str, epoch: int) -> str:
-    """A lease's fence as stored beside the lease: ``[holder, session, epoch]`` in JSON.
-
-    The Redis and etcd stores write it with every lease and compare a writer's,
-    byte for byte, in the checkpoint write's atomic step. A released lease's
-    (holder None) equals no writer's.
-    """
+    """A lease's fence as stored beside the lease, compared byte for byte by fenced writes:
+    ``[holder, session, epoch]`` in JSON (a released lease's equals no writer's)."""
     return json.dumps([holder, session, epoch])
 
 
@@ -106,21 +109,14 @@ def parse_lease(data: bytes, found: Callable[[], str]) -> LeaseRecord:
 
 def check_fence(lease: LeaseRecord | None, fence: Fence, seq: int) -> None:
     """Raise Fenced unless lease is the one fence names (for backends that check in Python)."""
-    if lease is None or (lease.holder, lease.session, lease.epoch) != (
-        fence.holder,
-        fence.session,
-        fence.epoch,
-    ):
+    if not fence.matches(lease):
         now = "no lease" if lease is None else f"epoch {lease.epoch} held by {lease.holder}"
         raise fence.refused(seq, now)
 
 
 def check_own_epoch(stored: list[CheckpointInfo], epoch: int, seq: int) -> None:
-    """Raise StoreError if epoch already stored a checkpoint at or above seq.
-
-    Only the fence's own epoch counts: anything under another epoch may be junk
-    written without the secret, and must not keep the leader from publishing.
-    """
+    """StoreError if epoch already stored a checkpoint at or above seq (another epoch's
+    may be junk written without the secret: it never keeps the leader out)."""
     own = [info.seq for info in stored if info.epoch == epoch and info.seq >= seq]
     if own:
         raise StoreError(
@@ -135,18 +131,13 @@ class Consumed:
 
     number: int
     request_id: str
-    # The sealed reply (a node seals one for every consumption, None included). None is
-    # still stored as before; a client never takes it as proof that anything was done.
-    reply: bytes | None
+    reply: bytes | None  # sealed (a node seals one for every consumption); None proves nothing
 
 
 @dataclass(frozen=True)
 class AdmissionState:
-    """What the store knows of one request id's admission (``read_admission``).
-
-    Not authenticated: a writer without the secret can plant any of it. Only a
-    sealed reply that opens as this number's and request id's proves it done.
-    """
+    """What the store knows of one request id's admission (``read_admission``): forgeable;
+    only a sealed reply that opens as this number's and request id's proves it done."""
 
     number: int
     consumed: bool
@@ -249,13 +240,11 @@ class SyncedFolder:
 
 
 class Refusal:
-    """Operations of the contract a store declines by design (``StoreReport.refuses``): it
-    raises StoreError, saying why, and a caller can tell before it starts."""
+    """Operations a store declines by design (``StoreReport.refuses``), raising StoreError:
+    a caller can tell before it starts."""
 
-    # replace_cluster and every reseal_*: key rotation rewrites records every node shares.
-    KEY_ROTATION = "key-rotation"
-    # forget_node of a node whose records only that node writes (its own subtree).
-    FORGET_OTHER_NODE = "forget-other-node"
+    KEY_ROTATION = "key-rotation"  # replace_cluster and every reseal_*
+    FORGET_OTHER_NODE = "forget-other-node"  # forget_node of a node with its own subtree
 
 
 @dataclass(frozen=True)
@@ -263,8 +252,6 @@ class StoreReport:
     """What a store says of itself (``Store.report``), read where a caller would otherwise
     ask for its type: ``hb status``, ``hb-tui``, ``hb choose-chain``."""
 
-    # A watch costs a monitor less than reading the lease every half second: a server
-    # pushes the changes. A file store's is a thread woken by every write in a folder.
-    cheap_watch: bool
+    cheap_watch: bool  # a watch costs a monitor less than polling (``Capability.CHEAP_WATCH``)
     synced_folder: SyncedFolder | None = None  # None: the store is not a synced folder
     refuses: frozenset[str] = frozenset()  # Refusal's: what this store declines

@@ -1,11 +1,6 @@
-"""The chain operations of a store that keeps one chain of checkpoints per node.
-
-On a synced folder (``docs/syncdir.md``) two nodes can lead at once; each
-writes its own chain and a signed record of its term's start, and a node
-restores from the winning lineage (``hamsterbunker.records.lineage``) rather than from
-the newest checkpoint of any chain. A node takes them from ``Store.chains``
-(None on a store with one chain) and needs to know nothing of the backend
-that keeps them. Not runtime-checkable: callers ask the store, not the type.
+"""The chain operations of a store that keeps one chain of checkpoints per node (a synced
+folder, ``docs/syncdir.md``), taken from ``Store.chains``. Not runtime-checkable: callers
+ask the store, not its type.
 """
 
 from __future__ import annotations
@@ -34,14 +29,12 @@ class Chains(Protocol):
 
     def read_chain_effects(self, agent: str, node: str, seq: int) -> dict[tuple[int, str], bytes]:
         """The effect journal of step seq as node's subtree keeps it, unopened: (index, kind)
-        -> bytes ({} if node has none here); unreadable records skipped and reported. A
-        replay reads the journals of the terms that built on the checkpoint it restored."""
+        -> bytes ({} if node has none here); unreadable records skipped and reported."""
         ...
 
     def check_claims_with(self, agent: str, problem: Callable[[LeaseRecord], str | None]) -> None:
-        """Leave out of agent's lease, from now on, every node's claim that problem names
-        a problem of (its proof does not open): each node writes its own claim, and the
-        highest epoch wins, so one claim written without the secret would win for good."""
+        """Leave out of agent's lease, from now on, every claim problem names a problem of
+        (its proof does not open): else a claim forged at a high epoch would win for good."""
         ...
 
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:

@@ -1,16 +1,8 @@
-"""The store contract: the few atomic operations the lease and fencing logic needs.
+"""The store contract: the atomic operations the lease, the term and the clients need.
 
-The lease logic lives above this contract (``hamsterbunker.lease``); a backend
-only has to make each operation atomic as stated. One contract test suite
-(``tests/stores/contract``) runs against every backend.
-
-A backend subclasses ``Store`` explicitly: it inherits the defaults (``tail``,
-the generic tail; ``chains``, none), and mypy refuses to instantiate a backend
-that leaves any other method out.
-
-Callers never ask which backend they have: what differs between stores is
-said by the store (``chains``, ``report``), so code outside this package never
-imports a backend's module nor checks a store's type (``lint-imports``).
+A store subclasses ``Store`` (inheriting ``tail``, ``chains`` and the restore reads'
+defaults); ``tests/stores/contract`` holds every store to it. Callers ask the store
+(``chains``, ``report``), never its type.
 """
 
 from __future__ import annotations
@@ -38,7 +30,9 @@ __all__ = ["Store"]
 
 @runtime_checkable
 class Store(Protocol):
-    """A shared store. Every method is blocking; the runtime calls them from threads."""
+    """A shared store. Every method but ``watch`` is blocking (the runtime calls them from
+    threads). Whatever a read returns is unauthenticated; reads of several entries leave
+    out, logged once, what does not parse or is over its bound (``core.limits``)."""
 
     url: str  # as it may be shown: no credential (urls.redacted_url)
     guarantees: StoreGuarantees
@@ -51,179 +45,95 @@ class Store(Protocol):
         """Store record unless one exists (atomically); return the record that is stored."""
 
     def replace_cluster(self, expected: ClusterRecord, new: ClusterRecord) -> ClusterRecord:
-        """Replace the cluster record with new only if it is still expected (compare-and-set).
+        """Compare-and-set of the cluster record against ``expected.to_json()``, durably;
+        returns new. ClusterChanged, storing nothing, if another record or none is stored."""
 
-        The stored bytes are compared with ``expected.to_json()`` and new written
-        in one atomic step, durably; ClusterChanged, storing nothing, if the
-        stored record is another one or gone. Returns new. (``hb rotate-secret``:
-        nodes agree on the keys because each change is made against the last.)
-        """
+    # Each reseal_* (``hb rotate-secret commit``) replaces a record's sealed bytes old with
+    # new in one atomic step against the record's writers and removals, durably; False,
+    # changing nothing, if it is gone or holds other bytes; StoreError, changing nothing,
+    # if new is outside the record's bounds.
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
-        """Replace the sealed bytes of retained checkpoint info with new, only if they are
-        still old, in one atomic step against put_checkpoint and its retention; durable as
-        a checkpoint is. False, changing nothing, if it is gone or holds other bytes.
-
-        The compare with old is the fence: a re-seal (``hb rotate-secret commit``)
-        never brings back a checkpoint retention removed, nor overwrites one a
-        leader wrote meanwhile. new must be as long as old (the same checkpoint
-        sealed under another key), else StoreError and nothing changes.
-        """
+        """Re-seal retained checkpoint info (new as long as old)."""
 
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        """Replace the sealed bytes of unconsumed submission number with new, only if they
-        are still old, in one atomic step against admit and the consumption a checkpoint
-        commits; durable as an admission is. False, changing nothing, if it is consumed,
-        gone or another. new must be as long as old (the inbox's byte totals count it),
-        else StoreError and nothing changes.
-        """
+        """Re-seal unconsumed submission number (new as long as old)."""
 
     def reseal_effect(
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
-        """Replace the effect-journal record (seq, index, kind) with new, only if it is
-        still old, in one atomic step against put_effect and the removal of the journal;
-        durable as put_effect is. False, changing nothing, if it is gone or another.
-        StoreError for numbers or a size outside ``check_effect_bounds``.
-        """
+        """Re-seal effect-journal record (seq, index, kind)."""
 
     def read_replies(
         self, agent: str, after: int, limit: int
     ) -> tuple[list[tuple[int, bytes]], int | None]:
-        """One page of the sealed replies of the kept consumed submissions numbered above
-        after, oldest first, and where the next page starts: (replies, the after to read
-        on from, or None once nothing is left). For ``hb rotate-secret commit``.
+        """One page of the kept sealed replies numbered above after, oldest first, and the
+        after to read on from (None once nothing is left).
 
-        A page holds at most limit replies (1 to ``stores.reseal.REPLY_PAGE``) and
-        looks at no more than ``REPLY_SCAN_FACTOR`` times as many consumed records
-        (one consumed without a reply, or junk, counts): it may be empty and still
-        not the last. The replies are those ``read_admission`` gives. Not
-        authenticated: a record that does not parse, or a reply over
-        ``MAX_REPLY_BYTES``, is logged and left out, reading no more than that.
+        At most limit replies (1 to ``reseal.REPLY_PAGE``), looking at no more than
+        ``REPLY_SCAN_FACTOR`` times as many consumed records: a page may be empty and not
+        the last. A reply over ``MAX_REPLY_BYTES`` is logged and left out.
         """
 
     def reseal_reply(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        """Replace the sealed reply of kept consumed submission number with new, only if it
-        is still old, in one atomic step against the consumption a checkpoint commits and
-        its retention; durable as that consumption is. False, changing nothing, if it is
-        gone, another, or consumed without a reply. StoreError, changing nothing, for a
-        number or a size of new outside ``check_reply_bounds``.
-        """
+        """Re-seal the reply of kept consumed submission number (False without a reply)."""
 
     def list_agents(self) -> list[str]:
-        """The ids of the agents the store holds records of, sorted (for ``hb status``).
-
-        An agent is listed once anything was written for it (a lease, a heartbeat,
-        a submission); reading never makes one. Not authenticated: a name that is
-        not a valid agent id is skipped. At most ``MAX_LISTED_AGENTS``, and the
-        work is bounded however much was planted.
-        """
+        """The ids of the agents anything was written for, sorted; reading never makes one.
+        At most ``MAX_LISTED_AGENTS``; a name that is no agent id is skipped."""
 
     def read_lease(self, agent: str) -> LeaseRecord | None:
         """The agent's lease record as last written, or None if never written.
-
-        UnreadableLease if what is stored there does not parse (or is no record as
-        this store writes one), naming it for replace_unreadable_lease.
-        """
+        UnreadableLease if what is stored does not parse (``found`` names it)."""
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
-        """Write new only if the stored version is expected_version (None: no record yet).
-
-        Atomic against every other cas_lease and put_checkpoint. Returns the
-        stored record with its new version; raises LeaseConflict otherwise
-        (or UnreadableLease, where the backend reads the record to compare).
-        """
+        """Write new only if the stored version is expected_version (None: no record yet),
+        atomically against every other lease write and fenced write; returns the record
+        stored with its new version. LeaseConflict otherwise (or UnreadableLease)."""
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
-        """Write new only if the stored lease record is still the unreadable one that
-        read_lease reported as found (``UnreadableLease.found``).
-
-        Atomic as cas_lease is, and fencing as it does: a write under the fence of
-        any earlier lease is refused (Fenced) afterwards. LeaseConflict, writing
-        nothing, if the record changed since (readable again, gone, or other junk).
-        The record is stored with version new.version where the record carries
-        its version (the caller picks one no earlier record is likely to have
-        had), or with the store's own where it keeps one (etcd's revision).
-        """
+        """Write new only if the stored lease record is still the unreadable one read_lease
+        reported as found; atomic and fencing as cas_lease. LeaseConflict, writing nothing,
+        if it changed since. Stored under new.version, or the store's own (etcd)."""
 
     def put_checkpoint(
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
-        """Store a sealed checkpoint durably, only if fence matches the current lease.
+        """Store a sealed checkpoint durably, only if fence is the current lease's (checked
+        in the same atomic step): Fenced otherwise.
 
-        The fence check (holder, session and epoch equal the stored lease's) and
-        the write are one atomic step. Raises Fenced if the lease moved on.
-        Raises StoreError, storing nothing, if a checkpoint of the fence's epoch
-        at or above seq is stored (a term numbers upwards and never overwrites
-        its own), or if seq, the epoch or the size is outside the bounds of
-        ``hamsterbunker.core.limits.check_checkpoint_bounds`` (with its message).
-        ``blob`` is bytes, or pieces made as they are taken (``hamsterbunker.core.blob``;
-        a publish's, encrypted while they are written): their length is checked
-        before anything is written; if making them raises, nothing is stored and
-        that is raised.
+        StoreError, storing nothing, if the fence's epoch already stored a checkpoint at or
+        above seq (another epoch's never keeps it out, and one under the same seq may be
+        replaced), or outside ``check_checkpoint_bounds``. ``blob``'s pieces are made as
+        they are written; if making them raises, nothing is stored. Retention keeps the
+        newest checkpoints at or below seq; once this one is durable, the effect journal of
+        every step at or below seq is removed.
 
-        Only the runtime can tell an authentic checkpoint from junk written by
-        someone without the secret, so nothing stored under *another* epoch,
-        whatever its number, keeps this write out: the caller numbers on from
-        the newest checkpoint that authenticates. Retention keeps the newest
-        few checkpoints at or below seq and removes older ones; a checkpoint
-        above seq (junk, or a damaged one the caller skipped) is left as it is.
-        A checkpoint of another epoch under the same seq may be replaced.
-
-        Once the checkpoint is durable, the same call removes the effect journal
-        (``put_effect``) of every step at or below seq: a replay only ever reads
-        the journal of the step after the newest checkpoint, so these are never
-        read again. Never before the checkpoint is durable: a crash in between
-        must leave the journal of a step that is not yet published. What a
-        crash leaves behind is removed by a later checkpoint.
-
-        ``consumed`` (at most ``MAX_CONSUMED_PER_STEP``, each within
-        ``check_reply_bounds``, else StoreError and nothing stored) are the
-        submissions the step consumed. They commit with the checkpoint, all or
-        nothing: once it is accepted, each is consumed (``read_inbox`` no longer
-        lists it, it no longer counts towards the inbox's limits) and its reply
-        is readable by ``read_admission``; if the write is refused or cut short,
-        none is. A number with no pending entry (gone, never admitted) is still
-        recorded as consumed. The newest ``keep_replies`` consumed records are
-        kept (by number); older ones are removed with their request id, which a
-        later ``admit`` then takes as new.
+        ``consumed`` (at most ``MAX_CONSUMED_PER_STEP``, each within ``check_reply_bounds``)
+        commit with it, all or nothing: each leaves ``read_inbox`` and the inbox's limits,
+        and its reply becomes readable by ``read_admission`` (a number never admitted is
+        still recorded). The newest ``keep_replies`` consumed are kept; older ones go with
+        their request ids.
         """
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        """Retained checkpoints, newest first: by seq, then epoch, both descending.
-
-        What the store holds under a checkpoint's name is not authenticated: an
-        entry whose name or description does not parse, or whose numbers are
-        outside ``hamsterbunker.core.limits``, is logged and left out, never raised.
-        """
+        """Retained checkpoints, newest first: by seq, then epoch, both descending."""
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
-        """The sealed bytes of one retained checkpoint (StoreError if it is gone).
-
-        Raises CorruptRecord, reading no more than that, for stored bytes over
-        ``hamsterbunker.core.limits.MAX_CHECKPOINT_BYTES``.
-        """
+        """The sealed bytes of one retained checkpoint: StoreError if it is gone,
+        CorruptRecord, unread, if over ``MAX_CHECKPOINT_BYTES``."""
 
     def take_lease(
         self, agent: str, expected_version: int | None, new: LeaseRecord
     ) -> tuple[LeaseRecord, RestoreRead | None]:
-        """cas_lease for a new term, and, where the backend can make both in one atomic
-        step of bounded size (etcd: one txn), read_for_restore as of that write: the new
-        holder's restore then costs no round trip of its own. None otherwise, or if
-        that read failed: the term's restore reads for itself.
-
-        A default that read after the write would hold up the keeper's first
-        renewal for the read of a checkpoint of any size: this one does not read.
-        """
+        """cas_lease for a new term, with read_for_restore as of that write where a backend
+        can make both one bounded atomic step (etcd); None otherwise, or if that read
+        failed: the term's restore reads for itself."""
         return self.cas_lease(agent, expected_version, new), None
 
     def read_for_restore(self, agent: str) -> RestoreRead:
-        """What a restore reads first: the checkpoints listed, the loss-acceptance record,
-        and the newest checkpoint's bytes (errors as those calls raise them).
-
-        This default makes those reads one after another; a backend that can
-        make them in one round trip offers its own.
-        """
+        """What a restore reads first: the checkpoints listed, the loss-acceptance record and
+        the newest checkpoint's bytes (errors as those reads raise them)."""
         infos = newest_first(self.list_checkpoints(agent))
         try:
             acceptance, problem = self.read_acceptance(agent), ""
@@ -235,69 +145,39 @@ class Store(Protocol):
     def put_effect(
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
     ) -> None:
-        """Store one sealed effect-journal record of step seq durably, only under fence.
-
-        The record is the ``kind`` ("intent" or "outcome") of the step's effect
-        number ``index``. The fence check (as for put_checkpoint) and the write
-        are one atomic step; Fenced if the lease moved on. Durable as a
-        checkpoint is before it returns. Replaces a record under the same
-        (seq, index, kind). Raises StoreError, storing nothing, for numbers or a
-        size outside ``hamsterbunker.core.limits.check_effect_bounds`` (with its
-        message).
-        """
+        """Store the sealed ``kind`` ("intent" or "outcome") record of step seq's effect
+        ``index`` durably, replacing one stored there, only under fence (Fenced, as
+        put_checkpoint). StoreError, storing nothing, outside ``check_effect_bounds``."""
 
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
-        """The effect journal of step seq: (index, kind) -> the sealed bytes stored.
-
-        Not authenticated (the caller opens each record). An entry whose name
-        does not parse, whose numbers or kind are outside
-        ``check_effect_bounds``, or whose bytes are over
-        ``hamsterbunker.core.limits.MAX_EFFECT_BYTES`` is logged and left out, never
-        raised, reading no more than that limit of it.
-        """
+        """Step seq's effect journal: (index, kind) -> sealed bytes, within
+        ``read_bounds.EFFECTS_READ``."""
 
     def admit(self, agent: str, request_id: str, number: int, blob: bytes) -> tuple[int, bool]:
-        """Admit a sealed submission as number, once per request id, in one atomic step.
+        """Admit a sealed submission as number, once per request id, atomically and durably:
+        (number, duplicate).
 
-        Returns (number, duplicate). If request_id is known (pending, or consumed
-        and still kept), nothing is stored and its number comes back with
-        duplicate True. Otherwise number must be the inbox's next one (one above
-        the last admitted, 1 for the first), else NotNextNumber says which is,
-        storing nothing. Then InboxFull (naming the limit) if admitting it would
-        hold more than ``MAX_INBOX_COUNT`` unconsumed submissions or more than
-        ``MAX_INBOX_BYTES`` of them; StoreError for a number, request id or size
-        outside ``check_submission_bounds``. Durable before it returns. Two
-        clients racing with one request id get one admission between them.
+        A known request id (pending, or consumed and kept) stores nothing and returns its
+        number with duplicate True. Else NotNextNumber unless number is one above the last
+        admitted; InboxFull past ``MAX_INBOX_COUNT`` or ``MAX_INBOX_BYTES`` unconsumed;
+        StoreError outside ``check_submission_bounds``.
         """
 
     def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
-        """Unconsumed submissions numbered above after, oldest first: (number, sealed bytes).
-
-        Within ``read_bounds.INBOX_READ``: at most ``MAX_INBOX_COUNT`` of them and
-        ``MAX_INBOX_BYTES`` in all, which a genuine inbox never passes; where
-        planted entries would pass it the read stops, and a read after the last
-        number returned goes on. Not authenticated: an entry whose name does not
-        parse, whose number is out of bounds or whose bytes are over
-        ``MAX_SUBMISSION_BYTES`` is logged and left out, reading no more than
-        that limit of it.
-        """
+        """Unconsumed submissions numbered above after, oldest first: (number, sealed bytes),
+        within ``read_bounds.INBOX_READ`` (where planted entries pass it, the read stops and
+        one after the last number returned goes on)."""
 
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
-        """What the store knows of request_id's admission, or None if nothing (any more).
-
-        Not authenticated. A reply over ``MAX_REPLY_BYTES`` or a record that
-        does not parse is logged and taken as no reply yet.
-        """
+        """What the store knows of request_id's admission, or None if nothing (any more). A
+        reply over ``MAX_REPLY_BYTES`` or unparsable is taken as no reply yet."""
 
     def read_acceptance(self, agent: str) -> bytes | None:
-        """The agent's loss-acceptance record (``hb accept-loss``), or None if there is none.
-
-        Opaque bytes, authenticated by the caller. CorruptRecord if over
-        ``hamsterbunker.core.limits.MAX_RECORD_BYTES``.
-        """
+        """The agent's loss-acceptance record, unopened, or None; CorruptRecord if over
+        ``MAX_RECORD_BYTES``."""
 
     def put_acceptance(self, agent: str, data: bytes) -> None:
-        """Replace the agent's loss-acceptance record (durably, as a checkpoint is stored)."""
+        """Replace the agent's loss-acceptance record durably."""
 
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         """Replace this node's heartbeat."""
@@ -315,68 +195,39 @@ class Store(Protocol):
         """Events with n above after[node] (0 if absent), each node's in order."""
 
     def forget_node(self, agent: str, node: str) -> None:
-        """Drop a node's heartbeat and its whole event log (``hb forget``). No error if absent.
-
-        Afterwards ``list_heartbeats``, ``read_events`` and every tail show
-        nothing of node, and nothing of any other node has changed. The
-        caller makes sure the node is dead: a node that writes again shows
-        again, its log starting afresh (a new process numbers its events from
-        1), and a tail that read the old log reads the new one from its start.
-        node is checked with ``records.check_name`` before it names any key or
-        path (ConfigError). It is a change that ``watch`` reports.
-        """
+        """Drop a node's heartbeat and event log (``hb forget``; the caller makes sure the
+        node is dead), a change ``watch`` reports. No error if absent; ConfigError for a
+        node that is no node id."""
 
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[LeaseRecord | None]:
         """Yield whenever the agent's lease or inbox may have changed: a hint, never proof.
 
-        An admission and a checkpoint that consumes submissions are changes: a
-        node waiting for its inbox and a client waiting for a reply are woken
-        by them. Other records (heartbeats, events, checkpoints) may wake it too,
-        or not.
-
-        With lease_only, only changes of the lease record matter (a standby
-        waiting for a release); a backend may then stay quiet about the rest.
-        With terms_only as well, only a change of ``LeaseRecord.term()`` (a
-        release, a takeover, an operator's request) or of a record that cannot
-        be read matters: the backend stays quiet through renewals.
-
-        A lease_only watch of a backend whose change notices carry the record
-        (etcd's watch events, Redis' messages) yields the record, its version
-        set: what a read would have returned at that change, so a node spares
-        that read's round trip. It may already be replaced (a compare-and-set
-        on its version then fails), and a writer without the secret can forge
-        it as it can the stored one. Otherwise, and after a gap in the notices,
-        it yields None: read to know.
+        Admissions and consumptions are changes; other records may wake it too. With
+        lease_only only the lease record matters; with terms_only as well, only a change of
+        ``LeaseRecord.term()`` or of an unreadable record (not renewals). A lease_only watch
+        whose backend's notices carry the record yields it, version set (it may already be
+        replaced, and is as forgeable as the stored one); otherwise None: read to know.
         """
 
     @property
     def chains(self) -> Chains | None:
-        """The store's chain operations if it keeps one chain of checkpoints per node (a
-        synced folder: ``stores.chains``); None, this default, if its one lease keeps one
-        chain."""
+        """The chain operations of a store that keeps one chain of checkpoints per node (a
+        synced folder); None, this default, elsewhere."""
         return None
 
     def report(self) -> StoreReport:
-        """What this store says of itself (``StoreReport``). A synced folder's reads its
-        copy (the node subtrees and the sync tool's files, bounded as its reads are) and
-        lists the problems its reads so far reported: call it after them."""
+        """What this store says of itself. A synced folder's lists the problems its reads so
+        far reported: call it after them."""
 
     def tail(self, agent: str) -> Tail:
-        """Follow the agent's new events and current heartbeats (see ``stores.tail``).
-
-        This default reads through read_events and list_heartbeats; a backend
-        with a cheaper way to read only what changed offers its own.
-        """
+        """Follow the agent's new events and current heartbeats (``stores.tail``)."""
         return GenericTail(self, agent)
 
     def check(self) -> None:
-        """Raise StoreUnavailable unless the store itself is there and answering.
-
-        For a monitor: a store that reads a missing record as "not written
-        yet" (the file store) would show a removed store as an empty cluster.
-        """
+        """StoreUnavailable unless the store itself is there and answering (for a monitor:
+        a file store reads a removed store as an empty one)."""
 
     def close(self) -> None:
         """Release what the store holds open."""

@@ -1,21 +1,11 @@
-"""Copying a store an earlier version wrote into this version's layout: ``hb migrate-store``.
+"""Copying a store an earlier version wrote into this version's layout: ``hb migrate-store``
+(what is copied, and why it is safe: docs/design.md, "One record layer over a small
+backend interface").
 
-The earlier version's stores are read by the readers of their layouts
-(``stores.earlier``): the store contract's reads, and ``request_ids``, the
-request ids the inbox keeps. What is copied, per
-agent, into a store of this version (a ``RecordStore``) that holds no cluster
-yet: the lease record as it is (its epoch, so fencing goes on from there), every
-retained checkpoint byte for byte under its own seq, epoch and time, the effect
-journal of the step after the newest, the loss-acceptance record, and the inbox
-(pending submissions, the consumed ones kept with their replies, the numbers
-and request ids). Heartbeats and event logs describe the old nodes and are not
-copied. The cluster record goes last: it is what a node needs to start, so a
-copy cut short leaves a store no node runs on, and running the migration again
-writes the same records again.
-
-Every node must be stopped: the source is read twice a lease TTL apart and
-once more after the copy, and any change (a heartbeat, a lease renewed, a
-checkpoint) refuses the migration. The source is only read.
+The source is only read, through ``stores.earlier``; its heartbeats and event logs are
+not copied. Every node must be stopped: the source is read a lease TTL apart and again
+after the copy, and any change refuses. The cluster record goes last, so a copy cut
+short holds none, and running the migration again writes the same records.
 """
 
 from __future__ import annotations
@@ -34,16 +24,7 @@ from .earlier import SourceStore
 from .layer import RecordStore
 from .layer.keys import AgentKeys
 
-__all__ = [
-    "Migrated",
-    "SourceStore",
-    "copy_agent",
-    "migrate",
-    "open_migration",
-    "snapshot",
-    "unchanged",
-    "watch_time",
-]
+__all__ = ["Migrated", "SourceStore", "Stopped", "copy_agent", "migrate", "open_migration"]
 
 # At most this many records, or bytes of values, in one commit (etcd allows 128 operations
 # and 1.5 MiB a request by default).
@@ -131,16 +112,13 @@ def migrate(
     strangers = sorted(set(target.list_agents()) - set(agents))
     if strangers:
         raise ConfigError(f"store {target.url} holds agents the source has not: {strangers[:5]}")
-    before = snapshot(source, agents)
-    watch_s = watch_time(before)
-    say(f"checking that no node writes {source.url} ({watch_s:g} s) ...")
-    pause(watch_s)
-    unchanged(before, snapshot(source, agents), "is running")
+    stopped = Stopped([(source, agents)])
+    stopped.watch(source.url, say, pause)
     migrated = Migrated()
     for agent in agents:
         migrated.agents[agent] = copy_agent(source, target, sealer, agent, migrated.left_out)
         say(f"agent {agent}: {migrated.agents[agent]}")
-    unchanged(before, snapshot(source, agents), "wrote during the copy")
+    stopped.check("wrote during the copy")
     target.create_cluster(cluster)
     return migrated
 
@@ -154,7 +132,7 @@ class Snapshot:
     newest: dict[str, tuple[int, int] | None]  # agent -> newest checkpoint's (seq, epoch)
 
 
-def snapshot(source: SourceStore, agents: list[str]) -> Snapshot:
+def _snapshot(source: SourceStore, agents: list[str]) -> Snapshot:
     leases, beats, newest = {}, {}, {}
     for agent in agents:
         leases[agent] = source.read_lease(agent)
@@ -165,20 +143,34 @@ def snapshot(source: SourceStore, agents: list[str]) -> Snapshot:
     return Snapshot(leases, beats, newest)
 
 
-def watch_time(before: Snapshot) -> float:
-    """How long to watch a source for a running node: its longest lease TTL, within bounds."""
-    ttl_s = max((lease.ttl_ms / 1000 for lease in before.leases.values() if lease), default=0)
-    return min(max(ttl_s, _WATCH_S[0]), _WATCH_S[1])
+class Stopped:
+    """Sources (each with its agents) that no running node may write during a migration."""
 
+    def __init__(self, sources: list[tuple[SourceStore, list[str]]]) -> None:
+        self._sources = sources
+        self._before = [_snapshot(source, agents) for source, agents in sources]
 
-def unchanged(before: Snapshot, now: Snapshot, what: str) -> None:
-    """StoreError if now is not before: a node of the source is running (what it did)."""
-    for (agent, node), beats in now.beats.items():
-        if before.beats.get((agent, node)) != beats:
-            raise StoreError(f"node {node} of agent {agent} {what}: stop every node first")
-    for agent, lease in now.leases.items():
-        if lease != before.leases.get(agent) or now.newest[agent] != before.newest.get(agent):
-            raise StoreError(f"agent {agent}'s lease or checkpoints changed: a node {what}")
+    def watch(self, where: str, say: Callable[[str], None], pause: Callable[[float], None]) -> None:
+        """Wait the longest lease TTL (within bounds), then check."""
+        leases = [lease for seen in self._before for lease in seen.leases.values() if lease]
+        ttl_s = max((lease.ttl_ms / 1000 for lease in leases), default=0)
+        watch_s = min(max(ttl_s, _WATCH_S[0]), _WATCH_S[1]) if self._sources else 0
+        say(f"checking that no node writes {where} ({watch_s:g} s) ...")
+        pause(watch_s)
+        self.check("is running")
+
+    def check(self, what: str) -> None:
+        """StoreError if a source changed: a node of it is running (what it did)."""
+        for (source, agents), before in zip(self._sources, self._before, strict=True):
+            now = _snapshot(source, agents)
+            for (agent, node), beats in now.beats.items():
+                if before.beats.get((agent, node)) != beats:
+                    raise StoreError(f"node {node} of agent {agent} {what}: stop every node first")
+            for agent, lease in now.leases.items():
+                if lease != before.leases.get(agent) or now.newest[agent] != before.newest.get(
+                    agent
+                ):
+                    raise StoreError(f"agent {agent}'s lease or checkpoints changed: a node {what}")
 
 
 def copy_agent(

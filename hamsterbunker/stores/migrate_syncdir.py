@@ -1,26 +1,11 @@
-"""Copying a syncdir folder an earlier version wrote into a new one: ``hb migrate-store``.
+"""Copying a syncdir folder an earlier version wrote into a new one: ``hb migrate-store``
+(docs/syncdir.md, "Layout").
 
-In the earlier folder each node's subtree ``nodes/NODE/`` held the earlier file
-store's layout (``stores.earlier.file`` reads it), with the syncdir's own records
-beside its files in ``agents/AGENT/``: published claims (``claim.VERSION.json``),
-term records (``terms/EPOCH.rec``) and chain choices (``choices/EPOCH.rec``).
-What is written into a new, empty folder:
-
-- the marker;
-- per node, each agent's records into that node's subtree, a record-layer file
-  store, as ``stores.migrate`` copies a file store's, but for the lease record,
-  the node's claim, which keeps its version (the claims the node published go
-  on from it);
-- per node and agent, its published claims, term records and chain choices,
-  byte for byte, under ``published/AGENT/`` (their signatures bind the node and
-  the epoch they are read as, which their place still says);
-- the cluster record, byte for byte, last: a copy cut short leaves a folder no
-  node starts on, and running the migration again writes the same records again.
-
-Every node must be stopped on every machine, and the sync done: each subtree is
-watched a lease TTL for a running node, as a file store is. The earlier folder
-is only read. The new one is made on this machine; the sync tool brings it to
-the others.
+Each node's subtree, in the earlier file store's layout, is copied as ``stores.migrate``
+copies a file store, but for its claim, which keeps its version; its published claims,
+term records and chain choices, byte for byte, under ``published/AGENT/``; the marker
+first and the cluster record last. Every node must be stopped on every machine, and the
+sync done; the earlier folder is only read.
 """
 
 from __future__ import annotations
@@ -40,7 +25,7 @@ from .dirs.fileio import dir_entries, opened_dir, os_errors_as_store_errors, rea
 from .dirs.location import open_root
 from .earlier.file import EarlierFileStore
 from .layer import RecordStore
-from .migrate import Migrated, copy_agent, snapshot, unchanged, watch_time
+from .migrate import Migrated, Stopped, copy_agent
 from .syncdir.layout import (
     CLUSTER,
     MARKER,
@@ -96,12 +81,8 @@ def migrate_syncdir(
     migrated = Migrated()
     sources = _earlier_subtrees(source, migrated.left_out)
     agents = {node: store.list_agents() for node, store in sources.items()}
-    before = {node: snapshot(store, agents[node]) for node, store in sources.items()}
-    watch_s = max((watch_time(seen) for seen in before.values()), default=0.0)
-    say(f"checking that no node writes {source} ({watch_s:g} s) ...")
-    pause(watch_s)
-    for node, store in sources.items():
-        unchanged(before[node], snapshot(store, agents[node]), "is running")
+    stopped = Stopped([(store, agents[node]) for node, store in sources.items()])
+    stopped.watch(str(source), say, pause)
     (target / NODES).mkdir(parents=True, exist_ok=True)
     create_once(target, MARKER, MARKER_TEXT)
     for node, store in sources.items():
@@ -116,8 +97,7 @@ def migrate_syncdir(
                 say(f"agent {agent} of node {node}: {what}")
         finally:
             subtree.close()
-    for node, store in sources.items():
-        unchanged(before[node], snapshot(store, agents[node]), "wrote during the copy")
+    stopped.check("wrote during the copy")
     create_once(target, CLUSTER, cluster_bytes)
     return migrated
 

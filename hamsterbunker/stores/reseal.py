@@ -14,9 +14,8 @@ __all__ = [
     "reply_page_bounds",
 ]
 
-# The most replies one page of Store.read_replies holds: with each at most
-# MAX_REPLY_BYTES (256 KiB), 4 MiB a page. The most consumed records one page looks
-# at is REPLY_SCAN_FACTOR times the page's limit (consumed without a reply, or junk).
+# The most replies one page of Store.read_replies holds (at most 4 MiB), and how many
+# times as many consumed records it looks at (consumed without a reply, or junk).
 REPLY_PAGE = 16
 REPLY_SCAN_FACTOR = 4
 

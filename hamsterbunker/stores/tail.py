@@ -1,10 +1,6 @@
-"""Following a store as it changes: new events and current heartbeats, read incrementally.
-
-A monitor polls ``Tail.read()`` whenever the store's watch hints at a change
-(and on a timer, since a watch is only a hint). Each call returns only events
-not returned before. Every store offers one through ``Store.tail(agent)``:
-``GenericTail`` by default, or the backend's own where it can do better (the
-file store reads only appended bytes and changed heartbeat files).
+"""Following a store as it changes (``Store.tail``): each ``Tail.read()`` returns the
+events not returned before and the current heartbeats. A monitor reads whenever the
+store's watch hints at a change, and on a timer.
 """
 
 from __future__ import annotations
@@ -37,13 +33,9 @@ class _Readable(Protocol):
 
 
 class GenericTail:
-    """Works on any store: events after a per-node cursor, every heartbeat.
-
-    Each read asks again for the last event returned of each node: if that
-    one is gone or another, the node's log was dropped (``hb forget``) and
-    maybe started afresh, so it is read again from its start. An event that
-    merely fell off a bounded log left only newer ones behind, none read yet.
-    """
+    """Works on any store: events after a per-node cursor, every heartbeat. The last event
+    returned of each node is read again: if it is gone or another, the node's log was
+    dropped (``hb forget``) and is read again from its start."""
 
     def __init__(self, store: _Readable, agent: str) -> None:
         self._store = store

@@ -1,14 +1,5 @@
-"""A store an earlier version wrote is refused, never read as an empty store.
-
-This version keeps every record in the record layer's layout (``stores.layer.keys``)
-on a backend. A store an earlier version wrote holds the same records elsewhere: at
-the directory's root beside no ``kv/``, under Redis keys ``P:...`` beside the
-backend's ``{P}:...``, under the etcd prefix by names of its own and with no index
-of agents. Read by this version it would look empty, and a node would start its
-agents afresh: silent loss of their state. So each backend looks for the earlier
-layout's marker before its first read and refuses the store; ``hb migrate-store``
-(``stores.migrate``, reading through ``stores.earlier``) copies it into this
-version's layout.
+"""A store an earlier version wrote is refused, never read as an empty store (which would
+start its agents afresh): docs/design.md, "One record layer over a small backend interface".
 """
 
 from __future__ import annotations

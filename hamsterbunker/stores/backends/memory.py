@@ -1,7 +1,5 @@
 """A backend in one process's memory: for tests, and for trying the runtime without a store.
-
-Every "client" of one store is the same object, raced from threads; a commit
-holds one lock, so it is atomic for every reader.
+Every client of one store is the same object; a commit holds one lock.
 """
 
 from __future__ import annotations

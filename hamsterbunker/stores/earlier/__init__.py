@@ -1,8 +1,5 @@
-"""Readers of the layouts earlier versions wrote, for ``hb migrate-store`` only.
-
-A backend refuses a store in an earlier layout (``backends.earlier``); these
-read one (``file``, ``redis``, ``etcd``), never writing, so that
-``stores.migrate`` can copy it into this version's layout.
+"""Readers of the layouts earlier versions wrote (``file``, ``redis``, ``etcd``), never
+writing, for ``hb migrate-store`` only (a backend refuses such a store: ``backends.earlier``).
 """
 
 from __future__ import annotations
@@ -17,9 +14,7 @@ __all__ = ["SourceStore"]
 
 class SourceStore(Protocol):
     """What ``hb migrate-store`` reads from a store an earlier version wrote: the contract's
-    reads, bounded as the contract bounds them, and the request ids its inbox keeps. A
-    reader of each earlier layout (``earlier.file``, ``earlier.redis``, ``earlier.etcd``)
-    only reads."""
+    reads, bounded as there, and the request ids its inbox keeps."""
 
     url: str
 

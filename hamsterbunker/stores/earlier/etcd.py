@@ -15,12 +15,8 @@ The keys that store wrote under the URL's prefix P and that a migration reads
                                                  true, "reply": "<epoch>-<seq>" or null} once consumed
     P/agents/A/inbox/replies/<n>/<epoch>-<seq>   a sealed reply, the one its ids record names
 
-Each read answers as that store answered it, bounded as it bounded it: listings
-by a count (and in pages of ``_PAGE`` where values come along), values by etcd's
-request limit on arrival and by the record's own limit after. Nothing stored is
-trusted: a name that does not parse, or a value over its limit where that store
-left it out, is skipped and logged once; a record the caller asked for by name
-that does not parse, or is over its limit, is a CorruptRecord.
+Each read answers as that store's did, bounded as it was: listings by a count (in pages
+of ``_PAGE`` where values come along), values by the record's own limit.
 """
 
 from __future__ import annotations
@@ -37,6 +33,7 @@ from ...core.errors import ConfigError, CorruptRecord, StoreError
 from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name, parse_json
 from .._reported import ReportedOnce, readable
+from ..backend import prefix_end
 from ..backends.etcd_connection import EtcdConnection, parse_etcd_url
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
 from ..urls import redacted_url
@@ -60,11 +57,6 @@ _REPLY_REF = re.compile(r"[0-9]{10}-[0-9]{20}")
 
 def _pad(number: int, digits: int = 20) -> str:
     return f"{number:0{digits}d}"
-
-
-def _end(prefix: str) -> str:
-    """The end of the key range of every key that starts with prefix."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def _b64(data: str | bytes) -> str:
@@ -122,10 +114,10 @@ class EarlierEtcdStore:
 
     def _check(self) -> None:
         whole = self._prefix + "/"
-        if not self._range(whole, _end(whole), limit=1, keys_only=True):
+        if not self._range(whole, prefix_end(whole), limit=1, keys_only=True):
             where = self._connection.all_endpoints()
             raise ConfigError(f"no HamsterBunker store under {self._prefix} in etcd {where}")
-        if self._range(whole + "index/", _end(whole + "index/"), limit=1, keys_only=True):
+        if self._range(whole + "index/", prefix_end(whole + "index/"), limit=1, keys_only=True):
             raise ConfigError(
                 f"{self.url} is in this version's layout already: there is nothing to migrate"
             )
@@ -172,7 +164,7 @@ class EarlierEtcdStore:
         # A key per request, each past the agent's keys before: one request per agent (or
         # planted name), however many keys an agent holds.
         agents = f"{self._prefix}/agents/"
-        base, end = agents.encode(), _end(agents)
+        base, end = agents.encode(), prefix_end(agents)
         start, found = base, list[str]()
         for _request in range(_LIST_REQUESTS):
             kvs = self._range(start, end, limit=1, keys_only=True)
@@ -197,7 +189,7 @@ class EarlierEtcdStore:
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         beats = self._agent(agent) + "heartbeats/"
         stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
-        for kv in self._range(beats, _end(beats), limit=_HEARTBEAT_KEYS):
+        for kv in self._range(beats, prefix_end(beats), limit=_HEARTBEAT_KEYS):
             if stored.full:
                 break
             name = _key(kv).removeprefix(beats.encode()).decode("utf-8", "surrogateescape")
@@ -219,7 +211,7 @@ class EarlierEtcdStore:
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         infos = self._agent(agent) + "checkpoint-info/"
         listed, looked = [], 0
-        for kvs in self._pages(infos.encode(), _end(infos)):
+        for kvs in self._pages(infos.encode(), prefix_end(infos)):
             for kv in kvs:
                 name = _key(kv).removeprefix(infos.encode())
                 seq = int(name) if _NUMBER.fullmatch(name) else 0
@@ -251,7 +243,7 @@ class EarlierEtcdStore:
         listing, counted = self._ranges(
             {"key": _b64(step + _pad(0, 4)), "range_end": names_end, "keys_only": True,
              "limit": EFFECTS_READ.count},
-            {"key": _b64(step), "range_end": _b64(_end(step)), "count_only": True},
+            {"key": _b64(step), "range_end": _b64(prefix_end(step)), "count_only": True},
         )  # fmt: skip
         listed: list[Kv] = listing.get("kvs", [])
         names: dict[str, tuple[int, str]] = {}
@@ -301,7 +293,7 @@ class EarlierEtcdStore:
         start = (pending + _pad(max(after, 0) + 1)).encode()
         found: BoundedRead[int] = BoundedRead(INBOX_READ)
         scanned = 0
-        for kvs in self._pages(start, _end(pending)):
+        for kvs in self._pages(start, prefix_end(pending)):
             for kv in kvs:
                 scanned += 1
                 name = _key(kv).removeprefix(pending.encode())
@@ -350,7 +342,7 @@ class EarlierEtcdStore:
         scanned = 0
         if most < 1:
             return found
-        for kvs in self._pages(ids, _end(ids.decode()), keys_only=True):
+        for kvs in self._pages(ids, prefix_end(ids.decode()), keys_only=True):
             scanned += len(kvs)
             for kv in kvs:
                 request_id = _key(kv)[len(ids) :].decode("ascii", "replace")

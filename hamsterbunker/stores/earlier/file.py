@@ -9,14 +9,9 @@ Layout under the root, as that store wrote it::
     agents/<agent>/heartbeats/<node>.json
     agents/<agent>/inbox/...                              (``earlier.file_inbox``)
 
-Each read answers as that store's did for the same files (values, order, None
-and empty cases). Nothing is trusted: directories are opened without following
-a link, files only if regular and within the cap that store read them with,
-listings are bounded; what does not parse is a CorruptRecord where the caller
-needs the one record (cluster, lease, checkpoint) and is reported and left out
-where it reads many. A listing longer than that store could have made (planted)
-is refused with a StoreError rather than read in part, so a migration stops
-instead of copying less than there is. Nothing is ever written or removed.
+Each read answers as that store's did for the same files, bounded as it was; no link is
+followed. A listing longer than that store could have made is refused (StoreError), so
+a migration stops rather than copy less than there is.
 """
 
 from __future__ import annotations
@@ -40,7 +35,7 @@ from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, ch
 from .._reported import ReportedOnce, readable
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
 from ..dirs.fileio import dir_entries, file_kind, opened_dir, os_errors_as_store_errors, read_file
-from ..dirs.location import SYNCDIR_MARKER, open_root
+from ..dirs.location import SYNCDIR_MARKER, is_sync_copy, open_root
 from .file_inbox import InboxReader, checkpoint_name, listed
 
 __all__ = ["EarlierFileStore", "open_earlier_file"]
@@ -75,11 +70,6 @@ def open_earlier_file(url: str) -> EarlierFileStore:
     return EarlierFileStore(root)
 
 
-def _is_sync_copy(name: str) -> bool:
-    """Syncthing, Dropbox and Nextcloud conflict copies: never the store's records."""
-    return ".sync-conflict-" in name or "conflicted copy" in name or "(conflict" in name
-
-
 class EarlierFileStore:
     """The reads ``hb migrate-store`` makes (``SourceStore``) of an earlier file store."""
 
@@ -110,7 +100,7 @@ class EarlierFileStore:
         with opened_dir(self.root, ("agents",)) as fd:
             entries = [] if fd is None else dir_entries(fd, _AGENT_ENTRIES)
             names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-        agents = (n for n in names if _AGENT.fullmatch(n) and not _is_sync_copy(n))
+        agents = (n for n in names if _AGENT.fullmatch(n) and not is_sync_copy(n))
         return sorted(agents)[:MAX_LISTED_AGENTS]
 
     @_translated
@@ -139,7 +129,7 @@ class EarlierFileStore:
             )
             for name in names:
                 match = _HEARTBEAT.fullmatch(name)
-                if match is None or _is_sync_copy(name):
+                if match is None or is_sync_copy(name):
                     continue
                 if stored.full:
                     self._report(f"{path}: read the heartbeats of {len(stored.entries)} nodes only")

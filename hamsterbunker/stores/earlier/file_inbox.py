@@ -9,12 +9,9 @@ Layout under ``agents/<agent>/inbox``::
     staged/<seq:020>-<epoch:010>.hbt     what checkpoint <seq>-<epoch> consumes, unapplied
 
 A header is 8 bytes of magic, the request id padded with spaces to
-``MAX_REQUEST_ID_CHARS``, a newline. What a writer cut short left is read as
-that store's readers read it: a staged record whose checkpoint is stored counts
-as applied, and an admission whose index was never written is found at the
-last admitted number. Junk is reported and left out, as there; a listing longer
-than that store could have made is refused (StoreError), so that a migration
-stops rather than copy part of an inbox.
+``MAX_REQUEST_ID_CHARS``, a newline. What a writer cut short is read as that store read
+it: a staged record whose checkpoint is stored counts as applied, and an admission
+whose index was never written is found at the last admitted number.
 """
 
 from __future__ import annotations
@@ -67,7 +64,6 @@ _DONE_CAP = _HEADER + MAX_REPLY_BYTES
 _ENTRY = struct.Struct(">QBI")  # a staged entry: number, has a reply, the reply's length
 _STAGED_CAP = 8 + 2 + MAX_CONSUMED_PER_STEP * (_HEADER + _ENTRY.size + MAX_REPLY_BYTES)
 _PENDING = re.compile(r"([0-9]{20})\.hbs")
-_DONE = re.compile(r"([0-9]{20})\.hbr")
 _INDEX_NAME = re.compile(r"[0-9a-f]{64}\.hbi")
 _STAGED_NAME = re.compile(r"([0-9]{20})-([0-9]{10})\.hbt")
 # The most entries of pending/ or staged/ listed: four times a full inbox (the earlier
@@ -220,15 +216,21 @@ class InboxReader:
             yield dirs
 
     def _open(self, stack: contextlib.ExitStack, parent: int, name: str, path: Path) -> int | None:
-        try:
+        with self._left_out(path):
             return stack.enter_context(opened_subdir(parent, name, path))
+        return None
+
+    @contextlib.contextmanager
+    def _left_out(self, path: Path) -> Iterator[None]:
+        """Report, rather than raise, what makes path junk: not ours, or shut to us."""
+        try:
+            yield
         except CorruptRecord as exc:
             self._report(f"inbox: left out: {exc}")
         except OSError as exc:
             if exc.errno not in _SHUT_OUT:
                 raise
             self._report(f"inbox: left out: cannot open {path}: {exc.strerror}")
-        return None
 
     # -- reading -------------------------------------------------------------------
 
@@ -240,14 +242,8 @@ class InboxReader:
         """A file's bytes; None if absent; True (junk, reported) if not a regular file in cap."""
         if fd is None:
             return None
-        try:
+        with self._left_out(path):
             return read_file(fd, name, path, cap)
-        except CorruptRecord as exc:
-            self._report(f"inbox: left out: {exc}")
-        except OSError as exc:
-            if exc.errno not in _SHUT_OUT:
-                raise
-            self._report(f"inbox: left out: cannot open {path}: {exc.strerror}")
         return True
 
     def _head(self, fd: int | None, name: str, path: Path) -> bytes | None:

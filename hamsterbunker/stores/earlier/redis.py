@@ -15,11 +15,9 @@ That store kept every record under the URL's prefix P (A an agent)::
     P:agent:A:inbox:consumed   hash: number -> request id of a kept consumed submission
     P:agent:A:inbox:replies    hash: number -> sealed reply (absent: consumed without one)
 
-Each read answers as that store answered for the same contents, junk included. It
-read through Lua scripts; this reads with plain commands, each value measured before
-it is fetched (``redis_reads``). Where that store read a whole hash of checkpoints or
-heartbeats, this refuses one holding more than a read looks at (CorruptRecord): a part
-of it could leave out the newest.
+Each read answers as that store's did, junk included, with plain commands, each value
+measured before it is fetched (``redis_reads``). A hash of checkpoints or heartbeats
+holding more than a read looks at is refused (CorruptRecord): a part could miss the newest.
 """
 
 from __future__ import annotations

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from ...core.errors import ConfigError, CorruptRecord, StoreError
+from ...core.failpoints import failpoint, failpoints_within
 from ...core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
 from ...core.read_bounds import BoundedRead, ReadBound
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
-from ..backend import Backend, Get, Put, ScanResult, TooLarge, Txn, TxnResult
+from ..backend import Backend, Compare, Get, Put, ScanResult, TooLarge, Txn, TxnResult
 from .keys import AgentKeys
 
 __all__ = [
@@ -40,9 +41,8 @@ class Settings:
     keep_checkpoints: int = 5
     events_per_node: int = 1000
     keep_replies: int = INBOX_REPLIES_KEPT
-    # Keep the newest keep_checkpoints of each epoch rather than of all, and never replace
-    # another epoch's checkpoint: a syncdir node's subtree, where what another term of the
-    # node left behind may be a branch kept aside for the operator (docs/syncdir.md).
+    # Retention within each epoch, never replacing another epoch's checkpoint: a syncdir
+    # subtree, where another term's may be a branch kept aside (docs/syncdir.md).
     per_epoch: bool = False
 
     def __post_init__(self) -> None:
@@ -71,24 +71,21 @@ class Ledger:
 
 @dataclass
 class Layer:
-    """A backend, its settings, and the agents this client has marked as having records."""
+    """A backend, its settings, and what this client's last commits left, per agent: the
+    guesses its next commits compare (docs/design.md, "One record layer ...")."""
 
     backend: Backend
     settings: Settings
     reported: ReportedOnce = field(default_factory=lambda: ReportedOnce(log))
-    # Per agent, under the fence this client holds: (the fence's text, the seq of its last
-    # checkpoint or listing, the descriptions stored as of then), so that the next
-    # checkpoint under that fence needs no listing.
+    # Under the fence held: (its text, the seq of the last checkpoint or listing, the
+    # checkpoints stored as of then).
     written: dict[str, tuple[str, int, list[CheckpointInfo]]] = field(default_factory=dict)
-    # Per agent, the inbox's last number, admissions and consumptions as this client's
-    # last admission left them (read in its commit): the next admission's guess.
+    # The inbox's last number, admissions and consumptions after the last admission.
     admissions: dict[str, list[bytes | TooLarge | None]] = field(default_factory=dict)
-    # Per agent, the inbox's bookkeeping as this client's last consumption left it, and
-    # the size of each pending submission its inbox reads saw: the next consumption's
-    # guess (``consumption``).
+    # The last consumption's Ledger, and each pending submission's size inbox reads saw.
     ledgers: dict[str, Ledger] = field(default_factory=dict)
     shown: dict[str, dict[int, int]] = field(default_factory=dict)
-    _indexed: set[str] = field(default_factory=set)
+    _indexed: set[str] = field(default_factory=set)  # agents this client listed (index)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def get(self, key: str, max_bytes: int, what: str) -> bytes | None:
@@ -102,6 +99,13 @@ class Layer:
         """Several keys read in one atomic step."""
         result = self.backend.commit(Txn(reads=reads))
         return [found for found in result.reads if not isinstance(found, ScanResult)]
+
+    def reseal(self, key: str, old: bytes, new: bytes) -> bool:
+        """key's value replaced with new in one commit, only if it is still old."""
+        txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
+        failpoint("reseal.before_commit")
+        with failpoints_within("reseal"):
+            return self.commit(txn).succeeded
 
     def saw_pending(self, agent: str, sizes: dict[int, int]) -> None:
         """An inbox read's submissions, by number, with their sizes."""

@@ -1,12 +1,5 @@
-"""Fenced checkpoints with their retention, and the effect journal, on a backend.
-
-A fenced write compares the lease's fence (``keys.fence``, written with every
-change of term) in the same commit as it writes, so an old leader's write is
-refused by the store itself. A checkpoint's commit also removes the effect
-journal of every step it covers and records the submissions the step
-consumed: all of it or none. A client's next checkpoint under the fence of
-its last one reads no listing first: only the fence's holder writes them, so
-what its last commit left is what a listing would find.
+"""Fenced checkpoints with their retention, and the effect journal, on a backend
+(docs/design.md, "One record layer over a small backend interface").
 """
 
 from __future__ import annotations
@@ -15,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from ...core.blob import Blob
-from ...core.errors import StoreError
+from ...core.errors import Fenced, StoreError
 from ...core.failpoints import failpoint, failpoints_within
 from ...core.limits import (
     MAX_CHECKPOINT_BYTES,
@@ -65,8 +58,7 @@ def put_checkpoint(
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
     listed: list[CheckpointInfo] | None = None
     if written is not None and written[0] == text and seq > written[1]:
-        # This client's last checkpoint was under this fence, and only the fence's holder
-        # writes checkpoints: what that one's commit left stored is what a listing finds.
+        # Only the fence's holder writes checkpoints: its last commit left what a listing finds.
         listed = written[2]
     consumption = Consumption(layer, keys, consumed, text)
     small = len(blob) <= _GUESSED_BYTES
@@ -84,7 +76,7 @@ def put_checkpoint(
         now, listing = found.pop(0), found.pop(0)
         # A writer fenced out learns so first, whatever junk its own epoch's listing holds.
         if now != text.encode():
-            raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+            raise _refused(fence, seq, now)
         assert isinstance(listing, ScanResult)
         listed = listed_in(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
@@ -124,23 +116,23 @@ def _commit(
         now = result.reads[0]
         if now == text.encode() and consumption.guessed:
             return None
-        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+        raise _refused(fence, seq, now)
     consumption.committed()
     layer.written[keys.agent] = (text, seq, [*left, info])
     return info
+
+
+def _refused(fence: Fence, seq: int, now: object) -> Fenced:
+    """The refusal of a write under fence, naming the fence a commit read (now)."""
+    return fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
 
 
 def _retention(
     keys: AgentKeys, listed: list[CheckpointInfo], new: CheckpointInfo, settings: Settings
 ) -> tuple[list[DeleteRange], list[CheckpointInfo]]:
     """The removals that keep the newest keep_checkpoints at or below new's seq, and the
-    listed checkpoints they leave (new aside).
-
-    Whatever sorts below the oldest kept goes, listed or not (junk the listing's
-    bound left unread included); above new's seq nothing is touched. Another
-    epoch's checkpoint of new's seq is replaced by it. per_epoch: only new's epoch's
-    listed checkpoints count and go; every other epoch's are left as they are.
-    """
+    listed checkpoints they leave (new aside): everything below the oldest kept, listed or
+    not; another epoch's of new's seq. per_epoch: only new's epoch's listed ones go."""
     keep = settings.keep_checkpoints
     if settings.per_epoch:
         own = sorted(
@@ -172,12 +164,13 @@ def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
 
-def remember_listing(layer: Layer, agent: str, fence: str, listed: list[CheckpointInfo]) -> None:
-    """A listing read after this client wrote fence (a new term's, as it took the lease):
-    the term's first checkpoint then needs no listing of its own (a restore has just made
-    one). Only the fence's holder writes checkpoints, and the commit compares the fence."""
+def remember_listing(
+    layer: Layer, agent: str, fence: str | None, listed: list[CheckpointInfo]
+) -> None:
+    """A listing read after this client wrote fence (as it took the lease): the term's
+    first checkpoint then needs no listing of its own."""
     known = layer.written.get(agent)
-    if known is None or known[0] != fence:
+    if fence is not None and (known is None or known[0] != fence):
         layer.written[agent] = (fence, max((info.seq for info in listed), default=0), listed)
 
 
@@ -216,12 +209,7 @@ def reseal_checkpoint(
     layer: Layer, keys: AgentKeys, info: CheckpointInfo, old: bytes, new: bytes
 ) -> bool:
     check_reseal(info, old, new)
-    key = keys.checkpoint(info)
-    failpoint("reseal.before_commit")
-    with failpoints_within("reseal"):
-        return layer.commit(
-            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-        ).succeeded
+    return layer.reseal(keys.checkpoint(info), old, new)
 
 
 def put_effect(
@@ -239,8 +227,7 @@ def put_effect(
         )
     )
     if not result.succeeded:
-        now = result.reads[0]
-        raise fence.refused(seq, describe_fence_text(now if isinstance(now, bytes) else None))
+        raise _refused(fence, seq, result.reads[0])
 
 
 def read_effects(layer: Layer, keys: AgentKeys, seq: int) -> dict[tuple[int, str], bytes]:
@@ -266,8 +253,4 @@ def reseal_effect(
     problem = check_effect_bounds(seq, index, kind, len(new))
     if problem is not None:
         raise StoreError(problem)
-    key = keys.effect(seq, index, kind)
-    txn = Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-    failpoint("reseal.before_commit")
-    with failpoints_within("reseal"):
-        return layer.commit(txn).succeeded
+    return layer.reseal(keys.effect(seq, index, kind), old, new)

@@ -1,16 +1,7 @@
-"""What a checkpoint's commit writes for the submissions its step consumed.
-
-A consumption removes the pending submissions, writes their replies, counts
-them in ``inbox/consumed`` and ``inbox/kept``, and removes the oldest replies
-(and their request ids) beyond ``keep_replies``. Only the fenced leader
-consumes, so nothing of it is compared but the fence; it is planned from a
-read of the inbox's records before the checkpoint's commit.
-
-The leader's next consumption under the same fence plans from what its last
-one left (the ``Ledger``) and from the sizes its inbox reads saw, without a
-read: its commit then compares every record it assumed (the totals, each
-request id, each reply's absence), and a wrong guess costs one failed commit
-and the read after all.
+"""What a checkpoint's commit writes for the submissions its step consumed: the pending
+ones removed, their replies, the counts, and the oldest replies (with their request ids)
+past ``keep_replies`` removed. Only the fence is compared but for what a plan from the
+last consumption's ``Ledger`` guessed (docs/design.md, "One record layer ...").
 """
 
 from __future__ import annotations

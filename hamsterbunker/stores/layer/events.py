@@ -1,8 +1,7 @@
 """Each node's event log on a backend: ``events/<node>/<position>``, the newest kept.
 
-A node numbers its events from 1 in every process (``Event.n``), so a log is
-kept by position, not by n: a restarted node appends after its last position,
-which this client finds once by listing the log, then counts on itself.
+By position, not ``Event.n`` (which starts at 1 in every process): a client lists the
+log once to find its last position, then counts on itself.
 """
 
 from __future__ import annotations

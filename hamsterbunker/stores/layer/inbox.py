@@ -1,14 +1,9 @@
-"""The exactly-once inbox on a backend: admission, reading, consumption, replies.
+"""The exactly-once inbox on a backend: admission, reading, replies (a consumption is the
+checkpoint's commit: ``consumption``).
 
-Admissions number on from ``inbox/last``, compared in the admission's commit, with the
-submission's own key compared absent, so two racing clients never take one number and a
-counter deleted, set back or planted never gives a stored number again (it is rebuilt
-from the highest number stored); a request id is admitted once (``inbox/ids/<request>``
-compared absent). The inbox's limits count what is
-unconsumed as every admission (``inbox/admitted``) less every consumption
-(``inbox/consumed``): the leader's checkpoint never has to compare anything an
-admission writes, so submissions never hold up a checkpoint. A consumption
-is recorded by the checkpoint's own commit (``Consumption``).
+An admission compares ``inbox/last``, the request id's absence and its own number's, so
+two racing clients never take one number, and a counter deleted, set back or planted
+never gives a stored number again (it is rebuilt from the highest stored).
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from __future__ import annotations
 from contextlib import suppress
 
 from ...core.errors import CorruptRecord, InboxFull, NotNextNumber, StoreError
-from ...core.failpoints import failpoint, failpoints_within
+from ...core.failpoints import failpoints_within
 from ...core.limits import (
     INBOX_REPLIES_KEPT,
     MAX_INBOX_COUNT,
@@ -203,12 +198,7 @@ def read_admission(layer: Layer, keys: AgentKeys, request_id: str) -> AdmissionS
 
 def reseal_submission(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_submission(n, old, new)
-    key = keys.submission(n)
-    failpoint("reseal.before_commit")
-    with failpoints_within("reseal"):
-        return layer.commit(
-            Txn(compares=[Compare(key, bytes(old))], writes=[Put(key, bytes(new))])
-        ).succeeded
+    return layer.reseal(keys.submission(n), old, new)
 
 
 def read_replies(
@@ -239,13 +229,9 @@ def read_replies(
 def reseal_reply(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
     check_resealed_reply(n, new)
     entry = MAX_REPLY_BYTES + 1
-    found = layer.backend.scan(
-        keys.replies_of(n), ReadBound(4, entry, 4 * entry)
-    )  # one, unless planted
+    # One reply, unless planted.
+    found = layer.backend.scan(keys.replies_of(n), ReadBound(4, entry, 4 * entry))
     for key, data in found.items:
         if data == b"+" + old:
-            txn = Txn(compares=[Compare(key, data)], writes=[Put(key, b"+" + new)])
-            failpoint("reseal.before_commit")
-            with failpoints_within("reseal"):
-                return layer.commit(txn).succeeded
+            return layer.reseal(key, data, b"+" + new)
     return False

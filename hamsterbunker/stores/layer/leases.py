@@ -73,7 +73,7 @@ class Leases:
         stored = replace(new, version=(version or 0) + 1)
         found = self._write_lease(keys, current, was, stored, reads)
         if found is None:
-            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
+            raise _changed(agent)
         return stored, found
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
@@ -83,18 +83,10 @@ class Leases:
         )
         if isinstance(lease, TooLarge):
             return self._replace_oversized(keys, lease, fence, found, new)
-        current = lease
-        unreadable = current is not None
-        if current is not None:
-            try:
-                LeaseRecord.from_json(current)
-                unreadable = False
-            except StoreError:
-                pass
-        if current is None or not unreadable or _found(current) != found:
-            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
-        if self._write_lease(keys, current, None, new) is None:
-            raise LeaseConflict(f"the lease record of {agent!r} changed since it was read")
+        if lease is None or _parses(lease) or _found(lease) != found:
+            raise _changed(agent)
+        if self._write_lease(keys, lease, None, new) is None:
+            raise _changed(agent)
         return new
 
     def _replace_oversized(
@@ -109,7 +101,7 @@ class Leases:
         every term's first write changes the fence, so a replacement (or a new term) made
         meanwhile fails the compare."""
         if _oversized(lease) != found:
-            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+            raise _changed(keys.agent)
         if isinstance(fence, TooLarge):
             raise CorruptRecord(
                 f"the lease record of {keys.agent!r} and the fence beside it are both over the "
@@ -118,7 +110,7 @@ class Leases:
             )
         against = Compare(keys.fence, fence)
         if self._write_lease(keys, None, None, new, against=against) is None:
-            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
+            raise _changed(keys.agent)
         return new
 
     def create_lease(self, agent: str, new: LeaseRecord) -> LeaseRecord:
@@ -131,7 +123,7 @@ class Leases:
         if isinstance(found, TooLarge):
             # Unread, it cannot be compared: replaced as it stands, fenced as any change of
             # term is (a writer that could plant it could as well remove it).
-            fence = fence_text(new.holder, new.session, new.epoch)
+            fence = _fence(new)
             writes = [Put(keys.lease, new.to_json()), Put(keys.fence, fence.encode())]
             must(self.layer.commit_indexed(keys, Txn(writes=writes)))
             self._leases[agent] = (new.to_json(), new)
@@ -155,13 +147,8 @@ class Leases:
         term's changed; what reads read in that commit, or None if the compare failed."""
         data = new.to_json()
         writes = [Put(keys.lease, data)]
-        same_fence = found is not None and (found.holder, found.session, found.epoch) == (
-            new.holder,
-            new.session,
-            new.epoch,
-        )
-        fence = fence_text(new.holder, new.session, new.epoch)
-        if not same_fence:
+        fence = _fence(new)
+        if found is None or _fence(found) != fence:
             writes.append(Put(keys.fence, fence.encode()))
         compare = Compare(keys.lease, current) if against is None else against
         txn = Txn(compares=[compare], writes=writes, reads=reads)
@@ -171,6 +158,22 @@ class Leases:
         self._leases[keys.agent] = (data, new)
         self._fences[keys.agent] = fence
         return list(result.reads)
+
+
+def _changed(agent: str) -> LeaseConflict:
+    return LeaseConflict(f"the lease record of {agent!r} changed since it was read")
+
+
+def _parses(data: bytes) -> bool:
+    try:
+        LeaseRecord.from_json(data)
+    except StoreError:
+        return False
+    return True
+
+
+def _fence(lease: LeaseRecord) -> str:
+    return fence_text(lease.holder, lease.session, lease.epoch)
 
 
 def _found(data: bytes) -> str:

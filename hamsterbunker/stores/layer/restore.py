@@ -1,10 +1,7 @@
-"""What a new term's restore reads first (``Store.read_for_restore``), read in the commit
-that takes the lease (``Store.take_lease``): the checkpoints listed, the loss acceptance,
-and the newest checkpoint's bytes where the lease record names it and it is small.
-
-A take reads no more than ``TAKEN_CHECKPOINT_BYTES`` of checkpoint along, so that a big
-one does not hold up the new holder's first renewal; the restore reads a checkpoint it
-was not given (``RestoreRead.newest`` None) itself.
+"""What a new term's restore reads first (``Store.read_for_restore``), also read in the
+commit that takes the lease (``Store.take_lease``): the checkpoints listed, the loss
+acceptance, and the newest checkpoint where the lease record names it and it is within
+``TAKEN_CHECKPOINT_BYTES`` (a big one would hold up the new holder's first renewal).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""RecordStore: the store contract (``stores.base.Store``) over any backend.
+"""RecordStore: the store contract (``interface.Store``) over any backend, every record
+read within its bound and parsed as unauthenticated input here alone.
 
-The cluster record, the lease and its fence, heartbeats, event logs and the
-agents' index are here; checkpoints and the effect journal in ``checkpoints``,
-the inbox in ``inbox``. Every record is read within its bound and parsed as
-unauthenticated input, in this layer alone, whatever the backend.
+The cluster record, heartbeats, event logs and the agents' index are here; the lease in
+``leases``, checkpoints and the effect journal in ``checkpoints``, the inbox in ``inbox``.
 """
 
 from __future__ import annotations
@@ -86,10 +85,7 @@ class RecordStore(Leases, Store):
         self.guarantees = backend.guarantees
         self.warnings = list(backend.warnings)
         self._events = events.EventLogs(self.layer)
-        # Per agent, the lease record this client last wrote or read, as stored: what the
-        # next cas_lease compares, without reading it first (a guess: the store decides).
-        self._leases: dict[str, tuple[bytes, LeaseRecord]] = {}
-        # Per agent, the fence this client's last lease write that changed it put in place.
+        self._leases: dict[str, tuple[bytes, LeaseRecord]] = {}  # see Leases
         self._fences: dict[str, str] = {}
 
     # -- cluster -----------------------------------------------------------
@@ -151,8 +147,7 @@ class RecordStore(Leases, Store):
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
         found = self.layer.commit(Txn(reads=restore_reads(keys, newest))).reads
         read, listed = restore_read(self.layer, keys, found)
-        if fence is not None:
-            checkpoints.remember_listing(self.layer, agent, fence, listed)
+        checkpoints.remember_listing(self.layer, agent, fence, listed)
         if read.infos and read.newest is None:
             read = replace(read, newest=self.read_checkpoint(agent, read.infos[0]))
         return read
@@ -167,8 +162,7 @@ class RecordStore(Leases, Store):
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
         listed = checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
-        if fence is not None:
-            checkpoints.remember_listing(self.layer, agent, fence, listed)
+        checkpoints.remember_listing(self.layer, agent, fence, listed)
         return listed
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:

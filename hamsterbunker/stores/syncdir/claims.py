@@ -1,23 +1,11 @@
-"""Leadership by claims: the lease a node sees is the winning claim among every node's.
+"""Leadership by claims: the lease a node sees is the winning claim among every node's
+(docs/syncdir.md, "Leadership by claims").
 
-Each node's ``lease.json`` in its own subtree is its *claim*: a lease record
-only it writes. A claim's holder is usually its writer; it is another node
-for a hand-over (a switchover writes the successor's next term in the
-successor's name) and None for a release. The order, the same on every node
-that holds the same claims:
-
-1. the highest epoch;
-2. at the same epoch, a claim whose holder is the node that wrote it before
-   one written for another holder (a hand-over, or a release): the successor's
-   own renewal then takes over from the claim that handed it the lease;
-3. then the highest node id (as ``hamsterbunker.records.lineage`` orders terms).
-
-The merged record's version is the sum of every claim's own version. Each
-claim's own version only grows (its file store's compare-and-set writes the
-one it replaces + 1), so the sum changes whenever any claim changes, never
-goes back, and a compare-and-set against it fails once any claim arrived
-since the read. (A claim that stops parsing, or a subtree removed, makes it go
-back; the lease keeper reports that as the store going back.)
+The order, the same on every node holding the same claims: the highest epoch; then a
+claim whose holder wrote it before one written for another (a hand-over, a release);
+then the highest node id. The merged version is the sum of every claim's own, so it
+changes whenever any claim does and goes back only when a claim stops parsing or a
+subtree goes (which the lease keeper reports as the store going back).
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The syncdir store's names: its marker, the cluster record, node subtrees, sync-tool files.
 
-A node's subtree ``nodes/NODE/`` is a record-layer file store (``kv/``, ``.lock``,
-``.redo``: ``stores.backends.file``) beside ``published/AGENT/``, the node's
-records written once under new names for the other machines: its claims
-(``published``), its term records and chain choices (``terms``). The earlier
-layout kept every record under ``agents/``, which no subtree holds now.
-
-Only names we write are ever taken as ours. A sync tool's own files (its
-conflict copies, its temporary files, its folder markers and version archive)
-are never read as records nor taken as node ids; ``sync_files`` finds them for
-reporting.
+A node's subtree ``nodes/NODE/`` is a record-layer file store beside ``published/AGENT/``,
+its records written once under new names for the other machines (``published``,
+``terms``). Only names we write are ever taken as ours; a sync tool's own files are
+never read as records nor taken as node ids (``sync_files`` lists them for reports).
 """
 
 from __future__ import annotations
@@ -19,6 +13,7 @@ import os
 from pathlib import Path
 
 from ...records import check_name
+from ..dirs.fileio import os_errors_as_store_errors
 from ..dirs.location import SYNCDIR_MARKER, is_sync_copy
 
 __all__ = [
@@ -32,11 +27,13 @@ __all__ = [
     "is_cluster_copy",
     "is_sync_file",
     "log",
+    "os_errors",
     "published_parts",
     "sync_files",
 ]
 
 log = logging.getLogger("hamsterbunker.stores.syncdir")
+os_errors = os_errors_as_store_errors("syncdir store")  # OSError as a StoreError
 
 MARKER = (
     SYNCDIR_MARKER  # marks the mode: a synced folder of node subtrees (a file store refuses it)

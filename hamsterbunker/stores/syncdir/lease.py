@@ -1,30 +1,11 @@
-"""The syncdir store's lease: every node's claim, the winning one, and this node's writes.
+"""The syncdir store's lease: every node's claim, the winning one, and this node's writes
+(docs/syncdir.md, "Leadership by claims").
 
-**Lease.** ``read`` is the winning claim among every node's claim, with the
-merged version (``claims``: the order and why the version is a sum). A node's
-claim is its subtree's lease record, and what it publishes of it for the
-other machines (``published``): this node reads its own lease record, the
-others' newest published claims. ``cas`` reads every claim, compares the merged
-version, and writes the own claim through the own file store's compare-and-set
-against the own claim's version *as read in that same snapshot*. That
-compare-and-set is what makes the check and the write one step among this
-node's writers (threads, processes, store objects): any of them that wrote the
-own claim in between makes it fail. No lock of ours is needed beyond the file
-store's: other nodes' claims arrive whenever the sync tool brings them, and
-one arriving between the read and the write is the same as one arriving just
-after it. It returns the merged record as of that snapshot with the new
-claim in it (the written claim itself whenever it wins, as a renewal's does).
-Every claim written is then published.
-
-**Fences.** A fenced write (``put_checkpoint``, ``put_effect``) is checked
-against the winning claim first (``check_fence``: Fenced if the lease moved
-on), then handed to the own file store, which checks it against the own claim
-under its lease lock. A node handed the lease (a switchover) has no own claim
-of that term until its first renewal: the first fenced write *confirms* the
-hand-over by writing the winning claim as its own claim (the merged version
-moves on: the keeper's next renewal finds the record its own and adopts it). A
-large checkpoint is written with no lock of ours held: renewals are never held
-up. The check cannot be atomic with other machines' writes (docs/syncdir.md).
+A node's claim is its subtree's lease record; the other machines read what it publishes
+of it (``published``). ``cas`` compares the merged version and writes the own claim by
+the own file store's compare-and-set against the own claim as read in the same
+snapshot: among this node's writers, the check and the write are one step. A fenced
+write is checked against the winning claim, then by the own file store under its lock.
 """
 
 from __future__ import annotations
@@ -38,9 +19,9 @@ from pathlib import Path
 from ...core.errors import CorruptRecord, LeaseConflict, UnreadableLease
 from ...records import LeaseRecord, check_name
 from ..base import Fence, check_fence
-from ..dirs.fileio import os_errors_as_store_errors
 from ..layer import RecordStore
 from .claims import merged_lease
+from .layout import os_errors
 from .published import ClaimPublisher, read_published
 
 __all__ = ["CLAIMS_KEPT_DELAYS", "MIN_CLAIMS_KEPT_S", "ClaimsLease"]
@@ -49,8 +30,6 @@ __all__ = ["CLAIMS_KEPT_DELAYS", "MIN_CLAIMS_KEPT_S", "ClaimsLease"]
 # before its node removes it: long enough to have synced.
 CLAIMS_KEPT_DELAYS = 3
 MIN_CLAIMS_KEPT_S = 5.0
-
-_os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
 
 
 class ClaimsLease:
@@ -77,19 +56,12 @@ class ClaimsLease:
         self._lock = threading.Lock()
 
     def check_claims_with(self, agent: str, problem: Callable[[LeaseRecord], str | None]) -> None:
-        """From now on, leave out of agent's lease every claim problem names a problem of."""
         self._checks[agent] = problem
 
     def claims(self, agent: str) -> dict[str, LeaseRecord]:
-        """Every node's claim on the agent's lease (node -> claim).
-
-        A node never removes its claim, but a sync tool may leave it missing or
-        unreadable for a moment (seen under Syncthing), and a writer without the
-        secret may remove it: a claim seen once stays as it was last read until
-        another reading of it replaces it. A standby then times the lease from the
-        last change it saw, as on any store, instead of taking a live leader's lease
-        for a free one.
-        """
+        """Every node's claim on the agent's lease (node -> claim); a claim once read stays
+        as last read while it is missing or unreadable (a sync tool's moment, or a removal),
+        so that a live leader's lease is never taken for a free one."""
         check_name("agent id", agent)
         found: dict[str, LeaseRecord | None] = {}
         for node, store in self._subtrees().items():
@@ -111,11 +83,11 @@ class ClaimsLease:
                     seen[node] = claim
             return dict(seen)
 
-    @_os_errors_as_store_errors
+    @os_errors
     def _claim_of(self, node: str, store: RecordStore, agent: str) -> LeaseRecord | None:
-        """node's claim: its own lease record for this node; another's newest published
-        claim, else its lease record (``published``). This node's own claim is published again at
-        its first reading by this process: a crash may have cut its publish off."""
+        """node's claim: this node's lease record (published again at its first reading by
+        this process: a crash may have cut that off); another's newest published claim, else
+        its lease record."""
         if node != self._node:
             claim = read_published(self._root, node, agent, self._problems)
             if claim is not None:
@@ -152,11 +124,7 @@ class ClaimsLease:
         check_fence(winner, fence, seq)
         assert winner is not None
         own = claims.get(self._node)
-        if own is not None and (own.holder, own.session, own.epoch) == (
-            fence.holder,
-            fence.session,
-            fence.epoch,
-        ):
+        if fence.matches(own):
             return
         # The lease was handed to this node by another's claim: make it this node's own
         # claim, which the own file store fences by. Lost to another writer of this node:
@@ -166,12 +134,10 @@ class ClaimsLease:
             self._publish(agent, written)
 
     def _write_own(self, agent: str, own: LeaseRecord | None, new: LeaseRecord) -> LeaseRecord:
-        """Write new as this node's claim by compare-and-set against own (its claim as last
-        read). Only this node writes its claim, and it is skipped while unreadable, so the
-        caller's comparison was made without it: an unreadable one is replaced as it stands,
-        or a single write of junk would keep this node from ever writing its claim again.
-        A first claim, and a replacement, number on above every version of the claim seen
-        or published (a published claim is never rewritten under its version)."""
+        """Write new as this node's claim by compare-and-set against own (as last read). An
+        unreadable claim is replaced as it stands (else one write of junk would lock this
+        node out for good); a first claim or a replacement numbers on above every version
+        seen or published (a published claim is never rewritten)."""
         mine = self._writer()
         found: str | None = None  # the junk replaced, by UnreadableLease.found
         try:
@@ -194,6 +160,6 @@ class ClaimsLease:
             return mine.create_lease(agent, numbered)
         return mine.replace_unreadable_lease(agent, found, numbered)
 
-    @_os_errors_as_store_errors
+    @os_errors
     def _publish(self, agent: str, claim: LeaseRecord) -> None:
         self._publisher.publish(agent, claim)

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from ...records import CheckpointInfo
 
 __all__ = ["by_node", "merged_chains"]
 
-R = TypeVar("R")
+
+class _NodeRecord(Protocol):
+    @property
+    def node(self) -> str: ...
 
 
-def by_node(
-    found: Mapping[str, Sequence[R]], node_of: Callable[[R], str], subtrees: set[str], own: str
-) -> dict[str, list[R]]:
+R = TypeVar("R", bound=_NodeRecord)
+
+
+def by_node(found: Mapping[str, Sequence[R]], subtrees: set[str], own: str) -> dict[str, list[R]]:
     """Each node's records (heartbeats, events), from the records found in each subtree
     (subtree -> records), taken from one subtree: the node's own if it has one (subtrees:
     those there are), else own's (this store's node), else the first by name that holds any."""
@@ -22,7 +26,7 @@ def by_node(
     for subtree, records in found.items():
         grouped: dict[str, list[R]] = {}
         for record in records:
-            grouped.setdefault(node_of(record), []).append(record)
+            grouped.setdefault(record.node, []).append(record)
         for node, held in grouped.items():
             rank = 0 if subtree == node else 1 if subtree == own else 2
             if node in subtrees and rank != 0:

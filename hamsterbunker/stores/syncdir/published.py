@@ -1,26 +1,12 @@
-"""A node's claim as the other machines read it: a new file at each write, never rewritten.
+"""A node's claim as the other machines read it: ``published/AGENT/claim.VERSION.json``, a
+new file at each write, never rewritten (docs/syncdir.md, "Published claims": a sync tool
+is slow at a file rewritten every tick).
 
-A node's own claim is the lease record of its subtree's file store, which
-compares and sets it under its lock: the authority for this node's own writers.
-But a file rewritten every tick is the one thing a sync tool is slow at:
-Syncthing holds back a path that keeps changing (its watcher delays it again
-at each change), and measured on loopback a claim renewed every 500 ms reached
-the other machine up to 7 s late, against 1.5 s for a file written once under
-a new name. So each claim written is also *published* as
-``published/AGENT/claim.VERSION.json`` (the claim's own version, 20 digits),
-created once (renamed into place, so that a lease watch wakes) and never
-rewritten, and the other nodes read the newest of
-these (``read_published``), falling back to its lease record where a node
-has published none.
-
-A node removes its own older claims once they have had ``keep_s`` to sync
-(the newest ``KEEP_NEWEST`` are always kept), timed on this process's
-monotonic clock; claims left by an earlier process of the node, and any
-above the version just written (a lease record that went back), are removed
-at once. Reading is bounded (``MAX_CLAIM_ENTRIES`` names looked at, the newest
-read within ``read_bounds.CLAIMS_READ``: ``MAX_CLAIMS_TRIED`` of them, each at most
-``MAX_RECORD_BYTES``): a claim that does not parse is skipped, reported, and the
-next older one read.
+A node removes its own older claims once they have had ``keep_s`` to sync, on this
+process's monotonic clock, always keeping the newest ``KEEP_NEWEST``; an earlier
+process's, and any above the version just written, go at once. Reads are bounded
+(``MAX_CLAIM_ENTRIES`` names, the newest within ``read_bounds.CLAIMS_READ``); a claim
+that does not parse is reported and the next older one read.
 """
 
 from __future__ import annotations

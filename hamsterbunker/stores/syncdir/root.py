@@ -1,10 +1,5 @@
-"""The root of a syncdir folder: its marker and the cluster record, each written once.
-
-Nothing at the root is ever rewritten: a synced folder would keep one of two
-copies and rename the other. The marker's bytes are the same on every node, so
-two nodes that each write it make no conflict; the cluster record is made by
-the first node only (``SyncDirStore.create_cluster``), and a sync-conflict copy
-of it stops every node until one is removed.
+"""The root of a syncdir folder: its marker and the cluster record, each written once and
+never rewritten (a sync tool would keep one of two copies and rename the other).
 """
 
 from __future__ import annotations
@@ -18,7 +13,7 @@ from ...records import ClusterRecord
 from ..dirs.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from .layout import CLUSTER, MARKER, MARKER_TEXT, MAX_NODE_ENTRIES, NODES, is_cluster_copy
 
-__all__ = ["check_mode", "create_once", "read_cluster_record"]
+__all__ = ["check_mode", "create_once", "link_once", "read_cluster_record"]
 
 
 def check_mode(root: Path, create: bool) -> None:
@@ -41,7 +36,7 @@ def check_mode(root: Path, create: bool) -> None:
         if not create and NODES not in names:
             raise StoreError(f"{root} is not a syncdir store: {MARKER} is missing")
         if create:
-            _create_once(root_fd, MARKER, MARKER_TEXT)
+            link_once(root_fd, MARKER, MARKER_TEXT)
 
 
 def read_cluster_record(root: Path) -> ClusterRecord | None:
@@ -67,16 +62,18 @@ def create_once(root: Path, name: str, data: bytes, parts: tuple[str, ...] = ())
     with opened_dir(root, parts, create=bool(parts)) as folder_fd:
         if folder_fd is None:
             raise StoreError(f"syncdir store directory {root} does not exist")
-        _create_once(folder_fd, name, data)
+        link_once(folder_fd, name, data)
 
 
-def _create_once(root_fd: int, name: str, data: bytes) -> None:
-    tmp = write_temp(root_fd, data, durable=True)
+def link_once(folder_fd: int, name: str, data: bytes) -> bool:
+    """Create name in the folder with data, durably, unless it exists: whether it did."""
+    tmp = write_temp(folder_fd, data, durable=True)
     try:
-        # Fails if the name exists: atomic create-if-absent (as the file store's cluster record).
-        os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
-        os.fsync(root_fd)
+        # Fails if the name exists: create-if-absent in one step, never a rewrite.
+        os.link(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd, follow_symlinks=False)
+        os.fsync(folder_fd)
+        return True
     except FileExistsError:
-        pass
+        return False
     finally:
-        discard(root_fd, tmp)
+        discard(folder_fd, tmp)

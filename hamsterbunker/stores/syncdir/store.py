@@ -1,63 +1,14 @@
-"""The syncdir store: a folder kept in step by a sync tool, each node writing only its own files.
+"""The syncdir store: a folder kept in step by a sync tool, each node writing only its own
+subtree (design and layout: ``docs/syncdir.md``).
 
-Its design is ``docs/syncdir.md``. Layout::
-
-    ROOT/.hamsterbunker-syncdir      marks the mode (written once, if absent)
-    ROOT/cluster.json                the cluster record (created once, never rewritten)
-    ROOT/nodes/NODE/                 a file store that only NODE writes (kv/, .lock, .redo)
-    ROOT/nodes/NODE/published/AGENT/ NODE's claims, term records and chain choices
-
-The store is a composite of record-layer file stores (``subtrees``): its own
-node's subtree (``_mine``, the only one it writes) and every other node's,
-opened read-only (nothing is ever written there, not even a lock) as they
-appear under ``nodes/`` (listed on each read, the objects cached). Nothing
-outside ``nodes/<own node>/`` is ever written but the marker and the cluster
-record, each created at most once and never replaced.
-
-**Lease and fences** (``lease``): the lease is the winning claim among every
-node's, each written only by its node, published under a new name at each
-write (``published``); a fenced write is checked against the winning claim
-first, then by the own file store against the own claim under its lock.
-
-**Chains.** Each node's checkpoints are its own chain. ``list_chains`` and
-``read_chain_checkpoint`` name the chain. The protocol's ``list_checkpoints``,
-``read_checkpoint`` and ``read_for_restore`` see every chain merged, newest
-first by (seq, epoch); a (seq, epoch) that several chains hold is listed once,
-from the chain of the highest node id (the claim order's tie-break, so every
-node reads the same bytes). This keeps ``CheckpointInfo`` as it is; a
-node's restore does not use this merge but the lineage
-(``hamsterbunker.node.lineage_view``), through ``chains`` (``stores.chains``).
-
-**Term records.** ``put_term_start`` writes the own node's record of a term
-once (``published/AGENT/terms/EPOCH.rec``); ``read_term_starts`` reads every
-node's, placed by the subtree and the file name (``terms``). Chain choices
-(``hb choose-chain``) are kept the same way under ``choices/``.
-
-**Other records.** Heartbeats, events, effects, the inbox and the loss
-acceptance are written to the own subtree. ``list_heartbeats``,
-``read_events`` (``after`` maps each node to the last n read of its log) and
-``list_agents`` read every subtree: a node's heartbeat and event log are
-taken from its own subtree if it has one, else from ours (where a test or a
-tool wrote them for it), else from the first subtree by name; ``tail`` is
-the generic one over these merged reads. Effects, inbox, replies and the
-acceptance record are read from the own subtree only, but for
-``read_chain_effects``, which reads any node's effect journal of a step for a
-replay; a store opened to read, on a machine where its node has no subtree,
-reads them as empty.
-
-**Refused**, and declared so in ``report().refuses`` (``base.Refusal``):
-``replace_cluster`` and every ``reseal_*`` (key rotation rewrites a shared
-record); ``forget_node`` of a node that has its own subtree (it would delete
-its files: of this node itself, or of a node with no subtree, it drops what is
-in ours).
-
-**Untrusted.** A claim, chain or log of another node that does not parse or
-is too big is skipped and reported (logged once, and listed by
-``problems()``), never raised; a symlink, a FIFO or a directory in place of
-one is no record (the file backend reads none there); a name under ``nodes/``
-that is not a node id, or is a sync tool's, is never a node.
-``sync_files()`` lists the sync tool's files for reporting. A sync-conflict
-copy of the cluster record stops every node until one is removed.
+A composite of record-layer file stores (``subtrees``): this node's, the only one it
+writes, and every other node's, opened read-only as they appear. The lease is the
+winning claim (``lease``); each node's checkpoints are its chain (``Store.chains``), which
+``list_checkpoints`` and ``read_checkpoint`` merge (``merge.merged_chains``). Heartbeats,
+events and agents are read from every subtree (``merge.by_node``); effects, the inbox and
+the acceptance from this node's (empty for a reader without one). Key rotation and
+forgetting a node with its own subtree are refused (``report().refuses``). Whatever is
+unreadable is skipped and reported (``problems()``), never raised.
 """
 
 from __future__ import annotations
@@ -66,7 +17,7 @@ import os
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from ...core.errors import ConfigError, CorruptRecord, LeaseConflict, StoreError, StoreUnavailable
 from ...core.limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
@@ -82,11 +33,11 @@ from ..base import (
     check_consumed,
 )
 from ..chains import Chains
-from ..dirs.fileio import opened_dir, os_errors_as_store_errors
+from ..dirs.fileio import opened_dir
 from ..dirs.location import open_root
 from ..interface import Store
 from ..layer import RecordStore
-from .layout import CLUSTER, NODES, published_parts, sync_files
+from .layout import CLUSTER, NODES, os_errors, published_parts, sync_files
 from .lease import ClaimsLease
 from .merge import by_node, merged_chains
 from .promises import GUARANTEES, REFUSES, ROTATION_REFUSED, check_sync_delay_bounds
@@ -100,8 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SyncDirStore"]
 
-# OSError of the store's own root-level reads and writes, as a StoreError.
-_os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
+R = TypeVar("R", Heartbeat, Event)
 
 
 class SyncDirStore(Store):
@@ -121,10 +71,7 @@ class SyncDirStore(Store):
         keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
     ) -> None:
-        # A node writes only its own subtree, so a writer needs its node id; and its restore
-        # waits up to the sync delay. A reader (create=False) needs neither: without a node
-        # it has no subtree of its own ("" names none) and writes nothing; without a delay
-        # it holds 0 (not stated).
+        # A reader (create=False) may give neither: without a node ("") it writes nothing.
         if create and (node is None or sync_delay_ms is None):
             raise ConfigError(
                 "a syncdir store opened to write needs this node's id and the folder's "
@@ -137,7 +84,7 @@ class SyncDirStore(Store):
         self._problems = Problems()
         open_root(self.root, create=create)
         refuse_earlier_subtrees(self.root)  # before anything is written
-        _os_errors_as_store_errors(check_mode)(self.root, create)
+        os_errors(check_mode)(self.root, create)
         if create:
             with opened_dir(self.root, (NODES,), create=True):
                 pass
@@ -174,8 +121,7 @@ class SyncDirStore(Store):
         return self._problems.listed()
 
     def sync_files(self) -> list[str]:
-        """The sync tool's own files in the folder (conflict copies, temporary files, its
-        markers), relative to the root: never read as ours, listed for a report."""
+        """The sync tool's own files in the folder, relative to the root (for a report)."""
         return sync_files(self.root)
 
     @property
@@ -183,8 +129,7 @@ class SyncDirStore(Store):
         return self  # the operations below, under "chains" and "term records"
 
     def report(self) -> StoreReport:
-        # Its watch is a watchfiles thread per node subtree. Problems last: the listing
-        # of the subtrees reports into them.
+        # Problems last: the listing of the subtrees reports into them.
         nodes, files = tuple(self.subtrees()), tuple(self.sync_files())
         return StoreReport(
             cheap_watch=False,
@@ -204,11 +149,11 @@ class SyncDirStore(Store):
 
     # -- cluster -------------------------------------------------------------
 
-    @_os_errors_as_store_errors
+    @os_errors
     def read_cluster(self) -> ClusterRecord | None:
         return read_cluster_record(self.root)
 
-    @_os_errors_as_store_errors
+    @os_errors
     def create_cluster(self, record: ClusterRecord) -> ClusterRecord:
         self._writer()  # a reader creates nothing
         stored = self.read_cluster()
@@ -278,14 +223,12 @@ class SyncDirStore(Store):
     # -- checkpoints: one chain per node -----------------------------------------
 
     def list_chains(self, agent: str) -> dict[str, list[CheckpointInfo]]:
-        """Each node's chain of the agent's checkpoints (node -> newest first), by node id."""
         check_name("agent id", agent)
         return self._subtrees.each(
             f"checkpoints of {agent}", lambda store: store.list_checkpoints(agent), None
         )
 
     def read_chain_checkpoint(self, agent: str, node: str, info: CheckpointInfo) -> bytes:
-        """The sealed bytes of checkpoint info in node's chain (StoreError if it is gone)."""
         store = self.subtrees().get(check_name("node id", node))
         if store is None:
             raise StoreError(f"no chain of node {node} for {agent!r} in {self.root}")
@@ -293,29 +236,22 @@ class SyncDirStore(Store):
 
     # -- term records: where each term started (hamsterbunker.sealing.term_records) -------
 
-    @_os_errors_as_store_errors
+    @os_errors
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:
-        """Write this node's record of its term at epoch, once (``terms``: a retry of the
-        same bytes is a no-op; other bytes, StoreError)."""
         check_name("agent id", agent)
         self._writer()  # a reader writes nothing
         write_term_record(self.root, self.node, agent, epoch, data)
 
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
-        """Every node's term records of the agent, unopened: (epoch, node) -> bytes, the
-        epoch from the file's name and the node from its subtree. Junk is reported."""
         return records_of_every_node(self.root, self.subtrees(), agent, self._problems, TERMS)
 
-    @_os_errors_as_store_errors
+    @os_errors
     def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
-        """Write this node's (signed) chain choice made while the term of epoch won, once."""
         check_name("agent id", agent)
         self._writer()
         write_term_record(self.root, self.node, agent, epoch, data, CHOICES)
 
     def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
-        """Every node's chain choices, unopened: (epoch of the term they follow, node) ->
-        bytes, placed as term records are. Junk is reported."""
         return records_of_every_node(self.root, self.subtrees(), agent, self._problems, CHOICES)
 
     def put_checkpoint(
@@ -330,7 +266,7 @@ class SyncDirStore(Store):
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
-        """Every chain's checkpoints merged (see the module; a node restores by the lineage)."""
+        """Every chain's checkpoints merged (a node restores by the lineage instead)."""
         return [info for _node, info in merged_chains(self.list_chains(agent))]
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
@@ -355,10 +291,6 @@ class SyncDirStore(Store):
         return {} if self._mine is None else self._mine.read_effects(agent, seq)
 
     def read_chain_effects(self, agent: str, node: str, seq: int) -> dict[tuple[int, str], bytes]:
-        """The effect journal of step seq in node's subtree (this node's included), unopened:
-        (index, kind) -> bytes; {} if node has no subtree here. Read by that subtree's file
-        store: bounded, and a record that is junk (too big, not a regular file) is left
-        out and reported."""
         check_name("agent id", agent)
         store = self.subtrees().get(check_name("node id", node))
         if store is None:
@@ -389,12 +321,13 @@ class SyncDirStore(Store):
     def put_heartbeat(self, agent: str, heartbeat: Heartbeat) -> None:
         self._writer().put_heartbeat(agent, heartbeat)
 
-    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+    def _by_node(self, what: str, read: Callable[[RecordStore], Sequence[R]]) -> dict[str, list[R]]:
+        """Each node's records, read from every subtree (``merge.by_node``)."""
         subtrees = self.subtrees()
-        found = self._subtrees.each(
-            f"heartbeats of {agent}", lambda store: store.list_heartbeats(agent), subtrees
-        )
-        chosen = by_node(found, lambda beat: beat.node, set(subtrees), self.node)
+        return by_node(self._subtrees.each(what, read, subtrees), set(subtrees), self.node)
+
+    def list_heartbeats(self, agent: str) -> list[Heartbeat]:
+        chosen = self._by_node(f"heartbeats of {agent}", lambda store: store.list_heartbeats(agent))
         # Each subtree's read keeps to HEARTBEATS_READ; so does the merge, by node id.
         return [beat for beats in chosen.values() for beat in beats[:1]][: HEARTBEATS_READ.count]
 
@@ -405,11 +338,7 @@ class SyncDirStore(Store):
         self._writer().append_event(agent, event)
 
     def read_events(self, agent: str, after: Mapping[str, int] | None = None) -> list[Event]:
-        subtrees = self.subtrees()
-        found = self._subtrees.each(
-            f"events of {agent}", lambda store: store.read_events(agent, after), subtrees
-        )
-        chosen = by_node(found, lambda event: event.node, set(subtrees), self.node)
+        chosen = self._by_node(f"events of {agent}", lambda store: store.read_events(agent, after))
         return [event for events in chosen.values() for event in events]
 
     def forget_node(self, agent: str, node: str) -> None:

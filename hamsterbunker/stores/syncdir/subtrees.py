@@ -1,18 +1,7 @@
-"""Every node's subtree of a syncdir folder, each a record-layer store over a file backend.
-
-A node's subtree ``nodes/NODE/`` is a ``RecordStore`` over a ``FileBackend``
-(``kv/``, ``.lock``, ``.redo``), opened ``in_synced_folder`` and with retention
-by epoch (``layer.base.Settings.per_epoch``). The own node's is written as a
-file store writes (lock, redo log, fsyncs). Every other node's is opened
-``read_only``: its files are another machine's, brought by the sync tool, and
-anything written there (a lock file, a redo log finished, a temp file swept)
-would come back as a sync conflict. Its ``.lock`` and ``.redo``, synced here,
-are never read: a reader takes no lock and leaves a redo log alone.
-
-A subtree in the earlier layout (its records under ``agents/``, no ``kv/``) is
-refused, in one line naming ``hb migrate-store``, when the store is opened,
-and is a StoreError while it runs (one that a sync tool brought later): read
-as a subtree with no records, its node's lease and chain would look empty.
+"""Every node's subtree of a syncdir folder, each a record-layer store over a file backend
+with retention by epoch: this node's written as a file store writes, every other
+node's opened ``read_only`` (nothing written there, no lock taken, its redo log left
+alone: docs/syncdir.md, "Layout"). A subtree in the earlier layout is refused.
 """
 
 from __future__ import annotations
@@ -28,16 +17,14 @@ from ...records import check_record_name
 from .._reported import ReportedOnce
 from ..backends.earlier import earlier_store
 from ..backends.file import FileBackend, earlier_layout
-from ..dirs.fileio import dir_entries, opened_dir, os_errors_as_store_errors
+from ..dirs.fileio import dir_entries, opened_dir
 from ..layer import RecordStore
-from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log
+from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log, os_errors
 
 __all__ = ["Problems", "Subtrees", "refuse_earlier_subtrees"]
 
 _MAX_PROBLEMS = 1024
 R = TypeVar("R")
-
-_os_errors_as_store_errors = os_errors_as_store_errors("syncdir store")
 
 
 class Problems:
@@ -67,7 +54,7 @@ def _earlier_subtree(root: Path, node: str) -> ConfigError | None:
     return earlier_store(f"syncdir store {root}", f"the subtree of node {node} has {found}")
 
 
-@_os_errors_as_store_errors
+@os_errors
 def refuse_earlier_subtrees(root: Path) -> None:
     """ConfigError if any node's subtree under root is in the earlier layout."""
     with opened_dir(root, (NODES,)) as nodes_fd:
@@ -110,18 +97,15 @@ class Subtrees:
         own = root / NODES / node
         self.mine: RecordStore | None = None
         if create or (node and own.is_dir()):
-            backend = FileBackend(
-                own, create=create, lock_timeout=lock_timeout, in_synced_folder=True
-            )
-            self.mine = self._store(backend)
+            self.mine = self._open(own, create=create, read_only=False)
 
-    def _open_peer(self, where: Path) -> RecordStore:
+    def _open(self, where: Path, *, create: bool = False, read_only: bool = True) -> RecordStore:
         backend = FileBackend(
             where,
-            create=False,
+            create=create,
             lock_timeout=self._lock_timeout,
             in_synced_folder=True,
-            read_only=True,
+            read_only=read_only,
         )
         return self._store(backend)
 
@@ -132,7 +116,7 @@ class Subtrees:
             found[self._node] = self.mine
         return dict(sorted(found.items()))
 
-    @_os_errors_as_store_errors
+    @os_errors
     def peers(self) -> dict[str, RecordStore]:
         """Every other node's subtree, by node id: junk under ``nodes/`` reported, skipped."""
         with opened_dir(self._root, (NODES,)) as nodes_fd:
@@ -165,7 +149,7 @@ class Subtrees:
         if refusal is not None:  # brought since the store was opened
             raise StoreError(str(refusal))
         try:
-            store = self._open_peer(where)
+            store = self._open(where)
         except ConfigError as exc:  # gone since the listing, or made unreadable
             self._problems(f"subtree of node {name} skipped: {exc}")
             return None

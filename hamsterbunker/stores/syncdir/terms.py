@@ -1,26 +1,14 @@
-"""Term records in a node's subtree: ``published/AGENT/terms/EPOCH.rec``, one per term.
+"""Term records in a node's subtree, ``published/AGENT/terms/EPOCH.rec``, and the operator's
+chain choices, ``published/AGENT/choices/EPOCH.rec`` (``kind`` names the directory).
 
-The same files, written once and named by an epoch, keep the operator's chain
-choices (``published/AGENT/choices/EPOCH.rec``: the choice made while the term of
-that epoch won, ``hb choose-chain``): ``kind`` names the directory.
-
-A term's record (``hamsterbunker.sealing.term_records``) says where the term started.
-Its node writes it once, before the term's first checkpoint, and never
-rewrites it: a second write of the same bytes (a retry whose first answer was
-lost) is a no-op, of other bytes a StoreError. The (epoch, node) a record is
-read as comes from its place (the subtree and the file name), never from its
-bytes: the signature binds them, so a record moved elsewhere does not open.
-
-Reading is bounded: at most ``MAX_TERM_ENTRIES`` names of a terms directory are
-looked at, and the newest epochs are read through a ``BoundedRead`` of
-``read_bounds.TERM_RECORDS_READ`` (``MAX_TERMS_READ`` of them, each at most
-``MAX_TERM_RECORD_BYTES``); a file that is not a regular file, is too big, or
-is named like a record with numbers we never write is skipped and reported.
+Each is written once: the same bytes again are a no-op, other bytes a StoreError. The
+(epoch, node) a record is read as comes from its place, never its bytes (the signature
+binds them). Reads are bounded (``MAX_TERM_ENTRIES`` names, the newest epochs within
+``read_bounds.TERM_RECORDS_READ``); junk is skipped and reported.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -31,14 +19,12 @@ from ...core.read_bounds import TERM_RECORDS_READ, BoundedRead
 from ...records import check_name
 from ..dirs.fileio import (
     dir_entries,
-    discard,
     opened_dir,
-    os_errors_as_store_errors,
     read_file,
-    write_temp,
 )
 from ..dirs.location import is_sync_copy
-from .layout import published_parts
+from .layout import os_errors, published_parts
+from .root import link_once
 
 __all__ = [
     "CHOICES",
@@ -58,7 +44,6 @@ TERM_NAME = re.compile(r"(\d+)\.rec")
 # The most names of one terms directory looked at. The most (newest) records read, and
 # their size, are read_bounds.TERM_RECORDS_READ's (MAX_TERMS_READ, MAX_TERM_RECORD_BYTES).
 MAX_TERM_ENTRIES = 65_536
-_os_errors = os_errors_as_store_errors("syncdir store")
 
 
 def term_record_name(epoch: int) -> str:
@@ -96,16 +81,8 @@ def write_term_record(
     path = root.joinpath(*parts, name)
     with opened_dir(root, parts, create=True) as terms_fd:
         assert terms_fd is not None  # made
-        tmp = write_temp(terms_fd, data, durable=True)
-        try:
-            # Fails if the name exists: create-if-absent in one step, never a rewrite.
-            os.link(tmp, name, src_dir_fd=terms_fd, dst_dir_fd=terms_fd, follow_symlinks=False)
-            os.fsync(terms_fd)
+        if link_once(terms_fd, name, data):
             return
-        except FileExistsError:
-            pass
-        finally:
-            discard(terms_fd, tmp)
         stored = read_file(terms_fd, name, path, MAX_TERM_RECORD_BYTES)
     if stored != data:
         raise StoreError(f"{path} exists with other contents: it is written once, never rewritten")
@@ -151,7 +128,7 @@ def records_of_every_node(
     found: dict[tuple[int, str], bytes] = {}
     for node in nodes:
         try:
-            records = _os_errors(read_term_records)(root, node, agent, report, kind)
+            records = os_errors(read_term_records)(root, node, agent, report, kind)
         except CorruptRecord as exc:
             report(f"{kind} records of node {node} skipped: {exc}")
             continue

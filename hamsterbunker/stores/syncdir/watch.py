@@ -1,19 +1,16 @@
-"""One watch over every node's subtree: each subtree's store watch and claims, merged.
+"""One watch over every node's subtree: each subtree's store watch and, for another node,
+its folder of published claims, merged; a hint, never proof.
 
-The subtrees are listed again every ``RELIST_S``: a node whose subtree the
-sync tool brings later is watched from then on, and its arrival is itself a
-change (its claim may already be there, and its own watch would not report a
-file that was there when it started). Another node's claim is read from what
-it published (``published``), so its folder of published claims is watched
-beside its store: inotify where it can be had, else watchfiles. A watch that
-ends or fails is started again at the next listing. Like every watch, a
-hint, never proof.
+The subtrees are listed again every ``RELIST_S``: a subtree that arrives is watched from
+then on, and its arrival is itself a change. A watch that ends or fails is started again
+at the next listing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import stat
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
@@ -45,57 +42,76 @@ async def merged_watch(
     """Yield None whenever any subtree's watch yields, or a new subtree appears; own: this
     node's subtree, the one whose watch keeps terms_only; claims_of: the folder of a node's
     published claims of agent, watched for every node but own."""
-    woken = asyncio.Event()
-    following: dict[tuple[str, str], asyncio.Task[None]] = {}
+    following = _Following(agent)
+    try:
+        first = True
+        while True:
+            for node, store in (await _listed(subtrees)).items():
+                arrived = (node, "store") not in following.tasks
+                # Another node's claim is read from what it published: its own lease record
+                # is no term to keep, and a change of its published claims is a hint to look.
+                terms = terms_only and node == own
+                watch = functools.partial(
+                    store.watch, agent, lease_only=lease_only, terms_only=terms
+                )
+                following.keep(node, "store", watch)
+                if claims_of is not None and node != own:
+                    following.keep(
+                        node, "claims", functools.partial(claim_changes, claims_of(node))
+                    )
+                if not first and arrived:
+                    following.woken.set()  # a subtree that arrived: its records may be new
+            first = False
+            if await following.woken_within(relist_s):
+                yield None
+    finally:
+        await following.close()
 
-    async def follow(node: str, changes: AsyncIterator[object]) -> None:
+
+async def _listed(subtrees: Callable[[], Mapping[str, Store]]) -> Mapping[str, Store]:
+    try:
+        return await asyncio.to_thread(subtrees)
+    except StoreError as exc:
+        log.warning("could not list the node subtrees to watch: %s", exc)
+        return {}
+
+
+class _Following:
+    """The watches a merged watch follows, by (node, kind), each a task that sets woken."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.woken = asyncio.Event()
+        self.tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    def keep(self, node: str, kind: str, start: Callable[[], AsyncIterator[object]]) -> None:
+        """Follow start()'s changes, unless a task follows (node, kind) still."""
+        task = self.tasks.get((node, kind))
+        if task is None or task.done():
+            self.tasks[node, kind] = asyncio.create_task(self._follow(node, start()))
+
+    async def _follow(self, node: str, changes: AsyncIterator[object]) -> None:
         try:
             async for _ in changes:
-                woken.set()
+                self.woken.set()
         except (OSError, StoreError) as exc:  # watched again at the next listing
-            log.warning("watch of node %s's records of %s failed: %s", node, agent, exc)
+            log.warning("watch of node %s's records of %s failed: %s", node, self.agent, exc)
         finally:
             if isinstance(changes, AsyncGenerator):  # closed now, not when collected
                 await changes.aclose()
 
-    def watches(node: str, store: Store) -> dict[str, Callable[[], AsyncIterator[object]]]:
-        # Only the own subtree's lease record is current here: another node's claim is read
-        # from what it published, so any change of its is a hint to look.
-        found: dict[str, Callable[[], AsyncIterator[object]]] = {
-            "store": lambda: store.watch(
-                agent, lease_only=lease_only, terms_only=terms_only and node == own
-            )
-        }
-        if claims_of is not None and node != own:
-            found["claims"] = lambda: claim_changes(claims_of(node))
-        return found
+    async def woken_within(self, timeout_s: float) -> bool:
+        """Whether a change came (by now, or within timeout_s); cleared for the next."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.woken.wait(), timeout=timeout_s)
+        woken = self.woken.is_set()
+        self.woken.clear()
+        return woken
 
-    try:
-        first = True
-        while True:
-            try:
-                current = await asyncio.to_thread(subtrees)
-            except StoreError as exc:
-                log.warning("could not list the node subtrees to watch: %s", exc)
-                current = {}
-            for node, store in current.items():
-                arrived = (node, "store") not in following
-                for kind, start in watches(node, store).items():
-                    task = following.get((node, kind))
-                    if task is None or task.done():
-                        following[node, kind] = asyncio.create_task(follow(node, start()))
-                if not first and arrived:
-                    woken.set()  # a subtree that arrived: its records may be new
-            first = False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), timeout=relist_s)
-            if woken.is_set():
-                woken.clear()
-                yield None
-    finally:
-        for task in following.values():
+    async def close(self) -> None:
+        for task in self.tasks.values():
             task.cancel()
-        await asyncio.gather(*following.values(), return_exceptions=True)
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
 
 async def claim_changes(folder: Path) -> AsyncIterator[None]:
