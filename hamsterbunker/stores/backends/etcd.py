@@ -168,10 +168,8 @@ class EtcdBackend:
             try:
                 response = self._connection.txn(compares, writes + inline, inline)
             except Etcd3Exception as exc:
-                refused = self._refused(exc, puts, len(writes))
-                if refused is None:
-                    raise
-                raise refused from exc
+                self._refuse_over_limits(exc, puts, len(writes))
+                raise
             succeeded = bool(response.get("succeeded"))
             revision = int(response["header"]["revision"])
             if in_txn:
@@ -179,13 +177,8 @@ class EtcdBackend:
                 found = [answer.get("response_range", {}) for answer in answers]
             else:
                 found = self._ranges_at(reads, revision)
-            return TxnResult(
-                succeeded,
-                [
-                    self._read_result(read, page, revision)
-                    for read, page in zip(txn.reads, found, strict=True)
-                ],
-            )
+            pages = zip(txn.reads, found, strict=True)
+            return TxnResult(succeeded, [self._read_result(r, p, revision) for r, p in pages])
 
     def _refuse_an_earlier_store(self) -> None:
         """ConfigError if the prefix has no index of agents and its first agent keys hold a
@@ -214,26 +207,23 @@ class EtcdBackend:
             found += [answer.get("response_range", {}) for answer in answers]
         return found
 
-    def _refused(
-        self, exc: Etcd3Exception, puts: Mapping[str, bytes], ops: int
-    ) -> StoreError | None:
-        """A StoreError that says which of etcd's limits a commit passed (None: neither)."""
+    def _refuse_over_limits(self, exc: Etcd3Exception, puts: Mapping[str, bytes], ops: int) -> None:
+        """A StoreError that says which of etcd's limits a commit passed, if it passed one."""
         message = grpc_error(exc)[1]
         if "request is too large" in message or "larger than max" in message:
             largest = max(map(len, puts.values()), default=0)
-            return StoreError(
+            raise StoreError(
                 f"etcd store {self.url}: a commit writing {sum(map(len, puts.values()))} "
                 f"bytes (its largest value {largest} bytes) was refused: {message}. etcd takes "
                 "requests up to its --max-request-bytes (1.5 MiB by default): raise it on "
                 "every member, or keep the values smaller"
-            )
+            ) from exc
         if "too many operations" in message:
-            return StoreError(
+            raise StoreError(
                 f"etcd store {self.url}: a commit of {ops} writes was refused: {message}. "
                 f"etcd takes up to its --max-txn-ops ({_TXN_OPS} by default) in one txn: raise "
                 "it on every member, or write less in one commit"
-            )
-        return None
+            ) from exc
 
     def _raw(self, key: str) -> bytes:
         """The etcd key of a backend key (surrogateescape: a planted key reads back as itself)."""
@@ -317,10 +307,8 @@ class EtcdBackend:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(arrive, notice)
 
-        start = self._raw(prefix)
-        follower = Follower(
-            self._connection, start, self._raw(prefix_end(prefix)), self._name, tell
-        )
+        end = self._raw(prefix_end(prefix))
+        follower = Follower(self._connection, self._raw(prefix), end, self._name, tell)
         self._followers.add(follower)
         follower.start()
         try:
