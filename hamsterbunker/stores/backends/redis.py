@@ -29,7 +29,6 @@ from ...core.errors import ConfigError, StoreError
 from ...core.read_bounds import ReadBound
 from ..backend import (
     Capability,
-    DeleteRange,
     Get,
     Notice,
     Put,
@@ -189,13 +188,22 @@ class RedisBackend:
             else:
                 args += ["eq", compare.key, compare.value]
         for write in txn.all_writes:
-            args += _write_args(write)
+            if isinstance(write, Put):
+                _check_key(write.key)
+                args += ["put", write.key, bytes(write.value)]
+            elif write.end is None:
+                args += ["del", write.start]
+            else:
+                args += ["delrange", "[" + write.start, "(" + write.end]
         for read in txn.reads:
             if isinstance(read, Get):
                 _check_key(read.key)
                 args += ["get", read.key, read.max_bytes]
-            else:
-                args += _scan_args(read)
+                continue
+            low = "(" + read.after if read.after >= read.prefix else "[" + read.prefix
+            high = "(" + prefix_end(read.prefix) if read.prefix else "+"
+            sizes = (read.bound.count, read.bound.entry_bytes, read.bound.total_bytes)
+            args += ["scan", read.prefix, low, high, *sizes]
         return args
 
 
@@ -204,22 +212,6 @@ def _check_key(key: str) -> None:
     problem = key_problem(key)
     if problem is not None:
         raise ValueError(problem)
-
-
-def _write_args(write: Put | DeleteRange) -> list[_Arg]:
-    if isinstance(write, Put):
-        _check_key(write.key)
-        return ["put", write.key, bytes(write.value)]
-    if write.end is None:
-        return ["del", write.start]
-    return ["delrange", "[" + write.start, "(" + write.end]
-
-
-def _scan_args(scan: Scan) -> list[_Arg]:
-    low = "(" + scan.after if scan.after >= scan.prefix else "[" + scan.prefix
-    high = "(" + prefix_end(scan.prefix) if scan.prefix else "+"
-    bound = scan.bound
-    return ["scan", scan.prefix, low, high, bound.count, bound.entry_bytes, bound.total_bytes]
 
 
 def _got(read: Get, found: Any) -> bytes | TooLarge | None:

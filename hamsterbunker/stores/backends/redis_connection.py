@@ -85,8 +85,7 @@ class RedisConnection:
         self.server = (
             f"[{host}]:{parts.port or 6379}" if ":" in host else f"{host}:{parts.port or 6379}"
         )
-        # redis-py's own retries are off: a write retried after an unanswered
-        # first try could apply twice.
+        # No retries of redis-py's own: a write retried after an unanswered try could apply twice.
         self.options: dict[str, Any] = {"retry": Retry(NoBackoff(), 0)}
         query = dict(parse_qsl(parts.query))  # as redis-py reads it: blank values dropped
         for option in ("socket_timeout", "socket_connect_timeout"):
@@ -97,9 +96,8 @@ class RedisConnection:
     def client(self) -> redis.Redis:
         """A blocking client; ConfigError for options redis-py does not take."""
         try:
-            # One client serves every agent of a process (and each agent's store threads):
-            # past the pool's size a call waits for a connection, as long as a reply may
-            # take, rather than fail (redis-py's own pool refuses past 100).
+            # One client serves a process: past the pool's size a call waits for a connection,
+            # as long as a reply may take, rather than fail (redis-py's own pool refuses).
             pool = redis.BlockingConnectionPool.from_url(
                 self.client_url,
                 **{"max_connections": MAX_CONNECTIONS, **self.options},
