@@ -1,12 +1,9 @@
 """The etcd backend: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
 
 Key K lives at the etcd key ``P/K`` under the URL's prefix P. A commit is one
-etcd Txn, decided by Raft; the reads it has no room for, and a scan's pages
-after its first, are read at its revision (etcd's MVCC snapshot). A watch
-follows ``P/prefix`` from the revision last seen (``Follower``). How a Txn is
-made, how reads are bounded although etcd cannot measure a value without
-sending it, etcd's request limits and the earlier store's layout:
-docs/design.md, "Network backends".
+etcd Txn; a watch follows ``P/prefix`` from the revision last seen
+(``Follower``). How a Txn is made, how reads are bounded, etcd's request limits
+and the earlier store's layout: docs/design.md, "Network backends".
 """
 
 from __future__ import annotations
@@ -55,12 +52,9 @@ GUARANTEES = StoreGuarantees(
     "5-member cluster keeps working while a minority of members is lost",
 )
 
-# Notices waiting for a slow watcher; past this they collapse into one gap notice.
-_PENDING_NOTICES = 1000
-# Operations etcd takes in one txn by default (--max-txn-ops).
-_TXN_OPS = 128
-# The genuine values a scan page may fetch, at least (see _page_size).
-_PAGE_BYTES = 1024 * 1024
+_PENDING_NOTICES = 1000  # notices waiting for a slow watcher; past this, one gap
+_TXN_OPS = 128  # operations etcd takes in one txn by default (--max-txn-ops)
+_PAGE_BYTES = 1024 * 1024  # the genuine values a scan page may fetch, at least
 # What only the earlier etcd store named an agent's records (P/agents/A/<name>/...), and how
 # many keys of P/agents/ are looked at for one (the first agent's checkpoints come first).
 _EARLIER_FOLDERS = frozenset({"checkpoint-info", "checkpoints", "event-nodes", "heartbeats"})
@@ -75,13 +69,6 @@ def _value(kv: Mapping[str, Any]) -> bytes:
     return base64.b64decode(kv.get("value", ""))  # the gateway omits an empty value
 
 
-def _page_size(bound: ReadBound) -> int:
-    """Values one scan request asks for: as many of entry_bytes as fit in total_bytes (or
-    in _PAGE_BYTES, for a scan of small values, or of names only: entry_bytes 0)."""
-    room = max(bound.total_bytes, _PAGE_BYTES)
-    return max(1, min(bound.count, room // max(1, bound.entry_bytes)))
-
-
 def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], list[DeleteRange]]:
     """What writes leave behind, as etcd takes it in one Txn: each key put once, and no
     delete-range holding a key put (cut around it). Blobs are made here, before any I/O."""
@@ -91,7 +78,8 @@ def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], 
         if isinstance(write, Put):
             puts[write.key] = bytes(write.value)
             continue
-        for key in [k for k in puts if _covers(write, k)]:
+        end = write.start + "\0" if write.end is None else write.end  # just after start
+        for key in [k for k in puts if write.start <= k < end]:
             del puts[key]  # put, then deleted: as if never put
         deletes.append(write)
     put_keys = sorted(puts)
@@ -109,12 +97,6 @@ def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], 
         if start < delete.end:
             cut.append(DeleteRange(start, delete.end))
     return puts, cut
-
-
-def _covers(delete: DeleteRange, key: str) -> bool:
-    if delete.end is None:
-        return key == delete.start
-    return delete.start <= key < delete.end
 
 
 class EtcdBackend:
@@ -257,11 +239,13 @@ class EtcdBackend:
         )
 
     def _scan_page(self, scan: Scan, start: str) -> Op:
+        """A request of a scan's values from start: as many of entry_bytes as fit in
+        total_bytes (or in _PAGE_BYTES, for small values, or names only: entry_bytes 0)."""
+        bound = scan.bound
+        limit = min(bound.count, max(bound.total_bytes, _PAGE_BYTES) // max(1, bound.entry_bytes))
+        names_only = {"keys_only": True} if bound.entry_bytes == 0 else {}
         # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
-        names_only = {"keys_only": True} if scan.bound.entry_bytes == 0 else {}
-        return self._range(
-            start, prefix_end(scan.prefix), limit=_page_size(scan.bound), **names_only
-        )
+        return self._range(start, prefix_end(scan.prefix), limit=max(1, limit), **names_only)
 
     def _read_result(
         self, read: Get | Scan, found: Mapping[str, Any], revision: int
