@@ -1,10 +1,7 @@
 """How a PostgreSQL store URL becomes connections: the URL's checks, and a deadline on every call.
 
-The URL (``postgresql://USER[:PASSWORD]@HOST[:PORT][,HOST[:PORT]...]/DB[?options]``)
-is checked before any connection; libpq parses it here too, without its password
-(so that none of its messages can quote it): a misspelt option is one ConfigError
-line at start. Every connection runs its transactions SERIALIZABLE and commits
-them with synchronous_commit on, whatever the server's defaults. psycopg's
+libpq parses the URL here too, without its password (so that none of its messages
+can quote it): a misspelt option is one ConfigError line at start. psycopg's
 blocking calls take no timeout: ``DEADLINES`` shuts the socket of a call that
 outlives the URL's timeout, so that a frozen server or a silent network fails it.
 """
@@ -137,10 +134,8 @@ def connect(target: PostgresTarget) -> Connection:
     conn = psycopg.connect(target.conninfo, autocommit=True)
     try:
         conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-        # A client cut off midway through a commit (a partition: no close reaches the
-        # server) would hold its rows' locks until TCP gives up, hours later, and stall
-        # every commit to them. No call of ours lasts longer than the timeout, so the
-        # server may end a transaction left idle for that long.
+        # No call of ours outlasts the timeout: a transaction idle that long is one whose
+        # client was cut off, holding its rows' locks (docs/design.md).
         idle_ms = math.ceil(target.timeout * 1000)
         with DEADLINES.bound(conn.fileno(), target.timeout):
             conn.execute(
