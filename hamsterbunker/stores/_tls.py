@@ -122,8 +122,8 @@ def describe_tls_failure(error: ssl.SSLError, *, ca: TlsOption, cert: TlsOption)
             )
         return (
             f"TLS handshake refused: the server closed the connection ({why}); it probably did "
-            f"not accept the client certificate {cert_option}={cert_path}: check that a CA the server "
-            "trusts signed it, and that the port speaks TLS"
+            f"not accept the client certificate {cert_option}={cert_path}: check that a CA the "
+            "server trusts signed it, and that the port speaks TLS"
         )
     if "CERTIFICATE_REQUIRED" in reason or cert_path is None:
         return (
