@@ -136,8 +136,7 @@ class EtcdBackend:
         if not self._earlier_looked:
             self._refuse_an_earlier_store()
         writes = [
-            {"request_put": {"key": _b64(self._raw(key)), "value": _b64(value)}}
-            for key, value in puts.items()
+            {"request_put": {**self._range(k, None), "value": _b64(v)}} for k, v in puts.items()
         ]
         writes += [{"request_delete_range": self._range(d.start, d.end)} for d in deletes]
         reads = [self._read_range(read) for read in txn.reads]
@@ -234,13 +233,12 @@ class EtcdBackend:
     def _read_range(self, read: Get | Scan) -> Op:
         if isinstance(read, Get):
             return self._range(read.key, None)
-        return self._scan_page(
-            read, read.after + "\0" if read.after >= read.prefix else read.prefix
-        )
+        return self._scan_page(read, read.after)
 
-    def _scan_page(self, scan: Scan, start: str) -> Op:
-        """A request of a scan's values from start: as many of entry_bytes as fit in
+    def _scan_page(self, scan: Scan, after: str) -> Op:
+        """A request of a scan's values after after: as many of entry_bytes as fit in
         total_bytes (or in _PAGE_BYTES, for small values, or names only: entry_bytes 0)."""
+        start = after + "\0" if after >= scan.prefix else scan.prefix
         bound = scan.bound
         limit = min(bound.count, max(bound.total_bytes, _PAGE_BYTES) // max(1, bound.entry_bytes))
         names_only = {"keys_only": True} if bound.entry_bytes == 0 else {}
@@ -271,7 +269,7 @@ class EtcdBackend:
                 return taker.result()
             if taker.full:
                 return taker.result(more=True)
-            [page] = self._ranges_at([self._scan_page(scan, self._key(kvs[-1]) + "\0")], revision)
+            [page] = self._ranges_at([self._scan_page(scan, self._key(kvs[-1]))], revision)
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
         """Notices from a thread that follows P/prefix (``Follower``), in the order etcd
