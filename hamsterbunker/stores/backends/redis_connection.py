@@ -39,7 +39,7 @@ _TLS_FILES = (
 
 def parse_redis_url(url: str) -> tuple[str, str]:
     """Split a store URL into the URL redis-py gets and our key prefix; ConfigError if bad."""
-    parts = split_url(url, ("redis", "rediss"), f"no valid host and port ({UNENCODED})", True)
+    parts = split_url(url, ("redis", "rediss"), f"no valid host and port ({UNENCODED})", port=True)
     query = query_of(url, parts)
     if not parts.hostname:
         raise bad(url, "a Redis URL needs a host (redis://host:6379/0)")
