@@ -1,13 +1,10 @@
-"""Readable messages for TLS failures of the Redis and etcd stores.
+"""TLS files and failures of the network stores, in words.
 
 redis-py and requests report a refused TLS handshake as a connection error
-whose text is OpenSSL's (``EOF occurred in violation of protocol``, ``tlsv1
-alert decrypt error``) wrapped in their own. These helpers find the TLS error
-under such an error and say what it means for the user: the server's
-certificate is not trusted by the CA file the URL names, or the server refused
-the client certificate (or wants one). ``tls_files_problem`` loads the files a
-URL names before any connection, so that a file that cannot work is a
-configuration error at start.
+wrapping OpenSSL's text (``tlsv1 alert decrypt error``): ``describe_tls_failure``
+says what it means (the server's certificate not trusted, or the client's
+refused or missing). ``tls_files_problem`` loads the files a URL names before
+any connection, so that a file that cannot work is a ConfigError at start.
 """
 
 from __future__ import annotations
@@ -18,9 +15,11 @@ import ssl
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["describe_tls_failure", "error_in", "tls_error_in", "tls_files_problem"]
+__all__ = ["TlsOption", "describe_tls_failure", "error_in", "tls_error_in", "tls_files_problem"]
 
 E = TypeVar("E", bound=BaseException)
+# A file a URL names: (the URL option that names it, its path or None).
+TlsOption = tuple[str, str | None]
 
 # OpenSSL's alert names when the peer sent an alert: "[SSL: TLSV1_ALERT_UNKNOWN_CA] ...".
 _ALERT = ("TLSV1_ALERT_", "TLSV13_ALERT_", "SSLV3_ALERT_")
@@ -28,18 +27,13 @@ _ALERT = ("TLSV1_ALERT_", "TLSV13_ALERT_", "SSLV3_ALERT_")
 
 def tls_files_problem(
     *,
-    ca: tuple[str, str | None] = ("ca", None),
-    cert: tuple[str, str | None] = ("cert", None),
-    key: tuple[str, str | None] = ("key", None),
+    ca: TlsOption = ("ca", None),
+    cert: TlsOption = ("cert", None),
+    key: TlsOption = ("key", None),
     password: str | None = None,
 ) -> str | None:
-    """Why the CA file (or directory) and client certificate and key cannot be used, or None.
-
-    Each argument is (the URL option that names it, its path or None). Loading
-    them here, before any connection, turns a file that is not PEM, a key that
-    does not match its certificate, or an encrypted key without its password
-    into one clear line at start instead of a failure at every connection.
-    """
+    """Why the CA file (or directory), client certificate and key cannot be used, or None: a
+    file that is not PEM, a key not the certificate's, an encrypted key without its password."""
     (ca_option, ca_path), (cert_option, cert_path), (key_option, key_path) = ca, cert, key
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     if ca_path is not None:
@@ -103,19 +97,13 @@ def _openssl_text(error: ssl.SSLError) -> str:
     return re.sub(r"\s*\(_ssl\.c:\d+\)$", "", text).strip() or type(error).__name__
 
 
-def describe_tls_failure(
-    error: ssl.SSLError,
-    *,
-    ca: str | None,
-    ca_option: str,
-    cert: str | None,
-    cert_option: str,
-) -> str:
+def describe_tls_failure(error: ssl.SSLError, *, ca: TlsOption, cert: TlsOption) -> str:
     """One line saying why a TLS connection failed and what to check (the caller names the server)."""
+    (ca_option, ca_path), (cert_option, cert_path) = ca, cert
     why = _openssl_text(error)
     reason = error.reason or ""
     if isinstance(error, ssl.SSLCertVerificationError):
-        trusted = f"the CA file {ca_option}={ca}" if ca else "the system's CAs"
+        trusted = f"the CA file {ca_option}={ca_path}" if ca_path else "the system's CAs"
         return (
             f"TLS handshake failed: the server's certificate is not trusted ({why}); "
             f"check that {trusted} signed it"
@@ -127,22 +115,22 @@ def describe_tls_failure(
         return f"TLS connection failed ({why})"
     if isinstance(error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
         # The server hung up without saying why: what it most often means, as a guess.
-        if cert is None:
+        if cert_path is None:
             return (
                 f"TLS handshake refused: the server closed the connection ({why}); it may "
                 f"require a client certificate ({cert_option}=FILE), or not speak TLS on this port"
             )
         return (
             f"TLS handshake refused: the server closed the connection ({why}); it probably did "
-            f"not accept the client certificate {cert_option}={cert}: check that a CA the server "
-            "trusts signed it, and that the port speaks TLS"
+            f"not accept the client certificate {cert_option}={cert_path}: check that a CA the "
+            "server trusts signed it, and that the port speaks TLS"
         )
-    if "CERTIFICATE_REQUIRED" in reason or cert is None:
+    if "CERTIFICATE_REQUIRED" in reason or cert_path is None:
         return (
             f"TLS handshake refused by the server ({why}): it requires a client "
             f"certificate; name one with {cert_option}=FILE"
         )
     return (
         f"TLS handshake refused by the server ({why}): it did not accept the client "
-        f"certificate {cert_option}={cert}; check that a CA the server trusts signed it"
+        f"certificate {cert_option}={cert_path}; check that a CA the server trusts signed it"
     )

@@ -1,57 +1,18 @@
 """The etcd backend: ``etcd://host:port[,host:port...]/prefix`` (``etcds://`` for TLS).
 
-Key K lives at the etcd key ``P/K`` under the URL's prefix P. URL, TLS files,
-timeout and endpoint failover are the etcd store's (``etcd_connection``):
-an unreachable member is a StoreUnavailable and the next call goes to the next
-endpoint; nothing is retried within a call (a commit whose answer was lost may
-have happened).
-
-A commit is one etcd Txn, decided by Raft: compares on each key's value (a
-missing key: create_revision 0, as etcd compares a value only against a key
-that exists), success ops the writes then the reads, failure ops the same
-reads, so a failed commit reads the store as it was. etcd refuses a Txn that
-puts one key twice or puts a key inside its own delete-range, so the writes are
-first reduced to what they leave behind (``_net_writes``). A scan's pages after
-its first, and the reads of a commit too big for one Txn (etcd takes 128
-operations by default), are further requests at the Txn's revision (etcd's MVCC
-snapshot), so they too read the store as of the commit.
-
-Bounded reads. etcd cannot measure a value without sending it: a range has a
-count limit but no byte limit, and a keys-only range tells no sizes (listing
-keys first would cost every scan a round trip and measure nothing). So every
-value fetched is at most etcd's request limit (one request wrote it); a get
-drops one over its max_bytes on arrival (TooLarge, with its size); a scan reads
-pages of as many values of bound.entry_bytes as fit in bound.total_bytes (at
-least 1 MiB), so genuine values never make a page fetch more than that,
-while planted values over entry_bytes are fetched a page at a time, reported
-as TooLarge and dropped, never returned. Keys are returned as stored (with
-surrogateescape, so a planted key that is no backend key serves as ``after``).
-
-Big values: etcd refuses a request over its ``--max-request-bytes`` (1.5 MiB by
-default), and a Txn is one request, so chunks in one Txn would not pass either.
-A commit over the limit is a StoreError naming its size and the setting, as the
-etcd store's checkpoints were: raise the limit on every member, or keep values
-smaller. Writes over ``--max-txn-ops`` (128) in one commit are a StoreError too.
-
-Watches follow ``P/prefix`` from the revision last seen (``Follower``).
-
-The etcd store of earlier versions (read by ``stores.earlier.etcd``) kept its records under the
-same prefix, at ``P/cluster`` and ``P/agents/...`` too, but under names of its
-own (``P/agents/A/checkpoint-info/``, ``heartbeats/``, ``event-nodes/``, ...),
-and never wrote the record layer's index of agents (``P/index/<agent>``,
-written with an agent's first lease, heartbeat, event or submission). So a
-prefix with no index whose first keys under ``agents/`` hold one of those names
-is refused (``backends.earlier``) by the first call that reaches etcd: one
-request, of keys only.
+Key K lives at the etcd key ``P/K`` under the URL's prefix P. A commit is one
+etcd Txn; a watch follows ``P/prefix`` from the revision last seen
+(``Follower``). How a Txn is made, how reads are bounded, etcd's request limits
+and the earlier store's layout: docs/design.md, "Network backends".
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import bisect
 import collections
 import contextlib
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -77,7 +38,7 @@ from ..backend import (
 from ..base import StoreGuarantees
 from ..urls import redacted_url
 from .earlier import earlier_store
-from .etcd_connection import EtcdConnection, grpc_error, parse_etcd_url, too_large
+from .etcd_connection import EtcdConnection, Op, grpc_error, parse_etcd_url
 from .etcd_watch import Follower
 
 __all__ = ["EtcdBackend"]
@@ -91,15 +52,11 @@ GUARANTEES = StoreGuarantees(
     "5-member cluster keeps working while a minority of members is lost",
 )
 
-# Notices waiting for a slow watcher; past this they collapse into one gap notice.
-_PENDING_NOTICES = 1000
-# Operations etcd takes in one txn by default (--max-txn-ops).
-_TXN_OPS = 128
-# The genuine values a scan page may fetch, at least (see _page_size).
-_PAGE_BYTES = 1024 * 1024
+_PENDING_NOTICES = 1000  # notices waiting for a slow watcher; past this, one gap
+_TXN_OPS = 128  # operations etcd takes in one txn by default (--max-txn-ops)
+_PAGE_BYTES = 1024 * 1024  # the genuine values a scan page may fetch, at least
 # What only the earlier etcd store named an agent's records (P/agents/A/<name>/...), and how
-# many keys of P/agents/ are looked at for one: the first agent's checkpoints come first,
-# its effect journal and event-node index soon after.
+# many keys of P/agents/ are looked at for one (the first agent's checkpoints come first).
 _EARLIER_FOLDERS = frozenset({"checkpoint-info", "checkpoints", "event-nodes", "heartbeats"})
 _EARLIER_LOOKED = 1000
 
@@ -112,26 +69,17 @@ def _value(kv: Mapping[str, Any]) -> bytes:
     return base64.b64decode(kv.get("value", ""))  # the gateway omits an empty value
 
 
-def _page_size(bound: ReadBound) -> int:
-    """Values one scan request asks for: as many of entry_bytes as fit in total_bytes (or
-    in _PAGE_BYTES, for a scan of small values, or of names only: entry_bytes 0)."""
-    room = max(bound.total_bytes, _PAGE_BYTES)
-    return max(1, min(bound.count, room // max(1, bound.entry_bytes)))
-
-
 def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], list[DeleteRange]]:
     """What writes leave behind, as etcd takes it in one Txn: each key put once, and no
-    delete-range holding a key put (those come after it: the range is cut around them).
-
-    A blob's pieces are made here, before anything is sent: a maker that fails
-    sends nothing."""
+    delete-range holding a key put (cut around it). Blobs are made here, before any I/O."""
     puts: dict[str, bytes] = {}
     deletes: list[DeleteRange] = []
     for write in writes:
         if isinstance(write, Put):
             puts[write.key] = bytes(write.value)
             continue
-        for key in [k for k in puts if _covers(write, k)]:
+        end = write.start + "\0" if write.end is None else write.end  # just after start
+        for key in [k for k in puts if write.start <= k < end]:
             del puts[key]  # put, then deleted: as if never put
         deletes.append(write)
     put_keys = sorted(puts)
@@ -142,22 +90,13 @@ def _net_writes(writes: Sequence[Put | DeleteRange]) -> tuple[dict[str, bytes], 
                 cut.append(delete)
             continue
         start = delete.start
-        inside = put_keys[
-            bisect.bisect_left(put_keys, start) : bisect.bisect_left(put_keys, delete.end)
-        ]
-        for key in inside:
+        for key in put_keys[bisect_left(put_keys, start) : bisect_left(put_keys, delete.end)]:
             if start < key:
                 cut.append(DeleteRange(start, key))
             start = key + "\0"  # just after key: no key of the rules holds a NUL
         if start < delete.end:
             cut.append(DeleteRange(start, delete.end))
     return puts, cut
-
-
-def _covers(delete: DeleteRange, key: str) -> bool:
-    if delete.end is None:
-        return key == delete.start
-    return delete.start <= key < delete.end
 
 
 class EtcdBackend:
@@ -197,8 +136,7 @@ class EtcdBackend:
         if not self._earlier_looked:
             self._refuse_an_earlier_store()
         writes = [
-            {"request_put": {"key": _b64(self._raw(key)), "value": _b64(value)}}
-            for key, value in puts.items()
+            {"request_put": {**self._range(k, None), "value": _b64(v)}} for k, v in puts.items()
         ]
         writes += [{"request_delete_range": self._range(d.start, d.end)} for d in deletes]
         reads = [self._read_range(read) for read in txn.reads]
@@ -211,10 +149,8 @@ class EtcdBackend:
             try:
                 response = self._connection.txn(compares, writes + inline, inline)
             except Etcd3Exception as exc:
-                refused = self._refused(exc, puts, len(writes))
-                if refused is None:
-                    raise
-                raise refused from exc
+                self._refuse_over_limits(exc, puts, len(writes))
+                raise
             succeeded = bool(response.get("succeeded"))
             revision = int(response["header"]["revision"])
             if in_txn:
@@ -222,27 +158,18 @@ class EtcdBackend:
                 found = [answer.get("response_range", {}) for answer in answers]
             else:
                 found = self._ranges_at(reads, revision)
-            return TxnResult(
-                succeeded,
-                [
-                    self._read_result(read, page, revision)
-                    for read, page in zip(txn.reads, found, strict=True)
-                ],
-            )
+            pages = zip(txn.reads, found, strict=True)
+            return TxnResult(succeeded, [self._read_result(r, p, revision) for r, p in pages])
 
     def _refuse_an_earlier_store(self) -> None:
-        """ConfigError if the prefix holds the earlier etcd store's records (see the module's
-        doc): looked for at the first call, not at open, since a node may open the store
-        before etcd answers (StoreUnavailable then, and the next call looks again)."""
+        """ConfigError if the prefix has no index of agents and its first agent keys hold a
+        name only the earlier etcd store wrote (one request, of keys only)."""
         index = self._range("index/", prefix_end("index/"), limit=1, keys_only=True)
         agents = self._range(
             "agents/", prefix_end("agents/"), limit=_EARLIER_LOOKED, keys_only=True
         )
         with self._connection.errors_translated("open"):
-            response = self._connection.txn(
-                [], [{"request_range": index}, {"request_range": agents}]
-            )
-        listed, found = (a.get("response_range", {}).get("kvs", []) for a in response["responses"])
+            listed, found = (page.get("kvs", []) for page in self._ranges_at([index, agents], 0))
         names = [] if listed else [self._key(kv) for kv in found]  # agents/A/<folder>/...
         earlier = [n for n in names if n.count("/") > 2 and n.split("/")[2] in _EARLIER_FOLDERS]
         if earlier:
@@ -251,8 +178,8 @@ class EtcdBackend:
             )
         self._earlier_looked = True
 
-    def _ranges_at(self, requests: list[dict[str, Any]], revision: int) -> list[dict[str, Any]]:
-        """What range requests find at revision (etcd's snapshot), _TXN_OPS a request."""
+    def _ranges_at(self, requests: list[Op], revision: int) -> list[Op]:
+        """What range requests find at revision (0: the latest), _TXN_OPS a request."""
         found = []
         for first in range(0, len(requests), _TXN_OPS):
             batch = requests[first : first + _TXN_OPS]
@@ -261,28 +188,23 @@ class EtcdBackend:
             found += [answer.get("response_range", {}) for answer in answers]
         return found
 
-    def _refused(
-        self, exc: Etcd3Exception, puts: Mapping[str, bytes], ops: int
-    ) -> StoreError | None:
-        """A StoreError that says which of etcd's limits a commit passed (None: neither)."""
+    def _refuse_over_limits(self, exc: Etcd3Exception, puts: Mapping[str, bytes], ops: int) -> None:
+        """A StoreError that says which of etcd's limits a commit passed, if it passed one."""
         message = grpc_error(exc)[1]
-        if too_large(exc):
+        if "request is too large" in message or "larger than max" in message:
             largest = max(map(len, puts.values()), default=0)
-            return StoreError(
+            raise StoreError(
                 f"etcd store {self.url}: a commit writing {sum(map(len, puts.values()))} "
                 f"bytes (its largest value {largest} bytes) was refused: {message}. etcd takes "
                 "requests up to its --max-request-bytes (1.5 MiB by default): raise it on "
                 "every member, or keep the values smaller"
-            )
+            ) from exc
         if "too many operations" in message:
-            return StoreError(
+            raise StoreError(
                 f"etcd store {self.url}: a commit of {ops} writes was refused: {message}. "
                 f"etcd takes up to its --max-txn-ops ({_TXN_OPS} by default) in one txn: raise "
                 "it on every member, or write less in one commit"
-            )
-        return None
-
-    # -- etcd's vocabulary -------------------------------------------------
+            ) from exc
 
     def _raw(self, key: str) -> bytes:
         """The etcd key of a backend key (surrogateescape: a planted key reads back as itself)."""
@@ -295,32 +217,33 @@ class EtcdBackend:
     def _key(self, kv: Mapping[str, Any]) -> str:
         return self._name(base64.b64decode(kv.get("key", "")))
 
-    def _range(self, start: str, end: str | None, **options: Any) -> dict[str, Any]:
+    def _range(self, start: str, end: str | None, **options: Any) -> Op:
         """A range request (read or delete) of start alone, or of start up to end."""
         request = {"key": _b64(self._raw(start)), **options}
         if end is not None:
             request["range_end"] = _b64(self._raw(end))
         return request
 
-    def _compare(self, compare: Compare) -> dict[str, Any]:
+    def _compare(self, compare: Compare) -> Op:
         key = _b64(self._raw(compare.key))
         if compare.value is None:
             return {"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}
         return {"key": key, "target": "VALUE", "result": "EQUAL", "value": _b64(compare.value)}
 
-    def _read_range(self, read: Get | Scan) -> dict[str, Any]:
+    def _read_range(self, read: Get | Scan) -> Op:
         if isinstance(read, Get):
             return self._range(read.key, None)
-        return self._scan_page(
-            read, read.after + "\0" if read.after >= read.prefix else read.prefix
-        )
+        return self._scan_page(read, read.after)
 
-    def _scan_page(self, scan: Scan, start: str) -> dict[str, Any]:
+    def _scan_page(self, scan: Scan, after: str) -> Op:
+        """A request of a scan's values after after: as many of entry_bytes as fit in
+        total_bytes (or in _PAGE_BYTES, for small values, or names only: entry_bytes 0)."""
+        start = after + "\0" if after >= scan.prefix else scan.prefix
+        bound = scan.bound
+        limit = min(bound.count, max(bound.total_bytes, _PAGE_BYTES) // max(1, bound.entry_bytes))
+        names_only = {"keys_only": True} if bound.entry_bytes == 0 else {}
         # Past the prefix (an after beyond it), etcd finds nothing: start is above the end.
-        names_only = {"keys_only": True} if scan.bound.entry_bytes == 0 else {}
-        return self._range(
-            start, prefix_end(scan.prefix), limit=_page_size(scan.bound), **names_only
-        )
+        return self._range(start, prefix_end(scan.prefix), limit=max(1, limit), **names_only)
 
     def _read_result(
         self, read: Get | Scan, found: Mapping[str, Any], revision: int
@@ -346,9 +269,7 @@ class EtcdBackend:
                 return taker.result()
             if taker.full:
                 return taker.result(more=True)
-            [page] = self._ranges_at([self._scan_page(scan, self._key(kvs[-1]) + "\0")], revision)
-
-    # -- watch, check, close -----------------------------------------------
+            [page] = self._ranges_at([self._scan_page(scan, self._key(kvs[-1]))], revision)
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
         """Notices from a thread that follows P/prefix (``Follower``), in the order etcd
@@ -368,10 +289,8 @@ class EtcdBackend:
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(arrive, notice)
 
-        start = self._raw(prefix)
-        follower = Follower(
-            self._connection, start, self._raw(prefix_end(prefix)), self._name, tell
-        )
+        end = self._raw(prefix_end(prefix))
+        follower = Follower(self._connection, self._raw(prefix), end, self._name, tell)
         self._followers.add(follower)
         follower.start()
         try:

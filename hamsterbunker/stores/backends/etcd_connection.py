@@ -1,11 +1,5 @@
-"""How an etcd store URL becomes clients of its members, and what their errors mean.
-
-The URL's checks (parse_etcd_url: ConfigError before anything connects), one
-HTTP client per endpoint with the TLS files applied, the round robin that sends
-the next call to the next member after a failure, and etcd3gw's and requests'
-errors translated at the store boundary (errors_translated), a refused TLS
-handshake in words.
-"""
+"""How an etcd store URL becomes clients of its members (``parse_etcd_url``, one HTTP client
+per endpoint, the next member after a failure) and their errors at the store boundary."""
 
 from __future__ import annotations
 
@@ -15,25 +9,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote
 
 import requests
 from etcd3gw.client import Etcd3Client
 from etcd3gw.exceptions import ConnectionFailedError, ConnectionTimeoutError, Etcd3Exception
 
-from ...core.errors import ConfigError, StoreError, StoreUnavailable
-from .._tls import describe_tls_failure, error_in, tls_error_in, tls_files_problem
-from ..urls import redacted_url
+from ...core.errors import StoreError, StoreUnavailable
+from .._tls import error_in
+from .network import check_file, check_tls_files, connection_error, split_url
+from .network import url_error as bad
 
-__all__ = [
-    "DEFAULT_PORT",
-    "DEFAULT_TIMEOUT_S",
-    "EtcdConnection",
-    "EtcdTarget",
-    "grpc_error",
-    "parse_etcd_url",
-    "too_large",
-]
+__all__ = ["EtcdConnection", "EtcdTarget", "Op", "grpc_error", "parse_etcd_url"]
+
+Op = dict[str, Any]  # a compare, request or answer of etcd's JSON gateway
 
 DEFAULT_PORT = 2379
 DEFAULT_TIMEOUT_S = 5.0
@@ -57,49 +46,37 @@ class EtcdTarget:
 
 def parse_etcd_url(url: str) -> EtcdTarget:
     """Parse ``etcd[s]://host:port[,host:port...]/prefix[?options]``; ConfigError if bad."""
-
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"store URL {redacted_url(url)!r}: {why}")
-
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # not quoted: its words can hold the URL's authority
-        raise bad("not a URL (an unmatched [ or ], or characters a host cannot hold)") from None
-    if parts.scheme not in ("etcd", "etcds"):
-        raise bad("not an etcd:// or etcds:// URL")
+    unparsable = "not a URL (an unmatched [ or ], or characters a host cannot hold)"
+    parts = split_url(url, ("etcd", "etcds"), unparsable)
     # Also in the path: a password whose "/" is not percent-encoded ends the authority early.
     if "@" in parts.netloc + parts.path:
-        raise bad("etcd user names and passwords are not supported; use etcds:// with a "
+        raise bad(url, "etcd user names and passwords are not supported; use etcds:// with a "
                   "client certificate")  # fmt: skip
     endpoints = tuple(_endpoint(url, item) for item in parts.netloc.split(","))
     prefix = "/" + unquote(parts.path).strip("/")
     if prefix == "/":
-        raise bad("an etcd URL needs a key prefix: etcd://host:2379/prefix")
+        raise bad(url, "an etcd URL needs a key prefix: etcd://host:2379/prefix")
     options = dict(parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False))
-    unknown = set(options) - {"ca", "cert", "key", "timeout"}
+    unknown = ", ".join(sorted(set(options) - {"ca", "cert", "key", "timeout"}))
     if unknown:
-        raise bad(f"unknown option(s) {', '.join(sorted(unknown))}; known: ca, cert, key, timeout")
+        raise bad(url, f"unknown option(s) {unknown}; known: ca, cert, key, timeout")
     tls = parts.scheme == "etcds"
-    files = {name: options.get(name) or None for name in ("ca", "cert", "key")}
-    if not tls and any(files.values()):
-        raise bad("ca, cert and key are TLS options: use etcds://")
-    if bool(files["cert"]) != bool(files["key"]):
-        raise bad("a client certificate needs both cert and key")
-    for name, path in files.items():
-        if path is not None and not os.path.isfile(path):
-            raise bad(f"{name} file {path} does not exist")
-    problem = tls_files_problem(
-        ca=("ca", files["ca"]), cert=("cert", files["cert"]), key=("key", files["key"])
-    )
-    if problem is not None:
-        raise bad(problem)
+    ca, cert, key = (options.get(name) or None for name in ("ca", "cert", "key"))
+    if not tls and (ca or cert or key):
+        raise bad(url, "ca, cert and key are TLS options: use etcds://")
+    if bool(cert) != bool(key):
+        raise bad(url, "a client certificate needs both cert and key")
+    for name, path in (("ca", ca), ("cert", cert), ("key", key)):
+        if path is not None:
+            check_file(url, name, path)
+    check_tls_files(url, ("ca", ca), ("cert", cert), ("key", key))
     try:
         timeout = float(options.get("timeout", DEFAULT_TIMEOUT_S))
     except ValueError as exc:
-        raise bad(f"timeout must be a number of seconds, not {options['timeout']!r}") from exc
+        raise bad(url, f"timeout must be a number of seconds, not {options['timeout']!r}") from exc
     if not 0 < timeout <= 600:
-        raise bad("timeout must be above 0 and at most 600 seconds")
-    return EtcdTarget(endpoints, prefix, tls, files["ca"], files["cert"], files["key"], timeout)
+        raise bad(url, "timeout must be above 0 and at most 600 seconds")
+    return EtcdTarget(endpoints, prefix, tls, ca, cert, key, timeout)
 
 
 def _endpoint(url: str, item: str) -> tuple[str, int]:
@@ -112,11 +89,11 @@ def _endpoint(url: str, item: str) -> tuple[str, int]:
         host, _, port = item.partition(":")
         well_formed = ":" not in port  # a bare IPv6 address needs brackets
     if not host or not well_formed:
-        raise ConfigError(f"store URL {redacted_url(url)!r}: endpoint {item!r} is not host:port")
+        raise bad(url, f"endpoint {item!r} is not host:port")
     if not port:
         return host, DEFAULT_PORT
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"store URL {redacted_url(url)!r}: endpoint {item!r} has a bad port")
+        raise bad(url, f"endpoint {item!r} has a bad port")
     return host, int(port)
 
 
@@ -139,6 +116,7 @@ class EtcdConnection:
     def __init__(self, target: EtcdTarget) -> None:
         self.target = target
         self._clients = [self.client(i) for i in range(len(target.endpoints))]
+        self._names = [f"{host}:{port}" for host, port in target.endpoints]
         self.current = 0  # the endpoint calls go to
 
     def client(self, index: int, read_timeout: float | None = None) -> Etcd3Client:
@@ -173,17 +151,7 @@ class EtcdConnection:
             self.current = (failed + 1) % len(self._clients)
 
     def _unreachable(self, exc: Exception) -> str:
-        """Why an endpoint could not be reached: a TLS refusal in words, else the error."""
-        tls = tls_error_in(exc)
-        if tls is not None:
-            target = self.target
-            return describe_tls_failure(
-                tls,
-                ca=target.ca,
-                ca_option="ca",
-                cert=target.cert,
-                cert_option="cert",
-            )
+        """Why an endpoint could not be reached."""
         refused = error_in(exc, OSError, lambda e: e.errno is not None)
         if refused is not None and refused.errno is not None:
             # requests' own text buries this under its connection pool's repr.
@@ -191,39 +159,26 @@ class EtcdConnection:
         detail = exc.detail_text if isinstance(exc, Etcd3Exception) else None
         return str(detail or exc)
 
-    def _endpoint_text(self, index: int) -> str:
-        host, port = self.target.endpoints[index]
-        return f"{host}:{port}"
-
     def all_endpoints(self) -> str:
         """Every endpoint, as host:port separated by commas (for messages)."""
-        return ",".join(map(self._endpoint_text, range(len(self._clients))))
+        return ",".join(self._names)
 
-    def txn(
-        self,
-        compare: list[dict[str, Any]],
-        success: list[dict[str, Any]],
-        failure: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+    def txn(self, compare: list[Op], success: list[Op], failure: list[Op] | None = None) -> Op:
         txn = {"compare": compare, "success": success, "failure": failure or []}
-        return cast(dict[str, Any], self.kv.transaction(txn))
+        return cast(Op, self.kv.transaction(txn))
 
     @contextmanager
     def errors_translated(self, what: str) -> Iterator[None]:
-        """Translate etcd3gw's and requests' errors raised inside, keeping the reason.
-
-        A member that cannot be reached, or answers "not now", is a
-        StoreUnavailable, and the next call goes to the next endpoint.
-        """
+        """etcd3gw's and requests' errors raised inside as store errors; after a member that
+        cannot be reached or answers "not now" (StoreUnavailable), the next endpoint."""
         used = self.current
-        where = f"etcd store {what} ({self._endpoint_text(used)})"
+        where = f"etcd store {what} ({self._names[used]})"
         try:
             yield
         except (ConnectionFailedError, ConnectionTimeoutError, requests.RequestException) as exc:
             self.next_endpoint(used)
-            # Certificates that do not match are a setting to fix, not an outage to wait out.
-            refused = StoreError if tls_error_in(exc) is not None else StoreUnavailable
-            raise refused(f"{where}: {self._unreachable(exc)}") from exc
+            ca, cert = ("ca", self.target.ca), ("cert", self.target.cert)
+            raise connection_error(where, exc, self._unreachable(exc), ca=ca, cert=cert) from exc
         except Etcd3Exception as exc:
             code, message = grpc_error(exc)
             if code in _TRANSIENT_CODES:
@@ -243,9 +198,3 @@ def grpc_error(exc: Etcd3Exception) -> tuple[int | None, str]:
         return int(body.get("code")), str(body.get("message") or body.get("error"))
     except (TypeError, ValueError, AttributeError):
         return None, exc.detail_text or str(exc) or type(exc).__name__
-
-
-def too_large(exc: Etcd3Exception) -> bool:
-    """Whether etcd refused a request for its size (``--max-request-bytes``)."""
-    _code, message = grpc_error(exc)
-    return "request is too large" in message or "larger than max" in message

@@ -1,7 +1,4 @@
-"""The etcd backend's watch: a thread that keeps an etcd watch stream of one key range open.
-
-``EtcdBackend.watch`` turns what it tells into an async iterator of notices.
-"""
+"""The etcd backend's watch: a thread that keeps an etcd watch stream of one key range open."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ __all__ = ["Follower"]
 
 log = logging.getLogger(__name__)
 
-# A watch stream that dies silently (a member restarts, a connection is cut) is
-# not reported by etcd3gw, so every stream is replaced after this long, from the
-# last revision seen: a lost stream delays notices by at most this much.
+# etcd3gw reports no stream that died silently: each is replaced after this long, from the
+# last revision seen, so a lost stream delays notices by at most this much.
 WATCH_RENEW_S = 10.0
 _WATCH_RETRY_S = (0.1, 2.0)  # backoff bounds while the watch cannot be set up
 # A notice carries a value up to this size; a larger one (a checkpoint) is read to know.
@@ -33,15 +29,9 @@ _NOTICE_VALUE_BYTES = MAX_RECORD_BYTES
 
 
 class Follower(threading.Thread):
-    """Keeps an etcd watch of one key range open, telling a Notice per event.
-
-    etcd3gw's watcher is a blocking HTTP stream read in a thread; this thread
-    sets it up, replaces it every WATCH_RENEW_S from the revision after the
-    last one seen (etcd replays what came between, deletions too), and backs
-    off while etcd cannot be reached. Only a gap that etcd can no longer
-    replay (compacted meanwhile) is told as Notice(None). Failures are logged,
-    never raised: a watch is a hint.
-    """
+    """Keeps an etcd watch of one key range open (etcd3gw's blocking stream, renewed every
+    WATCH_RENEW_S), telling a Notice per event, and Notice(None) for what etcd can no longer
+    replay (compacted). Failures are logged, never raised: a watch is a hint."""
 
     def __init__(
         self,

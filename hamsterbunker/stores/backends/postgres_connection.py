@@ -1,10 +1,7 @@
 """How a PostgreSQL store URL becomes connections: the URL's checks, and a deadline on every call.
 
-The URL (``postgresql://USER[:PASSWORD]@HOST[:PORT][,HOST[:PORT]...]/DB[?options]``)
-is checked before any connection; libpq parses it here too, without its password
-(so that none of its messages can quote it): a misspelt option is one ConfigError
-line at start. Every connection runs its transactions SERIALIZABLE and commits
-them with synchronous_commit on, whatever the server's defaults. psycopg's
+libpq parses the URL here too, without its password (so that none of its messages
+can quote it): a misspelt option is one ConfigError line at start. psycopg's
 blocking calls take no timeout: ``DEADLINES`` shuts the socket of a call that
 outlives the URL's timeout, so that a frozen server or a silent network fails it.
 """
@@ -21,14 +18,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlunsplit
 
 import psycopg
 from psycopg.rows import TupleRow
 
-from ...core.errors import ConfigError
-from .._tls import tls_files_problem
-from ..urls import redacted_url
+from .network import UNENCODED, check_tls_files, query_of, split_url
+from .network import url_error as bad
 
 __all__ = [
     "DEADLINES",
@@ -69,54 +65,28 @@ def one_line(exc: BaseException) -> str:
 
 def parse_postgres_url(url: str) -> PostgresTarget:
     """Check url and split it into what libpq gets and our options; ConfigError if bad."""
-
-    def bad(why: str) -> ConfigError:
-        return ConfigError(f"store URL {redacted_url(url)!r}: {why}")
-
-    unencoded = 'a "/", "?", "#" or "@" in a user name or password must be percent-encoded'
-    try:
-        parts = urlsplit(url)
-    except ValueError:  # not quoted: its words can hold the URL's authority
-        raise bad(f"not a URL ({unencoded}; an IPv6 address in [ ])") from None
-    if parts.scheme not in ("postgresql", "postgres"):
-        raise bad("not a postgresql:// or postgres:// URL")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if "@" in parts.path + parts.fragment or any("@" in key for key, _value in query):
-        raise bad(f"an @ after the host ({unencoded})")
+    unparsable = f"not a URL ({UNENCODED}; an IPv6 address in [ ])"
+    parts = split_url(url, ("postgresql", "postgres"), unparsable)
+    options = dict(query_of(url, parts))
     if parts.fragment:
-        raise bad("a PostgreSQL URL has no #fragment")
+        raise bad(url, "a PostgreSQL URL has no #fragment")
     if re.search(r"%(?![0-9A-Fa-f]{2})", url):
-        raise bad('a "%" must start a percent-encoding (%25 for a "%" itself)')
+        raise bad(url, 'a "%" must start a percent-encoding (%25 for a "%" itself)')
     userinfo, _at, hosts = parts.netloc.rpartition("@")
     for item in hosts.split(","):
         matched = _HOST_PORT.fullmatch(item)
         if not matched or (matched[2] and not 0 < int(matched[2][1:]) < 65536):
-            raise bad(f"{item!r} is not host:port (postgresql://user@db.example:5432/name)")
+            raise bad(url, f"{item!r} is not host:port (postgresql://user@db.example:5432/name)")
     if "/" in unquote(parts.path).removeprefix("/"):
-        raise bad("the path is one database name (postgresql://host:5432/name)")
-    options = dict(query)
+        raise bad(url, "the path is one database name (postgresql://host:5432/name)")
     table = options.pop("table", DEFAULT_TABLE)
     if not _TABLE.fullmatch(table):
-        raise bad(f"table must be 1-63 lower-case letters, digits or _, not {table!r}")
+        raise bad(url, f"table must be 1-63 lower-case letters, digits or _, not {table!r}")
     timeout_text = options.pop("timeout", str(DEFAULT_TIMEOUT_S))
     timeout = float(timeout_text) if re.fullmatch(r"[0-9]+(\.[0-9]*)?", timeout_text) else 0
     if not 0 < timeout <= 600:
-        raise bad(f"timeout must be seconds, above 0 and at most 600, not {timeout_text!r}")
-    if options.get("sslmode", "prefer") not in _SSLMODES:
-        raise bad(f"sslmode must be one of {', '.join(_SSLMODES)}")
-    for name in _FILES:
-        path = options.get(name)
-        if path and path != "system" and not os.path.exists(path):
-            raise bad(f"{name} {path} does not exist")
-    rootcert = options.get("sslrootcert")
-    problem = tls_files_problem(
-        ca=("sslrootcert", None if rootcert == "system" else rootcert),
-        cert=("sslcert", options.get("sslcert")),
-        key=("sslkey", options.get("sslkey")),
-        password=options.get("sslpassword"),
-    )
-    if problem is not None:
-        raise bad(problem)
+        raise bad(url, f"timeout must be seconds, above 0 and at most 600, not {timeout_text!r}")
+    _check_tls_options(url, options)
     # Our options out, the rest of the query as written (libpq reads no "+" as a space).
     ours = ("table", "timeout")
     rest = "&".join(i for i in parts.query.split("&") if unquote(i.partition("=")[0]) not in ours)
@@ -128,7 +98,7 @@ def parse_postgres_url(url: str) -> PostgresTarget:
     try:
         psycopg.conninfo.conninfo_to_dict(without_password)
     except psycopg.Error as exc:
-        raise bad(one_line(exc)) from None
+        raise bad(url, one_line(exc)) from None
     # libpq waits for a connection for ever unless told otherwise (it takes whole seconds, >= 2).
     defaults: dict[str, str | int] = {
         "connect_timeout": max(2, math.ceil(timeout)),
@@ -140,16 +110,32 @@ def parse_postgres_url(url: str) -> PostgresTarget:
     return PostgresTarget(conninfo, table, timeout)
 
 
+def _check_tls_options(url: str, options: dict[str, str]) -> None:
+    """ConfigError for an sslmode libpq does not know, or TLS files that cannot be used."""
+    if options.get("sslmode", "prefer") not in _SSLMODES:
+        raise bad(url, f"sslmode must be one of {', '.join(_SSLMODES)}")
+    for name in _FILES:
+        path = options.get(name)
+        if path and path != "system" and not os.path.exists(path):
+            raise bad(url, f"{name} {path} does not exist")
+    rootcert = options.get("sslrootcert")
+    check_tls_files(
+        url,
+        ("sslrootcert", None if rootcert == "system" else rootcert),
+        ("sslcert", options.get("sslcert")),
+        ("sslkey", options.get("sslkey")),
+        options.get("sslpassword"),
+    )
+
+
 def connect(target: PostgresTarget) -> Connection:
     """A connection whose transactions are SERIALIZABLE and commit synchronously, and
     which the server ends once it is left idle inside a transaction for the URL's timeout."""
     conn = psycopg.connect(target.conninfo, autocommit=True)
     try:
         conn.isolation_level = psycopg.IsolationLevel.SERIALIZABLE
-        # A client cut off midway through a commit (a partition: no close reaches the
-        # server) would hold its rows' locks until TCP gives up, hours later, and stall
-        # every commit to them. No call of ours lasts longer than the timeout, so the
-        # server may end a transaction left idle for that long.
+        # No call of ours outlasts the timeout: a transaction idle that long is one whose
+        # client was cut off, holding its rows' locks (docs/design.md).
         idle_ms = math.ceil(target.timeout * 1000)
         with DEADLINES.bound(conn.fileno(), target.timeout):
             conn.execute(

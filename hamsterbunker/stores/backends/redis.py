@@ -1,9 +1,8 @@
 """The Redis backend: ``redis://[user:password@]host:port/db[?prefix=NAME]`` (``rediss://`` for TLS).
 
-URLs, TLS, timeouts and error translation are the Redis store's
-(``redis_connection``). Every key of one backend carries one Redis
-Cluster hash tag, ``{P}`` for the prefix P (default ``hamsterbunker``), so
-that one script may touch them all on one shard::
+Every key of one backend carries one Redis Cluster hash tag, ``{P}`` for the
+prefix P (default ``hamsterbunker``), so that one script may touch them all on
+one shard::
 
     {P}:index        sorted set: every stored key, all scored 0, so that
                      ZRANGEBYLEX lists them in key order
@@ -11,32 +10,16 @@ that one script may touch them all on one shard::
     {P}:changed      (a pub/sub channel) what each commit changed
 
 A key is stored when it is in the index and its value is a string; anything
-else found there (planted by a client without the secret) reads as absent, a
-put replaces it, and a scan takes it out of the index as it passes. Every
-operation, a get and a scan too, is one run of one Lua script
-(``redis_script.TXN``): compares, writes and reads in one atomic step, with
-values measured before they are fetched, so no value over a read's bound leaves
-the server.
-
-A commit is as durable as the server makes it: ``appendonly yes`` with
-``appendfsync always`` makes every acknowledged one durable; the settings are
-read at open and ``warnings`` says what they can lose. Replicas are
-asynchronous, as for the Redis store. The Redis store of earlier versions
-(read by ``stores.earlier.redis``) kept its records under ``P:...``: a prefix
-holding its cluster record ``P:cluster`` is refused (``backends.earlier``) by the first call
-that reaches the server. A watch subscribes to the channel, where each commit
-tells what it changed in one message: each
-notice carries the value of a put of at most ``CARRIED_BYTES`` (a lease, a
-heartbeat; not a checkpoint), so ``NOTICE_VALUES`` is not claimed; after the
-subscription was lost and made again it says so with a gap (key None).
+else found there reads as absent. Every operation, a get and a scan too, is one
+run of one Lua script (``redis_script``). Durability, the watch's messages and
+the earlier store's layout: docs/design.md, "Network backends".
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
 import redis
@@ -46,7 +29,6 @@ from ...core.errors import ConfigError, StoreError
 from ...core.read_bounds import ReadBound
 from ..backend import (
     Capability,
-    DeleteRange,
     Get,
     Notice,
     Put,
@@ -80,19 +62,13 @@ GUARANTEES = StoreGuarantees(
     "share one Redis Cluster hash slot, but the client follows no Cluster redirects",
 )
 
-# The largest value a notice carries (a lease or a heartbeat, not a checkpoint):
-# every watcher of the store receives every message.
-CARRIED_BYTES = 8192  # a lease record (its history and control too), a heartbeat
-# The most bytes of one commit's message: a bigger change is told as "anything may have
-# changed" (a range removal of many keys).
-_MESSAGE_BYTES = 32 * 1024
-# The most members one scan passes over that hold no key, beside its count: planted
-# members cost a scan a bounded time, and are gone from the index after it.
-_JUNK_LOOKED = 1000
-# The watch's pub/sub link: how long to wait for a message before a PING proves it
-# alive, and the bounds of its reconnection backoff.
-_WATCH_PING_S = 5.0
-_WATCH_RETRY_S = (0.1, 2.0)
+# The largest value a notice carries: a lease record (its history and control too), a
+# heartbeat, not a checkpoint, since every watcher receives every message.
+CARRIED_BYTES = 8192
+_MESSAGE_BYTES = 32 * 1024  # one commit's message; a bigger change is told as "*"
+_JUNK_LOOKED = 1000  # members holding no key one scan may pass over, beside its count
+_WATCH_PING_S = 5.0  # a watch quiet this long PINGs its link
+_WATCH_RETRY_S = (0.1, 2.0)  # the bounds of the watch's reconnection backoff
 
 _Arg = bytes | str | int
 
@@ -136,12 +112,8 @@ class RedisBackend:
         return TxnResult(answer[0] == 1, reads)
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
-        """A notice for each key under prefix a commit changed; a gap after each reconnection.
-
-        The link is made again, with a bounded backoff, whenever it drops (a
-        Redis restart): changes made meanwhile were announced to nobody. A PING
-        after a quiet spell finds a link that died silently.
-        """
+        """A notice for each key under prefix a commit changed; a gap after each reconnection
+        (made again with a bounded backoff: changes meanwhile were announced to nobody)."""
         delay, reconnected = _WATCH_RETRY_S[0], False
         while True:
             client = self._connection.async_client()
@@ -173,7 +145,7 @@ class RedisBackend:
 
     def check(self) -> None:
         """StoreUnavailable, naming the store, unless the server answers a PING."""
-        with self._translated("check"):
+        with self._connection.errors_translated(f"check of {self.url}"):
             self._redis.ping()
 
     def close(self) -> None:
@@ -184,17 +156,15 @@ class RedisBackend:
         args = self._args(txn)  # blobs joined here: a maker's error comes out before any I/O
         if not self._earlier_looked:
             self._refuse_an_earlier_store()
-        with self._translated("commit"):
+        with self._connection.errors_translated(f"commit of {self.url}"):
             answer = self._txn(keys=[self._index], args=args)
         if not isinstance(answer, list) or len(answer) != 1 + len(txn.reads):
             raise StoreError(f"redis store {self.url}: the commit script answered {answer!r:.80}")
         return answer
 
     def _refuse_an_earlier_store(self) -> None:
-        """ConfigError if the earlier Redis store's cluster record is under the prefix: looked
-        for at the first call, not at open, since a node may open the store before the
-        server is up (StoreUnavailable then, and the next call looks again)."""
-        with self._translated("open"):
+        """ConfigError if the earlier Redis store's cluster record is under the prefix."""
+        with self._connection.errors_translated(f"open of {self.url}"):
             try:
                 found = self._redis.exists(self._earlier)
             except redis.ResponseError as exc:
@@ -205,11 +175,6 @@ class RedisBackend:
         if found:
             raise earlier_store(f"Redis store {self.url}", f"its key {self._earlier}")
         self._earlier_looked = True
-
-    @contextmanager
-    def _translated(self, what: str) -> Iterator[None]:
-        with self._connection.errors_translated(f"{what} of {self.url}"):
-            yield
 
     def _args(self, txn: Txn) -> list[_Arg]:
         """The script's arguments: its settings, then txn's operations (redis_script)."""
@@ -223,13 +188,22 @@ class RedisBackend:
             else:
                 args += ["eq", compare.key, compare.value]
         for write in txn.all_writes:
-            args += _write_args(write)
+            if isinstance(write, Put):
+                _check_key(write.key)
+                args += ["put", write.key, bytes(write.value)]
+            elif write.end is None:
+                args += ["del", write.start]
+            else:
+                args += ["delrange", "[" + write.start, "(" + write.end]
         for read in txn.reads:
             if isinstance(read, Get):
                 _check_key(read.key)
                 args += ["get", read.key, read.max_bytes]
-            else:
-                args += _scan_args(read)
+                continue
+            low = "(" + read.after if read.after >= read.prefix else "[" + read.prefix
+            high = "(" + prefix_end(read.prefix) if read.prefix else "+"
+            sizes = (read.bound.count, read.bound.entry_bytes, read.bound.total_bytes)
+            args += ["scan", read.prefix, low, high, *sizes]
         return args
 
 
@@ -238,22 +212,6 @@ def _check_key(key: str) -> None:
     problem = key_problem(key)
     if problem is not None:
         raise ValueError(problem)
-
-
-def _write_args(write: Put | DeleteRange) -> list[_Arg]:
-    if isinstance(write, Put):
-        _check_key(write.key)
-        return ["put", write.key, bytes(write.value)]
-    if write.end is None:
-        return ["del", write.start]
-    return ["delrange", "[" + write.start, "(" + write.end]
-
-
-def _scan_args(scan: Scan) -> list[_Arg]:
-    low = "(" + scan.after if scan.after >= scan.prefix else "[" + scan.prefix
-    high = "(" + prefix_end(scan.prefix) if scan.prefix else "+"
-    bound = scan.bound
-    return ["scan", scan.prefix, low, high, bound.count, bound.entry_bytes, bound.total_bytes]
 
 
 def _got(read: Get, found: Any) -> bytes | TooLarge | None:
@@ -314,12 +272,9 @@ def _notices_in(data: Any, prefix: str) -> list[Notice]:
 
 
 def _honour_swallowed_cancel() -> None:
-    """Raise the cancellation redis-py swallowed, so that cancelling a watch ends it.
-
-    redis-py (8.1) can lose a cancel that lands inside subscribe(): the task
-    is left "cancelling" but runs on. Nothing here catches CancelledError, so
-    a task still cancelling was asked to stop and has not.
-    """
+    """Raise the cancellation redis-py (8.1) lost inside subscribe(), so that cancelling a
+    watch ends it: nothing here catches CancelledError, so a task still "cancelling" was
+    asked to stop and has not."""
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError

@@ -1,12 +1,5 @@
 """The one Lua script of the Redis backend (``backends.redis``): a whole Txn in one atomic step.
 
-Redis runs a script with nothing interleaved, but keeps the writes of one
-that fails halfway: so this one checks its arguments before anything, and runs
-no command that can fail on what it finds (a key's type is asked before it is
-read; planted members and an index of another type are passed over or
-replaced). Under ``maxmemory`` Redis refuses a script at its first write and
-lets one that has written finish. A commit is whole or not made.
-
 KEYS[1] is the index (a sorted set). ARGV: the prefix of value keys, the
 channel, the most bytes of a value a message carries, the most members one
 scan may pass over that hold no key, the most bytes of a message, then the
@@ -22,18 +15,14 @@ It answers ``{succeeded (1 or 0), read, ...}``: a get as ``{}`` (no value),
 key, value or size, ...}``. A commit that wrote publishes one message on the
 channel, what it changed: for each key ``KEY \\n``, or ``KEY SIZE \\n VALUE``
 for a value small enough to carry; ``*`` where that is over the most bytes of a
-message (anything may have changed).
+message (anything may have changed). Why the script is written as it is (no
+command that can fail once it writes; planted members): docs/design.md.
 """
 
 from __future__ import annotations
 
 __all__ = ["TXN"]
 
-# Member, value and index checks are the script's own, so planted contents cost
-# a read no more than its bound: values are measured (STRLEN) before one is
-# fetched, a scan looks at a bounded number of members, and a member that holds
-# no key (not a key by backend.key_problem's rules, or no string value) is taken
-# out of the index as it is passed, so the next scan gets further.
 TXN = r"""
 local index, value_prefix, channel = KEYS[1], ARGV[1], ARGV[2]
 local carried, junk_looked, told_most = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -51,9 +40,7 @@ end
 
 -- An index of another type indexes nothing: it goes, and the first put makes a new one.
 local kind = redis.call('TYPE', index)['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  redis.call('UNLINK', index)
-end
+if kind ~= 'zset' and kind ~= 'none' then redis.call('UNLINK', index) end
 -- Lex ranges need one score, and ours are all 0: a member planted with another is
 -- put back in order, a bounded number per call.
 for _, scores in ipairs({{'-inf', '(0'}, {'(0', '+inf'}}) do
@@ -64,13 +51,9 @@ end
 
 -- backend.key_problem: 1 to 1024 characters, /-separated names of at most 192.
 local function is_key(key)
-  if #key == 0 or #key > 1024 then
-    return false
-  end
+  if #key == 0 or #key > 1024 then return false end
   for name in string.gmatch(key .. '/', '([^/]*)/') do
-    if #name > 192 or not string.find(name, '^[%w][%w._:@+=-]*$') then
-      return false
-    end
+    if #name > 192 or not string.find(name, '^[%w][%w._:@+=-]*$') then return false end
   end
   return true
 end
@@ -88,33 +71,23 @@ end
 local told, told_bytes = {}, 0
 local function publish(key, value)
   local entry = key .. '\n'
-  if value and #value <= carried then
-    entry = key .. ' ' .. #value .. '\n' .. value
-  end
+  if value and #value <= carried then entry = key .. ' ' .. #value .. '\n' .. value end
   told_bytes = told_bytes + #entry
-  if told_bytes <= told_most then
-    table.insert(told, entry)
-  end
+  if told_bytes <= told_most then table.insert(told, entry) end
 end
 
 local function delete_range(low, high)
   for _, member in ipairs(redis.call('ZRANGEBYLEX', index, low, high)) do
     redis.call('UNLINK', value_prefix .. member)
-    if is_key(member) then
-      publish(member)
-    end
+    if is_key(member) then publish(member) end
   end
   redis.call('ZREMRANGEBYLEX', index, low, high)
 end
 
 local function get(key, max_bytes)
   local size = stored_size(key)
-  if size == nil then
-    return {}
-  end
-  if size > max_bytes then
-    return {size}
-  end
+  if size == nil then return {} end
+  if size > max_bytes then return {size} end
   return {redis.call('GET', value_prefix .. key)}
 end
 
@@ -131,9 +104,7 @@ local function scan(prefix, low, high, count, entry_bytes, room)
       -- A member outside the prefix is one still out of order (above): passed over.
       if string.sub(member, 1, #prefix) == prefix then
         size = is_key(member) and stored_size(member)
-        if not size then
-          redis.call('ZREM', index, member)
-        end
+        if not size then redis.call('ZREM', index, member) end
       end
       if size then
         if entries >= count then
@@ -154,9 +125,7 @@ local function scan(prefix, low, high, count, entry_bytes, room)
         end
       end
     end
-    if #batch < wanted then
-      return found
-    end
+    if #batch < wanted then return found end
   end
   found[1] = 1  -- passed over as many members as one scan may: the next goes on from here
   return found
@@ -189,9 +158,7 @@ while i <= #ARGV do
   end
   i = i + arity[op]
 end
-if held then
-  answer[1] = 1
-end
+if held then answer[1] = 1 end
 if told_bytes > told_most then
   redis.call('PUBLISH', channel, '*')
 elseif #told > 0 then
