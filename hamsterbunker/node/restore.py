@@ -267,17 +267,7 @@ class Restorer:
             raise self._regressed(newest, reach, damaged, read)
         journals: tuple[TermId, ...] = ()
         if base is not None:
-            if chosen:
-                assert read.lineage is not None and read.lineage.choice is not None
-                self._emit(
-                    "chain.chosen",
-                    after=str(read.lineage.choice.after),
-                    base=describe_ref(base),
-                    behind_seen=behind,
-                )
-            await self._write_term_start(epoch, base)
-            assert read.lineage is not None  # chain_of is only filled from a lineage read
-            journals = read.lineage.built_on(base)
+            journals = await self._begin_from(epoch, read, base, chosen=chosen, behind=behind)
         if forgiving is not None:
             self._keeper.accept_loss(newest)
             self._emit(
@@ -297,6 +287,23 @@ class Restorer:
             state, info.seq, epoch=info.epoch, accepted_loss=accepted, marks=marks,
             journals=journals,
         )  # fmt: skip
+
+    async def _begin_from(
+        self, epoch: int, read: _Read, base: CheckpointRef, *, chosen: bool, behind: bool
+    ) -> tuple[TermId, ...]:
+        """On a store with chains: write the term's record, beginning from base (chosen: by an
+        operator, said so); the terms whose effect journals the replay of its next step reads."""
+        assert read.lineage is not None  # chain_of is only filled from a lineage read
+        if chosen:
+            assert read.lineage.choice is not None
+            self._emit(
+                "chain.chosen",
+                after=str(read.lineage.choice.after),
+                base=describe_ref(base),
+                behind_seen=behind,
+            )
+        await self._write_term_start(epoch, base)
+        return read.lineage.built_on(base)
 
     def _lease_behind(self, epoch: int, info: CheckpointInfo) -> LeaseBehind:
         """An authenticated checkpoint at or above this term's epoch: the epoch may have been
