@@ -1,16 +1,9 @@
 """``Runtime``: one node of a HamsterBunker cluster for one agent, as callers see it.
 
-It checks what it is given (secret, names) before it touches the store, then
-wires the parts of this package for each run and gets out of the way:
-
-* the node loop (``loop``) keeps the lease, beats and stops gracefully;
-* a leader's term (``term``, ``restore``) restores, steps and publishes while
-  the lease is held;
-* the event sink (``events``), the cluster record (``cluster``), the thread
-  pools (``calls``) and the watchdog (``watchdog``) serve both.
-
-``start()`` runs the node in a background thread for callers that are not
-async; ``run()`` in the foreground until SIGTERM; ``serve()`` in a running loop.
+It checks what it is given before it touches the store, then wires the node loop
+(``loop``), the leader's terms (``term``) and what serves both. ``start()`` runs the
+node in a background thread, ``run()`` in the foreground until SIGTERM, ``serve()``
+in a running event loop.
 """
 
 from __future__ import annotations
@@ -83,17 +76,14 @@ def _on_stop_signal(signals: Signals) -> None:
 class Runtime:
     """One node of a HamsterBunker cluster for one agent.
 
-    ``state_dir``: where the node keeps its memory of the store across restarts
-    (``hamsterbunker.lease.memory``); without one it remembers only while it runs.
-    ``clock`` times everything the node times (CLOCK_BOOTTIME by default).
-    ``stop_grace_ms``: how long a stop lets the step in flight finish and be published
-    before it is cancelled (async) or abandoned (sync). ``step_retry``: the backoff of a
-    step that raised, and after how many failures in a row the lease is handed over.
-    ``http``: HOST:PORT to serve /metrics, /health, /leader and /status on.
-    ``metrics``: count them without serving them (``self.metrics`` holds them whenever
-    either is given; else None, and prometheus_client is not loaded). ``log_agent``:
-    name the agent in each event's log line. ``sync_delay_ms``: required for a
-    ``syncdir://`` store, the longest the sync tool takes.
+    ``state_dir``: where the node keeps its memory of the store across restarts (without
+    one it remembers only while it runs). ``clock``: CLOCK_BOOTTIME by default.
+    ``stop_grace_ms``: how long a stop lets the step in flight finish and be published.
+    ``step_retry``: the backoff of a step that raised, and after how many failures in a
+    row the lease is handed over. ``http``: HOST:PORT to serve /metrics, /health, /leader
+    and /status on; ``metrics``: count without serving (``self.metrics`` is None unless
+    either is given, and prometheus_client is not loaded). ``log_agent``: name the agent
+    in each event's log line. ``sync_delay_ms``: required for a ``syncdir://`` store.
     """
 
     def __init__(
@@ -208,12 +198,10 @@ class Runtime:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop gracefully: stop stepping, release the lease, drop the heartbeat.
-
-        Returns within timeout whatever the store or the agent does: store calls
-        that do not answer in time are given up (and said so in the log). A sync
-        step still running is abandoned in its thread. Re-raises the error that
-        ended the node, if one did.
+        """Stop gracefully: stop stepping, release the lease, drop the heartbeat. Returns
+        within timeout whatever the store or the agent does (store calls that do not answer
+        are given up, a sync step still running is abandoned); re-raises the error that ended
+        the node, if one did.
         """
         # Most of the time for the shutdown's own store calls, the rest for the thread's end.
         self._stop.ask(within=timeout * 0.8)
@@ -299,8 +287,7 @@ class Runtime:
         pinging = asyncio.create_task(watchdog.run(), name="hb-watchdog")
         try:
             endpoints = self._serve_http()  # first: an address in use is a config error
-            identity = self._identity
-            sink = self._event_sink(identity, calls)
+            sink = self._event_sink(calls)
             cluster = Cluster(
                 self.store,
                 self.agent_id,
@@ -315,7 +302,7 @@ class Runtime:
             )  # fmt: skip
             if sealer is None:
                 return  # stopped while waiting for the store
-            await self._run_loop(identity, cluster, sealer, calls, sink, signals, watchdog)
+            await self._run_loop(cluster, sealer, calls, sink, signals, watchdog)
         finally:
             pinging.cancel()
             if endpoints is not None:
@@ -323,9 +310,9 @@ class Runtime:
             self.stopped.set()
             calls.close()
 
-    def _event_sink(self, identity: Identity, calls: NodeCalls) -> EventSink:
+    def _event_sink(self, calls: NodeCalls) -> EventSink:
         return EventSink(
-            identity,
+            self._identity,
             self.store,
             calls,
             self.keeper,
@@ -340,7 +327,6 @@ class Runtime:
 
     async def _run_loop(
         self,
-        identity: Identity,
         cluster: Cluster,
         sealer: Sealer,
         calls: NodeCalls,
@@ -360,8 +346,8 @@ class Runtime:
             cluster, sealer, self.standing, calls,
             emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
         )  # fmt: skip
-        new_term = self._new_term(identity, sealer, calls, sink, signals, lineage, follower)
-        node = self._node_loop(identity, cluster, sealer, calls, sink, signals, watchdog, new_term)
+        new_term = self._new_term(sealer, calls, sink, signals, lineage, follower)
+        node = self._node_loop(cluster, sealer, calls, sink, signals, watchdog, new_term)
         following = asyncio.create_task(follower.run(), name="hb-keys")
         checking = None
         if lineage is not None:
@@ -385,7 +371,6 @@ class Runtime:
 
     def _node_loop(
         self,
-        identity: Identity,
         cluster: Cluster,
         sealer: Sealer,
         calls: NodeCalls,
@@ -401,7 +386,7 @@ class Runtime:
             else NodeMemory(self._memory_file, self.keeper, calls, self.node_id, cluster, control)
         )
         return NodeLoop(
-            identity=identity,
+            identity=self._identity,
             store=self.store,
             keeper=self.keeper,
             calls=calls,
@@ -422,7 +407,6 @@ class Runtime:
 
     def _new_term(
         self,
-        identity: Identity,
         sealer: Sealer,
         calls: NodeCalls,
         sink: EventSink,
@@ -445,7 +429,7 @@ class Runtime:
         )
         return functools.partial(
             LeaderTerm,
-            identity=identity,
+            identity=self._identity,
             agent=self.agent,
             store=self.store,
             sealer=sealer,

@@ -150,13 +150,10 @@ class LeaderTerm:
         return self._waits.over()
 
     async def _uncontested(self) -> bool:
-        """On a synced folder (a store with chains), wait before the first step until this term's
-        claim has had the sync delay to reach the other nodes and theirs to reach this one,
-        and two ticks more for a renewal to look: standbys that saw the same last renewal
-        take an expired lease at the same moment, each with the same epoch, and the claim
-        that loses is found by the lease loop (the term ends, nothing stepped) instead of
-        after steps that would be kept aside. False if the term ended meanwhile. A lease
-        handed to this node (a switchover) was taken by nobody else: no wait."""
+        """On a synced folder, wait before the first step for the sync delay and two ticks
+        (docs/design.md, "The node"), unless the lease was handed to this node. False if the
+        term ended meanwhile.
+        """
         chains = self._store.chains
         if not (self._contested and chains is not None and chains.sync_delay_ms):
             return not self._over()
@@ -175,9 +172,7 @@ class LeaderTerm:
         every try) gives the lease up, so that another node can try.
         """
         if self._follow_keys is not None:
-            # Beside the restore: a node that started before a rotation's begin and was not
-            # seen beating by it (begin waits on the nodes it saw) seals nothing of this
-            # term under the key begin replaced (see _lead).
+            # Beside the restore, awaited before the first step (docs/design.md, "Keys").
             self._keys_read = asyncio.create_task(self._follow_keys(), name="hb-term-keys")
         try:
             ended = await self._lead()
