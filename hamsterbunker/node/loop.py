@@ -74,7 +74,6 @@ class NodeLoop(Leaving):
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
         self._heard = HeardLease()  # the records the watch carried, until the next look
         self._beat_owed = False  # a heartbeat held by a hush: written as it ends
-        # A switchover's target's heartbeat, read while the term finishes (_hand_over).
         self._target_beats: asyncio.Future[list[Heartbeat]] | None = None
         self._pacing = Pacing(keeper, standing, timing, clock)
 

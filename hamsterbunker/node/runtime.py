@@ -108,7 +108,7 @@ class Runtime:
         log_agent: bool = False,
         sync_delay_ms: int | None = None,
     ) -> None:
-        secret = Keyring.of(secret)  # checked before the store is touched
+        self._secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
         self.region = region
@@ -136,7 +136,6 @@ class Runtime:
         wanted = metrics or self._http is not None
         self.metrics: NodeMetrics | None = self._new_metrics() if wanted else None
         self.endpoints: Endpoints | None = None  # while serving http
-        self._secret = secret
         self._log_agent = log_agent
         self._stop = StopRequest(self.clock, stop_grace_ms / 1000)
         self._thread: threading.Thread | None = None
