@@ -115,11 +115,9 @@ class Cluster:
             log.warning("%s: could not check the cluster record: %s", node_id, exc)
 
     def follow(self) -> bool:
-        """Read the record and follow a rotation's step: True if the keys changed.
-
-        A record below the generation followed is refused (StoreRegressed); one
-        that does not authenticate or names a key this node lacks raises
-        (Tampered, WrongSecret) and changes nothing.
+        """Read the record and follow a rotation's step: True if the keys changed. Raises
+        StoreRegressed for a record below the generation followed, Tampered or WrongSecret for
+        one that does not authenticate or names a key this node lacks (nothing changed).
         """
         if self._sealer is None:
             return False

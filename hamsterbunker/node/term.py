@@ -1,11 +1,8 @@
 """A leader's term: restore, then step the agent and publish each new state, fenced by epoch.
 
-A term exists only while this node holds the lease (one per epoch). It never
-decides the node's role: how it ended (the lease lost, fenced by the store,
-or given up after a full TTL without progress) is what ``lead`` returns, and
-the node loop acts on it. No step of a term overlaps a successor's: a step
-still running at the renew deadline is cancelled (async) or abandoned (sync),
-and its result is never published (DESIGN.md invariant 3).
+One per epoch this node holds. It never sets the node's role: how it ended is what
+``lead`` returns, and the node loop acts on it. A step still running at the renew
+deadline is cancelled (async) or abandoned (sync), and never published.
 """
 
 from __future__ import annotations
