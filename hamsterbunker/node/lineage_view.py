@@ -58,10 +58,9 @@ class LineageRead:
         return [self.where[ref] for ref in self.lineage.carried if ref in self.where]
 
     def built_on(self, base: CheckpointRef | None) -> tuple[TermId, ...]:
-        """The terms that may have run the step after base (None: after init()), oldest
-        first: base's own term, and every term whose record names base as where it began.
-        Their effect journals of that step are the ones a replay from base reads; a term
-        that built that step on another checkpoint (a branch kept aside) is not one."""
+        """The terms whose journals a replay of the step after base reads (None: after init()),
+        oldest first: base's own term, and every term whose record names base as its start.
+        """
         terms = {start.term for start in self.starts if start.base == base}
         if base is not None:
             terms.add(base.term)

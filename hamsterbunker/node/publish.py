@@ -112,9 +112,9 @@ class Publisher:
     async def _unsure(
         self, context: StepContext, consumed: list[Consumed], started: float, exc: Exception
     ) -> Progress | NotPublished:
-        """After a put that raised: a network store's error does not prove the write was not
-        applied, so what landed is adopted; else the step is retried from the last
-        published state, so that nothing ever builds on a state the store does not hold."""
+        """After a put that raised: what landed after all (``Restorer.landed``), adopted; else
+        not published, and the step is retried from the last published state.
+        """
         landed = await self.restorer.landed(context)
         if landed is None:
             self.sink.record("publish", context.epoch, context.seq, started, "failed")
