@@ -1,9 +1,6 @@
 """A failing step's retries: exponential backoff with jitter, and when to hand the lease over.
 
-A term counts the steps that raised in a row; each failure tells how long to
-wait before the retry (timed on the node's clock by the term) and whether the
-node should hand the lease over to another node. A step that succeeds resets
-the count. What is shown of it (count, last error, short) goes into heartbeats.
+A success resets the count; the count and the last error go into heartbeats.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Spreading the leases of a host's agents over the node processes that keep them.
 
-There is no scheduler. Every heartbeat says how many agents its node process
-leads and keeps (``Heartbeat.host_leads``, ``host_agents``). Once a round (a
-lease TTL), a host that leads agents reads the heartbeats of one of them; where
-it leads at least two more than a live node that stands by for that agent, it
-hands agents over to the least loaded such nodes by switchover (the target leads
-at once: no TTL passes, and the fencing rules are those of any switchover), at
-most ``MAX_PER_ROUND`` a round, so that the loads the heartbeats tell catch up
-before the next. Each host does the same, so the leads even out to within one.
-
-A node counts as live once one of its heartbeats changed between two of this
-host's reads of it, the earlier at most two rounds ago (plus the last round's own
-reads), on this host's clock (a standby beats every half TTL): its wall-clock
-times are never compared with ours. A round reads at most ``MAX_READS_PER_ROUND``
-agents' heartbeats, and one when the leads are even.
+Once a round (a lease TTL), a host leading at least two more than a live standby
+of one of its agents hands agents over by switchover, at most ``MAX_PER_ROUND``
+a round, reading at most ``MAX_READS_PER_ROUND`` agents' heartbeats
+(docs/design.md, "The node").
 """
 
 from __future__ import annotations

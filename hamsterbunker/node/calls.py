@@ -1,10 +1,8 @@
 """Blocking calls made from the node's event loop, each on a thread pool of the node's own.
 
-Store calls run on one small pool, so a slow NFS write or a network store
-that does not answer freezes neither lease keeping nor the agent. Steps,
-sealing and init run on another, not on asyncio's default executor, which
-``asyncio.run`` waits for at the end: a sync step that never returns must not
-keep ``stop()`` from returning.
+Store calls on one; steps, sealing and init on another, never asyncio's default
+executor (which ``asyncio.run`` waits for: a sync step that never returns must not
+keep ``stop()`` from returning).
 """
 
 from __future__ import annotations

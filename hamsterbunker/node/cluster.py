@@ -1,15 +1,7 @@
 """The cluster record as this node knows it: opened with the secrets, kept against the store.
 
-The record holds the salt and the key list of the cluster (the current key,
-and while the secret rotates the others still accepted: see
-``hamsterbunker.sealing.cluster_keys``). A node opens it with its secrets before
-writing anything but a new record, so a node with the wrong secret touches
-nothing. A node that remembers the record (its state directory, see
-``hamsterbunker.lease.memory``) puts a lost one back and refuses another cluster's
-(another salt) or an older key list (a lower generation): without the record
-no node started later could open the checkpoints this cluster sealed, and an
-older one would bring back a key the cluster dropped. A running node follows
-the record (``follow``), so a rotation's new key seals from its next publish.
+A node that remembers the record puts a lost one back and refuses another
+cluster's or an older key list; a running node follows a rotation (``follow``).
 """
 
 from __future__ import annotations
@@ -123,11 +115,9 @@ class Cluster:
             log.warning("%s: could not check the cluster record: %s", node_id, exc)
 
     def follow(self) -> bool:
-        """Read the record and follow a rotation's step: True if the keys changed.
-
-        A record below the generation followed is refused (StoreRegressed); one
-        that does not authenticate or names a key this node lacks raises
-        (Tampered, WrongSecret) and changes nothing.
+        """Read the record and follow a rotation's step: True if the keys changed. Raises
+        StoreRegressed for a record below the generation followed, Tampered or WrongSecret for
+        one that does not authenticate or names a key this node lacks (nothing changed).
         """
         if self._sealer is None:
             return False

@@ -1,18 +1,9 @@
 """``hb run --http HOST:PORT``: the node's HTTP endpoints, served from threads of their own.
 
-``/metrics`` (Prometheus text, or OpenMetrics if asked, by ``prometheus_client``),
-``/health``, ``/leader`` and ``/status`` (``node.probes``). The server never
-touches the event loop, so a slow or stuck client cannot hold up lease keeping
-(DESIGN.md invariant 3); ``/status`` reads the store in a thread of its own,
-bounded by ``STATUS_TIMEOUT_S`` and shared by the requests that come meanwhile.
-It binds when the node starts, so an address in use is a ConfigError (one line,
-exit 2), and closes when the node stops.
-
-Anyone who can reach the port is a client, so a client costs little and briefly:
-a connection silent for ``READ_TIMEOUT_S`` (sending its request or taking its
-answer) is closed, at most ``MAX_CONNECTIONS`` are served at once (one more is
-closed at once, with no thread started for it), and a client that aborts is one
-debug log line, never a traceback on stderr.
+``/metrics``, ``/health``, ``/leader`` and ``/status`` (``node.probes``); never on the
+event loop. Binds when the node starts (an address in use is a ConfigError) and
+closes when it stops. A client is bounded by ``READ_TIMEOUT_S``, ``MAX_CONNECTIONS``
+and ``STATUS_TIMEOUT_S`` (docs/design.md, "The node").
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """What a node tells the world: events, heartbeats and its history of store operations.
 
-Every state change is an event (DESIGN.md invariant 7), passed to ``on_event``,
-logged at its type's level (node.priorities), and written to this node's own
-event log in the store by a writer task that holds events while the store is
-unreachable: what happened during an outage is what a monitor most needs
-afterwards. ``emit`` may be called from
-any thread (the cluster record is reconciled on the store pool); the event is
-numbered and handed on in the event loop's thread, in order.
+Every event goes to ``on_event``, the log (at its type's level, ``node.priorities``)
+and the node's event log in the store, whose writer holds events while the store is
+unreachable. ``emit`` is safe from any thread; events are numbered in order on the
+event loop.
 """
 
 from __future__ import annotations
@@ -163,12 +160,8 @@ class EventSink:
                 self._pending.task_done()
 
     def hush(self) -> None:
-        """Hold event and heartbeat writes while the lease changes hands: until unhush(),
-        for HUSH_MAX_S at most.
-
-        Their store calls would run beside the handover's own (the last publish,
-        the release; the acquisition, the restore's reads) and, on a busy machine
-        and a network store, slow each of them down.
+        """Hold event and heartbeat writes while the lease changes hands, so that they do not
+        slow the handover's store calls: until unhush(), for HUSH_MAX_S at most.
         """
         self._quiet.clear()
         if self._hush_ends is not None:

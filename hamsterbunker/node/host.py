@@ -1,17 +1,9 @@
 """``Host``: the nodes of several agents in one process (``hb run`` with ``[[agents]]``).
 
-Each agent keeps everything of its own, as a node of one agent does (a
-``Runtime`` each: its lease, term, fence, checkpoints, effects and inbox, its
-events and heartbeat); they share the process's event loop and its store
-client. Each lease is independent: a fenced or failing agent does not disturb
-the others, and an agent whose node stops with an error is reported at once
-while the others go on. A stop signal stops every agent gracefully (a second
-one cuts the grace short, as for one agent). The hosts that keep the same
-agents spread their leases evenly among them (``balance``).
-
-Towards systemd the host is one service: READY=1 once every agent is online,
-the watchdog pinged only while every running agent's lease loop makes progress,
-one STATUS= line for all.
+A ``Runtime`` per agent, each with a lease of its own; an agent that stops with an
+error is reported at once while the others go on. Towards systemd the host is one
+service: READY=1 once every agent is online, the watchdog pinged only while every
+running agent's lease loop makes progress, one STATUS= line for all.
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
 """A node refuses to start under a node id that another live process is using.
 
-Two nodes with the same ``--node-id`` (the default is the host name, which
-repeats on cloned VMs and containers) would overwrite each other's
-heartbeats. Before a node takes any part, it looks for a heartbeat of its
-own id written by another process (another session nonce). Whether that
-process is live is told without comparing wall clocks across machines
-(DESIGN.md invariant 2): the heartbeat is watched on this node's monotonic
-clock for about a lease TTL, and only one that moves (its ``beats`` counter
-or its writer changes) blocks the start. A heartbeat left by a dead process
-does not move: the node starts and overwrites it.
+Another process's heartbeat of the same id blocks the start only if it moves while
+watched on this node's clock for about a lease TTL (docs/design.md, "The node").
 """
 
 from __future__ import annotations
@@ -58,10 +51,8 @@ async def check_node_id_free(
     calls: NodeCalls,
 ) -> None:
     """Raise DuplicateNodeId if another process's heartbeat of ``node`` moves within
-    about a lease TTL (at least three ticks); return at once if there is none.
-
-    A store error only means nothing was learned from that read: the node
-    loop rides out outages.
+    about a lease TTL (at least three ticks); return at once if there is none. A store
+    error only means nothing was learned from that read.
     """
 
     async def current() -> Heartbeat | None:

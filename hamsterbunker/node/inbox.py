@@ -1,18 +1,9 @@
 """A leader term's inbox: the unconsumed submissions it reads, opens and hands to its steps.
 
-One per term. It starts from the consumed marks of the checkpoint the term
-restored and moves on with each checkpoint the term publishes, so what it
-shows is exactly what the store's newest accepted checkpoint left unconsumed
-(DESIGN.md invariant 9). A submission is shown only once it authenticates as
-the number it is stored under; anything else is reported (``inbox.rejected``)
-and skipped. The store's watch wakes a step waiting in ``wait_for_inbox``.
-
-Junk is read once, not before every step. A store's read returns a bounded
-window (``read_bounds.INBOX_READ``); junk above the highest number that
-authenticated can fill it. The term reads on past such junk, window after
-window, so that a submission admitted behind it is seen; and it looks at the
-junk again only every ``RESCAN_TICKS`` ticks, since an admission may have
-replaced planted junk ahead of the inbox's counter with a genuine submission.
+One per term, moving on with each checkpoint it publishes: it shows what the newest
+accepted checkpoint left unconsumed, each only once it authenticates as its number
+(anything else: ``inbox.rejected``). Junk above the inbox is read past, and read again
+only every ``RESCAN_TICKS`` ticks (docs/design.md, "The node").
 """
 
 from __future__ import annotations
@@ -166,11 +157,8 @@ class TermInbox:
         self._sink.emit("inbox.admitted", number=number, request_id=opened.request_id)
 
     def _read_on(self, top: int | None) -> None:
-        """Move where the next read starts, after a read whose highest number was top.
-
-        Anything read above _after did not authenticate: the next read starts past
-        it. A read that finds nothing more goes back to _after once _rescan_at has
-        passed, and at no other time, so junk is not read again before every step.
+        """Move where the next read starts, after a read whose highest number was top: past
+        what did not authenticate, back to _after only once _rescan_at has passed.
         """
         now = self._clock.monotonic()
         if self._scan <= self._after:

@@ -1,23 +1,8 @@
 """The effect journal of one leader's term: sealed records in the store, fenced by its lease.
 
-``hamsterbunker.agent.effects`` holds the rules of journaled effects; this part
-seals each record (the associated data binds agent, step, number, kind and
-name), writes it with ``Store.put_effect`` under the term's fence, and reads
-a step's journal back for a replay, keeping only what authenticates as that
-step's record and was written no earlier than the checkpoint the step builds
-on (an older record belongs to a history that was given up). Each record
-carries the order in which its term wrote it, and a replay applies them in
-that order: a retry that took another path leaves its records beside an
-earlier attempt's under the same numbers, and the later ones count.
-
-On a store that keeps a chain per node (``Store.chains``) each node journals
-into its own subtree, so the replay of the step after a restored checkpoint
-reads the journals of the terms that built on that checkpoint
-(``Progress.journals``: the term that published it, and those whose records
-name it as their base), each from its node's subtree and only what that term
-wrote (by epoch), and this term's own records from its own subtree. A term that ran the step
-from another checkpoint (a branch kept aside) is never read: its outcomes
-belong to another state.
+The rules of journaled effects are ``hamsterbunker.agent.effects``'; this part seals,
+writes (``Store.put_effect`` under the term's fence) and reads back a step's journal,
+in the order it was written (docs/design.md, "The node").
 """
 
 from __future__ import annotations
@@ -270,13 +255,8 @@ class TermJournal:
 
 @dataclass(frozen=True, order=True)
 class _Record:
-    """One authentic record of a step's journal, ordered as it was written.
-
-    A term's records are applied in the order it wrote them, a later term's after an
-    earlier one's. The store keeps one record per number and kind, so after a retry that
-    took another path it may hold an earlier attempt's outcome beside a later attempt's
-    intent at the same number: applied in (number, kind) order, the old outcome would
-    take the new intent's place and every replay would find a mismatch for ever.
+    """One authentic record of a step's journal, ordered as it was written: a term's
+    records in its order of writing, a later term's after an earlier one's.
     """
 
     term: TermId
@@ -332,15 +312,9 @@ def _apply(entries: dict[int, Entry], index: int, kind: str, opened: OpenedEffec
 
 
 def _mark_earlier_paths(entries: dict[int, Entry], latest: dict[int, tuple[TermId, int]]) -> None:
-    """Mark the entries written by an earlier run of the step than an entry before them.
-
-    A later run writes at a number the earlier one had written only when it took another
-    path from there (a failed safe effect called again, then other effects written over
-    the earlier run's): what the earlier run wrote after that number may be another path's,
-    and a retry in the term writes over it where its names differ. A replay that finds it
-    does the same (``Entry.earlier_path``), instead of raising EffectMismatch on every run:
-    the later run's own record there may have been cut off before it was written (a safe
-    effect writes none until it returns) or deleted from the store.
+    """Mark the entries written by an earlier run of the step than an entry before them
+    (``Entry.earlier_path``): they may be another path's, and a replay writes over them
+    where names differ instead of raising EffectMismatch.
     """
     newest: tuple[TermId, int] | None = None
     for index in sorted(entries):

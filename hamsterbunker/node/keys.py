@@ -1,14 +1,9 @@
 """Following the cluster's keys while the node runs: a rotation's new key seals from the
 next publish.
 
-``hb rotate-secret begin`` makes a new key current in the cluster record;
-every node reads the record every ``period_s`` and, once it authenticates,
-seals with that key (``Sealer.adopt``). Its heartbeat says which key that is,
-so ``begin`` can wait for every live node to have moved. A node asked to
-follow a key it does not hold (a node that slipped past begin's check) stops
-and says why (``refusal``): it would seal with a key the cluster no longer
-seals with. The record is read every few lease TTLs: a rotation is rare, and
-``begin`` waits for every node to follow it.
+The record is read every ``period_s``; once a new current key authenticates the node
+seals with it (``Sealer.adopt``) and says so in its heartbeat. Asked to follow a key it
+does not hold, the node stops and says why (``refusal``).
 """
 
 from __future__ import annotations

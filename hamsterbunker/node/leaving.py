@@ -92,12 +92,8 @@ class Leaving:
             self._set_role("standby")
 
     async def _give_up(self, ended: TermEnd) -> None:
-        """Release the lease so another node can try, and stand by.
-
-        With hold_off this node takes no free lease for two TTLs (or the term's
-        longer hold-off: a handoff after failing steps waits out the longest
-        backoff), so that another node gets the first try; alone, it tries again
-        after that.
+        """Release the lease so another node can try, and stand by. With hold_off this node
+        takes no free lease for two TTLs (or the term's longer hold-off after failing steps).
         """
         emit = self._sink.emit
         via: dict[str, Any] = {"via": ended.via} if ended.via else {}
@@ -130,10 +126,8 @@ class Leaving:
             await leader
 
     async def _shutdown(self, writer: asyncio.Task[None]) -> None:
-        """Release the lease, drop the heartbeat, flush the events (graceful stop).
-
-        Each store call is bounded by the stop's budget: a store that does not
-        answer delays a stop, never blocks it.
+        """Release the lease, drop the heartbeat, flush the events (graceful stop); each store
+        call bounded by the stop's budget.
         """
         emit, budget = self._sink.emit, self._stop.budget
         self._notifier.stopping()

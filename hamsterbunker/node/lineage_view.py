@@ -1,21 +1,9 @@
 """The lineage as this node sees it, on a store that keeps chains (``Store.chains``).
 
-A node reads every term record, keeps those that authenticate (one that does
-not is reported, ``term_record.rejected``, and counts for nothing: it cannot
-pick a restore base), lists every chain, and works out the lineage
-(``hamsterbunker.records.lineage``): which checkpoints carry the agent on, which are
-kept aside. Each kept-aside segment is reported once per node process
-(``store.diverged``), whether a restore or the periodic ``DivergenceCheck``
-found it: so a leader that kept leading after a partition healed still says
-so once the loser's chain has synced in.
-
-It also reads the operator's chain choices (``hb choose-chain``, signed like
-term records; one that does not authenticate is reported the same way): the
-one that applies while the winning term wins is in each read (``choice``), and
-a restore's read goes on from it (``read(apply_choice=True)``).
-
-Reading runs in a thread (``read``); reporting on the node's event loop
-(``report``), where events are emitted.
+``read`` (in a thread) reads the term records that authenticate, the chains and the
+operator's chain choices (``hb choose-chain``); ``report`` (on the event loop) says
+each kept-aside segment once per process (``store.diverged``) and each record that
+does not authenticate (``term_record.rejected``).
 """
 
 from __future__ import annotations
@@ -70,10 +58,9 @@ class LineageRead:
         return [self.where[ref] for ref in self.lineage.carried if ref in self.where]
 
     def built_on(self, base: CheckpointRef | None) -> tuple[TermId, ...]:
-        """The terms that may have run the step after base (None: after init()), oldest
-        first: base's own term, and every term whose record names base as where it began.
-        Their effect journals of that step are the ones a replay from base reads; a term
-        that built that step on another checkpoint (a branch kept aside) is not one."""
+        """The terms whose journals a replay of the step after base reads (None: after init()),
+        oldest first: base's own term, and every term whose record names base as its start.
+        """
         terms = {start.term for start in self.starts if start.base == base}
         if base is not None:
             terms.add(base.term)
@@ -201,12 +188,9 @@ def diverged_fields(winner: TermId | None, segment: Aside) -> dict[str, object]:
 
 
 class DivergenceCheck:
-    """Reads the lineage every period_s and reports what it has not reported yet.
-
-    Runs on leaders and standbys alike, so that whichever node sees both
-    chains says so. One read of the term records and the chains per round;
-    a store error skips the round. A chain choice that applies is handed to
-    on_choice (a leader of the term it was made after ends that term).
+    """Reads the lineage every period_s and reports what it has not reported yet, on
+    leaders and standbys alike; a store error skips the round. A chain choice that applies
+    is handed to on_choice.
     """
 
     def __init__(

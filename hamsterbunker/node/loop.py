@@ -1,12 +1,8 @@
 """The node loop: keeps (or watches for) the lease, beats, and stops gracefully.
 
-One pass per tick, or earlier when the store hints at a change: tick the
-lease keeper, write the heartbeat, start a leader's term on acquiring the
-lease and end it on losing it. The term runs as a task of its own, so lease
-keeping never waits on the agent (DESIGN.md invariant 3); how a term ended
-(fenced, given up) comes back here, and only the loop sets the node's role.
-A stop releases the lease and drops the heartbeat, each store call bounded by
-the stop's budget (DESIGN.md invariant 6).
+One pass per tick, or earlier when the store hints at a change. A leader's term runs
+as a task of its own; how it ended comes back here, and only the loop sets the node's
+role. A stop releases the lease and drops the heartbeat within the stop's budget.
 """
 
 from __future__ import annotations
@@ -78,7 +74,6 @@ class NodeLoop(Leaving):
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
         self._heard = HeardLease()  # the records the watch carried, until the next look
         self._beat_owed = False  # a heartbeat held by a hush: written as it ends
-        # A switchover's target's heartbeat, read while the term finishes (_hand_over).
         self._target_beats: asyncio.Future[list[Heartbeat]] | None = None
         self._pacing = Pacing(keeper, standing, timing, clock)
 
@@ -383,13 +378,9 @@ class NodeLoop(Leaving):
         self._watcher = asyncio.create_task(self._watch(leading), name="hb-watch")
 
     async def _watch(self, leading: bool) -> None:
-        """Wake the loop when the lease record changes.
-
-        A standby wakes for every renewal: it times the lease's expiry from the
-        last change it saw, so seeing each renewal at once keeps a failover
-        within a TTL of the holder's death. A leader made its renewals itself:
-        it wakes only for another term or an operator's request (terms_only).
-        A record the watch carries spares the read that would follow.
+        """Wake the loop when the lease record changes: a standby for every renewal (it times
+        the expiry from the last change it saw), a leader only for another term or an
+        operator's request. A record the watch carries spares the read that would follow.
         """
         try:
             if leading:

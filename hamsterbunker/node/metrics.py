@@ -41,32 +41,8 @@ class NodeMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self._clock = clock
+        self._gauges(identity, standing, keeper)
         r = self.registry
-
-        def gauge(name: str, doc: str, read: Any) -> None:
-            Gauge(name, doc, namespace=PREFIX, registry=r).set_function(read)
-
-        info = Gauge("node_info", "This node: always 1, its names as labels.",
-                     ["node", "region", "agent"], namespace=PREFIX, registry=r)  # fmt: skip
-        info.labels(identity.node, identity.region, identity.agent).set(1)
-        gauge("is_leader", "1 while this node holds the lease, else 0.",
-              lambda: float(keeper.held is not None))  # fmt: skip
-        gauge(
-            "epoch",
-            "The lease epoch this node holds, or the highest it has seen.",
-            lambda: float(keeper.held.epoch if keeper.held else standing.epoch_seen),
-        )
-        gauge("paused", "1 while the agent is paused by an operator (hb pause), else 0.",
-              lambda: float(standing.paused))  # fmt: skip
-        gauge(
-            "seconds_since_renewal",
-            "Seconds since this node sent its last successful renewal (NaN unless leader).",
-            lambda: keeper.seconds_since_renewal() if keeper.held is not None else math.nan,
-        )
-        gauge("inbox_depth", "Unconsumed submissions in the inbox, as the leader last read it.",
-              lambda: float(standing.inbox[0]))  # fmt: skip
-        gauge("step_failures_in_a_row", "Steps of the current term that failed in a row.",
-              lambda: float(standing.failing[0]))  # fmt: skip
 
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, labels, namespace=PREFIX, registry=r)
@@ -99,6 +75,35 @@ class NodeMetrics:
             "step": histogram("step_seconds", step, STEP_BUCKETS),
             "publish": histogram("publish_seconds", publish, STORE_BUCKETS),
         }
+
+    def _gauges(self, identity: Identity, standing: Standing, keeper: LeaseKeeper) -> None:
+        """The gauges read when scraped: who this node is, and where it stands."""
+        r = self.registry
+
+        def gauge(name: str, doc: str, read: Any) -> None:
+            Gauge(name, doc, namespace=PREFIX, registry=r).set_function(read)
+
+        info = Gauge("node_info", "This node: always 1, its names as labels.",
+                     ["node", "region", "agent"], namespace=PREFIX, registry=r)  # fmt: skip
+        info.labels(identity.node, identity.region, identity.agent).set(1)
+        gauge("is_leader", "1 while this node holds the lease, else 0.",
+              lambda: float(keeper.held is not None))  # fmt: skip
+        gauge(
+            "epoch",
+            "The lease epoch this node holds, or the highest it has seen.",
+            lambda: float(keeper.held.epoch if keeper.held else standing.epoch_seen),
+        )
+        gauge("paused", "1 while the agent is paused by an operator (hb pause), else 0.",
+              lambda: float(standing.paused))  # fmt: skip
+        gauge(
+            "seconds_since_renewal",
+            "Seconds since this node sent its last successful renewal (NaN unless leader).",
+            lambda: keeper.seconds_since_renewal() if keeper.held is not None else math.nan,
+        )
+        gauge("inbox_depth", "Unconsumed submissions in the inbox, as the leader last read it.",
+              lambda: float(standing.inbox[0]))  # fmt: skip
+        gauge("step_failures_in_a_row", "Steps of the current term that failed in a row.",
+              lambda: float(standing.failing[0]))  # fmt: skip
 
     def on_event(self, kind: str, detail: Mapping[str, Any]) -> None:
         """Count one of the node's events (called in the event loop's thread)."""

@@ -1,18 +1,8 @@
 """Talking to systemd (sd_notify): readiness, status, watchdog pings, stopping.
 
-We use ``sdnotify`` for the socket, wrapped so that its quirks cannot hurt us:
-
-* it swallows every error by default: we ask it to raise, and log the first
-  failure of each kind instead of losing it silently;
-* it encodes as Latin-1, which garbles a status like ``active · epoch 3`` and
-  raises on anything outside Latin-1: we hand it text whose Latin-1 bytes are
-  our UTF-8;
-* its socket blocks: ours does not, so a full socket buffer can never stall
-  the node loop (a dropped message is logged);
-* each message goes in a datagram of its own, so a status that fails for any
-  reason cannot take a ``WATCHDOG=1`` ping down with it.
-
-Outside systemd (no ``$NOTIFY_SOCKET``) every method does nothing.
+Over ``sdnotify``, made to raise (the first failure of each kind logged), to send
+UTF-8, never to block, and to send each message in a datagram of its own
+(docs/design.md, "The node"). Outside systemd (no ``$NOTIFY_SOCKET``) it does nothing.
 """
 
 from __future__ import annotations

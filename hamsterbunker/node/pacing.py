@@ -1,13 +1,9 @@
 """When the lease loop next reads the lease and writes its heartbeat.
 
-A leader renews and beats every tick. A standby whose store watch works is
-woken by every change of the lease record (a live leader's renewal each tick)
-and at the lease's expiry, and reads then; between those it reads only once
-two ticks passed without one, so a leader, store or watch in trouble is still
-noticed within two ticks. It beats every ``standby_period_s`` (half a TTL): its
-liveness is judged over a whole TTL. A standby without a working watch, or
-facing a free lease or one expired that it could not take, reads every tick.
-Reads and beats are counted from the pass's start, so one pass a period does both.
+A leader renews and beats every tick. A standby with a working watch reads when woken
+and at least every two ticks, and beats every ``standby_period_s``; without one, or
+facing a free or expired lease it could not take, it reads every tick
+(docs/design.md, "The node").
 """
 
 from __future__ import annotations
@@ -51,9 +47,6 @@ class Pacing:
     def beat_due(self, pass_start: float) -> bool:
         """Whether the pass begun at pass_start writes the heartbeat (due, or the role
         changed since the last); if so, the next one is counted from pass_start.
-
-        Heartbeats keep to their period even when a store change woke us early, or
-        every write would wake every other node into writing again.
         """
         role = self._standing.role
         if pass_start < self._next_heartbeat and role == self._beat_role:

@@ -1,11 +1,8 @@
 """What a node answers about itself over HTTP: ``/health``, ``/leader`` and ``/status``.
 
-Each answer reads the node's ``Standing`` and ``LeaseKeeper`` as they are (from
-the HTTP server's thread, never waiting on the event loop), and judges as the
-node itself does: the lease is live while this node holds it within its renew
-deadline, or while a standby has seen it change within a TTL, on its own clock
-(DESIGN.md invariant 2). ``/status`` is ``hb status --json`` (``status.snapshot``)
-with the lease's liveness as this node sees it, instead of watching it anew.
+Read from the HTTP server's thread, never waiting on the event loop, and judged as the
+node judges its lease, on its own clock. ``/status`` is ``hb status --json``
+(``status.snapshot``) with the lease's liveness as this node sees it.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ from ..core.errors import Fenced, HamsterbunkerError
 from ..core.failpoints import failpoint
 from ..core.reach import Reach
 from ..lease import LeaseKeeper
+from ..records import CheckpointInfo
 from ..sealing import Sealer
 from ..stores import Fence, Store
+from ..stores.base import Consumed
 from .calls import NodeCalls
 from .events import EventSink
 from .inbox import TermInbox
@@ -55,63 +57,75 @@ class Publisher:
         What the step consumed commits with it: its numbers sealed in the
         checkpoint's marks, its replies in the same store write.
         """
-        agent_id, emit, record = self.identity.agent, self.sink.emit, self.sink.record
-        fence = Fence(holder=self.identity.node, session=self.keeper.session, epoch=context.epoch)
         consumed = [] if context.mailbox is None else context.mailbox.consumed
         marks, gaps = marks.adding(c.number for c in consumed)
-        # Only a consuming step passes consumption: stores wrapped by tests take four arguments.
-        also = (consumed,) if consumed else ()
         started = self.clock.monotonic()
         try:
-            # The state's JSON here (SealError before the store is touched); its
-            # encryption inside the put, piece by piece as the store writes them.
-            # Into this node's own chain on a store that keeps one per node: bound to it.
-            chain = self.identity.node if self.store.chains is not None else None
-            blob = await self.calls.work(
-                functools.partial(self.sealer.seal_pieces, inbox=marks.to_json(), node=chain),
-                agent_id,
-                context.epoch,
-                context.seq,
-                state,
-            )
-            if consumed:
-                failpoint("inbox.before_commit")
-            info = await self.calls.io(
-                self.store.put_checkpoint, agent_id, fence, context.seq, blob, *also
-            )
-            if consumed:
-                failpoint("inbox.after_commit")
+            info = await self._put(context, state, marks, consumed)
         except Fenced as exc:
-            record("publish", context.epoch, context.seq, started, "fenced")
+            self.sink.record("publish", context.epoch, context.seq, started, "fenced")
             # The refused term's epoch: the keeper may have seen the next one already.
-            emit("node.fenced", epoch=context.epoch, error=str(exc), step_seq=context.seq)
+            self.sink.emit("node.fenced", epoch=context.epoch, error=str(exc),
+                           step_seq=context.seq)  # fmt: skip
             self.end_term()
             return NotPublished(str(exc), fenced=True)
         except HamsterbunkerError as exc:
-            # A network store's error does not prove the write was not applied.
-            landed = await self.restorer.landed(context)
-            if landed is not None:
-                ours = all(c.number in landed.marks for c in consumed)
-                done = [c.number for c in consumed] if ours else []
-                record("publish", context.epoch, landed.seq, started, "ok", landed=True,
-                       **({"consumed": done} if done else {}))  # fmt: skip
-                self.standing.seq = landed.seq
-                self.keeper.learn_published(Reach(landed.seq, context.epoch))
-                emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
-                self.inbox.committed(consumed if ours else [], landed.marks)
-                return landed
-            # Not published: the step is retried from the last published state,
-            # so nothing ever builds on a state the store does not hold.
-            record("publish", context.epoch, context.seq, started, "failed")
-            emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
-            return NotPublished(str(exc))
+            return await self._unsure(context, consumed, started, exc)
         numbers = [c.number for c in consumed]
-        record("publish", context.epoch, context.seq, started, "ok",
-               **({"consumed": numbers} if numbers else {}))  # fmt: skip
+        self.sink.record("publish", context.epoch, context.seq, started, "ok",
+                         **({"consumed": numbers} if numbers else {}))  # fmt: skip
         self.standing.seq = info.seq
         self.keeper.learn_published(Reach(info.seq, info.epoch))
-        emit("agent.step", step_seq=info.seq)
-        emit("checkpoint.published", size=info.size)
+        self.sink.emit("agent.step", step_seq=info.seq)
+        self.sink.emit("checkpoint.published", size=info.size)
         self.inbox.committed(consumed, marks)
         self.inbox.gave_up(gaps)
         return Progress(state, info.seq, epoch=info.epoch, marks=marks)
+
+    async def _put(
+        self, context: StepContext, state: State, marks: ConsumedMarks, consumed: list[Consumed]
+    ) -> CheckpointInfo:
+        """Seal the state with marks and write it with what the step consumed."""
+        # The state's JSON here (SealError before the store is touched); its
+        # encryption inside the put, piece by piece as the store writes them.
+        # Into this node's own chain on a store that keeps one per node: bound to it.
+        chain = self.identity.node if self.store.chains is not None else None
+        blob = await self.calls.work(
+            functools.partial(self.sealer.seal_pieces, inbox=marks.to_json(), node=chain),
+            self.identity.agent,
+            context.epoch,
+            context.seq,
+            state,
+        )
+        # Only a consuming step passes consumption: stores wrapped by tests take four arguments.
+        also = (consumed,) if consumed else ()
+        if consumed:
+            failpoint("inbox.before_commit")
+        fence = Fence(holder=self.identity.node, session=self.keeper.session, epoch=context.epoch)
+        info = await self.calls.io(
+            self.store.put_checkpoint, self.identity.agent, fence, context.seq, blob, *also
+        )
+        if consumed:
+            failpoint("inbox.after_commit")
+        return info
+
+    async def _unsure(
+        self, context: StepContext, consumed: list[Consumed], started: float, exc: Exception
+    ) -> Progress | NotPublished:
+        """After a put that raised: what landed after all (``Restorer.landed``), adopted; else
+        not published, and the step is retried from the last published state.
+        """
+        landed = await self.restorer.landed(context)
+        if landed is None:
+            self.sink.record("publish", context.epoch, context.seq, started, "failed")
+            self.sink.emit("checkpoint.failed", error=str(exc), step_seq=context.seq)
+            return NotPublished(str(exc))
+        ours = all(c.number in landed.marks for c in consumed)
+        done = [c.number for c in consumed] if ours else []
+        self.sink.record("publish", context.epoch, landed.seq, started, "ok", landed=True,
+                         **({"consumed": done} if done else {}))  # fmt: skip
+        self.standing.seq = landed.seq
+        self.keeper.learn_published(Reach(landed.seq, context.epoch))
+        self.sink.emit("checkpoint.published", landed_despite=str(exc), step_seq=landed.seq)
+        self.inbox.committed(consumed if ours else [], landed.marks)
+        return landed

@@ -1,21 +1,8 @@
 """What a new term resumes from: the newest checkpoint that authenticates, and no less.
 
-A restore reads the store's checkpoints newest first and resumes from the
-first one the secret opens; it refuses to resume behind what this node knows
-the store accepted (DESIGN.md invariant 10), unless that loss was accepted
-with ``hb accept-loss``. The same reading decides whether a publish whose
-answer was lost landed after all.
-
-On a store that keeps a chain per node (``Store.chains``, given as a
-``LineageView``) the checkpoints read are those the winning lineage carries
-(``lineage_view``), newest first, never a higher seq of a chain kept aside;
-what this node saw accepted on a branch now kept aside is no loss (it is still
-there, reported as ``store.diverged``). The term then writes its own term
-record, naming the checkpoint it restored from, before its first checkpoint.
-There, what this node saw accepted and cannot find is not refused for good
-(the sync may bring it: ``BehindTheSync``, and the term tries again), and an
-operator's chain choice (``hb choose-chain``) is where a restore goes on from,
-behind what was seen or not.
+The same reading tells whether a publish whose answer was lost landed after all. On a
+store that keeps chains, only what the winning lineage carries is read
+(docs/design.md, "The node").
 """
 
 from __future__ import annotations
@@ -116,11 +103,8 @@ class Restorer:
 
     async def _read_lineage(self, view: LineageView) -> _Read:
         """The checkpoints the winning lineage carries, newest first, and the acceptance.
-
-        Checkpoints of a term whose record is not here (yet) place nowhere: with
-        nothing carried, restoring from init() could start a second history
-        beside them, so the restore waits for their record (a StoreError: the
-        term tries again, and gives the lease up after a TTL).
+        StoreError while checkpoints are stored that no term record places: the term tries
+        again rather than start a second history from init().
         """
         found = await self._calls.io(functools.partial(view.read, apply_choice=True))
         view.report(found)
@@ -144,19 +128,12 @@ class Restorer:
     async def restore(self, epoch: int, taken: RestoreRead | None = None) -> Progress:
         """The newest checkpoint that authenticates, or init() on a store that never had one.
 
-        Only authenticated checkpoints count: one that fails to authenticate is
-        reported (checkpoint.rejected) and skipped, and it moves neither the
-        next seq nor the next epoch. The node refuses (StoreRegressed) when the
-        newest that authenticates is behind what it knows the store accepted,
-        whether the newer ones are gone or damaged, unless that loss was
-        accepted with ``hb accept-loss``. A store error ends the attempt
-        (StoreError): skipping what could not be read could resume behind. taken:
-        what the acquisition of the lease for epoch read, if the store read with it.
-
-        On a store that keeps chains, a checkpoint the previous leader's claim
-        announced may reach this machine after the claim (the sync tool copies
-        files in any order): before refusing, the restore reads again for up to
-        the store's sync delay.
+        Raises StoreRegressed if that is behind what this node knows the store accepted
+        (unless ``hb accept-loss`` accepted it); NoUsableCheckpoint if none of those stored
+        authenticates and nothing was seen accepted; LeaseBehind if one is of this epoch or
+        above; StoreError if a read failed; on a synced folder BehindTheSync, after reading
+        again for up to the sync delay. taken: what the acquisition of the lease for epoch
+        read, if the store read with it.
         """
         if self._lineage is None:
             return await self._restore(epoch, taken, may_wait=False)
@@ -267,17 +244,7 @@ class Restorer:
             raise self._regressed(newest, reach, damaged, read)
         journals: tuple[TermId, ...] = ()
         if base is not None:
-            if chosen:
-                assert read.lineage is not None and read.lineage.choice is not None
-                self._emit(
-                    "chain.chosen",
-                    after=str(read.lineage.choice.after),
-                    base=describe_ref(base),
-                    behind_seen=behind,
-                )
-            await self._write_term_start(epoch, base)
-            assert read.lineage is not None  # chain_of is only filled from a lineage read
-            journals = read.lineage.built_on(base)
+            journals = await self._begin_from(epoch, read, base, chosen=chosen, behind=behind)
         if forgiving is not None:
             self._keeper.accept_loss(newest)
             self._emit(
@@ -298,6 +265,23 @@ class Restorer:
             journals=journals,
         )  # fmt: skip
 
+    async def _begin_from(
+        self, epoch: int, read: _Read, base: CheckpointRef, *, chosen: bool, behind: bool
+    ) -> tuple[TermId, ...]:
+        """On a store with chains: write the term's record, beginning from base (chosen: by an
+        operator, said so); the terms whose effect journals the replay of its next step reads."""
+        assert read.lineage is not None  # chain_of is only filled from a lineage read
+        if chosen:
+            assert read.lineage.choice is not None
+            self._emit(
+                "chain.chosen",
+                after=str(read.lineage.choice.after),
+                base=describe_ref(base),
+                behind_seen=behind,
+            )
+        await self._write_term_start(epoch, base)
+        return read.lineage.built_on(base)
+
     def _lease_behind(self, epoch: int, info: CheckpointInfo) -> LeaseBehind:
         """An authenticated checkpoint at or above this term's epoch: the epoch may have been
         used before; the lease is taken again, above it."""
@@ -316,15 +300,9 @@ class Restorer:
         return LeaseBehind(reason)
 
     async def landed(self, context: StepContext) -> Progress | None:
-        """The checkpoint of this term at or past context.seq, if a failed write landed after all.
-
-        Only this node writes under this epoch, so such a checkpoint that
-        authenticates is ours: from this attempt, or from an earlier one whose
-        answer was lost. What the store holds is adopted, read back and opened
-        (an earlier attempt may have stored another state for the same seq), so
-        that the next step builds on the store's state and numbers on from it
-        instead of offering the same seq again forever. On a store that keeps a chain
-        per node, this node's own chain is read, and what it holds is opened as its.
+        """The checkpoint of this term at or past context.seq, if a failed write landed after
+        all (only this node writes under this epoch): read back and opened, so that the next
+        step builds on the store's state. None if none, or if the store cannot tell now.
         """
         view = self._lineage
         try:

@@ -1,16 +1,9 @@
 """``Runtime``: one node of a HamsterBunker cluster for one agent, as callers see it.
 
-It checks what it is given (secret, names) before it touches the store, then
-wires the parts of this package for each run and gets out of the way:
-
-* the node loop (``loop``) keeps the lease, beats and stops gracefully;
-* a leader's term (``term``, ``restore``) restores, steps and publishes while
-  the lease is held;
-* the event sink (``events``), the cluster record (``cluster``), the thread
-  pools (``calls``) and the watchdog (``watchdog``) serve both.
-
-``start()`` runs the node in a background thread for callers that are not
-async; ``run()`` in the foreground until SIGTERM; ``serve()`` in a running loop.
+It checks what it is given before it touches the store, then wires the node loop
+(``loop``), the leader's terms (``term``) and what serves both. ``start()`` runs the
+node in a background thread, ``run()`` in the foreground until SIGTERM, ``serve()``
+in a running event loop.
 """
 
 from __future__ import annotations
@@ -81,7 +74,17 @@ def _on_stop_signal(signals: Signals) -> None:
 
 
 class Runtime:
-    """One node of a HamsterBunker cluster for one agent."""
+    """One node of a HamsterBunker cluster for one agent.
+
+    ``state_dir``: where the node keeps its memory of the store across restarts (without
+    one it remembers only while it runs). ``clock``: CLOCK_BOOTTIME by default.
+    ``stop_grace_ms``: how long a stop lets the step in flight finish and be published.
+    ``step_retry``: the backoff of a step that raised, and after how many failures in a
+    row the lease is handed over. ``http``: HOST:PORT to serve /metrics, /health, /leader
+    and /status on; ``metrics``: count without serving (``self.metrics`` is None unless
+    either is given, and prometheus_client is not loaded). ``log_agent``: name the agent
+    in each event's log line. ``sync_delay_ms``: required for a ``syncdir://`` store.
+    """
 
     def __init__(
         self,
@@ -105,21 +108,7 @@ class Runtime:
         log_agent: bool = False,
         sync_delay_ms: int | None = None,
     ) -> None:
-        """``state_dir``: where this node keeps its memory of the store across restarts
-        (see ``hamsterbunker.lease.memory``); without one it remembers only while it runs.
-        ``clock`` times everything the node times (CLOCK_BOOTTIME by default).
-        ``stop_grace_ms``: how long a stop lets the step in flight finish and be
-        published before it is cancelled (async) or abandoned (sync).
-        ``step_retry``: how a step that raised is retried (backoff with jitter, capped)
-        and after how many failures in a row the lease is handed over.
-        ``http``: HOST:PORT to serve /metrics, /health, /leader and /status on while
-        the node runs. ``metrics``: count them without serving them (``self.metrics``
-        holds the numbers whenever either is given; None otherwise, and
-        prometheus_client is not even loaded: a standby costs some 5 MB less).
-        ``log_agent``: name the agent beside the node in each event's log line (for a
-        process that keeps several agents). ``sync_delay_ms``: for a store given by a
-        ``syncdir://`` URL (and required there), the longest the sync tool takes."""
-        secret = Keyring.of(secret)  # checked before the store is touched
+        self._secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
         self.node_id = check_name("node id", node_id)
         self.region = region
@@ -130,28 +119,13 @@ class Runtime:
         self.clock: Clock = clock or MonotonicClock()
         if sync_delay_ms is not None:
             check_sync_delay(timing, sync_delay_ms)  # the TTL a synced folder needs
-        self.store: Store = (
-            open_store(store, node=self.node_id, sync_delay_ms=sync_delay_ms)
-            if isinstance(store, str)
-            else store
-        )
+        if isinstance(store, str):
+            store = open_store(store, node=self.node_id, sync_delay_ms=sync_delay_ms)
+        self.store: Store = store
         self.keeper = LeaseKeeper(
             self.store, self.agent_id, self.node_id, region, timing=timing, clock=self.clock
         )
-        self._memory_file: MemoryFile | None = None
-        remembered = Memory()
-        if state_dir is not None:
-            self._memory_file = MemoryFile(
-                Path(state_dir) / ".memory", self.store.url, self.agent_id, clock=self.clock
-            )
-            remembered = self._memory_file.load()
-            self.keeper.remember(remembered.epoch, remembered.reach)
-        # The intents this node wrote, beside its memory of the store: every term's.
-        self._intents = IntentLog(
-            None if self._memory_file is None else self._memory_file.path.with_suffix(".intents")
-        )
-        self._remembered_cluster = remembered.cluster
-        self._remembered_control = remembered.control
+        self._remember(state_dir)
         self.on_event = on_event
         self._history = HistoryWriter(history, clock=self.clock) if history is not None else None
         self._notifier = notifier or Notifier(None)
@@ -159,13 +133,9 @@ class Runtime:
         self.standing = Standing()
         self._identity = Identity(self.node_id, self.region, self.host, self.agent_id)
         self._http = parse_http_address(http) if isinstance(http, str) else http
-        self.metrics: NodeMetrics | None = None
-        if metrics or self._http is not None:
-            from .metrics import NodeMetrics  # loads prometheus_client: only when asked for
-
-            self.metrics = NodeMetrics(self._identity, self.standing, self.keeper, self.clock)
+        wanted = metrics or self._http is not None
+        self.metrics: NodeMetrics | None = self._new_metrics() if wanted else None
         self.endpoints: Endpoints | None = None  # while serving http
-        self._secret = secret
         self._log_agent = log_agent
         self._stop = StopRequest(self.clock, stop_grace_ms / 1000)
         self._thread: threading.Thread | None = None
@@ -176,6 +146,28 @@ class Runtime:
         self.load: Callable[[], tuple[int, int]] | None = None
         self.ready = threading.Event()  # set once the node is online (or failed to start)
         self.stopped = threading.Event()  # set once the node loop has ended, for any reason
+
+    def _remember(self, state_dir: str | os.PathLike[str] | None) -> None:
+        """Load what this node remembers of the store from its earlier runs (nothing without
+        state_dir), and the intents it wrote beside it: every term's."""
+        self._memory_file: MemoryFile | None = None
+        remembered = Memory()
+        if state_dir is not None:
+            self._memory_file = MemoryFile(
+                Path(state_dir) / ".memory", self.store.url, self.agent_id, clock=self.clock
+            )
+            remembered = self._memory_file.load()
+            self.keeper.remember(remembered.epoch, remembered.reach)
+        self._intents = IntentLog(
+            None if self._memory_file is None else self._memory_file.path.with_suffix(".intents")
+        )
+        self._remembered_cluster = remembered.cluster
+        self._remembered_control = remembered.control
+
+    def _new_metrics(self) -> NodeMetrics:
+        from .metrics import NodeMetrics  # loads prometheus_client: only when asked for
+
+        return NodeMetrics(self._identity, self.standing, self.keeper, self.clock)
 
     @property
     def role(self) -> str:
@@ -205,12 +197,10 @@ class Runtime:
         self._thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop gracefully: stop stepping, release the lease, drop the heartbeat.
-
-        Returns within timeout whatever the store or the agent does: store calls
-        that do not answer in time are given up (and said so in the log). A sync
-        step still running is abandoned in its thread. Re-raises the error that
-        ended the node, if one did.
+        """Stop gracefully: stop stepping, release the lease, drop the heartbeat. Returns
+        within timeout whatever the store or the agent does (store calls that do not answer
+        are given up, a sync step still running is abandoned); re-raises the error that ended
+        the node, if one did.
         """
         # Most of the time for the shutdown's own store calls, the rest for the thread's end.
         self._stop.ask(within=timeout * 0.8)
@@ -296,8 +286,7 @@ class Runtime:
         pinging = asyncio.create_task(watchdog.run(), name="hb-watchdog")
         try:
             endpoints = self._serve_http()  # first: an address in use is a config error
-            identity = Identity(self.node_id, self.region, self.host, self.agent_id)
-            sink = self._event_sink(identity, calls)
+            sink = self._event_sink(calls)
             cluster = Cluster(
                 self.store,
                 self.agent_id,
@@ -312,7 +301,7 @@ class Runtime:
             )  # fmt: skip
             if sealer is None:
                 return  # stopped while waiting for the store
-            await self._run_loop(identity, cluster, sealer, calls, sink, signals, watchdog)
+            await self._run_loop(cluster, sealer, calls, sink, signals, watchdog)
         finally:
             pinging.cancel()
             if endpoints is not None:
@@ -320,9 +309,9 @@ class Runtime:
             self.stopped.set()
             calls.close()
 
-    def _event_sink(self, identity: Identity, calls: NodeCalls) -> EventSink:
+    def _event_sink(self, calls: NodeCalls) -> EventSink:
         return EventSink(
-            identity,
+            self._identity,
             self.store,
             calls,
             self.keeper,
@@ -337,7 +326,6 @@ class Runtime:
 
     async def _run_loop(
         self,
-        identity: Identity,
         cluster: Cluster,
         sealer: Sealer,
         calls: NodeCalls,
@@ -357,31 +345,8 @@ class Runtime:
             cluster, sealer, self.standing, calls,
             emit=sink.emit, stop=self.request_stop, period_s=KEYS_READ_TTLS * self.timing.lease_ttl_s,
         )  # fmt: skip
-        control = self._control_view(sealer)
-        memory = (
-            None
-            if self._memory_file is None
-            else NodeMemory(self._memory_file, self.keeper, calls, self.node_id, cluster, control)
-        )
-        node = NodeLoop(
-            identity=identity,
-            store=self.store,
-            keeper=self.keeper,
-            calls=calls,
-            sink=sink,
-            standing=self.standing,
-            signals=signals,
-            stop=self._stop,
-            cluster=cluster,
-            cluster_record=sealer.cluster,
-            control=control,
-            memory=memory,
-            new_term=self._new_term(identity, sealer, calls, sink, signals, lineage, follower),
-            notifier=self._notifier,
-            watchdog=watchdog,
-            timing=self.timing,
-            clock=self.clock,
-        )
+        new_term = self._new_term(sealer, calls, sink, signals, lineage, follower)
+        node = self._node_loop(cluster, sealer, calls, sink, signals, watchdog, new_term)
         following = asyncio.create_task(follower.run(), name="hb-keys")
         checking = None
         if lineage is not None:
@@ -403,9 +368,44 @@ class Runtime:
         if follower.refusal is not None:
             raise follower.refusal  # stopped: a key it lacks was made current
 
+    def _node_loop(
+        self,
+        cluster: Cluster,
+        sealer: Sealer,
+        calls: NodeCalls,
+        sink: EventSink,
+        signals: Signals,
+        watchdog: Watchdog,
+        new_term: Callable[..., LeaderTerm],
+    ) -> NodeLoop:
+        control = self._control_view(sealer)
+        memory = (
+            None
+            if self._memory_file is None
+            else NodeMemory(self._memory_file, self.keeper, calls, self.node_id, cluster, control)
+        )
+        return NodeLoop(
+            identity=self._identity,
+            store=self.store,
+            keeper=self.keeper,
+            calls=calls,
+            sink=sink,
+            standing=self.standing,
+            signals=signals,
+            stop=self._stop,
+            cluster=cluster,
+            cluster_record=sealer.cluster,
+            control=control,
+            memory=memory,
+            new_term=new_term,
+            notifier=self._notifier,
+            watchdog=watchdog,
+            timing=self.timing,
+            clock=self.clock,
+        )
+
     def _new_term(
         self,
-        identity: Identity,
         sealer: Sealer,
         calls: NodeCalls,
         sink: EventSink,
@@ -428,7 +428,7 @@ class Runtime:
         )
         return functools.partial(
             LeaderTerm,
-            identity=identity,
+            identity=self._identity,
             agent=self.agent,
             store=self.store,
             sealer=sealer,

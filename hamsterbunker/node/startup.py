@@ -1,21 +1,9 @@
 """Waiting for the store at start: a node that boots before its store waits for it.
 
-A store that does not answer (``StoreUnavailable``: connection refused, a
-timeout, a replica) is tried again with capped exponential backoff, 0.5 s
-doubling to 10 s by default, for as long as it takes: a store merely down at
-boot never ends the process, so systemd never counts a failed start for it.
-Every failed try is one WARNING line (no traceback), the unit's ``STATUS=``
-says what the node waits for, and the start timeout is extended before each
-wait (``EXTEND_TIMEOUT_USEC``), so ``TimeoutStartSec`` does not fire either.
-The watchdog task runs meanwhile, and ``READY=1`` comes only once the store
-answered and the secret was checked (the node loop sends it).
-
-Any other error (a wrong secret, a refused password, a corrupt record) is
-raised as before: waiting cannot fix it. A stop while waiting ends the wait
-at once. The events of the wait (``store.error`` with the number of tries and
-the first error, then ``store.recovered``) are emitted once the store
-answered: the node's event log lives in that store, and its numbering is read
-from it.
+``StoreUnavailable`` is tried again with capped backoff (0.5 s doubling to 10 s) for as
+long as it takes, one WARNING line a try, systemd's start timeout extended before
+each wait; any other error is raised. A stop ends the wait at once. The wait's events
+are emitted once the store answered (docs/design.md, "The node").
 """
 
 from __future__ import annotations
@@ -167,10 +155,8 @@ async def open_for_node(
     clock: Clock,
 ) -> Sealer | None:
     """The cluster record opened with the secret and this node's id checked free, the
-    store waited for while it does not answer; None if the node stopped meanwhile.
-
-    The secret is checked before this node writes anything but a new cluster record: a
-    node with the wrong secret touches nothing.
+    store waited for while it does not answer; None if the node stopped meanwhile. A node
+    with the wrong secret writes nothing.
     """
     store, agent, node = keeper.store, keeper.agent, keeper.node
     notifier.status("starting · opening the store")

@@ -1,11 +1,8 @@
 """A leader's term: restore, then step the agent and publish each new state, fenced by epoch.
 
-A term exists only while this node holds the lease (one per epoch). It never
-decides the node's role: how it ended (the lease lost, fenced by the store,
-or given up after a full TTL without progress) is what ``lead`` returns, and
-the node loop acts on it. No step of a term overlaps a successor's: a step
-still running at the renew deadline is cancelled (async) or abandoned (sync),
-and its result is never published (DESIGN.md invariant 3).
+One per epoch this node holds. It never sets the node's role: how it ended is what
+``lead`` returns, and the node loop acts on it. A step still running at the renew
+deadline is cancelled (async) or abandoned (sync), and never published.
 """
 
 from __future__ import annotations
@@ -150,13 +147,10 @@ class LeaderTerm:
         return self._waits.over()
 
     async def _uncontested(self) -> bool:
-        """On a synced folder (a store with chains), wait before the first step until this term's
-        claim has had the sync delay to reach the other nodes and theirs to reach this one,
-        and two ticks more for a renewal to look: standbys that saw the same last renewal
-        take an expired lease at the same moment, each with the same epoch, and the claim
-        that loses is found by the lease loop (the term ends, nothing stepped) instead of
-        after steps that would be kept aside. False if the term ended meanwhile. A lease
-        handed to this node (a switchover) was taken by nobody else: no wait."""
+        """On a synced folder, wait before the first step for the sync delay and two ticks
+        (docs/design.md, "The node"), unless the lease was handed to this node. False if the
+        term ended meanwhile.
+        """
         chains = self._store.chains
         if not (self._contested and chains is not None and chains.sync_delay_ms):
             return not self._over()
@@ -175,9 +169,7 @@ class LeaderTerm:
         every try) gives the lease up, so that another node can try.
         """
         if self._follow_keys is not None:
-            # Beside the restore: a node that started before a rotation's begin and was not
-            # seen beating by it (begin waits on the nodes it saw) seals nothing of this
-            # term under the key begin replaced (see _lead).
+            # Beside the restore, awaited before the first step (docs/design.md, "Keys").
             self._keys_read = asyncio.create_task(self._follow_keys(), name="hb-term-keys")
         try:
             ended = await self._lead()
@@ -193,7 +185,6 @@ class LeaderTerm:
             await self._inbox.close()
 
     async def _lead(self) -> TermEnd:
-        emit, tick_s = self._sink.emit, self._timing.tick_s
         stall = Stall(self._clock, self._timing.lease_ttl_s)
         progress = await self._restore(stall)
         if isinstance(progress, TermEnd):
@@ -205,72 +196,97 @@ class LeaderTerm:
         while not self._over():
             if not await self._waits.until_unpaused() or not await self._waits.until_may_step():
                 break
-            seq = progress.seq + 1
             prepared = await self._prepare_step(progress, first_seq, failed_seq)
             if prepared is None:
                 if stall.for_a_ttl():
                     return self._give_up("could not read the effect journal for a full TTL")
-                await asyncio.sleep(tick_s)
+                await asyncio.sleep(self._timing.tick_s)
                 continue
             effects, context = prepared
-            step_began = self._clock.monotonic()
-            step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
-            if self._sink.hushed():  # as the lease was acquired (NodeLoop): until the
-                await asyncio.sleep(0)  # first step has begun, its writes held back
-                self._sink.unhush()
-            ended = await self._waits.until_done_or_lost(step)
-            if ended is StepEnd.DONE:  # returned or raised: its time, for the metrics
-                self._sink.measured("step", self._clock.monotonic() - step_began)
-            self._journal.keep(effects)
-            if effects.reused:
-                emit("effect.replayed", step_seq=seq, reused=effects.reused)
+            step, ended = await self._step(progress, effects, context)
             if ended is not StepEnd.DONE:
                 # Cancelled at the renew deadline, so that no step of ours overlaps a
                 # successor's (a sync step is told through current_step().lost);
                 # retried (same seq) if a renewal still succeeds.
                 context.abandoned.set()
-                emit("agent.yielded", reason=ended.value, step_seq=context.seq)
+                self._sink.emit("agent.yielded", reason=ended.value, step_seq=context.seq)
                 if ended is StepEnd.LOST:
                     break
                 continue
             try:
                 new_state = step.result()
             except StepLost as exc:  # the step saw current_step().lost and stopped
-                emit("agent.yielded", reason=str(exc), step_seq=context.seq)
+                self._sink.emit("agent.yielded", reason=str(exc), step_seq=context.seq)
                 continue
             except Fenced as exc:  # an effect's record was refused (said by the journal)
                 self.end()
                 return TermEnd(Ending.FENCED, self.epoch, str(exc))
             except Exception as exc:  # the agent's own failure: back off, or hand over
                 failed_seq = context.seq
-                pause = self._step_failed(context.seq, exc)
-                if self._failures.hand_over():
-                    return self._hand_over()
-                waited = await pause_for(
-                    pause, self._clock, tick_s, self.lost, self._signals.stopping, self.leaving
-                )
-                if not waited:  # the term ended meanwhile
+                backed_off = await self._back_off(context.seq, exc)
+                if isinstance(backed_off, TermEnd):
+                    return backed_off
+                if not backed_off:  # the term ended meanwhile
                     break
                 continue
-            self._failures.succeeded()
-            self._standing.failing = (0, "")
-            if self.lost.is_set() or not self._keeper.may_step():
-                # The lease may already be someone else's: never publish this step.
-                emit("agent.yielded", reason=StepEnd.DEADLINE.value, step_seq=context.seq)
-                continue
-            published = await self._publisher.publish(context, new_state, progress.marks)
-            if isinstance(published, Progress):
-                progress = published
-                self._standing.effects = []
-                stall.reset()
-            elif published.fenced:
-                emit("agent.yielded", reason="fenced", step_seq=context.seq)
-                return TermEnd(Ending.FENCED, self.epoch, published.error)
-            elif stall.for_a_ttl():
-                return self._give_up(f"could not publish for a full TTL: {published.error}")
-            else:
-                await asyncio.sleep(tick_s)  # the store failed: same state, same seq
+            published = await self._publish(context, new_state, progress, stall)
+            if isinstance(published, TermEnd):
+                return published
+            progress = published
         return TermEnd(Ending.OVER, self.epoch)
+
+    async def _step(
+        self, progress: Progress, effects: StepEffects, context: StepContext
+    ) -> tuple[asyncio.Task[State], StepEnd]:
+        """Run one step from progress until it is done, or the term must give it up."""
+        step_began = self._clock.monotonic()
+        step = asyncio.create_task(self._run_step(progress.state, context), name="hb-step")
+        if self._sink.hushed():  # as the lease was acquired (NodeLoop): until the
+            await asyncio.sleep(0)  # first step has begun, its writes held back
+            self._sink.unhush()
+        ended = await self._waits.until_done_or_lost(step)
+        if ended is StepEnd.DONE:  # returned or raised: its time, for the metrics
+            self._sink.measured("step", self._clock.monotonic() - step_began)
+        self._journal.keep(effects)
+        if effects.reused:
+            self._sink.emit("effect.replayed", step_seq=context.seq, reused=effects.reused)
+        return step, ended
+
+    async def _back_off(self, seq: int, exc: Exception) -> TermEnd | bool:
+        """After the agent's step seq raised: how the term ends if it hands the lease over;
+        else whether the backoff was waited out (False: the term ended meanwhile)."""
+        pause = self._step_failed(seq, exc)
+        if self._failures.hand_over():
+            return self._hand_over()
+        return await pause_for(
+            pause, self._clock, self._timing.tick_s, self.lost, self._signals.stopping,
+            self.leaving,
+        )  # fmt: skip
+
+    async def _publish(
+        self, context: StepContext, new_state: State, progress: Progress, stall: Stall
+    ) -> Progress | TermEnd:
+        """Publish a step that returned: what to go on from (progress again if it was not
+        published, to step again), or how the term ended."""
+        self._failures.succeeded()
+        self._standing.failing = (0, "")
+        emit = self._sink.emit
+        if self.lost.is_set() or not self._keeper.may_step():
+            # The lease may already be someone else's: never publish this step.
+            emit("agent.yielded", reason=StepEnd.DEADLINE.value, step_seq=context.seq)
+            return progress
+        published = await self._publisher.publish(context, new_state, progress.marks)
+        if isinstance(published, Progress):
+            self._standing.effects = []
+            stall.reset()
+            return published
+        if published.fenced:
+            emit("agent.yielded", reason="fenced", step_seq=context.seq)
+            return TermEnd(Ending.FENCED, self.epoch, published.error)
+        if stall.for_a_ttl():
+            return self._give_up(f"could not publish for a full TTL: {published.error}")
+        await asyncio.sleep(self._timing.tick_s)  # the store failed: same state, same seq
+        return progress
 
     async def _restore(self, stall: Stall) -> Progress | TermEnd:
         """The state to go on from; or how the term ended before it had one."""

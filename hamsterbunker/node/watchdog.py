@@ -37,10 +37,8 @@ class Watchdog:
         self._pass_started = None
 
     async def run(self) -> None:
-        """Ping until cancelled, but only while no pass has run longer than the ping interval.
-
-        A pass that runs too long is a stall: systemd then kills the node and
-        restarts it. A loop blocked outright stops this task too, with the same result.
+        """Ping until cancelled, but only while no pass has run longer than the ping interval:
+        a stalled or blocked loop gets the node killed and restarted by systemd.
         """
         interval = self._notifier.watchdog_interval
         if interval is None:
