@@ -114,39 +114,53 @@ class LeaseKeeper(Handing, Replacing):
         return TickResult(Outcome.RENEWED, renewed)
 
     def _observe_or_acquire(self, heard: LeaseRecord | None) -> TickResult:
-        if heard is not None and self._is_news(heard) and not self._asks_anew(heard):
-            record: LeaseRecord | None = heard
-        else:
-            sent = self.clock.monotonic()
-            try:
-                record = self.store.read_lease(self.agent)
-            except UnreadableLease as exc:
-                return self._replace_unreadable(exc)
-            if record is not None and not self._is_ours(record):
-                self._read_before = (record.version, sent)
+        try:
+            record = self._read_unless_heard(heard)
+        except UnreadableLease as exc:
+            return self._replace_unreadable(exc)
         now = self.clock.monotonic()
         if record is not None and self._handed_to_us(record):
             return self._adopt_handed(record, now)
         self._note(record, now)
-        stood_still = record is not None and now - self._observed_at >= self._ttl_of(record)
-        if record is None:
-            expected, via = None, "empty"  # a new cluster, or a lease record that was lost
-        elif not self._proven(record):
-            # Nobody known holds it: taken once it stood still for our own TTL.
-            if not stood_still:
-                return TickResult(Outcome.STANDBY, record, "the lease record is unproven")
-            expected, via = record.version, "expired"
-        elif record.holder is None and record.successor == self.node:
-            expected, via = record.version, "switchover"  # handed to us: take it at once
-        elif record.holder is None and (record.successor is None or stood_still):
-            # Handed to another node, which has not taken it for a full TTL: anyone may.
-            expected, via = record.version, released_via(record)
-        elif record.holder is not None and stood_still:
-            expected, via = record.version, "expired"
-        else:
-            return TickResult(Outcome.STANDBY, record)
+        via = self._free_as(record, now)
+        if via is None:
+            unproven = record is not None and not self._proven(record)
+            reason = "the lease record is unproven" if unproven else ""
+            return TickResult(Outcome.STANDBY, record, reason)
         if now < self._hold_off_until and via != "switchover":
             return TickResult(Outcome.STANDBY, record, "holding off after giving the lease up")
+        return self._acquire(record, via, now)
+
+    def _read_unless_heard(self, heard: LeaseRecord | None) -> LeaseRecord | None:
+        """The record the watch carried if it is news and asks nothing new, else read
+        (UnreadableLease if it does not parse)."""
+        if heard is not None and self._is_news(heard) and not self._asks_anew(heard):
+            return heard
+        sent = self.clock.monotonic()
+        record = self.store.read_lease(self.agent)
+        if record is not None and not self._is_ours(record):
+            self._read_before = (record.version, sent)
+        return record
+
+    def _free_as(self, record: LeaseRecord | None, now: float) -> str | None:
+        """How this standby may take record now (the takeover's ``via``); None if it may not."""
+        if record is None:
+            return "empty"  # a new cluster, or a lease record that was lost
+        stood_still = now - self._observed_at >= self._ttl_of(record)
+        if not self._proven(record):
+            # Nobody known holds it: taken once it stood still for our own TTL.
+            return "expired" if stood_still else None
+        if record.holder is None and record.successor == self.node:
+            return "switchover"  # handed to us: take it at once
+        if record.holder is None and (record.successor is None or stood_still):
+            # Handed to another node, which has not taken it for a full TTL: anyone may.
+            return released_via(record)
+        if record.holder is not None and stood_still:
+            return "expired"
+        return None
+
+    def _acquire(self, record: LeaseRecord | None, via: str, now: float) -> TickResult:
+        """Take the lease by compare-and-set at an epoch above every one known."""
         epoch = self._next_epoch(record)
         takeover = Takeover(
             epoch=epoch,
@@ -171,6 +185,7 @@ class LeaseKeeper(Handing, Replacing):
             control=self._carry_control("" if record is None else record.control),
             history=with_takeover(record, takeover),
         )
+        expected = None if record is None else record.version
         try:
             acquired, read = self.store.take_lease(self.agent, expected, self._signed(new))
         except LeaseConflict:
