@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
-import tempfile
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.durable import replace_file, sweep_temps
 from ..core.errors import ConfigError, CorruptRecord
-from ..core.limits import MAX_EFFECTS_PER_STEP, STALE_TEMP_AGE_S
+from ..core.limits import MAX_EFFECTS_PER_STEP
 from ..records import parse_json
 
 __all__ = ["BegunIntent", "IntentLog"]
@@ -97,7 +94,8 @@ class IntentLog:
 
 
 def _load(path: Path) -> list[BegunIntent]:
-    _sweep_temps(path.parent)
+    with contextlib.suppress(FileNotFoundError):
+        sweep_temps(path.parent, _TEMP_PREFIX)
     try:
         with open(path, "rb") as file:
             data = file.read(_MAX_BYTES + 1)
@@ -128,32 +126,5 @@ def _intent(item: object) -> BegunIntent:
 
 
 def _save(path: Path, intents: list[BegunIntent]) -> None:
-    """Replace the file atomically and durably (temp file, fsync, rename, directory fsync)."""
     doc = {"format": FORMAT, "intents": [asdict(intent) for intent in intents]}
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(doc, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)  # the rename itself outlives a crash
-    finally:
-        os.close(directory)
-
-
-def _sweep_temps(directory: Path) -> None:
-    """Remove temporary files of _save older than STALE_TEMP_AGE_S: a crash left them."""
-    cutoff = time.time() - STALE_TEMP_AGE_S
-    with contextlib.suppress(FileNotFoundError):
-        for temp in directory.glob(f"{_TEMP_PREFIX}*"):
-            with contextlib.suppress(FileNotFoundError):
-                st = temp.lstat()
-                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                    temp.unlink()
+    replace_file(path, json.dumps(doc), _TEMP_PREFIX)

@@ -14,20 +14,15 @@ a new memory instead of refusing that store.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import stat
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.clock import Clock, MonotonicClock
+from ..core.durable import replace_file, sweep_temps
 from ..core.errors import ConfigError, CorruptRecord
-from ..core.limits import STALE_TEMP_AGE_S
 from ..core.reach import Reach
 from ..records import MAX_CONTROL_CHARS, ClusterRecord, parse_json
 
@@ -132,41 +127,14 @@ class MemoryFile:
             "cluster": None if memory.cluster is None else memory.cluster.to_json().decode(),
             "control": memory.control,
         }
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=_TEMP_PREFIX)
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(doc, out, indent=1)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, self.path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.path.parent)  # the rename itself outlives a crash
+        replace_file(self.path, json.dumps(doc, indent=1), _TEMP_PREFIX)
         self._saved, self._saved_at = memory, self._clock.monotonic()
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sweep_temps(directory: Path) -> None:
-    """Remove temporary files of save older than STALE_TEMP_AGE_S: a crash left them.
-
-    Housekeeping: a failure is logged, and loading goes on.
-    """
-    cutoff = time.time() - STALE_TEMP_AGE_S
+    """Housekeeping: a failure is logged, and loading goes on."""
     try:
-        for temp in directory.glob(f"{_TEMP_PREFIX}*"):
-            with contextlib.suppress(FileNotFoundError):  # another process swept it first
-                st = temp.lstat()
-                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                    temp.unlink()
+        sweep_temps(directory, _TEMP_PREFIX)
     except OSError as exc:
         log.warning("could not remove old temporary files in %s: %s", directory, exc)
 
