@@ -14,16 +14,16 @@ old acceptance put back into the store by someone else forgives nothing.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..core.errors import CorruptRecord, HamsterbunkerError, LeaseConflict, Tampered
 from ..core.limits import MAX_EPOCH
 from ..core.reach import Reach
 from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..records import CheckpointInfo, Event, LeaseRecord, parse_json
+from ..records.parsing import dump_compact
 from ..sealing import Sealer
 from ..stores import Store
 from .proof import LeaseProof
@@ -79,8 +79,7 @@ def new_acceptance(
 
 
 def seal_acceptance(sealer: Sealer, acceptance: Acceptance) -> bytes:
-    payload = json.dumps(asdict(acceptance), separators=(",", ":"), sort_keys=True).encode()
-    return sealer.sign_record(_KIND, payload)
+    return sealer.sign_record(_KIND, dump_compact(acceptance))
 
 
 def open_acceptance(sealer: Sealer, data: bytes, agent: str) -> Acceptance:

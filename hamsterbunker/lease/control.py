@@ -23,17 +23,17 @@ holder or an epoch: the fencing rules are untouched.
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from ..core.errors import ControlRefused, CorruptRecord, LeaseConflict, Tampered
 from ..core.timing import DEFAULT_LEASE_TTL_MS
-from ..records import Heartbeat, LeaseRecord, check_name, parse_json
+from ..records import LeaseRecord, check_name, parse_json
+from ..records.parsing import dump_compact
 from ..sealing import Sealer
 from ..stores import Store
 from .proof import LeaseProof
@@ -67,8 +67,7 @@ class Control:
 
 
 def sign_control(sealer: Sealer, control: Control) -> str:
-    payload = json.dumps(asdict(control), separators=(",", ":"), sort_keys=True).encode()
-    return sealer.sign_record(_KIND, payload).decode()
+    return sealer.sign_record(_KIND, dump_compact(control)).decode()
 
 
 def open_control(sealer: Sealer, text: str, agent: str) -> Control:
@@ -257,8 +256,8 @@ def _watch_liveness(
     lease = store.read_lease(agent)
     if lease is None or lease.holder is None:
         return lease, []
-    first_lease = _lease_key(lease)
-    first_beats = {hb.node: _beat_key(hb) for hb in store.list_heartbeats(agent)}
+    first_lease = lease.change_key()
+    first_beats = {hb.node: hb.change_key() for hb in store.list_heartbeats(agent)}
     live: dict[str, float] = {}
     while clock() - started < lease.ttl_ms / 1000:
         sleep(POLL_S)
@@ -266,24 +265,16 @@ def _watch_liveness(
         lease = store.read_lease(agent)
         if lease is None or lease.holder is None:
             return lease, []
-        if _lease_key(lease) != first_lease:
+        if lease.change_key() != first_lease:
             live.setdefault(lease.holder, now)
         for hb in store.list_heartbeats(agent):
-            if hb.node in first_beats and _beat_key(hb) != first_beats[hb.node]:
+            if hb.node in first_beats and hb.change_key() != first_beats[hb.node]:
                 live.setdefault(hb.node, now)
         standby_seen = [n for n in live if n != lease.holder and (to is None or n == to)]
         if lease.holder in live and standby_seen:
             break
     # Freshest first: the standby whose heartbeat changed soonest after we looked.
     return lease, sorted(live, key=lambda node: live[node])
-
-
-def _lease_key(lease: LeaseRecord) -> tuple[object, ...]:
-    return (lease.version, lease.holder, lease.session, lease.epoch, lease.renewals)
-
-
-def _beat_key(heartbeat: Heartbeat) -> tuple[object, ...]:
-    return (heartbeat.session, heartbeat.beats, heartbeat.time)
 
 
 def _write(

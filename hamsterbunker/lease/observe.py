@@ -107,7 +107,7 @@ class LeaseObserver:
             self._seen.pop(agent, None)
             state = NEVER_TAKEN if lease is None else RELEASED
             return Observed(lease, None, Liveness(state, 0.0, 0, None, 0.0))
-        key = (lease.version, lease.holder, lease.session, lease.epoch, lease.renewals)
+        key = lease.change_key()
         seen = self._seen.get(agent)
         if seen is None:
             seen = self._seen[agent] = _Seen(key, started=now, since=now)

@@ -97,6 +97,10 @@ class LeaseRecord:
         parts = [self.holder, self.session, self.epoch, self.control, self.successor, self.handoff]
         return json.dumps(parts, separators=(",", ":"))
 
+    def change_key(self) -> tuple[object, ...]:
+        """What every write of the record changes: its holder is live while this changes."""
+        return (self.version, self.holder, self.session, self.epoch, self.renewals)
+
     def to_json(self) -> bytes:
         doc = asdict(self)
         doc["history"] = [t.to_doc() for t in self.history]

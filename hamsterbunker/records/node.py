@@ -95,6 +95,10 @@ class Heartbeat:
     host_leads: int = 0
     host_agents: int = 0
 
+    def change_key(self) -> tuple[object, ...]:
+        """What every beat of one process changes: its node is live while this changes."""
+        return (self.session, self.beats, self.time)
+
     def to_json(self) -> bytes:
         return dump_compact(self)
 

@@ -55,14 +55,16 @@ def live_nodes(
     """The nodes of agents whose heartbeat changes while watched (1.5 lease TTLs at most),
     each with its newest heartbeat."""
     window = WATCH_TTLS * lease_ttl_s(store, agents)
-    first = {(agent, hb.node): _key(hb) for agent in agents for hb in store.list_heartbeats(agent)}
+    first = {
+        (agent, hb.node): hb.change_key() for agent in agents for hb in store.list_heartbeats(agent)
+    }
     live: dict[tuple[str, str], Heartbeat] = {}
     started = clock()
     while clock() - started < window:
         sleep(POLL_S)
         for agent in agents:
             for hb in store.list_heartbeats(agent):
-                if first.get((agent, hb.node)) != _key(hb):
+                if first.get((agent, hb.node)) != hb.change_key():
                     live[(agent, hb.node)] = hb
         if len(live) == len(first) and set(live) >= set(first):
             break  # every node seen beating: no need to watch on
@@ -102,7 +104,3 @@ def wait_until_sealing(
             break
         sleep(POLL_S)
     return waiting
-
-
-def _key(heartbeat: Heartbeat) -> tuple[object, ...]:
-    return (heartbeat.session, heartbeat.beats, heartbeat.time)
