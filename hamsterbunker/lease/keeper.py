@@ -1,9 +1,6 @@
 """Lease keeping: acquire, renew, release, judged on the local monotonic clock
-(``docs/design.md``, "Lease keeping").
-
-Every method is blocking (it calls the store); the runtime runs them in a thread, one at
-a time. ``may_step`` reads only the clock and may be called from anywhere at any time,
-even while a store call hangs.
+(``docs/design.md``, "Lease keeping"). Every method but ``may_step`` calls the store and
+blocks (the runtime runs them in a thread, one at a time); ``may_step`` reads only the clock.
 """
 
 from __future__ import annotations
@@ -35,12 +32,8 @@ class LeaseKeeper(Handing, Replacing):
         return Fence(holder=self.node, session=self.session, epoch=self.held.epoch)
 
     def seconds_until_expiry(self) -> float | None:
-        """How long until the lease another node holds counts as expired here.
-
-        None when there is nothing to wait for (we hold it, it is released, or
-        no record was seen). A standby wakes then, not at its next tick, so a
-        takeover comes one TTL after the last change it saw, not up to a tick later.
-        """
+        """How long until the lease another node holds (or an unreadable record) counts as
+        expired here, for a standby to wake then; None when there is nothing to wait for."""
         record = self.observed
         if self.held is None and record is None:
             ttl_s = waited_ttl_s(self.timing, self._last_seen)
@@ -60,21 +53,14 @@ class LeaseKeeper(Handing, Replacing):
 
     def tick(self, heard: LeaseRecord | None = None) -> TickResult:
         """Renew if leading, else observe the record and acquire it when free or expired.
-
-        heard: the record the store's watch carried, if any: a standby takes it for
-        the read it would make, if it is newer than any record seen here.
-        """
+        heard: the record the store's watch carried, if any (taken for a read if news)."""
         if self.held is not None:
             return self._renew()
         return self._observe_or_acquire(heard)
 
     def _renew(self) -> TickResult:
-        """Renew by compare-and-set, even past the renew deadline.
-
-        Past the deadline the leader does not step (``may_step``), but a renewal
-        that still succeeds proves nobody took over, so a short pause or store
-        hiccup costs no epoch. The compare-and-set is the arbiter, not the time.
-        """
+        """Renew by compare-and-set, even past the renew deadline (a renewal that succeeds
+        proves nobody took over)."""
         assert self.held is not None
         sent = self.clock.monotonic()
         try:
@@ -199,14 +185,9 @@ class LeaseKeeper(Handing, Replacing):
         return TickResult(Outcome.ACQUIRED, acquired, via)
 
     def changed_under_us(self, heard: LeaseRecord | None = None) -> LeaseRecord | None:
-        """The lease record if another writer changed it since our last write, else None.
-
-        For a leader woken by the store's watch (heard: the record it carried, if
-        any, read otherwise). A record still of our term (an operator's request
-        written into it) is adopted, as a renewal that finds it would: the next
-        renewal builds on it. If another node took over, the next renewal finds
-        out and loses the lease.
-        """
+        """The lease record if another writer changed it since our last write, else None,
+        for a leader woken by the store's watch (heard: the record it carried, if any). One
+        still of our term (an operator's request written into it) is adopted."""
         held = self.held
         if held is None or (heard is not None and heard.version <= held.version):
             return None  # our own write, or one before it

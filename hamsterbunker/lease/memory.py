@@ -1,15 +1,7 @@
-"""What a node remembers of a store across its own restarts.
-
-A running node remembers the highest epoch and checkpoint seq it has seen, the
-cluster record and the newest operator's request (``hamsterbunker.lease.control``),
-and so notices a store that went back in time. A node with a state directory
-(``--state-dir``, or systemd's ``$STATE_DIRECTORY``) also keeps them in a small
-file there, so that after a restart it still notices a store that went back,
-or was emptied, while it was down, and obeys no older request put back in the
-lease record meanwhile.
-
-One file per store URL and agent id: pointing a node at another store starts
-a new memory instead of refusing that store.
+"""What a node remembers of a store across its own restarts: the highest epoch and reach
+seen, the cluster record and the newest operator's request, so that it notices a store that
+went back, or was emptied, while it was down, and obeys no older request put back. Kept with
+``--state-dir`` (or ``$STATE_DIRECTORY``), one file per store URL and agent id.
 """
 
 from __future__ import annotations
@@ -63,11 +55,8 @@ class MemoryFile:
         self._clock = clock or MonotonicClock()
 
     def load(self) -> Memory:
-        """The remembered state; nothing remembered if there is no file yet.
-
-        Temporary files (``.memory-*``) older than STALE_TEMP_AGE_S, left in the
-        directory by a crash during save, are removed first.
-        """
+        """The remembered state (nothing if there is no file yet); ConfigError if it is
+        damaged. Temporary files a crash left are swept first."""
         _sweep_temps(self.path.parent)
         try:
             data = self.path.read_bytes()
