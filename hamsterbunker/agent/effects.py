@@ -121,11 +121,8 @@ class JournalIO(Protocol):
 
 
 class StepEffects:
-    """The effects of one run (attempt) of one step.
-
-    ``entries`` is the journal of the step as this node knows it, shared by
-    every attempt of the step in this term; ``None`` until first needed.
-    """
+    """The effects of one run (attempt) of one step. ``entries``: the step's journal as this
+    node knows it, shared by every attempt in this term; ``None`` until first needed."""
 
     def __init__(
         self,
@@ -190,9 +187,8 @@ class StepEffects:
         return await self._call(index, name, fn, args, kwargs, replay)
 
     def _another_path_from(self, index: int, journal: dict[int, Entry]) -> None:
-        """A failed effect runs again: what the earlier runs recorded after it may be of
-        another path, and is written over where this run calls another name (this run and
-        every later one, as a replay that reads the journal from the store finds)."""
+        """Mark what earlier runs recorded after index as of another path: written over where
+        this run, or a later one, calls another name."""
         for later, entry in journal.items():
             if later > index:
                 entry.earlier_path = True

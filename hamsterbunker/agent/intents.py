@@ -1,21 +1,8 @@
-"""The ``interrupted`` effects a node began, remembered outside the store.
-
-An ``interrupted`` effect runs at most once because its intent is in the store
-before it is called (DESIGN.md invariant 8). A store writer without the secret
-cannot forge an intent, but can delete one, and the replay would then call the
-effect again. So the node that began it remembers it too: in memory, and with a
-state directory in a small file beside the node's memory of the store
-(``hamsterbunker.lease.memory``), written durably before the effect is called. A
-replay on this node that finds the store's journal without such an intent
-treats the effect as interrupted all the same.
-
-What this cannot cover: another node that takes over never saw the intent,
-so a deletion of the journal followed by a failover to another node can make
-such an effect run a second time (with the same idempotency key).
-
-Only the step of the newest intent is worth keeping: a node begins effects in
-one step at a time, and the steps before it were published by then (after an
-accepted loss, the steps of the history given up are never replayed again).
+"""The ``interrupted`` effects a node began, remembered outside the store: a store writer
+without the secret cannot forge an intent but can delete one, and the node that began the
+effect then treats it as interrupted all the same (``docs/design.md``, "Leases, effects and
+sealing in the code"). Kept in memory, and with a state directory in a file written durably
+before the effect is called.
 """
 
 from __future__ import annotations
@@ -68,8 +55,8 @@ class IntentLog:
             return [intent for intent in self._intents if intent.seq == seq]
 
     def add(self, intent: BegunIntent) -> None:
-        """Remember intent, durably once this returns. Those of other steps are let go, and
-        one at the same number, which a later write of the step takes the place of."""
+        """Remember intent, durably once this returns (those of other steps, and one at the
+        same number, are let go: a node begins effects in one step at a time)."""
         with self._lock:
             kept = [i for i in self._intents if i.seq == intent.seq and i.index != intent.index]
             self._keep([*kept, intent])
