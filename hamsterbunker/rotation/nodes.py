@@ -1,10 +1,5 @@
-"""Which nodes are live, and which keys they hold and seal with: what a rotation waits on.
-
-A node is live once its heartbeat changes while watched (nodes never compare
-each other's clocks; neither does this): a dead node's heartbeat stays as it
-was, and a stopped node drops it. Every heartbeat names the key ids of the
-secrets its node holds and the one it seals with (``Heartbeat.keys``,
-``Heartbeat.sealing``).
+"""Which nodes are live (their heartbeat changes while watched), and which keys they hold
+and seal with (``Heartbeat.keys``, ``Heartbeat.sealing``): what a rotation waits on.
 """
 
 from __future__ import annotations
