@@ -1,14 +1,11 @@
 """Journaled effects: what a step does to the world, recorded so that a replay never repeats it.
 
-A step calls ``current_step().effect(name, fn, ...)`` (``effect_sync`` in a sync step); its
-effects are numbered in call order. A completed effect's outcome (its result, or its
-exception's type and message) is sealed and written under the lease's fence before
-``effect`` returns, and a replay of the step, on any node, gets it back without calling
-``fn``. ``replay="interrupted"`` also writes an intent first: a replay that finds the intent
-alone raises ``EffectInterrupted`` (``hamsterbunker.agent.intents`` keeps it on the node too).
-What earlier runs wrote past an effect called anew counts as another path's
-(``Entry.earlier_path``), so a replay never loops on EffectMismatch. How records reach the
-store is a ``JournalIO`` (``hamsterbunker.node.journal``).
+A step's effects (``current_step().effect``) are numbered in call order; each outcome (result,
+or exception type and message) is sealed and written under the lease's fence before
+``effect`` returns, and a replay on any node gets it back without calling ``fn``.
+``replay="interrupted"`` writes an intent first: found alone, it raises ``EffectInterrupted``.
+What earlier runs wrote past an effect called anew is another path's (``Entry.earlier_path``).
+How records reach the store is a ``JournalIO`` (``hamsterbunker.node.journal``).
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ import json
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ..core.errors import (
     EffectError,
@@ -38,13 +35,11 @@ __all__ = [
     "EffectContext",
     "Entry",
     "JournalIO",
-    "Replay",
     "StepEffects",
     "current_effect",
     "effect_key",
 ]
 
-Replay = Literal["safe", "interrupted"]
 REPLAYS = ("safe", "interrupted")
 MAX_NAME_LENGTH = 200
 # How much of an exception's message an outcome keeps.

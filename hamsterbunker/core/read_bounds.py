@@ -8,9 +8,7 @@ keeps is a store's setting, not a limit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from .limits import (
@@ -36,7 +34,6 @@ __all__ = [
     "EFFECTS_READ",
     "HEARTBEATS_READ",
     "INBOX_READ",
-    "READ_BOUNDS",
     "TERM_RECORDS_READ",
     "BoundedRead",
     "ReadBound",
@@ -78,18 +75,6 @@ TERM_RECORDS_READ = ReadBound(
 )
 # The synced-folder store: the newest published claims of one subtree tried (one is taken).
 CLAIMS_READ = ReadBound(MAX_CLAIMS_TRIED, MAX_RECORD_BYTES, MAX_CLAIMS_TRIED * MAX_RECORD_BYTES)
-
-READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
-    {
-        "inbox submissions": INBOX_READ,
-        "effect records of a step": EFFECTS_READ,
-        "checkpoint": CHECKPOINT_READ,
-        "checkpoint names of an agent": CHECKPOINT_NAMES_READ,
-        "heartbeats of an agent": HEARTBEATS_READ,
-        "term records or chain choices of a subtree": TERM_RECORDS_READ,
-        "published claims of a subtree": CLAIMS_READ,
-    }
-)
 
 
 @dataclass

@@ -29,9 +29,7 @@ _PLAIN = frozenset({dict, list, tuple, str, int, float, bool, type(None)})
 
 def encode(obj: Any) -> bytes:
     """The compact UTF-8 JSON of obj; json.loads of it equals json.loads of encode_with_stdlib(obj).
-
-    Raises what the standard library raises for obj (TypeError, ValueError).
-    """
+    Raises what the standard library raises for obj (TypeError, ValueError)."""
     try:
         fast = orjson.dumps(obj, option=_OPTIONS)
     except orjson.JSONEncodeError:

@@ -53,9 +53,7 @@ def check_stop_grace(stop_grace_ms: int) -> int:
 @dataclass(frozen=True)
 class LeaseTiming:
     """tick < renew deadline < lease TTL, in milliseconds; ConfigError if not.
-
-    ``renew_deadline_ms`` left out (None) is 0.6 × the TTL.
-    """
+    ``renew_deadline_ms`` left out (None) is 0.6 × the TTL."""
 
     tick_ms: int = DEFAULT_TICK_MS
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS

@@ -82,12 +82,8 @@ class _InUse:
 
 
 class Sealer(WorkSealing):
-    """Seals with the cluster's current key and opens with any key it accepts.
-
-    ``secret`` is one secret or a keyring (``hamsterbunker.sealing.keyring``); it must
-    hold every key the cluster record lists (WrongSecret says which it lacks).
-    A running node follows changes of the record with ``adopt``.
-    """
+    """Seals with the cluster's current key and opens with any key it accepts. ``secret``
+    (one, or a ``Keyring``) must hold every key the cluster record lists (else WrongSecret)."""
 
     def __init__(
         self,
