@@ -1,27 +1,11 @@
 """Journaled effects: what a step does to the world, recorded so that a replay never repeats it.
 
-A step calls ``current_step().effect(name, fn, ...)`` (or ``effect_sync``) for
-each LLM or tool call. The effects of step *seq* are numbered in call order.
-A completed effect's outcome (its result, or its exception's type and
-message) is sealed and written to the store under the lease's fence before
-``effect`` returns; a replay of the same step, on this node or another, gets
-the recorded outcome back without calling ``fn`` (DESIGN.md invariant 8).
-
-``replay="interrupted"`` also writes an intent before calling ``fn``: a
-replay that finds the intent without an outcome raises ``EffectInterrupted``
-instead of calling again, so such an effect runs at most once (the node that
-wrote the intent keeps it too, should the store lose it: ``hamsterbunker.agent.intents``).
-
-A step that failed is run again; its run calls a failed ``safe`` effect again,
-and may take another path from there: what earlier runs recorded after that
-effect is written over where the new path calls another name
-(``Entry.earlier_path``), by this run, the later ones, and every replay. The
-same holds past any effect a run calls anew where an earlier run had gone on
-(a safe effect cut off before its outcome, or a record deleted from the store):
-a replay never loops on EffectMismatch (DESIGN.md invariant 11).
-
-This module holds the rules; how records reach the store is a ``JournalIO``
-(``hamsterbunker.node.journal``).
+A step's effects (``current_step().effect``) are numbered in call order; each outcome (result,
+or exception type and message) is sealed and written under the lease's fence before
+``effect`` returns, and a replay on any node gets it back without calling ``fn``.
+``replay="interrupted"`` writes an intent first: found alone, it raises ``EffectInterrupted``.
+What earlier runs wrote past an effect called anew is another path's (``Entry.earlier_path``).
+How records reach the store is a ``JournalIO`` (``hamsterbunker.node.journal``).
 """
 
 from __future__ import annotations
@@ -33,7 +17,7 @@ import json
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from ..core.errors import (
     EffectError,
@@ -51,13 +35,11 @@ __all__ = [
     "EffectContext",
     "Entry",
     "JournalIO",
-    "Replay",
     "StepEffects",
     "current_effect",
     "effect_key",
 ]
 
-Replay = Literal["safe", "interrupted"]
 REPLAYS = ("safe", "interrupted")
 MAX_NAME_LENGTH = 200
 # How much of an exception's message an outcome keeps.
@@ -134,11 +116,8 @@ class JournalIO(Protocol):
 
 
 class StepEffects:
-    """The effects of one run (attempt) of one step.
-
-    ``entries`` is the journal of the step as this node knows it, shared by
-    every attempt of the step in this term; ``None`` until first needed.
-    """
+    """The effects of one run (attempt) of one step. ``entries``: the step's journal as this
+    node knows it, shared by every attempt in this term; ``None`` until first needed."""
 
     def __init__(
         self,
@@ -203,9 +182,8 @@ class StepEffects:
         return await self._call(index, name, fn, args, kwargs, replay)
 
     def _another_path_from(self, index: int, journal: dict[int, Entry]) -> None:
-        """A failed effect runs again: what the earlier runs recorded after it may be of
-        another path, and is written over where this run calls another name (this run and
-        every later one, as a replay that reads the journal from the store finds)."""
+        """Mark what earlier runs recorded after index as of another path: written over where
+        this run, or a later one, calls another name."""
         for later, entry in journal.items():
             if later > index:
                 entry.earlier_path = True
@@ -239,39 +217,14 @@ class StepEffects:
             )
         key = self._io.key(self.seq, index, name)
         entry = Entry(name, replay)
-        assert self.entries is not None
         if replay == "interrupted":
-            entry.intent = True
-            failpoint("effect.before_intent")
-            await self._io.write(self.seq, index, "intent", entry)
-            failpoint("effect.after_intent")
-            self.entries[index] = entry
-            if not self._may_start():  # the intent is kept: a replay reports it interrupted
-                raise StepLost(f"effect {name!r} of step {self.seq} not started: lease lost")
+            await self._write_intent(index, entry)
         started = self._io.now()
         self._io.history("effect_start", self.seq, started, "started", index=index, key=key,
                          replay=replay)  # fmt: skip
         self._show(index, name, "running")
-        token = _current.set(EffectContext(name, self.seq, index, replay, key))
-        try:
-            if inspect.iscoroutinefunction(fn):
-                result = await fn(*args, **kwargs)
-            else:
-                result = await self._io.call_blocking(fn, *args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-            _check_serialisable(name, result)
-            outcome: dict[str, Any] = {"result": result}
-            cause: BaseException | None = None
-        except (EffectError, StepLost, Fenced):
-            raise
-        except Exception as exc:
-            outcome = {
-                "error": {"type": type(exc).__qualname__, "message": str(exc)[:MAX_ERROR_MESSAGE]}
-            }
-            cause = exc
-        finally:
-            _current.reset(token)
+        context = EffectContext(name, self.seq, index, replay, key)
+        outcome, cause = await self._invoke(context, fn, args, kwargs)
         failpoint("effect.after_call")
         if not self._may_start():
             # Given up while fn ran (an abandoned sync step): a retry beside it may already
@@ -279,26 +232,67 @@ class StepEffects:
             raise StepLost(
                 f"effect {name!r} of step {self.seq} returned after its step was given up"
             )
-        # Known here before the store has it: a retry of the step writes it, never calls again.
-        # (No await since the check above: a retry on this loop sees this or the check failed.)
         done = Entry(name, replay, intent=entry.intent, outcome=outcome, written=False)
-        self.entries[index] = done
-        try:
-            await self._io.write(self.seq, index, "outcome", done)
-        except EffectError:  # it cannot be recorded (too large): as if it never returned
-            if entry.intent:
-                self.entries[index] = entry
-            else:
-                del self.entries[index]
-            raise
-        done.written = True
+        await self._record(index, entry, done)
         failpoint("effect.after_record")
         self._show(index, name, "done" if cause is None else "failed")
         self._io.history("effect", self.seq, started, "ok" if cause is None else "failed",
                          index=index, key=key, digest=_digest(outcome))  # fmt: skip
         if cause is not None:
             raise _result_error(done) from cause
-        return result
+        return outcome["result"]
+
+    async def _write_intent(self, index: int, entry: Entry) -> None:
+        """Write entry's intent before its effect is called; StepLost if the lease went
+        meanwhile (the intent is kept: a replay reports the effect interrupted)."""
+        assert self.entries is not None
+        entry.intent = True
+        failpoint("effect.before_intent")
+        await self._io.write(self.seq, index, "intent", entry)
+        failpoint("effect.after_intent")
+        self.entries[index] = entry
+        if not self._may_start():
+            raise StepLost(f"effect {entry.name!r} of step {self.seq} not started: lease lost")
+
+    async def _invoke(
+        self, context: EffectContext, fn: Callable[..., Any], args: Any, kwargs: Any
+    ) -> tuple[dict[str, Any], Exception | None]:
+        """Call fn as the running effect: its outcome, and the exception it raised (None if
+        it returned)."""
+        token = _current.set(context)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                result = await fn(*args, **kwargs)
+            else:
+                result = await self._io.call_blocking(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            _check_serialisable(context.name, result)
+            return {"result": result}, None
+        except (EffectError, StepLost, Fenced):
+            raise
+        except Exception as exc:
+            error = {"type": type(exc).__qualname__, "message": str(exc)[:MAX_ERROR_MESSAGE]}
+            return {"error": error}, exc
+        finally:
+            _current.reset(token)
+
+    async def _record(self, index: int, entry: Entry, done: Entry) -> None:
+        """Write done, the outcome of entry's effect; an EffectError (it cannot be recorded:
+        too large) leaves the journal as if the effect never returned."""
+        assert self.entries is not None
+        # Known here before the store has it: a retry of the step writes it, never calls again.
+        # (No await since the caller's check: a retry on this loop sees this or the check failed.)
+        self.entries[index] = done
+        try:
+            await self._io.write(self.seq, index, "outcome", done)
+        except EffectError:
+            if entry.intent:
+                self.entries[index] = entry
+            else:
+                del self.entries[index]
+            raise
+        done.written = True
 
 
 def _check_serialisable(name: str, result: Any) -> None:

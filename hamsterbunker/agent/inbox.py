@@ -1,21 +1,9 @@
-"""The inbox's rules: what a step sees of its submissions and what it consumes.
-
-Work reaches a running agent as submissions (``hamsterbunker.ops.client.Client``),
-each admitted once per request id under the inbox's next number. A step reads
-``current_step().inbox`` (unconsumed, oldest first, never more than it may
-consume), and ``consume(number, reply)`` marks one consumed. What a step
-consumed commits with its checkpoint (DESIGN.md invariant 9): the numbers as
-``ConsumedMarks`` sealed inside the checkpoint, the replies in the same atomic
-store write. Every consumption writes a sealed reply (``None`` included), bound
-to agent, number and request id: a client takes a submission as done only when
-that record opens. A step that is never published consumed nothing; its replay
-is shown what its earlier runs were shown (their numbers are sealed into the
-step's effect journal) and nothing admitted below them since, so that it calls
-its effects in the same order: a submission that shows up late under a lower
-number (a synced folder's copy, a record put back) waits for the next step.
-
-This module holds the rules; how a node reads its inbox and seals replies is an
-``InboxIO`` (``hamsterbunker.node.inbox``).
+"""The inbox's rules: what a step sees of its submissions and what it consumes
+(DESIGN.md invariant 9). A step reads ``current_step().inbox`` and ``consume(number, reply)``
+marks one consumed, with a sealed reply (``None`` included), both committed with its
+checkpoint. A replay is shown what its earlier runs were shown (``docs/design.md``, "Leases,
+effects and sealing in the code"). How a node reads its inbox is an ``InboxIO``
+(``hamsterbunker.node.inbox``).
 """
 
 from __future__ import annotations
@@ -62,13 +50,8 @@ class Admission:
 
 @dataclass(frozen=True)
 class ConsumedMarks:
-    """Which numbers are consumed: all up to ``through``, and the runs in ``ranges`` above.
-
-    Sealed in every checkpoint of an agent that ever consumed, so that no
-    store contents can make a consumed submission count as new (a number is
-    sealed into its submission). Consuming out of order leaves runs; past
-    MAX_INBOX_GAPS of them, the oldest gap is given up as consumed.
-    """
+    """Which numbers are consumed: all up to ``through``, and the runs in ``ranges`` above
+    (sealed in the checkpoint). Past MAX_INBOX_GAPS runs, the oldest gap is given up."""
 
     through: int = 0
     ranges: tuple[tuple[int, int], ...] = ()  # sorted, disjoint, each above through + 1
@@ -162,8 +145,7 @@ class StepInbox:
         self, io: InboxIO, shown: list[Submission], runs_shown: set[int] | None = None
     ) -> None:
         """runs_shown: the numbers shown to earlier runs of this step (its journal says),
-        added to as this run is shown more; a number below the highest of them that is
-        not among them is not shown to this run."""
+        added to here; a lower number not among them is not shown to this run."""
         self._io = io
         self._runs_shown = set() if runs_shown is None else runs_shown
         self._earlier = frozenset(self._runs_shown)
@@ -176,8 +158,7 @@ class StepInbox:
 
     def shown(self) -> list[Submission]:
         """The submissions this step may consume, oldest first: no more than it may still
-        consume (MAX_CONSUMED_PER_STEP in all), so that consuming every one shown is always
-        allowed; the rest are shown to the next step."""
+        consume (MAX_CONSUMED_PER_STEP in all); the rest are the next step's."""
         room = MAX_CONSUMED_PER_STEP - len(self.consumed)
         taken = {c.number for c in self.consumed}
         shown = [s for n, s in sorted(self._shown.items()) if n not in taken][: max(room, 0)]
@@ -208,13 +189,9 @@ class StepInbox:
         self.consumed.append(Consumed(number, found.request_id, sealed))
 
     async def wait(self, timeout: float | None) -> list[Submission]:
-        """Return the step's inbox once it holds anything, or after timeout seconds (maybe []).
-
-        Returns early too when the node stops, so that a planned stop publishes
-        the waiting step and hands over at once instead of after its grace; and
-        at once (with []) once the step consumed all it may: what waits is the
-        next step's.
-        """
+        """Return the step's inbox once it holds anything, or after timeout seconds (maybe []);
+        early when the node stops (a planned stop publishes at once), at once with [] once the
+        step consumed all it may."""
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise InboxError(f"wait_for_inbox timeout must be a number of seconds, not {timeout!r}")
         if len(self.consumed) >= MAX_CONSUMED_PER_STEP:

@@ -1,37 +1,21 @@
-"""The ``interrupted`` effects a node began, remembered outside the store.
-
-An ``interrupted`` effect runs at most once because its intent is in the store
-before it is called (DESIGN.md invariant 8). A store writer without the secret
-cannot forge an intent, but can delete one, and the replay would then call the
-effect again. So the node that began it remembers it too: in memory, and with a
-state directory in a small file beside the node's memory of the store
-(``hamsterbunker.lease.memory``), written durably before the effect is called. A
-replay on this node that finds the store's journal without such an intent
-treats the effect as interrupted all the same.
-
-What this cannot cover: another node that takes over never saw the intent,
-so a deletion of the journal followed by a failover to another node can make
-such an effect run a second time (with the same idempotency key).
-
-Only the step of the newest intent is worth keeping: a node begins effects in
-one step at a time, and the steps before it were published by then (after an
-accepted loss, the steps of the history given up are never replayed again).
+"""The ``interrupted`` effects a node began, remembered outside the store: a store writer
+without the secret cannot forge an intent but can delete one, and the node that began the
+effect then treats it as interrupted all the same (``docs/design.md``, "Leases, effects and
+sealing in the code"). Kept in memory, and with a state directory in a file written durably
+before the effect is called.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import stat
-import tempfile
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.durable import replace_file, sweep_temps
 from ..core.errors import ConfigError, CorruptRecord
-from ..core.limits import MAX_EFFECTS_PER_STEP, STALE_TEMP_AGE_S
+from ..core.limits import MAX_EFFECTS_PER_STEP
 from ..records import parse_json
 
 __all__ = ["BegunIntent", "IntentLog"]
@@ -71,8 +55,8 @@ class IntentLog:
             return [intent for intent in self._intents if intent.seq == seq]
 
     def add(self, intent: BegunIntent) -> None:
-        """Remember intent, durably once this returns. Those of other steps are let go, and
-        one at the same number, which a later write of the step takes the place of."""
+        """Remember intent, durably once this returns (those of other steps, and one at the
+        same number, are let go: a node begins effects in one step at a time)."""
         with self._lock:
             kept = [i for i in self._intents if i.seq == intent.seq and i.index != intent.index]
             self._keep([*kept, intent])
@@ -97,7 +81,8 @@ class IntentLog:
 
 
 def _load(path: Path) -> list[BegunIntent]:
-    _sweep_temps(path.parent)
+    with contextlib.suppress(FileNotFoundError):
+        sweep_temps(path.parent, _TEMP_PREFIX)
     try:
         with open(path, "rb") as file:
             data = file.read(_MAX_BYTES + 1)
@@ -128,32 +113,5 @@ def _intent(item: object) -> BegunIntent:
 
 
 def _save(path: Path, intents: list[BegunIntent]) -> None:
-    """Replace the file atomically and durably (temp file, fsync, rename, directory fsync)."""
     doc = {"format": FORMAT, "intents": [asdict(intent) for intent in intents]}
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(doc, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(directory)  # the rename itself outlives a crash
-    finally:
-        os.close(directory)
-
-
-def _sweep_temps(directory: Path) -> None:
-    """Remove temporary files of _save older than STALE_TEMP_AGE_S: a crash left them."""
-    cutoff = time.time() - STALE_TEMP_AGE_S
-    with contextlib.suppress(FileNotFoundError):
-        for temp in directory.glob(f"{_TEMP_PREFIX}*"):
-            with contextlib.suppress(FileNotFoundError):
-                st = temp.lstat()
-                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                    temp.unlink()
+    replace_file(path, json.dumps(doc), _TEMP_PREFIX)

@@ -1,18 +1,8 @@
-"""The agent API: an object with ``id``, ``init()`` and ``step(state)``.
-
-``step`` may be ``async def``. State is a JSON-serialisable dict. While a step
-runs, ``current_step()`` tells it the epoch and sequence number it runs under,
-and journals its side effects: ``await current_step().effect(name, fn, ...)``
-(``effect_sync`` in a sync step) records each outcome in the store, so that a
-replay of the step after a crash or a stop returns it instead of calling
-``fn`` again (see ``hamsterbunker.agent.effects``).
-
-An async step is cancelled when its node may no longer publish it. A sync
-step runs in a thread, which nothing can cancel: it should look at
-``current_step().lost`` between pieces of work, or call
-``current_step().check()``, which raises StepLost once the step's result can
-no longer be published, so that it stops instead of running on into the next
-leader's term.
+"""The agent API: an object with ``id``, ``init()`` and ``step(state)`` (maybe ``async``),
+state a JSON-serialisable dict. While a step runs, ``current_step()`` gives its context: its
+epoch and seq, its journaled effects and its inbox. An async step is cancelled when its node
+may no longer publish it; a sync step, which nothing can cancel, should look at
+``current_step().lost`` (or call ``check()``, which raises StepLost) and stop.
 """
 
 from __future__ import annotations
@@ -65,15 +55,10 @@ class StepContext:
     async def effect(
         self, name: str, fn: Callable[..., Any], /, *args: Any, replay: str = "safe", **kwargs: Any
     ) -> Any:
-        """Call fn(*args, **kwargs) as the step's next journaled effect (in an async step).
-
-        Its outcome is recorded in the store before this returns; a replay of
-        the step returns the recorded result (or raises EffectFailed for a
-        recorded failure) without calling fn. fn may be sync (run in a thread)
-        or async; its result must be JSON-serialisable. replay="interrupted":
-        never called twice; a replay that cannot know whether it ran raises
-        EffectInterrupted.
-        """
+        """Call fn(*args, **kwargs), sync (in a thread) or async, as the step's next journaled
+        effect; its result must be JSON-serialisable. A replay of the step returns the recorded
+        result (or raises EffectFailed) without calling fn. replay="interrupted": never called
+        twice; a replay that cannot know whether it ran raises EffectInterrupted."""
         if self.effects is None:
             raise EffectError("effects are journaled only in a step run by a node")
         return await self.effects.run(name, fn, args, kwargs, replay)
@@ -96,27 +81,20 @@ class StepContext:
 
     @property
     def inbox(self) -> list[Submission]:
-        """The admitted submissions not yet consumed, oldest first (.number, .request_id,
-        .payload), as of the step's start or its last wait_for_inbox: at most as many as
-        the step may still consume (32 in all), so a step may consume every one; the rest
-        are the next step's."""
+        """The admitted submissions not yet consumed, oldest first, as of the step's start or
+        its last wait_for_inbox: at most as many as the step may still consume (32 in all)."""
         return [] if self.mailbox is None else self.mailbox.shown()
 
     def consume(self, number: int, reply: Any = None) -> None:
-        """Mark submission number consumed, and record its reply (JSON, optional).
-
-        Both commit with this step's checkpoint: if it is never accepted, a
-        replay of the step sees the submission unconsumed again; once it is,
-        the submission is never shown again and the reply is readable by
-        ``Client.result``. InboxError for a number not in ``inbox``.
-        """
+        """Mark submission number consumed, with its reply (JSON, optional), both committed
+        with this step's checkpoint. InboxError for a number not in ``inbox``."""
         if self.mailbox is None:
             raise InboxError("the inbox is read only in a step run by a node")
         self.mailbox.consume(number, reply)
 
     async def wait_for_inbox(self, timeout: float | None = None) -> list[Submission]:
         """The inbox, once it holds anything (woken by the store's watch), or [] after timeout
-        seconds: lets an idle agent sleep instead of stepping for nothing."""
+        seconds."""
         if self.mailbox is None:
             raise InboxError("the inbox is read only in a step run by a node")
         return await self.mailbox.wait(timeout)

@@ -1,12 +1,6 @@
-"""A blob a store is handed: bytes, or pieces made one after another while it writes them.
-
-A large checkpoint is sealed piece by piece (``Sealer.seal_pieces``: the header,
-the nonce, the ciphertext a MiB at a time, the tag) so that the file store can
-write each piece to its temporary file as soon as it is made, and hand the
-written ones to the disk while the next is encrypted, rather than wait for the
-whole blob and then copy it once more to join it. Its length is known before any
-piece is made, so a store checks its bounds before it writes anything; a store
-that writes one value (etcd, Redis) joins the pieces with ``bytes(blob)``.
+"""A blob a store is handed: bytes, or pieces made one after another while it writes them
+(``Sealer.seal_pieces``). Its length is known before any piece is made, so a store checks its
+bounds first; a store that writes one value (etcd, Redis) joins the pieces with ``bytes()``.
 """
 
 from __future__ import annotations
@@ -18,12 +12,10 @@ __all__ = ["Blob", "BlobPieces"]
 
 
 class BlobPieces:
-    """``length`` bytes, made as ``pieces`` is iterated: once, by whoever stores them.
+    """``length`` bytes (``len()``), made as ``pieces`` is iterated, once (then RuntimeError).
 
-    ``len()`` is known before any piece is made. Iterating makes the pieces (a
-    second iteration raises RuntimeError); whatever the maker raises comes out of
-    the iteration, and so does a ValueError after the last piece if they do not
-    add up to ``length``, so a store that writes them as they come commits
+    What the maker raises comes out of the iteration, and so does a ValueError after the
+    last piece if they do not add up to ``length``: a store writing them as they come commits
     nothing it has not fully received. ``bytes()`` joins them.
     """
 

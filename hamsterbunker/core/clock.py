@@ -1,10 +1,5 @@
-"""The clock lease decisions are timed on (DESIGN.md invariant 2).
-
-Only the local clock's differences are used, never another node's time. On
-Linux that clock is CLOCK_BOOTTIME: like CLOCK_MONOTONIC it never goes back,
-but it also counts the time the machine was suspended. A laptop or VM
-suspended while leading must not, on resume, step on as if no time had
-passed: under CLOCK_MONOTONIC it would, long after a standby took over.
+"""The clock lease decisions are timed on (DESIGN.md invariant 2): CLOCK_BOOTTIME on Linux,
+which never goes back and counts suspend; only its differences are used.
 """
 
 from __future__ import annotations

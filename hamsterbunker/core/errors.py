@@ -23,7 +23,8 @@
     │                          longer be published (renew deadline passed, lease lost)
     ├── EffectError            a journaled effect's problem (EffectInterrupted, ...)
     ├── InboxError             a step used its inbox wrongly
-    └── UnknownRequest         no admission of a request id is known
+    ├── UnknownRequest         no admission of a request id is known
+    └── ControlRefused         an operator's request that cannot be carried out now
 
 Backend errors are translated at the store boundary with ``raise ... from exc``.
 """
@@ -89,12 +90,8 @@ class CorruptRecord(StoreError):
 
 
 class UnreadableLease(CorruptRecord):
-    """The lease record does not parse (``Store.read_lease``, ``Store.cas_lease``).
-
-    ``found`` names what is stored in its place, as the backend can tell it
-    apart from anything else stored there (a digest, a revision): a change of
-    it is a new ``found``. ``Store.replace_unreadable_lease`` takes it.
-    """
+    """The lease record does not parse. ``found`` names what is stored instead (a digest, a
+    revision: it changes with what is stored), for ``Store.replace_unreadable_lease``."""
 
     def __init__(self, message: str, found: str) -> None:
         super().__init__(message)
@@ -142,11 +139,7 @@ class NoUsableCheckpoint(HamsterbunkerError):
 
 
 class StoreRegressed(NoUsableCheckpoint):
-    """The store's newest checkpoint is behind one this node saw accepted (or all are gone).
-
-    A store restored from an old backup, or a Redis that lost acknowledged
-    writes: resuming would silently lose steps, so the node refuses.
-    """
+    """The store's newest checkpoint is behind one this node saw accepted (or all are gone)."""
 
 
 class StepLost(HamsterbunkerError):
@@ -200,5 +193,4 @@ class UnknownRequest(HamsterbunkerError):
 
 
 class ControlRefused(HamsterbunkerError):
-    """An operator request (hb switchover, pause, forget) that cannot be carried out now;
-    nothing was changed."""
+    """An operator request (hb switchover, pause, forget) refused for now: nothing was changed."""

@@ -1,15 +1,8 @@
-"""Failpoints for fault tests: off unless ``HB_FAILPOINTS`` is set.
+"""Failpoints for fault tests: off unless ``HB_FAILPOINTS`` is set (``docs/failpoints.md``).
 
-``HB_FAILPOINTS="checkpoint.before_commit=stop"`` makes the process stop itself
-(SIGSTOP) the first time it reaches that point; ``=kill`` kills it (SIGKILL);
-``=stop@3`` acts on the third time instead. Several are separated by commas.
-A point reached inside ``failpoints_within(scope)`` is reached under its own
-name and as ``scope.name`` too (``checkpoint.file_backend.commit.after_log``:
-that point of a backend's commit, in a checkpoint's commit only), so that a
-test can aim at one kind of write. A stop waits for every other thread of the
-process to leave its ``not_stopped_inside()`` blocks (the file store's lock: a
-process stopped holding it would hold up every other writer). See
-docs/failpoints.md for the points.
+``HB_FAILPOINTS="checkpoint.before_commit=stop@3"``: SIGSTOP (``kill``: SIGKILL) the third
+time that point is reached. Inside ``failpoints_within(scope)`` a point is reached as
+``scope.name`` too. A stop waits for other threads to leave ``not_stopped_inside()``.
 """
 
 from __future__ import annotations

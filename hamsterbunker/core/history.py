@@ -1,12 +1,8 @@
 """A history of a node's store operations, for fault analysis (``hb run --history FILE``).
 
-One JSON line per completed operation: node, op (``acquire``, ``restore``,
-``publish``), epoch, seq, start and end on the node's clock, outcome. Both
-times come from one clock, the node's (CLOCK_BOOTTIME unless a test injects
-another), which every process of one machine shares, so the histories of
-several local nodes can be appended to one file and compared.
-An operation cut short by a crash has no line: its outcome is unknown.
-Lines are appended with O_APPEND in one write each, so nodes never interleave.
+One JSON line per completed operation (node, op, epoch, seq, start and end on the node's
+clock, outcome), appended with O_APPEND in one write: the local nodes of one machine share
+the clock and the file. An operation cut short by a crash has no line.
 """
 
 from __future__ import annotations

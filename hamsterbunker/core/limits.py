@@ -1,10 +1,6 @@
-"""The bounds on everything read from a store (DESIGN.md invariant 10), in one place.
-
-Anything a store writer without the secret can put in the store is parsed
-within these bounds; what falls outside them is a CorruptRecord (or Tampered,
-for a checkpoint), reported and skipped, never a crash, a hang or an overflow.
-The README states them. Also here, since both the stores and a node's memory
-use it: how old a temporary file must be before it counts as left by a crash.
+"""The bounds on everything read from a store (DESIGN.md invariant 10), in one place: what
+falls outside them is a CorruptRecord (or Tampered, for a checkpoint), never a crash, a hang
+or an overflow. The README states them. Also how old a temporary file left by a crash is.
 """
 
 from __future__ import annotations
@@ -106,14 +102,10 @@ MAX_CLAIMS_TRIED = 3
 # A lease TTL above this in a lease record is not believed: ten minutes.
 MAX_LEASE_TTL_MS = 600_000
 
-# A temporary file (the file store's "tmp-hb-*", a node memory's ".memory-*") this
-# much older than now was left by a crash, and is removed when a store opens, first
-# writes in an agent's directory, or a node loads its memory. No write keeps its temp
-# file for more than a few seconds (the write, an fsync, a wait for the lock of at
-# most lock_timeout), so two minutes, sixty default lease TTLs, is far above any
-# write, on a slow NFS server too. Judged on this host's clock against the file's
-# mtime: a clock skewed by more than that can remove a temp file in use, which fails
-# that one write (a retry follows); it never damages a record.
+# A temporary file (the file store's "tmp-hb-*", a node's ".memory-*", ".intents-*") this
+# much older than its mtime, on this host's clock, was left by a crash and is removed: far
+# above any write's few seconds, on a slow NFS server too. A clock skewed by more fails one
+# write (a retry follows), never damages a record.
 STALE_TEMP_AGE_S = 120.0
 
 

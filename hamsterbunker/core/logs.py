@@ -1,13 +1,8 @@
 """Logging to stderr, in the form journald understands when it is listening.
 
-Under systemd, stderr is a stream to journald, which stamps every line with
-its own time and reads a leading ``<N>`` as the line's syslog priority. So
-when ``$JOURNAL_STREAM`` names our stderr, lines carry that prefix and no
-timestamp of ours; anywhere else they carry a timestamp and a level name.
-
-The level (``hb run --log-level``, config key ``log_level``) applies to
-hamsterbunker's own loggers; other libraries log at INFO and above even at
-``debug``. Which event is logged at which level: hamsterbunker.node.priorities.
+When ``$JOURNAL_STREAM`` names our stderr, lines carry a ``<N>`` syslog priority prefix and
+no timestamp of ours (journald stamps them); elsewhere a timestamp and a level name. The
+level applies to hamsterbunker's own loggers; other libraries log at INFO and above.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""How far a store's checkpoints are known to reach: a plain value.
-
-The lease keeper writes it into lease records, a node's memory keeps it across
-restarts, and a loss acceptance names where to resume; none of them needs the
-others to say it.
+"""How far a store's checkpoints are known to reach: a plain value, written into lease
+records, kept in a node's memory and named by a loss acceptance.
 """
 
 from __future__ import annotations
@@ -13,11 +10,8 @@ __all__ = ["Reach"]
 
 
 class Reach(NamedTuple):
-    """How far the store must reach: a checkpoint at seq or later, under epoch or later.
-
-    An intact store's newest checkpoint is at or past every checkpoint it accepted in
-    both: seqs rise, and epochs never fall, in store order.
-    """
+    """How far the store must reach: a checkpoint at seq or later, under epoch or later
+    (an intact store's newest checkpoint is at or past every one it accepted, in both)."""
 
     seq: int = 0
     epoch: int = 0

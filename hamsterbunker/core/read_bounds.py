@@ -1,36 +1,14 @@
 """What one read of a store may return, per record kind, and the one helper that keeps to it.
 
-Whatever a store holds, one read hands back at most ``count`` entries, none of
-more than ``entry_bytes``, and no more than ``total_bytes`` in all (DESIGN.md
-invariant 10): planted junk can make a read stop early, never read on. The
-numbers come from ``limits``.
-
-Who reads through it:
-
-- ``read_inbox``, every backend: a ``BoundedRead`` of ``INBOX_READ`` (Redis
-  hands the three numbers to its script as well, so that no more than that
-  leaves the server).
-- ``read_effects``, every backend (syncdir's through its subtrees' file stores,
-  its ``read_chain_effects`` too): a ``BoundedRead`` of ``EFFECTS_READ``
-  (Redis' script sends only the names a record has, none over the bytes of one).
-- ``list_heartbeats``, every backend, and the file store's tail: a
-  ``BoundedRead`` of ``HEARTBEATS_READ``, the lowest node ids first (the file
-  store and etcd list or fetch at most four times that many; Redis bounds what
-  its script fetched, the whole hash; syncdir cuts its merge of subtrees too).
-- syncdir's term records and chain choices: a ``BoundedRead`` of
-  ``TERM_RECORDS_READ``; its published claims are tried within ``CLAIMS_READ``.
-- a checkpoint read keeps to ``CHECKPOINT_READ`` its own way (one record, a
-  size cap).
-
-Event reads are not in the table: how many events a node's log keeps is a
-store's setting (``events_per_node``, ``events_per_segment``), not a limit.
+Whatever a store holds, one read hands back at most ``count`` entries, none of more than
+``entry_bytes``, and no more than ``total_bytes`` in all (DESIGN.md invariant 10): planted
+junk can make a read stop early, never read on. Events are not here: how many a node's log
+keeps is a store's setting, not a limit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Generic, TypeVar
 
 from .limits import (
@@ -56,7 +34,6 @@ __all__ = [
     "EFFECTS_READ",
     "HEARTBEATS_READ",
     "INBOX_READ",
-    "READ_BOUNDS",
     "TERM_RECORDS_READ",
     "BoundedRead",
     "ReadBound",
@@ -99,28 +76,14 @@ TERM_RECORDS_READ = ReadBound(
 # The synced-folder store: the newest published claims of one subtree tried (one is taken).
 CLAIMS_READ = ReadBound(MAX_CLAIMS_TRIED, MAX_RECORD_BYTES, MAX_CLAIMS_TRIED * MAX_RECORD_BYTES)
 
-READ_BOUNDS: Mapping[str, ReadBound] = MappingProxyType(
-    {
-        "inbox submissions": INBOX_READ,
-        "effect records of a step": EFFECTS_READ,
-        "checkpoint": CHECKPOINT_READ,
-        "checkpoint names of an agent": CHECKPOINT_NAMES_READ,
-        "heartbeats of an agent": HEARTBEATS_READ,
-        "term records or chain choices of a subtree": TERM_RECORDS_READ,
-        "published claims of a subtree": CLAIMS_READ,
-    }
-)
-
 
 @dataclass
 class BoundedRead(Generic[K]):
     """The entries one read takes, in the order offered, within a ReadBound.
 
-    The reader offers each entry it found, and reports what is not taken: one
-    over ``entry_bytes`` is left out (a reader that can measure an entry before
-    fetching it asks ``too_big`` first); the first that would pass
-    ``total_bytes``, and any after it, is not taken, and ``stopped`` says so:
-    the reader stops there, and the next read goes on from the last key taken.
+    An entry over ``entry_bytes`` is left out (``too_big`` asks before fetching one); the
+    first that would pass ``total_bytes`` sets ``stopped``: the reader stops there, and the
+    next read goes on from the last key taken.
     """
 
     bound: ReadBound

@@ -1,11 +1,5 @@
-"""Lease timing: the one place its defaults live, checked once when it is made.
-
-A ``LeaseTiming`` is what every node of a cluster must agree on to keep one
-leader: how often it ticks, how long a leader may step after its last renewal,
-and how long a lease lives without one. The CLI, the config file, the demo, the
-local cluster, the runtime and the lease keeper all take one; a ``LeaseTiming``
-that exists is one that was checked.
-"""
+"""Lease timing, the one place its defaults live, checked once when it is made: a
+``LeaseTiming`` that exists is one that was checked. Also a step's retry timing."""
 
 from __future__ import annotations
 
@@ -59,9 +53,7 @@ def check_stop_grace(stop_grace_ms: int) -> int:
 @dataclass(frozen=True)
 class LeaseTiming:
     """tick < renew deadline < lease TTL, in milliseconds; ConfigError if not.
-
-    ``renew_deadline_ms`` left out (None) is 0.6 × the TTL.
-    """
+    ``renew_deadline_ms`` left out (None) is 0.6 × the TTL."""
 
     tick_ms: int = DEFAULT_TICK_MS
     lease_ttl_ms: int = DEFAULT_LEASE_TTL_MS
@@ -93,12 +85,8 @@ class LeaseTiming:
 
     @property
     def standby_period_s(self) -> float:
-        """How often an idle standby writes its heartbeat: every half TTL, at least every tick.
-
-        Its liveness is judged over a whole TTL (``hb switchover``, ``hb forget``, a
-        duplicate node id), which sees two heartbeats; each write more a second costs
-        it about 0.1 % of a core.
-        """
+        """How often an idle standby writes its heartbeat: every half TTL (its liveness is
+        judged over a whole TTL), at least every tick."""
         return max(self.tick_s, self.lease_ttl_s / 2)
 
     def _check(self) -> None:
@@ -126,14 +114,8 @@ DEFAULT_TIMING = LeaseTiming()  # what `hb run` uses when given no timing
 
 
 def check_sync_delay(timing: LeaseTiming, sync_delay_ms: int) -> int:
-    """The sync delay the user of a synced folder states, if timing allows for it;
-    ConfigError naming the TTL it needs if not.
-
-    A standby there sees each renewal up to the sync delay late, so between two it
-    sees up to a tick plus the whole delay can pass (one synced at once, the next
-    late): lease_ttl ≥ 2 × (tick + sync_delay) leaves it that twice over before it
-    takes a live leader's lease (docs/syncdir.md).
-    """
+    """The sync delay the user of a synced folder states, if lease_ttl ≥ 2 × (tick +
+    sync_delay) (docs/syncdir.md); ConfigError naming the TTL it needs if not."""
     if isinstance(sync_delay_ms, bool) or not isinstance(sync_delay_ms, int) or sync_delay_ms < 1:
         raise ConfigError(
             f"sync_delay_ms must be a whole number of ms above 0, not {sync_delay_ms!r}"
@@ -156,12 +138,9 @@ def check_sync_delay(timing: LeaseTiming, sync_delay_ms: int) -> int:
 
 @dataclass(frozen=True)
 class StepRetry:
-    """How a node retries a step that raised: exponential backoff with jitter, capped,
-    and how many failures in a row make it hand the lease over (0: never).
-
-    The n-th retry waits ``first_ms × 2**(n-1)`` within ±``jitter``, never above
-    ``max_ms``; ConfigError if the numbers make no sense.
-    """
+    """How a node retries a step that raised: the n-th retry waits ``first_ms × 2**(n-1)``
+    within ±``jitter``, never above ``max_ms``; after ``max_failures`` in a row (0: never) it
+    hands the lease over. ConfigError if the numbers make no sense."""
 
     first_ms: int = DEFAULT_STEP_RETRY_MS
     max_ms: int = DEFAULT_STEP_RETRY_MAX_MS

@@ -1,29 +1,23 @@
 """A loss accepted on purpose (``hb accept-loss``): what nodes resume from afterwards.
 
-A node refuses to resume behind a checkpoint it saw accepted (StoreRegressed).
-When the loss is real and accepted, ``hb accept-loss`` writes the lease record
-anew, released and under a fresh epoch E, and an acceptance record signed with
-the cluster key (a store writer without the secret cannot make one), naming
-the checkpoint to resume from.
-
-A node honours the acceptance only while everything it has seen accepted is
-of an epoch below E: the acceptance forgives what came before it, never a
-checkpoint published after it (every later term's epoch is above E). So an
-old acceptance put back into the store by someone else forgives nothing.
+The lease record is written anew, released under a fresh epoch E, beside an acceptance
+record signed with the cluster key naming the checkpoint to resume from. A node honours it
+only while everything it saw accepted is of an epoch below E (``docs/design.md``,
+"Accepting a loss").
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from ..core.errors import CorruptRecord, HamsterbunkerError, LeaseConflict, Tampered
 from ..core.limits import MAX_EPOCH
 from ..core.reach import Reach
 from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..records import CheckpointInfo, Event, LeaseRecord, parse_json
+from ..records.parsing import dump_compact
 from ..sealing import Sealer
 from ..stores import Store
 from .proof import LeaseProof
@@ -79,8 +73,7 @@ def new_acceptance(
 
 
 def seal_acceptance(sealer: Sealer, acceptance: Acceptance) -> bytes:
-    payload = json.dumps(asdict(acceptance), separators=(",", ":"), sort_keys=True).encode()
-    return sealer.sign_record(_KIND, payload)
+    return sealer.sign_record(_KIND, dump_compact(acceptance))
 
 
 def open_acceptance(sealer: Sealer, data: bytes, agent: str) -> Acceptance:
@@ -108,7 +101,7 @@ def open_acceptance(sealer: Sealer, data: bytes, agent: str) -> Acceptance:
 
 @dataclass(frozen=True)
 class LossPlan:
-    """What ``hb accept-loss`` would give up, worked out (and authenticated) before anything is written."""
+    """What ``hb accept-loss`` would give up, worked out before anything is written."""
 
     agent: str
     lease: LeaseRecord | None
@@ -193,12 +186,8 @@ def plan_loss(store: Store, sealer: Sealer, agent: str, to_seq: int | None) -> L
 
 
 def accept_loss(store: Store, sealer: Sealer, plan: LossPlan) -> Acceptance:
-    """Write what plan says: the released lease record, the signed acceptance, an event.
-
-    The lease record first: an acceptance without it is never written, and a
-    lease record without the acceptance only makes nodes refuse until it is
-    run again.
-    """
+    """Write what plan says: the released lease record first (an acceptance without it is
+    never written), the signed acceptance, an event."""
     resume = Reach(plan.resume.seq, plan.resume.epoch)
     given_up = [(i.seq, i.epoch) for i in plan.given_up + plan.damaged]
     acceptance = new_acceptance(plan.agent, plan.epoch, resume, plan.to_seq, given_up)

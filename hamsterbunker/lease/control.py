@@ -1,39 +1,25 @@
 """What an operator asks of an agent's leader: pause, resume, switch over (``hb pause``, ...).
 
-A request is a record signed with the cluster key (a store writer without the
-secret cannot make one) written into the lease record's ``control`` field by
-compare-and-set, like any other lease write: the leader's next renewal finds
-the record changed under it, sees its own term still there and adopts it
-(hamsterbunker.lease), and a watch wakes it at once. Nothing here writes a
-holder or an epoch: the fencing rules are untouched.
-
-* ``paused`` holds from term to term: every acquisition carries the field on,
-  so a paused leader that dies is replaced by one that starts paused.
-* ``switchover_to`` holds for one term only (``switchover_epoch``): the
-  leader of that epoch finishes its step in flight, publishes and writes the
-  target's next term into the lease record (``LeaseKeeper.hand_over``), which
-  the target leads at once. A request kept or put back for a later term asks
-  nothing.
-* ``revision`` only grows: a node ignores a request older than one it has
-  seen, so an old signed request put back by someone else undoes nothing. A
-  node writes the newest request it has seen into every lease record it writes
-  and keeps it in its memory (``ControlView``), so neither its renewals nor a
-  process of it started later pass the older one on or obey it.
+A request is signed with the cluster key and written into the lease record's ``control``
+field by compare-and-set (``docs/design.md``, "Operator requests ride the lease's
+compare-and-set"). ``paused`` holds from term to term; ``switchover_to`` only for the term
+``switchover_epoch``; ``revision`` only grows, and a node obeys and passes on only the newest
+request it has seen.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from ..core.errors import ControlRefused, CorruptRecord, LeaseConflict, Tampered
 from ..core.timing import DEFAULT_LEASE_TTL_MS
-from ..records import Heartbeat, LeaseRecord, check_name, parse_json
+from ..records import LeaseRecord, check_name, parse_json
+from ..records.parsing import dump_compact
 from ..sealing import Sealer
 from ..stores import Store
 from .proof import LeaseProof
@@ -67,8 +53,7 @@ class Control:
 
 
 def sign_control(sealer: Sealer, control: Control) -> str:
-    payload = json.dumps(asdict(control), separators=(",", ":"), sort_keys=True).encode()
-    return sealer.sign_record(_KIND, payload).decode()
+    return sealer.sign_record(_KIND, dump_compact(control)).decode()
 
 
 def open_control(sealer: Sealer, text: str, agent: str) -> Control:
@@ -99,17 +84,10 @@ def _check_types(control: Control) -> None:
 
 
 class ControlView:
-    """A node's reading of the control field of each lease record it sees.
-
-    Remembers the newest revision it authenticated, and holds to it: a field
-    that does not authenticate, or an older request, changes nothing (each is
-    reported once through ``problems``). The newest request outlives the
-    process in the node's memory (``text``, ``remember``), and every lease
-    record the node writes carries it (``carried``), so an older request put
-    back, or the field emptied, is neither obeyed by a node started later nor
-    passed on. Safe from any thread: the lease keeper calls ``carried`` from
-    its own.
-    """
+    """A node's reading of the control field of each lease record it sees: the newest
+    revision it authenticated holds; a field that does not authenticate, or an older request,
+    changes nothing (reported once in ``problems``). ``text`` and ``remember`` keep it in the
+    node's memory; ``carried`` writes it into every lease record. Safe from any thread."""
 
     def __init__(self, sealer: Sealer, agent: str) -> None:
         self._sealer, self._agent = sealer, agent
@@ -120,7 +98,7 @@ class ControlView:
         self._lock = threading.Lock()
 
     def remember(self, text: str) -> None:
-        """Start from the request this node saw last before a restart (hamsterbunker.lease.memory)."""
+        """Start from the request this node saw last before a restart (``memory``)."""
         if text:
             with self._lock:
                 self._take(text, "the remembered control request")
@@ -180,11 +158,8 @@ class ControlView:
 
 
 def set_paused(store: Store, sealer: Sealer, agent: str, paused: bool) -> LeaseRecord:
-    """Pause (or resume) the agent: its leader, now and in later terms, steps no more (or again).
-
-    With no lease record yet, a released one is written, so that the first
-    leader starts paused.
-    """
+    """Pause (or resume) the agent: its leader, now and in later terms, steps no more (or
+    again). With no lease record yet, a released one is written."""
     check_name("agent id", agent)
 
     def pausing(current: Control) -> Control:
@@ -202,13 +177,10 @@ def request_switchover(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Ask the live leader to hand the lease to the live standby to (or the freshest); the target.
-
-    Liveness is seen, not believed: the lease record and the target's
-    heartbeat must change while this watches (at most a lease TTL), as a
-    standby judges a lease. ControlRefused, with nothing written, if there is
-    no live leader, to is not a live standby, or to leads already.
-    """
+    """Ask the live leader to hand the lease to the live standby to (or the freshest); the
+    target. Liveness is seen: the lease record and the target's heartbeat must change while
+    this watches (a lease TTL at most). ControlRefused if there is no live leader, to is not
+    a live standby, or to leads already."""
     check_name("agent id", agent)
     if to is not None:
         check_name("node id", to)
@@ -247,18 +219,15 @@ def _watch_liveness(
     clock: Callable[[], float],
     sleep: Callable[[float], None],
 ) -> tuple[LeaseRecord | None, list[str]]:
-    """The lease as last read, and the nodes seen live, freshest first.
-
-    The holder is live once its lease record changed while watched; a standby
-    once its heartbeat did. Watches until the holder and the target (or any
-    standby) are seen live, at most a lease TTL.
-    """
+    """The lease as last read, and the nodes whose record or heartbeat changed while watched
+    (until the holder and the target, or any standby, are seen live; a TTL at most), freshest
+    first."""
     started = clock()
     lease = store.read_lease(agent)
     if lease is None or lease.holder is None:
         return lease, []
-    first_lease = _lease_key(lease)
-    first_beats = {hb.node: _beat_key(hb) for hb in store.list_heartbeats(agent)}
+    first_lease = lease.change_key()
+    first_beats = {hb.node: hb.change_key() for hb in store.list_heartbeats(agent)}
     live: dict[str, float] = {}
     while clock() - started < lease.ttl_ms / 1000:
         sleep(POLL_S)
@@ -266,24 +235,16 @@ def _watch_liveness(
         lease = store.read_lease(agent)
         if lease is None or lease.holder is None:
             return lease, []
-        if _lease_key(lease) != first_lease:
+        if lease.change_key() != first_lease:
             live.setdefault(lease.holder, now)
         for hb in store.list_heartbeats(agent):
-            if hb.node in first_beats and _beat_key(hb) != first_beats[hb.node]:
+            if hb.node in first_beats and hb.change_key() != first_beats[hb.node]:
                 live.setdefault(hb.node, now)
         standby_seen = [n for n in live if n != lease.holder and (to is None or n == to)]
         if lease.holder in live and standby_seen:
             break
     # Freshest first: the standby whose heartbeat changed soonest after we looked.
     return lease, sorted(live, key=lambda node: live[node])
-
-
-def _lease_key(lease: LeaseRecord) -> tuple[object, ...]:
-    return (lease.version, lease.holder, lease.session, lease.epoch, lease.renewals)
-
-
-def _beat_key(heartbeat: Heartbeat) -> tuple[object, ...]:
-    return (heartbeat.session, heartbeat.beats, heartbeat.time)
 
 
 def _write(
@@ -295,11 +256,8 @@ def _write(
     holder: str | None = None,
     epoch: int | None = None,
 ) -> LeaseRecord:
-    """Write the changed request into the lease record by compare-and-set, retried on a race.
-
-    holder and epoch, when given, must still be the lease's: a switchover is
-    for the term that was watched, not one that came since.
-    """
+    """Write the changed request into the lease record by compare-and-set, retried on a race;
+    holder and epoch, when given, must still be the lease's (the term that was watched)."""
     for _ in range(MAX_WRITE_TRIES):
         lease = store.read_lease(agent)
         if epoch is not None and (lease is None or (lease.holder, lease.epoch) != (holder, epoch)):

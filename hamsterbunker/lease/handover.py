@@ -31,15 +31,10 @@ class Handing(KeeperState):
         )
 
     def _adopt_handed(self, record: LeaseRecord, now: float) -> TickResult:
-        """Lead under a lease handed to this node, with no write of its own.
-
-        The lease counts from the send time of the newest read that still found the
-        record before it (the hand-over was written after that read was answered),
-        so may_step ends no later than for a lease this node had written then. With
-        no such read (or one older than half the renew deadline, or another TTL in
-        the record), a renewal comes first, as after any acquisition; with one,
-        ``unconfirmed`` asks the loop to renew at once, beside the restore.
-        """
+        """Lead under a lease handed to this node, counted from the send time of the newest
+        read that still found the record before it; with no such read (or one older than half
+        the renew deadline, or another TTL in the record) after a renewal. ``unconfirmed``
+        asks the loop to renew at once, beside the restore."""
         self._note(record, now)
         self._hold(record)
         self._taken_read = None
@@ -62,10 +57,8 @@ class Handing(KeeperState):
         return TickResult(Outcome.ACQUIRED, record, "switchover")
 
     def hand_over(self, successor: str, session: str, region: str) -> bool:
-        """Give the lease to successor, its next term already written in its name (the
-        session its heartbeat names): it leads without a write of its own (a switchover).
-        True if the store took it; the fence moves with the record.
-        """
+        """Give the lease to successor (a switchover), its next term written in its name and
+        the session its heartbeat names. True if the store took it."""
         held, self.held = self.held, None
         if held is None:
             return False
@@ -93,8 +86,7 @@ class Handing(KeeperState):
 
     def release(self, successor: str | None = None, *, handoff: bool = False) -> bool:
         """Give the lease up at once (graceful stop; to successor on a switchover; handoff
-        after failing steps). True if the store took the release.
-        """
+        after failing steps). True if the store took the release."""
         held, self.held = self.held, None
         if held is None:
             return False

@@ -1,9 +1,6 @@
 """Lease keeping: acquire, renew, release, judged on the local monotonic clock
-(``docs/design.md``, "Lease keeping").
-
-Every method is blocking (it calls the store); the runtime runs them in a thread, one at
-a time. ``may_step`` reads only the clock and may be called from anywhere at any time,
-even while a store call hangs.
+(``docs/design.md``, "Lease keeping"). Every method but ``may_step`` calls the store and
+blocks (the runtime runs them in a thread, one at a time); ``may_step`` reads only the clock.
 """
 
 from __future__ import annotations
@@ -35,12 +32,8 @@ class LeaseKeeper(Handing, Replacing):
         return Fence(holder=self.node, session=self.session, epoch=self.held.epoch)
 
     def seconds_until_expiry(self) -> float | None:
-        """How long until the lease another node holds counts as expired here.
-
-        None when there is nothing to wait for (we hold it, it is released, or
-        no record was seen). A standby wakes then, not at its next tick, so a
-        takeover comes one TTL after the last change it saw, not up to a tick later.
-        """
+        """How long until the lease another node holds (or an unreadable record) counts as
+        expired here, for a standby to wake then; None when there is nothing to wait for."""
         record = self.observed
         if self.held is None and record is None:
             ttl_s = waited_ttl_s(self.timing, self._last_seen)
@@ -60,21 +53,14 @@ class LeaseKeeper(Handing, Replacing):
 
     def tick(self, heard: LeaseRecord | None = None) -> TickResult:
         """Renew if leading, else observe the record and acquire it when free or expired.
-
-        heard: the record the store's watch carried, if any: a standby takes it for
-        the read it would make, if it is newer than any record seen here.
-        """
+        heard: the record the store's watch carried, if any (taken for a read if news)."""
         if self.held is not None:
             return self._renew()
         return self._observe_or_acquire(heard)
 
     def _renew(self) -> TickResult:
-        """Renew by compare-and-set, even past the renew deadline.
-
-        Past the deadline the leader does not step (``may_step``), but a renewal
-        that still succeeds proves nobody took over, so a short pause or store
-        hiccup costs no epoch. The compare-and-set is the arbiter, not the time.
-        """
+        """Renew by compare-and-set, even past the renew deadline (a renewal that succeeds
+        proves nobody took over)."""
         assert self.held is not None
         sent = self.clock.monotonic()
         try:
@@ -114,39 +100,53 @@ class LeaseKeeper(Handing, Replacing):
         return TickResult(Outcome.RENEWED, renewed)
 
     def _observe_or_acquire(self, heard: LeaseRecord | None) -> TickResult:
-        if heard is not None and self._is_news(heard) and not self._asks_anew(heard):
-            record: LeaseRecord | None = heard
-        else:
-            sent = self.clock.monotonic()
-            try:
-                record = self.store.read_lease(self.agent)
-            except UnreadableLease as exc:
-                return self._replace_unreadable(exc)
-            if record is not None and not self._is_ours(record):
-                self._read_before = (record.version, sent)
+        try:
+            record = self._read_unless_heard(heard)
+        except UnreadableLease as exc:
+            return self._replace_unreadable(exc)
         now = self.clock.monotonic()
         if record is not None and self._handed_to_us(record):
             return self._adopt_handed(record, now)
         self._note(record, now)
-        stood_still = record is not None and now - self._observed_at >= self._ttl_of(record)
-        if record is None:
-            expected, via = None, "empty"  # a new cluster, or a lease record that was lost
-        elif not self._proven(record):
-            # Nobody known holds it: taken once it stood still for our own TTL.
-            if not stood_still:
-                return TickResult(Outcome.STANDBY, record, "the lease record is unproven")
-            expected, via = record.version, "expired"
-        elif record.holder is None and record.successor == self.node:
-            expected, via = record.version, "switchover"  # handed to us: take it at once
-        elif record.holder is None and (record.successor is None or stood_still):
-            # Handed to another node, which has not taken it for a full TTL: anyone may.
-            expected, via = record.version, released_via(record)
-        elif record.holder is not None and stood_still:
-            expected, via = record.version, "expired"
-        else:
-            return TickResult(Outcome.STANDBY, record)
+        via = self._free_as(record, now)
+        if via is None:
+            unproven = record is not None and not self._proven(record)
+            reason = "the lease record is unproven" if unproven else ""
+            return TickResult(Outcome.STANDBY, record, reason)
         if now < self._hold_off_until and via != "switchover":
             return TickResult(Outcome.STANDBY, record, "holding off after giving the lease up")
+        return self._acquire(record, via, now)
+
+    def _read_unless_heard(self, heard: LeaseRecord | None) -> LeaseRecord | None:
+        """The record the watch carried if it is news and asks nothing new, else read
+        (UnreadableLease if it does not parse)."""
+        if heard is not None and self._is_news(heard) and not self._asks_anew(heard):
+            return heard
+        sent = self.clock.monotonic()
+        record = self.store.read_lease(self.agent)
+        if record is not None and not self._is_ours(record):
+            self._read_before = (record.version, sent)
+        return record
+
+    def _free_as(self, record: LeaseRecord | None, now: float) -> str | None:
+        """How this standby may take record now (the takeover's ``via``); None if it may not."""
+        if record is None:
+            return "empty"  # a new cluster, or a lease record that was lost
+        stood_still = now - self._observed_at >= self._ttl_of(record)
+        if not self._proven(record):
+            # Nobody known holds it: taken once it stood still for our own TTL.
+            return "expired" if stood_still else None
+        if record.holder is None and record.successor == self.node:
+            return "switchover"  # handed to us: take it at once
+        if record.holder is None and (record.successor is None or stood_still):
+            # Handed to another node, which has not taken it for a full TTL: anyone may.
+            return released_via(record)
+        if record.holder is not None and stood_still:
+            return "expired"
+        return None
+
+    def _acquire(self, record: LeaseRecord | None, via: str, now: float) -> TickResult:
+        """Take the lease by compare-and-set at an epoch above every one known."""
         epoch = self._next_epoch(record)
         takeover = Takeover(
             epoch=epoch,
@@ -171,6 +171,7 @@ class LeaseKeeper(Handing, Replacing):
             control=self._carry_control("" if record is None else record.control),
             history=with_takeover(record, takeover),
         )
+        expected = None if record is None else record.version
         try:
             acquired, read = self.store.take_lease(self.agent, expected, self._signed(new))
         except LeaseConflict:
@@ -184,14 +185,9 @@ class LeaseKeeper(Handing, Replacing):
         return TickResult(Outcome.ACQUIRED, acquired, via)
 
     def changed_under_us(self, heard: LeaseRecord | None = None) -> LeaseRecord | None:
-        """The lease record if another writer changed it since our last write, else None.
-
-        For a leader woken by the store's watch (heard: the record it carried, if
-        any, read otherwise). A record still of our term (an operator's request
-        written into it) is adopted, as a renewal that finds it would: the next
-        renewal builds on it. If another node took over, the next renewal finds
-        out and loses the lease.
-        """
+        """The lease record if another writer changed it since our last write, else None,
+        for a leader woken by the store's watch (heard: the record it carried, if any). One
+        still of our term (an operator's request written into it) is adopted."""
         held = self.held
         if held is None or (heard is not None and heard.version <= held.version):
             return None  # our own write, or one before it

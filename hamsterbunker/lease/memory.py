@@ -1,33 +1,20 @@
-"""What a node remembers of a store across its own restarts.
-
-A running node remembers the highest epoch and checkpoint seq it has seen, the
-cluster record and the newest operator's request (``hamsterbunker.lease.control``),
-and so notices a store that went back in time. A node with a state directory
-(``--state-dir``, or systemd's ``$STATE_DIRECTORY``) also keeps them in a small
-file there, so that after a restart it still notices a store that went back,
-or was emptied, while it was down, and obeys no older request put back in the
-lease record meanwhile.
-
-One file per store URL and agent id: pointing a node at another store starts
-a new memory instead of refusing that store.
+"""What a node remembers of a store across its own restarts: the highest epoch and reach
+seen, the cluster record and the newest operator's request, so that it notices a store that
+went back, or was emptied, while it was down, and obeys no older request put back. Kept with
+``--state-dir`` (or ``$STATE_DIRECTORY``), one file per store URL and agent id.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
-import os
-import stat
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.clock import Clock, MonotonicClock
+from ..core.durable import replace_file, sweep_temps
 from ..core.errors import ConfigError, CorruptRecord
-from ..core.limits import STALE_TEMP_AGE_S
 from ..core.reach import Reach
 from ..records import MAX_CONTROL_CHARS, ClusterRecord, parse_json
 
@@ -68,11 +55,8 @@ class MemoryFile:
         self._clock = clock or MonotonicClock()
 
     def load(self) -> Memory:
-        """The remembered state; nothing remembered if there is no file yet.
-
-        Temporary files (``.memory-*``) older than STALE_TEMP_AGE_S, left in the
-        directory by a crash during save, are removed first.
-        """
+        """The remembered state (nothing if there is no file yet); ConfigError if it is
+        damaged. Temporary files a crash left are swept first."""
         _sweep_temps(self.path.parent)
         try:
             data = self.path.read_bytes()
@@ -132,41 +116,14 @@ class MemoryFile:
             "cluster": None if memory.cluster is None else memory.cluster.to_json().decode(),
             "control": memory.control,
         }
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(dir=self.path.parent, prefix=_TEMP_PREFIX)
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(doc, out, indent=1)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, self.path)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-        _fsync_dir(self.path.parent)  # the rename itself outlives a crash
+        replace_file(self.path, json.dumps(doc, indent=1), _TEMP_PREFIX)
         self._saved, self._saved_at = memory, self._clock.monotonic()
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sweep_temps(directory: Path) -> None:
-    """Remove temporary files of save older than STALE_TEMP_AGE_S: a crash left them.
-
-    Housekeeping: a failure is logged, and loading goes on.
-    """
-    cutoff = time.time() - STALE_TEMP_AGE_S
+    """Housekeeping: a failure is logged, and loading goes on."""
     try:
-        for temp in directory.glob(f"{_TEMP_PREFIX}*"):
-            with contextlib.suppress(FileNotFoundError):  # another process swept it first
-                st = temp.lstat()
-                if stat.S_ISREG(st.st_mode) and st.st_mtime < cutoff:
-                    temp.unlink()
+        sweep_temps(directory, _TEMP_PREFIX)
     except OSError as exc:
         log.warning("could not remove old temporary files in %s: %s", directory, exc)
 

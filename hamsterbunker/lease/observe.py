@@ -1,16 +1,7 @@
-"""Is an agent's lease live? Judged as a standby judges it, never by comparing clocks.
-
-The lease record carries no time (DESIGN.md invariant 2: no node compares
-another's wall clock): its holder renews it every tick, which changes the
-record. So ``hb status`` watches the record on this process's monotonic clock,
-as a standby does: *live* once it changed and has not stood still for a full
-TTL since, *expired* once it stood still for a full TTL of watching. Either
-answer takes at most one TTL (the record's ``ttl_ms``), and watching stops
-after ``MAX_WATCH_S`` whatever the record says: a lease with a longer TTL that
-stood still that long is *unknown*.
-
-One observer remembers what it saw across calls (``hb status --watch``), so a
-refresh answers at once when it already knows.
+"""Is an agent's lease live? Judged as a standby judges it, on this process's monotonic
+clock, never by comparing clocks: *live* once the record changed and has not stood still for
+a full TTL since, *expired* once it stood still for a full TTL of watching. Watching stops
+after ``MAX_WATCH_S``: a lease with a longer TTL that stood still that long is *unknown*.
 """
 
 from __future__ import annotations
@@ -63,10 +54,8 @@ class _Seen:
 
 
 class LeaseObserver:
-    """Watch agents' lease records, remembering what was seen across ``observe`` calls.
-
-    ``limit_s`` bounds each call's watching (0: read once, judge nothing).
-    """
+    """Watch agents' lease records, remembering what was seen across ``observe`` calls
+    (``hb status --watch``); ``limit_s`` bounds each call's watching (0: read once)."""
 
     def __init__(
         self,
@@ -107,7 +96,7 @@ class LeaseObserver:
             self._seen.pop(agent, None)
             state = NEVER_TAKEN if lease is None else RELEASED
             return Observed(lease, None, Liveness(state, 0.0, 0, None, 0.0))
-        key = (lease.version, lease.holder, lease.session, lease.epoch, lease.renewals)
+        key = lease.change_key()
         seen = self._seen.get(agent)
         if seen is None:
             seen = self._seen[agent] = _Seen(key, started=now, since=now)

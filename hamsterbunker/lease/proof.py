@@ -1,17 +1,9 @@
-"""A lease record's proof: its writer's signature over what steers a node beyond one TTL.
+"""A lease record's proof: its writer's signature, with the cluster key, over what steers a
+node beyond one TTL (agent, holder, session, epoch, TTL, reach, successor, hand-off).
 
-Every node, ``hb accept-loss`` and ``hb pause`` hold the secret, and sign each
-lease record they write. A record's epoch and reach (how far the checkpoints
-are known to go) outlive it: a node remembers them, across restarts too, and
-refuses to resume behind that reach or to take an epoch below that epoch. So a
-node learns them only from a record whose proof opens: a record written
-without the secret, naming reach 10^15 or epoch 9,999,999,999, would otherwise
-stop every node for good with one write. The proof also covers who holds the
-lease and for how long, so that an unproven record holds no node back longer
-than the node's own TTL. What it leaves out changes without a re-signing or
-is signed on its own: ``renewals`` and ``history`` (display), ``control`` (an
-operator's request, signed by itself: ``hamsterbunker.lease.control``), and the
-store's ``version``.
+Left out: ``renewals`` and ``history`` (display), ``control`` (signed on its own), the
+store's ``version``. Why epochs and reach are learned only from proven records:
+``docs/design.md``, "Leases, effects and sealing in the code".
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ class Replacing(KeeperState):
 
     def _replace_unreadable(self, found: UnreadableLease) -> TickResult:
         """Stand by while the lease record is unreadable; replace it once it stood unchanged
-        for a TTL (hamsterbunker.lease_unreadable), under an epoch above every one known."""
+        for a TTL, under an epoch above every one known."""
         now = self.clock.monotonic()
         self.observed = None
         sighting = self.unreadable.see(found, now)

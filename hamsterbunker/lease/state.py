@@ -73,9 +73,8 @@ class KeeperState:
         self.proof: LeaseProof | None = None
 
     def carry_control_by(self, carry: Callable[[str], str]) -> None:
-        """Write carry(the control field found) into every lease record this keeper writes
-        over another (``ControlView.carried``: an operator's request older than one this
-        node saw is not passed on). By default the field found is carried as it is."""
+        """Write carry(the control field found) into every lease record written over another
+        (``ControlView.carried``); by default the field found, as it is."""
         self._carry_control = carry
 
     def reach(self) -> Reach:
@@ -84,18 +83,13 @@ class KeeperState:
 
     def read_at_taking(self, epoch: int) -> RestoreRead | None:
         """What the store held as this keeper took the lease for epoch (once; None if it
-        was not read then): the term's first restore needs no read of its own.
-
-        Nothing can be written between the acquisition and that read but by the
-        new holder: older terms are fenced off by the same write.
-        """
+        was not read then), for the term's first restore."""
         taken, self._taken_read = self._taken_read, None
         return taken[1] if taken is not None and taken[0] == epoch else None
 
     def replaced_unreadable(self, epoch: int) -> bool:
-        """Whether this keeper took epoch in place of an unreadable or unproven record:
-        numbered above only what it knew, so an authenticated checkpoint at or above it is
-        no regression."""
+        """Whether this keeper took epoch in place of an unreadable or unproven record (so an
+        authenticated checkpoint at or above it is no regression)."""
         return epoch == self._replaced_at
 
     def _lose(self, reason: str) -> TickResult:
@@ -115,16 +109,10 @@ class KeeperState:
         return found
 
     def _next_epoch(self, record: LeaseRecord | None) -> int:
-        """Above every epoch seen: in the record, in earlier records, in authenticated checkpoints.
-
-        A store restored from an old snapshot (or a Redis that lost writes) can
-        show a lease record behind what nodes have seen; taking record.epoch + 1
-        then would reuse an epoch. Checkpoint *names* are not counted: anyone can
-        write one, so only epochs the runtime authenticated (``learn_epoch``) are.
-        An unproven record's epoch is gone above only while half the epochs stay
-        free, so that no write without the secret leaves no epoch to take.
-        """
+        """Above every epoch seen: in the record, in earlier records, in authenticated
+        checkpoints (``learn_epoch``); StoreError if none is left."""
         current = 0 if record is None else record.epoch
+        # An unproven record's epoch is gone above only while half the epochs stay free.
         if record is not None and not self._proven(record) and current > MAX_EPOCH // 2:
             current = 0
         epoch = max(current, self.highest_epoch, self.reach().epoch) + 1
@@ -136,7 +124,7 @@ class KeeperState:
         return epoch
 
     def remember(self, epoch: int, reach: Reach) -> None:
-        """What this node remembered of the store from before a restart (hamsterbunker.lease.memory)."""
+        """What this node remembered of the store from before a restart (``memory``)."""
         self.highest_epoch = max(self.highest_epoch, epoch)
         self.seen_reach = self.seen_reach.union(reach)
 
@@ -181,8 +169,8 @@ class KeeperState:
         return self.proof is None or self.proof.proves(record)
 
     def _ttl_of(self, record: LeaseRecord) -> float:
-        """How long record must stand still to count as expired here, in seconds: the longer
-        of our TTL and its holder's, but only ours for a record without a proof."""
+        """Seconds record must stand still to count as expired here: the longer of our TTL
+        and its holder's, but only ours for a record without a proof."""
         ttl_ms = self.timing.lease_ttl_ms
         return max(ttl_ms, record.ttl_ms) / 1000 if self._proven(record) else ttl_ms / 1000
 

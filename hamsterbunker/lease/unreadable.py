@@ -1,23 +1,6 @@
-"""An unreadable lease record, judged as a lease whose holder went silent.
-
-A lease record that does not parse (junk, a number past every bound, a file that
-is not one) names no holder, no TTL and no version: nobody can renew it or
-compare-and-set against it. If nodes only waited for someone to repair it, one
-write would stop the agent for good. So it is judged as a record that stopped
-changing is (DESIGN.md invariant 2): once what is stored stood unchanged for a
-full TTL on this node's monotonic clock, the node replaces it by a
-compare-and-set against what it found (``Store.replace_unreadable_lease``),
-under an epoch above every one it knows. Any change of what is stored restarts
-the wait: a storm of such writes stalls the agent while it lasts, one write for
-a TTL.
-
-The TTL is the longer of this node's and the one in the newest readable record
-it saw, as for an expiry: a holder with a longer TTL that cannot renew (its
-record is junk now) stops stepping within its own renew deadline of its last
-renewal, which came before the junk this node has been timing.
-
-This module keeps the wait, builds the record and acts (``Replacing``, a part of
-``LeaseKeeper``).
+"""An unreadable lease record, judged as a lease whose holder went silent: replaced once what
+is stored stood unchanged for a TTL (``docs/design.md``, "Leases, effects and sealing in the
+code"). This module keeps the wait and builds the record; ``Replacing`` acts.
 """
 
 from __future__ import annotations
@@ -77,14 +60,7 @@ def waited_ttl_s(timing: LeaseTiming, last_readable: LeaseRecord | None) -> floa
 
 def fresh_version(last_readable: LeaseRecord | None) -> int:
     """A version for a record that replaces an unreadable one, where records carry their
-    own version (file, memory, Redis; etcd numbers its own).
-
-    Above the newest this node saw, so that its watch takes the new record for news.
-    But an old holder paused since before the junk may still hold a version this
-    node never saw, and retry a renewal against it: a new line of versions from
-    a fixed start could reach that version and let the renewal through. A random
-    start makes that a one-in-2**32 chance.
-    """
+    own (file, memory, Redis): above the newest this node saw, by a random step."""
     last = 0 if last_readable is None else last_readable.version
     return last + 1 + secrets.randbelow(_VERSION_SPREAD)
 
@@ -100,12 +76,8 @@ def replacement(
     last_readable: LeaseRecord | None,
     waited_s: float,
 ) -> LeaseRecord:
-    """The record that replaces an unreadable one: held by node under epoch, history anew.
-
-    An operator's request in the last readable record holds on, as it does from
-    term to term: junk must not lift a pause. Its takeover is an expiry (what
-    was found went silent for a TTL); the event ``lease.replaced_unreadable`` says more.
-    """
+    """The record that replaces an unreadable one: held by node under epoch, its history
+    one expiry, the last readable record's operator request carried on."""
     takeover = Takeover(
         epoch=epoch,
         to=node,

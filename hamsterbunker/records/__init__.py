@@ -1,9 +1,6 @@
-"""The records kept in a store, and their strict JSON forms.
-
-Every backend stores these same JSON documents, so a record written by one node's code is
-read identically by every other: the cluster record (``cluster``), the lease record
-(``lease``), heartbeats, events and checkpoint descriptions (``node``), each parsed
-strictly (``parsing``).
+"""The records kept in a store, and their strict JSON forms, the same on every backend: the
+cluster record (``cluster``), the lease record (``lease``), heartbeats, events and checkpoint
+descriptions (``node``), parsed strictly (``parsing``); ``lineage`` orders a synced folder's.
 """
 
 from .cluster import MAX_CLUSTER_KEYS, ClusterRecord, KeyEntry

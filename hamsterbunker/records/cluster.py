@@ -43,14 +43,10 @@ class KeyEntry:
 class ClusterRecord:
     """Key material every node needs to derive the sealing key: never the key itself.
 
-    ``key_id`` and ``key_check`` name the *current* key, the one that seals.
-    A record as first written (``generation`` 0) has no more than that; every
-    change of keys (``hb rotate-secret``) raises the generation by one, lists
-    the other keys still ``accepted`` for opening and the ``retired`` ones, and
-    says how far a rotation has come (``rotation``: "", "begun", "committed").
-    From generation 1 on the record carries ``macs``: an HMAC of all the rest
-    under every key it lists as current or accepted (``hamsterbunker.sealing``
-    checks them), so a writer without the secrets cannot change the key list.
+    ``key_id`` and ``key_check`` name the current key, the one that seals. Every change of
+    keys (``hb rotate-secret``) raises ``generation``, lists the keys still ``accepted`` and
+    the ``retired`` ones, says how far a rotation has come (``rotation``) and carries
+    ``macs``, an HMAC of the rest under every listed key.
     """
 
     format: int

@@ -60,18 +60,11 @@ class Takeover:
 class LeaseRecord:
     """Who may step the agent, under which epoch (the fencing token).
 
-    ``version`` is assigned by the store on every successful write and is what
-    compare-and-set compares; ``holder`` is None once the lease is released.
-    ``renewals`` changes on every renewal so observers see the record change.
-    ``seq`` and ``seq_epoch`` are the newest checkpoint seq, and the latest epoch
-    of a checkpoint, that the writer knew to be accepted: they let every node,
-    standbys included, tell when the store loses checkpoints.
-    ``control`` is an operator's signed request (pause, switchover: see
-    hamsterbunker.lease.control), carried from term to term; ``successor`` names the
-    node a released lease was handed to (the others leave it to that node for
-    a TTL); ``history`` the newest takeovers, oldest first. ``proof`` is its
-    writer's signature over the fields that steer a node beyond one TTL
-    (``hamsterbunker.lease.proof``); the store never looks at it.
+    ``version``: the store's, compared by compare-and-set; ``holder``: None once released;
+    ``renewals``: changes with every renewal; ``seq``, ``seq_epoch``: the newest checkpoint
+    seq, and latest epoch, its writer knew accepted; ``control``: an operator's signed request
+    (``lease.control``); ``successor``: the node a released lease was handed to; ``history``:
+    the newest takeovers, oldest first; ``proof``: its writer's signature (``lease.proof``).
     """
 
     holder: str | None
@@ -96,6 +89,10 @@ class LeaseRecord:
         """
         parts = [self.holder, self.session, self.epoch, self.control, self.successor, self.handoff]
         return json.dumps(parts, separators=(",", ":"))
+
+    def change_key(self) -> tuple[object, ...]:
+        """What every write of the record changes: its holder is live while this changes."""
+        return (self.version, self.holder, self.session, self.epoch, self.renewals)
 
     def to_json(self) -> bytes:
         doc = asdict(self)

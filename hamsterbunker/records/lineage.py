@@ -1,29 +1,6 @@
-"""Which checkpoints carry an agent on, and which are kept aside: the lineage of terms.
-
-A store with one compare-and-set lease has one chain of checkpoints. A synced
-folder (``docs/syncdir.md``) cannot stop two nodes leading at once, so each
-term writes its own chain and says where it started: its *base*, the
-checkpoint it restored from. This module decides, from those facts alone,
-the same answer on every node:
-
-* the **winning term** is the newest by (epoch, node id);
-* the **lineage** runs from it back through the bases: each term gives its
-  checkpoints up to the seq its successor restored from (the winning term
-  gives all of its own);
-* every other checkpoint is **kept aside**: steps taken on a branch that the
-  lineage does not continue (a partition's other leader, or a checkpoint that
-  reached the next leader only after it had restored). Nothing here deletes
-  them; the caller reports them (``store.diverged``).
-
-An operator may choose otherwise (``hb choose-chain``): a ``ChainChoice`` made
-while a term wins names the checkpoint the next term goes on from. A restore
-applies it (``chosen``): the lineage then runs back from that checkpoint, and
-what the winning term did past it is kept aside like any other branch. Once
-the next term has begun from it, that term wins and the choice is spent.
-
-The inputs must already be authenticated (term records signed, checkpoints
-opened or at least listed under a chain whose records authenticate): this
-module only orders them.
+"""Which checkpoints carry an agent on, and which are kept aside: the lineage of terms on a
+synced folder (``docs/syncdir.md``, "Chains, lineage and divergence"), the same answer on
+every node. The inputs must be authenticated already: this module only orders them.
 """
 
 from __future__ import annotations
@@ -126,14 +103,9 @@ def lineage(
     chosen: CheckpointRef | None = None,
 ) -> Lineage:
     """The lineage of the terms that starts describes, over the checkpoints chains holds;
-    with chosen, the lineage that goes on from that checkpoint instead (a choice).
-
-    A term with checkpoints but no record (not yet synced, or its record did not
-    authenticate) can be neither winner nor ancestor: its checkpoints are
-    unplaced until its record arrives. A base that names a checkpoint its chain no
-    longer holds (pruned) still marks where the branch left. Cycles in the bases
-    (only a forger could make one) end the walk.
-    """
+    with chosen, the lineage that goes on from that checkpoint instead (a choice). A term
+    with checkpoints but no record is unplaced; a base its chain no longer holds still marks
+    the fork; a cycle in the bases (a forger's) ends the walk."""
     by_term: dict[TermId, TermStart] = {}
     # One record per term is all a node writes; of two (a forger's), the same one on every node.
     for record in sorted(starts, key=lambda s: (s.term, s.base is None, s.base)):

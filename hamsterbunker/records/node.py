@@ -36,11 +36,8 @@ class CheckpointInfo:
 
     @classmethod
     def from_json(cls, data: bytes, seq: int) -> CheckpointInfo:
-        """The description stored under seq (read from its key or field name).
-
-        Descriptions written before the seq was kept in them have none; one that
-        names another seq is a copy under the wrong name.
-        """
+        """The description stored under seq (its key or field name); CorruptRecord if it
+        names another seq (a copy under the wrong name)."""
         doc = parse_json(data, f"checkpoint {seq} description")
         if not isinstance(doc, dict):
             raise CorruptRecord(f"checkpoint {seq} description is not a JSON object")
@@ -94,6 +91,10 @@ class Heartbeat:
     # keeps (hosts spread their leases by these: hamsterbunker.node.balance).
     host_leads: int = 0
     host_agents: int = 0
+
+    def change_key(self) -> tuple[object, ...]:
+        """What every beat of one process changes: its node is live while this changes."""
+        return (self.session, self.beats, self.time)
 
     def to_json(self) -> bytes:
         return dump_compact(self)

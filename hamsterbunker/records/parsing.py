@@ -101,13 +101,9 @@ def _depth_within(doc: Any, limit: int) -> bool:
 
 
 def parse_json(data: bytes, what: str, *, limit: int = MAX_RECORD_BYTES) -> Any:
-    """Parse JSON read from a store within bounds, or raise CorruptRecord naming what it was.
-
-    The bounds: at most limit bytes, UTF-8, integers within ±MAX_NUMBER, finite
-    numbers only (no NaN, Infinity or 1e999), arrays and objects nested at most
-    MAX_JSON_DEPTH deep. Whatever a store writer puts there, this raises
-    CorruptRecord or returns plain JSON values: never another exception.
-    """
+    """Parse JSON read from a store within bounds, or raise CorruptRecord naming what it was
+    (never another exception): at most limit bytes, UTF-8, integers within ±MAX_NUMBER, finite
+    numbers only, nested at most MAX_JSON_DEPTH deep."""
     if len(data) > limit:
         raise CorruptRecord(f"{what} is {len(data)} bytes, above the limit of {limit} bytes")
     try:

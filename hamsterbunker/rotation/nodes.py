@@ -1,10 +1,5 @@
-"""Which nodes are live, and which keys they hold and seal with: what a rotation waits on.
-
-A node is live once its heartbeat changes while watched (nodes never compare
-each other's clocks; neither does this): a dead node's heartbeat stays as it
-was, and a stopped node drops it. Every heartbeat names the key ids of the
-secrets its node holds and the one it seals with (``Heartbeat.keys``,
-``Heartbeat.sealing``).
+"""Which nodes are live (their heartbeat changes while watched), and which keys they hold
+and seal with (``Heartbeat.keys``, ``Heartbeat.sealing``): what a rotation waits on.
 """
 
 from __future__ import annotations
@@ -55,14 +50,16 @@ def live_nodes(
     """The nodes of agents whose heartbeat changes while watched (1.5 lease TTLs at most),
     each with its newest heartbeat."""
     window = WATCH_TTLS * lease_ttl_s(store, agents)
-    first = {(agent, hb.node): _key(hb) for agent in agents for hb in store.list_heartbeats(agent)}
+    first = {
+        (agent, hb.node): hb.change_key() for agent in agents for hb in store.list_heartbeats(agent)
+    }
     live: dict[tuple[str, str], Heartbeat] = {}
     started = clock()
     while clock() - started < window:
         sleep(POLL_S)
         for agent in agents:
             for hb in store.list_heartbeats(agent):
-                if first.get((agent, hb.node)) != _key(hb):
+                if first.get((agent, hb.node)) != hb.change_key():
                     live[(agent, hb.node)] = hb
         if len(live) == len(first) and set(live) >= set(first):
             break  # every node seen beating: no need to watch on
@@ -102,7 +99,3 @@ def wait_until_sealing(
             break
         sleep(POLL_S)
     return waiting
-
-
-def _key(heartbeat: Heartbeat) -> tuple[object, ...]:
-    return (heartbeat.session, heartbeat.beats, heartbeat.time)

@@ -1,8 +1,5 @@
 """Rotating the cluster's secret online: ``hb rotate-secret begin | commit | finish``
-(``docs/design.md``, "Rotating the secret"). Each step is a compare-and-set of the cluster
-record against the one read, raising its generation (``cluster_keys``), and refuses with a
-ControlRefused naming what is missing until it is safe; each can be run again after a
-crash at any point and goes on from where the store is.
+(``docs/design.md``, "Rotating the secret").
 """
 
 from __future__ import annotations
@@ -10,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from ..core.errors import (
     ClusterChanged,
@@ -103,16 +101,12 @@ class Rotation:
                     + ". Restart each with the new secret added first (see the README, "
                     "Rotating the secret); nothing was changed"
                 )
-            begun = replace(
-                record,
+            begun = self._replace(
                 key_id=new_id,
                 key_check=newest.check,
                 accepted=(record.current, *record.accepted),
-                generation=record.generation + 1,
                 rotation="begun",
-                macs=(),
             )
-            self._replace(begun)
             self._say(
                 f"begun: the cluster seals with key id {new_id} now (generation "
                 f"{begun.generation}); key id {record.key_id} is still accepted"
@@ -134,11 +128,8 @@ class Rotation:
         for each in done:
             self._say(each.describe(record.key_id))
         if record.rotation == "begun":
-            committed = replace(
-                record, generation=record.generation + 1, rotation="committed", macs=()
-            )
             failpoint("rotation.before_record")
-            self._replace(committed)
+            self._replace(rotation="committed")
             failpoint("rotation.after_record")
         self._say(
             f"committed: every retained checkpoint is under key id {record.key_id}; "
@@ -177,11 +168,9 @@ class Rotation:
         return done
 
     def _resign_control(self, agent: str) -> bool:
-        """Sign the lease record's control request (``hb pause``, a switchover) again with the
-        current key where an old one signed it: the same request and revision, written by
-        compare-and-set as ``hb pause`` writes it (a renewal in between: read again). True
-        once written; False if there is nothing to sign again, or the lease kept changing
-        (finish then refuses)."""
+        """Sign the lease record's control request again with the current key where an old one
+        signed it, by compare-and-set as ``hb pause`` writes it. True once written; False if
+        there is nothing to sign again, or the lease kept changing (finish then refuses)."""
         for _try in range(MAX_CONTROL_TRIES):
             lease = self._lease(agent)
             control = self._old_control(agent, lease)
@@ -244,15 +233,11 @@ class Rotation:
             )
         for agent in self._agents():
             self._refuse_old_records(agent)
-        finished = replace(
-            record,
+        self._replace(
             accepted=(),
             retired=(*record.accepted, *record.retired)[:MAX_CLUSTER_KEYS],
-            generation=record.generation + 1,
             rotation="",
-            macs=(),
         )
-        self._replace(finished)
         self._say(
             f"finished: key id {record.key_id} is the cluster's only key; "
             f"{', '.join(entry.kid for entry in record.accepted)} retired. Nodes holding only "
@@ -305,9 +290,8 @@ class Rotation:
             )
 
     def _pending_acceptance(self, agent: str) -> Acceptance | None:
-        """The agent's loss acceptance if an old key signed it and a restore may still need it:
-        no checkpoint that authenticates was published after it (an epoch above its own).
-        Once one was, a restore finds that one first and the acceptance forgives nothing."""
+        """The agent's loss acceptance if an old key signed it and no checkpoint that
+        authenticates was published above its epoch (a restore may still need it)."""
         try:
             data = self._store.read_acceptance(agent)
             acceptance = None if data is None else open_acceptance(self._sealer, data, agent)
@@ -375,7 +359,9 @@ class Rotation:
         if nodes:
             self._say(f"every live node ({len(nodes)}) seals with key id {key_id}")
 
-    def _replace(self, new: ClusterRecord) -> None:
+    def _replace(self, **changes: Any) -> ClusterRecord:
+        """The cluster record with changes, one generation up, written by compare-and-set."""
+        new = replace(self.record, generation=self.record.generation + 1, macs=(), **changes)
         signed = self._sealer.keys.sign(new)
         try:
             self._store.replace_cluster(self.record, signed)
@@ -384,3 +370,4 @@ class Rotation:
                 f"{exc}: another rotate-secret ran meanwhile? nothing was changed; run it again"
             ) from exc
         self._sealer.adopt(signed)
+        return signed

@@ -1,21 +1,5 @@
 """Which of a node's secrets are which of the cluster's keys, and whether the record's key
-list is authentic.
-
-Every key of a cluster is derived from one secret with scrypt and the
-cluster's one salt (its parameters in the cluster record). A key is named by
-its key id: the first key of a cluster by the hash of the salt (as before
-rotation existed, so records and checkpoints of older clusters keep their
-ids), every later key by an HKDF subkey of the key itself, which tells
-secrets apart that share the salt. Its key-check value, in the record, proves
-that a secret is that key's.
-
-A record from generation 1 on (one that ``hb rotate-secret`` wrote) carries
-an HMAC of the whole record under each key it lists: a node checks the tag of
-every listed key, and needs all of them (it holds every listed key, or is
-refused), so a writer without the secrets can neither add, drop nor reorder
-keys. A *replayed* older record authenticates: the generation only goes up,
-and a node refuses a record below the one it knows (``Sealer.adopt``, and
-across restarts its memory, ``hamsterbunker.node.cluster``).
+list is authentic (``docs/design.md``, "Leases, effects and sealing in the code").
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The sealed formats' framing: magic, version, header (associated data), nonce, ciphertext.
-
-Every sealed record is ``magic (4) | version (1) | header length (2, big-endian) |
-header JSON | nonce (12) | ciphertext with its 16-byte GCM tag``; the whole prefix up
-to the nonce is the GCM associated data (``docs/design.md``, "Sealed records").
+"""The sealed formats' framing: magic, version, header (associated data), nonce, ciphertext
+with its GCM tag (``docs/design.md``, "Sealed records").
 """
 
 from __future__ import annotations

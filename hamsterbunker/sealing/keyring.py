@@ -1,11 +1,6 @@
-"""The secrets a node holds, newest first: what lets a cluster rotate its secret online.
-
-A node holds one secret, or several while the cluster's secret is rotated
-(``hb rotate-secret``): ``HB_SECRET`` and ``HB_SECRET_PREVIOUS``, or a secret
-file (``--secret-file``, the systemd credential) with one secret a line,
-newest first. Which of them seals is the cluster record's business
-(``hamsterbunker.sealing``), not the order here: the order only says which
-secret ``hb rotate-secret begin`` makes the new one.
+"""The secrets a node holds, newest first (``HB_SECRET`` and ``HB_SECRET_PREVIOUS``, or a
+secret file with one a line): several while the cluster's secret rotates. Which one seals is
+the cluster record's business; the order only tells ``hb rotate-secret begin`` the new one.
 """
 
 from __future__ import annotations

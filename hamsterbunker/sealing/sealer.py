@@ -1,10 +1,5 @@
-"""The Sealer: seals with the cluster's current key, opens with any key it accepts.
-
-The key is derived from the network secret with scrypt and a random salt kept in the
-cluster record; HKDF gives one subkey per purpose; the key-check value in the cluster
-record tells a wrong secret apart from a tampered checkpoint. The formats, and why a
-checkpoint on a store with a chain per node names its node, are in ``docs/design.md``
-("Sealed records").
+"""The Sealer: seals with the cluster's current key, opens with any key it accepts
+(``docs/design.md``, "Sealed records").
 """
 
 from __future__ import annotations
@@ -14,7 +9,6 @@ import hmac
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +42,7 @@ from .formats import (
     prefix_of,
     read_header,
     record_mac,
+    unframed,
 )
 from .keyring import Keyring
 from .work import WorkSealing
@@ -87,12 +82,8 @@ class _InUse:
 
 
 class Sealer(WorkSealing):
-    """Seals with the cluster's current key and opens with any key it accepts.
-
-    ``secret`` is one secret or a keyring (``hamsterbunker.sealing.keyring``); it must
-    hold every key the cluster record lists (WrongSecret says which it lacks).
-    A running node follows changes of the record with ``adopt``.
-    """
+    """Seals with the cluster's current key and opens with any key it accepts. ``secret``
+    (one, or a ``Keyring``) must hold every key the cluster record lists (else WrongSecret)."""
 
     def __init__(
         self,
@@ -101,10 +92,8 @@ class Sealer(WorkSealing):
         *,
         refresh: Callable[[], ClusterRecord | None] | None = None,
     ) -> None:
-        """``refresh`` reads the cluster record again (a running node's store): a record
-        naming a key this sealer does not know yet makes it follow the store's record
-        first (at most once a second), so a standby that has not yet read begin's record
-        still opens what the leader sealed with the new key."""
+        """``refresh`` reads the store's cluster record, followed (at most once a second)
+        when a sealed record names a key this sealer does not know yet."""
         self._keys = ClusterKeys(Keyring.of(secret), cluster)
         self._in_use = self._opened(cluster)
         self._refresh, self._refreshed_at = refresh, -REFRESH_EVERY_S
@@ -135,11 +124,8 @@ class Sealer(WorkSealing):
 
     def adopt(self, cluster: ClusterRecord) -> bool:
         """Follow a newer cluster record (a rotation's step): True if it changed the keys.
-
-        The record must authenticate and list only keys this sealer holds
-        (WrongSecret, Tampered otherwise, and nothing changes). One of a lower
-        generation than the one followed is a rollback of the store: StoreRegressed.
-        """
+        WrongSecret or Tampered if it does not authenticate or lists a key not held;
+        StoreRegressed for a lower generation than the one followed."""
         ours = self._in_use.cluster
         if cluster == ours:
             return False
@@ -222,20 +208,12 @@ class Sealer(WorkSealing):
         sealed_at: float | None = None,
         node: str | None = None,
     ) -> bytes:
-        """Seal a JSON-serialisable state under a fresh random nonce, with the current key.
+        """Seal a JSON-serialisable state (SealError if it is not) with the current key.
 
-        The plaintext is the state's compact JSON (``hamsterbunker.core.state_json``:
-        orjson's bytes where they read back as the standard library's would, else
-        the standard library's), so ``open`` gives back what json.loads of
-        json.dumps(state) gives, and refuses what json.dumps refuses.
-
-        inbox: which of the agent's submissions are consumed as of this state
-        (``hamsterbunker.agent.inbox.ConsumedMarks``), sealed with it, so that they
-        commit together; the header says a checkpoint carries it. sealed_at:
-        the time the header gives (now; a re-seal keeps the first one's).
-        node: the node whose chain the checkpoint goes into, on a store that
-        keeps a chain per node (``Store.chains``); None on any other store,
-        whose checkpoints name no node (see the module).
+        ``open`` gives back what json.loads of json.dumps(state) gives (``core.state_json``).
+        inbox: the consumed marks as of this state (``ConsumedMarks``), sealed with it.
+        sealed_at: the header's time (default now). node: the node whose chain the checkpoint
+        goes into on a store with chains (``Store.chains``), else None.
         """
         key, prefix, plaintext = self._checkpoint_parts(
             agent, epoch, seq, state, inbox, sealed_at, node
@@ -252,14 +230,8 @@ class Sealer(WorkSealing):
         inbox: dict[str, Any] | None = None,
         node: str | None = None,
     ) -> BlobPieces:
-        """seal(), encrypted piece by piece as a store takes the pieces (``hamsterbunker.core.blob``).
-
-        The same format, opened by ``open``; for a publish, whose store writes each
-        piece while the next is encrypted. The state's JSON is made here, so a
-        state that is not JSON-serialisable raises SealError before a store is
-        handed anything; the nonce and the encryption come as the pieces are taken.
-        node: as for seal().
-        """
+        """seal(), encrypted piece by piece as a store takes the pieces (``core.blob``). A
+        state that is not JSON-serialisable raises SealError here, before a store has it."""
         key, prefix, plaintext = self._checkpoint_parts(agent, epoch, seq, state, inbox, None, node)
         length = len(prefix) + NONCE_BYTES + len(plaintext) + TAG_BYTES
         return BlobPieces(length, checkpoint_pieces(key, prefix, plaintext))
@@ -300,18 +272,13 @@ class Sealer(WorkSealing):
     def open_checkpoint(
         self, blob: bytes, agent: str, epoch: int, seq: int, node: str | None = None
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """open(), and the inbox marks sealed with the state (None if it carries none).
-
-        node: the node whose chain the blob was read from, on a store that keeps a
-        chain per node; None on any other store. A checkpoint naming another node,
-        naming one where none is expected, or naming none where one is, is Tampered.
-        """
+        """open(), and the inbox marks sealed with the state (None if it carries none). A
+        checkpoint that names another node than node (None: none) is Tampered."""
         header = read_header(blob)
         key = self._key_named(header.key_id, "checkpoint")
-        prefix_len = PREFIX.size + struct.unpack_from(">H", blob, 5)[0]
-        prefix, nonce = blob[:prefix_len], blob[prefix_len : prefix_len + NONCE_BYTES]
+        prefix, nonce, ciphertext = unframed(CHECKPOINT_MAGIC, blob, "checkpoint")
         failed = "checkpoint failed to authenticate (edited or truncated)"
-        plaintext = opened(key.checkpoint, prefix, nonce, blob[prefix_len + NONCE_BYTES :], failed)
+        plaintext = opened(key.checkpoint, prefix, nonce, ciphertext, failed)
         if header.agent != agent:
             raise Tampered(f"checkpoint belongs to agent {header.agent!r}, not {agent!r}")
         if (header.epoch, header.seq) != (epoch, seq):
@@ -325,7 +292,7 @@ class Sealer(WorkSealing):
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise Tampered(f"checkpoint plaintext is not JSON: {exc}") from exc
         inbox: dict[str, Any] | None = None
-        if carries_inbox(blob[PREFIX.size : prefix_len]):
+        if carries_inbox(prefix[PREFIX.size :]):
             wrapped = state
             if not isinstance(wrapped, dict) or not isinstance(wrapped.get("inbox"), dict):
                 raise Tampered("checkpoint says it carries inbox marks but has none")
@@ -335,12 +302,8 @@ class Sealer(WorkSealing):
         return state, inbox
 
     def reseal_checkpoint(self, blob: bytes, agent: str, epoch: int, seq: int) -> bytes:
-        """The checkpoint found under (agent, epoch, seq), sealed again with the current key.
-
-        The same state, inbox marks, time and node (if it names one: it stays bound
-        to the chain it was published into): as long as the blob it replaces, so a
-        store can swap one for the other in place (``Store.reseal_checkpoint``).
-        """
+        """The checkpoint found under (agent, epoch, seq), sealed again with the current key:
+        the same state, inbox marks, time and node, and as long as the blob it replaces."""
         header = read_header(blob)
         # The node is taken from the header and authenticated by the open: kept, not checked
         # (the store that reads it back checks it against the chain it is found in).

@@ -1,15 +1,6 @@
-"""A term's record on a synced folder: where the term started, signed with the cluster key.
-
-Beside it, the operator's chain choice (``hb choose-chain``): while a given
-term wins, the next term goes on from another checkpoint (a chain kept aside,
-or one behind what was announced). Signed and placed the same way.
-
-Each term writes one before its first checkpoint (``docs/syncdir.md``): its
-epoch, its node and its base, the checkpoint it restored from. The lineage
-(``hamsterbunker.records.lineage``) is worked out from these records alone, so one that
-a writer without the secret made, edited or moved to another agent or term
-must not count: it is signed like a loss acceptance, and opened only as the
-record of the agent and term its place in the store names.
+"""A term's record on a synced folder (where the term started) and the operator's chain
+choice (``hb choose-chain``), signed with the cluster key and opened only as the record of the
+agent and term its place names (``docs/syncdir.md``, "Chains, lineage and divergence").
 """
 
 from __future__ import annotations

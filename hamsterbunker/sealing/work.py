@@ -1,8 +1,5 @@
-"""Sealing the records of work: inbox submissions, their replies, effect-journal records.
-
-Each header, all associated data, names where the record belongs (agent, number and
-request id; agent, step, index, kind, effect name and epoch, and on a chained store
-the node), so a record moved anywhere else fails to open as that one.
+"""Sealing the records of work: inbox submissions, their replies, effect-journal records,
+each header (associated data) naming where the record belongs, so that it opens nowhere else.
 """
 
 from __future__ import annotations
