@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from ..agent.step import load_agent
 from ..core.errors import ConfigError
@@ -24,7 +23,7 @@ from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
 from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import read_keyring
 from ..stores import check_store_url
-from .args import positive_int, whole_number
+from .args import Subcommands, add_command, positive_int, whole_number
 
 __all__ = ["DEMO_AGENT", "NODE_FLAGS", "add_node_flags", "init", "run"]
 
@@ -107,13 +106,13 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_parser(sub: Any, secret_help: str) -> None:
-    run = sub.add_parser(
+def add_run_parser(sub: Subcommands, secret_help: str) -> None:
+    run = add_command(
+        sub,
         "run",
-        help="run one node of a cluster",
-        description="Run one node, configured by --instance NAME (a config file) or by flags.",
-        epilog=secret_help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run one node of a cluster",
+        "Run one node, configured by --instance NAME (a config file) or by flags.",
+        secret_help,
     )
     run.add_argument(
         "--instance",
@@ -148,7 +147,7 @@ def add_run_parser(sub: Any, secret_help: str) -> None:
     )
 
 
-def add_init_parser(sub: Any) -> None:
+def add_init_parser(sub: Subcommands) -> None:
     init = sub.add_parser(
         "init",
         help="write the config and secret of a node run by hamsterbunker@NAME.service",

@@ -1,20 +1,7 @@
-"""``hb status``: a cluster's status, and a health check by its exit code.
-
-Exit 0: healthy (a live leader, no failing step, no node refusing). Exit 1:
-degraded (no live leader, a step failing, a node refusing; each named).
-Exit 2: no answer (a user mistake such as an agent id the store holds no
-records of, whose message names the agents it does hold; or a store that
-could not be read). Whether the lease is live is watched from here, on this
-process's monotonic clock, for at most one TTL (``hamsterbunker.lease.observe``).
-
-The store comes from ``--store``, ``$HB_STORE`` or ``--instance NAME`` (its
-config file, as ``hb run --instance`` reads it; the agent id too, if it sets
-one). Without an agent id: the store's only agent in full, or one line per
-agent. ``--watch`` refreshes every tick until Ctrl-C (``--count`` stops it
-after N refreshes).
-
-Registered by ``hamsterbunker.cli.main``; does not import it.
-"""
+"""``hb status``: a cluster's status, and a health check by its exit code (0 healthy, 1
+degraded, 2 cannot tell); the lease's liveness is watched from here
+(``hamsterbunker.lease.observe``). Without an agent id: the store's only agent in full, or
+one line per agent."""
 
 from __future__ import annotations
 
@@ -35,8 +22,8 @@ from ..ops.status_text import duration, render, syncdir_lines
 from ..records import check_name
 from ..stores import Store
 from ..stores.base import MAX_LISTED_AGENTS
-from .args import positive_int, whole_number
-from .context import opened_store
+from .args import Subcommands, add_command, positive_int, whole_number
+from .context import opened_store, warn
 
 __all__ = ["add_status_parser", "status"]
 
@@ -52,12 +39,12 @@ own clock for up to one lease TTL (never comparing clocks across machines); it i
 live if it changed (its holder renews it every tick) within the last TTL."""
 
 
-def add_status_parser(sub: Any) -> None:
-    parser = sub.add_parser(
+def add_status_parser(sub: Subcommands) -> None:
+    parser = add_command(
+        sub,
         "status",
-        help="show an agent's lease, nodes and checkpoints; exit 0 healthy, 1 degraded",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "show an agent's lease, nodes and checkpoints; exit 0 healthy, 1 degraded",
+        DESCRIPTION,
     )
     parser.add_argument("--store", help="store URL (default: $HB_STORE)")
     parser.add_argument(
@@ -100,7 +87,7 @@ def status(args: argparse.Namespace) -> int:
         raise  # a user mistake: hb's own line, exit 2
     except StoreError as exc:
         # Not "degraded" (1): the store did not answer, so status cannot tell.
-        print(f"hb status: failed: {exc}", file=sys.stderr)
+        warn(f"hb status: failed: {exc}")
         return EXIT_ERROR
 
 
