@@ -106,7 +106,8 @@ def describe_lineage(read: LineageRead) -> list[str]:
     return lines
 
 
-def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+def _target(args: argparse.Namespace) -> tuple[str, str, str | None, int | None]:
+    """(store URL, agent, node, sync delay) from the flags or the instance's config."""
     config = None if args.instance is None else load_instance(args.instance)
     if config is not None and (args.store is not None or args.node_id is not None):
         raise ConfigError("--store and --node-id cannot be combined with --instance")
@@ -120,8 +121,12 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
     node = config.node_id if config is not None else args.node_id
     if args.term is not None and node is None:
         raise ConfigError("--node-id is required to choose (the choice goes in its subtree)")
+    return url, agent, node, None if config is None else config.sync_delay_ms
+
+
+def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+    url, agent, node, delay = _target(args)
     term = None if args.term is None else parse_term(args.term)
-    delay = None if config is None else config.sync_delay_ms
     with opened_store(url, node=node, sync_delay_ms=delay) as store:
         chains = store.chains
         if chains is None:

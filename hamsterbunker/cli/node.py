@@ -19,7 +19,7 @@ from ..core.timing import (
     DEFAULT_TICK_MS,
 )
 from ..node.notify import Notifier
-from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
+from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance, systemd_directory
 from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import read_keyring
 from ..stores import check_store_url
@@ -198,11 +198,11 @@ def run(args: argparse.Namespace) -> int:
     if level is not None:
         configure_logging(log_level(level))
     secret = read_keyring(args.secret_file)
+    state_dir = args.state_dir or systemd_directory("STATE_DIRECTORY")
     if config.agents:
         from .host import run_host
 
-        run_host(config, secret, notifier, history=args.history,
-                 state_dir=args.state_dir or _systemd_state_directory())  # fmt: skip
+        run_host(config, secret, notifier, history=args.history, state_dir=state_dir)
         return 0
     timing, step_retry = config.timing, config.step_retry
     agent = load_agent(config.agent)
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         timing=timing,
         history=args.history,
         notifier=notifier,
-        state_dir=args.state_dir or _systemd_state_directory(),
+        state_dir=state_dir,
         stop_grace_ms=config.stop_grace_ms,
         step_retry=step_retry,
         http=config.http,
@@ -225,12 +225,6 @@ def run(args: argparse.Namespace) -> int:
     )
     node.run()
     return 0
-
-
-def _systemd_state_directory() -> Path | None:
-    # StateDirectory= may name several directories, joined by ':'; the first is ours.
-    value = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(value) if value else None
 
 
 def init(args: argparse.Namespace) -> int:

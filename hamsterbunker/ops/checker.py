@@ -1,33 +1,7 @@
-"""Checks a recorded history (``hamsterbunker.core.history``) against the safety invariants.
+"""Checks a recorded history (``hamsterbunker.core.history``) against the safety invariants
+(the rules: docs/design.md, "Operating a cluster")::
 
     python -m hamsterbunker.ops.checker history.jsonl
-
-Rules, each a violation when broken:
-
-* one writer per epoch: accepted publishes of one epoch all come from one node;
-* store order: taken in seq order, accepted publishes have strictly increasing
-  seqs and never-decreasing epochs;
-* fencing: no publish that *started* after a later epoch was acquired (its
-  acquire had ended) is accepted under the older epoch;
-* no resume behind: a restore resumes from at least every checkpoint whose
-  publish was acknowledged before the restore started, and never starts over
-  from init() once any was;
-* continuity: a term's first accepted publish numbers on from its restore;
-* effects (``effect_start`` when an effect's function is called, ``effect`` when
-  its outcome was recorded, replayed or reported interrupted, each with the
-  effect's idempotency key): an effect marked ``interrupted`` is called at
-  most once per key; an effect whose outcome was recorded is never called
-  again; a replay returns exactly the outcome recorded (same digest); and no
-  effect is called under an epoch after a later epoch was acquired;
-* inbox (an accepted ``publish`` names the submissions its step consumed): a
-  submission is consumed by one accepted checkpoint at most.
-
-A loss accepted on purpose (``hb accept-loss``) starts a new line: the node
-that honours it records ``accepted_loss`` on its restore, and the store-order
-and no-resume-behind rules then hold within each line, not across them.
-
-Operations without a line (cut short by a crash) are of unknown outcome and
-are only used where they cannot cause a false alarm.
 """
 
 from __future__ import annotations
