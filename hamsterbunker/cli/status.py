@@ -174,7 +174,7 @@ def _row(store: Store, agent: str, seen: Observed) -> dict[str, Any]:
         problems.append("lease record unreadable")
     elif live.state not in (LIVE, UNKNOWN, NOT_WATCHED):
         problems.append(f"no live leader (lease {live.state})")
-    failing = [b.node for b in store.list_heartbeats(agent) if getattr(b, "failing", 0)]
+    failing = [b.node for b in store.list_heartbeats(agent) if b.failing]
     problems += [
         f"{printable(node)} failing" for node in failing if node == (lease and lease.holder)
     ]

@@ -164,9 +164,8 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
             effects=b.effects,
             inbox_depth=b.inbox_depth,
             inbox_oldest_age_s=_age(now, b.inbox_oldest),
-            # Heartbeats of nodes older than the failing-step count have neither.
-            failing=getattr(b, "failing", 0),
-            failing_error=getattr(b, "failing_error", ""),
+            failing=b.failing,
+            failing_error=b.failing_error,
             paused=b.paused,
             sealing=b.sealing,
         )
