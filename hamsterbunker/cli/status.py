@@ -18,7 +18,7 @@ from ..core.timing import DEFAULT_TICK_MS
 from ..lease.observe import LIVE, MAX_WATCH_S, NOT_WATCHED, UNKNOWN, LeaseObserver, Observed
 from ..ops.config import NodeConfig, load_instance
 from ..ops.status import printable, snapshot, syncdir_shown
-from ..ops.status_text import duration, render, syncdir_lines
+from ..ops.status_text import duration, render, syncdir_lines, table
 from ..records import check_name
 from ..stores import Store
 from ..stores.base import MAX_LISTED_AGENTS
@@ -154,14 +154,11 @@ def _one(
         if syncdir is not None:
             doc["syncdir"] = asdict(syncdir)
         return code, json.dumps(doc, indent=2, sort_keys=True)
-    table = [("AGENT", "LEADER", "LEASE", "HEALTH")] + [
+    lines = [f"store {store.url} · {len(agents)} agents"]
+    lines += table([("AGENT", "LEADER", "LEASE", "HEALTH")] + [
         (row["agent"], row["leader"] or "-", row["lease"], "; ".join(row["problems"]) or "healthy")
         for row in rows
-    ]
-    widths = [max(len(r[i]) for r in table) for i in range(3)]
-    lines = [f"store {store.url} · {len(agents)} agents"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
-              for r in table]  # fmt: skip
+    ])  # fmt: skip
     if syncdir is not None:
         lines += syncdir_lines(syncdir, agent=False)
     return code, "\n".join(lines)

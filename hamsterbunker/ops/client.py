@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..agent.inbox import Admission
@@ -164,21 +165,8 @@ class Client:
         except RuntimeError:
             return asyncio.run(work)
         # Called from a running event loop's thread: wait in a thread of our own.
-        box: list[Any] = []
-
-        def run() -> None:
-            try:
-                box.append((True, asyncio.run(work)))
-            except BaseException as exc:
-                box.append((False, exc))
-
-        thread = threading.Thread(target=run, name="hb-client-result")
-        thread.start()
-        thread.join()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        with ThreadPoolExecutor(1, thread_name_prefix="hb-client-result") as pool:
+            return pool.submit(asyncio.run, work).result()
 
     async def result_async(
         self,

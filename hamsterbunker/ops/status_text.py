@@ -3,11 +3,13 @@ text from the store printed with control characters escaped."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..lease.observe import LIVE, NOT_WATCHED, Liveness
 from ..records import LeaseRecord
 from .status import ClusterStatus, NodeStatus, SyncDirShown, printable
 
-__all__ = ["duration", "render", "syncdir_lines"]
+__all__ = ["duration", "render", "syncdir_lines", "table"]
 
 
 def duration(seconds: float) -> str:
@@ -23,6 +25,15 @@ def duration(seconds: float) -> str:
     if hours < 48:
         return f"{hours} h {minutes:02d} m"
     return f"{hours // 24} d" if seconds < 1e9 else "> 10000 d"
+
+
+def table(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """rows as lines, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def render(status: ClusterStatus) -> str:
@@ -94,12 +105,7 @@ def _node_lines(nodes: list[NodeStatus]) -> list[str]:
         )
         for n in nodes
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["nodes:"]
-    lines.extend(
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
+    lines = ["nodes:", *table(rows, indent="  ")]
     for n in nodes:
         if n.effects and n.role == "active":
             effects = " · ".join(
