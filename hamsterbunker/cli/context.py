@@ -30,7 +30,7 @@ EXIT_USAGE = 2  # a user mistake: a bad flag, URL, agent path or secret
 # The node refused to resume (no checkpoint authenticates, or the store went
 # back in time): restarting cannot fix that, a person has to look.
 EXIT_REFUSED = 3
-EXIT_TIMEOUT = 124  # a --wait that ran out (as timeout(1) exits)
+EXIT_TIMEOUT = 124  # hb submit or hb switchover --wait ran out (as timeout(1) exits)
 
 
 def warn(line: str) -> None:

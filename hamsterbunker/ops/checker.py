@@ -1,5 +1,5 @@
 """Checks a recorded history (``hamsterbunker.core.history``) against the safety invariants
-(the rules: docs/design.md, "Operating a cluster")::
+(its rules: docs/design.md)::
 
     python -m hamsterbunker.ops.checker history.jsonl
 """
