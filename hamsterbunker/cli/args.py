@@ -88,11 +88,12 @@ def seconds(text: str) -> float:
     return value
 
 
-def store_url(args: argparse.Namespace) -> str:
-    """The store URL from --store, else $HB_STORE (which keeps a password off the command line)."""
+def store_url(args: argparse.Namespace, or_else: str = "") -> str:
+    """The store URL from --store, else $HB_STORE (which keeps a password off the command
+    line); or_else: another way to name it, for the error."""
     url: str | None = args.store or os.environ.get("HB_STORE")
     if not url:
-        raise ConfigError("--store is required (or set HB_STORE)")
+        raise ConfigError(f"--store is required (or set HB_STORE{or_else})")
     return url
 
 

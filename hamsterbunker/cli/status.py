@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -22,7 +21,7 @@ from ..ops.status_text import duration, render, syncdir_lines, table
 from ..records import check_name
 from ..stores import Store
 from ..stores.base import MAX_LISTED_AGENTS
-from .args import Subcommands, add_command, positive_int, whole_number
+from .args import Subcommands, add_command, positive_int, store_url, whole_number
 from .context import opened_store, warn
 
 __all__ = ["add_status_parser", "status"]
@@ -69,9 +68,7 @@ def add_status_parser(sub: Subcommands) -> None:
 
 def status(args: argparse.Namespace) -> int:
     config = _instance(args)
-    url = config.store if config else (args.store or os.environ.get("HB_STORE"))
-    if not url:
-        raise ConfigError("--store is required (or set HB_STORE, or use --instance NAME)")
+    url = config.store if config else store_url(args, ", or use --instance NAME")
     agent = args.agent_id or (config.agent_id if config else None)
     if agent is not None:
         check_name("agent id", agent)
