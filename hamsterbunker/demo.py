@@ -1,13 +1,7 @@
-"""The local survival demo: three nodes, a counter agent, SIGKILL the active node.
-
-``hb demo`` starts three real node processes on a temporary file store, waits
-for the counter to advance, kills the active node with SIGKILL and checks from
-the outside that a standby resumed from the last accepted checkpoint.
-
-Each step of the counter makes one journaled effect, a pretend tool call that
-logs every real execution with its idempotency key. After each takeover the
-demo reports how many recorded effects the new leader reused, and checks from
-that log that no effect whose outcome had been recorded ran a second time.
+"""The local survival demo (``hb demo``): three real node processes on a temporary file
+store run a counter agent; the active node is SIGKILLed, and the demo checks from outside
+that a standby resumed from the last accepted checkpoint, reused the effects recorded in
+the journal, and ran no effect twice whose outcome had been recorded.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ from .agent.step import current_step
 from .core.errors import ConfigError, HamsterbunkerError, StoreError, Tampered
 from .core.timing import DEFAULT_TIMING, LeaseTiming
 from .ops.local import LocalCluster, NodeSpec
-from .records import Event, LeaseRecord
+from .records import CheckpointInfo, Event, LeaseRecord
 from .sealing import EffectAt, Sealer
 from .stores import Store, open_store
 
@@ -123,19 +117,18 @@ class _Watcher:
         """(seq, epoch, count) of the newest checkpoint, or None."""
         for info in self.store.list_checkpoints(self.agent):
             try:
-                blob = self.store.read_checkpoint(self.agent, info)
+                return info.seq, info.epoch, self._count(info)
             except StoreError:
                 continue  # pruned while we looked
-            state = self.sealer().open(blob, self.agent, info.epoch, info.seq)
-            return info.seq, info.epoch, int(state["count"])
         return None
 
     def count_at(self, seq: int) -> int | None:
-        for info in self.store.list_checkpoints(self.agent):
-            if info.seq == seq:
-                blob = self.store.read_checkpoint(self.agent, info)
-                return int(self.sealer().open(blob, self.agent, info.epoch, info.seq)["count"])
-        return None
+        listed = self.store.list_checkpoints(self.agent)
+        return next((self._count(info) for info in listed if info.seq == seq), None)
+
+    def _count(self, info: CheckpointInfo) -> int:
+        blob = self.store.read_checkpoint(self.agent, info)
+        return int(self.sealer().open(blob, self.agent, info.epoch, info.seq)["count"])
 
     def new_events(self) -> list[Event]:
         events = self.store.read_events(self.agent, self._cursors)

@@ -1,21 +1,14 @@
 """Test doubles that ship with the library (in the spirit of ``structlog.testing``).
 
-``MemoryStore`` keeps every record in this process's memory: the record layer
-every store uses, over a memory backend, so tests of code built on a store (the
-lease keeper, the runtime, your own agent) run fast, without a disk, and
-against the same record rules as a real store::
-
-    from hamsterbunker.testing import MemoryStore
+``MemoryStore``: the record layer every store uses, over a memory backend, so tests of
+code built on a store run fast and under the same record rules as a real store (records
+are kept as bytes: mutating an object passed in or got back changes nothing stored).
+Nodes that share it must be given the *same* object; it excludes threads of one process,
+nothing more::
 
     store = MemoryStore()
     node_a = Runtime(node_id="a", region="r", store=store, agent=agent, secret=secret)
     node_b = Runtime(node_id="b", region="r", store=store, agent=agent, secret=secret)
-
-Every node that should share the store must be given the *same* MemoryStore
-object: it gives mutual exclusion between threads of one process, nothing more.
-Records are kept as bytes and parsed on every read, as in a real backend, so a
-caller can never change a stored record by mutating an object it passed in or
-got back.
 """
 
 from __future__ import annotations

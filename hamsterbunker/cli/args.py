@@ -1,16 +1,57 @@
-"""Argument types the ``hb`` subcommands share: a bad number is one argparse error line."""
+"""What the ``hb`` subcommands' parsers share: argument types (a bad number is one argparse
+error line), the store's URL, the flags of a wait, and the operator's confirmation."""
 
 from __future__ import annotations
 
 import argparse
 import math
 import os
-import sys
+from typing import Any, TypeAlias
 
 from ..core.errors import ConfigError
 from ..stores import is_syncdir_url
+from .context import warn
 
-__all__ = ["confirmed", "not_on_syncdir", "positive_int", "seconds", "store_url", "whole_number"]
+__all__ = [
+    "Subcommands",
+    "add_command",
+    "add_wait_flags",
+    "confirmed",
+    "not_on_syncdir",
+    "positive_int",
+    "seconds",
+    "store_url",
+    "whole_number",
+]
+
+# argparse's subparsers action, of whichever parser class.
+Subcommands: TypeAlias = "argparse._SubParsersAction[Any]"
+
+
+def add_command(
+    sub: Subcommands, name: str, help: str, description: str, epilog: str | None = None
+) -> argparse.ArgumentParser:
+    """Add subcommand name, its description and epilog printed as written."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    return parser
+
+
+def add_wait_flags(parser: argparse.ArgumentParser, until: str, default_s: float) -> None:
+    """--wait (until what) and --timeout S, default_s by default."""
+    parser.add_argument("--wait", action="store_true", help=f"wait until {until}")
+    parser.add_argument(
+        "--timeout",
+        type=seconds,
+        default=default_s,
+        metavar="S",
+        help=f"with --wait: give up after S seconds (default: {default_s:g})",
+    )
 
 
 def _int(text: str) -> int:
@@ -47,11 +88,12 @@ def seconds(text: str) -> float:
     return value
 
 
-def store_url(args: argparse.Namespace) -> str:
-    """The store URL from --store, else $HB_STORE (which keeps a password off the command line)."""
+def store_url(args: argparse.Namespace, or_else: str = "") -> str:
+    """The store URL from --store, else $HB_STORE (which keeps a password off the command
+    line); or_else: another way to name it, for the error."""
     url: str | None = args.store or os.environ.get("HB_STORE")
     if not url:
-        raise ConfigError("--store is required (or set HB_STORE)")
+        raise ConfigError(f"--store is required (or set HB_STORE{or_else})")
     return url
 
 
@@ -67,10 +109,15 @@ def not_on_syncdir(url: str, what: str, instead: str = "") -> str:
     return url
 
 
-def confirmed(question: str) -> bool:
-    """Whether the operator answers yes to question (no terminal: no; --yes skips asking)."""
+def confirmed(args: argparse.Namespace, question: str) -> bool:
+    """Whether to go on: --yes, or the operator answers yes to question (no terminal: no).
+    Says that nothing changed if not."""
+    if args.yes:
+        return True
     try:
-        return input(question).strip().lower() == "yes"
+        if input(question).strip().lower() == "yes":
+            return True
     except EOFError:
-        print("\n(no answer: use --yes to go on without asking)", file=sys.stderr)
-        return False
+        warn("\n(no answer: use --yes to go on without asking)")
+    warn("nothing changed")
+    return False

@@ -1,29 +1,12 @@
-"""``hb choose-chain``: on a synced folder, choose the chain an agent goes on from.
-
-On a ``syncdir://`` store two nodes can lead at once (a partition of the
-sync); the lineage then goes on from the newest term's chain and keeps the
-other aside (``store.diverged``, ``docs/syncdir.md``). This command lists what
-is kept aside and, with ``--term``, chooses a checkpoint to go on from instead:
-one of a chain kept aside, or one behind what a node saw announced (a
-checkpoint that will never arrive). It writes a signed choice into this
-machine's node subtree (the only place a node writes), made while the current
-winning term wins; the leader of that term ends it once the choice has synced
-to it (its next divergence check, every 3 TTLs), and the next term restores from
-the chosen checkpoint. What the winning term did past the fork is then kept
-aside in its turn: nothing is deleted, and choosing back is the same command.
-
-Registered by ``hamsterbunker.cli.main`` (which turns the errors raised here into
-one line and an exit code); it does not import it.
-"""
+"""``hb choose-chain``: on a synced folder, list the chains kept aside and choose the one an
+agent goes on from (``docs/syncdir.md``)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import ConfigError, ControlRefused, CorruptRecord, StoreError, Tampered
 from ..node.lineage_view import LineageRead, LineageView, describe_ref
@@ -34,8 +17,8 @@ from ..sealing import Sealer
 from ..sealing.keyring import Secret
 from ..sealing.term_records import open_term_start, seal_chain_choice
 from ..stores import Chains, is_syncdir_url
-from .args import confirmed, positive_int, seconds, store_url
-from .context import opened_store, store_sealer
+from .args import Subcommands, add_command, add_wait_flags, confirmed, positive_int, store_url
+from .context import EXIT_FAILURE, opened_store, store_sealer
 
 __all__ = ["add_choose_chain_parser", "choose_chain", "plan_choice"]
 
@@ -59,14 +42,13 @@ nothing written (a choice after this term was already made here, or --wait ran o
 2 a usage mistake (a bad flag, store, term or seq, a wrong secret)."""
 
 
-def add_choose_chain_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
-    """Add ``hb choose-chain`` to the subcommands ``sub`` (argparse's subparsers action)."""
-    parser: argparse.ArgumentParser = sub.add_parser(
+def add_choose_chain_parser(sub: Subcommands, secret_help: str) -> None:
+    parser = add_command(
+        sub,
         "choose-chain",
-        help="syncdir: list the chains kept aside, or choose the one to go on from",
-        description=DESCRIPTION,
-        epilog=secret_help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "syncdir: list the chains kept aside, or choose the one to go on from",
+        DESCRIPTION,
+        secret_help,
     )
     parser.add_argument("--agent-id", metavar="ID", help="default: the instance's")
     parser.add_argument("--instance", metavar="NAME", help="take store and node id from NAME.toml")
@@ -75,16 +57,8 @@ def add_choose_chain_parser(sub: Any, secret_help: str) -> argparse.ArgumentPars
     parser.add_argument("--term", metavar="EPOCH@NODE", help="the term whose chain to go on from")
     parser.add_argument("--seq", type=positive_int, metavar="N", help="default: its newest")
     parser.add_argument("--yes", action="store_true", help="do not ask")
-    parser.add_argument("--wait", action="store_true", help="wait until a term goes on from it")
-    parser.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_WAIT_S,
-        metavar="S",
-        help=f"with --wait: give up after S seconds (default: {DEFAULT_WAIT_S:g})",
-    )
+    add_wait_flags(parser, "a term goes on from it", DEFAULT_WAIT_S)
     parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
-    return parser
 
 
 def parse_term(text: str) -> TermId:
@@ -132,7 +106,8 @@ def describe_lineage(read: LineageRead) -> list[str]:
     return lines
 
 
-def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+def _target(args: argparse.Namespace) -> tuple[str, str, str | None, int | None]:
+    """(store URL, agent, node, sync delay) from the flags or the instance's config."""
     config = None if args.instance is None else load_instance(args.instance)
     if config is not None and (args.store is not None or args.node_id is not None):
         raise ConfigError("--store and --node-id cannot be combined with --instance")
@@ -146,8 +121,12 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
     node = config.node_id if config is not None else args.node_id
     if args.term is not None and node is None:
         raise ConfigError("--node-id is required to choose (the choice goes in its subtree)")
+    return url, agent, node, None if config is None else config.sync_delay_ms
+
+
+def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+    url, agent, node, delay = _target(args)
     term = None if args.term is None else parse_term(args.term)
-    delay = None if config is None else config.sync_delay_ms
     with opened_store(url, node=node, sync_delay_ms=delay) as store:
         chains = store.chains
         if chains is None:
@@ -172,9 +151,8 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
         except (Tampered, CorruptRecord) as exc:
             raise ConfigError(f"{describe_ref(choice.base)} does not authenticate: {exc}") from exc
         print(_describe_choice(read, choice))
-        if not args.yes and not confirmed("Go on from it? Type yes to go on: "):
-            print("nothing changed", file=sys.stderr)
-            return 1
+        if not confirmed(args, "Go on from it? Type yes to go on: "):
+            return EXIT_FAILURE
         data = seal_chain_choice(sealer, agent, choice)
         try:
             chains.put_chain_choice(agent, choice.after.epoch, data)
@@ -189,7 +167,7 @@ def choose_chain(args: argparse.Namespace, read_secret: Callable[[], Secret]) ->
         )
         if not args.wait:
             return 0
-        return 0 if _wait_taken(chains, sealer, agent, choice, args.timeout) else 1
+        return 0 if _wait_taken(chains, sealer, agent, choice, args.timeout) else EXIT_FAILURE
 
 
 def _describe_choice(read: LineageRead, choice: ChainChoice) -> str:

@@ -1,9 +1,9 @@
-"""What every ``hb`` command that works on an existing store shares: the store opened (an
-existing one only: a mistyped URL must not make an empty store) and closed, and its sealer
-for the secret given."""
+"""What the ``hb`` commands share: their exit codes, their lines on stderr, and on an existing
+store (never made anew: a mistyped URL must not make an empty store) its sealer."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,9 +13,29 @@ from ..sealing import Sealer
 from ..sealing.keyring import Keyring
 from ..stores import Store, open_store
 
-__all__ = ["opened_store", "store_sealer"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_REFUSED",
+    "EXIT_TIMEOUT",
+    "EXIT_USAGE",
+    "opened_store",
+    "store_sealer",
+    "warn",
+]
 
 Secret = str | Keyring
+
+EXIT_FAILURE = 1  # refused (nothing changed), or a store that failed
+EXIT_USAGE = 2  # a user mistake: a bad flag, URL, agent path or secret
+# The node refused to resume (no checkpoint authenticates, or the store went
+# back in time): restarting cannot fix that, a person has to look.
+EXIT_REFUSED = 3
+EXIT_TIMEOUT = 124  # hb submit or hb switchover --wait ran out (as timeout(1) exits)
+
+
+def warn(line: str) -> None:
+    """Print line on stderr."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextmanager

@@ -1,13 +1,6 @@
-"""``hb switchover``, ``hb pause``, ``hb resume`` and ``hb history``: an operator's hand on the lease.
-
-The command line's side of ``hamsterbunker.lease.control``. Registered by
-``hamsterbunker.cli.main``, which turns the errors raised here into one line and an
-exit code: 2 for a user mistake (a bad flag, a wrong secret), 1 for a request
-refused (ControlRefused: nothing was changed) or a store that failed, and
-EXIT_TIMEOUT when ``switchover --wait`` ran out.
-
-It does not import ``hamsterbunker.cli.main`` (that imports this).
-"""
+"""``hb switchover``, ``pause``, ``resume``, ``history`` and ``accept-loss``: an operator's
+hand on the lease (the command line's side of ``hamsterbunker.lease.control`` and
+``hamsterbunker.lease.acceptance``)."""
 
 from __future__ import annotations
 
@@ -18,22 +11,32 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from ..lease.acceptance import accept_loss as write_acceptance
+from ..lease.acceptance import plan_loss
 from ..lease.control import request_switchover, set_paused
 from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
-from .args import not_on_syncdir, seconds, store_url
-from .context import opened_store, store_sealer
+from .args import (
+    Subcommands,
+    add_command,
+    add_wait_flags,
+    confirmed,
+    not_on_syncdir,
+    positive_int,
+    store_url,
+)
+from .context import EXIT_FAILURE, EXIT_TIMEOUT, opened_store, store_sealer
 
 __all__ = [
-    "EXIT_TIMEOUT",
+    "accept_loss",
+    "add_accept_loss_parser",
     "add_control_parsers",
     "history",
     "pause",
     "switchover",
 ]
 
-EXIT_TIMEOUT = 124  # switchover --wait ran out (as timeout(1) exits)
 DEFAULT_WAIT_S = 30.0
 _POLL_S = 0.02
 
@@ -54,35 +57,42 @@ more, but keeps its lease and heartbeats, so standbys do not take over. A paused
 leader that dies is still replaced, and the new leader starts paused. hb resume ends it."""
 
 
-def add_control_parsers(sub: argparse._SubParsersAction, secret_help: str) -> None:  # type: ignore[type-arg]
-    switch = sub.add_parser(
-        "switchover",
-        help="hand the lease to a live standby, now",
-        description=SWITCHOVER_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def add_control_parsers(sub: Subcommands, secret_help: str) -> None:
+    switch = add_command(
+        sub, "switchover", "hand the lease to a live standby, now", SWITCHOVER_HELP
     )
     _common(switch, secret_help)
     switch.add_argument("--to", metavar="NODE", help="the standby to hand over to")
-    switch.add_argument("--wait", action="store_true", help="wait until the target leads")
-    switch.add_argument(
-        "--timeout",
-        type=seconds,
-        default=DEFAULT_WAIT_S,
-        metavar="S",
-        help=f"with --wait: give up after S seconds (default: {DEFAULT_WAIT_S:g})",
-    )
+    add_wait_flags(switch, "the target leads", DEFAULT_WAIT_S)
     for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
-        parser = sub.add_parser(
-            name,
-            help=text,
-            description=PAUSE_HELP,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        _common(parser, secret_help)
+        _common(add_command(sub, name, text, PAUSE_HELP), secret_help)
     past = sub.add_parser("history", help="the agent's takeovers, newest first")
     past.add_argument("--store", help="store URL (default: $HB_STORE)")
     past.add_argument("--agent-id", required=True)
     past.add_argument("--json", action="store_true", help="one JSON object per takeover")
+
+
+def add_accept_loss_parser(sub: Subcommands, secret_help: str) -> None:
+    accept = add_command(
+        sub,
+        "accept-loss",
+        "accept a loss the nodes refuse to resume behind (stop every node first)",
+        "Give up checkpoints that are gone or damaged (or, with --to-seq, newer than N) and let "
+        "nodes resume from the newest authenticated checkpoint at or below N. Prints what is "
+        "given up and asks first.",
+        secret_help,
+    )
+    accept.add_argument("--store", help="store URL (default: $HB_STORE)")
+    accept.add_argument("--agent-id", required=True)
+    accept.add_argument(
+        "--to-seq",
+        type=positive_int,
+        metavar="N",
+        help="resume from the newest authenticated checkpoint at or below seq N "
+        "(default: the newest that authenticates)",
+    )
+    accept.add_argument("--yes", action="store_true", help="do not ask")
+    accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
 def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
@@ -91,13 +101,15 @@ def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help=secret_help)
 
 
-def _target(args: argparse.Namespace, writes: str | None = None) -> tuple[str, str]:
+def _target(
+    args: argparse.Namespace, writes: str | None = None, instead: str = ""
+) -> tuple[str, str]:
     """The store's URL and the agent id; writes: what the command writes, refused on a
     syncdir:// store (nothing but a node writes there yet)."""
     agent = check_name("agent id", args.agent_id)
     url = store_url(args)
     if writes is not None:
-        not_on_syncdir(url, writes)
+        not_on_syncdir(url, writes, instead)
     return url, agent
 
 
@@ -169,4 +181,25 @@ def history(args: argparse.Namespace) -> int:
         when = datetime.fromtimestamp(t.time).strftime("%Y-%m-%d %H:%M:%S")
         print(f"{t.epoch:>6}  {when:19}  {t.from_ or '-':16} {t.to:16} {t.via:10} "
               f"{t.gap_ms / 1000:>8.3f}s")  # fmt: skip
+    return 0
+
+
+def accept_loss(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+    url, agent = _target(
+        args,
+        writes="accepting a loss",
+        instead="; to go on from a checkpoint behind a lost one there, use hb choose-chain",
+    )
+    secret = read_secret()
+    with opened_store(url) as store:
+        sealer = store_sealer(store, secret)
+        plan = plan_loss(store, sealer, agent, args.to_seq)
+        print(plan.describe())
+        if not confirmed(args, "Give these up? Type yes to go on: "):
+            return EXIT_FAILURE
+        acceptance = write_acceptance(store, sealer, plan)
+    print(
+        f"accepted ({acceptance.id}): nodes started now resume from seq {plan.resume.seq}; "
+        "start them again"
+    )
     return 0

@@ -1,36 +1,14 @@
-"""``hb forget NODE --agent-id ID``: drop a dead node's heartbeat and events from the view.
-
-A node that is gone for good (a machine retired, a node id renamed) leaves its
-last heartbeat and its event log in the store, and ``hb status`` and
-``hb-tui`` show it for ever. This drops them (``Store.forget_node``), only once
-the node is seen to be dead, judged as ``hb status`` judges a lease and never
-by the node's wall-clock time (DESIGN.md invariant 2): its records are watched
-through a tail on this process's monotonic clock for one lease TTL (the lease
-record's, at most ``observe.MAX_WATCH_S``), and any change (a heartbeat
-written, one that appears or goes, an event) means it is live. Refused too
-while the lease record names it as holder, even an expired lease: the lease
-moves on first (another node takes over). Nothing is changed when refused.
-
-Exit 0 forgotten (what was dropped is printed); 1 refused (live, the holder),
-or no heartbeat or events of that node; 2 a usage mistake (a missing flag, a
-bad URL or name, a wrong secret), as other commands. The secret is checked
-against the store's cluster record first, so a mistyped URL that reaches
-another cluster drops nothing there.
-
-Registered by ``hamsterbunker.cli.main`` (which turns the errors raised here into
-one line and an exit code); it does not import it.
-"""
+"""``hb forget NODE --agent-id ID``: drop a dead node's heartbeat and events from the view
+(``Store.forget_node``), refused while the node is seen live or holds the lease."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
@@ -40,12 +18,11 @@ from ..ops.status_text import duration
 from ..records import Event, Heartbeat, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
-from .args import not_on_syncdir, store_url
-from .context import opened_store, store_sealer
+from .args import Subcommands, add_command, not_on_syncdir, store_url
+from .context import EXIT_FAILURE, opened_store, store_sealer, warn
 
-__all__ = ["EXIT_REFUSED", "add_forget_parser", "forget"]
+__all__ = ["add_forget_parser", "forget"]
 
-EXIT_REFUSED = 1
 # The least a node is watched, whatever TTL a lease record says (it is not authenticated).
 MIN_WATCH_S = 0.5
 
@@ -61,20 +38,18 @@ exit status: 0 forgotten; 1 refused (NODE is live or holds the lease) or nothing
   NODE is stored; 2 a usage mistake (a missing flag, a bad URL or name, a wrong secret)."""
 
 
-def add_forget_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
-    """Add ``hb forget`` to the subcommands ``sub`` (argparse's subparsers action)."""
-    parser: argparse.ArgumentParser = sub.add_parser(
+def add_forget_parser(sub: Subcommands, secret_help: str) -> None:
+    parser = add_command(
+        sub,
         "forget",
-        help="drop a dead node's heartbeat and events (refused for a live node)",
-        description=DESCRIPTION,
-        epilog=secret_help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "drop a dead node's heartbeat and events (refused for a live node)",
+        DESCRIPTION,
+        secret_help,
     )
     parser.add_argument("node", metavar="NODE", help="the node id to forget")
     parser.add_argument("--agent-id", metavar="ID", required=True)
     parser.add_argument("--store", help="store URL (default: $HB_STORE)")
     parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
-    return parser
 
 
 @dataclass(frozen=True)
@@ -184,5 +159,5 @@ def _refused(reason: str) -> int:
 
 
 def _say(line: str) -> int:
-    print(f"hb forget: {line}", file=sys.stderr, flush=True)
-    return EXIT_REFUSED
+    warn(f"hb forget: {line}")
+    return EXIT_FAILURE

@@ -1,11 +1,8 @@
-"""``hb``: run a node, set one up, run the local survival demo, show a cluster's status,
-hand work to an agent (``hb submit``, in ``hamsterbunker.cli.submit``), move or hold the
-lease (``hb switchover``, ``pause``, ``resume``, ``history``: ``hamsterbunker.cli.control``).
+"""``hb``: the parser and the commands' dispatch.
 
 User mistakes (a bad flag, URL, agent path or secret) print one line naming
 the problem and exit 2, with no traceback; so does a bare ``hb``, with the help
-on stderr (no command given is a mistake a script should notice). ``hb submit --wait --timeout`` that
-runs out exits 124 (EXIT_TIMEOUT).
+on stderr (no command given is a mistake a script should notice).
 """
 
 from __future__ import annotations
@@ -13,8 +10,9 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from .. import __version__
 from ..core.errors import (
@@ -27,32 +25,27 @@ from ..core.errors import (
     StoreUnsafe,
 )
 from ..core.logs import configure_logging, stderr_is_journal
-from ..core.timing import (
-    DEFAULT_LEASE_TTL_MS,
-    DEFAULT_TICK_MS,
-    LeaseTiming,
-)
+from ..core.timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, LeaseTiming
 from ..sealing.keyring import Keyring, read_keyring
-from . import control as cli_control
-from .args import confirmed, not_on_syncdir, positive_int, store_url
+from .args import Subcommands, positive_int
 from .chain import add_choose_chain_parser, choose_chain
-from .context import opened_store, store_sealer
-from .control import add_control_parsers
+from .context import EXIT_FAILURE, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE, warn
+from .control import (
+    accept_loss,
+    add_accept_loss_parser,
+    add_control_parsers,
+    history,
+    pause,
+    switchover,
+)
 from .forget import add_forget_parser, forget
 from .migrate import add_migrate_parser, migrate_store
 from .node import add_init_parser, add_run_parser, init, run
 from .rotate import add_rotate_parser, rotate_secret
-from .status import add_status_parser
-from .submit import EXIT_TIMEOUT, add_submit_parser, submit
+from .status import add_status_parser, status
+from .submit import add_submit_parser, submit
 
-__all__ = ["EXIT_TIMEOUT", "main"]
-
-
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-# The node refused to resume (no checkpoint authenticates, or the store went
-# back in time): restarting cannot fix that, a person has to look.
-EXIT_REFUSED = 3
+__all__ = ["EXIT_TIMEOUT", "main", "read_secret"]
 
 SECRET_HELP = """\
 the network secret (at least 8 characters) is taken from, in this order:
@@ -77,14 +70,11 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hb {__version__}")
     # Not required: a bare `hb` gets this help, not an argparse error (main).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
     add_run_parser(sub, SECRET_HELP)
     add_init_parser(sub)
-
     _add_demo_parser(sub)
-    _add_accept_loss_parser(sub)
+    add_accept_loss_parser(sub, SECRET_HELP)
     add_status_parser(sub)
-
     add_submit_parser(sub, SECRET_HELP)
     add_forget_parser(sub, SECRET_HELP)
     add_control_parsers(sub, SECRET_HELP)
@@ -94,35 +84,12 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_demo_parser(sub: Any) -> None:
+def _add_demo_parser(sub: Subcommands) -> None:
     demo = sub.add_parser("demo", help="the local three-node survival demo")
     demo.add_argument("--kills", type=positive_int, default=1, help="kill the active node N times")
     demo.add_argument("--store", help="store URL (default: a temporary directory)")
     demo.add_argument("--tick-ms", type=positive_int, help=f"default: {DEFAULT_TICK_MS}")
     demo.add_argument("--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
-
-
-def _add_accept_loss_parser(sub: Any) -> None:
-    accept = sub.add_parser(
-        "accept-loss",
-        help="accept a loss the nodes refuse to resume behind (stop every node first)",
-        description="Give up checkpoints that are gone or damaged (or, with --to-seq, newer than "
-        "N) and let nodes resume from the newest authenticated checkpoint at or below N. "
-        "Prints what is given up and asks first.",
-        epilog=SECRET_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    accept.add_argument("--store", help="store URL (default: $HB_STORE)")
-    accept.add_argument("--agent-id", required=True)
-    accept.add_argument(
-        "--to-seq",
-        type=positive_int,
-        metavar="N",
-        help="resume from the newest authenticated checkpoint at or below seq N "
-        "(default: the newest that authenticates)",
-    )
-    accept.add_argument("--yes", action="store_true", help="do not ask")
-    accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
 def read_secret(secret_file: Path | None) -> Keyring:
@@ -131,93 +98,50 @@ def read_secret(secret_file: Path | None) -> Keyring:
     return read_keyring(secret_file)
 
 
-def _cmd_demo(args: argparse.Namespace) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from ..demo import DemoFailed, run_demo
 
+    given = {key: getattr(args, key) for key in ("tick_ms", "lease_ttl_ms")}
+    timing = LeaseTiming(**{key: value for key, value in given.items() if value is not None})
     try:
-        run_demo(
-            kills=args.kills,
-            store_url=args.store,
-            timing=_demo_timing(args),
-            out=lambda line: print(line, flush=True),
-        )
+        run_demo(kills=args.kills, store_url=args.store, timing=timing,
+                 out=lambda line: print(line, flush=True))  # fmt: skip
     except DemoFailed as exc:
         _print_error(str(exc))
         return EXIT_FAILURE
     return 0
 
 
-def _demo_timing(args: argparse.Namespace) -> LeaseTiming:
-    given = {key: getattr(args, key) for key in ("tick_ms", "lease_ttl_ms")}
-    return LeaseTiming(**{key: value for key, value in given.items() if value is not None})
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    from .status import status  # exit 0 healthy, 1 degraded, 2 cannot tell
-
-    return status(args)
-
-
-def _cmd_submit(args: argparse.Namespace) -> int:
-    # The secret is read after the flags and the payload are checked.
-    return submit(args, lambda: read_secret(args.secret_file))
-
-
-def _cmd_forget(args: argparse.Namespace) -> int:
-    return forget(args, lambda: read_secret(args.secret_file))
-
-
-def _cmd_switchover(args: argparse.Namespace) -> int:
-    return cli_control.switchover(args, lambda: read_secret(args.secret_file))
-
-
-def _cmd_pause(args: argparse.Namespace) -> int:
-    return cli_control.pause(args, lambda: read_secret(args.secret_file))
-
-
-def _cmd_rotate_secret(args: argparse.Namespace) -> int:
-    secret_file = None if args.secret_file is None else Path(args.secret_file)
-    return rotate_secret(args, lambda: read_secret(secret_file))
-
-
-def _cmd_migrate_store(args: argparse.Namespace) -> int:
-    return migrate_store(args, lambda: read_secret(args.secret_file))
-
-
-def _cmd_choose_chain(args: argparse.Namespace) -> int:
-    return choose_chain(args, lambda: read_secret(args.secret_file))
-
-
-def _cmd_accept_loss(args: argparse.Namespace) -> int:
-    from ..lease.acceptance import accept_loss, plan_loss
-    from ..records import check_name
-
-    agent_id = check_name("agent id", args.agent_id)
-    url = not_on_syncdir(
-        store_url(args),
-        "accepting a loss",
-        "; to go on from a checkpoint behind a lost one there, use hb choose-chain",
-    )
-    secret = read_secret(args.secret_file)
-    with opened_store(url) as store:
-        sealer = store_sealer(store, secret)
-        plan = plan_loss(store, sealer, agent_id, args.to_seq)
-        print(plan.describe())
-        if not args.yes and not confirmed("Give these up? Type yes to go on: "):
-            print("nothing changed", file=sys.stderr)
-            return EXIT_FAILURE
-        acceptance = accept_loss(store, sealer, plan)
-    print(
-        f"accepted ({acceptance.id}): nodes started now resume from seq {plan.resume.seq}; "
-        "start them again"
-    )
-    return 0
-
-
 def _print_error(line: str) -> None:
     # Under journald, <3> files the line as an error, so `journalctl -p err` shows it.
-    prefix = "<3>" if stderr_is_journal() else ""
-    print(prefix + line, file=sys.stderr)
+    warn(("<3>" if stderr_is_journal() else "") + line)
+
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run,
+    "init": init,
+    "demo": _demo,
+    "status": status,
+    "history": history,
+}
+# These take a reader of the secret, so that it is read after their flags are checked.
+_SECRET_COMMANDS: dict[str, Callable[[argparse.Namespace, Callable[[], Keyring]], int]] = {
+    "accept-loss": accept_loss,
+    "submit": submit,
+    "forget": forget,
+    "switchover": switchover,
+    "pause": pause,
+    "resume": pause,
+    "rotate-secret": rotate_secret,
+    "choose-chain": choose_chain,
+    "migrate-store": migrate_store,
+}
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command in _COMMANDS:
+        return _COMMANDS[args.command](args)
+    return _SECRET_COMMANDS[args.command](args, lambda: read_secret(args.secret_file))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,24 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     # A hung node killed by systemd's watchdog (SIGABRT) leaves every thread's
     # stack in the journal.
     faulthandler.enable()
-    commands = {
-        "run": run,
-        "init": init,
-        "demo": _cmd_demo,
-        "status": _cmd_status,
-        "accept-loss": _cmd_accept_loss,
-        "submit": _cmd_submit,
-        "forget": _cmd_forget,
-        "switchover": _cmd_switchover,
-        "pause": _cmd_pause,
-        "resume": _cmd_pause,
-        "history": cli_control.history,
-        "rotate-secret": _cmd_rotate_secret,
-        "choose-chain": _cmd_choose_chain,
-        "migrate-store": _cmd_migrate_store,
-    }
     try:
-        return commands[args.command](args)
+        return _dispatch(args)
     except (ConfigError, SealError, StoreUnsafe) as exc:
         # A user mistake: a bad URL, agent, secret or store location.
         _print_error(f"hb {args.command}: error: {exc}")

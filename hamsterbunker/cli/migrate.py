@@ -1,10 +1,4 @@
-"""``hb migrate-store --from URL --to URL``: the command line of ``stores.migrate``.
-
-Registered by ``hamsterbunker.cli.main``, which turns the errors raised here into one
-line and an exit code: 2 for a usage mistake (a bad URL, a secret that does not
-open the cluster, a target that is not empty), 1 for a store that failed or a
-source a node still writes.
-"""
+"""``hb migrate-store --from URL --to URL``: the command line of ``stores.migrate``."""
 
 from __future__ import annotations
 
@@ -18,6 +12,7 @@ from ..sealing.keyring import Secret
 from ..stores import is_syncdir_url
 from ..stores.migrate import migrate, open_migration
 from ..stores.migrate_syncdir import migrate_syncdir, open_syncdir_migration
+from .args import Subcommands, add_command
 
 __all__ = ["add_migrate_parser", "migrate_store"]
 
@@ -43,13 +38,13 @@ is wrong with the target: run it again once stopped); 2 a usage mistake (a bad U
 secret that does not open the cluster, a target that is not empty)."""
 
 
-def add_migrate_parser(sub: argparse._SubParsersAction, secret_help: str) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser(
+def add_migrate_parser(sub: Subcommands, secret_help: str) -> None:
+    parser = add_command(
+        sub,
         "migrate-store",
-        help="copy an earlier version's store into this version's layout",
-        description=DESCRIPTION,
-        epilog=secret_help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "copy an earlier version's store into this version's layout",
+        DESCRIPTION,
+        secret_help,
     )
     parser.add_argument("--from", dest="source", required=True, metavar="URL",
                         help="the earlier version's store")  # fmt: skip

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from ..agent.step import load_agent
 from ..core.errors import ConfigError
@@ -20,11 +19,11 @@ from ..core.timing import (
     DEFAULT_TICK_MS,
 )
 from ..node.notify import Notifier
-from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance
+from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance, systemd_directory
 from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import read_keyring
 from ..stores import check_store_url
-from .args import positive_int, whole_number
+from .args import Subcommands, add_command, positive_int, whole_number
 
 __all__ = ["DEMO_AGENT", "NODE_FLAGS", "add_node_flags", "init", "run"]
 
@@ -107,13 +106,13 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_run_parser(sub: Any, secret_help: str) -> None:
-    run = sub.add_parser(
+def add_run_parser(sub: Subcommands, secret_help: str) -> None:
+    run = add_command(
+        sub,
         "run",
-        help="run one node of a cluster",
-        description="Run one node, configured by --instance NAME (a config file) or by flags.",
-        epilog=secret_help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run one node of a cluster",
+        "Run one node, configured by --instance NAME (a config file) or by flags.",
+        secret_help,
     )
     run.add_argument(
         "--instance",
@@ -148,7 +147,7 @@ def add_run_parser(sub: Any, secret_help: str) -> None:
     )
 
 
-def add_init_parser(sub: Any) -> None:
+def add_init_parser(sub: Subcommands) -> None:
     init = sub.add_parser(
         "init",
         help="write the config and secret of a node run by hamsterbunker@NAME.service",
@@ -199,11 +198,11 @@ def run(args: argparse.Namespace) -> int:
     if level is not None:
         configure_logging(log_level(level))
     secret = read_keyring(args.secret_file)
+    state_dir = args.state_dir or systemd_directory("STATE_DIRECTORY")
     if config.agents:
         from .host import run_host
 
-        run_host(config, secret, notifier, history=args.history,
-                 state_dir=args.state_dir or _systemd_state_directory())  # fmt: skip
+        run_host(config, secret, notifier, history=args.history, state_dir=state_dir)
         return 0
     timing, step_retry = config.timing, config.step_retry
     agent = load_agent(config.agent)
@@ -218,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         timing=timing,
         history=args.history,
         notifier=notifier,
-        state_dir=args.state_dir or _systemd_state_directory(),
+        state_dir=state_dir,
         stop_grace_ms=config.stop_grace_ms,
         step_retry=step_retry,
         http=config.http,
@@ -226,12 +225,6 @@ def run(args: argparse.Namespace) -> int:
     )
     node.run()
     return 0
-
-
-def _systemd_state_directory() -> Path | None:
-    # StateDirectory= may name several directories, joined by ':'; the first is ours.
-    value = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
-    return Path(value) if value else None
 
 
 def init(args: argparse.Namespace) -> int:

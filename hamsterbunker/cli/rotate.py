@@ -1,22 +1,18 @@
-"""``hb rotate-secret begin | commit | finish``: the command line of ``hamsterbunker.rotation``.
-
-Registered by ``hamsterbunker.cli.main``, which turns the errors raised here into
-one line and an exit code: 1 for a step refused until it is safe
-(ControlRefused: nothing was changed) or a store that failed, 2 for a usage
-mistake or secrets that do not open the cluster.
-"""
+"""``hb rotate-secret begin | commit | finish``: the command line of
+``hamsterbunker.rotation``."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from ..core.errors import ConfigError
 from ..records import check_name
 from ..rotation import Rotation
 from ..sealing.keyring import Keyring
 from ..stores.base import Refusal
-from .args import seconds, store_url
+from .args import Subcommands, add_command, seconds, store_url
 from .context import opened_store
 
 __all__ = ["add_rotate_parser", "rotate_secret"]
@@ -40,17 +36,17 @@ exit status: 0 done; 1 refused (nothing changed) or the store failed; 2 a usage
 mistake or secrets that do not open the cluster."""
 
 
-def add_rotate_parser(sub: argparse._SubParsersAction, secret_help: str) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser(
+def add_rotate_parser(sub: Subcommands, secret_help: str) -> None:
+    parser = add_command(
+        sub,
         "rotate-secret",
-        help="rotate the cluster's secret online (begin, commit, finish)",
-        description=ROTATE_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "rotate the cluster's secret online (begin, commit, finish)",
+        ROTATE_HELP,
     )
     parser.add_argument("step", choices=("begin", "commit", "finish"))
     parser.add_argument("--store", help="store URL (default: $HB_STORE)")
     parser.add_argument("--agent-id", required=True)
-    parser.add_argument("--secret-file", help=secret_help)
+    parser.add_argument("--secret-file", type=Path, help=secret_help)
     parser.add_argument(
         "--timeout",
         type=seconds,

@@ -1,26 +1,12 @@
-"""``hb status``: a cluster's status, and a health check by its exit code.
-
-Exit 0: healthy (a live leader, no failing step, no node refusing). Exit 1:
-degraded (no live leader, a step failing, a node refusing; each named).
-Exit 2: no answer (a user mistake such as an agent id the store holds no
-records of, whose message names the agents it does hold; or a store that
-could not be read). Whether the lease is live is watched from here, on this
-process's monotonic clock, for at most one TTL (``hamsterbunker.lease.observe``).
-
-The store comes from ``--store``, ``$HB_STORE`` or ``--instance NAME`` (its
-config file, as ``hb run --instance`` reads it; the agent id too, if it sets
-one). Without an agent id: the store's only agent in full, or one line per
-agent. ``--watch`` refreshes every tick until Ctrl-C (``--count`` stops it
-after N refreshes).
-
-Registered by ``hamsterbunker.cli.main``; does not import it.
-"""
+"""``hb status``: a cluster's status, and a health check by its exit code (0 healthy, 1
+degraded, 2 cannot tell); the lease's liveness is watched from here
+(``hamsterbunker.lease.observe``). Without an agent id: the store's only agent in full, or
+one line per agent."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
@@ -31,12 +17,12 @@ from ..core.timing import DEFAULT_TICK_MS
 from ..lease.observe import LIVE, MAX_WATCH_S, NOT_WATCHED, UNKNOWN, LeaseObserver, Observed
 from ..ops.config import NodeConfig, load_instance
 from ..ops.status import printable, snapshot, syncdir_shown
-from ..ops.status_text import duration, render, syncdir_lines
+from ..ops.status_text import duration, render, syncdir_lines, table
 from ..records import check_name
 from ..stores import Store
 from ..stores.base import MAX_LISTED_AGENTS
-from .args import positive_int, whole_number
-from .context import opened_store
+from .args import Subcommands, add_command, positive_int, store_url, whole_number
+from .context import opened_store, warn
 
 __all__ = ["add_status_parser", "status"]
 
@@ -52,12 +38,12 @@ own clock for up to one lease TTL (never comparing clocks across machines); it i
 live if it changed (its holder renews it every tick) within the last TTL."""
 
 
-def add_status_parser(sub: Any) -> None:
-    parser = sub.add_parser(
+def add_status_parser(sub: Subcommands) -> None:
+    parser = add_command(
+        sub,
         "status",
-        help="show an agent's lease, nodes and checkpoints; exit 0 healthy, 1 degraded",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "show an agent's lease, nodes and checkpoints; exit 0 healthy, 1 degraded",
+        DESCRIPTION,
     )
     parser.add_argument("--store", help="store URL (default: $HB_STORE)")
     parser.add_argument(
@@ -82,9 +68,7 @@ def add_status_parser(sub: Any) -> None:
 
 def status(args: argparse.Namespace) -> int:
     config = _instance(args)
-    url = config.store if config else (args.store or os.environ.get("HB_STORE"))
-    if not url:
-        raise ConfigError("--store is required (or set HB_STORE, or use --instance NAME)")
+    url = config.store if config else store_url(args, ", or use --instance NAME")
     agent = args.agent_id or (config.agent_id if config else None)
     if agent is not None:
         check_name("agent id", agent)
@@ -100,7 +84,7 @@ def status(args: argparse.Namespace) -> int:
         raise  # a user mistake: hb's own line, exit 2
     except StoreError as exc:
         # Not "degraded" (1): the store did not answer, so status cannot tell.
-        print(f"hb status: failed: {exc}", file=sys.stderr)
+        warn(f"hb status: failed: {exc}")
         return EXIT_ERROR
 
 
@@ -167,14 +151,11 @@ def _one(
         if syncdir is not None:
             doc["syncdir"] = asdict(syncdir)
         return code, json.dumps(doc, indent=2, sort_keys=True)
-    table = [("AGENT", "LEADER", "LEASE", "HEALTH")] + [
+    lines = [f"store {store.url} · {len(agents)} agents"]
+    lines += table([("AGENT", "LEADER", "LEASE", "HEALTH")] + [
         (row["agent"], row["leader"] or "-", row["lease"], "; ".join(row["problems"]) or "healthy")
         for row in rows
-    ]
-    widths = [max(len(r[i]) for r in table) for i in range(3)]
-    lines = [f"store {store.url} · {len(agents)} agents"]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
-              for r in table]  # fmt: skip
+    ])  # fmt: skip
     if syncdir is not None:
         lines += syncdir_lines(syncdir, agent=False)
     return code, "\n".join(lines)
@@ -187,7 +168,7 @@ def _row(store: Store, agent: str, seen: Observed) -> dict[str, Any]:
         problems.append("lease record unreadable")
     elif live.state not in (LIVE, UNKNOWN, NOT_WATCHED):
         problems.append(f"no live leader (lease {live.state})")
-    failing = [b.node for b in store.list_heartbeats(agent) if getattr(b, "failing", 0)]
+    failing = [b.node for b in store.list_heartbeats(agent) if b.failing]
     problems += [
         f"{printable(node)} failing" for node in failing if node == (lease and lease.holder)
     ]

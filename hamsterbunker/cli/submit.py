@@ -1,13 +1,5 @@
-"""``hb submit``: hand one JSON payload to an agent's inbox, and with ``--wait`` get its reply.
-
-The command line's side of ``hamsterbunker.ops.client.Client``. Registered by
-``hamsterbunker.cli.main``, which reads the secret and turns the errors raised here
-into one line and an exit code: 2 for a user mistake (a payload that is not
-JSON, a bad request id, a wrong secret), 1 for what the store refused or could
-not do (a full inbox), and EXIT_TIMEOUT when ``--wait --timeout`` ran out.
-
-It does not import ``hamsterbunker.cli.main`` (that imports this).
-"""
+"""``hb submit``: hand one JSON payload to an agent's inbox, and with ``--wait`` get its reply
+(the command line's side of ``hamsterbunker.ops.client.Client``)."""
 
 from __future__ import annotations
 
@@ -23,14 +15,11 @@ from ..core.limits import MAX_SUBMISSION_BYTES
 from ..ops.client import Admission, Client
 from ..records import check_name
 from ..sealing.keyring import Secret
-from .args import not_on_syncdir, seconds, store_url
-from .context import opened_store
+from .args import Subcommands, add_command, not_on_syncdir, seconds, store_url
+from .context import EXIT_TIMEOUT, opened_store, warn
 
 __all__ = ["EXIT_TIMEOUT", "add_submit_parser", "submit"]
 
-# --wait --timeout ran out before the reply came (as timeout(1) exits). The
-# submission stays admitted: the same command with the same --request-id waits again.
-EXIT_TIMEOUT = 124
 # The most of a payload read from --data-file or stdin: far above what can be admitted
 # (MAX_SUBMISSION_BYTES sealed), so that the limit is what the message names.
 MAX_INPUT_BYTES = 16 * MAX_SUBMISSION_BYTES
@@ -56,14 +45,13 @@ exit status: 0 admitted (or already admitted), and with --wait replied;
       same --request-id)."""
 
 
-def add_submit_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
-    """Add ``hb submit`` to the subcommands ``sub`` (argparse's subparsers action)."""
-    submit: argparse.ArgumentParser = sub.add_parser(
+def add_submit_parser(sub: Subcommands, secret_help: str) -> None:
+    submit = add_command(
+        sub,
         "submit",
-        help="hand a JSON payload to an agent's inbox (and wait for its reply)",
-        description=DESCRIPTION,
-        epilog=secret_help,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "hand a JSON payload to an agent's inbox (and wait for its reply)",
+        DESCRIPTION,
+        secret_help,
     )
     submit.add_argument("--store", help="store URL (default: $HB_STORE)")
     submit.add_argument("--agent-id", required=True)
@@ -99,7 +87,6 @@ def add_submit_parser(sub: Any, secret_help: str) -> argparse.ArgumentParser:
         '--wait, "reply"',
     )
     submit.add_argument("--secret-file", type=Path, help="file holding the network secret")
-    return submit
 
 
 def read_payload(args: argparse.Namespace, stdin: TextIO | None = None) -> Any:
@@ -168,7 +155,6 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     url = not_on_syncdir(store_url(args), "submitting")
     payload = read_payload(args)
     secret = read_secret()
-    # An existing store only: a mistyped URL must not admit into a new, empty store.
     with opened_store(url) as store, Client(store, secret) as client:
         try:
             admission = client.submit(agent_id, payload, request_id=args.request_id)
@@ -189,7 +175,7 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
         except TimeoutError:
             if args.json:
                 print(_json(admission))
-            _say(
+            warn(
                 f"hb submit: timed out: no reply to request {admission.request_id} "
                 f"(#{admission.number}) within {args.timeout:g} s; it stays admitted: the "
                 f"same hb submit --wait with --request-id {admission.request_id} waits again"
@@ -222,7 +208,3 @@ def _json(admission: Admission, **reply: Any) -> str:
         **reply,
     }
     return json.dumps(doc, ensure_ascii=False)
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -1,33 +1,7 @@
-"""Checks a recorded history (``hamsterbunker.core.history``) against the safety invariants.
+"""Checks a recorded history (``hamsterbunker.core.history``) against the safety invariants
+(its rules: docs/design.md)::
 
     python -m hamsterbunker.ops.checker history.jsonl
-
-Rules, each a violation when broken:
-
-* one writer per epoch: accepted publishes of one epoch all come from one node;
-* store order: taken in seq order, accepted publishes have strictly increasing
-  seqs and never-decreasing epochs;
-* fencing: no publish that *started* after a later epoch was acquired (its
-  acquire had ended) is accepted under the older epoch;
-* no resume behind: a restore resumes from at least every checkpoint whose
-  publish was acknowledged before the restore started, and never starts over
-  from init() once any was;
-* continuity: a term's first accepted publish numbers on from its restore;
-* effects (``effect_start`` when an effect's function is called, ``effect`` when
-  its outcome was recorded, replayed or reported interrupted, each with the
-  effect's idempotency key): an effect marked ``interrupted`` is called at
-  most once per key; an effect whose outcome was recorded is never called
-  again; a replay returns exactly the outcome recorded (same digest); and no
-  effect is called under an epoch after a later epoch was acquired;
-* inbox (an accepted ``publish`` names the submissions its step consumed): a
-  submission is consumed by one accepted checkpoint at most.
-
-A loss accepted on purpose (``hb accept-loss``) starts a new line: the node
-that honours it records ``accepted_loss`` on its restore, and the store-order
-and no-resume-behind rules then hold within each line, not across them.
-
-Operations without a line (cut short by a crash) are of unknown outcome and
-are only used where they cannot cause a false alarm.
 """
 
 from __future__ import annotations
@@ -55,16 +29,38 @@ def check(ops: list[Op]) -> list[str]:
     def line(o: Op) -> int:
         return bisect.bisect_left(cuts, o.start)
 
-    violations: list[str] = []
+    violations = _writer_violations(accepted)
+    violations += _order_violations(accepted, line)
+    violations += [
+        f"{op.node} had seq {op.seq} accepted under epoch {op.epoch} although it "
+        f"started after {newer.node} acquired epoch {newer.epoch}"
+        for op in accepted
+        for newer in _acquired_before(op, acquires)
+    ]
+    violations += _restore_violations(restores, accepted, line)
+    violations += _effect_violations(ops, acquires, line)
+    violations += _inbox_violations(accepted, line)
+    return violations
 
+
+def _acquired_before(op: Op, acquires: list[Op]) -> list[Op]:
+    """The acquisitions of a later epoch than op's that had ended when op started."""
+    return [newer for newer in acquires if newer.epoch > op.epoch and op.start > newer.end]
+
+
+def _writer_violations(accepted: list[Op]) -> list[str]:
     writers: dict[int, set[str]] = defaultdict(set)
     for op in accepted:
         writers[op.epoch].add(op.node)
-    violations += [
+    return [
         f"epoch {epoch} has accepted publishes from {sorted(nodes)}"
         for epoch, nodes in sorted(writers.items())
         if len(nodes) > 1
     ]
+
+
+def _order_violations(accepted: list[Op], line: Callable[[Op], int]) -> list[str]:
+    violations = []
     for before, after in itertools.pairwise(sorted(accepted, key=lambda o: (line(o), o.seq))):
         if line(before) != line(after):
             continue
@@ -75,13 +71,14 @@ def check(ops: list[Op]) -> list[str]:
                 f"epoch went back in store order: seq {before.seq} epoch {before.epoch}, "
                 f"then seq {after.seq} epoch {after.epoch}"
             )
-    for op in accepted:
-        for newer in acquires:
-            if newer.epoch > op.epoch and op.start > newer.end:
-                violations.append(
-                    f"{op.node} had seq {op.seq} accepted under epoch {op.epoch} although it "
-                    f"started after {newer.node} acquired epoch {newer.epoch}"
-                )
+    return violations
+
+
+def _restore_violations(
+    restores: list[Op], accepted: list[Op], line: Callable[[Op], int]
+) -> list[str]:
+    """No resume behind an acknowledged checkpoint; a term numbers on from its restore."""
+    violations = []
     for restore in restores:
         if restore.detail.get("accepted_loss"):
             continue  # behind on purpose
@@ -106,8 +103,6 @@ def check(ops: list[Op]) -> list[str]:
                 f"{restore.node} restored epoch {restore.epoch} to continue at seq {next_seq} "
                 f"but its first accepted publish is seq {term[0].seq}"
             )
-    violations += _effect_violations(ops, acquires, line)
-    violations += _inbox_violations(accepted, line)
     return violations
 
 
@@ -163,18 +158,13 @@ def _effect_violations(ops: list[Op], acquires: list[Op], line: Callable[[Op], i
                 f"the one {before[-1].node} recorded"
             )
     for call in (c for group in calls.values() for c in group):
-        for newer in acquires:
-            if newer.epoch > call.epoch and call.start > newer.end:
-                violations.append(
-                    f"{call.node} called effect {call.detail.get('key')} under epoch "
-                    f"{call.epoch} after {newer.node} acquired epoch {newer.epoch}"
-                )
-                break
+        newer = next(iter(_acquired_before(call, acquires)), None)
+        if newer is not None:
+            violations.append(
+                f"{call.node} called effect {call.detail.get('key')} under epoch "
+                f"{call.epoch} after {newer.node} acquired epoch {newer.epoch}"
+            )
     return violations
-
-
-def _end(op: Op) -> float:
-    return op.end
 
 
 def _seq(op: Op) -> int:

@@ -1,10 +1,5 @@
 """Handing work to an agent: ``Client(store, secret).submit(...)`` and ``.result(...)``.
-
-A submitter needs the store and the cluster's secret, not a running node: a
-submission is sealed here with the cluster key and admitted by the store in
-one atomic step, once per request id (DESIGN.md invariant 9). The node that
-leads the agent, now or later, shows it to a step; the reply that step records
-commits with its checkpoint and is read back here, woken by the store's watch::
+Needs the store and the cluster's secret, not a running node::
 
     with Client("redis://127.0.0.1:6379/0", secret) as client:
         admission = client.submit("agent-1", {"question": "why?"}, request_id="q-42")
@@ -19,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..agent.inbox import Admission
@@ -73,11 +69,8 @@ class Client:
         Tampered, admitting nothing, when the store calls the request id known
         but holds no sealed record of it (the store refuses to admit it again).
         """
-        check_name("agent id", agent_id)
         request_id = str(uuid.uuid4()) if request_id is None else request_id
-        problem = check_request_id(request_id)
-        if problem is not None:
-            raise InboxError(problem)
+        _check_ids(agent_id, request_id)
         with self._lock:
             number = self._next.get(agent_id, 1)
         self._follow_keys()
@@ -103,12 +96,7 @@ class Client:
     def _admitted_before(self, agent_id: str, request_id: str, number: int) -> bool:
         """Whether a sealed record proves request_id admitted as number: its submission still
         pending, or its reply. False if the store no longer knows it as number (forgotten
-        meanwhile). Tampered if the store keeps calling it known without such a record.
-
-        The store's answer "duplicate" comes from an index anyone who can write the
-        store can plant: taken alone, it would report as submitted (and, once marked
-        consumed, as done) work that was never handed in.
-        """
+        meanwhile). Tampered if the store keeps calling it known without such a record."""
         for _ in range(PROOF_READS):
             state = self.store.read_admission(agent_id, request_id)
             if state is None or state.number != number:
@@ -164,16 +152,12 @@ class Client:
         *,
         number: int | None = None,
     ) -> Any:
-        """Wait for the reply to request_id (None if it was consumed without one).
+        """Wait for the reply to request_id (None if it was consumed without one): a sealed
+        reply that opens as this submission's, never a bare "consumed" mark.
 
-        Done means a sealed reply that opens as this agent's, request id's and
-        number's: a "consumed" mark without one is not done (a writer without
-        the secret can plant it), and the wait goes on. number (``Admission.number``)
-        pins the admission waited for: once the request id is known under another
-        number, UnknownRequest. Woken by the store's watch, not by polling.
-        TimeoutError after timeout seconds; UnknownRequest if the store knows no
-        such admission; Tampered if the stored reply does not authenticate as
-        this submission's.
+        number (``Admission.number``) pins the admission waited for. TimeoutError after
+        timeout seconds; UnknownRequest if the store knows no such admission (or knows it
+        under another number); Tampered if the stored reply does not authenticate.
         """
         work = self.result_async(agent_id, request_id, timeout, number=number)
         try:
@@ -181,21 +165,8 @@ class Client:
         except RuntimeError:
             return asyncio.run(work)
         # Called from a running event loop's thread: wait in a thread of our own.
-        box: list[Any] = []
-
-        def run() -> None:
-            try:
-                box.append((True, asyncio.run(work)))
-            except BaseException as exc:
-                box.append((False, exc))
-
-        thread = threading.Thread(target=run, name="hb-client-result")
-        thread.start()
-        thread.join()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        with ThreadPoolExecutor(1, thread_name_prefix="hb-client-result") as pool:
+            return pool.submit(asyncio.run, work).result()
 
     async def result_async(
         self,
@@ -206,10 +177,7 @@ class Client:
         number: int | None = None,
     ) -> Any:
         """result() for async callers."""
-        check_name("agent id", agent_id)
-        problem = check_request_id(request_id)
-        if problem is not None:
-            raise InboxError(problem)
+        _check_ids(agent_id, request_id)
         loop = asyncio.get_running_loop()
         until = loop.time() + (math.inf if timeout is None else timeout)
         watcher = self.store.watch(agent_id)
@@ -264,3 +232,10 @@ class Client:
 
 async def _next_wake(watcher: AsyncIterator[object]) -> None:
     await anext(watcher)
+
+
+def _check_ids(agent_id: str, request_id: str) -> None:
+    check_name("agent id", agent_id)
+    problem = check_request_id(request_id)
+    if problem is not None:
+        raise InboxError(problem)

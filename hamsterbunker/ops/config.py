@@ -30,7 +30,14 @@ from ..core.timing import (
 from ..records import check_name
 from ..stores import is_syncdir_url, redacted_url, syncdir_store_path
 
-__all__ = ["DEFAULT_CONFIG_DIR", "HostedAgent", "NodeConfig", "config_dir", "load_instance"]
+__all__ = [
+    "DEFAULT_CONFIG_DIR",
+    "HostedAgent",
+    "NodeConfig",
+    "config_dir",
+    "load_instance",
+    "systemd_directory",
+]
 
 DEFAULT_CONFIG_DIR = Path("/etc/hamsterbunker")
 # The most agents one node process keeps ([[agents]]).
@@ -144,12 +151,15 @@ _MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}
 assert set(_TYPES) == {f.name for f in fields(NodeConfig)}
 
 
+def systemd_directory(variable: str) -> Path | None:
+    """The first directory systemd named in $variable (several arrive joined by ':')."""
+    first = os.environ.get(variable, "").split(":")[0]
+    return Path(first) if first else None
+
+
 def config_dir() -> Path:
     """``$CONFIGURATION_DIRECTORY`` (set by systemd's ConfigurationDirectory=) or /etc/hamsterbunker."""
-    configured = os.environ.get("CONFIGURATION_DIRECTORY", "")
-    # Several ConfigurationDirectory= entries arrive joined by ':'; ours is the first.
-    first = configured.split(":")[0]
-    return Path(first) if first else DEFAULT_CONFIG_DIR
+    return systemd_directory("CONFIGURATION_DIRECTORY") or DEFAULT_CONFIG_DIR
 
 
 def instance_path(name: str, directory: Path | None = None) -> Path:

@@ -1,16 +1,5 @@
-"""``hb init``: write an instance's config file and secret, never clobbering either.
-
-Both files are written in full to a temporary name, fsynced, then linked into
-place: a crash leaves the old file or the new one, never half of one. The
-config is replaced only with ``force``; an existing secret is never replaced
-(that would lock the cluster out of every checkpoint sealed with it), which is
-also how the other nodes of a cluster are set up: copy the secret, then init.
-
-The store must be named (``--store``, or ``$HB_STORE``): a default on the local
-disk would give every machine that follows the same steps a cluster of its own,
-each with its own leader of the same agent. Only ``--local-only`` (a cluster of
-one machine) takes the local directory ``local_store(name)``.
-"""
+"""``hb init``: write an instance's config file and secret, each atomically, never replacing
+a secret, and the config only with ``force``."""
 
 from __future__ import annotations
 

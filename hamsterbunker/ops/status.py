@@ -1,22 +1,6 @@
-"""A read-only snapshot of one agent's cluster: what ``hb status`` and the demo show.
-
-Needs no secret: it reads the lease, heartbeats and checkpoint list, never state.
-Heartbeat ages compare the writer's wall clock with ours: they are for people
-to read, and nothing decides on them. So is the age of the oldest unconsumed
-submission in the inbox, which the active node's heartbeat carries with the
-inbox's depth (the submitter's wall-clock time of submitting it).
-
-It is a health check too (``health``, ``problems``, ``exit_code``): healthy
-with a live leader, no failing step and no node refusing; degraded otherwise.
-Whether the lease is live is judged as a standby judges it, by watching the
-record on our own monotonic clock (``hamsterbunker.lease.observe``), never from a
-writer's time. A node refuses when its newest event is one of
-``REFUSAL_EVENTS`` (it will not resume behind a store that went back in time).
-
-Records in the store are not authenticated: a lease record that does not parse
-is reported (``lease_error``) and everything else is still shown, and text from
-the store is printed with control characters escaped.
-"""
+"""A read-only snapshot of one agent's cluster, with a health verdict: what ``hb status``
+and the demo show. Needs no secret; nothing in it is authenticated, and the ages in it
+(by the writers' clocks) are for people to read, never to decide on."""
 
 from __future__ import annotations
 
@@ -106,12 +90,8 @@ class ChainShown:
 
 @dataclass(frozen=True)
 class SyncDirShown:
-    """A syncdir:// store's own report (docs/syncdir.md): what ``hb status`` adds for it.
-
-    Status has no secret: the chains are listed as the store holds them, not
-    authenticated, and what is kept aside is what the nodes (which do
-    authenticate) reported in ``store.diverged`` events.
-    """
+    """A syncdir:// store's own report (docs/syncdir.md): what ``hb status`` adds for it,
+    its chains as listed and what nodes reported kept aside (``store.diverged``)."""
 
     mode: str  # "syncdir"
     mutual_exclusion: str
@@ -184,9 +164,8 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
             effects=b.effects,
             inbox_depth=b.inbox_depth,
             inbox_oldest_age_s=_age(now, b.inbox_oldest),
-            # Heartbeats of nodes older than the failing-step count have neither.
-            failing=getattr(b, "failing", 0),
-            failing_error=getattr(b, "failing_error", ""),
+            failing=b.failing,
+            failing_error=b.failing_error,
             paused=b.paused,
             sealing=b.sealing,
         )

@@ -3,11 +3,13 @@ text from the store printed with control characters escaped."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..lease.observe import LIVE, NOT_WATCHED, Liveness
 from ..records import LeaseRecord
-from .status import ClusterStatus, SyncDirShown, printable
+from .status import ClusterStatus, NodeStatus, SyncDirShown, printable
 
-__all__ = ["duration", "render", "syncdir_lines"]
+__all__ = ["duration", "render", "syncdir_lines", "table"]
 
 
 def duration(seconds: float) -> str:
@@ -25,34 +27,23 @@ def duration(seconds: float) -> str:
     return f"{hours // 24} d" if seconds < 1e9 else "> 10000 d"
 
 
+def table(rows: Sequence[Sequence[str]], indent: str = "") -> list[str]:
+    """rows as lines, each column as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
 def render(status: ClusterStatus) -> str:
+    """The snapshot as ``hb status`` prints it for one agent."""
     lines = [f"agent {status.agent} · store {status.store}"]
-    lease = status.lease
-    if status.lease_error is not None:
-        lines.append(f"lease: unreadable ({printable(status.lease_error)})")
-    elif lease is None:
-        lines.append("lease: never taken")
-    elif lease.holder is None:
-        lines.append(f"lease: released · epoch {lease.epoch}")
-    else:
-        lines.append(
-            f"lease: {printable(lease.holder)} ({printable(lease.region)}) · epoch {lease.epoch}"
-        )
-        if status.liveness is not None:
-            lines.append(_liveness_line(status.liveness, lease))
     if status.liveness is not None:
         verdict = status.health + "".join(f"\n  {problem}" for problem in status.problems)
-        lines.insert(1, f"health: {verdict}")
-    if status.checkpoint is None:
-        lines.append("last checkpoint: none")
-    else:
-        cp = status.checkpoint
-        lines.append(
-            f"last checkpoint: seq {cp.seq} (epoch {cp.epoch}) · {status.checkpoint_age_s:.1f} s ago"
-            f" · {cp.size} B"
-            # On a syncdir store: the newest of every chain, which may be one kept aside.
-            + (" · the newest of any chain (syncdir: see below)" if status.syncdir else "")
-        )
+        lines.append(f"health: {verdict}")
+    lines += _lease_lines(status)
+    lines.append(_checkpoint_line(status))
     lines.append(_inbox_line(status))
     keys_line = _keys_line(status)
     if keys_line is not None:
@@ -66,9 +57,40 @@ def render(status: ClusterStatus) -> str:
         f"{printable(r.reason)}"
         for r in status.refusals
     )
-    if not status.nodes:
-        lines.append("nodes: none")
-        return "\n".join(lines)
+    lines += _node_lines(status.nodes)
+    return "\n".join(lines)
+
+
+def _lease_lines(status: ClusterStatus) -> list[str]:
+    lease = status.lease
+    if status.lease_error is not None:
+        return [f"lease: unreadable ({printable(status.lease_error)})"]
+    if lease is None:
+        return ["lease: never taken"]
+    if lease.holder is None:
+        return [f"lease: released · epoch {lease.epoch}"]
+    lines = [f"lease: {printable(lease.holder)} ({printable(lease.region)}) · epoch {lease.epoch}"]
+    if status.liveness is not None:
+        lines.append(_liveness_line(status.liveness, lease))
+    return lines
+
+
+def _checkpoint_line(status: ClusterStatus) -> str:
+    cp = status.checkpoint
+    if cp is None:
+        return "last checkpoint: none"
+    return (
+        f"last checkpoint: seq {cp.seq} (epoch {cp.epoch}) · {status.checkpoint_age_s:.1f} s ago"
+        f" · {cp.size} B"
+        # On a syncdir store: the newest of every chain, which may be one kept aside.
+        + (" · the newest of any chain (syncdir: see below)" if status.syncdir else "")
+    )
+
+
+def _node_lines(nodes: list[NodeStatus]) -> list[str]:
+    """The nodes' table, then the effects in flight and failing steps of an active one."""
+    if not nodes:
+        return ["nodes: none"]
     header = ("NODE", "REGION", "ROLE", "EPOCH", "SEQ", "HEARTBEAT", "HOST", "PID")
     rows = [header] + [
         (
@@ -81,15 +103,10 @@ def render(status: ClusterStatus) -> str:
             printable(n.host),
             str(n.pid),
         )
-        for n in status.nodes
+        for n in nodes
     ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines.append("nodes:")
-    lines.extend(
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-    for n in status.nodes:
+    lines = ["nodes:", *table(rows, indent="  ")]
+    for n in nodes:
         if n.effects and n.role == "active":
             effects = " · ".join(
                 f"{printable(name)} {printable(state)}" for name, state in n.effects
@@ -99,7 +116,7 @@ def render(status: ClusterStatus) -> str:
             steps = "1 step" if n.failing == 1 else f"{n.failing} steps"
             lines.append(f"failing on {printable(n.node)}: {steps} failed in a row, "
                          f"the last: {printable(n.failing_error)}")  # fmt: skip
-    return "\n".join(lines)
+    return lines
 
 
 def _liveness_line(live: Liveness, lease: LeaseRecord) -> str:
