@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from ...core.errors import CorruptRecord, StoreError
+from . import common
 
 __all__ = ["BoundedReads", "Value", "text"]
 
@@ -45,7 +46,7 @@ class BoundedReads:
         pipe = self._redis.pipeline(transaction=True)
         size, data = pipe.strlen(key).getrange(key, 0, limit).execute()  # limit + 1 bytes at most
         if size > limit:
-            raise CorruptRecord(f"{what} is {size} bytes, above the limit of {limit} bytes")
+            raise common.over_limit(what, size, limit)
         return bytes(data)
 
     def values(
