@@ -53,7 +53,6 @@ _HEARTBEAT_KEYS = 4 * HEARTBEATS_READ.count
 _TXN_OPS = 100  # range requests in one txn: etcd's --max-txn-ops is 128 by default
 _AGENT_NAME = re.compile(NAME_PATTERN.pattern.encode())
 _NUMBER = re.compile(rb"[0-9]{20}")
-_EFFECT = re.compile(rb"([0-9]{4})/([a-z]+)")
 _REPLY_REF = re.compile(r"[0-9]{10}-[0-9]{20}")
 
 
@@ -132,10 +131,8 @@ class EarlierEtcdStore:
         return [op.get("response_range", {}) for op in response.get("responses", [])]
 
     def _range(self, key: str | bytes, end: str | None = None, **options: Any) -> list[Kv]:
-        request: dict[str, Any] = {"key": _b64(key), **options}
-        if end is not None:
-            request["range_end"] = _b64(end)
-        kvs: list[Kv] = self._ranges(request)[0].get("kvs", [])
+        ends = {} if end is None else {"range_end": _b64(end)}
+        kvs: list[Kv] = self._ranges({"key": _b64(key), **ends, **options})[0].get("kvs", [])
         return kvs
 
     def _pages(self, start: bytes, end: str, *, keys_only: bool = False) -> Iterator[list[Kv]]:
@@ -242,20 +239,16 @@ class EarlierEtcdStore:
             {"key": _b64(step), "range_end": _b64(prefix_end(step)), "count_only": True},
         )  # fmt: skip
         listed: list[Kv] = listing.get("kvs", [])
+        every = {f"{step}{index:04d}/{kind}": (index, kind) for index, kind in common.EVERY_EFFECT}
         names: dict[str, tuple[int, str]] = {}
         for kv in listed:
-            match = _EFFECT.fullmatch(_key(kv).removeprefix(step.encode()))
-            index, kind = (int(match[1]), match[2].decode()) if match else (-1, "")
-            if 0 <= index < limits.MAX_EFFECTS_PER_STEP and kind in limits.EFFECT_KINDS:
-                names[f"{step}{_pad(index, 4)}/{kind}"] = (index, kind)
+            key = _key(kv).decode("utf-8", "replace")
+            if key in every:
+                names[key] = every[key]
             else:
                 self._skip(agent, kv, "effect journal of step %d: a name not written", seq)
         if len(listed) >= EFFECTS_READ.count and len(names) < len(listed):
-            # Planted names took places of the listing: look under every name a record has.
-            names = {
-                f"{step}{_pad(index, 4)}/{kind}": (index, kind)
-                for index, kind in common.EVERY_EFFECT
-            }
+            names = every  # planted names took places of the listing: look under every name
         if int(counted.get("count", 0) or 0) > len(listed):
             self._skip(agent, None, "effect journal of step %d: keys left unread", seq)
         journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)

@@ -47,7 +47,7 @@ _AGENT_ENTRIES = 4 * MAX_LISTED_AGENTS  # the most entries of agents/ listed, as
 _CHECKPOINT = re.compile(r"ckpt-([0-9]{20})-([0-9]{10})\.hbc")
 _HEARTBEAT = re.compile(rf"({NAME_PATTERN.pattern})\.json")
 _HEARTBEAT_ENTRIES = 4 * HEARTBEATS_READ.count
-_EFFECT = re.compile(r"([0-9]{4})-(\w+)\.hbe")
+_EFFECTS = {f"{index:04d}-{kind}.hbe": (index, kind) for index, kind in common.EVERY_EFFECT}
 # Past this many entries in a step's directory only the names a record can have are tried.
 _EFFECT_ENTRIES = 4 * len(common.EVERY_EFFECT)
 
@@ -206,12 +206,7 @@ class EarlierFileStore(InboxReader):
         if len(entries) > _EFFECT_ENTRIES:
             self._report(f"{path} holds over {_EFFECT_ENTRIES} entries: reading record names")
             return common.EVERY_EFFECT
-        found = []
-        for entry in entries:
-            match = _EFFECT.fullmatch(entry.name)
-            if match and check_effect_bounds(1, int(match[1]), match[2], 0) is None:
-                found.append((int(match[1]), match[2]))
-        return sorted(found)
+        return sorted(_EFFECTS[entry.name] for entry in entries if entry.name in _EFFECTS)
 
     def close(self) -> None:
         pass

@@ -163,11 +163,10 @@ class InboxReader:
                         break
                     budget -= 1
                     data = self._read(dirs.pending, name, path / name, _PENDING_CAP)
-                    request_id = None if data is None else _parse_header(data, (_SUBMISSION,))
-                    if request_id is not None and data is not None:
-                        found.offer(number, data[_HEADER:])
-                    elif data is not None:
+                    if data is not None and _parse_header(data, (_SUBMISSION,)) is None:
                         self._report(f"inbox: left out: {path / name} does not parse")
+                    elif data is not None:
+                        found.offer(number, data[_HEADER:])
                 return found.entries
         except CorruptRecord as exc:
             self._report(f"inbox left out: {exc}")
