@@ -29,14 +29,16 @@ from dataclasses import replace
 from typing import Any
 
 from ...core import limits
-from ...core.errors import ConfigError, CorruptRecord, StoreError
+from ...core.errors import ConfigError, CorruptRecord
 from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name, parse_json
-from .._reported import ReportedOnce, readable
+from ...records.parsing import NAME_PATTERN
+from .._reported import ReportedOnce
 from ..backend import prefix_end
 from ..backends.etcd_connection import EtcdConnection, parse_etcd_url
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
 from ..urls import redacted_url
+from . import common
 
 __all__ = ["EarlierEtcdStore", "open_earlier_etcd"]
 
@@ -49,9 +51,8 @@ _SCANNED = 2 * limits.MAX_INBOX_COUNT  # pending keys one read_inbox looks at, j
 _LIST_REQUESTS = 2 * MAX_LISTED_AGENTS  # list_agents: one request per agent or planted name
 _HEARTBEAT_KEYS = 4 * HEARTBEATS_READ.count
 _TXN_OPS = 100  # range requests in one txn: etcd's --max-txn-ops is 128 by default
-_AGENT_NAME = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_AGENT_NAME = re.compile(NAME_PATTERN.pattern.encode())
 _NUMBER = re.compile(rb"[0-9]{20}")
-_EFFECT = re.compile(rb"([0-9]{4})/([a-z]+)")
 _REPLY_REF = re.compile(r"[0-9]{10}-[0-9]{20}")
 
 
@@ -87,7 +88,7 @@ def _revision(kv: Kv) -> int:
 def _within(data: bytes, limit: int, what: str) -> bytes:
     """data, or CorruptRecord if it is over limit (etcd's request limit may be raised)."""
     if len(data) > limit:
-        raise CorruptRecord(f"{what} is {len(data)} bytes, above the limit of {limit} bytes")
+        raise common.over_limit(what, len(data), limit)
     return data
 
 
@@ -118,9 +119,7 @@ class EarlierEtcdStore:
             where = self._connection.all_endpoints()
             raise ConfigError(f"no HamsterBunker store under {self._prefix} in etcd {where}")
         if self._range(whole + "index/", prefix_end(whole + "index/"), limit=1, keys_only=True):
-            raise ConfigError(
-                f"{self.url} is in this version's layout already: there is nothing to migrate"
-            )
+            raise common.already_migrated(self.url, f"keys under {whole}index/")
 
     def _agent(self, agent: str) -> str:
         return f"{self._prefix}/agents/{check_name('agent id', agent)}/"
@@ -132,10 +131,8 @@ class EarlierEtcdStore:
         return [op.get("response_range", {}) for op in response.get("responses", [])]
 
     def _range(self, key: str | bytes, end: str | None = None, **options: Any) -> list[Kv]:
-        request: dict[str, Any] = {"key": _b64(key), **options}
-        if end is not None:
-            request["range_end"] = _b64(end)
-        kvs: list[Kv] = self._ranges(request)[0].get("kvs", [])
+        ends = {} if end is None else {"range_end": _b64(end)}
+        kvs: list[Kv] = self._ranges({"key": _b64(key), **ends, **options})[0].get("kvs", [])
         return kvs
 
     def _pages(self, start: bytes, end: str, *, keys_only: bool = False) -> Iterator[list[Kv]]:
@@ -198,12 +195,8 @@ class EarlierEtcdStore:
                 self._skip(agent, kv, "heartbeat of %s: %d bytes, over the limit", name, len(data))
             else:
                 stored.offer(name, data)
-        return list(
-            readable(
-                stored.entries,
-                Heartbeat.from_json,
-                lambda node, _data, exc: self._skip(agent, None, "heartbeat of %s: %s", node, exc),
-            )
+        return common.heartbeats(
+            stored, lambda node, exc: self._skip(agent, None, "heartbeat of %s: %s", node, exc)
         )
 
     # -- checkpoints, effects, acceptance ------------------------------------
@@ -214,8 +207,8 @@ class EarlierEtcdStore:
         for kvs in self._pages(infos.encode(), prefix_end(infos)):
             for kv in kvs:
                 name = _key(kv).removeprefix(infos.encode())
-                seq = int(name) if _NUMBER.fullmatch(name) else 0
-                if not 0 < seq <= limits.MAX_SEQ:
+                seq = common.seq_named(_NUMBER, name)
+                if seq is None:
                     self._skip(agent, kv, "checkpoint description %r: not a name written", name)
                     continue
                 try:
@@ -225,13 +218,13 @@ class EarlierEtcdStore:
             looked += len(kvs)
             if looked >= limits.MAX_CHECKPOINTS_LISTED:
                 break
-        return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
+        return common.newest_first(listed)
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         key = f"{self._agent(agent)}checkpoints/{_pad(info.seq)}-{_pad(info.epoch, 10)}"
         found = self._range(key)
         if not found:
-            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+            raise common.no_longer_retained(agent, info)
         what = f"checkpoint {info.seq} of {agent!r}"
         return _within(_value(found[0]), limits.MAX_CHECKPOINT_BYTES, what)
 
@@ -246,21 +239,16 @@ class EarlierEtcdStore:
             {"key": _b64(step), "range_end": _b64(prefix_end(step)), "count_only": True},
         )  # fmt: skip
         listed: list[Kv] = listing.get("kvs", [])
+        every = {f"{step}{index:04d}/{kind}": (index, kind) for index, kind in common.EVERY_EFFECT}
         names: dict[str, tuple[int, str]] = {}
         for kv in listed:
-            match = _EFFECT.fullmatch(_key(kv).removeprefix(step.encode()))
-            index, kind = (int(match[1]), match[2].decode()) if match else (-1, "")
-            if 0 <= index < limits.MAX_EFFECTS_PER_STEP and kind in limits.EFFECT_KINDS:
-                names[f"{step}{_pad(index, 4)}/{kind}"] = (index, kind)
+            key = _key(kv).decode("utf-8", "replace")
+            if key in every:
+                names[key] = every[key]
             else:
                 self._skip(agent, kv, "effect journal of step %d: a name not written", seq)
         if len(listed) >= EFFECTS_READ.count and len(names) < len(listed):
-            # Planted names took places of the listing: look under every name a record has.
-            names = {
-                f"{step}{_pad(index, 4)}/{kind}": (index, kind)
-                for index in range(limits.MAX_EFFECTS_PER_STEP)
-                for kind in limits.EFFECT_KINDS
-            }
+            names = every  # planted names took places of the listing: look under every name
         if int(counted.get("count", 0) or 0) > len(listed):
             self._skip(agent, None, "effect journal of step %d: keys left unread", seq)
         journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
@@ -297,8 +285,8 @@ class EarlierEtcdStore:
             for kv in kvs:
                 scanned += 1
                 name = _key(kv).removeprefix(pending.encode())
-                number = int(name) if _NUMBER.fullmatch(name) else 0
-                if not 0 < number <= limits.MAX_SEQ:
+                number = common.seq_named(_NUMBER, name)
+                if number is None:
                     self._skip(agent, kv, "inbox key %r: not a name written", name[:80])
                     continue
                 data = _value(kv)

@@ -20,38 +20,36 @@ import logging
 import re
 from pathlib import Path
 
-from ...core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
+from ...core.errors import ConfigError, CorruptRecord, UnreadableLease
 from ...core.limits import (
     EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
     MAX_CHECKPOINTS_LISTED,
-    MAX_EFFECTS_PER_STEP,
     MAX_RECORD_BYTES,
     check_checkpoint_bounds,
     check_effect_bounds,
 )
 from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name
-from .._reported import ReportedOnce, readable
-from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
-from ..dirs.fileio import dir_entries, file_kind, opened_dir, os_errors_as_store_errors, read_file
+from ...records.parsing import NAME_PATTERN
+from .._reported import ReportedOnce
+from ..base import MAX_LISTED_AGENTS, parse_lease
+from ..dirs.fileio import dir_entries, file_kind, opened_dir, read_file
 from ..dirs.location import SYNCDIR_MARKER, is_sync_copy, open_root
-from .file_inbox import InboxReader, checkpoint_name, listed
+from . import common
+from .file_inbox import InboxReader, checkpoint_name, listed, translated
 
 __all__ = ["EarlierFileStore", "open_earlier_file"]
 
 log = logging.getLogger("hamsterbunker.stores.earlier.file")
 
-_AGENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _AGENT_ENTRIES = 4 * MAX_LISTED_AGENTS  # the most entries of agents/ listed, as there
 _CHECKPOINT = re.compile(r"ckpt-([0-9]{20})-([0-9]{10})\.hbc")
-_HEARTBEAT = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]{0,63})\.json")
+_HEARTBEAT = re.compile(rf"({NAME_PATTERN.pattern})\.json")
 _HEARTBEAT_ENTRIES = 4 * HEARTBEATS_READ.count
-_EFFECT = re.compile(r"([0-9]{4})-(\w+)\.hbe")
-_EVERY_EFFECT = [(index, kind) for index in range(MAX_EFFECTS_PER_STEP) for kind in EFFECT_KINDS]
+_EFFECTS = {f"{index:04d}-{kind}.hbe": (index, kind) for index, kind in common.EVERY_EFFECT}
 # Past this many entries in a step's directory only the names a record can have are tried.
-_EFFECT_ENTRIES = 4 * len(_EVERY_EFFECT)
-_translated = os_errors_as_store_errors("earlier file store")
+_EFFECT_ENTRIES = 4 * len(common.EVERY_EFFECT)
 
 
 def open_earlier_file(url: str) -> EarlierFileStore:
@@ -64,20 +62,19 @@ def open_earlier_file(url: str) -> EarlierFileStore:
     if (root / SYNCDIR_MARKER).exists():
         raise ConfigError(f"{root} is a syncdir store, which keeps its own layout: not migrated")
     if (root / "kv").exists():
-        raise ConfigError(f"{root} holds this version's layout (kv/): nothing to migrate")
+        raise common.already_migrated(str(root), "kv/")
     if not (root / "cluster.json").exists() and not (root / "agents").exists():
         raise ConfigError(f"{root} holds no store an earlier version wrote (no cluster.json)")
     return EarlierFileStore(root)
 
 
-class EarlierFileStore:
-    """The reads ``hb migrate-store`` makes (``SourceStore``) of an earlier file store."""
+class EarlierFileStore(InboxReader):
+    """The reads ``hb migrate-store`` makes (``SourceStore``) of an earlier file store; the
+    inbox's are InboxReader's."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
+        super().__init__(root, ReportedOnce(log))
         self.url = root.as_uri()
-        self._report = ReportedOnce(log)
-        self._inbox = InboxReader(root, self._report)
 
     def _agent(self, agent: str, *sub: str) -> tuple[Path, tuple[str, ...]]:
         parts = ("agents", check_name("agent id", agent), *sub)
@@ -90,20 +87,20 @@ class EarlierFileStore:
                 None if fd is None else read_file(fd, name, self.root.joinpath(*parts, name), cap)
             )
 
-    @_translated
+    @translated
     def read_cluster(self) -> ClusterRecord | None:
         data = self._read_one((), "cluster.json", MAX_RECORD_BYTES)
         return None if data is None else ClusterRecord.from_json(data)
 
-    @_translated
+    @translated
     def list_agents(self) -> list[str]:
         with opened_dir(self.root, ("agents",)) as fd:
             entries = [] if fd is None else dir_entries(fd, _AGENT_ENTRIES)
             names = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
-        agents = (n for n in names if _AGENT.fullmatch(n) and not is_sync_copy(n))
+        agents = (n for n in names if NAME_PATTERN.fullmatch(n) and not is_sync_copy(n))
         return sorted(agents)[:MAX_LISTED_AGENTS]
 
-    @_translated
+    @translated
     def read_lease(self, agent: str) -> LeaseRecord | None:
         path, parts = self._agent(agent)
         with opened_dir(self.root, parts) as fd:  # a symlink here: CorruptRecord, as there
@@ -115,26 +112,24 @@ class EarlierFileStore:
                 raise UnreadableLease(str(exc), str(path / "lease.json")) from exc
         return None if data is None else parse_lease(data, lambda: str(path / "lease.json"))
 
-    @_translated
+    @translated
     def read_acceptance(self, agent: str) -> bytes | None:
         return self._read_one(self._agent(agent)[1], "acceptance.json", MAX_RECORD_BYTES)
 
-    @_translated
+    @translated
     def list_heartbeats(self, agent: str) -> list[Heartbeat]:
         path, parts = self._agent(agent, "heartbeats")
         stored: BoundedRead[str] = BoundedRead(HEARTBEATS_READ)
         with opened_dir(self.root, parts) as fd:
-            names = (
-                [] if fd is None else sorted(e.name for e in dir_entries(fd, _HEARTBEAT_ENTRIES))
-            )
-            for name in names:
+            if fd is None:
+                return []
+            for name in sorted(e.name for e in dir_entries(fd, _HEARTBEAT_ENTRIES)):
                 match = _HEARTBEAT.fullmatch(name)
                 if match is None or is_sync_copy(name):
                     continue
                 if stored.full:
                     self._report(f"{path}: read the heartbeats of {len(stored.entries)} nodes only")
                     break
-                assert fd is not None
                 try:
                     data = read_file(fd, name, path / name, HEARTBEATS_READ.entry_bytes)
                 except CorruptRecord as exc:
@@ -143,12 +138,12 @@ class EarlierFileStore:
                 if data is not None:
                     stored.offer(match[1], data)
 
-        def report(node: str, _data: bytes, exc: Exception) -> None:
+        def report(node: str, exc: Exception) -> None:
             self._report(f"ignoring unreadable heartbeat {path / f'{node}.json'}: {exc}")
 
-        return list(readable(stored.entries, Heartbeat.from_json, report))
+        return common.heartbeats(stored, report)
 
-    @_translated
+    @translated
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         path, parts = self._agent(agent, "checkpoints")
         found = []
@@ -170,17 +165,17 @@ class EarlierFileStore:
                 found.append(
                     CheckpointInfo(epoch=epoch, seq=seq, size=st.st_size, written=st.st_mtime)
                 )
-        return sorted(found, key=lambda info: (info.seq, info.epoch), reverse=True)
+        return common.newest_first(found)
 
-    @_translated
+    @translated
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         parts = self._agent(agent, "checkpoints")[1]
         data = self._read_one(parts, checkpoint_name(info.seq, info.epoch), MAX_CHECKPOINT_BYTES)
         if data is None:
-            raise StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+            raise common.no_longer_retained(agent, info)
         return data
 
-    @_translated
+    @translated
     def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
         if check_effect_bounds(seq, 0, EFFECT_KINDS[0], 0) is not None:
             return {}  # no step directory has this name
@@ -210,25 +205,8 @@ class EarlierFileStore:
         entries = dir_entries(fd, _EFFECT_ENTRIES + 1)
         if len(entries) > _EFFECT_ENTRIES:
             self._report(f"{path} holds over {_EFFECT_ENTRIES} entries: reading record names")
-            return _EVERY_EFFECT
-        found = []
-        for entry in entries:
-            match = _EFFECT.fullmatch(entry.name)
-            if match and check_effect_bounds(1, int(match[1]), match[2], 0) is None:
-                found.append((int(match[1]), match[2]))
-        return sorted(found)
-
-    @_translated
-    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
-        return self._inbox.read_inbox(agent, after)
-
-    @_translated
-    def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
-        return self._inbox.read_admission(agent, request_id)
-
-    @_translated
-    def request_ids(self, agent: str, most: int) -> list[str]:
-        return self._inbox.request_ids(agent, most)
+            return common.EVERY_EFFECT
+        return sorted(_EFFECTS[entry.name] for entry in entries if entry.name in _EFFECTS)
 
     def close(self) -> None:
         pass

@@ -33,7 +33,6 @@ from ...core.limits import (
     MAX_INBOX_COUNT,
     MAX_REPLY_BYTES,
     MAX_REQUEST_ID_CHARS,
-    MAX_SEQ,
     MAX_SUBMISSION_BYTES,
     check_checkpoint_bounds,
     check_reply_bounds,
@@ -48,11 +47,13 @@ from ..dirs.fileio import (
     open_regular,
     opened_dir,
     opened_subdir,
+    os_errors_as_store_errors,
     pread_upto,
     read_file,
 )
+from . import common
 
-__all__ = ["InboxReader", "checkpoint_name", "listed"]
+__all__ = ["InboxReader", "checkpoint_name", "listed", "translated"]
 
 _SUBMISSION, _REPLY, _NO_REPLY, _INDEX, _STAGED = (
     b"hb-sub-1", b"hb-rep-1", b"hb-rep-0", b"hb-rid-1", b"hb-stg-1",
@@ -66,11 +67,13 @@ _STAGED_CAP = 8 + 2 + MAX_CONSUMED_PER_STEP * (_HEADER + _ENTRY.size + MAX_REPLY
 _PENDING = re.compile(r"([0-9]{20})\.hbs")
 _INDEX_NAME = re.compile(r"[0-9a-f]{64}\.hbi")
 _STAGED_NAME = re.compile(r"([0-9]{20})-([0-9]{10})\.hbt")
+_COUNTER = re.compile(rb"([0-9]{20})\n")  # admitted, and the number an index record names
 # The most entries of pending/ or staged/ listed: four times a full inbox (the earlier
 # store admitted no more), so its temporary files never count.
 _LISTED = 4 * MAX_INBOX_COUNT
 _READ_BUDGET = 2 * MAX_INBOX_COUNT  # the most files one read_inbox opens, as there
 _SHUT_OUT = {errno.EACCES, errno.EPERM}  # a directory or file we may not open: junk
+translated = os_errors_as_store_errors("earlier file store")
 
 
 def checkpoint_name(seq: int, epoch: int) -> str:
@@ -105,12 +108,6 @@ def _parse_header(data: bytes, magics: tuple[bytes, ...]) -> str | None:
     except UnicodeDecodeError:
         return None
     return None if check_request_id(request_id) else request_id
-
-
-def _parse_counter(data: bytes) -> int | None:
-    if len(data) != 21 or not data.endswith(b"\n") or not data[:20].isdigit():
-        return None
-    return int(data[:20]) if int(data[:20]) <= MAX_SEQ else None
 
 
 def _parse_done(data: bytes) -> tuple[str, bytes | None] | None:
@@ -150,9 +147,10 @@ class InboxReader:
     """read_inbox, read_admission and request_ids over an earlier file store's root."""
 
     def __init__(self, root: Path, report: Callable[[str], None]) -> None:
-        self._root, self._report = root, report
+        self.root, self._report = root, report
 
-    def read_inbox(self, agent: str, after: int) -> list[tuple[int, bytes]]:
+    @translated
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
         try:
             with self._dirs(agent) as dirs:
                 overlay = self._overlay(dirs)
@@ -165,16 +163,16 @@ class InboxReader:
                         break
                     budget -= 1
                     data = self._read(dirs.pending, name, path / name, _PENDING_CAP)
-                    request_id = None if data is None else _parse_header(data, (_SUBMISSION,))
-                    if request_id is not None and data is not None:
-                        found.offer(number, data[_HEADER:])
-                    elif data is not None:
+                    if data is not None and _parse_header(data, (_SUBMISSION,)) is None:
                         self._report(f"inbox: left out: {path / name} does not parse")
+                    elif data is not None:
+                        found.offer(number, data[_HEADER:])
                 return found.entries
         except CorruptRecord as exc:
             self._report(f"inbox left out: {exc}")
             return []
 
+    @translated
     def read_admission(self, agent: str, request_id: str) -> AdmissionState | None:
         if check_request_id(request_id) is not None:
             return None  # never admitted: admit refused it
@@ -185,6 +183,7 @@ class InboxReader:
             self._report(f"inbox left out: {exc}")
             return None
 
+    @translated
     def request_ids(self, agent: str, most: int) -> list[str]:
         found: list[str] = []
         with self._dirs(agent) as dirs:
@@ -201,10 +200,10 @@ class InboxReader:
     @contextlib.contextmanager
     def _dirs(self, agent: str) -> Iterator[_Dirs]:
         """The inbox's directories, open (None where absent, or junk: reported)."""
-        agent_path = self._root / "agents" / check_name("agent id", agent)
+        agent_path = self.root / "agents" / check_name("agent id", agent)
         dirs = _Dirs(agent_path / "inbox")
         with contextlib.ExitStack() as stack:
-            agent_fd = stack.enter_context(opened_dir(self._root, ("agents", agent)))
+            agent_fd = stack.enter_context(opened_dir(self.root, ("agents", agent)))
             if agent_fd is not None:
                 dirs.inbox = self._open(stack, agent_fd, "inbox", dirs.path)
                 dirs.checkpoints = self._open(
@@ -264,12 +263,9 @@ class InboxReader:
         self, fd: int | None, pattern: re.Pattern[str], path: Path
     ) -> list[tuple[int, str]]:
         """(number, name) of each entry under a numbered name, by number; junk left out."""
-        found = []
-        for entry in [] if fd is None else listed(fd, _LISTED, path):
-            match = pattern.fullmatch(entry.name)
-            if match is not None and 0 < int(match[1]) <= MAX_SEQ:
-                found.append((int(match[1]), entry.name))
-        return sorted(found)
+        entries = [] if fd is None else listed(fd, _LISTED, path)
+        numbered = ((common.seq_named(pattern, entry.name), entry.name) for entry in entries)
+        return sorted((number, name) for number, name in numbered if number is not None)
 
     def _overlay(self, dirs: _Dirs) -> dict[int, Consumed]:
         """What staged records under stored checkpoints consume: applied, for a reader."""
@@ -304,8 +300,11 @@ class InboxReader:
         data = self._read(dirs.ids, name, dirs.path / "ids" / name, _INDEX_BYTES)
         if data is None or len(data) != _INDEX_BYTES:
             return None
-        request_id, number = _parse_header(data, (_INDEX,)), _parse_counter(data[_HEADER:])
-        return None if request_id is None or not number else (request_id, number)
+        request_id, number = (
+            _parse_header(data, (_INDEX,)),
+            common.seq_named(_COUNTER, data[_HEADER:]),
+        )
+        return None if request_id is None or number is None else (request_id, number)
 
     def _state(
         self, dirs: _Dirs, request_id: str, overlay: dict[int, Consumed]
@@ -319,8 +318,8 @@ class InboxReader:
             if state is not None:
                 return state
         counter = self._read(dirs.inbox, "admitted", dirs.path / "admitted", _INDEX_BYTES)
-        last = None if counter is None else _parse_counter(counter)
-        if last:
+        last = None if counter is None else common.seq_named(_COUNTER, counter)
+        if last is not None:
             state = self._state_at(dirs, last, request_id, overlay, indexed=False)
             if state is not None:
                 return state

@@ -15,9 +15,11 @@ That store kept every record under the URL's prefix P (A an agent)::
     P:agent:A:inbox:consumed   hash: number -> request id of a kept consumed submission
     P:agent:A:inbox:replies    hash: number -> sealed reply (absent: consumed without one)
 
-Each read answers as that store's did, junk included, with plain commands, each value
-measured before it is fetched (``redis_reads``). A hash of checkpoints or heartbeats
-holding more than a read looks at is refused (CorruptRecord): a part could miss the newest.
+Each read answers as that store's did, junk included, with plain commands. A value is
+measured (STRLEN, HSTRLEN) before it is fetched, and fetched under WATCH of its key, so
+that one that changed meanwhile aborts the read (StoreError) rather than being fetched
+whatever its size (``BoundedReads``). A hash of checkpoints or heartbeats holding more
+than a read looks at is refused (CorruptRecord): a part could miss the newest.
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ import functools
 import hashlib
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+import redis
+
 from ...core.errors import ConfigError, CorruptRecord, StoreError, UnreadableLease
 from ...core.limits import (
-    EFFECT_KINDS,
     MAX_CHECKPOINT_BYTES,
     MAX_CHECKPOINTS_LISTED,
-    MAX_EFFECTS_PER_STEP,
     MAX_NODES_READ,
     MAX_NUMBER,
     MAX_RECORD_BYTES,
@@ -46,23 +48,24 @@ from ...core.limits import (
 )
 from ...core.read_bounds import EFFECTS_READ, HEARTBEATS_READ, INBOX_READ, BoundedRead
 from ...records import CheckpointInfo, ClusterRecord, Heartbeat, LeaseRecord, check_name
-from .._reported import ReportedOnce, readable
+from ...records.parsing import NAME_PATTERN
+from .._reported import ReportedOnce
 from ..backends.redis_connection import RedisConnection
 from ..base import MAX_LISTED_AGENTS, AdmissionState, parse_lease
-from .redis_reads import BoundedReads, Value, text
+from . import common
 
 __all__ = ["EarlierRedis", "open_earlier_redis"]
 
 log = logging.getLogger(__name__)
 
 _SCAN_COUNT, _SCAN_CALLS = 1000, 200  # list_agents: keys per SCAN call, and the most calls
-_AGENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # records.check_name's pattern
 _NUMBER = re.compile(rb"[1-9][0-9]{0,15}")  # a seq or inbox number as the store wrote one
 _VERSION, _VERSION_CAP = re.compile(rb"0|[1-9][0-9]{0,18}"), 24  # a lease version field
 _HEARTBEAT_NAMES = 4 * MAX_NODES_READ  # node names looked at, of which the lowest are read
 
 P = ParamSpec("P")
 R = TypeVar("R")
+Value = bytes | int | None  # a value fetched, its size (over its cap: not fetched), or absent
 
 
 def open_earlier_redis(url: str) -> EarlierRedis:
@@ -89,11 +92,14 @@ def _translated(
     return translated
 
 
+def text(value: Any) -> str:
+    """A reply as text: bytes a store writer chose may not be UTF-8."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def _number(value: Value) -> int | None:
     """A seq or inbox number as the store wrote one (1..MAX_SEQ), or None."""
-    if not isinstance(value, bytes) or not _NUMBER.fullmatch(value) or int(value) > MAX_SEQ:
-        return None
-    return int(value)
+    return common.seq_named(_NUMBER, value) if isinstance(value, bytes) else None
 
 
 def _checkpoint_info(field: bytes, doc: Value) -> CheckpointInfo:
@@ -104,6 +110,78 @@ def _checkpoint_info(field: bytes, doc: Value) -> CheckpointInfo:
     if not isinstance(doc, bytes):
         raise CorruptRecord(f"checkpoint {seq} has a description of {doc} bytes")
     return CheckpointInfo.from_json(doc, seq)
+
+
+class BoundedReads:
+    """Reads of one Redis database, each within the bounds its caller names."""
+
+    def __init__(self, client: Any, url: str) -> None:
+        self._redis = client  # redis-py's replies are untyped
+        self._url = url
+
+    def type(self, key: str) -> str:
+        return text(self._redis.type(key))
+
+    def string(self, key: str, what: str, limit: int) -> bytes | None:
+        """The string at key (None if absent); CorruptRecord if of another type or over limit."""
+        kind = self.type(key)
+        if kind == "none":
+            return None
+        if kind != "string":
+            raise CorruptRecord(f"{what} is stored as a Redis {kind}, not as this store writes it")
+        pipe = self._redis.pipeline(transaction=True)
+        size, data = pipe.strlen(key).getrange(key, 0, limit).execute()  # limit + 1 bytes at most
+        if size > limit:
+            raise common.over_limit(what, size, limit)
+        return bytes(data)
+
+    def values(
+        self, wanted: Sequence[tuple[str, bytes, int]], budget: int | None = None
+    ) -> tuple[list[Value], bool]:
+        """Hash fields (key, field, cap) measured, then fetched under WATCH: each a value, its
+        size when over its cap (unread), or None when absent. The fetch stops before the
+        first value that would pass budget bytes in all (then True)."""
+        if not wanted:
+            return [], False
+        with self._redis.pipeline(transaction=True) as watched:
+            watched.watch(*{key for key, _, _ in wanted})
+            measure = self._redis.pipeline(transaction=False)  # after the WATCH: any change counts
+            for key, field, _cap in wanted:
+                measure.hstrlen(key, field)
+            sizes: list[int] = measure.execute()
+            fetch: list[bool] = []
+            total = 0
+            for (_key, _field, cap), size in zip(wanted, sizes, strict=True):
+                if size <= cap and budget is not None and total + size > budget:
+                    break
+                fetch.append(size <= cap)
+                total += size if size <= cap else 0
+            watched.multi()
+            for (key, field, _cap), one in zip(wanted, fetch, strict=False):
+                if one:
+                    watched.hget(key, field)
+            try:
+                fetched = iter(watched.execute())
+            except redis.WatchError:
+                raise StoreError(
+                    f"redis store {self._url}: {wanted[0][0]} changed while it was read: "
+                    "stop every node of this store first"
+                ) from None
+        values = [next(fetched) if one else size for one, size in zip(fetch, sizes, strict=False)]
+        return values, len(fetch) < len(wanted)
+
+    def names(self, key: str, most: int, what: str) -> list[bytes]:
+        """The field names of hash key (none if absent or of another type), values unread;
+        CorruptRecord if it holds more than most."""
+        if self.type(key) != "hash":
+            return []
+        count = self._redis.hlen(key)
+        if count > most:
+            raise CorruptRecord(
+                f"{what} holds {count} entries, above the {most} a read looks at: not as the "
+                "store wrote them"
+            )
+        return list(self._redis.hrandfield(key, most) or [])
 
 
 class EarlierRedis:
@@ -131,7 +209,7 @@ class EarlierRedis:
         if self._redis.exists(f"{self.prefix}:cluster"):
             return
         if self._redis.exists(f"{{{self.prefix}}}:index"):
-            raise ConfigError(f"Redis store {self.url} is in this version's layout already")
+            raise common.already_migrated(f"Redis store {self.url}", f"key {{{self.prefix}}}:index")
         raise ConfigError(
             f"Redis store {self.url} holds no store an earlier version wrote (no key "
             f"{self.prefix}:cluster): check the database number and the prefix"
@@ -163,7 +241,7 @@ class EarlierRedis:
             cursor, keys = self._redis.scan(cursor, match=pattern, count=_SCAN_COUNT)
             for key in keys:
                 name = text(key).removeprefix(start).split(":", 1)[0]
-                if _AGENT_NAME.fullmatch(name):
+                if NAME_PATTERN.fullmatch(name):
                     found.add(name)
             if cursor == 0 or len(found) >= MAX_LISTED_AGENTS:
                 break
@@ -187,8 +265,8 @@ class EarlierRedis:
         )
         sizes = [v if isinstance(v, int) else len(v or b"") for v in (record, version)]
         if isinstance(record, int) or sizes[1] > _VERSION_CAP:
-            limit = f"above the limit of {MAX_RECORD_BYTES} bytes"
-            raise UnreadableLease(f"lease record is {max(sizes)} bytes, {limit}", found)
+            too_big = common.over_limit("lease record", max(sizes), MAX_RECORD_BYTES)
+            raise UnreadableLease(str(too_big), found)
         parsed = parse_lease(record or b"", lambda: found)
         version = version if isinstance(version, bytes) else b""
         if not _VERSION.fullmatch(version) or int(version) > MAX_NUMBER:
@@ -208,10 +286,10 @@ class EarlierRedis:
             if value is not None:  # one over the limit reads as empty, so reported and skipped
                 stored.offer(text(node), value if isinstance(value, bytes) else b"")
 
-        def report(node: str, _data: bytes, exc: Exception) -> None:
+        def report(node: str, exc: Exception) -> None:
             self._warn(agent, "ignoring an unreadable heartbeat of %s: %s", node[:64], str(exc))
 
-        return list(readable(stored.entries, Heartbeat.from_json, report))
+        return common.heartbeats(stored, report)
 
     @_translated
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
@@ -227,12 +305,12 @@ class EarlierRedis:
                     found.append(_checkpoint_info(field, doc))
             except CorruptRecord as exc:
                 self._warn(agent, "leaving out checkpoint entry %r: %s", text(field)[:40], str(exc))
-        return sorted(found, key=lambda info: (info.seq, info.epoch), reverse=True)
+        return common.newest_first(found)
 
     @_translated
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         keys = [self._key(agent, "checkpoints"), self._key(agent, "blobs")]
-        gone = StoreError(f"checkpoint {info.seq} of {agent!r} is no longer retained")
+        gone = common.no_longer_retained(agent, info)
         if any(self._reads.type(key) != "hash" for key in keys):
             raise gone
         field = str(info.seq).encode()
@@ -254,11 +332,12 @@ class EarlierRedis:
         if self._odd(agent, {key: "hash"}):
             return {}
         # Only the names the store wrote, each by name: whatever else was planted costs nothing.
-        names = [(index, kind) for index in range(MAX_EFFECTS_PER_STEP) for kind in EFFECT_KINDS]
         cap = EFFECTS_READ.entry_bytes
-        values, _ = self._reads.values([(key, f"{i}:{k}".encode(), cap) for i, k in names])
+        values, _ = self._reads.values(
+            [(key, f"{i}:{k}".encode(), cap) for i, k in common.EVERY_EFFECT]
+        )
         journal: BoundedRead[tuple[int, str]] = BoundedRead(EFFECTS_READ)
-        for name, value in zip(names, values, strict=True):
+        for name, value in zip(common.EVERY_EFFECT, values, strict=True):
             if isinstance(value, int):
                 self._warn(agent, "effect record %s of step %d: %d bytes, unread", name, seq, value)
             elif value is not None and not journal.offer(name, value) and journal.full:
