@@ -264,8 +264,11 @@ class EarlierRedis:
             for v in (record, version)
         )
         sizes = [v if isinstance(v, int) else len(v or b"") for v in (record, version)]
-        if isinstance(record, int) or sizes[1] > _VERSION_CAP:
-            too_big = common.over_limit("lease record", max(sizes), MAX_RECORD_BYTES)
+        if isinstance(record, int):
+            too_big = common.over_limit("lease record", sizes[0], MAX_RECORD_BYTES)
+            raise UnreadableLease(str(too_big), found)
+        if sizes[1] > _VERSION_CAP:
+            too_big = common.over_limit("lease record's version field", sizes[1], _VERSION_CAP)
             raise UnreadableLease(str(too_big), found)
         parsed = parse_lease(record or b"", lambda: found)
         version = version if isinstance(version, bytes) else b""

@@ -187,6 +187,10 @@ def test_oversize_and_junk_records_are_refused_in_one_line(
     with pytest.raises(UnreadableLease, match="above the limit") as too_big:
         reader.read_lease("a1")
     assert f"size:{MAX_RECORD_BYTES + 1}" in too_big.value.found
+    long_version = {"record": lease("n1", 3).to_json(), "version": "1" * 100}
+    loaded.client.hset(lease_key, mapping=long_version)
+    with pytest.raises(UnreadableLease, match="version field is 100 bytes, above the limit"):
+        reader.read_lease("a1")
     loaded.client.hset(lease_key, mapping={"record": lease("n1", 3).to_json(), "version": "01"})
     with pytest.raises(UnreadableLease, match="not a version"):
         reader.read_lease("a1")
