@@ -41,11 +41,16 @@ end
 -- An index of another type indexes nothing: it goes, and the first put makes a new one.
 local kind = redis.call('TYPE', index)['ok']
 if kind ~= 'zset' and kind ~= 'none' then redis.call('UNLINK', index) end
--- Lex ranges need one score, and ours are all 0: a member planted with another is
--- put back in order, a bounded number per call.
-for _, scores in ipairs({{'-inf', '(0'}, {'(0', '+inf'}}) do
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', index, scores[1], scores[2], 'LIMIT', 0, 128)) do
-    redis.call('ZADD', index, 0, member)
+-- Lex ranges need one score, and ours are all 0: before the first range of a call, a
+-- member planted with another is put back in order, a bounded number per call.
+local in_order = false
+local function order_index()
+  if in_order then return end
+  in_order = true
+  for _, scores in ipairs({{'-inf', '(0'}, {'(0', '+inf'}}) do
+    for _, member in ipairs(redis.call('ZRANGEBYSCORE', index, scores[1], scores[2], 'LIMIT', 0, 128)) do
+      redis.call('ZADD', index, 0, member)
+    end
   end
 end
 
@@ -59,12 +64,18 @@ local function is_key(key)
 end
 
 -- The size of key's value when the key is stored (in the index, and a string), else nil.
-local function stored_size(key)
+-- value_size: the same for a key known to be in the index.
+local function value_size(key)
   local value = value_prefix .. key
-  if redis.call('TYPE', value)['ok'] ~= 'string' or not redis.call('ZSCORE', index, key) then
+  local size = redis.pcall('STRLEN', value)  -- an error: a value of another type
+  if type(size) ~= 'number' or (size == 0 and redis.call('EXISTS', value) == 0) then
     return nil
   end
-  return redis.call('STRLEN', value)
+  return size
+end
+
+local function stored_size(key)
+  return redis.call('ZSCORE', index, key) and value_size(key) or nil
 end
 
 -- What the commit changed, told in one message once it is made.
@@ -77,6 +88,7 @@ local function publish(key, value)
 end
 
 local function delete_range(low, high)
+  order_index()
   for _, member in ipairs(redis.call('ZRANGEBYLEX', index, low, high)) do
     redis.call('UNLINK', value_prefix .. member)
     if is_key(member) then publish(member) end
@@ -93,6 +105,7 @@ end
 
 -- ScanTaker's rules (backend.py), kept here so that nothing over them leaves the server.
 local function scan(prefix, low, high, count, entry_bytes, room)
+  order_index()
   local found, entries, looked = {0}, 0, 0
   while looked < count + junk_looked do
     local wanted = count - entries + 1
@@ -103,7 +116,7 @@ local function scan(prefix, low, high, count, entry_bytes, room)
       local size = nil
       -- A member outside the prefix is one still out of order (above): passed over.
       if string.sub(member, 1, #prefix) == prefix then
-        size = is_key(member) and stored_size(member)
+        size = is_key(member) and value_size(member)
         if not size then redis.call('ZREM', index, member) end
       end
       if size then
