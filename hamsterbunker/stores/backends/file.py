@@ -190,17 +190,15 @@ class FileBackend:
                 return TxnResult(_compared(tree, txn), _reads(tree, txn))
             temps: list[str] = []
             values: list[str | bytes] = []  # each Put's: a temp file, or its value inline
+            several = len(txn.writes) > 1  # then small values go in the redo log
             try:
-                for write in txn.writes:
-                    if not isinstance(write, Put):
-                        continue
-                    small = isinstance(write.value, bytes) and len(write.value) <= INLINE_BYTES
-                    if small and len(txn.writes) > 1:  # in the redo log
-                        values.append(bytes(write.value))
-                        continue
-                    value, points = _maker_errors_kept(write.value), "file_backend.commit"
-                    temps.append(fileio.write_temp(root_fd, value, True, points))
-                    values.append(temps[-1])
+                for put in [write for write in txn.writes if isinstance(write, Put)]:
+                    if several and isinstance(put.value, bytes) and len(put.value) <= INLINE_BYTES:
+                        values.append(put.value)
+                    else:
+                        value = _maker_errors_kept(put.value)
+                        temps.append(fileio.write_temp(root_fd, value, True, "file_backend.commit"))
+                        values.append(temps[-1])
                 failpoint("file_backend.commit.before_lock")
                 # A node stopped at a failpoint must not hold the lock: see failpoints.
                 with not_stopped_inside(), self._locked(root_fd):
