@@ -129,6 +129,8 @@ async def claim_changes(folder: Path) -> AsyncIterator[None]:
             async for _ in names:  # ends when the folder goes
                 yield None
         yield None  # gone, or replaced: look again
+    while not _is_plain_dir(folder):  # gone again since it was looked for
+        await asyncio.sleep(_FOLDER_RETRY_S)
     async for _batch in watchfiles.awatch(
         folder,
         watch_filter=lambda _change, path: is_claim_name(os.path.basename(path)),
