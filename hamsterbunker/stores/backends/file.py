@@ -32,7 +32,7 @@ from ...core.read_bounds import ReadBound
 from ..backend import Get, Notice, Put, Scan, ScanResult, TooLarge, Txn, TxnResult, key_problem
 from ..base import StoreGuarantees
 from ..dirs import fileio
-from ..dirs.lease_watch import lease_changes, open_lease_watch
+from ..dirs.lease_watch import open_lease_watch
 from ..dirs.location import check_location, is_sync_copy, mount_of, open_root
 from .earlier import earlier_store
 from .file_redo import INLINE_BYTES, Ops, log_pending
@@ -151,16 +151,17 @@ class FileBackend:
         import watchfiles  # only here: a node that never watches never loads it
 
         folders, kv = prefix.split("/")[:-1], self.root / KV_NAME
-        polling = mount_of(self.root).fstype.startswith("nfs")
         name_start = prefix.rsplit("/", 1)[-1]  # "" for a folder
         names = None
-        if name_start and not polling and watched[0] == kv.joinpath(*folders):
+        if name_start and watched[0] == kv.joinpath(*folders):
             names = open_lease_watch(watched[0], lambda name: name.startswith(name_start))
         if names is not None:
-            yield []
-            async for _ in lease_changes(names):  # ends when the folder goes
-                yield [prefix]
+            async with contextlib.aclosing(names):  # closed even if never iterated
+                yield []
+                async for _ in names:  # ends when the folder goes
+                    yield [prefix]
             return
+        polling = mount_of(self.root).fstype.startswith("nfs")
         changes = watchfiles.awatch(
             watched[0], watch_filter=None, step=20, debounce=200, force_polling=polling,
             poll_delay_ms=100, rust_timeout=1000, yield_on_timeout=True,
@@ -189,17 +190,15 @@ class FileBackend:
                 return TxnResult(_compared(tree, txn), _reads(tree, txn))
             temps: list[str] = []
             values: list[str | bytes] = []  # each Put's: a temp file, or its value inline
+            several = len(txn.writes) > 1  # then small values go in the redo log
             try:
-                for write in txn.writes:
-                    if not isinstance(write, Put):
-                        continue
-                    small = isinstance(write.value, bytes) and len(write.value) <= INLINE_BYTES
-                    if small and len(txn.writes) > 1:  # in the redo log
-                        values.append(bytes(write.value))
-                        continue
-                    value, points = _maker_errors_kept(write.value), "file_backend.commit"
-                    temps.append(fileio.write_temp(root_fd, value, True, points))
-                    values.append(temps[-1])
+                for put in [write for write in txn.writes if isinstance(write, Put)]:
+                    if several and isinstance(put.value, bytes) and len(put.value) <= INLINE_BYTES:
+                        values.append(put.value)
+                    else:
+                        value = _maker_errors_kept(put.value)
+                        temps.append(fileio.write_temp(root_fd, value, True, "file_backend.commit"))
+                        values.append(temps[-1])
                 failpoint("file_backend.commit.before_lock")
                 # A node stopped at a failpoint must not hold the lock: see failpoints.
                 with not_stopped_inside(), self._locked(root_fd):

@@ -97,11 +97,11 @@ def decode(data: bytes) -> Ops | None:
 
 def write_log(root_fd: int, root: Path, data: bytes) -> None:
     """Write data as the log, durably, in place (the log file stays: no directory sync)."""
+    path = root / LOG_NAME
     try:
-        fd, made = fileio.open_regular(root_fd, LOG_NAME, root / LOG_NAME, _LOG_FLAGS), False
+        fd, made = fileio.open_regular(root_fd, LOG_NAME, path, _LOG_FLAGS), False
     except FileNotFoundError:
-        fd = fileio.open_regular(root_fd, LOG_NAME, root / LOG_NAME, _LOG_FLAGS | os.O_CREAT)
-        made = True
+        fd, made = fileio.open_regular(root_fd, LOG_NAME, path, _LOG_FLAGS | os.O_CREAT), True
     with fileio.closing_fd(fd):
         fileio.write_all(fd, data)
         os.ftruncate(fd, len(data))

@@ -142,13 +142,11 @@ class KeyTree:
     def _prepare(self, ops: Ops) -> None:
         """Fail now, before anything is written, where ops could not all be made: a temp file
         gone, a key's folder that is no directory, a folder where a key's file goes."""
-        written = [key for key, op in ops if op is not None]
+        written = {key: op for key, op in ops if op is not None}
         parents = {key[:at] for key in written for at, char in enumerate(key) if char == "/"}
         if clash := parents.intersection(written):
             raise ValueError(f"key {min(clash)!r} is another key's folder in the same commit")
-        for key, op in ops:
-            if op is None:
-                continue
+        for key, op in written.items():
             if isinstance(op, str):
                 try:
                     os.stat(op, dir_fd=self.root_fd, follow_symlinks=False)

@@ -1,8 +1,8 @@
 """Wake the moment a lease record changes: inotify on its directory, no polling thread.
 
 Every lease watch of an event loop shares one inotify instance. inotify sees this machine's
-writes only; where it cannot be had (not Linux, a limit reached) ``open_lease_watch``
-returns None and the store polls through watchfiles instead.
+writes only; where it cannot be had (not Linux, a limit reached) or would miss writes
+(NFS) ``open_lease_watch`` returns None and the store polls through watchfiles instead.
 """
 
 from __future__ import annotations
@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .location import mount_of
 
 if TYPE_CHECKING:
     from asyncinotify import Inotify, Watch
@@ -22,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 class LeaseWatch:
-    """One directory's watch: woken when a name wanted arrives or goes, or the directory goes."""
+    """One directory's watch: woken when a name wanted arrives or goes, or the directory goes.
+    As an async iterator: None after each change of a name wanted, to the end when the
+    directory goes; aclose (``contextlib.aclosing``) closes it, iterated or not."""
 
     def __init__(self, shared: _LoopWatches, directory: str, wanted: Callable[[str], bool]) -> None:
         self._shared, self.directory, self.wanted = shared, directory, wanted
@@ -30,8 +34,29 @@ class LeaseWatch:
         self.changed = False  # a name wanted arrived or went (or events were lost)
         self.gone = False  # the directory was moved or removed: this watch sees no more
 
+    def wake(self, *, gone: bool = False) -> None:
+        self.gone |= gone
+        self.changed |= not gone
+        self.woken.set()
+
     def close(self) -> None:
         self._shared.leave(self)
+
+    def __aiter__(self) -> LeaseWatch:
+        return self
+
+    async def __anext__(self) -> None:
+        while not self.gone:
+            await self.woken.wait()
+            self.woken.clear()
+            if self.changed and not self.gone:
+                self.changed = False
+                return
+        self.close()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class _LoopWatches:
@@ -88,10 +113,8 @@ class _LoopWatches:
 
         async for event in self._inotify:
             if Mask.Q_OVERFLOW in event.mask:  # events were lost: any record may have changed
-                members = [m for _watch, ms in self._by_dir.values() for m in ms]
-                for member in members:
-                    member.changed = True
-                    member.woken.set()
+                for member in [m for _watch, ms in self._by_dir.values() for m in ms]:
+                    member.wake()
                 continue
             directory = None if event.watch is None else self._by_wd.get(event.watch.wd)
             if directory is None:
@@ -100,13 +123,11 @@ class _LoopWatches:
             if event.mask & (Mask.IGNORED | Mask.MOVE_SELF | Mask.DELETE_SELF):
                 self._drop(directory)  # the records are elsewhere now
                 for member in members:
-                    member.gone = True
-                    member.woken.set()
+                    member.wake(gone=True)
             elif event.name is not None:
                 for member in members:
                     if member.wanted(event.name.name):
-                        member.changed = True
-                        member.woken.set()
+                        member.wake()
 
 
 # The inotify instance of each running event loop, while it watches anything.
@@ -117,7 +138,9 @@ _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWatches] = (
 
 def open_lease_watch(directory: Path, wanted: Callable[[str], bool]) -> LeaseWatch | None:
     """An inotify watch of the names wanted in directory, on the running event loop's one
-    instance; None where inotify cannot be had."""
+    instance; None where inotify cannot be had or would miss writes (NFS)."""
+    if mount_of(directory).fstype.startswith("nfs"):
+        return None
     loop = asyncio.get_running_loop()
     shared = _SHARED.get(loop)
     if shared is None:
@@ -131,19 +154,3 @@ def open_lease_watch(directory: Path, wanted: Callable[[str], bool]) -> LeaseWat
             return None
         shared = _SHARED[loop] = _LoopWatches(inotify)
     return shared.join(str(directory), wanted)
-
-
-async def lease_changes(watch: LeaseWatch) -> AsyncGenerator[None, None]:
-    """Yield after each change of a name watched; end when the directory goes away.
-    Takes ownership of watch and closes it."""
-    try:
-        while True:
-            await watch.woken.wait()
-            watch.woken.clear()
-            if watch.gone:
-                return
-            if watch.changed:
-                watch.changed = False
-                yield None
-    finally:
-        watch.close()

@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from pathlib import Path
 
 from ...core.errors import StoreError
-from ..dirs.lease_watch import lease_changes, open_lease_watch
+from ..dirs.lease_watch import open_lease_watch
 from ..dirs.location import mount_of
 from ..interface import Store
 from .layout import log
@@ -119,25 +119,24 @@ async def claim_changes(folder: Path) -> AsyncIterator[None]:
     for the folder to be made. inotify sees this machine's writes only: on NFS it polls."""
     import watchfiles  # only here: a node that never watches never loads it
 
-    polling = mount_of(folder).fstype.startswith("nfs")
-    while not polling:
+    while True:
         while not _is_plain_dir(folder):
             await asyncio.sleep(_FOLDER_RETRY_S)
         names = open_lease_watch(folder, is_claim_name)
         if names is None:
-            break
-        async with contextlib.aclosing(lease_changes(names)) as changes:
-            async for _ in changes:  # ends when the folder goes
+            break  # watchfiles instead
+        async with contextlib.aclosing(names):
+            async for _ in names:  # ends when the folder goes
                 yield None
         yield None  # gone, or replaced: look again
-    while not _is_plain_dir(folder):
+    while not _is_plain_dir(folder):  # gone again since it was looked for
         await asyncio.sleep(_FOLDER_RETRY_S)
     async for _batch in watchfiles.awatch(
         folder,
         watch_filter=lambda _change, path: is_claim_name(os.path.basename(path)),
         step=20,
         debounce=200,
-        force_polling=polling,
+        force_polling=mount_of(folder).fstype.startswith("nfs"),
         poll_delay_ms=100,
         recursive=False,
     ):

@@ -30,6 +30,7 @@ from hamsterbunker.stores.backend import DeleteRange, Get, Notice, Put, Scan, To
 from hamsterbunker.stores.backends import file_tree
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.backends.file_redo import decode
+from hamsterbunker.stores.dirs import lease_watch
 from tests.support.io_probes import bytes_read_by_this_process
 
 pytestmark = pytest.mark.timeout(60)  # a FIFO read or a hung writer would otherwise hang
@@ -430,6 +431,26 @@ def test_a_prefix_may_be_the_start_of_a_key_not_only_a_folder(backend: FileBacke
             await watch.aclose()
 
     assert asyncio.run(first_notice()) == Notice("p/lease")
+
+
+def test_a_watch_closed_at_its_gap_notice_leaves_no_inotify_watch_open(root: Path) -> None:
+    """A consumer that stops at the gap notice, told the moment the lease's folder is
+    watched with inotify, closes that watch too (the event loop's instance goes with it)."""
+    root.mkdir()
+    reader = FileBackend(root, create=False)
+
+    async def main() -> None:
+        watch = reader.watch("lease")  # no kv/ yet: a gap once it is made and watched
+        waiting = asyncio.ensure_future(anext(watch))
+        await asyncio.sleep(0.3)  # the watch found no kv/
+        await asyncio.to_thread(FileBackend, root)  # makes kv/
+        try:
+            assert await asyncio.wait_for(waiting, timeout=20) == Notice(None)
+        finally:
+            await watch.aclose()
+        assert lease_watch._SHARED.get(asyncio.get_running_loop()) is None
+
+    asyncio.run(main())
 
 
 def test_commit_reads_see_the_writes_of_a_range_delete_and_a_put(backend: FileBackend) -> None:
