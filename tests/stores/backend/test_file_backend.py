@@ -442,7 +442,7 @@ def test_a_watch_closed_at_its_gap_notice_leaves_no_inotify_watch_open(root: Pat
     async def main() -> None:
         watch = reader.watch("lease")  # no kv/ yet: a gap once it is made and watched
         waiting = asyncio.ensure_future(anext(watch))
-        await asyncio.sleep(0.3)  # the watch found no kv/
+        await asyncio.sleep(0)  # the watch's first look (synchronous, on its first turn): no kv/
         await asyncio.to_thread(FileBackend, root)  # makes kv/
         try:
             assert await asyncio.wait_for(waiting, timeout=20) == Notice(None)
