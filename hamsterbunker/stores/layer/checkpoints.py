@@ -158,9 +158,11 @@ def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -
     return kept[:keep][-1]
 
 
-def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
-    """Store.list_checkpoints: newest first, by seq then epoch."""
+def list_checkpoints(layer: Layer, keys: AgentKeys, fence: str | None) -> list[CheckpointInfo]:
+    """Store.list_checkpoints: newest first, by seq then epoch; remembered as read under
+    fence (``remember_listing``)."""
     listed = listed_in(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_NAMES_READ))
+    remember_listing(layer, keys.agent, fence, listed)
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
 
@@ -178,8 +180,7 @@ def listed_in(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[Checkpoi
     """The checkpoints a listing of names found that parse and are within the limits; the
     rest logged."""
     listed = []
-    names = [key for key, _value in found.items] + [each.key for each in found.too_large]
-    for key in names:
+    for key in found.keys:
         info = keys.checkpoint_info(key)
         problem = (
             "a name we do not write"

@@ -132,9 +132,7 @@ class Consumption:
                 newly.append((each.number, each.request_id))
         scanned = reads[-1]
         assert isinstance(scanned, ScanResult)
-        stored = [_reply_name(keys, t.key) for t in scanned.too_large] + [
-            _reply_name(keys, key) for key, _ in scanned.items
-        ]
+        stored = [_reply_name(keys, key) for key in scanned.keys]
         complete = not scanned.more
         known = sorted((name, None) for name in set(stored) if name is not None)
         oldest = _merged(known, complete, newly)

@@ -140,8 +140,7 @@ def _highest_stored(layer: Layer, keys: AgentKeys) -> int:
                 f"the inbox of {keys.agent!r} holds more than {bound.count} names under "
                 f"{folder}: its counter cannot be rebuilt, and no number is given"
             )
-        names = [key for key, _ in found.items] + [large.key for large in found.too_large]
-        for key in names:
+        for key in found.keys:
             n = parse_number(key[len(folder) :][:20])
             if n is not None and n <= MAX_SEQ:
                 highest = max(highest, n)

@@ -117,8 +117,7 @@ class RecordStore(Leases, Store):
 
     def list_agents(self) -> list[str]:
         found = self.backend.scan(INDEX, _AGENTS_READ)
-        names = [key[len(INDEX) :] for key, _ in found.items]
-        names += [t.key[len(INDEX) :] for t in found.too_large]  # planted bytes: still a name
+        names = [key[len(INDEX) :] for key in found.keys]  # planted bytes: still a name
         agents = []
         for name in sorted(names):
             try:
@@ -136,9 +135,7 @@ class RecordStore(Leases, Store):
         keys = AgentKeys(agent)
         newest = (new.seq, new.seq_epoch) if new.seq else None
         stored, found = self._cas(agent, expected_version, new, restore_reads(keys, newest))
-        taken, listed = restore_read(self.layer, keys, found)
-        checkpoints.remember_listing(self.layer, agent, self._fences[agent], listed)
-        return stored, taken
+        return stored, restore_read(self.layer, keys, found, self._fences[agent])
 
     def read_for_restore(self, agent: str) -> RestoreRead:
         keys = AgentKeys(agent)
@@ -146,8 +143,7 @@ class RecordStore(Leases, Store):
         newest = (known[1].seq, known[1].seq_epoch) if known and known[1].seq else None
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
         found = self.layer.commit(Txn(reads=restore_reads(keys, newest))).reads
-        read, listed = restore_read(self.layer, keys, found)
-        checkpoints.remember_listing(self.layer, agent, fence, listed)
+        read = restore_read(self.layer, keys, found, fence)
         if read.infos and read.newest is None:
             read = replace(read, newest=self.read_checkpoint(agent, read.infos[0]))
         return read
@@ -161,9 +157,7 @@ class RecordStore(Leases, Store):
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
-        listed = checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
-        checkpoints.remember_listing(self.layer, agent, fence, listed)
-        return listed
+        return checkpoints.list_checkpoints(self.layer, AgentKeys(agent), fence)
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)

@@ -236,23 +236,23 @@ class SyncDirStore(Store):
 
     # -- term records: where each term started (hamsterbunker.sealing.term_records) -------
 
-    @os_errors
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:
-        check_name("agent id", agent)
-        self._writer()  # a reader writes nothing
-        write_term_record(self.root, self.node, agent, epoch, data)
+        self._put_term_record(agent, epoch, data, TERMS)
 
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
         return records_of_every_node(self.root, self.subtrees(), agent, self._problems, TERMS)
 
-    @os_errors
     def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
-        check_name("agent id", agent)
-        self._writer()
-        write_term_record(self.root, self.node, agent, epoch, data, CHOICES)
+        self._put_term_record(agent, epoch, data, CHOICES)
 
     def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
         return records_of_every_node(self.root, self.subtrees(), agent, self._problems, CHOICES)
+
+    @os_errors
+    def _put_term_record(self, agent: str, epoch: int, data: bytes, kind: str) -> None:
+        check_name("agent id", agent)
+        self._writer()  # a reader writes nothing
+        write_term_record(self.root, self.node, agent, epoch, data, kind)
 
     def put_checkpoint(
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()

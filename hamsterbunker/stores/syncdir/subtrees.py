@@ -17,9 +17,8 @@ from ...records import check_record_name
 from .._reported import ReportedOnce
 from ..backends.earlier import earlier_store
 from ..backends.file import FileBackend, earlier_layout
-from ..dirs.fileio import dir_entries, opened_dir
 from ..layer import RecordStore
-from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log, os_errors
+from .layout import NODES, is_sync_file, log, node_entries, os_errors
 
 __all__ = ["Problems", "Subtrees", "refuse_earlier_subtrees"]
 
@@ -57,11 +56,7 @@ def _earlier_subtree(root: Path, node: str) -> ConfigError | None:
 @os_errors
 def refuse_earlier_subtrees(root: Path) -> None:
     """ConfigError if any node's subtree under root is in the earlier layout."""
-    with opened_dir(root, (NODES,)) as nodes_fd:
-        names = (
-            [] if nodes_fd is None else [e.name for e in dir_entries(nodes_fd, MAX_NODE_ENTRIES)]
-        )
-    for name in sorted(names):
+    for name in sorted(node_entries(root)):
         refusal = None if is_sync_file(name) else _earlier_subtree(root, name)
         if refusal is not None:
             raise refusal
@@ -119,11 +114,8 @@ class Subtrees:
     @os_errors
     def peers(self) -> dict[str, RecordStore]:
         """Every other node's subtree, by node id: junk under ``nodes/`` reported, skipped."""
-        with opened_dir(self._root, (NODES,)) as nodes_fd:
-            entries = [] if nodes_fd is None else dir_entries(nodes_fd, limit=MAX_NODE_ENTRIES)
-            names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
         found: dict[str, RecordStore] = {}
-        for name, is_dir in sorted(names.items()):
+        for name, is_dir in sorted(node_entries(self._root).items()):
             if name == self._node or is_sync_file(name):
                 continue
             store = self._peer(name, is_dir)
