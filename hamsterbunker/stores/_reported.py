@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 
 from ..core.errors import CorruptRecord
 
-__all__ = ["ReportedOnce", "readable"]
+__all__ = ["NodeRecord", "ReportedOnce", "readable"]
 
 _MAX_REPORTED = 1024
 
@@ -49,13 +49,15 @@ class ReportedOnce:
         self.warn(message, "%s", message)
 
 
-class _NodeRecord(Protocol):
+class NodeRecord(Protocol):
+    """A record kept per node: a heartbeat, an event."""
+
     @property
     def node(self) -> str: ...
 
 
 Stored = TypeVar("Stored")
-Parsed = TypeVar("Parsed", bound=_NodeRecord)
+Parsed = TypeVar("Parsed", bound=NodeRecord)
 
 
 def readable(

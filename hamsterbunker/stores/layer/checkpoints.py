@@ -10,11 +10,7 @@ from collections.abc import Sequence
 from ...core.blob import Blob
 from ...core.errors import Fenced, StoreError
 from ...core.failpoints import failpoint, failpoints_within
-from ...core.limits import (
-    MAX_CHECKPOINT_BYTES,
-    check_checkpoint_bounds,
-    check_effect_bounds,
-)
+from ...core.limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds, check_effect_bounds
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from ...core.errors import CorruptRecord
 from ...core.limits import MAX_RECORD_BYTES
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, ReadBound
+from ...records import LeaseRecord
 from ..backend import Get, Scan, ScanResult, TooLarge
 from ..base import RestoreRead, newest_first
 from .base import Layer, value_of
@@ -22,15 +23,15 @@ __all__ = ["TAKEN_CHECKPOINT_BYTES", "restore_read", "restore_reads"]
 TAKEN_CHECKPOINT_BYTES = 512 * 1024
 
 
-def restore_reads(keys: AgentKeys, newest: tuple[int, int] | None) -> list[Get | Scan]:
-    """The reads of a restore; newest: the (seq, epoch) of the checkpoint to read along."""
+def restore_reads(keys: AgentKeys, lease: LeaseRecord | None) -> list[Get | Scan]:
+    """The reads of a restore, with the checkpoint lease names (if any) read along."""
     reads: list[Get | Scan] = [
         Scan(keys.ckpt, CHECKPOINT_NAMES_READ),
         Get(keys.acceptance, MAX_RECORD_BYTES),
     ]
-    if newest is not None:
+    if lease is not None and lease.seq:
         bound = ReadBound(1, TAKEN_CHECKPOINT_BYTES, TAKEN_CHECKPOINT_BYTES)
-        reads.append(Scan(keys.checkpoints_of(*newest), bound))
+        reads.append(Scan(keys.checkpoints_of(lease.seq, lease.seq_epoch), bound))
     return reads
 
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ...core.blob import Blob
 from ...core.errors import ClusterChanged, StoreError
-from ...core.limits import MAX_RECORD_BYTES
+from ...core.limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
 from ...core.read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
     CheckpointInfo,
@@ -27,23 +27,8 @@ from ...records import (
 )
 from .._reported import readable
 from .._terms import TermChanges
-from ..backend import (
-    Backend,
-    Capability,
-    Compare,
-    DeleteRange,
-    Get,
-    Put,
-    Txn,
-)
-from ..base import (
-    MAX_LISTED_AGENTS,
-    AdmissionState,
-    Consumed,
-    Fence,
-    RestoreRead,
-    StoreReport,
-)
+from ..backend import Backend, Capability, Compare, DeleteRange, Get, Put, Txn
+from ..base import MAX_LISTED_AGENTS, AdmissionState, Consumed, Fence, RestoreRead, StoreReport
 from ..interface import Store
 from . import checkpoints, events, inbox
 from .base import Layer, Settings, bounded_records, must
@@ -76,10 +61,8 @@ class RecordStore(Leases, Store):
         per_epoch: bool = False,
     ) -> None:
         """per_epoch: retention by epoch (``Settings.per_epoch``: a syncdir node's subtree)."""
-        settings = Settings(keep_checkpoints, events_per_node, per_epoch=per_epoch)
-        if keep_replies is not None:
-            settings = replace(settings, keep_replies=keep_replies)
-        self.layer = Layer(backend, settings)
+        replies = INBOX_REPLIES_KEPT if keep_replies is None else keep_replies
+        self.layer = Layer(backend, Settings(keep_checkpoints, events_per_node, replies, per_epoch))
         self.backend = backend
         self.url = backend.url
         self.guarantees = backend.guarantees
@@ -133,16 +116,15 @@ class RecordStore(Leases, Store):
     ) -> tuple[LeaseRecord, RestoreRead | None]:
         """cas_lease, with what the new term's restore reads first read in its commit."""
         keys = AgentKeys(agent)
-        newest = (new.seq, new.seq_epoch) if new.seq else None
-        stored, found = self._cas(agent, expected_version, new, restore_reads(keys, newest))
+        stored, found = self._cas(agent, expected_version, new, restore_reads(keys, new))
         return stored, restore_read(self.layer, keys, found, self._fences[agent])
 
     def read_for_restore(self, agent: str) -> RestoreRead:
         keys = AgentKeys(agent)
         known = self._leases.get(agent)
-        newest = (known[1].seq, known[1].seq_epoch) if known and known[1].seq else None
+        lease = None if known is None else known[1]
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
-        found = self.layer.commit(Txn(reads=restore_reads(keys, newest))).reads
+        found = self.layer.commit(Txn(reads=restore_reads(keys, lease))).reads
         read = restore_read(self.layer, keys, found, fence)
         if read.infos and read.newest is None:
             read = replace(read, newest=self.read_checkpoint(agent, read.infos[0]))
