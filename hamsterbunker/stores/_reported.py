@@ -23,7 +23,7 @@ class ReportedOnce:
     def __init__(self, log: logging.Logger, limit: int = _MAX_REPORTED) -> None:
         self._log = log
         self._limit = limit
-        self._seen: set[Hashable] = set()
+        self._seen: dict[Hashable, None] = {}  # in the order first reported
         self._lock = threading.Lock()
 
     def warn(self, key: Hashable, message: str, *args: object) -> None:
@@ -33,7 +33,7 @@ class ReportedOnce:
                 return
             full = len(self._seen) >= self._limit
             if not full:
-                self._seen.add(key)
+                self._seen[key] = None
         if full:
             self._log.debug(message, *args)
             return
@@ -47,6 +47,12 @@ class ReportedOnce:
     def __call__(self, message: str) -> None:
         """Report message, the message being its own key."""
         self.warn(message, "%s", message)
+
+    def listed(self) -> list[str]:
+        """The keys reported at warning level so far, in order (the messages, for
+        ``__call__``): what a report shows."""
+        with self._lock:
+            return [str(key) for key in self._seen]
 
 
 class NodeRecord(Protocol):

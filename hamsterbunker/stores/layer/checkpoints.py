@@ -139,19 +139,14 @@ def _retention(
         removed = own[keep - 1 :]
         left = [info for info in listed if info not in removed]
         return [DeleteRange(keys.checkpoint(info)) for info in removed], left
-    oldest = _oldest_kept(listed, new, keep)
+    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
+    oldest = kept[:keep][-1]  # the seq of the oldest checkpoint kept
     replaced = [info for info in listed if info.seq == new.seq and info.epoch != new.epoch]
     removals = [
         DeleteRange(*keys.checkpoints_below(oldest)),
         *(DeleteRange(keys.checkpoint(info)) for info in replaced),
     ]
     return removals, [info for info in listed if info.seq >= oldest and info.seq != new.seq]
-
-
-def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -> int:
-    """The seq of the oldest checkpoint retention keeps once new is stored."""
-    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
-    return kept[:keep][-1]
 
 
 def list_checkpoints(layer: Layer, keys: AgentKeys, fence: str | None) -> list[CheckpointInfo]:

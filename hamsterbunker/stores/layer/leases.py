@@ -82,35 +82,24 @@ class Leases:
             Get(keys.lease, MAX_RECORD_BYTES), Get(keys.fence, MAX_RECORD_BYTES)
         )
         if isinstance(lease, TooLarge):
-            return self._replace_oversized(keys, lease, fence, found, new)
-        if lease is None or _parses(lease) or _found(lease) != found:
+            # Over its bound, never read: replaced against the fence beside it. Every term's
+            # first write changes the fence, so a replacement (or a new term) made meanwhile
+            # fails the compare.
+            if _oversized(lease) != found:
+                raise _changed(agent)
+            if isinstance(fence, TooLarge):
+                raise CorruptRecord(
+                    f"the lease record of {agent!r} and the fence beside it are both over the "
+                    f"limit of {MAX_RECORD_BYTES} bytes: nothing to replace them against; "
+                    "remove the lease record"
+                )
+            against = Compare(keys.fence, fence)
+        elif lease is None or _parses(lease) or _found(lease) != found:
             raise _changed(agent)
-        if self._write_lease(keys, lease, None, new) is None:
-            raise _changed(agent)
-        return new
-
-    def _replace_oversized(
-        self,
-        keys: AgentKeys,
-        lease: TooLarge,
-        fence: bytes | TooLarge | None,
-        found: str,
-        new: LeaseRecord,
-    ) -> LeaseRecord:
-        """A lease record over its bound, never read, replaced against the fence beside it:
-        every term's first write changes the fence, so a replacement (or a new term) made
-        meanwhile fails the compare."""
-        if _oversized(lease) != found:
-            raise _changed(keys.agent)
-        if isinstance(fence, TooLarge):
-            raise CorruptRecord(
-                f"the lease record of {keys.agent!r} and the fence beside it are both over the "
-                f"limit of {MAX_RECORD_BYTES} bytes: nothing to replace them against; remove "
-                "the lease record"
-            )
-        against = Compare(keys.fence, fence)
+        else:
+            against = Compare(keys.lease, lease)
         if self._write_lease(keys, None, None, new, against=against) is None:
-            raise _changed(keys.agent)
+            raise _changed(agent)
         return new
 
     def create_lease(self, agent: str, new: LeaseRecord) -> LeaseRecord:

@@ -23,6 +23,7 @@ from ...core.errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ...core.limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
 from ...core.read_bounds import HEARTBEATS_READ
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .._reported import ReportedOnce
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
@@ -37,12 +38,12 @@ from ..dirs.fileio import opened_dir
 from ..dirs.location import open_root
 from ..interface import Store
 from ..layer import RecordStore
-from .layout import CLUSTER, NODES, os_errors, published_parts, sync_files
+from .layout import CLUSTER, NODES, log, os_errors, published_parts, sync_files
 from .lease import ClaimsLease
 from .merge import by_node, merged_chains
 from .promises import GUARANTEES, REFUSES, ROTATION_REFUSED, check_sync_delay_bounds
 from .root import check_mode, create_once, read_cluster_record
-from .subtrees import Problems, Subtrees, refuse_earlier_subtrees
+from .subtrees import Subtrees, refuse_earlier_subtrees
 from .terms import CHOICES, TERMS, records_of_every_node, write_term_record
 from .watch import merged_watch
 
@@ -81,7 +82,7 @@ class SyncDirStore(Store):
         self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay_bounds(sync_delay_ms)
         self.root = Path(root).absolute()
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
-        self._problems = Problems()
+        self._problems = ReportedOnce(log)  # what was skipped as unreadable: for reports
         open_root(self.root, create=create)
         refuse_earlier_subtrees(self.root)  # before anything is written
         os_errors(check_mode)(self.root, create)

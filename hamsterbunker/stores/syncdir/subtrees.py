@@ -18,31 +18,11 @@ from .._reported import ReportedOnce
 from ..backends.earlier import earlier_store
 from ..backends.file import FileBackend, earlier_layout
 from ..layer import RecordStore
-from .layout import NODES, is_sync_file, log, node_entries, os_errors
+from .layout import NODES, is_sync_file, node_entries, os_errors
 
-__all__ = ["Problems", "Subtrees", "refuse_earlier_subtrees"]
+__all__ = ["Subtrees", "refuse_earlier_subtrees"]
 
-_MAX_PROBLEMS = 1024
 R = TypeVar("R")
-
-
-class Problems:
-    """What was skipped as unreadable: logged once each, and kept (bounded) for reports."""
-
-    def __init__(self) -> None:
-        self._report = ReportedOnce(log)
-        self._kept: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, message: str) -> None:
-        with self._lock:
-            if len(self._kept) < _MAX_PROBLEMS:
-                self._kept.setdefault(message, None)
-        self._report(message)
-
-    def listed(self) -> list[str]:
-        with self._lock:
-            return list(self._kept)
 
 
 def _earlier_subtree(root: Path, node: str) -> ConfigError | None:
@@ -70,7 +50,7 @@ class Subtrees:
         self,
         root: Path,
         node: str,
-        problems: Problems,
+        problems: ReportedOnce,
         *,
         create: bool,
         keep_checkpoints: int,
