@@ -13,6 +13,7 @@ unreadable is skipped and reported (``problems()``), never raised.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -89,15 +90,15 @@ class SyncDirStore(Store):
         if create:
             with opened_dir(self.root, (NODES,), create=True):
                 pass
-        self._subtrees = Subtrees(
-            self.root,
-            self.node,
-            self._problems,
-            create=create,
+        store = functools.partial(
+            RecordStore,
             keep_checkpoints=keep_checkpoints,
             events_per_node=events_per_node,
             keep_replies=keep_replies,
-            lock_timeout=lock_timeout,
+            per_epoch=True,  # another term's checkpoint may be a branch kept aside
+        )
+        self._subtrees = Subtrees(
+            self.root, self.node, self._problems, store, create=create, lock_timeout=lock_timeout
         )
         self._mine = self._subtrees.mine
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)

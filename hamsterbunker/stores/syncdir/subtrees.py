@@ -6,7 +6,6 @@ alone: docs/syncdir.md, "Layout"). A subtree in the earlier layout is refused.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,22 +50,14 @@ class Subtrees:
         root: Path,
         node: str,
         problems: ReportedOnce,
+        store: Callable[[FileBackend], RecordStore],
         *,
         create: bool,
-        keep_checkpoints: int,
-        events_per_node: int,
-        keep_replies: int,
         lock_timeout: float,
     ) -> None:
+        """store: the record store a subtree's backend is read and written by."""
         self._root, self._node, self._problems = root, node, problems
-        self._store = functools.partial(
-            RecordStore,
-            keep_checkpoints=keep_checkpoints,
-            events_per_node=events_per_node,
-            keep_replies=keep_replies,
-            per_epoch=True,
-        )
-        self._lock_timeout = lock_timeout
+        self._store, self._lock_timeout = store, lock_timeout
         self._peers: dict[str, RecordStore] = {}
         self._peers_lock = threading.Lock()
         own = root / NODES / node
