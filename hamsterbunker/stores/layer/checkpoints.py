@@ -14,14 +14,7 @@ from ...core.limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds, check_
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
-from ..base import (
-    Consumed,
-    Fence,
-    check_consumed,
-    check_own_epoch,
-    check_reseal,
-    describe_fence_text,
-)
+from ..base import Consumed, Fence, check_consumed, check_own_epoch, describe_fence_text, refuse
 from .base import Layer, Settings, bounded_records
 from .consumption import Consumption
 from .keys import AgentKeys
@@ -34,8 +27,6 @@ __all__ = [
     "read_checkpoint",
     "read_effects",
     "remember_listing",
-    "reseal_checkpoint",
-    "reseal_effect",
 ]
 
 # The biggest checkpoint whose consumption is guessed (one commit, not two): joined, so
@@ -47,9 +38,7 @@ def put_checkpoint(
     layer: Layer, keys: AgentKeys, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed]
 ) -> CheckpointInfo:
     """Store.put_checkpoint: the fence compared, retention, the journal, the consumed."""
-    problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed))
     text = fence.to_text()
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
     listed: list[CheckpointInfo] | None = None
@@ -197,20 +186,11 @@ def read_checkpoint(layer: Layer, keys: AgentKeys, info: CheckpointInfo) -> byte
     return data
 
 
-def reseal_checkpoint(
-    layer: Layer, keys: AgentKeys, info: CheckpointInfo, old: bytes, new: bytes
-) -> bool:
-    check_reseal(info, old, new)
-    return layer.reseal(keys.checkpoint(info), old, new)
-
-
 def put_effect(
     layer: Layer, keys: AgentKeys, fence: Fence, seq: int, index: int, kind: str, blob: bytes
 ) -> None:
     """Store.put_effect: one journal record, under the fence."""
-    problem = check_effect_bounds(seq, index, kind, len(blob))
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(check_effect_bounds(seq, index, kind, len(blob)))
     result = layer.commit(
         Txn(
             compares=[Compare(keys.fence, fence.to_text().encode())],
@@ -237,12 +217,3 @@ def read_effects(layer: Layer, keys: AgentKeys, seq: int) -> dict[tuple[int, str
 
     what = f"the effect journal of step {seq} of {keys.agent}"
     return dict(bounded_records(layer, keys.step(seq), EFFECTS_READ, record, what))
-
-
-def reseal_effect(
-    layer: Layer, keys: AgentKeys, seq: int, index: int, kind: str, old: bytes, new: bytes
-) -> bool:
-    problem = check_effect_bounds(seq, index, kind, len(new))
-    if problem is not None:
-        raise StoreError(problem)
-    return layer.reseal(keys.effect(seq, index, kind), old, new)

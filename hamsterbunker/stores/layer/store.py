@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ...core.blob import Blob
 from ...core.errors import ClusterChanged, StoreError
-from ...core.limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES
+from ...core.limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES, check_effect_bounds
 from ...core.read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
     CheckpointInfo,
@@ -28,8 +28,18 @@ from ...records import (
 from .._reported import readable
 from .._terms import TermChanges
 from ..backend import Backend, Capability, Compare, DeleteRange, Get, Put, Txn
-from ..base import MAX_LISTED_AGENTS, AdmissionState, Consumed, Fence, RestoreRead, StoreReport
+from ..base import (
+    MAX_LISTED_AGENTS,
+    AdmissionState,
+    Consumed,
+    Fence,
+    RestoreRead,
+    StoreReport,
+    check_reseal,
+    refuse,
+)
 from ..interface import Store
+from ..reseal import check_resealed_submission
 from . import checkpoints, events, inbox
 from .base import Layer, Settings, bounded_records, must
 from .keys import CLUSTER, INDEX, AgentKeys, folder_range
@@ -145,7 +155,8 @@ class RecordStore(Leases, Store):
         return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
-        return checkpoints.reseal_checkpoint(self.layer, AgentKeys(agent), info, old, new)
+        check_reseal(info, old, new)
+        return self.layer.reseal(AgentKeys(agent).checkpoint(info), old, new)
 
     def put_effect(
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
@@ -158,8 +169,8 @@ class RecordStore(Leases, Store):
     def reseal_effect(
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
-        keys = AgentKeys(agent)
-        return checkpoints.reseal_effect(self.layer, keys, seq, index, kind, old, new)
+        refuse(check_effect_bounds(seq, index, kind, len(new)))
+        return self.layer.reseal(AgentKeys(agent).effect(seq, index, kind), old, new)
 
     # -- inbox -------------------------------------------------------------
 
@@ -173,7 +184,8 @@ class RecordStore(Leases, Store):
         return inbox.read_admission(self.layer, AgentKeys(agent), request_id)
 
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        return inbox.reseal_submission(self.layer, AgentKeys(agent), number, old, new)
+        check_resealed_submission(number, old, new)
+        return self.layer.reseal(AgentKeys(agent).submission(number), old, new)
 
     def read_replies(
         self, agent: str, after: int, limit: int

@@ -33,6 +33,7 @@ from ..base import (
     StoreReport,
     SyncedFolder,
     check_consumed,
+    refuse,
 )
 from ..chains import Chains
 from ..dirs.fileio import opened_dir
@@ -261,9 +262,7 @@ class SyncDirStore(Store):
     ) -> CheckpointInfo:
         mine = self._writer()
         # Bounds before the fence, as every store: nothing is read or written for them.
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
-        if problem is not None:
-            raise StoreError(problem)
+        refuse(check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed))
         self._lease.check_fence(agent, fence, seq)
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
@@ -283,9 +282,7 @@ class SyncDirStore(Store):
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
     ) -> None:
         mine = self._writer()
-        problem = check_effect_bounds(seq, index, kind, len(blob))
-        if problem is not None:
-            raise StoreError(problem)
+        refuse(check_effect_bounds(seq, index, kind, len(blob)))
         self._lease.check_fence(agent, fence, seq)
         mine.put_effect(agent, fence, seq, index, kind, blob)
 
