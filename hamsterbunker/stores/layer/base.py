@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ...core.errors import ConfigError, CorruptRecord, StoreError
 from ...core.failpoints import failpoint, failpoints_within
-from ...core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
+from ...core.limits import INBOX_REPLIES_KEPT
 from ...core.read_bounds import BoundedRead, ReadBound
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
@@ -106,13 +106,6 @@ class Layer:
         failpoint("reseal.before_commit")
         with failpoints_within("reseal"):
             return self.commit(txn).succeeded
-
-    def saw_pending(self, agent: str, sizes: dict[int, int]) -> None:
-        """An inbox read's submissions, by number, with their sizes."""
-        shown = self.shown.setdefault(agent, {})
-        if len(shown) + len(sizes) > 2 * MAX_INBOX_COUNT:  # ones consumed by another leader
-            shown.clear()
-        shown.update(sizes)
 
     def commit_indexed(self, keys: AgentKeys, txn: Txn) -> TxnResult:
         """Commit txn, which writes the agent's records, with the write that lists it

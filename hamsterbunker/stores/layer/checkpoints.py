@@ -89,7 +89,7 @@ def _commit(
     removals, left = _retention(keys, listed, info, layer.settings)
     writes = [Put(keys.checkpoint(info), blob), *consumption.writes()]
     txn = Txn(
-        compares=[Compare(keys.fence, text.encode()), *consumption.compares()],
+        compares=[Compare(keys.fence, text.encode()), *consumption.compares],
         writes=writes,
         reads=[Get(keys.fence, 256)],
         tidy=[*removals, DeleteRange(*keys.steps_through(seq))],

@@ -164,7 +164,10 @@ def read_inbox(layer: Layer, keys: AgentKeys, after: int) -> list[tuple[int, byt
 
     what = f"the inbox of {keys.agent}"
     found = bounded_records(layer, keys.pending, INBOX_READ, submission, what, after=start)
-    layer.saw_pending(keys.agent, {n: len(blob) for n, blob in found})
+    shown = layer.shown.setdefault(keys.agent, {})
+    if len(shown) + len(found) > 2 * MAX_INBOX_COUNT:  # ones consumed by another leader
+        shown.clear()
+    shown.update((n, len(blob)) for n, blob in found)
     return found
 
 
