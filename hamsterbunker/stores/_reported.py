@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 
 from ..core.errors import CorruptRecord
 
-__all__ = ["ReportedOnce", "readable"]
+__all__ = ["NodeRecord", "ReportedOnce", "readable"]
 
 _MAX_REPORTED = 1024
 
@@ -20,10 +20,9 @@ _MAX_REPORTED = 1024
 class ReportedOnce:
     """Logs a warning for each distinct problem once (thread-safe); past a bound, at debug."""
 
-    def __init__(self, log: logging.Logger, limit: int = _MAX_REPORTED) -> None:
+    def __init__(self, log: logging.Logger) -> None:
         self._log = log
-        self._limit = limit
-        self._seen: set[Hashable] = set()
+        self._seen: dict[Hashable, None] = {}  # in the order first reported
         self._lock = threading.Lock()
 
     def warn(self, key: Hashable, message: str, *args: object) -> None:
@@ -31,47 +30,53 @@ class ReportedOnce:
         with self._lock:
             if key in self._seen:
                 return
-            full = len(self._seen) >= self._limit
+            full = len(self._seen) >= _MAX_REPORTED
             if not full:
-                self._seen.add(key)
+                self._seen[key] = None
         if full:
             self._log.debug(message, *args)
             return
         self._log.warning(message, *args)
-        if len(self._seen) == self._limit:
+        if len(self._seen) == _MAX_REPORTED:
             self._log.warning(
                 "more than %d problems in the store: further ones are logged at debug level",
-                self._limit,
+                _MAX_REPORTED,
             )
 
     def __call__(self, message: str) -> None:
         """Report message, the message being its own key."""
         self.warn(message, "%s", message)
 
+    def listed(self) -> list[str]:
+        """The keys reported at warning level so far, in order (the messages, for
+        ``__call__``): what a report shows."""
+        with self._lock:
+            return [str(key) for key in self._seen]
 
-class _NodeRecord(Protocol):
+
+class NodeRecord(Protocol):
+    """A record kept per node: a heartbeat, an event."""
+
     @property
     def node(self) -> str: ...
 
 
 Stored = TypeVar("Stored")
-Parsed = TypeVar("Parsed", bound=_NodeRecord)
+Parsed = TypeVar("Parsed", bound=NodeRecord)
 
 
 def readable(
     items: Iterable[tuple[str, Stored]],
     parse: Callable[[Stored], Parsed | None],
     report: Callable[[str, Stored, Exception], object],
-    *,
-    errors: tuple[type[Exception], ...] = (CorruptRecord,),
 ) -> Iterator[Parsed]:
     """The records among (node, stored form) items that parse and are that node's: one
-    that does not parse (parse raises one of errors) is handed to report and skipped;
+    that does not parse (parse raises CorruptRecord) is handed to report and skipped;
     another node's, or None from parse (removed meanwhile), is skipped silently."""
     for node, stored in items:
         try:
             record = parse(stored)
-        except errors as exc:
+        except CorruptRecord as exc:
             report(node, stored, exc)
             continue
         if record is not None and record.node == node:

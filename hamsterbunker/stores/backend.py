@@ -128,6 +128,11 @@ class ScanResult:
     too_large: list[TooLarge] = field(default_factory=list)  # over the bound's entry bytes
     more: bool = False  # the bound stopped the scan: read on after the last key taken
 
+    @property
+    def keys(self) -> list[str]:
+        """Every key found: those taken, then those too large."""
+        return [key for key, _value in self.items] + [each.key for each in self.too_large]
+
 
 class ScanTaker:
     """What a backend's scan takes, key by key in key order, within its bound: for each

@@ -38,6 +38,7 @@ __all__ = [
     "newest_first",
     "parse_fence_text",
     "parse_lease",
+    "refuse",
 ]
 
 
@@ -142,6 +143,12 @@ class AdmissionState:
     number: int
     consumed: bool
     reply: bytes | None  # the sealed reply once consumed (None: none readable)
+
+
+def refuse(problem: str | None) -> None:
+    """StoreError(problem), unless a check found none (None)."""
+    if problem is not None:
+        raise StoreError(problem)
 
 
 def check_consumed(consumed: Sequence[Consumed]) -> str | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..core.errors import ConfigError, CorruptRecord
 from ..core.limits import MAX_RECORD_BYTES, MAX_TERM_RECORD_BYTES
-from ..records import check_record_name
+from ..records import ClusterRecord, check_record_name
 from ..sealing import Sealer
 from ..sealing.keyring import Secret
 from .backends.file import FileBackend, earlier_layout
@@ -30,13 +30,13 @@ from .syncdir.layout import (
     CLUSTER,
     MARKER,
     MARKER_TEXT,
-    MAX_NODE_ENTRIES,
     NODES,
     is_sync_file,
+    node_entries,
     published_parts,
 )
 from .syncdir.published import is_claim_name
-from .syncdir.root import create_once, read_cluster_record
+from .syncdir.root import create_once, read_cluster_bytes
 from .syncdir.terms import CHOICES, MAX_TERM_ENTRIES, TERMS
 
 __all__ = ["migrate_syncdir", "open_syncdir_migration"]
@@ -73,10 +73,10 @@ def migrate_syncdir(
 ) -> Migrated:
     """Copy the earlier folder source into target (see the module); ConfigError if either is
     not as it must be, StoreError if the source changed (a node is running)."""
-    cluster_bytes = _read_cluster_bytes(source)
-    cluster = read_cluster_record(source)
-    if cluster is None or cluster_bytes is None:
+    cluster_bytes = _os_errors(read_cluster_bytes)(source)
+    if cluster_bytes is None:
         raise ConfigError(f"{source} holds no cluster record: nothing to migrate")
+    cluster = ClusterRecord.from_json(cluster_bytes)
     sealer = Sealer(secret, cluster)  # WrongSecret (a usage mistake) before anything is made
     migrated = Migrated()
     sources = _earlier_subtrees(source, migrated.left_out)
@@ -103,23 +103,12 @@ def migrate_syncdir(
 
 
 @_os_errors
-def _read_cluster_bytes(source: Path) -> bytes | None:
-    with opened_dir(source, ()) as root_fd:
-        if root_fd is None:
-            return None
-        return read_file(root_fd, CLUSTER, source / CLUSTER, MAX_RECORD_BYTES)
-
-
-@_os_errors
 def _earlier_subtrees(source: Path, left: list[str]) -> dict[str, EarlierFileStore]:
     """Each node's subtree in the earlier layout, read only (a name that is no node id left
     out and said); ConfigError for one in this version's (migrated already, in part)."""
-    with opened_dir(source, (NODES,)) as nodes_fd:
-        entries = [] if nodes_fd is None else dir_entries(nodes_fd, MAX_NODE_ENTRIES)
-        names = sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
     found: dict[str, EarlierFileStore] = {}
-    for name in names:
-        if is_sync_file(name):
+    for name, is_dir in sorted(node_entries(source).items()):
+        if not is_dir or is_sync_file(name):
             continue
         where = source / NODES / name
         try:

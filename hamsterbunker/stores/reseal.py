@@ -3,8 +3,8 @@ how much one page of ``Store.read_replies`` holds."""
 
 from __future__ import annotations
 
-from ..core.errors import StoreError
 from ..core.limits import check_reply_bounds, check_submission_bounds
+from .base import refuse
 
 __all__ = [
     "REPLY_PAGE",
@@ -35,13 +35,10 @@ def check_resealed_submission(number: int, old: bytes, new: bytes) -> None:
             f"a re-sealed submission {number} must be as long as the one it replaces "
             f"({len(new)} bytes, not {len(old)})"
         )
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(problem)
 
 
 def check_resealed_reply(number: int, new: bytes) -> None:
     """StoreError unless new can be stored as the sealed reply of consumed submission number
     (``check_reply_bounds``; no total counts a reply's length, so it may change)."""
-    problem = check_reply_bounds(number, "r", len(new))
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(check_reply_bounds(number, "r", len(new)))

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ...core.errors import ConfigError, CorruptRecord, StoreError
 from ...core.failpoints import failpoint, failpoints_within
-from ...core.limits import INBOX_REPLIES_KEPT, MAX_INBOX_COUNT
+from ...core.limits import INBOX_REPLIES_KEPT
 from ...core.read_bounds import BoundedRead, ReadBound
 from ...records import CheckpointInfo
 from .._reported import ReportedOnce
@@ -107,45 +107,22 @@ class Layer:
         with failpoints_within("reseal"):
             return self.commit(txn).succeeded
 
-    def saw_pending(self, agent: str, sizes: dict[int, int]) -> None:
-        """An inbox read's submissions, by number, with their sizes."""
-        shown = self.shown.setdefault(agent, {})
-        if len(shown) + len(sizes) > 2 * MAX_INBOX_COUNT:  # ones consumed by another leader
-            shown.clear()
-        shown.update(sizes)
-
-    def index(self, keys: AgentKeys) -> list[Put]:
-        """The write that lists the agent (list_agents), once per client and agent."""
-        with self._lock:
-            if keys.agent in self._indexed:
-                return []
-            self._indexed.add(keys.agent)
-        return [Put(keys.index, b"")]
-
-    def forget_index(self, keys: AgentKeys) -> None:
-        """After a failed write: the agent's index may not be written yet."""
-        with self._lock:
-            self._indexed.discard(keys.agent)
-
     def commit_indexed(self, keys: AgentKeys, txn: Txn) -> TxnResult:
         """Commit txn, which writes the agent's records, with the write that lists it
-        (``index``). Unless it succeeded the index is forgotten, so that the next write
-        makes it: every agent with records is listed (``stores.earlier`` relies on it)."""
-        writes = [*txn.writes, *self.index(keys)]
+        (list_agents) once per client and agent. Unless it succeeded the index is
+        forgotten, so that the next write makes it: every agent with records is listed
+        (``stores.earlier`` relies on it)."""
+        with self._lock:
+            index = [] if keys.agent in self._indexed else [Put(keys.index, b"")]
+            self._indexed.add(keys.agent)
+        result = None
         try:
-            result = self.commit(replace(txn, writes=writes))
-        except BaseException:
-            self.forget_index(keys)
-            raise
-        if not result.succeeded:
-            self.forget_index(keys)
+            result = self.commit(replace(txn, writes=[*txn.writes, *index]))
+        finally:
+            if result is None or not result.succeeded:
+                with self._lock:
+                    self._indexed.discard(keys.agent)
         return result
-
-
-def with_room(bound: ReadBound) -> ReadBound:
-    """What a scan looks at to take bound's entries: twice the count, room for junk beside
-    them (an entry left out still costs the scan), and bound's bytes."""
-    return ReadBound(2 * bound.count + 16, bound.entry_bytes, bound.total_bytes)
 
 
 def bounded_records(
@@ -158,7 +135,9 @@ def bounded_records(
 ) -> list[tuple[K, bytes]]:
     """The records in folder, by key, within bound: parse(name) names each (None: junk,
     reported and left out, taking no place of the bound's count)."""
-    found = layer.backend.scan(folder, with_room(bound), after=after)
+    # Twice the count, and room for junk beside it: an entry left out still costs the scan.
+    room = ReadBound(2 * bound.count + 16, bound.entry_bytes, bound.total_bytes)
+    found = layer.backend.scan(folder, room, after=after)
     taken = BoundedRead[K](bound)
     for key, data in found.items:
         name = parse(key[len(folder) :])

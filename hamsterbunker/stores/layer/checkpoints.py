@@ -10,22 +10,11 @@ from collections.abc import Sequence
 from ...core.blob import Blob
 from ...core.errors import Fenced, StoreError
 from ...core.failpoints import failpoint, failpoints_within
-from ...core.limits import (
-    MAX_CHECKPOINT_BYTES,
-    check_checkpoint_bounds,
-    check_effect_bounds,
-)
+from ...core.limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds, check_effect_bounds
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
-from ..base import (
-    Consumed,
-    Fence,
-    check_consumed,
-    check_own_epoch,
-    check_reseal,
-    describe_fence_text,
-)
+from ..base import Consumed, Fence, check_consumed, check_own_epoch, describe_fence_text, refuse
 from .base import Layer, Settings, bounded_records
 from .consumption import Consumption
 from .keys import AgentKeys
@@ -38,8 +27,6 @@ __all__ = [
     "read_checkpoint",
     "read_effects",
     "remember_listing",
-    "reseal_checkpoint",
-    "reseal_effect",
 ]
 
 # The biggest checkpoint whose consumption is guessed (one commit, not two): joined, so
@@ -51,9 +38,7 @@ def put_checkpoint(
     layer: Layer, keys: AgentKeys, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed]
 ) -> CheckpointInfo:
     """Store.put_checkpoint: the fence compared, retention, the journal, the consumed."""
-    problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed))
     text = fence.to_text()
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
     listed: list[CheckpointInfo] | None = None
@@ -104,7 +89,7 @@ def _commit(
     removals, left = _retention(keys, listed, info, layer.settings)
     writes = [Put(keys.checkpoint(info), blob), *consumption.writes()]
     txn = Txn(
-        compares=[Compare(keys.fence, text.encode()), *consumption.compares()],
+        compares=[Compare(keys.fence, text.encode()), *consumption.compares],
         writes=writes,
         reads=[Get(keys.fence, 256)],
         tidy=[*removals, DeleteRange(*keys.steps_through(seq))],
@@ -143,7 +128,8 @@ def _retention(
         removed = own[keep - 1 :]
         left = [info for info in listed if info not in removed]
         return [DeleteRange(keys.checkpoint(info)) for info in removed], left
-    oldest = _oldest_kept(listed, new, keep)
+    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
+    oldest = kept[:keep][-1]  # the seq of the oldest checkpoint kept
     replaced = [info for info in listed if info.seq == new.seq and info.epoch != new.epoch]
     removals = [
         DeleteRange(*keys.checkpoints_below(oldest)),
@@ -152,15 +138,11 @@ def _retention(
     return removals, [info for info in listed if info.seq >= oldest and info.seq != new.seq]
 
 
-def _oldest_kept(listed: list[CheckpointInfo], new: CheckpointInfo, keep: int) -> int:
-    """The seq of the oldest checkpoint retention keeps once new is stored."""
-    kept = sorted({info.seq for info in listed if info.seq < new.seq} | {new.seq}, reverse=True)
-    return kept[:keep][-1]
-
-
-def list_checkpoints(layer: Layer, keys: AgentKeys) -> list[CheckpointInfo]:
-    """Store.list_checkpoints: newest first, by seq then epoch."""
+def list_checkpoints(layer: Layer, keys: AgentKeys, fence: str | None) -> list[CheckpointInfo]:
+    """Store.list_checkpoints: newest first, by seq then epoch; remembered as read under
+    fence (``remember_listing``)."""
     listed = listed_in(layer, keys, layer.backend.scan(keys.ckpt, CHECKPOINT_NAMES_READ))
+    remember_listing(layer, keys.agent, fence, listed)
     return sorted(listed, key=lambda info: (info.seq, info.epoch), reverse=True)
 
 
@@ -178,8 +160,7 @@ def listed_in(layer: Layer, keys: AgentKeys, found: ScanResult) -> list[Checkpoi
     """The checkpoints a listing of names found that parse and are within the limits; the
     rest logged."""
     listed = []
-    names = [key for key, _value in found.items] + [each.key for each in found.too_large]
-    for key in names:
+    for key in found.keys:
         info = keys.checkpoint_info(key)
         problem = (
             "a name we do not write"
@@ -205,20 +186,11 @@ def read_checkpoint(layer: Layer, keys: AgentKeys, info: CheckpointInfo) -> byte
     return data
 
 
-def reseal_checkpoint(
-    layer: Layer, keys: AgentKeys, info: CheckpointInfo, old: bytes, new: bytes
-) -> bool:
-    check_reseal(info, old, new)
-    return layer.reseal(keys.checkpoint(info), old, new)
-
-
 def put_effect(
     layer: Layer, keys: AgentKeys, fence: Fence, seq: int, index: int, kind: str, blob: bytes
 ) -> None:
     """Store.put_effect: one journal record, under the fence."""
-    problem = check_effect_bounds(seq, index, kind, len(blob))
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(check_effect_bounds(seq, index, kind, len(blob)))
     result = layer.commit(
         Txn(
             compares=[Compare(keys.fence, fence.to_text().encode())],
@@ -245,12 +217,3 @@ def read_effects(layer: Layer, keys: AgentKeys, seq: int) -> dict[tuple[int, str
 
     what = f"the effect journal of step {seq} of {keys.agent}"
     return dict(bounded_records(layer, keys.step(seq), EFFECTS_READ, record, what))
-
-
-def reseal_effect(
-    layer: Layer, keys: AgentKeys, seq: int, index: int, kind: str, old: bytes, new: bytes
-) -> bool:
-    problem = check_effect_bounds(seq, index, kind, len(new))
-    if problem is not None:
-        raise StoreError(problem)
-    return layer.reseal(keys.effect(seq, index, kind), old, new)

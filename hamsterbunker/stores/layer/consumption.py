@@ -41,7 +41,7 @@ def admitted_as(data: bytes | None, what: str) -> tuple[int, int] | None:
 
 class Consumption:
     """A checkpoint's consumption: ``guess`` from the ledger, or ``reads`` then ``found``;
-    then ``compares`` and ``writes`` go into the commit, and ``committed`` after it.
+    then ``writes()``, and the ``compares`` it completes, go into the commit; ``committed`` after.
 
     Few writes, so that a commit stays within a backend's operations per transaction
     (etcd's 128): consecutive numbers and old replies go as ranges.
@@ -52,7 +52,7 @@ class Consumption:
     ) -> None:
         self.layer, self.keys, self.fence = layer, keys, fence
         self.consumed = sorted({each.number: each for each in consumed}.values(), key=_number)
-        self._compares: list[Compare] = []
+        self.compares: list[Compare] = []  # complete once writes() is called
         self._writes: list[Put | DeleteRange] = []
         self._ids: dict[str, bytes | None] = {}  # each consumed request id's record after
         self._pruned: list[tuple[Name, bytes | None]] = []
@@ -82,10 +82,10 @@ class Consumption:
             return False  # a request id to forget whose record was not read
         if len(self.consumed) * 2 + 2 + len(pruned) > _MOST_COMPARED:
             return False
-        self._compares = [Compare(keys.kept, ledger.kept), Compare(keys.consumed, ledger.consumed)]
+        self.compares = [Compare(keys.kept, ledger.kept), Compare(keys.consumed, ledger.consumed)]
         for each in self.consumed:
             record = f"{each.number} {shown[each.number]}".encode()
-            self._compares += [
+            self.compares += [
                 Compare(keys.request(each.request_id), record),
                 Compare(keys.reply(each.number, each.request_id), None),
             ]
@@ -132,9 +132,7 @@ class Consumption:
                 newly.append((each.number, each.request_id))
         scanned = reads[-1]
         assert isinstance(scanned, ScanResult)
-        stored = [_reply_name(keys, t.key) for t in scanned.too_large] + [
-            _reply_name(keys, key) for key, _ in scanned.items
-        ]
+        stored = [_reply_name(keys, key) for key in scanned.keys]
         complete = not scanned.more
         known = sorted((name, None) for name in set(stored) if name is not None)
         oldest = _merged(known, complete, newly)
@@ -171,9 +169,6 @@ class Consumption:
         ]
         self._complete = complete
 
-    def compares(self) -> list[Compare]:
-        return self._compares
-
     def writes(self) -> list[Put | DeleteRange]:
         """The writes planned, and the removal of the request ids of the replies removed:
         an id is forgotten only if its record names the reply's number (a reply planted
@@ -192,7 +187,7 @@ class Consumption:
             admitted = self._tolerated(admitted_as, record, "a request id's number", None)
             if admitted is not None and admitted[0] == n:
                 if self.guessed:
-                    self._compares.append(Compare(self.keys.request(rid), record))
+                    self.compares.append(Compare(self.keys.request(rid), record))
                 self._writes.append(DeleteRange(self.keys.request(rid)))
         return self._writes
 

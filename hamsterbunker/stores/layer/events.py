@@ -54,7 +54,7 @@ class EventLogs:
         last, after = 0, ""
         for _page in range(_MAX_PAGES):
             found = self.layer.backend.scan(folder, _POSITIONS, after=after)
-            names = [key for key, _ in found.items] + [t.key for t in found.too_large]
+            names = found.keys
             for key in names:
                 last = max(last, parse_number(key[len(folder) :]) or 0)
             if not found.more or not names:

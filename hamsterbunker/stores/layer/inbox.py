@@ -22,8 +22,8 @@ from ...core.limits import (
 )
 from ...core.read_bounds import INBOX_READ, ReadBound
 from ..backend import Compare, Get, Put, ScanResult, TooLarge, Txn
-from ..base import AdmissionState, inbox_full
-from ..reseal import check_resealed_reply, check_resealed_submission, reply_page_bounds
+from ..base import AdmissionState, inbox_full, refuse
+from ..reseal import check_resealed_reply, reply_page_bounds
 from .base import Layer, bounded_records, count_of, counts_of, value_of
 from .consumption import COUNT_BYTES, ID_BYTES, admitted_as
 from .keys import AgentKeys, parse_number
@@ -34,7 +34,6 @@ __all__ = [
     "read_inbox",
     "read_replies",
     "reseal_reply",
-    "reseal_submission",
 ]
 
 # Admissions that lost their compare to another client's, one after another,
@@ -44,9 +43,7 @@ _ADMIT_ATTEMPTS = 64
 
 def admit(layer: Layer, keys: AgentKeys, request_id: str, n: int, blob: bytes) -> tuple[int, bool]:
     """Store.admit: once per request id, as the next number, within the inbox's limits."""
-    problem = check_submission_bounds(n, request_id, len(blob))
-    if problem is not None:
-        raise StoreError(problem)
+    refuse(check_submission_bounds(n, request_id, len(blob)))
     what = f"admission of {request_id!r} to {keys.agent!r}"
     reads = [
         Get(keys.request(request_id), ID_BYTES),
@@ -140,8 +137,7 @@ def _highest_stored(layer: Layer, keys: AgentKeys) -> int:
                 f"the inbox of {keys.agent!r} holds more than {bound.count} names under "
                 f"{folder}: its counter cannot be rebuilt, and no number is given"
             )
-        names = [key for key, _ in found.items] + [large.key for large in found.too_large]
-        for key in names:
+        for key in found.keys:
             n = parse_number(key[len(folder) :][:20])
             if n is not None and n <= MAX_SEQ:
                 highest = max(highest, n)
@@ -168,7 +164,10 @@ def read_inbox(layer: Layer, keys: AgentKeys, after: int) -> list[tuple[int, byt
 
     what = f"the inbox of {keys.agent}"
     found = bounded_records(layer, keys.pending, INBOX_READ, submission, what, after=start)
-    layer.saw_pending(keys.agent, {n: len(blob) for n, blob in found})
+    shown = layer.shown.setdefault(keys.agent, {})
+    if len(shown) + len(found) > 2 * MAX_INBOX_COUNT:  # ones consumed by another leader
+        shown.clear()
+    shown.update((n, len(blob)) for n, blob in found)
     return found
 
 
@@ -194,11 +193,6 @@ def read_admission(layer: Layer, keys: AgentKeys, request_id: str) -> AdmissionS
     elif done.startswith(b"+"):
         reply = done[1:]
     return AdmissionState(n, consumed=True, reply=reply)
-
-
-def reseal_submission(layer: Layer, keys: AgentKeys, n: int, old: bytes, new: bytes) -> bool:
-    check_resealed_submission(n, old, new)
-    return layer.reseal(keys.submission(n), old, new)
 
 
 def read_replies(

@@ -60,7 +60,7 @@ class Leases:
             # The record this client last wrote or read, compared byte for byte: a renewal
             # is one commit while nobody else wrote since; else read and judge, as below.
             stored = replace(new, version=known[1].version + 1)
-            found = self._write_lease(keys, known[0], known[1], stored, reads)
+            found = self._write_lease(keys, Compare(keys.lease, known[0]), known[1], stored, reads)
             if found is not None:
                 return stored, found
         current = self._lease_bytes(keys)
@@ -71,7 +71,7 @@ class Leases:
                 f"lease of {agent!r} is at version {version}, not {expected_version}"
             )
         stored = replace(new, version=(version or 0) + 1)
-        found = self._write_lease(keys, current, was, stored, reads)
+        found = self._write_lease(keys, Compare(keys.lease, current), was, stored, reads)
         if found is None:
             raise _changed(agent)
         return stored, found
@@ -82,35 +82,24 @@ class Leases:
             Get(keys.lease, MAX_RECORD_BYTES), Get(keys.fence, MAX_RECORD_BYTES)
         )
         if isinstance(lease, TooLarge):
-            return self._replace_oversized(keys, lease, fence, found, new)
-        if lease is None or _parses(lease) or _found(lease) != found:
+            # Over its bound, never read: replaced against the fence beside it. Every term's
+            # first write changes the fence, so a replacement (or a new term) made meanwhile
+            # fails the compare.
+            if _oversized(lease) != found:
+                raise _changed(agent)
+            if isinstance(fence, TooLarge):
+                raise CorruptRecord(
+                    f"the lease record of {agent!r} and the fence beside it are both over the "
+                    f"limit of {MAX_RECORD_BYTES} bytes: nothing to replace them against; "
+                    "remove the lease record"
+                )
+            against = Compare(keys.fence, fence)
+        elif lease is None or _parses(lease) or _found(lease) != found:
             raise _changed(agent)
-        if self._write_lease(keys, lease, None, new) is None:
+        else:
+            against = Compare(keys.lease, lease)
+        if self._write_lease(keys, against, None, new) is None:
             raise _changed(agent)
-        return new
-
-    def _replace_oversized(
-        self,
-        keys: AgentKeys,
-        lease: TooLarge,
-        fence: bytes | TooLarge | None,
-        found: str,
-        new: LeaseRecord,
-    ) -> LeaseRecord:
-        """A lease record over its bound, never read, replaced against the fence beside it:
-        every term's first write changes the fence, so a replacement (or a new term) made
-        meanwhile fails the compare."""
-        if _oversized(lease) != found:
-            raise _changed(keys.agent)
-        if isinstance(fence, TooLarge):
-            raise CorruptRecord(
-                f"the lease record of {keys.agent!r} and the fence beside it are both over the "
-                f"limit of {MAX_RECORD_BYTES} bytes: nothing to replace them against; remove "
-                "the lease record"
-            )
-        against = Compare(keys.fence, fence)
-        if self._write_lease(keys, None, None, new, against=against) is None:
-            raise _changed(keys.agent)
         return new
 
     def create_lease(self, agent: str, new: LeaseRecord) -> LeaseRecord:
@@ -123,36 +112,33 @@ class Leases:
         if isinstance(found, TooLarge):
             # Unread, it cannot be compared: replaced as it stands, fenced as any change of
             # term is (a writer that could plant it could as well remove it).
-            fence = _fence(new)
-            writes = [Put(keys.lease, new.to_json()), Put(keys.fence, fence.encode())]
-            must(self.layer.commit_indexed(keys, Txn(writes=writes)))
-            self._leases[agent] = (new.to_json(), new)
-            self._fences[agent] = fence
+            self._write_lease(keys, None, None, new)
             return new
-        if found is not None or self._write_lease(keys, None, None, new) is None:
+        absent = Compare(keys.lease, None)
+        if found is not None or self._write_lease(keys, absent, None, new) is None:
             raise LeaseConflict(f"a lease record of {agent!r} is stored")
         return new
 
     def _write_lease(
         self,
         keys: AgentKeys,
-        current: bytes | None,
+        against: Compare | None,
         found: LeaseRecord | None,
         new: LeaseRecord,
         reads: Sequence[Get | Scan] = (),
-        *,
-        against: Compare | None = None,
     ) -> list[bytes | TooLarge | ScanResult | None] | None:
-        """new in place of current (compared, or against), its fence beside it when the
-        term's changed; what reads read in that commit, or None if the compare failed."""
+        """new written if against holds (None: unconditionally), its fence beside it when
+        the term's changed from found's; what reads read then, or None if against failed."""
         data = new.to_json()
         writes = [Put(keys.lease, data)]
         fence = _fence(new)
         if found is None or _fence(found) != fence:
             writes.append(Put(keys.fence, fence.encode()))
-        compare = Compare(keys.lease, current) if against is None else against
-        txn = Txn(compares=[compare], writes=writes, reads=reads)
+        compares = [] if against is None else [against]
+        txn = Txn(compares=compares, writes=writes, reads=reads)
         result = self.layer.commit_indexed(keys, txn)
+        if against is None:
+            must(result)  # nothing compared: only a backend's bug fails it
         if not result.succeeded:
             return None
         self._leases[keys.agent] = (data, new)

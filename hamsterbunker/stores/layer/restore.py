@@ -11,11 +11,11 @@ from collections.abc import Sequence
 from ...core.errors import CorruptRecord
 from ...core.limits import MAX_RECORD_BYTES
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, ReadBound
-from ...records import CheckpointInfo
+from ...records import LeaseRecord
 from ..backend import Get, Scan, ScanResult, TooLarge
 from ..base import RestoreRead, newest_first
 from .base import Layer, value_of
-from .checkpoints import listed_in
+from .checkpoints import listed_in, remember_listing
 from .keys import AgentKeys
 
 __all__ = ["TAKEN_CHECKPOINT_BYTES", "restore_read", "restore_reads"]
@@ -23,26 +23,30 @@ __all__ = ["TAKEN_CHECKPOINT_BYTES", "restore_read", "restore_reads"]
 TAKEN_CHECKPOINT_BYTES = 512 * 1024
 
 
-def restore_reads(keys: AgentKeys, newest: tuple[int, int] | None) -> list[Get | Scan]:
-    """The reads of a restore; newest: the (seq, epoch) of the checkpoint to read along."""
+def restore_reads(keys: AgentKeys, lease: LeaseRecord | None) -> list[Get | Scan]:
+    """The reads of a restore, with the checkpoint lease names (if any) read along."""
     reads: list[Get | Scan] = [
         Scan(keys.ckpt, CHECKPOINT_NAMES_READ),
         Get(keys.acceptance, MAX_RECORD_BYTES),
     ]
-    if newest is not None:
+    if lease is not None and lease.seq:
         bound = ReadBound(1, TAKEN_CHECKPOINT_BYTES, TAKEN_CHECKPOINT_BYTES)
-        reads.append(Scan(keys.checkpoints_of(*newest), bound))
+        reads.append(Scan(keys.checkpoints_of(lease.seq, lease.seq_epoch), bound))
     return reads
 
 
 def restore_read(
-    layer: Layer, keys: AgentKeys, found: Sequence[bytes | TooLarge | ScanResult | None]
-) -> tuple[RestoreRead, list[CheckpointInfo]]:
-    """What restore_reads found, and the checkpoints listed as found (for the layer's
-    memory of the listing)."""
+    layer: Layer,
+    keys: AgentKeys,
+    found: Sequence[bytes | TooLarge | ScanResult | None],
+    fence: str | None,
+) -> RestoreRead:
+    """What restore_reads found; the listing remembered as read under fence
+    (``checkpoints.remember_listing``)."""
     listing, acceptance = found[0], found[1]
     assert isinstance(listing, ScanResult) and not isinstance(acceptance, ScanResult)
     listed = listed_in(layer, keys, listing)
+    remember_listing(layer, keys.agent, fence, listed)
     infos = newest_first(listed)
     problem = ""
     try:
@@ -56,4 +60,4 @@ def restore_read(
         along = found[2]
         assert isinstance(along, ScanResult)
         newest = dict(along.items).get(keys.checkpoint(infos[0]))
-    return RestoreRead(infos, accepted, newest, problem), listed
+    return RestoreRead(infos, accepted, newest, problem)

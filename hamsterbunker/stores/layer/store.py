@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ...core.blob import Blob
 from ...core.errors import ClusterChanged, StoreError
-from ...core.limits import MAX_RECORD_BYTES
+from ...core.limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES, check_effect_bounds
 from ...core.read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
     CheckpointInfo,
@@ -27,15 +27,7 @@ from ...records import (
 )
 from .._reported import readable
 from .._terms import TermChanges
-from ..backend import (
-    Backend,
-    Capability,
-    Compare,
-    DeleteRange,
-    Get,
-    Put,
-    Txn,
-)
+from ..backend import Backend, Capability, Compare, DeleteRange, Get, Put, Txn
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
@@ -43,8 +35,11 @@ from ..base import (
     Fence,
     RestoreRead,
     StoreReport,
+    check_reseal,
+    refuse,
 )
 from ..interface import Store
+from ..reseal import check_resealed_submission
 from . import checkpoints, events, inbox
 from .base import Layer, Settings, bounded_records, must
 from .keys import CLUSTER, INDEX, AgentKeys, folder_range
@@ -76,10 +71,8 @@ class RecordStore(Leases, Store):
         per_epoch: bool = False,
     ) -> None:
         """per_epoch: retention by epoch (``Settings.per_epoch``: a syncdir node's subtree)."""
-        settings = Settings(keep_checkpoints, events_per_node, per_epoch=per_epoch)
-        if keep_replies is not None:
-            settings = replace(settings, keep_replies=keep_replies)
-        self.layer = Layer(backend, settings)
+        replies = INBOX_REPLIES_KEPT if keep_replies is None else keep_replies
+        self.layer = Layer(backend, Settings(keep_checkpoints, events_per_node, replies, per_epoch))
         self.backend = backend
         self.url = backend.url
         self.guarantees = backend.guarantees
@@ -117,8 +110,7 @@ class RecordStore(Leases, Store):
 
     def list_agents(self) -> list[str]:
         found = self.backend.scan(INDEX, _AGENTS_READ)
-        names = [key[len(INDEX) :] for key, _ in found.items]
-        names += [t.key[len(INDEX) :] for t in found.too_large]  # planted bytes: still a name
+        names = [key[len(INDEX) :] for key in found.keys]  # planted bytes: still a name
         agents = []
         for name in sorted(names):
             try:
@@ -134,20 +126,16 @@ class RecordStore(Leases, Store):
     ) -> tuple[LeaseRecord, RestoreRead | None]:
         """cas_lease, with what the new term's restore reads first read in its commit."""
         keys = AgentKeys(agent)
-        newest = (new.seq, new.seq_epoch) if new.seq else None
-        stored, found = self._cas(agent, expected_version, new, restore_reads(keys, newest))
-        taken, listed = restore_read(self.layer, keys, found)
-        checkpoints.remember_listing(self.layer, agent, self._fences[agent], listed)
-        return stored, taken
+        stored, found = self._cas(agent, expected_version, new, restore_reads(keys, new))
+        return stored, restore_read(self.layer, keys, found, self._fences[agent])
 
     def read_for_restore(self, agent: str) -> RestoreRead:
         keys = AgentKeys(agent)
         known = self._leases.get(agent)
-        newest = (known[1].seq, known[1].seq_epoch) if known and known[1].seq else None
+        lease = None if known is None else known[1]
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
-        found = self.layer.commit(Txn(reads=restore_reads(keys, newest))).reads
-        read, listed = restore_read(self.layer, keys, found)
-        checkpoints.remember_listing(self.layer, agent, fence, listed)
+        found = self.layer.commit(Txn(reads=restore_reads(keys, lease))).reads
+        read = restore_read(self.layer, keys, found, fence)
         if read.infos and read.newest is None:
             read = replace(read, newest=self.read_checkpoint(agent, read.infos[0]))
         return read
@@ -161,15 +149,14 @@ class RecordStore(Leases, Store):
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence
-        listed = checkpoints.list_checkpoints(self.layer, AgentKeys(agent))
-        checkpoints.remember_listing(self.layer, agent, fence, listed)
-        return listed
+        return checkpoints.list_checkpoints(self.layer, AgentKeys(agent), fence)
 
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)
 
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
-        return checkpoints.reseal_checkpoint(self.layer, AgentKeys(agent), info, old, new)
+        check_reseal(info, old, new)
+        return self.layer.reseal(AgentKeys(agent).checkpoint(info), old, new)
 
     def put_effect(
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
@@ -182,8 +169,8 @@ class RecordStore(Leases, Store):
     def reseal_effect(
         self, agent: str, seq: int, index: int, kind: str, old: bytes, new: bytes
     ) -> bool:
-        keys = AgentKeys(agent)
-        return checkpoints.reseal_effect(self.layer, keys, seq, index, kind, old, new)
+        refuse(check_effect_bounds(seq, index, kind, len(new)))
+        return self.layer.reseal(AgentKeys(agent).effect(seq, index, kind), old, new)
 
     # -- inbox -------------------------------------------------------------
 
@@ -197,7 +184,8 @@ class RecordStore(Leases, Store):
         return inbox.read_admission(self.layer, AgentKeys(agent), request_id)
 
     def reseal_submission(self, agent: str, number: int, old: bytes, new: bytes) -> bool:
-        return inbox.reseal_submission(self.layer, AgentKeys(agent), number, old, new)
+        check_resealed_submission(number, old, new)
+        return self.layer.reseal(AgentKeys(agent).submission(number), old, new)
 
     def read_replies(
         self, agent: str, after: int, limit: int

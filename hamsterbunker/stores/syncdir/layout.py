@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ...records import check_name
-from ..dirs.fileio import os_errors_as_store_errors
+from ..dirs.fileio import dir_entries, opened_dir, os_errors_as_store_errors
 from ..dirs.location import SYNCDIR_MARKER, is_sync_copy
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "is_cluster_copy",
     "is_sync_file",
     "log",
+    "node_entries",
     "os_errors",
     "published_parts",
     "sync_files",
@@ -55,6 +56,14 @@ def published_parts(node: str, agent: str, *sub: str) -> tuple[str, ...]:
     """The path components, under the root, of node's published records of agent (or of
     sub below them); the agent id checked."""
     return (NODES, node, PUBLISHED, check_name("agent id", agent), *sub)
+
+
+def node_entries(root: Path) -> dict[str, bool]:
+    """The names under root's ``nodes/`` (the first MAX_NODE_ENTRIES), each with whether it
+    is a directory (no symlink followed); {} if there is no ``nodes/``."""
+    with opened_dir(root, (NODES,)) as nodes_fd:
+        entries = [] if nodes_fd is None else dir_entries(nodes_fd, MAX_NODE_ENTRIES)
+        return {e.name: e.is_dir(follow_symlinks=False) for e in entries}
 
 
 def is_sync_file(name: str) -> bool:

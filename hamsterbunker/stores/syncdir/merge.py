@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from ...records import CheckpointInfo
+from .._reported import NodeRecord
 
 __all__ = ["by_node", "merged_chains"]
 
-
-class _NodeRecord(Protocol):
-    @property
-    def node(self) -> str: ...
-
-
-R = TypeVar("R", bound=_NodeRecord)
+R = TypeVar("R", bound=NodeRecord)
 
 
 def by_node(found: Mapping[str, Sequence[R]], subtrees: set[str], own: str) -> dict[str, list[R]]:

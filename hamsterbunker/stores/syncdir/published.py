@@ -37,7 +37,7 @@ __all__ = [
     "read_published",
 ]
 
-CLAIM_NAME = re.compile(r"claim\.(\d{20})\.json")
+CLAIM_NAME = re.compile(r"claim\.([0-9]{20})\.json")
 KEEP_NEWEST = 2
 MAX_CLAIM_ENTRIES = 65_536  # the names looked at; those read are CLAIMS_READ's
 
@@ -52,12 +52,8 @@ def is_claim_name(name: str) -> bool:
 
 
 def _versions(agent_fd: int) -> dict[int, str]:
-    found: dict[int, str] = {}
-    for entry in dir_entries(agent_fd, MAX_CLAIM_ENTRIES):
-        match = CLAIM_NAME.fullmatch(entry.name)
-        if match is not None and match[1].isascii() and not is_sync_copy(entry.name):
-            found[int(match[1])] = entry.name
-    return found
+    names = [entry.name for entry in dir_entries(agent_fd, MAX_CLAIM_ENTRIES)]
+    return {int(name.split(".")[1]): name for name in names if is_claim_name(name)}
 
 
 def read_published(

@@ -13,7 +13,7 @@ from ...records import ClusterRecord
 from ..dirs.fileio import dir_entries, discard, opened_dir, read_file, write_temp
 from .layout import CLUSTER, MARKER, MARKER_TEXT, MAX_NODE_ENTRIES, NODES, is_cluster_copy
 
-__all__ = ["check_mode", "create_once", "link_once", "read_cluster_record"]
+__all__ = ["check_mode", "create_once", "link_once", "read_cluster_bytes", "read_cluster_record"]
 
 
 def check_mode(root: Path, create: bool) -> None:
@@ -41,6 +41,12 @@ def check_mode(root: Path, create: bool) -> None:
 
 def read_cluster_record(root: Path) -> ClusterRecord | None:
     """The cluster record, or None; StoreError if the sync left a conflict copy of it."""
+    data = read_cluster_bytes(root)
+    return None if data is None else ClusterRecord.from_json(data)
+
+
+def read_cluster_bytes(root: Path) -> bytes | None:
+    """The cluster record's bytes, unparsed, as read_cluster_record reads them."""
     with opened_dir(root, ()) as root_fd:
         if root_fd is None:
             return None
@@ -52,8 +58,7 @@ def read_cluster_record(root: Path) -> ClusterRecord | None:
                 f"the copy, or replace {CLUSTER} with it) on every machine, then start the "
                 "nodes again"
             )
-        data = read_file(root_fd, CLUSTER, root / CLUSTER, MAX_RECORD_BYTES)
-    return None if data is None else ClusterRecord.from_json(data)
+        return read_file(root_fd, CLUSTER, root / CLUSTER, MAX_RECORD_BYTES)
 
 
 def create_once(root: Path, name: str, data: bytes, parts: tuple[str, ...] = ()) -> None:

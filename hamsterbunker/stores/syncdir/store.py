@@ -13,6 +13,7 @@ unreadable is skipped and reported (``problems()``), never raised.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -23,6 +24,7 @@ from ...core.errors import ConfigError, CorruptRecord, LeaseConflict, StoreError
 from ...core.limits import INBOX_REPLIES_KEPT, check_checkpoint_bounds, check_effect_bounds
 from ...core.read_bounds import HEARTBEATS_READ
 from ...records import CheckpointInfo, ClusterRecord, Event, Heartbeat, LeaseRecord, check_name
+from .._reported import ReportedOnce
 from ..base import (
     MAX_LISTED_AGENTS,
     AdmissionState,
@@ -31,18 +33,19 @@ from ..base import (
     StoreReport,
     SyncedFolder,
     check_consumed,
+    refuse,
 )
 from ..chains import Chains
 from ..dirs.fileio import opened_dir
 from ..dirs.location import open_root
 from ..interface import Store
 from ..layer import RecordStore
-from .layout import CLUSTER, NODES, os_errors, published_parts, sync_files
+from .layout import CLUSTER, NODES, log, os_errors, published_parts, sync_files
 from .lease import ClaimsLease
 from .merge import by_node, merged_chains
 from .promises import GUARANTEES, REFUSES, ROTATION_REFUSED, check_sync_delay_bounds
 from .root import check_mode, create_once, read_cluster_record
-from .subtrees import Problems, Subtrees, refuse_earlier_subtrees
+from .subtrees import Subtrees, refuse_earlier_subtrees
 from .terms import CHOICES, TERMS, records_of_every_node, write_term_record
 from .watch import merged_watch
 
@@ -81,22 +84,22 @@ class SyncDirStore(Store):
         self.sync_delay_ms = 0 if sync_delay_ms is None else check_sync_delay_bounds(sync_delay_ms)
         self.root = Path(root).absolute()
         self.url = "syncdir" + self.root.as_uri().removeprefix("file")
-        self._problems = Problems()
+        self._problems = ReportedOnce(log)  # what was skipped as unreadable: for reports
         open_root(self.root, create=create)
         refuse_earlier_subtrees(self.root)  # before anything is written
         os_errors(check_mode)(self.root, create)
         if create:
             with opened_dir(self.root, (NODES,), create=True):
                 pass
-        self._subtrees = Subtrees(
-            self.root,
-            self.node,
-            self._problems,
-            create=create,
+        store = functools.partial(
+            RecordStore,
             keep_checkpoints=keep_checkpoints,
             events_per_node=events_per_node,
             keep_replies=keep_replies,
-            lock_timeout=lock_timeout,
+            per_epoch=True,  # another term's checkpoint may be a branch kept aside
+        )
+        self._subtrees = Subtrees(
+            self.root, self.node, self._problems, store, create=create, lock_timeout=lock_timeout
         )
         self._mine = self._subtrees.mine
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
@@ -236,32 +239,30 @@ class SyncDirStore(Store):
 
     # -- term records: where each term started (hamsterbunker.sealing.term_records) -------
 
-    @os_errors
     def put_term_start(self, agent: str, epoch: int, data: bytes) -> None:
-        check_name("agent id", agent)
-        self._writer()  # a reader writes nothing
-        write_term_record(self.root, self.node, agent, epoch, data)
+        self._put_term_record(agent, epoch, data, TERMS)
 
     def read_term_starts(self, agent: str) -> dict[tuple[int, str], bytes]:
         return records_of_every_node(self.root, self.subtrees(), agent, self._problems, TERMS)
 
-    @os_errors
     def put_chain_choice(self, agent: str, epoch: int, data: bytes) -> None:
-        check_name("agent id", agent)
-        self._writer()
-        write_term_record(self.root, self.node, agent, epoch, data, CHOICES)
+        self._put_term_record(agent, epoch, data, CHOICES)
 
     def read_chain_choices(self, agent: str) -> dict[tuple[int, str], bytes]:
         return records_of_every_node(self.root, self.subtrees(), agent, self._problems, CHOICES)
+
+    @os_errors
+    def _put_term_record(self, agent: str, epoch: int, data: bytes, kind: str) -> None:
+        check_name("agent id", agent)
+        self._writer()  # a reader writes nothing
+        write_term_record(self.root, self.node, agent, epoch, data, kind)
 
     def put_checkpoint(
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         mine = self._writer()
         # Bounds before the fence, as every store: nothing is read or written for them.
-        problem = check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed)
-        if problem is not None:
-            raise StoreError(problem)
+        refuse(check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed))
         self._lease.check_fence(agent, fence, seq)
         return mine.put_checkpoint(agent, fence, seq, blob, consumed)
 
@@ -281,9 +282,7 @@ class SyncDirStore(Store):
         self, agent: str, fence: Fence, seq: int, index: int, kind: str, blob: bytes
     ) -> None:
         mine = self._writer()
-        problem = check_effect_bounds(seq, index, kind, len(blob))
-        if problem is not None:
-            raise StoreError(problem)
+        refuse(check_effect_bounds(seq, index, kind, len(blob)))
         self._lease.check_fence(agent, fence, seq)
         mine.put_effect(agent, fence, seq, index, kind, blob)
 

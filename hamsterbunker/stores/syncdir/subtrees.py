@@ -6,7 +6,6 @@ alone: docs/syncdir.md, "Layout"). A subtree in the earlier layout is refused.
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -17,33 +16,12 @@ from ...records import check_record_name
 from .._reported import ReportedOnce
 from ..backends.earlier import earlier_store
 from ..backends.file import FileBackend, earlier_layout
-from ..dirs.fileio import dir_entries, opened_dir
 from ..layer import RecordStore
-from .layout import MAX_NODE_ENTRIES, NODES, is_sync_file, log, os_errors
+from .layout import NODES, is_sync_file, node_entries, os_errors
 
-__all__ = ["Problems", "Subtrees", "refuse_earlier_subtrees"]
+__all__ = ["Subtrees", "refuse_earlier_subtrees"]
 
-_MAX_PROBLEMS = 1024
 R = TypeVar("R")
-
-
-class Problems:
-    """What was skipped as unreadable: logged once each, and kept (bounded) for reports."""
-
-    def __init__(self) -> None:
-        self._report = ReportedOnce(log)
-        self._kept: dict[str, None] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, message: str) -> None:
-        with self._lock:
-            if len(self._kept) < _MAX_PROBLEMS:
-                self._kept.setdefault(message, None)
-        self._report(message)
-
-    def listed(self) -> list[str]:
-        with self._lock:
-            return list(self._kept)
 
 
 def _earlier_subtree(root: Path, node: str) -> ConfigError | None:
@@ -57,11 +35,7 @@ def _earlier_subtree(root: Path, node: str) -> ConfigError | None:
 @os_errors
 def refuse_earlier_subtrees(root: Path) -> None:
     """ConfigError if any node's subtree under root is in the earlier layout."""
-    with opened_dir(root, (NODES,)) as nodes_fd:
-        names = (
-            [] if nodes_fd is None else [e.name for e in dir_entries(nodes_fd, MAX_NODE_ENTRIES)]
-        )
-    for name in sorted(names):
+    for name in sorted(node_entries(root)):
         refusal = None if is_sync_file(name) else _earlier_subtree(root, name)
         if refusal is not None:
             raise refusal
@@ -75,23 +49,15 @@ class Subtrees:
         self,
         root: Path,
         node: str,
-        problems: Problems,
+        problems: ReportedOnce,
+        store: Callable[[FileBackend], RecordStore],
         *,
         create: bool,
-        keep_checkpoints: int,
-        events_per_node: int,
-        keep_replies: int,
         lock_timeout: float,
     ) -> None:
+        """store: the record store a subtree's backend is read and written by."""
         self._root, self._node, self._problems = root, node, problems
-        self._store = functools.partial(
-            RecordStore,
-            keep_checkpoints=keep_checkpoints,
-            events_per_node=events_per_node,
-            keep_replies=keep_replies,
-            per_epoch=True,
-        )
-        self._lock_timeout = lock_timeout
+        self._store, self._lock_timeout = store, lock_timeout
         self._peers: dict[str, RecordStore] = {}
         self._peers_lock = threading.Lock()
         own = root / NODES / node
@@ -119,11 +85,8 @@ class Subtrees:
     @os_errors
     def peers(self) -> dict[str, RecordStore]:
         """Every other node's subtree, by node id: junk under ``nodes/`` reported, skipped."""
-        with opened_dir(self._root, (NODES,)) as nodes_fd:
-            entries = [] if nodes_fd is None else dir_entries(nodes_fd, limit=MAX_NODE_ENTRIES)
-            names = {e.name: e.is_dir(follow_symlinks=False) for e in entries}
         found: dict[str, RecordStore] = {}
-        for name, is_dir in sorted(names.items()):
+        for name, is_dir in sorted(node_entries(self._root).items()):
             if name == self._node or is_sync_file(name):
                 continue
             store = self._peer(name, is_dir)

@@ -17,11 +17,7 @@ from ...core.errors import CorruptRecord, StoreError
 from ...core.limits import MAX_EPOCH, MAX_TERM_RECORD_BYTES, MAX_TERMS_READ
 from ...core.read_bounds import TERM_RECORDS_READ, BoundedRead
 from ...records import check_name
-from ..dirs.fileio import (
-    dir_entries,
-    opened_dir,
-    read_file,
-)
+from ..dirs.fileio import dir_entries, opened_dir, read_file
 from ..dirs.location import is_sync_copy
 from .layout import os_errors, published_parts
 from .root import link_once
