@@ -97,13 +97,21 @@ def start_nodes(make: MakeCluster, url: str, *specs: NodeSpec) -> LocalCluster:
 def running(
     make: MakeCluster, redis: Callable[..., RedisServer], *settings: str
 ) -> tuple[RedisServer, Store, LocalCluster]:
-    """A Redis with these persistence settings, and node-a and node-b five checkpoints in."""
+    """A Redis with these persistence settings, and node-a and node-b five checkpoints in,
+    each having said (in its heartbeat) that it saw the lease: a node that first reaches
+    the store after a restart emptied it cannot tell it from a new store."""
     server = redis(*settings)
     url = server.url(prefix="p")
     store = open_store(url)
     cluster = start_nodes(make, url, A, B)
     wait_until(lambda: newest_seq(store) >= 5, "five checkpoints")
+    wait_until(lambda: seen_by_both(store), "both nodes to have seen the lease")
     return server, store, cluster
+
+
+def seen_by_both(store: Store) -> bool:
+    seen = {b.node for b in store.list_heartbeats(AGENT) if b.epoch >= 1}
+    return seen >= {A.node, B.node}
 
 
 def exit_code(cluster: LocalCluster, node: str, timeout: float = 60) -> int:
