@@ -10,7 +10,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,tui,redis,etcd,postgres]'
+	$(BIN)/pip install --quiet -e '.[test,tui,redis,etcd,postgres,pydantic-ai,langgraph]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -47,7 +47,7 @@ coverage: $(STAMP)
 
 # The benchmarks' own extra (matplotlib, for docs/growth.png), apart: demo and test skip it.
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet -e '.[test,tui,redis,etcd,postgres,bench]'
+	$(BIN)/pip install --quiet -e '.[test,tui,redis,etcd,postgres,pydantic-ai,langgraph,bench]'
 	touch $(BENCH_STAMP)
 
 # Measured figures are printed and written to docs/benchmarks.md.
