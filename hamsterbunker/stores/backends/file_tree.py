@@ -136,7 +136,6 @@ class KeyTree:
                 yield from walk(dir_fd, folder, self.path.joinpath(*folders))
 
     def _folder(self, folders: Sequence[str], create: bool = False) -> int | None:
-        """kv/folders/..., open (see _open_folder)."""
         return _open_folder(self.root_fd, self.root, [KV_NAME, *folders], create)
 
     def _prepare(self, ops: Ops) -> None:
@@ -217,8 +216,7 @@ class KeyTree:
         return changed
 
     def write(self, ops: Ops) -> None:
-        """Make ops, through the redo log if they are more than one (one rename or one
-        removal is atomic by itself)."""
+        """Make ops, through the redo log if they are more than one (one is atomic itself)."""
         self._prepare(ops)
         if len(ops) <= 1:
             self._apply(ops, durable=True)
