@@ -7,8 +7,8 @@ Layout under the root::
     .redo                        a commit's writes while they are made (``file_redo``)
     tmp-hb-<hex>                 values written and synced before the lock is taken
 
-Readers take no lock: they may see a commit's writes one by one. How a commit is made
-durable and whole, and what ``read_only`` leaves alone: docs/design.md, "The file backend".
+Readers take no lock. How a commit is made durable and whole: docs/design.md, "The file
+backend"; how a watch follows its folder: "The file backend's watch".
 """
 
 from __future__ import annotations
@@ -77,10 +77,9 @@ class FileBackend:
         in_synced_folder: bool = False,
         read_only: bool = False,
     ) -> None:
-        """create: make the root if need be (a node); else it must be there (a reader such as
-        ``hb status``, which leaves what a crash left to the next writer). in_synced_folder:
-        the root is a syncdir node's subtree (a synced folder is otherwise refused).
-        read_only: write nothing, ever; commits that write are refused."""
+        """create: make the root if need be and tidy it (a node), else it must be there (a
+        reader such as ``hb status``); in_synced_folder: the root is a syncdir node's subtree
+        (a synced folder is otherwise refused); read_only: commits that write are refused."""
         if create and read_only:
             raise ValueError("a file backend opened read_only creates nothing")
         self.root = Path(root).absolute()
@@ -121,12 +120,8 @@ class FileBackend:
             raise failed.args[0] from None
 
     async def watch(self, prefix: str) -> AsyncIterator[Notice]:
-        """Notices from the prefix's folder, or from the deepest folder of it there is until
-        it is made; the watch moves when that folder is made, removed or replaced, with a
-        gap, Notice(None), once it is in place again (at once, or its first batch, or a
-        second of quiet). A prefix that is no folder (the lease record's key) is watched
-        with inotify where it can be had: a notice the moment a key starting with it is
-        renamed into place or removed. Else watchfiles (polling on NFS)."""
+        """Notices from the prefix's folder, or the deepest of it there is, with a gap
+        (Notice(None)) each time the watch moved (docs/design.md, "The file backend's watch")."""
         _check_prefix(prefix)
         folders = prefix.split("/")[:-1]
         gap = False
@@ -188,7 +183,6 @@ class FileBackend:
             tree = KeyTree(root_fd, self.root)
             if self.read_only:  # no lock; a redo log is left to the machine that wrote it
                 return TxnResult(_compared(tree, txn), _reads(tree, txn))
-            temps: list[str] = []
             values: list[str | bytes] = []  # each Put's: a temp file, or its value inline
             several = len(txn.writes) > 1  # then small values go in the redo log
             try:
@@ -197,8 +191,9 @@ class FileBackend:
                         values.append(put.value)
                     else:
                         value = _maker_errors_kept(put.value)
-                        temps.append(fileio.write_temp(root_fd, value, True, "file_backend.commit"))
-                        values.append(temps[-1])
+                        values.append(
+                            fileio.write_temp(root_fd, value, True, "file_backend.commit")
+                        )
                 failpoint("file_backend.commit.before_lock")
                 # A node stopped at a failpoint must not hold the lock: see failpoints.
                 with not_stopped_inside(), self._locked(root_fd):
@@ -217,13 +212,12 @@ class FileBackend:
                 # The temps left (the commit failed, or wrote others over them) go, unless a
                 # redo log is left, which may name them. One gone is renamed, or never was.
                 if not log_pending(self.root):
-                    for tmp in temps:
+                    for tmp in [value for value in values if isinstance(value, str)]:
                         fileio.discard(root_fd, tmp)
 
     @contextlib.contextmanager
     def _opened_root(self) -> Iterator[int]:
-        """The root, open; StoreUnavailable naming it if it is gone or unreadable (not an
-        empty store)."""
+        """The root, open; StoreUnavailable naming it if gone or unreadable (no empty store)."""
         try:
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
@@ -258,8 +252,7 @@ class FileBackend:
             yield
 
     def _sweep_now_and_then(self, root_fd: int) -> None:
-        """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most (under
-        the lock, with no redo log left that may name one)."""
+        """Remove the temp files crashed writers left, every STALE_TEMP_AGE_S at most."""
         if time.monotonic() < self._next_sweep:
             return
         self._next_sweep = time.monotonic() + STALE_TEMP_AGE_S

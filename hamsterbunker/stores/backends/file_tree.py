@@ -1,7 +1,5 @@
-"""The file backend's keys on disk: under ``<root>/kv/``, each ``/`` segment a directory,
-the last a file; read trusting nothing below the root, and written through the redo log
-(``file_redo``) when a commit makes more than one (docs/design.md, "The file backend").
-"""
+"""The file backend's keys on disk, under ``<root>/kv/``: read trusting nothing below the
+root, written through the redo log (``file_redo``) when a commit makes more than one key."""
 
 from __future__ import annotations
 
@@ -35,25 +33,19 @@ def set_aside(root_fd: int, name: str, why: str) -> None:
     fileio.log.error("%s: moved aside as %s", why, aside)
 
 
-def _open_folder(
-    dir_fd: int, path: Path, folders: Sequence[str], create: bool = False
-) -> int | None:
+def _open_folder(dir_fd: int, path: Path, folders: Sequence[str]) -> int | None:
     """dir_fd's folders/... (dir_fd at path): None where one is absent or no directory (a
-    symlink, a file); with create, made where absent, and CorruptRecord where no directory."""
-    try:
-        return fileio.open_dirs(dir_fd, path, folders, create=create)
-    except CorruptRecord:
-        if create:
-            raise
-        return None
+    symlink, a file)."""
+    with contextlib.suppress(CorruptRecord):
+        return fileio.open_dirs(dir_fd, path, folders)
+    return None
 
 
 def _read(dir_fd: int, name: str, path: Path, most: int) -> bytes | int | None:
     """fileio.read_upto, with what is no regular file (planted) read as no key."""
-    try:
+    with contextlib.suppress(CorruptRecord):
         return fileio.read_upto(dir_fd, name, path, most)
-    except CorruptRecord:
-        return None
+    return None
 
 
 class KeyTree:
@@ -135,9 +127,8 @@ class KeyTree:
             with fileio.closing_fd(dir_fd):
                 yield from walk(dir_fd, folder, self.path.joinpath(*folders))
 
-    def _folder(self, folders: Sequence[str], create: bool = False) -> int | None:
-        """kv/folders/..., open (see _open_folder)."""
-        return _open_folder(self.root_fd, self.root, [KV_NAME, *folders], create)
+    def _folder(self, folders: Sequence[str]) -> int | None:
+        return _open_folder(self.root_fd, self.root, [KV_NAME, *folders])
 
     def _prepare(self, ops: Ops) -> None:
         """Fail now, before anything is written, where ops could not all be made: a temp file
@@ -181,7 +172,7 @@ class KeyTree:
         """The key's folder (open), made where absent, with no directory at the key's name (an
         empty one is removed: a rename cannot replace it)."""
         *folders, name = key.split("/")
-        dir_fd = self._folder(folders, create=True)
+        dir_fd = fileio.open_dirs(self.root_fd, self.root, [KV_NAME, *folders], create=True)
         assert dir_fd is not None  # with create: made, or CorruptRecord
         try:
             os.rmdir(name, dir_fd=dir_fd)
@@ -217,8 +208,7 @@ class KeyTree:
         return changed
 
     def write(self, ops: Ops) -> None:
-        """Make ops, through the redo log if they are more than one (one rename or one
-        removal is atomic by itself)."""
+        """Make ops, through the redo log if they are more than one (one is atomic itself)."""
         self._prepare(ops)
         if len(ops) <= 1:
             self._apply(ops, durable=True)
