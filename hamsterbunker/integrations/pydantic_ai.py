@@ -15,7 +15,8 @@ agent runs as it would without this. Why it is built this way: docs/integrations
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Generic, Literal
 
@@ -31,6 +32,7 @@ from pydantic_ai.durable_exec import (
     RoleBasedOperationConfig,
 )
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.result import StreamedRunResult
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT
 
@@ -152,8 +154,30 @@ class JournaledAgent(Generic[AgentDepsT]):
         **kwargs: Any,
     ) -> AgentRunResult[Any]:
         """agent.run(prompt, ...), journaled when called inside a step."""
-        capabilities = [*self.agent.root_capability.capabilities, self.durability]
-        with self.agent.override(capabilities=capabilities):
+        with self._journaled():
             return await self.agent.run(
                 prompt, message_history=message_history, deps=deps, **kwargs
             )
+
+    @asynccontextmanager
+    async def run_stream(
+        self,
+        prompt: str | None = None,
+        *,
+        message_history: Sequence[ModelMessage] | None = None,
+        deps: AgentDepsT = None,  # type: ignore[assignment]
+        **kwargs: Any,
+    ) -> AsyncIterator[StreamedRunResult[AgentDepsT, Any]]:
+        """agent.run_stream(prompt, ...), journaled inside a step: each streamed model
+        response is recorded whole, so the stream yields it at once once recorded."""
+        with self._journaled():
+            async with self.agent.run_stream(
+                prompt, message_history=message_history, deps=deps, **kwargs
+            ) as streamed:
+                yield streamed
+
+    def _journaled(self) -> AbstractContextManager[None]:
+        """The agent with this durability added to its capabilities, for one run."""
+        return self.agent.override(
+            capabilities=[*self.agent.root_capability.capabilities, self.durability]
+        )
