@@ -7,10 +7,10 @@ import contextlib
 import errno
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 
-from ...core.errors import CorruptRecord, StoreError
+from ...core.errors import CorruptRecord, StoreError, StoreUnavailable
 from ...core.failpoints import failpoint
 from ..backend import MAX_KEY_CHARS, Scan, ScanResult, ScanTaker, TooLarge, key_problem, prefix_end
 from ..dirs import fileio
@@ -20,10 +20,16 @@ from .file_redo import Ops
 
 __all__ = ["KV_NAME", "WALK_ENTRIES", "KeyTree", "set_aside"]
 
+# How many times a lock-free scan lists again when a name it read is gone before its read.
+SCAN_TRIES = 5
 # The most directory entries one walk (a scan, the keys of a range delete) looks at: far
 # above what the record layer keeps in one folder, so only planted junk reaches it.
 WALK_ENTRIES = 1 << 17
 KV_NAME = "kv"
+
+
+class _Vanished(Exception):
+    """A name a scan listed was gone when it came to read it."""
 
 
 def set_aside(root_fd: int, name: str, why: str) -> None:
@@ -64,18 +70,33 @@ class KeyTree:
         return TooLarge(key, value) if isinstance(value, int) else value
 
     def scan(self, scan: Scan) -> ScanResult:
+        """The keys as each folder's names were read, listed again where a name read is gone
+        when its file is opened (a lock-free reader held up while commits went on);
+        StoreUnavailable if that happens in each of SCAN_TRIES listings."""
+        for _try in range(SCAN_TRIES):
+            with contextlib.suppress(_Vanished):
+                return self._scan_once(scan)
+        raise StoreUnavailable(f"{self.path}: changed under each of {SCAN_TRIES} listings")
+
+    def _scan_once(self, scan: Scan) -> ScanResult:
         taker = ScanTaker(scan.bound)
         lo = max(scan.prefix, scan.after + "\0")  # after `after`, from the prefix on
         hi = prefix_end(scan.prefix) if scan.prefix else "\x7f"  # keys are plain ASCII
         folder = scan.prefix[: scan.prefix.rfind("/") + 1]  # the prefix's, if it is no folder
-        for key, dir_fd, name in self._walk(folder, lo, hi):
-            if taker.full:
-                return taker.result(more=True)
-            value = _read(dir_fd, name, self.path / key, scan.bound.entry_bytes)
-            if isinstance(value, int):
-                taker.left_out(key, value)
-            elif value is not None:
-                taker.take(key, value)
+        with contextlib.closing(self._walk(folder, lo, hi, strict=True)) as walk:
+            for key, dir_fd, name in walk:
+                if taker.full:
+                    return taker.result(more=True)
+                try:
+                    value = fileio.read_upto(dir_fd, name, self.path / key, scan.bound.entry_bytes)
+                except CorruptRecord:
+                    continue  # no regular file (planted): no key, and no reason to list again
+                if value is None:
+                    raise _Vanished
+                if isinstance(value, int):
+                    taker.left_out(key, value)
+                else:
+                    taker.take(key, value)
         return taker.result()
 
     def keys_in(self, start: str, end: str | None) -> list[str]:
@@ -87,9 +108,12 @@ class KeyTree:
         folder = start[: start.rfind("/", 0, same) + 1]  # the deepest that holds the range
         return [key for key, _fd, _name in self._walk(folder, start, end)]
 
-    def _walk(self, folder: str, lo: str, hi: str) -> Iterator[tuple[str, int, str]]:
+    def _walk(
+        self, folder: str, lo: str, hi: str, strict: bool = False
+    ) -> Generator[tuple[str, int, str]]:
         """(key, its folder open, file name) of each key lo <= key < hi below folder ("" or
-        "/"-terminated), in key order; StoreError past WALK_ENTRIES directory entries."""
+        "/"-terminated), in key order; StoreError past WALK_ENTRIES directory entries.
+        strict: _Vanished where a folder listed is gone when opened."""
         left = WALK_ENTRIES
 
         def walk(dir_fd: int, folder: str, path: Path) -> Iterator[tuple[str, int, str]]:
@@ -115,6 +139,8 @@ class KeyTree:
                         yield key, dir_fd, name
                 elif prefix_end(key) > lo and len(key) < MAX_KEY_CHARS:
                     child = _open_folder(dir_fd, path, [name[:-1]])
+                    if child is None and strict:
+                        raise _Vanished
                     if child is not None:  # else replaced since it was listed
                         with fileio.closing_fd(child):
                             yield from walk(child, key, path / name[:-1])
