@@ -16,13 +16,16 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from fastmcp import FastMCP
 from pydantic_ai import Agent
+from pydantic_ai.mcp import MCPToolset
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from hamsterbunker import EffectInterrupted, LeaseTiming, Runtime, current_step
 from hamsterbunker.integrations.pydantic_ai import JournaledAgent, dump_messages, load_messages
 from hamsterbunker.testing import MemoryStore
+from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 
 TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
@@ -196,8 +199,7 @@ def test_an_interrupted_tool_cut_by_a_crash_is_never_called_again(nodes: Nodes) 
     world = World(park_at="send:y0")
     journaled = JournaledAgent(world.agent(), interrupted_tools=("send",))
     b = crash_a_then_b_takes_over(nodes, world, lambda: Assistant(journaled, ["go"]))
-    nodes.events.wait("effect.interrupted", "b", timeout=WAIT_S)
-    assert ("b", "EffectInterrupted") in b.outcomes
+    wait_until(lambda: ("b", "EffectInterrupted") in b.outcomes, "b's run to be interrupted")
     assert world.calls["send:y0@a"] == 1 and world.calls["send:y0@b"] == 0
     assert world.calls["lookup:x0@b"] == 0 and world.calls["request0@b"] == 0
 
@@ -265,6 +267,54 @@ def test_a_streamed_run_is_journaled_whole(nodes: Nodes) -> None:
     assert done.wait(WAIT_S)
     assert texts == [("b", "hello world")]
     assert calls == Counter({"a": 1, "b": 1})  # the stream cut mid-way was never recorded
+
+
+def test_an_mcp_toolsets_calls_are_journaled(nodes: Nodes) -> None:
+    """An MCP server's tool (FastMCP, in this process) called once; the replay reuses it."""
+    calls: Counter[str] = Counter()
+    parked = threading.Event()
+    server = FastMCP("calculator")
+
+    @server.tool
+    def add(a: int, b: int) -> int:
+        calls[f"add {a} {b}"] += 1
+        return a + b
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls[f"request{requests_answered(messages)}@{node()}"] += 1
+        if requests_answered(messages) == 0:
+            return ModelResponse(parts=[ToolCallPart("add", {"a": 2, "b": 3})])
+        if node() == "a":
+            parked.set()
+            await asyncio.sleep(3600)
+        return ModelResponse(parts=[TextPart(f"the sum is {messages[-1].parts[0].content}")])
+
+    tools = MCPToolset(server, id="calculator")
+    journaled = JournaledAgent(Agent(FunctionModel(model), name="mcp", toolsets=[tools]))
+    answers: list[str] = []
+    answered = threading.Event()
+
+    class Calculator:
+        id = AGENT
+
+        def init(self) -> dict[str, Any]:
+            return {"answer": ""}
+
+        async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+            if state["answer"]:
+                answered.set()
+                await asyncio.sleep(0.05)
+                return state
+            answers.append((await journaled.run("2 + 3?")).output)
+            return {"answer": answers[-1]}
+
+    nodes.start("a", Calculator())
+    assert parked.wait(WAIT_S)
+    nodes.made[0].stop()
+    nodes.start("b", Calculator())
+    assert answered.wait(WAIT_S)
+    assert answers == ["the sum is 5"]
+    assert calls == Counter({"add 2 3": 1, "request0@a": 1, "request1@a": 1, "request1@b": 1})
 
 
 def test_outside_a_step_the_agent_runs_as_it_would_without_the_journal() -> None:
