@@ -12,6 +12,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -114,7 +115,8 @@ class RedisConnection:
 
     def async_client(self) -> redis.asyncio.Redis:
         """An asyncio client (the watch's pub/sub), with the same options."""
-        return redis.asyncio.from_url(self.client_url, **self.options)
+        options = {**self.options, "retry": AsyncRetry(NoBackoff(), 0)}  # no retries: as above
+        return redis.asyncio.from_url(self.client_url, **options)
 
     @contextmanager
     def errors_translated(self, what: str) -> Iterator[None]:
