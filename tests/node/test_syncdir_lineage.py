@@ -253,7 +253,10 @@ def test_an_operator_chooses_the_chain_kept_aside_and_the_leader_goes_on_from_it
         )
         assert (resumed.detail["from_seq"], resumed.detail["from_epoch"]) == (top_a, epoch_a)
         leader = nodes.runtimes[taken.node]
-        wait_until(lambda: nodes.published(taken.node, top_a + 2), "going on", WAIT_S)
+        # By its steps, not its seq: B's seq, past A's newest, is the new term's until it restores.
+        agent = nodes.agents[taken.node]
+        wait_until(lambda: sum(c.epoch > epoch_b for c, _st in agent.entered) >= 2, "going on",
+                   WAIT_S)  # fmt: skip
         aside = nodes.events.wait(
             "store.diverged", where=lambda e: e.detail["term"] == f"{epoch_b}@B", timeout=WAIT_S
         )

@@ -103,10 +103,12 @@ def pip_calls(places: dict[str, Path]) -> list[str]:
 
 
 def node_extras() -> list[str]:
-    """pyproject's extras but the developers' (`test`, `bench`): what a node may need (hb-tui,
-    the Redis and etcd clients)."""
+    """pyproject's extras but the developers' (`test`, `bench`) and the agents' (`pydantic-ai`,
+    `langgraph`: an agent package that uses one requires it): what a node may need (hb-tui,
+    the Redis, etcd and PostgreSQL clients)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-    return sorted(set(project["optional-dependencies"]) - {"test", "bench"})
+    not_the_nodes = {"test", "bench", "pydantic-ai", "langgraph"}
+    return sorted(set(project["optional-dependencies"]) - not_the_nodes)
 
 
 def test_install_systemd_installs_the_extras_and_links_hb_and_hb_tui(make, tmp_path):

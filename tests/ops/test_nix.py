@@ -103,8 +103,10 @@ def requirement_name(requirement: str) -> str:
     return re.split(r"[<>=!~ ;\[]", requirement, maxsplit=1)[0].lower()
 
 
-# pyproject.toml's extras that nix/package.nix includes (its with* arguments); `test` is for make test.
+# pyproject.toml's extras that nix/package.nix includes (its with* arguments); `test` and `bench`
+# are the developers'; an agent that uses an integration brings its framework (AGENT_EXTRAS).
 PACKAGED_EXTRAS = ("tui", "redis", "etcd", "postgres")
+AGENT_EXTRAS = ("pydantic-ai", "langgraph")
 
 
 def python_package_names() -> list[str]:
@@ -657,7 +659,8 @@ def test_package_and_flake_match_pyproject(nix_instantiate, lib_path):
         ],
     )
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
-    assert set(project["optional-dependencies"]) - {"test", "bench"} == set(PACKAGED_EXTRAS)
+    unpackaged = {"test", "bench", *AGENT_EXTRAS}
+    assert set(project["optional-dependencies"]) - unpackaged == set(PACKAGED_EXTRAS)
     names = sorted(requirement_name(r) for r in project["dependencies"])
     extras = {
         extra: [requirement_name(r) for r in project["optional-dependencies"][extra]]
