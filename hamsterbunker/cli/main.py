@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -155,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     # stack in the journal.
     faulthandler.enable()
     try:
-        return _dispatch(args)
+        code = _dispatch(args)
+        sys.stdout.flush()  # here, so that a reader gone is seen below, not at exit
+        return code
     except (ConfigError, SealError, StoreUnsafe) as exc:
         # A user mistake: a bad URL, agent, secret or store location.
         _print_error(f"hb {args.command}: error: {exc}")
@@ -171,3 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output went (``hb status | head``): end quietly, as Unix tools do,
+    with what a shell shows for a command a SIGPIPE ended."""
+    # What is still buffered for stdout would fail again at exit, with a traceback.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE

@@ -264,3 +264,18 @@ def test_the_observer_judges_on_its_own_clock_only() -> None:
     assert observer.observe(["b"])["b"].liveness.state == "unknown"
     assert MAX_WATCH_S <= clock.now - started < MAX_WATCH_S + 1
     assert long.holder == "n1"
+
+
+@pytest.mark.parametrize("args", [[], ["--json"]])
+def test_a_reader_gone_ends_hb_status_quietly(tmp_path: Path, args: list[str]) -> None:
+    """`hb status | head -c 0`: the reader is gone before hb writes a byte; hb ends as a
+    command a SIGPIPE ends (141 in a shell), with nothing on stderr: no traceback."""
+    store = planted(tmp_path / "store", "counter", "mailer")
+    command = [*HB, "status", "--store", store.as_uri(), "--observe-ms", "0", *args]
+    process = subprocess.Popen(command, env=hb_env(), stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # no reader left
+    stderr = process.stderr.read()
+    assert process.wait(timeout=30) == 141, stderr
+    assert stderr == b""
