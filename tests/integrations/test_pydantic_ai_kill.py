@@ -4,8 +4,8 @@ Three nodes run ``PydanticTasks`` (tests/support/hb_pydantic_agents.py): each st
 one submitted task and runs a ``JournaledAgent`` on it, three model requests and four
 tool calls, ``notify`` among them declared ``interrupted``. Every real call logs its
 start and its end to a file. Eight tasks are submitted with ``Client``; the leader is
-SIGKILLed three times, each time inside a call of another kind (a model request, a
-``notify``, a plain tool), and restarted as a standby. Then every task is answered, and
+SIGKILLed three times, each time inside a call of another kind (a task's last model
+request, a ``notify``, a plain tool), and restarted as a standby. Then every task is answered, and
 from the log:
 
 - a call is made again only when it was the one in flight at a kill (at most one
@@ -52,9 +52,15 @@ TASKS = 8
 # killed must not lose it, or its step would be replayed without a kill.
 TIMING = LeaseTiming(100, 2000)
 CALL_S = "0.3"  # each real model or tool call takes this long: a kill lands inside one
-# Each kill: once the leader is inside a call of this kind (a model request, the
-# interrupted tool, a plain tool).
-TARGETS = ("model", "notify", "plain")
+# Each kill: once the leader is inside this call (a line started, not ended), spread over
+# the tasks: the last model request of a task (its two others and four tool calls recorded
+# before it), the interrupted tool, the last plain tool of a task.
+TARGETS: tuple[tuple[str, Callable[[dict[str, Any]], bool]], ...] = (
+    ("request-2 of task 1 or later", lambda ln: ln["task"] >= 1 and ln["name"] == "request-2"),
+    ("notify of task 3 or later", lambda ln: ln["task"] >= 3 and ln["name"] == "notify"),
+    ("the second add of task 5 or later",
+     lambda ln: ln["task"] >= 5 and ln["name"] == "add" and ln["args"]["b"] == 100),
+)  # fmt: skip
 WAIT_S = 30.0  # for any one thing to happen (a takeover, a call to start)
 RESULT_S = 60.0
 MakeCluster = Callable[..., LocalCluster]
@@ -78,20 +84,16 @@ def key(line: dict[str, Any]) -> Key:
     return (line["task"], line["kind"], line["name"], args)
 
 
-def target_of(line: dict[str, Any]) -> str:
-    if line["kind"] == "model":
-        return "model"
-    return "notify" if line["name"] == "notify" else "plain"
-
-
-def in_call(path: Path, after: int, target: str, not_on: str | None) -> dict[str, Any] | None:
-    """The last line, if it is a call of kind target that started after line number
-    after on another node than not_on and has not ended."""
+def in_call(
+    path: Path, after: int, wanted: Callable[[dict[str, Any]], bool], not_on: str | None
+) -> dict[str, Any] | None:
+    """The last line, if it is the start of a wanted call after line number after, on
+    another node than not_on (a call it makes has not ended)."""
     lines = journal(path)[after:]
     if not lines:
         return None
     last = lines[-1]
-    if last["phase"] != "start" or last["node"] == not_on or target_of(last) != target:
+    if last["phase"] != "start" or last["node"] == not_on or not wanted(last):
         return None
     return last
 
@@ -129,10 +131,10 @@ def test_a_journaled_pydantic_ai_agent_survives_three_leader_kills_mid_run(
 
         kills: list[tuple[dict[str, Any], bool]] = []  # (call in flight, had it ended?)
         seen, killed = 0, None
-        for target in TARGETS:
+        for what, wanted in TARGETS:
             line = wait_until(
-                lambda: in_call(path, seen, target, killed),  # noqa: B023 (called at once)
-                f"the leader inside a {target} call",
+                lambda: in_call(path, seen, wanted, killed),  # noqa: B023 (called at once)
+                f"the leader inside {what}",
                 timeout=WAIT_S,
             )
             node = line["node"]
