@@ -98,7 +98,8 @@ _ARITHMETIC = re.compile(r"[(\d][\d\s.+\-*/()]*[\d)]")
 
 def _this_run(messages: list[ModelMessage]) -> tuple[str, dict[str, Any]]:
     """The question (the last user prompt) and the tool results since, by call id."""
-    question, returns = "", dict[str, Any]()
+    question: str = ""
+    returns: dict[str, Any] = {}
     for message in messages:
         if isinstance(message, ModelRequest):
             for part in message.parts:
@@ -123,7 +124,8 @@ def offline_model(messages: list[ModelMessage], info: AgentInfo) -> ModelRespons
         if re.search(rf"\b{word}s?\b", question.lower())
     ]
     if not calls:
-        return ModelResponse(parts=[TextPart(f"I can only do sums and explain: {INSTRUCTIONS}")])
+        words = ", ".join(sorted(FACTS))
+        return ModelResponse(parts=[TextPart(f"I can do sums and explain these words: {words}.")])
     if not returns:
         return ModelResponse(parts=list(calls))
     answers = []
