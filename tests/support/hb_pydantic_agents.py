@@ -8,7 +8,8 @@ asks for four tool calls over three model requests (two tools at once in the fir
 one of them ``notify``, declared interrupted. Every real call of the model function
 and of a tool appends a line to HB_TEST_PAI_JOURNAL when it starts and another when it
 returns (``"phase": "start"`` / ``"end"``), and sleeps HB_TEST_PAI_CALL_S seconds
-between, so kills land inside calls and the test counts the real calls from outside.
+between, so kills land inside calls and the test counts the real calls from outside;
+each line names the node and its epoch (the term the call was made in).
 The test imports ``expected_output`` to know each reply.
 """
 
@@ -47,7 +48,7 @@ def _append_line(line: dict[str, Any]) -> None:
     step = current_step()
     if not path:
         return
-    line = {"node": step.node if step else None, **line}
+    line = {"node": step and step.node, "epoch": step and step.epoch, **line}
     data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
