@@ -102,17 +102,20 @@ def last_started(lines: list[Line]) -> dict[tuple[str, int], Line]:
 
 
 def in_call(path: Path, after: int, wanted: Callable[[Line], bool], store: Store) -> Line | None:
-    """The last line after line number after, if it is the start of a wanted call made by
-    the term that holds the lease (the call has not ended)."""
+    """A wanted call started after line number after, not yet ended, by the term that holds
+    the lease."""
     lines = journal(path)[after:]
-    if not lines or lines[-1]["phase"] != "start" or not wanted(lines[-1]):
+    ended = {(ln["node"], ln["epoch"], key(ln)) for ln in lines if ln["phase"] == "end"}
+    started = [
+        ln for ln in lines
+        if ln["phase"] == "start" and wanted(ln) and (ln["node"], ln["epoch"], key(ln)) not in ended
+    ]  # fmt: skip
+    if not started:
         return None
     lease = store.read_lease(AGENT)
-    held = lease is not None and (lease.holder, lease.epoch) == (
-        lines[-1]["node"],
-        lines[-1]["epoch"],
-    )
-    return lines[-1] if held else None
+    line = started[-1]
+    held = lease is not None and (lease.holder, lease.epoch) == (line["node"], line["epoch"])
+    return line if held else None
 
 
 def final_state(cluster: LocalCluster, store: Store) -> dict[str, Any]:
