@@ -161,7 +161,9 @@ class Assistant:
     async def step(self, state: dict[str, Any]) -> dict[str, Any]:
         ctx = current_step()
         assert ctx is not None
-        for question in await ctx.wait_for_inbox(timeout=30):
+        # One question a step: a step calls at most 128 effects, and a run is one per model
+        # request and tool call. The next question's step follows at once.
+        for question in (await ctx.wait_for_inbox(timeout=30))[:1]:
             payload = question.payload
             text = payload.get("q", "") if isinstance(payload, dict) else str(payload)
             result = await self.journaled.run(str(text))
