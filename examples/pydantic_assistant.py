@@ -14,11 +14,17 @@ LLM: arithmetic goes to the calculator, a known word to the lookup); with
         --node-id node-a --region r-a &
     hb submit --store file:///tmp/hb-assistant --agent-id assistant --wait \\
         --data '"what is (17 + 25) * 3, and what is a lease?"'
+
+Every model request and tool call that really runs logs "NODE called ...": with
+``ASSISTANT_THINK_S=3`` a request takes 3 s, time to SIGKILL the leader mid-answer and
+see the other node call only what was in flight (README: "PydanticAI agents").
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
+import logging
 import operator
 import os
 import re
@@ -47,6 +53,18 @@ FACTS = {
     "inbox": "where submitted work waits until a step consumes it with a reply",
 }
 
+# Seconds each offline model request takes (0: at once): time to kill a node mid-answer.
+THINK_S = float(os.environ.get("ASSISTANT_THINK_S", "0"))
+log = logging.getLogger("assistant")
+
+
+def _called(what: str) -> None:
+    """Say, in the node's log, that a model request or a tool call really ran here: a
+    replay's recorded results are never called, so never logged."""
+    step = current_step()
+    log.info("%s called %s", step.node if step else "(no step)", what)
+
+
 INSTRUCTIONS = (
     "You answer questions briefly. Use the calculator for any arithmetic and the lookup "
     f"for these words: {', '.join(sorted(FACTS))}."
@@ -65,6 +83,7 @@ _OPERATORS: dict[type, Any] = {
 
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression (numbers, + - * / ** and parentheses)."""
+    _called(f"calculate({expression!r})")
 
     def value(node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
@@ -87,6 +106,7 @@ def calculate(expression: str) -> str:
 
 def lookup(word: str) -> str:
     """Look up what a word means here (lease, checkpoint, effect, inbox)."""
+    _called(f"lookup({word!r})")
     return FACTS.get(word.lower().strip(), f"nothing known about {word!r}")
 
 
@@ -110,10 +130,12 @@ def _this_run(messages: list[ModelMessage]) -> tuple[str, dict[str, Any]]:
     return question, returns
 
 
-def offline_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+async def offline_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """First request: a tool call for each sum and each known word in the question;
-    the next: the answer, from what the tools returned."""
+    the next: the answer, from what the tools returned. Takes THINK_S, as a model would."""
     question, returns = _this_run(messages)
+    _called(f"model request ({len(returns)} tool results so far)")
+    await asyncio.sleep(THINK_S)
     calls = [
         ToolCallPart("calculate", {"expression": found.strip()}, tool_call_id=f"calc-{i}")
         for i, found in enumerate(_ARITHMETIC.findall(question))
