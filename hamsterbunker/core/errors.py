@@ -142,6 +142,11 @@ class StoreRegressed(NoUsableCheckpoint):
     """The store's newest checkpoint is behind one this node saw accepted (or all are gone)."""
 
 
+class AgentInitFailed(HamsterbunkerError):
+    """The agent's init() raised: no state to start from. Backed off and retried as a failing
+    step is (``--max-step-failures``); the agent's own exception is the cause."""
+
+
 class StepLost(HamsterbunkerError):
     """The running step may no longer be published: its lease's renew deadline passed, or the
     lease was lost. Raised by ``current_step().check()`` so a long sync step can stop early."""

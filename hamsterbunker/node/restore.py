@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from ..agent.inbox import ConsumedMarks
 from ..agent.step import Agent, State, StepContext
 from ..core.errors import (
+    AgentInitFailed,
     CorruptRecord,
     HamsterbunkerError,
     NoUsableCheckpoint,
@@ -30,6 +31,7 @@ from ..records.lineage import CheckpointRef, TermId
 from ..sealing import Sealer
 from ..stores import RestoreRead, Store
 from ..stores.base import newest_first
+from .backoff import describe
 from .calls import NodeCalls
 from .lineage_view import LineageRead, LineageView, describe_ref
 from .notify import Notifier
@@ -196,7 +198,10 @@ class Restorer:
             and not (read.lineage is not None and read.lineage.winner_based)
             and (reach == Reach() or await self._held_aside(read, Reach(), reach))
         ):
-            state = await self._calls.work(self._agent.init)
+            try:
+                state = await self._calls.work(self._agent.init)
+            except Exception as exc:  # the agent's own failure, said in one line
+                raise AgentInitFailed(f"init() raised {describe(exc)}") from exc
             await self._write_term_start(epoch, None)
             self._emit("agent.started")
             roots = () if read.lineage is None else read.lineage.built_on(None)

@@ -23,7 +23,7 @@ from ..agent.inbox import StepInbox
 from ..agent.intents import IntentLog
 from ..agent.step import Agent, State, StepContext, _current
 from ..core.clock import Clock
-from ..core.errors import Fenced, NoUsableCheckpoint, StepLost, StoreError
+from ..core.errors import AgentInitFailed, Fenced, NoUsableCheckpoint, StepLost, StoreError
 from ..core.timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
 from ..lease import LeaseKeeper
 from ..sealing import Sealer
@@ -304,6 +304,12 @@ class LeaderTerm:
                 raise
             except LeaseBehind as exc:
                 return self._give_up(str(exc), hold_off=False)  # and take it again above
+            except AgentInitFailed as exc:  # as a failing step: back off, or hand over
+                backed_off = await self._back_off(0, exc)
+                if isinstance(backed_off, TermEnd):
+                    return backed_off
+                if not backed_off:
+                    return TermEnd(Ending.OVER, self.epoch)
             except StoreError as exc:
                 # Never fall back past a checkpoint we merely failed to read: try again.
                 taken = None  # and read afresh

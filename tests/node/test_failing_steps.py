@@ -175,6 +175,54 @@ def test_after_max_failures_the_lease_is_handed_over_and_not_taken_back_at_once(
     assert back_at - released_at >= 1.5 - 0.05
 
 
+class FailingInit(Flaky):
+    """Its init() raises on the nodes in failing_on while ``failing`` is set."""
+
+    def init(self) -> dict[str, Any]:
+        step = current_step()
+        assert step is None  # init() runs before any step
+        if self.failing.is_set() and self.node_of_init in self.failing_on:
+            raise FileNotFoundError("no config file /etc/agent.toml")
+        return super().init()
+
+    node_of_init = "a"
+
+
+def test_an_init_that_raises_is_one_line_backed_off_and_retried_until_it_succeeds(
+    nodes: Nodes,
+) -> None:
+    """No traceback and no crash: each failure is one agent.failing line naming init() and
+    the agent's error, retried with the step backoff; once init() succeeds the agent starts."""
+    agent = FailingInit(failing_on=("a",))
+    nodes.start("a", agent, StepRetry(first_ms=50, max_ms=200, max_failures=0))
+    failing = nodes.events.wait("agent.failing", "a", where=lambda e: e.detail["failures"] >= 3,
+                                timeout=WAIT_S)  # fmt: skip
+    assert failing.detail["error"] == (
+        "AgentInitFailed: init() raised FileNotFoundError: no config file /etc/agent.toml"
+    )
+    assert nodes.events.of("agent.started", "a") == nodes.events.of("node.offline", "a") == []
+    agent.failing.clear()
+    nodes.events.wait("agent.started", "a", timeout=WAIT_S)
+    nodes.events.wait("checkpoint.published", "a", timeout=WAIT_S)
+
+
+def test_an_init_that_keeps_raising_hands_the_lease_over_as_failing_steps_do(
+    nodes: Nodes,
+) -> None:
+    """After max_failures init() failures a hands over; b, whose init() works, starts."""
+    retry = StepRetry(first_ms=50, max_ms=1_500, max_failures=3)
+    nodes.start("a", FailingInit(failing_on=("a",)), retry)
+    nodes.events.wait("lease.acquired", "a", timeout=WAIT_S)
+    b_agent = FailingInit(failing_on=("a",))
+    b_agent.node_of_init = "b"
+    nodes.start("b", b_agent, retry)
+    given_up = nodes.events.wait("lease.given_up", "a", timeout=WAIT_S)
+    assert given_up.detail["via"] == "handoff"
+    assert "init() raised FileNotFoundError" in given_up.detail["reason"]
+    nodes.events.wait("agent.started", "b", timeout=WAIT_S)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+
+
 def test_step_failures_double_within_the_jitter_up_to_the_cap() -> None:
     retry = StepRetry(first_ms=1_000, max_ms=60_000, max_failures=10)
     low, high = StepFailures(retry, rand=lambda: 0.0), StepFailures(retry, rand=lambda: 1.0)
