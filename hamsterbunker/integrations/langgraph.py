@@ -75,9 +75,7 @@ class _JournaledNode(Runnable[Any, Any]):
             return self.bound.invoke(input, config, **kwargs)
         raise EffectError(f"node {self.node!r}: a journaled graph runs with ainvoke (run())")
 
-    async def ainvoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         step = current_step()
         if step is None:  # outside a step: the graph runs as it would without this
             return await self.bound.ainvoke(input, config, **kwargs)
@@ -136,15 +134,11 @@ class JournaledGraph:
         interrupted = frozenset(interrupted_nodes)
         if unknown := interrupted - set(graph.nodes):
             raise ValueError(f"interrupted_nodes not in the graph: {sorted(unknown)}")
-        nodes = {
-            node: spec
-            if spec.bound is DEFAULT_BOUND  # __start__ and the like: no code of the user's
-            else spec.copy(
-                {"bound": _JournaledNode(name, node, spec.bound,
-                                         "interrupted" if node in interrupted else "safe")}
-            )  # fmt: skip
-            for node, spec in graph.nodes.items()
-        }
+        nodes = dict(graph.nodes)
+        for node, spec in graph.nodes.items():
+            if spec.bound is not DEFAULT_BOUND:  # __start__ and the like run no code of yours
+                replay = "interrupted" if node in interrupted else "safe"
+                nodes[node] = spec.copy({"bound": _JournaledNode(name, node, spec.bound, replay)})
         self.name, self.thread_id = name, thread_id
         self._graph = graph.copy({"nodes": nodes})
         self._config: RunnableConfig = {
@@ -158,9 +152,7 @@ class JournaledGraph:
         ``Command(resume=...)`` answers an interrupt); kwargs go to ``ainvoke``."""
         saver = self._restore(saved)
         graph = self._graph.copy({"checkpointer": saver})
-        result = await graph.ainvoke(
-            input, self._config, durability="exit", version="v2", **kwargs
-        )
+        result = await graph.ainvoke(input, self._config, durability="exit", version="v2", **kwargs)
         return GraphRun(result.value, tuple(result.interrupts), self._dump(saver))
 
     def _restore(self, saved: Saved | None) -> InMemorySaver:
@@ -240,9 +232,7 @@ class GraphAgent:
         submission = inbox[0]
         waiting = bool(state["waiting"])
         graph_input = (
-            Command(resume=submission.payload)
-            if waiting
-            else self._make_input(submission.payload)
+            Command(resume=submission.payload) if waiting else self._make_input(submission.payload)
         )
         run = await self.graph.run(state["graph"], graph_input)
         ctx.consume(submission.number, reply=self._make_reply(run))

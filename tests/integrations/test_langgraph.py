@@ -1,0 +1,261 @@
+"""A LangGraph graph run in a step (hamsterbunker.integrations.langgraph), in-process on a
+MemoryStore: node "a" is stopped with no grace while a graph node is in flight (as a crash
+leaves it), node "b" takes over and replays the step. Each graph node counts its calls per
+HamsterBunker node, so a completed graph node that ran again shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from hamsterbunker import Client, LeaseTiming, Runtime, current_step
+from hamsterbunker.integrations.langgraph import GraphAgent, JournaledGraph
+from hamsterbunker.testing import MemoryStore
+from tests.support import wait_until
+from tests.support.agents import AGENT, SECRET, Recorder
+
+TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
+WAIT_S = 20.0
+
+
+class GraphState(TypedDict, total=False):
+    topic: str
+    log: Annotated[list[str], operator.add]
+    approved: str
+
+
+class Calls:
+    """The graph nodes' functions: count calls per (HamsterBunker node, graph node); park
+    (never return) on node "a" in the graph nodes named in park."""
+
+    def __init__(self, park: set[str] | None = None) -> None:
+        self.count: Counter[tuple[str, str]] = Counter()
+        self.park = park or set()
+        self.parked = threading.Event()
+        self.work_s = 0.0  # how long each call works (overlapping calls show in peak)
+        self.running = self.peak = 0
+        self._lock = threading.Lock()
+
+    async def enter(self, graph_node: str) -> None:
+        step = current_step()
+        where = step.node if step is not None else "-"
+        with self._lock:
+            self.count[(where, graph_node)] += 1
+        if where == "a" and graph_node in self.park:
+            self.parked.set()
+            await asyncio.sleep(3600)  # cancelled when node a stops
+        with self._lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        await asyncio.sleep(self.work_s)
+        with self._lock:
+            self.running -= 1
+
+    def on(self, node: str) -> dict[str, int]:
+        return {graph_node: n for (where, graph_node), n in self.count.items() if where == node}
+
+    def node(self, name: str) -> Any:
+        async def run(state: GraphState) -> dict[str, Any]:
+            await self.enter(name)
+            return {"log": [name]}
+
+        return run
+
+
+class Nodes:
+    def __init__(self) -> None:
+        self.store = MemoryStore()
+        self.events = Recorder()
+        self.made: list[Runtime] = []
+
+    def start(self, node_id: str, agent: Any) -> Runtime:
+        node = Runtime(node_id=node_id, region="r", store=self.store, agent=agent, secret=SECRET,
+                       timing=TIMING, on_event=self.events, stop_grace_ms=0)  # fmt: skip
+        self.made.append(node)
+        node.start()
+        return node
+
+    def crash_a_and_start_b(self, agent: Any, calls: Calls) -> None:
+        wait_until(calls.parked.is_set, "node a's graph to park in a node")
+        self.made[0].stop()
+        self.start("b", agent)
+
+
+@pytest.fixture
+def nodes() -> Iterator[Nodes]:
+    made = Nodes()
+    yield made
+    for node in made.made:
+        node.stop()
+
+
+class OneRun:
+    """Runs the graph once, in its first step; keeps what each step returned."""
+
+    id = AGENT
+
+    def __init__(self, graph: JournaledGraph) -> None:
+        self.graph = graph
+        self.outputs: list[Any] = []
+
+    def init(self) -> dict[str, Any]:
+        return {"graph": None, "output": None}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        ctx = current_step()
+        assert ctx is not None
+        if state["output"] is not None:
+            await ctx.wait_for_inbox(WAIT_S)  # idle: nothing more to do
+            return state
+        run = await self.graph.run(state["graph"], {"topic": "owls", "log": []})
+        self.outputs.append(run.output)
+        return {"graph": run.saved, "output": run.output}
+
+
+def linear(calls: Calls, *names: str) -> Any:
+    builder = StateGraph(GraphState)
+    previous = START
+    for name in names:
+        builder.add_node(name, calls.node(name))
+        builder.add_edge(previous, name)
+        previous = name
+    builder.add_edge(previous, END)
+    return builder.compile()
+
+
+def test_a_failover_mid_graph_reruns_only_the_node_in_flight(nodes: Nodes) -> None:
+    """plan and research completed on a, write was in flight: b calls only write."""
+    calls = Calls(park={"write"})
+    agent = OneRun(JournaledGraph(linear(calls, "plan", "research", "write")))
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("a") == {"plan": 1, "research": 1, "write": 1}
+    assert calls.on("b") == {"write": 1}, "b ran a graph node that had completed on a"
+    assert agent.outputs[-1] == {"topic": "owls", "log": ["plan", "research", "write"]}
+    replayed = nodes.events.wait("effect.replayed", "b")
+    assert replayed.detail["reused"] == 2
+
+
+def test_parallel_branches_run_one_at_a_time_and_are_not_run_again(nodes: Nodes) -> None:
+    """Two branches of one superstep run one after the other (effects are numbered in call
+    order: LangGraph's order of tasks, whatever its callbacks await), journaled, so a replay
+    calls neither again."""
+    calls = Calls(park={"join"})
+    calls.work_s = 0.05
+    builder = StateGraph(GraphState)
+    for name in ("left", "right", "join"):
+        builder.add_node(name, calls.node(name))
+    builder.add_edge(START, "left")
+    builder.add_edge(START, "right")
+    builder.add_edge(["left", "right"], "join")
+    builder.add_edge("join", END)
+    agent = OneRun(JournaledGraph(builder.compile()))
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("a") == {"left": 1, "right": 1, "join": 1}
+    assert calls.on("b") == {"join": 1}
+    assert calls.peak == 1, "two graph nodes ran at once"
+    assert sorted(agent.outputs[-1]["log"][:2]) == ["left", "right"]
+    assert agent.outputs[-1]["log"][2] == "join"
+    assert not nodes.events.of("agent.failing"), "the replay failed (an effect mismatch?)"
+
+
+def review_graph(calls: Calls) -> Any:
+    """draft -> approve (asks a human: interrupt) -> publish."""
+
+    async def approve(state: GraphState) -> dict[str, Any]:
+        await calls.enter("approve")
+        answer = interrupt({"question": f"publish the draft about {state['topic']}?"})
+        return {"log": ["approve"], "approved": answer}
+
+    builder = StateGraph(GraphState)
+    builder.add_node("draft", calls.node("draft"))
+    builder.add_node("approve", approve)
+    builder.add_node("publish", calls.node("publish"))
+    builder.add_edge(START, "draft")
+    builder.add_edge("draft", "approve")
+    builder.add_edge("approve", "publish")
+    builder.add_edge("publish", END)
+    return builder.compile()
+
+
+def ask(nodes: Nodes) -> dict[str, Any]:
+    """Submit a topic; the graph's question comes back as the reply."""
+    with Client(nodes.store, SECRET) as client:
+        client.submit(AGENT, {"topic": "owls", "log": []}, request_id="topic-1")
+        reply = client.result(AGENT, "topic-1", timeout=WAIT_S)
+    [waiting] = reply["interrupts"]
+    assert waiting["value"] == {"question": "publish the draft about owls?"}
+    return reply  # type: ignore[no-any-return]
+
+
+def test_an_interrupt_is_answered_by_a_submission(nodes: Nodes) -> None:
+    """The graph waits on interrupt() across steps (its checkpoint in the agent's state); the
+    next submission resumes it with Command(resume=payload) and gets the graph's output."""
+    calls = Calls()
+    nodes.start("a", GraphAgent(AGENT, review_graph(calls)))
+    ask(nodes)
+    assert calls.on("a") == {"draft": 1, "approve": 1}
+    with Client(nodes.store, SECRET) as client:
+        client.submit(AGENT, "yes, go", request_id="answer-1")
+        reply = client.result(AGENT, "answer-1", timeout=WAIT_S)
+    assert reply == {"output": {"topic": "owls", "log": ["draft", "approve", "publish"],
+                                "approved": "yes, go"}}  # fmt: skip
+    # LangGraph runs an interrupted node again on resume; draft ran once.
+    assert calls.on("a") == {"draft": 1, "approve": 2, "publish": 1}
+
+
+def test_a_failover_after_the_answer_does_not_ask_again(nodes: Nodes) -> None:
+    """a resumes the graph with the answer and dies in publish: b replays the answered
+    approve node from the journal (never calls it), runs publish and replies."""
+    calls = Calls(park={"publish"})
+    agent = GraphAgent(AGENT, review_graph(calls))
+    nodes.start("a", agent)
+    ask(nodes)
+    with Client(nodes.store, SECRET) as client:
+        client.submit(AGENT, "yes", request_id="answer-1")
+        nodes.crash_a_and_start_b(agent, calls)
+        reply = client.result(AGENT, "answer-1", timeout=WAIT_S)
+    assert reply["output"]["approved"] == "yes"
+    assert reply["output"]["log"] == ["draft", "approve", "publish"]
+    assert calls.on("a") == {"draft": 1, "approve": 2, "publish": 1}
+    assert calls.on("b") == {"publish": 1}, "b ran a graph node that had completed on a"
+
+
+def test_the_first_node_cut_off_runs_again_on_the_next_leader(nodes: Nodes) -> None:
+    """A kill before the first node completes leaves nothing journaled: b runs it again."""
+    calls = Calls(park={"plan"})
+    agent = OneRun(JournaledGraph(linear(calls, "plan", "write")))
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("b") == {"plan": 1, "write": 1}
+    assert agent.outputs[-1]["log"] == ["plan", "write"]
+
+
+def test_outside_a_step_the_graph_runs_unjournaled() -> None:
+    """No step, no journal: the graph runs as LangGraph runs it, interrupts included."""
+    calls = Calls()
+    graph = JournaledGraph(review_graph(calls))
+    first = asyncio.run(graph.run(None, {"topic": "owls", "log": []}))
+    assert first.waiting and first.saved is not None
+    done = asyncio.run(graph.run(first.saved, Command(resume="ok")))
+    assert not done.waiting
+    assert done.output["log"] == ["draft", "approve", "publish"]
+    assert calls.on("-") == {"draft": 1, "approve": 2, "publish": 1}
+
+
+def test_unknown_interrupted_nodes_are_refused() -> None:
+    with pytest.raises(ValueError, match="nowhere"):
+        JournaledGraph(review_graph(Calls()), interrupted_nodes=["nowhere"])
