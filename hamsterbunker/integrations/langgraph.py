@@ -35,7 +35,7 @@ from langgraph.types import Command, Interrupt
 
 from ..agent.effects import MAX_NAME_LENGTH
 from ..agent.step import current_step
-from ..core.errors import EffectError
+from ..core.errors import EffectError, EffectInterrupted
 
 __all__ = ["GraphAgent", "GraphRun", "JournaledGraph"]
 
@@ -203,6 +203,10 @@ class GraphAgent:
     waits on an interrupt, resumes it with ``Command(resume=payload)``; the submission is
     consumed with ``make_reply(run)`` (default: ``{"interrupts": [{"id", "value"}]}`` while
     waiting, else ``{"output": ...}``: JSON). One LangGraph thread per agent.
+
+    A node of ``interrupted_nodes`` cut off by a crash may or may not have run: the
+    submission is consumed with ``{"unknown": EFFECT NAME}`` and the graph left as it was
+    before that run (still waiting, if it was).
     """
 
     def __init__(
@@ -234,7 +238,11 @@ class GraphAgent:
         graph_input = (
             Command(resume=submission.payload) if waiting else self._make_input(submission.payload)
         )
-        run = await self.graph.run(state["graph"], graph_input)
+        try:
+            run = await self.graph.run(state["graph"], graph_input)
+        except EffectInterrupted as exc:
+            ctx.consume(submission.number, reply={"unknown": exc.name})
+            return {**state, "runs": state["runs"] + 1}
         ctx.consume(submission.number, reply=self._make_reply(run))
         return {
             "graph": run.saved,

@@ -259,3 +259,49 @@ def test_outside_a_step_the_graph_runs_unjournaled() -> None:
 def test_unknown_interrupted_nodes_are_refused() -> None:
     with pytest.raises(ValueError, match="nowhere"):
         JournaledGraph(review_graph(Calls()), interrupted_nodes=["nowhere"])
+
+
+class RunThenPark(OneRun):
+    """OneRun, but node a never publishes the step in which the graph ran."""
+
+    def __init__(self, graph: JournaledGraph, calls: Calls) -> None:
+        super().__init__(graph)
+        self.calls = calls
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        state = await super().step(state)
+        ctx = current_step()
+        if ctx is not None and ctx.node == "a":
+            self.calls.parked.set()
+            await asyncio.sleep(3600)
+        return state
+
+
+def test_a_replay_of_a_node_that_interrupted_asks_the_same_question(nodes: Nodes) -> None:
+    """a ran draft and approve, which interrupted, but never published: b reuses draft and
+    runs approve again up to its interrupt() (as LangGraph's resume does), so the graph it
+    publishes waits on the same question, with this run's interrupt id."""
+    calls = Calls()
+    agent = RunThenPark(JournaledGraph(review_graph(calls)), calls)
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("a") == {"draft": 1, "approve": 1}
+    assert calls.on("b") == {"approve": 1}
+    assert agent.outputs[-1]["log"] == ["draft"]
+
+
+def test_an_interrupted_node_cut_off_is_not_run_again(nodes: Nodes) -> None:
+    """A node declared interrupted that a crash cut off may or may not have happened: b
+    neither runs it nor what completed before it, and replies that its fate is unknown."""
+    calls = Calls(park={"send"})
+    graph = JournaledGraph(linear(calls, "plan", "send", "log"), interrupted_nodes=["send"])
+    agent = GraphAgent(AGENT, graph)
+    nodes.start("a", agent)
+    with Client(nodes.store, SECRET) as client:
+        client.submit(AGENT, {"log": []}, request_id="task-1")
+        nodes.crash_a_and_start_b(agent, calls)
+        reply = client.result(AGENT, "task-1", timeout=WAIT_S)
+    assert reply == {"unknown": "graph/send#2"}
+    assert calls.on("a") == {"plan": 1, "send": 1}
+    assert calls.on("b") == {}
