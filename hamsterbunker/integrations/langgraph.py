@@ -121,6 +121,9 @@ class JournaledGraph:
     its own. interrupted_nodes: nodes journaled ``replay="interrupted"`` (an intent first: a
     replay that cannot know whether the node ran raises ``EffectInterrupted`` out of run()
     instead of running it again); every other node is ``"safe"`` (run again if cut off).
+    own_effects: nodes that journal their own calls (``current_step().effect``) and so are
+    not one effect: a replay runs them again, their effects replayed. Any other node must
+    not call effects (they would be numbered inside the node's, and a replay skips them).
     """
 
     def __init__(
@@ -129,14 +132,18 @@ class JournaledGraph:
         *,
         name: str = "graph",
         interrupted_nodes: Iterable[str] = (),
+        own_effects: Iterable[str] = (),
         thread_id: str = "hamsterbunker",
     ) -> None:
-        interrupted = frozenset(interrupted_nodes)
-        if unknown := interrupted - set(graph.nodes):
-            raise ValueError(f"interrupted_nodes not in the graph: {sorted(unknown)}")
+        interrupted, own = frozenset(interrupted_nodes), frozenset(own_effects)
+        if unknown := (interrupted | own) - set(graph.nodes):
+            raise ValueError(f"nodes not in the graph: {sorted(unknown)}")
+        if both := interrupted & own:
+            raise ValueError(f"nodes with their own effects cannot be interrupted: {sorted(both)}")
         nodes = dict(graph.nodes)
         for node, spec in graph.nodes.items():
-            if spec.bound is not DEFAULT_BOUND:  # __start__ and the like run no code of yours
+            # __start__ and the like run no code of the user's
+            if spec.bound is not DEFAULT_BOUND and node not in own:
                 replay = "interrupted" if node in interrupted else "safe"
                 nodes[node] = spec.copy({"bound": _JournaledNode(name, node, spec.bound, replay)})
         self.name, self.thread_id = name, thread_id

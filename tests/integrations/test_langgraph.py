@@ -256,9 +256,11 @@ def test_outside_a_step_the_graph_runs_unjournaled() -> None:
     assert calls.on("-") == {"draft": 1, "approve": 2, "publish": 1}
 
 
-def test_unknown_interrupted_nodes_are_refused() -> None:
+def test_unknown_nodes_are_refused() -> None:
     with pytest.raises(ValueError, match="nowhere"):
         JournaledGraph(review_graph(Calls()), interrupted_nodes=["nowhere"])
+    with pytest.raises(ValueError, match="nowhere"):
+        JournaledGraph(review_graph(Calls()), own_effects=["nowhere"])
 
 
 class RunThenPark(OneRun):
@@ -305,3 +307,37 @@ def test_an_interrupted_node_cut_off_is_not_run_again(nodes: Nodes) -> None:
     assert reply == {"unknown": "graph/send#2"}
     assert calls.on("a") == {"plan": 1, "send": 1}
     assert calls.on("b") == {}
+
+
+def test_a_node_with_its_own_effects_runs_again_with_them_replayed(nodes: Nodes) -> None:
+    """own_effects: the node is not one effect; its calls are, so a replay runs the node
+    again and its completed call comes from the journal."""
+    calls = Calls(park={"write"})
+    real: Counter[str] = Counter()
+
+    async def research(state: GraphState) -> dict[str, Any]:
+        await calls.enter("research")
+        ctx = current_step()
+        assert ctx is not None
+
+        def search(topic: str) -> str:
+            real[topic] += 1
+            return f"facts about {topic}"
+
+        return {"log": [await ctx.effect("search", search, state["topic"])]}
+
+    builder = StateGraph(GraphState)
+    builder.add_node("plan", calls.node("plan"))
+    builder.add_node("research", research)
+    builder.add_node("write", calls.node("write"))
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "research")
+    builder.add_edge("research", "write")
+    builder.add_edge("write", END)
+    agent = OneRun(JournaledGraph(builder.compile(), own_effects=["research"]))
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("b") == {"research": 1, "write": 1}
+    assert real == {"owls": 1}, "the node's own effect was called again"
+    assert agent.outputs[-1]["log"] == ["plan", "facts about owls", "write"]
