@@ -72,9 +72,10 @@ async def write(piece: Piece) -> dict[str, Any]:
 
 def build_graph() -> Any:
     builder = StateGraph(Piece)
-    for name, node in (("plan", plan), ("research", research), ("approve", approve),
-                       ("write", write)):  # fmt: skip
-        builder.add_node(name, node)
+    builder.add_node("plan", plan)
+    builder.add_node("research", research)
+    builder.add_node("approve", approve)
+    builder.add_node("write", write)
     builder.add_edge(START, "plan")
     builder.add_edge("plan", "research")
     builder.add_edge("research", "approve")
