@@ -27,6 +27,7 @@ from typing import Any
 from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.pregel import Pregel
@@ -41,18 +42,17 @@ __all__ = ["GraphAgent", "GraphRun", "JournaledGraph"]
 
 # Node outputs and checkpoints hold what LangGraph's own checkpointers hold (messages,
 # dataclasses, Commands...): LangGraph's serializer, its bytes in base64, is JSON.
-_SERDE = JsonPlusSerializer()
 Saved = list[str]  # [type, base64 bytes]: a value as LangGraph's serializer wrote it
 
 
-def _encode(value: Any) -> Saved:
-    kind, data = _SERDE.dumps_typed(value)
+def _encode(serde: SerializerProtocol, value: Any) -> Saved:
+    kind, data = serde.dumps_typed(value)
     return [kind, base64.b64encode(data).decode("ascii")]
 
 
-def _decode(saved: Saved) -> Any:
+def _decode(serde: SerializerProtocol, saved: Saved) -> Any:
     kind, data = saved
-    return _SERDE.loads_typed((kind, base64.b64decode(data)))
+    return serde.loads_typed((kind, base64.b64decode(data)))
 
 
 def _effect_name(name: str) -> str:
@@ -67,8 +67,16 @@ class _JournaledNode(Runnable[Any, Any]):
     """A node's own runnable (its function; LangGraph's writers and routers run after it),
     called as the running step's next effect: a replay returns its recorded output."""
 
-    def __init__(self, graph: str, node: str, bound: Runnable[Any, Any], replay: str) -> None:
+    def __init__(
+        self,
+        graph: str,
+        node: str,
+        bound: Runnable[Any, Any],
+        replay: str,
+        serde: SerializerProtocol,
+    ) -> None:
         self.graph, self.node, self.bound, self.replay = graph, node, bound, replay
+        self.serde = serde
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if current_step() is None:
@@ -87,13 +95,13 @@ class _JournaledNode(Runnable[Any, Any]):
             except GraphBubbleUp as exc:  # interrupt(): the node did not complete
                 bubbled.append(exc)
                 return {"bubbled": type(exc).__name__}
-            return {"output": _encode(output)}
+            return {"output": _encode(self.serde, output)}
 
         superstep = (config or {}).get("metadata", {}).get("langgraph_step")
         name = _effect_name(f"{self.graph}/{self.node}#{superstep}")
         recorded = await step.effect(name, call, replay=self.replay)
         if "output" in recorded:
-            return _decode(recorded["output"])
+            return _decode(self.serde, recorded["output"])
         if bubbled:
             raise bubbled[0]
         # A replay of a node that interrupted: it runs again up to its interrupt(), as on
@@ -124,6 +132,8 @@ class JournaledGraph:
     own_effects: nodes that journal their own calls (``current_step().effect``) and so are
     not one effect: a replay runs them again, their effects replayed. Any other node must
     not call effects (they would be numbered inside the node's, and a replay skips them).
+    serde: how node outputs and the checkpoint are serialized (default: LangGraph's
+    ``JsonPlusSerializer()``; give one with ``allowed_msgpack_modules`` for your types).
     """
 
     def __init__(
@@ -134,7 +144,9 @@ class JournaledGraph:
         interrupted_nodes: Iterable[str] = (),
         own_effects: Iterable[str] = (),
         thread_id: str = "hamsterbunker",
+        serde: SerializerProtocol | None = None,
     ) -> None:
+        self.serde = serde if serde is not None else JsonPlusSerializer()
         interrupted, own = frozenset(interrupted_nodes), frozenset(own_effects)
         if unknown := (interrupted | own) - set(graph.nodes):
             raise ValueError(f"nodes not in the graph: {sorted(unknown)}")
@@ -145,7 +157,9 @@ class JournaledGraph:
             # __start__ and the like run no code of the user's
             if spec.bound is not DEFAULT_BOUND and node not in own:
                 replay = "interrupted" if node in interrupted else "safe"
-                nodes[node] = spec.copy({"bound": _JournaledNode(name, node, spec.bound, replay)})
+                nodes[node] = spec.copy(
+                    {"bound": _JournaledNode(name, node, spec.bound, replay, self.serde)}
+                )
         self.name, self.thread_id = name, thread_id
         self._graph = graph.copy({"nodes": nodes})
         self._config: RunnableConfig = {
@@ -163,8 +177,9 @@ class JournaledGraph:
         return GraphRun(result.value, tuple(result.interrupts), self._dump(saver))
 
     def _restore(self, saved: Saved | None) -> InMemorySaver:
-        saver = InMemorySaver()
-        for ns, checkpoint, metadata, writes in _decode(saved) if saved is not None else ():
+        saver = InMemorySaver(serde=self.serde)
+        restored = _decode(self.serde, saved) if saved is not None else ()
+        for ns, checkpoint, metadata, writes in restored:
             config: RunnableConfig = {
                 "configurable": {"thread_id": self.thread_id, "checkpoint_ns": ns}
             }
@@ -191,7 +206,7 @@ class JournaledGraph:
             for ns, found in newest.items()
             if ns == "" or waiting
         ]
-        return _encode(kept)
+        return _encode(self.serde, kept)
 
 
 def _default_input(payload: Any) -> Any:

@@ -6,24 +6,30 @@ HamsterBunker node, so a completed graph node that ran again shows.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import operator
+import os
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from hamsterbunker import Client, LeaseTiming, Runtime, current_step
+from hamsterbunker import Client, LeaseTiming, Runtime, current_effect, current_step
 from hamsterbunker.integrations.langgraph import GraphAgent, JournaledGraph
 from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 
 TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WAIT_S = 20.0
 
 
@@ -39,6 +45,7 @@ class Calls:
 
     def __init__(self, park: set[str] | None = None) -> None:
         self.count: Counter[tuple[str, str]] = Counter()
+        self.keys: dict[tuple[str, str], str | None] = {}  # the effect's idempotency key
         self.park = park or set()
         self.parked = threading.Event()
         self.work_s = 0.0  # how long each call works (overlapping calls show in peak)
@@ -48,8 +55,10 @@ class Calls:
     async def enter(self, graph_node: str) -> None:
         step = current_step()
         where = step.node if step is not None else "-"
+        effect = current_effect()
         with self._lock:
             self.count[(where, graph_node)] += 1
+            self.keys[(where, graph_node)] = effect.key if effect is not None else None
         if where == "a" and graph_node in self.park:
             self.parked.set()
             await asyncio.sleep(3600)  # cancelled when node a stops
@@ -144,6 +153,10 @@ def test_a_failover_mid_graph_reruns_only_the_node_in_flight(nodes: Nodes) -> No
     assert agent.outputs[-1] == {"topic": "owls", "log": ["plan", "research", "write"]}
     replayed = nodes.events.wait("effect.replayed", "b")
     assert replayed.detail["reused"] == 2
+    # Inside a node, current_effect().key: the same on the run cut off and on its replay.
+    assert calls.keys[("a", "write")] is not None
+    assert calls.keys[("b", "write")] == calls.keys[("a", "write")]
+    assert calls.keys[("a", "plan")] != calls.keys[("a", "write")]
 
 
 def test_parallel_branches_run_one_at_a_time_and_are_not_run_again(nodes: Nodes) -> None:
@@ -341,3 +354,20 @@ def test_a_node_with_its_own_effects_runs_again_with_them_replayed(nodes: Nodes)
     assert calls.on("b") == {"research": 1, "write": 1}
     assert real == {"owls": 1}, "the node's own effect was called again"
     assert agent.outputs[-1]["log"] == ["plan", "facts about owls", "write"]
+
+
+def test_the_example_runs_offline() -> None:
+    """examples/langgraph_graph.py: one node runs plan, research and the answered approve,
+    the other, after the first is stopped mid-write, only write."""
+    env = {**os.environ, "LANGGRAPH_WORK_S": "0.3",
+           "PYTHONPATH": os.pathsep.join([str(EXAMPLES), *sys.path])}  # fmt: skip
+    done = subprocess.run([sys.executable, str(EXAMPLES / "langgraph_graph.py")], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    answered = [ln for ln in done.stdout.splitlines() if ln.startswith("answered: ")]
+    assert answered, done.stdout
+    log = ast.literal_eval(answered[0].removeprefix("answered: "))["output"]["log"]
+    names = [entry.split("@") for entry in log]
+    assert [name for name, _node in names] == ["plan", "research", "approve", "write"]
+    first, second = names[0][1], names[3][1]
+    assert first != second and all(node == first for _name, node in names[:3]), log
