@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, interrupt
+from langgraph.types import Command, Send, interrupt
 
 from hamsterbunker import Client, LeaseTiming, Runtime, current_effect, current_step
 from hamsterbunker.integrations.langgraph import GraphAgent, JournaledGraph
@@ -182,6 +182,35 @@ def test_parallel_branches_run_one_at_a_time_and_are_not_run_again(nodes: Nodes)
     assert sorted(agent.outputs[-1]["log"][:2]) == ["left", "right"]
     assert agent.outputs[-1]["log"][2] == "join"
     assert not nodes.events.of("agent.failing"), "the replay failed (an effect mismatch?)"
+
+
+def test_a_fan_out_by_send_is_not_run_again(nodes: Nodes) -> None:
+    """Send runs one node once per item in a superstep: the same node, the same superstep,
+    journaled in LangGraph's order of the sends, so a replay reuses each one's output."""
+    calls = Calls(park={"reduce"})
+
+    async def worker(item: dict[str, Any]) -> dict[str, Any]:
+        await calls.enter(f"worker-{item['n']}")
+        return {"log": [f"item {item['n']}"]}
+
+    def fan_out(state: GraphState) -> list[Send]:
+        return [Send("worker", {"n": n}) for n in (1, 2, 3)]
+
+    builder = StateGraph(GraphState)
+    builder.add_node("plan", calls.node("plan"))
+    builder.add_node("worker", worker)
+    builder.add_node("reduce", calls.node("reduce"))
+    builder.add_edge(START, "plan")
+    builder.add_conditional_edges("plan", fan_out, ["worker"])
+    builder.add_edge("worker", "reduce")
+    builder.add_edge("reduce", END)
+    agent = OneRun(JournaledGraph(builder.compile()))
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("a") == {"plan": 1, "worker-1": 1, "worker-2": 1, "worker-3": 1, "reduce": 1}
+    assert calls.on("b") == {"reduce": 1}
+    assert agent.outputs[-1]["log"] == ["plan", "item 1", "item 2", "item 3", "reduce"]
 
 
 def review_graph(calls: Calls) -> Any:
