@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,11 +32,11 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.errors import GraphBubbleUp
 from langgraph.pregel import Pregel
 from langgraph.pregel._read import DEFAULT_BOUND
-from langgraph.types import Command, Interrupt
+from langgraph.types import Command, Interrupt, RetryPolicy
 
 from ..agent.effects import MAX_NAME_LENGTH
 from ..agent.step import current_step
-from ..core.errors import EffectError, EffectInterrupted
+from ..core.errors import EffectError, EffectFailed, EffectInterrupted, HamsterbunkerError
 
 __all__ = ["GraphAgent", "GraphRun", "JournaledGraph"]
 
@@ -61,6 +61,30 @@ def _effect_name(name: str) -> str:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     return f"{name[: MAX_NAME_LENGTH - 17]}~{digest}"
+
+
+def _guarded(policies: Sequence[RetryPolicy] | None) -> tuple[RetryPolicy, ...] | None:
+    """policies, never retrying what HamsterBunker raises to end the step (EffectInterrupted,
+    StepLost, a store error...): a retry would call the node anew under the next number.
+    EffectFailed is the node's own failure, for retry_on to judge."""
+    if policies is None:
+        return None
+
+    def guard(policy: RetryPolicy) -> RetryPolicy:
+        retry_on = policy.retry_on
+
+        def judged(exc: Exception) -> bool:
+            if isinstance(exc, HamsterbunkerError) and not isinstance(exc, EffectFailed):
+                return False
+            if isinstance(retry_on, Sequence):
+                return isinstance(exc, tuple(retry_on))
+            if isinstance(retry_on, type):
+                return isinstance(exc, retry_on)
+            return retry_on(exc)
+
+        return policy._replace(retry_on=judged)
+
+    return tuple(guard(policy) for policy in policies)
 
 
 class _JournaledNode(Runnable[Any, Any]):
@@ -154,14 +178,15 @@ class JournaledGraph:
             raise ValueError(f"nodes with their own effects cannot be interrupted: {sorted(both)}")
         nodes = dict(graph.nodes)
         for node, spec in graph.nodes.items():
-            # __start__ and the like run no code of the user's
-            if spec.bound is not DEFAULT_BOUND and node not in own:
+            if spec.bound is DEFAULT_BOUND:  # __start__ and the like run no code of the user's
+                continue
+            update: dict[str, Any] = {"retry_policy": _guarded(spec.retry_policy)}
+            if node not in own:
                 replay = "interrupted" if node in interrupted else "safe"
-                nodes[node] = spec.copy(
-                    {"bound": _JournaledNode(name, node, spec.bound, replay, self.serde)}
-                )
+                update["bound"] = _JournaledNode(name, node, spec.bound, replay, self.serde)
+            nodes[node] = spec.copy(update)
         self.name, self.thread_id = name, thread_id
-        self._graph = graph.copy({"nodes": nodes})
+        self._graph = graph.copy({"nodes": nodes, "retry_policy": _guarded(graph.retry_policy)})
         self._config: RunnableConfig = {
             "configurable": {"thread_id": thread_id},
             # Effects are numbered in call order: one node at a time, in LangGraph's order.

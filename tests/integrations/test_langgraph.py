@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langgraph.graph import END, START, StateGraph
-from langgraph.types import Command, Send, interrupt
+from langgraph.types import Command, RetryPolicy, Send, interrupt
 
 from hamsterbunker import Client, LeaseTiming, Runtime, current_effect, current_step
 from hamsterbunker.integrations.langgraph import GraphAgent, JournaledGraph
@@ -335,11 +335,20 @@ def test_a_replay_of_a_node_that_interrupted_asks_the_same_question(nodes: Nodes
     assert agent.outputs[-1]["log"] == ["draft"]
 
 
-def test_an_interrupted_node_cut_off_is_not_run_again(nodes: Nodes) -> None:
+@pytest.mark.parametrize("retried", [False, True], ids=["no-retry-policy", "retry-any-error"])
+def test_an_interrupted_node_cut_off_is_not_run_again(nodes: Nodes, retried: bool) -> None:
     """A node declared interrupted that a crash cut off may or may not have happened: b
-    neither runs it nor what completed before it, and replies that its fate is unknown."""
+    neither runs it nor what completed before it, and replies that its fate is unknown; a
+    RetryPolicy that retries any error does not retry EffectInterrupted into a new call."""
     calls = Calls(park={"send"})
-    graph = JournaledGraph(linear(calls, "plan", "send", "log"), interrupted_nodes=["send"])
+    builder = StateGraph(GraphState)
+    retry = RetryPolicy(max_attempts=3, initial_interval=0.01, retry_on=Exception)
+    builder.add_node("plan", calls.node("plan"))
+    builder.add_node("send", calls.node("send"), retry_policy=retry if retried else None)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "send")
+    builder.add_edge("send", END)
+    graph = JournaledGraph(builder.compile(), interrupted_nodes=["send"])
     agent = GraphAgent(AGENT, graph)
     nodes.start("a", agent)
     with Client(nodes.store, SECRET) as client:
@@ -349,6 +358,34 @@ def test_an_interrupted_node_cut_off_is_not_run_again(nodes: Nodes) -> None:
     assert reply == {"unknown": "graph/send#2"}
     assert calls.on("a") == {"plan": 1, "send": 1}
     assert calls.on("b") == {}
+
+
+def test_a_node_retried_by_its_policy_is_not_run_again(nodes: Nodes) -> None:
+    """A RetryPolicy's attempts are journaled in order, the failed one as EffectFailed: a
+    replay decides the same, reuses both, and calls the node no more."""
+    calls = Calls(park={"write"})
+    failures = [ConnectionError("flaky network")]
+
+    async def fetch(state: GraphState) -> dict[str, Any]:
+        await calls.enter("fetch")
+        if failures:
+            raise failures.pop()
+        return {"log": ["fetched"]}
+
+    builder = StateGraph(GraphState)
+    retry = RetryPolicy(max_attempts=3, initial_interval=0.01, jitter=False)
+    builder.add_node("fetch", fetch, retry_policy=retry)
+    builder.add_node("write", calls.node("write"))
+    builder.add_edge(START, "fetch")
+    builder.add_edge("fetch", "write")
+    builder.add_edge("write", END)
+    agent = OneRun(JournaledGraph(builder.compile()))
+    nodes.start("a", agent)
+    nodes.crash_a_and_start_b(agent, calls)
+    nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
+    assert calls.on("a") == {"fetch": 2, "write": 1}
+    assert calls.on("b") == {"write": 1}
+    assert agent.outputs[-1]["log"] == ["fetched", "write"]
 
 
 def test_a_node_with_its_own_effects_runs_again_with_them_replayed(nodes: Nodes) -> None:
