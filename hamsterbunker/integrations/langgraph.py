@@ -19,7 +19,9 @@ this way, what is journaled and what it costs: docs/integrations-langgraph.md.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -238,10 +240,24 @@ def _default_input(payload: Any) -> Any:
     return payload
 
 
+def _as_json(value: Any) -> Any:
+    """value as JSON: a Pydantic model (LangChain's messages) by its JSON dump, a dataclass
+    as a dict, anything else unknown as its str()."""
+
+    def default(obj: Any) -> Any:
+        if callable(getattr(obj, "model_dump", None)):
+            return obj.model_dump(mode="json")
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.asdict(obj)
+        return str(obj)
+
+    return json.loads(json.dumps(value, default=default))
+
+
 def _default_reply(run: GraphRun) -> Any:
     if run.waiting:
-        return {"interrupts": [{"id": i.id, "value": i.value} for i in run.interrupts]}
-    return {"output": run.output}
+        return {"interrupts": [{"id": i.id, "value": _as_json(i.value)} for i in run.interrupts]}
+    return {"output": _as_json(run.output)}
 
 
 class GraphAgent:
@@ -249,7 +265,8 @@ class GraphAgent:
     oldest submission and runs the graph on it (``make_input(payload)``), or, while the graph
     waits on an interrupt, resumes it with ``Command(resume=payload)``; the submission is
     consumed with ``make_reply(run)`` (default: ``{"interrupts": [{"id", "value"}]}`` while
-    waiting, else ``{"output": ...}``: JSON). One LangGraph thread per agent.
+    waiting, else ``{"output": ...}``, as JSON: messages by their JSON dump). One LangGraph
+    thread per agent.
 
     A node of ``interrupted_nodes`` cut off by a crash may or may not have run: the
     submission is consumed with ``{"unknown": EFFECT NAME}`` and the graph left as it was

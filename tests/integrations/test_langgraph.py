@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from langgraph.graph import END, START, StateGraph
+from langchain_core.messages import AIMessage
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 
 from hamsterbunker import Client, LeaseTiming, Runtime, current_effect, current_step
@@ -211,6 +212,39 @@ def test_a_fan_out_by_send_is_not_run_again(nodes: Nodes) -> None:
     assert calls.on("a") == {"plan": 1, "worker-1": 1, "worker-2": 1, "worker-3": 1, "reduce": 1}
     assert calls.on("b") == {"reduce": 1}
     assert agent.outputs[-1]["log"] == ["plan", "item 1", "item 2", "item 3", "reduce"]
+
+
+def test_messages_come_back_from_the_journal_as_messages(nodes: Nodes) -> None:
+    """A node's output that is not JSON (LangChain messages) is journaled by LangGraph's
+    serializer: b's replay gets the model's AIMessage back, not a dict, and the reply gives
+    the conversation as JSON."""
+    calls = Calls(park={"check"})
+
+    async def model(state: MessagesState) -> dict[str, Any]:
+        await calls.enter("model")
+        return {"messages": [AIMessage(f"echo {state['messages'][-1].content}", id="m1")]}
+
+    async def check(state: MessagesState) -> dict[str, Any]:
+        await calls.enter("check")
+        last = state["messages"][-1]
+        assert isinstance(last, AIMessage), type(last)
+        return {"messages": [AIMessage(f"checked: {last.content}", id="m2")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", model)
+    builder.add_node("check", check)
+    builder.add_edge(START, "model")
+    builder.add_edge("model", "check")
+    builder.add_edge("check", END)
+    agent = GraphAgent(AGENT, builder.compile())
+    nodes.start("a", agent)
+    with Client(nodes.store, SECRET) as client:
+        client.submit(AGENT, {"messages": [{"role": "user", "content": "hi"}]}, request_id="q")
+        nodes.crash_a_and_start_b(agent, calls)
+        reply = client.result(AGENT, "q", timeout=WAIT_S)
+    assert calls.on("b") == {"check": 1}
+    said = [(m["type"], m["content"]) for m in reply["output"]["messages"]]
+    assert said == [("human", "hi"), ("ai", "echo hi"), ("ai", "checked: echo hi")]
 
 
 def review_graph(calls: Calls) -> Any:
