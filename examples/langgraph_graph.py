@@ -5,10 +5,10 @@ The graph writes a short piece on a topic: plan -> research -> approve -> write.
 asks a human (``interrupt()``) and waits, across steps, for the answer from the inbox.
 
 Run it as is: two nodes in this process on a temporary store; a topic is submitted, the
-question comes back, the answer is submitted, and the leader is stopped with no grace
-(as a crash leaves it) while ``write`` runs. The other node takes over: it reuses plan,
-research and approve from the journal and runs only ``write`` (the log names the node
-that ran each).
+question comes back, the answer is submitted, and the leader is stopped with no grace (its
+step cut off as a crash would leave it) while ``write`` runs. The other node takes over:
+it reuses plan, research and approve from the journal and runs only ``write`` (the log
+names the node that ran each).
 
     PYTHONPATH=examples .venv/bin/python examples/langgraph_graph.py
 
@@ -93,7 +93,7 @@ def main() -> None:
     secret = "an-example-secret"
     with tempfile.TemporaryDirectory() as directory:
         store = FileStore(directory)
-        timing = LeaseTiming(tick_ms=100, lease_ttl_ms=600)
+        timing = LeaseTiming(tick_ms=100, lease_ttl_ms=3000)  # the stop hands over at once
         agent = Writer()
         nodes = [
             Runtime(node_id=name, region="r", store=store, agent=agent, secret=secret,

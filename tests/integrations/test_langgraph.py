@@ -29,7 +29,9 @@ from hamsterbunker.testing import MemoryStore
 from tests.support import wait_until
 from tests.support.agents import AGENT, SECRET, Recorder
 
-TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=300)
+# A patient lease (renew deadline 1.2 s): a loaded machine must not cut a step short, or
+# it would be replayed without a crash. (Node a's stop hands the lease over at once.)
+TIMING = LeaseTiming(tick_ms=50, lease_ttl_ms=2000)
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WAIT_S = 20.0
 
