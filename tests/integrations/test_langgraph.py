@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from langchain_core.messages import AIMessage
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import Command, RetryPolicy, Send, interrupt
 
@@ -332,6 +333,48 @@ def test_outside_a_step_the_graph_runs_unjournaled() -> None:
     assert not done.waiting
     assert done.output["log"] == ["draft", "approve", "publish"]
     assert calls.on("-") == {"draft": 1, "approve": 2, "publish": 1}
+
+
+def test_an_interrupt_inside_a_subgraph_resumes_as_langgraph_resumes_it() -> None:
+    """A subgraph that interrupts keeps its own checkpoint while the graph waits: the saved
+    state restores it, so the resume runs what LangGraph's own checkpointer runs (not the
+    subgraph's completed node again) and ends with the same output."""
+
+    def build(calls: list[str]) -> Any:
+        def node(name: str, ask: bool = False) -> Any:
+            def run(state: GraphState) -> dict[str, Any]:
+                calls.append(name)
+                return {"log": [f"{name}:{interrupt('sure?')}" if ask else name]}
+
+            return run
+
+        inner = StateGraph(GraphState)
+        inner.add_node("inner", node("inner"))
+        inner.add_node("ask", node("ask", ask=True))
+        inner.add_edge(START, "inner")
+        inner.add_edge("inner", "ask")
+        inner.add_edge("ask", END)
+        outer = StateGraph(GraphState)
+        outer.add_node("before", node("before"))
+        outer.add_node("sub", inner.compile())
+        outer.add_edge(START, "before")
+        outer.add_edge("before", "sub")
+        outer.add_edge("sub", END)
+        return outer
+
+    ours: list[str] = []
+    graph = JournaledGraph(build(ours).compile())
+    waiting = asyncio.run(graph.run(None, {"log": []}))
+    assert [i.value for i in waiting.interrupts] == ["sure?"]
+    done = asyncio.run(graph.run(waiting.saved, Command(resume="yes")))
+
+    theirs: list[str] = []
+    plain = build(theirs).compile(checkpointer=InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "t"}}
+    asyncio.run(plain.ainvoke({"log": []}, config))
+    expected = asyncio.run(plain.ainvoke(Command(resume="yes"), config))
+    assert ours == theirs == ["before", "inner", "ask", "ask"]
+    assert done.output == expected and not done.waiting
 
 
 def test_unknown_nodes_are_refused() -> None:
