@@ -1,7 +1,8 @@
 """A LangGraph graph run in a step (hamsterbunker.integrations.langgraph), in-process on a
 MemoryStore: node "a" is stopped with no grace while a graph node is in flight (as a crash
 leaves it), node "b" takes over and replays the step. Each graph node counts its calls per
-HamsterBunker node, so a completed graph node that ran again shows.
+HamsterBunker node, so a completed graph node that ran again shows. A few run the graph
+outside a step (compared with LangGraph's own checkpointer), and the example runs offline.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ class OneRun:
     def __init__(self, graph: JournaledGraph) -> None:
         self.graph = graph
         self.outputs: list[Any] = []
+        self.interrupts: list[list[Any]] = []  # each run's interrupt values
 
     def init(self) -> dict[str, Any]:
         return {"graph": None, "output": None}
@@ -131,6 +133,7 @@ class OneRun:
             return state
         run = await self.graph.run(state["graph"], {"topic": "owls", "log": []})
         self.outputs.append(run.output)
+        self.interrupts.append([i.value for i in run.interrupts])
         return {"graph": run.saved, "output": run.output}
 
 
@@ -412,6 +415,7 @@ def test_a_replay_of_a_node_that_interrupted_asks_the_same_question(nodes: Nodes
     assert calls.on("a") == {"draft": 1, "approve": 1}
     assert calls.on("b") == {"approve": 1}
     assert agent.outputs[-1]["log"] == ["draft"]
+    assert agent.interrupts[-1] == [{"question": "publish the draft about owls?"}]
 
 
 @pytest.mark.parametrize("retried", [False, True], ids=["no-retry-policy", "retry-any-error"])
