@@ -57,13 +57,17 @@ class Calls:
         self.running = self.peak = 0
         self._lock = threading.Lock()
 
-    async def enter(self, graph_node: str) -> None:
+    def count_call(self, graph_node: str) -> str:
         step = current_step()
         where = step.node if step is not None else "-"
         effect = current_effect()
         with self._lock:
             self.count[(where, graph_node)] += 1
             self.keys[(where, graph_node)] = effect.key if effect is not None else None
+        return where
+
+    async def enter(self, graph_node: str) -> None:
+        where = self.count_call(graph_node)
         if where == "a" and graph_node in self.park:
             self.parked.set()
             await asyncio.sleep(3600)  # cancelled when node a stops
@@ -80,6 +84,15 @@ class Calls:
     def node(self, name: str) -> Any:
         async def run(state: GraphState) -> dict[str, Any]:
             await self.enter(name)
+            return {"log": [name]}
+
+        return run
+
+    def sync_node(self, name: str) -> Any:
+        """A plain function (LangGraph runs it in a thread): counted, never parked."""
+
+        def run(state: GraphState) -> dict[str, Any]:
+            self.count_call(name)
             return {"log": [name]}
 
         return run
@@ -137,11 +150,12 @@ class OneRun:
         return {"graph": run.saved, "output": run.output}
 
 
-def linear(calls: Calls, *names: str) -> Any:
+def linear(calls: Calls, *names: str, sync: tuple[str, ...] = ()) -> Any:
+    """START -> names... -> END; the nodes in sync are plain functions."""
     builder = StateGraph(GraphState)
     previous = START
     for name in names:
-        builder.add_node(name, calls.node(name))
+        builder.add_node(name, calls.sync_node(name) if name in sync else calls.node(name))
         builder.add_edge(previous, name)
         previous = name
     builder.add_edge(previous, END)
@@ -149,9 +163,10 @@ def linear(calls: Calls, *names: str) -> Any:
 
 
 def test_a_failover_mid_graph_reruns_only_the_node_in_flight(nodes: Nodes) -> None:
-    """plan and research completed on a, write was in flight: b calls only write."""
+    """plan and research (a plain function) completed on a, write was in flight: b calls
+    only write."""
     calls = Calls(park={"write"})
-    agent = OneRun(JournaledGraph(linear(calls, "plan", "research", "write")))
+    agent = OneRun(JournaledGraph(linear(calls, "plan", "research", "write", sync=("research",))))
     nodes.start("a", agent)
     nodes.crash_a_and_start_b(agent, calls)
     nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
