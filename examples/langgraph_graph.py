@@ -1,4 +1,4 @@
-"""A LangGraph graph as a HamsterBunker agent (docs/integrations-langgraph.md), offline.
+"""A LangGraph graph as a HamsterBunker agent (docs/integrations.md ("LangGraph")), offline.
 
 The graph writes a short piece on a topic: plan -> research -> approve -> write. Each node
 "works" for a second (standing in for a model call) and notes which node ran it; approve

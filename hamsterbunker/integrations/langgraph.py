@@ -13,7 +13,7 @@ and runs again only the one in flight.
 The graph's state is a LangGraph checkpoint (an in-memory saver, for the run) that each run
 restores from the agent's state and saves back into it; ``interrupt()`` leaves the graph
 waiting there, and a later run resumes it with ``Command(resume=answer)``. Why it is built
-this way, what is journaled and what it costs: docs/integrations-langgraph.md.
+this way, what is journaled and what it costs: docs/integrations.md ("LangGraph").
 """
 
 from __future__ import annotations
