@@ -199,17 +199,9 @@ class TermJournal:
         # does not open there (as a checkpoint copied into another chain).
         node = self._id.node if self._store.chains is not None else None
         at = EffectAt(self._id.agent, seq, index, kind, entry.name, node)
-        blob = await self._calls.work(self._sealer.seal_effect, at, self._fence.epoch, payload)
-        if len(blob) > MAX_EFFECT_BYTES:
-            raise EffectError(
-                f"effect {entry.name!r}: its {kind} is {len(blob)} bytes sealed, above the limit "
-                f"of {MAX_EFFECT_BYTES} bytes: return a smaller result (it is not recorded)"
-            )
         started = self._clock.monotonic()
         try:
-            await self._calls.io(
-                self._store.put_effect, self._id.agent, self._fence, seq, index, kind, blob
-            )
+            await self._calls.io(self._seal_and_put, at, payload)
         except Fenced as exc:
             # Said here, where it happens: the step that made the write may have been
             # given up already, and nobody would hear of it otherwise.
@@ -217,6 +209,17 @@ class TermJournal:
             self.emit("node.fenced", epoch=self._fence.epoch, error=str(exc), step_seq=seq)
             raise
         await self._remember(seq, index, kind, entry.name, order)
+
+    def _seal_and_put(self, at: EffectAt, payload: dict[str, Any]) -> None:
+        """Seal one record and store it, in one hop to the store pool: an effect's record is
+        small (at most MAX_EFFECT_BYTES), and a journaled call waits for both."""
+        blob = self._sealer.seal_effect(at, self._fence.epoch, payload)
+        if len(blob) > MAX_EFFECT_BYTES:
+            raise EffectError(
+                f"effect {at.name!r}: its {at.kind} is {len(blob)} bytes sealed, above the limit "
+                f"of {MAX_EFFECT_BYTES} bytes: return a smaller result (it is not recorded)"
+            )
+        self._store.put_effect(at.agent, self._fence, at.seq, at.index, at.kind, blob)
 
     async def _remember(self, seq: int, index: int, kind: str, name: str, order: int) -> None:
         """Keep this node's own account of the intents it wrote, before the effect is called

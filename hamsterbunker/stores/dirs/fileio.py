@@ -71,8 +71,9 @@ _NOT_A_DIR = {errno.ENOTDIR, errno.ELOOP}
 # -- directories: opened one component at a time, never through a symlink
 
 
-def _open_subdir(parent: int, name: str, path: Path) -> int | None:
-    """The directory name in parent (shown as path), not through a symlink; None if absent."""
+def _open_subdir(parent: int, name: str, shown: Callable[[], Path]) -> int | None:
+    """The directory name in parent, not through a symlink; None if absent. shown: its path,
+    made only for an error (a commit opens a dozen folders: no path is made for each)."""
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=parent)
     except FileNotFoundError:
@@ -80,14 +81,18 @@ def _open_subdir(parent: int, name: str, path: Path) -> int | None:
     except OSError as exc:
         if exc.errno in _NOT_A_DIR:
             raise CorruptRecord(
-                f"{path} is not a directory (a symbolic link or a file is there): not followed"
+                f"{shown()} is not a directory (a symbolic link or a file is there): not followed"
             ) from exc
         raise
 
 
 def make_subdir(parent: int, name: str, path: Path) -> int:
     """Like _open_subdir, but make the directory if it is absent, durably in its parent."""
-    fd = _open_subdir(parent, name, path)
+    return _make_subdir(parent, name, lambda: path)
+
+
+def _make_subdir(parent: int, name: str, shown: Callable[[], Path]) -> int:
+    fd = _open_subdir(parent, name, shown)
     if fd is None:
         try:
             os.mkdir(name, dir_fd=parent)
@@ -95,9 +100,9 @@ def make_subdir(parent: int, name: str, path: Path) -> int:
             pass  # another node made it just now (or planted something: the open below says)
         else:
             os.fsync(parent)  # the new entry outlives a crash before anything in it counts
-        fd = _open_subdir(parent, name, path)
+        fd = _open_subdir(parent, name, shown)
     if fd is None:  # removed again at once
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(shown()))
     return fd
 
 
@@ -105,10 +110,13 @@ def open_dirs(dir_fd: int, path: Path, parts: Sequence[str], *, create: bool = F
     """dir_fd's parts/... (dir_fd shown as path), each opened without following a symlink;
     None if one is absent (with create, made). CorruptRecord where one is no directory."""
     fd = os.dup(dir_fd)
-    for name in parts:
-        path = path / name
+    for at, name in enumerate(parts):
+
+        def shown(upto: int = at + 1) -> Path:
+            return path.joinpath(*parts[:upto])
+
         try:
-            child = make_subdir(fd, name, path) if create else _open_subdir(fd, name, path)
+            child = _make_subdir(fd, name, shown) if create else _open_subdir(fd, name, shown)
         finally:
             os.close(fd)
         if child is None:
@@ -146,7 +154,7 @@ def opened_dir(root: Path, parts: Sequence[str], *, create: bool = False) -> Ite
 @contextlib.contextmanager
 def opened_subdir(parent: int, name: str, path: Path) -> Iterator[int | None]:
     """_open_subdir, closed on leaving."""
-    fd = _open_subdir(parent, name, path)
+    fd = _open_subdir(parent, name, lambda: path)
     try:
         yield fd
     finally:
