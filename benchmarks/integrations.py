@@ -25,6 +25,10 @@ UNITS = REQUESTS + TOOLS_PER_REQUEST * (REQUESTS - 1)  # journaled calls per run
 # DBOS journals the model requests only: function tools run inline, not as steps.
 DBOS_UNITS = REQUESTS
 TARGET_MS = 2.0  # (the issue) per journaled call, on the file store
+# Each round starts this long after the last: what the node writes after a step (its
+# checkpoint, its events) is not timed as the next run's. A real model's steps are
+# seconds apart; these, with a model that answers at once, would be back to back.
+SETTLE_S = 0.05
 WAIT_S = 300.0
 
 METHOD = f"""\
@@ -36,7 +40,9 @@ that answers at once: {REQUESTS} model requests per run, the first {REQUESTS - 1
 asking for {TOOLS_PER_REQUEST} tool calls (instant tools), so a journaled run makes
 {UNITS} journaled calls, each a sealed, fenced store write. The overhead per journaled
 call is (journaled run − plain run) / {UNITS}, per round; {ROUNDS} rounds ({QUICK_ROUNDS}
-with `--quick`). The step's checkpoint publish is not in either time.
+with `--quick`), each begun {SETTLE_S * 1000:.0f} ms after the last so that the node's
+writes after a step (its checkpoint and events) are not timed as the next run's. The
+step's checkpoint publish is not in either time.
 
 The same runs under DBOS (pip `dbos`, its `DBOSDurability` capability on the same
 agent, one `@DBOS.workflow` per run) on a throwaway PostgreSQL cluster on loopback
@@ -96,6 +102,7 @@ class _Bench:
             self.done.set()
             await asyncio.sleep(0.05)
             return state
+        await asyncio.sleep(SETTLE_S)  # the last step's publish and events written
         plain = journaled = 0.0
         for which in (0, 1) if state["round"] % 2 else (1, 0):
             started = time.perf_counter()
@@ -154,6 +161,7 @@ async def _side_by_side(
 ) -> list[tuple[float, float]]:
     times = []
     for round_ in range(rounds):
+        await asyncio.sleep(SETTLE_S)  # as for ours
         took = [0.0, 0.0]
         for which in (0, 1) if round_ % 2 else (1, 0):
             started = time.perf_counter()
