@@ -11,9 +11,12 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+from ..core.errors import CorruptRecord
+from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..lease.acceptance import accept_loss as write_acceptance
 from ..lease.acceptance import plan_loss
 from ..lease.control import request_switchover, set_paused
+from ..ops.status_text import duration
 from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
@@ -26,7 +29,8 @@ from .args import (
     positive_int,
     store_url,
 )
-from .context import EXIT_FAILURE, EXIT_TIMEOUT, opened_store, store_sealer
+from .context import EXIT_FAILURE, EXIT_TIMEOUT, opened_store, store_sealer, warn
+from .liveness import live_node, watch_window
 
 __all__ = [
     "accept_loss",
@@ -78,8 +82,9 @@ def add_accept_loss_parser(sub: Subcommands, secret_help: str) -> None:
         "accept-loss",
         "accept a loss the nodes refuse to resume behind (stop every node first)",
         "Give up checkpoints that are gone or damaged (or, with --to-seq, newer than N) and let "
-        "nodes resume from the newest authenticated checkpoint at or below N. Prints what is "
-        "given up and asks first.",
+        "nodes resume from the newest authenticated checkpoint at or below N. Refused while a "
+        "node is live (its heartbeat or events change within a lease TTL, watched from here). "
+        "Prints what is given up and asks first.",
         secret_help,
     )
     accept.add_argument("--store", help="store URL (default: $HB_STORE)")
@@ -193,6 +198,15 @@ def accept_loss(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> 
     secret = read_secret()
     with opened_store(url) as store:
         sealer = store_sealer(store, secret)
+        live = _live_node(store, agent)
+        if live is not None:
+            node, after_s = live
+            warn(
+                f"hb accept-loss: refused: node {node} of agent {agent} is live: its heartbeat "
+                f"or events changed {duration(after_s)} into watching, as seen from here; stop "
+                "every node first (nothing changed)"
+            )
+            return EXIT_FAILURE
         plan = plan_loss(store, sealer, agent, args.to_seq)
         print(plan.describe())
         if not confirmed(args, "Give these up? Type yes to go on: "):
@@ -203,3 +217,15 @@ def accept_loss(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> 
         "start them again"
     )
     return 0
+
+
+def _live_node(store: Store, agent: str) -> tuple[str, float] | None:
+    """A node of agent seen live from here (its heartbeat or events changing within a lease
+    TTL), and how long into the watch: a loss is accepted only with every node stopped."""
+    try:
+        lease = store.read_lease(agent)
+    except CorruptRecord:  # what the plan then says; watched for the default TTL
+        lease = None
+    ttl_s = (DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms) / 1000
+    tail = store.tail(agent)
+    return live_node(tail, tail.read(), watch_window(ttl_s), time.monotonic, time.sleep)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +11,6 @@ from pathlib import Path
 
 from ..core.errors import CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
-from ..lease.observe import MAX_WATCH_S, POLL_S
 from ..ops.status import printable
 from ..ops.status_text import duration
 from ..records import Event, Heartbeat, check_name
@@ -20,11 +18,9 @@ from ..sealing.keyring import Secret
 from ..stores import Store
 from .args import Subcommands, add_command, not_on_syncdir, store_url
 from .context import EXIT_FAILURE, opened_store, store_sealer, warn
+from .liveness import live_node, watch_window
 
 __all__ = ["add_forget_parser", "forget"]
-
-# The least a node is watched, whatever TTL a lease record says (it is not authenticated).
-MIN_WATCH_S = 0.5
 
 DESCRIPTION = """\
 Drop node NODE's heartbeat and event log from agent ID's records in the store, so that
@@ -92,22 +88,14 @@ def _forget(
     holding, ttl_s = _lease_of(store, agent, node)
     if holding is not None:
         return _refused(holding)
-    window = min(max(ttl_s, MIN_WATCH_S), MAX_WATCH_S)
     started = clock()
-    for _ in range(math.ceil(window / POLL_S) + 1):  # bounded even if the clock stands still
-        left = started + window - clock()
-        if left <= 0:
-            break
-        sleep(min(POLL_S, left))
-        now = tail.read()
-        if _beat_of(now.heartbeats, node) != seen.heartbeat or any(
-            e.node == node for e in now.events
-        ):
-            return _refused(
-                f"node {node} of agent {agent} is live: its heartbeat or events changed "
-                f"{duration(clock() - started)} into watching, as seen from here; "
-                "stop it first (nothing changed)"
-            )
+    live = live_node(tail, first, watch_window(ttl_s), clock, sleep, node=node)
+    if live is not None:
+        return _refused(
+            f"node {node} of agent {agent} is live: its heartbeat or events changed "
+            f"{duration(live[1])} into watching, as seen from here; "
+            "stop it first (nothing changed)"
+        )
     holding, _ttl = _lease_of(store, agent, node)  # it may have taken the lease meanwhile
     if holding is not None:
         return _refused(holding)

@@ -14,6 +14,7 @@ import json
 import re
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from hamsterbunker import FileStore
 from hamsterbunker.cli.main import read_secret
 from hamsterbunker.lease.memory import MemoryFile
 from hamsterbunker.records import Heartbeat, LeaseRecord
-from hamsterbunker.sealing import new_cluster_record
+from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
 from tests.support.cli import (
@@ -585,6 +586,44 @@ def _store_without_checkpoints(tmp_path: Path) -> Path:
         "a", None, LeaseRecord(holder=None, region="r", session="s", epoch=1, ttl_ms=2000)
     )
     return root
+
+
+def test_accept_loss_is_refused_while_a_node_runs_and_writes_nothing(tmp_path: Path) -> None:
+    """A node still heartbeats: hb accept-loss --yes watches the agent's records for a lease
+    TTL, sees the node live and refuses (exit 1) before it reads or writes anything more;
+    the lease it would have released stays the running node's."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    cluster = store.create_cluster(new_cluster_record(SECRET))
+    lease = store.cas_lease("a", None, LeaseRecord("n1", "r", "s1", epoch=1, ttl_ms=1000))
+    blob = Sealer(SECRET, cluster).seal("a", 1, 1, {"n": 1})
+    store.put_checkpoint("a", Fence("n1", "s1", 1), 1, blob)  # what a loss would go back to
+    stop = threading.Event()
+
+    def heartbeats() -> None:  # a node that runs: a fresh heartbeat every 100 ms
+        beats = 0
+        while not stop.wait(0.1):
+            beats += 1
+            store.put_heartbeat("a", Heartbeat(node="n1", region="r", host="h", pid=7,
+                                               role="active", epoch=1, seq=0, leader="n1",
+                                               time=time.time(), beats=beats))  # fmt: skip
+
+    beating = threading.Thread(target=heartbeats)
+    beating.start()
+    try:
+        result = run_hb(
+            ["accept-loss", "--store", root.as_uri(), "--agent-id", "a", "--yes"],
+            env=hb_env(HB_SECRET=SECRET),
+        )
+    finally:
+        stop.set()
+        beating.join()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stderr.startswith("hb accept-loss: refused: node n1 of agent a is live")
+    assert "stop every node first (nothing changed)" in result.stderr
+    assert result.stdout == ""  # no plan printed, nothing given up
+    assert store.read_lease("a") == lease
+    assert store.read_acceptance("a") is None
 
 
 @pytest.mark.parametrize(
