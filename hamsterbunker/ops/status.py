@@ -23,6 +23,7 @@ __all__ = [
     "SyncDirShown",
     "printable",
     "snapshot",
+    "superseded",
     "syncdir_shown",
 ]
 
@@ -130,9 +131,19 @@ class ClusterStatus:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
 
 
-def _role(beat: Heartbeat, age_s: float, ttl_s: float) -> str:
+def _role(beat: Heartbeat, age_s: float, ttl_s: float, lease: LeaseRecord | None) -> str:
     # A node that has not written for several TTLs is gone, whatever it last said.
-    return "offline" if age_s > 3 * ttl_s else beat.role
+    if age_s > 3 * ttl_s:
+        return "offline"
+    return superseded(beat.role, beat.epoch, lease)
+
+
+def superseded(role: str, epoch: int, lease: LeaseRecord | None) -> str:
+    """role, unless the node says it is active in an epoch the lease has left behind (a
+    leader killed or cut off, its last heartbeat still fresh): "superseded"."""
+    if role == "active" and lease is not None and epoch < lease.epoch:
+        return "superseded"
+    return role
 
 
 def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) -> ClusterStatus:
@@ -157,7 +168,7 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
             region=b.region,
             host=b.host,
             pid=b.pid,
-            role=_role(b, max(0.0, now - b.time), ttl_s),
+            role=_role(b, max(0.0, now - b.time), ttl_s, lease),
             epoch=b.epoch,
             seq=b.seq,
             age_s=round(max(0.0, now - b.time), 3),

@@ -279,3 +279,21 @@ def test_a_reader_gone_ends_hb_status_quietly(tmp_path: Path, args: list[str]) -
     stderr = process.stderr.read()
     assert process.wait(timeout=30) == 141, stderr
     assert stderr == b""
+
+
+def test_a_killed_leader_whose_heartbeat_is_still_fresh_is_superseded_not_active(
+    tmp_path: Path,
+) -> None:
+    """n1 led epoch 1 and was killed; n2 took the lease at epoch 2. n1's heartbeat is still
+    fresh, but a node below the lease's epoch is not active: one active row, n2's."""
+    store = FileStore(tmp_path / "store")
+    first = store.cas_lease("counter", None, LeaseRecord("n1", "eu", "s1", epoch=1, ttl_ms=60_000))
+    store.cas_lease("counter", first.version, LeaseRecord("n2", "eu", "s2", epoch=2, ttl_ms=60_000))
+    store.put_heartbeat("counter", beat("n1", role="active", epoch=1))
+    store.put_heartbeat("counter", beat("n2", role="active", epoch=2, leader="n2"))
+    shown = status("--store", (tmp_path / "store").as_uri(), "--agent-id", "counter",
+                   "--observe-ms", "0")  # fmt: skip
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    roles = {line.split()[0]: line.split()[2] for line in shown.stdout.splitlines()
+             if line.startswith(("  n1", "  n2"))}  # fmt: skip
+    assert roles == {"n1": "superseded", "n2": "active"}, shown.stdout

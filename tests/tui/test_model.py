@@ -159,6 +159,16 @@ def test_health_follows_the_ttl_of_the_lease_record() -> None:
     assert row(m, "a")[:2] == ("offline", "dead")
 
 
+def test_a_killed_leader_whose_heartbeat_is_still_fresh_is_superseded_not_active() -> None:
+    """a led epoch 1 and was killed; b took the lease at epoch 2. a's last heartbeat is
+    fresh for a while yet, but it cannot be active: one active row, b's."""
+    m = model()
+    beats = [beat("a", 5, role="active", epoch=1), beat("b", 5, role="active", epoch=2)]
+    update(m, now=10.0, wall=T0 + 5, beats=beats, lease_record=lease("b", epoch=2))
+    assert row(m, "a")[:2] == ("superseded", "fresh")
+    assert row(m, "b")[:2] == ("active", "fresh")
+
+
 def test_a_node_is_offline_after_node_offline_and_back_when_it_beats_again() -> None:
     m, ev = model(), Events()
     update(m, now=10.0, wall=T0 + 5, beats=[beat("a", 5, role="active"), beat("b", 5)])

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from hamsterbunker.ops.status import superseded
 from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
 
 # Re-exported: they were defined here before the split, and tests and scripts import them.
@@ -292,7 +293,7 @@ class ClusterModel:
             age = self._now - self._beat_seen[node].since
             health = self._health(node)
             gone = health == "dead" or node in self._vanished or node in self._offline_marks
-            role = "offline" if gone else beat.role
+            role = "offline" if gone else superseded(beat.role, beat.epoch, self.lease)
             active = role == "active"
             oldest = self._inbox_seen.get(node) if active and beat.inbox_depth else None
             views.append(

@@ -46,6 +46,7 @@ ROLE_STYLES = {
     "starting": "yellow",
     "stopping": "yellow",
     "offline": "bold red",
+    "superseded": "yellow",  # says active, in an epoch the lease has left behind
 }
 # Heartbeat age against the lease TTL: past half of it is late, past all of it dead.
 HEALTH_STYLES = {"fresh": "green", "late": "yellow", "dead": "bold red"}
