@@ -114,7 +114,8 @@ class ClusterStatus:
     checkpoint: CheckpointInfo | None
     checkpoint_age_s: float | None
     lease_error: str | None = None  # why the lease record could not be read (lease is None)
-    # The inbox as the active node (the lease holder) last told it; None without one.
+    # The inbox as the active node (the lease holder) last told it; None without one, or
+    # while it is paused.
     inbox_depth: int | None = None
     inbox_oldest_age_s: float | None = None
     paused: bool = False  # the active node says an operator paused the agent (hb pause)
@@ -194,8 +195,13 @@ def snapshot(store: Store, agent: str, observer: LeaseObserver | None = None) ->
         checkpoint=latest,
         checkpoint_age_s=round(max(0.0, now - latest.written), 3) if latest else None,
         lease_error=lease_error,
-        inbox_depth=active.inbox_depth if active else None,
-        inbox_oldest_age_s=active.inbox_oldest_age_s if active and active.inbox_depth else None,
+        # A paused leader reads no inbox: what its heartbeat says is from before the pause.
+        inbox_depth=active.inbox_depth if active and not active.paused else None,
+        inbox_oldest_age_s=(
+            active.inbox_oldest_age_s
+            if active and not active.paused and active.inbox_depth
+            else None
+        ),
         paused=active.paused if active else False,
         liveness=liveness,
         refusals=_refusals(store.read_events(agent), now) if observer is not None else [],

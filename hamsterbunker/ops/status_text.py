@@ -134,6 +134,8 @@ def _liveness_line(live: Liveness, lease: LeaseRecord) -> str:
 
 
 def _inbox_line(status: ClusterStatus) -> str:
+    if status.inbox_depth is None and status.paused:
+        return "inbox: not known while paused (a paused leader does not read it)"
     if status.inbox_depth is None:
         return "inbox: not known (no active node to tell it)"
     if status.inbox_depth == 0:

@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,17 @@ def planted(root: Path, holder: str | None, *beats: Heartbeat) -> Path:
     for one in beats:
         store.put_heartbeat(AGENT_ID, one)
     return root
+
+
+def test_status_does_not_say_empty_while_the_leader_is_paused(tmp_path: Path) -> None:
+    """A paused leader reads no inbox: the depth its heartbeat carries is from before the
+    pause (here 0, with submissions admitted since). Text: "not known while paused"; JSON:
+    no depth, and no oldest age."""
+    paused = replace(beat("n1", "active", depth=0), paused=True)
+    text, data = status(planted(tmp_path / "store", "n1", paused))
+    assert "inbox: not known while paused (a paused leader does not read it)" in text, text
+    assert "inbox: empty" not in text
+    assert (data["inbox_depth"], data["inbox_oldest_age_s"], data["paused"]) == (None, None, True)
 
 
 def test_status_shows_the_active_nodes_inbox_depth_and_oldest_age(tmp_path: Path) -> None:

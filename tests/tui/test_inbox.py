@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hamsterbunker_tui.app import MonitorApp
@@ -44,6 +45,8 @@ def test_inbox_cell_says_how_many_wait_and_since_when() -> None:
     assert inbox_cell(view(depth=2, age=185)).plain == "2 waiting · 3 m 05 s"
     assert inbox_cell(view(depth=2, age=1e300)).plain == "2 waiting · > 9999 d"
     assert inbox_cell(view(depth=0)).plain == "empty"
+    # A paused leader reads no inbox: its heartbeat's depth is from before the pause.
+    assert inbox_cell(replace(view(depth=0), paused=True)).plain == "not read while paused"
     assert inbox_cell(view(role="standby", depth=5, age=3)).plain == ""
     assert inbox_cell(view(role="offline", depth=5, age=3)).plain == ""
     # Waiting long is yellow; a fresh one is not.

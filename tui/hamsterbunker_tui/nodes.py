@@ -111,9 +111,12 @@ def step_cell(view: NodeView) -> Text:
 
 def inbox_cell(view: NodeView) -> Text:
     """``3 waiting · 12 s``: an active node's unconsumed submissions and the oldest's age
-    (yellow past INBOX_LATE_S); ``empty`` if none waits; nothing on any other row."""
+    (yellow past INBOX_LATE_S); ``empty`` if none waits; ``not read while paused``; nothing
+    on any other row."""
     if view.role != "active":
         return Text()
+    if view.paused:  # a paused leader reads no inbox: its heartbeat's depth is from before
+        return Text("not read while paused", style="dim")
     if not view.inbox_depth:
         return Text("empty", style="dim")
     text = Text(f"{view.inbox_depth} waiting", style="bold")
