@@ -24,6 +24,7 @@ from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import read_keyring
 from ..stores import check_store_url
 from .args import Subcommands, add_command, positive_int, whole_number
+from .context import warn
 
 __all__ = ["DEMO_AGENT", "NODE_FLAGS", "add_node_flags", "init", "run"]
 
@@ -237,6 +238,12 @@ def init(args: argparse.Namespace) -> int:
     # Absolute, so that the printed scp command means the same on the other node.
     done = provision(args.name, config, args.config_dir.absolute(), force=args.force)
     print(f"wrote {done.config_path}")
+    if args.agent is None:
+        warn(
+            f"hb init: no --agent given: {args.name} runs the demo counter ({DEMO_AGENT}). "
+            f"For your own agent: hb init {args.name} --agent MODULE:ATTR --force (or edit "
+            f"agent = in {done.config_path})"
+        )
     if done.new_secret:
         print(f"wrote {done.secret_path} (a new random secret, readable by its owner only)")
     else:

@@ -147,6 +147,7 @@ _TYPES: dict[str, type] = {
     "http": str,
     "agents": list,
 }
+KEYS = tuple(_TYPES)  # every key a node's config file may hold, in the order shown
 _MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}
 assert set(_TYPES) == {f.name for f in fields(NodeConfig)}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import tomli_w
 
 from ..core.errors import ConfigError
 from ..sealing.keyring import Keyring
-from .config import NodeConfig, instance_path, parse_config
+from .config import KEYS, NodeConfig, instance_path, parse_config
 
 __all__ = ["Provisioned", "choose_store", "local_store", "provision"]
 
@@ -22,9 +23,10 @@ STATE_DIRECTORY = Path("/var/lib/hamsterbunker")
 
 _HEADER = """\
 # HamsterBunker node config, read by `hb run --instance {name}`
-# (systemd: hamsterbunker@{name}.service). Keys: store, agent, agent_id,
-# node_id, region, tick_ms, lease_ttl_ms. The secret is not kept here:
+# (systemd: hamsterbunker@{name}.service). The secret is not kept here:
 # the unit passes {secret} with LoadCredential=.
+# Keys (README, "A real node under systemd"):
+{keys}
 """
 
 
@@ -76,7 +78,10 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
         _write_new(secret_file, secrets.token_urlsafe(32) + "\n", mode=0o600, replace=False)
     else:
         _check_secret_file(secret_file)
-    text = _HEADER.format(name=name, secret=secret_file) + tomli_w.dumps(config.to_toml_dict())
+    keys = "\n".join(textwrap.wrap(", ".join(KEYS), 76, initial_indent="#   ",
+                                     subsequent_indent="#   "))  # fmt: skip
+    text = _HEADER.format(name=name, secret=secret_file, keys=keys)
+    text += tomli_w.dumps(config.to_toml_dict())
     _write_new(config_file, text, mode=0o644, replace=force)
     return Provisioned(config_file, secret_file, new_secret)
 

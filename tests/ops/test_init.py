@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.core.errors import ConfigError
-from hamsterbunker.ops.config import load_instance
+from hamsterbunker.ops.config import KEYS, load_instance
 from hamsterbunker.ops.provision import choose_store, local_store
 from tests.support.cli import hb_env, run_hb
 
@@ -134,3 +134,27 @@ def test_readmes_init_commands_name_a_store():
         assert commands, f"{readme} shows no hb init command"
         for command in commands:
             assert "--store" in command or "--local-only" in command, (readme, command)
+
+
+def test_init_without_agent_says_the_demo_counter_was_chosen_and_lists_every_key(tmp_path):
+    """No --agent: the config runs the demo counter, and hb init says so on stderr (how to
+    choose another); with --agent it says nothing. The file's header names every key."""
+    store = (tmp_path / "store").as_uri()
+    config_dir = tmp_path / "cfg"
+    demo = run_hb(["init", NAME, "--config-dir", str(config_dir), "--store", store])
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stderr.splitlines() == [
+        f"hb init: no --agent given: {NAME} runs the demo counter "
+        f"(hamsterbunker.demo:CounterAgent). For your own agent: hb init {NAME} --agent "
+        f"MODULE:ATTR --force (or edit agent = in {config_dir.absolute() / (NAME + '.toml')})"
+    ]
+    header = [
+        line for line in (config_dir / f"{NAME}.toml").read_text().splitlines()
+        if line.startswith("#")
+    ]  # fmt: skip
+    listed = {key.strip(" ,") for line in header for key in line.lstrip("# ").split(",")}
+    assert set(KEYS) <= listed, header
+    own = run_hb(["init", NAME, "--config-dir", str(config_dir), "--store", store,
+                  "--agent", "mypkg.agents:Mine", "--force"])  # fmt: skip
+    assert own.returncode == 0 and own.stderr == "", own.stderr
+    assert load_instance(NAME, config_dir).agent == "mypkg.agents:Mine"
