@@ -126,7 +126,7 @@ def _liveness_line(live: Liveness, lease: LeaseRecord) -> str:
     if live.state == LIVE:
         seen = f"changed {duration(live.changed_s_ago or 0.0)} ago, as seen from here"
     elif live.state == NOT_WATCHED:
-        seen = "not watched (--observe-ms 0)"
+        return f"lease is not watched (--observe-ms 0) · {term}"
     else:
         still = live.changed_s_ago if live.changed_s_ago is not None else live.watched_s
         seen = f"unchanged for {duration(still)}, as seen from here ({ttl})"

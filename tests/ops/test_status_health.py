@@ -168,7 +168,7 @@ def test_instance_takes_the_store_and_agent_from_its_config(tmp_path: Path) -> N
     shown = status("--instance", "prod", "--observe-ms", "0", env=env)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert shown.stdout.startswith(f"agent counter · store {store.as_uri()}\n"), shown.stdout
-    assert "lease is not watched: not watched (--observe-ms 0)" in shown.stdout, shown.stdout
+    assert "lease is not watched (--observe-ms 0) · " in shown.stdout, shown.stdout
     clash = status("--instance", "prod", "--store", store.as_uri(), env=env)
     assert clash.returncode == 2 and "--instance" in clash.stderr, clash.stderr
     absent = status("--instance", "nope", env=env)

@@ -99,5 +99,12 @@ def test_event_log_writes_at_most_a_screenful_per_poll() -> None:
             assert lines[3] == f"… {497 - written} more events, not shown"
             assert lines[-1] == event_line(events[-1]).plain
             assert lines[4] == event_line(events[-written]).plain
+            # One left out is one event, not "1 more events".
+            more = [Event("hbnk-1", n, "agent.step", 1_700_000_000.0 + n)
+                    for n in range(501, 502 + written)]  # fmt: skip
+            log.show_new(more, seen=500 + len(more))  # a screenful and one more wait
+            log.flush()
+            await pilot.pause()
+            assert "… 1 more event, not shown" in [s.text.rstrip() for s in log.lines]
 
     asyncio.run(scenario())

@@ -233,7 +233,8 @@ class EventLog(RichLog):
         pending, self._pending = self._pending, []
         lines = event_lines(pending[-self.screenful :])
         if len(pending) > len(lines):
-            more = Text(f"… {len(pending) - len(lines)} more events, not shown", "dim italic")
+            left = len(pending) - len(lines)
+            more = Text(f"… {left} more event{'s' if left != 1 else ''}, not shown", "dim italic")
             lines.insert(0, more)
         self._write(lines)
         self._last_write = time.monotonic()
