@@ -15,7 +15,8 @@ from ..core.errors import CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..lease.acceptance import accept_loss as write_acceptance
 from ..lease.acceptance import plan_loss
-from ..lease.control import request_switchover, set_paused
+from ..lease.control import is_paused, request_switchover, set_paused
+from ..ops.status import printable
 from ..ops.status_text import duration
 from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
@@ -159,8 +160,12 @@ def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     paused = args.command == "pause"
     url, agent = _target(args, writes=f"hb {args.command}")
     with opened_store(url) as store:
-        lease = set_paused(store, store_sealer(store, read_secret()), agent, paused)
-    if paused:
+        sealer = store_sealer(store, read_secret())
+        already = is_paused(store, sealer, agent) == paused
+        lease = set_paused(store, sealer, agent, paused)
+    if already:  # written again all the same: it also drops a switchover asked meanwhile
+        print(f"agent {agent}: already {'paused' if paused else 'running (not paused)'}")
+    elif paused:
         leader = f"its leader {lease.holder}" if lease.holder else "the next leader"
         print(f"agent {agent}: paused; {leader} finishes its step in flight and steps no "
               "more until hb resume")  # fmt: skip
@@ -181,11 +186,27 @@ def history(args: argparse.Namespace) -> int:
     if not takeovers:
         print(f"agent {agent}: no takeovers recorded")
         return 0
-    print(f"{'epoch':>6}  {'when':19}  {'from':16} {'to':16} {'via':10} {'gap':>9}")
-    for t in takeovers:
-        when = datetime.fromtimestamp(t.time).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{t.epoch:>6}  {when:19}  {t.from_ or '-':16} {t.to:16} {t.via:10} "
-              f"{t.gap_ms / 1000:>8.3f}s")  # fmt: skip
+    rows = [
+        (
+            str(t.epoch),
+            datetime.fromtimestamp(t.time).strftime("%Y-%m-%d %H:%M:%S"),
+            printable(t.from_ or "-"),
+            printable(t.to),
+            printable(t.via),
+            f"{t.gap_ms / 1000:.3f}s",
+        )
+        for t in takeovers
+    ]
+    header = ("epoch", "when", "from", "to", "via", "gap")
+    # Each column as wide as its widest cell (a node id may be long); numbers to the right.
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    right = {0, 5}
+    for row in [header, *rows]:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
     return 0
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Control",
     "ControlRefused",
     "ControlView",
+    "is_paused",
     "open_control",
     "request_switchover",
     "set_paused",
@@ -155,6 +156,11 @@ class ControlView:
 
 
 # -- the operator's side -----------------------------------------------------------
+
+
+def is_paused(store: Store, sealer: Sealer, agent: str) -> bool:
+    """Whether the lease record carries an authentic request to pause the agent."""
+    return _current_control(sealer, store.read_lease(agent), agent).paused
 
 
 def set_paused(store: Store, sealer: Sealer, agent: str, paused: bool) -> LeaseRecord:

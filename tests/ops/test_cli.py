@@ -25,7 +25,7 @@ import pytest
 from hamsterbunker import FileStore
 from hamsterbunker.cli.main import read_secret
 from hamsterbunker.lease.memory import MemoryFile
-from hamsterbunker.records import Heartbeat, LeaseRecord
+from hamsterbunker.records import Heartbeat, LeaseRecord, Takeover
 from hamsterbunker.sealing import Sealer, new_cluster_record
 from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.layer.keys import CLUSTER, AgentKeys
@@ -650,3 +650,48 @@ def test_accept_loss_that_cannot_be_done_says_why_and_writes_nothing(
     assert words in result.stderr
     assert "Traceback" not in result.stderr
     assert files_under(root) == before
+
+
+def test_history_columns_line_up_with_their_header_whatever_the_node_names(
+    tmp_path: Path,
+) -> None:
+    """hb history's table: each column starts where its header does, a long node id
+    widening its column rather than pushing the rest of its row out of line."""
+    root = tmp_path / "store"
+    store = FileStore(root)
+    takeovers = (
+        Takeover(2, "a-rather-long-node-name.example", "switchover", 12, 1_700_000_100.0, "n1"),
+        Takeover(1, "n1", "empty", 0, 1_700_000_000.0),
+    )
+    store.cas_lease("a", None, LeaseRecord("a-rather-long-node-name.example", "r", "s", epoch=2,
+                                           ttl_ms=2000, history=takeovers))  # fmt: skip
+    result = run_hb(["history", "--store", root.as_uri(), "--agent-id", "a"])
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.splitlines()
+    assert len(rows) == 2
+    starts = [header.index(word) for word in ("from", "to", "via")]
+    expected = [("-", "n1", "empty"), ("n1", "a-rather-long-node-name.example", "switchover")]
+    for row, cells in zip(rows, expected, strict=True):
+        for start, cell in zip(starts, cells, strict=True):
+            assert row[start:].startswith(cell + " "), result.stdout
+        assert row.endswith("s") and len(row) == len(header), result.stdout
+
+
+def test_a_second_pause_says_already_paused_and_a_resume_of_a_running_agent_says_so(
+    tmp_path: Path,
+) -> None:
+    """hb pause twice: "paused", then "already paused"; hb resume twice: "resumed", then
+    "already running (not paused)". Each is exit 0: the state asked for holds."""
+    root = _store_without_checkpoints(tmp_path)
+    said = []
+    for command in ("pause", "pause", "resume", "resume"):
+        done = run_hb([command, "--store", root.as_uri(), "--agent-id", "a"],
+                      env=hb_env(HB_SECRET=SECRET))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        said.append(done.stdout.strip())
+    assert said[0].startswith("agent a: paused; the next leader finishes its step in flight")
+    assert said[1:] == [
+        "agent a: already paused",
+        "agent a: resumed",
+        "agent a: already running (not paused)",
+    ]
