@@ -12,12 +12,15 @@ from ..core.errors import ConfigError
 from ..sealing import Sealer
 from ..sealing.keyring import Keyring
 from ..stores import Store, open_store
+from ..stores.base import MAX_LISTED_AGENTS
 
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_REFUSED",
     "EXIT_TIMEOUT",
     "EXIT_USAGE",
+    "holds",
+    "known_agent",
     "opened_store",
     "store_sealer",
     "warn",
@@ -55,3 +58,22 @@ def store_sealer(store: Store, secret: Secret) -> Sealer:
     if cluster is None:
         raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
     return Sealer(secret, cluster)
+
+
+def known_agent(store: Store, agent: str) -> str:
+    """agent, if the store holds records of it; else ConfigError naming the agents it does
+    hold: a mistyped id must not make a new agent, nor a command succeed on nothing."""
+    held = store.list_agents()
+    # A listing stops at MAX_LISTED_AGENTS: past that, ask the agent's own records.
+    capped = len(held) >= MAX_LISTED_AGENTS
+    if agent in held or (capped and store.list_heartbeats(agent)):
+        return agent
+    raise ConfigError(f"store {store.url} holds no records of agent {agent!r}; {holds(held)}")
+
+
+def holds(held: list[str]) -> str:
+    """What agents a store holds, for a message."""
+    if not held:
+        return "it holds no agents"
+    shown = ", ".join(held[:20]) + (f" and {len(held) - 20} more" if len(held) > 20 else "")
+    return f"it holds: {shown}"

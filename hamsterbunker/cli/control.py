@@ -30,7 +30,7 @@ from .args import (
     positive_int,
     store_url,
 )
-from .context import EXIT_FAILURE, EXIT_TIMEOUT, opened_store, store_sealer, warn
+from .context import EXIT_FAILURE, EXIT_TIMEOUT, known_agent, opened_store, store_sealer, warn
 from .liveness import live_node, watch_window
 
 __all__ = [
@@ -125,6 +125,7 @@ def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> i
     url, agent = _target(args, writes="a switchover")
     with opened_store(url) as store:
         sealer = store_sealer(store, read_secret())
+        known_agent(store, agent)
         before = store.read_lease(agent)
         target = request_switchover(store, sealer, agent, args.to)
         epoch = 0 if before is None else before.epoch
@@ -161,6 +162,7 @@ def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     url, agent = _target(args, writes=f"hb {args.command}")
     with opened_store(url) as store:
         sealer = store_sealer(store, read_secret())
+        known_agent(store, agent)
         already = is_paused(store, sealer, agent) == paused
         lease = set_paused(store, sealer, agent, paused)
     if already:  # written again all the same: it also drops a switchover asked meanwhile
@@ -177,7 +179,7 @@ def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
 def history(args: argparse.Namespace) -> int:
     url, agent = _target(args)
     with opened_store(url) as store:
-        lease = store.read_lease(agent)
+        lease = store.read_lease(known_agent(store, agent))
     takeovers = [] if lease is None else list(reversed(lease.history))
     if args.json:
         for takeover in takeovers:
@@ -219,6 +221,7 @@ def accept_loss(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> 
     secret = read_secret()
     with opened_store(url) as store:
         sealer = store_sealer(store, secret)
+        known_agent(store, agent)
         live = _live_node(store, agent)
         if live is not None:
             node, after_s = live

@@ -20,9 +20,8 @@ from ..ops.status import printable, snapshot, syncdir_shown
 from ..ops.status_text import duration, render, syncdir_lines, table
 from ..records import check_name
 from ..stores import Store
-from ..stores.base import MAX_LISTED_AGENTS
 from .args import Subcommands, add_command, positive_int, store_url, whole_number
-from .context import opened_store, warn
+from .context import known_agent, opened_store, warn
 
 __all__ = ["add_status_parser", "status"]
 
@@ -116,23 +115,12 @@ def _looks(
 
 def _agents(store: Store, agent: str | None) -> list[str]:
     """The agents to show: the one asked for, if the store holds it, else the store's."""
-    held = store.list_agents()
     if agent is not None:
-        # A listing stops at MAX_LISTED_AGENTS: past that, ask the agent's own records.
-        capped = len(held) >= MAX_LISTED_AGENTS
-        if agent in held or (capped and store.list_heartbeats(agent)):
-            return [agent]
-        raise ConfigError(f"store {store.url} holds no records of agent {agent!r}; {_holds(held)}")
+        return [known_agent(store, agent)]
+    held = store.list_agents()
     if not held:
         raise ConfigError(f"store {store.url} holds no agents yet (no node has run there)")
     return held
-
-
-def _holds(held: list[str]) -> str:
-    if not held:
-        return "it holds no agents"
-    shown = ", ".join(held[:20]) + (f" and {len(held) - 20} more" if len(held) > 20 else "")
-    return f"it holds: {shown}"
 
 
 def _one(

@@ -16,7 +16,7 @@ from ..ops.client import Admission, Client
 from ..records import check_name
 from ..sealing.keyring import Secret
 from .args import Subcommands, add_command, not_on_syncdir, seconds, store_url
-from .context import EXIT_TIMEOUT, opened_store, warn
+from .context import EXIT_TIMEOUT, known_agent, opened_store, warn
 
 __all__ = ["EXIT_TIMEOUT", "add_submit_parser", "submit"]
 
@@ -85,6 +85,13 @@ def add_submit_parser(sub: Subcommands, secret_help: str) -> None:
         action="store_true",
         help='print one JSON object: {"number", "request_id", "duplicate"} and, with '
         '--wait, "reply"',
+    )
+    submit.add_argument(
+        "--new-agent",
+        action="store_true",
+        help="the agent has no records in the store yet (no node of it has run): admit the "
+        "submission all the same (without it, an agent id the store does not hold is refused: "
+        "a mistyped one would make a new agent)",
     )
     submit.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
@@ -156,6 +163,8 @@ def submit(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     payload = read_payload(args)
     secret = read_secret()
     with opened_store(url) as store, Client(store, secret) as client:
+        if not args.new_agent:
+            known_agent(store, agent_id)
         try:
             admission = client.submit(agent_id, payload, request_id=args.request_id)
         except InboxError as exc:  # a bad request id, a payload too big: nothing admitted

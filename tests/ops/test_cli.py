@@ -695,3 +695,25 @@ def test_a_second_pause_says_already_paused_and_a_resume_of_a_running_agent_says
         "agent a: resumed",
         "agent a: already running (not paused)",
     ]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pause"], ["resume"], ["history"], ["switchover"], ["accept-loss", "--yes"]],
+    ids=lambda c: c[0],
+)
+def test_an_agent_id_the_store_does_not_hold_is_refused_and_makes_nothing(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """A mistyped --agent-id: one line naming the agents the store holds, exit 2; no records
+    of the mistyped agent made (it would show in hb status as an agent without a leader)."""
+    root = _store_without_checkpoints(tmp_path)  # holds agent "a"
+    before = files_under(root)
+    done = run_hb([command[0], "--store", root.as_uri(), "--agent-id", "b", *command[1:]],
+                  env=hb_env(HB_SECRET=SECRET))  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"hb {command[0]}: error: store {root.as_uri()} holds no records of agent 'b'; it holds: a"
+    ]
+    assert files_under(root) == before
+    assert FileStore(root).list_agents() == ["a"]

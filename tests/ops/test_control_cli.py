@@ -151,8 +151,13 @@ def test_a_paused_leader_killed_is_replaced_by_one_that_starts_paused(
     store.close()
 
 
-def test_history_of_an_agent_never_run_says_so(tmp_path: Path) -> None:
+def test_history_of_an_agent_the_store_does_not_hold_is_a_usage_error(tmp_path: Path) -> None:
+    """Not "no takeovers recorded", exit 0: a mistyped agent id is one line, exit 2."""
     store_dir = tmp_path / "store"
     open_store(store_dir.as_uri()).close()
     done = run_hb(["history", "--agent-id", "nobody", "--store", store_dir.as_uri()])
-    assert done.returncode == 0 and "no takeovers recorded" in done.stdout, done.stderr
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"hb history: error: store {store_dir.as_uri()} holds no records of agent 'nobody'; "
+        "it holds no agents"
+    ]

@@ -69,7 +69,8 @@ def store(tmp_path: Path) -> Path:
 
 
 def submit_args(store: Path, *more: str) -> list[str]:
-    return ["submit", "--store", store.as_uri(), "--agent-id", AGENT_ID, *more]
+    """hb submit's arguments; --new-agent: the tests' stores hold no agent until it admits."""
+    return ["submit", "--store", store.as_uri(), "--agent-id", AGENT_ID, "--new-agent", *more]
 
 
 def admitted(store: Path) -> list[tuple[int, str, Any]]:
@@ -92,6 +93,23 @@ def one_error_line(result: subprocess.CompletedProcess[str], code: int) -> str:
 
 
 # -- admission ---------------------------------------------------------------------
+
+
+def test_an_agent_the_store_does_not_hold_is_refused_without_new_agent(store: Path) -> None:
+    """A mistyped agent id must not make a new agent: without --new-agent, hb submit to an
+    agent the store holds no records of is one line naming the agents it holds, exit 2,
+    nothing admitted; the same with --new-agent is admitted (its first node not run yet)."""
+    first = hb(submit_args(store, "--request-id", "q-1", "--data", "1"))
+    assert first.returncode == 0, first.stderr
+    typo = ["submit", "--store", store.as_uri(), "--agent-id", "inbox-ecko", "--data", "2"]
+    line = one_error_line(hb(typo), 2)
+    assert line == (
+        f"hb submit: error: store {store.as_uri()} holds no records of agent 'inbox-ecko'; "
+        f"it holds: {AGENT_ID}"
+    )
+    assert "inbox-ecko" not in FileStore(store, create=False).list_agents()
+    assert hb([*typo, "--new-agent"]).returncode == 0
+    assert "inbox-ecko" in FileStore(store, create=False).list_agents()
 
 
 def test_submit_prints_its_number_and_a_retry_says_already_admitted(store: Path) -> None:

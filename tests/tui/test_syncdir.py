@@ -298,7 +298,10 @@ def test_hb_tui_opens_a_syncdir_store_as_a_reader_with_the_instances_sync_delay(
     """hb-tui --store syncdir://… opens the folder without a node id (it writes nothing);
     with --instance it is told the config's sync delay, which the panel shows."""
     sync = Sync(tmp_path)
-    sync.open("A").close()  # a folder a node made
+    made = sync.open("A")  # a folder a node made, which holds the agent's records
+    made.put_heartbeat(AGENT, Heartbeat(node="A", region="r", host="h", pid=1, role="standby",
+                                        epoch=0, seq=0, leader=None, time=time.time()))  # fmt: skip
+    made.close()
     url = f"syncdir://{sync.root('A')}"
     opened: list[Store] = []
     monkeypatch.setattr(MonitorApp, "run", lambda self, **_: opened.append(self.store))

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from hamsterbunker_tui.cli import _build_parser, _target
 
+from hamsterbunker import FileStore
 from hamsterbunker.core.errors import ConfigError
+from hamsterbunker.records import LeaseRecord
 
 HB_TUI = Path(sys.executable).with_name("hb-tui")
 
@@ -79,6 +81,16 @@ def test_user_mistakes_print_one_line_and_exit_2(
     code, out, err = run_tui(*args, env={"CONFIGURATION_DIRECTORY": str(tmp_path)})
     assert out == ""
     assert_one_line(code, err, *fragments)
+
+
+def test_a_mistyped_agent_id_is_one_line_naming_the_agents_held(tmp_path: Path) -> None:
+    """Not an empty monitor of an agent that does not exist: exit 2 naming those that do."""
+    store = FileStore(tmp_path / "store")
+    store.cas_lease("counter", None, LeaseRecord(None, "eu", "s", epoch=1, ttl_ms=2000))
+    url = (tmp_path / "store").as_uri()
+    code, out, err = run_tui("--store", url, "--agent-id", "countr")
+    assert out == ""
+    assert_one_line(code, err, f"store {url} holds no records of agent 'countr'; it holds: counter")
 
 
 def test_without_textual_it_says_how_to_install_it() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from hamsterbunker.agent.step import load_agent
+from hamsterbunker.cli.context import known_agent
 from hamsterbunker.core.errors import ConfigError, HamsterbunkerError, StoreUnsafe
 from hamsterbunker.ops.config import load_instance
 from hamsterbunker.records import check_name
@@ -128,6 +129,8 @@ def _run(args: argparse.Namespace) -> int:
         store: Store = open_store(
             target.store_url, create=False, sync_delay_ms=target.sync_delay_ms
         )
+        if args.agent_id is not None:  # typed here: a typo must not show an empty monitor
+            known_agent(store, target.agent_id)
         app = monitor_app(store, target.agent_id, secret=secret)
         app.run()
         return app.return_code or 0
