@@ -126,6 +126,11 @@ class SealError(HamsterbunkerError):
     """A checkpoint could not be sealed or opened."""
 
 
+class StateNotJson(SealError):
+    """The agent's state cannot be encoded as JSON (a step returned it): the agent's own
+    failure, backed off and handed over as a failing step is."""
+
+
 class WrongSecret(SealError):
     """The secret does not match the key-check value in the cluster record."""
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["encode", "encode_with_stdlib"]
+__all__ = ["encode", "encode_with_stdlib", "not_json_at"]
 
 # Subclasses, datetimes and dataclasses go to `default`, of which there is none: orjson
 # raises and the standard library decides (UUIDs, enums and fragments: _plain finds them).
@@ -69,3 +69,32 @@ def _plain(obj: Any) -> bool:
 def _of_kind(values: list[Any], kinds: list[type], kind: type) -> Iterator[Any]:
     """The values whose type is exactly kind."""
     return compress(values, map(is_, kinds, repeat(kind)))
+
+
+# How far not_json_at looks for the value that is not JSON (it runs only after a failure).
+_MOST_LOOKED_AT = 100_000
+
+
+def not_json_at(obj: Any, root: str = "state") -> str:
+    """Where in obj the first value the standard library cannot encode is, as a Python
+    path (``state["when"]["at"]``, of type object); ``root`` itself if none is found
+    within a bounded look."""
+    pending: list[tuple[str, Any]] = [(root, obj)]
+    for _ in range(_MOST_LOOKED_AT):
+        if not pending:
+            break
+        path, value = pending.pop()
+        if isinstance(value, dict):
+            bad_key = next((k for k in value if not isinstance(k, str | int | float | bool)
+                            and k is not None), _NO_KEY)  # fmt: skip
+            if bad_key is not _NO_KEY:
+                return f"{path} (a key of type {type(bad_key).__name__})"
+            pending.extend((f"{path}[{k!r}]", v) for k, v in reversed(value.items()))
+        elif isinstance(value, list | tuple):
+            pending.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+        elif not isinstance(value, str | int | float | bool) and value is not None:
+            return f"{path} (of type {type(value).__name__})"
+    return root
+
+
+_NO_KEY = object()

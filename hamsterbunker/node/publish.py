@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..agent.inbox import ConsumedMarks
 from ..agent.step import State, StepContext
 from ..core.clock import Clock
-from ..core.errors import Fenced, HamsterbunkerError
+from ..core.errors import Fenced, HamsterbunkerError, StateNotJson
 from ..core.failpoints import failpoint
 from ..core.reach import Reach
 from ..lease import LeaseKeeper
@@ -31,6 +31,8 @@ __all__ = ["NotPublished", "Publisher"]
 class NotPublished:
     error: str
     fenced: bool = False  # True: the lease moved on, stop leading; False: same step again
+    # The agent's own failure (its state is not JSON): backed off as a failing step.
+    agent_failed: StateNotJson | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class Publisher:
                            step_seq=context.seq)  # fmt: skip
             self.end_term()
             return NotPublished(str(exc), fenced=True)
+        except StateNotJson as exc:  # sealed nothing, wrote nothing
+            self.sink.record("publish", context.epoch, context.seq, started, "failed")
+            return NotPublished(str(exc), agent_failed=exc)
         except HamsterbunkerError as exc:
             return await self._unsure(context, consumed, started, exc)
         numbers = [c.number for c in consumed]

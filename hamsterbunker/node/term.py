@@ -268,14 +268,18 @@ class LeaderTerm:
     ) -> Progress | TermEnd:
         """Publish a step that returned: what to go on from (progress again if it was not
         published, to step again), or how the term ended."""
-        self._failures.succeeded()
-        self._standing.failing = (0, "")
         emit = self._sink.emit
         if self.lost.is_set() or not self._keeper.may_step():
             # The lease may already be someone else's: never publish this step.
             emit("agent.yielded", reason=StepEnd.DEADLINE.value, step_seq=context.seq)
             return progress
         published = await self._publisher.publish(context, new_state, progress.marks)
+        if not isinstance(published, Progress) and published.agent_failed is not None:
+            # A state that is not JSON is the step's failure, as if it had raised.
+            backed_off = await self._back_off(context.seq, published.agent_failed)
+            return backed_off if isinstance(backed_off, TermEnd) else progress
+        self._failures.succeeded()
+        self._standing.failing = (0, "")
         if isinstance(published, Progress):
             self._standing.effects = []
             stall.reset()

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core import state_json
 from ..core.blob import BlobPieces
-from ..core.errors import HamsterbunkerError, SealError, StoreRegressed, Tampered
+from ..core.errors import HamsterbunkerError, SealError, StateNotJson, StoreRegressed, Tampered
 from ..records import ClusterRecord
 from .cluster_keys import (
     SCRYPT_N,
@@ -254,7 +254,8 @@ class Sealer(WorkSealing):
         try:
             plaintext = state_json.encode(body)
         except (TypeError, ValueError) as exc:
-            raise SealError(f"agent state is not JSON-serialisable: {exc}") from exc
+            where = state_json.not_json_at(state)
+            raise StateNotJson(f"agent state is not JSON-serialisable at {where}: {exc}") from exc
         fields: dict[str, Any] = {"kid": key.kid, "agent": agent, "epoch": epoch, "seq": seq}
         if node is not None:  # only then: other stores' headers are as they always were
             fields["node"] = node

@@ -223,6 +223,40 @@ def test_an_init_that_keeps_raising_hands_the_lease_over_as_failing_steps_do(
     nodes.events.wait("checkpoint.published", "b", timeout=WAIT_S)
 
 
+class NotJson(Flaky):
+    """Its step returns a state with a value that is not JSON while ``failing`` is set."""
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        state = await super().step(state) if not self.failing.is_set() else dict(state)
+        if self.failing.is_set():
+            state["when"] = {"at": object()}
+        return state
+
+
+def test_a_state_that_is_not_json_is_a_failing_step_named_by_its_key_path(nodes: Nodes) -> None:
+    """Not checkpoint.failed every tick and the lease given up and taken again for ever:
+    each time one agent.failing line naming the value's key path, the step backoff, and
+    after max_failures the lease handed over; a JSON state afterwards is published."""
+    retry = StepRetry(first_ms=50, max_ms=1_500, max_failures=3)
+    agent = NotJson(failing_on=("a",))
+    nodes.start("a", agent, retry)
+    given_up = nodes.events.wait("lease.given_up", "a", timeout=WAIT_S)
+    assert given_up.detail["via"] == "handoff"
+    failing = nodes.events.of("agent.failing", "a")
+    assert [e.detail["failures"] for e in failing] == [1, 2, 3]
+    assert (
+        failing[0]
+        .detail["error"]
+        .startswith(
+            "StateNotJson: agent state is not JSON-serialisable at state['when']['at'] "
+            "(of type object)"
+        )
+    )
+    assert nodes.events.of("checkpoint.failed", "a") == []
+    agent.failing.clear()
+    nodes.events.wait("checkpoint.published", "a", timeout=WAIT_S)
+
+
 def test_step_failures_double_within_the_jitter_up_to_the_cap() -> None:
     retry = StepRetry(first_ms=1_000, max_ms=60_000, max_failures=10)
     low, high = StepFailures(retry, rand=lambda: 0.0), StepFailures(retry, rand=lambda: 1.0)

@@ -67,19 +67,20 @@ def stdlib_result(body: Any) -> Any:
     return json.loads(state_json.encode_with_stdlib(body).decode("utf-8"))
 
 
-def stdlib_refusal(body: Any) -> str | None:
-    """The SealError message seal gave before orjson, or None if the body was sealable."""
+def stdlib_refusal(body: Any, state: Any) -> str | None:
+    """The SealError message seal gives (the standard library's error, and where in the
+    state it is), or None if the body is sealable."""
     try:
         state_json.encode_with_stdlib(body)
     except (TypeError, ValueError) as exc:
-        return f"agent state is not JSON-serialisable: {exc}"
+        return f"agent state is not JSON-serialisable at {state_json.not_json_at(state)}: {exc}"
     return None
 
 
 def assert_seals_as_stdlib(sealer: Sealer, state: dict[str, Any], inbox: Any = None) -> None:
     """seal + open_checkpoint gives what the standard library gives, or refuses as it did."""
     body = state if inbox is None else {"state": state, "inbox": inbox}
-    refusal = stdlib_refusal(body)
+    refusal = stdlib_refusal(body, state)
     if refusal is not None:
         with pytest.raises(SealError) as caught:
             sealer.seal(AGENT, EPOCH, SEQ, state, inbox=inbox)
@@ -394,3 +395,19 @@ def test_checkpoints_sealed_now_open_with_the_old_reader(
     """A checkpoint sealed now is standard JSON to the reader of earlier versions."""
     blob = old_sealer.seal(AGENT, 3, 19, state)
     assert same(old_reader(old_sealer, blob), stdlib_result(state))
+
+
+@pytest.mark.parametrize(
+    ("state", "where"),
+    [
+        ({"when": {"at": object()}}, "state['when']['at'] (of type object)"),
+        ({"ok": [1, 2, {"bad": {1, 2}}]}, "state['ok'][2]['bad'] (of type set)"),
+        ({"k": {(1, 2): "tuple key"}}, "state['k'] (a key of type tuple)"),
+        ({"raw": b"bytes", "later": object()}, "state['raw'] (of type bytes)"),  # the first
+    ],
+    ids=["nested", "in-a-list", "bad-key", "first-of-two"],
+)
+def test_not_json_at_names_the_path_of_the_value_json_cannot_encode(
+    state: dict[str, Any], where: str
+) -> None:
+    assert state_json.not_json_at(state) == where
