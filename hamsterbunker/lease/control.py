@@ -190,6 +190,12 @@ def request_switchover(
     check_name("agent id", agent)
     if to is not None:
         check_name("node id", to)
+        known = sorted(beat.node for beat in store.list_heartbeats(agent))
+        if to not in known:  # said at once: no watching needed to know it is no node here
+            raise ControlRefused(
+                f"no node {to} keeps agent {agent!r} (it has no heartbeat in the store); its "
+                f"nodes: {', '.join(known) or 'none'}"
+            )
     lease, live = _watch_liveness(store, agent, to, clock, sleep)
     if lease is None or lease.holder is None:
         raise ControlRefused(f"agent {agent!r} has no leader to switch over from (the lease is "

@@ -212,7 +212,14 @@ def test_switchover_without_a_target_picks_a_live_standby(cluster: Cluster) -> N
 
 @pytest.mark.parametrize(
     ("to", "says"),
-    [("nobody", "nobody is not a live standby"), ("a", "a leads agent 'a' already")],
+    [
+        (
+            "nobody",
+            r"no node nobody keeps agent 'a' \(it has no heartbeat in the store\); "
+            "its nodes: a, b, c",
+        ),
+        ("a", "a leads agent 'a' already"),
+    ],
     ids=["unknown", "the-leader"],
 )
 def test_switchover_to_a_node_that_is_not_a_live_standby_is_refused(
