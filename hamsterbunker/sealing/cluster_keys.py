@@ -182,35 +182,37 @@ class ClusterKeys:
         return replace(record, macs=tuple(sorted(tags)))
 
     def _lacking(self, record: ClusterRecord, entry: KeyEntry) -> str:
-        """What a node that lacks entry's key is told it lacks."""
+        """What a node or a command that lacks entry's key is told it lacks (one wording for
+        both: hb submit, hb pause... are no node)."""
         held = ", ".join(self.held_ids(record))
         current = record.key_id
         if entry.kid != current:
             return (
-                f"a secret rotation is under way (generation {record.generation}): this node "
-                f"lacks the previous secret (key id {entry.kid}), which opens what is not yet "
-                "re-sealed; give it both secrets (the new one as HB_SECRET or the first line of "
+                f"a secret rotation is under way (generation {record.generation}): the secrets "
+                f"given here lack the previous one (key id {entry.kid}), which opens what is not "
+                "yet re-sealed; give both secrets (the new one as HB_SECRET or the first line of "
                 "the secret file, the previous one as HB_SECRET_PREVIOUS or the next line) until "
                 "`hb rotate-secret finish`"
             )
         if any(self.find(other) for other in record.accepted):
             return (
                 f"a secret rotation is under way (generation {record.generation}): the cluster "
-                f"seals with key id {current} now, and this node holds only key id {held}; give "
-                "it the new secret as well (HB_SECRET or the first line of the secret file, the "
-                "old one as HB_SECRET_PREVIOUS or the next line) and start it again"
+                f"seals with key id {current} now, and the secrets given here hold only key id "
+                f"{held}; give the new secret as well (HB_SECRET or the first line of the secret "
+                "file, the old one as HB_SECRET_PREVIOUS or the next line), then start the node "
+                "or run the command again"
             )
         retired = [entry.kid for entry in record.retired if self.find(entry)]
         if retired:
             return (
                 f"the cluster's secret was rotated (hb rotate-secret finish, generation "
-                f"{record.generation}): key id {retired[0]}, which this node holds, was "
-                f"retired; the cluster's key is {current}: give this node the new secret "
+                f"{record.generation}): key id {retired[0]}, the secret given here, was "
+                f"retired; the cluster's key is {current}: give the new secret "
                 "(HB_SECRET, or the first line of the secret file)"
             )
         return (
             f"the secret does not match this cluster (key id {current}): check that every node "
-            f"has the same secret (this node holds key id {held}; a node given a new secret "
+            f"has the same secret (the secret given here is key id {held}; a node given a new secret "
             "before `hb rotate-secret begin` needs the current one too, as HB_SECRET_PREVIOUS "
             "or the next line of the secret file)"
         )

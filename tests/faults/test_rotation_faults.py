@@ -244,7 +244,7 @@ def test_a_rotation_while_the_leader_is_killed_and_stopped_loses_nothing(
         env=hb_env(HB_SECRET=OLD, HB_STORE=url, PYTHONPATH=cluster.env["PYTHONPATH"]),
     )  # fmt: skip
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert f"key id {old_id}, which this node holds, was retired" in refused.stderr
+    assert f"key id {old_id}, the secret given here, was retired" in refused.stderr
     assert "Traceback" not in refused.stderr
     store.close()
 

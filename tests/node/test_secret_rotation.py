@@ -223,7 +223,7 @@ def test_a_node_with_only_the_old_secret_mid_rotation_is_told_it_lacks_the_new_o
 ) -> None:
     """After begin, the old secret alone is refused with the rotation named."""
     _store, begun = rotated(first, "begin")
-    with pytest.raises(WrongSecret, match=r"rotation is under way.*holds only key id"):
+    with pytest.raises(WrongSecret, match=r"rotation is under way.*hold only key id"):
         Sealer(OLD, begun)
 
 
@@ -232,7 +232,7 @@ def test_a_node_with_only_the_new_secret_mid_rotation_is_told_it_lacks_the_old_o
 ) -> None:
     """Until finish, the previous secret is needed too: the message names its key id."""
     _store, begun = rotated(first, "begin")
-    with pytest.raises(WrongSecret, match=f"lacks the previous secret \\(key id {first.key_id}"):
+    with pytest.raises(WrongSecret, match=f"lack the previous one \\(key id {first.key_id}"):
         Sealer(NEW, begun)
 
 
@@ -242,7 +242,7 @@ def test_a_node_with_only_the_old_secret_after_finish_is_told_it_was_retired(
     """After finish, the old secret is named as retired by the rotation."""
     _store, finished = rotated(first, "begin", "commit", "finish")
     with pytest.raises(
-        WrongSecret, match=f"key id {first.key_id}, which this node holds, was retired"
+        WrongSecret, match=f"key id {first.key_id}, the secret given here, was retired"
     ):
         Sealer(OLD, finished)
 

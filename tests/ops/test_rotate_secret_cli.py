@@ -128,7 +128,7 @@ def test_a_node_with_only_the_old_secret_after_finish_is_refused(tmp_path: Path)
     store, first = store_with(tmp_path, "begin", "commit", "finish")
     code, stderr = hb_run(store, HB_SECRET=OLD)
     assert code == 2
-    assert f"key id {first.key_id}, which this node holds, was retired" in one_line(stderr)
+    assert f"key id {first.key_id}, the secret given here, was retired" in one_line(stderr)
 
 
 def test_a_key_list_edited_in_the_store_is_refused_at_start(tmp_path: Path) -> None:

@@ -200,6 +200,8 @@ def test_no_secret_and_a_wrong_secret_are_refused_and_admit_nothing(store: Path)
     assert "no secret given" in line, line
     line = one_error_line(hb(submit_args(store, "--data", "2"), secret="another-secret-x"), 2)
     assert "secret does not match" in line, line
+    # hb submit is no node: the line speaks of the secret given, not of "this node".
+    assert "the secret given here is key id" in line and "this node" not in line, line
     assert admitted(store) == [(1, "ok", 1)]
 
 
