@@ -106,7 +106,9 @@ class _LoopWatches:
         if not self._by_dir and _SHARED.get(asyncio.get_running_loop()) is self:
             del _SHARED[asyncio.get_running_loop()]
             self._reader.cancel()
-            self._inotify.close()
+            # Closed once the reader has let go of it: a read callback of its already due
+            # in this turn of the loop would find it closed ("Can not work with closed inotify").
+            self._reader.add_done_callback(lambda _reader: self._inotify.close())
 
     async def _read(self) -> None:
         from asyncinotify import Mask
