@@ -9,15 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import CorruptRecord
+from ..core.errors import ConfigError, CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..ops.status import printable
 from ..ops.status_text import duration
 from ..records import Event, Heartbeat, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
-from .args import Subcommands, add_command, not_on_syncdir, store_url
-from .context import EXIT_FAILURE, opened_store, store_sealer, warn
+from .args import Subcommands, add_command, confirmed, not_on_syncdir, store_url
+from .context import EXIT_FAILURE, known_agent, opened_store, store_sealer, warn
 from .liveness import live_node, watch_window
 
 __all__ = ["add_forget_parser", "forget"]
@@ -30,20 +30,32 @@ clocks across machines), and if its heartbeat or events change it is live: refus
 Refused too while the lease names NODE as holder. A forgotten node that runs again
 shows again.
 
-exit status: 0 forgotten; 1 refused (NODE is live or holds the lease) or nothing of
-  NODE is stored; 2 a usage mistake (a missing flag, a bad URL or name, a wrong secret)."""
+hb forget --agent ID removes a whole agent instead (a mistyped id an earlier version made,
+an agent retired): every record of it, once none of its nodes is seen live the same way;
+it says what goes and asks first (--yes: does not ask).
+
+exit status: 0 forgotten; 1 refused (NODE is live or holds the lease; a node of the agent
+  is live; not confirmed) or nothing of NODE is stored; 2 a usage mistake (a missing flag,
+  a bad URL or name, an agent the store does not hold, a wrong secret)."""
 
 
 def add_forget_parser(sub: Subcommands, secret_help: str) -> None:
     parser = add_command(
         sub,
         "forget",
-        "drop a dead node's heartbeat and events (refused for a live node)",
+        "drop a dead node's heartbeat and events, or (--agent) a whole agent; refused while live",
         DESCRIPTION,
         secret_help,
     )
-    parser.add_argument("node", metavar="NODE", help="the node id to forget")
-    parser.add_argument("--agent-id", metavar="ID", required=True)
+    parser.add_argument("node", metavar="NODE", nargs="?", help="the node id to forget")
+    parser.add_argument("--agent-id", metavar="ID", help="the agent NODE kept")
+    parser.add_argument(
+        "--agent",
+        metavar="ID",
+        help="forget a whole agent instead: every record of it (its lease, checkpoints, "
+        "journal, inbox, heartbeats and events); refused while a node of it is live; asks first",
+    )
+    parser.add_argument("--yes", action="store_true", help="with --agent: do not ask")
     parser.add_argument("--store", help="store URL (default: $HB_STORE)")
     parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
@@ -64,6 +76,12 @@ def forget(
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Run ``hb forget``; the exit status (usage mistakes and store errors raise)."""
+    if args.agent is not None:
+        if args.node is not None or args.agent_id is not None:
+            raise ConfigError("--agent ID forgets a whole agent: give no NODE and no --agent-id")
+        return _forget_agent(args, read_secret, clock, sleep)
+    if args.node is None or args.agent_id is None:
+        raise ConfigError("give NODE and --agent-id ID (a node), or --agent ID (a whole agent)")
     agent = check_name("agent id", args.agent_id)
     node = check_name("node id", args.node)
     url = not_on_syncdir(store_url(args), "forgetting a node")
@@ -102,6 +120,44 @@ def _forget(
     store.forget_node(agent, node)
     print(f"forgot node {node} of agent {agent}: {_dropped(seen)}; "
           f"unchanged for {duration(clock() - started)}, as seen from here")  # fmt: skip
+    return 0
+
+
+def _forget_agent(
+    args: argparse.Namespace,
+    read_secret: Callable[[], Secret],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> int:
+    """``hb forget --agent ID``: every record of the agent, once no node of it is seen live."""
+    agent = check_name("agent id", args.agent)
+    url = not_on_syncdir(store_url(args), "forgetting an agent")
+    secret = read_secret()
+    with opened_store(url) as store:
+        store_sealer(store, secret)  # WrongSecret before anything is read or changed
+        known_agent(store, agent)
+        try:
+            lease = store.read_lease(agent)
+        except CorruptRecord:  # removed with the rest; watched for the default TTL
+            lease = None
+        ttl_s = (DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms) / 1000
+        tail = store.tail(agent)
+        live = live_node(tail, tail.read(), watch_window(ttl_s), clock, sleep)
+        if live is not None:
+            return _refused(
+                f"node {live[0]} of agent {agent} is live: its heartbeat or events changed "
+                f"{duration(live[1])} into watching, as seen from here; stop every node of "
+                "it first (nothing changed)"
+            )
+        checkpoints = store.list_checkpoints(agent)
+        newest = f", the newest seq {checkpoints[0].seq}" if checkpoints else ""
+        print(f"agent {agent}: every record of it goes: {len(checkpoints)} checkpoints{newest}, "
+              f"{len(store.read_inbox(agent))} submissions waiting, the heartbeats and events "
+              f"of {len(store.list_heartbeats(agent))} nodes, the lease")  # fmt: skip
+        if not confirmed(args, "Forget the agent? Type yes to go on: "):
+            return EXIT_FAILURE
+        store.forget_agent(agent)
+    print(f"forgot agent {agent}")
     return 0
 
 

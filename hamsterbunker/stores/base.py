@@ -252,6 +252,7 @@ class Refusal:
 
     KEY_ROTATION = "key-rotation"  # replace_cluster and every reseal_*
     FORGET_OTHER_NODE = "forget-other-node"  # forget_node of a node with its own subtree
+    FORGET_AGENT = "forget-agent"  # forget_agent
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,11 @@ class Store(Protocol):
         node is dead), a change ``watch`` reports. No error if absent; ConfigError for a
         node that is no node id."""
 
+    def forget_agent(self, agent: str) -> None:
+        """Remove every record of agent: its lease, checkpoints, effect journal, inbox,
+        heartbeats and events, and its place in list_agents (``hb forget --agent``, which
+        looks for live nodes first). StoreError where the store cannot (a synced folder)."""
+
     def watch(
         self, agent: str, *, lease_only: bool = False, terms_only: bool = False
     ) -> AsyncIterator[LeaseRecord | None]:

@@ -717,3 +717,47 @@ def test_an_agent_id_the_store_does_not_hold_is_refused_and_makes_nothing(
     ]
     assert files_under(root) == before
     assert FileStore(root).list_agents() == ["a"]
+
+
+def test_forget_agent_removes_a_whole_agent_once_none_of_its_nodes_is_live(
+    tmp_path: Path,
+) -> None:
+    """hb forget --agent: says what goes and asks (no answer: nothing changed, exit 1);
+    --yes removes every record of the agent and leaves the others; a node of the agent
+    that heartbeats makes it refuse (exit 1); NODE with --agent is a usage mistake."""
+    root = _store_without_checkpoints(tmp_path)  # agent "a"
+    store = FileStore(root)
+    store.cas_lease("b", None, LeaseRecord("n1", "r", "s", epoch=1, ttl_ms=1000))
+    forget = ["forget", "--store", root.as_uri(), "--agent"]
+    env = hb_env(HB_SECRET=SECRET)
+    asked = run_hb([*forget, "a"], env=env)
+    assert asked.returncode == 1 and "nothing changed" in asked.stderr, asked.stderr
+    assert asked.stdout.startswith("agent a: every record of it goes: 0 checkpoints")
+    assert store.list_agents() == ["a", "b"]
+    done = run_hb([*forget, "a", "--yes"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "forgot agent a"
+    assert store.list_agents() == ["b"] and store.read_lease("a") is None
+
+    stop = threading.Event()
+
+    def heartbeats() -> None:  # a node of b that runs
+        beats = 0
+        while not stop.wait(0.1):
+            beats += 1
+            store.put_heartbeat("b", Heartbeat(node="n1", region="r", host="h", pid=7,
+                                               role="active", epoch=1, seq=0, leader="n1",
+                                               time=time.time(), beats=beats))  # fmt: skip
+
+    beating = threading.Thread(target=heartbeats)
+    beating.start()
+    try:
+        live = run_hb([*forget, "b", "--yes"], env=env)
+    finally:
+        stop.set()
+        beating.join()
+    assert live.returncode == 1, live.stdout + live.stderr
+    assert live.stderr.startswith("hb forget: refused: node n1 of agent b is live")
+    assert store.list_agents() == ["b"]
+    both = run_hb(["forget", "n1", "--store", root.as_uri(), "--agent", "b"], env=env)
+    assert both.returncode == 2 and "give no NODE and no --agent-id" in both.stderr

@@ -235,7 +235,7 @@ def heartbeat(node: str, at: float, count: int) -> Heartbeat:
 
 
 def forget_in_process(root: Path, clock: FakeClock) -> int:
-    args = argparse.Namespace(node="n2", agent_id=AGENT_ID, store=root.as_uri())
+    args = argparse.Namespace(node="n2", agent_id=AGENT_ID, agent=None, store=root.as_uri())
     return cli_forget.forget(args, lambda: SECRET, clock=clock, sleep=clock.sleep)
 
 

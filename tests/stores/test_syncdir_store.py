@@ -525,7 +525,11 @@ def test_rotation_is_refused_with_the_reason(sync: Sync) -> None:
         with pytest.raises(StoreError, match="refused on a syncdir store: key rotation rewrites"):
             call()
     assert store.read_cluster() == cluster(1)
-    assert store.report().refuses == {Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE}
+    assert store.report().refuses == {
+        Refusal.KEY_ROTATION,
+        Refusal.FORGET_OTHER_NODE,
+        Refusal.FORGET_AGENT,
+    }
 
 
 # -- what the sync tool leaves, and what a hostile writer plants -------------------------------

@@ -107,6 +107,12 @@ class Layer:
         with failpoints_within("reseal"):
             return self.commit(txn).succeeded
 
+    def forget_agent(self, agent: str) -> None:
+        """After the agent's records are removed: what this client remembers of it goes."""
+        with self._lock:
+            self._indexed.discard(agent)
+        self.written.pop(agent, None)
+
     def commit_indexed(self, keys: AgentKeys, txn: Txn) -> TxnResult:
         """Commit txn, which writes the agent's records, with the write that lists it
         (list_agents) once per client and agent. Unless it succeeded the index is

@@ -76,6 +76,12 @@ class EventLogs:
         events = readable(stored, Event.from_json, report)
         return [event for event in events if event.n > after.get(event.node, 0)]
 
+    def forget_agent(self, agent: str) -> None:
+        """After the agent's records are removed: every log of it starts at position 1."""
+        with self._lock:
+            for known in [k for k in self._next if k[0] == agent]:
+                del self._next[known]
+
     def forget(self, keys: AgentKeys, node: str) -> None:
         """After a node's log is removed: a new log starts at position 1."""
         with self._lock:

@@ -245,6 +245,15 @@ class RecordStore(Leases, Store):
         must(self.layer.commit(Txn(writes=writes)))
         self._events.forget(keys, node)
 
+    def forget_agent(self, agent: str) -> None:
+        keys = AgentKeys(agent)
+        writes = [DeleteRange(*folder_range(keys.base)), DeleteRange(keys.index)]
+        must(self.layer.commit(Txn(writes=writes)))
+        self.layer.forget_agent(agent)
+        self._events.forget_agent(agent)
+        self._leases.pop(agent, None)
+        self._fences.pop(agent, None)
+
     # -- watch, check, close -----------------------------------------------
 
     async def watch(

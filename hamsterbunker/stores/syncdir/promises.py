@@ -26,7 +26,7 @@ MAX_SYNC_DELAY_MS = 3_600_000  # an hour: beyond it a failover would take longer
 
 # Declared in the store's report: key rotation (replace_cluster, every reseal_*), and
 # forget_node of a node that writes a subtree of its own (its files are its alone).
-REFUSES = frozenset({Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE})
+REFUSES = frozenset({Refusal.KEY_ROTATION, Refusal.FORGET_OTHER_NODE, Refusal.FORGET_AGENT})
 ROTATION_REFUSED = (
     "{what} is refused on a syncdir store: key rotation rewrites a record every node shares "
     "(the cluster record, or records sealed under the old key), and a synced folder cannot "

@@ -340,6 +340,13 @@ class SyncDirStore(Store):
         chosen = self._by_node(f"events of {agent}", lambda store: store.read_events(agent, after))
         return [event for events in chosen.values() for event in events]
 
+    def forget_agent(self, agent: str) -> None:
+        raise StoreError(
+            f"{self.root} is a synced folder: an agent's records are in every node's subtree, "
+            "which only that node writes. Stop its nodes and remove agents/"
+            f"{agent} from each node's subtree on its own machine"
+        )
+
     def forget_node(self, agent: str, node: str) -> None:
         check_name("node id", node)
         if node != self.node and node in self._subtrees.peers():

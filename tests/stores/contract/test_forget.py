@@ -18,6 +18,7 @@ import pytest
 
 from hamsterbunker.core.errors import ConfigError
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
+from hamsterbunker.stores.base import Fence
 from hamsterbunker.stores.interface import Store
 from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
@@ -209,3 +210,32 @@ def test_the_file_store_leaves_a_planted_directory(tmp_path: Path) -> None:
     assert [b.node for b in store.list_heartbeats("a")] == ["n2"]
     assert store.read_events("a") == []
     assert (planted / "inside").read_bytes() == b"x"
+
+
+def test_forgetting_an_agent_removes_every_record_of_it_and_nothing_else(
+    store: Store, open_second: Opener
+) -> None:
+    """forget_agent (hb forget --agent): another client then finds nothing of the agent (no
+    lease, checkpoint, journal, inbox, heartbeat or event, not listed); another agent is as
+    it was; a node that writes it again lists it again."""
+    for agent in ("a", "b"):
+        populate(store, agent)
+        store.cas_lease(agent, None, LeaseRecord("n1", "eu", "s1", epoch=1, ttl_ms=2000))
+        fence = Fence(holder="n1", session="s1", epoch=1)
+        store.put_checkpoint(agent, fence, 1, b"sealed-1")
+        store.put_effect(agent, fence, 2, 0, "outcome", b"an effect")
+        store.admit(agent, "r1", 1, b"a submission")
+    before_b = (store.read_lease("b"), store.list_checkpoints("b"), store.read_inbox("b"),
+                store.list_heartbeats("b"), store.read_events("b"))  # fmt: skip
+    open_second().forget_agent("a")
+    reader = open_second()
+    assert reader.list_agents() == ["b"]
+    assert reader.read_lease("a") is None
+    assert reader.list_checkpoints("a") == [] and reader.read_effects("a", 2) == {}
+    assert reader.read_inbox("a") == [] and reader.read_admission("a", "r1") is None
+    assert reader.list_heartbeats("a") == [] and reader.read_events("a") == []
+    assert (reader.read_lease("b"), reader.list_checkpoints("b"), reader.read_inbox("b"),
+            reader.list_heartbeats("b"), reader.read_events("b")) == before_b  # fmt: skip
+    store.forget_agent("a")  # again: nothing to remove
+    store.put_heartbeat("a", beat("n3"))  # the same client as before the forget
+    assert open_second().list_agents() == ["a", "b"]
