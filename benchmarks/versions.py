@@ -28,6 +28,9 @@ FIGURES = {
     "inbox": "inbox: submit → consumed (checkpoint accepted)",
 }
 RATIO_TARGET = 1.10
+# "etcd:handover,file:inbox": only these measurements (a re-run of one figure).
+ONLY_ENV = "HB_BENCH_VERSIONS"
+ROUNDS_ENV = "HB_BENCH_VERSIONS_ROUNDS"
 
 METHOD = f"""\
 The issue that brings the record layer asks that, before it replaces the stores, the
@@ -126,46 +129,58 @@ def _measure(tree: Path, figure: str, store: str, count: int, seed: int) -> list
     return [float(v) for v in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
+def _chosen() -> list[tuple[str, str]]:
+    """The (store, figure) pairs to measure: all, or those ONLY_ENV names."""
+    every = [(store, figure) for store in STORES for figure in FIGURES]
+    names = ", ".join(f"{s}:{f}" for s, f in every)
+    given = [p.strip() for p in os.environ.get(ONLY_ENV, "").split(",") if p.strip()]
+    chosen = [(p.partition(":")[0], p.partition(":")[2]) for p in given]
+    unknown = [p for p, c in zip(given, chosen, strict=True) if c not in every]
+    if unknown:
+        raise BenchmarkError(f"{ONLY_ENV}: {', '.join(unknown)} not one of {names}")
+    return [c for c in every if c in chosen] if chosen else every
+
+
 def run(quick: bool) -> Result:
-    rounds, count = (1, 3) if quick else (4, 10)
+    rounds, count = (1, 3) if quick else (int(os.environ.get(ROUNDS_ENV, "4")), 10)
+    pairs = _chosen()
     samples: dict[tuple[str, str, str], list[float]] = {}
     with _baseline_tree() as old:
         sides = {"old": old, "new": REPO}
         for round_no in range(rounds):
             order = ["old", "new"] if round_no % 2 == 0 else ["new", "old"]
-            for store in STORES:
-                for figure in FIGURES:
-                    for side in order:
-                        seed = 100 * round_no + list(FIGURES).index(figure)
-                        got = _measure(sides[side], figure, store, count, seed)
-                        samples.setdefault((store, figure, side), []).extend(got)
+            for store, figure in pairs:
+                for side in order:
+                    seed = 100 * round_no + list(FIGURES).index(figure)
+                    got = _measure(sides[side], figure, store, count, seed)
+                    samples.setdefault((store, figure, side), []).extend(got)
     rows: list[list[str]] = []
     checks: list[Check] = []
-    for store in STORES:
-        for figure, label in FIGURES.items():
-            old_v, new_v = samples[(store, figure, "old")], samples[(store, figure, "new")]
-            old99, new99 = percentile(old_v, 99), percentile(new_v, 99)
-            old50, new50 = percentile(old_v, 50), percentile(new_v, 50)
-            rows.append(
-                [
-                    f"{store}: {label}",
-                    f"{len(old_v)} / {len(new_v)}",
-                    ms(old50),
-                    ms(new50),
-                    f"{new50 / old50:.2f}",
-                    ms(old99),
-                    ms(new99),
-                    f"{new99 / old99:.2f}",
-                ]
+    for store, figure in pairs:
+        label = FIGURES[figure]
+        old_v, new_v = samples[(store, figure, "old")], samples[(store, figure, "new")]
+        old99, new99 = percentile(old_v, 99), percentile(new_v, 99)
+        old50, new50 = percentile(old_v, 50), percentile(new_v, 50)
+        rows.append(
+            [
+                f"{store}: {label}",
+                f"{len(old_v)} / {len(new_v)}",
+                ms(old50),
+                ms(new50),
+                f"{new50 / old50:.2f}",
+                ms(old99),
+                ms(new99),
+                f"{new99 / old99:.2f}",
+            ]
+        )
+        checks.append(
+            Check(
+                f"{store}: p99 {label}, new / old",
+                f"{new99 / old99:.2f} × ({ms(new99)} vs {ms(old99)} ms)",
+                f"≤ {RATIO_TARGET} ×",
+                new99 <= RATIO_TARGET * old99,
             )
-            checks.append(
-                Check(
-                    f"{store}: p99 {label}, new / old",
-                    f"{new99 / old99:.2f} × ({ms(new99)} vs {ms(old99)} ms)",
-                    f"≤ {RATIO_TARGET} ×",
-                    new99 <= RATIO_TARGET * old99,
-                )
-            )
+        )
     table = Table(
         f"This tree against {BASELINE[:10]}, samples pooled over {rounds} rounds",
         ["figure", "n old / new", "old p50 ms", "new p50 ms", "p50 new / old",
