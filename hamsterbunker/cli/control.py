@@ -16,6 +16,7 @@ from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..lease.acceptance import accept_loss as write_acceptance
 from ..lease.acceptance import plan_loss
 from ..lease.control import is_paused, request_switchover, set_paused
+from ..lease.gap import format_gap
 from ..ops.status import printable
 from ..ops.status_text import duration
 from ..records import LeaseRecord, check_name
@@ -195,7 +196,7 @@ def history(args: argparse.Namespace) -> int:
             printable(t.from_ or "-"),
             printable(t.to),
             printable(t.via),
-            f"{t.gap_ms / 1000:.3f}s",
+            format_gap(t.gap_ms),
         )
         for t in takeovers
     ]
