@@ -72,7 +72,11 @@ def add_control_parsers(sub: Subcommands, secret_help: str) -> None:
     add_wait_flags(switch, "the target leads", DEFAULT_WAIT_S)
     for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
         _common(add_command(sub, name, text, PAUSE_HELP), secret_help)
-    past = sub.add_parser("history", help="the agent's takeovers, newest first")
+    past = sub.add_parser(
+        "history",
+        help="the agent's takeovers, newest first, each with its gap: how long no leader "
+        "was able to step",
+    )
     past.add_argument("--store", help="store URL (default: $HB_STORE)")
     past.add_argument("--agent-id", required=True)
     past.add_argument("--json", action="store_true", help="one JSON object per takeover")

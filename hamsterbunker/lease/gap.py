@@ -25,7 +25,8 @@ it still found the write before (or nothing): the write was made between the two
 lies between the times since each, on its monotonic clock. Within that window it compares the
 write's wall-clock time (``LeaseRecord.written``, the writer's clock) with its own: off by at
 most the skew between the two clocks (milliseconds under NTP), clamped into the window, so a
-standby reading every tick is never off by more than a tick whatever the clocks say. A taker
+standby reading all along is never off by more than the time between two of its reads,
+whatever the clocks say. A taker
 that never read the record before (it started later) has no upper bound: it trusts the wall
 clocks, never below the time it watched the record stand itself. Display only: no node decides
 anything by the gap.

@@ -103,6 +103,8 @@ class LeaseRecord:
     def to_json(self) -> bytes:
         doc = asdict(self)
         doc["history"] = [t.to_doc() for t in self.history]
+        if not self.written:
+            del doc["written"]  # unknown: as a record from before it was kept, byte for byte
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod

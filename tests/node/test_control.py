@@ -413,11 +413,13 @@ def test_a_lease_record_keeps_its_history_and_requests_through_json() -> None:
 
 
 def test_a_lease_record_written_before_its_write_time_was_kept_still_reads() -> None:
-    """A record without ``written`` (an older node's) reads as written at an unknown time, 0."""
-    doc = json.loads(_lease_doc(history=[GOOD_TAKEOVER]))
-    del doc["written"]
-    record = LeaseRecord.from_json(json.dumps(doc).encode())
+    """A record without ``written`` (an older node's) reads as written at an unknown time, 0,
+    and is written back without it, as it was."""
+    old = _lease_doc(history=[GOOD_TAKEOVER])
+    assert "written" not in json.loads(old)
+    record = LeaseRecord.from_json(old)
     assert (record.written, record.history[0].gap_ms) == (0.0, 2000)
+    assert json.loads(record.to_json()) == json.loads(old)
 
 
 def test_a_lease_handed_to_a_node_that_never_takes_it_is_taken_after_a_ttl(

@@ -8,10 +8,13 @@ Ages are measured the way the nodes measure a lease: from when *this* monitor
 saw a record change, on its own monotonic clock, so a monitor whose wall clock
 is off still shows the truth after one look. A record seen for the first time
 is aged by what the store says of it: a heartbeat's and a checkpoint's own
-``time``, and for the lease record (which holds no time) its holder's heartbeat
-in that epoch, else the epoch's ``lease.acquired`` event. Those times are the
-writers' wall clocks compared with this monitor's: acceptable for display only
-(nodes never compare clocks to decide anything), and clamped at zero.
+``time``, and for the lease record its holder's heartbeat in that epoch, else
+the epoch's ``lease.acquired`` event. Those times are the writers' wall clocks
+compared with this monitor's: acceptable for display only (nodes never compare
+clocks to decide anything), and clamped at zero.
+
+The takeover gaps are not worked out here: each is the one its taker wrote
+(``hamsterbunker.lease.gap``), the number ``hb history`` prints.
 """
 
 from __future__ import annotations
