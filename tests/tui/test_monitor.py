@@ -153,7 +153,7 @@ def test_demo_kill_key_shows_the_takeover_and_the_node_rejoins(
             await pilot.press("k")  # demo mode: no confirmation
 
             takeover = re.compile(
-                rf"epoch 2 +\d\d:\d\d:\d\d +{old.node} → (hbnk-\d) +expired +gap \d+\.\d{3} s"
+                rf"epoch 2 +\d\d:\d\d:\d\d +{old.node} → (hbnk-\d) +expired +gap \d+\.\d{{3}} s"
             )
             await until(
                 pilot,
