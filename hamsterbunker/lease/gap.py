@@ -26,10 +26,9 @@ lies between the times since each, on its monotonic clock. Within that window it
 write's wall-clock time (``LeaseRecord.written``, the writer's clock) with its own: off by at
 most the skew between the two clocks (milliseconds under NTP), clamped into the window, so a
 standby reading all along is never off by more than the time between two of its reads,
-whatever the clocks say. A taker
-that never read the record before (it started later) has no upper bound: it trusts the wall
-clocks, never below the time it watched the record stand itself. Display only: no node decides
-anything by the gap.
+whatever the clocks say. A taker that never read the record before (it started later) has no
+upper bound: it trusts the wall clocks, never below the time it watched the record stand
+itself. Display only: no node decides anything by the gap.
 """
 
 from __future__ import annotations

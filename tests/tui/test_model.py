@@ -358,11 +358,12 @@ def test_the_timeline_shows_the_lease_records_gap_and_none_where_none_was_writte
     update(m, now=1.0, events=[
         ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="empty"),
         ev("b", "lease.acquired", T0 + 5.0, epoch=2, via="expired", gap_ms="2004"),
+        ev("a", "lease.acquired", T0 + 9.0, epoch=3, via="expired", gap_ms=-5),
     ])  # fmt: skip
-    assert [t.gap_ms for t in m.timeline()] == [None, None]
+    assert [t.gap_ms for t in m.timeline()] == [None, None, None]
     taken = Takeover(epoch=2, to="b", via="expired", gap_ms=2004, time=T0 + 5.0, from_="a")
     update(m, now=2.0, lease_record=replace(lease("b", epoch=2), history=(taken,)))
-    assert [t.gap_ms for t in m.timeline()] == [None, 2004]
+    assert [t.gap_ms for t in m.timeline()] == [None, 2004, None]
 
 
 def test_the_previous_holder_is_right_when_takeovers_arrive_out_of_order() -> None:

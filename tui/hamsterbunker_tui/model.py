@@ -225,14 +225,14 @@ class ClusterModel:
             case "lease.acquired":
                 # The previous holder is worked out in timeline(): the epoch before
                 # this one may be read in a later poll.
-                gap = event.detail.get("gap_ms")
+                gap = event.detail.get("gap_ms")  # from the store: junk is no gap
                 self._takeovers[event.epoch] = Takeover(
                     epoch=event.epoch,
                     node=event.node,
                     previous=None,
                     via=str(event.detail.get("via", "")),
                     time=event.time,
-                    gap_ms=gap if isinstance(gap, int) and not isinstance(gap, bool) else None,
+                    gap_ms=gap if type(gap) is int and gap >= 0 else None,
                 )
                 _trim(self._takeovers, MAX_TAKEOVERS)
                 self._acquired[event.epoch] = event.time
