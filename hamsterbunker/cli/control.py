@@ -16,6 +16,7 @@ from ..core.timing import DEFAULT_LEASE_TTL_MS
 from ..lease.acceptance import accept_loss as write_acceptance
 from ..lease.acceptance import plan_loss
 from ..lease.control import is_paused, request_switchover, set_paused
+from ..lease.gap import format_gap
 from ..ops.status import printable
 from ..ops.status_text import duration
 from ..records import LeaseRecord, check_name
@@ -71,7 +72,11 @@ def add_control_parsers(sub: Subcommands, secret_help: str) -> None:
     add_wait_flags(switch, "the target leads", DEFAULT_WAIT_S)
     for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
         _common(add_command(sub, name, text, PAUSE_HELP), secret_help)
-    past = sub.add_parser("history", help="the agent's takeovers, newest first")
+    past = sub.add_parser(
+        "history",
+        help="the agent's takeovers, newest first, each with its gap: how long no leader "
+        "was able to step",
+    )
     past.add_argument("--store", help="store URL (default: $HB_STORE)")
     past.add_argument("--agent-id", required=True)
     past.add_argument("--json", action="store_true", help="one JSON object per takeover")
@@ -195,7 +200,7 @@ def history(args: argparse.Namespace) -> int:
             printable(t.from_ or "-"),
             printable(t.to),
             printable(t.via),
-            f"{t.gap_ms / 1000:.3f}s",
+            format_gap(t.gap_ms),
         )
         for t in takeovers
     ]

@@ -208,6 +208,8 @@ def accept_loss(store: Store, sealer: Sealer, plan: LossPlan) -> Acceptance:
                     # An operator's pause, and the takeovers so far, hold on.
                     control="" if lease is None else lease.control,
                     history=() if lease is None else lease.history,
+                    # No leader writes this: a takeover's gap still runs from the last one.
+                    written=0.0 if lease is None else lease.written,
                 )
             ),
         )

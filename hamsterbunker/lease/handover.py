@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 
 from ..core.errors import LeaseConflict
@@ -63,8 +62,9 @@ class Handing(KeeperState):
         if held is None:
             return False
         epoch = self._next_epoch(held)
+        # No gap (lease.gap): this write ends our term and starts the successor's.
         takeover = Takeover(
-            epoch=epoch, to=successor, via="switchover", gap_ms=0, time=time.time(), from_=self.node
+            epoch=epoch, to=successor, via="switchover", gap_ms=0, time=self.wall(), from_=self.node
         )
         handed = replace(
             self._next_write(held),

@@ -5,7 +5,6 @@ blocks (the runtime runs them in a thread, one at a time); ``may_step`` reads on
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 
 from ..core.errors import LeaseConflict, StoreError, UnreadableLease
@@ -115,7 +114,7 @@ class LeaseKeeper(Handing, Replacing):
             return TickResult(Outcome.STANDBY, record, reason)
         if now < self._hold_off_until and via != "switchover":
             return TickResult(Outcome.STANDBY, record, "holding off after giving the lease up")
-        return self._acquire(record, via, now)
+        return self._acquire(record, via)
 
     def _read_unless_heard(self, heard: LeaseRecord | None) -> LeaseRecord | None:
         """The record the watch carried if it is news and asks nothing new, else read
@@ -145,19 +144,18 @@ class LeaseKeeper(Handing, Replacing):
             return "expired"
         return None
 
-    def _acquire(self, record: LeaseRecord | None, via: str, now: float) -> TickResult:
+    def _acquire(self, record: LeaseRecord | None, via: str) -> TickResult:
         """Take the lease by compare-and-set at an epoch above every one known."""
         epoch = self._next_epoch(record)
+        sent, wall = self.clock.monotonic(), self.wall()
         takeover = Takeover(
             epoch=epoch,
             to=self.node,
             via=via,
-            # Since the record last changed, as seen here: a TTL when it expired.
-            gap_ms=0 if record is None else round((now - self._observed_at) * 1000),
-            time=time.time(),
+            gap_ms=self._leader_writes.gap_ms(record, sent, wall),
+            time=wall,
             from_=previous_holder(record),
         )
-        sent = self.clock.monotonic()
         reach = self.reach()
         new = LeaseRecord(
             holder=self.node,
@@ -170,6 +168,7 @@ class LeaseKeeper(Handing, Replacing):
             # An operator's request (a pause) holds from term to term.
             control=self._carry_control("" if record is None else record.control),
             history=with_takeover(record, takeover),
+            written=wall,
         )
         expected = None if record is None else record.version
         try:

@@ -35,6 +35,7 @@ class Replacing(KeeperState):
             reach=self.reach(),
             last_readable=self._last_seen,
             waited_s=now - sighting.since,
+            wall=self.wall(),
         )
         sent = self.clock.monotonic()
         try:

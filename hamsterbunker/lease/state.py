@@ -4,6 +4,7 @@ reach learned, the lease held; and the small steps every transition shares."""
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -15,6 +16,7 @@ from ..core.timing import DEFAULT_TIMING, LeaseTiming
 from ..records import LeaseRecord
 from ..stores.base import RestoreRead
 from ..stores.interface import Store
+from .gap import LeaderWrites
 from .outcome import Outcome, TickResult
 from .proof import LeaseProof
 from .unreadable import UnreadableWait
@@ -34,10 +36,13 @@ class KeeperState:
         *,
         timing: LeaseTiming = DEFAULT_TIMING,
         clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.store, self.agent, self.node, self.region = store, agent, node, region
         self.timing = timing
         self.clock = clock or MonotonicClock()
+        # Written into records for people and for the takeover gap (lease.gap); never judged.
+        self.wall = wall
         self.session = secrets.token_hex(8)  # tells this process from an earlier one of the node
         self.observed: LeaseRecord | None = None
         # While the record read is unreadable (observed is None then): what, since when.
@@ -54,6 +59,7 @@ class KeeperState:
         self._observed_key: tuple[int, int, str, int] | None = None
         self._last_seen: LeaseRecord | None = None  # to tell a term's record going back
         self._observed_at = 0.0
+        self._leader_writes = LeaderWrites()  # for the takeover gap
         self._renew_sent_at = 0.0
         self._hold_off_until = float("-inf")
         # What a restore reads first, as the store was when this keeper took the lease
@@ -160,6 +166,7 @@ class KeeperState:
             seq_epoch=reach.epoch,
             ttl_ms=self.timing.lease_ttl_ms,  # ours, also in a term handed to us
             control=self._carry_control(record.control),
+            written=self.wall(),
         )
 
     def _signed(self, record: LeaseRecord) -> LeaseRecord:
@@ -197,6 +204,7 @@ class KeeperState:
     def _note(self, record: LeaseRecord | None, now: float) -> None:
         """Remember when the record last changed, as seen on our own clock."""
         self.observed = record
+        self._leader_writes.see(record, now)
         self.unreadable.clear()
         if record is not None and not self._proven(record):
             # Nothing is learned from it; any change of it still counts as a change.

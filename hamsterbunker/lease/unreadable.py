@@ -6,7 +6,6 @@ code"). This module keeps the wait and builds the record; ``Replacing`` acts.
 from __future__ import annotations
 
 import secrets
-import time
 from dataclasses import dataclass
 
 from ..core.errors import UnreadableLease
@@ -75,15 +74,17 @@ def replacement(
     reach: Reach,
     last_readable: LeaseRecord | None,
     waited_s: float,
+    wall: float,
 ) -> LeaseRecord:
     """The record that replaces an unreadable one: held by node under epoch, its history
-    one expiry, the last readable record's operator request carried on."""
+    one expiry, the last readable record's operator request carried on. waited_s: since node
+    first found it unreadable, the takeover's gap (``lease.gap``); wall: node's wall clock."""
     takeover = Takeover(
         epoch=epoch,
         to=node,
         via="expired",
         gap_ms=round(waited_s * 1000),
-        time=time.time(),
+        time=wall,
         from_=None,  # nobody readable
     )
     return LeaseRecord(
@@ -97,4 +98,5 @@ def replacement(
         seq_epoch=reach.epoch,
         control="" if last_readable is None else last_readable.control,
         history=(takeover,),
+        written=wall,
     )

@@ -20,6 +20,8 @@ MAX_HISTORY = 32
 MAX_CONTROL_CHARS = 2048
 # A lease record's proof (hamsterbunker.lease.proof): a key id and an HMAC, well below this.
 MAX_PROOF_CHARS = 256
+# A wall-clock time in seconds since 1970 beyond this (the year 5138) is no time at all.
+MAX_WALL_TIME = 1e11
 _VIAS = frozenset({"empty", "released", "expired", "switchover", "handoff"})
 
 
@@ -30,7 +32,7 @@ class Takeover:
     epoch: int
     to: str
     via: str  # empty | released | expired | switchover | handoff
-    gap_ms: int  # how long the taker saw the lease without a live holder, on its own clock
+    gap_ms: int  # the takeover gap as its taker judged it (hamsterbunker.lease.gap)
     time: float  # the taker's wall clock
     from_: str | None = None  # the previous holder, if known
 
@@ -64,7 +66,10 @@ class LeaseRecord:
     ``renewals``: changes with every renewal; ``seq``, ``seq_epoch``: the newest checkpoint
     seq, and latest epoch, its writer knew accepted; ``control``: an operator's signed request
     (``lease.control``); ``successor``: the node a released lease was handed to; ``history``:
-    the newest takeovers, oldest first; ``proof``: its writer's signature (``lease.proof``).
+    the newest takeovers, oldest first; ``proof``: its writer's signature (``lease.proof``);
+    ``written``: the wall clock of the node that last renewed, released or took it (display
+    only: the takeover gap of a node that never saw that write, ``lease.gap``; 0 in records
+    written before it was kept).
     """
 
     holder: str | None
@@ -81,6 +86,7 @@ class LeaseRecord:
     handoff: bool = False  # released after failing steps (history says via=handoff)
     history: tuple[Takeover, ...] = ()
     proof: str = ""
+    written: float = 0.0
 
     def term(self) -> str:
         """What a renewal leaves as it was: the holder, its term, and what it was asked.
@@ -97,6 +103,8 @@ class LeaseRecord:
     def to_json(self) -> bytes:
         doc = asdict(self)
         doc["history"] = [t.to_doc() for t in self.history]
+        if not self.written:
+            del doc["written"]  # unknown: as a record from before it was kept, byte for byte
         return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -120,6 +128,9 @@ class LeaseRecord:
         successor = doc.get("successor")
         if successor is not None:
             successor = check_record_name(field_of(doc, "successor", str, "lease"))
+        written: float = field_of({"written": 0.0, **doc}, "written", (int, float), "lease")
+        if not 0 <= written <= MAX_WALL_TIME:
+            raise CorruptRecord(f"lease record field 'written' is outside 0..{MAX_WALL_TIME}")
         history = doc.get("history", [])
         if not isinstance(history, list) or len(history) > MAX_HISTORY:
             raise CorruptRecord(f"lease record field 'history' is not a list of at most "
@@ -139,4 +150,5 @@ class LeaseRecord:
             handoff=field_of({"handoff": False, **doc}, "handoff", bool, "lease"),
             history=tuple(Takeover.from_doc(entry) for entry in history),
             proof=proof,
+            written=float(written),
         )

@@ -390,6 +390,9 @@ GOOD_TAKEOVER = {"epoch": 3, "from": "b", "to": "a", "via": "expired", "gap_ms":
         {"control": 7},
         {"successor": "../../b"},
         {"handoff": "yes"},
+        {"written": -1},
+        {"written": "yesterday"},
+        {"written": 1e300},
     ],
     ids=lambda fields: f"{next(iter(fields))}",
 )
@@ -403,9 +406,20 @@ def test_a_lease_record_with_hostile_new_fields_is_corrupt(fields: dict[str, Any
 
 def test_a_lease_record_keeps_its_history_and_requests_through_json() -> None:
     takeover = Takeover(epoch=3, to="a", via="switchover", gap_ms=12, time=1.5, from_="b")
-    record = LeaseRecord("a", "r", "s", 3, 2000, control="c", successor=None, history=(takeover,))
+    record = LeaseRecord("a", "r", "s", 3, 2000, control="c", successor=None, history=(takeover,),
+                         written=1_700_000_000.25)  # fmt: skip
     assert LeaseRecord.from_json(record.to_json()) == record
     assert LeaseRecord.from_json(_lease_doc(history=[GOOD_TAKEOVER])).history[0].from_ == "b"
+
+
+def test_a_lease_record_written_before_its_write_time_was_kept_still_reads() -> None:
+    """A record without ``written`` (an older node's) reads as written at an unknown time, 0,
+    and is written back without it, as it was."""
+    old = _lease_doc(history=[GOOD_TAKEOVER])
+    assert "written" not in json.loads(old)
+    record = LeaseRecord.from_json(old)
+    assert (record.written, record.history[0].gap_ms) == (0.0, 2000)
+    assert json.loads(record.to_json()) == json.loads(old)
 
 
 def test_a_lease_handed_to_a_node_that_never_takes_it_is_taken_after_a_ttl(

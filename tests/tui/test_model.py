@@ -11,12 +11,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hamsterbunker_tui.killing import KillTarget, kill_target
 from hamsterbunker_tui.model import (
-    MAX_EPOCH_MARKS,
     MAX_EVENTS,
     MAX_TAKEOVERS,
     ClusterModel,
@@ -25,7 +25,7 @@ from hamsterbunker_tui.model import (
     format_age,
 )
 
-from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord
+from hamsterbunker.records import CheckpointInfo, Event, Heartbeat, LeaseRecord, Takeover
 
 HERE = "monitor-host"
 T0 = 1_700_000_000.0  # a wall-clock time of the writers
@@ -329,80 +329,41 @@ def test_a_lease_first_seen_without_a_heartbeat_is_aged_by_its_acquisition_event
 # -- the takeover timeline ----------------------------------------------------------
 
 
-def test_timeline_has_each_epoch_in_order_with_previous_holder_via_and_gap() -> None:
+def test_timeline_has_each_epoch_in_order_with_previous_holder_via_and_the_written_gap() -> None:
+    """Each line's gap is the one its taker wrote into its lease.acquired event: publishes,
+    resumes and the time between the events do not move it."""
     m, ev = model(), Events()
     history = [
-        ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="free"),
+        ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="empty", gap_ms=0),
         ev("a", "agent.started", T0 + 0.01, epoch=1),
-        ev("a", "checkpoint.published", T0 + 1.0, epoch=1),
-        ev("a", "checkpoint.published", T0 + 2.0, epoch=1),
-        ev("a", "checkpoint.published", T0 + 3.0, epoch=1),  # a's last checkpoint
-        ev("b", "lease.acquired", T0 + 5.1, epoch=2, via="expired"),
-        ev("b", "agent.resumed", T0 + 5.2, epoch=2),  # 2.2 s after a's last checkpoint
-        ev("b", "checkpoint.published", T0 + 6.0, epoch=2),
-        ev("b", "checkpoint.published", T0 + 8.0, epoch=2),
-        ev("c", "lease.acquired", T0 + 8.04, epoch=3, via="released"),
-        ev("c", "agent.resumed", T0 + 8.05, epoch=3),
+        ev("a", "checkpoint.published", T0 + 3.0, epoch=1),
+        ev("b", "lease.acquired", T0 + 5.1, epoch=2, via="expired", gap_ms=2004),
+        ev("b", "agent.resumed", T0 + 9.9, epoch=2),  # a slow restore: no part of the gap
+        ev("c", "lease.acquired", T0 + 20.0, epoch=3, via="released", gap_ms=12),
     ]
     update(m, now=1.0, events=history)
     lines = m.timeline()
-    assert [(t.epoch, t.node, t.previous, t.via) for t in lines] == [
-        (1, "a", None, "free"),
-        (2, "b", "a", "expired"),
-        (3, "c", "b", "released"),
+    assert [(t.epoch, t.node, t.previous, t.via, t.gap_ms) for t in lines] == [
+        (1, "a", None, "empty", 0),
+        (2, "b", "a", "expired", 2004),
+        (3, "c", "b", "released", 12),
     ]
-    assert lines[0].gap_ms is None  # nothing before the first epoch seen
-    assert lines[1].gap_ms == pytest.approx(2200.0)
-    assert lines[2].gap_ms == pytest.approx(50.0)
     assert lines[1].time == T0 + 5.1
 
 
-def test_the_gap_reaches_back_past_a_leader_that_published_nothing() -> None:
-    """A leader killed before its first publish: the gap runs from the last checkpoint before it."""
+def test_the_timeline_shows_the_lease_records_gap_and_none_where_none_was_written() -> None:
+    """An event without a gap (or with junk for one) shows none, until the lease record's
+    history, the one hb history prints, names that epoch's."""
     m, ev = model(), Events()
     update(m, now=1.0, events=[
         ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="empty"),
-        ev("a", "checkpoint.published", T0 + 1.0, epoch=1),
-        ev("b", "lease.acquired", T0 + 3.0, epoch=2, via="expired"),
-        ev("b", "agent.resumed", T0 + 3.1, epoch=2),  # killed before publishing
-        ev("c", "lease.acquired", T0 + 6.0, epoch=3, via="expired"),
-        ev("c", "agent.resumed", T0 + 6.2, epoch=3),
+        ev("b", "lease.acquired", T0 + 5.0, epoch=2, via="expired", gap_ms="2004"),
+        ev("a", "lease.acquired", T0 + 9.0, epoch=3, via="expired", gap_ms=-5),
     ])  # fmt: skip
-    lines = m.timeline()
-    assert [(t.epoch, t.previous) for t in lines] == [(1, None), (2, "a"), (3, "b")]
-    assert lines[1].gap_ms == pytest.approx(2100.0)
-    assert lines[2].gap_ms == pytest.approx(5200.0)  # from a's checkpoint at T0 + 1
-
-
-def test_the_gap_is_right_when_events_arrive_out_of_order_across_batches() -> None:
-    m, ev = model(), Events()
-    a_events = [
-        ev("a", "lease.acquired", T0 + 0.0, epoch=1, via="free"),
-        ev("a", "checkpoint.published", T0 + 1.0, epoch=1),
-        ev("a", "checkpoint.published", T0 + 3.0, epoch=1),
-    ]
-    b_events = [
-        ev("b", "lease.acquired", T0 + 5.0, epoch=2, via="expired"),
-        ev("b", "agent.resumed", T0 + 5.5, epoch=2),
-    ]
-    # b's takeover is read before a's earlier events (a later poll reads a's file).
-    update(m, now=1.0, events=b_events)
-    assert [(t.epoch, t.gap_ms) for t in m.timeline()] == [(2, None)]
-    update(m, now=1.5, events=a_events[:2])
-    assert [t.epoch for t in m.timeline()] == [1, 2]
-    assert m.timeline()[1].gap_ms == pytest.approx(4500.0)  # the last publish known so far
-    update(m, now=2.0, events=a_events[2:])
-    assert m.timeline()[1].gap_ms == pytest.approx(2500.0)
-    # An older publish arriving late does not move the last one back.
-    update(m, now=2.5, events=[Event("a", 99, "checkpoint.published", T0 + 2.0, epoch=1)])
-    assert m.timeline()[1].gap_ms == pytest.approx(2500.0)
-    # The resume is known before the publish in another order too.
-    m2, ev2 = model(), Events()
-    update(m2, now=1.0, events=[ev2("b", "agent.resumed", T0 + 5.5, epoch=2)])
-    update(m2, now=1.5, events=[ev2("a", "checkpoint.published", T0 + 3.0, epoch=1)])
-    update(m2, now=2.0, events=[ev2("a", "lease.acquired", T0 + 0.0, epoch=1, via="free"),
-                                ev2("b", "lease.acquired", T0 + 5.0, epoch=2, via="expired")])  # fmt: skip
-    assert [(t.epoch, t.gap_ms) for t in m2.timeline()] == [(1, None), (2, pytest.approx(2500.0))]
+    assert [t.gap_ms for t in m.timeline()] == [None, None, None]
+    taken = Takeover(epoch=2, to="b", via="expired", gap_ms=2004, time=T0 + 5.0, from_="a")
+    update(m, now=2.0, lease_record=replace(lease("b", epoch=2), history=(taken,)))
+    assert [t.gap_ms for t in m.timeline()] == [None, 2004, None]
 
 
 def test_the_previous_holder_is_right_when_takeovers_arrive_out_of_order() -> None:
@@ -465,8 +426,6 @@ def test_memory_stays_bounded_over_100k_events() -> None:
     assert len(m.events) == MAX_EVENTS
     assert m.events[-1].time == T0 + 99_999 / 1000  # the newest are kept
     assert len(m._takeovers) <= MAX_TAKEOVERS
-    assert len(m._resumed) <= MAX_EPOCH_MARKS
-    assert len(m._last_publish) <= MAX_EPOCH_MARKS
     assert max(m._takeovers) == epoch  # the oldest are the ones dropped
     assert len(m.timeline()) <= MAX_TAKEOVERS
     assert len(m.heartbeats) == len(m._beat_seen) == 5

@@ -66,12 +66,12 @@ def test_progress_text_shows_seq_age_and_size_only() -> None:
 
 def test_timeline_has_one_line_per_epoch_with_the_gap_once_known() -> None:
     first = Takeover(1, "hbnk-1", None, "empty", 1_700_000_000.0, None)
-    second = Takeover(2, "hbnk-3", "hbnk-1", "expired", 1_700_000_004.0, 1834.4)
+    second = Takeover(2, "hbnk-3", "hbnk-1", "expired", 1_700_000_004.0, 2004)
     lines = timeline_text([first, second]).plain.splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("epoch 1") and lines[0].endswith("hbnk-1  first lease")
     assert lines[1].startswith("epoch 2") and lines[1].endswith(
-        "hbnk-1 → hbnk-3  expired  gap 1834 ms"
+        "hbnk-1 → hbnk-3  expired  gap 2.004 s"
     )
 
 

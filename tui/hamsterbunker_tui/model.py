@@ -8,10 +8,13 @@ Ages are measured the way the nodes measure a lease: from when *this* monitor
 saw a record change, on its own monotonic clock, so a monitor whose wall clock
 is off still shows the truth after one look. A record seen for the first time
 is aged by what the store says of it: a heartbeat's and a checkpoint's own
-``time``, and for the lease record (which holds no time) its holder's heartbeat
-in that epoch, else the epoch's ``lease.acquired`` event. Those times are the
-writers' wall clocks compared with this monitor's: acceptable for display only
-(nodes never compare clocks to decide anything), and clamped at zero.
+``time``, and for the lease record its holder's heartbeat in that epoch, else
+the epoch's ``lease.acquired`` event. Those times are the writers' wall clocks
+compared with this monitor's: acceptable for display only (nodes never compare
+clocks to decide anything), and clamped at zero.
+
+The takeover gaps are not worked out here: each is the one its taker wrote
+(``hamsterbunker.lease.gap``), the number ``hb history`` prints.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ __all__ = [
 DEFAULT_TTL_S = 2.0
 MAX_EVENTS = 2000  # the event log keeps this many lines: memory stays bounded
 MAX_TAKEOVERS = 200
-MAX_EPOCH_MARKS = 1000
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,9 @@ class Takeover:
     previous: str | None
     via: str
     time: float  # the new leader's wall-clock time of acquiring
-    gap_ms: float | None = None  # old leader's last checkpoint → new leader's resume
+    # The takeover gap its taker wrote (hamsterbunker.lease.gap): in its lease.acquired
+    # event and the lease record's history. None: neither has been read.
+    gap_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,8 +131,6 @@ class ClusterModel:
     _checkpoint_seen: _Seen | None = None
     _takeovers: dict[int, Takeover] = field(default_factory=dict)
     _acquired: dict[int, float] = field(default_factory=dict)  # epoch -> lease.acquired time
-    _resumed: dict[int, float] = field(default_factory=dict)  # epoch -> resume time
-    _last_publish: dict[int, float] = field(default_factory=dict)  # epoch -> last publish time
     # node -> its heartbeat (beats, time) when it said node.offline; any later
     # change of the heartbeat means it is back.
     _offline_marks: dict[str, object] = field(default_factory=dict)
@@ -221,26 +223,20 @@ class ClusterModel:
         self.events_seen += 1
         match event.type:
             case "lease.acquired":
-                # The previous holder and the gap are worked out in timeline(): the
-                # epoch before this one may be read in a later poll.
+                # The previous holder is worked out in timeline(): the epoch before
+                # this one may be read in a later poll.
+                gap = event.detail.get("gap_ms")  # from the store: junk is no gap
                 self._takeovers[event.epoch] = Takeover(
                     epoch=event.epoch,
                     node=event.node,
                     previous=None,
                     via=str(event.detail.get("via", "")),
                     time=event.time,
+                    gap_ms=gap if type(gap) is int and gap >= 0 else None,
                 )
                 _trim(self._takeovers, MAX_TAKEOVERS)
                 self._acquired[event.epoch] = event.time
                 _trim(self._acquired, MAX_TAKEOVERS)
-            case "agent.resumed" | "agent.started":
-                self._resumed.setdefault(event.epoch, event.time)
-                _trim(self._resumed, MAX_EPOCH_MARKS)
-            case "checkpoint.published":
-                self._last_publish[event.epoch] = max(
-                    event.time, self._last_publish.get(event.epoch, 0.0)
-                )
-                _trim(self._last_publish, MAX_EPOCH_MARKS)
             case "node.offline":
                 self._said_offline.append(event)
 
@@ -332,25 +328,14 @@ class ClusterModel:
         )
 
     def timeline(self) -> list[Takeover]:
-        """One line per epoch, oldest first; the gap filled in once both ends are known.
-
-        The gap runs from the last checkpoint published under any earlier epoch
-        (the old leader may have published nothing in its own) to the new
-        leader's resume.
-        """
+        """One line per epoch, oldest first, with the gap its taker wrote (``hb history``'s):
+        the lease record's history, where it still holds the epoch, else the event's."""
+        written = {} if self.lease is None else {t.epoch: t.gap_ms for t in self.lease.history}
         lines = []
-        publishes = sorted(self._last_publish.items())
-        index, before = 0, None
         previous: str | None = None
         for epoch in sorted(self._takeovers):
-            while index < len(publishes) and publishes[index][0] < epoch:
-                before = max(before or 0.0, publishes[index][1])
-                index += 1
             takeover = self._takeovers[epoch]
-            resumed = self._resumed.get(epoch)
-            gap = None
-            if resumed is not None and before is not None:
-                gap = max(0.0, (resumed - before) * 1000)
+            gap = written.get(epoch, takeover.gap_ms)
             lines.append(replace(takeover, previous=previous, gap_ms=gap))
             previous = takeover.node
         return lines

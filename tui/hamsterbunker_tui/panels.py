@@ -11,6 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Button, Static
 
+from hamsterbunker.lease.gap import format_gap
+
 from .formatting import coarse_age, format_size, wall_clock
 from .killing import KillTarget
 from .model import LeaseView, ProgressView, Takeover
@@ -146,7 +148,7 @@ class ProgressPanel(TextPanel):
 
 
 def timeline_line(takeover: Takeover) -> Text:
-    """epoch 2  12:03:04  hbnk-1 → hbnk-3  expired  gap 1834 ms"""
+    """epoch 2  12:03:04  hbnk-1 → hbnk-3  expired  gap 2.004 s"""
     text = Text()
     text.append(f"epoch {takeover.epoch:<3}", style="bold")
     text.append(f" {wall_clock(takeover.time)}  ")
@@ -155,7 +157,7 @@ def timeline_line(takeover: Takeover) -> Text:
     text.append(takeover.node, style="green")
     text.append(f"  {VIA.get(takeover.via, takeover.via)}", style="dim")
     if takeover.gap_ms is not None:
-        text.append(f"  gap {takeover.gap_ms:.0f} ms", style="bold yellow")
+        text.append(f"  gap {format_gap(takeover.gap_ms)}", style="bold yellow")
     return text
 
 
