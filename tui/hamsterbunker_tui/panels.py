@@ -187,6 +187,8 @@ class Timeline(VerticalScroll):
         text = timeline_text(takeovers)
         if text != self._shown:
             self._shown = text
+            # A short screen shows the newest line only: the count says what scrolls.
+            self.border_title = f"takeovers · {len(takeovers)}" if takeovers else "takeovers"
             self._lines.update(text)
             self.scroll_end(animate=False)
 
