@@ -47,10 +47,12 @@ COLUMNS = (
 )
 # A table with fewer cells than this across is compact.
 COMPACT_BELOW = 100
-# The widest a compact cell may be, by column; the step in flight has what the rest leave,
-# but never less than MIN_STEP_WIDTH (the table then scrolls sideways).
-COMPACT_WIDTHS = {"node": 12, "region": 10, "host": 10, "inbox": 9}
+# Compact, the step in flight has what the other columns leave, at least MIN_STEP_WIDTH;
+# to make room, the wider of host and region gives up a cell, then the node's name, down
+# to MIN_SHRUNK; the table scrolls sideways only when that is not enough.
 MIN_STEP_WIDTH = 8
+SHRINKABLE = (("host", "region"), ("node",))
+MIN_SHRUNK = 6
 ROLE_STYLES = {
     "active": "bold green",
     "standby": "cyan",
@@ -100,14 +102,14 @@ def abbreviate(text: Text, width: int) -> Text:
     return short
 
 
-def effects_cell(effects: tuple[tuple[str, str], ...], shown: int = EFFECTS_SHOWN) -> Text:
+def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
     """``+2 · search reused · llm done · tool running``: the newest effects of the step in
     flight with their states, coloured; empty when no step is in flight."""
     text = Text()
-    hidden = len(effects) - shown
+    hidden = len(effects) - EFFECTS_SHOWN
     if hidden > 0:
         text.append(f"+{hidden}", style="dim")
-    for name, state in effects[-shown:]:
+    for name, state in effects[-EFFECTS_SHOWN:]:
         if text:
             text.append(" · ", style="dim")
         text.append(f"{name} ").append(state, style=EFFECT_STYLES.get(state, ""))
@@ -118,12 +120,15 @@ def step_cell(view: NodeView, compact: bool = False) -> Text:
     """``failing ×3 RuntimeError: the API said 500``, in red, while the active node's steps
     fail in a row; then the effects of the step in flight. Compact: no error (the event log
     has it) and the newest effect only."""
-    effects = effects_cell(view.effects, 1 if compact else EFFECTS_SHOWN)
+    effects = effects_cell(view.effects[-1:] if compact else view.effects)
     if not view.failing:
         return effects
     text = Text(f"failing ×{view.failing}", style="bold red")
     if not compact:
-        text.append(f" {abbreviate(Text(view.failing_error), FAILING_ERROR_SHOWN)}", style="red")
+        error = view.failing_error
+        if len(error) > FAILING_ERROR_SHOWN:
+            error = error[: FAILING_ERROR_SHOWN - 1] + "…"
+        text.append(f" {error}", style="red")
     if effects:
         text.append(" · ", style="dim").append_text(effects)
     return text
@@ -164,7 +169,7 @@ def role_cell(view: NodeView, compact: bool = False) -> Text:
 def node_cells(view: NodeView, compact: bool = False) -> dict[str, Text]:
     """The cells of one node's row, by column key, styled by role and heartbeat health."""
     dim = "dim" if view.role == "offline" else ""
-    cells = {
+    return {
         "node": Text(view.node, style="bold" if view.role == "active" else dim),
         "role": role_cell(view, compact),
         "epoch": Text(str(view.epoch), style=dim, justify="right"),
@@ -176,10 +181,6 @@ def node_cells(view: NodeView, compact: bool = False) -> dict[str, Text]:
         "inbox": inbox_cell(view, compact),
         "effects": step_cell(view, compact),
     }
-    if compact:
-        for key, width in COMPACT_WIDTHS.items():
-            cells[key] = abbreviate(cells[key], width)
-    return cells
 
 
 class NodesTable(DataTable[Text]):
@@ -198,7 +199,8 @@ class NodesTable(DataTable[Text]):
         self._views: list[NodeView] = []
         self._built_width = 0  # the width the table was built for
         self.compact = False
-        self._step_width = 0  # compact: the room left for the step in flight
+        self._widths: dict[str, int] = {}  # compact: each column's width
+        self._natural: dict[str, int] = {}  # compact: the widest cells, by column
         self._new_table()
 
     def _new_table(self) -> None:
@@ -213,18 +215,31 @@ class NodesTable(DataTable[Text]):
         if width != self._built_width:
             self._built_width = width
             self.compact = width < COMPACT_BELOW
+            self._natural = {}
             self._new_table()
             self.show(self._views)
 
-    def _step_room(self, rows: list[tuple[NodeView, dict[str, Text]]]) -> int:
-        """Cells across left for the step in flight by the other columns (compact)."""
-        used = sum(
-            max([len(short), *(cells[key].cell_len for _, cells in rows)])
+    def _fit(self, rows: list[tuple[NodeView, dict[str, Text]]]) -> dict[str, int]:
+        """Compact: each column's width, so that the table needs no sideways scrolling.
+
+        The widest a column's cells were since the table was built, not the widest now:
+        an age going from "< 1 s" to "1 s" and back would build it anew each time.
+        """
+        self._natural = {
+            key: max([len(short), self._natural.get(key, 0), *(c[key].cell_len for _, c in rows)])
             for key, _, short in COLUMNS
             if key != "effects"
-        )
-        padding = 2 * self.cell_padding * len(COLUMNS)
-        return max(MIN_STEP_WIDTH, self.scrollable_content_region.width - used - padding)
+        }
+        widths = dict(self._natural)
+        room = self.scrollable_content_region.width - 2 * self.cell_padding * len(COLUMNS)
+        for keys in SHRINKABLE:
+            while sum(widths.values()) + MIN_STEP_WIDTH > room:
+                widest = max(keys, key=widths.__getitem__)
+                if widths[widest] <= MIN_SHRUNK:
+                    break
+                widths[widest] -= 1
+        widths["effects"] = max(MIN_STEP_WIDTH, room - sum(widths.values()))
+        return widths
 
     def show(self, nodes: list[NodeView]) -> None:
         """Add rows for new nodes; change only the cells whose text changed.
@@ -240,12 +255,14 @@ class NodesTable(DataTable[Text]):
         self._views = nodes
         rows = [(view, node_cells(view, self.compact)) for view in nodes]
         if self.compact:
-            room = self._step_room(rows)
-            if room != self._step_width:  # a column narrows only in a new table
-                self._step_width = room
+            widths = self._fit(rows)
+            if widths != self._widths:  # a column narrows only in a new table
+                self._widths = widths
                 self._new_table()
-            for _, cells in rows:
-                cells["effects"] = abbreviate(cells["effects"], room)
+            rows = [
+                (view, {key: abbreviate(cell, widths[key]) for key, cell in cells.items()})
+                for view, cells in rows
+            ]
         changed = {
             column
             for view, cells in rows

@@ -183,6 +183,9 @@ class Timeline(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield self._lines
 
+    def on_mount(self) -> None:
+        self.anchor()  # kept scrolled to the newest line, unless the reader scrolls up
+
     def show(self, takeovers: list[Takeover]) -> None:
         text = timeline_text(takeovers)
         if text != self._shown:
@@ -190,7 +193,6 @@ class Timeline(VerticalScroll):
             # A short screen shows the newest line only: the count says what scrolls.
             self.border_title = f"takeovers · {len(takeovers)}" if takeovers else "takeovers"
             self._lines.update(text)
-            self.scroll_end(animate=False)
 
     @property
     def plain(self) -> str:
