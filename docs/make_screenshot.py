@@ -57,10 +57,13 @@ def smaller(svg: str) -> str:
     for rect in rects:
         fill, x, y, width, height = rect.groups()
         last = merged[-1] if merged else None
-        if last and last[0] == fill and last[2] == y:
-            if abs(float(last[1]) + float(last[3]) - float(x)) < 0.05:
-                last[3] = f"{float(last[3]) + float(width):.1f}"
-                continue
+        if (
+            last
+            and (last[0], last[2]) == (fill, y)
+            and abs(float(last[1]) + float(last[3]) - float(x)) < 0.05
+        ):
+            last[3] = f"{float(last[3]) + float(width):.1f}"  # the one before, made longer
+            continue
         merged.append([fill, x, y, width, height])
     shapes = "".join(
         f'<rect fill="{f}" x="{x}" y="{y}" width="{w}" height="{h}" shape-rendering="crispEdges"/>'

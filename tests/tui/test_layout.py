@@ -253,6 +253,8 @@ def test_every_column_eight_event_lines_and_the_quit_key_show(
         assert len(line) > log.scrollable_content_region.width  # so it wrapped:
         below = rows[first + 1]  # its next row goes on under the node column
         assert below.startswith(" " * HANG) and below[HANG] != " ", rows
+        # (Textual builds the footer anew when a key is enabled or disabled: wait for it.)
+        await until(pilot, "the footer", lambda: "q quit" in screen_text(app).splitlines()[-1])
         footer = screen_text(app).splitlines()[-1]
         for key, action in (("k", "kill"), ("s", "switchover"), ("p", "pause"),
                             ("f", "filter"), ("q", "quit")):  # fmt: skip

@@ -136,7 +136,8 @@ def hang(line: Text, width: int, indent: int = HANG) -> list[Text]:
         rows.append(row)
         rest = rest[len(plain) - len(plain[cut:].lstrip()) :]
         room = width - indent
-    rows.append(rest)
+    if rest or not rows:  # (nothing left but the spaces it was broken at: no blank row)
+        rows.append(rest)
     return [rows[0], *(Text(" " * indent).append_text(row) for row in rows[1:])]
 
 

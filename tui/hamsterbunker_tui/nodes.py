@@ -4,8 +4,7 @@ Rows are not cleared and rebuilt while ages tick twice a second: the cursor, the
 scroll position and the column widths stay put. Under COMPACT_BELOW cells wide
 (an 80-column terminal) the table is compact: short labels, short cells, and a
 long cell abbreviated with an ellipsis at its end, so that every column is on
-screen; it is built anew when its width changes, or the room left for the step
-in flight does.
+screen; it is built anew when its width changes, or when a column must narrow.
 """
 
 from __future__ import annotations

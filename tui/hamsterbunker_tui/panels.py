@@ -183,8 +183,13 @@ class Timeline(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield self._lines
 
-    def on_mount(self) -> None:
-        self.anchor()  # kept scrolled to the newest line, unless the reader scrolls up
+    # The newest line in sight: when a line comes, and when the pane is made shorter. (Not
+    # at once in show(): the layout that makes room for the new line comes after it.)
+    def watch_virtual_size(self) -> None:
+        self.scroll_end(animate=False, immediate=True)
+
+    def on_resize(self) -> None:
+        self.scroll_end(animate=False, immediate=True)
 
     def show(self, takeovers: list[Takeover]) -> None:
         text = timeline_text(takeovers)
