@@ -67,9 +67,10 @@ class MonitorApp(ControlKeys):
         Binding("f", "filter", "filter"),
         Binding("q", "quit", "quit"),
     ]
-    # Under 150 columns the takeovers go above the events, not beside them; under 30 rows
-    # the panels give up their bottom borders and the kill button (app.tcss).
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]  # noqa: RUF012 (Textual's type)
+    # Under 150 columns the takeovers go above the events, not beside them; under 120
+    # columns or 30 rows the kill button goes, and under 30 rows the panels give up their
+    # bottom borders (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-medium"), (150, "-wide")]  # noqa: RUF012
     VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]  # noqa: RUF012
     AUTO_FOCUS = "#events"  # the arrow and page keys scroll the event log at once
 
