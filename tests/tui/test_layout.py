@@ -1,4 +1,4 @@
-"""What the monitor shows at 80×24 and at 200×60: nothing that matters is cut.
+"""What the monitor shows at 80×24, 120×40 and 200×60: nothing that matters is cut.
 
 The cluster is records written here into a file store (no node processes): a
 lease held for a minute, three fresh heartbeats, three takeovers and a hundred
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 from hamsterbunker_tui.app import MonitorApp
-from hamsterbunker_tui.eventlog import EventLog
-from hamsterbunker_tui.nodes import NodesTable
+from hamsterbunker_tui.eventlog import HANG, EventLog, event_line
+from hamsterbunker_tui.nodes import COLUMNS, NodesTable
 from hamsterbunker_tui.panels import LeasePanel, Timeline, timeline_line
 from textual.pilot import Pilot
+from textual.widget import Widget
 
 from hamsterbunker import FileStore
 from hamsterbunker.records import Event, Heartbeat, LeaseRecord
@@ -36,7 +37,10 @@ NODES = {
 }
 
 
-def write_cluster(root: Path, *, steps: int = 100) -> FileStore:
+def write_cluster(
+    root: Path, *, steps: int = 100, effects: tuple[tuple[str, str], ...] = ()
+) -> FileStore:
+    """effects: those of the active node's step in flight."""
     store = FileStore(root)
     now = time.time()
     store.cas_lease(AGENT, None, LeaseRecord("hbnk-2", "us-east", "s", 3, ttl_ms=60_000))
@@ -44,6 +48,7 @@ def write_cluster(root: Path, *, steps: int = 100) -> FileStore:
         store.put_heartbeat(AGENT, Heartbeat(
             node=node, region=region, host="elsewhere", pid=100, role=role, epoch=epoch,
             seq=seq, leader="hbnk-2", time=now, beats=1,
+            effects=effects if role == "active" else (),
         ))  # fmt: skip
     n = {node: 0 for node in NODES}
 
@@ -75,6 +80,13 @@ def row_on_screen(app: MonitorApp, node: str) -> str:
     return next((line for line in lines if f" {node} " in line), "")
 
 
+def rows_on_screen(widget: Widget) -> list[str]:
+    """The screen lines inside widget's border and scrollbars, as shown (not joined)."""
+    region = widget.scrollable_content_region
+    lines = screen_text(widget.app).splitlines()[region.y : region.bottom]
+    return [line[region.x : region.right] for line in lines]
+
+
 def run(root: Path, size: tuple[int, int], check: Check) -> None:
     async def scenario() -> None:
         app = MonitorApp(FileStore(root, create=False), AGENT)
@@ -91,9 +103,11 @@ def test_nothing_important_is_cut(tmp_path: Path, size: tuple[int, int]) -> None
     write_cluster(tmp_path / "store")
 
     async def check(app: MonitorApp, pilot: Pilot[None]) -> None:
-        # Every takeover line, whole (wrapped if need be, never cut).
+        # Every takeover line, whole (wrapped if need be, never cut); on a short screen the
+        # newest (the older ones scroll).
         shown = flat(widget_text(app.query_one(Timeline)))
-        for takeover in app.model.timeline():
+        takeovers = app.model.timeline()
+        for takeover in takeovers if size[1] >= 30 else takeovers[-1:]:
             assert flat(timeline_line(takeover).plain) in shown, shown
         assert "hbnk-3 → hbnk-2 expired" in shown
         # Each node's row: name, role, epoch and seq, on one line.
@@ -187,3 +201,69 @@ def test_a_lease_whose_holder_died_long_ago_reads_expired_from_the_first_look(
             )
 
     asyncio.run(scenario())
+
+
+# Longer than the event log is wide at 80 and at 120 columns.
+LONG_WARNING = {
+    "error": "the store took 2.6 s to answer a lease read, more than half the lease TTL;"
+    " look at the network between this node and the store"
+}
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_every_column_eight_event_lines_and_the_quit_key_show(
+    tmp_path: Path, size: tuple[int, int]
+) -> None:
+    """The size of a default terminal, and a common one: the nodes table has every column
+    (labels and cells shortened, never cut off at the edge), the log at least eight lines,
+    an event longer than the log wraps whole, and the footer shows every key, q too."""
+    store = write_cluster(tmp_path / "store", effects=(("search", "done"), ("llm.call", "running")))
+    warning = Event("hbnk-2", 999, "store.warning", time.time(), 3, 112, LONG_WARNING)
+    store.append_event(AGENT, warning)
+
+    async def check(app: MonitorApp, pilot: Pilot[None]) -> None:
+        log = app.query_one(EventLog)
+        await until(pilot, "the warning in the log", lambda: "store.warning" in log.lines_text())
+        await until(pilot, "every row", lambda: all(row_on_screen(app, node) for node in NODES))
+        table = app.query_one(NodesTable)
+        assert table.compact == (size[0] < 100)
+        assert table.max_scroll_x == 0  # nothing off to the side
+        header = rows_on_screen(table)[0]
+        assert header.split() == [
+            word
+            for _, label, short in COLUMNS
+            for word in (short if table.compact else label).split()
+        ], header
+        for node, (_, _, _, region) in NODES.items():
+            cells = table.row_text(node)
+            assert (cells["region"], cells["host"]) == (region, "elsewhere")  # whole
+            shown = [re.escape(cell) for cell in cells.values() if cell]
+            assert re.search(r"\s+".join(shown), row_on_screen(app, node)), row_on_screen(app, node)
+        # The step in flight: whole, or its start and an ellipsis.
+        step = table.row_text("hbnk-2")["effects"]
+        whole = "llm.call running" if table.compact else "search done · llm.call running"
+        assert step == whole or (step.endswith("…") and whole.startswith(step[:-1])), step
+
+        rows = rows_on_screen(log)
+        assert len(rows) >= 8 and all(row.strip() for row in rows), rows
+        text = flat(" ".join(rows))
+        line = event_line(warning).plain
+        assert flat(line) in text, text  # whole: nothing cut at the edge, nothing dropped
+        first = next(i for i, row in enumerate(rows) if "store.warning" in row)
+        assert len(line) > log.scrollable_content_region.width  # so it wrapped:
+        below = rows[first + 1]  # its next row goes on under the node column
+        assert below.startswith(" " * HANG) and below[HANG] != " ", rows
+        # (Textual builds the footer anew when a key is enabled or disabled: wait for it.)
+        await until(pilot, "the footer", lambda: "q quit" in screen_text(app).splitlines()[-1])
+        footer = screen_text(app).splitlines()[-1]
+        for key, action in (("k", "kill"), ("s", "switchover"), ("p", "pause"),
+                            ("f", "filter"), ("q", "quit")):  # fmt: skip
+            assert f"{key} {action}" in footer, footer
+        lease = flat(widget_text(app.query_one(LeasePanel)))
+        assert "holder hbnk-2 (us-east) epoch 3 renewed" in lease, lease
+        timeline = app.query_one(Timeline)
+        assert timeline.border_title == "takeovers · 3"
+        newest = flat(timeline_line(app.model.timeline()[-1]).plain)
+        assert newest in flat(widget_text(timeline))
+
+    run(tmp_path / "store", size, check)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
-from hamsterbunker_tui.eventlog import MIN_WRITE, WRITE_PER_POLL, EventLog, event_line
+from hamsterbunker_tui.eventlog import HANG, MIN_WRITE, WRITE_PER_POLL, EventLog, event_line, hang
 from hamsterbunker_tui.model import LeaseView, NodeView, ProgressView, Takeover
-from hamsterbunker_tui.nodes import node_cells
+from hamsterbunker_tui.nodes import MIN_STEP_WIDTH, NodesTable, abbreviate, node_cells
 from hamsterbunker_tui.panels import lease_text, progress_text, timeline_text
+from rich.text import Text
 from textual.app import App, ComposeResult
+from textual.widgets.data_table import ColumnKey
 
 from hamsterbunker.records import Event
 
@@ -106,5 +109,65 @@ def test_event_log_writes_at_most_a_screenful_per_poll() -> None:
             log.flush()
             await pilot.pause()
             assert "… 1 more event, not shown" in [s.text.rstrip() for s in log.lines]
+
+    asyncio.run(scenario())
+
+
+def test_a_long_line_wraps_whole_at_spaces_under_the_node_column() -> None:
+    line = event_line(Event("hbnk-2", 1, "lease.acquired", 1_700_000_000.0, 13, 0,
+                            {"from": "hbnk-1", "gap_ms": 2003, "via": "expired"}))  # fmt: skip
+    rows = [row.plain for row in hang(line, 40)]
+    assert len(rows) > 1 and all(len(row) <= 40 for row in rows), rows
+    assert all(row.startswith(" " * HANG) and row[HANG] != " " for row in rows[1:]), rows
+    assert " ".join(" ".join(rows).split()) == " ".join(line.plain.split())  # nothing lost
+    assert "epoch 13" in " ".join(rows)  # broken at a space, not inside "13"
+    assert [row.plain for row in hang(Text("x" * 50), 20)] == ["x" * 20, "x" * 20, "x" * 10]
+    assert [row.plain for row in hang(line, 200)] == [line.plain]
+
+
+def test_compact_cells_say_the_same_in_fewer_cells() -> None:
+    effects = (("a", "done"), ("b", "running"))
+    active = replace(node(role="active"), inbox_depth=3, inbox_age_s=12.7, failing=2,
+                     failing_error="RuntimeError: boom", effects=effects)  # fmt: skip
+    cells = {key: cell.plain for key, cell in node_cells(active, compact=True).items()}
+    assert (cells["inbox"], cells["effects"]) == ("3 · 12 s", "failing ×2 · b running")
+    paused = replace(node(role="active"), paused=True)
+    assert node_cells(paused)["role"].plain == "active · paused"
+    compact = node_cells(paused, compact=True)
+    assert (compact["role"].plain, compact["inbox"].plain) == ("active", "paused")
+    assert abbreviate(Text("eu-central"), 10).plain == "eu-central"
+    assert abbreviate(Text("eu-central-1"), 10).plain == "eu-centra…"
+
+
+def test_a_narrow_nodes_table_abbreviates_long_cells_instead_of_scrolling() -> None:
+    host = "ip-10-0-12-34.eu-central-1.compute.internal"
+    views = [
+        replace(node(role="active"), node="eu-1", host=host, pid=4_194_303,
+                effects=(("search", "done"), ("llm.call", "running"))),
+        replace(node(), node="us-2", region="us-east-1", host=host, pid=4_194_302),
+    ]  # fmt: skip
+
+    class TableApp(App[None]):
+        def compose(self) -> ComposeResult:
+            yield NodesTable(id="nodes")
+
+    async def scenario() -> None:
+        app = TableApp()
+        async with app.run_test(size=(80, 10)) as pilot:
+            table = app.query_one(NodesTable)
+            table.show(views)
+            await pilot.pause()
+            assert table.compact and table.max_scroll_x == 0
+            row = table.row_text("eu-1")
+            assert row["host"].endswith("…") and host.startswith(row["host"][:-1]), row
+            shown = [row[key] for key in ("node", "role", "epoch", "seq", "pid")]
+            assert shown == ["eu-1", "active", "2", "40", "4194303"], row
+            step = row["effects"]  # the newest effect, shortened
+            assert len(step) >= MIN_STEP_WIDTH and step.endswith("…"), row
+            assert "llm.call running".startswith(step[:-1]), row
+            await pilot.resize_terminal(200, 10)
+            await pilot.pause()
+            assert not table.compact and table.row_text("eu-1")["host"] == host
+            assert table.columns[ColumnKey("effects")].label.plain == "step in flight"
 
     asyncio.run(scenario())

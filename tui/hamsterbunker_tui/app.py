@@ -59,15 +59,19 @@ MIN_POLL_S = 0.5  # the store's wake-ups are taken at most this often
 class MonitorApp(ControlKeys):
     CSS_PATH = "app.tcss"
     TITLE = "hb-tui"
+    # Short words: the footer shows every key, q too, at 80 columns.
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("k", "kill", "kill active node"),
+        Binding("k", "kill", "kill active"),
         Binding("s", "switchover", "switchover"),
         Binding("p", "pause", "pause/resume"),
-        Binding("f", "filter", "filter events"),
+        Binding("f", "filter", "filter"),
         Binding("q", "quit", "quit"),
     ]
-    # Under 120 columns the takeovers go above the events, not beside them (app.tcss).
-    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-wide")]  # noqa: RUF012 (Textual's type)
+    # Under 150 columns the takeovers go above the events, not beside them; under 120
+    # columns or 30 rows the kill button goes, and under 30 rows the panels give up their
+    # bottom borders (app.tcss).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (120, "-medium"), (150, "-wide")]  # noqa: RUF012
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (30, "-tall")]  # noqa: RUF012
     AUTO_FOCUS = "#events"  # the arrow and page keys scroll the event log at once
 
     def __init__(

@@ -26,7 +26,7 @@ from .filters import ALL, EventFilter, is_important
 from .formatting import wall_clock
 from .nodes import ROUTINE_S
 
-__all__ = ["EventLog", "Note", "event_line", "event_lines"]
+__all__ = ["EventLog", "Note", "event_line", "event_lines", "hang"]
 
 MAX_LINES = 1000
 # Lines written per poll at most: a screenful, the newest; the rest are counted.
@@ -37,6 +37,7 @@ REDRAW_LINES = 300  # lines written again on a new filter or width
 # write scrolls, and a scroll repaints the whole log (see benchmarks/tui_idle.py).
 ROUTINE_FLUSH_S = ROUTINE_S
 MAX_DETAIL = 300  # characters of an event's detail shown on its line
+HANG = 13  # a wrapped line goes on under the node, so that the times stand out
 FOLDED = "agent.step+published"  # the type shown for a step and its checkpoint, folded
 # The routine events (one per step) stay quiet so the takeovers stand out.
 TYPE_STYLES = {
@@ -81,7 +82,7 @@ def stamp(wall: float) -> str:
 def event_line(event: Event) -> Text:
     text = Text(f"{stamp(event.time)} ")
     text.append(f"{event.node:<10}", style="bold")
-    text.append(f"{event.type:<22}", style=TYPE_STYLES.get(event.type, ""))
+    text.append(f"{event.type:<21} ", style=TYPE_STYLES.get(event.type, ""))
     text.append(f"epoch {event.epoch} seq {event.seq}", style="dim")
     if event.detail:
         text.append("  " + _cut(" ".join(f"{k}={v}" for k, v in event.detail.items())))
@@ -118,6 +119,28 @@ def _cut(detail: str) -> str:
     return detail if len(detail) <= MAX_DETAIL else detail[: MAX_DETAIL - 1] + "…"
 
 
+def hang(line: Text, width: int, indent: int = HANG) -> list[Text]:
+    """line in rows of at most width characters, broken at spaces where it can be, every
+    row after the first indented by indent spaces: whole, and plainly one line."""
+    if width <= 2 * indent:
+        indent = 0  # too narrow to spare it
+    rows: list[Text] = []
+    rest, room = line, width
+    while len(rest) > room:
+        plain = rest.plain
+        cut = plain.rfind(" ", 1, room + 1)
+        if cut <= 0:
+            cut = room  # one word longer than the row: broken inside it
+        row = rest[:cut]
+        row.rstrip()
+        rows.append(row)
+        rest = rest[len(plain) - len(plain[cut:].lstrip()) :]
+        room = width - indent
+    if rest or not rows:  # (nothing left but the spaces it was broken at: no blank row)
+        rows.append(rest)
+    return [rows[0], *(Text(" " * indent).append_text(row) for row in rows[1:])]
+
+
 @dataclass(frozen=True)
 class Note:
     """A line from the monitor itself (a kill, a restart), not from a node."""
@@ -151,7 +174,9 @@ class EventLog(RichLog):
 
     def __init__(self, *, id: str | None = None, max_lines: int = MAX_LINES) -> None:
         # Wrapped, not cut: a long line (a kill's note, an error) reads whole at 80 columns.
-        super().__init__(id=id, max_lines=max_lines, wrap=True, markup=False, classes="panel")
+        super().__init__(
+            id=id, max_lines=max_lines, wrap=True, min_width=1, markup=False, classes="panel"
+        )
         self._written = 0  # how many of the model's events (ever seen) are written or counted
         self._kept: collections.deque[Event | Note] = collections.deque(maxlen=max_lines)
         self._width = 0  # the width the lines were wrapped at
@@ -176,8 +201,13 @@ class EventLog(RichLog):
         if not self.following and self.is_vertical_scroll_end:
             self.following = True  # scrolled back down, by the mouse say
         if lines:
+            # At the log's width, not the terminal's (RichLog's default, which cuts a line
+            # at the edge of a narrower log); before the width is known, RichLog keeps them.
+            width = self.scrollable_content_region.width if self._size_known else None
+            if width:
+                lines = [row for line in lines for row in hang(line, width)]
             # One write of all the lines: each write measures, renders and scrolls.
-            self.write(Text("\n").join(lines), scroll_end=self.following)
+            self.write(Text("\n").join(lines), width=width, scroll_end=self.following)
 
     def watch_virtual_size(self, size: Size) -> None:
         self._scroll_update(size)  # the scrollbar's thumb, and scroll_y kept in range

@@ -1,7 +1,10 @@
 """The nodes table: one row per node, keyed by node id, updated cell by cell in place.
 
-Rows are never cleared and rebuilt: the cursor, the scroll position and the
-column widths stay put while ages tick twice a second.
+Rows are not cleared and rebuilt while ages tick twice a second: the cursor, the
+scroll position and the column widths stay put. Under COMPACT_BELOW cells wide
+(an 80-column terminal) the table is compact: short labels, short cells, and a
+long cell abbreviated with an ellipsis at its end, so that every column is on
+screen; it is built anew when its width changes, or when a column must narrow.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import time
 
 from rich.text import Text
+from textual.events import Resize
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
@@ -18,6 +22,7 @@ from .model import NodeView
 __all__ = [
     "COLUMNS",
     "NodesTable",
+    "abbreviate",
     "effects_cell",
     "heartbeat_age",
     "inbox_cell",
@@ -25,21 +30,28 @@ __all__ = [
     "step_cell",
 ]
 
-# (key, label): the keys address cells in update_cell. What tells the state of a node
-# comes first, so that it is on screen however narrow the terminal (the table scrolls
-# sideways for the rest).
+# (key, label, compact label): the keys address cells in update_cell. What tells the state
+# of a node comes first.
 COLUMNS = (
-    ("node", "node"),
-    ("role", "role"),
-    ("epoch", "epoch"),
-    ("seq", "seq"),
-    ("heartbeat", "heartbeat"),
-    ("region", "region"),
-    ("host", "host"),
-    ("pid", "pid"),
-    ("inbox", "inbox"),
-    ("effects", "step in flight"),
+    ("node", "node", "node"),
+    ("role", "role", "role"),
+    ("epoch", "epoch", "ep"),
+    ("seq", "seq", "seq"),
+    ("heartbeat", "heartbeat", "beat"),
+    ("region", "region", "region"),
+    ("host", "host", "host"),
+    ("pid", "pid", "pid"),
+    ("inbox", "inbox", "inbox"),
+    ("effects", "step in flight", "step"),
 )
+# A table with fewer cells than this across is compact.
+COMPACT_BELOW = 100
+# Compact, the step in flight has what the other columns leave, at least MIN_STEP_WIDTH;
+# to make room, the wider of host and region gives up a cell, then the node's name, down
+# to MIN_SHRUNK; the table scrolls sideways only when that is not enough.
+MIN_STEP_WIDTH = 8
+SHRINKABLE = (("host", "region"), ("node",))
+MIN_SHRUNK = 6
 ROLE_STYLES = {
     "active": "bold green",
     "standby": "cyan",
@@ -80,6 +92,15 @@ def heartbeat_age(seconds: float) -> str:
     return coarse_age(seconds)
 
 
+def abbreviate(text: Text, width: int) -> Text:
+    """text, or, if wider than width cells, its start and an ellipsis in the last cell."""
+    if text.cell_len <= width:
+        return text
+    short = text.copy()
+    short.truncate(width, overflow="ellipsis")
+    return short
+
+
 def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
     """``+2 · search reused · llm done · tool running``: the newest effects of the step in
     flight with their states, coloured; empty when no step is in flight."""
@@ -94,32 +115,39 @@ def effects_cell(effects: tuple[tuple[str, str], ...]) -> Text:
     return text
 
 
-def step_cell(view: NodeView) -> Text:
+def step_cell(view: NodeView, compact: bool = False) -> Text:
     """``failing ×3 RuntimeError: the API said 500``, in red, while the active node's steps
-    fail in a row; then the effects of the step in flight."""
-    effects = effects_cell(view.effects)
+    fail in a row; then the effects of the step in flight. Compact: no error (the event log
+    has it) and the newest effect only."""
+    effects = effects_cell(view.effects[-1:] if compact else view.effects)
     if not view.failing:
         return effects
-    error = view.failing_error
-    if len(error) > FAILING_ERROR_SHOWN:
-        error = error[: FAILING_ERROR_SHOWN - 1] + "…"
-    text = Text(f"failing ×{view.failing}", style="bold red").append(f" {error}", style="red")
+    text = Text(f"failing ×{view.failing}", style="bold red")
+    if not compact:
+        error = view.failing_error
+        if len(error) > FAILING_ERROR_SHOWN:
+            error = error[: FAILING_ERROR_SHOWN - 1] + "…"
+        text.append(f" {error}", style="red")
     if effects:
         text.append(" · ", style="dim").append_text(effects)
     return text
 
 
-def inbox_cell(view: NodeView) -> Text:
+def inbox_cell(view: NodeView, compact: bool = False) -> Text:
     """``3 waiting · 12 s``: an active node's unconsumed submissions and the oldest's age
     (yellow past INBOX_LATE_S); ``empty`` if none waits; ``not read while paused``; nothing
-    on any other row."""
+    on any other row. Compact: ``3 · 12 s``, and ``paused`` (the role then says no more)."""
     if view.role != "active":
         return Text()
     if view.paused:  # a paused leader reads no inbox: its heartbeat's depth is from before
-        return Text("not read while paused", style="dim")
+        return (
+            Text("paused", style="bold yellow")
+            if compact
+            else Text("not read while paused", style="dim")
+        )
     if not view.inbox_depth:
         return Text("empty", style="dim")
-    text = Text(f"{view.inbox_depth} waiting", style="bold")
+    text = Text(f"{view.inbox_depth}{'' if compact else ' waiting'}", style="bold")
     if view.inbox_age_s is not None:
         # Whole seconds: a cell that changes on every poll repaints the table each time.
         age = view.inbox_age_s
@@ -128,28 +156,29 @@ def inbox_cell(view: NodeView) -> Text:
     return text
 
 
-def role_cell(view: NodeView) -> Text:
-    """``active``, or ``active · paused`` when the node says the agent is paused."""
+def role_cell(view: NodeView, compact: bool = False) -> Text:
+    """``active``, or ``active · paused`` when the node says the agent is paused (compact:
+    the inbox cell says it)."""
     text = Text(view.role, style=ROLE_STYLES.get(view.role, ""))
-    if view.paused:
+    if view.paused and not compact:
         text.append(" · ").append("paused", style="bold yellow")
     return text
 
 
-def node_cells(view: NodeView) -> dict[str, Text]:
+def node_cells(view: NodeView, compact: bool = False) -> dict[str, Text]:
     """The cells of one node's row, by column key, styled by role and heartbeat health."""
     dim = "dim" if view.role == "offline" else ""
     return {
         "node": Text(view.node, style="bold" if view.role == "active" else dim),
-        "role": role_cell(view),
+        "role": role_cell(view, compact),
         "epoch": Text(str(view.epoch), style=dim, justify="right"),
         "seq": Text(str(view.seq), style=dim, justify="right"),
         "heartbeat": Text(heartbeat_age(view.age_s), style=HEALTH_STYLES.get(view.health, "")),
         "region": Text(view.region, style=dim),
         "host": Text(view.host, style=dim),
         "pid": Text(str(view.pid), style=dim, justify="right"),
-        "inbox": inbox_cell(view),
-        "effects": step_cell(view),
+        "inbox": inbox_cell(view, compact),
+        "effects": step_cell(view, compact),
     }
 
 
@@ -166,8 +195,50 @@ class NodesTable(DataTable[Text]):
         self.border_title = "nodes"
         self._shown: dict[str, dict[str, Text]] = {}
         self._routine_at = -ROUTINE_S  # when routine cells were last brought up to date
-        for key, label in COLUMNS:
-            self.add_column(label, key=key)
+        self._views: list[NodeView] = []
+        self._built_width = 0  # the width the table was built for
+        self.compact = False
+        self._widths: dict[str, int] = {}  # compact: each column's width
+        self._natural: dict[str, int] = {}  # compact: the widest cells, by column
+        self._new_table()
+
+    def _new_table(self) -> None:
+        """No rows, and the columns with the labels of the mode, as narrow as those."""
+        self.clear(columns=True)
+        for key, label, short in COLUMNS:
+            self.add_column(short if self.compact else label, key=key)
+        self._shown = {}
+
+    def on_resize(self, event: Resize) -> None:
+        width = self.size.width
+        if width != self._built_width:
+            self._built_width = width
+            self.compact = width < COMPACT_BELOW
+            self._natural = {}
+            self._new_table()
+            self.show(self._views)
+
+    def _fit(self, rows: list[tuple[NodeView, dict[str, Text]]]) -> dict[str, int]:
+        """Compact: each column's width, so that the table needs no sideways scrolling.
+
+        The widest a column's cells were since the table was built, not the widest now:
+        an age going from "< 1 s" to "1 s" and back would build it anew each time.
+        """
+        self._natural = {
+            key: max([len(short), self._natural.get(key, 0), *(c[key].cell_len for _, c in rows)])
+            for key, _, short in COLUMNS
+            if key != "effects"
+        }
+        widths = dict(self._natural)
+        room = self.scrollable_content_region.width - 2 * self.cell_padding * len(COLUMNS)
+        for keys in SHRINKABLE:
+            while sum(widths.values()) + MIN_STEP_WIDTH > room:
+                widest = max(keys, key=widths.__getitem__)
+                if widths[widest] <= MIN_SHRUNK:
+                    break
+                widths[widest] -= 1
+        widths["effects"] = max(MIN_STEP_WIDTH, room - sum(widths.values()))
+        return widths
 
     def show(self, nodes: list[NodeView]) -> None:
         """Add rows for new nodes; change only the cells whose text changed.
@@ -180,7 +251,17 @@ class NodesTable(DataTable[Text]):
         are brought up to date at most every ROUTINE_S, unless something else in
         the table changed anyway: any change repaints every row.
         """
-        rows = [(view, node_cells(view)) for view in nodes]
+        self._views = nodes
+        rows = [(view, node_cells(view, self.compact)) for view in nodes]
+        if self.compact:
+            widths = self._fit(rows)
+            if widths != self._widths:  # a column narrows only in a new table
+                self._widths = widths
+                self._new_table()
+            rows = [
+                (view, {key: abbreviate(cell, widths[key]) for key, cell in cells.items()})
+                for view, cells in rows
+            ]
         changed = {
             column
             for view, cells in rows
@@ -210,7 +291,7 @@ class NodesTable(DataTable[Text]):
 
     def row_text(self, node: str) -> dict[str, str]:
         """Column key → the plain text of node's row as shown (for tests and scripts)."""
-        return {key: self.get_cell(node, key).plain for key, _ in COLUMNS}
+        return {key: self.get_cell(node, key).plain for key, _, _ in COLUMNS}
 
     def roles(self) -> dict[str, str]:
         """Node id → the role its row shows, read back from the table (for tests and scripts)."""

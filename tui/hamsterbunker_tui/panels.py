@@ -185,12 +185,21 @@ class Timeline(VerticalScroll):
     def compose(self) -> ComposeResult:
         yield self._lines
 
+    # The newest line in sight: when a line comes, and when the pane is made shorter. (Not
+    # at once in show(): the layout that makes room for the new line comes after it.)
+    def watch_virtual_size(self) -> None:
+        self.scroll_end(animate=False, immediate=True)
+
+    def on_resize(self) -> None:
+        self.scroll_end(animate=False, immediate=True)
+
     def show(self, takeovers: list[Takeover]) -> None:
         text = timeline_text(takeovers)
         if text != self._shown:
             self._shown = text
+            # A short screen shows the newest line only: the count says what scrolls.
+            self.border_title = f"takeovers · {len(takeovers)}" if takeovers else "takeovers"
             self._lines.update(text)
-            self.scroll_end(animate=False)
 
     @property
     def plain(self) -> str:

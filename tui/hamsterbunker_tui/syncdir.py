@@ -1,7 +1,7 @@
 """The syncdir panel: a ``syncdir://`` store's own report, as ``hb status`` gives it.
 
 Shown only on such a store (mounted below the nodes table the first time a
-poll brings the report; below 120 columns as one summary line, app.tcss): the
+poll brings the report; below 120 columns or 30 rows as one summary line, app.tcss): the
 mode and what it does not guarantee, the stated
 sync delay, what was kept aside (the ``store.diverged`` events as the nodes
 reported them), each node's chain per term, the sync tool's own files and what
