@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import tempfile
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tomli_w
@@ -27,6 +28,8 @@ _HEADER = """\
 # the unit passes {secret} with LoadCredential=.
 # Keys (README, "A real node under systemd"):
 {keys}
+# create_store_on: the host whose node may create the store, if there is none
+# yet, at its first start (written with a new secret; a copy elsewhere creates nothing).
 """
 
 
@@ -76,6 +79,8 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
     new_secret = not secret_file.exists()
     if new_secret:
         _write_new(secret_file, secrets.token_urlsafe(32) + "\n", mode=0o600, replace=False)
+        # A new secret is a new cluster: its store cannot exist yet, and this node makes it.
+        config = replace(config, create_store_on=socket.gethostname())
     else:
         _check_secret_file(secret_file)
     keys = "\n".join(textwrap.wrap(", ".join(KEYS), 76, initial_indent="#   ",

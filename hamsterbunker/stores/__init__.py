@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
@@ -37,6 +39,7 @@ __all__ = [
     "TailRead",
     "check_store_url",
     "file_store_path",
+    "folder_store_made",
     "is_syncdir_url",
     "open_store",
     "redacted_url",
@@ -136,6 +139,31 @@ def check_store_url(url: str) -> str | None:
     if scheme == "syncdir":
         return syncdir_store_path(url)
     return file_store_path(url)
+
+
+def folder_store_made(url: str) -> bool | None:
+    """Whether a file:// or syncdir:// store holds a cluster record, read without writing
+    anything (a node opening one to write makes its folder); None for any other store,
+    whose reads may have to wait for its server."""
+    scheme = urlsplit(url).scheme
+    if scheme not in ("file", "syncdir"):
+        return None
+    path = check_store_url(url)
+    assert path is not None  # a folder store's URL names its folder
+    if not os.path.isdir(path):
+        return False
+    if scheme == "syncdir":
+        from .syncdir.layout import os_errors
+        from .syncdir.root import read_cluster_record
+
+        return os_errors(read_cluster_record)(Path(path)) is not None
+    from .layer.files import FileStore
+
+    store = FileStore(path, create=False)
+    try:
+        return store.read_cluster() is not None
+    finally:
+        store.close()
 
 
 def is_syncdir_url(url: str) -> bool:
