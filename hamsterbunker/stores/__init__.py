@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
-from ..core.errors import ConfigError, StoreUnavailable
+from ..core.errors import ConfigError, CorruptRecord, StoreUnavailable
 from .base import (
     AdmissionState,
     Consumed,
@@ -152,6 +152,15 @@ def folder_store_made(url: str) -> bool | None:
     assert path is not None  # a folder store's URL names its folder
     if not os.path.isdir(path):
         return False
+    try:
+        return _read_folder_cluster(scheme, path)
+    except CorruptRecord:
+        return True  # a record is there: the node's own read says what is wrong with it
+    except StoreUnavailable:
+        return None
+
+
+def _read_folder_cluster(scheme: str, path: str) -> bool:
     if scheme == "syncdir":
         from .syncdir.layout import os_errors
         from .syncdir.root import read_cluster_record

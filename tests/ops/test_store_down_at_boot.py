@@ -63,7 +63,7 @@ def _start_node(
     url: str, log_path: Path, notify: NotifySocket, secret: str = SECRET
 ) -> subprocess.Popen[bytes]:
     command = [
-        *HB, "run", "--store", url, "--agent", "hb_test_agents:JournalCounter",
+        *HB, "run", "--create-store", "--store", url, "--agent", "hb_test_agents:JournalCounter",
         "--node-id", "n1", "--tick-ms", "100", "--lease-ttl-ms", "600",
     ]  # fmt: skip
     env = hb_env(HB_SECRET=secret, PYTHONPATH=str(SUPPORT_DIR), NOTIFY_SOCKET=str(notify.path))

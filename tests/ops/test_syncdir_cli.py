@@ -458,7 +458,8 @@ def node(tmp_path: Path, sync: Sync, name: str) -> Iterator[subprocess.Popen[byt
     env = hb_env(CONFIGURATION_DIRECTORY=str(directory), HB_SECRET=SECRET)
     with (tmp_path / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(
-            [*HB, "run", "--instance", "agent"], env=env, stdin=subprocess.DEVNULL,
+            [*HB, "run", "--instance", "agent", "--create-store"], env=env,
+            stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
         )  # fmt: skip
     try:
