@@ -257,13 +257,14 @@ def init(args: argparse.Namespace) -> int:
         )
     if done.new_secret:
         print(f"wrote {done.secret_path} (a new random secret, readable by its owner only)")
+    else:
+        print(f"kept the existing secret {done.secret_path}")
+    if done.creates_store:
         print(
             f"a new cluster: this node creates its store {redacted_url(config.store)} at its "
             f"first start (create_store_on in {done.config_path.name}); nodes given this "
             "secret join it and create none"
         )
-    else:
-        print(f"kept the existing secret {done.secret_path}")
     print(_next_steps(args.name, done.secret_path, store_dir, local_only=args.local_only))
     return 0
 

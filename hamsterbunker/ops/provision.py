@@ -8,6 +8,7 @@ import secrets
 import socket
 import tempfile
 import textwrap
+import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,6 +39,7 @@ class Provisioned:
     config_path: Path
     secret_path: Path
     new_secret: bool  # False: an existing secret was kept
+    creates_store: bool  # this host's node may make the store (create_store_on)
 
 
 def local_store(name: str) -> str:
@@ -77,10 +79,13 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
         raise ConfigError(f"{config_file} already exists; pass --force to replace it")
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     new_secret = not secret_file.exists()
+    # A new secret is a new cluster, whose store this node makes; a config replaced with
+    # --force keeps that leave (hb init again to choose the agent, say).
+    creates_store = new_secret or _creates_store(config_file)
+    if creates_store:
+        config = replace(config, create_store_on=socket.gethostname())
     if new_secret:
         _write_new(secret_file, secrets.token_urlsafe(32) + "\n", mode=0o600, replace=False)
-        # A new secret is a new cluster: its store cannot exist yet, and this node makes it.
-        config = replace(config, create_store_on=socket.gethostname())
     else:
         _check_secret_file(secret_file)
     keys = "\n".join(textwrap.wrap(", ".join(KEYS), 76, initial_indent="#   ",
@@ -88,7 +93,16 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
     text = _HEADER.format(name=name, secret=secret_file, keys=keys)
     text += tomli_w.dumps(config.to_toml_dict())
     _write_new(config_file, text, mode=0o644, replace=force)
-    return Provisioned(config_file, secret_file, new_secret)
+    return Provisioned(config_file, secret_file, new_secret, creates_store)
+
+
+def _creates_store(config_file: Path) -> bool:
+    """Whether an existing config lets this host's node make the store."""
+    try:
+        recorded = tomllib.loads(config_file.read_text(encoding="utf-8")).get("create_store_on")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return bool(recorded == socket.gethostname())
 
 
 def _check_secret_file(path: Path) -> None:

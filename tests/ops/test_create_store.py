@@ -200,3 +200,16 @@ def test_the_library_creates_by_default_with_a_warning_and_refuses_when_told(
     created = [r for r in caplog.records if "store.created" in r.getMessage()]
     assert [r.levelname for r in created] == ["WARNING"]
     assert (tmp_path / "s").as_uri() in created[0].getMessage()
+
+
+def test_hb_init_again_with_force_keeps_the_leave_to_create_the_store(tmp_path: Path) -> None:
+    """The first node's hb init run again (to choose another agent, as hb init suggests)
+    keeps create_store_on; a config that had none gets none."""
+    config_dir, store = tmp_path / "cfg", tmp_path / "store"
+    assert hb_init(config_dir, store).returncode == 0
+    again = run_hb(["init", "n", "--store", store.as_uri(), "--agent", "mypkg:Other",
+                    "--config-dir", str(config_dir), "--force"])  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "this node creates its store" in again.stdout
+    config = tomllib.loads((config_dir / "n.toml").read_text())
+    assert (config["agent"], config["create_store_on"]) == ("mypkg:Other", socket.gethostname())
