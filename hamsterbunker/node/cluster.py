@@ -22,7 +22,7 @@ from ..sealing.keyring import Secret
 from ..stores import Store, folder_store_made, redacted_url
 from .calls import NodeCalls
 
-__all__ = ["Cluster", "NodeMemory", "check_folder_store", "new_store_refused"]
+__all__ = ["Cluster", "NodeMemory", "check_folder_store"]
 
 log = logging.getLogger("hamsterbunker")
 Emit = Callable[..., None]

@@ -86,7 +86,7 @@ class Runtime:
     in each event's log line. ``sync_delay_ms``: required for a ``syncdir://`` store.
     ``create_store``: make the store if it does not exist yet (it holds no cluster record),
     with a ``store.created`` warning; with False such a store is a ConfigError, nothing
-    written to it (not even a file store's folder).
+    written to it (given as a URL, not even a file store's folder).
     """
 
     def __init__(

@@ -77,7 +77,7 @@ class NodeConfig:
     agents: tuple[HostedAgent, ...] = ()
     # The longest the sync tool takes to bring a file to the other machines: required for
     # a syncdir:// store (the TTL must be at least 2 × (tick + it)), refused for any other.
-    # (Last, so that NodeConfig's positional fields stay as they were.)
+    # (This and the next last, so that NodeConfig's positional fields stay as they were.)
     sync_delay_ms: int | None = None
     # The host whose node may make the store at its first start: hb init writes it when it
     # makes a new secret (a new cluster). A copy of this file on another host makes nothing.

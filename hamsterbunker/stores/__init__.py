@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 from pathlib import Path
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
@@ -143,15 +144,21 @@ def check_store_url(url: str) -> str | None:
 
 def folder_store_made(url: str) -> bool | None:
     """Whether a file:// or syncdir:// store holds a cluster record, read without writing
-    anything (a node opening one to write makes its folder); None for any other store,
-    whose reads may have to wait for its server."""
+    anything (a node opening one to write makes its folder); None where this cannot tell
+    (any other store, whose reads may wait for its server; a path not readable here), and
+    the node's own open and reads decide."""
     scheme = urlsplit(url).scheme
     if scheme not in ("file", "syncdir"):
         return None
     path = check_store_url(url)
     assert path is not None  # a folder store's URL names its folder
-    if not os.path.isdir(path):
+    try:
+        if not stat.S_ISDIR(os.stat(path).st_mode):
+            return None  # opening it says what is there instead
+    except FileNotFoundError:
         return False
+    except OSError:
+        return None  # not readable here: opening it names the problem and the fix
     try:
         return _read_folder_cluster(scheme, path)
     except CorruptRecord:
