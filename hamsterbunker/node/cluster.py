@@ -49,6 +49,7 @@ class Cluster:
         self._remembered, self._memory_path = remembered, memory_path
         self._emit, self._create = emit, create
         self._sealer: Sealer | None = None
+        self.created = False  # open() made the store (for store.created, once numbered)
 
     @property
     def record(self) -> ClusterRecord | None:
@@ -72,8 +73,7 @@ class Cluster:
             raise new_store_refused(self._store.url)
         ours = new_cluster_record(self._secret)
         made = self._store.create_cluster(ours)
-        if made == ours:
-            self._emit("store.created", store=self._store.url)
+        self.created = made == ours
         return made
 
     def reconcile(self, ours: ClusterRecord) -> ClusterRecord:

@@ -168,10 +168,14 @@ def folder_store_made(url: str) -> bool | None:
 
 
 def _read_folder_cluster(scheme: str, path: str) -> bool:
+    """Whether the folder holds a cluster record; ConfigError for a folder its store's open
+    would refuse (an earlier layout), as the node would have said."""
     if scheme == "syncdir":
         from .syncdir.layout import os_errors
         from .syncdir.root import read_cluster_record
+        from .syncdir.subtrees import refuse_earlier_subtrees
 
+        os_errors(refuse_earlier_subtrees)(Path(path))
         return os_errors(read_cluster_record)(Path(path)) is not None
     from .layer.files import FileStore
 
