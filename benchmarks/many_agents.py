@@ -341,7 +341,7 @@ class Fleet:
         with open(self.workdir / "logs" / f"{node}.log", "ab") as log:
             self.processes[node] = subprocess.Popen(
                 [sys.executable, *(["-m", "hamsterbunker"] if spreading else ["-c", NO_SPREADING]),
-                 "run", "--instance", "fleet", "--history", str(self.history)],
+                 "run", "--instance", "fleet", "--history", str(self.history), "--create-store"],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )  # fmt: skip
 

@@ -5,7 +5,7 @@ takes a few seconds, standing in for an LLM call), and consumes it with the
 answer. The answer names the node that gave it, so a takeover in the middle
 shows: the question was admitted while one node led, and answered by the next.
 
-    PYTHONPATH=examples hb run --store file:///tmp/hb --agent answerer:Answerer ...
+    PYTHONPATH=examples hb run --store file:///tmp/hb --agent answerer:Answerer --create-store ...
     hb submit --store file:///tmp/hb --agent-id answerer --wait --data '"why is the sky blue?"'
 """
 

@@ -11,7 +11,7 @@ LLM: arithmetic goes to the calculator, a known word to the lookup); with
 
     export HB_SECRET=a-long-secret PYTHONPATH=examples
     hb run --store file:///tmp/hb-assistant --agent pydantic_assistant:Assistant \\
-        --node-id node-a --region r-a &
+        --node-id node-a --region r-a --create-store &
     hb submit --store file:///tmp/hb-assistant --agent-id assistant --wait \\
         --data '"what is (17 + 25) * 3, and what is a lease?"'
 

@@ -37,6 +37,7 @@ let
     "max_step_failures"
     "http"
     "agents"
+    "create_store_on"
   ];
 
   # hb's rule for instance names (hamsterbunker/records.py). It also makes the
@@ -366,6 +367,12 @@ let
                 default = null;
                 example = "127.0.0.1:9100";
                 description = "HOST:PORT where the node serves /metrics (Prometheus), /health, /leader and /status (default: none). Open the port in networking.firewall only if something off this machine scrapes it.";
+              };
+              create_store_on = mkOption {
+                type = types.nullOr types.str;
+                default = null;
+                example = "node1";
+                description = "The host name of the one node that may create the store if it does not exist yet (a new cluster, or localOnly), e.g. config.networking.hostName on that node; every other node refuses to, so that a mistyped or unmounted store is not made anew (default: none).";
               };
             };
           };

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..agent.step import load_agent
 from ..core.errors import ConfigError
+from ..node.cluster import check_folder_store
 from ..node.host import Host, HostNotifier, check_distinct
 from ..node.notify import Notifier
 from ..ops.config import NodeConfig
@@ -23,15 +24,19 @@ def run_host(
     *,
     history: Path | None,
     state_dir: Path | None,
+    create_store: bool,
 ) -> None:
     """Run every agent of config's [[agents]] in this process, on one store client, until
-    a stop signal. With a history, each agent's goes to HISTORY.AGENT_ID."""
+    a stop signal. With a history, each agent's goes to HISTORY.AGENT_ID. create_store:
+    make the store if it does not exist yet (else ConfigError, nothing written)."""
     if config.http is not None:
         raise ConfigError(
             "http cannot be set with several [[agents]]: the endpoints describe one agent's "
             "node; run the agents that need them as nodes of their own"
         )
     agents = [load_agent(hosted.agent) for hosted in config.hosted()]
+    if not create_store:
+        check_folder_store(config.store)  # before opening it to write makes its folder
     # On a syncdir:// store this process writes its node's own subtree, for every agent.
     store = open_store(config.store, node=config.node_id, sync_delay_ms=config.sync_delay_ms)
     try:
@@ -56,6 +61,7 @@ def run_host(
                 stop_grace_ms=config.stop_grace_ms,
                 step_retry=config.step_retry,
                 log_agent=True,
+                create_store=create_store,
             )
             for agent, agent_id in zip(agents, ids, strict=True)
         ]

@@ -22,7 +22,7 @@ from ..node.notify import Notifier
 from ..ops.config import DEFAULT_CONFIG_DIR, NodeConfig, load_instance, systemd_directory
 from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from ..sealing.keyring import read_keyring
-from ..stores import check_store_url
+from ..stores import check_store_url, redacted_url
 from .args import Subcommands, add_command, positive_int, whole_number
 from .context import warn
 
@@ -122,6 +122,14 @@ def add_run_parser(sub: Subcommands, secret_help: str) -> None:
         "(or $CONFIGURATION_DIRECTORY/NAME.toml); no node flags may be given with it",
     )
     add_node_flags(run)
+    run.add_argument(
+        "--create-store",
+        action="store_true",
+        help="create the store if it does not exist yet (no node has run on it): for the "
+        "first node of a new cluster. Without it a store is only created by the node whose "
+        "config hb init wrote with a new secret (create_store_on); any other refuses, so "
+        "that a mistyped URL does not start the agent over in a new, empty store",
+    )
     run.add_argument("--secret-file", type=Path, help="file holding the network secret")
     run.add_argument(
         "--state-dir",
@@ -200,14 +208,16 @@ def run(args: argparse.Namespace) -> int:
         configure_logging(log_level(level))
     secret = read_keyring(args.secret_file)
     state_dir = args.state_dir or systemd_directory("STATE_DIRECTORY")
+    create_store = args.create_store or config.may_create_store()
     if config.agents:
         from .host import run_host
 
-        run_host(config, secret, notifier, history=args.history, state_dir=state_dir)
+        run_host(config, secret, notifier, history=args.history, state_dir=state_dir,
+                 create_store=create_store)  # fmt: skip
         return 0
     timing, step_retry = config.timing, config.step_retry
     agent = load_agent(config.agent)
-    # Runtime checks ids before it opens (and may create) the store.
+    # Runtime checks ids before it opens the store (and creates it, if create_store).
     node = Runtime(
         node_id=config.node_id,
         region=config.region,
@@ -223,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
         step_retry=step_retry,
         http=config.http,
         sync_delay_ms=config.sync_delay_ms,
+        create_store=create_store,
     )
     node.run()
     return 0
@@ -248,6 +259,12 @@ def init(args: argparse.Namespace) -> int:
         print(f"wrote {done.secret_path} (a new random secret, readable by its owner only)")
     else:
         print(f"kept the existing secret {done.secret_path}")
+    if done.creates_store:
+        print(
+            f"a new cluster: this node creates its store {redacted_url(config.store)} at its "
+            f"first start (create_store_on in {done.config_path.name}); nodes given this "
+            "secret join it and create none"
+        )
     print(_next_steps(args.name, done.secret_path, store_dir, local_only=args.local_only))
     return 0
 

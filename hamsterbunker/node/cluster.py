@@ -2,6 +2,8 @@
 
 A node that remembers the record puts a lost one back and refuses another
 cluster's or an older key list; a running node follows a rotation (``follow``).
+A store with no record at all does not exist yet: a node makes it (the first
+record) only if allowed to, loudly, since a mistyped URL looks just the same.
 """
 
 from __future__ import annotations
@@ -10,17 +12,17 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.errors import CorruptRecord, StoreError, StoreRegressed
+from ..core.errors import ConfigError, CorruptRecord, StoreError, StoreRegressed
 from ..lease import LeaseKeeper
 from ..lease.control import ControlView
 from ..lease.memory import Memory, MemoryFile
 from ..records import ClusterRecord
 from ..sealing import Sealer, new_cluster_record
 from ..sealing.keyring import Secret
-from ..stores import Store
+from ..stores import Store, folder_store_made, redacted_url
 from .calls import NodeCalls
 
-__all__ = ["Cluster", "NodeMemory"]
+__all__ = ["Cluster", "NodeMemory", "check_folder_store"]
 
 log = logging.getLogger("hamsterbunker")
 Emit = Callable[..., None]
@@ -39,11 +41,15 @@ class Cluster:
         remembered: ClusterRecord | None,
         memory_path: Path | None,
         emit: Emit,
+        create: bool = True,
     ) -> None:
+        """create: make the store's cluster record if it has none and none is remembered
+        (else ConfigError, nothing written)."""
         self._store, self._agent_id, self._secret = store, agent_id, secret
         self._remembered, self._memory_path = remembered, memory_path
-        self._emit = emit
+        self._emit, self._create = emit, create
         self._sealer: Sealer | None = None
+        self.created = False  # open() made the store (for store.created, once numbered)
 
     @property
     def record(self) -> ClusterRecord | None:
@@ -56,11 +62,19 @@ class Cluster:
         if self._remembered is not None:
             cluster = self.reconcile(self._remembered)
         else:
-            cluster = self._store.read_cluster() or self._store.create_cluster(
-                new_cluster_record(self._secret)
-            )
+            cluster = self._store.read_cluster() or self._new_cluster()
         self._sealer = Sealer(self._secret, cluster, refresh=self._store.read_cluster)
         return self._sealer
+
+    def _new_cluster(self) -> ClusterRecord:
+        """The store's first cluster record, which makes the store: ours, or another node's
+        that won the race."""
+        if not self._create:
+            raise new_store_refused(self._store.url)
+        ours = new_cluster_record(self._secret)
+        made = self._store.create_cluster(ours)
+        self.created = made == ours
+        return made
 
     def reconcile(self, ours: ClusterRecord) -> ClusterRecord:
         """Put a lost cluster record back from what this node knows; refuse another cluster's
@@ -125,6 +139,21 @@ class Cluster:
         if stored is None:
             return False  # put back by reconcile at the next regression check, or a restart
         return self._sealer.adopt(stored)
+
+
+def new_store_refused(url: str) -> ConfigError:
+    """The one line that refuses to make a store (url: redacted)."""
+    return ConfigError(
+        f"store {url} does not exist (it holds no cluster record); not creating it: check the "
+        "store URL, or pass --create-store if this node starts a new cluster"
+    )
+
+
+def check_folder_store(url: str) -> None:
+    """ConfigError if url names a file:// or syncdir:// folder that holds no store, read
+    before a node opens it to write, which would make the folder."""
+    if folder_store_made(url) is False:
+        raise new_store_refused(redacted_url(url))
 
 
 class NodeMemory:

@@ -44,6 +44,7 @@ EVENT_PRIORITIES: dict[str, int] = {
     "lease.given_up": WARNING,
     "lease.unproven": WARNING,
     "store.warning": WARNING,
+    "store.created": WARNING,
     "checkpoint.rejected": WARNING,
     "term_record.rejected": WARNING,
     "store.diverged": WARNING,

@@ -42,7 +42,7 @@ from ..sealing import Sealer
 from ..sealing.keyring import Keyring, Secret
 from ..stores import Store, open_store
 from .calls import NodeCalls
-from .cluster import Cluster, NodeMemory
+from .cluster import Cluster, NodeMemory, check_folder_store
 from .events import EventHandler, EventSink
 from .keys import KeyFollower
 from .lineage_view import DivergenceCheck, LineageView, describe_ref
@@ -84,6 +84,9 @@ class Runtime:
     and /status on; ``metrics``: count without serving (``self.metrics`` is None unless
     either is given, and prometheus_client is not loaded). ``log_agent``: name the agent
     in each event's log line. ``sync_delay_ms``: required for a ``syncdir://`` store.
+    ``create_store``: make the store if it does not exist yet (it holds no cluster record),
+    with a ``store.created`` warning; with False such a store is a ConfigError, nothing
+    written to it (given as a URL, not even a file store's folder).
     """
 
     def __init__(
@@ -107,6 +110,7 @@ class Runtime:
         metrics: bool = False,
         log_agent: bool = False,
         sync_delay_ms: int | None = None,
+        create_store: bool = True,
     ) -> None:
         self._secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
@@ -119,7 +123,10 @@ class Runtime:
         self.clock: Clock = clock or MonotonicClock()
         if sync_delay_ms is not None:
             check_sync_delay(timing, sync_delay_ms)  # the TTL a synced folder needs
+        self._create_store = create_store
         if isinstance(store, str):
+            if not create_store:
+                check_folder_store(store)
             store = open_store(store, node=self.node_id, sync_delay_ms=sync_delay_ms)
         self.store: Store = store
         self.keeper = LeaseKeeper(
@@ -294,6 +301,7 @@ class Runtime:
                 remembered=self._remembered_cluster,
                 memory_path=None if self._memory_file is None else self._memory_file.path,
                 emit=sink.emit,
+                create=self._create_store,
             )
             sealer = await open_for_node(
                 cluster, self.keeper, self.standing, calls, sink, signals.stopping,

@@ -176,4 +176,6 @@ async def open_for_node(
     if wait.gave_up:
         return None
     wait.report(sink.emit)
+    if cluster.created:
+        sink.emit("store.created", store=store.url)
     return sealer

@@ -77,8 +77,15 @@ class NodeConfig:
     agents: tuple[HostedAgent, ...] = ()
     # The longest the sync tool takes to bring a file to the other machines: required for
     # a syncdir:// store (the TTL must be at least 2 × (tick + it)), refused for any other.
-    # (Last, so that NodeConfig's positional fields stay as they were.)
+    # (This and the next last, so that NodeConfig's positional fields stay as they were.)
     sync_delay_ms: int | None = None
+    # The host whose node may make the store at its first start: hb init writes it when it
+    # makes a new secret (a new cluster). A copy of this file on another host makes nothing.
+    create_store_on: str | None = None
+
+    def may_create_store(self) -> bool:
+        """Whether this host's node may make the store, as hb init recorded (create_store_on)."""
+        return self.create_store_on == socket.gethostname()
 
     def hosted(self) -> tuple[HostedAgent, ...]:
         """The agents this node process keeps: [[agents]], or the one of agent and agent_id."""
@@ -146,6 +153,7 @@ _TYPES: dict[str, type] = {
     "log_level": str,
     "http": str,
     "agents": list,
+    "create_store_on": str,
 }
 KEYS = tuple(_TYPES)  # every key a node's config file may hold, in the order shown
 _MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}

@@ -35,6 +35,8 @@ class LocalCluster:
     agent_id: str | None = None
     history: Path | None = None  # every node appends its operations here (--history)
     env: dict[str, str] = field(default_factory=dict)
+    # Whichever node starts first makes the store (hb run --create-store): it is new.
+    create_store: bool = True
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(
@@ -62,6 +64,8 @@ class LocalCluster:
             command += ["--agent-id", self.agent_id]
         if self.history:
             command += ["--history", str(self.history)]
+        if self.create_store:
+            command.append("--create-store")
         env = {
             **os.environ,
             **self.env,

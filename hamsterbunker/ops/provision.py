@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import tempfile
 import textwrap
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import tomli_w
@@ -27,6 +29,8 @@ _HEADER = """\
 # the unit passes {secret} with LoadCredential=.
 # Keys (README, "A real node under systemd"):
 {keys}
+# create_store_on: the host whose node may create the store, if there is none
+# yet, at its first start (written with a new secret; a copy elsewhere creates nothing).
 """
 
 
@@ -35,6 +39,7 @@ class Provisioned:
     config_path: Path
     secret_path: Path
     new_secret: bool  # False: an existing secret was kept
+    creates_store: bool  # this host's node may make the store (create_store_on)
 
 
 def local_store(name: str) -> str:
@@ -74,6 +79,11 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
         raise ConfigError(f"{config_file} already exists; pass --force to replace it")
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     new_secret = not secret_file.exists()
+    # A new secret is a new cluster, whose store this node makes; a config replaced with
+    # --force keeps that leave (hb init again to choose the agent, say).
+    creates_store = new_secret or _creates_store(config_file)
+    if creates_store:
+        config = replace(config, create_store_on=socket.gethostname())
     if new_secret:
         _write_new(secret_file, secrets.token_urlsafe(32) + "\n", mode=0o600, replace=False)
     else:
@@ -83,7 +93,16 @@ def provision(name: str, config: NodeConfig, directory: Path, *, force: bool) ->
     text = _HEADER.format(name=name, secret=secret_file, keys=keys)
     text += tomli_w.dumps(config.to_toml_dict())
     _write_new(config_file, text, mode=0o644, replace=force)
-    return Provisioned(config_file, secret_file, new_secret)
+    return Provisioned(config_file, secret_file, new_secret, creates_store)
+
+
+def _creates_store(config_file: Path) -> bool:
+    """Whether an existing config lets this host's node make the store."""
+    try:
+        recorded = tomllib.loads(config_file.read_text(encoding="utf-8")).get("create_store_on")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    return bool(recorded == socket.gethostname())
 
 
 def _check_secret_file(path: Path) -> None:

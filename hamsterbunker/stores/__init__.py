@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import os
+import stat
+from pathlib import Path
 from types import ModuleType
 from urllib.parse import unquote, urlsplit
 
-from ..core.errors import ConfigError, StoreUnavailable
+from ..core.errors import ConfigError, CorruptRecord, StoreUnavailable
 from .base import (
     AdmissionState,
     Consumed,
@@ -37,6 +40,7 @@ __all__ = [
     "TailRead",
     "check_store_url",
     "file_store_path",
+    "folder_store_made",
     "is_syncdir_url",
     "open_store",
     "redacted_url",
@@ -136,6 +140,50 @@ def check_store_url(url: str) -> str | None:
     if scheme == "syncdir":
         return syncdir_store_path(url)
     return file_store_path(url)
+
+
+def folder_store_made(url: str) -> bool | None:
+    """Whether a file:// or syncdir:// store holds a cluster record, read without writing
+    anything (a node opening one to write makes its folder); None where this cannot tell
+    (any other store, whose reads may wait for its server; a path not readable here), and
+    the node's own open and reads decide."""
+    scheme = urlsplit(url).scheme
+    if scheme not in ("file", "syncdir"):
+        return None
+    path = check_store_url(url)
+    assert path is not None  # a folder store's URL names its folder
+    try:
+        if not stat.S_ISDIR(os.stat(path).st_mode):
+            return None  # opening it says what is there instead
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None  # not readable here: opening it names the problem and the fix
+    try:
+        return _read_folder_cluster(scheme, path)
+    except CorruptRecord:
+        return True  # a record is there: the node's own read says what is wrong with it
+    except StoreUnavailable:
+        return None
+
+
+def _read_folder_cluster(scheme: str, path: str) -> bool:
+    """Whether the folder holds a cluster record; ConfigError for a folder its store's open
+    would refuse (an earlier layout), as the node would have said."""
+    if scheme == "syncdir":
+        from .syncdir.layout import os_errors
+        from .syncdir.root import read_cluster_record
+        from .syncdir.subtrees import refuse_earlier_subtrees
+
+        os_errors(refuse_earlier_subtrees)(Path(path))
+        return os_errors(read_cluster_record)(Path(path)) is not None
+    from .layer.files import FileStore
+
+    store = FileStore(path, create=False)
+    try:
+        return store.read_cluster() is not None
+    finally:
+        store.close()
 
 
 def is_syncdir_url(url: str) -> bool:

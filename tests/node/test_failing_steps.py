@@ -313,7 +313,8 @@ def test_hb_status_shows_the_failing_step_of_a_running_node(tmp_path: Path) -> N
     failures in a row and the last error; the node logs one line per failure, no traceback."""
     store, log_path = tmp_path / "store", tmp_path / "node.log"
     command = [
-        *HB, "run", "--store", store.as_uri(), "--agent", "hb_test_agents:FailingAgent",
+        *HB, "run", "--create-store", "--store", store.as_uri(),
+        "--agent", "hb_test_agents:FailingAgent",
         "--node-id", "n1", "--region", "test", "--tick-ms", "100", "--lease-ttl-ms", "600",
         "--step-retry-ms", "100", "--step-retry-max-ms", "200", "--max-step-failures", "0",
     ]  # fmt: skip

@@ -136,7 +136,7 @@ def _run_node(tmp_path: Path, journal: bool) -> list[str]:
     if journal:
         env["JOURNAL_STREAM"] = stream_id(err)
     command = [
-        *HB, "run", "--store", (tmp_path / "store").as_uri(), "--agent", AGENT,
+        *HB, "run", "--create-store", "--store", (tmp_path / "store").as_uri(), "--agent", AGENT,
         "--node-id", "n1", "--region", "test", "--tick-ms", "100", "--lease-ttl-ms", "600",
     ]  # fmt: skip
     with open(err, "wb") as stderr:

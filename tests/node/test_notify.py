@@ -190,6 +190,7 @@ def test_a_node_process_says_ready_status_pings_and_stopping_in_order(
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "hamsterbunker", "run", "--store", store.as_uri()),
+            "--create-store",
             *("--agent", "hb_test_agents:JournalCounter", "--node-id", "n1"),
             *("--region", "eu-west", "--tick-ms", str(TICK_MS), "--lease-ttl-ms", str(TTL_MS)),
         ],
@@ -237,7 +238,9 @@ def test_ready_is_never_sent_when_the_secret_is_wrong(
     common = [sys.executable, "-m", "hamsterbunker", "run", "--store", store.as_uri()]
     common += ["--agent", "hb_test_agents:JournalCounter", "--node-id", "n1"]
     # The first node creates the cluster with its secret, then stops.
-    first = subprocess.Popen(common, env=_hb_env(HB_SECRET=SECRET), stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [*common, "--create-store"], env=_hb_env(HB_SECRET=SECRET), stderr=subprocess.DEVNULL
+    )
     try:
         wait_until(lambda: file_key(store, CLUSTER).exists(), "the cluster record")
         first.send_signal(signal.SIGTERM)

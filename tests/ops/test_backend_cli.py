@@ -147,11 +147,14 @@ def fresh_prefix() -> str:
     return f"tls{uuid.uuid4().hex[:12]}"
 
 
+NODE = ["--node-id", "tls-node"]
+
+
 def hb_run_node(url: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess[str], float]:
     """``hb run`` of the demo counter on url, to its end; the result and how long it took."""
     started = time.monotonic()
     result = run_hb(
-        ["run", "--store", url, "--agent", AGENT, "--node-id", "tls-node", *FAST],
+        ["run", "--store", url, "--agent", AGENT, "--node-id", "tls-node", "--create-store", *FAST],
         env=hb_env(HB_SECRET=SECRET),
         timeout=timeout,
     )
@@ -176,7 +179,7 @@ def test_hb_run_with_the_right_certificates_leads(
     log_path = tmp_path / "node.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [*HB, "run", "--store", url, "--agent", AGENT, "--node-id", "tls-node", *FAST],
+            [*HB, "run", "--create-store", "--store", url, "--agent", AGENT, *NODE, *FAST],
             env=hb_env(HB_SECRET=SECRET),
             stdin=subprocess.DEVNULL,
             stdout=log,

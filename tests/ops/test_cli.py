@@ -64,7 +64,7 @@ def running_node(
     """One ``hb run`` node in the background; killed on the way out if still running."""
     command = [
         *HB, "run", "--store", store_dir.as_uri(), "--agent", AGENT, "--node-id", node_id,
-        "--region", "test", *FAST,
+        "--region", "test", "--create-store", *FAST,
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
@@ -127,7 +127,7 @@ MISTAKES: list[tuple[str, list[str], str | None, list[str]]] = [
     ),
     (
         "nonexistent-parent",
-        ["run", "--store", "file:///nonexistent-parent/x", "--agent", AGENT],
+        ["run", "--store", "file:///nonexistent-parent/x", "--agent", AGENT, "--create-store"],
         SECRET,
         ["/nonexistent-parent/x", "parent"],
     ),
@@ -216,7 +216,8 @@ def test_a_damaged_node_memory_gives_one_line_and_exit_2_and_touches_no_store(tm
     memory = MemoryFile(state / ".memory", store.as_uri(), AGENT_ID).path
     memory.parent.mkdir(parents=True)
     memory.write_text('{"format": 1}')
-    argv = ["run", "--store", store.as_uri(), "--agent", AGENT, "--state-dir", str(state)]
+    argv = ["run", "--store", store.as_uri(), "--agent", AGENT, "--state-dir", str(state),
+            "--create-store"]  # fmt: skip
     result = run_hb(argv, env=hb_env(HB_SECRET=SECRET))
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [

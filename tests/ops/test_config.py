@@ -360,6 +360,7 @@ def test_init_writes_config_that_loads_back(tmp_path):
         region="eu-central",
         tick_ms=300,
         lease_ttl_ms=3000,
+        create_store_on=socket.gethostname(),  # a new secret: this node makes the store
     )
     text = (directory / f"{NAME}.toml").read_text()
     assert text.startswith("# "), text

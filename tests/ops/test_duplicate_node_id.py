@@ -18,7 +18,8 @@ from tests.support.raw_store import file_key
 
 def _start(store: Path, log_path: Path) -> subprocess.Popen[bytes]:
     command = [
-        *HB, "run", "--store", store.as_uri(), "--agent", AGENT, "--node-id", "twin", *FAST,
+        *HB, "run", "--store", store.as_uri(), "--agent", AGENT, "--node-id", "twin",
+        "--create-store", *FAST,
     ]  # fmt: skip
     with log_path.open("ab") as log:
         return subprocess.Popen(

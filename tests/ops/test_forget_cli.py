@@ -54,7 +54,7 @@ def nodes(url: str, log: Path, *ids: str) -> Iterator[dict[str, subprocess.Popen
     with log.open("ab") as out:
         for node in ids:
             command = [*HB, "run", "--store", url, "--agent", AGENT, "--node-id", node,
-                       "--region", "test", *FAST]  # fmt: skip
+                       "--region", "test", "--create-store", *FAST]  # fmt: skip
             started[node] = subprocess.Popen(
                 command,
                 env=hb_env(HB_SECRET=SECRET),

@@ -124,7 +124,7 @@ def test_scraped_numbers_follow_a_leader_killed_and_replaced(
 
 def test_a_bad_http_address_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = hb_env(HB_SECRET=SECRET)
-    store = ["--store", (tmp_path / "store").as_uri(), "--agent", AGENT, *FAST]
+    store = ["--store", (tmp_path / "store").as_uri(), "--agent", AGENT, "--create-store", *FAST]
     result = run_hb(["run", *store, "--http", "localhost"], env=env)
     assert result.returncode == 2
     assert "--http: 'localhost' is not HOST:PORT" in result.stderr
@@ -151,7 +151,7 @@ def test_the_config_key_http_is_checked_like_the_flag() -> None:
 def test_a_node_without_http_listens_nowhere(tmp_path: Path) -> None:
     """Off by default: without --http, hb run holds no listening TCP socket."""
     env = hb_env(HB_SECRET=SECRET)
-    store = ["--store", (tmp_path / "store").as_uri(), "--agent", AGENT, *FAST]
+    store = ["--store", (tmp_path / "store").as_uri(), "--agent", AGENT, "--create-store", *FAST]
     process = subprocess.Popen(
         [*HB, "run", *store, "--node-id", "n1"],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -42,7 +42,7 @@ def test_the_answer_to_a_question_asked_while_its_node_dies_comes_from_the_next_
                  ANSWERER_THINK_S="2")  # fmt: skip
     for node in ("node-a", "node-b"):
         run = [*HB, "run", "--store", url, "--agent", "answerer:Answerer", "--node-id", node,
-               "--region", f"r-{node}", *FAST]  # fmt: skip
+               "--region", f"r-{node}", "--create-store", *FAST]  # fmt: skip
         processes.append(subprocess.Popen(run, env=env, text=True, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT))  # fmt: skip
     # As the README's `sleep 2`: hb submit needs the store to exist, which a node makes.

@@ -70,7 +70,7 @@ def hb_run(tmp_path: Path, *args: str, **env: str) -> Iterator[Node]:
     environment = hb_env(HB_SECRET=SECRET, JOURNAL_STREAM=stream_id(err), **env)
     with err.open("ab") as stderr:
         process = subprocess.Popen(
-            [*HB, "run", *args],
+            [*HB, "run", "--create-store", *args],
             env=environment,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

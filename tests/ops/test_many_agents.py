@@ -127,7 +127,7 @@ class Fleet:
         history = self.tmp_path / f"history-{node}"
         with open(self.tmp_path / f"{node}.log", "ab") as log:
             self.processes[node] = subprocess.Popen(
-                [*HB, "run", "--instance", "fleet", "--history", str(history)],
+                [*HB, "run", "--instance", "fleet", "--history", str(history), "--create-store"],
                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             )  # fmt: skip
 

@@ -37,7 +37,7 @@ def nodes(store: Path, log: Path, *ids: str) -> Iterator[list[subprocess.Popen[b
     with log.open("ab") as out:
         for node in ids:
             command = [*HB, "run", "--store", store.as_uri(), "--agent", AGENT,
-                       "--node-id", node, "--region", "test", *FAST]  # fmt: skip
+                       "--node-id", node, "--region", "test", "--create-store", *FAST]  # fmt: skip
             env = hb_env(HB_SECRET=SECRET)
             started.append(
                 subprocess.Popen(

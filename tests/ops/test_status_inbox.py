@@ -147,7 +147,8 @@ def test_status_shows_submissions_waiting_at_a_running_node(tmp_path: Path) -> N
     ``hb status`` shows them waiting."""
     store, log_path = tmp_path / "store", tmp_path / "node.log"
     command = [
-        *HB, "run", "--store", store.as_uri(), "--agent", "hb_test_agents:JournalCounter",
+        *HB, "run", "--create-store", "--store", store.as_uri(),
+        "--agent", "hb_test_agents:JournalCounter",
         "--node-id", "n1", "--region", "test", "--tick-ms", "100", "--lease-ttl-ms", "600",
     ]  # fmt: skip
     env = hb_env(HB_SECRET=SECRET, PYTHONPATH=str(SUPPORT_DIR))

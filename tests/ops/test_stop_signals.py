@@ -22,7 +22,8 @@ def test_a_second_stop_signal_cuts_the_grace_short(tmp_path: Path) -> None:
     releasing the lease and publishing nothing of the step it gave up."""
     store, log_path = tmp_path / "store", tmp_path / "node.log"
     command = [
-        *HB, "run", "--store", store.as_uri(), "--agent", "hb_test_agents:JournalCounter",
+        *HB, "run", "--create-store", "--store", store.as_uri(),
+        "--agent", "hb_test_agents:JournalCounter",
         "--node-id", "n1", "--tick-ms", "100", "--lease-ttl-ms", "600",
         "--stop-grace-ms", "60000",
     ]  # fmt: skip

@@ -63,7 +63,7 @@ def _start_node(
     url: str, log_path: Path, notify: NotifySocket, secret: str = SECRET
 ) -> subprocess.Popen[bytes]:
     command = [
-        *HB, "run", "--store", url, "--agent", "hb_test_agents:JournalCounter",
+        *HB, "run", "--create-store", "--store", url, "--agent", "hb_test_agents:JournalCounter",
         "--node-id", "n1", "--tick-ms", "100", "--lease-ttl-ms", "600",
     ]  # fmt: skip
     env = hb_env(HB_SECRET=secret, PYTHONPATH=str(SUPPORT_DIR), NOTIFY_SOCKET=str(notify.path))
@@ -126,7 +126,8 @@ def test_a_node_started_before_its_redis_waits_and_joins_when_it_comes_up(
         _end(node)
     events = [e for e in open_store(url).read_events(AGENT_ID) if e.node == "n1"]
     kinds = [e.type for e in events]
-    assert kinds[:3] == ["store.error", "store.recovered", "node.online"], kinds
+    # A store that was not there yet: made once it answered (--create-store), and said so.
+    assert kinds[:4] == ["store.error", "store.recovered", "store.created", "node.online"], kinds
     assert events[0].detail["tries"] >= 3 and events[0].detail["during"] == "start"
     assert "Traceback" not in log_path.read_text()
 
@@ -235,8 +236,10 @@ def test_the_wait_is_one_store_error_event_numbered_on_from_the_nodes_last(
     finally:
         node.stop(timeout=20)
     stored = [e for e in store.read_events(Counter.id) if e.node == "n1"]
-    assert [(e.n, e.type) for e in stored[:4]] == [
-        (5, "node.offline"), (6, "store.error"), (7, "store.recovered"), (8, "node.online"),
+    # (It holds no cluster record yet: the node makes one, and says so once numbered too.)
+    assert [(e.n, e.type) for e in stored[:5]] == [
+        (5, "node.offline"), (6, "store.error"), (7, "store.recovered"), (8, "store.created"),
+        (9, "node.online"),
     ]  # fmt: skip
     assert stored[1].detail["tries"] >= 3 and "connection refused" in stored[1].detail["error"]
     tries = [r for r in caplog.records if "waiting for the store memory://" in r.getMessage()]

@@ -20,7 +20,8 @@ import pytest
 from tests.support.cli import AGENT, AGENT_ID, HB, SECRET, hb_env
 
 HB_TUI = [sys.executable, "-m", "hamsterbunker_tui"]
-RUN = ["run", "--agent", AGENT, "--node-id", "n1", "--tick-ms", "100", "--lease-ttl-ms", "600"]
+RUN = ["run", "--agent", AGENT, "--node-id", "n1", "--tick-ms", "100", "--lease-ttl-ms", "600",
+       "--create-store"]  # fmt: skip
 
 
 def _unprivileged() -> list[str]:

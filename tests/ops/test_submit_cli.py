@@ -241,7 +241,7 @@ def test_a_full_inbox_refuses_with_the_limit_and_admits_nothing(
 def echo_node(store: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """One ``hb run`` node of InboxEcho; stopped (SIGTERM, then SIGKILL) on the way out."""
     command = [
-        *HB, "run", "--store", store.as_uri(), "--agent", ECHO, "--node-id", "n1",
+        *HB, "run", "--create-store", "--store", store.as_uri(), "--agent", ECHO, "--node-id", "n1",
         "--region", "test", "--tick-ms", "100", "--lease-ttl-ms", "600",
         "--log-level", "debug",  # inbox.consumed is a debug line
     ]  # fmt: skip

@@ -458,7 +458,8 @@ def node(tmp_path: Path, sync: Sync, name: str) -> Iterator[subprocess.Popen[byt
     env = hb_env(CONFIGURATION_DIRECTORY=str(directory), HB_SECRET=SECRET)
     with (tmp_path / f"{name}.log").open("ab") as log:
         process = subprocess.Popen(
-            [*HB, "run", "--instance", "agent"], env=env, stdin=subprocess.DEVNULL,
+            [*HB, "run", "--instance", "agent", "--create-store"], env=env,
+            stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
         )  # fmt: skip
     try:
@@ -550,7 +551,8 @@ def test_a_host_of_several_agents_writes_one_syncdir_subtree_as_its_node(
     config = load_instance("agent", tmp_path)
     ran: list[object] = []
     monkeypatch.setattr(Host, "run", lambda self: ran.extend(self.runtimes))
-    cli_host.run_host(config, SECRET, Notifier(None), history=None, state_dir=None)  # type: ignore[arg-type]
+    cli_host.run_host(config, SECRET, Notifier(None), history=None, state_dir=None,  # type: ignore[arg-type]
+                      create_store=True)  # fmt: skip
     stores = {id(runtime.store) for runtime in ran}  # type: ignore[attr-defined]
     assert len(ran) == 2 and len(stores) == 1
     store = ran[0].store  # type: ignore[attr-defined]
