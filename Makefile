@@ -29,7 +29,7 @@ WORKERS_ALL ?= 4
 
 # The fast tier: everything but the tests marked slow (tests/conftest.py).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	HB_FAST_TIER=1 $(BIN)/python -m pytest -n $(WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # Every test: the fast tier and the slow one (real processes, faults, systemd, Syncthing).
 test-all: $(STAMP)

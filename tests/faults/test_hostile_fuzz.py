@@ -36,7 +36,7 @@ from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.ops.checker import check
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.stores import open_store
-from tests.support import wait_until
+from tests.support import fuzz_examples, wait_until
 from tests.support.agents import SECRET, AsyncAgent
 from tests.support.hostile_values import json_values
 from tests.support.raw_store import RawStore, backend_store
@@ -48,7 +48,7 @@ pytestmark = pytest.mark.fuzz
 
 AGENT = "a"
 NODES = ("node-a", "node-b")
-EXAMPLES = 40
+EXAMPLES = fuzz_examples(full=40, fast=16)
 
 
 class BeatCounter:

@@ -94,7 +94,7 @@ from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores import Store, open_store
 from hamsterbunker.testing import MemoryStore
-from tests.support import wait_until
+from tests.support import fuzz_examples, wait_until
 from tests.support.agents import SECRET, Recorder
 from tests.support.hostile_values import json_values
 from tests.support.raw_store import BACKENDS
@@ -107,7 +107,7 @@ T = TypeVar("T")
 
 AGENT = "a"
 NODES = ("node-a", "node-b")
-EXAMPLES = 12
+EXAMPLES = fuzz_examples(full=12, fast=5)
 TIMING = LeaseTiming(tick_ms=100, lease_ttl_ms=500)
 TTL_S = TIMING.lease_ttl_ms / 1000
 # "A few TTLs": how long after a hostile write a new request may wait for its reply.

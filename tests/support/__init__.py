@@ -26,6 +26,13 @@ T = TypeVar("T")
 P = ParamSpec("P")
 # Put on PYTHONPATH of node processes: the agents of hb_test_agents.py live here.
 SUPPORT_DIR = Path(__file__).parent
+# Set by `make test`: the fast tier runs fewer fuzz examples, `make test-all` (CI) all of them.
+FAST_TIER_ENV = "HB_FAST_TIER"
+
+
+def fuzz_examples(full: int, fast: int) -> int:
+    """How many examples a fuzz test runs: full, or fast in the fast tier (FAST_TIER_ENV)."""
+    return fast if os.environ.get(FAST_TIER_ENV) else full
 
 
 def wait_until(
