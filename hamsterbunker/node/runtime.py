@@ -84,9 +84,8 @@ class Runtime:
     and /status on; ``metrics``: count without serving (``self.metrics`` is None unless
     either is given, and prometheus_client is not loaded). ``log_agent``: name the agent
     in each event's log line. ``sync_delay_ms``: required for a ``syncdir://`` store.
-    ``create_store``: make the store if it does not exist yet (it holds no cluster record),
-    with a ``store.created`` warning; with False such a store is a ConfigError, nothing
-    written to it (given as a URL, not even a file store's folder).
+    ``create_store``: make a store that holds no cluster record yet, with a ``store.created``
+    warning (False: a ConfigError, nothing written, not even a file store's folder).
     """
 
     def __init__(
@@ -423,17 +422,9 @@ class Runtime:
     ) -> Callable[..., LeaderTerm]:
         """What makes each of this node's terms as leader: (epoch, contested=...)."""
         restorer = Restorer(
-            self.agent,
-            self.agent_id,
-            self.store,
-            sealer,
-            self.keeper,
-            calls,
-            self.standing,
-            emit=sink.emit,
-            notifier=self._notifier,
-            lineage=lineage,
-        )
+            self.agent, self.agent_id, self.store, sealer, self.keeper, calls, self.standing,
+            emit=sink.emit, notifier=self._notifier, lineage=lineage,
+        )  # fmt: skip
         return functools.partial(
             LeaderTerm,
             identity=self._identity,
