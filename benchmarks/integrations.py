@@ -65,11 +65,12 @@ step is a PostgreSQL transaction, and each workflow adds its own start and end
 records.
 
 The figure moves with what else the machine does: on a quiet machine (load average
-under 0.5) five runs gave 1.58 to 1.79 ms; with other work beside them (load average
-0.9 to 3) earlier runs gave 1.88 to 2.14 ms, the fsyncs waiting behind other writers on
-the shared disk. About 0.8 ms of it is CPU: the same harness over the memory store gave
-0.80 to 0.87 ms per call (PydanticAI's durable-unit machinery, the JSON encodings, the
-seal and the hop to the store's thread); the rest is the file store's write.
+under 0.5) seven runs of this harness gave 1.52 to 1.79 ms; with other work beside
+them (load average 0.9 to 3) earlier runs gave 1.88 to 2.14 ms, the fsyncs waiting
+behind other writers on the shared disk. About 0.8 ms of it is CPU: the same harness
+over the memory store gave 0.80 to 0.87 ms per call (PydanticAI's durable-unit
+machinery, the JSON encodings, the seal and the hop to the store's thread); the rest is
+the file store's write.
 """
 
 
