@@ -180,7 +180,7 @@ def _read_folder_cluster(scheme: str, path: str) -> bool | None:
         os_errors(refuse_earlier_subtrees)(Path(path))
         if os_errors(read_cluster_record)(Path(path)) is not None:
             return True
-        return None if being_synced(Path(path)) else False
+        return None if os_errors(being_synced)(Path(path)) else False
     from .layer.files import FileStore
 
     store = FileStore(path, create=False)
