@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from ...core.errors import StoreUnavailable
@@ -61,18 +61,17 @@ def holds_records(root: Path, node: str) -> bool:
 
 
 def _shown(nodes: list[str]) -> str:
-    return ", ".join(nodes[:5]) + (", ..." if len(nodes) > 5 else "")
+    listed = ", ".join(nodes[:5]) + (", ..." if len(nodes) > 5 else "")
+    return f"node {listed}" if len(nodes) == 1 else f"nodes {listed}"
 
 
 class FirstStart:
     """One node's part in settling who creates the cluster record (see the module)."""
 
-    def __init__(
-        self, root: Path, node: str, wait_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, root: Path, node: str, wait_s: float) -> None:
         """wait_s: how long after announcing the node waits for other announcements."""
-        self._root, self._node, self._wait_s, self._clock = root, node, wait_s, clock
-        self._announced_at: float | None = None  # on this process's clock
+        self._root, self._node, self._wait_s = root, node, wait_s
+        self._announced_at: float | None = None  # time.monotonic(): this process's clock
 
     def settle(self, peers: Iterable[str]) -> None:
         """Return if this node creates the cluster record now; else StoreUnavailable saying
@@ -81,7 +80,7 @@ class FirstStart:
         working = [node for node in others if holds_records(self._root, node)]
         if working:
             raise StoreUnavailable(
-                f"{self._root} holds the records of node {_shown(working)} but no cluster "
+                f"{self._root} holds the records of {_shown(working)} but no cluster "
                 "record yet: waiting for the sync to bring it rather than create a second one "
                 "(which would leave a sync conflict)"
             )
@@ -93,13 +92,13 @@ class FirstStart:
             if announcers and not announced(self._root, self._node):
                 raise self._waiting_for(announcers[0])
             create_once(self._root, ANNOUNCEMENT, ANNOUNCEMENT_TEXT, (NODES, self._node))
-            self._announced_at = self._clock()
-        left = self._wait_s - (self._clock() - self._announced_at)
+            self._announced_at = time.monotonic()
+        left = self._wait_s - (time.monotonic() - self._announced_at)
         if left > 0:
             raise StoreUnavailable(
                 f"no cluster record in {self._root} yet: node {self._node} announced it may "
-                f"create one ({NODES}/{self._node}/{ANNOUNCEMENT}) and waits {left:.1f} s more, "
-                "twice the sync delay, for other nodes starting on this folder at the same time"
+                f"create one ({NODES}/{self._node}/{ANNOUNCEMENT}) and waits {left:.1f} s more "
+                "for other nodes starting on this folder at the same time to show"
             )
         first = min([*announcers, self._node])
         if first != self._node:
