@@ -12,7 +12,13 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.errors import ConfigError, CorruptRecord, StoreError, StoreRegressed
+from ..core.errors import (
+    ConfigError,
+    CorruptRecord,
+    StoreError,
+    StoreRegressed,
+    StoreUnavailable,
+)
 from ..lease import LeaseKeeper
 from ..lease.control import ControlView
 from ..lease.memory import Memory, MemoryFile
@@ -70,11 +76,25 @@ class Cluster:
         """The store's first cluster record, which makes the store: ours, or another node's
         that won the race."""
         if not self._create:
+            if self._being_synced():
+                raise StoreUnavailable(
+                    f"no cluster record in {self._store.url} yet, and this node does not create "
+                    "one: waiting for the sync to bring it (start the node that makes the store "
+                    "with --create-store, if none has)"
+                )
             raise new_store_refused(self._store.url)
         ours = new_cluster_record(self._secret)
         made = self._store.create_cluster(ours)
         self.created = made == ours
         return made
+
+    def _being_synced(self) -> bool:
+        """Whether the store is a synced folder that shows the sync at work (Syncthing's
+        marker, or another node's subtree beside this node's own): its record may come."""
+        folder = self._store.report().synced_folder
+        if folder is None:
+            return False
+        return ".stfolder" in folder.sync_files or len(folder.nodes) > 1
 
     def reconcile(self, ours: ClusterRecord) -> ClusterRecord:
         """Put a lost cluster record back from what this node knows; refuse another cluster's
@@ -151,7 +171,8 @@ def new_store_refused(url: str) -> ConfigError:
 
 def check_folder_store(url: str) -> None:
     """ConfigError if url names a file:// or syncdir:// folder that holds no store, read
-    before a node opens it to write, which would make the folder."""
+    before a node opens it to write, which would make the folder. A syncdir folder the sync
+    is bringing passes: its node waits for the cluster record (``Cluster.open``)."""
     if folder_store_made(url) is False:
         raise new_store_refused(redacted_url(url))
 

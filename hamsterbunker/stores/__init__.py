@@ -145,8 +145,8 @@ def check_store_url(url: str) -> str | None:
 def folder_store_made(url: str) -> bool | None:
     """Whether a file:// or syncdir:// store holds a cluster record, read without writing
     anything (a node opening one to write makes its folder); None where this cannot tell
-    (any other store, whose reads may wait for its server; a path not readable here), and
-    the node's own open and reads decide."""
+    (any other store, whose reads may wait for its server; a path not readable here; a
+    syncdir folder the sync is bringing), and the node's own open and reads decide."""
     scheme = urlsplit(url).scheme
     if scheme not in ("file", "syncdir"):
         return None
@@ -167,16 +167,20 @@ def folder_store_made(url: str) -> bool | None:
         return None
 
 
-def _read_folder_cluster(scheme: str, path: str) -> bool:
-    """Whether the folder holds a cluster record; ConfigError for a folder its store's open
-    would refuse (an earlier layout), as the node would have said."""
+def _read_folder_cluster(scheme: str, path: str) -> bool | None:
+    """Whether the folder holds a cluster record, None for a syncdir folder without one that
+    the sync may yet bring it to; ConfigError for a folder its store's open would refuse (an
+    earlier layout), as the node would have said."""
     if scheme == "syncdir":
+        from .syncdir.first_start import being_synced
         from .syncdir.layout import os_errors
         from .syncdir.root import read_cluster_record
         from .syncdir.subtrees import refuse_earlier_subtrees
 
         os_errors(refuse_earlier_subtrees)(Path(path))
-        return os_errors(read_cluster_record)(Path(path)) is not None
+        if os_errors(read_cluster_record)(Path(path)) is not None:
+            return True
+        return None if os_errors(being_synced)(Path(path)) else False
     from .layer.files import FileStore
 
     store = FileStore(path, create=False)

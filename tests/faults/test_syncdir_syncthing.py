@@ -28,6 +28,7 @@ from tests.support.syncdir_fleet import (
     chain,
     events,
     fleet_on,
+    reader,
 )
 from tests.support.syncdir_node import SECRET
 
@@ -181,3 +182,34 @@ def test_a_graceful_stop_hands_over_without_divergence(tmp_path: Path) -> None:
         assert taken[0].detail["via"] == "released", taken[0].detail
         for instance in fleet.mesh:
             assert events(instance, "store.diverged") == []
+
+
+def test_two_first_starts_at_once_on_empty_folders_make_one_cluster_and_one_leader(
+    tmp_path: Path,
+) -> None:
+    """Two machines, empty synced folders; both nodes may make the store (the library's
+    default) and start at the same moment, n2 on a folder where an earlier start of its
+    failed and left its empty subtree. One cluster record (no conflict copy) on both
+    machines, one leader, both nodes running."""
+    with fleet_on(tmp_path, 2) as fleet:
+        a, b = fleet.mesh
+        (b.folder / "nodes" / "n2" / "kv").mkdir(parents=True)  # the earlier start's
+        fleet.start("n1", a)
+        fleet.start("n2", b)
+        for instance in fleet.mesh:
+            wait_until(lambda i=instance: i.read("cluster.json"), "the cluster record", WAIT_S)
+
+        def running() -> bool:
+            return all(fleet.beats(i, n) for i in fleet.mesh for n in ("n1", "n2"))
+
+        wait_until(running, "both nodes running, seen on both machines", WAIT_S)
+        wait_until(lambda: fleet.published("n1") or fleet.published("n2"), "a leader", WAIT_S)
+        assert a.read("cluster.json") == b.read("cluster.json")
+        for instance in fleet.mesh:
+            conflicts = [f for f in reader(instance).sync_files() if "conflict" in f]
+            assert conflicts == [], fleet.log_tails()
+        leaders = {op.node for n in ("n1", "n2") for op in fleet.ops(n, "acquire", "ok")}
+        assert len(leaders) == 1, fleet.log_tails()
+        assert all(process.poll() is None for process in fleet.processes.values())
+        created = {e.node for i in fleet.mesh for e in events(i, "store.created")}
+        assert len(created) == 1, fleet.log_tails()

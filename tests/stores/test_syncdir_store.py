@@ -20,10 +20,17 @@ from pathlib import Path
 import pytest
 
 from hamsterbunker.core.clock import FakeClock
-from hamsterbunker.core.errors import ConfigError, Fenced, LeaseConflict, StoreError, StoreUnsafe
+from hamsterbunker.core.errors import (
+    ConfigError,
+    Fenced,
+    LeaseConflict,
+    StoreError,
+    StoreUnavailable,
+    StoreUnsafe,
+)
 from hamsterbunker.core.read_bounds import HEARTBEATS_READ, INBOX_READ, TERM_RECORDS_READ
 from hamsterbunker.lease import LeaseKeeper, Outcome
-from hamsterbunker.records import CheckpointInfo, LeaseRecord
+from hamsterbunker.records import CheckpointInfo, ClusterRecord, LeaseRecord
 from hamsterbunker.stores.backends.file import FileBackend
 from hamsterbunker.stores.base import Fence, Refusal
 from hamsterbunker.stores.dirs.lease_watch import open_lease_watch
@@ -32,13 +39,15 @@ from hamsterbunker.stores.layer.files import FileStore
 from hamsterbunker.stores.layer.keys import AgentKeys
 from hamsterbunker.stores.syncdir import SyncDirStore
 from hamsterbunker.stores.syncdir.claims import merged_lease, winning_node
+from hamsterbunker.stores.syncdir.first_start import ANNOUNCEMENT
 from hamsterbunker.stores.syncdir.layout import MARKER
 from hamsterbunker.stores.syncdir.published import ClaimPublisher, is_claim_name
 from hamsterbunker.stores.syncdir.terms import MAX_TERM_RECORD_BYTES
+from tests.support import wait_until
 from tests.support.raw_inbox import plant_submissions
 from tests.support.raw_store import RawRecords, file_key
 from tests.support.records import cluster, event, fence_of, heartbeat, lease
-from tests.support.syncdir import Sync
+from tests.support.syncdir import Sync, SyncPump
 
 AGENT = "a"
 DELAY_MS = 1000
@@ -480,7 +489,8 @@ def test_forgetting_another_nodes_subtree_is_refused(sync: Sync) -> None:
 
 
 def test_the_cluster_record_is_created_once_and_brought_by_the_sync(sync: Sync) -> None:
-    """The first node creates it; a node that sees others' subtrees but no record waits."""
+    """The first node creates it; a node that sees another node's records but no cluster
+    record waits for it (never creates a second one), and has it once the sync brings it."""
     one = sync.open("n1")
     assert one.create_cluster(cluster(1)) == cluster(1)
     assert one.create_cluster(cluster(2)) == cluster(1)
@@ -488,12 +498,105 @@ def test_the_cluster_record_is_created_once_and_brought_by_the_sync(sync: Sync) 
     two = sync.open("n2")
     sync.copy("n1", "n2")
     (sync.root("n2") / "cluster.json").unlink()  # the subtree came first, the record not yet
-    with pytest.raises(StoreError, match="wait for the sync"):
+    with pytest.raises(StoreUnavailable, match=r"holds the records of node n1 .* waiting for"):
         two.create_cluster(cluster(2))
     assert not (sync.root("n2") / "cluster.json").exists()
+    assert not (sync.root("n2") / "nodes" / "n2" / ANNOUNCEMENT).exists()
     sync.copy("n1", "n2")
     assert two.read_cluster() == cluster(1)
     assert two.create_cluster(cluster(2)) == cluster(1)
+
+
+def settle(stores: dict[str, SyncDirStore], records: dict[str, ClusterRecord]) -> dict[str, str]:
+    """Each store's create_cluster tried until it answers (as a node's start does); the
+    last message each one waited with, by node."""
+    waited: dict[str, str] = {}
+    answered: dict[str, ClusterRecord] = {}
+
+    def all_answered() -> bool:
+        for node, store in stores.items():
+            if node not in answered:
+                try:
+                    answered[node] = store.create_cluster(records[node])
+                except StoreUnavailable as exc:
+                    waited[node] = str(exc)
+        return len(answered) == len(stores)
+
+    wait_until(all_answered, "every first start to settle", WAIT_S)
+    return waited
+
+
+def test_two_first_starts_at_once_make_one_cluster_record(sync: Sync) -> None:
+    """Two nodes that may create the store start at the same moment on empty folders: both
+    announce before either sees the other; after twice the sync delay n1 (first by id)
+    creates the record, n2 waits for it to sync in, saying so. No conflict copy."""
+    stores = {node: sync.open(node, first_start_wait_ms=300) for node in ("n2", "n1")}
+    for store in stores.values():  # neither sees the other yet: both announce
+        with pytest.raises(StoreUnavailable, match="announced it may create one"):
+            store.create_cluster(cluster(1))
+    with SyncPump(sync, "n1", "n2"):
+        waited = settle(stores, {"n1": cluster(1), "n2": cluster(2)})
+    assert "node n1 creates it" in waited["n2"]
+    for node in ("n1", "n2"):
+        assert stores[node].read_cluster() == cluster(1)
+        assert stores[node].sync_files() == []
+        assert (sync.root(node) / "nodes" / node / ANNOUNCEMENT).is_file()
+
+
+def test_a_node_that_sees_an_announcement_first_stays_out_and_waits(sync: Sync) -> None:
+    """n2 announced and its announcement reached n1's folder: n1, though first by id, does
+    not announce, and waits for n2's record (else n2, deciding without n1, and n1 would
+    both create one)."""
+    two = sync.open("n2", first_start_wait_ms=0)
+    one = sync.open("n1", first_start_wait_ms=0)
+    assert two.create_cluster(cluster(2)) == cluster(2)
+    (sync.root("n2") / "cluster.json").rename(sync.root("n2") / "later.json")
+    sync.copy("n2", "n1")  # the announcement, not yet the record
+    with pytest.raises(StoreUnavailable, match="node n2 creates it"):
+        one.create_cluster(cluster(1))
+    assert not (sync.root("n1") / "nodes" / "n1" / ANNOUNCEMENT).exists()
+    assert not (sync.root("n1") / "cluster.json").exists()
+    (sync.root("n2") / "later.json").rename(sync.root("n2") / "cluster.json")
+    sync.copy("n2", "n1")
+    assert one.create_cluster(cluster(1)) == cluster(2)
+
+
+@pytest.mark.parametrize("announced", [False, True])
+def test_what_a_failed_first_start_left_never_stops_the_next(sync: Sync, announced: bool) -> None:
+    """The issue's folder: two first starts that failed left their empty subtrees (and their
+    announcements, if they got that far) in both folders. Started again, as new processes,
+    they settle on one record: an empty subtree is no cluster, an own announcement no
+    obstacle."""
+    for node in ("n1", "n2"):
+        store = sync.open(node, first_start_wait_ms=60_000)
+        if announced:
+            with pytest.raises(StoreUnavailable, match=r"waits (60\.0|59\.9) s more"):
+                store.create_cluster(cluster(1))
+        store.close()
+    sync.both_ways("n1", "n2")
+    assert (sync.root("n1") / "nodes" / "n2").is_dir()
+    assert (sync.root("n2") / "nodes" / "n1").is_dir()
+    stores = {node: sync.open(node, first_start_wait_ms=200) for node in ("n1", "n2")}
+    with SyncPump(sync, "n1", "n2"):
+        settle(stores, {"n1": cluster(1), "n2": cluster(2)})
+    assert [store.read_cluster() for store in stores.values()] == [cluster(1)] * 2
+    assert [store.sync_files() for store in stores.values()] == [[], []]
+
+
+def test_a_planted_announcement_only_delays_the_first_start(sync: Sync) -> None:
+    """An announcement written without the secret under an id that sorts first: the node
+    waits for that node, naming the file to remove, and creates nothing; removed, the
+    first start goes on."""
+    one = sync.open("n1", first_start_wait_ms=0)
+    planted = sync.root("n1") / "nodes" / "a0" / ANNOUNCEMENT
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"anything")
+    for _ in range(2):
+        with pytest.raises(StoreUnavailable, match=r"node a0 creates it.*remove nodes/a0/first"):
+            one.create_cluster(cluster(1))
+    assert one.read_cluster() is None
+    planted.unlink()
+    assert one.create_cluster(cluster(1)) == cluster(1)
 
 
 def test_two_cluster_records_leave_a_conflict_copy_that_stops_every_node(sync: Sync) -> None:

@@ -41,6 +41,9 @@ class Sync:
         return self.base / f"machine-{node}"
 
     def open(self, node: str, **options: object) -> SyncDirStore:
+        """node's store on its folder; a first start creates the cluster record at once
+        unless first_start_wait_ms is given (the first start's own tests give it)."""
+        options.setdefault("first_start_wait_ms", 0)
         return SyncDirStore(self.root(node), node, sync_delay_ms=self.delay_ms, **options)  # type: ignore[arg-type]
 
     def copy(self, node: str, to: str) -> None:

@@ -72,8 +72,8 @@ class Fleet:
         wait_until(lambda: self.published(node), f"{node} to lead and publish", WAIT_S)
 
     def start_beside(self, node: str, instance: SyncthingInstance) -> None:
-        """A node on a folder the store's cluster record has reached (a node that saw other
-        nodes but no cluster record would refuse to make a second one)."""
+        """A node on a folder the store's cluster record has reached (else it would first
+        wait for the record: docs/syncdir.md, "The first start")."""
         folder = instance.folder
         wait_until(
             lambda: all((folder / name).exists() for name in STORE_ROOT), "the store", WAIT_S

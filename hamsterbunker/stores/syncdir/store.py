@@ -40,6 +40,7 @@ from ..dirs.fileio import opened_dir
 from ..dirs.location import open_root
 from ..interface import Store
 from ..layer import RecordStore
+from .first_start import FirstStart
 from .layout import CLUSTER, NODES, log, os_errors, published_parts, sync_files
 from .lease import ClaimsLease
 from .merge import by_node, merged_chains
@@ -73,7 +74,11 @@ class SyncDirStore(Store):
         events_per_node: int = 1000,
         keep_replies: int = INBOX_REPLIES_KEPT,
         lock_timeout: float = 2.0,
+        first_start_wait_ms: int | None = None,
     ) -> None:
+        """first_start_wait_ms: how long a node that may create the cluster record waits,
+        once it announced so, for other nodes starting at the same time; twice the sync delay
+        unless given (0: a folder no other machine shares yet)."""
         # A reader (create=False) may give neither: without a node ("") it writes nothing.
         if create and (node is None or sync_delay_ms is None):
             raise ConfigError(
@@ -103,6 +108,9 @@ class SyncDirStore(Store):
         )
         self._mine = self._subtrees.mine
         self.warnings: list[str] = [] if self._mine is None else list(self._mine.warnings)
+        if first_start_wait_ms is None:
+            first_start_wait_ms = 2 * self.sync_delay_ms
+        self._first_start = FirstStart(self.root, self.node, first_start_wait_ms / 1000)
         self._lease = ClaimsLease(
             self.root, self.node, self.subtrees, self._writer, self._problems, self.sync_delay_ms
         )
@@ -162,14 +170,8 @@ class SyncDirStore(Store):
         stored = self.read_cluster()
         if stored is not None:
             return stored
-        others = sorted(self._subtrees.peers())
-        if others:
-            shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
-            raise StoreError(
-                f"{self.root} holds the subtrees of other nodes ({shown}) but no cluster "
-                "record yet: wait for the sync tool to bring their cluster record rather than "
-                "create a second one (which would leave a conflict copy), then start again"
-            )
+        # Never two records from two machines: the first start is settled (``first_start``).
+        self._first_start.settle(self._subtrees.peers())
         create_once(self.root, CLUSTER, record.to_json())
         stored = self.read_cluster()
         if stored is None:
