@@ -72,12 +72,14 @@ class Fleet:
         wait_until(lambda: self.published(node), f"{node} to lead and publish", WAIT_S)
 
     def start_beside(self, node: str, instance: SyncthingInstance) -> None:
-        """A node on a folder the store's cluster record has reached (else it would first
-        wait for the record: docs/syncdir.md, "The first start")."""
+        """A node on a folder the store's cluster record (else it would first wait for the
+        record: docs/syncdir.md, "The first start") and the leader's lease have reached:
+        a node that sees no lease takes it, and the fleet would begin with two leaders."""
         folder = instance.folder
         wait_until(
             lambda: all((folder / name).exists() for name in STORE_ROOT), "the store", WAIT_S
         )
+        wait_until(lambda: lease_held(instance), "the leader's lease", WAIT_S)
         self.start(node, instance)
         wait_until(lambda: self.beats(instance, node), f"{node} to stand by", WAIT_S)
 
@@ -117,6 +119,12 @@ class Fleet:
 def reader(instance: SyncthingInstance) -> SyncDirStore:
     """What the store holds on this instance's machine, read without writing anything."""
     return SyncDirStore(instance.folder, "reader", sync_delay_ms=SYNC_DELAY_MS, create=False)
+
+
+def lease_held(instance: SyncthingInstance) -> bool:
+    """Whether the store on this instance's machine shows the agent's lease held."""
+    lease = reader(instance).read_lease(AGENT)
+    return lease is not None and lease.holder is not None
 
 
 def events(instance: SyncthingInstance, kind: str) -> list[Event]:
