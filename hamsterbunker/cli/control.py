@@ -9,7 +9,6 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 
 from ..core.errors import CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
@@ -23,12 +22,8 @@ from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
 from .args import (
-    Subcommands,
-    add_command,
-    add_wait_flags,
     confirmed,
     not_on_syncdir,
-    positive_int,
     store_url,
 )
 from .context import EXIT_FAILURE, EXIT_TIMEOUT, known_agent, opened_store, store_sealer, warn
@@ -36,80 +31,12 @@ from .liveness import live_node, watch_window
 
 __all__ = [
     "accept_loss",
-    "add_accept_loss_parser",
-    "add_control_parsers",
     "history",
     "pause",
     "switchover",
 ]
 
-DEFAULT_WAIT_S = 30.0
 _POLL_S = 0.02
-
-SWITCHOVER_HELP = """\
-Hand the lease of agent ID from its live leader to the live standby NODE (--to), or
-to the freshest live standby. The leader finishes its step in flight (within its stop
-grace), publishes it and releases the lease naming the target, which takes it at once;
-the other standbys leave it to the target for a TTL. Leader and target must be seen
-live first: their records must change while watched (at most a lease TTL).
-
-exit status: 0 asked (with --wait: the target leads); 1 refused, nothing changed (no
-live leader, the target is not a live standby) or the store failed; 2 a usage mistake
-or a wrong secret; 124 --wait ran out."""
-
-PAUSE_HELP = """\
-Pause agent ID for maintenance: its leader finishes its step in flight and steps no
-more, but keeps its lease and heartbeats, so standbys do not take over. A paused
-leader that dies is still replaced, and the new leader starts paused. hb resume ends it."""
-
-
-def add_control_parsers(sub: Subcommands, secret_help: str) -> None:
-    switch = add_command(
-        sub, "switchover", "hand the lease to a live standby, now", SWITCHOVER_HELP
-    )
-    _common(switch, secret_help)
-    switch.add_argument("--to", metavar="NODE", help="the standby to hand over to")
-    add_wait_flags(switch, "the target leads", DEFAULT_WAIT_S)
-    for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
-        _common(add_command(sub, name, text, PAUSE_HELP), secret_help)
-    past = sub.add_parser(
-        "history",
-        help="the agent's takeovers, newest first, each with its gap: how long no leader "
-        "was able to step",
-    )
-    past.add_argument("--store", help="store URL (default: $HB_STORE)")
-    past.add_argument("--agent-id", required=True)
-    past.add_argument("--json", action="store_true", help="one JSON object per takeover")
-
-
-def add_accept_loss_parser(sub: Subcommands, secret_help: str) -> None:
-    accept = add_command(
-        sub,
-        "accept-loss",
-        "accept a loss the nodes refuse to resume behind (stop every node first)",
-        "Give up checkpoints that are gone or damaged (or, with --to-seq, newer than N) and let "
-        "nodes resume from the newest authenticated checkpoint at or below N. Refused while a "
-        "node is live (its heartbeat or events change within a lease TTL, watched from here). "
-        "Prints what is given up and asks first.",
-        secret_help,
-    )
-    accept.add_argument("--store", help="store URL (default: $HB_STORE)")
-    accept.add_argument("--agent-id", required=True)
-    accept.add_argument(
-        "--to-seq",
-        type=positive_int,
-        metavar="N",
-        help="resume from the newest authenticated checkpoint at or below seq N "
-        "(default: the newest that authenticates)",
-    )
-    accept.add_argument("--yes", action="store_true", help="do not ask")
-    accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
-
-
-def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
-    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
-    parser.add_argument("--agent-id", required=True)
-    parser.add_argument("--secret-file", type=Path, help=secret_help)
 
 
 def _target(
