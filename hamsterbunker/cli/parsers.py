@@ -211,8 +211,9 @@ SWITCHOVER_HELP = """\
 Hand the lease of agent ID from its live leader to the live standby NODE (--to), or
 to the freshest live standby. The leader finishes its step in flight (within its stop
 grace), publishes it and releases the lease naming the target, which takes it at once;
-the other standbys leave it to the target for a TTL. Leader and target must be seen
-live first: their records must change while watched (at most a lease TTL).
+the other standbys leave it to the target for a TTL. Leader and target must be live:
+their records of this term written within a TTL, as this machine's clock reads their
+dates; else seen to change while watched (at most a lease TTL).
 
 exit status: 0 asked (with --wait: the target leads); 1 refused, nothing changed (no
 live leader, the target is not a live standby) or the store failed; 2 a usage mistake

@@ -243,7 +243,7 @@ def _live_at_once(
 
     Live at once: the lease record was written within its TTL and the holder's heartbeat
     is of this term (active, at the lease's epoch, naming the lease's session), the
-    standby's follows this term (standby, at that epoch, naming that leader), each written
+    standby's has seen this term or the one before (standby, at that epoch), each written
     within the TTL: the most the watch allows, as it counts a node seen once within a TTL
     as live. Ages compare the writers' wall clocks with ours (``now``), so a time further
     ahead of ours than ``MAX_AHEAD_S`` is not judged (docs/design.md, "A switchover judges
@@ -257,7 +257,8 @@ def _live_at_once(
         leader is None
         or not _recent(lease.written, now, window_s)
         or not _recent(leader.time, now, window_s)
-        or (leader.role, leader.epoch, leader.lease_session) != ("active", lease.epoch, lease.session)
+        or (leader.role, leader.epoch, leader.lease_session)
+        != ("active", lease.epoch, lease.session)
     ):
         return None
     if to == lease.holder:
@@ -268,7 +269,9 @@ def _live_at_once(
             for beat in by_node.values()
             if beat.node != lease.holder
             and (to is None or beat.node == to)
-            and (beat.role, beat.epoch, beat.leader) == ("standby", lease.epoch, lease.holder)
+            and beat.role == "standby"
+            # A standby beats every half TTL: just after a switchover, it names the last term.
+            and beat.epoch >= lease.epoch - 1
             and _recent(beat.time, now, window_s)
         ),
         key=lambda beat: (-beat.time, beat.node),
