@@ -21,20 +21,11 @@ from ..ops.status_text import duration
 from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
-from .args import (
-    confirmed,
-    not_on_syncdir,
-    store_url,
-)
+from .args import confirmed, not_on_syncdir, store_url
 from .context import EXIT_FAILURE, EXIT_TIMEOUT, known_agent, opened_store, store_sealer, warn
 from .liveness import live_node, watch_window
 
-__all__ = [
-    "accept_loss",
-    "history",
-    "pause",
-    "switchover",
-]
+__all__ = ["accept_loss", "history", "pause", "switchover"]
 
 _POLL_S = 0.02
 

@@ -71,7 +71,7 @@ def _add_demo_parser(sub: Subcommands) -> None:
     demo.add_argument("--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
 
 
-# -- node ----------------------------------------------------------------------------------
+# -- hb run, hb init -------------------------------------------------------------------------
 
 
 def add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -202,7 +202,7 @@ def add_init_parser(sub: Subcommands) -> None:
     init.add_argument("--force", action="store_true", help="replace an existing NAME.toml")
 
 
-# -- control -------------------------------------------------------------------------------
+# -- hb switchover, pause, resume, history, accept-loss --------------------------------------
 
 SWITCHOVER_WAIT_S = 30.0
 
@@ -275,7 +275,7 @@ def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help=secret_help)
 
 
-# -- status --------------------------------------------------------------------------------
+# -- hb status -------------------------------------------------------------------------------
 
 STATUS_HELP = """\
 Show an agent's lease, nodes, checkpoint and inbox, and say whether it is healthy:
@@ -315,7 +315,7 @@ def add_status_parser(sub: Subcommands) -> None:
     )
 
 
-# -- submit --------------------------------------------------------------------------------
+# -- hb submit -------------------------------------------------------------------------------
 
 SUBMIT_HELP = """\
 Admit one JSON payload to the inbox of agent ID, once per request id, and print its
@@ -389,7 +389,7 @@ def add_submit_parser(sub: Subcommands, secret_help: str) -> None:
     submit.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
-# -- forget --------------------------------------------------------------------------------
+# -- hb forget -------------------------------------------------------------------------------
 
 FORGET_HELP = """\
 Drop node NODE's heartbeat and event log from agent ID's records in the store, so that
@@ -429,7 +429,7 @@ def add_forget_parser(sub: Subcommands, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
-# -- chain ---------------------------------------------------------------------------------
+# -- hb choose-chain -------------------------------------------------------------------------
 
 CHAIN_WAIT_S = 120.0
 
@@ -466,7 +466,7 @@ def add_choose_chain_parser(sub: Subcommands, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
-# -- migrate -------------------------------------------------------------------------------
+# -- hb migrate-store ------------------------------------------------------------------------
 
 MIGRATE_HELP = """\
 Copy a store written by an earlier version of HamsterBunker (file://, redis:// or
@@ -505,7 +505,7 @@ def add_migrate_parser(sub: Subcommands, secret_help: str) -> None:
     parser.add_argument("--secret-file", type=Path, help="file holding the cluster's secret")
 
 
-# -- rotate --------------------------------------------------------------------------------
+# -- hb rotate-secret ------------------------------------------------------------------------
 
 ROTATE_TIMEOUT_S = 60.0
 
