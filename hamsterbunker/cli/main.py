@@ -42,10 +42,10 @@ _COMMANDS: dict[str, str] = {
     "run": "node:run",
     "init": "node:init",
     "status": "status:status",
-    "history": "control:history",
+    "history": "history:history",
 }
 _SECRET_COMMANDS: dict[str, str] = {
-    "accept-loss": "control:accept_loss",
+    "accept-loss": "acceptance:accept_loss",
     "submit": "submit:submit",
     "forget": "forget:forget",
     "switchover": "control:switchover",

@@ -31,7 +31,10 @@ def modules_after(statement: str) -> set[str]:
 def test_the_command_line_imports_no_node_and_no_command_until_one_runs() -> None:
     loaded = modules_after("import hamsterbunker.cli.main")
     assert "hamsterbunker.node.runtime" not in loaded
-    commands = {"control", "node", "status", "submit", "forget", "chain", "migrate", "rotate"}
+    commands = {
+        "acceptance", "chain", "control", "forget", "history", "migrate", "node", "rotate",
+        "status", "submit",
+    }  # fmt: skip
     assert not {f"hamsterbunker.cli.{name}" for name in commands} & loaded
 
 
