@@ -243,7 +243,7 @@ def _live_at_once(
 
     Live at once: the lease record was written within its TTL and the holder's heartbeat
     is of this term (active, at the lease's epoch, naming the lease's session), the
-    standby's has seen this term or the one before (standby, at that epoch), each written
+    standby's has seen this term or the one before (standby, at either epoch), each written
     within the TTL: the most the watch allows, as it counts a node seen once within a TTL
     as live. Ages compare the writers' wall clocks with ours (``now``), so a time further
     ahead of ours than ``MAX_AHEAD_S`` is not judged (docs/design.md, "A switchover judges
@@ -253,13 +253,7 @@ def _live_at_once(
     window_s = min(lease.ttl_ms / 1000, MAX_WATCH_S)
     by_node = {beat.node: beat for beat in beats}
     leader = by_node.get(lease.holder)
-    if (
-        leader is None
-        or not _recent(lease.written, now, window_s)
-        or not _recent(leader.time, now, window_s)
-        or (leader.role, leader.epoch, leader.lease_session)
-        != ("active", lease.epoch, lease.session)
-    ):
+    if not _recent(lease.written, now, window_s) or not _leads(leader, lease, now, window_s):
         return None
     if to == lease.holder:
         return [lease.holder]  # refused as the leader already
@@ -279,6 +273,16 @@ def _live_at_once(
     if not standbys:
         return None
     return [lease.holder, *(beat.node for beat in standbys)]
+
+
+def _leads(beat: Heartbeat | None, lease: LeaseRecord, now: float, window_s: float) -> bool:
+    """Whether beat is a recent heartbeat of the lease's term: active, at its epoch, of the
+    keeper whose session the lease names."""
+    return (
+        beat is not None
+        and (beat.role, beat.epoch, beat.lease_session) == ("active", lease.epoch, lease.session)
+        and _recent(beat.time, now, window_s)
+    )
 
 
 def _recent(written: float, now: float, window_s: float) -> bool:
