@@ -56,7 +56,7 @@ CLOCK = MonotonicClock()  # CLOCK_BOOTTIME: the nodes' history and the agent's s
 AGENT = "benchmarks.switchover:ShortStepAgent"
 EVENTS = ("lease.switchover_asked", "lease.released", "lease.acquired")  # split the parts
 STEP_LOG_ENV = "HB_BENCH_STEP_LOG"  # where the agent notes the start of each term's first step
-CLI_SWITCHOVERS, QUICK_CLI_SWITCHOVERS = 20, 10
+CLI_SWITCHOVERS, QUICK_CLI_SWITCHOVERS = 30, 20
 CLI_TARGET_MS = 300  # issue 36: the command's start → the target's first step, file store
 
 METHOD = f"""\
