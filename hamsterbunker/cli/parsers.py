@@ -230,11 +230,11 @@ def add_control_parsers(sub: Subcommands, secret_help: str) -> None:
     switch = add_command(
         sub, "switchover", "hand the lease to a live standby, now", SWITCHOVER_HELP
     )
-    _common(switch, secret_help)
+    _agent_flags(switch, secret_help)
     switch.add_argument("--to", metavar="NODE", help="the standby to hand over to")
     add_wait_flags(switch, "the target leads", SWITCHOVER_WAIT_S)
     for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
-        _common(add_command(sub, name, text, PAUSE_HELP), secret_help)
+        _agent_flags(add_command(sub, name, text, PAUSE_HELP), secret_help)
     past = sub.add_parser(
         "history",
         help="the agent's takeovers, newest first, each with its gap: how long no leader "
@@ -269,7 +269,7 @@ def add_accept_loss_parser(sub: Subcommands, secret_help: str) -> None:
     accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
-def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
+def _agent_flags(parser: argparse.ArgumentParser, secret_help: str) -> None:
     parser.add_argument("--store", help="store URL (default: $HB_STORE)")
     parser.add_argument("--agent-id", required=True)
     parser.add_argument("--secret-file", type=Path, help=secret_help)
