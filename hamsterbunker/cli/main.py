@@ -102,7 +102,7 @@ def _command(where: str) -> Callable[..., int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_named_command(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The command argv names: its first word that is not a flag (hb's own take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _reader_gone() -> int:

@@ -19,8 +19,6 @@ from ..core.timing import (
     DEFAULT_TICK_MS,
 )
 from ..lease.observe import MAX_WATCH_S
-from ..ops.config import DEFAULT_CONFIG_DIR
-from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
 from .args import Subcommands, add_command, add_wait_flags, positive_int, seconds, whole_number
 from .context import EXIT_TIMEOUT, EXIT_USAGE
 
@@ -40,7 +38,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+RUN_HELP = "run one node of a cluster"
+INIT_HELP = "write the config and secret of a node run by hamsterbunker@NAME.service"
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """hb's parser. Given the command about to run, the flags of hb run and hb init (whose
+    defaults come from the node's config) are added only if it is one of them."""
     parser = _Parser(
         prog="hb",
         description="HamsterBunker: keep an agent alive across machines.",
@@ -49,8 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hb {__version__}")
     # Not required: a bare `hb` gets this help, not an argparse error (main).
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    add_run_parser(sub, SECRET_HELP)
-    add_init_parser(sub)
+    if command in (None, "run", "init"):
+        add_run_parser(sub, SECRET_HELP)
+        add_init_parser(sub)
+    else:  # listed all the same
+        sub.add_parser("run", help=RUN_HELP)
+        sub.add_parser("init", help=INIT_HELP)
     _add_demo_parser(sub)
     add_accept_loss_parser(sub, SECRET_HELP)
     add_status_parser(sub)
@@ -132,10 +140,12 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_parser(sub: Subcommands, secret_help: str) -> None:
+    from ..ops.config import DEFAULT_CONFIG_DIR
+
     run = add_command(
         sub,
         "run",
-        "run one node of a cluster",
+        RUN_HELP,
         "Run one node, configured by --instance NAME (a config file) or by flags.",
         secret_help,
     )
@@ -181,10 +191,10 @@ def add_run_parser(sub: Subcommands, secret_help: str) -> None:
 
 
 def add_init_parser(sub: Subcommands) -> None:
-    init = sub.add_parser(
-        "init",
-        help="write the config and secret of a node run by hamsterbunker@NAME.service",
-    )
+    from ..ops.config import DEFAULT_CONFIG_DIR
+    from ..ops.provision import STATE_DIRECTORY  # where the unit lets a node write
+
+    init = sub.add_parser("init", help=INIT_HELP)
     init.add_argument("name", metavar="NAME", help="the instance name (hamsterbunker@NAME)")
     add_node_flags(init)
     init.add_argument(

@@ -38,6 +38,13 @@ def test_the_command_line_imports_no_node_and_no_command_until_one_runs() -> Non
     assert not {f"hamsterbunker.cli.{name}" for name in commands} & loaded
 
 
+def test_the_parser_of_another_command_imports_no_node_config() -> None:
+    """hb run's and hb init's defaults come from the node's config: only they import it."""
+    parse = "from hamsterbunker.cli.parsers import build_parser\nbuild_parser"
+    assert "hamsterbunker.ops.provision" not in modules_after(f"{parse}('switchover')")
+    assert "hamsterbunker.ops.provision" in modules_after(f"{parse}('init')")
+
+
 def test_import_hamsterbunker_imports_none_of_its_parts_until_asked() -> None:
     loaded = modules_after("import hamsterbunker")
     assert loaded == {"hamsterbunker"}
