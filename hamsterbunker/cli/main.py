@@ -15,7 +15,6 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..core.errors import (
     ConfigError,
@@ -27,11 +26,10 @@ from ..core.errors import (
     StoreUnsafe,
 )
 from ..core.logs import configure_logging, stderr_is_journal
+from ..core.timing import LeaseTiming
+from ..sealing.keyring import Keyring, read_keyring
 from .context import EXIT_FAILURE, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE, warn
 from .parsers import build_parser
-
-if TYPE_CHECKING:
-    from ..sealing.keyring import Keyring
 
 __all__ = ["EXIT_TIMEOUT", "main", "read_secret"]
 
@@ -60,13 +58,10 @@ _SECRET_COMMANDS: dict[str, str] = {
 def read_secret(secret_file: Path | None) -> Keyring:
     """The secrets from HB_SECRET (+ HB_SECRET_PREVIOUS), --secret-file, or the systemd
     credential, in that order: one, or several while the secret rotates (newest first)."""
-    from ..sealing.keyring import read_keyring
-
     return read_keyring(secret_file)
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..core.timing import LeaseTiming
     from ..demo import DemoFailed, run_demo
 
     given = {key: getattr(args, key) for key in ("tick_ms", "lease_ttl_ms")}
