@@ -9,6 +9,7 @@ import os
 from typing import Any, TypeAlias
 
 from ..core.errors import ConfigError
+from ..records import check_name
 from ..stores import is_syncdir_url
 from .context import warn
 
@@ -16,6 +17,7 @@ __all__ = [
     "Subcommands",
     "add_command",
     "add_wait_flags",
+    "agent_target",
     "confirmed",
     "not_on_syncdir",
     "positive_int",
@@ -95,6 +97,18 @@ def store_url(args: argparse.Namespace, or_else: str = "") -> str:
     if not url:
         raise ConfigError(f"--store is required (or set HB_STORE{or_else})")
     return url
+
+
+def agent_target(
+    args: argparse.Namespace, writes: str | None = None, instead: str = ""
+) -> tuple[str, str]:
+    """The store's URL and the agent id; writes: what the command writes, refused on a
+    syncdir:// store (nothing but a node writes there yet)."""
+    agent = check_name("agent id", args.agent_id)
+    url = store_url(args)
+    if writes is not None:
+        not_on_syncdir(url, writes, instead)
+    return url, agent
 
 
 def not_on_syncdir(url: str, what: str, instead: str = "") -> str:

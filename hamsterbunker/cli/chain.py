@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from ..core.errors import ConfigError, ControlRefused, CorruptRecord, StoreError, Tampered
 from ..node.lineage_view import LineageRead, LineageView, describe_ref
@@ -17,48 +16,16 @@ from ..sealing import Sealer
 from ..sealing.keyring import Secret
 from ..sealing.term_records import open_term_start, seal_chain_choice
 from ..stores import Chains, is_syncdir_url
-from .args import Subcommands, add_command, add_wait_flags, confirmed, positive_int, store_url
+from .args import confirmed, store_url
 from .context import EXIT_FAILURE, opened_store, store_sealer
 
-__all__ = ["add_choose_chain_parser", "choose_chain", "plan_choice"]
+__all__ = ["choose_chain", "plan_choice"]
 
-DEFAULT_WAIT_S = 120.0
 _POLL_S = 0.5
 _ONE_CHAIN = (
     "hb choose-chain is for syncdir:// stores: on any other store one lease keeps "
     "one chain (to give up lost checkpoints there, use hb accept-loss)"
 )
-
-DESCRIPTION = """\
-On a syncdir:// store: list agent ID's lineage and the chains kept aside, or (with
---term EPOCH@NODE) choose the checkpoint the next term goes on from: by default the
-newest of that term's chain, or seq N (--seq). The choice is signed and written into
-this machine's node subtree (--node-id, or the instance's); once it has synced, the
-leader ends its term and the next term restores from the chosen checkpoint. Nothing
-is deleted: the steps the chosen checkpoint leaves out are kept aside and reported.
-
-exit status: 0 listed, or chosen (with --wait: a term went on from it); 1 refused,
-nothing written (a choice after this term was already made here, or --wait ran out);
-2 a usage mistake (a bad flag, store, term or seq, a wrong secret)."""
-
-
-def add_choose_chain_parser(sub: Subcommands, secret_help: str) -> None:
-    parser = add_command(
-        sub,
-        "choose-chain",
-        "syncdir: list the chains kept aside, or choose the one to go on from",
-        DESCRIPTION,
-        secret_help,
-    )
-    parser.add_argument("--agent-id", metavar="ID", help="default: the instance's")
-    parser.add_argument("--instance", metavar="NAME", help="take store and node id from NAME.toml")
-    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
-    parser.add_argument("--node-id", help="this machine's node: its subtree holds the choice")
-    parser.add_argument("--term", metavar="EPOCH@NODE", help="the term whose chain to go on from")
-    parser.add_argument("--seq", type=positive_int, metavar="N", help="default: its newest")
-    parser.add_argument("--yes", action="store_true", help="do not ask")
-    add_wait_flags(parser, "a term goes on from it", DEFAULT_WAIT_S)
-    parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
 def parse_term(text: str) -> TermId:

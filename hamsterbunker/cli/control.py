@@ -1,133 +1,28 @@
-"""``hb switchover``, ``pause``, ``resume``, ``history`` and ``accept-loss``: an operator's
-hand on the lease (the command line's side of ``hamsterbunker.lease.control`` and
-``hamsterbunker.lease.acceptance``)."""
+"""``hb switchover``, ``pause`` and ``resume``: an operator's hand on the lease (the command
+line's side of ``hamsterbunker.lease.control``)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
-from datetime import datetime
-from pathlib import Path
 
-from ..core.errors import CorruptRecord
-from ..core.timing import DEFAULT_LEASE_TTL_MS
-from ..lease.acceptance import accept_loss as write_acceptance
-from ..lease.acceptance import plan_loss
 from ..lease.control import is_paused, request_switchover, set_paused
-from ..lease.gap import format_gap
-from ..ops.status import printable
-from ..ops.status_text import duration
 from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
-from .args import (
-    Subcommands,
-    add_command,
-    add_wait_flags,
-    confirmed,
-    not_on_syncdir,
-    positive_int,
-    store_url,
-)
-from .context import EXIT_FAILURE, EXIT_TIMEOUT, known_agent, opened_store, store_sealer, warn
-from .liveness import live_node, watch_window
+from .args import agent_target
+from .context import EXIT_TIMEOUT, known_agent, opened_store, store_sealer
 
-__all__ = [
-    "accept_loss",
-    "add_accept_loss_parser",
-    "add_control_parsers",
-    "history",
-    "pause",
-    "switchover",
-]
+__all__ = ["pause", "switchover"]
 
-DEFAULT_WAIT_S = 30.0
 _POLL_S = 0.02
-
-SWITCHOVER_HELP = """\
-Hand the lease of agent ID from its live leader to the live standby NODE (--to), or
-to the freshest live standby. The leader finishes its step in flight (within its stop
-grace), publishes it and releases the lease naming the target, which takes it at once;
-the other standbys leave it to the target for a TTL. Leader and target must be seen
-live first: their records must change while watched (at most a lease TTL).
-
-exit status: 0 asked (with --wait: the target leads); 1 refused, nothing changed (no
-live leader, the target is not a live standby) or the store failed; 2 a usage mistake
-or a wrong secret; 124 --wait ran out."""
-
-PAUSE_HELP = """\
-Pause agent ID for maintenance: its leader finishes its step in flight and steps no
-more, but keeps its lease and heartbeats, so standbys do not take over. A paused
-leader that dies is still replaced, and the new leader starts paused. hb resume ends it."""
-
-
-def add_control_parsers(sub: Subcommands, secret_help: str) -> None:
-    switch = add_command(
-        sub, "switchover", "hand the lease to a live standby, now", SWITCHOVER_HELP
-    )
-    _common(switch, secret_help)
-    switch.add_argument("--to", metavar="NODE", help="the standby to hand over to")
-    add_wait_flags(switch, "the target leads", DEFAULT_WAIT_S)
-    for name, text in (("pause", "hold the agent still"), ("resume", "end a pause")):
-        _common(add_command(sub, name, text, PAUSE_HELP), secret_help)
-    past = sub.add_parser(
-        "history",
-        help="the agent's takeovers, newest first, each with its gap: how long no leader "
-        "was able to step",
-    )
-    past.add_argument("--store", help="store URL (default: $HB_STORE)")
-    past.add_argument("--agent-id", required=True)
-    past.add_argument("--json", action="store_true", help="one JSON object per takeover")
-
-
-def add_accept_loss_parser(sub: Subcommands, secret_help: str) -> None:
-    accept = add_command(
-        sub,
-        "accept-loss",
-        "accept a loss the nodes refuse to resume behind (stop every node first)",
-        "Give up checkpoints that are gone or damaged (or, with --to-seq, newer than N) and let "
-        "nodes resume from the newest authenticated checkpoint at or below N. Refused while a "
-        "node is live (its heartbeat or events change within a lease TTL, watched from here). "
-        "Prints what is given up and asks first.",
-        secret_help,
-    )
-    accept.add_argument("--store", help="store URL (default: $HB_STORE)")
-    accept.add_argument("--agent-id", required=True)
-    accept.add_argument(
-        "--to-seq",
-        type=positive_int,
-        metavar="N",
-        help="resume from the newest authenticated checkpoint at or below seq N "
-        "(default: the newest that authenticates)",
-    )
-    accept.add_argument("--yes", action="store_true", help="do not ask")
-    accept.add_argument("--secret-file", type=Path, help="file holding the network secret")
-
-
-def _common(parser: argparse.ArgumentParser, secret_help: str) -> None:
-    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
-    parser.add_argument("--agent-id", required=True)
-    parser.add_argument("--secret-file", type=Path, help=secret_help)
-
-
-def _target(
-    args: argparse.Namespace, writes: str | None = None, instead: str = ""
-) -> tuple[str, str]:
-    """The store's URL and the agent id; writes: what the command writes, refused on a
-    syncdir:// store (nothing but a node writes there yet)."""
-    agent = check_name("agent id", args.agent_id)
-    url = store_url(args)
-    if writes is not None:
-        not_on_syncdir(url, writes, instead)
-    return url, agent
 
 
 def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     if args.to is not None:
         check_name("node id", args.to)
-    url, agent = _target(args, writes="a switchover")
+    url, agent = agent_target(args, writes="a switchover")
     with opened_store(url) as store:
         sealer = store_sealer(store, read_secret())
         known_agent(store, agent)
@@ -164,7 +59,7 @@ def _wait_for(
 
 def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     paused = args.command == "pause"
-    url, agent = _target(args, writes=f"hb {args.command}")
+    url, agent = agent_target(args, writes=f"hb {args.command}")
     with opened_store(url) as store:
         sealer = store_sealer(store, read_secret())
         known_agent(store, agent)
@@ -179,82 +74,3 @@ def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
     else:
         print(f"agent {agent}: resumed")
     return 0
-
-
-def history(args: argparse.Namespace) -> int:
-    url, agent = _target(args)
-    with opened_store(url) as store:
-        lease = store.read_lease(known_agent(store, agent))
-    takeovers = [] if lease is None else list(reversed(lease.history))
-    if args.json:
-        for takeover in takeovers:
-            print(json.dumps(takeover.to_doc(), sort_keys=True))
-        return 0
-    if not takeovers:
-        print(f"agent {agent}: no takeovers recorded")
-        return 0
-    rows = [
-        (
-            str(t.epoch),
-            datetime.fromtimestamp(t.time).strftime("%Y-%m-%d %H:%M:%S"),
-            printable(t.from_ or "-"),
-            printable(t.to),
-            printable(t.via),
-            format_gap(t.gap_ms),
-        )
-        for t in takeovers
-    ]
-    header = ("epoch", "when", "from", "to", "via", "gap")
-    # Each column as wide as its widest cell (a node id may be long); numbers to the right.
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    right = {0, 5}
-    for row in [header, *rows]:
-        cells = [
-            cell.rjust(width) if i in right else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        print("  ".join(cells).rstrip())
-    return 0
-
-
-def accept_loss(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
-    url, agent = _target(
-        args,
-        writes="accepting a loss",
-        instead="; to go on from a checkpoint behind a lost one there, use hb choose-chain",
-    )
-    secret = read_secret()
-    with opened_store(url) as store:
-        sealer = store_sealer(store, secret)
-        known_agent(store, agent)
-        live = _live_node(store, agent)
-        if live is not None:
-            node, after_s = live
-            warn(
-                f"hb accept-loss: refused: node {node} of agent {agent} is live: its heartbeat "
-                f"or events changed {duration(after_s)} into watching, as seen from here; stop "
-                "every node first (nothing changed)"
-            )
-            return EXIT_FAILURE
-        plan = plan_loss(store, sealer, agent, args.to_seq)
-        print(plan.describe())
-        if not confirmed(args, "Give these up? Type yes to go on: "):
-            return EXIT_FAILURE
-        acceptance = write_acceptance(store, sealer, plan)
-    print(
-        f"accepted ({acceptance.id}): nodes started now resume from seq {plan.resume.seq}; "
-        "start them again"
-    )
-    return 0
-
-
-def _live_node(store: Store, agent: str) -> tuple[str, float] | None:
-    """A node of agent seen live from here (its heartbeat or events changing within a lease
-    TTL), and how long into the watch: a loss is accepted only with every node stopped."""
-    try:
-        lease = store.read_lease(agent)
-    except CorruptRecord:  # what the plan then says; watched for the default TTL
-        lease = None
-    ttl_s = (DEFAULT_LEASE_TTL_MS if lease is None else lease.ttl_ms) / 1000
-    tail = store.tail(agent)
-    return live_node(tail, tail.read(), watch_window(ttl_s), time.monotonic, time.sleep)

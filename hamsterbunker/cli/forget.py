@@ -7,7 +7,6 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from ..core.errors import ConfigError, CorruptRecord
 from ..core.timing import DEFAULT_LEASE_TTL_MS
@@ -16,48 +15,11 @@ from ..ops.status_text import duration
 from ..records import Event, Heartbeat, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
-from .args import Subcommands, add_command, confirmed, not_on_syncdir, store_url
+from .args import confirmed, not_on_syncdir, store_url
 from .context import EXIT_FAILURE, known_agent, opened_store, store_sealer, warn
 from .liveness import live_node, watch_window
 
-__all__ = ["add_forget_parser", "forget"]
-
-DESCRIPTION = """\
-Drop node NODE's heartbeat and event log from agent ID's records in the store, so that
-hb status and hb-tui no longer show it. Only for a node that is gone: NODE's records
-are watched from here, on this machine's own clock, for one lease TTL (never comparing
-clocks across machines), and if its heartbeat or events change it is live: refused.
-Refused too while the lease names NODE as holder. A forgotten node that runs again
-shows again.
-
-hb forget --agent ID removes a whole agent instead (a mistyped id an earlier version made,
-an agent retired): every record of it, once none of its nodes is seen live the same way;
-it says what goes and asks first (--yes: does not ask).
-
-exit status: 0 forgotten; 1 refused (NODE is live or holds the lease; a node of the agent
-  is live; not confirmed) or nothing of NODE is stored; 2 a usage mistake (a missing flag,
-  a bad URL or name, an agent the store does not hold, a wrong secret)."""
-
-
-def add_forget_parser(sub: Subcommands, secret_help: str) -> None:
-    parser = add_command(
-        sub,
-        "forget",
-        "drop a dead node's heartbeat and events, or (--agent) a whole agent; refused while live",
-        DESCRIPTION,
-        secret_help,
-    )
-    parser.add_argument("node", metavar="NODE", nargs="?", help="the node id to forget")
-    parser.add_argument("--agent-id", metavar="ID", help="the agent NODE kept")
-    parser.add_argument(
-        "--agent",
-        metavar="ID",
-        help="forget a whole agent instead: every record of it (its lease, checkpoints, "
-        "journal, inbox, heartbeats and events); refused while a node of it is live; asks first",
-    )
-    parser.add_argument("--yes", action="store_true", help="with --agent: do not ask")
-    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
-    parser.add_argument("--secret-file", type=Path, help="file holding the network secret")
+__all__ = ["forget"]
 
 
 @dataclass(frozen=True)

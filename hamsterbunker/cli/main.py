@@ -1,4 +1,4 @@
-"""``hb``: the parser and the commands' dispatch.
+"""``hb``: the commands' dispatch (their parser: ``parsers``).
 
 User mistakes (a bad flag, URL, agent path or secret) print one line naming
 the problem and exit 2, with no traceback; so does a bare ``hb``, with the help
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import os
 import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
-from .. import __version__
 from ..core.errors import (
     ConfigError,
     ControlRefused,
@@ -27,71 +26,33 @@ from ..core.errors import (
     StoreUnsafe,
 )
 from ..core.logs import configure_logging, stderr_is_journal
-from ..core.timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, LeaseTiming
+from ..core.timing import LeaseTiming
 from ..sealing.keyring import Keyring, read_keyring
-from .args import Subcommands, positive_int
-from .chain import add_choose_chain_parser, choose_chain
 from .context import EXIT_FAILURE, EXIT_REFUSED, EXIT_TIMEOUT, EXIT_USAGE, warn
-from .control import (
-    accept_loss,
-    add_accept_loss_parser,
-    add_control_parsers,
-    history,
-    pause,
-    switchover,
-)
-from .forget import add_forget_parser, forget
-from .migrate import add_migrate_parser, migrate_store
-from .node import add_init_parser, add_run_parser, init, run
-from .rotate import add_rotate_parser, rotate_secret
-from .status import add_status_parser, status
-from .submit import add_submit_parser, submit
+from .parsers import build_parser
 
 __all__ = ["EXIT_TIMEOUT", "main", "read_secret"]
 
-SECRET_HELP = """\
-the network secret (at least 8 characters) is taken from, in this order:
-  1. the environment variable HB_SECRET (and HB_SECRET_PREVIOUS while the secret
-     is rotated: see hb rotate-secret)
-  2. the file named by --secret-file (one secret a line, newest first)
-  3. $CREDENTIALS_DIRECTORY/secret (systemd LoadCredential=secret:...), the same
-Never pass it on the command line: every user can read that."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="hb",
-        description="HamsterBunker: keep an agent alive across machines.",
-        epilog="Without a command, hb prints this help on stderr and exits 2.",
-    )
-    parser.add_argument("--version", action="version", version=f"hb {__version__}")
-    # Not required: a bare `hb` gets this help, not an argparse error (main).
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    add_run_parser(sub, SECRET_HELP)
-    add_init_parser(sub)
-    _add_demo_parser(sub)
-    add_accept_loss_parser(sub, SECRET_HELP)
-    add_status_parser(sub)
-    add_submit_parser(sub, SECRET_HELP)
-    add_forget_parser(sub, SECRET_HELP)
-    add_control_parsers(sub, SECRET_HELP)
-    add_rotate_parser(sub, "file holding the secrets, one a line, newest first")
-    add_choose_chain_parser(sub, SECRET_HELP)
-    add_migrate_parser(sub, SECRET_HELP)
-    return parser
-
-
-def _add_demo_parser(sub: Subcommands) -> None:
-    demo = sub.add_parser("demo", help="the local three-node survival demo")
-    demo.add_argument("--kills", type=positive_int, default=1, help="kill the active node N times")
-    demo.add_argument("--store", help="store URL (default: a temporary directory)")
-    demo.add_argument("--tick-ms", type=positive_int, help=f"default: {DEFAULT_TICK_MS}")
-    demo.add_argument("--lease-ttl-ms", type=positive_int, help=f"default: {DEFAULT_LEASE_TTL_MS}")
+# Each command's module and function, imported only when the command runs: `hb` pays for
+# what one command needs, not for them all. A secret command is handed a reader of the
+# secret, so that it is read after its flags are checked.
+_COMMANDS: dict[str, str] = {
+    "run": "node:run",
+    "init": "node:init",
+    "status": "status:status",
+    "history": "history:history",
+}
+_SECRET_COMMANDS: dict[str, str] = {
+    "accept-loss": "acceptance:accept_loss",
+    "submit": "submit:submit",
+    "forget": "forget:forget",
+    "switchover": "control:switchover",
+    "pause": "control:pause",
+    "resume": "control:pause",
+    "rotate-secret": "rotate:rotate_secret",
+    "choose-chain": "chain:choose_chain",
+    "migrate-store": "migrate:migrate_store",
+}
 
 
 def read_secret(secret_file: Path | None) -> Keyring:
@@ -119,35 +80,24 @@ def _print_error(line: str) -> None:
     warn(("<3>" if stderr_is_journal() else "") + line)
 
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": run,
-    "init": init,
-    "demo": _demo,
-    "status": status,
-    "history": history,
-}
-# These take a reader of the secret, so that it is read after their flags are checked.
-_SECRET_COMMANDS: dict[str, Callable[[argparse.Namespace, Callable[[], Keyring]], int]] = {
-    "accept-loss": accept_loss,
-    "submit": submit,
-    "forget": forget,
-    "switchover": switchover,
-    "pause": pause,
-    "resume": pause,
-    "rotate-secret": rotate_secret,
-    "choose-chain": choose_chain,
-    "migrate-store": migrate_store,
-}
-
-
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        return _demo(args)
     if args.command in _COMMANDS:
-        return _COMMANDS[args.command](args)
-    return _SECRET_COMMANDS[args.command](args, lambda: read_secret(args.secret_file))
+        return _command(_COMMANDS[args.command])(args)
+    command = _command(_SECRET_COMMANDS[args.command])
+    return command(args, lambda: read_secret(args.secret_file))
+
+
+def _command(where: str) -> Callable[..., int]:
+    """The function named by "module:function" in this package."""
+    module, name = where.split(":")
+    function: Callable[..., int] = getattr(importlib.import_module(f".{module}", __package__), name)
+    return function
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _build_parser()
+    parser = build_parser(_named_command(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help(sys.stderr)
@@ -177,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return _reader_gone()
+
+
+def _named_command(argv: list[str]) -> str | None:
+    """The command argv names: its first word that is not a flag (hb's own take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _reader_gone() -> int:

@@ -20,49 +20,12 @@ from ..ops.status import printable, snapshot, syncdir_shown
 from ..ops.status_text import duration, render, syncdir_lines, table
 from ..records import check_name
 from ..stores import Store
-from .args import Subcommands, add_command, positive_int, store_url, whole_number
+from .args import store_url
 from .context import known_agent, opened_store, warn
 
-__all__ = ["add_status_parser", "status"]
+__all__ = ["status"]
 
 EXIT_HEALTHY, EXIT_DEGRADED, EXIT_ERROR = 0, 1, 2
-
-DESCRIPTION = """\
-Show an agent's lease, nodes, checkpoint and inbox, and say whether it is healthy:
-exit 0 healthy; 1 degraded (no live leader, a failing step, a node refusing); 2 when
-status cannot tell (an unknown agent id, an unreadable store).
-
-Whether the lease is live is seen from here: the record is watched on this machine's
-own clock for up to one lease TTL (never comparing clocks across machines); it is
-live if it changed (its holder renews it every tick) within the last TTL."""
-
-
-def add_status_parser(sub: Subcommands) -> None:
-    parser = add_command(
-        sub,
-        "status",
-        "show an agent's lease, nodes and checkpoints; exit 0 healthy, 1 degraded",
-        DESCRIPTION,
-    )
-    parser.add_argument("--store", help="store URL (default: $HB_STORE)")
-    parser.add_argument(
-        "--instance", metavar="NAME", help="take the store (and agent id) from NAME's config file"
-    )
-    parser.add_argument(
-        "--agent-id", help="default: the store's only agent; with several, one line each"
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--watch", action="store_true", help="refresh every tick until Ctrl-C")
-    parser.add_argument(
-        "--count", type=positive_int, metavar="N", help="with --watch: stop after N refreshes"
-    )
-    parser.add_argument(
-        "--observe-ms",
-        type=whole_number,
-        metavar="MS",
-        help="watch the lease for at most MS to tell whether it is live (default: its TTL, "
-        f"at most {MAX_WATCH_S:.0f} s); 0: do not watch, judge only the rest",
-    )
 
 
 def status(args: argparse.Namespace) -> int:

@@ -15,85 +15,14 @@ from ..core.limits import MAX_SUBMISSION_BYTES
 from ..ops.client import Admission, Client
 from ..records import check_name
 from ..sealing.keyring import Secret
-from .args import Subcommands, add_command, not_on_syncdir, seconds, store_url
+from .args import not_on_syncdir, store_url
 from .context import EXIT_TIMEOUT, known_agent, opened_store, warn
 
-__all__ = ["EXIT_TIMEOUT", "add_submit_parser", "submit"]
+__all__ = ["EXIT_TIMEOUT", "submit"]
 
 # The most of a payload read from --data-file or stdin: far above what can be admitted
 # (MAX_SUBMISSION_BYTES sealed), so that the limit is what the message names.
 MAX_INPUT_BYTES = 16 * MAX_SUBMISSION_BYTES
-
-DESCRIPTION = """\
-Admit one JSON payload to the inbox of agent ID, once per request id, and print its
-number. No node needs to be up: the running agent (now, or after a failover) sees it
-in its step's inbox. The store must exist (a node has run on it).
-
-The payload comes from exactly one of --data JSON, --data-file FILE, or - (stdin).
-It prints "admitted as #N (request id R)"; with --wait, then the reply as JSON on
-the next line (null if the agent consumed it without one). A second submit with the
-same --request-id admits nothing: it prints "already admitted as #N" and exits 0
-(with --wait it waits for that submission's reply), so retrying a submit is safe.
-With --json, one object instead: {"number", "request_id", "duplicate", "reply"}
-("reply" only once there is one: not after a timeout).
-
-exit status: 0 admitted (or already admitted), and with --wait replied;
-  1 the store refused or failed (a full inbox, an unreachable store, a reply or an
-    earlier admission that does not authenticate);
-  2 a usage mistake (a payload that is not JSON, a bad request id, a wrong secret);
-  124 --wait --timeout ran out (the submission stays admitted: wait again with the
-      same --request-id)."""
-
-
-def add_submit_parser(sub: Subcommands, secret_help: str) -> None:
-    submit = add_command(
-        sub,
-        "submit",
-        "hand a JSON payload to an agent's inbox (and wait for its reply)",
-        DESCRIPTION,
-        secret_help,
-    )
-    submit.add_argument("--store", help="store URL (default: $HB_STORE)")
-    submit.add_argument("--agent-id", required=True)
-    submit.add_argument(
-        "--request-id",
-        metavar="R",
-        help="the submission's name: a retry under the same one is admitted once "
-        "(letters, digits and ._:@+=-; default: a new UUID, printed)",
-    )
-    submit.add_argument("--data", metavar="JSON", help="the payload, a JSON text")
-    submit.add_argument(
-        "--data-file", type=Path, metavar="FILE", help="a file holding the payload (JSON)"
-    )
-    submit.add_argument(
-        "stdin",
-        nargs="?",
-        metavar="-",
-        help="read the payload (JSON) from stdin",
-    )
-    submit.add_argument(
-        "--wait", action="store_true", help="then wait for the agent's reply and print it (JSON)"
-    )
-    submit.add_argument(
-        "--timeout",
-        type=seconds,
-        metavar="S",
-        help=f"with --wait: give up after S seconds (exit {EXIT_TIMEOUT}; default: no limit)",
-    )
-    submit.add_argument(
-        "--json",
-        action="store_true",
-        help='print one JSON object: {"number", "request_id", "duplicate"} and, with '
-        '--wait, "reply"',
-    )
-    submit.add_argument(
-        "--new-agent",
-        action="store_true",
-        help="the agent has no records in the store yet (no node of it has run): admit the "
-        "submission all the same (without it, an agent id the store does not hold is refused: "
-        "a mistyped one would make a new agent)",
-    )
-    submit.add_argument("--secret-file", type=Path, help="file holding the network secret")
 
 
 def read_payload(args: argparse.Namespace, stdin: TextIO | None = None) -> Any:

@@ -17,7 +17,7 @@ from hamsterbunker_tui.model import ClusterModel
 from hamsterbunker_tui.panels import timeline_line
 
 from hamsterbunker import FileStore
-from hamsterbunker.cli.control import history
+from hamsterbunker.cli.history import history
 from hamsterbunker.core.timing import LeaseTiming
 from hamsterbunker.lease import LeaseKeeper, Outcome
 from hamsterbunker.lease.control import set_paused
