@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,6 +175,58 @@ def test_a_consumption_cut_short_is_applied_wholly_or_not_with_its_checkpoint(
         )
         check_consumed()
     assert not list(root.glob("tmp-hb-*"))
+
+
+_CONSUMER = """
+import sys
+from hamsterbunker.stores.base import Consumed, Fence
+from hamsterbunker.stores.layer.files import FileStore
+
+root, holder, session, epoch, seq, *numbers = sys.argv[1:]
+store = FileStore(root, keep_replies=4, lock_timeout=30.0)
+consumed = [Consumed(int(n), f"r{n}", b"reply %s" % n.encode()) for n in numbers]
+store.put_checkpoint("a", Fence(holder, session, int(epoch)), int(seq), b"cp", consumed)
+print("returned")
+"""
+
+
+def test_a_reader_between_a_consumptions_writes_finds_each_request_pending_or_answered(
+    root: Path, store: FileStore
+) -> None:
+    """Readers take no lock and may see a commit's writes one by one. A client proving a
+    duplicate submission reads a request id's record, then its submission or its reply:
+    after every single write of a consumption (the child SIGKILLed there, its redo log left
+    unfinished), a request id the store knows has its submission or its reply."""
+    for number in range(1, 7):
+        store.admit(AGENT, f"r{number}", number, b"p%d" % number)
+    fence = held(store)
+    # Four consumed and answered: the next two consumed push r1 and r2 past keep_replies.
+    store.put_checkpoint(AGENT, fence, 1, b"cp", [Consumed(n, f"r{n}", b"re") for n in range(1, 5)])
+    cuts = 0
+    for nth in range(1, 60):  # bounded: a consumption of two is far fewer writes
+        copy = root.with_name(f"cut-{nth}")  # the same store before each consumption
+        shutil.copytree(root, copy, symlinks=True)
+        args = [str(copy), fence.holder, fence.session, str(fence.epoch), "2", "5", "6"]
+        env = dict(os.environ, HB_FAILPOINTS=f"file_backend.commit.after_op=kill@{nth}")
+        child = subprocess.run(
+            [sys.executable, "-c", _CONSUMER, *args],
+            env=env, capture_output=True, text=True, timeout=50, check=False,
+        )  # fmt: skip
+        if "returned" in child.stdout:
+            break
+        assert killed(child), child.stderr
+        cuts += 1
+        for n in range(1, 7):
+            known = file_key(copy, KEYS.request(f"r{n}")).exists()
+            pending = file_key(copy, KEYS.submission(n)).exists()
+            answered = file_key(copy, KEYS.reply(n, f"r{n}")).exists()
+            assert not known or pending or answered, (nth, n)
+    else:
+        raise AssertionError("the consumption never returned")
+    assert cuts >= 6, cuts  # every write of the commit was a cut
+    done = open_store(copy)
+    assert done.read_admission(AGENT, "r6") == AdmissionState(6, True, b"reply 6")
+    assert done.read_admission(AGENT, "r1") is None  # forgotten past keep_replies
 
 
 # -- planted contents ------------------------------------------------------------------

@@ -149,7 +149,6 @@ class Consumption:
         complete: bool,
     ) -> None:
         keys = self.keys
-        self._writes += _ranges(keys, [each.number for each in self.consumed])
         pruned_names = {name for name, _ in pruned}
         if pruned:
             self._writes.append(DeleteRange(keys.done, keys.done_below(pruned[-1][0][0] + 1)))
@@ -157,6 +156,9 @@ class Consumption:
             if (each.number, each.request_id) not in pruned_names:
                 reply = b"-" if each.reply is None else b"+" + each.reply
                 self._writes.append(Put(keys.reply(each.number, each.request_id), reply))
+        # After the replies: a reader of a backend that makes a commit's writes one by one
+        # (file) finds each admitted request's submission or its reply, never neither.
+        self._writes += _ranges(keys, [each.number for each in self.consumed])
         self._totals = (
             str(max(kept + len(newly) - len(pruned), 0)).encode(),
             f"{gone[0]} {gone[1]}".encode(),
@@ -181,6 +183,7 @@ class Consumption:
             read = dict(zip(unread, (_plain(each) for each in found), strict=True))
             records = {name: read.get(name, seen) for name, seen in records.items()}
             self._oldest = [(name, read.get(name, seen)) for name, seen in self._oldest]
+        forgotten: list[Put | DeleteRange] = []
         for (n, rid), record in records.items():
             if not record:
                 continue  # absent, or junk over its bound: nothing of this reply's to forget
@@ -188,8 +191,10 @@ class Consumption:
             if admitted is not None and admitted[0] == n:
                 if self.guessed:
                     self.compares.append(Compare(self.keys.request(rid), record))
-                self._writes.append(DeleteRange(self.keys.request(rid)))
-        return self._writes
+                forgotten.append(DeleteRange(self.keys.request(rid)))
+        # The request ids before their replies, for the same readers: an id known is one
+        # whose reply is still there.
+        return forgotten + self._writes
 
     def committed(self) -> None:
         """After the commit succeeded: the ledger the next consumption plans from."""
