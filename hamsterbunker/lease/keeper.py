@@ -99,6 +99,12 @@ class LeaseKeeper(Handing, Replacing):
         return TickResult(Outcome.RENEWED, renewed)
 
     def _observe_or_acquire(self, heard: LeaseRecord | None) -> TickResult:
+        if heard is None and self._expired_as_seen():
+            # Taken on the version seen, with no read first: the compare-and-set fails if
+            # the record changed since, and the read below then tells how.
+            taken = self._acquire(self.observed, "expired")
+            if taken.outcome is Outcome.ACQUIRED:
+                return taken
         try:
             record = self._read_unless_heard(heard)
         except UnreadableLease as exc:
@@ -126,6 +132,18 @@ class LeaseKeeper(Handing, Replacing):
         if record is not None and not self._is_ours(record):
             self._read_before = (record.version, sent)
         return record
+
+    def _expired_as_seen(self) -> bool:
+        """Whether the record seen last, proven and held by a node, stood still for its TTL
+        (and this node may take a lease now)."""
+        record, now = self.observed, self.clock.monotonic()
+        return (
+            record is not None
+            and record.holder is not None
+            and self._proven(record)
+            and now - self._observed_at >= self._ttl_of(record)
+            and now >= self._hold_off_until
+        )
 
     def _free_as(self, record: LeaseRecord | None, now: float) -> str | None:
         """How this standby may take record now (the takeover's ``via``); None if it may not."""

@@ -148,14 +148,15 @@ class Cluster:
         except StoreError as exc:
             log.warning("%s: could not check the cluster record: %s", node_id, exc)
 
-    def follow(self) -> bool:
-        """Read the record and follow a rotation's step: True if the keys changed. Raises
-        StoreRegressed for a record below the generation followed, Tampered or WrongSecret for
-        one that does not authenticate or names a key this node lacks (nothing changed).
+    def follow(self, found: bytes | None = None) -> bool:
+        """Read the record (or take it as found: read along with the lease) and follow a
+        rotation's step: True if the keys changed. Raises StoreRegressed for a record below
+        the generation followed, Tampered or WrongSecret for one that does not authenticate
+        or names a key this node lacks (nothing changed).
         """
         if self._sealer is None:
             return False
-        stored = self._store.read_cluster()
+        stored = self._store.read_cluster() if found is None else ClusterRecord.from_json(found)
         if stored is None:
             return False  # put back by reconcile at the next regression check, or a restart
         return self._sealer.adopt(stored)

@@ -60,10 +60,11 @@ class KeyFollower:
             if not await self.once():
                 return
 
-    async def once(self) -> bool:
-        """One read of the record; False if the node must stop."""
+    async def once(self, found: bytes | None = None) -> bool:
+        """One read of the record (found: read along with the lease); False if the node
+        must stop."""
         try:
-            await self._calls.io(self._cluster.follow)
+            await self._calls.io(self._cluster.follow, found)
         except StoreRegressed as exc:
             if not self._regressed:
                 self._emit("store.regressed", reason=str(exc))

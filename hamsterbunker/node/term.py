@@ -27,7 +27,7 @@ from ..core.errors import AgentInitFailed, Fenced, NoUsableCheckpoint, StepLost,
 from ..core.timing import DEFAULT_STEP_RETRY, LeaseTiming, StepRetry
 from ..lease import LeaseKeeper
 from ..sealing import Sealer
-from ..stores import Fence, Store
+from ..stores import Fence, RestoreRead, Store
 from .backoff import StepFailures, pause_for
 from .calls import NodeCalls
 from .events import EventSink
@@ -87,13 +87,14 @@ class LeaderTerm:
         retry: StepRetry = DEFAULT_STEP_RETRY,
         contested: bool = True,
         intents: IntentLog | None = None,
-        follow_keys: Callable[[], Coroutine[None, None, bool]] | None = None,
+        follow_keys: Callable[[bytes | None], Coroutine[None, None, bool]] | None = None,
     ) -> None:
         """contested: the lease was taken (free or expired), not handed to this node: on a
         synced folder another node may have taken the same epoch at the same moment
         (``_uncontested``). intents: the node's memory of the intents it wrote, which
         outlives the term (one of the term's own if None). follow_keys: reads the cluster
-        record and follows a rotation (``KeyFollower.once``); False if the node must stop."""
+        record (or the one given, read along with the lease) and follows a rotation
+        (``KeyFollower.once``); False if the node must stop."""
         self.epoch = epoch
         self._id, self._agent, self._store, self._sealer = identity, agent, store, sealer
         self._keeper, self._restorer, self._calls, self._sink = keeper, restorer, calls, sink
@@ -168,11 +169,13 @@ class LeaderTerm:
         A term that cannot restore or publish for a full TTL (the store refuses
         every try) gives the lease up, so that another node can try.
         """
+        taken = self._keeper.read_at_taking(self.epoch)  # what the acquisition read, if any
         if self._follow_keys is not None:
             # Beside the restore, awaited before the first step (docs/design.md, "Keys").
-            self._keys_read = asyncio.create_task(self._follow_keys(), name="hb-term-keys")
+            follow = self._follow_keys(None if taken is None else taken.cluster)
+            self._keys_read = asyncio.create_task(follow, name="hb-term-keys")
         try:
-            ended = await self._lead()
+            ended = await self._lead(taken)
             if ended.how is Ending.OVER and self.leaving.is_set() and not self.lost.is_set():
                 if self._rebase:
                     return self._give_up(self._rebase, hold_off=False)
@@ -184,9 +187,9 @@ class LeaderTerm:
             self._standing.failing = (0, "")
             await self._inbox.close()
 
-    async def _lead(self) -> TermEnd:
+    async def _lead(self, taken: RestoreRead | None) -> TermEnd:
         stall = Stall(self._clock, self._timing.lease_ttl_s)
-        progress = await self._restore(stall)
+        progress = await self._restore(stall, taken)
         if isinstance(progress, TermEnd):
             return progress
         if not await self._uncontested():
@@ -292,12 +295,10 @@ class LeaderTerm:
         await asyncio.sleep(self._timing.tick_s)  # the store failed: same state, same seq
         return progress
 
-    async def _restore(self, stall: Stall) -> Progress | TermEnd:
-        """The state to go on from; or how the term ended before it had one."""
+    async def _restore(self, stall: Stall, taken: RestoreRead | None) -> Progress | TermEnd:
+        """The state to go on from (taken: what the acquisition read); or how the term ended."""
         self._standing.restored = False
         progress = None
-        # What the acquisition read for this term, if the store read with it.
-        taken = self._keeper.read_at_taking(self.epoch)
         self._inbox.read_ahead()
         while progress is None:
             started = self._clock.monotonic()

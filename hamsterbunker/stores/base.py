@@ -201,6 +201,9 @@ class RestoreRead:
     # not read it along (too big, or not the one the lease record names): read it then.
     newest: bytes | None
     acceptance_problem: str = ""  # why the acceptance record could not be taken (CorruptRecord)
+    # The cluster record as read along, unparsed (None: not read along, or over its bound):
+    # a new term follows the cluster's keys from it with no read of its own.
+    cluster: bytes | None = None
 
 
 def newest_first(infos: list[CheckpointInfo]) -> list[CheckpointInfo]:

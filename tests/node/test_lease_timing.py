@@ -258,6 +258,51 @@ def test_standby_that_missed_renewals_still_restarts_on_change(store):
     assert store.read_lease(AGENT).epoch == 1
 
 
+class ReadCounting:
+    """A store whose read_lease calls are counted."""
+
+    def __init__(self, inner: FileStore) -> None:
+        self.inner, self.reads = inner, 0
+
+    def read_lease(self, agent: str) -> LeaseRecord | None:
+        self.reads += 1
+        return self.inner.read_lease(agent)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_standby_takes_a_lease_that_stood_still_without_reading_it_first(store):
+    """At a full TTL the standby's compare-and-set is on the version it saw: one round trip."""
+    _leader, _leader_clock, standby, standby_clock = leader_and_standby(store)
+    standby.store = counting = ReadCounting(store)
+    standby_clock.advance(TTL)
+    result = standby.tick()
+    assert (result.outcome, result.reason, result.record.epoch) == (Outcome.ACQUIRED, "expired", 2)
+    assert counting.reads == 0
+
+
+def test_a_standby_whose_unread_take_finds_a_change_reads_it_and_waits_a_ttl_from_now(store):
+    """The record changed unseen (no watch told): the compare-and-set fails, the standby reads
+    the change at once and times a new TTL from it, rather than trying the old version again."""
+    leader, leader_clock, standby, standby_clock = leader_and_standby(store)
+    leader_clock.advance(0.4)
+    renewed = leader.tick()
+    assert renewed.outcome is Outcome.RENEWED
+    standby.store = counting = ReadCounting(store)
+    standby_clock.advance(TTL)
+    result = standby.tick()
+    assert result.outcome is Outcome.STANDBY and result.record == renewed.record
+    assert counting.reads == 1 and standby.observed == renewed.record
+    seen_at = standby_clock.monotonic()
+    advance_to(standby_clock, seen_at + TTL - 0.001)
+    assert standby.tick().outcome is Outcome.STANDBY
+    assert counting.reads == 2  # not expired as seen: read
+    advance_to(standby_clock, seen_at + TTL)
+    assert standby.tick().outcome is Outcome.ACQUIRED
+    assert counting.reads == 2
+
+
 def test_standby_ignores_wall_clock_jumps(store, monkeypatch):
     """Jumping the wall clock (time.time) an hour forward or back changes no lease outcome."""
     real_time = time.time

@@ -34,7 +34,7 @@ from hamsterbunker.core.errors import (
     WrongSecret,
 )
 from hamsterbunker.core.timing import LeaseTiming
-from hamsterbunker.records import CheckpointInfo, Event, LeaseRecord
+from hamsterbunker.records import CheckpointInfo, ClusterRecord, Event, LeaseRecord
 from hamsterbunker.runtime import Runtime
 from hamsterbunker.sealing import Sealer
 from hamsterbunker.stores.base import Fence, RestoreRead
@@ -407,6 +407,10 @@ class TakingStore(FaultyStore):
         self.read_after_taking += self.taken.is_set()
         return self._inner.read_checkpoint(agent, info)
 
+    def read_cluster(self) -> ClusterRecord | None:
+        self.read_after_taking += self.taken.is_set()
+        return self._inner.read_cluster()
+
     def take_lease(
         self, agent: str, expected_version: int | None, new: LeaseRecord
     ) -> tuple[LeaseRecord, RestoreRead | None]:
@@ -420,15 +424,17 @@ class TakingStore(FaultyStore):
             blob = Sealer(SECRET, cluster).seal(agent, new.epoch, 4, {"n": 4, "effects": [4]})
             self._inner.put_checkpoint(agent, fence, 4, blob)
             raise LeaseConflict("injected: node-c took the lease first")
-        taken = self.cas_lease(agent, expected_version, new), self.read_for_restore(agent)
+        # As the record layer's commit reads (the cluster record along).
+        taken = self.cas_lease(agent, expected_version, new), self._inner.read_for_restore(agent)
         if new.holder == "node-b":
             self.taken.set()
         return taken
 
 
 def test_a_new_leader_restores_from_what_it_read_as_it_took_the_lease(hb: Harness) -> None:
-    """The acquisition reads what a restore needs with it (in one txn on etcd): the term's
-    restore reads nothing more, a round trip less before the first step."""
+    """The acquisition reads what a restore needs with it (in one txn on etcd), the cluster
+    record the term follows the keys from included: the term's restore reads nothing more,
+    a round trip less before the first step."""
     _publish_three_and_stop(hb)
     store = TakingStore(hb.store())
     hb.node("node-b", AsyncAgent(park_from=4), store=store)

@@ -12,7 +12,8 @@ import pytest
 
 from hamsterbunker.core.errors import Fenced, InboxFull, LeaseConflict, NotNextNumber, StoreError
 from hamsterbunker.core.read_bounds import ReadBound
-from hamsterbunker.records import LeaseRecord
+from hamsterbunker.records import ClusterRecord, LeaseRecord
+from hamsterbunker.sealing.sealer import new_cluster_record
 from hamsterbunker.stores import base
 from hamsterbunker.stores.backend import Capability, Notice, ScanResult, TooLarge, Txn, TxnResult
 from hamsterbunker.stores.backends.memory import MemoryBackend
@@ -247,9 +248,11 @@ def test_a_watch_of_the_agent_wakes_for_its_lease_submissions_and_replies_alone(
 
 
 def test_a_take_reads_what_the_restore_reads_first_in_its_commit(backend: CountingBackend) -> None:
-    """The listing, the acceptance and the newest checkpoint the lease record names come with
-    the take's one commit; the term's first checkpoint then needs no listing either."""
+    """The listing, the acceptance, the cluster record and the newest checkpoint the lease
+    record names come with the take's one commit; the term's first checkpoint then needs no
+    listing either."""
     first = RecordStore(backend)
+    cluster = first.create_cluster(new_cluster_record("a secret of the cluster"))
     held = first.cas_lease(AGENT, None, lease("n1", 1))
     for seq in (1, 2):
         first.put_checkpoint(AGENT, fence_of(held), seq, f"c{seq}".encode())
@@ -263,6 +266,7 @@ def test_a_take_reads_what_the_restore_reads_first_in_its_commit(backend: Counti
     assert read is not None
     assert [(i.seq, i.epoch) for i in read.infos] == [(2, 1), (1, 1)]
     assert (read.newest, read.acceptance) == (b"c2", b"accepted")
+    assert read.cluster is not None and ClusterRecord.from_json(read.cluster) == cluster
     backend.calls.clear()
     taker.put_checkpoint(AGENT, fence_of(taken), 3, b"c3")
     assert backend.calls == ["commit"]
