@@ -272,6 +272,25 @@ def test_a_take_reads_what_the_restore_reads_first_in_its_commit(backend: Counti
     assert backend.calls == ["commit"]
 
 
+def test_a_take_reads_along_the_checkpoints_published_after_the_one_the_record_names(
+    backend: CountingBackend,
+) -> None:
+    """A leader killed after its last renewal published more than the record names: the
+    take's one commit still brings the newest (a failover restores with no further read)."""
+    first = RecordStore(backend)
+    held = first.cas_lease(AGENT, None, lease("n1", 1))
+    for seq in range(1, 5):
+        first.put_checkpoint(AGENT, fence_of(held), seq, f"c{seq}".encode())
+    named = replace(lease("n2", 2, session="s2"), seq=2, seq_epoch=1)  # its last renewal's
+    taker = RecordStore(backend)
+    assert taker.read_lease(AGENT) == held
+    backend.calls.clear()
+    _, read = taker.take_lease(AGENT, held.version, named)
+    assert backend.calls == ["commit"]
+    assert read is not None and [i.seq for i in read.infos][:2] == [4, 3]
+    assert read.newest == b"c4"
+
+
 def test_a_big_or_unnamed_newest_checkpoint_is_read_by_the_restore(
     backend: CountingBackend,
 ) -> None:

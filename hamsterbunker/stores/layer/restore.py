@@ -1,8 +1,9 @@
 """What a new term's restore reads first (``Store.read_for_restore``), also read in the
 commit that takes the lease (``Store.take_lease``): the checkpoints listed, the loss
-acceptance, the cluster record (the keys the term seals with), and the newest checkpoint
-where the lease record names it and it is within ``TAKEN_CHECKPOINT_BYTES`` (a big one
-would hold up the new holder's first renewal).
+acceptance, the cluster record (the keys the term seals with), and the checkpoints from
+the one the lease record names on (a leader killed after its last renewal published
+more), within ``TAKEN_CHECKPOINT_BYTES`` in all (more would hold up the new holder's
+first renewal): the newest among them is then restored with no further read.
 """
 
 from __future__ import annotations
@@ -22,18 +23,22 @@ from .keys import CLUSTER, AgentKeys
 __all__ = ["TAKEN_CHECKPOINT_BYTES", "restore_read", "restore_reads"]
 
 TAKEN_CHECKPOINT_BYTES = 512 * 1024
+# The most checkpoints read along from the one named on: a leader renews every tick, so
+# those it published after its last renewal are few.
+_TAKEN_CHECKPOINTS = 4
 
 
 def restore_reads(keys: AgentKeys, lease: LeaseRecord | None) -> list[Get | Scan]:
-    """The reads of a restore, with the checkpoint lease names (if any) read along."""
+    """The reads of a restore, with the checkpoint lease names (if any) and those after it
+    read along."""
     reads: list[Get | Scan] = [
         Scan(keys.ckpt, CHECKPOINT_NAMES_READ),
         Get(keys.acceptance, MAX_RECORD_BYTES),
         Get(CLUSTER, MAX_RECORD_BYTES),
     ]
     if lease is not None and lease.seq:
-        bound = ReadBound(1, TAKEN_CHECKPOINT_BYTES, TAKEN_CHECKPOINT_BYTES)
-        reads.append(Scan(keys.checkpoints_of(lease.seq, lease.seq_epoch), bound))
+        bound = ReadBound(_TAKEN_CHECKPOINTS, TAKEN_CHECKPOINT_BYTES, TAKEN_CHECKPOINT_BYTES)
+        reads.append(Scan(keys.ckpt, bound, after=keys.checkpoints_of(lease.seq, lease.seq_epoch)))
     return reads
 
 

@@ -578,23 +578,25 @@ def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
     the backend reads as it takes; on a conflict it writes nothing."""
     old = store.cas_lease("a", None, lease("n1", 1))
     store.put_checkpoint("a", fence_of(old), 7, b"seven")
+    store.put_checkpoint("a", fence_of(old), 8, b"eight")  # after the last renewal (below)
     store.put_acceptance("a", b"accepted")
     store.admit("a", "r1", 1, b"sealed submission")
     other = open_second()
     with pytest.raises(LeaseConflict):
         other.take_lease("a", old.version + 1000, lease("n2", 2, session="s2"))
     assert other.read_lease("a") == old
-    # The newest checkpoint the taker knew accepted, as a node's record names it.
+    # The newest checkpoint the taker knew accepted, as a node's record names it: the one
+    # published after it is read along too.
     taking = replace(lease("n2", 2, session="s2"), seq=7, seq_epoch=1)
     taken, read = other.take_lease("a", old.version, taking)
     assert taken == store.read_lease("a") and (taken.holder, taken.epoch) == ("n2", 2)
     if backend in READS_AS_IT_TAKES:
         assert read == store.read_for_restore("a")
-        assert read is not None and read.newest == b"seven" and read.acceptance == b"accepted"
+        assert read is not None and read.newest == b"eight" and read.acceptance == b"accepted"
     else:
         assert read is None
     with pytest.raises(Fenced):  # the old term is fenced off by the same write
-        store.put_checkpoint("a", fence_of(old), 8, b"eight")
+        store.put_checkpoint("a", fence_of(old), 9, b"nine")
 
 
 def test_reading_a_pruned_checkpoint_raises(store: Store) -> None:
