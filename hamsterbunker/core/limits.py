@@ -48,6 +48,9 @@ MAX_SEQ = 2**53 - 1
 MAX_NUMBER = 2**63 - 1
 # A sealed checkpoint, as stored: what a node publishes, and the most it reads back.
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
+# The biggest checkpoint a leader's last publish before a stop writes in one commit with
+# the lease's release; a bigger one is written as its pieces are made, released after.
+RELEASE_WITH_PUBLISH_BYTES = 1024 * 1024
 # A lease, cluster, heartbeat, loss-acceptance or memory record, or one event line.
 MAX_RECORD_BYTES = 64 * 1024
 # The most checkpoint descriptions one listing reads: a store keeps a few, the

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from ..core.errors import LeaseConflict
+from ..core.reach import Reach
 from ..records import MAX_HISTORY, LeaseRecord, Takeover
 from .outcome import Outcome, TickResult
 from .state import KeeperState
 
 __all__ = ["Handing", "previous_holder", "released_via", "with_takeover"]
+
+T = TypeVar("T")
 
 
 class Handing(KeeperState):
@@ -83,6 +88,28 @@ class Handing(KeeperState):
             return False
         self._note(record, self.clock.monotonic())
         return True
+
+    def release_with(
+        self, write: Callable[[int, LeaseRecord], tuple[T, LeaseRecord | None]], reach: Reach
+    ) -> tuple[T, bool]:
+        """Give the lease up (a graceful stop) in the commit of another write: write(the
+        version held, the record released, naming reach) returns what it wrote and the
+        lease record stored, or None if it did not release (release() then). True if it did."""
+        held = self.held
+        if held is None:
+            raise LeaseConflict("this node does not hold the lease")
+        reach = self.reach().union(reach)
+        released = replace(
+            self._next_write(held), holder=None, successor=None, handoff=False,
+            seq=reach.seq, seq_epoch=reach.epoch,
+        )  # fmt: skip
+        result, record = write(held.version, self._signed(released))
+        if record is not None:
+            self.held = None
+            self._note(record, self.clock.monotonic())
+            # A pass of the lease loop may still come before the stop ends it: not taken back.
+            self.hold_off(self.timing.lease_ttl_s)
+        return result, record is not None
 
     def release(self, successor: str | None = None, *, handoff: bool = False) -> bool:
         """Give the lease up at once (graceful stop; to successor on a switchover; handoff

@@ -319,8 +319,11 @@ class NodeLoop(Leaving):
     def _finishing(self) -> bool:
         """Whether a stop waits for the term, which finishes and publishes its step in flight."""
         leader = self._leader
-        # A finished term needs no more renewals: the stop releases the lease at once.
-        return self._signals.stopping.is_set() and leader is not None and not leader.done()
+        # A finished term needs no more renewals: the stop releases the lease at once; nor
+        # one whose last publish released it (or that lost it).
+        stopping = self._signals.stopping.is_set()
+        held = self._keeper.held is not None
+        return stopping and held and leader is not None and not leader.done()
 
     async def _sleep_until(self, deadline: float) -> None:
         stopping, wake = self._signals.stopping, self._signals.wake

@@ -11,6 +11,7 @@ from ..agent.step import State, StepContext
 from ..core.clock import Clock
 from ..core.errors import Fenced, HamsterbunkerError, StateNotJson
 from ..core.failpoints import failpoint
+from ..core.limits import RELEASE_WITH_PUBLISH_BYTES
 from ..core.reach import Reach
 from ..lease import LeaseKeeper
 from ..records import CheckpointInfo
@@ -50,6 +51,8 @@ class Publisher:
     inbox: TermInbox
     clock: Clock
     end_term: Callable[[], None]
+    # Whether a publish now is the term's last before a stop: it releases the lease too.
+    last: Callable[[], bool] = lambda: False
 
     async def publish(
         self, context: StepContext, state: State, marks: ConsumedMarks
@@ -63,7 +66,7 @@ class Publisher:
         marks, gaps = marks.adding(c.number for c in consumed)
         started = self.clock.monotonic()
         try:
-            info = await self._put(context, state, marks, consumed)
+            info, released = await self._put(context, state, marks, consumed)
         except Fenced as exc:
             self.sink.record("publish", context.epoch, context.seq, started, "fenced")
             # The refused term's epoch: the keeper may have seen the next one already.
@@ -83,14 +86,17 @@ class Publisher:
         self.keeper.learn_published(Reach(info.seq, info.epoch))
         self.sink.emit("agent.step", step_seq=info.seq)
         self.sink.emit("checkpoint.published", size=info.size)
+        if released:
+            self.sink.emit("lease.released")
         self.inbox.committed(consumed, marks)
         self.inbox.gave_up(gaps)
         return Progress(state, info.seq, epoch=info.epoch, marks=marks)
 
     async def _put(
         self, context: StepContext, state: State, marks: ConsumedMarks, consumed: list[Consumed]
-    ) -> CheckpointInfo:
-        """Seal the state with marks and write it with what the step consumed."""
+    ) -> tuple[CheckpointInfo, bool]:
+        """Seal the state with marks and write it with what the step consumed; the last
+        publish before a stop with the lease released, in one commit where it can (True)."""
         # The state's JSON here (SealError before the store is touched); its
         # encryption inside the put, piece by piece as the store writes them.
         # Into this node's own chain on a store that keeps one per node: bound to it.
@@ -107,12 +113,21 @@ class Publisher:
         if consumed:
             failpoint("inbox.before_commit")
         fence = Fence(holder=self.identity.node, session=self.keeper.session, epoch=context.epoch)
-        info = await self.calls.io(
-            self.store.put_checkpoint, self.identity.agent, fence, context.seq, blob, *also
-        )
+        agent, released = self.identity.agent, False
+        if self.last() and len(blob) <= RELEASE_WITH_PUBLISH_BYTES:
+            # In the keeper's thread: no renewal is in flight to change the record meanwhile.
+            put = functools.partial(
+                self.store.put_checkpoint_and_release, agent, fence, context.seq, blob, consumed
+            )
+            reach = Reach(context.seq, context.epoch)
+            info, released = await self.calls.keeper(self.keeper.release_with, put, reach)
+        else:
+            info = await self.calls.io(
+                self.store.put_checkpoint, agent, fence, context.seq, blob, *also
+            )
         if consumed:
             failpoint("inbox.after_commit")
-        return info
+        return info, released
 
     async def _unsure(
         self, context: StepContext, consumed: list[Consumed], started: float, exc: Exception

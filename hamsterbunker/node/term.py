@@ -122,7 +122,7 @@ class LeaderTerm:
         )
         self._publisher = Publisher(
             identity, store, sealer, keeper, restorer, calls, sink, standing, self._inbox,
-            clock, self.end,
+            clock, self.end, lambda: signals.stopping.is_set() and not self.leaving.is_set(),
         )  # fmt: skip
 
     def end(self) -> None:

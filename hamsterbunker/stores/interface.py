@@ -116,6 +116,23 @@ class Store(Protocol):
         their request ids.
         """
 
+    def put_checkpoint_and_release(
+        self,
+        agent: str,
+        fence: Fence,
+        seq: int,
+        blob: Blob,
+        consumed: Sequence[Consumed],
+        expected_version: int,
+        released: LeaseRecord,
+    ) -> tuple[CheckpointInfo, LeaseRecord | None]:
+        """put_checkpoint, and in the same commit, where the store can, cas_lease from
+        expected_version to released (a leader's last publish before a stop: one round
+        trip for both). The lease record stored, or None if it was not written (the
+        caller releases then)."""
+        also = (consumed,) if consumed else ()  # stores wrapped by tests take four arguments
+        return self.put_checkpoint(agent, fence, seq, blob, *also), None
+
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         """Retained checkpoints, newest first: by seq, then epoch, both descending."""
 

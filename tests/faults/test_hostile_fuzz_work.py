@@ -262,6 +262,11 @@ class SpyStore:
         self._world.accepted_checkpoint(seq)
         return info
 
+    def put_checkpoint_and_release(self, agent: str, fence: Any, seq: int, *args: Any) -> Any:
+        found = self._inner.put_checkpoint_and_release(agent, fence, seq, *args)
+        self._world.accepted_checkpoint(seq)
+        return found
+
     def close(self) -> None:
         if self._owned:
             self._inner.close()

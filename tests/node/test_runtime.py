@@ -77,6 +77,7 @@ class FaultyStore:
 
     # Made of the calls above, so that their faults reach a takeover and a restore too.
     take_lease = Store.take_lease
+    put_checkpoint_and_release = Store.put_checkpoint_and_release
     read_for_restore = Store.read_for_restore
 
     def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
@@ -650,6 +651,49 @@ def test_graceful_stop_hands_over_within_a_tick_not_a_ttl(hb: Harness) -> None:
     assert lease is not None and (lease.holder, lease.epoch) == ("node-b", 2)
     resumed = hb.events.wait("agent.resumed", "node-b")
     assert (resumed.detail["from_seq"], resumed.detail["skipped"]) == (2, 0)
+
+
+class ReleaseCounting:
+    """Counts how the lease is released: by its own cas_lease, or in the last publish."""
+
+    def __init__(self, inner: FileStore) -> None:
+        self._inner = inner
+        self.own_releases = 0
+        self.with_publish: list[LeaseRecord | None] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def cas_lease(self, agent: str, expected_version: int | None, new: LeaseRecord) -> LeaseRecord:
+        self.own_releases += new.holder is None
+        return self._inner.cas_lease(agent, expected_version, new)
+
+    def put_checkpoint_and_release(self, *args: Any) -> tuple[CheckpointInfo, LeaseRecord | None]:
+        info, record = self._inner.put_checkpoint_and_release(*args)
+        self.with_publish.append(record)
+        return info, record
+
+
+def test_a_stops_last_publish_releases_the_lease_in_the_same_commit(hb: Harness) -> None:
+    """The step in flight at a stop finishes; its publish releases the lease in its own
+    commit (one round trip for both), naming that checkpoint, and nothing else releases."""
+    agent = AsyncAgent(park_from=3)
+    store = ReleaseCounting(hb.store())
+    node = hb.node("node-a", agent, store=store, stop_grace_ms=10_000)
+    wait_until(lambda: 3 in agent.entered_seqs(), "node-a to enter step 3")
+    stopping = threading.Thread(target=node.stop, name="stop-node-a", daemon=True)
+    stopping.start()
+    hb.events.wait("node.stopping", "node-a")
+    agent.release.set()  # the step in flight finishes, and is published
+    stopping.join(30)
+    assert not stopping.is_alive()
+    lease = hb.store().read_lease(AGENT)
+    assert lease is not None and (lease.holder, lease.seq, lease.seq_epoch) == (None, 3, 1)
+    assert store.with_publish == [lease] and store.own_releases == 0
+    assert hb.checkpoints()[0] == (3, 1)
+    kinds = hb.events.types("node-a")
+    assert kinds.index("lease.released") > kinds.index("checkpoint.published")
+    assert kinds.count("lease.released") == 1
 
 
 # -- 8, 9. refused before anything is written ------------------------------------

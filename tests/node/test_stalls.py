@@ -71,6 +71,7 @@ class SteerableStore:
 
     # Made of the steered calls, so that a takeover's and a restore's are steered too.
     take_lease = Store.take_lease
+    put_checkpoint_and_release = Store.put_checkpoint_and_release
     read_for_restore = Store.read_for_restore
 
 

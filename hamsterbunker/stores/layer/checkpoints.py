@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from ...core.blob import Blob
-from ...core.errors import Fenced, StoreError
+from ...core.errors import Fenced, LeaseConflict, StoreError
 from ...core.failpoints import failpoint, failpoints_within
 from ...core.limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds, check_effect_bounds
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
@@ -34,10 +34,21 @@ __all__ = [
 _GUESSED_BYTES = 1 << 20
 
 
+# A lease write made in a checkpoint's commit: its compare, and its writes.
+LeaseWrite = tuple[Compare, list[Put]]
+
+
 def put_checkpoint(
-    layer: Layer, keys: AgentKeys, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed]
+    layer: Layer,
+    keys: AgentKeys,
+    fence: Fence,
+    seq: int,
+    blob: Blob,
+    consumed: Sequence[Consumed],
+    lease: LeaseWrite | None = None,
 ) -> CheckpointInfo:
-    """Store.put_checkpoint: the fence compared, retention, the journal, the consumed."""
+    """Store.put_checkpoint: the fence compared, retention, the journal, the consumed; and
+    lease, if given (LeaseConflict, storing nothing, if its compare fails)."""
     refuse(check_checkpoint_bounds(seq, fence.epoch, len(blob)) or check_consumed(consumed))
     text = fence.to_text()
     written = layer.written.pop(keys.agent, None)  # set again once this one is committed
@@ -49,7 +60,7 @@ def put_checkpoint(
     small = len(blob) <= _GUESSED_BYTES
     if listed is not None and small and consumption.guess():
         blob = bytes(blob)  # a wrong guess writes it again, and pieces are made once
-        info = _commit(layer, keys, fence, seq, blob, listed, consumption)
+        info = _commit(layer, keys, fence, seq, blob, listed, consumption, lease)
         if info is not None:
             return info
         consumption = Consumption(layer, keys, consumed, text)  # it guessed wrong: read
@@ -66,7 +77,7 @@ def put_checkpoint(
         listed = listed_in(layer, keys, listing)
     check_own_epoch(listed, fence.epoch, seq)
     consumption.found(found)
-    info = _commit(layer, keys, fence, seq, blob, listed, consumption)
+    info = _commit(layer, keys, fence, seq, blob, listed, consumption, lease)
     if info is None:
         raise StoreError("the store refused a checkpoint's commit under the fence it holds")
     return info
@@ -80,16 +91,22 @@ def _commit(
     blob: Blob,
     listed: list[CheckpointInfo],
     consumption: Consumption,
+    lease: LeaseWrite | None,
 ) -> CheckpointInfo | None:
     """The checkpoint's commit; None if the fence held but a record the consumption
-    compared did not (refused if the fence did not)."""
+    compared did not (refused if the fence did not; LeaseConflict if lease's compare
+    may be what failed)."""
     text = fence.to_text()
     written_ms = round(time.time() * 1000)
     info = CheckpointInfo(epoch=fence.epoch, seq=seq, size=len(blob), written=written_ms / 1000)
     removals, left = _retention(keys, listed, info, layer.settings)
     writes = [Put(keys.checkpoint(info), blob), *consumption.writes()]
+    compares = [Compare(keys.fence, text.encode()), *consumption.compares]
+    if lease is not None:
+        compares.append(lease[0])
+        writes += lease[1]
     txn = Txn(
-        compares=[Compare(keys.fence, text.encode()), *consumption.compares],
+        compares=compares,
         writes=writes,
         reads=[Get(keys.fence, 256)],
         tidy=[*removals, DeleteRange(*keys.steps_through(seq))],
@@ -99,6 +116,8 @@ def _commit(
         result = layer.commit(txn)
     if not result.succeeded:
         now = result.reads[0]
+        if now == text.encode() and lease is not None:
+            raise LeaseConflict(f"the lease record of {keys.agent!r} changed since it was read")
         if now == text.encode() and consumption.guessed:
             return None
         raise _refused(fence, seq, now)

@@ -13,6 +13,7 @@ from ...records import LeaseRecord
 from ..backend import Compare, Get, Put, Scan, ScanResult, TooLarge, Txn
 from ..base import fence_text, parse_lease
 from .base import Layer, must
+from .checkpoints import LeaseWrite
 from .keys import AgentKeys
 
 __all__ = ["Leases"]
@@ -75,6 +76,25 @@ class Leases:
         if found is None:
             raise _changed(agent)
         return stored, found
+
+    def _release_write(
+        self, keys: AgentKeys, expected_version: int, released: LeaseRecord
+    ) -> tuple[LeaseWrite, LeaseRecord] | None:
+        """The compare and writes that release the lease inside another commit, and the
+        record stored then; None unless this client last wrote or read expected_version."""
+        known = self._leases.get(keys.agent)
+        if known is None or known[1].version != expected_version:
+            return None
+        stored = replace(released, version=expected_version + 1)
+        writes = [Put(keys.lease, stored.to_json())]
+        if _fence(known[1]) != _fence(stored):
+            writes.append(Put(keys.fence, _fence(stored).encode()))
+        return (Compare(keys.lease, known[0]), writes), stored
+
+    def _written(self, keys: AgentKeys, stored: LeaseRecord) -> None:
+        """stored is now the lease record: what the next cas_lease compares."""
+        self._leases[keys.agent] = (stored.to_json(), stored)
+        self._fences[keys.agent] = _fence(stored)
 
     def replace_unreadable_lease(self, agent: str, found: str, new: LeaseRecord) -> LeaseRecord:
         keys = AgentKeys(agent)

@@ -13,8 +13,13 @@ from contextlib import suppress
 from dataclasses import replace
 
 from ...core.blob import Blob
-from ...core.errors import ClusterChanged, StoreError
-from ...core.limits import INBOX_REPLIES_KEPT, MAX_RECORD_BYTES, check_effect_bounds
+from ...core.errors import ClusterChanged, LeaseConflict, StoreError
+from ...core.limits import (
+    INBOX_REPLIES_KEPT,
+    MAX_RECORD_BYTES,
+    RELEASE_WITH_PUBLISH_BYTES,
+    check_effect_bounds,
+)
 from ...core.read_bounds import HEARTBEATS_READ, ReadBound
 from ...records import (
     CheckpointInfo,
@@ -146,6 +151,30 @@ class RecordStore(Leases, Store):
         self, agent: str, fence: Fence, seq: int, blob: Blob, consumed: Sequence[Consumed] = ()
     ) -> CheckpointInfo:
         return checkpoints.put_checkpoint(self.layer, AgentKeys(agent), fence, seq, blob, consumed)
+
+    def put_checkpoint_and_release(
+        self,
+        agent: str,
+        fence: Fence,
+        seq: int,
+        blob: Blob,
+        consumed: Sequence[Consumed],
+        expected_version: int,
+        released: LeaseRecord,
+    ) -> tuple[CheckpointInfo, LeaseRecord | None]:
+        keys = AgentKeys(agent)
+        planned = self._release_write(keys, expected_version, released)
+        if planned is None or len(blob) > RELEASE_WITH_PUBLISH_BYTES:
+            return self.put_checkpoint(agent, fence, seq, blob, consumed), None
+        data = bytes(blob)  # made once: written again if the lease changed meanwhile
+        try:
+            info = checkpoints.put_checkpoint(
+                self.layer, keys, fence, seq, data, consumed, planned[0]
+            )
+        except LeaseConflict:  # an operator's request written into it: released on its own
+            return self.put_checkpoint(agent, fence, seq, data, consumed), None
+        self._written(keys, planned[1])
+        return info, planned[1]
 
     def list_checkpoints(self, agent: str) -> list[CheckpointInfo]:
         fence = self._fences.get(agent)  # taken before the listing: it is read under fence

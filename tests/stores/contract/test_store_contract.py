@@ -599,6 +599,39 @@ def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
         store.put_checkpoint("a", fence_of(old), 9, b"nine")
 
 
+def test_a_last_publish_releases_the_lease_in_its_own_commit_where_the_store_can(
+    store: Store, open_second: Opener, backend: str
+) -> None:
+    """put_checkpoint_and_release: the checkpoint and the lease released in one commit on the
+    record layer's stores (the old fence refused after it); elsewhere the checkpoint alone
+    (None: the caller releases). A lease record changed since (an operator's request
+    written into it): the checkpoint alone, everywhere."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    released = replace(held, holder=None, renewals=held.renewals + 1, seq=2, seq_epoch=1)
+    info, record = store.put_checkpoint_and_release(
+        "a", fence_of(held), 2, b"two", (), held.version, released
+    )
+    other = open_second()
+    assert (info.seq, other.read_checkpoint("a", info)) == (2, b"two")
+    stored = other.read_lease("a")
+    assert stored is not None
+    if backend in READS_AS_IT_TAKES:  # the record layer's stores
+        assert record == stored and (stored.holder, stored.seq) == (None, 2)
+        with pytest.raises(Fenced):
+            store.put_checkpoint("a", fence_of(held), 3, b"three")
+    else:
+        assert record is None and stored == held
+    term = other.cas_lease("a", stored.version, lease("n2", 2, session="s2"))
+    assert store.read_lease("a") == term  # as its holder last saw it
+    asked = other.cas_lease("a", term.version, replace(term, control="an operator's request"))
+    released = replace(term, holder=None, seq=3, seq_epoch=2)
+    info, record = store.put_checkpoint_and_release(
+        "a", fence_of(term), 3, b"three", (), term.version, released
+    )
+    assert record is None and other.read_lease("a") == asked
+    assert other.read_checkpoint("a", info) == b"three"
+
+
 def test_reading_a_pruned_checkpoint_raises(store: Store) -> None:
     """Reading a checkpoint that retention removed raises StoreError."""
     held = store.cas_lease("a", None, lease("n1", 1))
