@@ -133,50 +133,53 @@ namespaces and a fresh key prefix of the store.
 """
 
 ANALYSIS = """\
-Measured on 2026-12-02 (full run; 10 kills and 10 handovers per store and round trip). In
-round trips (RTT), from the parts tables:
+Measured on 2026-12-05 (full run; 10 kills and 10 handovers per store and round trip),
+after three changes to the takeover (issue 36): a standby takes a lease that stood still
+by compare-and-set on the version it saw, with no read first; the take's one commit reads
+along the checkpoints from the one its record names on, the loss acceptance and the
+cluster record, so the term restores and follows the keys with no further read; and a
+stop's last publish releases the lease in its own commit. In round trips (RTT), from the
+parts tables:
 
-* **Failover.** Kill → lease acquired alone is TTL + 2–4 RTT at p99 (etcd 3.2 / 4.0 / 3.7,
-  Redis 11.5 / 3.7 / 3.4 at RTT 50 / 150 / 300 ms; the 11.5 is one slow kill on the
-  loaded machine, 576 ms): the standby times the TTL from when it *saw* the last renewal
-  (about ½ RTT after it landed), then reads the lease once more (1 RTT) and
-  compare-and-sets it (1 RTT). The restore after it costs 3 RTT on etcd (180 / 479 / 933
-  ms) and 7 RTT on Redis (381 / 1081 / 2135 ms), the first publish 2 RTT on etcd and 1 on
-  Redis. So TTL + 2 RTT is spent before the agent resumes.
-* **Why 7 RTT for a Redis restore.** The restore reads the checkpoint list and the loss
-  acceptance at once, on two of the node's store threads; the second needs a new
-  connection from the pool. Measured from a namespace at RTT 300 ms: a fresh redis-py
-  client's first PING takes 1818 ms (6 RTT: the TCP handshake and redis-py's
-  on-connect commands, one round trip each), the next 301 ms; the same two reads in two
-  threads take 1816 ms the first time, 304 ms after. etcd (HTTP keep-alive) pays one
-  TCP handshake for its new connection.
-* **Handover.** Last publish → released (the old leader's release compare-and-set) 1.3–2.7
-  RTT, released → acquired 2.0–2.4 RTT (the watch wakes the standby about when the old
-  leader hears its answer; then a read and a compare-and-set), the restore 1.4–2.1 RTT
-  on etcd (its reads start at the release) and 6–6.5 RTT on Redis (the new connection
-  again), the first publish 1–2 RTT: last publish → first checkpoint took 8–11 RTT at
-  p50 (up to 13 at p99), against 3 RTT + 50 ms.
-
-What it would take: acquire by compare-and-set on the version the watch or the expiry
-wake-up already saw, without the extra read (−1 RTT in both); start the restore reads at
-the expiry wake-up as a handover does at the release (−2 RTT after a kill); read list and
-blob in one round trip (one Lua script / one etcd txn); and keep the pooled connections
-warm (or open them at start-up), which alone takes Redis's restore from 7 RTT to 2. Even
-then a failover costs TTL + about 3 RTT and a handover about 5 RTT, so the targets of
-TTL + 2 RTT and 3 RTT + 50 ms need fewer round trips than the lease protocol now has.
+* **Failover.** Kill → lease acquired is TTL + 1.9–2.3 RTT at p99 (etcd 117 / 283 / 658
+  ms over the TTL at RTT 50 / 150 / 300 ms, Redis 26 / 346 / 586 ms); the restore after
+  it 2–4 ms at p50; the first publish 1 RTT. Kill → first checkpoint (step excluded) is
+  TTL + 3.2–3.9 RTT at p99 on etcd and at RTT 300 ms on Redis, 1.6 RTT on Redis at 50 ms. The standby times the TTL from when it *saw*
+  the last renewal, through the watch about 1 RTT after the leader sent it (½ to the
+  store, ½ back), so a kill just after a renewal was sent leaves TTL + 1 RTT until the
+  expiry here; then the compare-and-set (1 RTT) and the first publish (1 RTT): TTL + 3
+  RTT at p99, one round trip over the target of TTL + 2 RTT + 50 ms, which only a clock
+  shared with the leader could take back (timing from the renewal's send). In one kill of
+  ten the restore still read once (1 RTT, the p99 and max of its row); which read it was
+  is not known yet. Redis at 150 ms: one first publish took 570 ms (4 RTT) on the loaded
+  machine, the rest 1 RTT.
+* **Handover.** The release now lands with the last publish (0.15–0.2 ms between them at
+  p50); released → acquired 1.0–1.4 RTT (the watch tells the standby about when the old
+  leader hears its answer; then the compare-and-set); the restore 2–5 ms; the first
+  publish 1 RTT; within 3 RTT + 50 ms at p99 on four of six. The two
+  misses are one handover in ten each whose release was a write of its own: the signal
+  came while no step was in flight (etcd, 300 ms: release 1 RTT after the signal, then
+  1.4 RTT to the take), or during a publish with a renewal in flight (Redis, 150 ms: 415
+  ms, 2.7 RTT).
+* **Against before.** The full run of 2026-12-02 (db92eaf) gave failover p99 (kill →
+  first checkpoint, step excluded) 2463 / 3399 / 5682 ms on etcd and 3008 / 3808 / 6472
+  ms on Redis, handover p99 512 / 1426 / 2845 and 639 / 1878 / 3689 ms; this run 2177 /
+  2481 / 4076, 2081 / 2919 / 4167, 188 / 474 / 1045 and 164 / 725 / 629 ms. Two quick runs
+  this session (3 kills and 3 handovers each), one on 3b370f2 and one on 790b6ec
+  minutes later: failover p99 2192 / 2764 / 4672 → 2012 / 2393 / 4062 ms on etcd and
+  2246 / 2547 / 5344 → 2054 / 2293 / 4135 ms on Redis; handover p99 260 / 711 / 1678 →
+  172 / 484 / 983 and 214 / 758 / 1622 → 164 / 721 / 614 ms.
 
 The soak met its target everywhere: no takeover, no failed renewal, no fencing, with ten
 clusters (30 node processes) on two cores. What a short TTL costs first is the leader's
-stepping, not a takeover: at RTT 300 ms and TTL 1500 ms the leaders never published (1647
-steps cut at the renew deadline in 10 minutes, yet no takeover: the longest renewal gap
-was 0.82 × TTL); at TTL 2000 ms 25 steps were cut (0.73 against 0.74 checkpoints/s at
-TTL 3000 ms). The advised TTL cut no step at any round trip, but with little to spare on
-this loaded machine: the leader's worst time since a renewal was sent (longest gap + RTT)
-asks for a TTL of at least 1.91 s at RTT 50 and 150 ms and 2.75 s at 300 ms (TTL table),
-5–9 % below the advice; the longest gaps, 1.0–1.35 s at every round trip against
-tick + 2.5 RTT = 0.53–1.15 s, are CPU stalls of 30 node processes on two cores. On a
-host that busy, 2500 ms up to RTT 150 ms and 3500 ms at 300 ms leave a quarter or more
-to spare.
+stepping, not a takeover: at RTT 300 ms and TTL 1500 ms the leaders never published (980
+and 987 steps cut at the renew deadline in 10 minutes, yet no takeover: the longest
+renewal gap was 0.47 × TTL); at TTL 2000 ms none was cut this time (25 on 2026-12-02, on
+a busier machine). The advised TTL cut no step at any round trip: the least TTL that kept
+the leader stepping here (longest gap + RTT, over 0.6) was 0.88 / 1.06 / 1.70 s at RTT 50
+/ 150 / 300 ms, far under the advice; on 2026-12-02, with CPU stalls making the longest
+gaps 1.0–1.35 s, it was 1.91 / 1.91 / 2.75 s, 5–9 % under it. On a host that busy, 2500
+ms up to RTT 150 ms and 3500 ms at 300 ms leave a quarter or more to spare.
 """
 
 
