@@ -144,15 +144,16 @@ parts tables:
 * **Failover.** Kill → lease acquired is TTL + 1.9–2.3 RTT at p99 (etcd 117 / 283 / 658
   ms over the TTL at RTT 50 / 150 / 300 ms, Redis 26 / 346 / 586 ms); the restore after
   it 2–4 ms at p50; the first publish 1 RTT. Kill → first checkpoint (step excluded) is
-  TTL + 3.2–3.9 RTT at p99 on etcd and at RTT 300 ms on Redis, 1.6 RTT on Redis at 50 ms. The standby times the TTL from when it *saw*
-  the last renewal, through the watch about 1 RTT after the leader sent it (½ to the
-  store, ½ back), so a kill just after a renewal was sent leaves TTL + 1 RTT until the
-  expiry here; then the compare-and-set (1 RTT) and the first publish (1 RTT): TTL + 3
-  RTT at p99, one round trip over the target of TTL + 2 RTT + 50 ms, which only a clock
-  shared with the leader could take back (timing from the renewal's send). In one kill of
-  ten the restore still read once (1 RTT, the p99 and max of its row); which read it was
-  is not known yet. Redis at 150 ms: one first publish took 570 ms (4 RTT) on the loaded
-  machine, the rest 1 RTT.
+  TTL + 3.2–3.6 RTT at p99 on etcd, 1.6 / 6.1 / 3.9 RTT on Redis (6.1: the slow publish
+  below). The standby times the TTL from when it *saw* the last renewal, through the
+  watch about 1 RTT after the leader sent it (½ to the store, ½ back), so a kill just
+  after a renewal was sent leaves TTL + 1 RTT until the expiry here; then the
+  compare-and-set (1 RTT) and the first publish (1 RTT): TTL + 3 RTT at p99, one round
+  trip over the target of TTL + 2 RTT + 50 ms, which only a clock shared with the leader
+  could take back (timing from the renewal's send). In one kill of ten the restore still
+  read once (1 RTT, the p99 and max of its row); which read it was is not known yet.
+  Redis at 150 ms: one first publish took 570 ms (4 RTT) on the loaded machine, the rest
+  1 RTT.
 * **Handover.** The release now lands with the last publish (0.15–0.2 ms between them at
   p50); released → acquired 1.0–1.4 RTT (the watch tells the standby about when the old
   leader hears its answer; then the compare-and-set); the restore 2–5 ms; the first
