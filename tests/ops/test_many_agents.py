@@ -200,10 +200,12 @@ def test_one_process_keeps_several_agents_and_its_death_fails_them_all_over(flee
 
     leaders = fleet.leaders()
     victim = max(NODES, key=lambda node: list(leaders.values()).count(node))
-    orphaned = [agent for agent, holder in leaders.items() if holder == victim]
     stood = {agent: fleet.seq(agent) for agent in AGENTS}
     fleet.processes[victim].kill()
     fleet.processes[victim].wait(timeout=10)
+    # Read once the victim is dead: its balancer may have handed one on just before the kill.
+    orphaned = [agent for agent, holder in fleet.leaders().items() if holder == victim]
+    assert orphaned, leaders
 
     survivors = set(NODES) - {victim}
     wait_until(lambda: led_by_live_nodes(fleet, survivors), "the survivors to lead every agent", 30)
