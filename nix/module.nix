@@ -38,6 +38,7 @@ let
     "http"
     "agents"
     "create_store_on"
+    "hot_standby"
   ];
 
   # hb's rule for instance names (hamsterbunker/records.py). It also makes the
@@ -373,6 +374,11 @@ let
                 default = null;
                 example = "node1";
                 description = "The host name of the one node that may create the store if it does not exist yet (a new cluster, or localOnly), e.g. config.networking.hostName on that node; every other node refuses to, so that a mistyped or unmounted store is not made anew (default: none).";
+              };
+              hot_standby = mkOption {
+                type = types.nullOr types.bool;
+                default = null;
+                description = "As a standby, keep a copy of the newest checkpoint in memory, fetched as the leader publishes, so that a takeover reads none (default: true); false for states too large to hold twice.";
               };
             };
           };

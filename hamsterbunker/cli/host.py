@@ -62,6 +62,7 @@ def run_host(
                 step_retry=config.step_retry,
                 log_agent=True,
                 create_store=create_store,
+                hot_standby=config.hot_standby,
             )
             for agent, agent_id in zip(agents, ids, strict=True)
         ]

@@ -37,6 +37,7 @@ NODE_FLAGS = (
     "step_retry_max_ms",
     "max_step_failures",
     "http",
+    "hot_standby",
 )
 
 
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         http=config.http,
         sync_delay_ms=config.sync_delay_ms,
         create_store=create_store,
+        hot_standby=config.hot_standby,
     )
     node.run()
     return 0

@@ -79,6 +79,14 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
         help="serve /metrics (Prometheus), /health, /leader and /status there, e.g. "
         "127.0.0.1:9100 (default: off)",
     )
+    parser.add_argument(
+        "--no-hot-standby",
+        dest="hot_standby",
+        action="store_const",
+        const=False,
+        help="as a standby, keep no copy of the newest checkpoint in memory (kept by "
+        "default, so that a takeover reads none: off for states too large to hold twice)",
+    )
 
 
 def add_run_parser(sub: Subcommands, secret_help: str) -> None:

@@ -26,6 +26,7 @@ from ..stores import HeardLease, Store
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory
 from .events import EventSink
+from .hot_copy import HotCopy
 from .leaving import Leaving
 from .notify import Notifier
 from .pacing import Pacing
@@ -62,13 +63,14 @@ class NodeLoop(Leaving):
         watchdog: Watchdog,
         timing: LeaseTiming,
         clock: Clock,
+        hot: HotCopy | None = None,
     ) -> None:
         self._id, self._store, self._keeper, self._calls = identity, store, keeper, calls
         self._sink, self._standing, self._signals, self._stop = sink, standing, signals, stop
         self._cluster, self._cluster_record, self._memory = cluster, cluster_record, memory
         self._control = control
         self._new_term, self._notifier, self._watchdog = new_term, notifier, watchdog
-        self._timing, self._clock = timing, clock
+        self._timing, self._clock, self._hot = timing, clock, hot
         self._term: LeaderTerm | None = None  # the newest term, ended or not
         self._leader: asyncio.Task[None] | None = None  # runs a term while we hold the lease
         self._watcher: asyncio.Task[None] | None = None  # the store watch, as the role needs
@@ -247,6 +249,8 @@ class NodeLoop(Leaving):
                 self._set_role("standby")
             case Outcome.STANDBY:
                 self._set_role("standby")
+                if self._hot is not None:
+                    self._hot.follow(result.record)
 
     def _follow_control(self, record: LeaseRecord | None) -> None:
         """An operator's request in the lease record: a pause, a resume (hamsterbunker.lease.control)."""
@@ -393,6 +397,8 @@ class NodeLoop(Leaving):
             watch = self._store.watch(self._id.agent, lease_only=True, terms_only=leading)
             async for record in watch:
                 self._heard.add(record)
+                if self._hot is not None and not leading:
+                    self._hot.follow(record)  # a release: fetched beside the acquire
                 self._signals.wake.set()
         except asyncio.CancelledError:
             raise

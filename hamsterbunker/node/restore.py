@@ -33,6 +33,7 @@ from ..stores import RestoreRead, Store
 from ..stores.base import newest_first
 from .backoff import describe
 from .calls import NodeCalls
+from .hot_copy import HotCopy
 from .lineage_view import LineageRead, LineageView, describe_ref
 from .notify import Notifier
 from .progress import BehindTheSync, LeaseBehind, Progress
@@ -84,13 +85,15 @@ class Restorer:
         emit: Callable[..., None],
         notifier: Notifier,
         lineage: LineageView | None = None,
+        hot: HotCopy | None = None,
     ) -> None:
-        """lineage: given for a store that keeps chains (restore from the winning lineage)."""
+        """lineage: given for a store that keeps chains (restore from the winning lineage);
+        hot: this node's hot copy, as a standby fetched it."""
         self._agent, self._agent_id, self._store, self._sealer = agent, agent_id, store, sealer
         self._keeper, self._calls, self._standing = keeper, calls, standing
         self._emit = emit
         self._notifier = notifier
-        self._lineage = lineage
+        self._lineage, self._hot = lineage, hot
 
     async def _read(self, taken: RestoreRead | None) -> _Read:
         """The checkpoints listed, the loss acceptance, and the newest checkpoint's blob: as
@@ -157,13 +160,19 @@ class Restorer:
         reach = self._keeper.reach()
         if forgiving is not None and not forgiving.forgives(reach):
             forgiving = None
+        # A hot copy stands for the newest listed where the lease's commit did not read it.
+        unread = read.infos[0] if read.infos and read.newest is None else None
+        hot = await self._hot.take(unread) if self._hot is not None else None
         found: tuple[CheckpointInfo, Opened] | None = None
         damaged: list[CheckpointInfo] = []
         # Newest first by epoch, then seq: after an accepted loss the new line numbers
         # on from below the given-up one, under higher epochs.
         for info in read.infos:
             blob = read.newest[1] if read.newest is not None and read.newest[0] == info else None
-            opened = await self._open_stored(info, blob, read.chain_of.get((info.seq, info.epoch)))
+            opened = await self._open_hot(info, hot) if hot and info == read.infos[0] else None
+            if opened is None:
+                chain = read.chain_of.get((info.seq, info.epoch))
+                opened = await self._open_stored(info, blob, chain)
             if opened is None:
                 damaged.append(info)
                 continue
@@ -335,6 +344,13 @@ class Restorer:
             blob, self._agent_id, info.epoch, info.seq, node
         )
         return state, ConsumedMarks.from_json(inbox)
+
+    async def _open_hot(self, info: CheckpointInfo, blob: bytes) -> Opened | None:
+        """A standby's hot copy of info opened; None if it does not (resealed since): read."""
+        try:
+            return await self._calls.work(self._open, blob, info, None)
+        except (Tampered, CorruptRecord):
+            return None
 
     async def _open_stored(
         self, info: CheckpointInfo, blob: bytes | None = None, node: str | None = None

@@ -44,6 +44,7 @@ from ..stores import Store, open_store
 from .calls import NodeCalls
 from .cluster import Cluster, NodeMemory, check_folder_store
 from .events import EventHandler, EventSink
+from .hot_copy import HotCopy
 from .keys import KeyFollower
 from .lineage_view import DivergenceCheck, LineageView, describe_ref
 from .loop import NodeLoop
@@ -86,6 +87,7 @@ class Runtime:
     in each event's log line. ``sync_delay_ms``: required for a ``syncdir://`` store.
     ``create_store``: make a store that holds no cluster record yet, with a ``store.created``
     warning (False: a ConfigError, nothing written, not even a file store's folder).
+    ``hot_standby``: as a standby, keep a copy of the newest checkpoint (``node.hot_copy``).
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class Runtime:
         log_agent: bool = False,
         sync_delay_ms: int | None = None,
         create_store: bool = True,
+        hot_standby: bool = True,
     ) -> None:
         self._secret = Keyring.of(secret)  # checked before the store is touched
         check_stop_grace(stop_grace_ms)
@@ -122,7 +125,8 @@ class Runtime:
         self.clock: Clock = clock or MonotonicClock()
         if sync_delay_ms is not None:
             check_sync_delay(timing, sync_delay_ms)  # the TTL a synced folder needs
-        self._create_store = create_store
+        self._create_store, self._hot_standby = create_store, hot_standby
+        self._hot: HotCopy | None = None  # of the run under way
         if isinstance(store, str):
             if not create_store:
                 check_folder_store(store)
@@ -318,18 +322,10 @@ class Runtime:
 
     def _event_sink(self, calls: NodeCalls) -> EventSink:
         return EventSink(
-            self._identity,
-            self.store,
-            calls,
-            self.keeper,
-            self.standing,
-            retry_s=self.timing.tick_s,
-            on_event=self.on_event,
-            history=self._history,
-            metrics=self.metrics,
-            log_agent=self._log_agent,
-            load=self.load,
-        )
+            self._identity, self.store, calls, self.keeper, self.standing,
+            retry_s=self.timing.tick_s, on_event=self.on_event, history=self._history,
+            metrics=self.metrics, log_agent=self._log_agent, load=self.load,
+        )  # fmt: skip
 
     async def _run_loop(
         self,
@@ -343,6 +339,8 @@ class Runtime:
         """Run the node loop, with the key follower and (on a synced folder) the divergence
         check beside it, until a graceful stop."""
         chains = self.store.chains
+        if self._hot_standby and chains is None:  # a synced folder's reads are local
+            self._hot = HotCopy(self.store, self.agent_id, calls)
         lineage = (
             LineageView(chains, sealer, self.agent_id, self.node_id, emit=sink.emit)
             if chains is not None
@@ -409,6 +407,7 @@ class Runtime:
             watchdog=watchdog,
             timing=self.timing,
             clock=self.clock,
+            hot=self._hot,
         )
 
     def _new_term(
@@ -423,7 +422,7 @@ class Runtime:
         """What makes each of this node's terms as leader: (epoch, contested=...)."""
         restorer = Restorer(
             self.agent, self.agent_id, self.store, sealer, self.keeper, calls, self.standing,
-            emit=sink.emit, notifier=self._notifier, lineage=lineage,
+            emit=sink.emit, notifier=self._notifier, lineage=lineage, hot=self._hot,
         )  # fmt: skip
         return functools.partial(
             LeaderTerm,

@@ -82,6 +82,9 @@ class NodeConfig:
     # The host whose node may make the store at its first start: hb init writes it when it
     # makes a new secret (a new cluster). A copy of this file on another host makes nothing.
     create_store_on: str | None = None
+    # As a standby, keep a copy of the newest checkpoint in memory, fetched as the leader
+    # publishes, so that a takeover reads none (off: for states too large to hold twice).
+    hot_standby: bool = True
 
     def may_create_store(self) -> bool:
         """Whether this host's node may make the store, as hb init recorded (create_store_on)."""
@@ -154,6 +157,7 @@ _TYPES: dict[str, type] = {
     "http": str,
     "agents": list,
     "create_store_on": str,
+    "hot_standby": bool,
 }
 KEYS = tuple(_TYPES)  # every key a node's config file may hold, in the order shown
 _MAY_BE_ZERO = {"stop_grace_ms", "max_step_failures"}
@@ -208,7 +212,7 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
     for key, value in document.items():
         expected = _TYPES[key]
         # TOML booleans are Python bools, which are ints: refuse them as numbers.
-        if not isinstance(value, expected) or isinstance(value, bool):
+        if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(
                 f"{path}: key {key!r} must be {_describe(expected)}, not {_toml_type(value)}"
             )

@@ -140,6 +140,18 @@ class Store(Protocol):
         """The sealed bytes of one retained checkpoint: StoreError if it is gone,
         CorruptRecord, unread, if over ``MAX_CHECKPOINT_BYTES``."""
 
+    def read_checkpoint_from(
+        self, agent: str, seq: int, epoch: int
+    ) -> tuple[CheckpointInfo, bytes] | None:
+        """The oldest retained checkpoint at or after seq under epoch (the one a lease record
+        names, or one published since), with its description: one read where the store can
+        (a standby's hot copy). None if there is none."""
+        named = [i for i in self.list_checkpoints(agent) if (i.seq, i.epoch) >= (seq, epoch)]
+        if not named:
+            return None
+        oldest = min(named, key=lambda info: (info.seq, info.epoch))
+        return oldest, self.read_checkpoint(agent, oldest)
+
     def take_lease(
         self, agent: str, expected_version: int | None, new: LeaseRecord
     ) -> tuple[LeaseRecord, RestoreRead | None]:

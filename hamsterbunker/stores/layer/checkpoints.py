@@ -11,7 +11,7 @@ from ...core.blob import Blob
 from ...core.errors import Fenced, LeaseConflict, StoreError
 from ...core.failpoints import failpoint, failpoints_within
 from ...core.limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds, check_effect_bounds
-from ...core.read_bounds import CHECKPOINT_NAMES_READ, EFFECTS_READ
+from ...core.read_bounds import CHECKPOINT_NAMES_READ, CHECKPOINT_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
 from ..base import Consumed, Fence, check_consumed, check_own_epoch, describe_fence_text, refuse
@@ -25,6 +25,7 @@ __all__ = [
     "put_checkpoint",
     "put_effect",
     "read_checkpoint",
+    "read_checkpoint_from",
     "read_effects",
     "remember_listing",
 ]
@@ -203,6 +204,18 @@ def read_checkpoint(layer: Layer, keys: AgentKeys, info: CheckpointInfo) -> byte
     if data is None:
         raise StoreError(f"{what} is no longer retained")
     return data
+
+
+def read_checkpoint_from(
+    layer: Layer, keys: AgentKeys, seq: int, epoch: int
+) -> tuple[CheckpointInfo, bytes] | None:
+    """Store.read_checkpoint_from, in one scan: the first key from seq under epoch on."""
+    found = layer.backend.scan(keys.ckpt, CHECKPOINT_READ, after=keys.checkpoints_of(seq, epoch))
+    for key, blob in found.items:
+        info = keys.checkpoint_info(key)
+        if info is not None and check_checkpoint_bounds(info.seq, info.epoch, info.size) is None:
+            return info, blob
+    return None  # none, or a name we do not write (read as the listing leaves it out)
 
 
 def put_effect(

@@ -183,6 +183,11 @@ class RecordStore(Leases, Store):
     def read_checkpoint(self, agent: str, info: CheckpointInfo) -> bytes:
         return checkpoints.read_checkpoint(self.layer, AgentKeys(agent), info)
 
+    def read_checkpoint_from(
+        self, agent: str, seq: int, epoch: int
+    ) -> tuple[CheckpointInfo, bytes] | None:
+        return checkpoints.read_checkpoint_from(self.layer, AgentKeys(agent), seq, epoch)
+
     def reseal_checkpoint(self, agent: str, info: CheckpointInfo, old: bytes, new: bytes) -> bool:
         check_reseal(info, old, new)
         return self.layer.reseal(AgentKeys(agent).checkpoint(info), old, new)

@@ -39,3 +39,21 @@ def test_planted_junk_is_left_out_and_never_blocks_a_publish(store: Store) -> No
     store.append_event("a", event("n1", 1))  # appended after the junk
     store.append_event("a", event("n1", 2))
     assert [e.n for e in store.read_events("a")] == [1, 2]
+
+
+def test_a_standby_reading_the_checkpoint_a_lease_names_passes_planted_names_by(
+    store: Store,
+) -> None:
+    """read_checkpoint_from finds no checkpoint under a name we do not write, nor one out of
+    range (the listing leaves both out); a planted one under a valid name comes back as
+    planted, and the restore's open rejects it."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    raw, keys = raw_view(store), AgentKeys("a")
+    assert isinstance(raw, RawRecords)
+    raw.put(keys.checkpoints_of(2, 1) + "junk", b"junk")
+    assert store.read_checkpoint_from("a", 2, 1) is None
+    raw.put(keys.checkpoint(CheckpointInfo(epoch=1, seq=3, size=-1, written=0.0)), b"junk")
+    assert store.read_checkpoint_from("a", 3, 1) is None
+    store.put_checkpoint("a", Fence("n1", "s1", held.epoch), 4, b"ours")
+    found = store.read_checkpoint_from("a", 4, 1)
+    assert found is not None and (found[0].seq, found[1]) == (4, b"ours")

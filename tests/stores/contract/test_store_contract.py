@@ -632,6 +632,34 @@ def test_a_last_publish_releases_the_lease_in_its_own_commit_where_the_store_can
     assert other.read_checkpoint("a", info) == b"three"
 
 
+def test_a_standby_reads_the_checkpoint_a_lease_names_or_the_next_one_in_one_read(
+    store: Store,
+) -> None:
+    """read_checkpoint_from (a standby's hot copy): the checkpoint of seq under epoch with
+    its description; the next one retained when that one is not (pruned, or never
+    published under that epoch); None past the newest."""
+    held = store.cas_lease("a", None, lease("n1", 1))
+    two = store.put_checkpoint("a", fence_of(held), 2, b"two")
+    three = store.put_checkpoint("a", fence_of(held), 3, b"three")
+    listed = {(info.seq, info.epoch): info for info in store.list_checkpoints("a")}
+
+    def read_from(seq: int, epoch: int) -> tuple[int, bytes] | None:
+        found = store.read_checkpoint_from("a", seq, epoch)
+        if found is None:
+            return None
+        info, blob = found
+        assert info == listed[(info.seq, info.epoch)]  # as the listing describes it
+        return info.seq, blob
+
+    assert (two.seq, three.seq) == (2, 3)
+    assert read_from(2, 1) == (2, b"two")
+    assert read_from(3, 1) == (3, b"three")
+    assert read_from(1, 1) == (2, b"two")
+    assert read_from(2, 2) == (3, b"three")  # seq 2 never under epoch 2
+    assert read_from(3, 2) is None
+    assert read_from(4, 1) is None
+
+
 def test_reading_a_pruned_checkpoint_raises(store: Store) -> None:
     """Reading a checkpoint that retention removed raises StoreError."""
     held = store.cas_lease("a", None, lease("n1", 1))
