@@ -1,7 +1,8 @@
 """Far regions: failover, handover and quiet standbys with every node behind a netem delay.
 
 Each node process runs in a network namespace of its own, linked to the root namespace
-by a veth pair that delays each direction by netem; the store server (etcd, Redis) runs
+by a veth pair that delays each direction by netem; the store server (etcd, Redis,
+PostgreSQL) runs
 in the root namespace on a test address of a dummy link. Namespaces, links and the
 address are this benchmark's own (names starting ``hbrg``, addresses in 10.201.0.0/16)
 and are removed afterwards, and any left by an interrupted run at the start.
@@ -9,8 +10,10 @@ and are removed afterwards, and any left by an interrupted run at the start.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -21,8 +24,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hamsterbunker.core.timing import DEFAULT_TIMING, LeaseTiming
+from hamsterbunker.ops.local import LocalCluster
 
 from .common import (
     SPREAD_TTL_HEADERS,
@@ -47,9 +52,12 @@ from .nodes import (
 )
 
 NAME = "regions"
-TITLE = "Far regions: nodes behind delayed links (etcd, Redis)"
+TITLE = "Far regions: nodes behind delayed links (etcd, Redis, PostgreSQL)"
 ONE_WAY_MS = (25, 75, 150)  # netem delay each way between a node and the store
-STORES = ("etcd", "redis")
+STORES = ("etcd", "redis", "postgres")
+EDGE_STORES = ("etcd", "redis")  # the shorter TTLs soaked beside (not on every store: CPU)
+# The hot standby, side by side: a state over what the take reads along, hot copy on/off.
+HOT_STORES, HOT_ONE_WAY_MS, HOT_STATE_KIB = ("etcd", "redis"), 75, 1024
 SOAK_S, QUICK_SOAK_S = 600, 20  # three nodes left alone, per store and delay, all at once
 KILLS, QUICK_KILLS = 10, 3
 HANDOVERS, QUICK_HANDOVERS = 10, 3
@@ -98,8 +106,9 @@ netem: a pair of TUN devices per node, one moved into the namespace, and a proce
 (nice −10) that copies each IP packet from one to the other D later, in order (epoll
 timers: up to about 1 ms late). The store server runs in the root namespace, listening on
 127.0.0.1 and on {STORE_IP} (on a bridge without ports; each namespace has a route to it
-through its link and nothing else): one etcd member or one `redis-server` as in the
-backends benchmark, started by the benchmark. The benchmark reads the store and the nodes'
+through its link and nothing else): one etcd member, one `redis-server` or one
+PostgreSQL server (fsync and synchronous commit on) as in the tests, started by the
+benchmark. The benchmark reads the store and the nodes'
 history from the root namespace, without delay; all times are the nodes' own (history
 file, one clock for every process of the machine). D = {", ".join(map(str, ONE_WAY_MS))} ms
 (round trips {", ".join(str(2 * d) for d in ONE_WAY_MS)} ms); the round trip a node sees
@@ -112,7 +121,7 @@ up to 500 ms: {", ".join(f"{timing_for(d).lease_ttl_ms} ms" for d in ONE_WAY_MS)
 * **Soak** ({SOAK_S // 60} minutes, {QUICK_SOAK_S} s with `--quick`): all
   {len(ONE_WAY_MS) * len(STORES)} clusters (each store × each round trip) at once, and beside
   them, reported only, the round trip of {2 * EDGE_ONE_WAY_MS} ms with the shorter TTLs
-  {" and ".join(f"{t} ms" for t in EDGE_TTLS_MS)} (the default, and less) on each store;
+  {" and ".join(f"{t} ms" for t in EDGE_TTLS_MS)} (the default, and less) on {" and ".join(EDGE_STORES)};
   left alone once a leader has published (the shorter TTLs: once one holds the lease).
   Counted: takeovers (epochs acquired after the start), the nodes' `lease.renew_failed`,
   `lease.lost`, `node.fenced` and `agent.yielded` events (a step cut short at the renew
@@ -127,6 +136,11 @@ up to 500 ms: {", ".join(f"{timing_for(d).lease_ttl_ms} ms" for d in ONE_WAY_MS)
   `--quick`): as the handover benchmark, SIGTERM, measured from the old leader's last
   publish. Target: p99 of last publish → agent resumed and → first checkpoint without the
   step ≤ 3 RTT + 50 ms.
+* **Hot standby, side by side** (reported, no target): at the round trip of
+  {2 * HOT_ONE_WAY_MS} ms on {" and ".join(HOT_STORES)}, the same kills and handovers with
+  `BigStateAgent` (this module: the counter with {HOT_STATE_KIB} KiB of random letters in
+  its state, over the 512 KiB the take's commit reads along), once with the standbys'
+  hot copy (the default) and once with `--no-hot-standby`, one after the other.
 
 The failover and handover runs come after the soak, one cluster at a time, each on fresh
 namespaces and a fresh key prefix of the store.
@@ -316,15 +330,21 @@ def store_server(backend: str) -> Iterator[Callable[[], str]]:
     from _pytest.outcomes import OutcomeException  # the test helpers fail or skip with these
 
     from tests.support.etcd_server import EtcdServer
+    from tests.support.postgres_server import PostgresServer
     from tests.support.redis_server import RedisServer
 
     # The last --bind wins; only loopback and the test address, so no protected mode.
     redis_bind = ("--bind", "127.0.0.1", STORE_IP, "--protected-mode", "no")
     try:
-        server = _start_etcd() if backend == "etcd" else RedisServer.start(*redis_bind)
+        if backend == "etcd":
+            server = _start_etcd()
+        elif backend == "postgres":
+            server = _start_postgres()
+        else:
+            server = RedisServer.start(*redis_bind)
     except OutcomeException as exc:
         raise BenchmarkError(f"could not start {backend}: {exc.msg}") from None
-    assert isinstance(server, EtcdServer | RedisServer)
+    assert isinstance(server, EtcdServer | RedisServer | PostgresServer)
     try:
         # The helpers name 127.0.0.1; the nodes reach the same port on the test address.
         yield lambda: server.url().replace("127.0.0.1", STORE_IP, 1)
@@ -354,7 +374,63 @@ def _start_etcd() -> object:
     return server
 
 
+def _start_postgres() -> object:
+    """A throwaway PostgreSQL as tests/support/postgres_server.py starts it, also listening on
+    STORE_IP and taking password logins from the nodes' links."""
+    import psycopg
+
+    from tests.support.postgres_server import PostgresServer
+
+    server = PostgresServer.start(f"listen_addresses=127.0.0.1,{STORE_IP}")
+    with open(server.workdir / "data" / "pg_hba.conf", "a") as hba:
+        hba.write("host all all 10.201.0.0/16 scram-sha-256\n")
+    assert server.process is not None
+    server.process.send_signal(signal.SIGHUP)  # reload pg_hba.conf, then wait until it lets us in
+    conninfo = server.raw_conninfo().replace("127.0.0.1", STORE_IP, 1)
+
+    def logs_in() -> bool:
+        try:
+            psycopg.connect(conninfo, connect_timeout=5).close()
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    wait_for(logs_in, "PostgreSQL to take logins on the test address", timeout=20, every=0.1)
+    return server
+
+
 # -- one cluster behind a delay -----------------------------------------------------------
+
+
+class BigStateAgent:
+    """The counter with HOT_STATE_KIB of random letters in its state (made once, by init)."""
+
+    id = AGENT_ID
+
+    def init(self) -> dict[str, Any]:
+        return {"count": 0, "pad": secrets.token_urlsafe(HOT_STATE_KIB * 768)}
+
+    async def step(self, state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.25)  # as CounterAgent's step
+        return {**state, "count": state["count"] + 1}
+
+
+@dataclass
+class _BigStateCluster(LocalCluster):
+    """The nodes, running BigStateAgent (hot copy on, the default)."""
+
+    def __post_init__(self) -> None:
+        self.agent, self.agent_id = "benchmarks.regions:BigStateAgent", AGENT_ID
+        self.env = {**self.env, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+
+
+@dataclass
+class _ColdBigStateCluster(_BigStateCluster):
+    """The same, with no hot copy (hb run --no-hot-standby)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.args = ("--no-hot-standby",)
 
 
 @dataclass
@@ -365,6 +441,8 @@ class Far:
     one_way_ms: int
     timing: LeaseTiming
     edge: bool = False  # a shorter TTL than advised, soaked only
+    state_kib: int = 0  # BigStateAgent's state, for the hot standby side by side (0: counter)
+    hot: bool = True  # the standbys keep a hot copy (hb run's default)
     rtt_measured_s: float = float("nan")
 
     @property
@@ -374,7 +452,15 @@ class Far:
     @property
     def label(self) -> str:
         edge = f", TTL {self.timing.lease_ttl_ms} ms" if self.edge else ""
+        if self.state_kib:
+            edge += f", {self.state_kib} KiB state, hot copy {'on' if self.hot else 'off'}"
         return f"{self.backend}, RTT {self.rtt_ms} ms{edge}"
+
+    @property
+    def cluster_class(self) -> type[LocalCluster]:
+        if not self.state_kib:
+            return LocalCluster
+        return _BigStateCluster if self.hot else _ColdBigStateCluster
 
 
 @contextmanager
@@ -386,7 +472,7 @@ def far_cluster(
         links = stack.enter_context(pool.links(far.one_way_ms))
         cluster = stack.enter_context(
             bench_cluster(
-                name, timing=far.timing, store_url=url,
+                name, timing=far.timing, store_url=url, cluster_class=far.cluster_class,
                 command_prefix=lambda node: links[node].exec_prefix,
             )
         )  # fmt: skip
@@ -698,7 +784,30 @@ def _choice_table(soaks: list[Soak]) -> Table:
     )
 
 
-def _checks(runs: list[Runs], soaks: dict[tuple[str, int], Soak]) -> list[Check]:
+def _hot_table(runs: list[Runs]) -> Table:
+    """The hot standby side by side: the same state and round trip, hot copy on and off."""
+    rows = []
+    for run in runs:
+        kills = [s.restored - s.acquired for s in run.kills]
+        handed = [s.restored - s.acquired for s in run.handovers]
+        _fail_r, fail_c = _judged(run.kills, graceful=False)
+        _hand_r, hand_c = _judged(run.handovers, graceful=True)
+        rows.append([
+            run.far.label, f"{_p(kills, 50)} / {_p(kills, 99)}", f"{_p(fail_c, 50)} / {_p(fail_c, 99)}",
+            f"{_p(handed, 50)} / {_p(handed, 99)}", f"{_p(hand_c, 50)} / {_p(hand_c, 99)}",
+        ])  # fmt: skip
+    return Table(
+        f"Hot standby: a {HOT_STATE_KIB} KiB state, hot copy on and off (ms)",
+        ["store, round trip", "failover: acquired → restored p50 / p99",
+         "failover: kill → 1st ckpt p50 / p99", "handover: acquired → restored p50 / p99",
+         "handover: last publish → 1st ckpt p50 / p99"],
+        rows,
+    )  # fmt: skip
+
+
+def _checks(
+    runs: list[Runs], soaks: dict[tuple[str, int], Soak], hot_runs: list[Runs]
+) -> list[Check]:
     checks = []
     for run in runs:
         far = run.far
@@ -727,7 +836,7 @@ def _checks(runs: list[Runs], soaks: dict[tuple[str, int], Soak]) -> list[Check]
                 not took and not soak.dead,
             )
         )
-    violations = [v for run in runs for v in run.violations]
+    violations = [v for run in runs + hot_runs for v in run.violations]
     checks.append(
         Check("safety violations in the histories (checker)", str(len(violations)), "0",
               not violations)
@@ -742,8 +851,13 @@ def run(quick: bool) -> Result:
     fars = [Far(b, d, timing_for(d)) for b in STORES for d in ONE_WAY_MS]
     edges = [
         Far(b, EDGE_ONE_WAY_MS, LeaseTiming(DEFAULT_TIMING.tick_ms, ttl), edge=True)
-        for b in STORES
+        for b in EDGE_STORES
         for ttl in EDGE_TTLS_MS
+    ]
+    hots = [
+        Far(b, HOT_ONE_WAY_MS, timing_for(HOT_ONE_WAY_MS), state_kib=HOT_STATE_KIB, hot=hot)
+        for b in HOT_STORES
+        for hot in (True, False)
     ]
     pool = LinkPool()
     with ExitStack() as stack:
@@ -753,16 +867,18 @@ def run(quick: bool) -> Result:
         soaks = {(s.far.backend, s.far.one_way_ms): s for s in soak_list if not s.far.edge}
         # The soak's clusters are stopped now: the takeover runs have the machine alone.
         runs = [run_takeovers(pool, far, urls[far.backend], quick) for far in fars]
-    spread_f, parts_f, notes_f = _takeover_tables(runs, graceful=False)
-    spread_h, parts_h, notes_h = _takeover_tables(runs, graceful=True)
+        hot_runs = [run_takeovers(pool, far, urls[far.backend], quick) for far in hots]
+    spread_f, parts_f, notes_f = _takeover_tables(runs + hot_runs, graceful=False)
+    spread_h, parts_h, notes_h = _takeover_tables(runs + hot_runs, graceful=True)
     notes = [n for r in runs for n in r.notes] + notes_f + notes_h
-    notes += [f"checker: {v}" for r in runs for v in r.violations]
+    notes += [f"checker: {v}" for r in runs + hot_runs for v in r.violations]
     return Result(
         NAME,
         TITLE,
         METHOD,
         tables=[
             _summary(runs, soaks, soak_s),
+            _hot_table(hot_runs),
             _soak_table(soak_list, soak_s),
             _choice_table(soak_list),
             _advice_table(soak_list),
@@ -771,7 +887,7 @@ def run(quick: bool) -> Result:
             spread_h,
             parts_h,
         ],
-        checks=_checks(runs, soaks),
+        checks=_checks(runs, soaks, hot_runs),
         notes=notes,
         analysis=ANALYSIS,
     )

@@ -23,8 +23,9 @@ Named = tuple[int, int]  # (seq, epoch), as a lease record names its newest chec
 class HotCopy:
     """One agent's newest checkpoint as a standby last fetched it: sealed, opened only by
     a restore, which checks it against what the store lists. One fetch at a time, of the
-    newest named only: a record naming a newer one while a fetch is under way is fetched
-    after it, those between are skipped."""
+    one the last record seen names: records seen while a fetch is under way leave only the
+    last one's to fetch after it. (The last, not the highest: a forged record naming a
+    seq far ahead must not keep the genuine ones from being fetched.)"""
 
     def __init__(self, store: Store, agent: str, calls: NodeCalls) -> None:
         self._store, self._agent, self._calls = store, agent, calls
@@ -37,7 +38,7 @@ class HotCopy:
         if record is None or not record.seq:
             return
         named = (record.seq, record.seq_epoch)
-        if named <= self._wanted or self._holds(named):
+        if named == self._wanted or self._holds(named):
             return
         self._wanted = named
         if self._fetching is None or self._fetching.done():
@@ -57,7 +58,7 @@ class HotCopy:
         return held[1] if held is not None and held[0] == newest else None
 
     def _holds(self, named: Named) -> bool:
-        return self._held is not None and (self._held[0].seq, self._held[0].epoch) >= named
+        return self._held is not None and (self._held[0].seq, self._held[0].epoch) == named
 
     async def _fetch(self) -> None:
         fetched: Named = (0, 0)

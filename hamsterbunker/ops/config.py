@@ -216,7 +216,7 @@ def parse_config(document: dict[str, Any], path: Path) -> NodeConfig:
             raise ConfigError(
                 f"{path}: key {key!r} must be {_describe(expected)}, not {_toml_type(value)}"
             )
-        if isinstance(value, int) and (value < 0 or (value == 0 and key not in _MAY_BE_ZERO)):
+        if type(value) is int and (value < 0 or (value == 0 and key not in _MAY_BE_ZERO)):
             raise ConfigError(f"{path}: key {key!r} must be above 0, not {value}")
     if "agents" in document:
         document = {**document, "agents": _hosted_agents(document, path)}
@@ -278,7 +278,7 @@ def _hosted_agents(document: dict[str, Any], path: Path) -> tuple[HostedAgent, .
 
 
 def _describe(kind: type) -> str:
-    return "a string" if kind is str else ("an array" if kind is list else "a whole number")
+    return _toml_type(kind())  # what a value of that type is called
 
 
 def _toml_type(value: Any) -> str:

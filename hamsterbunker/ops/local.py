@@ -37,6 +37,7 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     # Whichever node starts first makes the store (hb run --create-store): it is new.
     create_store: bool = True
+    args: tuple[str, ...] = ()  # more `hb run` flags, e.g. ("--no-hot-standby",)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(
@@ -66,6 +67,7 @@ class LocalCluster:
             command += ["--history", str(self.history)]
         if self.create_store:
             command.append("--create-store")
+        command += self.args
         env = {
             **os.environ,
             **self.env,

@@ -48,20 +48,34 @@ async def wait_for(condition: object, what: str) -> None:
             await asyncio.sleep(0.005)
 
 
-def test_only_the_newest_named_is_fetched_after_the_fetch_under_way() -> None:
+def test_only_the_last_named_is_fetched_after_the_fetch_under_way() -> None:
     async def run() -> None:
         store, calls = HeldReads(), NodeCalls()
         hot = HotCopy(store, "agent", calls)  # type: ignore[arg-type]
         hot.follow(naming(5))
         await wait_for(lambda: store.asked == [5], "the fetch of 5")
-        for seq in (6, 7):
+        for seq in (6, 7, 7):
             hot.follow(naming(seq))
-        hot.follow(naming(6))  # older than what is wanted: nothing
         store.let_one()
         await wait_for(lambda: store.asked == [5, 7], "the fetch of 7, 6 skipped")
         store.let_one()
         assert await hot.take(info(7)) == b"sealed 7"
         assert await hot.take(info(7)) is None  # let go once taken
+        calls.close()
+
+    asyncio.run(run())
+
+
+def test_a_forged_record_naming_a_seq_far_ahead_does_not_stop_the_fetches() -> None:
+    async def run() -> None:
+        store, calls = HeldReads(), NodeCalls()
+        hot = HotCopy(store, "agent", calls)  # type: ignore[arg-type]
+        hot.follow(naming(10**9))
+        store.let_one()  # the store holds no such checkpoint: found, here, but never listed
+        await wait_for(lambda: store.asked == [10**9], "the fetch the forged record asked")
+        hot.follow(naming(3))
+        store.let_one()
+        assert await hot.take(info(3)) == b"sealed 3"
         calls.close()
 
     asyncio.run(run())

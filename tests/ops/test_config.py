@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 
 from hamsterbunker import FileStore
+from hamsterbunker.cli.node import node_config
+from hamsterbunker.cli.parsers import build_parser
 from hamsterbunker.core.errors import ConfigError, WrongSecret
 from hamsterbunker.ops.config import (
     DEFAULT_CONFIG_DIR,
@@ -143,6 +145,17 @@ def test_load_instance_reads_from_configuration_directory(tmp_path, monkeypatch)
     assert load_instance("agent").node_id == "from-env"
 
 
+def test_hot_standby_is_on_unless_the_file_or_the_flag_turns_it_off():
+    """hot_standby = false in the file, or hb run --no-hot-standby (as hb init writes it)."""
+    assert parse_config(dict(VALID), Path("/x/a.toml")).hot_standby is True
+    off = parse_config({**VALID, "hot_standby": False}, Path("/x/a.toml"))
+    assert off.hot_standby is False
+    given = ["run", "--store", "file:///s", "--agent", "m:a"]
+    assert node_config(build_parser().parse_args(given)).hot_standby is True
+    flagged = build_parser().parse_args([*given, "--no-hot-standby"])
+    assert node_config(flagged).hot_standby is False
+
+
 BASE = 'store = "file:///srv/hb"\nagent = "hamsterbunker.demo:CounterAgent"\n'
 
 # (id, file text, words the error must name besides the file)
@@ -151,6 +164,7 @@ BAD_FILES: list[tuple[str, str, list[str]]] = [
     ("tick-ms-string", BASE + 'tick_ms = "100"\n', ["'tick_ms'", "whole number", "string"]),
     ("store-integer", 'store = 5\nagent = "m:a"\n', ["'store'", "string", "whole number"]),
     ("tick-ms-boolean", BASE + "tick_ms = true\n", ["'tick_ms'", "boolean"]),
+    ("hot-standby-string", BASE + 'hot_standby = "no"\n', ["'hot_standby'", "boolean", "string"]),
     ("tick-ms-float", BASE + "tick_ms = 100.5\n", ["'tick_ms'", "decimal"]),
     ("region-array", BASE + 'region = ["eu"]\n', ["'region'", "array"]),
     ("lease-ttl-zero", BASE + "lease_ttl_ms = 0\n", ["'lease_ttl_ms'", "above 0"]),

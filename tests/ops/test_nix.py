@@ -462,6 +462,7 @@ def test_every_key_hb_reads_is_accepted_and_rendered(run_host):
         "max_step_failures": 0,
         "http": "127.0.0.1:9100",
         "create_store_on": "hbnk-1",
+        "hot_standby": False,
     }
     # agents (several agents) stands in for agent and agent_id: the next test renders it.
     assert set(values) | {"agents"} == set(_TYPES), "config.py has a key this test does not know"
