@@ -34,6 +34,8 @@ __all__ = [
     "EFFECTS_READ",
     "HEARTBEATS_READ",
     "INBOX_READ",
+    "TAKEN_INBOX_READ",
+    "TAKEN_JOURNAL_READ",
     "TERM_RECORDS_READ",
     "BoundedRead",
     "ReadBound",
@@ -61,6 +63,13 @@ EFFECTS_READ = ReadBound(
     MAX_EFFECT_BYTES,
     MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS) * MAX_EFFECT_BYTES,
 )
+# What the commit that takes a lease reads along for the new term's first step
+# (stores.layer.restore): the effect journals of the steps after the checkpoint its record
+# names, and the inbox. Each is read again after the take where the bound cut it short.
+TAKEN_JOURNAL_READ = ReadBound(
+    MAX_EFFECTS_PER_STEP * len(EFFECT_KINDS), MAX_EFFECT_BYTES, 256 * 1024
+)
+TAKEN_INBOX_READ = ReadBound(MAX_INBOX_COUNT, MAX_SUBMISSION_BYTES, 256 * 1024)
 # The names of one agent's checkpoints (Store.list_checkpoints, and the check and
 # retention of put_checkpoint), which describe them: the few a store keeps, and room for
 # junk beside. No value is read (``stores.backend.Scan``: names only).

@@ -73,13 +73,19 @@ class TermInbox:
         self._watcher: asyncio.Task[None] | None = None
         self._ahead: asyncio.Future[list[tuple[int, bytes]]] | None = None
 
-    def read_ahead(self) -> None:
+    def read_ahead(self, taken: list[tuple[int, bytes]] | None = None) -> None:
         """Begin the first read now, while the term restores: a round trip less before
-        its first step. It reads from the start; resume()'s marks hide what is consumed."""
-        if self._ahead is None:
-            self._ahead = asyncio.create_task(
-                self._calls.io(self._store.read_inbox, self._id.agent, 0), name="hb-inbox-ahead"
-            )
+        its first step; none where the take read it along (taken). It reads from the
+        start; resume()'s marks hide what is consumed."""
+        if self._ahead is not None:
+            return
+        if taken is not None:
+            self._ahead = asyncio.get_running_loop().create_future()
+            self._ahead.set_result(taken)
+            return
+        self._ahead = asyncio.create_task(
+            self._calls.io(self._store.read_inbox, self._id.agent, 0), name="hb-inbox-ahead"
+        )
 
     def resume(self, marks: ConsumedMarks) -> None:
         """Start from (or move on to) a checkpoint's marks: what they consume is not shown."""

@@ -21,6 +21,7 @@ from ..core.limits import EFFECT_KINDS, MAX_EFFECT_BYTES, MAX_SEQ
 from ..records.lineage import TermId
 from ..sealing import EffectAt, OpenedEffect, Sealer
 from ..stores import Chains, Fence, Store
+from ..stores.base import TakenJournals
 from .calls import NodeCalls
 from .events import EventSink
 from .state import Identity
@@ -63,6 +64,8 @@ class TermJournal:
         self._journals: tuple[TermId, ...] = ()
         self._written = 0  # records written in this term, of every step
         self._attempt = 0  # runs of a step begun in this term, of every step
+        # What the take of the lease read along, for the term's first read (RestoreRead).
+        self.taken: TakenJournals | None = None
 
     def for_step(
         self, seq: int, base_epoch: int, *, first: bool, journals: tuple[TermId, ...] = ()
@@ -107,7 +110,10 @@ class TermJournal:
 
     async def _read(self, seq: int) -> list[_Record]:
         """The authentic records of step seq written since the checkpoint it builds on."""
-        stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
+        taken, self.taken = self.taken, None
+        stored = None if taken is None else taken.of(seq)
+        if stored is None:
+            stored = await self._calls.io(self._store.read_effects, self._id.agent, seq)
         return await self._opened(seq, "", stored)
 
     async def _read_chains(self, chains: Chains, seq: int) -> list[_Record]:

@@ -149,9 +149,7 @@ class LeaderTerm:
 
     async def _uncontested(self) -> bool:
         """On a synced folder, wait before the first step for the sync delay and two ticks
-        (docs/design.md, "The node"), unless the lease was handed to this node. False if the
-        term ended meanwhile.
-        """
+        (docs/design.md, "The node"), unless handed this lease. False if the term ended."""
         chains = self._store.chains
         if not (self._contested and chains is not None and chains.sync_delay_ms):
             return not self._over()
@@ -299,7 +297,8 @@ class LeaderTerm:
         """The state to go on from (taken: what the acquisition read); or how the term ended."""
         self._standing.restored = False
         progress = None
-        self._inbox.read_ahead()
+        self._inbox.read_ahead(None if taken is None else taken.inbox)
+        self._journal.taken = None if taken is None else taken.journals
         while progress is None:
             started = self._clock.monotonic()
             try:

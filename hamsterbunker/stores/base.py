@@ -28,6 +28,7 @@ __all__ = [
     "StoreGuarantees",
     "StoreReport",
     "SyncedFolder",
+    "TakenJournals",
     "check_consumed",
     "check_fence",
     "check_own_epoch",
@@ -204,6 +205,28 @@ class RestoreRead:
     # The cluster record as read along, unparsed (None: not read along, or over its bound):
     # a new term follows the cluster's keys from it with no read of its own.
     cluster: bytes | None = None
+    # Read along by take_lease for the term's first step (None: not read along, or cut short
+    # by the bound): the effect journals from the step after the checkpoint the lease
+    # record names, and read_inbox(agent, 0).
+    journals: TakenJournals | None = None
+    inbox: list[tuple[int, bytes]] | None = None
+
+
+@dataclass(frozen=True)
+class TakenJournals:
+    """The effect journals of steps first..through (None: every step from first on) as the
+    commit that took the lease read them: final, since that commit fenced off every older
+    term. records: by step, as ``Store.read_effects`` returns them."""
+
+    first: int
+    through: int | None
+    records: dict[int, dict[tuple[int, str], bytes]]
+
+    def of(self, seq: int) -> dict[tuple[int, str], bytes] | None:
+        """Step seq's journal, or None if this read does not cover it (read it then)."""
+        if seq < self.first or (self.through is not None and seq > self.through):
+            return None
+        return self.records.get(seq, {})
 
 
 def newest_first(infos: list[CheckpointInfo]) -> list[CheckpointInfo]:

@@ -444,6 +444,45 @@ def test_a_new_leader_restores_from_what_it_read_as_it_took_the_lease(hb: Harnes
     assert store.taken.is_set() and store.read_after_taking == 0
 
 
+class AlongStore(TakingStore):
+    """Takes the lease as the record layer does (what the term reads first read along in
+    the take's commit) and counts node-b's reads after it, until its agent's first step."""
+
+    def __init__(self, inner: FileStore, agent: AsyncAgent) -> None:
+        super().__init__(inner)
+        self.agent = agent
+
+    def _count(self) -> None:
+        self.read_after_taking += self.taken.is_set() and not self.agent.entered
+
+    def take_lease(
+        self, agent: str, expected_version: int | None, new: LeaseRecord
+    ) -> tuple[LeaseRecord, RestoreRead | None]:
+        taken = self._inner.take_lease(agent, expected_version, new)
+        self.taken.set()
+        return taken
+
+    def read_effects(self, agent: str, seq: int) -> dict[tuple[int, str], bytes]:
+        self._count()
+        return self._inner.read_effects(agent, seq)
+
+    def read_inbox(self, agent: str, after: int = 0) -> list[tuple[int, bytes]]:
+        self._count()
+        return self._inner.read_inbox(agent, after)
+
+
+def test_a_new_leaders_first_step_reads_its_journal_and_inbox_from_the_take(hb: Harness) -> None:
+    """The take's commit read the journal of the step in flight and the inbox: between the
+    acquisition and the first step, the term reads nothing of the store."""
+    _publish_three_and_stop(hb)
+    hb.store().admit(AGENT, "r1", 1, b"not opened: the count is what matters here")
+    agent_b = AsyncAgent(park_from=4)
+    store = AlongStore(hb.store(), agent_b)
+    hb.node("node-b", agent_b, store=store)
+    wait_until(lambda: agent_b.entered, "node-b's first step")
+    assert store.taken.is_set() and store.read_after_taking == 0
+
+
 def test_a_node_that_lost_the_race_for_a_released_lease_restores_from_what_is_stored_then(
     hb: Harness,
 ) -> None:

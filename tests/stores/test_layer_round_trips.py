@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from hamsterbunker.core.errors import Fenced, InboxFull, LeaseConflict, NotNextNumber, StoreError
-from hamsterbunker.core.read_bounds import ReadBound
+from hamsterbunker.core.read_bounds import TAKEN_INBOX_READ, TAKEN_JOURNAL_READ, ReadBound
 from hamsterbunker.records import ClusterRecord, LeaseRecord
 from hamsterbunker.sealing.sealer import new_cluster_record
 from hamsterbunker.stores import base
@@ -307,3 +307,34 @@ def test_a_big_or_unnamed_newest_checkpoint_is_read_by_the_restore(
         _, read = taker.take_lease(AGENT, current.version, named)
         assert read is not None and [i.seq for i in read.infos] == [1] and read.newest is None
         assert taker.read_for_restore(AGENT).newest == big
+
+
+def test_a_take_reads_the_first_steps_journal_and_inbox_along_unless_over_their_bound(
+    backend: CountingBackend,
+) -> None:
+    """The take's commit brings the journals from the step after the named checkpoint on and
+    the inbox, as read_effects and read_inbox give them; cut short by their bound (an inbox
+    over TAKEN_INBOX_READ's bytes, a journal over its count), not used: read after."""
+    first = RecordStore(backend)
+    held = first.cas_lease(AGENT, None, lease("n1", 1))
+    first.put_checkpoint(AGENT, fence_of(held), 1, b"c1")
+    for index in range(3):
+        first.put_effect(AGENT, fence_of(held), 2, index, "intent", b"intent %d" % index)
+    first.admit(AGENT, "r1", 1, b"small")
+    named = replace(lease("n2", 2, session="s2"), seq=1, seq_epoch=1)
+    taker = RecordStore(backend)
+    taken, read = taker.take_lease(AGENT, held.version, named)
+    assert read is not None and read.journals is not None
+    assert read.journals.of(2) == taker.read_effects(AGENT, 2) and len(read.journals.of(2)) == 3
+    assert read.inbox == taker.read_inbox(AGENT, 0) == [(1, b"small")]
+
+    big = TAKEN_INBOX_READ.total_bytes // 2 + 1
+    for n, request in ((2, "r2"), (3, "r3")):
+        taker.admit(AGENT, request, n, b"x" * big)
+    for index in range(TAKEN_JOURNAL_READ.count // 2):  # with step 2's, over the count
+        for kind in ("intent", "outcome"):
+            taker.put_effect(AGENT, fence_of(taken), 3, index, kind, b"r")
+    again = replace(lease("n3", 3, session="s3"), seq=1, seq_epoch=1)
+    _, read = RecordStore(backend).take_lease(AGENT, taken.version, again)
+    assert read is not None and read.journals is not None and read.inbox is None
+    assert read.journals.of(2) is not None and read.journals.of(3) is None  # 3: cut short

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 
@@ -14,12 +15,21 @@ from ...core.limits import MAX_CHECKPOINT_BYTES, check_checkpoint_bounds, check_
 from ...core.read_bounds import CHECKPOINT_NAMES_READ, CHECKPOINT_READ, EFFECTS_READ
 from ...records import CheckpointInfo
 from ..backend import Compare, DeleteRange, Get, Put, Scan, ScanResult, Txn
-from ..base import Consumed, Fence, check_consumed, check_own_epoch, describe_fence_text, refuse
+from ..base import (
+    Consumed,
+    Fence,
+    TakenJournals,
+    check_consumed,
+    check_own_epoch,
+    describe_fence_text,
+    refuse,
+)
 from .base import Layer, Settings, bounded_records
 from .consumption import Consumption
-from .keys import AgentKeys
+from .keys import AgentKeys, parse_number
 
 __all__ = [
+    "journals_in",
     "list_checkpoints",
     "listed_in",
     "put_checkpoint",
@@ -236,16 +246,33 @@ def put_effect(
 
 def read_effects(layer: Layer, keys: AgentKeys, seq: int) -> dict[tuple[int, str], bytes]:
     """Store.read_effects: step seq's journal within EFFECTS_READ; junk logged and left out."""
-
-    def record(name: str) -> tuple[int, str] | None:
-        digits, _, kind = name.partition("-")
-        if (
-            len(digits) != 4
-            or not digits.isdigit()
-            or check_effect_bounds(seq, int(digits), kind, 0)
-        ):
-            return None
-        return int(digits), kind
-
     what = f"the effect journal of step {seq} of {keys.agent}"
+    record = functools.partial(_effect_record, seq)
     return dict(bounded_records(layer, keys.step(seq), EFFECTS_READ, record, what))
+
+
+def journals_in(layer: Layer, keys: AgentKeys, first: int, found: ScanResult) -> TakenJournals:
+    """The journals of the steps from first on, as the commit that took the lease read them
+    along (TAKEN_JOURNAL_READ): junk and records over the bound left out, as read_effects
+    leaves them; a scan the bound cut short covers the steps below its last key's only."""
+    records: dict[int, dict[tuple[int, str], bytes]] = {}
+    seqs = []
+    for key, blob in [*found.items, *((each.key, None) for each in found.too_large)]:
+        seq_name, _, name = key[len(keys.effects) :].partition("/")
+        seq = parse_number(seq_name)
+        record = None if seq is None else _effect_record(seq, name)
+        if seq is None or record is None or blob is None:
+            layer.reported(f"leaving out {key}: not an effect record within the bounds")
+            continue
+        seqs.append(seq)
+        records.setdefault(seq, {})[record] = blob
+    through = None if not found.more else max(seqs, default=first) - 1
+    return TakenJournals(first, through, records)
+
+
+def _effect_record(seq: int, name: str) -> tuple[int, str] | None:
+    """The (index, kind) an effect record's name under its step's folder says, if valid."""
+    digits, _, kind = name.partition("-")
+    if len(digits) != 4 or not digits.isdigit() or check_effect_bounds(seq, int(digits), kind, 0):
+        return None
+    return int(digits), kind

@@ -34,6 +34,7 @@ __all__ = [
     "read_inbox",
     "read_replies",
     "reseal_reply",
+    "submissions_in",
 ]
 
 # Admissions that lost their compare to another client's, one after another,
@@ -157,18 +158,41 @@ def _totals(layer: Layer, found: bytes | TooLarge | None, what: str) -> tuple[in
 def read_inbox(layer: Layer, keys: AgentKeys, after: int) -> list[tuple[int, bytes]]:
     """Store.read_inbox: unconsumed submissions above after, within INBOX_READ."""
     start = keys.submission(after) if after > 0 else ""
-
-    def submission(name: str) -> int | None:
-        n = parse_number(name)
-        return n if n is not None and 0 < n <= MAX_SEQ else None
-
     what = f"the inbox of {keys.agent}"
-    found = bounded_records(layer, keys.pending, INBOX_READ, submission, what, after=start)
+    found = bounded_records(layer, keys.pending, INBOX_READ, _submission, what, after=start)
+    _note_shown(layer, keys, found)
+    return found
+
+
+def submissions_in(
+    layer: Layer, keys: AgentKeys, found: ScanResult
+) -> list[tuple[int, bytes]] | None:
+    """read_inbox(agent, 0) as the commit that took the lease read it along
+    (TAKEN_INBOX_READ); None if the bound cut it short: the term reads it then."""
+    if found.more or found.too_large:
+        return None
+    entries = []
+    for key, blob in found.items:
+        n = _submission(key[len(keys.pending) :])
+        if n is None:
+            layer.reported(f"leaving out {key}: not a name the inbox of {keys.agent} has")
+        else:
+            entries.append((n, blob))
+    _note_shown(layer, keys, entries)
+    return entries
+
+
+def _submission(name: str) -> int | None:
+    n = parse_number(name)
+    return n if n is not None and 0 < n <= MAX_SEQ else None
+
+
+def _note_shown(layer: Layer, keys: AgentKeys, found: list[tuple[int, bytes]]) -> None:
+    """The submissions a read found, with their sizes, as the leader's consumptions guess."""
     shown = layer.shown.setdefault(keys.agent, {})
     if len(shown) + len(found) > 2 * MAX_INBOX_COUNT:  # ones consumed by another leader
         shown.clear()
     shown.update((n, len(blob)) for n, blob in found)
-    return found
 
 
 def read_admission(layer: Layer, keys: AgentKeys, request_id: str) -> AdmissionState | None:

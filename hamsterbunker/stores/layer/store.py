@@ -131,8 +131,9 @@ class RecordStore(Leases, Store):
     ) -> tuple[LeaseRecord, RestoreRead | None]:
         """cas_lease, with what the new term's restore reads first read in its commit."""
         keys = AgentKeys(agent)
-        stored, found = self._cas(agent, expected_version, new, restore_reads(keys, new))
-        return stored, restore_read(self.layer, keys, found, self._fences[agent])
+        reads = restore_reads(keys, new, taking=True)
+        stored, found = self._cas(agent, expected_version, new, reads)
+        return stored, restore_read(self.layer, keys, found, self._fences[agent], new.seq + 1)
 
     def read_for_restore(self, agent: str) -> RestoreRead:
         keys = AgentKeys(agent)

@@ -575,10 +575,12 @@ def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
     store: Store, open_second: Opener, backend: str
 ) -> None:
     """take_lease is cas_lease, with read_for_restore as of the write where
-    the backend reads as it takes; on a conflict it writes nothing."""
+    the backend reads as it takes, and what the first step reads (the journals from the
+    step after the named checkpoint on, the inbox); on a conflict it writes nothing."""
     old = store.cas_lease("a", None, lease("n1", 1))
     store.put_checkpoint("a", fence_of(old), 7, b"seven")
     store.put_checkpoint("a", fence_of(old), 8, b"eight")  # after the last renewal (below)
+    store.put_effect("a", fence_of(old), 9, 0, "intent", b"the step in flight's intent")
     store.put_acceptance("a", b"accepted")
     store.admit("a", "r1", 1, b"sealed submission")
     other = open_second()
@@ -591,8 +593,12 @@ def test_take_lease_writes_as_cas_lease_does_and_reads_for_the_restore(
     taken, read = other.take_lease("a", old.version, taking)
     assert taken == store.read_lease("a") and (taken.holder, taken.epoch) == ("n2", 2)
     if backend in READS_AS_IT_TAKES:
-        assert read == store.read_for_restore("a")
-        assert read is not None and read.newest == b"eight" and read.acceptance == b"accepted"
+        assert read is not None and read.journals is not None
+        assert replace(read, journals=None, inbox=None) == store.read_for_restore("a")
+        assert read.newest == b"eight" and read.acceptance == b"accepted"
+        assert read.journals.of(9) == store.read_effects("a", 9) != {}
+        assert (read.journals.of(8), read.journals.of(7)) == ({}, None)  # 7: not read along
+        assert read.inbox == store.read_inbox("a", 0) != []
     else:
         assert read is None
     with pytest.raises(Fenced):  # the old term is fenced off by the same write
