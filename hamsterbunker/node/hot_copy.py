@@ -34,7 +34,8 @@ class HotCopy:
         self._fetching: asyncio.Task[None] | None = None
 
     def follow(self, record: LeaseRecord | None) -> None:
-        """A lease record seen as a standby: fetch the checkpoint it names, if newer."""
+        """A lease record seen as a standby: fetch the checkpoint it names, unless that is
+        the one held or already wanted."""
         if record is None or not record.seq:
             return
         named = (record.seq, record.seq_epoch)
