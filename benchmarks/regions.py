@@ -571,7 +571,10 @@ def run_soaks(
             soaks.append(Soak(far, cluster))
             far.rtt_measured_s = measured_rtt(next(iter(links.values())), cluster.cluster.store_url)
         for soak in soaks:
-            soak.start_epoch = _start_epoch(soak)
+            try:
+                soak.start_epoch = _start_epoch(soak)
+            except BenchmarkError as exc:  # reported as that cluster's miss; the rest go on
+                soak.dead = f"not ready: {exc}"
         for soak in soaks:
             soak.started_wall, soak.started = time.time(), NODE_CLOCK.monotonic()
         _watch(soaks, seconds)
@@ -629,7 +632,10 @@ def run_takeovers(pool: LinkPool, far: Far, url_of: Callable[[], str], quick: bo
     for signum, count, kind, seed in plan:
         budget = count * (far.timing.lease_ttl_s + 20)
         with far_cluster(pool, far, url_of(), f"{NAME}-{kind}") as (cluster, _links):
-            samples, notes = takeovers(cluster, signum, count, budget, seed=seed)
+            try:
+                samples, notes = takeovers(cluster, signum, count, budget, seed=seed)
+            except BenchmarkError as exc:  # reported as this store's miss; the rest go on
+                samples, notes = [], [f"stopped: {exc}"]
             runs.violations += cluster.safety_violations()
         runs.notes += [f"{far.label}, {kind}: {note}" for note in notes]
         if signum == signal.SIGKILL:
@@ -663,6 +669,11 @@ def _takeover_tables(runs: list[Runs], graceful: bool) -> tuple[Table, Table, li
     for run in runs:
         far = run.far
         samples = run.handovers if graceful else run.kills
+        if not samples:  # the runs stopped (their note says why)
+            spread_rows.append(
+                [f"{far.label}: none measured", *["—"] * (len(SPREAD_TTL_HEADERS) - 1)]
+            )
+            continue
         part = takeover_result(
             name=NAME, title="", method="", analysis="",
             signal_word="SIGTERM" if graceful else "kill",
