@@ -234,13 +234,18 @@ What is left:
   judges liveness at once") and watches only when those do not tell: on 2026-12-05 the
   call → first step was 10–55 ms on every store (it was up to half a TTL more).
 * **(d), the command**, measured first on 2026-12-05 (30 runs, load 0.0–1.6): p50 297 ms,
-  p99 346 ms from its start to the target's first step, against 300 ms. The switchover
-  itself is some 15 ms of it (figure (b)); the rest is the process: the interpreter
-  (20 ms), its imports (about 170 ms, with `import hamsterbunker` and the parser now
-  lazy: 300 ms before; the file store's layer imports asyncio and ssl, some 15–30 ms,
-  and cryptography some 50 ms) and the key's derivation from the secret (scrypt,
-  n = 2^15, about 80 ms, which the request's signature needs). Ways on: not importing
-  asyncio for a store a command opens, or deriving the key beside the imports.
+  p99 346 ms from its start to the target's first step, against 300 ms. Timed inside
+  (20 runs): the interpreter 25 ms, importing the command line 95 ms, the file store's
+  modules 55 ms, the key's derivation from the secret (scrypt, n = 2^15, which the
+  request's signature needs) 85 ms, the liveness read and the request 5 ms, then some
+  10 ms to the target's first step. About 60 ms of those imports was compiling: this
+  machine's environment sets PYTHONDONTWRITEBYTECODE, so the source tree never kept its
+  bytecode and every run compiled the package afresh, which no installed hb does; the
+  benchmark now compiles it first. The command also derives the key in a thread while it
+  loads the lease code and judges liveness (5–15 ms on an idle machine; less here, where
+  the busy leader holds the other core). After both (20 runs, `--quick`, load 0.8–1.7):
+  p50 221 ms, p99 260 ms. A way on: the file store's modules import asyncio (and with it
+  ssl) at the top, though only its watch uses it: some 12 ms.
 """
 
 
