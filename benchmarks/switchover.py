@@ -242,10 +242,11 @@ What is left:
   machine's environment sets PYTHONDONTWRITEBYTECODE, so the source tree never kept its
   bytecode and every run compiled the package afresh, which no installed hb does; the
   benchmark now compiles it first. The command also derives the key in a thread while it
-  loads the lease code and judges liveness (5–15 ms on an idle machine; less here, where
-  the busy leader holds the other core). After both (20 runs, `--quick`, load 0.8–1.7):
-  p50 221 ms, p99 260 ms. A way on: the file store's modules import asyncio (and with it
-  ssl) at the top, though only its watch uses it: some 12 ms.
+  loads the lease code and judges liveness (5–15 ms on an idle machine; within the noise
+  here, where the busy leader holds the other core). After both (two `--quick` runs of 20,
+  load 0.8–1.7): p50 221 and 243 ms, p99 260 and 282 ms. A way on: the file store's
+  modules import asyncio (and with it ssl) at the top, though only its watch uses it:
+  some 14 ms.
 """
 
 
