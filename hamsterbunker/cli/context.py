@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..records import ClusterRecord
 from ..sealing import Sealer
 from ..sealing.keyring import Keyring
 from ..stores import Store, open_store
@@ -22,6 +24,7 @@ __all__ = [
     "holds",
     "known_agent",
     "opened_store",
+    "sealer_deriving",
     "store_sealer",
     "warn",
 ]
@@ -54,10 +57,28 @@ def opened_store(url: str, **options: Any) -> Iterator[Store]:
 def store_sealer(store: Store, secret: Secret) -> Sealer:
     """The store's sealer for secret (WrongSecret before anything is read or changed);
     ConfigError if no node has made its cluster record."""
+    return Sealer(secret, _cluster_record(store))
+
+
+@contextmanager
+def sealer_deriving(store: Store, secret: Secret) -> Iterator[Future[Sealer]]:
+    """store_sealer's sealer, made in a thread: its key's derivation (scrypt, some 0.1 s,
+    which frees the GIL) runs while the command loads and reads the store. A wrong secret
+    is still what the command says, over anything else that went wrong meanwhile."""
+    cluster = _cluster_record(store)
+    with ThreadPoolExecutor(1, thread_name_prefix="hb-key") as pool:
+        sealer = pool.submit(Sealer, secret, cluster)
+        try:
+            yield sealer
+        finally:
+            sealer.result()
+
+
+def _cluster_record(store: Store) -> ClusterRecord:
     cluster = store.read_cluster()
     if cluster is None:
         raise ConfigError(f"store {store.url} has no cluster record: no node has run on it")
-    return Sealer(secret, cluster)
+    return cluster
 
 
 def known_agent(store: Store, agent: str) -> str:

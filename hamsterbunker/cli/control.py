@@ -7,14 +7,16 @@ import argparse
 import time
 from collections.abc import Callable
 
-from ..lease.control import is_paused, request_switchover, set_paused
 from ..records import LeaseRecord, check_name
 from ..sealing.keyring import Secret
 from ..stores import Store
 from .args import agent_target
-from .context import EXIT_TIMEOUT, known_agent, opened_store, store_sealer
+from .context import EXIT_TIMEOUT, known_agent, opened_store, sealer_deriving, store_sealer
 
 __all__ = ["pause", "switchover"]
+
+# The lease code is imported by each command as it runs: hb switchover loads it while the
+# key derives.
 
 _POLL_S = 0.02
 
@@ -24,10 +26,14 @@ def switchover(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> i
         check_name("node id", args.to)
     url, agent = agent_target(args, writes="a switchover")
     with opened_store(url) as store:
-        sealer = store_sealer(store, read_secret())
-        known_agent(store, agent)
-        before = store.read_lease(agent)
-        target = request_switchover(store, sealer, agent, args.to)
+        with sealer_deriving(store, read_secret()) as sealer:
+            # Loaded and judged while the key derives: only the request needs the key.
+            from ..lease.control import ask_switchover, judge_switchover
+
+            known_agent(store, agent)
+            before = store.read_lease(agent)
+            judged, target = judge_switchover(store, agent, args.to)
+            ask_switchover(store, sealer.result(), agent, judged, target)
         epoch = 0 if before is None else before.epoch
         print(f"agent {agent}: switchover from {before and before.holder} to {target} asked "
               f"(epoch {epoch})", flush=True)  # fmt: skip
@@ -58,6 +64,8 @@ def _wait_for(
 
 
 def pause(args: argparse.Namespace, read_secret: Callable[[], Secret]) -> int:
+    from ..lease.control import is_paused, set_paused
+
     paused = args.command == "pause"
     url, agent = agent_target(args, writes=f"hb {args.command}")
     with opened_store(url) as store:

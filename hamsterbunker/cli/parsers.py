@@ -8,11 +8,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import __version__
-from ..core.timing import (
-    DEFAULT_LEASE_TTL_MS,
-    DEFAULT_TICK_MS,
-)
-from ..lease.observe import MAX_WATCH_S
+from ..core.timing import DEFAULT_LEASE_TTL_MS, DEFAULT_TICK_MS, MAX_WATCH_S
 from .args import Subcommands, add_command, add_wait_flags, positive_int, seconds, whole_number
 from .context import EXIT_TIMEOUT, EXIT_USAGE
 from .node_parsers import INIT_HELP, RUN_HELP, add_init_parser, add_run_parser

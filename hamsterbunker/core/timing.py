@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_TICK_MS",
     "DEFAULT_TIMING",
     "MAX_STOP_GRACE_MS",
+    "MAX_WATCH_S",
     "LeaseTiming",
     "StepRetry",
     "check_stop_grace",
@@ -29,6 +30,8 @@ DEFAULT_LEASE_TTL_MS = 2000
 # The renew deadline as a share of the TTL: leaves the standby 0.4 × TTL of
 # margin for clock-rate drift and slow writes.
 RENEW_DEADLINE_SHARE = 0.6
+# The longest hb status watches a lease record (a hostile ttl_ms may say 600 s).
+MAX_WATCH_S = 60.0
 # How long a stop lets the step in flight finish (and be published) before it is
 # cancelled or abandoned: below systemd's TimeoutStopSec (30 s in our unit), with
 # room left for the handover and the shutdown's store calls.

@@ -29,7 +29,9 @@ __all__ = [
     "Control",
     "ControlRefused",
     "ControlView",
+    "ask_switchover",
     "is_paused",
+    "judge_switchover",
     "open_control",
     "request_switchover",
     "set_paused",
@@ -193,6 +195,22 @@ def request_switchover(
     lease record and the target's heartbeat must change while this watches (a lease TTL at
     most). ControlRefused if there is no live leader, to is not a live standby, or to leads
     already."""
+    lease, target = judge_switchover(store, agent, to, clock=clock, sleep=sleep, wall=wall)
+    ask_switchover(store, sealer, agent, lease, target)
+    return target
+
+
+def judge_switchover(
+    store: Store,
+    agent: str,
+    to: str | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    wall: Callable[[], float] = time.time,
+) -> tuple[LeaseRecord, str]:
+    """request_switchover's judgment, which needs no key: the lease of the live leader and
+    the target; ControlRefused as request_switchover."""
     check_name("agent id", agent)
     if to is not None:
         check_name("node id", to)
@@ -226,13 +244,19 @@ def request_switchover(
         )
     if not standbys:
         raise ControlRefused(f"agent {agent!r} has no live standby to switch over to")
-    target = to or standbys[0]
+    return lease, to or standbys[0]
+
+
+def ask_switchover(
+    store: Store, sealer: Sealer, agent: str, lease: LeaseRecord, target: str
+) -> None:
+    """Write the request to hand lease's term to target (as judge_switchover found them);
+    ControlRefused if the lease changed hands meanwhile."""
 
     def switching(current: Control) -> Control:
         return replace(current, switchover_to=target, switchover_epoch=lease.epoch)
 
     _write(store, sealer, agent, switching, holder=lease.holder, epoch=lease.epoch)
-    return target
 
 
 def _live_at_once(

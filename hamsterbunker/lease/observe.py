@@ -11,13 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..core.errors import CorruptRecord
+from ..core.timing import MAX_WATCH_S
 from ..records import LeaseRecord
 from ..stores import Store
 
 __all__ = ["MAX_WATCH_S", "LeaseObserver", "Liveness", "Observed"]
 
-# The longest hb status watches a lease record (a hostile ttl_ms may say 600 s).
-MAX_WATCH_S = 60.0
 # How often the record is read while watching.
 POLL_S = 0.1
 

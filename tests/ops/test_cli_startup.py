@@ -9,11 +9,21 @@ import importlib
 import json
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import hamsterbunker
+from hamsterbunker.cli import context, control
 from hamsterbunker.cli.parsers import build_parser
+from hamsterbunker.lease.control import open_control
+from hamsterbunker.records import Heartbeat, LeaseRecord
+from hamsterbunker.sealing import Sealer, new_cluster_record
+from hamsterbunker.stores import Store, open_store
+from tests.support.agents import AGENT, SECRET
 
 cli_main = importlib.import_module("hamsterbunker.cli.main")  # the package's main is the function
 
@@ -82,3 +92,66 @@ def test_every_command_still_has_its_help(command: str, capsys: pytest.CaptureFi
         cli_main.main([command, "--help"])
     assert done.value.code == 0
     assert f"usage: hb {command}" in capsys.readouterr().out
+
+
+def test_hb_switchover_loads_no_lease_code_before_its_key_derives() -> None:
+    """The lease package loads while the key derives (hb switchover's first store read)."""
+    loaded = modules_after("import hamsterbunker.cli.main, hamsterbunker.cli.control")
+    assert not {name for name in loaded if name.startswith("hamsterbunker.lease")}
+
+
+def test_hb_switchover_judges_liveness_while_its_key_derives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The key's derivation (scrypt, some 0.1 s) runs beside the command's reads of the
+    store: here it goes on only once the heartbeats were read, which a derivation done
+    before those reads never sees."""
+    url = (tmp_path / "store").as_uri()
+    store = live_leader_and_standby(url)
+    heartbeats_read = threading.Event()
+    opened = context.open_store
+
+    def opening(*args: Any, **kwargs: Any) -> Store:
+        found = opened(*args, **kwargs)
+        listed = found.list_heartbeats
+
+        def listing(agent: str) -> list[Heartbeat]:
+            heartbeats_read.set()
+            return listed(agent)
+
+        found.list_heartbeats = listing  # type: ignore[method-assign]
+        return found
+
+    def deriving(*args: Any) -> Sealer:
+        assert heartbeats_read.wait(timeout=10), "the key was derived before the store's reads"
+        return Sealer(*args)
+
+    monkeypatch.setattr(context, "open_store", opening)
+    monkeypatch.setattr(context, "Sealer", deriving)
+    args = build_parser("switchover").parse_args(
+        ["switchover", "--store", url, "--agent-id", AGENT, "--to", "b"]
+    )
+    assert control.switchover(args, lambda: SECRET) == 0
+    assert "switchover from a to b asked (epoch 3)" in capsys.readouterr().out
+    lease = store.read_lease(AGENT)
+    assert lease is not None
+    cluster = store.read_cluster()
+    assert cluster is not None
+    asked = open_control(Sealer(SECRET, cluster), lease.control, AGENT)
+    assert (asked.switchover_to, asked.switchover_epoch) == ("b", 3)
+    store.close()
+
+
+def live_leader_and_standby(url: str) -> Store:
+    """A file store at url whose agent's leader a and standby b wrote their records just now."""
+    store = open_store(url)
+    store.create_cluster(new_cluster_record(SECRET))
+    now = time.time()
+    lease = LeaseRecord(holder="a", region="r1", session="0a1b", epoch=3, ttl_ms=2000, written=now)
+    store.cas_lease(AGENT, None, lease)
+    for node, role, session in (("a", "active", "0a1b"), ("b", "standby", "ffff")):
+        store.put_heartbeat(AGENT, Heartbeat(
+            node=node, region="r1", host="h", pid=1, role=role, epoch=3, seq=7, leader="a",
+            time=now, lease_session=session,
+        ))  # fmt: skip
+    return store
