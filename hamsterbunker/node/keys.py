@@ -63,8 +63,11 @@ class KeyFollower:
     async def once(self, found: bytes | None = None) -> bool:
         """One read of the record (found: read along with the lease); False if the node
         must stop."""
+        # A record read along with the lease is followed on the worker pool: with nothing
+        # to read, it must not queue behind the store calls of a takeover's first moments.
+        call = self._calls.io if found is None else self._calls.work
         try:
-            await self._calls.io(self._cluster.follow, found)
+            await call(self._cluster.follow, found)
         except StoreRegressed as exc:
             if not self._regressed:
                 self._emit("store.regressed", reason=str(exc))

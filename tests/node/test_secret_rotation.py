@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -480,7 +481,9 @@ def test_finish_waits_for_a_checkpoint_after_a_loss_acceptance_signed_under_the_
 # -- a running node follows the record ---------------------------------------------
 
 
-def follower_of(store: MemoryStore, secret: Secret) -> tuple[KeyFollower, Standing, list[str]]:
+def follower_of(
+    store: MemoryStore, secret: Secret, calls: NodeCalls | None = None
+) -> tuple[KeyFollower, Standing, list[str]]:
     """A node's KeyFollower on store (its cluster opened with secret), and what it emits."""
     emitted: list[str] = []
     cluster = Cluster(store, AGENT, secret, remembered=None, memory_path=None,
@@ -488,7 +491,7 @@ def follower_of(store: MemoryStore, secret: Secret) -> tuple[KeyFollower, Standi
     sealer, standing = cluster.open(), Standing()
     show_keys(standing, sealer)
     follower = KeyFollower(
-        cluster, sealer, standing, NodeCalls(),
+        cluster, sealer, standing, calls or NodeCalls(),
         emit=lambda kind, **_detail: emitted.append(kind),
         stop=lambda: emitted.append("stop"), period_s=0.01,
     )  # fmt: skip
@@ -508,6 +511,32 @@ def test_a_running_node_seals_with_the_new_key_once_it_reads_begins_record(
     begun = store.read_cluster()
     assert begun is not None and standing.sealing == begun.key_id != first.key_id
     assert emitted == ["cluster.keys_changed"]
+
+
+def test_a_record_read_along_with_the_lease_is_followed_while_every_store_thread_is_busy(
+    first: ClusterRecord,
+) -> None:
+    """A new term follows the keys from the record its take read: with nothing to read, that
+    never waits for a store thread (a takeover's renewal, events and fetches hold them)."""
+    store = MemoryStore()
+    store.create_cluster(first)
+    calls = NodeCalls()
+    follower, standing, _emitted = follower_of(store, BOTH, calls)
+    Rotation(store, AGENT, BOTH, say=quiet).begin(timeout_s=1)
+    begun = store.read_cluster()
+    assert begun is not None
+    held = threading.Event()
+
+    async def run() -> bool:
+        busy = [asyncio.ensure_future(calls.io(held.wait, 10)) for _ in range(8)]
+        try:
+            return await asyncio.wait_for(follower.once(begun.to_json()), 5)
+        finally:
+            held.set()
+            await asyncio.gather(*busy)
+
+    assert asyncio.run(run())
+    assert standing.sealing == begun.key_id
 
 
 def test_a_running_node_without_the_new_secret_stops_and_says_why(first: ClusterRecord) -> None:
