@@ -147,54 +147,66 @@ namespaces and a fresh key prefix of the store.
 """
 
 ANALYSIS = """\
-Measured on 2026-12-05 (full run; 10 kills and 10 handovers per store and round trip),
-after three changes to the takeover (issue 36): a standby takes a lease that stood still
-by compare-and-set on the version it saw, with no read first; the take's one commit reads
-along the checkpoints from the one its record names on, the loss acceptance and the
-cluster record, so the term restores and follows the keys with no further read; and a
-stop's last publish releases the lease in its own commit. In round trips (RTT), from the
-parts tables:
+Measured on 2026-12-05 on 9488c58 (full run; 10 kills and 10 handovers per store and
+round trip), after the hot standby (a standby keeps the newest checkpoint its leader's
+renewals name) and a take that also reads what the first step reads (the effect journal of
+the step in flight and the inbox), on top of the take that reads the checkpoints and keys
+along and the release in the last publish's commit. In round trips (RTT), from the parts
+tables:
 
-* **Failover.** Kill → lease acquired is TTL + 1.9–2.3 RTT at p99 (etcd 117 / 283 / 658
-  ms over the TTL at RTT 50 / 150 / 300 ms, Redis 26 / 346 / 586 ms); the restore after
-  it 2–4 ms at p50; the first publish 1 RTT. Kill → first checkpoint (step excluded) is
-  TTL + 3.2–3.6 RTT at p99 on etcd, 1.6 / 6.1 / 3.9 RTT on Redis (6.1: the slow publish
-  below). The standby times the TTL from when it *saw* the last renewal, through the
-  watch about 1 RTT after the leader sent it (½ to the store, ½ back), so a kill just
-  after a renewal was sent leaves TTL + 1 RTT until the expiry here; then the
-  compare-and-set (1 RTT) and the first publish (1 RTT): TTL + 3 RTT at p99, one round
-  trip over the target of TTL + 2 RTT + 50 ms, which only a clock shared with the leader
-  could take back (timing from the renewal's send). In one kill of ten the restore still
-  read once (1 RTT, the p99 and max of its row); which read it was is not known yet.
-  Redis at 150 ms: one first publish took 570 ms (4 RTT) on the loaded machine, the rest
-  1 RTT.
-* **Handover.** The release now lands with the last publish (0.15–0.2 ms between them at
-  p50); released → acquired 1.0–1.4 RTT (the watch tells the standby about when the old
-  leader hears its answer; then the compare-and-set); the restore 2–5 ms; the first
-  publish 1 RTT; within 3 RTT + 50 ms at p99 on four of six. The two
-  misses are one handover in ten each whose release was a write of its own: the signal
-  came while no step was in flight (etcd, 300 ms: release 1 RTT after the signal, then
-  1.4 RTT to the take), or during a publish with a renewal in flight (Redis, 150 ms: 415
-  ms, 2.7 RTT).
-* **Against before.** The full run of 2026-12-02 (db92eaf) gave failover p99 (kill →
-  first checkpoint, step excluded) 2463 / 3399 / 5682 ms on etcd and 3008 / 3808 / 6472
-  ms on Redis, handover p99 512 / 1426 / 2845 and 639 / 1878 / 3689 ms; this run 2177 /
-  2481 / 4076, 2081 / 2919 / 4167, 188 / 474 / 1045 and 164 / 725 / 629 ms. Two quick runs
-  this session (3 kills and 3 handovers each), one on 3b370f2 and one on 790b6ec
-  minutes later: failover p99 2192 / 2764 / 4672 → 2012 / 2393 / 4062 ms on etcd and
-  2246 / 2547 / 5344 → 2054 / 2293 / 4135 ms on Redis; handover p99 260 / 711 / 1678 →
-  172 / 484 / 983 and 214 / 758 / 1622 → 164 / 721 / 614 ms.
+* **Failover**, kill → first checkpoint (step excluded), p99: etcd 2086 / 2531 / 4202 ms
+  at RTT 50 / 150 / 300 ms, Redis 2101 / 2855 / 4078 ms; the target (TTL + 2 RTT + 50 ms)
+  holds at 50 ms and is missed by 1.2 / 1.8 RTT on etcd and 3.4 / 1.4 RTT on Redis. Kill →
+  lease acquired is TTL + 2.1 / 2.7 RTT at p99 on etcd (Redis 1.9 / 2.6): the standby
+  times the TTL from when it *saw* the last renewal, about 1 RTT after the leader sent
+  it, then the compare-and-set (1 RTT). That first round trip is kept on purpose: a
+  standby that timed from the leader's send would need the leader's clock, and the 0.4 ×
+  TTL between the leader's renew deadline and the expiry is the margin for a leader
+  stalled between checking its lease and acting. The restore is 2 ms at p50 but 1 RTT at
+  p99 (one kill in ten), and on etcd the first publish 2 RTT at p99 (Redis: one publish
+  of 3.7 RTT): found after this run, a takeover's own store calls (the first renewal,
+  the first publish, its events, its heartbeat, the hot copy's fetch) filled the node's
+  four store threads, so the keys follow (which reads nothing: the take read the record)
+  and the first publish queued one round trip behind them. Since then the keys are
+  followed on the worker pool and a node has eight store threads; not measured yet.
+* **Handover**, last publish → first checkpoint (step excluded), p50 2.1 RTT at 150 and
+  300 ms (etcd 321 / 632 ms, Redis 313 / 617), p99: etcd 163 / 583 / 1433 ms, Redis
+  186 / 717 / 1092 ms; the target (3 RTT + 50 ms) holds at 50 ms. Released → acquired is
+  about 1.1 RTT, the restore 2–4 ms at p99 (nothing is read between the take and the
+  first step now), the first publish 1 RTT. Each miss is the one handover in ten whose
+  release was a write of its own (last publish → release 246 / 580 ms on etcd, 408 / 467
+  ms on Redis at p99, 0.12–0.15 ms at p50): the stop came while no step was in flight, or
+  while a renewal was, so the release could not ride on the last publish's commit.
+* **PostgreSQL** misses every target. At RTT 50 ms: failover p99 7156 ms, handover 2238
+  ms (p50 1782); at 150 and 300 ms no leader kept stepping (renewal gaps of 1.05 s at
+  p50, 553 steps cut at the renew deadline in the soak, 2 and 7 takeovers). Each
+  statement of its SERIALIZABLE transaction is a round trip (BEGIN, the compare, each
+  write, each read, COMMIT: 5–8 RTT a commit), and the longer transactions collide more
+  (a first step's journal commits lost 30 tries to serialization failures at 50 ms). So
+  PostgreSQL is for nodes near it until a commit is one round trip (psycopg's pipeline
+  mode, or one server-side statement): the next step.
+* **Hot standby** (the side-by-side table; a 1 MiB state, RTT 150 ms): the restore after
+  the acquire is 5.7 ms at p50 with the hot copy against 1148 ms without on etcd's
+  handover, and 196 against 1148 ms on its failover (p99 1160 against 1167: the kill
+  came after a publish the renewals had not named yet, which is read); Redis 241 against
+  1017 ms (failover) and 795 against 1017 ms (handover: the copy named was one behind,
+  and the fetch of the released one, started as the release was seen, was awaited).
+  Kill → first checkpoint p50 3564 against 5341 ms on etcd, 3456 against 4048 on Redis.
+  A 1 MiB read over this link costs about a second (TCP slow start on a connection idle
+  between renewals), and so does the first publish of 1 MiB, which the hot copy does not
+  change.
+* **Against before.** The full run of 2026-12-05 03:58 (f5ff231, without these changes)
+  gave failover p99 2177 / 2481 / 4076 ms on etcd and 2081 / 2919 / 4167 on Redis,
+  handover p99 188 / 474 / 1045 and 164 / 725 / 629 ms; this run 2086 / 2531 / 4202, 2101
+  / 2855 / 4078, 163 / 583 / 1433 and 186 / 717 / 1092 ms. The p50s moved by less than a
+  round trip; at p99, with 10 samples, one slow takeover sets the figure, and which store
+  or round trip gets it differs from run to run. Not side by side: a far-regions run of
+  two commits would take an hour and a half here.
 
-The soak met its target everywhere: no takeover, no failed renewal, no fencing, with ten
-clusters (30 node processes) on two cores. What a short TTL costs first is the leader's
-stepping, not a takeover: at RTT 300 ms and TTL 1500 ms the leaders never published (980
-and 987 steps cut at the renew deadline in 10 minutes, yet no takeover: the longest
-renewal gap was 0.47 × TTL); at TTL 2000 ms none was cut this time (25 on 2026-12-02, on
-a busier machine). The advised TTL cut no step at any round trip: the least TTL that kept
-the leader stepping here (longest gap + RTT, over 0.6) was 0.88 / 1.06 / 1.70 s at RTT 50
-/ 150 / 300 ms, far under the advice; on 2026-12-02, with CPU stalls making the longest
-gaps 1.0–1.35 s, it was 1.91 / 1.91 / 2.75 s, 5–9 % under it. On a host that busy, 2500
-ms up to RTT 150 ms and 3500 ms at 300 ms leave a quarter or more to spare.
+The soak met its target on etcd and Redis: no takeover, no failed renewal, no fencing, at
+the advised TTLs; at RTT 300 ms with a 1500 ms TTL the leaders never published (steps cut
+at the renew deadline), with 2000 ms none was cut. The advice stands: TTL = max(2000, 2.5
+× (tick + 2.5 RTT)) rounded up to 500 ms.
 """
 
 

@@ -27,7 +27,10 @@ class NodeCalls:
     """The pools of one run of a node; made inside its event loop, closed when it ends."""
 
     def __init__(self) -> None:
-        self._io = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-store")
+        # A takeover has this many store calls in flight at once (the first renewal, the
+        # first publish, events, the heartbeat, a standby's fetch), each a round trip to a
+        # far store: fewer threads would queue one behind another.
+        self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hb-store")
         self._work = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-work")
         # A LeaseKeeper is used by one call at a time: its methods are not thread-safe.
         self._keeper_lock = asyncio.Lock()
