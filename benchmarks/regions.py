@@ -164,11 +164,16 @@ tables:
   TTL between the leader's renew deadline and the expiry is the margin for a leader
   stalled between checking its lease and acting. The restore is 2 ms at p50 but 1 RTT at
   p99 (one kill in ten), and on etcd the first publish 2 RTT at p99 (Redis: one publish
-  of 3.7 RTT): found after this run, a takeover's own store calls (the first renewal,
-  the first publish, its events, its heartbeat, the hot copy's fetch) filled the node's
-  four store threads, so the keys follow (which reads nothing: the take read the record)
-  and the first publish queued one round trip behind them. Since then the keys are
-  followed on the worker pool and a node has eight store threads; not measured yet.
+  of 3.7 RTT); in the handovers neither happens. The first publish's extra round trips
+  were a new connection's handshake: a standby's store client holds the connections a
+  standby uses, and a takeover makes more calls at once. Since this run a node opens as
+  many connections as it has store threads at start (`NodeCalls.warm`); a check run of
+  10 kills at RTT 150 ms: first publish p99 293 → 157 ms on etcd and 568 → 156 ms on
+  Redis (1 RTT), kill → first checkpoint p99 2617 → 2470 and 2829 → 2527 ms. Which call
+  spends the restore's round trip is not known yet: not the take's reads along (the
+  newest checkpoint, journal and inbox come with it), not the key follower (it follows
+  the record the take read on the worker pool now), and not the store threads' queue
+  (eight threads did not change it).
 * **Handover**, last publish → first checkpoint (step excluded), p50 2.1 RTT at 150 and
   300 ms (etcd 321 / 632 ms, Redis 313 / 617), p99: etcd 163 / 583 / 1433 ms, Redis
   186 / 717 / 1092 ms; the target (3 RTT + 50 ms) holds at 50 ms. Released → acquired is

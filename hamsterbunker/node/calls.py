@@ -22,15 +22,14 @@ __all__ = ["NodeCalls", "bounded"]
 
 T = TypeVar("T")
 
+STORE_THREADS = 4  # the store calls a node makes at once
+
 
 class NodeCalls:
     """The pools of one run of a node; made inside its event loop, closed when it ends."""
 
     def __init__(self) -> None:
-        # A takeover has this many store calls in flight at once (the first renewal, the
-        # first publish, events, the heartbeat, a standby's fetch), each a round trip to a
-        # far store: fewer threads would queue one behind another.
-        self._io = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hb-store")
+        self._io = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="hb-store")
         self._work = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hb-work")
         # A LeaseKeeper is used by one call at a time: its methods are not thread-safe.
         self._keeper_lock = asyncio.Lock()
@@ -42,6 +41,22 @@ class NodeCalls:
             return await loop.run_in_executor(self._io, fn, *args)
         except OSError as exc:
             raise StoreError(f"store I/O failed: {exc}") from exc
+
+    async def warm(self, check: Callable[[], object]) -> None:
+        """Call check on every store thread at once, so that a store client that pools its
+        connections holds as many open: a takeover's first calls, made all at once, then
+        pay no connection's handshake (several round trips to a far Redis). Errors are for
+        later calls to find."""
+        together = threading.Barrier(STORE_THREADS)
+
+        def at_once() -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                together.wait(timeout=1)
+            check()
+
+        await asyncio.gather(
+            *(self.io(at_once) for _ in range(STORE_THREADS)), return_exceptions=True
+        )
 
     async def keeper(self, fn: Callable[..., T], *args: Any) -> T:
         """Call a LeaseKeeper method on the store pool, one call at a time."""

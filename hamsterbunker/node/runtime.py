@@ -312,6 +312,7 @@ class Runtime:
             )  # fmt: skip
             if sealer is None:
                 return  # stopped while waiting for the store
+            await calls.warm(self.store.check)
             await self._run_loop(cluster, sealer, calls, sink, signals, watchdog)
         finally:
             pinging.cancel()
